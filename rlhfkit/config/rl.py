@@ -1,0 +1,304 @@
+"""The typed configuration of `rlhfkit train rl`: one frozen dataclass per component.
+
+Flag names follow OpenRLHF's dotted names where the meaning is the same
+(`--actor.model_name_or_path`, `--rollout.n_samples_per_prompt`, `--algo.kl.init_coef`, ...).
+`validate()` checks that the settings fit together before any model loads and returns the
+derived batch arithmetic of seed article 002.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlhfkit.errors import ConfigError
+
+# The names the trainer accepts; the math behind each lives in rlhfkit.core.
+ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo")
+GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "group_norm", "dr_grpo")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3_stable")
+LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+POLICY_LOSS_TYPES = ("ppo", "gspo")
+LR_SCHEDULERS = ("constant", "cosine", "cosine_with_min_lr")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class AdamConfig:
+    lr: float = 1e-6
+    """Peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    model_name_or_path: str = "smollm2"
+    """HF folder, a .gguf file, or `smollm2` (the packaged SmolLM2-135M-Instruct, converted once)."""
+    dtype: str = "float32"
+    """Parameter dtype: float32 or bfloat16 (never float16: ~200x slower on CPU)."""
+    autocast: str | None = "bfloat16"
+    """Compute dtype for forward passes (torch.autocast); none = the parameter dtype."""
+    adam: AdamConfig = field(default_factory=AdamConfig)
+    lr_scheduler: str = "cosine_with_min_lr"
+    lr_warmup_ratio: float = 0.0
+    """Fraction of all optimizer steps spent in linear warmup."""
+    min_lr_ratio: float = 0.1
+    """cosine_with_min_lr decays to lr * min_lr_ratio."""
+    max_norm: float = 1.0
+    """Gradient-norm clipping (0 disables)."""
+    eps_clip_low_high: tuple[float, float] = (0.2, 0.2)
+    """PPO clip range [1 - low, 1 + high] (DAPO's clip-higher with high > low)."""
+    dual_clip: float | None = None
+    policy_loss_type: str = "ppo"
+    """ppo (token-level ratio) or gspo (sequence-level ratio)."""
+    loss_agg_mode: str = "token_mean"
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (loss -= coef * entropy)."""
+    ema_beta: float | None = None
+    """Keep an EMA copy of the policy (saved as ema/ beside the final model), e.g. 0.992."""
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    model_name_or_path: str | None = None
+    """Backbone of the critic for gae; defaults to the actor's model."""
+    adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=9e-6))
+    value_clip: float | None = 0.5
+    max_norm: float = 1.0
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    model_name_or_path: str | None = None
+    """Reference model for the KL term; defaults to the actor's initial weights."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    remote_url: str | None = None
+    """A Python file defining reward_func(queries, prompts, labels, **kwargs)."""
+    normalize: bool = False
+    """Normalise rewards by running mean and std (updated every rollout)."""
+    clip_range: tuple[float, float] | None = None
+    """Clip the (group-shaped) scalar reward to [low, high]."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    prompt_dataset: str | None = None
+    input_key: str = "input"
+    label_key: str | None = None
+    apply_chat_template: bool = False
+    input_template: str | None = None
+    max_samples: int | None = None
+    prompt_max_len: int = 1024
+    """Prompts longer than this many tokens are skipped (counted and logged)."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    batch_size: int = 16
+    """Prompts per rollout batch (OpenRLHF rollout_batch_size)."""
+    n_samples_per_prompt: int = 8
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: tuple[int, ...] = ()
+    max_batch_size: int = 128
+    """Largest number of sequences decoded together (memory bound)."""
+    dynamic_filtering: bool = False
+    """DAPO: drop groups whose scores are all equal (they carry no group-relative signal)."""
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    estimator: str = "group_norm"
+    gamma: float = 1.0
+    lambd: float = 0.95
+    whiten: str = "true"
+    """Whitening of gae/reinforce/reinforce_baseline advantages: true, mean, false."""
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    init_coef: float = 0.0
+    """KL coefficient; 0 = no reference model at all."""
+    estimator: str = "k1"
+    use_loss: bool = False
+    """KL as a loss term (GRPO style) instead of a per-token reward penalty (PPO style)."""
+    target: float | None = None
+    """With a target, the coefficient adapts (Ziegler et al.) over `horizon` samples."""
+    horizon: int = 10000
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+    overlong_buffer_len: int | None = None
+    """DAPO overlong reward shaping: penalise the last buffer_len tokens of the budget."""
+    overlong_penalty_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 128
+    """Samples per optimizer step (OpenRLHF train_batch_size)."""
+    micro_batch_size: int = 8
+    """Samples per forward/backward (gradient accumulation fills batch_size)."""
+    max_epochs: int = 1
+    """Passes over each rollout batch."""
+    num_episodes: int = 1
+    """Passes over the prompt dataset."""
+    max_steps: int | None = None
+    """Stop after this many RL steps (rollout batches)."""
+    seed: int = 42
+    num_threads: int | None = None
+    """torch intra-op threads; none = all cores."""
+
+
+@dataclass(frozen=True)
+class CkptConfig:
+    output_dir: str = "runs/rl"
+    """Run folder: metrics, TensorBoard events, samples, plots and the final HF model."""
+    save_steps: int = -1
+    """Save the model every N RL steps (-1: only at the end)."""
+
+
+@dataclass(frozen=True)
+class LoggerConfig:
+    tensorboard_dir: str | None = None
+    """TensorBoard log dir (default: <output_dir>/tensorboard)."""
+    progress_bar: bool = True
+    log_samples: int = 4
+    """Completions per step written to samples.jsonl."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    dataset: str | None = None
+    steps: int = -1
+    """Evaluate every N RL steps (-1: only before and after training)."""
+    max_samples: int | None = None
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    ckpt: CkptConfig = field(default_factory=CkptConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# OpenRLHF's older flat names, accepted as aliases of ours.
+RL_ALIASES = {
+    "pretrain": "actor.model_name_or_path",
+    "prompt_data": "data.prompt_dataset",
+    "input_key": "data.input_key",
+    "label_key": "data.label_key",
+    "apply_chat_template": "data.apply_chat_template",
+    "remote_rm_url": "reward.remote_url",
+    "advantage_estimator": "algo.advantage.estimator",
+    "gamma": "algo.advantage.gamma",
+    "lambd": "algo.advantage.lambd",
+    "init_kl_coef": "algo.kl.init_coef",
+    "kl_estimator": "algo.kl.estimator",
+    "use_kl_loss": "algo.kl.use_loss",
+    "rollout_batch_size": "rollout.batch_size",
+    "n_samples_per_prompt": "rollout.n_samples_per_prompt",
+    "generate_max_len": "rollout.max_new_tokens",
+    "temperature": "rollout.temperature",
+    "train_batch_size": "train.batch_size",
+    "micro_train_batch_size": "train.micro_batch_size",
+    "max_epochs": "train.max_epochs",
+    "num_episodes": "train.num_episodes",
+    "seed": "train.seed",
+    "actor_learning_rate": "actor.adam.lr",
+    "save_path": "ckpt.output_dir",
+    "save_steps": "ckpt.save_steps",
+    "eval_dataset": "eval.dataset",
+    "eval_steps": "eval.steps",
+}
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Derived batch arithmetic (seed article 002), filled in by `validate`."""
+
+    samples_per_rollout: int
+    micro_batches_per_step: int
+    optimizer_steps_per_rollout: int
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _one_of(name: str, value: str, valid: tuple[str, ...]) -> None:
+    _require(value in valid, f"--{name}: unknown value {value!r}; valid: {', '.join(valid)}")
+
+
+def validate(cfg: RLConfig) -> BatchPlan:
+    """Refuse settings that do not fit together; return the derived batch plan."""
+    r, t, a = cfg.rollout, cfg.train, cfg.algo
+    _one_of("algo.advantage.estimator", a.advantage.estimator, ADVANTAGE_ESTIMATORS)
+    _one_of("algo.kl.estimator", a.kl.estimator, KL_ESTIMATORS)
+    _one_of("actor.loss_agg_mode", cfg.actor.loss_agg_mode, LOSS_AGG_MODES)
+    _one_of("actor.policy_loss_type", cfg.actor.policy_loss_type, POLICY_LOSS_TYPES)
+    _one_of("actor.lr_scheduler", cfg.actor.lr_scheduler, LR_SCHEDULERS)
+    _one_of("actor.dtype", cfg.actor.dtype, DTYPES)
+    _one_of("algo.advantage.whiten", a.advantage.whiten, ("true", "mean", "false"))
+    if cfg.actor.autocast is not None:
+        _one_of("actor.autocast", cfg.actor.autocast, DTYPES)
+    for name, v in [("rollout.batch_size", r.batch_size), ("rollout.n_samples_per_prompt", r.n_samples_per_prompt),
+                    ("rollout.max_new_tokens", r.max_new_tokens), ("rollout.max_batch_size", r.max_batch_size),
+                    ("train.batch_size", t.batch_size), ("train.micro_batch_size", t.micro_batch_size),
+                    ("train.max_epochs", t.max_epochs), ("train.num_episodes", t.num_episodes)]:
+        _require(v >= 1, f"--{name} must be >= 1 (got {v})")
+    _require(t.max_steps is None or t.max_steps >= 1, f"--train.max_steps must be >= 1 (got {t.max_steps})")
+    _require(a.kl.init_coef >= 0, f"--algo.kl.init_coef must be >= 0 (got {a.kl.init_coef})")
+    _require(r.temperature >= 0, f"--rollout.temperature must be >= 0 (got {r.temperature})")
+    _require(0 < r.top_p <= 1, f"--rollout.top_p must be in (0, 1] (got {r.top_p})")
+    lo, hi = cfg.actor.eps_clip_low_high
+    _require(0 <= lo < 1 and hi >= 0, f"--actor.eps_clip_low_high: need 0 <= low < 1 and high >= 0 (got {lo} {hi})")
+    _require(cfg.actor.dual_clip is None or cfg.actor.dual_clip > 1,
+             f"--actor.dual_clip must be > 1 (got {cfg.actor.dual_clip})")
+    if a.advantage.estimator in GROUP_ESTIMATORS:
+        _require(r.n_samples_per_prompt >= 2,
+                 f"--algo.advantage.estimator {a.advantage.estimator} compares samples of one prompt: "
+                 f"set --rollout.n_samples_per_prompt to 2 or more (got {r.n_samples_per_prompt})")
+    if r.dynamic_filtering:
+        _require(r.n_samples_per_prompt >= 2, "--rollout.dynamic_filtering needs --rollout.n_samples_per_prompt >= 2")
+    _require(t.batch_size % t.micro_batch_size == 0,
+             f"--train.batch_size ({t.batch_size}) must be a multiple of --train.micro_batch_size "
+             f"({t.micro_batch_size}); e.g. --train.micro_batch_size {_divisor_hint(t.batch_size, t.micro_batch_size)}")
+    samples = r.batch_size * r.n_samples_per_prompt
+    _require(samples % t.batch_size == 0,
+             f"one rollout makes {samples} samples (--rollout.batch_size {r.batch_size} x "
+             f"--rollout.n_samples_per_prompt {r.n_samples_per_prompt}), which --train.batch_size "
+             f"({t.batch_size}) must divide; e.g. --train.batch_size {_divisor_hint(samples, t.batch_size)}")
+    if a.overlong_buffer_len is not None:
+        _require(0 < a.overlong_buffer_len <= r.max_new_tokens,
+                 f"--algo.overlong_buffer_len must be in [1, --rollout.max_new_tokens={r.max_new_tokens}]")
+    _require(a.kl.target is None or a.kl.target > 0, "--algo.kl.target must be > 0")
+    return BatchPlan(
+        samples_per_rollout=samples,
+        micro_batches_per_step=t.batch_size // t.micro_batch_size,
+        optimizer_steps_per_rollout=samples // t.batch_size * t.max_epochs,
+    )
+
+
+def _divisor_hint(total: int, wanted: int) -> int:
+    """The divisor of `total` nearest to `wanted` (for error messages)."""
+    divisors = [d for d in range(1, total + 1) if total % d == 0]
+    return min(divisors, key=lambda d: (abs(d - wanted), d))

@@ -1,0 +1,46 @@
+"""Typed batches that flow between rollout, rewards and trainers.
+
+A `Trajectory` is one sampled response (token-in, token-out): the engine's own token ids and
+their logprobs, never re-tokenized text. `loss_mask` is True on action tokens (the ones the
+policy generated and is trained on) and False on environment feedback appended by agents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+FINISH_STOP = "stop"  # a stop token (EOS or a user stop id) was generated; it is kept in response_ids
+FINISH_LENGTH = "length"  # max_new_tokens (or a token budget) was reached
+
+
+@dataclass
+class Trajectory:
+    """One sampled response to one prompt.
+
+    Shapes: P = prompt length, R = response length.
+      prompt_ids   LongTensor [P]
+      response_ids LongTensor [R]   everything after the prompt (actions and feedback tokens)
+      loss_mask    BoolTensor [R]   True = an action token that counts in the loss
+      logprobs     FloatTensor [R]  the rollout policy's logprob of each response token under the
+                                    sampling temperature (0.0 where loss_mask is False)
+    """
+
+    prompt_ids: torch.Tensor
+    response_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    logprobs: torch.Tensor
+    finish_reason: str
+    version: int
+    group_id: int = 0  # index of the prompt this sample answers (samples of one prompt share it)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def response_length(self) -> int:
+        return int(self.response_ids.numel())
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == FINISH_LENGTH

@@ -1,0 +1,51 @@
+"""The generation-engine protocol every rollout backend implements (HF, vLLM, remote workers)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from rlhfkit.data.types import Trajectory
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. `temperature == 0` means greedy decoding."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0 = no top-k truncation
+    n: int = 1  # samples per prompt
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # EOS is always a stop token
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """Generates responses token-in, token-out and takes new weights with a version stamp."""
+
+    @property
+    def version(self) -> int:
+        """The policy version whose weights the engine currently holds."""
+        ...
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        group_ids: Sequence[int] | None = None,
+    ) -> list[Trajectory]:
+        """Sample `params.n` responses for each prompt.
+
+        Returns len(prompts) * n trajectories, the n samples of prompt i at [i*n, (i+1)*n),
+        each stamped with `self.version` and `group_ids[i]` (default i).
+        """
+        ...
+
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load `state` (a model state dict, possibly partial) and set `version`."""
+        ...
