@@ -137,7 +137,7 @@ def split_argv(argv: list[str], table: dict[str, Any], aliases: dict[str, str]) 
         if not eq:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             is_value = nxt is not None and not (nxt.startswith("--") and not _is_number(nxt))
-            if base is bool and (not is_value or nxt.lower() not in _TRUE | _FALSE):
+            if base is bool and not is_value:
                 val = "true"
             elif typing.get_origin(base) is tuple and typing.get_args(base)[-1] is not Ellipsis:
                 n = len(typing.get_args(base))

@@ -1,0 +1,78 @@
+import pytest
+
+from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
+from rlhfkit.errors import ConfigError
+
+
+def parse(*argv):
+    return parse_config(RLConfig, list(argv), aliases=RL_ALIASES)
+
+
+def test_defaults_validate_and_batch_plan_matches_seed_002():
+    cfg = parse("--rollout.batch_size", "16", "--rollout.n_samples_per_prompt", "8",
+                "--train.batch_size", "64", "--train.micro_batch_size", "8", "--train.max_epochs", "2")
+    plan = validate(cfg)
+    assert plan.samples_per_rollout == 128
+    assert plan.micro_batches_per_step == 8
+    assert plan.optimizer_steps_per_rollout == 4  # 128 / 64 * 2 epochs
+
+
+def test_flag_forms_types_and_booleans():
+    cfg = parse("--actor.adam.lr=3e-5", "--algo.kl.use_loss", "--rollout.dynamic_filtering", "false",
+                "--actor.eps_clip_low_high", "0.2", "0.28", "--train.max_steps", "5", "--actor.autocast", "none")
+    assert cfg.actor.adam.lr == 3e-5 and isinstance(cfg.actor.adam.lr, float)
+    assert cfg.algo.kl.use_loss is True and cfg.rollout.dynamic_filtering is False
+    assert cfg.actor.eps_clip_low_high == (0.2, 0.28)
+    assert cfg.train.max_steps == 5 and cfg.actor.autocast is None
+
+
+def test_negative_numbers_are_values_not_flags():
+    cfg = parse("--reward.clip_range", "-1", "1", "--rollout.top_k", "-1")
+    assert cfg.reward.clip_range == (-1.0, 1.0) and cfg.rollout.top_k == -1
+
+
+def test_openrlhf_flat_aliases():
+    cfg = parse("--pretrain", "m", "--n_samples_per_prompt", "4", "--advantage_estimator", "rloo", "--use_kl_loss")
+    assert cfg.actor.model_name_or_path == "m"
+    assert cfg.rollout.n_samples_per_prompt == 4
+    assert cfg.algo.advantage.estimator == "rloo" and cfg.algo.kl.use_loss
+
+
+def test_yaml_then_flags_override(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("rollout:\n  batch_size: 4\n  temperature: 0.5\ntrain.seed: 7\n")
+    cfg = parse("--config", str(f), "--rollout.temperature", "0.9")
+    assert cfg.rollout.batch_size == 4 and cfg.rollout.temperature == 0.9 and cfg.train.seed == 7
+
+
+def test_config_is_frozen():
+    cfg = parse()
+    with pytest.raises(Exception):
+        cfg.train.seed = 3
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--train.sed", "1"], "did you mean --train.seed"),
+    (["--lr", "1"], "unknown flag --lr; did you mean --actor.adam.lr"),
+    (["--train.seed", "1.5"], "expected int"),
+    (["--algo.kl.use_loss", "maybe"], "--algo.kl.use_loss: expected bool, got 'maybe'"),
+    (["--actor.eps_clip_low_high", "0.2"], "expected 2 values"),
+    (["--train.seed"], "a value is required"),
+    (["positional"], "unexpected argument"),
+])
+def test_bad_flags_are_clear_errors(argv, needle):
+    with pytest.raises(ConfigError, match=None) as e:
+        parse(*argv)
+    assert needle in str(e.value)
+
+
+def test_yaml_unknown_key_and_bad_yaml(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("rollout:\n  batch_sise: 4\n")
+    with pytest.raises(ConfigError, match="unknown key 'rollout.batch_sise'; did you mean --rollout.batch_size"):
+        parse("--config", str(f))
+    f.write_text("a: [1\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        parse("--config", str(f))
+    with pytest.raises(ConfigError, match="no such file"):
+        parse("--config", str(tmp_path / "missing.yaml"))
