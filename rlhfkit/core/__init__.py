@@ -1,0 +1,65 @@
+"""Pure tensor math for RL on language models (torch only).
+
+Masks, aggregation modes, KL estimators and controllers, advantage estimators, policy /
+value / entropy / SFT / preference losses, reward shaping and EMA. See docs/algorithms.md.
+"""
+
+from rlhfkit.core.advantages import (
+    ESTIMATORS,
+    GROUP_BASELINES,
+    compute_advantages,
+    discounted_returns,
+    gae,
+    group_baseline,
+    token_rewards,
+)
+from rlhfkit.core.aggregate import AGGREGATIONS, aggregate_loss
+from rlhfkit.core.ema import ema_update
+from rlhfkit.core.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, approx_kl
+from rlhfkit.core.losses import (
+    IS_KINDS,
+    RATIO_LEVELS,
+    dpo_loss,
+    entropy_from_logits,
+    is_weights,
+    kto_loss,
+    logprobs_from_logits,
+    pairwise_loss,
+    policy_loss,
+    sft_loss,
+    value_loss,
+)
+from rlhfkit.core.masks import masked_mean, masked_sum, masked_whiten
+from rlhfkit.core.shaping import overlong_penalty
+
+__all__ = [
+    "AGGREGATIONS",
+    "ESTIMATORS",
+    "GROUP_BASELINES",
+    "IS_KINDS",
+    "KL_ESTIMATORS",
+    "RATIO_LEVELS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "aggregate_loss",
+    "approx_kl",
+    "compute_advantages",
+    "discounted_returns",
+    "dpo_loss",
+    "ema_update",
+    "entropy_from_logits",
+    "gae",
+    "group_baseline",
+    "is_weights",
+    "kto_loss",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_whiten",
+    "overlong_penalty",
+    "pairwise_loss",
+    "policy_loss",
+    "sft_loss",
+    "token_rewards",
+    "value_loss",
+]
