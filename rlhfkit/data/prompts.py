@@ -1,0 +1,327 @@
+"""Prompt datasets for RL: read records from a file or folder and build the prompt strings.
+
+Sources (chosen by the path):
+  *.jsonl          one JSON object per line (blank lines are skipped)
+  *.json           a list of objects, or {"data": [...]}
+  *.parquet        read with pyarrow
+  a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`)
+
+Each record gives one `PromptExample`. Its `text` is the final string handed to the tokenizer:
+the input value formatted by `input_template`, or rendered by the tokenizer's chat template
+(`apply_chat_template=True`), or used as is. Errors are `DataError` (bad data) or `ConfigError`
+(arguments that do not fit together); each names the file, the line or record and the key.
+
+Determinism: shuffling uses a local `random.Random(shuffle_seed)`; the global RNG is untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.errors import ConfigError, DataError
+
+SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+@dataclass
+class PromptExample:
+    """One prompt.
+
+    text   the final prompt string fed to the tokenizer (template or chat template applied)
+    label  the record's `label_key` value (e.g. the reference answer), None without a label_key
+    raw    the record as read from the source
+    index  the record's 0-based position in the source (stable under shuffling)
+    """
+
+    text: str
+    label: Any | None
+    raw: dict[str, Any]
+    index: int
+
+
+@dataclass
+class _Record:
+    """A record with where it came from, for error messages ("line 3" or "record 3")."""
+
+    data: dict[str, Any]
+    where: str
+
+
+def load_prompts(
+    path: str | Path,
+    input_key: str = "input",
+    label_key: str | None = None,
+    tokenizer: Any = None,
+    apply_chat_template: bool = False,
+    input_template: str | None = None,
+    max_samples: int | None = None,
+    shuffle_seed: int | None = None,
+    split: str = "train",
+) -> list[PromptExample]:
+    """Read a prompt dataset and build one `PromptExample` per record.
+
+    Every record is checked for `input_key` (and `label_key` when given) before anything is
+    built, so a bad record fails fast. Records are shuffled with `random.Random(shuffle_seed)`
+    when a seed is given, then cut to `max_samples`; only the kept records are rendered.
+
+    Args:
+      path: a .jsonl / .json / .parquet file or a HF `datasets` folder.
+      input_key: the field holding the prompt: a string, or a list of {"role", "content"}
+        messages (the latter needs `apply_chat_template=True`).
+      label_key: the field holding the label (reference answer); None for no labels.
+      tokenizer: anything with `apply_chat_template(messages, tokenize=False,
+        add_generation_prompt=True) -> str`; needed when `apply_chat_template` is True.
+      apply_chat_template: render each prompt with the tokenizer's chat template.
+      input_template: a format string with one `{}` (e.g. "Question: {}\\nAnswer:").
+      max_samples: keep at most this many records (after shuffling).
+      shuffle_seed: shuffle with this seed; None keeps the file order.
+      split: the split to take from a `DatasetDict` folder.
+
+    Raises:
+      ConfigError: the arguments do not fit together.
+      DataError: the source is missing, malformed, empty, or a record lacks a key.
+    """
+    _check_arguments(tokenizer, apply_chat_template, input_template, max_samples)
+    path = Path(path)
+    records = list(_read_records(path, split))
+    if not records:
+        raise DataError(f"{path}: the dataset is empty; give a file with at least one record")
+    for record in records:
+        _require_key(record, input_key, "input_key", path)
+        if label_key is not None:
+            _require_key(record, label_key, "label_key", path)
+
+    order = list(range(len(records)))
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(order)
+    if max_samples is not None:
+        order = order[:max_samples]
+
+    examples = []
+    for i in order:
+        record = records[i]
+        text = _build_text(record, input_key, path, tokenizer, apply_chat_template, input_template)
+        label = record.data[label_key] if label_key is not None else None
+        examples.append(PromptExample(text=text, label=label, raw=record.data, index=i))
+    return examples
+
+
+def _check_arguments(
+    tokenizer: Any, apply_chat_template: bool, input_template: str | None, max_samples: int | None
+) -> None:
+    """Raise ConfigError when the rendering arguments contradict each other."""
+    if apply_chat_template and input_template is not None:
+        raise ConfigError(
+            "load_prompts: input_template and apply_chat_template are both set; choose one "
+            "(the chat template already wraps the prompt)"
+        )
+    if apply_chat_template and not hasattr(tokenizer, "apply_chat_template"):
+        raise ConfigError(
+            "load_prompts: apply_chat_template=True needs a tokenizer with apply_chat_template; "
+            f"got {type(tokenizer).__name__}"
+        )
+    if input_template is not None:
+        try:
+            input_template.format("")
+        except (IndexError, KeyError, ValueError) as exc:
+            raise ConfigError(
+                f"load_prompts: input_template {input_template!r} is not a format string with "
+                f"one '{{}}' ({exc}); double any literal braces as '{{{{' and '}}}}'"
+            ) from exc
+        if "{}" not in input_template:
+            raise ConfigError(
+                f"load_prompts: input_template {input_template!r} has no '{{}}' for the prompt"
+            )
+    if max_samples is not None and (isinstance(max_samples, bool) or max_samples < 1):
+        raise ConfigError(
+            f"load_prompts: max_samples must be a positive integer or None, got {max_samples!r}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading sources
+# ---------------------------------------------------------------------------------------------
+
+
+def _read_records(path: Path, split: str) -> Iterator[_Record]:
+    """Yield the records of a file or HF folder, each with its location for error messages."""
+    if not path.exists():
+        raise DataError(f"{path}: no such file or folder; check the dataset path")
+    if path.is_dir():
+        yield from _read_hf_folder(path, split)
+    elif path.suffix == ".jsonl":
+        yield from _read_jsonl(path)
+    elif path.suffix == ".json":
+        yield from _read_json(path)
+    elif path.suffix == ".parquet":
+        yield from _read_parquet(path)
+    else:
+        raise DataError(
+            f"{path}: unsupported file type {path.suffix!r}; use one of "
+            f"{', '.join(SUPPORTED_SUFFIXES)} or a HF datasets folder"
+        )
+
+
+def _read_jsonl(path: Path) -> Iterator[_Record]:
+    """One JSON object per line; blank lines are skipped. Lines are numbered from 1."""
+    with path.open("rb") as f:
+        for lineno, raw_line in enumerate(f, start=1):
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}, line {lineno}: bytes that are not UTF-8 (at column {exc.start + 1}); "
+                    "re-encode the file as UTF-8"
+                ) from exc
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"{path}, line {lineno}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                    "each line must hold one JSON object"
+                ) from exc
+            if not isinstance(data, dict):
+                raise DataError(
+                    f"{path}, line {lineno}: expected a JSON object, got {type(data).__name__}"
+                )
+            yield _Record(data, f"line {lineno}")
+
+
+def _read_json(path: Path) -> Iterator[_Record]:
+    """A JSON list of objects, or an object whose "data" field is such a list."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        lineno = raw.count(b"\n", 0, exc.start) + 1
+        raise DataError(
+            f"{path}, line {lineno}: bytes that are not UTF-8; re-encode the file as UTF-8"
+        ) from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}, line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+    if isinstance(data, dict) and "data" in data:
+        data = data["data"]
+    if not isinstance(data, list):
+        raise DataError(
+            f"{path}: expected a JSON list of objects or {{\"data\": [...]}}, "
+            f"got {type(data).__name__}"
+        )
+    for i, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise DataError(
+                f"{path}, record {i}: expected a JSON object, got {type(item).__name__}"
+            )
+        yield _Record(item, f"record {i}")
+
+
+def _read_parquet(path: Path) -> Iterator[_Record]:
+    """Rows of a parquet file, as dicts."""
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise DataError(f"{path}: cannot read as parquet ({type(exc).__name__}: {exc})") from exc
+    for i, row in enumerate(rows):
+        yield _Record(row, f"record {i}")
+
+
+def _read_hf_folder(path: Path, split: str) -> Iterator[_Record]:
+    """Rows of a `datasets` folder; from a DatasetDict, the rows of `split`."""
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as exc:  # datasets raises FileNotFoundError, ValueError, ...
+        raise DataError(
+            f"{path}: not a HF datasets folder written by save_to_disk "
+            f"({type(exc).__name__}: {_first_line(exc)})"
+        ) from exc
+    suffix = ""
+    if isinstance(ds, datasets.DatasetDict):
+        suffix = f" of split {split!r}"
+        if split not in ds:
+            raise DataError(
+                f"{path}: no split {split!r}; the folder has splits {sorted(ds.keys())}"
+            )
+        ds = ds[split]
+    for i, row in enumerate(ds):
+        yield _Record(dict(row), f"record {i}{suffix}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Building prompt text
+# ---------------------------------------------------------------------------------------------
+
+
+def _require_key(record: _Record, key: str, arg: str, path: Path) -> None:
+    if key not in record.data:
+        raise DataError(
+            f"{path}, {record.where}: no key {key!r} ({arg}); the record has keys "
+            f"{sorted(record.data.keys())}; set {arg} to one of them"
+        )
+
+
+def _build_text(
+    record: _Record,
+    input_key: str,
+    path: Path,
+    tokenizer: Any,
+    apply_chat_template: bool,
+    input_template: str | None,
+) -> str:
+    """The final prompt string of one record."""
+    value = record.data[input_key]
+    where = f"{path}, {record.where}, key {input_key!r}"
+    if apply_chat_template:
+        if isinstance(value, str):
+            messages = [{"role": "user", "content": value}]
+        elif _is_messages(value):
+            messages = value
+        else:
+            raise DataError(
+                f"{where}: expected a string or a list of {{'role', 'content'}} messages, "
+                f"got {type(value).__name__}"
+            )
+        try:
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:  # jinja / transformers raise many types
+            raise DataError(
+                f"{where}: the tokenizer's chat template failed ({type(exc).__name__}: "
+                f"{_first_line(exc)}); give a tokenizer with a chat_template that accepts these "
+                "messages, or use input_template instead"
+            ) from exc
+        if not isinstance(text, str):
+            raise DataError(f"{where}: the chat template returned {type(text).__name__}, not str")
+        return text
+    if not isinstance(value, str):
+        hint = " (a message list needs apply_chat_template=True)" if _is_messages(value) else ""
+        raise DataError(f"{where}: expected a string, got {type(value).__name__}{hint}")
+    if input_template is not None:
+        return input_template.format(value)
+    return value
+
+
+def _is_messages(value: Any) -> bool:
+    """True for a non-empty list of dicts that each have "role" and "content"."""
+    return (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

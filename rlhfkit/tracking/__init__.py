@@ -1,0 +1,19 @@
+"""Console progress, jsonl metrics, TensorBoard, completion logs and plots.
+
+Imports nothing from rlhfkit (errors here are ValueError / TypeError).
+"""
+
+from rlhfkit.tracking.metrics import MetricsWriter, TensorBoardWriter, Tracker
+from rlhfkit.tracking.plots import plot_curves, read_metrics
+from rlhfkit.tracking.progress import ProgressBar
+from rlhfkit.tracking.samples import CompletionLogger
+
+__all__ = [
+    "CompletionLogger",
+    "MetricsWriter",
+    "ProgressBar",
+    "TensorBoardWriter",
+    "Tracker",
+    "plot_curves",
+    "read_metrics",
+]

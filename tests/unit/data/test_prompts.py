@@ -1,0 +1,303 @@
+"""load_prompts: every source kind, keys, templates, shuffling and the error messages."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.data import PromptExample, load_prompts
+from rlhfkit.errors import ConfigError, DataError
+
+RECORDS = [
+    {"input": "What is 2+3?", "answer": "5"},
+    {"input": "What is 4*4?", "answer": "16"},
+    {"input": "What is 9-10?", "answer": "-1"},
+]
+
+
+class FakeTokenizer:
+    """Records each call and renders messages as '<role>content' + '<assistant>'."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[dict], dict]] = []
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.calls.append((messages, kwargs))
+        body = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return body + ("<assistant>" if kwargs.get("add_generation_prompt") else "")
+
+
+def tiny_tokenizer():
+    """A real transformers tokenizer built locally (one-word vocabulary, no chat template)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, "[UNK]")))
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def test_jsonl_reads_text_label_raw_and_index(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", RECORDS)
+    out = load_prompts(path, label_key="answer")
+    assert out == [
+        PromptExample(text=r["input"], label=r["answer"], raw=r, index=i)
+        for i, r in enumerate(RECORDS)
+    ]
+
+
+def test_jsonl_skips_blank_lines(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"input": "a"}\n\n   \n{"input": "b"}\n', encoding="utf-8")
+    assert [e.text for e in load_prompts(path)] == ["a", "b"]
+    assert [e.label for e in load_prompts(path)] == [None, None]
+
+
+def test_json_list_and_data_wrapper(tmp_path):
+    plain = tmp_path / "a.json"
+    plain.write_text(json.dumps(RECORDS), encoding="utf-8")
+    wrapped = tmp_path / "b.json"
+    wrapped.write_text(json.dumps({"data": RECORDS}), encoding="utf-8")
+    for path in (plain, wrapped):
+        out = load_prompts(path, label_key="answer")
+        assert [(e.text, e.label) for e in out] == [(r["input"], r["answer"]) for r in RECORDS]
+
+
+def test_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.Table.from_pylist(RECORDS), path)
+    out = load_prompts(path, label_key="answer")
+    assert [(e.text, e.label, e.index) for e in out] == [
+        (r["input"], r["answer"], i) for i, r in enumerate(RECORDS)
+    ]
+
+
+def test_hf_folder_dataset_and_datasetdict_split(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list(RECORDS).save_to_disk(str(tmp_path / "single"))
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list(RECORDS[:2]),
+            "test": datasets.Dataset.from_list(RECORDS[2:]),
+        }
+    ).save_to_disk(str(tmp_path / "dict"))
+
+    assert [e.text for e in load_prompts(tmp_path / "single")] == [r["input"] for r in RECORDS]
+    assert [e.text for e in load_prompts(tmp_path / "dict")] == [r["input"] for r in RECORDS[:2]]
+    test = load_prompts(tmp_path / "dict", label_key="answer", split="test")
+    assert [(e.text, e.label) for e in test] == [("What is 9-10?", "-1")]
+    with pytest.raises(DataError, match=r"no split 'validation'.*\['test', 'train'\]"):
+        load_prompts(tmp_path / "dict", split="validation")
+
+
+def test_folder_that_is_not_a_dataset(tmp_path):
+    (tmp_path / "junk").mkdir()
+    with pytest.raises(DataError, match="not a HF datasets folder"):
+        load_prompts(tmp_path / "junk")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_malformed_jsonl_line_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"input": "a"}\n{"input": "b"}\n{"input": oops}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad\.jsonl, line 3: not valid JSON"):
+        load_prompts(path)
+
+
+def test_jsonl_line_that_is_not_an_object(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"input": "a"}\n[1, 2]\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"line 2: expected a JSON object, got list"):
+        load_prompts(path)
+
+
+def test_missing_input_key_names_key_file_line_and_existing_keys(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"input": "a"}, {"question": "b", "id": 7}])
+    with pytest.raises(DataError) as info:
+        load_prompts(path)
+    msg = str(info.value)
+    assert "p.jsonl, line 2" in msg
+    assert "'input'" in msg and "input_key" in msg
+    assert "['id', 'question']" in msg
+
+
+def test_missing_label_key_in_json_names_record(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps([{"input": "a", "answer": 1}, {"input": "b"}]), encoding="utf-8")
+    with pytest.raises(DataError, match=r"p\.json, record 1: no key 'answer' \(label_key\).*\['input'\]"):
+        load_prompts(path, label_key="answer")
+
+
+def test_missing_key_is_found_even_past_max_samples(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"input": "a"}, {"inp": "b"}])
+    with pytest.raises(DataError, match="line 2"):
+        load_prompts(path, max_samples=1)
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", "[]", '{"data": []}'])
+def test_empty_dataset(tmp_path, content):
+    suffix = ".json" if content.startswith(("[", "{")) else ".jsonl"
+    path = tmp_path / f"empty{suffix}"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match="empty"):
+        load_prompts(path)
+
+
+def test_non_utf8_jsonl_names_line(tmp_path):
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes(b'{"input": "ok"}\n{"input": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"latin\.jsonl, line 2: bytes that are not UTF-8"):
+        load_prompts(path)
+
+
+def test_non_utf8_json_names_line(tmp_path):
+    path = tmp_path / "latin.json"
+    path.write_bytes(b'[\n{"input": "ok"},\n{"input": "caf\xe9"}\n]')
+    with pytest.raises(DataError, match=r"latin\.json, line 3: bytes that are not UTF-8"):
+        load_prompts(path)
+
+
+def test_json_of_wrong_shape(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text('{"rows": []}', encoding="utf-8")
+    with pytest.raises(DataError, match="expected a JSON list"):
+        load_prompts(path)
+
+
+def test_missing_path_and_unknown_suffix(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        load_prompts(tmp_path / "nope.jsonl")
+    csv = tmp_path / "p.csv"
+    csv.write_text("input\na\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"unsupported file type '\.csv'"):
+        load_prompts(csv)
+
+
+def test_non_string_input_without_chat_template(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"input": [{"role": "user", "content": "hi"}]}])
+    with pytest.raises(DataError, match="apply_chat_template=True"):
+        load_prompts(path)
+    path = write_jsonl(tmp_path / "q.jsonl", [{"input": 5}])
+    with pytest.raises(DataError, match=r"line 1, key 'input': expected a string, got int"):
+        load_prompts(path)
+
+
+# --------------------------------------------------------------------------- templates
+
+
+def test_input_template(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])
+    out = load_prompts(path, input_template="Question: {}\nAnswer:")
+    assert out[0].text == "Question: What is 2+3?\nAnswer:"
+
+
+def test_input_template_keeps_braces_in_the_prompt(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"input": "f(x) = {x}"}])
+    assert load_prompts(path, input_template="Q: {}")[0].text == "Q: f(x) = {x}"
+
+
+@pytest.mark.parametrize("template", ["no slot", "Q: {} {}", "Q: {name}", "{"])
+def test_bad_input_template(tmp_path, template):
+    path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])
+    with pytest.raises(ConfigError, match="input_template"):
+        load_prompts(path, input_template=template)
+
+
+def test_chat_template_wraps_a_string(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])
+    tok = FakeTokenizer()
+    out = load_prompts(path, tokenizer=tok, apply_chat_template=True)
+    assert out[0].text == "<user>What is 2+3?<assistant>"
+    messages, kwargs = tok.calls[0]
+    assert messages == [{"role": "user", "content": "What is 2+3?"}]
+    assert kwargs == {"tokenize": False, "add_generation_prompt": True}
+
+
+def test_chat_template_uses_a_message_list_directly(tmp_path):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    path = write_jsonl(tmp_path / "p.jsonl", [{"input": msgs}])
+    tok = FakeTokenizer()
+    assert load_prompts(path, tokenizer=tok, apply_chat_template=True)[0].text == (
+        "<system>Be brief.<user>Hi<assistant>"
+    )
+    assert tok.calls[0][0] == msgs
+
+
+def test_chat_template_with_a_real_tokenizer(tmp_path):
+    tok = tiny_tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])
+    out = load_prompts(path, tokenizer=tok, apply_chat_template=True)
+    assert out[0].text == "<|user|>What is 2+3?\n<|assistant|>"
+
+
+def test_chat_template_failure_names_the_record(tmp_path):
+    tok = tiny_tokenizer()
+    path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])  # the tokenizer has no chat_template
+    msg = r"p\.jsonl, line 1, key 'input': the tokenizer's chat template failed"
+    with pytest.raises(DataError, match=msg):
+        load_prompts(path, tokenizer=tok, apply_chat_template=True)
+
+
+def test_template_and_chat_template_together_is_a_config_error(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])
+    with pytest.raises(ConfigError, match="choose one"):
+        load_prompts(path, tokenizer=FakeTokenizer(), apply_chat_template=True, input_template="{}")
+
+
+def test_chat_template_without_tokenizer_is_a_config_error(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])
+    with pytest.raises(ConfigError, match="needs a tokenizer"):
+        load_prompts(path, apply_chat_template=True)
+
+
+# --------------------------------------------------------------------------- order
+
+
+def test_shuffle_is_seeded_local_and_truncates_after(tmp_path):
+    records = [{"input": f"q{i}"} for i in range(20)]
+    path = write_jsonl(tmp_path / "p.jsonl", records)
+    random.seed(123)
+    before = random.random()
+    random.seed(123)
+
+    a = load_prompts(path, shuffle_seed=7)
+    b = load_prompts(path, shuffle_seed=7)
+    c = load_prompts(path, shuffle_seed=8)
+    assert random.random() == before  # the global RNG was not drawn from
+
+    expected = list(range(20))
+    random.Random(7).shuffle(expected)
+    assert [e.index for e in a] == expected
+    assert [e.text for e in a] == [f"q{i}" for i in expected]
+    assert [e.index for e in a] == [e.index for e in b] != [e.index for e in c]
+
+    cut = load_prompts(path, shuffle_seed=7, max_samples=5)
+    assert [e.index for e in cut] == expected[:5]
+    assert [e.index for e in load_prompts(path, max_samples=3)] == [0, 1, 2]
+    assert len(load_prompts(path, max_samples=100)) == 20
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_bad_max_samples(tmp_path, bad):
+    path = write_jsonl(tmp_path / "p.jsonl", RECORDS)
+    with pytest.raises(ConfigError, match="max_samples"):
+        load_prompts(path, max_samples=bad)

@@ -1,0 +1,231 @@
+"""Tracking: metrics.jsonl, TensorBoard events read back, samples.jsonl, PNG plots, progress bar."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlhfkit.tracking import (
+    CompletionLogger,
+    MetricsWriter,
+    ProgressBar,
+    TensorBoardWriter,
+    Tracker,
+    plot_curves,
+    read_metrics,
+)
+from rlhfkit.tracking.metrics import to_float
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def read_tensorboard(log_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+# --------------------------------------------------------------------------- metrics.jsonl
+
+
+def test_metrics_writer_one_line_per_step_with_floats(tmp_path):
+    run = tmp_path / "run" / "nested"
+    writer = MetricsWriter(run)
+    writer.log(0, {"reward": torch.tensor(0.5), "kl": np.float32(0.25), "n": 3, "ok": True})
+    # flushed before close: readable while the run goes on
+    assert read_jsonl(run / "metrics.jsonl") == [
+        {"step": 0, "reward": 0.5, "kl": 0.25, "n": 3.0, "ok": 1.0}
+    ]
+    writer.log(1, {"reward": torch.tensor([0.75]), "loss": float("nan")})
+    writer.close()
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert rows[1] == {"step": 1, "reward": 0.75, "loss": None}
+    assert all(type(v) is float for v in rows[0].values() if v is not rows[0]["step"])
+
+
+def test_metrics_writer_appends_across_writers(tmp_path):
+    with MetricsWriter(tmp_path) as w:
+        w.log(0, {"a": 1.0})
+    with MetricsWriter(tmp_path) as w:
+        w.log(1, {"a": 2.0})
+    assert [r["a"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1.0, 2.0]
+
+
+def test_metrics_writer_rejects_non_scalars(tmp_path):
+    with MetricsWriter(tmp_path) as w:
+        with pytest.raises(TypeError, match="metric 'rewards' is a Tensor"):
+            w.log(0, {"rewards": torch.ones(3)})
+        with pytest.raises(TypeError, match="metric 'name' is a str"):
+            w.log(0, {"name": "x"})
+        with pytest.raises(ValueError, match="'step' is reserved"):
+            w.log(0, {"step": 1})
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+def test_to_float():
+    assert to_float(torch.tensor(2, dtype=torch.int64)) == 2.0
+    assert to_float(np.array([1.5])) == 1.5
+    assert math.isnan(to_float(float("nan")))
+    with pytest.raises(TypeError):
+        to_float(np.zeros(2), "x")
+
+
+# --------------------------------------------------------------------------- TensorBoard
+
+
+def test_tensorboard_event_files_read_back(tmp_path):
+    with TensorBoardWriter(tmp_path / "tb") as tb:
+        tb.log(0, {"reward": 0.0, "kl": torch.tensor(0.5)})
+        tb.log(5, {"reward": 1.0})
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    scalars = read_tensorboard(tmp_path / "tb")
+    assert scalars["reward"] == [(0, 0.0), (5, 1.0)]
+    assert scalars["kl"] == [(0, 0.5)]
+
+
+def test_tracker_fans_out_to_jsonl_and_tensorboard(tmp_path):
+    with Tracker(tmp_path) as tracker:
+        for step in range(3):
+            tracker.log(step, {"reward": torch.tensor(step / 4), "accuracy": step / 2})
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert rows == [{"step": s, "reward": s / 4, "accuracy": s / 2} for s in range(3)]
+    scalars = read_tensorboard(tmp_path / "tensorboard")
+    assert scalars["reward"] == [(0, 0.0), (1, 0.25), (2, 0.5)]
+    assert scalars["accuracy"] == [(0, 0.0), (1, 0.5), (2, 1.0)]
+
+
+def test_tracker_with_its_own_tensorboard_dir(tmp_path):
+    with Tracker(tmp_path / "run", tensorboard_dir=tmp_path / "tb") as tracker:
+        tracker.log(7, {"kl": 0.25})
+    assert read_tensorboard(tmp_path / "tb") == {"kl": [(7, 0.25)]}
+    assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_tracker_without_tensorboard(tmp_path):
+    tracker = Tracker(tmp_path, tensorboard=False)
+    tracker.log(0, {"reward": 1.0})
+    tracker.close()
+    tracker.close()  # closing twice is harmless
+    assert tracker.tensorboard is None
+    assert not (tmp_path / "tensorboard").exists()
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [{"step": 0, "reward": 1.0}]
+
+
+# --------------------------------------------------------------------------- samples.jsonl
+
+
+def test_completion_logger_writes_given_fields(tmp_path):
+    with CompletionLogger(tmp_path / "run") as log:
+        n = log.log(
+            3,
+            [
+                {"prompt": "1+1=", "response": " 2", "reward": torch.tensor(1.0),
+                 "advantage": np.float64(0.5), "length": torch.tensor(2)},
+                {"prompt": "caf\u00e9?", "response": "oui", "reward": 0.0, "ids": torch.tensor([4, 5])},
+            ],
+        )
+        assert n == 2
+        log.log(4, [{"prompt": "p", "response": "r", "advantage": float("inf")}])
+    rows = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    assert rows == [
+        {"step": 3, "prompt": "1+1=", "response": " 2", "reward": 1.0, "advantage": 0.5, "length": 2},
+        {"step": 3, "prompt": "caf\u00e9?", "response": "oui", "reward": 0.0, "ids": [4, 5]},
+        {"step": 4, "prompt": "p", "response": "r", "advantage": None},
+    ]
+
+
+def test_completion_logger_max_per_step_and_errors(tmp_path):
+    with CompletionLogger(tmp_path, max_per_step=2) as log:
+        assert log.log(0, [{"response": str(i)} for i in range(5)]) == 2
+        with pytest.raises(ValueError, match="reserved"):
+            log.log(1, [{"step": 9}])
+        with pytest.raises(TypeError, match="not a dict"):
+            log.log(1, ["text"])
+    assert [r["response"] for r in read_jsonl(tmp_path / "samples.jsonl")] == ["0", "1"]
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def test_plot_curves_writes_a_png_with_present_keys(tmp_path):
+    with MetricsWriter(tmp_path) as w:
+        for step in range(6):
+            w.log(step, {"reward": step / 5, "loss": float("nan") if step == 2 else 1.0 / (step + 1)})
+    out = tmp_path / "plots" / "curves.png"
+    present = plot_curves(tmp_path / "metrics.jsonl", out, keys=["reward", "accuracy", "loss"])
+    assert present == ["reward", "loss"]
+    data = out.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 1000
+
+
+def test_plot_curves_with_no_known_key_lists_what_exists(tmp_path):
+    with MetricsWriter(tmp_path) as w:
+        w.log(0, {"kl": 0.1})
+    with pytest.raises(ValueError, match=r"none of the keys \['reward'\].*\['kl'\]"):
+        plot_curves(tmp_path / "metrics.jsonl", tmp_path / "x.png", keys=["reward"])
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_read_metrics_skips_torn_last_line_only(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "reward": 1.0}\n{"step": 1, "rew', encoding="utf-8")
+    assert read_metrics(path) == [{"step": 0, "reward": 1.0}]
+    path.write_text('{"step": 0\n{"step": 1, "reward": 1.0}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"metrics\.jsonl, line 1"):
+        read_metrics(path)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_shows_step_total_reward_kl_and_time_left():
+    stream = FakeTTY()
+    with ProgressBar(total=10, stream=stream) as bar:
+        assert bar.enabled
+        bar.update(3, {"reward": torch.tensor(0.4123), "kl": 0.00312, "loss": 9.0})
+        bar.update(4, {"reward": 0.5})
+    text = stream.getvalue()
+    assert "train 3/10" in text and "reward=0.4123 kl=0.00312" in text
+    assert "train 4/10" in text and "reward=0.5" in text
+    assert "<" in text and "loss" not in text  # elapsed<remaining; unshown metrics left out
+
+
+def test_progress_bar_custom_keys_and_resume():
+    stream = FakeTTY()
+    bar = ProgressBar(total=100, show={"acc": "eval/accuracy"}, initial=50, stream=stream, desc="rl")
+    bar.update(51, {"eval/accuracy": 0.75})
+    bar.close()
+    assert "rl 51/100" in stream.getvalue() and "acc=0.75" in stream.getvalue()
+
+
+def test_progress_bar_without_tty_requirement_draws_on_any_stream():
+    stream = io.StringIO()
+    bar = ProgressBar(total=4, stream=stream, require_tty=False)
+    bar.update(2, {"kl": 0.5})
+    bar.close()
+    assert "train 2/4" in stream.getvalue() and "kl=0.5" in stream.getvalue()
+
+
+@pytest.mark.parametrize("stream, enabled", [(io.StringIO(), True), (FakeTTY(), False)])
+def test_progress_bar_disabled_prints_nothing(stream, enabled):
+    bar = ProgressBar(total=10, stream=stream, enabled=enabled)
+    assert not bar.enabled
+    bar.update(5, {"reward": 1.0})
+    bar.close()
+    assert stream.getvalue() == ""
