@@ -1,0 +1,103 @@
+"""`rlhfkit train rl`: parse and validate flags before any model loads, build, train, save."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, to_dict, validate
+from rlhfkit.data.prompts import load_prompts
+from rlhfkit.errors import ConfigError
+from rlhfkit.tracking.metrics import Tracker
+from rlhfkit.tracking.plots import plot_curves
+from rlhfkit.tracking.progress import ProgressBar
+from rlhfkit.tracking.samples import CompletionLogger
+from rlhfkit.trainers.build import build_engine, build_models, load_reward, tokenize_prompts
+from rlhfkit.trainers.rl import RLTrainer
+
+CURVE_KEYS = ["reward", "score", "eval/accuracy", "kl", "entropy", "response_length"]
+
+
+class RunTracker:
+    """Fans trainer metrics out to metrics.jsonl, TensorBoard, the progress bar and samples.jsonl."""
+
+    def __init__(self, run_dir: Path, tensorboard_dir: str | None, total_steps: int, progress: bool):
+        self.run_dir = run_dir
+        self.metrics = Tracker(run_dir, tensorboard_dir=tensorboard_dir or str(run_dir / "tensorboard"))
+        self.samples = CompletionLogger(run_dir)
+        self.bar = ProgressBar(total_steps, enabled=progress)
+
+    def log(self, step: int, metrics: dict) -> None:
+        self.metrics.log(step, metrics)
+        self.bar.update(step, metrics)
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        self.samples.log(step, rows)
+
+    def close(self) -> None:
+        self.bar.close()
+        self.metrics.close()
+        try:
+            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", keys=CURVE_KEYS)
+        except ValueError:  # no step logged any of CURVE_KEYS (e.g. zero steps): nothing to plot
+            pass
+
+
+def parse_rl_args(argv: list[str]) -> RLConfig:
+    cfg = parse_config(RLConfig, argv, aliases=RL_ALIASES)
+    validate(cfg)
+    return cfg
+
+
+def prepare_run_dir(cfg: RLConfig) -> Path:
+    run_dir = Path(cfg.ckpt.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    return run_dir
+
+
+def build_trainer(
+    cfg: RLConfig, load_examples, run_dir: Path, callbacks=(), reward_fn=None
+) -> tuple[RLTrainer, RunTracker, int]:
+    """Models, engine, reward (`reward_fn` or --reward.remote_url), prompts (`load_examples(tokenizer)`)
+    and tracker -> an RLTrainer."""
+    plan = validate(cfg)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    reward_fn = reward_fn or load_reward(cfg.reward.remote_url)
+    policy, tokenizer, ref, critic = build_models(cfg)
+    engine = build_engine(policy, tokenizer, cfg)
+    prompts, skipped = tokenize_prompts(load_examples(tokenizer), tokenizer, cfg.data.prompt_max_len)
+    trainer = RLTrainer(cfg, plan, policy, tokenizer, engine, reward_fn, prompts, ref=ref, critic=critic,
+                        callbacks=callbacks)
+    tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, trainer.total_steps, cfg.logger.progress_bar)
+    trainer.tracker = tracker
+    return trainer, tracker, skipped
+
+
+def run(argv: list[str]) -> int:
+    cfg = parse_rl_args(argv)
+    if not cfg.data.prompt_dataset:
+        raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file or a datasets folder)")
+    run_dir = prepare_run_dir(cfg)
+    t0 = time.perf_counter()
+    d = cfg.data
+    load_prompts(d.prompt_dataset, input_key=d.input_key, label_key=d.label_key,  # fail fast, before models
+                 input_template=d.input_template, max_samples=d.max_samples)
+
+    def load_examples(tokenizer):
+        return load_prompts(d.prompt_dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
+                            apply_chat_template=d.apply_chat_template, input_template=d.input_template,
+                            max_samples=d.max_samples, shuffle_seed=cfg.train.seed)
+
+    trainer, tracker, skipped = build_trainer(cfg, load_examples, run_dir)
+    if skipped:
+        print(f"skipped {skipped} prompts longer than --data.prompt_max_len {d.prompt_max_len} tokens")
+    trainer.fit()
+    final = trainer.save(run_dir / "final")
+    tracker.close()
+    print(f"done in {time.perf_counter() - t0:.0f}s: {trainer.step} steps; model saved to {final}")
+    return 0

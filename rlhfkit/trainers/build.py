@@ -1,0 +1,80 @@
+"""Turn a validated RLConfig into the components of an RLTrainer (models, engine, reward, data)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from rlhfkit.config.rl import RLConfig
+from rlhfkit.errors import ConfigError, DataError
+from rlhfkit.models import Critic, load_causal_lm, load_tokenizer, materialize_smollm2
+from rlhfkit.rewards.loader import load_reward_file
+from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.trainers.rl import PromptItem
+
+BUILTIN_REWARDS = {"builtin:math": Path(__file__).resolve().parents[1] / "rewards" / "builtin_math_reward.py"}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_model(name_or_path: str) -> tuple[str, str | None]:
+    """`smollm2` -> the cached HF folder (converted once); `x/y.gguf` -> (folder, file)."""
+    if name_or_path == "smollm2":
+        return str(materialize_smollm2()), None
+    p = Path(name_or_path)
+    if p.suffix == ".gguf":
+        return str(p.parent), p.name
+    return name_or_path, None
+
+
+def load_policy(name_or_path: str, dtype: str):
+    path, gguf = resolve_model(name_or_path)
+    tokenizer = load_tokenizer(path, gguf_file=gguf)
+    model = load_causal_lm(path, dtype=_DTYPES[dtype], gguf_file=gguf)
+    return model, tokenizer
+
+
+def load_reward(url: str | None):
+    if url is None:
+        raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func) or builtin:math")
+    return load_reward_file(BUILTIN_REWARDS.get(url, url))
+
+
+def tokenize_prompts(examples, tokenizer, max_len: int) -> tuple[list[PromptItem], int]:
+    """Tokenize prompt texts once; prompts longer than `max_len` tokens are skipped and counted."""
+    items, skipped = [], 0
+    for ex in examples:
+        ids = tokenizer(ex.text, add_special_tokens=False)["input_ids"]
+        if len(ids) > max_len:
+            skipped += 1
+            continue
+        items.append(PromptItem(ex.text, ids, ex.label))
+    if not items:
+        raise DataError(f"every prompt is longer than --data.prompt_max_len {max_len} tokens; raise it")
+    return items, skipped
+
+
+def build_models(cfg: RLConfig):
+    """Policy, tokenizer, frozen reference (only if the KL coefficient > 0) and critic (gae only)."""
+    torch.manual_seed(cfg.train.seed)
+    policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    ref = None
+    if cfg.algo.kl.init_coef > 0:
+        if cfg.ref.model_name_or_path:
+            ref, _ = load_policy(cfg.ref.model_name_or_path, cfg.actor.dtype)
+        else:
+            ref = copy.deepcopy(policy)
+        ref.eval().requires_grad_(False)
+    critic = None
+    if cfg.algo.advantage.estimator == "gae":
+        path, _ = resolve_model(cfg.critic.model_name_or_path or cfg.actor.model_name_or_path)
+        critic = Critic.from_causal_lm(path)
+    return policy, tokenizer, ref, critic
+
+
+def build_engine(policy, tokenizer, cfg: RLConfig) -> HFEngine:
+    """The HF engine shares the policy module: weight sync is a version bump, no copy."""
+    amp = _DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
+    return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp)
+

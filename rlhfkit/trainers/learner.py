@@ -1,0 +1,85 @@
+"""The algorithm-blind learner: AdamW, warmup + cosine schedule, gradient accumulation,
+grad-norm clipping, skipped non-finite steps and an optional EMA of the parameters.
+
+It knows nothing about RL: a loop hands it losses that are already divided by the counts of
+the whole optimizer step (see core.aggregate), calls `backward` once per micro-batch and
+`step` once per optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlhfkit.core.ema import ema_update
+
+
+def lr_lambda(kind: str, total_steps: int, warmup_steps: int, min_lr_ratio: float):
+    """Multiplier of the peak lr at optimizer step s (0-based): linear warmup, then
+    `constant`, `cosine` (to 0) or `cosine_with_min_lr` (to min_lr_ratio)."""
+    floor = min_lr_ratio if kind == "cosine_with_min_lr" else 0.0
+
+    def f(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if kind == "constant":
+            return 1.0
+        span = max(total_steps - warmup_steps, 1)
+        progress = min(max(step - warmup_steps, 0) / span, 1.0)
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+class Learner:
+    """Owns the optimizer state of one trainable module."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        total_steps: int = 1,
+        warmup_steps: int = 0,
+        scheduler: str = "constant",
+        min_lr_ratio: float = 0.0,
+        max_norm: float = 1.0,
+        ema_beta: float | None = None,
+    ):
+        self.module = module
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(scheduler, total_steps, warmup_steps, min_lr_ratio)
+        )
+        self.max_norm = max_norm
+        self.ema_beta = ema_beta
+        self.ema = [p.detach().clone() for p in self.params] if ema_beta is not None else None
+        self.steps = 0
+        self.skipped_steps = 0
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> dict[str, float]:
+        """Clip, step and zero the gradients. A non-finite gradient norm skips the update."""
+        if self.max_norm and self.max_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        else:
+            grads = [p.grad.detach().norm() for p in self.params if p.grad is not None]
+            grad_norm = torch.stack(grads).norm() if grads else torch.zeros(())
+        metrics = {"grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0]}
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()
+            if self.ema is not None:
+                ema_update(self.ema, [p.detach() for p in self.params], self.ema_beta)
+            self.steps += 1
+        else:
+            self.skipped_steps += 1
+        metrics["skipped_steps"] = float(self.skipped_steps)
+        self.optimizer.zero_grad(set_to_none=True)
+        return metrics

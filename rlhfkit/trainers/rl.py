@@ -1,0 +1,375 @@
+"""The RL loop in the shape of seed article 002:
+
+    for episode in episodes:
+        for rollout batch (rollout.batch_size prompts x n_samples_per_prompt):
+            generate ─► reward ─► experience (old/ref logprobs, values, KL, advantages)
+            ─► replay buffer ─► max_epochs passes in micro-batches, an optimizer step every
+               train.batch_size samples ─► weight sync to the engine (version + 1)
+
+Every stage has a timer; the math lives in rlhfkit.core, the optimizer in `Learner`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlhfkit.config.rl import GROUP_ESTIMATORS, BatchPlan, RLConfig
+from rlhfkit.core.aggregate import aggregate_loss
+from rlhfkit.core.kl import AdaptiveKLController, FixedKLController, approx_kl
+from rlhfkit.core.losses import policy_loss, value_loss
+from rlhfkit.core.shaping import overlong_penalty
+from rlhfkit.data.batch import TokenBatch, collate
+from rlhfkit.data.types import Trajectory
+from rlhfkit.models import response_logprobs
+from rlhfkit.rewards.base import RewardOutput
+from rlhfkit.rollout.base import GenerationEngine, SamplingParams
+from rlhfkit.trainers.experience import Experience, make_experience
+from rlhfkit.trainers.learner import Learner
+
+RewardFn = Callable[..., RewardOutput]
+_PER_STEP = ("policy_loss", "value_loss")  # summed over the micro-batches of one optimizer step
+
+
+@dataclass
+class PromptItem:
+    """A tokenized prompt of the dataset."""
+
+    text: str
+    ids: list[int]
+    label: object = None
+
+
+class RunningMoments:
+    """Running mean and std of rewards (Welford/Chan merge), for --reward.normalize."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def update(self, x: torch.Tensor) -> None:
+        n = x.numel()
+        if n == 0:
+            return
+        mean, var = float(x.mean()), float(x.var(unbiased=False))
+        delta, total = mean - self.mean, self.count + n
+        self.mean += delta * n / total
+        self.m2 += var * n + delta**2 * self.count * n / total
+        self.count = total
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / self.count) if self.count > 0 else 1.0
+
+
+@dataclass
+class StepTimer:
+    times: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+
+
+def autocast_ctx(dtype_name: str | None):
+    if dtype_name == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class RLTrainer:
+    """Runs `cfg` with the given components. Build them with `rlhfkit.trainers.build`."""
+
+    def __init__(
+        self,
+        cfg: RLConfig,
+        plan: BatchPlan,
+        policy: torch.nn.Module,
+        tokenizer,
+        engine: GenerationEngine,
+        reward_fn: RewardFn,
+        prompts: Sequence[PromptItem],
+        ref: torch.nn.Module | None = None,
+        critic: torch.nn.Module | None = None,
+        tracker=None,
+        callbacks: Sequence[Callable[[RLTrainer, int, dict], None]] = (),
+    ):
+        self.cfg, self.plan = cfg, plan
+        self.policy, self.tokenizer, self.engine = policy, tokenizer, engine
+        self.reward_fn, self.prompts = reward_fn, list(prompts)
+        self.ref, self.critic, self.tracker = ref, critic, tracker
+        self.callbacks = list(callbacks)
+        t = cfg.train
+        self.sample_gen = torch.Generator().manual_seed(t.seed)
+        self.shuffle_gen = torch.Generator().manual_seed(t.seed + 1)
+        self.rollouts_per_episode = len(self.prompts) // cfg.rollout.batch_size
+        if self.rollouts_per_episode == 0:
+            raise ValueError(
+                f"the prompt dataset has {len(self.prompts)} usable prompts, fewer than "
+                f"--rollout.batch_size {cfg.rollout.batch_size}; lower the batch size or add prompts"
+            )
+        self.total_steps = self.rollouts_per_episode * t.num_episodes
+        if t.max_steps is not None:
+            self.total_steps = min(self.total_steps, t.max_steps)
+        a = cfg.actor
+        opt_steps = self.total_steps * plan.optimizer_steps_per_rollout
+        self.learner = Learner(
+            policy, a.adam.lr, a.adam.betas, a.adam.eps, a.adam.weight_decay, total_steps=opt_steps,
+            warmup_steps=int(a.lr_warmup_ratio * opt_steps), scheduler=a.lr_scheduler,
+            min_lr_ratio=a.min_lr_ratio, max_norm=a.max_norm, ema_beta=a.ema_beta,
+        )
+        self.critic_learner = None
+        if critic is not None:
+            c = cfg.critic
+            self.critic_learner = Learner(
+                critic, c.adam.lr, c.adam.betas, c.adam.eps, c.adam.weight_decay, total_steps=opt_steps,
+                warmup_steps=int(a.lr_warmup_ratio * opt_steps), scheduler=a.lr_scheduler,
+                min_lr_ratio=a.min_lr_ratio, max_norm=c.max_norm,
+            )
+        k = cfg.algo.kl
+        self.kl_ctl = (
+            AdaptiveKLController(k.init_coef, k.target, k.horizon) if k.target is not None
+            else FixedKLController(k.init_coef)
+        )
+        self.reward_moments = RunningMoments()
+        self.step = 0
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> list[dict]:
+        history = []
+        cfg = self.cfg
+        for episode in range(cfg.train.num_episodes):
+            order = torch.randperm(len(self.prompts), generator=self.shuffle_gen).tolist()
+            for i in range(self.rollouts_per_episode):
+                if self.step >= self.total_steps:
+                    return history
+                chunk = [self.prompts[j] for j in order[i * cfg.rollout.batch_size : (i + 1) * cfg.rollout.batch_size]]
+                metrics = self.train_step(chunk)
+                metrics["episode"] = episode
+                history.append(metrics)
+                for cb in self.callbacks:
+                    cb(self, self.step, metrics)
+        return history
+
+    def train_step(self, prompts: Sequence[PromptItem]) -> dict[str, float]:
+        """One RL step: rollout, reward, experience, update, weight sync."""
+        cfg, timer = self.cfg, StepTimer()
+        t_start = time.perf_counter()
+        with timer("generate"):
+            trajs = self.generate(prompts)
+        with timer("reward"):
+            rewards, scores, reward_metrics = self.score(prompts, trajs)
+        trajs, rewards, scores, kept = self.filter_groups(trajs, rewards, scores)
+        metrics: dict[str, float] = {"score": float(scores.mean()) if len(scores) else 0.0, **reward_metrics}
+        metrics["filtered_groups"] = float(kept)
+        if trajs:
+            with timer("experience"):
+                exp = self.make_experience(trajs, rewards)
+            with timer("update"):
+                metrics.update(self.update(exp))
+            metrics.update(self.experience_metrics(exp, trajs))
+            self.kl_ctl.update(metrics.get("kl", 0.0), len(trajs))
+            self.log_samples(prompts, trajs, exp)
+        self.step += 1
+        self.engine.update_weights({}, self.engine.version + 1)
+        metrics.update({f"time/{k}": v for k, v in timer.times.items()})
+        metrics["time/step"] = time.perf_counter() - t_start
+        n_tokens = sum(t.response_length for t in trajs)
+        metrics["rollout_tokens_per_s"] = n_tokens / max(timer.times.get("generate", 1e-9), 1e-9)
+        metrics["kl_coef"] = self.kl_ctl.value
+        if self.tracker is not None:
+            self.tracker.log(self.step, metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ stages
+    def generate(self, prompts: Sequence[PromptItem]) -> list[Trajectory]:
+        r = self.cfg.rollout
+        params = SamplingParams(
+            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids),
+        )
+        return self.engine.generate([p.ids for p in prompts], params, generator=self.sample_gen)
+
+    def score(self, prompts: Sequence[PromptItem], trajs: list[Trajectory]):
+        """Call the reward function; apply overlong shaping and normalisation."""
+        responses = self.tokenizer.batch_decode([t.response_ids.tolist() for t in trajs], skip_special_tokens=False)
+        prompt_texts = [prompts[t.group_id].text for t in trajs]
+        labels = [prompts[t.group_id].label for t in trajs]
+        queries = [p + r for p, r in zip(prompt_texts, responses)]
+        lengths = torch.tensor([t.response_length for t in trajs], dtype=torch.float32)
+        out = self.reward_fn(queries, prompt_texts, labels, responses=responses, response_lengths=lengths)
+        rewards, scores = out.rewards.float().clone(), out.scores.float()
+        metrics = {f"reward_extra/{k}": float(v.float().mean()) for k, v in out.extra_logs.items()}
+        metrics["reward"] = float(rewards.mean())
+        a = self.cfg.algo
+        if a.overlong_buffer_len is not None:
+            penalty = overlong_penalty(lengths, self.cfg.rollout.max_new_tokens, a.overlong_buffer_len,
+                                       a.overlong_penalty_factor)
+            rewards = rewards + penalty
+            metrics["overlong_penalty"] = float(penalty.mean())
+        if self.cfg.reward.normalize:
+            self.reward_moments.update(rewards)
+            rewards = (rewards - self.reward_moments.mean) / (self.reward_moments.std + 1e-8)
+        return rewards, scores, metrics
+
+    def filter_groups(self, trajs, rewards, scores):
+        """DAPO dynamic filtering: drop groups whose scores are all equal (counted)."""
+        if not self.cfg.rollout.dynamic_filtering:
+            return trajs, rewards, scores, 0
+        gids = torch.tensor([t.group_id for t in trajs])
+        keep = torch.zeros(len(trajs), dtype=torch.bool)
+        dropped = 0
+        for g in gids.unique():
+            rows = gids == g
+            if bool((scores[rows] != scores[rows][0]).any()):
+                keep |= rows
+            else:
+                dropped += 1
+        idx = keep.nonzero().flatten().tolist()
+        return [trajs[i] for i in idx], rewards[keep], scores[keep], dropped
+
+    def make_experience(self, trajs: list[Trajectory], rewards: torch.Tensor) -> Experience:
+        cfg = self.cfg
+        batch = collate(trajs, self.tokenizer.pad_token_id)
+        group_ids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
+        kl_coef = self.kl_ctl.value
+        kl_in_reward = kl_coef > 0 and not cfg.algo.kl.use_loss
+        need_old = self.plan.optimizer_steps_per_rollout > 1 or kl_in_reward
+        temp = cfg.rollout.temperature or 1.0
+        amp = cfg.actor.autocast
+
+        def logp_of(model):
+            def fn(mb: TokenBatch) -> torch.Tensor:
+                with autocast_ctx(amp):
+                    return response_logprobs(model, mb, temperature=temp)[0]
+            return fn
+
+        def values_fn(mb: TokenBatch) -> torch.Tensor:
+            with autocast_ctx(amp):
+                return self.critic.response_values(mb)
+
+        adv = cfg.algo.advantage
+        whiten = {"true": True, "mean": "mean", "false": False}[adv.whiten]
+        return make_experience(
+            batch, rewards, group_ids, estimator=adv.estimator,
+            gamma=1.0 if adv.estimator in GROUP_ESTIMATORS else adv.gamma, lam=adv.lambd, whiten=whiten,
+            reward_clip=cfg.reward.clip_range, kl_coef=kl_coef, kl_estimator=cfg.algo.kl.estimator,
+            kl_in_reward=kl_in_reward,
+            policy_logp=logp_of(self.policy) if need_old else None,
+            ref_logp=logp_of(self.ref) if (self.ref is not None and kl_coef > 0) else None,
+            values=values_fn if self.critic is not None else None,
+            micro_batch_size=cfg.train.micro_batch_size,
+        )
+
+    def update(self, exp: Experience) -> dict[str, float]:
+        """max_epochs passes over the replay buffer; an optimizer step per train.batch_size samples."""
+        t = self.cfg.train
+        sums: dict[str, float] = {}
+        n_opt = 0
+        self.policy.train()
+        for _ in range(t.max_epochs):
+            perm = torch.randperm(len(exp), generator=self.shuffle_gen)
+            for s in range(0, len(exp), t.batch_size):
+                step_rows = perm[s : s + t.batch_size]
+                step_mask = exp.batch.loss_mask[step_rows]
+                num_tokens = int(step_mask.sum())
+                num_seqs = int(step_mask.any(dim=1).sum())
+                for m in range(0, len(step_rows), t.micro_batch_size):
+                    rows = step_rows[m : m + t.micro_batch_size]
+                    for k, v in self.micro_step(exp, rows, num_tokens, num_seqs).items():
+                        sums[k] = sums.get(k, 0.0) + v
+                for k, v in self.learner.step().items():
+                    sums[f"actor/{k}"] = sums.get(f"actor/{k}", 0.0) + v
+                if self.critic_learner is not None:
+                    for k, v in self.critic_learner.step().items():
+                        sums[f"critic/{k}"] = sums.get(f"critic/{k}", 0.0) + v
+                n_opt += 1
+        # Per-step quantities are averaged over optimizer steps; token sums over all tokens seen.
+        total_tokens = max(int(exp.batch.loss_mask.sum()) * t.max_epochs, 1)
+        out = {k: v / (n_opt if k in _PER_STEP or k.startswith(("actor/", "critic/")) else total_tokens)
+               for k, v in sums.items()}
+        out["optimizer_steps"] = float(n_opt)
+        return out
+
+    def micro_step(self, exp: Experience, rows: torch.Tensor, num_tokens: int, num_seqs: int) -> dict[str, float]:
+        """Forward + backward of one micro-batch. Returns token-weighted metric sums."""
+        cfg, a = self.cfg, self.cfg.actor
+        mb, x = exp.select(rows)
+        mask = mb.loss_mask
+        counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=cfg.rollout.max_new_tokens)
+        with autocast_ctx(a.autocast):
+            logp, entropy = response_logprobs(self.policy, mb, temperature=cfg.rollout.temperature or 1.0,
+                                              with_entropy=True)
+        logp = logp.float()
+        old = x["old_logp"] if x["old_logp"] is not None else logp.detach()
+        lo, hi = a.eps_clip_low_high
+        loss, pm = policy_loss(
+            logp, old, x["advantages"], mask, eps_low=lo, eps_high=hi, dual_clip=a.dual_clip,
+            ratio_level="sequence" if a.policy_loss_type == "gspo" else "token", agg=a.loss_agg_mode, **counts,
+        )
+        ntok = float(mask.sum())
+        out = {"policy_loss": float(loss.detach()), "clip_frac": float(pm["clip_frac"]) * ntok,
+               "ppo_kl": float(pm["approx_kl"]) * ntok}
+        out["entropy"] = float((entropy.detach().float() * mask).sum())
+        if a.entropy_coef:
+            loss = loss - a.entropy_coef * aggregate_loss(entropy.float(), mask, a.loss_agg_mode, **counts)
+        if cfg.algo.kl.use_loss and x["ref_logp"] is not None:
+            kl = approx_kl(logp, x["ref_logp"], cfg.algo.kl.estimator)
+            loss = loss + self.kl_ctl.value * aggregate_loss(kl, mask, a.loss_agg_mode, **counts)
+            out["kl_loss"] = float((kl.detach() * mask).sum())
+        self.learner.backward(loss)
+        if self.critic is not None:
+            with autocast_ctx(a.autocast):
+                v = self.critic.response_values(mb).float()
+            vloss, _ = value_loss(v, x["values"], x["returns"], mask, clip=cfg.critic.value_clip,
+                                  agg=a.loss_agg_mode, **counts)
+            self.critic_learner.backward(vloss)
+            out["value_loss"] = float(vloss.detach())
+        return out
+
+    # ------------------------------------------------------------------ logging
+    def experience_metrics(self, exp: Experience, trajs: list[Trajectory]) -> dict[str, float]:
+        mask = exp.batch.loss_mask
+        lengths = torch.tensor([float(t.response_length) for t in trajs])
+        out = {
+            "response_length": float(lengths.mean()),
+            "truncated_frac": float(sum(t.truncated for t in trajs) / len(trajs)),
+            "advantage_abs": float((exp.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)),
+            "policy_version": float(trajs[0].version),
+        }
+        if exp.kl is not None:
+            out["kl"] = float((exp.kl * mask).sum() / mask.sum().clamp(min=1))
+        elif exp.ref_logp is not None and exp.old_logp is not None:
+            out["kl"] = float((approx_kl(exp.old_logp, exp.ref_logp, "k1") * mask).sum() / mask.sum().clamp(min=1))
+        return out
+
+    def log_samples(self, prompts, trajs: list[Trajectory], exp: Experience) -> None:
+        if self.tracker is None or self.cfg.logger.log_samples <= 0:
+            return
+        rows = []
+        for i, t in enumerate(trajs[: self.cfg.logger.log_samples]):
+            m = exp.batch.loss_mask[i]
+            rows.append({
+                "prompt": prompts[t.group_id].text,
+                "response": self.tokenizer.decode(t.response_ids.tolist(), skip_special_tokens=False),
+                "label": str(prompts[t.group_id].label),
+                "reward": float(exp.rewards[i]),
+                "advantage": float(exp.advantages[i][m].mean()) if m.any() else 0.0,
+                "length": t.response_length,
+            })
+        self.tracker.log_samples(self.step, rows)
+
+    def save(self, path: str | Path) -> Path:
+        """The policy as an HF folder (safetensors + tokenizer)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.policy.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        return path
