@@ -1,0 +1,18 @@
+"""Load and save HF causal LMs, tiny test models, the critic, and the logprob forward."""
+
+from rlhfkit.models.critic import Critic
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer, materialize_smollm2, smollm2_gguf_path
+from rlhfkit.models.logprobs import response_logits, response_logprobs
+from rlhfkit.models.tiny import tiny_model_and_tokenizer, tiny_tokenizer
+
+__all__ = [
+    "Critic",
+    "load_causal_lm",
+    "load_tokenizer",
+    "materialize_smollm2",
+    "response_logits",
+    "response_logprobs",
+    "smollm2_gguf_path",
+    "tiny_model_and_tokenizer",
+    "tiny_tokenizer",
+]

@@ -1,0 +1,103 @@
+"""A value model: a causal-LM backbone (without its LM head) plus a scalar value head.
+
+Saved as an HF base-model folder (config.json + model.safetensors, loadable with
+`AutoModel.from_pretrained`) plus `value_head.safetensors`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlhfkit.errors import ModelError
+from rlhfkit.models.loading import load_causal_lm
+from rlhfkit.models.logprobs import gather_positions
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+class Critic(nn.Module):
+    """values = value_head(backbone(input_ids).last_hidden_state), one scalar per position.
+
+    The value head is zero-initialised (no random draw; initial values are 0, as with a
+    baseline of 0), so a fresh critic is deterministic given its backbone.
+    """
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        hidden = backbone.config.hidden_size
+        param = next(backbone.parameters())
+        self.value_head = nn.Linear(hidden, 1, device=param.device, dtype=param.dtype)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    @classmethod
+    def from_causal_lm(cls, path_or_model: str | os.PathLike | nn.Module, dtype: torch.dtype = torch.float32) -> Critic:
+        """Build a critic on the backbone of a causal LM (a local folder, .gguf file or a module).
+
+        A module is deep-copied: the critic never shares weights with the policy passed in.
+        """
+        if isinstance(path_or_model, nn.Module):
+            lm = path_or_model
+        else:
+            lm = load_causal_lm(path_or_model, dtype=dtype)
+        decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else None
+        if decoder is None or decoder is lm:
+            raise ModelError(f"{type(lm).__name__} has no separate decoder backbone to put a value head on.")
+        backbone = copy.deepcopy(decoder) if lm is path_or_model else decoder
+        return cls(backbone)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """input_ids, attention_mask [B, L] (right-padded) -> values [B, L] float32."""
+        hidden = self._hidden(input_ids, attention_mask)
+        return self.value_head(hidden).squeeze(-1).float()
+
+    def response_values(self, batch) -> torch.Tensor:
+        """Values [B, R] float32 of the state before each response token of a `TokenBatch`.
+
+        Entry (b, j) is the value at input position P_b + j - 1, the position whose logits
+        predict response token j (same alignment as `response_logprobs`).
+        """
+        hidden = self._hidden(batch.input_ids, batch.attention_mask)
+        positions = batch.response_positions().to(hidden.device)
+        return self.value_head(gather_positions(hidden, positions)).squeeze(-1).float()
+
+    def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return out.last_hidden_state
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write the backbone as an HF folder plus `value_head.safetensors` into `path`."""
+        from safetensors.torch import save_file
+
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(folder, safe_serialization=True)
+        head = {k: v.detach().contiguous().cpu() for k, v in self.value_head.state_dict().items()}
+        save_file(head, str(folder / VALUE_HEAD_FILE))
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Critic:
+        """Load a critic written by `save_pretrained`."""
+        from safetensors.torch import load_file
+        from transformers import AutoModel
+
+        folder = Path(path).expanduser()
+        if not (folder / VALUE_HEAD_FILE).is_file():
+            raise ModelError(
+                f"{folder} is not a critic folder (no {VALUE_HEAD_FILE}); write one with "
+                "Critic.save_pretrained, or build a fresh critic with Critic.from_causal_lm."
+            )
+        backbone = AutoModel.from_pretrained(folder, dtype=dtype, local_files_only=True)
+        critic = cls(backbone)
+        critic.value_head.load_state_dict(load_file(str(folder / VALUE_HEAD_FILE)))
+        return critic
