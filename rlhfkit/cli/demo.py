@@ -1,10 +1,13 @@
-"""`rlhfkit demo`: GRPO on SmolLM2-135M-Instruct learns to answer arithmetic in the asked format.
+"""`rlhfkit demo`: GRPO on SmolLM2-135M-Instruct learns to lead its reply with the right sum.
 
 The task: "What is a + b? Answer with only the number." with a, b in 1..50 from a fixed seed,
-a training split and a disjoint held-out split. Reward = 1 when the first integer of the
-response is the right answer (exactly what the prompt asks), else 0. The base model and the
-trained model are scored with the same prompt and parser; a lenient accuracy (the right number
-anywhere in the first line) shows format learning and arithmetic apart.
+a training split and a disjoint held-out split. Reward = 1 when the first number of the
+response is the right answer, else 0: "40" and "The answer is 40." get 1, the base model's
+habit of restating the question ("12 + 28 = 40") gets 0. The base and the trained model are
+scored with the same prompt and parser. Two more accuracies are reported: lenient (the right
+number anywhere in the first line: arithmetic without format) and bare (the response is only
+the number). A stricter bare-number reward was tried: this 135M model then found no reward in
+its first 10 steps and lost its arithmetic once it dropped the restated question.
 
 The demo is `rlhfkit train rl` with the flags in DEMO_FLAGS (any of them can be overridden on
 the command line), plus the before/after evaluation.
@@ -16,14 +19,12 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from rlhfkit.cli.train_rl import build_trainer, parse_rl_args, prepare_run_dir
 from rlhfkit.data.prompts import PromptExample
 from rlhfkit.data.synthetic import arithmetic_problems
 from rlhfkit.models import materialize_smollm2
 from rlhfkit.rewards.base import RewardOutput
-from rlhfkit.rewards.math import extract_first_integer, lenient_correct
+from rlhfkit.rewards.math import lenient_correct, math_exact_reward
 from rlhfkit.trainers.evaluate import greedy_responses
 
 INSTRUCTION = "{question} Answer with only the number."
@@ -47,18 +48,20 @@ DEMO_FLAGS = [
 N_TRAIN, N_TEST = 2000, 128
 
 
-def first_integer_reward(queries, prompts, labels, responses=None, **_) -> RewardOutput:
-    """1.0 when the response's first integer equals the label, else 0.0 (the demo's reward)."""
-    correct = [float(extract_first_integer(r) == int(lbl)) for r, lbl in zip(responses, labels)]
-    t = torch.tensor(correct)
-    return RewardOutput(rewards=t, scores=t.clone(), extra_logs={})
+def first_number_reward(queries, prompts, labels, responses=None, **_) -> RewardOutput:
+    """1.0 when the first number of the response is the right answer (what the prompt asks)."""
+    return math_exact_reward(responses, labels, mode="first_integer")
 
 
-def accuracy(responses: list[str], labels: list[str]) -> tuple[float, float]:
-    """(strict, lenient): first integer is the answer / the answer appears in the first line."""
-    strict = sum(extract_first_integer(r) == int(lbl) for r, lbl in zip(responses, labels)) / len(labels)
-    lenient = sum(lenient_correct(r, lbl) for r, lbl in zip(responses, labels)) / len(labels)
-    return strict, lenient
+def accuracy(responses: list[str], labels: list[str]) -> dict[str, float]:
+    """strict: the first number of the response is the answer (the reward's rule);
+    lenient: the answer appears anywhere in the first line; bare: the response is only the
+    right number."""
+    return {
+        "eval/accuracy": float(math_exact_reward(responses, labels, mode="first_integer").scores.mean()),
+        "eval/lenient_accuracy": sum(lenient_correct(r, lbl) for r, lbl in zip(responses, labels)) / len(labels),
+        "eval/bare_accuracy": float(math_exact_reward(responses, labels, mode="bare_number").scores.mean()),
+    }
 
 
 def chat_examples(records: list[dict], tokenizer) -> list[PromptExample]:
@@ -96,20 +99,20 @@ def run(argv: list[str]) -> int:
         items = holder["test_items"]
         t = time.perf_counter()
         responses = greedy_responses(trainer.engine, trainer.tokenizer, items, cfg.rollout.max_new_tokens)
-        strict, lenient = accuracy(responses, [i.label for i in items])
-        print(f"[eval {tag}] held-out accuracy {strict:.1%} (lenient {lenient:.1%}) on {len(items)} problems "
-              f"in {time.perf_counter() - t:.0f}s")
+        acc = accuracy(responses, [i.label for i in items])
+        print(f"[eval {tag}] held-out accuracy {acc['eval/accuracy']:.1%} (lenient {acc['eval/lenient_accuracy']:.1%}, "
+              f"only the number {acc['eval/bare_accuracy']:.1%}) on {len(items)} problems in {time.perf_counter() - t:.0f}s")
         holder.setdefault("examples", {})[tag] = [
             {"prompt": i.text, "label": i.label, "response": r} for i, r in zip(items[:8], responses[:8])
         ]
-        return {"eval/accuracy": strict, "eval/lenient_accuracy": lenient}
+        return acc
 
     def periodic_eval(trainer, step: int, metrics: dict) -> None:
         if cfg.eval.steps > 0 and step % cfg.eval.steps == 0 and step < trainer.total_steps:
             trainer.tracker.metrics.log(step, eval_now(trainer, f"step {step}"))
 
     trainer, tracker, _ = build_trainer(cfg, load_examples, run_dir, callbacks=[periodic_eval],
-                                        reward_fn=first_integer_reward)
+                                        reward_fn=first_number_reward)
     before = eval_now(trainer, "before")
     tracker.metrics.log(0, before)
     t_train = time.perf_counter()
@@ -121,8 +124,7 @@ def run(argv: list[str]) -> int:
     tracker.close()
     total = time.perf_counter() - t0
     summary = {
-        "accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
-        "lenient_before": before["eval/lenient_accuracy"], "lenient_after": after["eval/lenient_accuracy"],
+        "before": before, "after": after,
         "steps": trainer.step, "train_seconds": round(t_train, 1), "total_seconds": round(total, 1),
         "examples": holder.get("examples", {}),
     }
@@ -130,7 +132,8 @@ def run(argv: list[str]) -> int:
     gain = after["eval/accuracy"] - before["eval/accuracy"]
     print(f"\nheld-out accuracy: {before['eval/accuracy']:.1%} -> {after['eval/accuracy']:.1%} "
           f"({gain * 100:+.1f} points); lenient {before['eval/lenient_accuracy']:.1%} -> "
-          f"{after['eval/lenient_accuracy']:.1%}")
+          f"{after['eval/lenient_accuracy']:.1%}; only the number {before['eval/bare_accuracy']:.1%} -> "
+          f"{after['eval/bare_accuracy']:.1%}")
     print(f"{trainer.step} RL steps in {t_train:.0f}s; whole demo {total:.0f}s. Final model: {final}")
     print(f"curves: {run_dir / 'curves.png'}  samples: {run_dir / 'samples.jsonl'}  "
           f"TensorBoard: {run_dir / 'tensorboard'}")

@@ -84,6 +84,21 @@ def extract_first_integer(text: str) -> int | None:
     return int(value)
 
 
+def extract_bare_number(text: str) -> int | None:
+    """The whole response is one whole number (surrounding space and one final period allowed):
+    "64", " 64.\n" give 64; "The answer is 64.", "64 + 1", "64\nbecause" give None.
+
+    This is the strict "answer with only the number" format: nothing but the answer counts.
+    """
+    stripped = text.strip()
+    if stripped.endswith("."):
+        stripped = stripped[:-1].rstrip()
+    numbers = find_numbers(stripped)
+    if len(numbers) != 1 or numbers[0].strip() != stripped:
+        return None
+    return extract_first_integer(stripped)
+
+
 def extract_boxed(text: str) -> str | None:
     """The content of the last `\\boxed{...}` (nested braces allowed); None if there is none."""
     start = text.rfind("\\boxed{")
@@ -140,6 +155,7 @@ def lenient_correct(response: str, label: Any) -> bool:
 
 EXTRACTORS: dict[str, Callable[[str], str | int | None]] = {
     "first_integer": extract_first_integer,
+    "bare_number": extract_bare_number,
     "answer": extract_answer,
 }
 

@@ -166,9 +166,10 @@ class RLTrainer:
             trajs = self.generate(prompts)
         with timer("reward"):
             rewards, scores, reward_metrics = self.score(prompts, trajs)
-        trajs, rewards, scores, kept = self.filter_groups(trajs, rewards, scores)
-        metrics: dict[str, float] = {"score": float(scores.mean()) if len(scores) else 0.0, **reward_metrics}
-        metrics["filtered_groups"] = float(kept)
+        n_tokens = sum(t.response_length for t in trajs)
+        metrics: dict[str, float] = {"score": float(scores.mean()), **reward_metrics}
+        trajs, rewards, scores, dropped = self.filter_groups(trajs, rewards, scores)
+        metrics["filtered_groups"] = float(dropped)
         if trajs:
             with timer("experience"):
                 exp = self.make_experience(trajs, rewards)
@@ -181,7 +182,6 @@ class RLTrainer:
         self.engine.update_weights({}, self.engine.version + 1)
         metrics.update({f"time/{k}": v for k, v in timer.times.items()})
         metrics["time/step"] = time.perf_counter() - t_start
-        n_tokens = sum(t.response_length for t in trajs)
         metrics["rollout_tokens_per_s"] = n_tokens / max(timer.times.get("generate", 1e-9), 1e-9)
         metrics["kl_coef"] = self.kl_ctl.value
         if self.tracker is not None:
@@ -199,10 +199,14 @@ class RLTrainer:
 
     def score(self, prompts: Sequence[PromptItem], trajs: list[Trajectory]):
         """Call the reward function; apply overlong shaping and normalisation."""
-        responses = self.tokenizer.batch_decode([t.response_ids.tolist() for t in trajs], skip_special_tokens=False)
+        ids = [t.response_ids.tolist() for t in trajs]
+        # queries as OpenRLHF builds them (prompt + response with special tokens); `responses`
+        # is the generated text alone, without special tokens.
+        raw = self.tokenizer.batch_decode(ids, skip_special_tokens=False)
+        responses = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         prompt_texts = [prompts[t.group_id].text for t in trajs]
         labels = [prompts[t.group_id].label for t in trajs]
-        queries = [p + r for p, r in zip(prompt_texts, responses)]
+        queries = [p + r for p, r in zip(prompt_texts, raw)]
         lengths = torch.tensor([t.response_length for t in trajs], dtype=torch.float32)
         out = self.reward_fn(queries, prompt_texts, labels, responses=responses, response_lengths=lengths)
         rewards, scores = out.rewards.float().clone(), out.scores.float()

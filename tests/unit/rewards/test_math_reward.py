@@ -164,3 +164,29 @@ def test_empty_batch():
 )
 def test_lenient_correct(response, label, ok):
     assert lenient_correct(response, label) is ok
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("64", 64),
+        (" 64.\n", 64),
+        ("-5", -5),
+        ("64.0", 64),
+        ("The answer is 64.", None),
+        ("64 + 1", None),
+        ("64\nbecause", None),
+        ("64, 65", None),
+        ("", None),
+        ("3.5", None),
+    ],
+)
+def test_extract_bare_number(text, value):
+    from rlhfkit.rewards.math import extract_bare_number
+
+    assert extract_bare_number(text) == value
+
+
+def test_math_exact_reward_bare_number_mode():
+    out = math_exact_reward(["40", "The answer is 40.", "41", "40."], ["40", "40", "40", 40], mode="bare_number")
+    assert out.rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
