@@ -25,7 +25,8 @@ from rlhfkit.data.synthetic import arithmetic_problems
 from rlhfkit.models import materialize_smollm2
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rewards.math import lenient_correct, math_exact_reward
-from rlhfkit.trainers.evaluate import greedy_responses
+from rlhfkit.trainers.build import tokenize_prompts
+from rlhfkit.trainers.evaluate import Evaluator
 
 INSTRUCTION = "{question} Answer with only the number."
 DEMO_FLAGS = [
@@ -85,48 +86,29 @@ def run(argv: list[str]) -> int:
     for name, recs in (("train", train), ("test", test)):
         (run_dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
-    holder: dict = {}
+    test_examples: list[PromptExample] = []
 
     def load_examples(tokenizer):
-        holder["test"] = chat_examples(test, tokenizer)
+        test_examples.extend(chat_examples(test, tokenizer))
         return chat_examples(train, tokenizer)
 
-    def eval_now(trainer, tag: str) -> dict[str, float]:
-        from rlhfkit.trainers.build import tokenize_prompts  # noqa: PLC0415
-
-        if "test_items" not in holder:
-            holder["test_items"], _ = tokenize_prompts(holder["test"], trainer.tokenizer, 10_000)
-        items = holder["test_items"]
-        t = time.perf_counter()
-        responses = greedy_responses(trainer.engine, trainer.tokenizer, items, cfg.rollout.max_new_tokens)
-        acc = accuracy(responses, [i.label for i in items])
-        print(f"[eval {tag}] held-out accuracy {acc['eval/accuracy']:.1%} (lenient {acc['eval/lenient_accuracy']:.1%}, "
-              f"only the number {acc['eval/bare_accuracy']:.1%}) on {len(items)} problems in {time.perf_counter() - t:.0f}s")
-        holder.setdefault("examples", {})[tag] = [
-            {"prompt": i.text, "label": i.label, "response": r} for i, r in zip(items[:8], responses[:8])
-        ]
-        return acc
-
-    def periodic_eval(trainer, step: int, metrics: dict) -> None:
-        if cfg.eval.steps > 0 and step % cfg.eval.steps == 0 and step < trainer.total_steps:
-            trainer.tracker.metrics.log(step, eval_now(trainer, f"step {step}"))
-
-    trainer, tracker, _ = build_trainer(cfg, load_examples, run_dir, callbacks=[periodic_eval],
+    evaluator = Evaluator([], cfg.rollout.max_new_tokens, cfg.eval.steps,
+                          score_fn=lambda responses, items: accuracy(responses, [p.label for p in items]))
+    trainer, tracker, _ = build_trainer(cfg, load_examples, run_dir, callbacks=[evaluator.periodic],
                                         reward_fn=first_number_reward)
-    before = eval_now(trainer, "before")
-    tracker.metrics.log(0, before)
+    evaluator.items, _ = tokenize_prompts(test_examples, trainer.tokenizer, cfg.data.prompt_max_len)
+    before = evaluator(trainer, 0, "before")
     t_train = time.perf_counter()
     trainer.fit()
     t_train = time.perf_counter() - t_train
-    after = eval_now(trainer, "after")
-    tracker.metrics.log(trainer.step, after)
+    after = evaluator(trainer, trainer.step, "after")
     final = trainer.save(run_dir / "final")
     tracker.close()
     total = time.perf_counter() - t0
     summary = {
         "before": before, "after": after,
         "steps": trainer.step, "train_seconds": round(t_train, 1), "total_seconds": round(total, 1),
-        "examples": holder.get("examples", {}),
+        "examples": evaluator.examples,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     gain = after["eval/accuracy"] - before["eval/accuracy"]

@@ -16,6 +16,7 @@ from rlhfkit.tracking.plots import plot_curves
 from rlhfkit.tracking.progress import ProgressBar
 from rlhfkit.tracking.samples import CompletionLogger
 from rlhfkit.trainers.build import build_engine, build_models, load_reward, tokenize_prompts
+from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn
 from rlhfkit.trainers.rl import RLTrainer
 
 CURVE_KEYS = ["reward", "score", "eval/accuracy", "kl", "entropy", "response_length"]
@@ -88,15 +89,25 @@ def run(argv: list[str]) -> int:
     load_prompts(d.prompt_dataset, input_key=d.input_key, label_key=d.label_key,  # fail fast, before models
                  input_template=d.input_template, max_samples=d.max_samples)
 
-    def load_examples(tokenizer):
-        return load_prompts(d.prompt_dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
+    def load_examples(tokenizer, path=d.prompt_dataset, max_samples=d.max_samples):
+        return load_prompts(path, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
                             apply_chat_template=d.apply_chat_template, input_template=d.input_template,
-                            max_samples=d.max_samples, shuffle_seed=cfg.train.seed)
+                            max_samples=max_samples, shuffle_seed=cfg.train.seed)
 
-    trainer, tracker, skipped = build_trainer(cfg, load_examples, run_dir)
+    if cfg.eval.dataset:  # fail fast, before models, on a missing file or key
+        load_prompts(cfg.eval.dataset, input_key=d.input_key, label_key=d.label_key,
+                     input_template=d.input_template, max_samples=cfg.eval.max_samples)
+    evaluator = Evaluator([], cfg.rollout.max_new_tokens, cfg.eval.steps, score_fn=None)
+    trainer, tracker, skipped = build_trainer(cfg, load_examples, run_dir, callbacks=[evaluator.periodic])
     if skipped:
         print(f"skipped {skipped} prompts longer than --data.prompt_max_len {d.prompt_max_len} tokens")
+    if cfg.eval.dataset:
+        examples = load_examples(trainer.tokenizer, cfg.eval.dataset, cfg.eval.max_samples)
+        evaluator.items, _ = tokenize_prompts(examples, trainer.tokenizer, d.prompt_max_len)
+        evaluator.score_fn = reward_score_fn(trainer.reward_fn)
+    evaluator(trainer, 0)
     trainer.fit()
+    evaluator(trainer, trainer.step)
     final = trainer.save(run_dir / "final")
     tracker.close()
     print(f"done in {time.perf_counter() - t0:.0f}s: {trainer.step} steps; model saved to {final}")
