@@ -58,12 +58,9 @@ def load_causal_lm(
     model trains and saves like any other. Raises ModelError naming the path when it is missing.
     """
     from transformers import AutoModelForCausalLM
-    from transformers.utils import is_accelerate_available
 
     folder, gguf_file = _resolve(path, gguf_file)
     try:
-        if gguf_file and not is_accelerate_available():
-            return _load_gguf_without_accelerate(folder, gguf_file, dtype)
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **kwargs)
     except (OSError, ValueError) as exc:
@@ -72,30 +69,6 @@ def load_causal_lm(
     if quantizer is not None:  # GGUF: weights are already dequantized; drop the quantizer
         quantizer.remove_quantization_config(model)
     return model
-
-
-def _load_gguf_without_accelerate(folder: Path, gguf_file: str, dtype: torch.dtype) -> torch.nn.Module:
-    """Dequantize a GGUF checkpoint into a model built from its config.
-
-    transformers' `from_pretrained(gguf_file=...)` insists on `accelerate`; this reads the same
-    config and the same dequantized tensors through transformers' own GGUF reader instead.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    tensors = load_gguf_checkpoint(str(folder / gguf_file), return_tensors=True, model_to_load=model)["tensors"]
-    result = model.load_state_dict(tensors, strict=False)
-    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    missing = set(result.missing_keys) - tied
-    if missing or result.unexpected_keys:
-        raise ModelError(
-            f"GGUF {folder / gguf_file} does not match its architecture: missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(result.unexpected_keys)[:5]}"
-        )
-    model.tie_weights()
-    return model.eval()
 
 
 def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None):
