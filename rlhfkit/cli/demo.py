@@ -36,7 +36,9 @@ DEMO_FLAGS = [
     "--rollout.n_samples_per_prompt", "8",
     "--rollout.max_new_tokens", "12",
     "--rollout.temperature", "0.7",
-    "--rollout.dynamic_filtering",
+    "--algo.dynamic_filtering_enable",
+    "--algo.dynamic_filtering_range", "0", "1",
+    "--algo.dynamic_filtering_max_rounds", "1",  # drop only, no top-up: the demo as first measured
     "--train.batch_size", "128",
     "--train.micro_batch_size", "32",
     "--train.max_steps", "40",

@@ -14,6 +14,7 @@ USAGE = """usage: rlhfkit COMMAND [flags]
 commands:
   demo        GRPO on SmolLM2-135M-Instruct learns arithmetic in the asked format (~10 min on a laptop CPU)
   train rl    RL training (PPO, REINFORCE++, GRPO, Dr.GRPO, RLOO, ...): rlhfkit train rl --help
+  serve-reward  a reward file over HTTP: rlhfkit serve-reward --reward.remote_url FILE.py --port N
 
 flags are dotted: --section.name VALUE (e.g. --rollout.n_samples_per_prompt 8); --config FILE.yaml
 loads defaults that flags override; --debug shows tracebacks.
@@ -48,6 +49,10 @@ def dispatch(argv: list[str]) -> int:
         from rlhfkit.cli import demo  # noqa: PLC0415
 
         return demo.run(rest)
+    if cmd == "serve-reward":
+        from rlhfkit.cli import serve_reward  # noqa: PLC0415
+
+        return serve_reward.run(rest)
     if cmd == "train" and rest and rest[0] == "rl":
         from rlhfkit.cli import train_rl  # noqa: PLC0415
 

@@ -15,7 +15,7 @@ from rlhfkit.tracking.metrics import Tracker
 from rlhfkit.tracking.plots import plot_curves
 from rlhfkit.tracking.progress import ProgressBar
 from rlhfkit.tracking.samples import CompletionLogger
-from rlhfkit.trainers.build import build_engine, build_models, load_reward, tokenize_prompts
+from rlhfkit.trainers.build import build_engine, build_executor, build_models, load_reward, tokenize_prompts
 from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn
 from rlhfkit.trainers.rl import RLTrainer
 
@@ -68,12 +68,14 @@ def build_trainer(
     plan = validate(cfg)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
-    reward_fn = reward_fn or load_reward(cfg.reward.remote_url)
+    executor = build_executor(cfg)
+    if reward_fn is None and not executor.provides_rewards:  # an agent's step() gives the rewards
+        reward_fn = load_reward(cfg.reward)
     policy, tokenizer, ref, critic = build_models(cfg)
     engine = build_engine(policy, tokenizer, cfg)
     prompts, skipped = tokenize_prompts(load_examples(tokenizer), tokenizer, cfg.data.prompt_max_len)
     trainer = RLTrainer(cfg, plan, policy, tokenizer, engine, reward_fn, prompts, ref=ref, critic=critic,
-                        callbacks=callbacks)
+                        callbacks=callbacks, executor=executor)
     tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, trainer.total_steps, cfg.logger.progress_bar)
     trainer.tracker = tracker
     return trainer, tracker, skipped
@@ -94,6 +96,9 @@ def run(argv: list[str]) -> int:
                             apply_chat_template=d.apply_chat_template, input_template=d.input_template,
                             max_samples=max_samples, shuffle_seed=cfg.train.seed)
 
+    if cfg.eval.dataset and cfg.agent.func_path:
+        raise ConfigError("--eval.dataset is single-turn greedy evaluation; it does not run agents yet "
+                          "(drop --eval.dataset or --agent.func_path)")
     if cfg.eval.dataset:  # fail fast, before models, on a missing file or key
         load_prompts(cfg.eval.dataset, input_key=d.input_key, label_key=d.label_key,
                      input_template=d.input_template, max_samples=cfg.eval.max_samples)

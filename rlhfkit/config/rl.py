@@ -77,7 +77,19 @@ class RefConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     remote_url: str | None = None
-    """A Python file defining reward_func(queries, prompts, labels, **kwargs)."""
+    """A Python file defining reward_func(queries, prompts, labels, **kwargs), builtin:NAME, or
+    http(s):// reward server URLs (comma-separated: requests are sharded across them)."""
+    request_timeout: float = 60.0
+    """HTTP reward: seconds to wait for one request."""
+    max_retries: int = 3
+    """HTTP reward: retries per request (exponential backoff) before the run stops."""
+    request_batch_size: int = 64
+    """HTTP reward: most queries per request."""
+    auth_token: str | None = None
+    """HTTP reward: bearer token sent to the server."""
+    overlong_buffer_len: int | None = None
+    """DAPO overlong reward shaping: penalise the last buffer_len tokens of the budget."""
+    overlong_penalty_factor: float = 1.0
     normalize: bool = False
     """Normalise rewards by running mean and std (updated every rollout)."""
     clip_range: tuple[float, float] | None = None
@@ -108,8 +120,6 @@ class RolloutConfig:
     stop_token_ids: tuple[int, ...] = ()
     max_batch_size: int = 128
     """Largest number of sequences decoded together (memory bound)."""
-    dynamic_filtering: bool = False
-    """DAPO: drop groups whose scores are all equal (they carry no group-relative signal)."""
 
 
 @dataclass(frozen=True)
@@ -137,9 +147,24 @@ class KLConfig:
 class AlgoConfig:
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     kl: KLConfig = field(default_factory=KLConfig)
-    overlong_buffer_len: int | None = None
-    """DAPO overlong reward shaping: penalise the last buffer_len tokens of the budget."""
-    overlong_penalty_factor: float = 1.0
+    dynamic_filtering_enable: bool = False
+    """DAPO dynamic sampling: drop groups whose mean score is outside dynamic_filtering_range and
+    top the batch up with new prompts."""
+    dynamic_filtering_range: tuple[float, float] = (0.0, 1.0)
+    """Keep a group when low < mean score < high (exclusive: (0, 1) drops all-0 and all-1 groups)."""
+    dynamic_filtering_max_rounds: int = 8
+    """Most generation rounds per rollout batch; after them the batch trains as filled so far."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    func_path: str | None = None
+    """An agent file (AgentInstance / AgentExecutor, OpenRLHF's contract) or builtin:calculator,
+    builtin:guess; rewards then come from the agent's step()."""
+    max_turns: int = 4
+    """Most actions per episode."""
+    max_response_tokens: int | None = None
+    """Most response tokens (actions + feedback) per episode; none = max_new_tokens x max_turns."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +222,7 @@ class RLConfig:
     ckpt: CkptConfig = field(default_factory=CkptConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 # OpenRLHF's older flat names, accepted as aliases of ours.
@@ -227,6 +253,15 @@ RL_ALIASES = {
     "save_steps": "ckpt.save_steps",
     "eval_dataset": "eval.dataset",
     "eval_steps": "eval.steps",
+    "agent_func_path": "agent.func_path",
+    "train.agent_func_path": "agent.func_path",
+    "rollout.dynamic_filtering": "algo.dynamic_filtering_enable",
+    "dynamic_filtering": "algo.dynamic_filtering_enable",
+    "dynamic_filtering_reward_range": "algo.dynamic_filtering_range",
+    "algo.overlong_buffer_len": "reward.overlong_buffer_len",
+    "algo.overlong_penalty_factor": "reward.overlong_penalty_factor",
+    "overlong_buffer_len": "reward.overlong_buffer_len",
+    "overlong_penalty_factor": "reward.overlong_penalty_factor",
 }
 
 
@@ -277,8 +312,15 @@ def validate(cfg: RLConfig) -> BatchPlan:
         _require(r.n_samples_per_prompt >= 2,
                  f"--algo.advantage.estimator {a.advantage.estimator} compares samples of one prompt: "
                  f"set --rollout.n_samples_per_prompt to 2 or more (got {r.n_samples_per_prompt})")
-    if r.dynamic_filtering:
-        _require(r.n_samples_per_prompt >= 2, "--rollout.dynamic_filtering needs --rollout.n_samples_per_prompt >= 2")
+    if a.dynamic_filtering_enable:
+        _require(r.n_samples_per_prompt >= 2,
+                 "--algo.dynamic_filtering_enable needs --rollout.n_samples_per_prompt >= 2")
+        lo_s, hi_s = a.dynamic_filtering_range
+        _require(lo_s < hi_s, f"--algo.dynamic_filtering_range: need LOW < HIGH (got {lo_s} {hi_s})")
+        _require(a.dynamic_filtering_max_rounds >= 1, "--algo.dynamic_filtering_max_rounds must be >= 1")
+    g = cfg.agent
+    _require(g.max_turns >= 1, f"--agent.max_turns must be >= 1 (got {g.max_turns})")
+    _require(g.max_response_tokens is None or g.max_response_tokens >= 1, "--agent.max_response_tokens must be >= 1")
     _require(t.batch_size % t.micro_batch_size == 0,
              f"--train.batch_size ({t.batch_size}) must be a multiple of --train.micro_batch_size "
              f"({t.micro_batch_size}); e.g. --train.micro_batch_size {_divisor_hint(t.batch_size, t.micro_batch_size)}")
@@ -287,9 +329,12 @@ def validate(cfg: RLConfig) -> BatchPlan:
              f"one rollout makes {samples} samples (--rollout.batch_size {r.batch_size} x "
              f"--rollout.n_samples_per_prompt {r.n_samples_per_prompt}), which --train.batch_size "
              f"({t.batch_size}) must divide; e.g. --train.batch_size {_divisor_hint(samples, t.batch_size)}")
-    if a.overlong_buffer_len is not None:
-        _require(0 < a.overlong_buffer_len <= r.max_new_tokens,
-                 f"--algo.overlong_buffer_len must be in [1, --rollout.max_new_tokens={r.max_new_tokens}]")
+    w = cfg.reward
+    if w.overlong_buffer_len is not None:
+        _require(0 < w.overlong_buffer_len <= r.max_new_tokens,
+                 f"--reward.overlong_buffer_len must be in [1, --rollout.max_new_tokens={r.max_new_tokens}]")
+    _require(w.request_timeout > 0 and w.max_retries >= 0 and w.request_batch_size >= 1,
+             "--reward.request_timeout must be > 0, --reward.max_retries >= 0, --reward.request_batch_size >= 1")
     _require(a.kl.target is None or a.kl.target > 0, "--algo.kl.target must be > 0")
     return BatchPlan(
         samples_per_rollout=samples,

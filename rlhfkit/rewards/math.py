@@ -1,6 +1,6 @@
 """Exact-answer math reward: pull a number out of a response and compare it with the label.
 
-Pure string logic (no sympy). Numbers are read by one regular expression, with these choices:
+String logic (sympy only through math-verify in the "latex" mode). Numbers are read by one regular expression, with these choices:
   * a minus sign belongs to the number when it does not follow a letter, digit, '.' or '-'
     ("-5" and "x = -5" give -5; "3-5" gives 3 then 5);
   * commas group thousands only in groups of exactly three digits: "1,234" is 1234 and
@@ -17,11 +17,15 @@ Modes of `math_exact_reward` (chosen from `EXTRACTORS`):
                  e.g. "12, because ..."); see `extract_first_integer`
   answer         `\\boxed{...}` (the last one), else "Answer: X" / "answer is X" / "#### X"
                  (the last one), else the last number; see `extract_answer`
+  latex          the `answer` extraction, then symbolic equivalence with the label through
+                 math-verify (sympy): "\\frac{1}{2}" = "0.5", "2\\pi" = "\\pi \\cdot 2",
+                 "\\sqrt{8}" = "2\\sqrt{2}"; see `latex_equal`
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
@@ -145,6 +149,30 @@ def answers_equal(candidate: str | int | None, label: Any) -> bool:
     return False
 
 
+def latex_equal(candidate: str | None, label: Any) -> bool:
+    """True when `candidate` equals `label` exactly (`answers_equal`) or symbolically (math-verify).
+
+    Both are read as LaTeX math ("$...$" is added when missing), so fractions, roots, pi and
+    simple expressions compare by value. math-verify's signal-based timeouts only work in the
+    main thread; elsewhere they are switched off.
+    """
+    if candidate is None or label is None:
+        return False
+    if answers_equal(candidate, label):
+        return True
+    from math_verify import parse, verify  # noqa: PLC0415  (imports sympy: slow, only when used)
+
+    main = threading.current_thread() is threading.main_thread()
+    timeout = 5 if main else None
+
+    def read(text: str):
+        text = text.strip()
+        return parse(text if text.startswith("$") or "\\boxed" in text else f"${text}$", parsing_timeout=timeout)
+
+    gold, pred = read(str(label)), read(str(candidate))
+    return bool(gold and pred and verify(gold, pred, timeout_seconds=timeout))
+
+
 def lenient_correct(response: str, label: Any) -> bool:
     """True when the label's number appears anywhere in the response's first non-empty line."""
     lines = [line for line in response.strip().splitlines() if line.strip()]
@@ -168,7 +196,7 @@ def math_exact_reward(
     Args:
       responses: B response strings (the generated part only, not the prompt).
       labels: B reference answers (str, int or float; "12", "12.0", " 12 " and 12 are equal).
-      mode: a key of `EXTRACTORS` ("first_integer" or "answer").
+      mode: a key of `EXTRACTORS` ("first_integer", "bare_number", "answer") or "latex".
 
     Returns:
       RewardOutput with rewards = scores: FloatTensor [B] of 0.0 / 1.0, and extra_logs
@@ -177,15 +205,16 @@ def math_exact_reward(
     Raises:
       ConfigError: an unknown mode. RewardError: lengths differ or a label is None.
     """
-    if mode not in EXTRACTORS:
+    if mode not in EXTRACTORS and mode != "latex":
         raise ConfigError(
-            f"math reward mode {mode!r} is unknown; valid modes: {sorted(EXTRACTORS)}"
+            f"math reward mode {mode!r} is unknown; valid modes: {sorted([*EXTRACTORS, 'latex'])}"
         )
     if len(responses) != len(labels):
         raise RewardError(
             f"math reward: {len(responses)} responses but {len(labels)} labels; give one label each"
         )
-    extract = EXTRACTORS[mode]
+    extract = EXTRACTORS["answer" if mode == "latex" else mode]
+    equal = latex_equal if mode == "latex" else answers_equal
     rewards, found = [], []
     for i, (response, label) in enumerate(zip(responses, labels)):
         if label is None:
@@ -195,7 +224,7 @@ def math_exact_reward(
             )
         candidate = extract(response)
         found.append(0.0 if candidate is None else 1.0)
-        rewards.append(1.0 if answers_equal(candidate, label) else 0.0)
+        rewards.append(1.0 if equal(candidate, label) else 0.0)
     reward_tensor = torch.tensor(rewards, dtype=torch.float32)
     return RewardOutput(
         rewards=reward_tensor,

@@ -7,14 +7,19 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.config.rl import RLConfig
+from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor, load_agent_file
+from rlhfkit.config.rl import RewardConfig, RLConfig
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models import Critic, load_causal_lm, load_tokenizer, materialize_smollm2
 from rlhfkit.rewards.loader import load_reward_file
+from rlhfkit.rewards.remote import RemoteRewardFn, is_url
 from rlhfkit.rollout.hf import HFEngine
 from rlhfkit.trainers.rl import PromptItem
 
-BUILTIN_REWARDS = {"builtin:math": Path(__file__).resolve().parents[1] / "rewards" / "builtin_math_reward.py"}
+_PKG = Path(__file__).resolve().parents[1]
+BUILTIN_REWARDS = {"builtin:math": _PKG / "rewards" / "builtin_math_reward.py"}
+BUILTIN_AGENTS = {"builtin:calculator": _PKG / "agents" / "envs" / "calculator.py",
+                  "builtin:guess": _PKG / "agents" / "envs" / "guess.py"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -35,10 +40,25 @@ def load_policy(name_or_path: str, dtype: str):
     return model, tokenizer
 
 
-def load_reward(url: str | None):
+def load_reward(reward: RewardConfig | str | None):
+    """A reward file, builtin:NAME, or http(s) reward server URL(s) -> a RewardFn."""
+    url = reward.remote_url if isinstance(reward, RewardConfig) else reward
     if url is None:
-        raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func) or builtin:math")
+        raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func), builtin:math, "
+                          "http://HOST:PORT/get_reward, or an agent with --agent.func_path")
+    if is_url(url):
+        r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=url)
+        return RemoteRewardFn(url.split(","), timeout=r.request_timeout, max_retries=r.max_retries,
+                              batch_size=r.request_batch_size, token=r.auth_token)
     return load_reward_file(BUILTIN_REWARDS.get(url, url))
+
+
+def build_executor(cfg: RLConfig) -> SingleTurnExecutor | MultiTurnExecutor:
+    """The agent of --agent.func_path (a file or builtin:NAME), else single-turn generation."""
+    path = cfg.agent.func_path
+    if path is None:
+        return SingleTurnExecutor()
+    return load_agent_file(BUILTIN_AGENTS.get(path, path))
 
 
 def tokenize_prompts(examples, tokenizer, max_len: int) -> tuple[list[PromptItem], int]:

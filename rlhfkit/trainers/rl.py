@@ -12,14 +12,16 @@ Every stage has a timer; the math lives in rlhfkit.core, the optimizer in `Learn
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from rlhfkit.agents.executor import SingleTurnExecutor, TokenBudget, agent_rewards, drift_count
 from rlhfkit.config.rl import GROUP_ESTIMATORS, BatchPlan, RLConfig
 from rlhfkit.core.aggregate import aggregate_loss
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController, approx_kl
@@ -30,6 +32,7 @@ from rlhfkit.data.types import Trajectory
 from rlhfkit.models import response_logprobs
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
+from rlhfkit.core.filtering import keep_groups_in_range
 from rlhfkit.trainers.experience import Experience, make_experience
 from rlhfkit.trainers.learner import Learner
 
@@ -100,12 +103,18 @@ class RLTrainer:
         critic: torch.nn.Module | None = None,
         tracker=None,
         callbacks: Sequence[Callable[[RLTrainer, int, dict], None]] = (),
+        executor=None,
     ):
         self.cfg, self.plan = cfg, plan
         self.policy, self.tokenizer, self.engine = policy, tokenizer, engine
         self.reward_fn, self.prompts = reward_fn, list(prompts)
         self.ref, self.critic, self.tracker = ref, critic, tracker
         self.callbacks = list(callbacks)
+        self.executor = executor or SingleTurnExecutor()
+        r, g = cfg.rollout, cfg.agent
+        multi = self.executor.provides_rewards
+        self.budget = TokenBudget(r.max_new_tokens, (g.max_response_tokens or r.max_new_tokens * g.max_turns)
+                                  if multi else r.max_new_tokens, g.max_turns if multi else 1)
         t = cfg.train
         self.sample_gen = torch.Generator().manual_seed(t.seed)
         self.shuffle_gen = torch.Generator().manual_seed(t.seed + 1)
@@ -144,32 +153,33 @@ class RLTrainer:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> list[dict]:
         history = []
-        cfg = self.cfg
-        for episode in range(cfg.train.num_episodes):
-            order = torch.randperm(len(self.prompts), generator=self.shuffle_gen).tolist()
-            for i in range(self.rollouts_per_episode):
-                if self.step >= self.total_steps:
-                    return history
-                chunk = [self.prompts[j] for j in order[i * cfg.rollout.batch_size : (i + 1) * cfg.rollout.batch_size]]
-                metrics = self.train_step(chunk)
-                metrics["episode"] = episode
-                history.append(metrics)
-                for cb in self.callbacks:
-                    cb(self, self.step, metrics)
+        stream = self.prompt_stream()
+        more = (p for _, p in stream)  # dynamic sampling tops batches up from the same stream
+        while self.step < self.total_steps:
+            batch = list(itertools.islice(stream, self.cfg.rollout.batch_size))
+            if not batch:
+                break  # dynamic sampling used up the prompts of every episode
+            metrics = self.train_step([p for _, p in batch], more)
+            metrics["episode"] = batch[0][0]
+            history.append(metrics)
+            for cb in self.callbacks:
+                cb(self, self.step, metrics)
         return history
 
-    def train_step(self, prompts: Sequence[PromptItem]) -> dict[str, float]:
-        """One RL step: rollout, reward, experience, update, weight sync."""
-        cfg, timer = self.cfg, StepTimer()
+    def prompt_stream(self) -> Iterator[tuple[int, PromptItem]]:
+        """(episode, prompt) pairs: each episode a fresh shuffle, cut to whole rollout batches."""
+        n = self.rollouts_per_episode * self.cfg.rollout.batch_size
+        for episode in range(self.cfg.train.num_episodes):
+            order = torch.randperm(len(self.prompts), generator=self.shuffle_gen).tolist()
+            for j in order[:n]:
+                yield episode, self.prompts[j]
+
+    def train_step(self, prompts: Sequence[PromptItem], more: Iterator[PromptItem] | None = None) -> dict[str, float]:
+        """One RL step: rollout (+ DAPO top-up from `more`), reward, experience, update, weight sync."""
+        timer, more = StepTimer(), more if more is not None else iter(())
         t_start = time.perf_counter()
-        with timer("generate"):
-            trajs = self.generate(prompts)
-        with timer("reward"):
-            rewards, scores, reward_metrics = self.score(prompts, trajs)
-        n_tokens = sum(t.response_length for t in trajs)
-        metrics: dict[str, float] = {"score": float(scores.mean()), **reward_metrics}
-        trajs, rewards, scores, dropped = self.filter_groups(trajs, rewards, scores)
-        metrics["filtered_groups"] = float(dropped)
+        prompts, trajs, rewards, metrics = self.rollout(prompts, more, timer)
+        n_tokens = metrics.pop("generated_tokens")
         if trajs:
             with timer("experience"):
                 exp = self.make_experience(trajs, rewards)
@@ -189,13 +199,49 @@ class RLTrainer:
         return metrics
 
     # ------------------------------------------------------------------ stages
+    def rollout(self, prompts: Sequence[PromptItem], more: Iterator[PromptItem], timer: StepTimer):
+        """generate -> reward -> DAPO filter; with --algo.dynamic_filtering_enable, new prompts from
+        `more` replace dropped groups until rollout.batch_size groups are accepted (accepted groups
+        are never discarded: when `more` or the rounds run out, the batch trains as filled).
+        Returns (prompts, kept trajectories, their rewards, metrics); group_id indexes prompts."""
+        a, want = self.cfg.algo, self.cfg.rollout.batch_size
+        all_prompts: list[PromptItem] = []
+        kept, kept_rewards, all_scores = [], [], []
+        metrics: dict[str, float] = {"filtered_groups": 0.0, "generated_tokens": 0.0, "drift_frac": 0.0}
+        for rounds in range(1, a.dynamic_filtering_max_rounds + 1):
+            with timer("generate"):
+                trajs = self.generate(prompts)
+            with timer("reward"):
+                rewards, scores, reward_metrics = self.score(prompts, trajs)
+            metrics = {**reward_metrics, **metrics} if rounds == 1 else metrics
+            metrics["generated_tokens"] += sum(t.response_length for t in trajs)
+            metrics["drift_frac"] += drift_count(trajs, self.tokenizer)
+            all_scores.append(scores)
+            trajs, rewards, scores, dropped = self.filter_groups(trajs, rewards, scores)
+            metrics["filtered_groups"] += dropped
+            for t in trajs:
+                t.group_id += len(all_prompts)
+            all_prompts += prompts
+            kept += trajs
+            kept_rewards.append(rewards)
+            need = want - len({t.group_id for t in kept})
+            if not a.dynamic_filtering_enable or need <= 0:
+                break
+            prompts = list(itertools.islice(more, need))
+            if not prompts:
+                break
+        scores = torch.cat(all_scores)
+        metrics.update(score=float(scores.mean()), dynamic_rounds=float(rounds),
+                       drift_frac=metrics["drift_frac"] / scores.numel())
+        return all_prompts, kept, torch.cat(kept_rewards), metrics
+
     def generate(self, prompts: Sequence[PromptItem]) -> list[Trajectory]:
         r = self.cfg.rollout
         params = SamplingParams(
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids),
         )
-        return self.engine.generate([p.ids for p in prompts], params, generator=self.sample_gen)
+        return self.executor.run(self.engine, self.tokenizer, prompts, params, self.budget, generator=self.sample_gen)
 
     def score(self, prompts: Sequence[PromptItem], trajs: list[Trajectory]):
         """Call the reward function; apply overlong shaping and normalisation."""
@@ -208,14 +254,17 @@ class RLTrainer:
         labels = [prompts[t.group_id].label for t in trajs]
         queries = [p + r for p, r in zip(prompt_texts, raw)]
         lengths = torch.tensor([t.response_length for t in trajs], dtype=torch.float32)
-        out = self.reward_fn(queries, prompt_texts, labels, responses=responses, response_lengths=lengths)
+        if self.executor.provides_rewards:
+            out = agent_rewards(trajs)
+        else:
+            out = self.reward_fn(queries, prompt_texts, labels, responses=responses, response_lengths=lengths,
+                                 group_ids=torch.tensor([t.group_id for t in trajs]))
         rewards, scores = out.rewards.float().clone(), out.scores.float()
         metrics = {f"reward_extra/{k}": float(v.float().mean()) for k, v in out.extra_logs.items()}
         metrics["reward"] = float(rewards.mean())
-        a = self.cfg.algo
-        if a.overlong_buffer_len is not None:
-            penalty = overlong_penalty(lengths, self.cfg.rollout.max_new_tokens, a.overlong_buffer_len,
-                                       a.overlong_penalty_factor)
+        w = self.cfg.reward
+        if w.overlong_buffer_len is not None:
+            penalty = overlong_penalty(lengths, self.budget.total, w.overlong_buffer_len, w.overlong_penalty_factor)
             rewards = rewards + penalty
             metrics["overlong_penalty"] = float(penalty.mean())
         if self.cfg.reward.normalize:
@@ -224,18 +273,12 @@ class RLTrainer:
         return rewards, scores, metrics
 
     def filter_groups(self, trajs, rewards, scores):
-        """DAPO dynamic filtering: drop groups whose scores are all equal (counted)."""
-        if not self.cfg.rollout.dynamic_filtering:
+        """DAPO dynamic filtering: drop groups whose mean score is outside the range (counted)."""
+        a = self.cfg.algo
+        if not a.dynamic_filtering_enable:
             return trajs, rewards, scores, 0
-        gids = torch.tensor([t.group_id for t in trajs])
-        keep = torch.zeros(len(trajs), dtype=torch.bool)
-        dropped = 0
-        for g in gids.unique():
-            rows = gids == g
-            if bool((scores[rows] != scores[rows][0]).any()):
-                keep |= rows
-            else:
-                dropped += 1
+        keep, dropped = keep_groups_in_range(torch.tensor([t.group_id for t in trajs]), scores,
+                                             *a.dynamic_filtering_range)
         idx = keep.nonzero().flatten().tolist()
         return [trajs[i] for i in idx], rewards[keep], scores[keep], dropped
 
@@ -307,7 +350,7 @@ class RLTrainer:
         cfg, a = self.cfg, self.cfg.actor
         mb, x = exp.select(rows)
         mask = mb.loss_mask
-        counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=cfg.rollout.max_new_tokens)
+        counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=self.budget.total)
         with autocast_ctx(a.autocast):
             logp, entropy = response_logprobs(self.policy, mb, temperature=cfg.rollout.temperature or 1.0,
                                               with_entropy=True)

@@ -21,7 +21,7 @@ def test_flag_forms_types_and_booleans():
     cfg = parse("--actor.adam.lr=3e-5", "--algo.kl.use_loss", "--rollout.dynamic_filtering", "false",
                 "--actor.eps_clip_low_high", "0.2", "0.28", "--train.max_steps", "5", "--actor.autocast", "none")
     assert cfg.actor.adam.lr == 3e-5 and isinstance(cfg.actor.adam.lr, float)
-    assert cfg.algo.kl.use_loss is True and cfg.rollout.dynamic_filtering is False
+    assert cfg.algo.kl.use_loss is True and cfg.algo.dynamic_filtering_enable is False  # old name: an alias
     assert cfg.actor.eps_clip_low_high == (0.2, 0.28)
     assert cfg.train.max_steps == 5 and cfg.actor.autocast is None
 

@@ -1,0 +1,132 @@
+"""The `AgentInstance` contract (OpenRLHF's, seed article 004) and the checks on what it returns.
+
+An agent environment is a class with two async methods, one instance per episode:
+
+    class AgentInstance(AgentInstanceBase):
+        async def reset(self, states, **kwargs):
+            # states = {"observation": prompt text, "label": label}
+            return {"observation": states["observation"]}        # the initial observation text
+        async def step(self, states, **kwargs):
+            # states = {"observation_text": all text so far, "action_text": the model's turn,
+            #           "label": label, "sampling_params": the SamplingParams of the turn}
+            return {"rewards": 1.0, "scores": 1.0, "environment_feedback": "...", "done": True,
+                    "sampling_params": None, "extra_logs": {"name": value}}
+
+`rewards` (float or 1-element tensor) are summed over the episode's steps; `scores` of the last
+step are what dynamic filtering sees (default: the summed reward). `sampling_params` (optional)
+replaces the next turn's parameters: a `SamplingParams` or a dict of its fields (vLLM's
+`max_tokens` is read as `max_new_tokens`). `extra_logs` of the last step are logged.
+
+`__init__` may be `async def` (as in OpenRLHF's examples); the executor awaits it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import numbers
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlhfkit.errors import RewardError
+from rlhfkit.rollout.base import SamplingParams
+
+
+class AgentInstanceBase(ABC):
+    """Base class of an environment; one instance per episode (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    async def reset(self, states: dict, **kwargs: Any) -> dict:
+        return {"observation": states["observation"]}
+
+    @abstractmethod
+    async def step(self, states: dict, **kwargs: Any) -> dict:
+        """One environment step on the model's action; see the module docstring."""
+
+
+@dataclass
+class StepResult:
+    """A checked `step()` result."""
+
+    reward: float
+    score: float | None
+    feedback: str
+    done: bool
+    sampling_params: SamplingParams | None
+    extra_logs: dict[str, float]
+
+
+async def new_instance(cls: type) -> Any:
+    """`cls()`, awaiting an `async def __init__` (which plain `cls()` cannot call)."""
+    init = cls.__init__
+    if inspect.iscoroutinefunction(init):
+        instance = cls.__new__(cls)
+        await init(instance)
+        return instance
+    return cls()
+
+
+def to_float(value: Any, source: str, what: str) -> float:
+    """A Python float from a float/int/bool or a one-element tensor/array."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    elif hasattr(value, "item") and getattr(value, "size", None) == 1:
+        value = value.item()
+    if isinstance(value, numbers.Real):
+        out = float(value)
+        if out == out and abs(out) != float("inf"):
+            return out
+    raise RewardError(f"agent {source}: step() returned {what}={value!r:.60}; give one finite number")
+
+
+def check_step_result(result: Any, source: str, current: SamplingParams) -> StepResult:
+    """Check an `AgentInstance.step` result; RewardError names `source` and the field at fault."""
+    if not isinstance(result, Mapping):
+        raise RewardError(f"agent {source}: step() returned {type(result).__name__}; return a dict "
+                          "with rewards, environment_feedback and done")
+    for key in ("rewards", "environment_feedback", "done"):
+        if key not in result:
+            raise RewardError(f"agent {source}: step() result lacks {key!r} (keys: {sorted(result)})")
+    feedback = result["environment_feedback"]
+    if not isinstance(feedback, str):
+        raise RewardError(f"agent {source}: environment_feedback must be a str, got {type(feedback).__name__}")
+    score = result.get("scores")
+    logs = result.get("extra_logs") or {}
+    return StepResult(
+        reward=to_float(result["rewards"], source, "rewards"),
+        score=None if score is None else to_float(score, source, "scores"),
+        feedback=feedback,
+        done=bool(result["done"]),
+        sampling_params=merge_sampling_params(current, result.get("sampling_params"), source),
+        extra_logs={str(k): to_float(v, source, f"extra_logs[{k!r}]") for k, v in logs.items()},
+    )
+
+
+_PARAM_NAMES = {f.name for f in dataclasses.fields(SamplingParams)} | {"max_tokens"}
+
+
+def merge_sampling_params(current: SamplingParams, new: Any, source: str) -> SamplingParams | None:
+    """None (keep), a SamplingParams, or a dict of its fields over `current`; n is always 1."""
+    if new is None or new is current:
+        return None
+    if isinstance(new, SamplingParams):
+        return dataclasses.replace(new, n=1)
+    if isinstance(new, Mapping):
+        unknown = set(new) - _PARAM_NAMES
+        if unknown:
+            raise RewardError(f"agent {source}: sampling_params has unknown fields {sorted(unknown)}; "
+                              f"valid: {sorted(_PARAM_NAMES)}")
+        fields = dict(new)
+        if "max_tokens" in fields:
+            fields["max_new_tokens"] = fields.pop("max_tokens")
+        if "stop_token_ids" in fields:
+            fields["stop_token_ids"] = tuple(fields["stop_token_ids"])
+        return dataclasses.replace(current, **fields, n=1)
+    raise RewardError(f"agent {source}: sampling_params must be None, a dict or SamplingParams, "
+                      f"got {type(new).__name__}")

@@ -1,0 +1,221 @@
+"""Executors: drive a `GenerationEngine` through single-turn or multi-turn episodes, token-in token-out.
+
+`SingleTurnExecutor` is one `engine.generate` call (today's RL rollout). `MultiTurnExecutor`
+runs one `AgentInstance` per sample; each turn, the unfinished episodes are generated together
+in one engine call on their own token context (prompt ids + every action and feedback token so
+far), then their `step()` coroutines run concurrently. The feedback text is tokenized once and
+appended with loss_mask False (logprob 0); the trajectory is never re-tokenized from text.
+
+Budgets: an action has at most `budget.per_turn` new tokens (and what the total allows); a
+response (actions + feedback) has at most `budget.total` tokens; an episode has at most
+`budget.max_turns` actions. An episode that runs out before its agent says done is flagged
+truncated (finish_reason "length"); feedback that does not fit is cut at the budget.
+
+Departure from OpenRLHF's MultiTurnAgentExecutor: it generates each episode alone through an
+async vLLM engine; here the episodes of a turn are batched into one call of a synchronous engine
+(the HF engine on CPU gains a lot from batching). Sampling is seeded by the trainer's generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from rlhfkit.agents.base import check_step_result, new_instance
+from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
+from rlhfkit.errors import ConfigError, RewardError
+from rlhfkit.rewards.base import RewardOutput
+from rlhfkit.rollout.base import GenerationEngine, SamplingParams
+
+
+class Prompt(Protocol):
+    """What an executor needs of a prompt: its text, its token ids and its label."""
+
+    text: str
+    ids: list[int]
+    label: Any
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """Token budgets of one episode (see the module docstring)."""
+
+    per_turn: int
+    total: int
+    max_turns: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.per_turn, self.total, self.max_turns) < 1:
+            raise ConfigError(f"agent token budget needs per_turn, total and max_turns >= 1, got {self}")
+
+
+class SingleTurnExecutor:
+    """One generation per sample; rewards come from the trainer's reward function."""
+
+    provides_rewards = False
+
+    def run(self, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt], params: SamplingParams,
+            budget: TokenBudget | None = None, generator: torch.Generator | None = None) -> list[Trajectory]:
+        """len(prompts) * params.n trajectories, sample s of prompt i at i*n + s (group_id i)."""
+        return engine.generate([p.ids for p in prompts], params, generator=generator)
+
+
+@dataclass
+class _Episode:
+    group_id: int
+    prompt_ids: list[int]
+    label: Any
+    instance: Any
+    text: str  # observation text so far (what step() sees as observation_text)
+    params: SamplingParams
+    response: list[int] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    score: float | None = None
+    extra_logs: dict[str, float] = field(default_factory=dict)
+    turns: int = 0
+    done: bool = False
+    truncated: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.done or self.truncated
+
+
+class MultiTurnExecutor:
+    """Runs `agent_instance_cls` episodes (OpenRLHF's `MultiTurnAgentExecutor` contract).
+
+    A user's agent file subclasses it as `class AgentExecutor(MultiTurnAgentExecutor):
+    def __init__(self): super().__init__(AgentInstance)`. Rewards come from `step()`.
+    """
+
+    provides_rewards = True
+
+    def __init__(self, agent_instance_cls: type, source: str | None = None):
+        self.agent_instance_cls = agent_instance_cls
+        self.source = source or getattr(agent_instance_cls, "__qualname__", str(agent_instance_cls))
+
+    def run(self, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt], params: SamplingParams,
+            budget: TokenBudget | None = None, generator: torch.Generator | None = None) -> list[Trajectory]:
+        """Episodes for each prompt x params.n samples, in the SingleTurnExecutor's order.
+
+        Runs its own event loop (asyncio.run): call it from synchronous code.
+        """
+        budget = budget or TokenBudget(params.max_new_tokens, params.max_new_tokens, 1)
+        return asyncio.run(self._run(engine, tokenizer, prompts, params, budget, generator))
+
+    async def _run(self, engine, tokenizer, prompts, params, budget, generator) -> list[Trajectory]:
+        turn_params = dataclasses.replace(params, n=1)
+        episodes = []
+        for i, p in enumerate(prompts):
+            for _ in range(params.n):
+                episodes.append(await self._reset(i, p, tokenizer, turn_params))
+        for _ in range(budget.max_turns):
+            active = [e for e in episodes if not e.finished]
+            if not active:
+                break
+            await self._turn(active, engine, tokenizer, budget, generator)
+        for e in episodes:
+            e.truncated = e.truncated or not e.done  # out of turns before the agent said done
+        return [self._trajectory(e, engine.version) for e in episodes]
+
+    async def _reset(self, group_id: int, prompt: Prompt, tokenizer, params: SamplingParams) -> _Episode:
+        instance = await new_instance(self.agent_instance_cls)
+        out = await instance.reset({"observation": prompt.text, "prompt": prompt.text, "label": prompt.label})
+        text = out.get("observation", prompt.text) if isinstance(out, dict) else prompt.text
+        if not isinstance(text, str):
+            raise RewardError(f"agent {self.source}: reset() returned observation of type {type(text).__name__}")
+        ids = list(prompt.ids) if text == prompt.text else tokenizer(text, add_special_tokens=False)["input_ids"]
+        return _Episode(group_id, ids, prompt.label, instance, text, params)
+
+    async def _turn(self, active: list[_Episode], engine, tokenizer, budget: TokenBudget, generator) -> None:
+        """Generate one action for every active episode (batched by sampling params), then step all."""
+        batches: dict[SamplingParams, list[_Episode]] = {}
+        for e in active:
+            room = min(e.params.max_new_tokens, budget.per_turn, budget.total - len(e.response))
+            batches.setdefault(dataclasses.replace(e.params, max_new_tokens=room), []).append(e)
+        actions: dict[int, Trajectory] = {}
+        for p, group in batches.items():
+            outs = engine.generate([e.prompt_ids + e.response for e in group], p, generator=generator)
+            actions.update({id(e): t for e, t in zip(group, outs)})
+        states = []
+        for e in active:
+            t = actions[id(e)]
+            e.response += t.response_ids.tolist()
+            e.mask += [True] * t.response_length
+            e.logprobs += t.logprobs.tolist()
+            e.turns += 1
+            action_text = tokenizer.decode(t.response_ids.tolist(), skip_special_tokens=True)
+            states.append({"observation_text": e.text, "action_text": action_text, "label": e.label,
+                           "sampling_params": e.params})
+            e.text = e.text + action_text
+        results = await asyncio.gather(*(e.instance.step(s) for e, s in zip(active, states)))
+        for e, raw in zip(active, results):
+            self._apply(e, check_step_result(raw, self.source, e.params), tokenizer, budget)
+
+    def _apply(self, e: _Episode, r, tokenizer, budget: TokenBudget) -> None:
+        e.reward += r.reward
+        e.score = r.score
+        e.extra_logs = r.extra_logs
+        e.done = r.done
+        e.params = r.sampling_params or e.params
+        if r.feedback:
+            fb = tokenizer(r.feedback, add_special_tokens=False)["input_ids"]
+            room = budget.total - len(e.response)
+            if len(fb) > room and not e.done:
+                e.truncated = True
+            fb = fb[: max(room, 0)]
+            e.response += fb
+            e.mask += [False] * len(fb)
+            e.logprobs += [0.0] * len(fb)
+            e.text = e.text + r.feedback
+        if not e.done and len(e.response) >= budget.total:
+            e.truncated = True
+
+    def _trajectory(self, e: _Episode, version: int) -> Trajectory:
+        return Trajectory(
+            prompt_ids=torch.tensor(e.prompt_ids, dtype=torch.long),
+            response_ids=torch.tensor(e.response, dtype=torch.long),
+            loss_mask=torch.tensor(e.mask, dtype=torch.bool),
+            logprobs=torch.tensor(e.logprobs, dtype=torch.float32),
+            finish_reason=FINISH_LENGTH if e.truncated else FINISH_STOP,
+            version=version,
+            group_id=e.group_id,
+            info={"agent_reward": e.reward, "agent_score": e.reward if e.score is None else e.score,
+                  "extra_logs": dict(e.extra_logs), "turns": e.turns},
+        )
+
+
+def agent_rewards(trajectories: Sequence[Trajectory]) -> RewardOutput:
+    """The rewards [B], scores [B] and extra_logs {name: [B]} that agent episodes collected."""
+    missing = [i for i, t in enumerate(trajectories) if "agent_reward" not in t.info]
+    if missing:
+        raise RewardError(f"trajectory {missing[0]} carries no agent reward; it did not come from an agent")
+    names = sorted({k for t in trajectories for k in t.info["extra_logs"]})
+    logs = {k: torch.tensor([t.info["extra_logs"].get(k, 0.0) for t in trajectories]) for k in names}
+    logs["turns"] = torch.tensor([float(t.info["turns"]) for t in trajectories])
+    return RewardOutput(
+        rewards=torch.tensor([t.info["agent_reward"] for t in trajectories], dtype=torch.float32),
+        scores=torch.tensor([t.info["agent_score"] for t in trajectories], dtype=torch.float32),
+        extra_logs=logs,
+    )
+
+
+def drift_count(trajectories: Sequence[Trajectory], tokenizer) -> int:
+    """How many conversations do not survive decode -> re-encode as the same token ids.
+
+    Each would have trained on text it did not generate as tokens had the trainer re-tokenized
+    text; rlhfkit never does (it trains on the ids), and this count shows how often it matters.
+    """
+    bad = 0
+    for t in trajectories:
+        ids = t.prompt_ids.tolist() + t.response_ids.tolist()
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        bad += tokenizer(text, add_special_tokens=False)["input_ids"] != ids
+    return bad
