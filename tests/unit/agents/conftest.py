@@ -1,0 +1,53 @@
+"""A GenerationEngine that answers from a script (a function of the decoded context), for tests."""
+
+import torch
+
+from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
+
+
+class ScriptedEngine:
+    """`policy(context_text) -> action text`; actions are tokenized, cut at max_new_tokens, logprob -0.5."""
+
+    def __init__(self, tokenizer, policy):
+        self.tokenizer, self.policy = tokenizer, policy
+        self.calls: list[tuple[list[list[int]], object]] = []
+        self._version = 3
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def update_weights(self, state, version):
+        self._version = version
+
+    def generate(self, prompts, params, generator=None, group_ids=None):
+        self.calls.append(([list(p) for p in prompts], params))
+        out = []
+        for i, p in enumerate(prompts):
+            for _ in range(params.n):
+                text = self.policy(self.tokenizer.decode(list(p), skip_special_tokens=False))
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+                stopped = len(ids) <= params.max_new_tokens
+                ids = ids[: params.max_new_tokens]
+                out.append(Trajectory(
+                    prompt_ids=torch.tensor(list(p)), response_ids=torch.tensor(ids, dtype=torch.long),
+                    loss_mask=torch.ones(len(ids), dtype=torch.bool), logprobs=torch.full((len(ids),), -0.5),
+                    finish_reason=FINISH_STOP if stopped else FINISH_LENGTH, version=self._version,
+                    group_id=group_ids[i] if group_ids is not None else i,
+                ))
+        return out
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def scripted():
+    return ScriptedEngine
+
+
+@pytest.fixture(scope="session")
+def tok():
+    from rlhfkit.models.tiny import tiny_tokenizer
+
+    return tiny_tokenizer()
