@@ -190,3 +190,31 @@ def test_extract_bare_number(text, value):
 def test_math_exact_reward_bare_number_mode():
     out = math_exact_reward(["40", "The answer is 40.", "41", "40."], ["40", "40", "40", 40], mode="bare_number")
     assert out.rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("response,label,expected", [
+    ("so \\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("the answer is 0.5", "\\frac{1}{2}", 1.0),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),
+    ("\\boxed{\\pi \\cdot 2}", "2\\pi", 1.0),
+    ("\\boxed{1,234}", "1234", 1.0),
+    ("first 3 then 12", "12", 1.0),  # last number
+    ("the answer is 3", "4", 0.0),
+    ("\\boxed{\\pi}", "3.14", 0.0),
+    ("\\boxed{x+1}", "1+x", 1.0),
+    ("no answer here", "4", 0.0),
+])
+def test_latex_mode_compares_by_value(response, label, expected):
+    assert math_exact_reward([response], [label], mode="latex").rewards.tolist() == [expected]
+
+
+def test_latex_equal_works_off_the_main_thread():
+    import threading
+
+    from rlhfkit.rewards.math import latex_equal
+
+    out = []
+    t = threading.Thread(target=lambda: out.append(latex_equal("\\frac{2}{4}", "0.5")))
+    t.start()
+    t.join()
+    assert out == [True]

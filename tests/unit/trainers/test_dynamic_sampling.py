@@ -1,0 +1,93 @@
+"""DAPO dynamic sampling in the trainer: dropped groups are replaced by new prompts, accepted
+groups are never lost (also when the prompts run out mid-batch), and the demo's flags keep its
+old drop-only behaviour."""
+
+import torch
+
+from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
+from rlhfkit.models import tiny_model_and_tokenizer
+from rlhfkit.rewards.base import RewardOutput
+from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.trainers.rl import PromptItem, RLTrainer, StepTimer
+
+
+def scripted_reward(queries, prompts, labels, **kwargs):
+    """label "drop": every sample scores 1 (mean 1); "keep": samples alternate 0, 1 (mean 0.5)."""
+    scores = [float(i % 2) if lbl == "keep" else 1.0 for i, lbl in enumerate(labels)]
+    return RewardOutput(torch.tensor(scores), torch.tensor(scores))
+
+
+def make_trainer(labels, *flags):
+    argv = ["--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "3",
+            "--train.batch_size", "4", "--train.micro_batch_size", "4", "--actor.autocast", "none",
+            "--algo.dynamic_filtering_enable", *flags]
+    cfg = parse_config(RLConfig, argv, aliases=RL_ALIASES)
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    prompts = [PromptItem(f"p{i}:", tok(f"p{i}:", add_special_tokens=False)["input_ids"], lbl)
+               for i, lbl in enumerate(labels)]
+    return RLTrainer(cfg, validate(cfg), model, tok, HFEngine(model, tok), scripted_reward, prompts)
+
+
+def test_dropped_groups_are_topped_up_from_new_prompts():
+    tr = make_trainer(["drop", "keep", "drop", "drop", "keep", "keep"])
+    first, more = tr.prompts[:2], iter(tr.prompts[2:])
+    prompts, trajs, rewards, m = tr.rollout(first, more, StepTimer())
+    kept = sorted({prompts[t.group_id].text for t in trajs})
+    assert kept == ["p1:", "p4:"]  # round 1 keeps p1; round 2 (p2) none; round 3 (p3) none; round 4 (p4)
+    assert len(trajs) == 4 and rewards.tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert m["filtered_groups"] == 3 and m["dynamic_rounds"] == 4
+    assert next(more).text == "p5:"  # only the prompts needed were taken
+
+
+def test_accepted_groups_survive_when_the_prompts_run_out():
+    tr = make_trainer(["keep", "drop", "drop"])
+    prompts, trajs, _, m = tr.rollout(tr.prompts[:2], iter(tr.prompts[2:]), StepTimer())
+    assert [prompts[t.group_id].text for t in trajs] == ["p0:", "p0:"] and m["filtered_groups"] == 2
+
+
+def test_max_rounds_bounds_the_top_up():
+    tr = make_trainer(["drop"] * 8, "--algo.dynamic_filtering_max_rounds", "2")
+    _, trajs, _, m = tr.rollout(tr.prompts[:2], iter(tr.prompts[2:]), StepTimer())
+    assert trajs == [] and m["dynamic_rounds"] == 2 and m["filtered_groups"] == 4  # 2 + 2 new, all dropped
+
+
+def test_fit_trains_full_batches_across_episodes_and_stops_when_prompts_run_out():
+    tr = make_trainer(["keep", "drop", "keep", "drop"], "--train.num_episodes", "2", "--rollout.temperature", "1.0")
+    history = tr.fit()
+    # 2 episodes x 4 prompts, 2 keep per episode; each step needs 2 kept groups
+    assert [m["filtered_groups"] for m in history] == [2.0, 2.0] and tr.step == 2
+    assert all(m["optimizer_steps"] == 1.0 for m in history)
+
+
+def test_demo_flags_keep_the_drop_all_equal_behaviour():
+    from rlhfkit.cli.demo import DEMO_FLAGS
+
+    cfg = parse_config(RLConfig, DEMO_FLAGS, aliases=RL_ALIASES)
+    a = cfg.algo
+    assert a.dynamic_filtering_enable and a.dynamic_filtering_range == (0.0, 1.0)
+    assert a.dynamic_filtering_max_rounds == 1  # no top-up: the run the demo's numbers came from
+    old = parse_config(RLConfig, ["--rollout.dynamic_filtering", "--algo.overlong_buffer_len", "4"], aliases=RL_ALIASES)
+    assert old.algo.dynamic_filtering_enable and old.reward.overlong_buffer_len == 4
+
+
+def test_single_turn_generate_is_the_engines_generate():
+    tr = make_trainer(["keep", "keep"], "--train.seed", "7", "--rollout.temperature", "1.0")
+    via_trainer = tr.generate(tr.prompts)
+    engine = HFEngine(tr.policy, tr.tokenizer)
+    from rlhfkit.rollout.base import SamplingParams
+
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, n=2)
+    direct = engine.generate([p.ids for p in tr.prompts], params, generator=torch.Generator().manual_seed(7))
+    assert [t.response_ids.tolist() for t in via_trainer] == [t.response_ids.tolist() for t in direct]
+    assert all(torch.equal(a.logprobs, b.logprobs) and a.group_id == b.group_id for a, b in zip(via_trainer, direct))
+
+
+def test_overlong_penalty_under_its_reward_flag():
+    from rlhfkit.data.types import Trajectory
+
+    tr = make_trainer(["drop", "drop"], "--reward.overlong_buffer_len", "2", "--reward.overlong_penalty_factor", "0.5")
+    trajs = [Trajectory(torch.tensor([5]), torch.tensor([6] * n), torch.ones(n, dtype=torch.bool), torch.zeros(n),
+                        "stop", 0, group_id=0) for n in (1, 2, 3)]
+    rewards, scores, m = tr.score(tr.prompts, trajs)
+    # max_new_tokens 3, buffer 2: lengths 1, 2, 3 -> penalties 0, -0.25, -0.5 on reward 1
+    assert rewards.tolist() == [1.0, 0.75, 0.5] and scores.tolist() == [1.0, 1.0, 1.0]
