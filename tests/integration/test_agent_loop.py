@@ -63,7 +63,7 @@ def metrics(out):
 
 
 def test_multi_turn_agent_training_raises_reward(ws, tmp_path):
-    cfg = train_rl.parse_rl_args(flags(ws, tmp_path, **{"train.max_steps": "10"}))
+    cfg = train_rl.parse_rl_args(flags(ws, tmp_path, **{"train.max_steps": "8"}))
     seen = []
     trainer, tracker, _ = train_rl.build_trainer(
         cfg, lambda tok: train_rl.load_prompts(str(ws / "prompts.jsonl"), input_key="q", label_key="a"), tmp_path)
@@ -78,9 +78,9 @@ def test_multi_turn_agent_training_raises_reward(ws, tmp_path):
     history = trainer.fit()
     tracker.close()
     rewards = [m["reward"] for m in history]
-    assert len(rewards) == 10
+    assert len(rewards) == 8
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    assert last > first + 1.0, f"reward {first:.3f} -> {last:.3f}"  # measured 0.02 -> 1.64 (max 2)
+    assert last > first + 1.0, f"reward {first:.3f} -> {last:.3f}"  # measured 0.02 -> 1.57 (max 2)
     assert all(m["reward_extra/turns"] == 2.0 for m in history)  # every episode took both turns
     # feedback tokens are in the trajectories but never in the loss
     fb = trainer.tokenizer("\nagain:\n", add_special_tokens=False)["input_ids"]
