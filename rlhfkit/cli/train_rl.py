@@ -16,7 +16,7 @@ from rlhfkit.tracking.plots import plot_curves
 from rlhfkit.tracking.progress import ProgressBar
 from rlhfkit.tracking.samples import CompletionLogger
 from rlhfkit.trainers.build import build_engine, build_models, load_reward, tokenize_prompts
-from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn
+from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn, reward_verifier
 from rlhfkit.trainers.rl import RLTrainer
 
 CURVE_KEYS = ["reward", "score", "eval/accuracy", "kl", "entropy", "response_length"]
@@ -79,6 +79,22 @@ def build_trainer(
     return trainer, tracker, skipped
 
 
+def make_evaluator(cfg: RLConfig) -> Evaluator:
+    """The --eval.* settings as an Evaluator without prompts (set `.items` and the scorers later)."""
+    e = cfg.eval
+    return Evaluator([], cfg.rollout.max_new_tokens, e.steps, score_fn=None, n_samples=e.n_samples,
+                     temperature=e.temperature, ks=e.k, seed=cfg.train.seed)
+
+
+def attach_scorers(evaluator: Evaluator, cfg: RLConfig, reward_fn) -> None:
+    """Training reward -> eval/reward, eval/accuracy; --eval.verifier (default: the training reward)
+    -> eval/pass@k, eval/maj@k."""
+    if reward_fn is not None:
+        evaluator.score_fn = reward_score_fn(reward_fn)
+    verifier = load_reward(cfg.eval.verifier) if cfg.eval.verifier else reward_fn
+    evaluator.verifier = reward_verifier(verifier) if verifier is not None else None
+
+
 def run(argv: list[str]) -> int:
     cfg = parse_rl_args(argv)
     if not cfg.data.prompt_dataset:
@@ -97,14 +113,16 @@ def run(argv: list[str]) -> int:
     if cfg.eval.dataset:  # fail fast, before models, on a missing file or key
         load_prompts(cfg.eval.dataset, input_key=d.input_key, label_key=d.label_key,
                      input_template=d.input_template, max_samples=cfg.eval.max_samples)
-    evaluator = Evaluator([], cfg.rollout.max_new_tokens, cfg.eval.steps, score_fn=None)
+    if cfg.eval.verifier:  # fail fast, before models
+        load_reward(cfg.eval.verifier)
+    evaluator = make_evaluator(cfg)
     trainer, tracker, skipped = build_trainer(cfg, load_examples, run_dir, callbacks=[evaluator.periodic])
     if skipped:
         print(f"skipped {skipped} prompts longer than --data.prompt_max_len {d.prompt_max_len} tokens")
     if cfg.eval.dataset:
         examples = load_examples(trainer.tokenizer, cfg.eval.dataset, cfg.eval.max_samples)
         evaluator.items, _ = tokenize_prompts(examples, trainer.tokenizer, d.prompt_max_len)
-        evaluator.score_fn = reward_score_fn(trainer.reward_fn)
+        attach_scorers(evaluator, cfg, trainer.reward_fn)
     evaluator(trainer, 0)
     trainer.fit()
     evaluator(trainer, trainer.step)
