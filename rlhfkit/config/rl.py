@@ -249,6 +249,11 @@ RL_ALIASES = {
     "save_steps": "ckpt.save_steps",
     "eval_dataset": "eval.dataset",
     "eval_steps": "eval.steps",
+    "eval_temperature": "eval.temperature",
+    "eval_n_samples_per_prompt": "eval.n_samples",
+    "wandb_project": "logger.wandb.project",
+    "wandb_run_name": "logger.wandb.name",
+    "wandb_group": "logger.wandb.group",
 }
 
 

@@ -245,6 +245,7 @@ def test_plot_panels_writes_one_png_per_panel_with_data(tmp_path):
 def test_wandb_offline_writes_a_local_run_without_network(tmp_path, monkeypatch):
     import glob
     import os
+    import time
 
     from rlhfkit.tracking import Tracker
     from rlhfkit.tracking.wandb_writer import WandbWriter
@@ -258,7 +259,11 @@ def test_wandb_offline_writes_a_local_run_without_network(tmp_path, monkeypatch)
         tracker.log(2, {"reward": torch.tensor(0.75)})
     files = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert len(files) == 1
-    data = open(files[0], "rb").read()
+    for _ in range(120):  # wandb's service process may still be writing the file after finish()
+        data = open(files[0], "rb").read()
+        if b"0.75" in data:
+            break
+        time.sleep(0.25)
     assert b"reward" in data and b"0.75" in data
     with pytest.raises(ValueError, match="valid: online, offline, disabled"):
         WandbWriter("p", tmp_path, mode="cloud")
