@@ -105,7 +105,7 @@ def format_memory(cfg: RLConfig, mcfg: dict, prompt_tokens: int) -> list[str]:
         with_critic=cfg.algo.advantage.estimator == "gae",
     )
     lines = [f"parameters                     {count_params(mcfg) / 1e6:.1f}M ({a.dtype}, compute {compute})"]
-    for k in ("weights", "gradients", "optimizer", "activations", "kv_cache", "peak"):
+    for k in ("weights", "gradients", "optimizer", "activations", "autocast", "kv_cache", "peak"):
         lines.append(f"{k:<30} {est[k] / GiB:8.3f} GiB")
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
     if ram and est["peak"] > ram:

@@ -12,10 +12,12 @@ what one process holds at its peak; they name the assumption each makes:
                gate/up/act/product) + heads*T attention probabilities (eager/math attention), in the
                compute dtype; plus the fp32 logits and log-softmax of the response positions
                (2 x T x vocab x 4 bytes per sequence)
+  autocast     bf16 copies of the weights that torch.autocast caches during a forward pass, when the
+               compute dtype differs from the parameter dtype (parameters x 2 bytes)
   kv_cache     rollout: 2 (k, v) x layers x kv_heads x head_dim x bytes, per token of every
                sequence decoded together (no prefix sharing; an upper bound)
-  peak         weights + optimizer + max(gradients + activations, kv_cache): rollout and update
-               take turns
+  peak         weights + optimizer + autocast + max(gradients + activations, kv_cache): rollout
+               and update take turns. The Python/torch runtime itself (~0.25 GB RSS) is not counted.
 
 Imports nothing internal; plain integers in, plain integers out.
 """
@@ -95,7 +97,7 @@ def memory_estimate(
     with_critic: bool,
 ) -> dict[str, int]:
     """Bytes per term (weights, gradients, optimizer, activations, kv_cache) and the peak,
-    weights + optimizer + max(gradients + activations, kv_cache).
+    weights + optimizer + autocast + max(gradients + activations, kv_cache).
 
     The critic, when present, adds its weights, gradients, AdamW state and activations (without
     the logits term: it has no LM head).
@@ -112,8 +114,10 @@ def memory_estimate(
         "gradients": trainable * pb,
         "optimizer": 2 * trainable * pb,
         "activations": act,
+        "autocast": p * cb if compute_dtype != param_dtype else 0,
         "kv_cache": kv_cache_bytes(cfg, decode_batch, seq, cb),
     }
     # Rollout and update do not overlap: the KV cache is freed before the backward passes.
-    out["peak"] = out["weights"] + out["optimizer"] + max(out["gradients"] + out["activations"], out["kv_cache"])
+    out["peak"] = (out["weights"] + out["optimizer"] + out["autocast"]
+                   + max(out["gradients"] + out["activations"], out["kv_cache"]))
     return out

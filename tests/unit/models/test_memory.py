@@ -32,6 +32,7 @@ def test_memory_terms_by_hand():
     assert est["activations"] == 139520 + 6400
     assert est["kv_cache"] == 2 * 2 * 2 * 16 * 3 * 10 * 4 == 15360
     assert (est["weights"], est["gradients"], est["optimizer"]) == (272640, 272640, 545280)
+    assert est["autocast"] == 0  # compute dtype = parameter dtype
     assert est["peak"] == 272640 + 545280 + max(272640 + 145920, 15360)
 
 
@@ -41,3 +42,5 @@ def test_ref_and_bf16_change_the_right_terms():
     assert a["weights"] == 2 * 68160 * 2 and a["optimizer"] == 2 * 68160 * 2
     c = memory_estimate(TINY, param_dtype="float32", with_ref=False, with_critic=True, **kw)
     assert c["gradients"] == (68160 + 68160 + 65) * 4
+    assert c["autocast"] == 68160 * 2  # fp32 parameters, bf16 compute: autocast caches bf16 copies
+    assert a["autocast"] == 0
