@@ -82,6 +82,8 @@ class RewardConfig:
     """Normalise rewards by running mean and std (updated every rollout)."""
     clip_range: tuple[float, float] | None = None
     """Clip the (group-shaped) scalar reward to [low, high]."""
+    timeout: float | None = 300.0
+    """Seconds one call of the reward function may take before the run stops (none: no limit)."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,8 @@ class TrainConfig:
     seed: int = 42
     num_threads: int | None = None
     """torch intra-op threads; none = all cores."""
+    max_skipped_steps: int = 5
+    """Stop after this many optimizer steps in a row skipped for a NaN/inf loss or gradient (0: never)."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,12 @@ class CkptConfig:
     output_dir: str = "runs/rl"
     """Run folder: metrics, TensorBoard events, samples, plots and the final HF model."""
     save_steps: int = -1
-    """Save the model every N RL steps (-1: only at the end)."""
+    """Write a checkpoint (model, optimizer, RNG, data position, ...) every N RL steps (-1: only the
+    final model)."""
+    max_num: int = 3
+    """Keep the newest N checkpoints in <output_dir>/checkpoints."""
+    load_enable: bool = False
+    """Resume from the newest intact checkpoint in <output_dir>/checkpoints (start fresh if none)."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +234,8 @@ RL_ALIASES = {
     "actor_learning_rate": "actor.adam.lr",
     "save_path": "ckpt.output_dir",
     "save_steps": "ckpt.save_steps",
+    "max_ckpt_num": "ckpt.max_num",
+    "load_checkpoint": "ckpt.load_enable",
     "eval_dataset": "eval.dataset",
     "eval_steps": "eval.steps",
 }
@@ -291,6 +302,10 @@ def validate(cfg: RLConfig) -> BatchPlan:
         _require(0 < a.overlong_buffer_len <= r.max_new_tokens,
                  f"--algo.overlong_buffer_len must be in [1, --rollout.max_new_tokens={r.max_new_tokens}]")
     _require(a.kl.target is None or a.kl.target > 0, "--algo.kl.target must be > 0")
+    _require(cfg.ckpt.max_num >= 1, f"--ckpt.max_num must be >= 1 (got {cfg.ckpt.max_num})")
+    _require(t.max_skipped_steps >= 0, f"--train.max_skipped_steps must be >= 0 (got {t.max_skipped_steps})")
+    _require(cfg.reward.timeout is None or cfg.reward.timeout > 0,
+             f"--reward.timeout must be > 0 seconds or none (got {cfg.reward.timeout})")
     return BatchPlan(
         samples_per_rollout=samples,
         micro_batches_per_step=t.batch_size // t.micro_batch_size,

@@ -10,6 +10,7 @@ import torch
 from rlhfkit.config.rl import RLConfig
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models import Critic, load_causal_lm, load_tokenizer, materialize_smollm2
+from rlhfkit.rewards.guard import TimeLimitedReward
 from rlhfkit.rewards.loader import load_reward_file
 from rlhfkit.rollout.hf import HFEngine
 from rlhfkit.trainers.rl import PromptItem
@@ -35,10 +36,11 @@ def load_policy(name_or_path: str, dtype: str):
     return model, tokenizer
 
 
-def load_reward(url: str | None):
+def load_reward(url: str | None, timeout: float | None = None):
+    """The reward function of --reward.remote_url; each call must return within `timeout` seconds."""
     if url is None:
         raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func) or builtin:math")
-    return load_reward_file(BUILTIN_REWARDS.get(url, url))
+    return TimeLimitedReward(load_reward_file(BUILTIN_REWARDS.get(url, url)), timeout, url)
 
 
 def tokenize_prompts(examples, tokenizer, max_len: int) -> tuple[list[PromptItem], int]:

@@ -27,6 +27,7 @@ from rlhfkit.core.losses import policy_loss, value_loss
 from rlhfkit.core.shaping import overlong_penalty
 from rlhfkit.data.batch import TokenBatch, collate
 from rlhfkit.data.types import Trajectory
+from rlhfkit.errors import CheckpointError
 from rlhfkit.models import response_logprobs
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
@@ -61,6 +62,12 @@ class RunningMoments:
         self.mean += delta * n / total
         self.m2 += var * n + delta**2 * self.count * n / total
         self.count = total
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count, self.mean, self.m2 = state["count"], state["mean"], state["m2"]
 
     @property
     def std(self) -> float:
@@ -124,6 +131,7 @@ class RLTrainer:
             policy, a.adam.lr, a.adam.betas, a.adam.eps, a.adam.weight_decay, total_steps=opt_steps,
             warmup_steps=int(a.lr_warmup_ratio * opt_steps), scheduler=a.lr_scheduler,
             min_lr_ratio=a.min_lr_ratio, max_norm=a.max_norm, ema_beta=a.ema_beta,
+            max_consecutive_skips=t.max_skipped_steps,
         )
         self.critic_learner = None
         if critic is not None:
@@ -131,7 +139,8 @@ class RLTrainer:
             self.critic_learner = Learner(
                 critic, c.adam.lr, c.adam.betas, c.adam.eps, c.adam.weight_decay, total_steps=opt_steps,
                 warmup_steps=int(a.lr_warmup_ratio * opt_steps), scheduler=a.lr_scheduler,
-                min_lr_ratio=a.min_lr_ratio, max_norm=c.max_norm,
+                min_lr_ratio=a.min_lr_ratio, max_norm=c.max_norm, max_consecutive_skips=t.max_skipped_steps,
+                name="critic",
             )
         k = cfg.algo.kl
         self.kl_ctl = (
@@ -140,22 +149,28 @@ class RLTrainer:
         )
         self.reward_moments = RunningMoments()
         self.step = 0
+        # data position: the episode, its shuffled prompt order, the next rollout batch in it
+        self.episode, self.order, self.index = 0, None, 0
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> list[dict]:
+        """Train from the current data position (the start, or where a checkpoint left off)."""
         history = []
-        cfg = self.cfg
-        for episode in range(cfg.train.num_episodes):
-            order = torch.randperm(len(self.prompts), generator=self.shuffle_gen).tolist()
-            for i in range(self.rollouts_per_episode):
+        bs = self.cfg.rollout.batch_size
+        while self.episode < self.cfg.train.num_episodes:
+            if self.order is None:
+                self.order = torch.randperm(len(self.prompts), generator=self.shuffle_gen).tolist()
+            while self.index < self.rollouts_per_episode:
                 if self.step >= self.total_steps:
                     return history
-                chunk = [self.prompts[j] for j in order[i * cfg.rollout.batch_size : (i + 1) * cfg.rollout.batch_size]]
+                chunk = [self.prompts[j] for j in self.order[self.index * bs : (self.index + 1) * bs]]
                 metrics = self.train_step(chunk)
-                metrics["episode"] = episode
+                metrics["episode"] = self.episode
+                self.index += 1
                 history.append(metrics)
                 for cb in self.callbacks:
                     cb(self, self.step, metrics)
+            self.episode, self.order, self.index = self.episode + 1, None, 0
         return history
 
     def train_step(self, prompts: Sequence[PromptItem]) -> dict[str, float]:
@@ -369,6 +384,48 @@ class RLTrainer:
                 "length": t.response_length,
             })
         self.tracker.log_samples(self.step, rows)
+
+    # ------------------------------------------------------------------ checkpoint (trainers.checkpoint)
+    def state_dict(self) -> dict:
+        """Everything besides the weights that a resumed run needs to continue bit for bit."""
+        return {
+            "step": self.step, "episode": self.episode, "order": self.order, "index": self.index,
+            "num_prompts": len(self.prompts), "rollout_batch_size": self.cfg.rollout.batch_size,
+            "sample_gen": self.sample_gen.get_state(), "shuffle_gen": self.shuffle_gen.get_state(),
+            "policy_version": self.engine.version, "kl_ctl": self.kl_ctl.state_dict(),
+            "reward_moments": self.reward_moments.state_dict(), "learner": self.learner.state_dict(),
+            "critic_learner": self.critic_learner.state_dict() if self.critic_learner is not None else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        here = (len(self.prompts), self.cfg.rollout.batch_size)
+        there = (state["num_prompts"], state["rollout_batch_size"])
+        if here != there:
+            raise CheckpointError(
+                f"the checkpoint was written with {there[0]} prompts and --rollout.batch_size {there[1]}, this run "
+                f"has {here[0]} and {here[1]}; resume with the same data and flags, or use a new --ckpt.output_dir"
+            )
+        self.step, self.episode, self.order, self.index = state["step"], state["episode"], state["order"], state["index"]
+        self.sample_gen.set_state(state["sample_gen"])
+        self.shuffle_gen.set_state(state["shuffle_gen"])
+        self.engine.update_weights({}, state["policy_version"])
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        self.reward_moments.load_state_dict(state["reward_moments"])
+        self.learner.load_state_dict(state["learner"])
+        if self.critic_learner is not None:
+            self.critic_learner.load_state_dict(state["critic_learner"])
+
+    def checkpoint_modules(self) -> dict[str, tuple]:
+        """The trained modules: the policy as an HF folder (with the tokenizer), the critic's state dict."""
+        mods: dict[str, tuple] = {"model": (self.policy, self.tokenizer)}
+        if self.critic is not None:
+            mods["critic"] = (self.critic, None)
+        return mods
+
+    def can_checkpoint(self) -> bool:
+        """False while the last optimizer steps were skipped (non-finite): keep the last good checkpoint."""
+        learners = [x for x in (self.learner, self.critic_learner) if x is not None]
+        return all(x.consecutive_skips == 0 for x in learners)
 
     def save(self, path: str | Path) -> Path:
         """The policy as an HF folder (safetensors + tokenizer)."""
