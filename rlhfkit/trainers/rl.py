@@ -383,7 +383,7 @@ class RLTrainer:
                 "advantage": float(exp.advantages[i][m].mean()) if m.any() else 0.0,
                 "length": t.response_length,
             })
-        self.tracker.log_samples(self.step, rows)
+        self.tracker.log_samples(self.step + 1, rows)  # the step number its metrics are logged under
 
     # ------------------------------------------------------------------ checkpoint (trainers.checkpoint)
     def state_dict(self) -> dict:
