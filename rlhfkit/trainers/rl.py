@@ -27,7 +27,7 @@ from rlhfkit.core.losses import policy_loss, value_loss
 from rlhfkit.core.shaping import overlong_penalty
 from rlhfkit.data.batch import TokenBatch, collate
 from rlhfkit.data.types import Trajectory
-from rlhfkit.errors import CheckpointError
+from rlhfkit.errors import CheckpointError, DataError, TrainingError
 from rlhfkit.models import response_logprobs
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
@@ -118,7 +118,7 @@ class RLTrainer:
         self.shuffle_gen = torch.Generator().manual_seed(t.seed + 1)
         self.rollouts_per_episode = len(self.prompts) // cfg.rollout.batch_size
         if self.rollouts_per_episode == 0:
-            raise ValueError(
+            raise DataError(
                 f"the prompt dataset has {len(self.prompts)} usable prompts, fewer than "
                 f"--rollout.batch_size {cfg.rollout.batch_size}; lower the batch size or add prompts"
             )
@@ -210,7 +210,16 @@ class RLTrainer:
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids),
         )
-        return self.engine.generate([p.ids for p in prompts], params, generator=self.sample_gen)
+        try:
+            return self.engine.generate([p.ids for p in prompts], params, generator=self.sample_gen)
+        except RuntimeError as exc:  # torch.multinomial refuses NaN/inf probabilities
+            if "inf" not in str(exc) and "nan" not in str(exc):
+                raise
+            raise TrainingError(
+                f"step {self.step + 1}: the policy's next-token probabilities are NaN/inf (its weights diverged or were "
+                "loaded with NaN/inf); lower --actor.adam.lr and resume from the last good checkpoint with "
+                "--ckpt.load_enable true, or check the model folder"
+            ) from exc
 
     def score(self, prompts: Sequence[PromptItem], trajs: list[Trajectory]):
         """Call the reward function; apply overlong shaping and normalisation."""
