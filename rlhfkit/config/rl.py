@@ -83,7 +83,8 @@ class RewardConfig:
     clip_range: tuple[float, float] | None = None
     """Clip the (group-shaped) scalar reward to [low, high]."""
     timeout: float | None = 300.0
-    """Seconds one call of the reward function may take before the run stops (none: no limit)."""
+    """Seconds one call of the reward function may take before the run stops; the call then runs in a
+    worker thread. none: no limit, called in the main thread (for functions that use signal.alarm)."""
 
 
 @dataclass(frozen=True)

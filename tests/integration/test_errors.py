@@ -92,8 +92,8 @@ def refuse(argv, capsys, needle):
 # (catalogue number, flag overrides, text the one-line message must contain)
 BEFORE_MODELS = [
     ("01-malformed-jsonl", {"data.prompt_dataset": "{ws}/malformed.jsonl"}, "malformed.jsonl, line 2: not valid JSON"),
-    ("02-missing-input-key", {"data.input_key": "question"}, "'question'"),
-    ("03-missing-label-key", {"data.prompt_dataset": "{ws}/no_label.jsonl"}, "'a'"),
+    ("02-missing-input-key", {"data.input_key": "question"}, "line 1: no key 'question' (input_key)"),
+    ("03-missing-label-key", {"data.prompt_dataset": "{ws}/no_label.jsonl"}, "line 2: no key 'a' (label_key)"),
     ("04-empty-dataset", {"data.prompt_dataset": "{ws}/empty.jsonl"}, "the dataset is empty"),
     ("05-non-utf8", {"data.prompt_dataset": "{ws}/latin1.jsonl"}, "line 1: bytes that are not UTF-8"),
     ("06-missing-dataset", {"data.prompt_dataset": "{ws}/nope.jsonl"}, "no such file or folder"),
@@ -204,7 +204,7 @@ def test_47_resume_with_other_data(ws, tmp_path, capsys):
     assert _train(ws, out, capsys) == 0
     argv = flags(ws, out, **{"ckpt.load_enable": "true", "data.prompt_dataset": ws / "long.jsonl",
                              "train.max_steps": 2})
-    refuse(argv, capsys, "the checkpoint was written with 16 prompts and --rollout.batch_size 8")
+    refuse(argv, capsys, "the checkpoint was written with 16 prompts and --rollout.batch_size 8, this run has 11")
 
 
 def test_48_resume_with_another_model(ws, tmp_path, capsys):
