@@ -1,4 +1,4 @@
-"""The `rlhfkit` command: `train rl`, `demo`.
+"""The `rlhfkit` command: `train rl`, `demo`, `plan`, `eval`, `view`.
 
 Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit code 2;
 `--debug` anywhere on the command line shows the traceback instead.
@@ -14,6 +14,9 @@ USAGE = """usage: rlhfkit COMMAND [flags]
 commands:
   demo        GRPO on SmolLM2-135M-Instruct learns arithmetic in the asked format (~10 min on a laptop CPU)
   train rl    RL training (PPO, REINFORCE++, GRPO, Dr.GRPO, RLOO, ...): rlhfkit train rl --help
+  plan        the step counts and a memory estimate of a train rl run (same flags), no model loaded
+  eval        pass@k / maj@k of a model on --eval.dataset with a verifier (same flags as train rl)
+  view RUN    write RUN/samples.html: the completions of each step, filterable by step and reward
 
 flags are dotted: --section.name VALUE (e.g. --rollout.n_samples_per_prompt 8); --config FILE.yaml
 loads defaults that flags override; --debug shows tracebacks.
@@ -42,12 +45,20 @@ def dispatch(argv: list[str]) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if "-h" in rest or "--help" in rest:
-        print(_flag_help())
+        if cmd in ("plan", "eval", "view"):
+            import importlib  # noqa: PLC0415
+
+            print(importlib.import_module(f"rlhfkit.cli.{cmd}_cmd").__doc__)
+        print(_flag_help() if cmd != "view" else "")
         return 0
     if cmd == "demo":
         from rlhfkit.cli import demo  # noqa: PLC0415
 
         return demo.run(rest)
+    if cmd in ("plan", "eval", "view"):
+        import importlib  # noqa: PLC0415
+
+        return importlib.import_module(f"rlhfkit.cli.{cmd}_cmd").run(rest)
     if cmd == "train" and rest and rest[0] == "rl":
         from rlhfkit.cli import train_rl  # noqa: PLC0415
 

@@ -13,24 +13,25 @@ from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, to_dict, validate
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.errors import ConfigError
 from rlhfkit.tracking.metrics import Tracker
-from rlhfkit.tracking.plots import plot_curves
+from rlhfkit.tracking.plots import plot_curves, plot_panels
 from rlhfkit.tracking.progress import ProgressBar
 from rlhfkit.tracking.samples import CompletionLogger
+from rlhfkit.tracking.wandb_writer import WandbWriter
 from rlhfkit.trainers.build import build_engine, build_models, load_reward, tokenize_prompts
-from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn
+from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn, reward_verifier
 from rlhfkit.trainers.rl import RLTrainer
 
-CURVE_KEYS = ["reward", "score", "eval/accuracy", "kl", "entropy", "response_length"]
+CURVE_KEYS = ["reward", "score", "eval/accuracy", "eval/pass@1", "kl", "entropy", "response_length"]
 
 
 class RunTracker:
     """Fans trainer metrics out to metrics.jsonl, TensorBoard, the progress bar and samples.jsonl."""
 
     def __init__(self, run_dir: Path, tensorboard_dir: str | None, total_steps: int, progress: bool,
-                 purge_step: int | None = None):
+                 purge_step: int | None = None, writers: tuple = ()):
         self.run_dir = run_dir
         self.metrics = Tracker(run_dir, tensorboard_dir=tensorboard_dir or str(run_dir / "tensorboard"),
-                               purge_step=purge_step)
+                               purge_step=purge_step, writers=writers)
         self.samples = CompletionLogger(run_dir)
         self.bar = ProgressBar(total_steps, enabled=progress)
 
@@ -48,6 +49,15 @@ class RunTracker:
             plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", keys=CURVE_KEYS)
         except ValueError:  # no step logged any of CURVE_KEYS (e.g. zero steps): nothing to plot
             pass
+        plot_panels(self.run_dir / "metrics.jsonl", self.run_dir)  # reward.png, kl.png, ... accuracy.png
+
+
+def extra_writers(cfg: RLConfig, run_dir: Path) -> tuple:
+    """A WandbWriter when --logger.wandb.project is given (and the mode is not disabled)."""
+    w = cfg.logger.wandb
+    if not w.project or w.mode == "disabled":
+        return ()
+    return (WandbWriter(w.project, run_dir, name=w.name, mode=w.mode, group=w.group, config=to_dict(cfg)),)
 
 
 def parse_rl_args(argv: list[str]) -> RLConfig:
@@ -78,9 +88,26 @@ def build_trainer(
     trainer = RLTrainer(cfg, plan, policy, tokenizer, engine, reward_fn, prompts, ref=ref, critic=critic,
                         callbacks=callbacks)
     tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, trainer.total_steps, cfg.logger.progress_bar,
-                         purge_step=None if resume_step is None else resume_step + 1)
+                         purge_step=None if resume_step is None else resume_step + 1,
+                         writers=extra_writers(cfg, run_dir))
     trainer.tracker = tracker
     return trainer, tracker, skipped
+
+
+def make_evaluator(cfg: RLConfig) -> Evaluator:
+    """The --eval.* settings as an Evaluator without prompts (set `.items` and the scorers later)."""
+    e = cfg.eval
+    return Evaluator([], cfg.rollout.max_new_tokens, e.steps, score_fn=None, n_samples=e.n_samples,
+                     temperature=e.temperature, ks=e.k, seed=cfg.train.seed)
+
+
+def attach_scorers(evaluator: Evaluator, cfg: RLConfig, reward_fn) -> None:
+    """Training reward -> eval/reward, eval/accuracy; --eval.verifier (default: the training reward)
+    -> eval/pass@k, eval/maj@k."""
+    if reward_fn is not None:
+        evaluator.score_fn = reward_score_fn(reward_fn)
+    verifier = load_reward(cfg.eval.verifier) if cfg.eval.verifier else reward_fn
+    evaluator.verifier = reward_verifier(verifier) if verifier is not None else None
 
 
 def run(argv: list[str]) -> int:
@@ -101,7 +128,9 @@ def run(argv: list[str]) -> int:
     if cfg.eval.dataset:  # fail fast, before models, on a missing file or key
         load_prompts(cfg.eval.dataset, input_key=d.input_key, label_key=d.label_key,
                      input_template=d.input_template, max_samples=cfg.eval.max_samples)
-    evaluator = Evaluator([], cfg.rollout.max_new_tokens, cfg.eval.steps, score_fn=None)
+    if cfg.eval.verifier:  # fail fast, before models
+        load_reward(cfg.eval.verifier)
+    evaluator = make_evaluator(cfg)
     ckpt, resume = setup_checkpoints(cfg, run_dir)
     trainer, tracker, skipped = build_trainer(cfg, load_examples, run_dir, callbacks=[evaluator.periodic, ckpt.periodic],
                                               resume_step=resume[1] if resume else None)
@@ -113,7 +142,7 @@ def run(argv: list[str]) -> int:
     if cfg.eval.dataset:
         examples = load_examples(trainer.tokenizer, cfg.eval.dataset, cfg.eval.max_samples)
         evaluator.items, _ = tokenize_prompts(examples, trainer.tokenizer, d.prompt_max_len)
-        evaluator.score_fn = reward_score_fn(trainer.reward_fn)
+        attach_scorers(evaluator, cfg, trainer.reward_fn)
     if trainer.step == 0:
         evaluator(trainer, 0)
     trainer.fit()

@@ -20,6 +20,7 @@ LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "se
 POLICY_LOSS_TYPES = ("ppo", "gspo")
 LR_SCHEDULERS = ("constant", "cosine", "cosine_with_min_lr")
 DTYPES = ("float32", "bfloat16")
+WANDB_MODES = ("online", "offline", "disabled")
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,19 @@ class CkptConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    project: str | None = None
+    """Log to Weights & Biases under this project (none: no wandb)."""
+    name: str | None = None
+    """Run name (default: the run folder's name)."""
+    mode: str = "online"
+    """online, offline (writes to <output_dir>/wandb, no network; sync later) or disabled."""
+    group: str | None = None
+
+
+@dataclass(frozen=True)
 class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     tensorboard_dir: str | None = None
     """TensorBoard log dir (default: <output_dir>/tensorboard)."""
     progress_bar: bool = True
@@ -192,6 +205,15 @@ class EvalConfig:
     steps: int = -1
     """Evaluate every N RL steps (-1: only before and after training)."""
     max_samples: int | None = None
+    n_samples: int = 1
+    """Samples per eval prompt; pass@k and maj@k need n_samples >= k."""
+    k: tuple[int, ...] = (1,)
+    """The k of pass@k and maj@k (e.g. --eval.k 1,4,8); each <= n_samples."""
+    temperature: float = 0.0
+    """Sampling temperature of evaluation (0 = greedy; needs > 0 when n_samples > 1)."""
+    verifier: str | None = None
+    """Task verifier kept apart from the training reward: a reward file or builtin:math
+    (none: the training reward's score)."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +261,11 @@ RL_ALIASES = {
     "load_checkpoint": "ckpt.load_enable",
     "eval_dataset": "eval.dataset",
     "eval_steps": "eval.steps",
+    "eval_temperature": "eval.temperature",
+    "eval_n_samples_per_prompt": "eval.n_samples",
+    "wandb_project": "logger.wandb.project",
+    "wandb_run_name": "logger.wandb.name",
+    "wandb_group": "logger.wandb.group",
 }
 
 
@@ -307,11 +334,25 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _require(t.max_skipped_steps >= 0, f"--train.max_skipped_steps must be >= 0 (got {t.max_skipped_steps})")
     _require(cfg.reward.timeout is None or cfg.reward.timeout > 0,
              f"--reward.timeout must be > 0 seconds or none (got {cfg.reward.timeout})")
+    _validate_eval(cfg)
+    _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
     return BatchPlan(
         samples_per_rollout=samples,
         micro_batches_per_step=t.batch_size // t.micro_batch_size,
         optimizer_steps_per_rollout=samples // t.batch_size * t.max_epochs,
     )
+
+
+def _validate_eval(cfg: RLConfig) -> None:
+    e = cfg.eval
+    _require(e.n_samples >= 1, f"--eval.n_samples must be >= 1 (got {e.n_samples})")
+    _require(e.temperature >= 0, f"--eval.temperature must be >= 0 (got {e.temperature})")
+    _require(e.n_samples == 1 or e.temperature > 0,
+             f"--eval.n_samples {e.n_samples} with --eval.temperature 0 draws identical greedy samples; "
+             "set --eval.temperature (e.g. 0.7) or --eval.n_samples 1")
+    bad = [k for k in e.k if not 1 <= k <= e.n_samples]
+    _require(not bad, f"--eval.k {','.join(map(str, e.k))}: every k must be in [1, --eval.n_samples "
+                      f"{e.n_samples}]; raise --eval.n_samples or drop {bad}")
 
 
 def _divisor_hint(total: int, wanted: int) -> int:

@@ -4,7 +4,7 @@ Imports nothing from rlhfkit (errors here are ValueError / TypeError).
 """
 
 from rlhfkit.tracking.metrics import MetricsWriter, TensorBoardWriter, Tracker
-from rlhfkit.tracking.plots import plot_curves, read_metrics
+from rlhfkit.tracking.plots import plot_curves, plot_panels, read_metrics
 from rlhfkit.tracking.progress import ProgressBar
 from rlhfkit.tracking.samples import CompletionLogger
 
@@ -15,5 +15,6 @@ __all__ = [
     "TensorBoardWriter",
     "Tracker",
     "plot_curves",
+    "plot_panels",
     "read_metrics",
 ]

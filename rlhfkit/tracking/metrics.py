@@ -145,6 +145,7 @@ class Tracker:
       tensorboard_dir: where they go (default `run_dir/tensorboard`; view them with
         `tensorboard --logdir <dir>`).
       purge_step: a resumed run's first new step: TensorBoard hides older events from that step on.
+      writers: more writers (objects with `log(step, metrics)` and `close()`, e.g. a WandbWriter).
     """
 
     def __init__(
@@ -153,8 +154,10 @@ class Tracker:
         tensorboard: bool = True,
         tensorboard_dir: str | Path | None = None,
         purge_step: int | None = None,
+        writers: tuple[Any, ...] = (),
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.writers = tuple(writers)
         self.metrics = MetricsWriter(self.run_dir)
         self.tensorboard: TensorBoardWriter | None = None
         if tensorboard:
@@ -167,11 +170,15 @@ class Tracker:
         self.metrics.log(step, values)
         if self.tensorboard is not None:
             self.tensorboard.log(step, values)
+        for writer in self.writers:
+            writer.log(step, values)
 
     def close(self) -> None:
         self.metrics.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+        for writer in self.writers:
+            writer.close()
 
     def __enter__(self) -> Tracker:
         return self

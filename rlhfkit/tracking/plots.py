@@ -1,4 +1,5 @@
-"""Curves from `metrics.jsonl`: one PNG, one subplot per metric, step on the x axis.
+"""Curves from `metrics.jsonl`: one PNG with one subplot per metric (`plot_curves`), and one PNG
+per panel (reward, kl, entropy, length, accuracy) in the run folder (`plot_panels`).
 
 Drawn with matplotlib's object API on an Agg canvas: no display, no pyplot state, no change
 to the process-wide backend.
@@ -87,3 +88,51 @@ def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
             steps.append(float(row.get("step", i)))
             values.append(float(value))
     return steps, values
+
+
+# One PNG per panel in the run folder; several curves share a panel's axes. Patterns use fnmatch.
+RUN_PANELS: dict[str, tuple[str, ...]] = {
+    "reward": ("reward", "score"),
+    "kl": ("kl", "kl_loss"),
+    "entropy": ("entropy",),
+    "length": ("response_length",),
+    "accuracy": ("eval/accuracy", "eval/*accuracy", "eval/pass@*", "eval/maj@*"),
+}
+
+
+def plot_panels(
+    metrics_jsonl_path: str | Path, out_dir: str | Path, panels: dict[str, Sequence[str]] | None = None
+) -> list[Path]:
+    """Write `out_dir/<panel>.png` for each panel with at least one matching key that has values.
+
+    Each panel draws every metric that matches one of its patterns (fnmatch, e.g. "eval/pass@*")
+    against "step", with a legend. Returns the PNGs written; a panel with no data is skipped.
+    """
+    from fnmatch import fnmatchcase
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = read_metrics(metrics_jsonl_path)
+    names = sorted({k for row in rows for k in row if k != "step"})
+    written = []
+    for panel, patterns in (RUN_PANELS if panels is None else panels).items():
+        keys = list(dict.fromkeys(k for p in patterns for k in names if fnmatchcase(k, p)))
+        series = {k: _series(rows, k) for k in keys}
+        series = {k: v for k, v in series.items() if v[0]}
+        if not series:
+            continue
+        fig = Figure(figsize=(6.0, 3.2), layout="constrained")
+        FigureCanvasAgg(fig)
+        ax = fig.subplots()
+        for key, (steps, values) in series.items():
+            ax.plot(steps, values, marker="." if len(steps) < 50 else None, linewidth=1.2, label=key)
+        ax.set_xlabel("step")
+        ax.set_title(panel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        out = Path(out_dir) / f"{panel}.png"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, format="png", dpi=100)
+        written.append(out)
+    return written

@@ -324,6 +324,7 @@ class RLTrainer:
         out = {k: v / (n_opt if k in _PER_STEP or k.startswith(("actor/", "critic/")) else total_tokens)
                for k, v in sums.items()}
         out["optimizer_steps"] = float(n_opt)
+        out["train_tokens"] = float(exp.batch.attention_mask.sum()) * t.max_epochs  # real tokens, no padding
         return out
 
     def micro_step(self, exp: Experience, rows: torch.Tensor, num_tokens: int, num_seqs: int) -> dict[str, float]:

@@ -229,3 +229,41 @@ def test_progress_bar_disabled_prints_nothing(stream, enabled):
     bar.update(5, {"reward": 1.0})
     bar.close()
     assert stream.getvalue() == ""
+
+
+def test_plot_panels_writes_one_png_per_panel_with_data(tmp_path):
+    from rlhfkit.tracking.plots import plot_panels
+
+    rows = [{"step": 1, "reward": 0.1, "kl": 0.0, "response_length": 5.0},
+            {"step": 2, "reward": 0.4, "eval/pass@1": 0.5, "eval/maj@4": 0.6, "eval/accuracy": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    written = plot_panels(tmp_path / "metrics.jsonl", tmp_path)
+    assert sorted(p.name for p in written) == ["accuracy.png", "kl.png", "length.png", "reward.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)  # no entropy: no entropy.png
+
+
+def test_wandb_offline_writes_a_local_run_without_network(tmp_path, monkeypatch):
+    import glob
+    import os
+    import time
+
+    from rlhfkit.tracking import Tracker
+    from rlhfkit.tracking.wandb_writer import WandbWriter
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # any network use would fail loudly
+    writer = WandbWriter("rlhfkit-test", tmp_path, mode="offline", config={"lr": 0.1})
+    assert os.environ["WANDB_MODE"] == "offline"
+    with Tracker(tmp_path, tensorboard=False, writers=(writer,)) as tracker:
+        tracker.log(1, {"reward": 0.25})
+        tracker.log(2, {"reward": torch.tensor(0.75)})
+    files = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+    assert len(files) == 1
+    for _ in range(120):  # wandb's service process may still be writing the file after finish()
+        data = open(files[0], "rb").read()
+        if b"0.75" in data:
+            break
+        time.sleep(0.25)
+    assert b"reward" in data and b"0.75" in data
+    with pytest.raises(ValueError, match="valid: online, offline, disabled"):
+        WandbWriter("p", tmp_path, mode="cloud")

@@ -1,0 +1,65 @@
+"""`rlhfkit eval`: pass@k and maj@k of a model on an eval dataset, with a verifier.
+
+Takes the flags of `rlhfkit train rl` (the model, the data keys and the --eval.* settings):
+
+  rlhfkit eval --actor.model_name_or_path runs/rl/final --eval.dataset test.jsonl \\
+      --data.input_key question --data.label_key answer --eval.verifier builtin:math \\
+      --eval.n_samples 8 --eval.temperature 0.7 --eval.k 1,4,8 --ckpt.output_dir runs/eval
+
+Draws --eval.n_samples completions per prompt (--rollout.max_new_tokens each) and reports
+eval/pass@k and eval/maj@k from --eval.verifier (default: the training reward,
+--reward.remote_url), plus eval/reward and eval/accuracy from --reward.remote_url when one is
+given. Writes <output_dir>/eval.json (metrics and settings) and <output_dir>/eval_samples.jsonl
+(one line per sample: prompt, label, response, correct, answer).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from rlhfkit.cli.train_rl import attach_scorers, make_evaluator, parse_rl_args
+from rlhfkit.config import to_dict
+from rlhfkit.data.prompts import load_prompts
+from rlhfkit.errors import ConfigError
+from rlhfkit.trainers.build import build_engine, load_policy, load_reward, tokenize_prompts
+
+
+def run(argv: list[str]) -> int:
+    cfg = parse_rl_args(argv)
+    e, d = cfg.eval, cfg.data
+    if not e.dataset:
+        raise ConfigError("--eval.dataset is required (a .jsonl/.json/.parquet file or a datasets folder)")
+    if not (e.verifier or cfg.reward.remote_url):
+        raise ConfigError("nothing to score with: pass --eval.verifier (builtin:math or a reward file) "
+                          "and/or --reward.remote_url")
+    load_prompts(e.dataset, input_key=d.input_key, label_key=d.label_key,  # fail fast, before the model
+                 input_template=d.input_template, max_samples=e.max_samples)
+    reward_fn = load_reward(cfg.reward.remote_url) if cfg.reward.remote_url else None
+    evaluator = make_evaluator(cfg)
+    attach_scorers(evaluator, cfg, reward_fn)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    t0 = time.perf_counter()
+    policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    engine = build_engine(policy, tokenizer, cfg)
+    examples = load_prompts(e.dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
+                            apply_chat_template=d.apply_chat_template, input_template=d.input_template,
+                            max_samples=e.max_samples)
+    evaluator.items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len)
+    metrics, rows = evaluator.evaluate(engine, tokenizer)
+    out = Path(cfg.ckpt.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(
+        {"metrics": metrics, "prompts": len(evaluator.items), "skipped_prompts": skipped,
+         "seconds": round(time.perf_counter() - t0, 1), "config": to_dict(cfg)}, indent=2))
+    (out / "eval_samples.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    print(f"{cfg.actor.model_name_or_path} on {len(evaluator.items)} prompts x {e.n_samples} samples "
+          f"(temperature {e.temperature}):")
+    for k, v in metrics.items():
+        print(f"  {k:<20} {v:.4f}")
+    print(f"wrote {out / 'eval.json'} and {out / 'eval_samples.jsonl'}")
+    return 0
