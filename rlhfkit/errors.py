@@ -23,3 +23,12 @@ class ModelError(RlhfkitError):
 
 class RewardError(RlhfkitError):
     """A reward function or server failed or returned something unusable."""
+
+
+class CheckpointError(RlhfkitError):
+    """A checkpoint cannot be written (e.g. a full disk) or read back (corrupt, incomplete, or from
+    a run whose data does not match)."""
+
+
+class TrainingError(RlhfkitError):
+    """Training cannot go on (e.g. too many consecutive non-finite losses or gradients)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from rlhfkit.cli.resume import setup_checkpoints
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, to_dict, validate
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.errors import ConfigError
@@ -27,10 +28,10 @@ class RunTracker:
     """Fans trainer metrics out to metrics.jsonl, TensorBoard, the progress bar and samples.jsonl."""
 
     def __init__(self, run_dir: Path, tensorboard_dir: str | None, total_steps: int, progress: bool,
-                 writers: tuple = ()):
+                 purge_step: int | None = None, writers: tuple = ()):
         self.run_dir = run_dir
         self.metrics = Tracker(run_dir, tensorboard_dir=tensorboard_dir or str(run_dir / "tensorboard"),
-                               writers=writers)
+                               purge_step=purge_step, writers=writers)
         self.samples = CompletionLogger(run_dir)
         self.bar = ProgressBar(total_steps, enabled=progress)
 
@@ -73,10 +74,10 @@ def prepare_run_dir(cfg: RLConfig) -> Path:
 
 
 def build_trainer(
-    cfg: RLConfig, load_examples, run_dir: Path, callbacks=(), reward_fn=None
+    cfg: RLConfig, load_examples, run_dir: Path, callbacks=(), reward_fn=None, resume_step: int | None = None
 ) -> tuple[RLTrainer, RunTracker, int]:
     """Models, engine, reward (`reward_fn` or --reward.remote_url), prompts (`load_examples(tokenizer)`)
-    and tracker -> an RLTrainer."""
+    and tracker -> an RLTrainer. `resume_step`: the step of the checkpoint the run will resume from."""
     plan = validate(cfg)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
@@ -89,6 +90,7 @@ def build_trainer(
     trainer = RLTrainer(cfg, plan, policy, tokenizer, engine, reward_fn, prompts, ref=ref, critic=critic,
                         callbacks=callbacks, executor=executor)
     tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, trainer.total_steps, cfg.logger.progress_bar,
+                         purge_step=None if resume_step is None else resume_step + 1,
                          writers=extra_writers(cfg, run_dir))
     trainer.tracker = tracker
     return trainer, tracker, skipped
@@ -134,14 +136,20 @@ def run(argv: list[str]) -> int:
     if cfg.eval.verifier:  # fail fast, before models
         load_reward(cfg.eval.verifier)
     evaluator = make_evaluator(cfg)
-    trainer, tracker, skipped = build_trainer(cfg, load_examples, run_dir, callbacks=[evaluator.periodic])
+    ckpt, resume = setup_checkpoints(cfg, run_dir)
+    trainer, tracker, skipped = build_trainer(cfg, load_examples, run_dir, callbacks=[evaluator.periodic, ckpt.periodic],
+                                              resume_step=resume[1] if resume else None)
+    if resume:
+        ckpt.load(trainer, resume[0])
+        print(f"resumed from {resume[0]} (step {trainer.step} of {trainer.total_steps})")
     if skipped:
         print(f"skipped {skipped} prompts longer than --data.prompt_max_len {d.prompt_max_len} tokens")
     if cfg.eval.dataset:
         examples = load_examples(trainer.tokenizer, cfg.eval.dataset, cfg.eval.max_samples)
         evaluator.items, _ = tokenize_prompts(examples, trainer.tokenizer, d.prompt_max_len)
         attach_scorers(evaluator, cfg, trainer.reward_fn)
-    evaluator(trainer, 0)
+    if trainer.step == 0:
+        evaluator(trainer, 0)
     trainer.fit()
     evaluator(trainer, trainer.step)
     final = trainer.save(run_dir / "final")

@@ -95,6 +95,9 @@ class RewardConfig:
     """Normalise rewards by running mean and std (updated every rollout)."""
     clip_range: tuple[float, float] | None = None
     """Clip the (group-shaped) scalar reward to [low, high]."""
+    timeout: float | None = 300.0
+    """Seconds one call of the reward function may take before the run stops; the call then runs in a
+    worker thread. none: no limit, called in the main thread (for functions that use signal.alarm)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,8 @@ class TrainConfig:
     seed: int = 42
     num_threads: int | None = None
     """torch intra-op threads; none = all cores."""
+    max_skipped_steps: int = 5
+    """Stop after this many optimizer steps in a row skipped for a NaN/inf loss or gradient (0: never)."""
 
 
 @dataclass(frozen=True)
@@ -190,7 +195,12 @@ class CkptConfig:
     output_dir: str = "runs/rl"
     """Run folder: metrics, TensorBoard events, samples, plots and the final HF model."""
     save_steps: int = -1
-    """Save the model every N RL steps (-1: only at the end)."""
+    """Write a checkpoint (model, optimizer, RNG, data position, ...) every N RL steps (-1: only the
+    final model)."""
+    max_num: int = 3
+    """Keep the newest N checkpoints in <output_dir>/checkpoints."""
+    load_enable: bool = False
+    """Resume from the newest intact checkpoint in <output_dir>/checkpoints (start fresh if none)."""
 
 
 @dataclass(frozen=True)
@@ -273,6 +283,8 @@ RL_ALIASES = {
     "actor_learning_rate": "actor.adam.lr",
     "save_path": "ckpt.output_dir",
     "save_steps": "ckpt.save_steps",
+    "max_ckpt_num": "ckpt.max_num",
+    "load_checkpoint": "ckpt.load_enable",
     "eval_dataset": "eval.dataset",
     "eval_steps": "eval.steps",
     "agent_func_path": "agent.func_path",
@@ -363,6 +375,10 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _require(w.request_timeout > 0 and w.max_retries >= 0 and w.request_batch_size >= 1,
              "--reward.request_timeout must be > 0, --reward.max_retries >= 0, --reward.request_batch_size >= 1")
     _require(a.kl.target is None or a.kl.target > 0, "--algo.kl.target must be > 0")
+    _require(cfg.ckpt.max_num >= 1, f"--ckpt.max_num must be >= 1 (got {cfg.ckpt.max_num})")
+    _require(t.max_skipped_steps >= 0, f"--train.max_skipped_steps must be >= 0 (got {t.max_skipped_steps})")
+    _require(cfg.reward.timeout is None or cfg.reward.timeout > 0,
+             f"--reward.timeout must be > 0 seconds or none (got {cfg.reward.timeout})")
     _validate_eval(cfg)
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
     return BatchPlan(

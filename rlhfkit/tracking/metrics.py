@@ -49,6 +49,32 @@ def scalar_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def drop_steps_after(path: str | Path, step: int) -> int:
+    """Rewrite a step-indexed jsonl file keeping only the lines with "step" <= `step` (for a resumed
+    run); a torn last line (a crash mid-write) is dropped too. Returns how many lines were dropped.
+
+    The new file is written beside the old one and renamed over it, so a crash here loses nothing.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+            keep = int(row["step"]) <= step
+        except (ValueError, KeyError, TypeError):
+            keep = False
+        if keep:
+            kept.append(line + "\n")
+        else:
+            dropped += 1
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.replace(path)
+    return dropped
+
+
 class MetricsWriter:
     """Append one JSON line per step to `run_dir/metrics.jsonl` (created with its folder)."""
 
@@ -82,12 +108,13 @@ class MetricsWriter:
 class TensorBoardWriter:
     """Write each metric as a TensorBoard scalar (tag = metric name) at the given step."""
 
-    def __init__(self, log_dir: str | Path) -> None:
+    def __init__(self, log_dir: str | Path, purge_step: int | None = None) -> None:
+        """`purge_step`: hide events at steps >= it written by an earlier (crashed) run."""
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._writer: Any = SummaryWriter(log_dir=str(self.log_dir))
+        self._writer: Any = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
         self._closed = False
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -117,6 +144,7 @@ class Tracker:
       tensorboard: write TensorBoard event files too.
       tensorboard_dir: where they go (default `run_dir/tensorboard`; view them with
         `tensorboard --logdir <dir>`).
+      purge_step: a resumed run's first new step: TensorBoard hides older events from that step on.
       writers: more writers (objects with `log(step, metrics)` and `close()`, e.g. a WandbWriter).
     """
 
@@ -125,6 +153,7 @@ class Tracker:
         run_dir: str | Path,
         tensorboard: bool = True,
         tensorboard_dir: str | Path | None = None,
+        purge_step: int | None = None,
         writers: tuple[Any, ...] = (),
     ) -> None:
         self.run_dir = Path(run_dir)
@@ -133,7 +162,7 @@ class Tracker:
         self.tensorboard: TensorBoardWriter | None = None
         if tensorboard:
             log_dir = self.run_dir / TENSORBOARD_DIR if tensorboard_dir is None else tensorboard_dir
-            self.tensorboard = TensorBoardWriter(log_dir)
+            self.tensorboard = TensorBoardWriter(log_dir, purge_step=purge_step)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Log the metrics of one step; values are converted to floats once (see `to_float`)."""

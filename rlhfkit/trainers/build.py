@@ -11,6 +11,7 @@ from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor, load_agent_fil
 from rlhfkit.config.rl import RewardConfig, RLConfig
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models import Critic, load_causal_lm, load_tokenizer, materialize_smollm2
+from rlhfkit.rewards.guard import TimeLimitedReward
 from rlhfkit.rewards.loader import load_reward_file
 from rlhfkit.rewards.remote import RemoteRewardFn, is_url
 from rlhfkit.rollout.hf import HFEngine
@@ -41,16 +42,17 @@ def load_policy(name_or_path: str, dtype: str):
 
 
 def load_reward(reward: RewardConfig | str | None):
-    """A reward file, builtin:NAME, or http(s) reward server URL(s) -> a RewardFn."""
+    """A reward file, builtin:NAME, or http(s) reward server URL(s) -> a RewardFn. A local function
+    must return within --reward.timeout seconds; a server request within --reward.request_timeout."""
     url = reward.remote_url if isinstance(reward, RewardConfig) else reward
+    r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=url)
     if url is None:
         raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func), builtin:math, "
                           "http://HOST:PORT/get_reward, or an agent with --agent.func_path")
     if is_url(url):
-        r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=url)
         return RemoteRewardFn(url.split(","), timeout=r.request_timeout, max_retries=r.max_retries,
                               batch_size=r.request_batch_size, token=r.auth_token)
-    return load_reward_file(BUILTIN_REWARDS.get(url, url))
+    return TimeLimitedReward(load_reward_file(BUILTIN_REWARDS.get(url, url)), r.timeout, url)
 
 
 def build_executor(cfg: RLConfig) -> SingleTurnExecutor | MultiTurnExecutor:

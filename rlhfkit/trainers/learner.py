@@ -1,6 +1,10 @@
 """The algorithm-blind learner: AdamW, warmup + cosine schedule, gradient accumulation,
 grad-norm clipping, skipped non-finite steps and an optional EMA of the parameters.
 
+A non-finite loss or gradient (NaN / inf gradient norm) skips that optimizer step: the gradients
+are dropped, the parameters, Adam moments, schedule and EMA stay as they were, the skip is counted
+and logged, and `max_consecutive_skips` skips in a row raise a TrainingError.
+
 It knows nothing about RL: a loop hands it losses that are already divided by the counts of
 the whole optimizer step (see core.aggregate), calls `backward` once per micro-batch and
 `step` once per optimizer step.
@@ -8,11 +12,15 @@ the whole optimizer step (see core.aggregate), calls `backward` once per micro-b
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
 from rlhfkit.core.ema import ema_update
+from rlhfkit.errors import TrainingError
+
+log = logging.getLogger("rlhfkit")
 
 
 def lr_lambda(kind: str, total_steps: int, warmup_steps: int, min_lr_ratio: float):
@@ -48,6 +56,8 @@ class Learner:
         min_lr_ratio: float = 0.0,
         max_norm: float = 1.0,
         ema_beta: float | None = None,
+        max_consecutive_skips: int = 0,
+        name: str = "actor",
     ):
         self.module = module
         self.params = [p for p in module.parameters() if p.requires_grad]
@@ -60,6 +70,9 @@ class Learner:
         self.ema = [p.detach().clone() for p in self.params] if ema_beta is not None else None
         self.steps = 0
         self.skipped_steps = 0
+        self.consecutive_skips = 0
+        self.max_consecutive_skips = max_consecutive_skips
+        self.name = name
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -78,8 +91,36 @@ class Learner:
             if self.ema is not None:
                 ema_update(self.ema, [p.detach() for p in self.params], self.ema_beta)
             self.steps += 1
+            self.consecutive_skips = 0
         else:
             self.skipped_steps += 1
+            self.consecutive_skips += 1
+            log.warning("%s: skipped optimizer step %d: non-finite gradient norm (%s), i.e. a NaN/inf loss "
+                        "or gradient (%d in a row, %d in all)", self.name, self.steps + self.skipped_steps,
+                        float(grad_norm), self.consecutive_skips, self.skipped_steps)
         metrics["skipped_steps"] = float(self.skipped_steps)
         self.optimizer.zero_grad(set_to_none=True)
+        if 0 < self.max_consecutive_skips <= self.consecutive_skips:
+            raise TrainingError(
+                f"{self.name}: {self.consecutive_skips} optimizer steps in a row had a non-finite (NaN/inf) loss "
+                "or gradient, so training stopped; lower the learning rate or check the data and reward, then "
+                "resume from the last good checkpoint with --ckpt.load_enable true "
+                "(--train.max_skipped_steps sets the limit)"
+            )
         return metrics
+
+    def state_dict(self) -> dict:
+        """Optimizer, scheduler, EMA and counters (plain values and tensors; see trainers.checkpoint)."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "ema": self.ema, "steps": self.steps, "skipped_steps": self.skipped_steps,
+                "consecutive_skips": self.consecutive_skips}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None:
+            with torch.no_grad():
+                for e, v in zip(self.ema, state["ema"], strict=True):
+                    e.copy_(v)
+        self.steps, self.skipped_steps = state["steps"], state["skipped_steps"]
+        self.consecutive_skips = state["consecutive_skips"]

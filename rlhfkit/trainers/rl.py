@@ -29,6 +29,7 @@ from rlhfkit.core.losses import policy_loss, value_loss
 from rlhfkit.core.shaping import overlong_penalty
 from rlhfkit.data.batch import TokenBatch, collate
 from rlhfkit.data.types import Trajectory
+from rlhfkit.errors import CheckpointError, DataError, TrainingError
 from rlhfkit.models import response_logprobs
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
@@ -64,6 +65,12 @@ class RunningMoments:
         self.mean += delta * n / total
         self.m2 += var * n + delta**2 * self.count * n / total
         self.count = total
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count, self.mean, self.m2 = state["count"], state["mean"], state["m2"]
 
     @property
     def std(self) -> float:
@@ -120,7 +127,7 @@ class RLTrainer:
         self.shuffle_gen = torch.Generator().manual_seed(t.seed + 1)
         self.rollouts_per_episode = len(self.prompts) // cfg.rollout.batch_size
         if self.rollouts_per_episode == 0:
-            raise ValueError(
+            raise DataError(
                 f"the prompt dataset has {len(self.prompts)} usable prompts, fewer than "
                 f"--rollout.batch_size {cfg.rollout.batch_size}; lower the batch size or add prompts"
             )
@@ -133,6 +140,7 @@ class RLTrainer:
             policy, a.adam.lr, a.adam.betas, a.adam.eps, a.adam.weight_decay, total_steps=opt_steps,
             warmup_steps=int(a.lr_warmup_ratio * opt_steps), scheduler=a.lr_scheduler,
             min_lr_ratio=a.min_lr_ratio, max_norm=a.max_norm, ema_beta=a.ema_beta,
+            max_consecutive_skips=t.max_skipped_steps,
         )
         self.critic_learner = None
         if critic is not None:
@@ -140,7 +148,8 @@ class RLTrainer:
             self.critic_learner = Learner(
                 critic, c.adam.lr, c.adam.betas, c.adam.eps, c.adam.weight_decay, total_steps=opt_steps,
                 warmup_steps=int(a.lr_warmup_ratio * opt_steps), scheduler=a.lr_scheduler,
-                min_lr_ratio=a.min_lr_ratio, max_norm=c.max_norm,
+                min_lr_ratio=a.min_lr_ratio, max_norm=c.max_norm, max_consecutive_skips=t.max_skipped_steps,
+                name="critic",
             )
         k = cfg.algo.kl
         self.kl_ctl = (
@@ -149,30 +158,44 @@ class RLTrainer:
         )
         self.reward_moments = RunningMoments()
         self.step = 0
+        # data position: the episode, its shuffled prompt order, the next rollout batch in it
+        self.episode, self.order, self.index = 0, None, 0
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> list[dict]:
+        """Train from the current data position (the start, or where a checkpoint left off)."""
         history = []
-        stream = self.prompt_stream()
-        more = (p for _, p in stream)  # dynamic sampling tops batches up from the same stream
+        stream = self.prompt_stream()  # dynamic sampling tops batches up from the same stream
         while self.step < self.total_steps:
+            episode = self.episode
             batch = list(itertools.islice(stream, self.cfg.rollout.batch_size))
             if not batch:
                 break  # dynamic sampling used up the prompts of every episode
-            metrics = self.train_step([p for _, p in batch], more)
-            metrics["episode"] = batch[0][0]
+            metrics = self.train_step(batch, stream)
+            metrics["episode"] = episode
             history.append(metrics)
             for cb in self.callbacks:
                 cb(self, self.step, metrics)
         return history
 
-    def prompt_stream(self) -> Iterator[tuple[int, PromptItem]]:
-        """(episode, prompt) pairs: each episode a fresh shuffle, cut to whole rollout batches."""
+    def prompt_stream(self) -> Iterator[PromptItem]:
+        """The prompts in training order: each episode a fresh shuffle, cut to whole rollout
+        batches. Lazy: the data position (episode, order, index) moves one prompt per item
+        consumed, so a checkpoint taken between steps resumes the stream exactly."""
+        while (prompt := self.next_prompt()) is not None:
+            yield prompt
+
+    def next_prompt(self) -> PromptItem | None:
         n = self.rollouts_per_episode * self.cfg.rollout.batch_size
-        for episode in range(self.cfg.train.num_episodes):
-            order = torch.randperm(len(self.prompts), generator=self.shuffle_gen).tolist()
-            for j in order[:n]:
-                yield episode, self.prompts[j]
+        if self.episode >= self.cfg.train.num_episodes:
+            return None
+        if self.order is None:
+            self.order = torch.randperm(len(self.prompts), generator=self.shuffle_gen).tolist()[:n]
+        prompt = self.prompts[self.order[self.index]]
+        self.index += 1
+        if self.index == len(self.order):
+            self.episode, self.order, self.index = self.episode + 1, None, 0
+        return prompt
 
     def train_step(self, prompts: Sequence[PromptItem], more: Iterator[PromptItem] | None = None) -> dict[str, float]:
         """One RL step: rollout (+ DAPO top-up from `more`), reward, experience, update, weight sync."""
@@ -241,7 +264,17 @@ class RLTrainer:
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids),
         )
-        return self.executor.run(self.engine, self.tokenizer, prompts, params, self.budget, generator=self.sample_gen)
+        try:
+            return self.executor.run(self.engine, self.tokenizer, prompts, params, self.budget,
+                                     generator=self.sample_gen)
+        except RuntimeError as exc:  # torch.multinomial refuses NaN/inf probabilities
+            if "inf" not in str(exc) and "nan" not in str(exc):
+                raise
+            raise TrainingError(
+                f"step {self.step + 1}: the policy's next-token probabilities are NaN/inf (its weights diverged or were "
+                "loaded with NaN/inf); lower --actor.adam.lr and resume from the last good checkpoint with "
+                "--ckpt.load_enable true, or check the model folder"
+            ) from exc
 
     def score(self, prompts: Sequence[PromptItem], trajs: list[Trajectory]):
         """Call the reward function; apply overlong shaping and normalisation."""
@@ -412,7 +445,49 @@ class RLTrainer:
                 "advantage": float(exp.advantages[i][m].mean()) if m.any() else 0.0,
                 "length": t.response_length,
             })
-        self.tracker.log_samples(self.step, rows)
+        self.tracker.log_samples(self.step + 1, rows)  # the step number its metrics are logged under
+
+    # ------------------------------------------------------------------ checkpoint (trainers.checkpoint)
+    def state_dict(self) -> dict:
+        """Everything besides the weights that a resumed run needs to continue bit for bit."""
+        return {
+            "step": self.step, "episode": self.episode, "order": self.order, "index": self.index,
+            "num_prompts": len(self.prompts), "rollout_batch_size": self.cfg.rollout.batch_size,
+            "sample_gen": self.sample_gen.get_state(), "shuffle_gen": self.shuffle_gen.get_state(),
+            "policy_version": self.engine.version, "kl_ctl": self.kl_ctl.state_dict(),
+            "reward_moments": self.reward_moments.state_dict(), "learner": self.learner.state_dict(),
+            "critic_learner": self.critic_learner.state_dict() if self.critic_learner is not None else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        here = (len(self.prompts), self.cfg.rollout.batch_size)
+        there = (state["num_prompts"], state["rollout_batch_size"])
+        if here != there:
+            raise CheckpointError(
+                f"the checkpoint was written with {there[0]} prompts and --rollout.batch_size {there[1]}, this run "
+                f"has {here[0]} and {here[1]}; resume with the same data and flags, or use a new --ckpt.output_dir"
+            )
+        self.step, self.episode, self.order, self.index = state["step"], state["episode"], state["order"], state["index"]
+        self.sample_gen.set_state(state["sample_gen"])
+        self.shuffle_gen.set_state(state["shuffle_gen"])
+        self.engine.update_weights({}, state["policy_version"])
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        self.reward_moments.load_state_dict(state["reward_moments"])
+        self.learner.load_state_dict(state["learner"])
+        if self.critic_learner is not None:
+            self.critic_learner.load_state_dict(state["critic_learner"])
+
+    def checkpoint_modules(self) -> dict[str, tuple]:
+        """The trained modules: the policy as an HF folder (with the tokenizer), the critic's state dict."""
+        mods: dict[str, tuple] = {"model": (self.policy, self.tokenizer)}
+        if self.critic is not None:
+            mods["critic"] = (self.critic, None)
+        return mods
+
+    def can_checkpoint(self) -> bool:
+        """False while the last optimizer steps were skipped (non-finite): keep the last good checkpoint."""
+        learners = [x for x in (self.learner, self.critic_learner) if x is not None]
+        return all(x.consecutive_skips == 0 for x in learners)
 
     def save(self, path: str | Path) -> Path:
         """The policy as an HF folder (safetensors + tokenizer)."""

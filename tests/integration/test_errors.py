@@ -1,0 +1,246 @@
+"""The catalogue of docs/errors.md, case by case, through the real CLI (`rlhfkit train rl`):
+each bad input ends with exit code 2 and one line `error: ...` naming the cause and the fix (no
+traceback), or with a documented, logged fallback. Case ids match the catalogue's numbers."""
+
+import errno
+import json
+import os
+
+import pytest
+import torch
+
+from rlhfkit.cli.main import main
+from rlhfkit.models import tiny_model_and_tokenizer
+from rlhfkit.trainers import checkpoint as ck
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+GOOD_REWARD = "def reward_func(queries, prompts, labels, **kw):\n    return [float(len(q) % 2) for q in queries]\n"
+REWARDS = {
+    "raises": "def reward_func(queries, prompts, labels, **kw):\n    raise KeyError('answer')\n",
+    "nan": "def reward_func(queries, prompts, labels, **kw):\n    return [float('nan')] * len(queries)\n",
+    "inf": "def reward_func(queries, prompts, labels, **kw):\n    return {'rewards': [float('inf')] * len(queries)}\n",
+    "short": "def reward_func(queries, prompts, labels, **kw):\n    return [0.0] * (len(queries) - 1)\n",
+    "string": "def reward_func(queries, prompts, labels, **kw):\n    return 'good'\n",
+    "no_rewards_key": "def reward_func(queries, prompts, labels, **kw):\n    return {'score': [0.0] * len(queries)}\n",
+    "hangs": "import time\ndef reward_func(queries, prompts, labels, **kw):\n    time.sleep(30)\n",
+    "import_error": "import no_such_module_xyz\n",
+    "undefined": "def score(queries):\n    return []\n",
+    "bad_signature": "def reward_func(queries):\n    return []\n",
+    # finite but so large that the unwhitened REINFORCE loss overflows from the 3rd call on
+    "huge": "CALLS = [0]\ndef reward_func(queries, prompts, labels, **kw):\n    CALLS[0] += 1\n"
+            "    return [3e38 if CALLS[0] > 2 else float(i % 2) for i in range(len(queries))]\n",
+}
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("errors")
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    model.save_pretrained(root / "tiny")
+    tok.save_pretrained(root / "tiny")
+    (root / "not_a_model").mkdir()
+    with torch.no_grad():
+        model.model.norm.weight[0] = float("nan")  # a diverged (or badly converted) policy
+    model.save_pretrained(root / "nan_model")
+    tok.save_pretrained(root / "nan_model")
+    rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(16)]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    long_rows = rows[:8] + [{"q": "z" * 300, "a": "0"}] * 3
+    (root / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long_rows))
+    (root / "malformed.jsonl").write_text('{"q": "a", "a": "1"}\n{"q": "b", "a": \n')
+    (root / "no_label.jsonl").write_text('{"q": "a", "a": "1"}\n{"q": "b"}\n')
+    (root / "empty.jsonl").write_text("\n")
+    (root / "latin1.jsonl").write_bytes('{"q": "caf\xe9", "a": "1"}\n'.encode("latin-1"))
+    (root / "not_string.jsonl").write_text('{"q": 42, "a": "1"}\n')
+    (root / "list.jsonl").write_text('[1, 2]\n')
+    (root / "prompts.csv").write_text("q,a\nx,1\n")
+    (root / "bad.parquet").write_bytes(b"PAR1 not really")
+    (root / "bad.json").write_text('{"q": [1,}')
+    (root / "bad.yaml").write_text("train: [1, 2\n")
+    (root / "unknown_key.yaml").write_text("train:\n  batchsize: 8\n")
+    (root / "list.yaml").write_text("- 1\n- 2\n")
+    (root / "reward.py").write_text(GOOD_REWARD)
+    for name, text in REWARDS.items():
+        (root / f"reward_{name}.py").write_text(text)
+    return root
+
+
+def flags(ws, out, **over):
+    f = {
+        "actor.model_name_or_path": ws / "tiny", "data.prompt_dataset": ws / "prompts.jsonl",
+        "data.input_key": "q", "data.label_key": "a", "reward.remote_url": ws / "reward.py",
+        "rollout.batch_size": 8, "rollout.n_samples_per_prompt": 2, "rollout.max_new_tokens": 4,
+        "train.batch_size": 16, "train.micro_batch_size": 8, "train.max_steps": 1, "actor.autocast": "none",
+        "logger.progress_bar": "false", "ckpt.output_dir": out,
+    }
+    f.update(over)
+    return ["train", "rl"] + [x for k, v in f.items() if v is not None for x in (f"--{k}", str(v))]
+
+
+def refuse(argv, capsys, needle):
+    """Exit code 2, one line `error: ...` containing `needle`, no traceback."""
+    rc = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert rc == 2, err
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# (catalogue number, flag overrides, text the one-line message must contain)
+BEFORE_MODELS = [
+    ("01-malformed-jsonl", {"data.prompt_dataset": "{ws}/malformed.jsonl"}, "malformed.jsonl, line 2: not valid JSON"),
+    ("02-missing-input-key", {"data.input_key": "question"}, "line 1: no key 'question' (input_key)"),
+    ("03-missing-label-key", {"data.prompt_dataset": "{ws}/no_label.jsonl"}, "line 2: no key 'a' (label_key)"),
+    ("04-empty-dataset", {"data.prompt_dataset": "{ws}/empty.jsonl"}, "the dataset is empty"),
+    ("05-non-utf8", {"data.prompt_dataset": "{ws}/latin1.jsonl"}, "line 1: bytes that are not UTF-8"),
+    ("06-missing-dataset", {"data.prompt_dataset": "{ws}/nope.jsonl"}, "no such file or folder"),
+    ("07-prompt-not-a-string", {"data.prompt_dataset": "{ws}/not_string.jsonl"}, "expected a string, got int"),
+    ("08-record-not-an-object", {"data.prompt_dataset": "{ws}/list.jsonl"}, "expected a JSON object, got list"),
+    ("09-unsupported-file-type", {"data.prompt_dataset": "{ws}/prompts.csv"}, "unsupported file type '.csv'"),
+    ("10-corrupt-parquet", {"data.prompt_dataset": "{ws}/bad.parquet"}, "cannot read as parquet"),
+    ("11-invalid-json-file", {"data.prompt_dataset": "{ws}/bad.json"}, "bad.json, line 1: not valid JSON"),
+    ("12-no-dataset-flag", {"data.prompt_dataset": None}, "--data.prompt_dataset is required"),
+    ("13-wrong-type", {"train.seed": "abc"}, "--train.seed: expected int, got 'abc'"),
+    ("14-wrong-bool", {"reward.normalize": "maybe"}, "--reward.normalize: expected bool"),
+    ("15-unknown-flag", {"rollout.n_sample_per_prompt": 2}, "did you mean --rollout.n_samples_per_prompt"),
+    ("16-micro-batch-not-dividing", {"train.micro_batch_size": 6}, "must be a multiple of --train.micro_batch_size"),
+    ("17-train-batch-not-dividing", {"train.batch_size": 24, "train.micro_batch_size": 8},
+     "which --train.batch_size (24) must divide"),
+    ("18-unknown-estimator", {"algo.advantage.estimator": "grpo"}, "valid: gae, reinforce"),
+    ("19-group-estimator-one-sample", {"rollout.n_samples_per_prompt": 1, "train.batch_size": 8},
+     "set --rollout.n_samples_per_prompt to 2 or more"),
+    ("20-out-of-range", {"algo.kl.init_coef": -0.1}, "--algo.kl.init_coef must be >= 0"),
+    ("21-bad-ckpt-max-num", {"ckpt.max_num": 0}, "--ckpt.max_num must be >= 1"),
+    ("22-config-file-missing", {"config": "{ws}/nope.yaml"}, "--config {ws}/nope.yaml: no such file"),
+    ("23-config-not-yaml", {"config": "{ws}/bad.yaml"}, "not valid YAML"),
+    ("24-config-unknown-key", {"config": "{ws}/unknown_key.yaml"}, "did you mean --train.batch_size"),
+    ("25-config-not-a-mapping", {"config": "{ws}/list.yaml"}, "the top level must be a mapping"),
+    ("26-reward-file-missing", {"reward.remote_url": "{ws}/nope.py"}, "nope.py does not exist"),
+    ("27-reward-file-import-error", {"reward.remote_url": "{ws}/reward_import_error.py"},
+     "failed to import: ModuleNotFoundError"),
+    ("28-reward-func-undefined", {"reward.remote_url": "{ws}/reward_undefined.py"}, "reward_func is not defined"),
+    ("29-reward-func-signature", {"reward.remote_url": "{ws}/reward_bad_signature.py"},
+     "cannot be called with (queries, prompts, labels)"),
+    ("30-no-reward", {"reward.remote_url": None}, "no reward: pass --reward.remote_url"),
+]
+
+
+@pytest.mark.parametrize("case,over,needle", BEFORE_MODELS, ids=[c[0] for c in BEFORE_MODELS])
+def test_refused_before_any_model_loads(ws, tmp_path, capsys, case, over, needle):
+    over = {k: (v.format(ws=ws) if isinstance(v, str) else v) for k, v in over.items()}
+    refuse(flags(ws, tmp_path / "run", **over), capsys, needle.format(ws=ws))
+
+
+AFTER_MODELS = [
+    ("31-missing-model-folder", {"actor.model_name_or_path": "{ws}/no_model"}, "model folder not found"),
+    ("32-folder-is-not-a-model", {"actor.model_name_or_path": "{ws}/not_a_model"}, "is not an HF model folder"),
+    ("33-every-prompt-too-long", {"data.prompt_dataset": "{ws}/long.jsonl", "data.prompt_max_len": 2},
+     "every prompt is longer than --data.prompt_max_len 2"),
+    ("34-fewer-prompts-than-batch", {"rollout.batch_size": 32, "train.batch_size": 16}, "fewer than --rollout.batch_size 32"),
+    ("35-reward-raises", {"reward.remote_url": "{ws}/reward_raises.py"}, "raised KeyError: 'answer'"),
+    ("36-reward-nan", {"reward.remote_url": "{ws}/reward_nan.py"}, "non-finite value in rewards at index 0 (nan)"),
+    ("37-reward-inf", {"reward.remote_url": "{ws}/reward_inf.py"}, "non-finite value in rewards at index 0 (inf)"),
+    ("38-reward-wrong-length", {"reward.remote_url": "{ws}/reward_short.py"}, "returned 15 rewards for a batch of 16"),
+    ("39-reward-wrong-type", {"reward.remote_url": "{ws}/reward_string.py"}, "returned str"),
+    ("40-reward-dict-without-rewards", {"reward.remote_url": "{ws}/reward_no_rewards_key.py"},
+     "returned a dict without 'rewards'"),
+    ("41-reward-hangs", {"reward.remote_url": "{ws}/reward_hangs.py", "reward.timeout": 0.5},
+     "did not return within 0.5 s"),
+    ("42-policy-weights-nan", {"actor.model_name_or_path": "{ws}/nan_model"}, "next-token probabilities are NaN/inf"),
+]
+
+
+@pytest.mark.parametrize("case,over,needle", AFTER_MODELS, ids=[c[0] for c in AFTER_MODELS])
+def test_refused_during_the_run(ws, tmp_path, capsys, case, over, needle):
+    over = {k: (v.format(ws=ws) if isinstance(v, str) else v) for k, v in over.items()}
+    refuse(flags(ws, tmp_path / "run", **over), capsys, needle)
+
+
+def test_43_nan_loss_skips_steps_then_stops_leaving_the_last_good_checkpoint(ws, tmp_path, capsys, caplog):
+    out = tmp_path / "run"
+    argv = flags(ws, out, **{"reward.remote_url": ws / "reward_huge.py", "algo.advantage.estimator": "reinforce",
+                             "algo.advantage.whiten": "false", "train.max_steps": 6, "train.num_episodes": 3,
+                             "rollout.max_new_tokens": 8, "train.max_skipped_steps": 3, "ckpt.save_steps": 1})
+    refuse(argv, capsys, "3 optimizer steps in a row had a non-finite (NaN/inf) loss or gradient")
+    assert "skipped optimizer step 5: non-finite gradient norm" in caplog.text
+    assert "not checkpointing a state reached through skipped" in caplog.text
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["actor/skipped_steps"] for r in rows] == [0.0, 0.0, 1.0, 2.0]  # the 3rd skip stops step 5
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_00000002"
+    assert ck.verify(out / "checkpoints" / "step_00000002") is None
+
+
+def test_44_long_prompts_are_skipped_with_a_count(ws, tmp_path, capsys):
+    argv = flags(ws, tmp_path / "run", **{"data.prompt_dataset": ws / "long.jsonl", "data.prompt_max_len": 20})
+    assert main([str(a) for a in argv]) == 0
+    assert "skipped 3 prompts longer than --data.prompt_max_len 20 tokens" in capsys.readouterr().out
+
+
+def _train(ws, out, capsys, **over):
+    rc = main([str(a) for a in flags(ws, out, **{"ckpt.save_steps": 1, **over})])
+    capsys.readouterr()
+    return rc
+
+
+def test_45_checkpoints_of_an_earlier_run_are_not_mixed(ws, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(ws, out, capsys) == 0
+    refuse(flags(ws, out, **{"ckpt.save_steps": 1}), capsys, "already holds checkpoints of an earlier run")
+
+
+def test_46_every_checkpoint_corrupt(ws, tmp_path, capsys, caplog):
+    out = tmp_path / "run"
+    assert _train(ws, out, capsys) == 0
+    (out / "checkpoints" / "step_00000001" / "state.json").write_text("{")
+    refuse(flags(ws, out, **{"ckpt.load_enable": "true"}), capsys, "no intact checkpoint in")
+    assert "state.json does not match its checksum" in caplog.text
+
+
+def test_47_resume_with_other_data(ws, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(ws, out, capsys) == 0
+    argv = flags(ws, out, **{"ckpt.load_enable": "true", "data.prompt_dataset": ws / "long.jsonl",
+                             "train.max_steps": 2})
+    refuse(argv, capsys, "the checkpoint was written with 16 prompts and --rollout.batch_size 8, this run has 11")
+
+
+def test_48_resume_with_another_model(ws, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(ws, out, capsys) == 0
+    other = tmp_path / "other"
+    model, tok = tiny_model_and_tokenizer(seed=0, layers=1)
+    model.save_pretrained(other)
+    tok.save_pretrained(other)
+    argv = flags(ws, out, **{"ckpt.load_enable": "true", "actor.model_name_or_path": other, "train.max_steps": 2})
+    refuse(argv, capsys, "does not fit the model")
+
+
+def test_49_full_disk_while_saving_keeps_the_last_checkpoint(ws, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    real, calls = ck.save_file, [0]
+
+    def fills_up(*args, **kwargs):  # the 2nd checkpoint's state file finds the disk full
+        calls[0] += 1
+        if calls[0] > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ck, "save_file", fills_up)
+    argv = flags(ws, out, **{"ckpt.save_steps": 1, "train.max_steps": 2})
+    line = refuse(argv, capsys, "cannot write checkpoint")
+    assert "No space left on device" in line and "last good checkpoint:" in line and "step_00000001" in line
+    assert [p.name for p in ck.list_checkpoints(out / "checkpoints")] == ["step_00000001"]
+    assert not list((out / "checkpoints").glob(".tmp*"))
+    monkeypatch.setattr(ck, "save_file", real)
+    assert main([str(a) for a in flags(ws, out, **{"ckpt.save_steps": 1, "train.max_steps": 2,
+                                                     "ckpt.load_enable": "true"})]) == 0
+    assert "resumed from" in capsys.readouterr().out
+
+
+def test_50_debug_shows_the_traceback(ws, tmp_path, capsys):
+    argv = flags(ws, tmp_path / "run", **{"reward.remote_url": ws / "reward_raises.py"})
+    with pytest.raises(Exception, match="raised KeyError"):
+        main([str(a) for a in argv] + ["--debug"])
