@@ -1,4 +1,4 @@
-"""The `rlhfkit` command: `train rl`, `demo`.
+"""The `rlhfkit` command: `train rl|sft|rm|dpo|kto`, `lora merge`, `demo`.
 
 Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit code 2;
 `--debug` anywhere on the command line shows the traceback instead.
@@ -14,21 +14,31 @@ USAGE = """usage: rlhfkit COMMAND [flags]
 commands:
   demo        GRPO on SmolLM2-135M-Instruct learns arithmetic in the asked format (~10 min on a laptop CPU)
   train rl    RL training (PPO, REINFORCE++, GRPO, Dr.GRPO, RLOO, ...): rlhfkit train rl --help
+  train sft   supervised fine-tuning (packing, LoRA): rlhfkit train sft --help
+  train rm    Bradley-Terry reward model: rlhfkit train rm --help
+  train dpo   DPO / IPO / cDPO against a frozen reference: rlhfkit train dpo --help
+  train kto   KTO on unpaired desirable / undesirable data: rlhfkit train kto --help
+  lora merge  fold a LoRA adapter into its base: rlhfkit lora merge --lora.adapter DIR --ckpt.output_dir OUT
 
 flags are dotted: --section.name VALUE (e.g. --rollout.n_samples_per_prompt 8); --config FILE.yaml
 loads defaults that flags override; --debug shows tracebacks.
 """
 
 
-def _flag_help() -> str:
+def _flag_help(argv: list[str]) -> str:
     import dataclasses  # noqa: PLC0415
 
     from rlhfkit.config import RLConfig  # noqa: PLC0415
     from rlhfkit.config.parse import field_table  # noqa: PLC0415
+    from rlhfkit.config.preference import DPOConfig, RMConfig  # noqa: PLC0415
+    from rlhfkit.config.sft import SFTConfig  # noqa: PLC0415
 
-    lines = ["flags of `rlhfkit train rl` (and `rlhfkit demo`, which presets some):"]
-    defaults = dataclasses.asdict(RLConfig())
-    for name, tp in field_table(RLConfig).items():
+    kind = argv[1] if argv[0] == "train" and len(argv) > 1 else "rl"
+    cls = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "kto": DPOConfig}.get(kind, RLConfig)
+    title = "`rlhfkit demo`, which presets some" if cls is RLConfig else "OpenRLHF's flat names are aliases"
+    lines = [f"flags of `rlhfkit train {kind if cls is not RLConfig else 'rl'}` ({title}):"]
+    defaults = dataclasses.asdict(cls())
+    for name, tp in field_table(cls).items():
         value = defaults
         for part in name.split("."):
             value = value[part]
@@ -42,7 +52,7 @@ def dispatch(argv: list[str]) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if "-h" in rest or "--help" in rest:
-        print(_flag_help())
+        print(_flag_help(argv))
         return 0
     if cmd == "demo":
         from rlhfkit.cli import demo  # noqa: PLC0415
@@ -52,6 +62,14 @@ def dispatch(argv: list[str]) -> int:
         from rlhfkit.cli import train_rl  # noqa: PLC0415
 
         return train_rl.run(rest[1:])
+    if cmd == "train" and rest and rest[0] in ("sft", "rm", "dpo", "kto"):
+        from rlhfkit.cli import train_supervised  # noqa: PLC0415
+
+        return train_supervised.run(rest[0], rest[1:])
+    if cmd == "lora":
+        from rlhfkit.cli import train_supervised  # noqa: PLC0415
+
+        return train_supervised.run_lora(rest)
     print(f"error: unknown command {' '.join(argv[:2])!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

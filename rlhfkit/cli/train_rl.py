@@ -68,7 +68,7 @@ def build_trainer(
     plan = validate(cfg)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
-    reward_fn = reward_fn or load_reward(cfg.reward.remote_url)
+    reward_fn = reward_fn or load_reward(cfg.reward.remote_url, cfg.reward.model_name_or_path, cfg.train.micro_batch_size)
     policy, tokenizer, ref, critic = build_models(cfg)
     engine = build_engine(policy, tokenizer, cfg)
     prompts, skipped = tokenize_prompts(load_examples(tokenizer), tokenizer, cfg.data.prompt_max_len)

@@ -62,7 +62,7 @@ class ActorConfig:
 @dataclass(frozen=True)
 class CriticConfig:
     model_name_or_path: str | None = None
-    """Backbone of the critic for gae; defaults to the actor's model."""
+    """Backbone of the critic for gae (a reward-model folder: its backbone and score head); defaults to the actor's."""
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=9e-6))
     value_clip: float | None = 0.5
     max_norm: float = 1.0
@@ -78,6 +78,8 @@ class RefConfig:
 class RewardConfig:
     remote_url: str | None = None
     """A Python file defining reward_func(queries, prompts, labels, **kwargs)."""
+    model_name_or_path: str | None = None
+    """A reward-model folder from `rlhfkit train rm`; reward = (score - mean) / std from its config."""
     normalize: bool = False
     """Normalise rewards by running mean and std (updated every rollout)."""
     clip_range: tuple[float, float] | None = None
@@ -207,6 +209,8 @@ RL_ALIASES = {
     "label_key": "data.label_key",
     "apply_chat_template": "data.apply_chat_template",
     "remote_rm_url": "reward.remote_url",
+    "reward_pretrain": "reward.model_name_or_path",
+    "critic_pretrain": "critic.model_name_or_path",
     "advantage_estimator": "algo.advantage.estimator",
     "gamma": "algo.advantage.gamma",
     "lambd": "algo.advantage.lambd",

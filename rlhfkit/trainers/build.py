@@ -10,8 +10,10 @@ import torch
 from rlhfkit.config.rl import RLConfig
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models import Critic, load_causal_lm, load_tokenizer, materialize_smollm2
+from rlhfkit.models.reward import is_reward_model_folder
 from rlhfkit.rewards.loader import load_reward_file
 from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.trainers.reward_model import RewardModelFn
 from rlhfkit.trainers.rl import PromptItem
 
 BUILTIN_REWARDS = {"builtin:math": Path(__file__).resolve().parents[1] / "rewards" / "builtin_math_reward.py"}
@@ -35,9 +37,15 @@ def load_policy(name_or_path: str, dtype: str):
     return model, tokenizer
 
 
-def load_reward(url: str | None):
+def load_reward(url: str | None, model_path: str | None = None, micro_batch_size: int = 8):
+    """A reward function from --reward.remote_url (python file / builtin) or --reward.model_name_or_path."""
+    if url is not None and model_path is not None:
+        raise ConfigError("--reward.remote_url and --reward.model_name_or_path are both set; choose one")
+    if model_path is not None:
+        return RewardModelFn(model_path, micro_batch_size=micro_batch_size)
     if url is None:
-        raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func) or builtin:math")
+        raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func), builtin:math, "
+                          "or --reward.model_name_or_path RM_FOLDER")
     return load_reward_file(BUILTIN_REWARDS.get(url, url))
 
 
@@ -69,7 +77,7 @@ def build_models(cfg: RLConfig):
     critic = None
     if cfg.algo.advantage.estimator == "gae":
         path, _ = resolve_model(cfg.critic.model_name_or_path or cfg.actor.model_name_or_path)
-        critic = Critic.from_causal_lm(path)
+        critic = Critic.from_reward_model(path) if is_reward_model_folder(path) else Critic.from_causal_lm(path)
     return policy, tokenizer, ref, critic
 
 
