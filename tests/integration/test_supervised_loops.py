@@ -112,14 +112,22 @@ def test_packed_loss_and_gradients_equal_padded(ws):
         torch.testing.assert_close(grads[True][1][k], g, rtol=1e-4, atol=1e-6, msg=k)
 
 
-def test_reward_model_separates_pairs_and_reloads_with_auto_class(ws, tmp_path):
-    from transformers import AutoModelForSequenceClassification
-
-    out = tmp_path / "rm"
+@pytest.fixture(scope="module")
+def rm_run(ws):
+    out = ws / "rm"
+    n = torch.get_num_threads()
     argv = ["train", "rm", *flags(model__model_name_or_path=ws / "tiny", data__dataset=ws / "pairs.jsonl",
                                   data__eval_split=0.25, train__batch_size=12, train__micro_batch_size=6,
                                   train__max_epochs=4, adam__lr=3e-3, ckpt__output_dir=out)]
     assert main(argv) == 0
+    torch.set_num_threads(n)
+    return out
+
+
+def test_reward_model_separates_pairs_and_reloads_with_auto_class(rm_run):
+    from transformers import AutoModelForSequenceClassification
+
+    out = rm_run
     summary = json.loads((out / "summary.json").read_text())
     assert summary["eval/accuracy"] > 0.9
     rm = AutoModelForSequenceClassification.from_pretrained(out / "final").eval()
@@ -213,3 +221,31 @@ def test_cli_rejects_bad_flags_in_one_line(ws, capsys):
     cfg = parse_config(SFTConfig, ["--pretrain", "p", "--dataset", "d", "--lora_rank", "8", "--packing_samples"],
                        SUPERVISED_ALIASES)
     assert (cfg.model.model_name_or_path, cfg.data.dataset, cfg.ds.lora.rank, cfg.ds.packing_samples) == ("p", "d", 8, True)
+
+
+def test_rl_with_trained_reward_model_and_critic_from_it(ws, rm_run, tmp_path):
+    from rlhfkit.models import Critic
+    from rlhfkit.models.reward import load_reward_model
+
+    # the critic starts as the reward model: its value at the last token is the RM score
+    rm = load_reward_model(rm_run / "final").eval()
+    critic = Critic.from_reward_model(rm_run / "final").eval()
+    ids = torch.tensor([[5, 17, 30, 41, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(critic(ids, torch.ones_like(ids))[0, -1], rm(input_ids=ids).logits[0, 0])
+    write(ws / "prompts.jsonl", [{"prompt": f"q{i}:"} for i in range(16)])
+    out = tmp_path / "ppo"
+    argv = ["train", "rl", "--actor.model_name_or_path", str(ws / "tiny"), "--data.prompt_dataset",
+            str(ws / "prompts.jsonl"), "--data.input_key", "prompt",
+            "--reward.model_name_or_path", str(rm_run / "final"), "--critic.model_name_or_path", str(rm_run / "final"),
+            "--algo.advantage.estimator", "gae", "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "2",
+            "--rollout.max_new_tokens", "4", "--train.batch_size", "16", "--train.micro_batch_size", "8",
+            "--train.max_steps", "2", "--actor.adam.lr", "1e-3", "--actor.autocast", "none",
+            "--logger.progress_bar", "false", "--train.num_threads", "1", "--ckpt.output_dir", str(out)]
+    assert main(argv) == 0
+    ms = metrics(out)
+    assert len(ms) == 2 and all("reward_extra/rm_score" in m and "value_loss" in m for m in ms)
+    # the reward is the RM score normalised by the mean/std stored in the RM's config
+    m0 = ms[0]
+    expected = (m0["reward_extra/rm_score"] - rm.config.mean) / rm.config.std
+    assert m0["reward"] == pytest.approx(expected, rel=1e-4, abs=1e-5)
