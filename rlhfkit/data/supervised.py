@@ -217,10 +217,10 @@ def load_pairs(path, fmt: TextFormat, prompt_key: str | None = "prompt", chosen_
             value = record.data[key]
             if is_messages(value):
                 sides.append(fmt.encode(value, None, f"{where}, key {key!r}", all_turns=False))
-            else:
-                if prompt_key is None or prompt_key not in record.data:
-                    require_key(record, prompt_key or "prompt", "--data.prompt_key", p)
-                sides.append(fmt.encode(record.data[prompt_key], value, f"{where}, key {key!r}", all_turns=False))
+            else:  # a response string: the prompt comes from prompt_key
+                require_key(record, prompt_key or "prompt", "--data.prompt_key", p)
+                prompt = record.data[prompt_key or "prompt"]
+                sides.append(fmt.encode(prompt, value, f"{where}, key {key!r}", all_turns=False))
         if max(sample_length(s) for s in sides) > max_len:
             skipped += 1
             continue
