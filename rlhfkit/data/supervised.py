@@ -87,6 +87,8 @@ class TextFormat:
                 last = max(i for i, (_, target) in enumerate(segments) if target)
                 segments = [(text, target and i == last) for i, (text, target) in enumerate(segments)]
             pieces = [(self._ids(text), target) for text, target in segments]
+            if not all_turns:
+                pieces = _end_at_eos(pieces, self.tokenizer.eos_token_id)
         else:
             text = _as_str(prompt, where)
             text = self.template.format(text) if self.template is not None else text
@@ -126,6 +128,17 @@ class TextFormat:
         if whole.startswith(done) and len(whole) > len(done):
             segments.append((whole[len(done):], False))
         return segments
+
+
+def _end_at_eos(pieces: list[tuple[list[int], bool]], eos: int | None) -> list[tuple[list[int], bool]]:
+    """A compared answer ends at its last EOS, as a generated response does: the template's text
+    after it (e.g. a newline after <|im_end|>) is dropped, so a reward model reads its score at the
+    same token in training and in RL (HF reads the last non-pad token, and pad is often EOS)."""
+    last = max(i for i, (_, target) in enumerate(pieces) if target)
+    ids = pieces[last][0]
+    if eos is not None and eos in ids:
+        ids = ids[: len(ids) - ids[::-1].index(eos)]
+    return pieces[:last] + [(ids, True)]
 
 
 def _as_messages(value: Any, where: str) -> list[dict]:

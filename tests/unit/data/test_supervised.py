@@ -100,3 +100,16 @@ def test_pack_positions_restart_and_response_positions_point_into_each_sample(tm
     pos = p.response_positions()
     assert pos[0, :2].tolist() == [1, 2] and pos[1].tolist() == [6, 7, 8]
     assert p.loss_mask.tolist() == [[True, True, False], [True, True, True]]
+
+
+def test_compared_answers_end_at_eos_like_generated_responses(tmp_path):
+    tok = tiny_tokenizer()
+    tok.chat_template = tok.chat_template.replace("<eos>' }}", "<eos>\n' }}")  # SmolLM2-style "\n" after EOS
+    f = write(tmp_path / "p.jsonl", [{"prompt": "q", "chosen": "ab", "rejected": "c"}])
+    (pair,), _ = load_pairs(f, TextFormat(tok, apply_chat_template=True))
+    assert "".join(tok.convert_ids_to_tokens(pair.chosen.response_ids.tolist())) == "ab<eos>"
+    # SFT keeps the template's text after EOS (it is not a target)
+    f2 = write(tmp_path / "s.jsonl", [{"input": "q", "output": "ab"}])
+    (s,), _ = load_sft(f2, TextFormat(tok, apply_chat_template=True))
+    assert tok.convert_ids_to_tokens(s.response_ids.tolist())[-2:] == ["<eos>", "\n"]
+    assert s.loss_mask.tolist()[-2:] == [True, True]
