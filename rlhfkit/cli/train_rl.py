@@ -83,7 +83,7 @@ def build_trainer(
         torch.set_num_threads(cfg.train.num_threads)
     executor = build_executor(cfg)
     if reward_fn is None and not executor.provides_rewards:  # an agent's step() gives the rewards
-        reward_fn = load_reward(cfg.reward)
+        reward_fn = load_reward(cfg.reward, cfg.train.micro_batch_size)
     policy, tokenizer, ref, critic = build_models(cfg)
     engine = build_engine(policy, tokenizer, cfg)
     prompts, skipped = tokenize_prompts(load_examples(tokenizer), tokenizer, cfg.data.prompt_max_len)

@@ -63,7 +63,7 @@ class ActorConfig:
 @dataclass(frozen=True)
 class CriticConfig:
     model_name_or_path: str | None = None
-    """Backbone of the critic for gae; defaults to the actor's model."""
+    """Backbone of the critic for gae (a reward-model folder: its backbone and score head); defaults to the actor's."""
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=9e-6))
     value_clip: float | None = 0.5
     max_norm: float = 1.0
@@ -80,6 +80,8 @@ class RewardConfig:
     remote_url: str | None = None
     """A Python file defining reward_func(queries, prompts, labels, **kwargs), builtin:NAME, or
     http(s):// reward server URLs (comma-separated: requests are sharded across them)."""
+    model_name_or_path: str | None = None
+    """A reward-model folder from `rlhfkit train rm`; reward = (score - mean) / std from its config."""
     request_timeout: float = 60.0
     """HTTP reward: seconds to wait for one request."""
     max_retries: int = 3
@@ -265,6 +267,8 @@ RL_ALIASES = {
     "label_key": "data.label_key",
     "apply_chat_template": "data.apply_chat_template",
     "remote_rm_url": "reward.remote_url",
+    "reward_pretrain": "reward.model_name_or_path",
+    "critic_pretrain": "critic.model_name_or_path",
     "advantage_estimator": "algo.advantage.estimator",
     "gamma": "algo.advantage.gamma",
     "lambd": "algo.advantage.lambd",

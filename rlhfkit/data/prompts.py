@@ -1,6 +1,6 @@
 """Prompt datasets for RL: read records from a file or folder and build the prompt strings.
 
-Sources (chosen by the path):
+Sources (read by rlhfkit.data.records, chosen by the path):
   *.jsonl          one JSON object per line (blank lines are skipped)
   *.json           a list of objects, or {"data": [...]}
   *.parquet        read with pyarrow
@@ -16,16 +16,15 @@ Determinism: shuffling uses a local `random.Random(shuffle_seed)`; the global RN
 
 from __future__ import annotations
 
-import json
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.data.records import SUPPORTED_SUFFIXES, Record, first_line, is_messages, read_records, require_key
 from rlhfkit.errors import ConfigError, DataError
 
-SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
+__all__ = ["SUPPORTED_SUFFIXES", "PromptExample", "load_prompts"]
 
 
 @dataclass
@@ -42,14 +41,6 @@ class PromptExample:
     label: Any | None
     raw: dict[str, Any]
     index: int
-
-
-@dataclass
-class _Record:
-    """A record with where it came from, for error messages ("line 3" or "record 3")."""
-
-    data: dict[str, Any]
-    where: str
 
 
 def load_prompts(
@@ -88,13 +79,11 @@ def load_prompts(
     """
     _check_arguments(tokenizer, apply_chat_template, input_template, max_samples)
     path = Path(path)
-    records = list(_read_records(path, split))
-    if not records:
-        raise DataError(f"{path}: the dataset is empty; give a file with at least one record")
+    records = read_records(path, split)
     for record in records:
-        _require_key(record, input_key, "input_key", path)
+        require_key(record, input_key, "input_key", path)
         if label_key is not None:
-            _require_key(record, label_key, "label_key", path)
+            require_key(record, label_key, "label_key", path)
 
     order = list(range(len(records)))
     if shuffle_seed is not None:
@@ -144,135 +133,12 @@ def _check_arguments(
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading sources
-# ---------------------------------------------------------------------------------------------
-
-
-def _read_records(path: Path, split: str) -> Iterator[_Record]:
-    """Yield the records of a file or HF folder, each with its location for error messages."""
-    if not path.exists():
-        raise DataError(f"{path}: no such file or folder; check the dataset path")
-    if path.is_dir():
-        yield from _read_hf_folder(path, split)
-    elif path.suffix == ".jsonl":
-        yield from _read_jsonl(path)
-    elif path.suffix == ".json":
-        yield from _read_json(path)
-    elif path.suffix == ".parquet":
-        yield from _read_parquet(path)
-    else:
-        raise DataError(
-            f"{path}: unsupported file type {path.suffix!r}; use one of "
-            f"{', '.join(SUPPORTED_SUFFIXES)} or a HF datasets folder"
-        )
-
-
-def _read_jsonl(path: Path) -> Iterator[_Record]:
-    """One JSON object per line; blank lines are skipped. Lines are numbered from 1."""
-    with path.open("rb") as f:
-        for lineno, raw_line in enumerate(f, start=1):
-            try:
-                line = raw_line.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(
-                    f"{path}, line {lineno}: bytes that are not UTF-8 (at column {exc.start + 1}); "
-                    "re-encode the file as UTF-8"
-                ) from exc
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{path}, line {lineno}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                    "each line must hold one JSON object"
-                ) from exc
-            if not isinstance(data, dict):
-                raise DataError(
-                    f"{path}, line {lineno}: expected a JSON object, got {type(data).__name__}"
-                )
-            yield _Record(data, f"line {lineno}")
-
-
-def _read_json(path: Path) -> Iterator[_Record]:
-    """A JSON list of objects, or an object whose "data" field is such a list."""
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        lineno = raw.count(b"\n", 0, exc.start) + 1
-        raise DataError(
-            f"{path}, line {lineno}: bytes that are not UTF-8; re-encode the file as UTF-8"
-        ) from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}, line {exc.lineno}: not valid JSON ({exc.msg})") from exc
-    if isinstance(data, dict) and "data" in data:
-        data = data["data"]
-    if not isinstance(data, list):
-        raise DataError(
-            f"{path}: expected a JSON list of objects or {{\"data\": [...]}}, "
-            f"got {type(data).__name__}"
-        )
-    for i, item in enumerate(data):
-        if not isinstance(item, dict):
-            raise DataError(
-                f"{path}, record {i}: expected a JSON object, got {type(item).__name__}"
-            )
-        yield _Record(item, f"record {i}")
-
-
-def _read_parquet(path: Path) -> Iterator[_Record]:
-    """Rows of a parquet file, as dicts."""
-    import pyarrow.parquet as pq
-
-    try:
-        rows = pq.read_table(path).to_pylist()
-    except Exception as exc:  # pyarrow raises several types for corrupt files
-        raise DataError(f"{path}: cannot read as parquet ({type(exc).__name__}: {exc})") from exc
-    for i, row in enumerate(rows):
-        yield _Record(row, f"record {i}")
-
-
-def _read_hf_folder(path: Path, split: str) -> Iterator[_Record]:
-    """Rows of a `datasets` folder; from a DatasetDict, the rows of `split`."""
-    import datasets
-
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except Exception as exc:  # datasets raises FileNotFoundError, ValueError, ...
-        raise DataError(
-            f"{path}: not a HF datasets folder written by save_to_disk "
-            f"({type(exc).__name__}: {_first_line(exc)})"
-        ) from exc
-    suffix = ""
-    if isinstance(ds, datasets.DatasetDict):
-        suffix = f" of split {split!r}"
-        if split not in ds:
-            raise DataError(
-                f"{path}: no split {split!r}; the folder has splits {sorted(ds.keys())}"
-            )
-        ds = ds[split]
-    for i, row in enumerate(ds):
-        yield _Record(dict(row), f"record {i}{suffix}")
-
-
-# ---------------------------------------------------------------------------------------------
 # Building prompt text
 # ---------------------------------------------------------------------------------------------
 
 
-def _require_key(record: _Record, key: str, arg: str, path: Path) -> None:
-    if key not in record.data:
-        raise DataError(
-            f"{path}, {record.where}: no key {key!r} ({arg}); the record has keys "
-            f"{sorted(record.data.keys())}; set {arg} to one of them"
-        )
-
-
 def _build_text(
-    record: _Record,
+    record: Record,
     input_key: str,
     path: Path,
     tokenizer: Any,
@@ -285,7 +151,7 @@ def _build_text(
     if apply_chat_template:
         if isinstance(value, str):
             messages = [{"role": "user", "content": value}]
-        elif _is_messages(value):
+        elif is_messages(value):
             messages = value
         else:
             raise DataError(
@@ -299,29 +165,15 @@ def _build_text(
         except Exception as exc:  # jinja / transformers raise many types
             raise DataError(
                 f"{where}: the tokenizer's chat template failed ({type(exc).__name__}: "
-                f"{_first_line(exc)}); give a tokenizer with a chat_template that accepts these "
+                f"{first_line(exc)}); give a tokenizer with a chat_template that accepts these "
                 "messages, or use input_template instead"
             ) from exc
         if not isinstance(text, str):
             raise DataError(f"{where}: the chat template returned {type(text).__name__}, not str")
         return text
     if not isinstance(value, str):
-        hint = " (a message list needs apply_chat_template=True)" if _is_messages(value) else ""
+        hint = " (a message list needs apply_chat_template=True)" if is_messages(value) else ""
         raise DataError(f"{where}: expected a string, got {type(value).__name__}{hint}")
     if input_template is not None:
         return input_template.format(value)
     return value
-
-
-def _is_messages(value: Any) -> bool:
-    """True for a non-empty list of dicts that each have "role" and "content"."""
-    return (
-        isinstance(value, list)
-        and len(value) > 0
-        and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
-    )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -56,6 +56,20 @@ class Critic(nn.Module):
         backbone = copy.deepcopy(decoder) if lm is path_or_model else decoder
         return cls(backbone)
 
+    @classmethod
+    def from_reward_model(cls, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Critic:
+        """A critic initialised from a reward model folder (`rlhfkit train rm`): its backbone, and
+        its `score` head as the value head (bias 0), so initial values are the RM's scores."""
+        from rlhfkit.models.reward import load_reward_model, score_head
+
+        backbone, head = score_head(load_reward_model(path, dtype=dtype))
+        critic = cls(backbone)
+        with torch.no_grad():
+            critic.value_head.weight.copy_(head.weight)
+            if head.bias is not None:
+                critic.value_head.bias.copy_(head.bias)
+        return critic
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """input_ids, attention_mask [B, L] (right-padded) -> values [B, L] float32."""
         hidden = self._hidden(input_ids, attention_mask)

@@ -37,19 +37,24 @@ def split_backbone(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mo
 
 
 def response_logits(model: torch.nn.Module, batch) -> torch.Tensor:
-    """Logits [B, R, V] that predict each response token of `batch` (a TokenBatch).
+    """Logits [B, R, V] that predict each response token of `batch` (a TokenBatch, or a
+    data.packing.PackedBatch whose single row holds all B samples).
 
     Llama-like models run backbone + LM head at the R gathered positions only; any other
     model falls back to a full forward and a gather.
     """
     positions = batch.response_positions().to(batch.input_ids.device)
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
+    if getattr(batch, "position_ids", None) is not None:  # a PackedBatch: one row, B samples
+        inputs["position_ids"] = batch.position_ids
+    rows = positions.shape[0]
     parts = split_backbone(model)
     if parts is None:
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-        return gather_positions(logits, positions)
+        logits = model(**inputs).logits
+        return gather_positions(logits.expand(rows, -1, -1), positions)
     backbone, head = parts
-    out = backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    return head(gather_positions(out.last_hidden_state, positions))
+    hidden = backbone(**inputs).last_hidden_state
+    return head(gather_positions(hidden.expand(rows, -1, -1), positions))
 
 
 def response_logprobs(

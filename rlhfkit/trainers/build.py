@@ -12,9 +12,11 @@ from rlhfkit.config.rl import RewardConfig, RLConfig
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models import Critic, load_causal_lm, load_tokenizer, materialize_smollm2
 from rlhfkit.rewards.guard import TimeLimitedReward
+from rlhfkit.models.reward import is_reward_model_folder
 from rlhfkit.rewards.loader import load_reward_file
 from rlhfkit.rewards.remote import RemoteRewardFn, is_url
 from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.trainers.reward_model import RewardModelFn
 from rlhfkit.trainers.rl import PromptItem
 
 _PKG = Path(__file__).resolve().parents[1]
@@ -41,14 +43,20 @@ def load_policy(name_or_path: str, dtype: str):
     return model, tokenizer
 
 
-def load_reward(reward: RewardConfig | str | None):
-    """A reward file, builtin:NAME, or http(s) reward server URL(s) -> a RewardFn. A local function
-    must return within --reward.timeout seconds; a server request within --reward.request_timeout."""
-    url = reward.remote_url if isinstance(reward, RewardConfig) else reward
-    r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=url)
+def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8):
+    """A reward file, builtin:NAME, http(s) reward server URL(s), or a reward-model folder
+    (--reward.model_name_or_path) -> a RewardFn. A local function must return within
+    --reward.timeout seconds; a server request within --reward.request_timeout."""
+    r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=reward)
+    url, model_path = r.remote_url, r.model_name_or_path
+    if url is not None and model_path is not None:
+        raise ConfigError("--reward.remote_url and --reward.model_name_or_path are both set; choose one")
+    if model_path is not None:
+        return RewardModelFn(model_path, micro_batch_size=micro_batch_size)
     if url is None:
         raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func), builtin:math, "
-                          "http://HOST:PORT/get_reward, or an agent with --agent.func_path")
+                          "http://HOST:PORT/get_reward, --reward.model_name_or_path RM_FOLDER, "
+                          "or an agent with --agent.func_path")
     if is_url(url):
         return RemoteRewardFn(url.split(","), timeout=r.request_timeout, max_retries=r.max_retries,
                               batch_size=r.request_batch_size, token=r.auth_token)
@@ -91,7 +99,7 @@ def build_models(cfg: RLConfig):
     critic = None
     if cfg.algo.advantage.estimator == "gae":
         path, _ = resolve_model(cfg.critic.model_name_or_path or cfg.actor.model_name_or_path)
-        critic = Critic.from_causal_lm(path)
+        critic = Critic.from_reward_model(path) if is_reward_model_folder(path) else Critic.from_causal_lm(path)
     return policy, tokenizer, ref, critic
 
 

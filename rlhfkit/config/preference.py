@@ -1,0 +1,87 @@
+"""Typed configuration of `rlhfkit train rm`, `train dpo` and `train kto` (sections shared with
+config/sft.py; aliases in `SUPERVISED_ALIASES`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlhfkit.config.rl import AdamConfig
+from rlhfkit.config.sft import (
+    DSConfig,
+    ModelConfig,
+    SupervisedCkptConfig,
+    SupervisedDataConfig,
+    SupervisedLoggerConfig,
+    SupervisedTrainConfig,
+    require,
+    validate_common,
+)
+
+
+@dataclass(frozen=True)
+class RMConfig:
+    """`rlhfkit train rm`: Bradley-Terry reward model."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
+    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
+    adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=9e-6))
+    ds: DSConfig = field(default_factory=DSConfig)
+    ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/rm"))
+    logger: SupervisedLoggerConfig = field(default_factory=SupervisedLoggerConfig)
+
+
+@dataclass(frozen=True)
+class PolicyModelConfig(ModelConfig):
+    beta: float = 0.1
+    """Temperature of the implicit reward beta * log(pi / ref)."""
+    ipo_enable: bool = False
+    """DPO only: IPO's squared loss instead of the logistic one."""
+    label_smoothing: float = 0.0
+    """DPO only: cDPO's probability that a preference label is flipped."""
+    desirable_weight: float = 1.0
+    """KTO only: weight of desirable examples."""
+    undesirable_weight: float = 1.0
+    """KTO only: weight of undesirable examples."""
+
+
+@dataclass(frozen=True)
+class RefModelConfig:
+    model_name_or_path: str | None = None
+    """Frozen reference; defaults to the policy's initial weights."""
+
+
+@dataclass(frozen=True)
+class DPOConfig:
+    """`rlhfkit train dpo` (DPO / IPO / cDPO) and `rlhfkit train kto`."""
+
+    model: PolicyModelConfig = field(default_factory=PolicyModelConfig)
+    ref: RefModelConfig = field(default_factory=RefModelConfig)
+    data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
+    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
+    adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=5e-7))
+    ds: DSConfig = field(default_factory=DSConfig)
+    ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/dpo"))
+    logger: SupervisedLoggerConfig = field(default_factory=SupervisedLoggerConfig)
+
+
+def validate_rm(cfg: RMConfig) -> RMConfig:
+    validate_common(cfg)
+    require(not cfg.ds.packing_samples, "--ds.packing_samples is not supported by train rm (scores are read at "
+            "each sample's last token of a padded batch); drop the flag")
+    return cfg
+
+
+def validate_dpo(cfg: DPOConfig, kind: str = "dpo") -> DPOConfig:
+    validate_common(cfg)
+    m = cfg.model
+    require(m.beta > 0, f"--model.beta must be > 0 (got {m.beta})")
+    require(0 <= m.label_smoothing < 0.5, f"--model.label_smoothing must be in [0, 0.5) (got {m.label_smoothing})")
+    require(not (m.ipo_enable and m.label_smoothing > 0),
+            "--model.ipo_enable and --model.label_smoothing are exclusive (cDPO smooths the logistic DPO loss)")
+    if kind == "kto":
+        require(not m.ipo_enable and m.label_smoothing == 0,
+                "--model.ipo_enable / --model.label_smoothing are DPO options; train kto does not use them")
+        require(cfg.train.micro_batch_size >= 2, "train kto needs --train.micro_batch_size >= 2 (its KL reference "
+                "point pairs each prompt with another sample's response)")
+    return cfg

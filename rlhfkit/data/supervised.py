@@ -1,0 +1,267 @@
+"""SFT, preference-pair and unpaired (KTO) datasets, tokenized into prompt + response samples.
+
+Records come from `data.records` (jsonl / json / parquet / datasets folders). Each becomes a
+`TokenSample`: `prompt_ids` (never trained on) and `response_ids` with a bool `loss_mask`
+(True = a target token). The layout is the one `data.batch.collate` pads and
+`models.response_logprobs` scores, so every supervised loss reuses the RL forward.
+
+How the text is built:
+  * plain strings: prompt = `input_template.format(input)` (or the input as is), response =
+    the output followed by the EOS token;
+  * `apply_chat_template`: the conversation is rendered by the tokenizer's chat template, turn by
+    turn. A record is a message list (`input_key` holds [{"role", "content"}, ...]) or a
+    (prompt, response) pair made into [user, assistant]. In SFT every assistant turn is a target
+    (multi-turn); in preference data only the last assistant turn (the compared answer) is.
+The rendering of each prefix must be a prefix of the next rendering (true of ordinary
+templates); otherwise a DataError says which record breaks it. Samples longer than `max_len`
+tokens are skipped and counted. Shuffling uses `random.Random(seed)`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhfkit.data.records import Record, first_line, is_messages, read_records, require_key
+from rlhfkit.errors import ConfigError, DataError
+
+
+@dataclass
+class TokenSample:
+    """One tokenized example. P = prompt length (>= 1), R = response length.
+
+    prompt_ids   LongTensor [P]
+    response_ids LongTensor [R]   everything after the prompt
+    loss_mask    BoolTensor [R]   True = a target token (assistant tokens; False on later user turns)
+    """
+
+    prompt_ids: torch.Tensor
+    response_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    index: int = 0
+
+
+@dataclass
+class PairSample:
+    """A preference pair: the same prompt with a chosen and a rejected response."""
+
+    chosen: TokenSample
+    rejected: TokenSample
+    index: int = 0
+
+
+@dataclass
+class LabeledSample:
+    """An unpaired example for KTO: a response marked desirable (True) or undesirable (False)."""
+
+    sample: TokenSample
+    desirable: bool
+    index: int = 0
+
+
+class TextFormat:
+    """Turns prompt / response values of a record into a `TokenSample` with one tokenizer."""
+
+    def __init__(self, tokenizer: Any, apply_chat_template: bool = False, input_template: str | None = None):
+        if apply_chat_template and input_template is not None:
+            raise ConfigError("--data.input_template and --data.apply_chat_template are both set; choose one")
+        if apply_chat_template and getattr(tokenizer, "chat_template", None) is None:
+            raise ConfigError("--data.apply_chat_template needs a tokenizer with a chat_template; this one has none")
+        if input_template is not None and "{}" not in input_template:
+            raise ConfigError(f"--data.input_template {input_template!r} has no '{{}}' for the input")
+        self.tokenizer, self.chat, self.template = tokenizer, apply_chat_template, input_template
+
+    def encode(self, prompt: Any, response: Any, where: str, all_turns: bool) -> TokenSample:
+        """prompt: a string or a message list; response: a string, or None when `prompt` is a
+        whole conversation. `all_turns`: every assistant turn is a target, else only the last."""
+        if self.chat:
+            messages = _as_messages(prompt, where)
+            if response is not None:
+                messages = messages + [{"role": "assistant", "content": _as_str(response, where)}]
+            segments = self._chat_segments(messages, where)
+            if not all_turns:  # only the final assistant turn is the answer
+                last = max(i for i, (_, target) in enumerate(segments) if target)
+                segments = [(text, target and i == last) for i, (text, target) in enumerate(segments)]
+            pieces = [(self._ids(text), target) for text, target in segments]
+            if not all_turns:
+                pieces = _end_at_eos(pieces, self.tokenizer.eos_token_id)
+        else:
+            text = _as_str(prompt, where)
+            text = self.template.format(text) if self.template is not None else text
+            answer = self._ids(_as_str(response, where)) + [self.tokenizer.eos_token_id]
+            pieces = [(self._ids(text), False), (answer, True)]
+        return _to_sample(pieces, where)
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def _render(self, messages: list[dict], generation_prompt: bool, where: str) -> str:
+        if not messages:
+            return ""
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        except Exception as exc:  # jinja / transformers raise many types
+            raise DataError(f"{where}: the tokenizer's chat template failed ({type(exc).__name__}: "
+                            f"{first_line(exc)}); fix the messages or the template") from exc
+
+    def _chat_segments(self, messages: list[dict], where: str) -> list[tuple[str, bool]]:
+        """[(text, is_target)]: the conversation cut at the start and end of each assistant turn."""
+        segments, done = [], ""
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            prefix = self._render(messages[:i], True, where)
+            full = self._render(messages[: i + 1], False, where)
+            if not (prefix.startswith(done) and full.startswith(prefix)):
+                raise DataError(f"{where}: the chat template does not render turn {i} as an extension of the "
+                                "turns before it, so the assistant tokens cannot be located; use plain "
+                                "input/output strings without --data.apply_chat_template")
+            segments += [(prefix[len(done):], False), (full[len(prefix):], True)]
+            done = full
+        if not segments:
+            raise DataError(f"{where}: the conversation has no assistant turn to train on")
+        whole = self._render(messages, False, where)
+        if whole.startswith(done) and len(whole) > len(done):
+            segments.append((whole[len(done):], False))
+        return segments
+
+
+def _end_at_eos(pieces: list[tuple[list[int], bool]], eos: int | None) -> list[tuple[list[int], bool]]:
+    """A compared answer ends at its last EOS, as a generated response does: the template's text
+    after it (e.g. a newline after <|im_end|>) is dropped, so a reward model reads its score at the
+    same token in training and in RL (HF reads the last non-pad token, and pad is often EOS)."""
+    last = max(i for i, (_, target) in enumerate(pieces) if target)
+    ids = pieces[last][0]
+    if eos is not None and eos in ids:
+        ids = ids[: len(ids) - ids[::-1].index(eos)]
+    return pieces[:last] + [(ids, True)]
+
+
+def _as_messages(value: Any, where: str) -> list[dict]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if is_messages(value):
+        return list(value)
+    raise DataError(f"{where}: expected a string or a list of {{'role', 'content'}} messages, got {type(value).__name__}")
+
+
+def _as_str(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    hint = " (a message list needs --data.apply_chat_template)" if is_messages(value) else ""
+    raise DataError(f"{where}: expected a string, got {type(value).__name__}{hint}")
+
+
+def _to_sample(pieces: list[tuple[list[int], bool]], where: str) -> TokenSample:
+    """Concatenate token pieces; the prompt is everything before the first target token."""
+    ids = [t for piece, _ in pieces for t in piece]
+    mask = [target for piece, target in pieces for _ in piece]
+    if not any(mask):
+        raise DataError(f"{where}: the response is empty after tokenization; give a non-empty output")
+    p = max(mask.index(True), 1)  # a response token needs a position before it to be predicted
+    return TokenSample(torch.tensor(ids[:p], dtype=torch.long), torch.tensor(ids[p:], dtype=torch.long),
+                       torch.tensor(mask[p:], dtype=torch.bool))
+
+
+def sample_length(s: TokenSample) -> int:
+    return int(s.prompt_ids.numel() + s.response_ids.numel())
+
+
+def _records(path: str | Path, keys: dict[str, str | None], max_samples: int | None, seed: int | None,
+             split: str) -> list[tuple[int, Record, Path]]:
+    """Records with every needed key present (checked before any tokenization), shuffled, cut."""
+    if max_samples is not None and max_samples < 1:
+        raise ConfigError(f"--data.max_samples must be >= 1 (got {max_samples})")
+    path = Path(path)
+    records = read_records(path, split)
+    for record in records:
+        for flag, key in keys.items():
+            if key is not None:
+                require_key(record, key, flag, path)
+    order = list(range(len(records)))
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    if max_samples is not None:
+        order = order[:max_samples]
+    return [(i, records[i], path) for i in order]
+
+
+def load_sft(path, fmt: TextFormat, input_key: str = "input", output_key: str | None = "output",
+             max_len: int = 2048, max_samples: int | None = None, seed: int | None = None,
+             split: str = "train") -> tuple[list[TokenSample], int]:
+    """SFT samples and the number skipped for exceeding `max_len`. With `output_key` None (or
+    absent from every record) `input_key` must hold a whole conversation (chat template)."""
+    rows = _records(path, {"--data.input_key": input_key}, max_samples, seed, split)
+    if output_key is not None and all(output_key not in r.data for _, r, _ in rows):
+        if not all(is_messages(r.data[input_key]) for _, r, _ in rows):
+            require_key(rows[0][1], output_key, "--data.output_key", rows[0][2])
+        output_key = None  # conversations: every assistant turn is a target
+    samples, skipped = [], 0
+    for i, record, p in rows:
+        where = f"{p}, {record.where}"
+        if output_key is not None:
+            require_key(record, output_key, "--data.output_key", p)
+        response = record.data[output_key] if output_key is not None else None
+        s = fmt.encode(record.data[input_key], response, f"{where}, key {input_key!r}", all_turns=True)
+        s.index = i
+        if sample_length(s) > max_len:
+            skipped += 1
+            continue
+        samples.append(s)
+    return _nonempty(samples, skipped, max_len, path), skipped
+
+
+def load_pairs(path, fmt: TextFormat, prompt_key: str | None = "prompt", chosen_key: str = "chosen",
+               rejected_key: str = "rejected", max_len: int = 2048, max_samples: int | None = None,
+               seed: int | None = None, split: str = "train") -> tuple[list[PairSample], int]:
+    """Preference pairs. chosen/rejected are strings (with `prompt_key`), or whole conversations
+    (message lists whose last assistant turn is the compared answer; `prompt_key` may be None)."""
+    keys = {"--data.chosen_key": chosen_key, "--data.rejected_key": rejected_key}
+    rows = _records(path, keys, max_samples, seed, split)
+    pairs, skipped = [], 0
+    for i, record, p in rows:
+        where = f"{p}, {record.where}"
+        sides = []
+        for key in (chosen_key, rejected_key):
+            value = record.data[key]
+            if is_messages(value):
+                sides.append(fmt.encode(value, None, f"{where}, key {key!r}", all_turns=False))
+            else:  # a response string: the prompt comes from prompt_key
+                require_key(record, prompt_key or "prompt", "--data.prompt_key", p)
+                prompt = record.data[prompt_key or "prompt"]
+                sides.append(fmt.encode(prompt, value, f"{where}, key {key!r}", all_turns=False))
+        if max(sample_length(s) for s in sides) > max_len:
+            skipped += 1
+            continue
+        pairs.append(PairSample(sides[0], sides[1], i))
+    return _nonempty(pairs, skipped, max_len, path), skipped
+
+
+def load_unpaired(path, fmt: TextFormat, prompt_key: str = "prompt", output_key: str = "output",
+                  label_key: str = "label", max_len: int = 2048, max_samples: int | None = None,
+                  seed: int | None = None, split: str = "train") -> tuple[list[LabeledSample], int]:
+    """KTO examples: (prompt, output, label) with a boolean label (True = desirable)."""
+    keys = {"--data.prompt_key": prompt_key, "--data.output_key": output_key, "--data.label_key": label_key}
+    rows = _records(path, keys, max_samples, seed, split)
+    out, skipped = [], 0
+    for i, record, p in rows:
+        where = f"{p}, {record.where}"
+        label = record.data[label_key]
+        if not isinstance(label, bool):
+            raise DataError(f"{where}, key {label_key!r}: expected true or false, got {label!r}")
+        s = fmt.encode(record.data[prompt_key], record.data[output_key], where, all_turns=False)
+        if sample_length(s) > max_len:
+            skipped += 1
+            continue
+        out.append(LabeledSample(s, label, i))
+    return _nonempty(out, skipped, max_len, path), skipped
+
+
+def _nonempty(items: list, skipped: int, max_len: int, path: Path) -> list:
+    if not items:
+        raise DataError(f"{path}: all {skipped} samples are longer than --data.max_len {max_len} tokens; raise it")
+    return items

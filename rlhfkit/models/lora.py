@@ -1,0 +1,70 @@
+"""LoRA adapters through peft (Hu et al. 2021, arXiv:2106.09685), and merging them back.
+
+`add_lora` freezes the base weights and injects trainable rank-`rank` adapters into the named
+modules; saving writes peft's `adapter_config.json` + `adapter_model.safetensors` (the base
+folder is recorded in it). `merge_lora` folds an adapter into its base and writes a plain HF
+folder that `AutoModelForCausalLM.from_pretrained` loads without peft.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from rlhfkit.errors import ModelError
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def add_lora(model: torch.nn.Module, rank: int, alpha: int, target_modules: tuple[str, ...] | str,
+             dropout: float = 0.0, task_type: str = "CAUSAL_LM") -> torch.nn.Module:
+    """Wrap `model` in a peft model with LoRA adapters; only the adapters require grad.
+
+    target_modules: module names (e.g. ("q_proj", "v_proj")) or "all-linear".
+    task_type: CAUSAL_LM, or SEQ_CLS for a reward model (its `score` head then trains too).
+    """
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
+                        task_type=getattr(TaskType, task_type), bias="none")
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        raise ModelError(f"--ds.lora.target_modules {target_modules}: {exc}") from exc
+
+
+def is_adapter_folder(path: str | os.PathLike) -> bool:
+    return (Path(path).expanduser() / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(path: str | os.PathLike) -> str:
+    """The base model folder recorded in an adapter folder."""
+    cfg = json.loads((Path(path).expanduser() / ADAPTER_CONFIG).read_text())
+    return cfg.get("base_model_name_or_path") or ""
+
+
+def merge_lora(adapter_path: str | os.PathLike, base_path: str | os.PathLike | None, output_dir: str | os.PathLike,
+               dtype: torch.dtype = torch.float32) -> Path:
+    """Fold the adapter at `adapter_path` into its base (default: the one it records) and save a
+    full HF folder (safetensors + the adapter folder's tokenizer) to `output_dir`."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter = Path(adapter_path).expanduser()
+    if not is_adapter_folder(adapter):
+        raise ModelError(f"{adapter}: no {ADAPTER_CONFIG}; pass the folder `rlhfkit train sft --ds.lora.rank N` saved")
+    base = Path(base_path or adapter_base(adapter)).expanduser()
+    if not (base / "config.json").is_file():
+        raise ModelError(f"base model {base} not found (recorded in {adapter / ADAPTER_CONFIG}); pass --lora.base")
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, local_files_only=True)
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(out, safe_serialization=True)
+    tok_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base
+    AutoTokenizer.from_pretrained(tok_dir, local_files_only=True).save_pretrained(out)
+    return out

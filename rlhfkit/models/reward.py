@@ -1,0 +1,89 @@
+"""Reward models: a causal-LM backbone with a scalar `score` head read at the last token.
+
+A reward model is an HF `*ForSequenceClassification` with `num_labels=1` (for Llama,
+`LlamaForSequenceClassification`: `model` backbone + bias-free `score` Linear). HF reads the
+score at the last token that is not `pad_token_id`, so the folder we save loads with
+`AutoModelForSequenceClassification.from_pretrained(path)` and gives the same scores as
+training did. Normalisation statistics are stored in its config as `mean` and `std`
+(OpenRLHF's names): a normalised reward is `(score - mean) / std`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from rlhfkit.errors import ModelError
+
+
+def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.dtype = torch.float32,
+                      seed: int = 0) -> torch.nn.Module:
+    """A reward model on the backbone of the causal LM in folder `path`; the new `score` head is
+    initialised from `seed` (normal, std 1/sqrt(hidden+1), as OpenRLHF) without touching the
+    global RNG."""
+    from transformers import AutoModelForSequenceClassification
+
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"{folder}: no config.json; pass a local HF model folder (or `smollm2`)")
+    rng = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            folder, num_labels=1, dtype=dtype, local_files_only=True, pad_token_id=pad_token_id)
+        head = model.score
+        torch.nn.init.normal_(head.weight, std=1.0 / (model.config.hidden_size + 1) ** 0.5)
+        if getattr(head, "bias", None) is not None:
+            torch.nn.init.zeros_(head.bias)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot build a reward model on {folder}: {exc}") from exc
+    finally:
+        torch.random.set_rng_state(rng)
+    model.config.pad_token_id = pad_token_id
+    return model
+
+
+def load_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A reward model saved by `rlhfkit train rm` (any HF sequence-classification folder)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    folder = Path(path).expanduser()
+    if not is_reward_model_folder(folder):
+        raise ModelError(f"{folder} is not a reward-model folder (its config.json names no "
+                         "*ForSequenceClassification architecture); train one with `rlhfkit train rm`")
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    if config.num_labels != 1:
+        raise ModelError(f"{folder}: a reward model has num_labels=1, this one has {config.num_labels}")
+    return AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype, local_files_only=True)
+
+
+def is_reward_model_folder(path: str | os.PathLike) -> bool:
+    import json
+
+    cfg = Path(path).expanduser() / "config.json"
+    if not cfg.is_file():
+        return False
+    archs = json.loads(cfg.read_text()).get("architectures") or []
+    return any(a.endswith("ForSequenceClassification") for a in archs)
+
+
+def reward_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """input_ids, attention_mask [B, L] right-padded -> scores [B] float32 (raw, not normalised)."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return out.logits.squeeze(-1).float()
+
+
+def normalization(model: torch.nn.Module) -> tuple[float, float]:
+    """(mean, std) stored in the reward model's config; (0, 1) when absent."""
+    return float(getattr(model.config, "mean", 0.0)), float(getattr(model.config, "std", 1.0))
+
+
+def score_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear]:
+    """(backbone, score head) of a sequence-classification reward model."""
+    backbone = getattr(model, model.base_model_prefix, None)
+    head = getattr(model, "score", None)
+    if backbone is None or not isinstance(head, torch.nn.Linear):
+        raise ModelError(f"{type(model).__name__} has no backbone + `score` Linear head to reuse")
+    return backbone, head

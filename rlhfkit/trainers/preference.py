@@ -1,0 +1,159 @@
+"""Preference training on the supervised step loop: reward models (Bradley-Terry), DPO / IPO /
+cDPO, and KTO. Each trainer supplies only its micro-batch loss; the math is core's
+(`pairwise_loss`, `dpo_loss`, `kto_loss`), the logprob forward is `models.response_logprobs`.
+
+A micro-batch of b pairs is one batch of 2b rows (chosen rows, then rejected rows). Losses from
+core are means over the micro-batch; multiplying by b / (pairs in the step) makes the sum over
+micro-batches the mean over the optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from rlhfkit.core.losses import dpo_loss, kto_loss, pairwise_loss
+from rlhfkit.core.masks import masked_sum
+from rlhfkit.data.batch import collate
+from rlhfkit.data.supervised import TokenSample
+from rlhfkit.models import response_logprobs
+from rlhfkit.models.reward import reward_scores
+from rlhfkit.trainers.rl import autocast_ctx
+from rlhfkit.trainers.supervised import StepLoop, build_learner, make_batch, planned_steps
+
+
+class _PreferenceTrainer:
+    def __init__(self, cfg, model: torch.nn.Module, tokenizer, items: Sequence, eval_items: Sequence = (),
+                 tracker=None):
+        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+        self.eval_items = list(eval_items)
+        self.learner = build_learner(model, cfg.adam, cfg.train, planned_steps(len(items), cfg.train))
+        self.loop = StepLoop(self.learner, items, cfg.train, tracker, self.evaluate if self.eval_items else None)
+
+    def fit(self) -> list[dict[str, float]]:
+        return self.loop.fit(self.micro_loss)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Metrics of the loss on the eval items, averaged over micro-batches by item count."""
+        self.model.eval()
+        sums: dict[str, float] = {}
+        mbs = self.cfg.train.micro_batch_size
+        for i in range(0, len(self.eval_items), mbs):
+            _, metrics = self.micro_loss(self.eval_items[i : i + mbs], self.eval_items)
+            for k, v in metrics.items():
+                sums[f"eval/{k}"] = sums.get(f"eval/{k}", 0.0) + v
+        self.model.train()
+        return sums
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+        return path
+
+
+# ---------------------------------------------------------------------------------- reward model
+
+
+class RMTrainer(_PreferenceTrainer):
+    """Bradley-Terry: loss = mean(-log sigmoid(r(chosen) - r(rejected))), r read at the last token."""
+
+    def scores(self, samples: Sequence[TokenSample]) -> torch.Tensor:
+        batch = collate(samples, self.tokenizer.pad_token_id)
+        with autocast_ctx(self.cfg.model.autocast):
+            return reward_scores(self.model, batch.input_ids, batch.attention_mask)
+
+    def micro_loss(self, pairs: list, step_pairs: list) -> tuple[torch.Tensor, dict[str, float]]:
+        b, w = len(pairs), len(pairs) / len(step_pairs)
+        s = self.scores([p.chosen for p in pairs] + [p.rejected for p in pairs])
+        loss, m = pairwise_loss(s[:b], s[b:])
+        return loss * w, {"loss": float(loss.detach()) * w, "accuracy": float(m["accuracy"]) * w,
+                          "reward_margin": float(m["reward_margin"]) * w,
+                          "chosen_reward": float(s[:b].detach().mean()) * w,
+                          "rejected_reward": float(s[b:].detach().mean()) * w}
+
+    @torch.no_grad()
+    def reward_stats(self, pairs: Sequence) -> tuple[float, float]:
+        """Mean and std of the scores of every chosen and rejected response in `pairs`."""
+        self.model.eval()
+        mbs, out = self.cfg.train.micro_batch_size, []
+        for i in range(0, len(pairs), mbs):
+            chunk = pairs[i : i + mbs]
+            out.append(self.scores([p.chosen for p in chunk] + [p.rejected for p in chunk]))
+        s = torch.cat(out)
+        return float(s.mean()), float(s.std(unbiased=False).clamp(min=1e-6))
+
+    def save(self, path: str | Path, mean: float = 0.0, std: float = 1.0) -> Path:
+        """A full sequence-classification folder (LoRA merged) with `mean`/`std` in its config."""
+        if hasattr(self.model, "merge_and_unload"):
+            self.model = self.model.merge_and_unload()
+        self.model.config.mean, self.model.config.std = mean, std
+        return super().save(path)
+
+
+# ---------------------------------------------------------------------------------- DPO
+
+
+def sequence_logprobs(model, samples: Sequence, pad_id: int, packing: bool, autocast: str | None) -> torch.Tensor:
+    """Summed response logprobs [N] of each sample (N = len(samples))."""
+    batch = make_batch(samples, pad_id, packing)
+    with autocast_ctx(autocast):
+        logp = response_logprobs(model, batch)[0].float()
+    return masked_sum(logp, batch.loss_mask, dim=-1)
+
+
+class DPOTrainer(_PreferenceTrainer):
+    """DPO (Rafailov et al. 2023), IPO (`--model.ipo_enable`), cDPO (`--model.label_smoothing`)
+    against a frozen reference model."""
+
+    def __init__(self, cfg, model, tokenizer, items, eval_items=(), tracker=None, ref=None):
+        super().__init__(cfg, model, tokenizer, items, eval_items, tracker)
+        self.ref = ref
+
+    def seq_logp(self, model, samples) -> torch.Tensor:
+        return sequence_logprobs(model, samples, self.tokenizer.pad_token_id, self.cfg.ds.packing_samples,
+                                 self.cfg.model.autocast)
+
+    def micro_loss(self, pairs: list, step_pairs: list) -> tuple[torch.Tensor, dict[str, float]]:
+        b, w, m = len(pairs), len(pairs) / len(step_pairs), self.cfg.model
+        rows = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+        pi = self.seq_logp(self.model, rows)
+        with torch.no_grad():
+            ref = self.seq_logp(self.ref, rows)
+        loss, met = dpo_loss(pi[:b], pi[b:], ref[:b], ref[b:], beta=m.beta, label_smoothing=m.label_smoothing,
+                             ipo=m.ipo_enable)
+        return loss * w, {"loss": float(loss.detach()) * w, "accuracy": float(met["accuracy"]) * w,
+                          "margin": float(met["margin"]) * w,
+                          "chosen_reward": float(met["chosen_rewards"].mean()) * w,
+                          "rejected_reward": float(met["rejected_rewards"].mean()) * w}
+
+
+class KTOTrainer(DPOTrainer):
+    """KTO (Ethayarajh et al. 2024) on unpaired desirable / undesirable examples.
+
+    The reference point uses mismatched pairs: the prompt of example i with the response of
+    example i+1 (mod b) of the same micro-batch (OpenRLHF shifts by one within a batch too).
+    Departure: the mismatched pair is made by concatenating tokens, not by re-rendering text.
+    """
+
+    def micro_loss(self, items: list, step_items: list) -> tuple[torch.Tensor, dict[str, float]]:
+        b, w, m = len(items), len(items) / len(step_items), self.cfg.model
+        samples = [it.sample for it in items]
+        kl = [TokenSample(samples[i].prompt_ids, samples[(i + 1) % b].response_ids, samples[(i + 1) % b].loss_mask)
+              for i in range(b)]
+        good = torch.tensor([it.desirable for it in items])
+        pi = self.seq_logp(self.model, samples + kl)
+        with torch.no_grad():
+            ref = self.seq_logp(self.ref, samples + kl)
+        loss, met = kto_loss(pi[:b][good], pi[:b][~good], pi[b:], ref[:b][good], ref[:b][~good], ref[b:],
+                             beta=m.beta, desirable_weight=m.desirable_weight,
+                             undesirable_weight=m.undesirable_weight)
+        out = {"loss": float(loss.detach()) * w, "kl": float(met["kl"]) * w}
+        for name in ("chosen_rewards", "rejected_rewards"):
+            if met[name].numel():
+                out[name[:-1]] = float(met[name].mean()) * w
+        return loss * w, out

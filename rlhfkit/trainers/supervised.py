@@ -1,0 +1,154 @@
+"""The supervised loops: one algorithm-blind step loop, and SFT on top of it.
+
+    for epoch in max_epochs:
+        for optimizer step (train.batch_size items, shuffled by the trainer's generator):
+            for micro-batch (train.micro_batch_size items):
+                loss = algorithm's micro_loss(micro-batch, whole step)   # already step-normalised
+                backward
+            Learner.step()  (clip, AdamW, warmup + cosine schedule)
+            every train.eval_steps: eval
+
+An algorithm (SFT here; RM, DPO and KTO in trainers/preference.py) only supplies
+`micro_loss(items, step_items) -> (loss, metrics)`, where the loss is divided by counts of the
+whole optimizer step, so gradients do not depend on the micro-batch size, and the metrics sum
+over the micro-batches of a step to the step's value.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from rlhfkit.core.losses import sft_loss
+from rlhfkit.data.batch import collate
+from rlhfkit.data.packing import pack
+from rlhfkit.models import response_logprobs
+from rlhfkit.trainers.learner import Learner
+from rlhfkit.trainers.rl import autocast_ctx
+
+MicroLoss = Callable[[list, list], tuple[torch.Tensor, dict[str, float]]]
+
+
+def make_batch(samples: Sequence, pad_id: int, packing: bool):
+    """A padded `TokenBatch`, or with `packing` a one-row `PackedBatch` (same response layout)."""
+    return pack(samples, pad_id) if packing else collate(samples, pad_id)
+
+
+def build_learner(module: torch.nn.Module, adam, train, total_steps: int) -> Learner:
+    """A Learner from the `adam` and `train` config sections (read only by trainers)."""
+    return Learner(
+        module, adam.lr, adam.betas, adam.eps, adam.weight_decay, total_steps=total_steps,
+        warmup_steps=int(train.lr_warmup_ratio * total_steps), scheduler=train.lr_scheduler,
+        min_lr_ratio=train.min_lr_ratio, max_norm=train.max_norm,
+    )
+
+
+def planned_steps(n_items: int, train) -> int:
+    """Optimizer steps of a run: full batches per epoch x epochs, capped by max_steps."""
+    per_epoch = n_items // train.batch_size
+    if per_epoch == 0:
+        raise ValueError(f"the training set has {n_items} usable items, fewer than --train.batch_size "
+                         f"{train.batch_size}; lower the batch size or add data")
+    total = per_epoch * train.max_epochs
+    return min(total, train.max_steps) if train.max_steps is not None else total
+
+
+class StepLoop:
+    """Shuffled epochs of optimizer steps over `items`, each split into micro-batches."""
+
+    def __init__(self, learner: Learner, items: Sequence, train, tracker=None,
+                 evaluate: Callable[[], dict[str, float]] | None = None):
+        self.learner, self.items, self.train = learner, list(items), train
+        self.tracker, self.evaluate = tracker, evaluate
+        self.total_steps = planned_steps(len(self.items), train)
+        self.gen = torch.Generator().manual_seed(train.seed)
+        self.step = 0
+
+    def fit(self, micro_loss: MicroLoss) -> list[dict[str, float]]:
+        t = self.train
+        history = []
+        while self.step < self.total_steps:
+            order = torch.randperm(len(self.items), generator=self.gen).tolist()
+            for s in range(0, len(order) - t.batch_size + 1, t.batch_size):
+                if self.step >= self.total_steps:
+                    break
+                step_items = [self.items[i] for i in order[s : s + t.batch_size]]
+                metrics = self.optimizer_step(micro_loss, step_items)
+                if self.evaluate is not None and t.eval_steps > 0 and self.step % t.eval_steps == 0:
+                    metrics.update(self.evaluate())
+                if self.tracker is not None:
+                    self.tracker.log(self.step, metrics)
+                history.append(metrics)
+        return history
+
+    def optimizer_step(self, micro_loss: MicroLoss, step_items: list) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.learner.module.train()
+        sums: dict[str, float] = {}
+        for m in range(0, len(step_items), self.train.micro_batch_size):
+            loss, metrics = micro_loss(step_items[m : m + self.train.micro_batch_size], step_items)
+            self.learner.backward(loss)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+        sums.update(self.learner.step())
+        self.step += 1
+        sums["time/step"] = time.perf_counter() - t0
+        return sums
+
+
+# ---------------------------------------------------------------------------------- SFT
+
+
+class SFTTrainer:
+    """Next-token NLL on response tokens only (every assistant turn of a conversation).
+
+    The loss is the token mean over the whole optimizer step (`sft_loss` with the step's token
+    count), so packed and padded micro-batches, and any micro-batch size, give the same gradient.
+    """
+
+    def __init__(self, cfg, model: torch.nn.Module, tokenizer, samples: Sequence, eval_samples: Sequence = (),
+                 tracker=None):
+        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+        self.eval_samples = list(eval_samples)
+        steps = planned_steps(len(samples), cfg.train)
+        self.learner = build_learner(model, cfg.adam, cfg.train, steps)
+        self.loop = StepLoop(self.learner, samples, cfg.train, tracker, self.evaluate if self.eval_samples else None)
+
+    def fit(self) -> list[dict[str, float]]:
+        return self.loop.fit(self.micro_loss)
+
+    def token_logprobs(self, samples: Sequence):
+        batch = make_batch(samples, self.tokenizer.pad_token_id, self.cfg.ds.packing_samples)
+        with autocast_ctx(self.cfg.model.autocast):
+            logp = response_logprobs(self.model, batch)[0]
+        return logp.float(), batch.loss_mask
+
+    def micro_loss(self, samples: list, step_samples: list) -> tuple[torch.Tensor, dict[str, float]]:
+        num_tokens = sum(int(s.loss_mask.sum()) for s in step_samples)
+        logp, mask = self.token_logprobs(samples)
+        loss, _ = sft_loss(logp, mask, "token_mean", num_tokens=num_tokens)
+        return loss, {"loss": float(loss.detach())}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Token-mean NLL over the eval samples (micro-batched)."""
+        self.model.eval()
+        total, count = 0.0, 0
+        mbs = self.cfg.train.micro_batch_size
+        for i in range(0, len(self.eval_samples), mbs):
+            logp, mask = self.token_logprobs(self.eval_samples[i : i + mbs])
+            total += float((-logp * mask).sum())
+            count += int(mask.sum())
+        self.model.train()
+        return {"eval/loss": total / max(count, 1)}
+
+    def save(self, path: str | Path) -> Path:
+        """An HF folder; with LoRA, peft's adapter folder (merge it with `rlhfkit lora merge`)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+        return path
