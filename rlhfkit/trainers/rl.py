@@ -248,8 +248,8 @@ class RLTrainer:
             kept += trajs
             kept_rewards.append(rewards)
             need = want - len({t.group_id for t in kept})
-            if not a.dynamic_filtering_enable or need <= 0:
-                break
+            if not a.dynamic_filtering_enable or need <= 0 or rounds == a.dynamic_filtering_max_rounds:
+                break  # (never draw prompts a round will not use: they would be lost)
             prompts = list(itertools.islice(more, need))
             if not prompts:
                 break

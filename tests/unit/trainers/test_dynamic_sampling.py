@@ -51,6 +51,14 @@ def test_max_rounds_bounds_the_top_up():
     assert trajs == [] and m["dynamic_rounds"] == 2 and m["filtered_groups"] == 4  # 2 + 2 new, all dropped
 
 
+def test_the_last_round_draws_no_prompts_it_will_not_use():
+    tr = make_trainer(["drop", "drop", "keep", "keep"], "--algo.dynamic_filtering_max_rounds", "1")
+    more = iter(tr.prompts[2:])
+    _, trajs, _, m = tr.rollout(tr.prompts[:2], more, StepTimer())
+    assert trajs == [] and m["dynamic_rounds"] == 1
+    assert next(more).text == "p2:"  # still in the stream for the next step, not silently lost
+
+
 def test_fit_trains_full_batches_across_episodes_and_stops_when_prompts_run_out():
     tr = make_trainer(["keep", "drop", "keep", "drop"], "--train.num_episodes", "2", "--rollout.temperature", "1.0")
     history = tr.fit()
