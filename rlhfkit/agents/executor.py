@@ -126,8 +126,9 @@ class MultiTurnExecutor:
         return [self._trajectory(e, engine.version) for e in episodes]
 
     async def _reset(self, group_id: int, prompt: Prompt, tokenizer, params: SamplingParams) -> _Episode:
-        instance = await new_instance(self.agent_instance_cls)
-        out = await instance.reset({"observation": prompt.text, "prompt": prompt.text, "label": prompt.label})
+        instance = await self._guard("__init__", new_instance(self.agent_instance_cls))
+        out = await self._guard("reset", instance.reset(
+            {"observation": prompt.text, "prompt": prompt.text, "label": prompt.label}))
         text = out.get("observation", prompt.text) if isinstance(out, dict) else prompt.text
         if not isinstance(text, str):
             raise RewardError(f"agent {self.source}: reset() returned observation of type {type(text).__name__}")
@@ -155,9 +156,20 @@ class MultiTurnExecutor:
             states.append({"observation_text": e.text, "action_text": action_text, "label": e.label,
                            "sampling_params": e.params})
             e.text = e.text + action_text
-        results = await asyncio.gather(*(e.instance.step(s) for e, s in zip(active, states)))
+        results = await asyncio.gather(*(self._guard("step", e.instance.step(s)) for e, s in zip(active, states)))
         for e, raw in zip(active, results):
             self._apply(e, check_step_result(raw, self.source, e.params), tokenizer, budget)
+
+    async def _guard(self, method: str, coro):
+        """Await the agent's `method`; an exception in the environment becomes a RewardError naming it."""
+        try:
+            return await coro
+        except RewardError:
+            raise
+        except Exception as exc:  # the user's environment: any exception, reported in one line
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise RewardError(f"agent {self.source}: {method}() raised {type(exc).__name__}: {first}; fix the "
+                              "environment (--debug shows the traceback)") from exc
 
     def _apply(self, e: _Episode, r, tokenizer, budget: TokenBudget) -> None:
         e.reward += r.reward

@@ -5,6 +5,7 @@ traceback), or with a documented, logged fallback. Case ids match the catalogue'
 import errno
 import json
 import os
+import socket
 
 import pytest
 import torch
@@ -16,6 +17,18 @@ from rlhfkit.trainers import checkpoint as ck
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 GOOD_REWARD = "def reward_func(queries, prompts, labels, **kw):\n    return [float(len(q) % 2) for q in queries]\n"
+AGENT_RAISES = """
+from rlhfkit.agents import AgentInstanceBase
+
+
+class AgentInstance(AgentInstanceBase):
+    async def reset(self, states, **kwargs):
+        return {"observation": states["observation"]}
+
+    async def step(self, states, **kwargs):
+        raise ValueError("the environment broke")
+"""
+
 REWARDS = {
     "raises": "def reward_func(queries, prompts, labels, **kw):\n    raise KeyError('answer')\n",
     "nan": "def reward_func(queries, prompts, labels, **kw):\n    return [float('nan')] * len(queries)\n",
@@ -61,6 +74,7 @@ def ws(tmp_path_factory):
     (root / "unknown_key.yaml").write_text("train:\n  batchsize: 8\n")
     (root / "list.yaml").write_text("- 1\n- 2\n")
     (root / "reward.py").write_text(GOOD_REWARD)
+    (root / "agent_raises.py").write_text(AGENT_RAISES)
     for name, text in REWARDS.items():
         (root / f"reward_{name}.py").write_text(text)
     return root
@@ -150,13 +164,24 @@ AFTER_MODELS = [
     ("41-reward-hangs", {"reward.remote_url": "{ws}/reward_hangs.py", "reward.timeout": 0.5},
      "did not return within 0.5 s"),
     ("42-policy-weights-nan", {"actor.model_name_or_path": "{ws}/nan_model"}, "next-token probabilities are NaN/inf"),
+    ("51-reward-server-refuses", {"reward.remote_url": "http://127.0.0.1:{port}/get_reward", "reward.max_retries": 1},
+     "reward server http://127.0.0.1:{port}/get_reward failed after 2 attempts (ConnectError"),
+    ("52-agent-environment-raises", {"reward.remote_url": None, "agent.func_path": "{ws}/agent_raises.py"},
+     "step() raised ValueError: the environment broke"),
 ]
 
 
 @pytest.mark.parametrize("case,over,needle", AFTER_MODELS, ids=[c[0] for c in AFTER_MODELS])
 def test_refused_during_the_run(ws, tmp_path, capsys, case, over, needle):
-    over = {k: (v.format(ws=ws) if isinstance(v, str) else v) for k, v in over.items()}
-    refuse(flags(ws, tmp_path / "run", **over), capsys, needle)
+    port = free_port()  # nothing listens there: a reward server that refuses connections
+    over = {k: (v.format(ws=ws, port=port) if isinstance(v, str) else v) for k, v in over.items()}
+    refuse(flags(ws, tmp_path / "run", **over), capsys, needle.format(port=port))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_43_nan_loss_skips_steps_then_stops_leaving_the_last_good_checkpoint(ws, tmp_path, capsys, caplog):

@@ -152,6 +152,27 @@ def test_garbage_answers_are_clear_errors():
         s.stop()
 
 
+def test_a_stalled_server_is_a_clear_error_after_retries():
+    import asyncio
+
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/slow")
+    async def slow():
+        await asyncio.sleep(1.5)
+        return [1.0]
+
+    s = Server(app)
+    url = f"http://127.0.0.1:{s.port}/slow"
+    try:
+        with pytest.raises(RewardError, match=rf"reward server {url} failed after 2 attempts \(ReadTimeout"):
+            RemoteRewardFn([url], max_retries=1, backoff=0.01, timeout=0.3)(["a"], [""], [None])
+    finally:
+        s.stop()
+
+
 def test_serve_reward_cli_in_a_subprocess(tmp_path):
     import subprocess
 
