@@ -1,7 +1,13 @@
 """Load and save HF causal LMs, tiny test models, the critic, and the logprob forward."""
 
 from rlhfkit.models.critic import Critic
-from rlhfkit.models.loading import load_causal_lm, load_tokenizer, materialize_smollm2, smollm2_gguf_path
+from rlhfkit.models.loading import (
+    load_causal_lm,
+    load_tokenizer,
+    materialize_smollm2,
+    save_hf_folder,
+    smollm2_gguf_path,
+)
 from rlhfkit.models.logprobs import response_logits, response_logprobs
 from rlhfkit.models.tiny import tiny_model_and_tokenizer, tiny_tokenizer
 
@@ -10,6 +16,7 @@ __all__ = [
     "load_causal_lm",
     "load_tokenizer",
     "materialize_smollm2",
+    "save_hf_folder",
     "response_logits",
     "response_logprobs",
     "smollm2_gguf_path",

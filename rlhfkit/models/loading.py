@@ -71,6 +71,16 @@ def load_causal_lm(
     return model
 
 
+def save_hf_folder(model: torch.nn.Module, tokenizer, path: str | os.PathLike) -> Path:
+    """Write `model` (safetensors; a peft model writes its adapter) and `tokenizer` into folder `path`,
+    which `from_pretrained` loads. Returns the folder."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None):
     """Load the tokenizer of a local HF folder or GGUF file, keeping its chat template.
 

@@ -18,7 +18,7 @@ from rlhfkit.core.losses import dpo_loss, kto_loss, pairwise_loss
 from rlhfkit.core.masks import masked_sum
 from rlhfkit.data.batch import collate
 from rlhfkit.data.supervised import TokenSample
-from rlhfkit.models import response_logprobs
+from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.models.reward import reward_scores
 from rlhfkit.trainers.rl import autocast_ctx
 from rlhfkit.trainers.supervised import StepLoop, build_learner, make_batch, planned_steps
@@ -49,11 +49,7 @@ class _PreferenceTrainer:
         return sums
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
-        return path
+        return save_hf_folder(self.model, self.tokenizer, path)
 
 
 # ---------------------------------------------------------------------------------- reward model

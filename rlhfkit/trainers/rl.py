@@ -30,7 +30,7 @@ from rlhfkit.core.shaping import overlong_penalty
 from rlhfkit.data.batch import TokenBatch, collate
 from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import CheckpointError, DataError, TrainingError
-from rlhfkit.models import response_logprobs
+from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
 from rlhfkit.core.filtering import keep_groups_in_range
@@ -491,8 +491,4 @@ class RLTrainer:
 
     def save(self, path: str | Path) -> Path:
         """The policy as an HF folder (safetensors + tokenizer)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.policy.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        return path
+        return save_hf_folder(self.policy, self.tokenizer, path)

@@ -25,7 +25,7 @@ import torch
 from rlhfkit.core.losses import sft_loss
 from rlhfkit.data.batch import collate
 from rlhfkit.data.packing import pack
-from rlhfkit.models import response_logprobs
+from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.trainers.learner import Learner
 from rlhfkit.trainers.rl import autocast_ctx
 
@@ -147,8 +147,4 @@ class SFTTrainer:
 
     def save(self, path: str | Path) -> Path:
         """An HF folder; with LoRA, peft's adapter folder (merge it with `rlhfkit lora merge`)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
-        return path
+        return save_hf_folder(self.model, self.tokenizer, path)
