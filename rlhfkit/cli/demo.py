@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 from rlhfkit.cli.train_rl import build_trainer, parse_rl_args, prepare_run_dir
 from rlhfkit.data.prompts import PromptExample
