@@ -11,7 +11,6 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rlhfkit.cli import train_rl  # noqa: E402
-from rlhfkit.models import tiny_model_and_tokenizer  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "openrlhf_style_agent.py"
 
@@ -35,13 +34,9 @@ class AgentInstance(AgentInstanceBase):
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("agent")
-    model, tok = tiny_model_and_tokenizer(seed=0)
-    model.save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
+def ws(tiny_ws):
     rows = [{"q": f"x{i % 10}y{i // 10}:", "a": "7"} for i in range(64)]
-    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = tiny_ws("agent", rows)
     (root / "sevens.py").write_text(SEVENS_AGENT)
     return root
 

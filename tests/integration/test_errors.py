@@ -47,18 +47,15 @@ REWARDS = {
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("errors")
+def ws(tiny_ws):
+    rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(16)]
+    root = tiny_ws("errors", rows)
     model, tok = tiny_model_and_tokenizer(seed=0)
-    model.save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
     (root / "not_a_model").mkdir()
     with torch.no_grad():
         model.model.norm.weight[0] = float("nan")  # a diverged (or badly converted) policy
     model.save_pretrained(root / "nan_model")
     tok.save_pretrained(root / "nan_model")
-    rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(16)]
-    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     long_rows = rows[:8] + [{"q": "z" * 300, "a": "0"}] * 3
     (root / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long_rows))
     (root / "malformed.jsonl").write_text('{"q": "a", "a": "1"}\n{"q": "b", "a": \n')

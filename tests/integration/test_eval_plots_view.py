@@ -10,7 +10,6 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rlhfkit.cli.main import main  # noqa: E402
-from rlhfkit.models import tiny_model_and_tokenizer  # noqa: E402
 
 # Training reward: share of "7" characters (dense). Verifier: the response is exactly the label
 # (a task the tiny model does not learn): the two are kept apart, as reward hacking would show.
@@ -29,13 +28,9 @@ def reward_func(queries, prompts, labels, responses=None, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("evalrun")
-    model, tok = tiny_model_and_tokenizer(seed=0)
-    model.save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
+def ws(tiny_ws):
     rows = [{"q": f"x{i % 10}y{i // 10}:", "a": "7" if i % 3 else "77"} for i in range(32)]
-    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = tiny_ws("evalrun", rows)
     (root / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
     (root / "reward.py").write_text(REWARD_FILE)
     (root / "verifier.py").write_text(VERIFIER_FILE)

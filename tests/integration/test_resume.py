@@ -16,7 +16,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.trainers.checkpoint import list_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,13 +46,9 @@ VOLATILE = ("time/", "rollout_tokens_per_s")  # wall-clock metrics differ betwee
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("resume")
-    model, tok = tiny_model_and_tokenizer(seed=0)
-    model.save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
+def ws(tiny_ws):
     rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(24)]
-    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = tiny_ws("resume", rows)
     (root / "reward.py").write_text(REWARD_FILE)
     (root / "kill_at_fsync.py").write_text(KILL_AT_FSYNC)
     return root

@@ -12,7 +12,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rlhfkit.cli import train_rl  # noqa: E402
 from rlhfkit.cli.main import main  # noqa: E402
-from rlhfkit.models import tiny_model_and_tokenizer  # noqa: E402
 
 # Reward: the share of response characters that are "7" (dense, learnable by a tiny model).
 REWARD_FILE = '''
@@ -26,13 +25,9 @@ def reward_func(queries, prompts, labels, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rl")
-    model, tok = tiny_model_and_tokenizer(seed=0)
-    model.save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
+def workspace(tiny_ws):
     rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(64)]
-    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = tiny_ws("rl", rows)
     (root / "reward.py").write_text(REWARD_FILE)
     return root
 

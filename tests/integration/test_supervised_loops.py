@@ -27,11 +27,8 @@ def write(path, rows):
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sup")
-    model, tok = tiny_model_and_tokenizer(seed=0)
-    model.save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
+def ws(tiny_ws):
+    root = tiny_ws("sup")
     write(root / "sft.jsonl", [{"input": f"{k}=", "output": v} for k, v in FACTS])
     # separable preferences: chosen answers are digits 7, rejected ones digits 1
     pairs = [{"prompt": f"q{i}:", "chosen": "7" * (1 + i % 3), "rejected": "1" * (1 + i % 3)} for i in range(48)]
