@@ -179,6 +179,15 @@ class TrainConfig:
     """Samples per optimizer step (OpenRLHF train_batch_size)."""
     micro_batch_size: int = 8
     """Samples per forward/backward (gradient accumulation fills batch_size)."""
+    dynamic_batch_enable: bool = False
+    """Cut micro-batches by --train.max_tokens_per_micro_batch real tokens instead of
+    --train.micro_batch_size samples (OpenRLHF --use_dynamic_batch)."""
+    max_tokens_per_micro_batch: int = 4096
+    """Token budget of one forward/backward with --train.dynamic_batch_enable (a longer sample
+    gets a micro-batch of its own)."""
+    shared_prefix_enable: bool = True
+    """Compute each prompt once for the samples of its group that share a micro-batch (exact:
+    same logprobs and gradients as one copy per sample; fewer tokens)."""
     max_epochs: int = 1
     """Passes over each rollout batch."""
     num_episodes: int = 1
@@ -281,6 +290,8 @@ RL_ALIASES = {
     "temperature": "rollout.temperature",
     "train_batch_size": "train.batch_size",
     "micro_train_batch_size": "train.micro_batch_size",
+    "use_dynamic_batch": "train.dynamic_batch_enable",
+    "train_max_tokens_per_gpu": "train.max_tokens_per_micro_batch",
     "max_epochs": "train.max_epochs",
     "num_episodes": "train.num_episodes",
     "seed": "train.seed",
@@ -341,7 +352,8 @@ def validate(cfg: RLConfig) -> BatchPlan:
     for name, v in [("rollout.batch_size", r.batch_size), ("rollout.n_samples_per_prompt", r.n_samples_per_prompt),
                     ("rollout.max_new_tokens", r.max_new_tokens), ("rollout.max_batch_size", r.max_batch_size),
                     ("train.batch_size", t.batch_size), ("train.micro_batch_size", t.micro_batch_size),
-                    ("train.max_epochs", t.max_epochs), ("train.num_episodes", t.num_episodes)]:
+                    ("train.max_epochs", t.max_epochs), ("train.num_episodes", t.num_episodes),
+                    ("train.max_tokens_per_micro_batch", t.max_tokens_per_micro_batch)]:
         _require(v >= 1, f"--{name} must be >= 1 (got {v})")
     _require(t.max_steps is None or t.max_steps >= 1, f"--train.max_steps must be >= 1 (got {t.max_steps})")
     _require(a.kl.init_coef >= 0, f"--algo.kl.init_coef must be >= 0 (got {a.kl.init_coef})")

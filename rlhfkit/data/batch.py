@@ -34,11 +34,20 @@ class TokenBatch:
     def batch_size(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @property
+    def num_tokens(self) -> int:
+        """Real (non-padding) tokens the forward runs on."""
+        return int(self.attention_mask.sum())
+
     def response_positions(self) -> torch.Tensor:
         """LongTensor [B, R]: the input position whose logits predict response token j."""
         r = self.response_ids.shape[1]
         pos = self.prompt_lengths.unsqueeze(1) - 1 + torch.arange(r).unsqueeze(0)
         return pos.clamp(max=self.input_ids.shape[1] - 1)
+
+    def hidden_index(self) -> torch.Tensor:
+        """LongTensor [B, R]: `response_positions` as indices into the [B*L] flattened hidden states."""
+        return self.response_positions() + torch.arange(self.batch_size).unsqueeze(1) * self.input_ids.shape[1]
 
 
 def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TokenBatch:

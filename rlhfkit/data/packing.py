@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.data.batch import collate
+from rlhfkit.data.batch import TokenBatch, collate, select_rows
 
 
 @dataclass
@@ -40,11 +40,19 @@ class PackedBatch:
     def batch_size(self) -> int:
         return int(self.starts.numel())
 
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
     def response_positions(self) -> torch.Tensor:
         """LongTensor [B, R]: the row position whose logits predict response token j of sample b."""
         r = self.response_ids.shape[1]
         pos = (self.starts + self.prompt_lengths).unsqueeze(1) - 1 + torch.arange(r).unsqueeze(0)
         return pos.clamp(max=self.input_ids.shape[1] - 1)
+
+    def hidden_index(self) -> torch.Tensor:
+        """[B, R] index into the flattened hidden states (one row: the positions themselves)."""
+        return self.response_positions()
 
 
 def pack(samples: Sequence, pad_id: int) -> PackedBatch:
@@ -63,3 +71,130 @@ def pack(samples: Sequence, pad_id: int) -> PackedBatch:
         loss_mask=padded.loss_mask,
         response_mask=padded.response_mask,
     )
+
+
+@dataclass
+class SharedPrefixBatch:
+    """B samples laid out so that samples with the same prompt share ONE copy of it.
+
+    Each row holds a prompt followed by the responses of several samples that start with it:
+        [prompt | response_1 | response_2 | ...]   then pad_id up to L
+    A response attends to the prompt and, causally, to itself only (the 4-D `attention_mask`);
+    its position ids continue from the prompt's length, so every response token sees exactly
+    the context it had in `collate`'s layout and gets the same logits, while the prompt's
+    forward (and backward) runs once per row instead of once per sample.
+
+    input_ids      [K, L]        K rows
+    position_ids   [K, L]
+    attention_mask [K, 1, L, L]  bool, True = may attend (padding attends only to itself)
+    flat_index     [B, R]        index into the K*L flattened hidden states of the position whose
+                                 output predicts response token j of sample b
+    prompt_lengths [B], response_ids [B, R], loss_mask [B, R], response_mask [B, R]: as `collate`
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    flat_index: torch.Tensor
+    prompt_lengths: torch.Tensor
+    response_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    response_mask: torch.Tensor
+    num_tokens: int  # real tokens: every row's prompt once + its responses
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.prompt_lengths.numel())
+
+    def hidden_index(self) -> torch.Tensor:
+        return self.flat_index
+
+
+def shared_prefix_rows(prompt_lengths: Sequence[int], response_lengths: Sequence[int], keys: Sequence,
+                       max_row_tokens: int) -> list[list[int]]:
+    """Which samples share a row: samples with equal `keys` (their prompt), in order of first
+    appearance, as many per row as fit in `max_row_tokens` (at least one)."""
+    rows: list[list[int]] = []
+    open_row: dict = {}  # key -> (row index, its length so far)
+    for i, (key, p, r) in enumerate(zip(keys, prompt_lengths, response_lengths)):
+        k, length = open_row.get(key, (None, 0))
+        if k is None or length + r > max_row_tokens:
+            rows.append([])
+            k, length = len(rows) - 1, p
+        rows[k].append(i)
+        open_row[key] = (k, length + r)
+    return rows
+
+
+def pack_shared_prefix(batch: TokenBatch, rows: torch.Tensor, pad_id: int, max_row_tokens: int) -> SharedPrefixBatch:
+    """The samples `rows` of a collated `batch` in the shared-prefix layout (see SharedPrefixBatch).
+
+    The response-aligned tensors are those of `select_rows(batch, rows)`, in the order of `rows`.
+    """
+    sub = select_rows(batch, rows)
+    p_lens = sub.prompt_lengths.tolist()
+    r_lens = sub.response_mask.sum(dim=1).tolist()
+    prompts = [sub.input_ids[b, :p] for b, p in enumerate(p_lens)]
+    layout = shared_prefix_rows(p_lens, r_lens, [tuple(x.tolist()) for x in prompts], max_row_tokens)
+    width = max(p_lens[m[0]] + sum(r_lens[b] for b in m) for m in layout)
+    k = len(layout)
+    input_ids = torch.full((k, width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((k, width), dtype=torch.long)
+    segment = torch.full((k, width), -1, dtype=torch.long)  # 0 = prompt, s = s-th response, -1 = padding
+    flat_index = torch.zeros(sub.response_ids.shape, dtype=torch.long)
+    for row, members in enumerate(layout):
+        p = p_lens[members[0]]
+        input_ids[row, :p], position_ids[row, :p], segment[row, :p] = prompts[members[0]], torch.arange(p), 0
+        at = p
+        for s, b in enumerate(members, start=1):
+            r = r_lens[b]
+            input_ids[row, at : at + r] = sub.response_ids[b, :r]
+            position_ids[row, at : at + r] = torch.arange(p, p + r)
+            segment[row, at : at + r] = s
+            # token 0 is predicted by the prompt's last position, token j by response token j - 1
+            pos = torch.cat([torch.tensor([p - 1]), torch.arange(at, at + r - 1)]) if r else torch.tensor([p - 1])
+            flat_index[b, : pos.numel()] = row * width + pos
+            flat_index[b, pos.numel() :] = row * width + pos[-1]
+            at += r
+    q, kv = segment.unsqueeze(2), segment.unsqueeze(1)  # [K, L, 1], [K, 1, L]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    mask = causal & (q >= 0) & (kv >= 0) & ((kv == 0) | (kv == q))
+    mask |= torch.eye(width, dtype=torch.bool)  # a padding position attends to itself: no all-masked row (NaN)
+    return SharedPrefixBatch(input_ids, position_ids, mask.unsqueeze(1), flat_index, sub.prompt_lengths,
+                             sub.response_ids, sub.loss_mask, sub.response_mask, int((segment >= 0).sum()))
+
+
+def micro_batches(
+    rows: Sequence[int],
+    prompt_lengths: Sequence[int],
+    response_lengths: Sequence[int],
+    keys: Sequence,
+    *,
+    max_samples: int | None = None,
+    max_tokens: int | None = None,
+    shared_prefix_row_tokens: int | None = None,
+) -> list[list[int]]:
+    """Cut `rows` (sample indices, in order) into micro-batches of at most `max_samples` samples
+    and, when `max_tokens` is set, about `max_tokens` real tokens (a sample longer than that gets a
+    micro-batch of its own). With `shared_prefix_row_tokens`, a sample whose prompt (`keys`) is
+    already in the micro-batch costs only its response tokens, as in `pack_shared_prefix` with
+    that row size. The lengths and keys are indexed by sample index."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    tokens, open_row = 0, {}
+    for i in rows:
+        p, r, key = int(prompt_lengths[i]), int(response_lengths[i]), keys[i]
+        row = open_row.get(key) if shared_prefix_row_tokens else None
+        shares = row is not None and row + r <= shared_prefix_row_tokens
+        cost = r if shares else p + r
+        full = (max_samples is not None and len(cur) >= max_samples) or (
+            max_tokens is not None and tokens + cost > max_tokens)
+        if cur and full:
+            out.append(cur)
+            cur, tokens, open_row, shares, cost = [], 0, {}, False, p + r
+        cur.append(i)
+        tokens += cost
+        open_row[key] = row + r if shares else p + r
+    if cur:
+        out.append(cur)
+    return out

@@ -15,7 +15,7 @@ from torch import nn
 
 from rlhfkit.errors import ModelError
 from rlhfkit.models.loading import load_causal_lm
-from rlhfkit.models.logprobs import gather_positions
+from rlhfkit.models.logprobs import model_inputs, response_hidden
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -76,14 +76,14 @@ class Critic(nn.Module):
         return self.value_head(hidden).squeeze(-1).float()
 
     def response_values(self, batch) -> torch.Tensor:
-        """Values [B, R] float32 of the state before each response token of a `TokenBatch`.
+        """Values [B, R] float32 of the state before each response token of a batch (any layout
+        `response_logprobs` takes).
 
         Entry (b, j) is the value at input position P_b + j - 1, the position whose logits
         predict response token j (same alignment as `response_logprobs`).
         """
-        hidden = self._hidden(batch.input_ids, batch.attention_mask)
-        positions = batch.response_positions().to(hidden.device)
-        return self.value_head(gather_positions(hidden, positions)).squeeze(-1).float()
+        hidden = self.backbone(**model_inputs(self.backbone, batch)).last_hidden_state
+        return self.value_head(response_hidden(hidden, batch)).squeeze(-1).float()
 
     def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)

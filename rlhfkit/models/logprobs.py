@@ -1,8 +1,10 @@
-"""Logprob and entropy forward for padded batches, computing logits only where needed.
+"""Logprob and entropy forward over any batch layout, computing logits only where needed.
 
-The backbone runs over the whole right-padded batch, but the LM head (the [*, V] matmul, the
-largest activation in a small model) runs only at the R positions that predict response
-tokens: `batch.response_positions()`, i.e. position P_b + j - 1 for response token j.
+The backbone runs over the batch's rows (padded `TokenBatch`, packed `PackedBatch` or
+`SharedPrefixBatch`, whose prompts are computed once per row), but the LM head (the [*, V]
+matmul, the largest activation in a small model) runs only at the R positions that predict
+response tokens: `batch.hidden_index()` (for a padded row, position P_b + j - 1 predicts
+response token j).
 """
 
 from __future__ import annotations
@@ -13,12 +15,6 @@ from rlhfkit.core.losses import entropy_from_logits, logprobs_from_logits
 
 # Config fields that mean the LM head is not a plain linear map of the last hidden state.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
-
-
-def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Pick hidden states at given positions: hidden [B, L, H], positions [B, R] -> [B, R, H]."""
-    index = positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-    return hidden.gather(1, index)
 
 
 def split_backbone(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
@@ -36,25 +32,41 @@ def split_backbone(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mo
     return backbone, head
 
 
+def model_inputs(model: torch.nn.Module, batch) -> dict:
+    """Keyword arguments of the forward over any batch layout: a padded `TokenBatch` (2-D mask),
+    a one-row `PackedBatch` (position ids, no mask) or a `SharedPrefixBatch` (position ids and a
+    4-D bool mask, handed to the attention as it is; converted to an additive float mask for
+    eager attention, which adds it to the scores)."""
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
+    if getattr(batch, "position_ids", None) is not None:
+        inputs["position_ids"] = batch.position_ids
+    mask = batch.attention_mask
+    if mask is not None and mask.dim() == 4 and getattr(model.config, "_attn_implementation", "") == "eager":
+        dtype = next(model.parameters()).dtype
+        inputs["attention_mask"] = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+    return inputs
+
+
+def response_hidden(hidden: torch.Tensor, batch) -> torch.Tensor:
+    """Outputs [B, R, H] at the positions that predict each response token, from the forward's
+    [rows, L, H] outputs of any batch layout (`batch.hidden_index()` indexes the flattened rows)."""
+    index = batch.hidden_index().to(hidden.device)
+    return hidden.reshape(-1, hidden.shape[-1])[index]
+
+
 def response_logits(model: torch.nn.Module, batch) -> torch.Tensor:
     """Logits [B, R, V] that predict each response token of `batch` (a TokenBatch, or a
-    data.packing.PackedBatch whose single row holds all B samples).
+    data.packing PackedBatch / SharedPrefixBatch).
 
     Llama-like models run backbone + LM head at the R gathered positions only; any other
     model falls back to a full forward and a gather.
     """
-    positions = batch.response_positions().to(batch.input_ids.device)
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
-    if getattr(batch, "position_ids", None) is not None:  # a PackedBatch: one row, B samples
-        inputs["position_ids"] = batch.position_ids
-    rows = positions.shape[0]
+    inputs = model_inputs(model, batch)
     parts = split_backbone(model)
     if parts is None:
-        logits = model(**inputs).logits
-        return gather_positions(logits.expand(rows, -1, -1), positions)
+        return response_hidden(model(**inputs).logits, batch)
     backbone, head = parts
-    hidden = backbone(**inputs).last_hidden_state
-    return head(gather_positions(hidden.expand(rows, -1, -1), positions))
+    return head(response_hidden(backbone(**inputs).last_hidden_state, batch))
 
 
 def response_logprobs(

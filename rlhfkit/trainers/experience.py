@@ -7,7 +7,7 @@ All per-token tensors are response-aligned [N, R] (see data.batch).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +15,8 @@ import torch
 from rlhfkit.core.advantages import compute_advantages
 from rlhfkit.core.kl import approx_kl
 from rlhfkit.data.batch import TokenBatch, select_rows
+
+Layout = Callable[[TokenBatch, torch.Tensor], object]  # (batch, rows) -> a batch of any layout (data.packing)
 
 
 @dataclass
@@ -34,9 +36,10 @@ class Experience:
     def __len__(self) -> int:
         return self.batch.batch_size
 
-    def select(self, rows: torch.Tensor) -> tuple[TokenBatch, dict[str, torch.Tensor | None]]:
-        """Sub-batch of `rows`, with the per-token tensors trimmed to its response width."""
-        mb = select_rows(self.batch, rows)
+    def select(self, rows: torch.Tensor, layout: Layout = select_rows):
+        """Sub-batch of `rows` in `layout` (padded rows by default), with the per-token tensors
+        trimmed to its response width."""
+        mb = layout(self.batch, rows)
         r = mb.response_ids.shape[1]
 
         def cut(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -52,17 +55,20 @@ class Experience:
 
 
 @torch.no_grad()
-def batched_forward(
-    fn: Callable[[TokenBatch], torch.Tensor], batch: TokenBatch, micro_batch_size: int
-) -> torch.Tensor:
-    """Run a response-aligned forward `fn` over `batch` in chunks; returns [N, R] float32."""
+def forward_passes(
+    fns: dict[str, Callable | None], batch: TokenBatch, chunks: Sequence[torch.Tensor], layout: Layout = select_rows
+) -> dict[str, torch.Tensor | None]:
+    """Run every response-aligned forward of `fns` (None = skipped) over `batch`, one micro-batch
+    (`chunks`: row indices) at a time: each micro-batch is laid out once and fed to all of them
+    (old policy, reference, critic). Returns {name: [N, R] float32 or None}."""
+    live = {k: f for k, f in fns.items() if f is not None}
     n, r = batch.response_ids.shape
-    out = torch.zeros(n, r, dtype=torch.float32)
-    for start in range(0, n, micro_batch_size):
-        rows = torch.arange(start, min(start + micro_batch_size, n))
-        mb = select_rows(batch, rows)
-        out[rows, : mb.response_ids.shape[1]] = fn(mb).float()
-    return out
+    out = {k: torch.zeros(n, r, dtype=torch.float32) for k in live}
+    for rows in chunks if live else ():
+        mb = layout(batch, rows)
+        for k, f in live.items():
+            out[k][rows, : mb.response_ids.shape[1]] = f(mb).float()
+    return {k: out.get(k) for k in fns}
 
 
 def make_experience(
@@ -81,17 +87,18 @@ def make_experience(
     policy_logp: Callable[[TokenBatch], torch.Tensor] | None,
     ref_logp: Callable[[TokenBatch], torch.Tensor] | None,
     values: Callable[[TokenBatch], torch.Tensor] | None,
-    micro_batch_size: int,
+    chunks: Sequence[torch.Tensor],
+    layout: Layout = select_rows,
 ) -> Experience:
     """Compute the experience of one rollout batch.
 
     `policy_logp` is None when the old-logprob forward is provably identical to the one the
     update will do (a single optimizer step per rollout batch and no KL in the reward); the
-    loss then uses the current logprobs, detached, as the old ones.
+    loss then uses the current logprobs, detached, as the old ones. The three forwards share
+    their micro-batches (`chunks` of row indices, laid out by `layout`).
     """
-    old = batched_forward(policy_logp, batch, micro_batch_size) if policy_logp is not None else None
-    ref = batched_forward(ref_logp, batch, micro_batch_size) if ref_logp is not None else None
-    vals = batched_forward(values, batch, micro_batch_size) if values is not None else None
+    passes = forward_passes({"old": policy_logp, "ref": ref_logp, "values": values}, batch, chunks, layout)
+    old, ref, vals = passes["old"], passes["ref"], passes["values"]
     kl = None
     if ref is not None and old is not None:
         kl = approx_kl(old, ref, kl_estimator) * batch.loss_mask

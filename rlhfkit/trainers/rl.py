@@ -27,7 +27,8 @@ from rlhfkit.core.aggregate import aggregate_loss
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController, approx_kl
 from rlhfkit.core.losses import policy_loss, value_loss
 from rlhfkit.core.shaping import overlong_penalty
-from rlhfkit.data.batch import TokenBatch, collate
+from rlhfkit.data.batch import TokenBatch, collate, select_rows
+from rlhfkit.data.packing import micro_batches, pack_shared_prefix
 from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import CheckpointError, DataError, TrainingError
 from rlhfkit.models import response_logprobs, save_hf_folder
@@ -39,6 +40,9 @@ from rlhfkit.trainers.learner import Learner
 
 RewardFn = Callable[..., RewardOutput]
 _PER_STEP = ("policy_loss", "value_loss")  # summed over the micro-batches of one optimizer step
+# Shortest row of the shared-prefix layout: a row holds one prompt and responses up to this many
+# tokens (or the longest sample). Its attention is dense over the row, so rows stay short.
+SHARED_ROW_TOKENS = 512
 
 
 @dataclass
@@ -345,8 +349,40 @@ class RLTrainer:
             policy_logp=logp_of(self.policy) if need_old else None,
             ref_logp=logp_of(self.ref) if (self.ref is not None and kl_coef > 0) else None,
             values=values_fn if self.critic is not None else None,
-            micro_batch_size=cfg.train.micro_batch_size,
+            chunks=self.micro_batches(batch, group_ids, torch.arange(len(trajs))), layout=self.layout(batch),
         )
+
+    # ------------------------------------------------------------------ micro-batches
+    def layout(self, batch: TokenBatch):
+        """How a micro-batch's rows are laid out for the forward: the shared-prefix layout (each
+        prompt once per row, rows up to max(SHARED_ROW_TOKENS, longest sample) tokens) or padded rows."""
+        row_tokens = self.shared_row_tokens(batch)
+        if row_tokens is None:
+            return select_rows
+        pad = self.tokenizer.pad_token_id
+        return lambda b, rows: pack_shared_prefix(b, rows, pad, row_tokens)
+
+    def shared_row_tokens(self, batch: TokenBatch) -> int | None:
+        """Row size of the shared-prefix layout, None when it is off."""
+        if not self.cfg.train.shared_prefix_enable:
+            return None
+        return max(SHARED_ROW_TOKENS, int(batch.attention_mask.sum(dim=1).max()))
+
+    def micro_batches(self, batch: TokenBatch, group_ids: torch.Tensor, rows: torch.Tensor) -> list[torch.Tensor]:
+        """`rows` cut into micro-batches: --train.micro_batch_size samples, or about
+        --train.max_tokens_per_micro_batch tokens with --train.dynamic_batch_enable. With the shared
+        prefix, the rows are first ordered by group (one optimizer step sums the same gradients in
+        any order) so that samples of one prompt meet in a micro-batch."""
+        t = self.cfg.train
+        if t.shared_prefix_enable:
+            rows = rows[torch.argsort(group_ids[rows], stable=True)]
+        cuts = micro_batches(
+            rows.tolist(), batch.prompt_lengths.tolist(), batch.response_mask.sum(dim=1).tolist(), group_ids.tolist(),
+            max_samples=None if t.dynamic_batch_enable else t.micro_batch_size,
+            max_tokens=t.max_tokens_per_micro_batch if t.dynamic_batch_enable else None,
+            shared_prefix_row_tokens=self.shared_row_tokens(batch),
+        )
+        return [torch.tensor(c, dtype=torch.long) for c in cuts]
 
     def update(self, exp: Experience) -> dict[str, float]:
         """max_epochs passes over the replay buffer; an optimizer step per train.batch_size samples."""
@@ -354,6 +390,7 @@ class RLTrainer:
         sums: dict[str, float] = {}
         n_opt = 0
         self.policy.train()
+        layout = self.layout(exp.batch)
         for _ in range(t.max_epochs):
             perm = torch.randperm(len(exp), generator=self.shuffle_gen)
             for s in range(0, len(exp), t.batch_size):
@@ -361,9 +398,8 @@ class RLTrainer:
                 step_mask = exp.batch.loss_mask[step_rows]
                 num_tokens = int(step_mask.sum())
                 num_seqs = int(step_mask.any(dim=1).sum())
-                for m in range(0, len(step_rows), t.micro_batch_size):
-                    rows = step_rows[m : m + t.micro_batch_size]
-                    for k, v in self.micro_step(exp, rows, num_tokens, num_seqs).items():
+                for rows in self.micro_batches(exp.batch, exp.group_ids, step_rows):
+                    for k, v in self.micro_step(exp, rows, layout, num_tokens, num_seqs).items():
                         sums[k] = sums.get(k, 0.0) + v
                 for k, v in self.learner.step().items():
                     sums[f"actor/{k}"] = sums.get(f"actor/{k}", 0.0) + v
@@ -373,16 +409,18 @@ class RLTrainer:
                 n_opt += 1
         # Per-step quantities are averaged over optimizer steps; token sums over all tokens seen.
         total_tokens = max(int(exp.batch.loss_mask.sum()) * t.max_epochs, 1)
+        computed = sums.pop("train_tokens", 0.0)
         out = {k: v / (n_opt if k in _PER_STEP or k.startswith(("actor/", "critic/")) else total_tokens)
                for k, v in sums.items()}
         out["optimizer_steps"] = float(n_opt)
-        out["train_tokens"] = float(exp.batch.attention_mask.sum()) * t.max_epochs  # real tokens, no padding
+        out["train_tokens"] = computed  # tokens the forward/backward ran on (no padding; shared prompts once)
+        out["sample_tokens"] = float(exp.batch.attention_mask.sum()) * t.max_epochs  # prompt + response per sample
         return out
 
-    def micro_step(self, exp: Experience, rows: torch.Tensor, num_tokens: int, num_seqs: int) -> dict[str, float]:
+    def micro_step(self, exp: Experience, rows: torch.Tensor, layout, num_tokens: int, num_seqs: int) -> dict[str, float]:
         """Forward + backward of one micro-batch. Returns token-weighted metric sums."""
         cfg, a = self.cfg, self.cfg.actor
-        mb, x = exp.select(rows)
+        mb, x = exp.select(rows, layout)
         mask = mb.loss_mask
         counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=self.budget.total)
         with autocast_ctx(a.autocast):
@@ -396,7 +434,8 @@ class RLTrainer:
             ratio_level="sequence" if a.policy_loss_type == "gspo" else "token", agg=a.loss_agg_mode, **counts,
         )
         ntok = float(mask.sum())
-        out = {"policy_loss": float(loss.detach()), "clip_frac": float(pm["clip_frac"]) * ntok,
+        out = {"train_tokens": float(mb.num_tokens), "policy_loss": float(loss.detach()),
+               "clip_frac": float(pm["clip_frac"]) * ntok,
                "ppo_kl": float(pm["approx_kl"]) * ntok}
         out["entropy"] = float((entropy.detach().float() * mask).sum())
         if a.entropy_coef:

@@ -95,11 +95,11 @@ def test_reward_rises_for_every_estimator(workspace, tmp_path, estimator, extra)
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _one_step_grads(ws, out, micro):
+def _one_step_grads(ws, out, micro, **extra):
     """Gradients accumulated for the first optimizer step (compared before Adam, whose first
     step is sign-like and would amplify float noise in near-zero gradients)."""
     argv = base_flags(ws, out, **{"train.micro_batch_size": micro, "train.max_steps": "1",
-                                  "algo.advantage.estimator": "group_norm"})
+                                  "algo.advantage.estimator": "group_norm", **extra})
     cfg = train_rl.parse_rl_args(argv)
     trainer, tracker, _ = train_rl.build_trainer(cfg, lambda tok: _examples(ws), out)
     grads, step = {}, trainer.learner.step
@@ -127,6 +127,28 @@ def test_micro_batch_accumulation_equals_full_batch(workspace, tmp_path):
     assert any(g.abs().max() > 1e-4 for g in full.values())
     for k in full:
         torch.testing.assert_close(accum[k], full[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+GAE_KL = {"algo.advantage.estimator": "gae", "algo.kl.init_coef": "0.05", "critic.adam.lr": "1e-3",
+          "train.batch_size": "16", "train.micro_batch_size": "4"}  # old, reference and value passes all run
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"train.dynamic_batch_enable": "true", "train.max_tokens_per_micro_batch": "40"},
+    GAE_KL,
+], ids=["group_norm", "dynamic_batch", "gae_kl"])
+def test_shared_prefix_and_token_budget_give_the_padded_gradients(workspace, tmp_path, extra):
+    """The shared-prefix layout (each prompt computed once per row) and micro-batches cut by a token
+    budget change only the float summation order: the first step's gradients equal the padded
+    layout's in sample-count micro-batches."""
+    micro = extra.get("train.micro_batch_size", "16")
+    padded = _one_step_grads(workspace, tmp_path / "padded", micro, **{**extra, "train.shared_prefix_enable": "false",
+                                                                        "train.dynamic_batch_enable": "false"})
+    shared = _one_step_grads(workspace, tmp_path / "shared", micro, **extra)
+    assert padded.keys() == shared.keys() and any(g.abs().max() > 1e-4 for g in padded.values())
+    for k in padded:
+        torch.testing.assert_close(shared[k], padded[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
 @pytest.mark.parametrize("flags,needle", [
