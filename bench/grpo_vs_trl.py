@@ -40,12 +40,21 @@ def _question(r: dict) -> str:
     return INSTRUCTION.format(question=r["input"])
 
 
-def run_rlhfkit(steps: int, dynamic_filtering: bool) -> dict:
+# rlhfkit variants: the extra flags of each (on top of the demo's, minus its DAPO filtering)
+RLHFKIT_VARIANTS = {
+    "rlhfkit": [],
+    "rlhfkit-padded": ["--train.shared_prefix_enable", "false"],  # one prompt copy per sample (the old layout)
+    "rlhfkit+filter": ["--algo.dynamic_filtering_enable", "true"],
+}
+
+
+def run_rlhfkit(steps: int, which: str) -> dict:
     from rlhfkit.cli.demo import DEMO_FLAGS, chat_examples, first_number_reward
     from rlhfkit.cli.train_rl import build_trainer, parse_rl_args, prepare_run_dir
 
-    flags = DEMO_FLAGS + ["--train.max_steps", str(steps), "--ckpt.output_dir", "runs/bench_rlhfkit",
-                          "--logger.progress_bar", "false", "--algo.dynamic_filtering_enable", str(dynamic_filtering)]
+    flags = DEMO_FLAGS + ["--train.max_steps", str(steps), "--ckpt.output_dir", f"runs/bench_{which}",
+                          "--logger.progress_bar", "false", "--algo.dynamic_filtering_enable", "false",
+                          *RLHFKIT_VARIANTS[which]]
     cfg = parse_rl_args(flags)
     run_dir = prepare_run_dir(cfg)
     records = _records(PROMPTS * steps)
@@ -53,14 +62,22 @@ def run_rlhfkit(steps: int, dynamic_filtering: bool) -> dict:
                                         reward_fn=first_number_reward)
     history = trainer.fit()
     tracker.close()
-    n_params = sum(p.numel() for p in trainer.policy.parameters())
-    train_tokens = [m.get("train_tokens", 0.0) for m in history]
+    head = trainer.policy.get_output_embeddings().weight.numel()
+    update_s = max(sum(m.get("time/update", 0.0) for m in history), 1e-9)
+    total = {k: sum(m.get(k, 0.0) for m in history) for k in ("train_tokens", "sample_tokens", "response_tokens")}
+    # Training FLOPs: 6 x (parameters besides the LM head) per token the forward/backward ran on,
+    # plus 6 x LM-head parameters per response token (the head runs only there); attention ignored.
+    body = sum(p.numel() for p in trainer.policy.parameters()) - head
+    flops = 6 * body * total["train_tokens"] + 6 * head * total["response_tokens"]
     return {
         "step_times": [m["time/step"] for m in history],
         "rewards": [m["reward"] for m in history],
         "rollout_tok_s": statistics.median(m["rollout_tokens_per_s"] for m in history),
-        "train_tok_s": sum(train_tokens) / max(sum(m.get("time/update", 0.0) for m in history), 1e-9),
-        "n_params": n_params,
+        "train_tok_s": total["train_tokens"] / update_s,
+        "sample_tok_s": total["sample_tokens"] / update_s,
+        "train_gflops": flops / update_s / 1e9,
+        "update_s": statistics.median(m.get("time/update", 0.0) for m in history),
+        "generate_s": statistics.median(m.get("time/generate", 0.0) for m in history),
     }
 
 
@@ -117,7 +134,7 @@ def matmul_gflops(dtype_name: str, n: int = 1024, reps: int = 20) -> float:
 
 
 def child(which: str, steps: int) -> None:
-    out = run_trl(steps) if which == "trl" else run_rlhfkit(steps, dynamic_filtering=which == "rlhfkit+filter")
+    out = run_trl(steps) if which == "trl" else run_rlhfkit(steps, which)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("BENCH_RESULT " + json.dumps(out), flush=True)
 
@@ -135,8 +152,8 @@ def spawn(which: str, steps: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--child", choices=["rlhfkit", "rlhfkit+filter", "trl"])
-    ap.add_argument("--only", default="rlhfkit,rlhfkit+filter,trl")
+    ap.add_argument("--child", choices=[*RLHFKIT_VARIANTS, "trl"])
+    ap.add_argument("--only", default=",".join([*RLHFKIT_VARIANTS, "trl"]))
     a = ap.parse_args()
     if a.child:
         child(a.child, a.steps)
@@ -157,10 +174,12 @@ def main() -> None:
                 print(f"{w}/TRL: {speed:.2f}x faster per step, {mem:.2f}x the peak memory")
     for w, r in results.items():
         if "train_tok_s" in r:
-            achieved = 6 * r["n_params"] * r["train_tok_s"] / 1e9
-            print(f"{w}: rollout {r['rollout_tok_s']:.0f} tok/s; training {r['train_tok_s']:.0f} tok/s = "
-                  f"{achieved:.1f} GFLOP/s = {achieved / flops['fp32']:.0%} of fp32 matmul "
-                  f"({flops['fp32']:.0f} GFLOP/s), {achieved / flops['bf16']:.0%} of bf16 ({flops['bf16']:.0f})")
+            achieved = r["train_gflops"]
+            print(f"{w}: median generate {r['generate_s']:.2f} s, update {r['update_s']:.2f} s; rollout "
+                  f"{r['rollout_tok_s']:.0f} tok/s; training {r['train_tok_s']:.0f} computed tok/s "
+                  f"({r['sample_tok_s']:.0f} prompt+response tok/s per sample) = {achieved:.1f} GFLOP/s = "
+                  f"{achieved / flops['fp32']:.0%} of fp32 matmul ({flops['fp32']:.0f} GFLOP/s), "
+                  f"{achieved / flops['bf16']:.0%} of bf16 ({flops['bf16']:.0f})")
 
 
 if __name__ == "__main__":

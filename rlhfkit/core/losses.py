@@ -257,21 +257,45 @@ def logprobs_from_logits(
     Returns:
         ``[...]`` float32 logprobs.
     """
+    return logprobs_and_entropy(logits, labels, temperature, chunk_size, with_entropy=False)[0]
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = True,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``logprobs_from_logits`` and the entropy of ``softmax(z / tau)`` in one pass over the
+    vocabulary: each float32 chunk is scaled and reduced (logsumexp) once for both.
+
+    ``entropy_grad=False`` computes the entropy without a graph (a metric only: no
+    ``[..., V]`` tensors kept for backward). Returns ``([...], [...] or None)`` float32.
+    """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     vocab = logits.shape[-1]
     flat_logits = logits.reshape(-1, vocab)
     flat_labels = labels.reshape(-1)
-    pieces = []
+    pieces, entropies = [], []
     for start in range(0, flat_logits.shape[0], chunk_size):
         z = flat_logits[start : start + chunk_size].float()
         if temperature != 1.0:
             z = z / temperature
+        lse = torch.logsumexp(z, dim=-1)
         picked = z.gather(-1, flat_labels[start : start + chunk_size].unsqueeze(-1)).squeeze(-1)
-        pieces.append(picked - torch.logsumexp(z, dim=-1))
+        pieces.append(picked - lse)
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                zz, ll = (z, lse) if entropy_grad else (z.detach(), lse.detach())
+                entropies.append(ll - (torch.exp(zz - ll.unsqueeze(-1)) * zz).sum(dim=-1))
     if not pieces:
-        return torch.zeros(labels.shape, dtype=torch.float32, device=logits.device)
-    return torch.cat(pieces).reshape(labels.shape)
+        empty = torch.zeros(labels.shape, dtype=torch.float32, device=logits.device)
+        return empty, empty.clone() if with_entropy else None
+    entropy = torch.cat(entropies).reshape(labels.shape) if with_entropy else None
+    return torch.cat(pieces).reshape(labels.shape), entropy
 
 
 # ---------------------------------------------------------------- supervised and preference

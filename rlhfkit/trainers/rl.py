@@ -415,6 +415,7 @@ class RLTrainer:
         out["optimizer_steps"] = float(n_opt)
         out["train_tokens"] = computed  # tokens the forward/backward ran on (no padding; shared prompts once)
         out["sample_tokens"] = float(exp.batch.attention_mask.sum()) * t.max_epochs  # prompt + response per sample
+        out["response_tokens"] = float(exp.batch.response_mask.sum()) * t.max_epochs
         return out
 
     def micro_step(self, exp: Experience, rows: torch.Tensor, layout, num_tokens: int, num_seqs: int) -> dict[str, float]:
@@ -425,7 +426,7 @@ class RLTrainer:
         counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=self.budget.total)
         with autocast_ctx(a.autocast):
             logp, entropy = response_logprobs(self.policy, mb, temperature=cfg.rollout.temperature or 1.0,
-                                              with_entropy=True)
+                                              with_entropy=True, entropy_grad=bool(a.entropy_coef))
         logp = logp.float()
         old = x["old_logp"] if x["old_logp"] is not None else logp.detach()
         lo, hi = a.eps_clip_low_high

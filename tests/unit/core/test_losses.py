@@ -310,3 +310,20 @@ def test_dpo_loss_is_differentiable():
     loss.backward()
     # d/dpc -log sigmoid(beta h) = -beta * (1 - sigmoid(beta h)), h = 1
     assert pc.grad.item() == pytest.approx(-0.5 * (1 - 1 / (1 + math.exp(-0.5))), abs=1e-6)
+
+
+@pytest.mark.parametrize("entropy_grad", [True, False])
+def test_logprobs_and_entropy_in_one_pass_equal_the_separate_functions(entropy_grad):
+    from rlhfkit.core.losses import logprobs_and_entropy
+
+    torch.manual_seed(3)
+    logits = torch.randn(3, 5, 11, requires_grad=True)
+    labels = torch.randint(0, 11, (3, 5))
+    logp, ent = logprobs_and_entropy(logits, labels, temperature=0.7, chunk_size=4, entropy_grad=entropy_grad)
+    torch.testing.assert_close(logp, logprobs_from_logits(logits, labels, temperature=0.7), **ATOL)
+    torch.testing.assert_close(ent, entropy_from_logits(logits / 0.7), **ATOL)
+    assert ent.requires_grad == entropy_grad and logp.requires_grad
+    if entropy_grad:
+        g1, = torch.autograd.grad(ent.sum(), logits)
+        g2, = torch.autograd.grad(entropy_from_logits(logits / 0.7).sum(), logits)
+        torch.testing.assert_close(g1, g2, **ATOL)
