@@ -130,6 +130,8 @@ def test_async_never_trains_staler_than_the_bound_with_a_slow_worker(ws, cluster
         ws, ws / "ray_async", {"train.async_enable": "true", "train.max_staleness": "1", "train.max_steps": "5"},
         delays={1: 1.5})
     trainer.engine.patience_s = 0.5
+    seen = []  # the data position a checkpoint written by a callback would store
+    trainer.callbacks.append(lambda tr, step, m: seen.append((step, tr.state_dict()["index"])))
     history = train_rl.fit(trainer, cfg)
     tracker.close()
     assert trainer.step == 5 and len(history) == 5
@@ -139,4 +141,6 @@ def test_async_never_trains_staler_than_the_bound_with_a_slow_worker(ws, cluster
     assert sum(h["stale_dropped"] for h in history) >= 1  # the slow worker's groups were dropped
     counts = collections.Counter(trained)
     assert len(trained) == 5 * 16 and set(counts.values()) == {4} and len(counts) == 20  # none lost or doubled
+    # callbacks (checkpoints) see the position before the look-ahead batch: a resume regenerates it
+    assert seen == [(k, 4 * k) for k in range(1, 6)]
     trainer.engine.shutdown()
