@@ -9,6 +9,7 @@ resources (a local cluster: this machine; `ray start` on several machines: sprea
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,16 +27,26 @@ def start_ray(address: str | None, num_cpus: int, temp_dir: Path) -> bool:
     if ray.is_initialized():
         return False
     if address is not None:
-        try:
-            ray.init(address=address, include_dashboard=False)
-        except ConnectionError as exc:
-            raise ConfigError(f"--distributed.address {address}: no Ray cluster answers there ({exc}); start one "
-                              "with `ray start --head` and pass the address it prints") from exc
+        check_reachable(address)  # ray.init itself retries an unreachable address for minutes
+        ray.init(address=address, include_dashboard=False)
         return True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local cluster: no token to set up
     temp_dir.mkdir(parents=True, exist_ok=True)
     ray.init(num_cpus=num_cpus, _temp_dir=str(temp_dir.resolve()), include_dashboard=False)
     return True
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse an address (HOST:PORT of a Ray head) that accepts no TCP connection. `auto` passes."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--distributed.address {address}: no Ray cluster answers there ({type(exc).__name__}: "
+                          f"{exc}); start one with `ray start --head` and pass the HOST:PORT it prints") from exc
 
 
 def worker_factory(model_path: str, gguf_file: str | None, dtype: str, autocast: str | None,

@@ -83,7 +83,7 @@ class RayEnginePool:
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int, wait: bool | None = None) -> None:
         """Send `state` (empty: the policy's whole state dict) at `version` to every worker, via one ray.put."""
         state = state or self.policy.state_dict()
-        self._state_ref = ray.put({k: v.detach().to("cpu", copy=True) for k, v in state.items()})
+        self._state_ref = _put_state(state)
         self._version = version
         acks = [(i, self._send_weights(w)) for i, w in enumerate(self.workers)]
         if self.wait_for_weights if wait is None else wait:
@@ -159,12 +159,16 @@ class RayEnginePool:
         """A new actor in `slot` holding the current weights (unless another call replaced `dead` already)."""
         if dead is not None and self.workers[slot] is not dead:
             return
-        with_state = self.policy.state_dict() if self._state_ref is None else None
-        if with_state is not None:
-            self._state_ref = ray.put({k: v.detach().cpu() for k, v in with_state.items()})
+        # the trainer is not updating while it gathers: its policy holds exactly version self._version
+        self._state_ref = _put_state(self.policy.state_dict())
         self.workers[slot] = self.make_worker(slot)
         self.replaced += 1
         ray.get(self._send_weights(self.workers[slot]))
+
+
+def _put_state(state: Mapping[str, torch.Tensor]):
+    """One copy of a state dict in the object store (CPU tensors); workers read it from there."""
+    return ray.put({k: v.detach().cpu() for k, v in state.items()})
 
 
 def split_even(n: int, parts: int) -> list[tuple[int, int]]:

@@ -148,6 +148,8 @@ BEFORE_MODELS = [
     ("66-async-with-dynamic-filtering", {"train.async_enable": "true", "train.max_staleness": 1,
                                          "distributed.backend": "ray", "algo.dynamic_filtering_enable": "true"},
      "does not combine with --algo.dynamic_filtering_enable yet"),
+    ("67-ray-address-unreachable", {"distributed.backend": "ray", "distributed.address": "127.0.0.1:1"},
+     "--distributed.address 127.0.0.1:1: no Ray cluster answers there (ConnectionRefusedError"),
 ]
 
 
