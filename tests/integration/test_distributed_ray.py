@@ -100,14 +100,17 @@ def in_process_trainer(ws, out, argv_over, delays=None):
 
 def test_killed_worker_is_replaced_and_its_prompts_reissued(ws, cluster, local_run):
     cfg, trainer, tracker, trained = in_process_trainer(ws, ws / "ray_kill", {})
-    killed = []
+    killed, pool = [], trainer.engine
+    submit = pool.submit
 
-    def kill_worker_0(tr, step, metrics):
-        if step == 2:
-            killed.append(tr.engine.workers[0])
-            ray.kill(tr.engine.workers[0])  # dies before the next step's generation
+    def submit_then_kill(*args, **kwargs):  # step 3: worker 0 dies while its shard is in flight
+        pending = submit(*args, **kwargs)
+        if trainer.step == 2 and not killed:
+            killed.append(pool.workers[0])
+            ray.kill(pool.workers[0])
+        return pending
 
-    trainer.callbacks.append(kill_worker_0)
+    pool.submit = submit_then_kill
     train_rl.fit(trainer, cfg)
     tracker.close()
     assert killed and trainer.engine.replaced == 1 and trainer.engine.workers[0] is not killed[0]
@@ -144,3 +147,14 @@ def test_async_never_trains_staler_than_the_bound_with_a_slow_worker(ws, cluster
     # callbacks (checkpoints) see the position before the look-ahead batch: a resume regenerates it
     assert seen == [(k, 4 * k) for k in range(1, 6)]
     trainer.engine.shutdown()
+
+
+def test_an_error_in_the_trainer_actor_is_the_cli_one_line_error(ws, cluster, capsys):
+    (ws / "reward_raises.py").write_text("def reward_func(queries, prompts, labels, **kw):\n    raise KeyError('x')\n")
+    argv = flags(ws, ws / "ray_err", **{"distributed.backend": "ray", "reward.remote_url": str(ws / "reward_raises.py"),
+                                        "train.max_steps": "1"})
+    assert main(["train", "rl", *argv]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "raised KeyError" in lines[0], err
+    assert "Traceback" not in err
