@@ -1,7 +1,9 @@
 """Rollout throughput: HFEngine's decode loop vs plain `model.generate` on SmolLM2-135M-Instruct.
 
 16 prompts x 8 samples x 16 new tokens at T=0.7 (no top-k/top-p), fp32 and bf16 autocast.
-Prints generated tokens/s (stop tokens included, padding excluded) and the ratio.
+Prints generated tokens/s (stop tokens included, padding excluded) and the ratio, and the
+engine with one sampling generator per prompt (`seeds=`, what the trainer uses: one multinomial
+per prompt per token) against one generator for the whole batch.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_vs_generate.py [--cache-dir DIR] [--repeats N]
 """
@@ -25,6 +27,13 @@ QUESTIONS = [f"What is {a}+{b}?" for a, b in zip(range(3, 19), range(7, 55, 3))]
 def run_engine(model, tok, prompts, params, dtype, seed):
     engine = HFEngine(model, tok, autocast_dtype=dtype)
     trajs = engine.generate(prompts, params, torch.Generator().manual_seed(seed))
+    return sum(t.response_length for t in trajs)
+
+
+def run_engine_seeded(model, tok, prompts, params, dtype, seed):
+    engine = HFEngine(model, tok, autocast_dtype=dtype)
+    seeds = torch.randint(0, 2**62, (len(prompts),), generator=torch.Generator().manual_seed(seed)).tolist()
+    trajs = engine.generate(prompts, params, seeds=seeds)
     return sum(t.response_length for t in trajs)
 
 
@@ -78,7 +87,10 @@ def main() -> None:
     for name, dtype in (("fp32", None), ("bf16 autocast", torch.bfloat16)):
         e_tok, e_s = timed(lambda r: run_engine(model, tok, prompts, params, dtype, r), args.repeats)
         g_tok, g_s = timed(lambda r: run_generate(model, tok, prompts, params, dtype, r), args.repeats)
-        e_rate, g_rate = e_tok / e_s, g_tok / g_s
+        s_tok, s_s = timed(lambda r: run_engine_seeded(model, tok, prompts, params, dtype, r), args.repeats)
+        e_rate, g_rate, s_rate = e_tok / e_s, g_tok / g_s, s_tok / s_s
+        print(f"{name:14s} HFEngine per-prompt seeds {s_rate:7.1f} tok/s ({s_tok} tok, {s_s:.2f}s) | "
+              f"vs one generator {s_rate / e_rate:.2f}x")
         print(
             f"{name:14s} HFEngine {e_rate:7.1f} tok/s ({e_tok} tok, {e_s:.2f}s) | "
             f"model.generate {g_rate:7.1f} tok/s ({g_tok} tok, {g_s:.2f}s) | ratio {e_rate / g_rate:.2f}x"

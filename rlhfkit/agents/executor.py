@@ -60,8 +60,12 @@ class SingleTurnExecutor:
     provides_rewards = False
 
     def run(self, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt], params: SamplingParams,
-            budget: TokenBudget | None = None, generator: torch.Generator | None = None) -> list[Trajectory]:
-        """len(prompts) * params.n trajectories, sample s of prompt i at i*n + s (group_id i)."""
+            budget: TokenBudget | None = None, generator: torch.Generator | None = None,
+            seeds: Sequence[int] | None = None) -> list[Trajectory]:
+        """len(prompts) * params.n trajectories, sample s of prompt i at i*n + s (group_id i).
+        `seeds`: one per prompt (see GenerationEngine.generate), else `generator` seeds the call."""
+        if seeds is not None:
+            return engine.generate([p.ids for p in prompts], params, seeds=seeds)
         return engine.generate([p.ids for p in prompts], params, generator=generator)
 
 
@@ -80,6 +84,7 @@ class _Episode:
     score: float | None = None
     extra_logs: dict[str, float] = field(default_factory=dict)
     turns: int = 0
+    seeds: list[int] | None = None  # one sampling seed per turn (None: the call's generator)
     done: bool = False
     truncated: bool = False
 
@@ -102,20 +107,26 @@ class MultiTurnExecutor:
         self.source = source or getattr(agent_instance_cls, "__qualname__", str(agent_instance_cls))
 
     def run(self, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt], params: SamplingParams,
-            budget: TokenBudget | None = None, generator: torch.Generator | None = None) -> list[Trajectory]:
+            budget: TokenBudget | None = None, generator: torch.Generator | None = None,
+            seeds: Sequence[int] | None = None) -> list[Trajectory]:
         """Episodes for each prompt x params.n samples, in the SingleTurnExecutor's order.
 
-        Runs its own event loop (asyncio.run): call it from synchronous code.
+        With `seeds` (one per prompt), episode s of prompt i samples turn k with seed
+        `episode_seeds(seeds[i], n, max_turns)[s][k]`: its episodes do not depend on the other
+        prompts of the call. Runs its own event loop (asyncio.run): call it from synchronous code.
         """
         budget = budget or TokenBudget(params.max_new_tokens, params.max_new_tokens, 1)
-        return asyncio.run(self._run(engine, tokenizer, prompts, params, budget, generator))
+        return asyncio.run(self._run(engine, tokenizer, prompts, params, budget, generator, seeds))
 
-    async def _run(self, engine, tokenizer, prompts, params, budget, generator) -> list[Trajectory]:
+    async def _run(self, engine, tokenizer, prompts, params, budget, generator, seeds) -> list[Trajectory]:
         turn_params = dataclasses.replace(params, n=1)
         episodes = []
         for i, p in enumerate(prompts):
-            for _ in range(params.n):
-                episodes.append(await self._reset(i, p, tokenizer, turn_params))
+            per_episode = None if seeds is None else episode_seeds(seeds[i], params.n, budget.max_turns)
+            for s in range(params.n):
+                e = await self._reset(i, p, tokenizer, turn_params)
+                e.seeds = None if per_episode is None else per_episode[s]
+                episodes.append(e)
         for _ in range(budget.max_turns):
             active = [e for e in episodes if not e.finished]
             if not active:
@@ -143,7 +154,11 @@ class MultiTurnExecutor:
             batches.setdefault(dataclasses.replace(e.params, max_new_tokens=room), []).append(e)
         actions: dict[int, Trajectory] = {}
         for p, group in batches.items():
-            outs = engine.generate([e.prompt_ids + e.response for e in group], p, generator=generator)
+            ids = [e.prompt_ids + e.response for e in group]
+            if group[0].seeds is not None:  # turn k of an episode: its own seed
+                outs = engine.generate(ids, p, seeds=[e.seeds[e.turns] for e in group])
+            else:
+                outs = engine.generate(ids, p, generator=generator)
             actions.update({id(e): t for e, t in zip(group, outs)})
         states = []
         for e in active:
@@ -202,6 +217,12 @@ class MultiTurnExecutor:
             info={"agent_reward": e.reward, "agent_score": e.reward if e.score is None else e.score,
                   "extra_logs": dict(e.extra_logs), "turns": e.turns},
         )
+
+
+def episode_seeds(seed: int, n: int, max_turns: int) -> list[list[int]]:
+    """[n][max_turns] sampling seeds for the episodes of one prompt, drawn from `seed` alone."""
+    gen = torch.Generator().manual_seed(int(seed))
+    return torch.randint(0, 2**62, (n, max_turns), generator=gen).tolist()
 
 
 def agent_rewards(trajectories: Sequence[Trajectory]) -> RewardOutput:

@@ -17,7 +17,8 @@ from rlhfkit.tracking.plots import plot_curves, plot_panels
 from rlhfkit.tracking.progress import ProgressBar
 from rlhfkit.tracking.samples import CompletionLogger
 from rlhfkit.tracking.wandb_writer import WandbWriter
-from rlhfkit.trainers.build import build_engine, build_executor, build_models, load_reward, tokenize_prompts
+from rlhfkit.trainers.build import (build_engine, build_executor, build_models, load_reward, resolve_model,
+                                   tokenize_prompts)
 from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn, reward_verifier
 from rlhfkit.trainers.rl import RLTrainer
 
@@ -74,10 +75,12 @@ def prepare_run_dir(cfg: RLConfig) -> Path:
 
 
 def build_trainer(
-    cfg: RLConfig, load_examples, run_dir: Path, callbacks=(), reward_fn=None, resume_step: int | None = None
+    cfg: RLConfig, load_examples, run_dir: Path, callbacks=(), reward_fn=None, resume_step: int | None = None,
+    make_engine=None,
 ) -> tuple[RLTrainer, RunTracker, int]:
     """Models, engine, reward (`reward_fn` or --reward.remote_url), prompts (`load_examples(tokenizer)`)
-    and tracker -> an RLTrainer. `resume_step`: the step of the checkpoint the run will resume from."""
+    and tracker -> an RLTrainer. `resume_step`: the step of the checkpoint the run will resume from.
+    `make_engine(policy, tokenizer)`: another engine than the one --distributed.backend builds (tests)."""
     plan = validate(cfg)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
@@ -85,7 +88,12 @@ def build_trainer(
     if reward_fn is None and not executor.provides_rewards:  # an agent's step() gives the rewards
         reward_fn = load_reward(cfg.reward, cfg.train.micro_batch_size)
     policy, tokenizer, ref, critic = build_models(cfg)
-    engine = build_engine(policy, tokenizer, cfg)
+    if make_engine is not None:
+        engine = make_engine(policy, tokenizer)
+    elif cfg.distributed.backend == "ray":
+        engine = build_pool(cfg, policy)
+    else:
+        engine = build_engine(policy, tokenizer, cfg)
     prompts, skipped = tokenize_prompts(load_examples(tokenizer), tokenizer, cfg.data.prompt_max_len)
     trainer = RLTrainer(cfg, plan, policy, tokenizer, engine, reward_fn, prompts, ref=ref, critic=critic,
                         callbacks=callbacks, executor=executor)
@@ -94,6 +102,18 @@ def build_trainer(
                          writers=extra_writers(cfg, run_dir))
     trainer.tracker = tracker
     return trainer, tracker, skipped
+
+
+def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
+    """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running).
+    `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back)."""
+    from rlhfkit.distributed.launch import worker_factory
+    from rlhfkit.distributed.pool import RayEnginePool
+
+    path, gguf = resolve_model(cfg.actor.model_name_or_path)
+    make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
+                          cfg.distributed.num_gpus_per_worker, delays)
+    return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not cfg.train.async_enable)
 
 
 def make_evaluator(cfg: RLConfig) -> Evaluator:
@@ -121,12 +141,6 @@ def run(argv: list[str]) -> int:
     d = cfg.data
     load_prompts(d.prompt_dataset, input_key=d.input_key, label_key=d.label_key,  # fail fast, before models
                  input_template=d.input_template, max_samples=d.max_samples)
-
-    def load_examples(tokenizer, path=d.prompt_dataset, max_samples=d.max_samples):
-        return load_prompts(path, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
-                            apply_chat_template=d.apply_chat_template, input_template=d.input_template,
-                            max_samples=max_samples, shuffle_seed=cfg.train.seed)
-
     if cfg.eval.dataset and cfg.agent.func_path:
         raise ConfigError("--eval.dataset is single-turn greedy evaluation; it does not run agents yet "
                           "(drop --eval.dataset or --agent.func_path)")
@@ -135,6 +149,35 @@ def run(argv: list[str]) -> int:
                      input_template=d.input_template, max_samples=cfg.eval.max_samples)
     if cfg.eval.verifier:  # fail fast, before models
         load_reward(cfg.eval.verifier)
+    if cfg.distributed.backend == "ray":
+        return run_on_ray(cfg, run_dir, t0)
+    return train(cfg, run_dir, t0)
+
+
+def run_on_ray(cfg: RLConfig, run_dir: Path, t0: float) -> int:
+    """`train` in a trainer actor of a Ray cluster (joined or started here, shut down at the end)."""
+    from rlhfkit.distributed.launch import run_in_trainer_actor, start_ray
+
+    d = cfg.distributed
+    started = start_ray(d.address, d.num_cpus or cfg.rollout.num_workers + 1, run_dir / "ray")
+    try:
+        return run_in_trainer_actor(train, (cfg, run_dir, t0), cfg.train.num_threads, d.num_gpus_trainer)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def train(cfg: RLConfig, run_dir: Path, t0: float) -> int:
+    """Build, (resume,) train, evaluate and save: the same code in one process and in a trainer actor."""
+    d = cfg.data
+
+    def load_examples(tokenizer, path=d.prompt_dataset, max_samples=d.max_samples):
+        return load_prompts(path, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
+                            apply_chat_template=d.apply_chat_template, input_template=d.input_template,
+                            max_samples=max_samples, shuffle_seed=cfg.train.seed)
+
     evaluator = make_evaluator(cfg)
     ckpt, resume = setup_checkpoints(cfg, run_dir)
     trainer, tracker, skipped = build_trainer(cfg, load_examples, run_dir, callbacks=[evaluator.periodic, ckpt.periodic],
@@ -150,9 +193,18 @@ def run(argv: list[str]) -> int:
         attach_scorers(evaluator, cfg, trainer.reward_fn)
     if trainer.step == 0:
         evaluator(trainer, 0)
-    trainer.fit()
+    fit(trainer, cfg)
     evaluator(trainer, trainer.step)
     final = trainer.save(run_dir / "final")
     tracker.close()
     print(f"done in {time.perf_counter() - t0:.0f}s: {trainer.step} steps; model saved to {final}")
     return 0
+
+
+def fit(trainer: RLTrainer, cfg: RLConfig) -> list[dict]:
+    """trainer.fit(), or with --train.async_enable the pipelined loop of rlhfkit.distributed."""
+    if not cfg.train.async_enable:
+        return trainer.fit()
+    from rlhfkit.distributed.async_loop import fit_async
+
+    return fit_async(trainer, cfg.rollout.batch_size, cfg.train.max_staleness)

@@ -126,6 +126,8 @@ class RolloutConfig:
     stop_token_ids: tuple[int, ...] = ()
     max_batch_size: int = 128
     """Largest number of sequences decoded together (memory bound)."""
+    num_workers: int = 1
+    """Rollout worker actors with --distributed.backend ray (each holds a policy copy + an engine)."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,12 @@ class TrainConfig:
     """torch intra-op threads; none = all cores."""
     max_skipped_steps: int = 5
     """Stop after this many optimizer steps in a row skipped for a NaN/inf loss or gradient (0: never)."""
+    async_enable: bool = False
+    """Generate the next rollout batch (with the weights of the time) while training on the current
+    one (needs --distributed.backend ray and --train.max_staleness >= 1)."""
+    max_staleness: int = 0
+    """Most policy versions a trained sample may lag the trainer; staler groups are dropped (counted)
+    and their prompts re-issued. 0 = synchronous."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +261,20 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    backend: str = "local"
+    """local (one process: the engine shares the policy) or ray (rollout worker actors + a trainer actor)."""
+    address: str | None = None
+    """Ray cluster to join (e.g. HEAD_IP:6379 from `ray start --head`); none = start a local one."""
+    num_cpus: int | None = None
+    """Logical CPUs of a local Ray cluster; none = rollout.num_workers + 1 (one per actor)."""
+    num_gpus_per_worker: float = 0.0
+    """GPUs each rollout worker actor asks Ray for (0 on CPU; e.g. 1 on a GPU node)."""
+    num_gpus_trainer: float = 0.0
+    """GPUs the trainer actor asks Ray for."""
+
+
+@dataclass(frozen=True)
 class RLConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
@@ -266,6 +288,7 @@ class RLConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 # OpenRLHF's older flat names, accepted as aliases of ours.
@@ -316,6 +339,7 @@ RL_ALIASES = {
     "wandb_project": "logger.wandb.project",
     "wandb_run_name": "logger.wandb.name",
     "wandb_group": "logger.wandb.group",
+    "async_train": "train.async_enable",
 }
 
 
@@ -396,6 +420,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _require(cfg.reward.timeout is None or cfg.reward.timeout > 0,
              f"--reward.timeout must be > 0 seconds or none (got {cfg.reward.timeout})")
     _validate_eval(cfg)
+    _validate_distributed(cfg)
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
     return BatchPlan(
         samples_per_rollout=samples,
@@ -414,6 +439,32 @@ def _validate_eval(cfg: RLConfig) -> None:
     bad = [k for k in e.k if not 1 <= k <= e.n_samples]
     _require(not bad, f"--eval.k {','.join(map(str, e.k))}: every k must be in [1, --eval.n_samples "
                       f"{e.n_samples}]; raise --eval.n_samples or drop {bad}")
+
+
+BACKENDS = ("local", "ray")
+
+
+def _validate_distributed(cfg: RLConfig) -> None:
+    d, t, n = cfg.distributed, cfg.train, cfg.rollout.num_workers
+    _one_of("distributed.backend", d.backend, BACKENDS)
+    _require(n >= 1, f"--rollout.num_workers must be >= 1 (got {n})")
+    _require(d.backend == "ray" or (n == 1 and d.address is None),
+             "--rollout.num_workers > 1 and --distributed.address need --distributed.backend ray")
+    _require(d.num_cpus is None or d.num_cpus >= 1, f"--distributed.num_cpus must be >= 1 (got {d.num_cpus})")
+    _require(min(d.num_gpus_per_worker, d.num_gpus_trainer) >= 0, "--distributed.num_gpus_* must be >= 0")
+    _require(t.max_staleness >= 0, f"--train.max_staleness must be >= 0 (got {t.max_staleness})")
+    if t.async_enable:
+        _require(d.backend == "ray", "--train.async_enable overlaps generation on Ray rollout workers with "
+                                     "training: add --distributed.backend ray (the local backend is synchronous)")
+        _require(t.max_staleness >= 1, "--train.async_enable trains on samples one policy version old: "
+                                       f"set --train.max_staleness 1 or more (got {t.max_staleness})")
+        _require(cfg.agent.func_path is None, "--train.async_enable does not run agents yet; drop "
+                                              "--agent.func_path or --train.async_enable")
+        _require(not cfg.algo.dynamic_filtering_enable, "--train.async_enable does not combine with "
+                 "--algo.dynamic_filtering_enable yet; drop one of them")
+    else:
+        _require(t.max_staleness == 0, f"--train.max_staleness {t.max_staleness} without --train.async_enable: "
+                                       "a synchronous run trains on fresh samples only; add --train.async_enable")
 
 
 def _divisor_hint(total: int, wanted: int) -> int:

@@ -38,11 +38,15 @@ class GenerationEngine(Protocol):
         params: SamplingParams,
         generator: torch.Generator | None = None,
         group_ids: Sequence[int] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[Trajectory]:
         """Sample `params.n` responses for each prompt.
 
         Returns len(prompts) * n trajectories, the n samples of prompt i at [i*n, (i+1)*n),
-        each stamped with `self.version` and `group_ids[i]` (default i).
+        each stamped with the version of the weights that generated them and `group_ids[i]`
+        (default i). With `seeds` (one int per prompt), prompt i's samples depend only on its
+        ids, the weights and seeds[i], not on the other prompts of the call (so prompts can be
+        sharded over engines and re-issued); otherwise `generator` seeds the whole call.
         """
         ...
 

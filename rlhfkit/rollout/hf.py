@@ -92,9 +92,17 @@ class HFEngine:
         params: SamplingParams,
         generator: torch.Generator | None = None,
         group_ids: Sequence[int] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[Trajectory]:
-        """Sample `params.n` responses per prompt; sample s of prompt i is at index i*n + s."""
+        """Sample `params.n` responses per prompt; sample s of prompt i is at index i*n + s.
+
+        With `seeds` (one per prompt), prompt i's samples are drawn from its own generator
+        seeded with seeds[i] (one multinomial per prompt per token), so they do not depend on
+        which other prompts share the call or in what order: any sharding of the prompts over
+        engines gives the same samples. Otherwise one `generator` samples the whole batch."""
         _check_params(params, prompts, group_ids)
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ConfigError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
         stop_ids = torch.tensor(sorted(set(self.eos_ids) | set(params.stop_token_ids)), dtype=torch.long)
         was_training = self.model.training
         self.model.eval()
@@ -103,7 +111,8 @@ class HFEngine:
             with torch.inference_mode(), self._autocast():
                 for start, stop in self._chunks(prompts, params):
                     chunk = [list(p) for p in prompts[start:stop]]
-                    chunks.append((start, self._decode_chunk(chunk, params, stop_ids, generator)))
+                    gens = None if seeds is None else [_seeded(s) for s in seeds[start:stop]]
+                    chunks.append((start, self._decode_chunk(chunk, params, stop_ids, generator, gens)))
         finally:
             self.model.train(was_training)
         # Built outside inference mode: trajectories hold ordinary tensors a loss may save for backward.
@@ -117,8 +126,9 @@ class HFEngine:
 
     # ------------------------------------------------------------------ decode loop
 
-    def _decode_chunk(self, prompts: list[list[int]], params: SamplingParams, stop_ids, generator):
-        """Prefill `prompts` once, expand to n rows each, decode. Tensors [B, max_new] / [B]."""
+    def _decode_chunk(self, prompts: list[list[int]], params: SamplingParams, stop_ids, generator, gens=None):
+        """Prefill `prompts` once, expand to n rows each, decode. Tensors [B, max_new] / [B].
+        `gens`: one generator per prompt (rows of prompt i sample from gens[i]), or None."""
         n, max_new = params.n, params.max_new_tokens
         input_ids, attention_mask = self._left_pad(prompts)
         device = input_ids.device
@@ -137,7 +147,8 @@ class HFEngine:
         stopped = torch.zeros(batch, dtype=torch.bool)
         active = torch.arange(batch)  # rows still decoding, in the order of the cache rows
         for step in range(max_new):
-            tok, lp = _sample(logits, params, generator)
+            groups = None if gens is None else _row_groups(active, n, gens)
+            tok, lp = _sample(logits, params, generator, groups)
             tokens[active, step], logprobs[active, step] = tok.cpu(), lp.cpu()
             lengths[active] = step + 1
             hit = torch.isin(tok.cpu(), stop_ids)
@@ -214,11 +225,12 @@ class HFEngine:
 # ---------------------------------------------------------------------- sampling
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
+def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, groups=None):
     """logits [B, V] float32 -> (tokens [B], logprobs [B]).
 
     The logprob is log_softmax(logits / T) at the token, before top-k/top-p truncation;
-    T = 0 is greedy, with the logprob taken at T = 1.
+    T = 0 is greedy, with the logprob taken at T = 1. `groups`: [(first_row, end_row, generator)]
+    covering the rows in order: each span is sampled by one multinomial from its own generator.
     """
     if params.temperature == 0:
         tok = logits.argmax(dim=-1)
@@ -226,9 +238,24 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     scaled = logits / params.temperature
     logp = torch.log_softmax(scaled, dim=-1)
     probs = torch.softmax(_truncate(scaled, params.top_k, params.top_p), dim=-1)
-    sample_device = generator.device if generator is not None else probs.device
-    tok = torch.multinomial(probs.to(sample_device), 1, generator=generator).to(logits.device)
+    if groups is not None:  # per-prompt generators live on the CPU
+        cpu = probs.cpu()
+        tok = torch.cat([torch.multinomial(cpu[a:b], 1, generator=g) for a, b, g in groups]).to(logits.device)
+    else:
+        sample_device = generator.device if generator is not None else probs.device
+        tok = torch.multinomial(probs.to(sample_device), 1, generator=generator).to(logits.device)
     return tok.squeeze(-1), logp.gather(-1, tok).squeeze(-1)
+
+
+def _seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed))
+
+
+def _row_groups(active: torch.Tensor, n: int, gens: list[torch.Generator]) -> list[tuple]:
+    """active [B] (sorted row ids, n rows per prompt) -> [(first, end, gens[prompt])] per prompt present."""
+    prompt_of, counts = torch.unique_consecutive(active // n, return_counts=True)
+    ends = counts.cumsum(0).tolist()
+    return [(e - c, e, gens[p]) for p, c, e in zip(prompt_of.tolist(), counts.tolist(), ends)]
 
 
 def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

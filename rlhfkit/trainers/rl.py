@@ -161,6 +161,8 @@ class RLTrainer:
             else FixedKLController(k.init_coef)
         )
         self.reward_moments = RunningMoments()
+        # async runs (rlhfkit.distributed.fit_async): rollouts generated ahead, taken by generate()
+        self.pipeline = None
         self.step = 0
         # data position: the episode, its shuffled prompt order, the next rollout batch in it
         self.episode, self.order, self.index = 0, None, 0
@@ -206,6 +208,7 @@ class RLTrainer:
         timer, more = StepTimer(), more if more is not None else iter(())
         t_start = time.perf_counter()
         prompts, trajs, rewards, metrics = self.rollout(prompts, more, timer)
+        metrics.update(self.check_staleness(trajs))
         n_tokens = metrics.pop("generated_tokens")
         if trajs:
             with timer("experience"):
@@ -262,15 +265,24 @@ class RLTrainer:
                        drift_frac=metrics["drift_frac"] / scores.numel())
         return all_prompts, kept, torch.cat(kept_rewards), metrics
 
-    def generate(self, prompts: Sequence[PromptItem]) -> list[Trajectory]:
+    def sampling_params(self) -> SamplingParams:
         r = self.cfg.rollout
-        params = SamplingParams(
+        return SamplingParams(
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids),
         )
+
+    def prompt_seeds(self, count: int) -> list[int]:
+        """One sampling seed per prompt from sample_gen: samples do not depend on how an engine pool
+        shards the prompts, and a re-issued prompt regenerates the same samples."""
+        return torch.randint(0, 2**62, (count,), generator=self.sample_gen).tolist()
+
+    def generate(self, prompts: Sequence[PromptItem]) -> list[Trajectory]:
+        if self.pipeline is not None:  # async: generated ahead (stale groups re-issued there)
+            return self.pipeline.take(self, prompts)
+        params, seeds = self.sampling_params(), self.prompt_seeds(len(prompts))
         try:
-            return self.executor.run(self.engine, self.tokenizer, prompts, params, self.budget,
-                                     generator=self.sample_gen)
+            return self.executor.run(self.engine, self.tokenizer, prompts, params, self.budget, seeds=seeds)
         except RuntimeError as exc:  # torch.multinomial refuses NaN/inf probabilities
             if "inf" not in str(exc) and "nan" not in str(exc):
                 raise
@@ -279,6 +291,16 @@ class RLTrainer:
                 "loaded with NaN/inf); lower --actor.adam.lr and resume from the last good checkpoint with "
                 "--ckpt.load_enable true, or check the model folder"
             ) from exc
+
+    def check_staleness(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """Staleness of a sample = the policy version now - the version that generated it. Training on
+        a sample staler than --train.max_staleness is refused (the async pipeline drops those first)."""
+        lags = torch.tensor([float(self.engine.version - t.version) for t in trajs] or [0.0])
+        if lags.max() > self.cfg.train.max_staleness:
+            raise TrainingError(f"step {self.step + 1}: a sample is {int(lags.max())} policy versions old, more than "
+                                f"--train.max_staleness {self.cfg.train.max_staleness}; this is a bug in the pipeline")
+        dropped = self.pipeline.pop_dropped() if self.pipeline is not None else 0
+        return {"staleness_max": float(lags.max()), "staleness_mean": float(lags.mean()), "stale_dropped": float(dropped)}
 
     def score(self, prompts: Sequence[PromptItem], trajs: list[Trajectory]):
         """Call the reward function; apply overlong shaping and normalisation."""

@@ -136,6 +136,20 @@ BEFORE_MODELS = [
     ("29-reward-func-signature", {"reward.remote_url": "{ws}/reward_bad_signature.py"},
      "cannot be called with (queries, prompts, labels)"),
     ("30-no-reward", {"reward.remote_url": None}, "no reward: pass --reward.remote_url"),
+    ("60-async-without-ray", {"train.async_enable": "true", "train.max_staleness": 1},
+     "--train.async_enable overlaps generation on Ray rollout workers with training: add --distributed.backend ray"),
+    ("61-async-staleness-0", {"train.async_enable": "true", "distributed.backend": "ray"},
+     "set --train.max_staleness 1 or more (got 0)"),
+    ("62-staleness-without-async", {"train.max_staleness": 2},
+     "--train.max_staleness 2 without --train.async_enable"),
+    ("63-workers-without-ray", {"rollout.num_workers": 2}, "need --distributed.backend ray"),
+    ("64-unknown-backend", {"distributed.backend": "mpi"}, "--distributed.backend: unknown value 'mpi'; valid: local, ray"),
+    ("65-no-workers", {"rollout.num_workers": 0, "distributed.backend": "ray"}, "--rollout.num_workers must be >= 1"),
+    ("66-async-with-dynamic-filtering", {"train.async_enable": "true", "train.max_staleness": 1,
+                                         "distributed.backend": "ray", "algo.dynamic_filtering_enable": "true"},
+     "does not combine with --algo.dynamic_filtering_enable yet"),
+    ("67-ray-address-unreachable", {"distributed.backend": "ray", "distributed.address": "127.0.0.1:1"},
+     "--distributed.address 127.0.0.1:1: no Ray cluster answers there (ConnectionRefusedError"),
 ]
 
 

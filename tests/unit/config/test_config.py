@@ -76,3 +76,16 @@ def test_yaml_unknown_key_and_bad_yaml(tmp_path):
         parse("--config", str(f))
     with pytest.raises(ConfigError, match="no such file"):
         parse("--config", str(tmp_path / "missing.yaml"))
+
+
+def test_distributed_flags_parse_and_valid_combinations():
+    cfg = parse_config(RLConfig, ["--distributed.backend", "ray", "--rollout.num_workers", "3",
+                                  "--distributed.address", "10.0.0.1:6379", "--async_train",
+                                  "--train.max_staleness", "2"], aliases=RL_ALIASES)
+    validate(cfg)
+    assert (cfg.distributed.backend, cfg.rollout.num_workers, cfg.distributed.address) == ("ray", 3, "10.0.0.1:6379")
+    assert cfg.train.async_enable and cfg.train.max_staleness == 2
+    d = parse_config(RLConfig, [])
+    assert (d.distributed.backend, d.rollout.num_workers, d.train.async_enable, d.train.max_staleness) == \
+        ("local", 1, False, 0)
+    validate(parse_config(RLConfig, ["--distributed.backend", "ray", "--rollout.num_workers", "2"]))  # sync ray

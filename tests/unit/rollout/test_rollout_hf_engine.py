@@ -71,9 +71,14 @@ def test_greedy_equals_model_generate_left_padded(tiny, prompts):
         SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(STOP,)),  # greedy: logprob at T=1
     ],
 )
-def test_logprobs_match_trainer_forward(tiny, prompts, params):
+@pytest.mark.parametrize("per_prompt_seeds", [False, True], ids=["one_generator", "per_prompt_seeds"])
+def test_logprobs_match_trainer_forward(tiny, prompts, params, per_prompt_seeds):
     model, tok = tiny
-    trajs = HFEngine(model, tok).generate(prompts, params, generator=torch.Generator().manual_seed(0))
+    engine = HFEngine(model, tok)
+    if per_prompt_seeds:  # what the trainer uses
+        trajs = engine.generate(prompts, params, seeds=[5, 6, 7])
+    else:
+        trajs = engine.generate(prompts, params, generator=torch.Generator().manual_seed(0))
     batch = collate(trajs, pad_id=tok.pad_token_id)
     logp, _ = response_logprobs(model, batch, temperature=params.temperature or 1.0)
     width = batch.response_ids.shape[1]

@@ -85,7 +85,9 @@ def test_single_turn_generate_is_the_engines_generate():
     from rlhfkit.rollout.base import SamplingParams
 
     params = SamplingParams(max_new_tokens=3, temperature=1.0, n=2)
-    direct = engine.generate([p.ids for p in tr.prompts], params, generator=torch.Generator().manual_seed(7))
+    # the trainer draws one seed per prompt from its sample_gen (seeded with --train.seed)
+    seeds = torch.randint(0, 2**62, (len(tr.prompts),), generator=torch.Generator().manual_seed(7)).tolist()
+    direct = engine.generate([p.ids for p in tr.prompts], params, seeds=seeds)
     assert [t.response_ids.tolist() for t in via_trainer] == [t.response_ids.tolist() for t in direct]
     assert all(torch.equal(a.logprobs, b.logprobs) and a.group_id == b.group_id for a, b in zip(via_trainer, direct))
 

@@ -1,0 +1,69 @@
+"""Time per RL step: one process vs Ray sync (N workers + trainer actor) vs Ray async.
+
+Runs `rlhfkit train rl` three times on the same data and flags and prints, per mode, the mean
+`time/step` of the steps after the first (warm-up), the total wall time (Ray start included) and
+the mean `staleness_max`. The reward counts "7" characters (as the tests).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/ray_sync_vs_async.py --model smollm2 [--steps 4 --workers 2]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/ray_sync_vs_async.py --model tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from rlhfkit.cli.main import main as cli
+from rlhfkit.models import tiny_model_and_tokenizer
+
+REWARD = ("def reward_func(queries, prompts, labels, **kw):\n"
+          "    return [sum(c == '7' for c in q[len(p):]) / 8.0 for q, p in zip(queries, prompts)]\n")
+
+
+def run(root: Path, name: str, model: str, args, extra: list[str]) -> dict:
+    out = root / name
+    argv = ["train", "rl", "--actor.model_name_or_path", model, "--data.prompt_dataset", str(root / "p.jsonl"),
+            "--data.input_key", "q", "--reward.remote_url", str(root / "reward.py"),
+            "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "4",
+            "--rollout.max_new_tokens", str(args.max_new_tokens), "--train.batch_size", "32",
+            "--train.micro_batch_size", "8", "--train.max_steps", str(args.steps), "--train.num_threads", "1",
+            "--actor.adam.lr", "1e-5", "--logger.progress_bar", "false", "--ckpt.output_dir", str(out), *extra]
+    t0 = time.perf_counter()
+    assert cli(argv) == 0
+    wall = time.perf_counter() - t0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    later = rows[1:] or rows
+    return {"mode": name, "step_s": sum(r["time/step"] for r in later) / len(later), "wall_s": wall,
+            "generate_s": sum(r.get("time/generate", 0.0) for r in later) / len(later),
+            "staleness_max": sum(r["staleness_max"] for r in rows) / len(rows)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny", help="tiny, smollm2 or an HF folder")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="rb"))
+    (root / "p.jsonl").write_text("".join(json.dumps({"q": f"What is {i}+{i % 7}?"}) + "\n" for i in range(64)))
+    (root / "reward.py").write_text(REWARD)
+    model = args.model
+    if model == "tiny":
+        m, tok = tiny_model_and_tokenizer(seed=0)
+        m.save_pretrained(root / "tiny")
+        tok.save_pretrained(root / "tiny")
+        model = str(root / "tiny")
+    ray = ["--distributed.backend", "ray", "--rollout.num_workers", str(args.workers)]
+    results = [run(root, "local", model, args, []), run(root, "ray_sync", model, args, ray),
+               run(root, "ray_async", model, args, ray + ["--train.async_enable", "--train.max_staleness", "1"])]
+    for r in results:
+        print(f"{r['mode']:10s} time/step {r['step_s']:6.2f}s (generate {r['generate_s']:5.2f}s)  "
+              f"wall {r['wall_s']:6.1f}s  mean staleness_max {r['staleness_max']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

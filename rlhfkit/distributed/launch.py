@@ -1,0 +1,87 @@
+"""Ray start-up and actor placement: a local cluster (or an existing one), the rollout workers and
+the trainer actor.
+
+Placement: every rollout worker is one actor asking for 1 CPU and `num_gpus` GPUs; the trainer
+actor asks for 1 CPU and its own GPUs. Ray places them on any node of the cluster with free
+resources (a local cluster: this machine; `ray start` on several machines: spread by Ray).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import ray
+import torch
+
+from rlhfkit.distributed.worker import WORKER_GROUPS, RolloutWorker
+from rlhfkit.errors import ConfigError
+
+
+def start_ray(address: str | None, num_cpus: int, temp_dir: Path) -> bool:
+    """Join the cluster at `address`, or start a local one (`num_cpus` logical CPUs, no dashboard,
+    files under `temp_dir`). Returns True when this call started Ray (the caller shuts it down);
+    False when Ray was already running in this process (the caller leaves it running)."""
+    if ray.is_initialized():
+        return False
+    if address is not None:
+        check_reachable(address)  # ray.init itself retries an unreachable address for minutes
+        ray.init(address=address, include_dashboard=False)
+        return True
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local cluster: no token to set up
+    temp_dir.mkdir(parents=True, exist_ok=True)
+    ray.init(num_cpus=num_cpus, _temp_dir=str(temp_dir.resolve()), include_dashboard=False)
+    return True
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse an address (HOST:PORT of a Ray head) that accepts no TCP connection. `auto` passes."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--distributed.address {address}: no Ray cluster answers there ({type(exc).__name__}: "
+                          f"{exc}); start one with `ray start --head` and pass the HOST:PORT it prints") from exc
+
+
+def worker_factory(model_path: str, gguf_file: str | None, dtype: str, autocast: str | None,
+                   max_batch_size: int | None, num_gpus: float = 0.0,
+                   delays: dict[int, float] | None = None) -> Callable[[int], object]:
+    """slot -> a new RolloutWorker actor (1 CPU, `num_gpus` GPUs, one torch thread).
+    `delays`: test-only slow-worker hook, slot -> seconds each weight update is held back."""
+    cls = ray.remote(concurrency_groups=WORKER_GROUPS)(RolloutWorker)
+
+    def make(slot: int):
+        return cls.options(num_cpus=1, num_gpus=num_gpus).remote(
+            model_path, gguf_file, dtype, autocast, max_batch_size, delay_s=(delays or {}).get(slot, 0.0))
+
+    return make
+
+
+class TrainerHost:
+    """The trainer actor: runs the single-process training function, unchanged, inside Ray."""
+
+    def __init__(self, num_threads: int | None):
+        if num_threads:
+            torch.set_num_threads(num_threads)
+
+    def run(self, fn: Callable, *args):
+        return fn(*args)
+
+
+def run_in_trainer_actor(fn: Callable, args: tuple, num_threads: int | None, num_gpus: float = 0.0):
+    """`fn(*args)` inside a trainer actor; its exception (e.g. a ConfigError) is re-raised here as itself."""
+    host = ray.remote(TrainerHost).options(num_cpus=1, num_gpus=num_gpus).remote(num_threads)
+    try:
+        return ray.get(host.run.remote(fn, *args))
+    except ray.exceptions.RayTaskError as exc:
+        if exc.cause is not None:
+            raise exc.cause from None
+        raise
+    finally:
+        ray.kill(host)

@@ -1,0 +1,82 @@
+"""`RolloutWorker`: one Ray actor holding its own copy of the policy and an `HFEngine`.
+
+Two concurrency groups: `generate` calls run one at a time in submission order; `update_weights`
+runs beside them, so a weight transfer never waits for a generation to finish. A received state
+is staged and loaded at the start of the next `generate` (never under a running one): a
+generation uses the newest weights fully received when it starts, and every trajectory is
+stamped with their version. In synchronous mode the pool waits for every worker to acknowledge
+a version before it asks for samples, so that version is exactly the trainer's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from rlhfkit.data.types import Trajectory
+from rlhfkit.models import load_causal_lm, load_tokenizer
+from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.hf import HFEngine
+
+WORKER_GROUPS = {"generate": 1, "weights": 1}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class RolloutWorker:
+    """A policy copy loaded from `model_path` (+ `gguf_file`) behind an HFEngine, on one torch thread.
+
+    Args:
+      delay_s: test-only slow-worker hook: seconds to sleep before staging new weights (a worker
+        on a slow link lags behind the trainer's versions). Not a user flag.
+    """
+
+    def __init__(self, model_path: str, gguf_file: str | None, dtype: str, autocast: str | None,
+                 max_batch_size: int | None, num_threads: int = 1, device: str | None = None,
+                 delay_s: float = 0.0):
+        torch.set_num_threads(num_threads)
+        tokenizer = load_tokenizer(model_path, gguf_file=gguf_file)
+        model = load_causal_lm(model_path, dtype=_DTYPES[dtype], gguf_file=gguf_file)
+        if device is None and torch.cuda.is_available():
+            device = "cuda"
+        if device is not None:
+            model.to(device)
+        model.requires_grad_(False)
+        # version -1 until the pool sends the trainer's weights (it does so on creation)
+        self.engine = HFEngine(model, tokenizer, max_batch_size=max_batch_size,
+                               autocast_dtype=_DTYPES[autocast] if autocast else None, version=-1)
+        self.delay_s = delay_s
+        self._staged_cv = threading.Condition()
+        self._staged: tuple[Mapping[str, torch.Tensor], int] | None = None
+
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> int:
+        """Stage `state` at `version` (loaded by the next generate). Returns the version staged."""
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        with self._staged_cv:
+            if self._staged is None or self._staged[1] < version:
+                self._staged = (state, version)
+            self._staged_cv.notify_all()
+        return version
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int],
+                 group_ids: Sequence[int] | None = None, want_version: int | None = None,
+                 patience_s: float | None = 0.0) -> list[Trajectory]:
+        """Generate with the newest weights received; with `want_version`, first wait up to
+        `patience_s` seconds (None: as long as it takes) for that version to arrive."""
+        if want_version is not None:
+            with self._staged_cv:
+                self._staged_cv.wait_for(lambda: self._newest() >= want_version, timeout=patience_s)
+        self._load_staged()
+        return self.engine.generate(prompts, params, seeds=seeds, group_ids=group_ids)
+
+    def _newest(self) -> int:
+        return max(self.engine.version, self._staged[1] if self._staged is not None else -1)
+
+    def _load_staged(self) -> None:
+        with self._staged_cv:
+            staged, self._staged = self._staged, None
+        if staged is not None and staged[1] > self.engine.version:
+            self.engine.update_weights(staged[0], staged[1])

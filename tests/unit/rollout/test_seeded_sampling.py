@@ -1,0 +1,86 @@
+"""Per-prompt seeds: a prompt's samples depend only on its ids, the weights and its seed, so any
+sharding or ordering of the prompts over engines (or chunks) gives the same samples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhfkit.agents.executor import episode_seeds
+from rlhfkit.errors import ConfigError
+from rlhfkit.models import tiny_model_and_tokenizer
+from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.hf import HFEngine, _row_groups
+
+TEXTS = ["What is 2+3?", "1+1=", "Hello there, how are you?", "abc", "7*7 is"]
+STOP = 13  # finishes some rows early (see test_rollout_hf_engine), so groups shrink at different steps
+PARAMS = SamplingParams(max_new_tokens=10, temperature=1.0, n=3, stop_token_ids=(STOP,))
+SEEDS = [11, 22, 33, 44, 55]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    return model, tok, [tok(t)["input_ids"] for t in TEXTS]
+
+
+def _key(trajs):
+    return [(t.response_ids.tolist(), t.finish_reason) for t in trajs]
+
+
+def _by_prompt(trajs, n):
+    return [_key(trajs[i * n:(i + 1) * n]) for i in range(len(trajs) // n)]
+
+
+def test_row_groups_by_hand():
+    gens = [torch.Generator() for _ in range(3)]
+    groups = _row_groups(torch.tensor([0, 2, 3, 7, 8]), 3, gens)  # rows of prompts 0,0,1,2,2
+    assert [(a, b) for a, b, _ in groups] == [(0, 2), (2, 3), (3, 5)]
+    assert [g for _, _, g in groups] == [gens[0], gens[1], gens[2]]
+
+
+def test_same_samples_under_any_sharding_ordering_and_chunking(setup):
+    model, tok, prompts = setup
+    whole = HFEngine(model, tok).generate(prompts, PARAMS, seeds=SEEDS)
+    ref = _by_prompt(whole, 3)
+    assert len({str(r) for r in ref}) == len(ref)  # the prompts do get different samples
+    # two shards, as an engine pool with 2 workers would split them
+    a = HFEngine(model, tok).generate(prompts[:2], PARAMS, seeds=SEEDS[:2])
+    b = HFEngine(model, tok).generate(prompts[2:], PARAMS, seeds=SEEDS[2:])
+    assert _by_prompt(a + b, 3) == ref
+    # reversed order, and one prompt at a time through chunking
+    rev = HFEngine(model, tok).generate(prompts[::-1], PARAMS, seeds=SEEDS[::-1])
+    assert _by_prompt(rev, 3)[::-1] == ref
+    assert _by_prompt(HFEngine(model, tok, max_batch_size=3).generate(prompts, PARAMS, seeds=SEEDS), 3) == ref
+    # a re-issued prompt alone regenerates exactly its samples, logprobs included
+    again = HFEngine(model, tok).generate([prompts[3]], PARAMS, seeds=[SEEDS[3]])
+    assert _key(again) == ref[3]
+    for x, y in zip(again, whole[9:12]):
+        torch.testing.assert_close(x.logprobs, y.logprobs, rtol=0, atol=1e-6)
+
+
+def test_seed_changes_only_its_prompt(setup):
+    model, tok, prompts = setup
+    ref = _by_prompt(HFEngine(model, tok).generate(prompts, PARAMS, seeds=SEEDS), 3)
+    other = _by_prompt(HFEngine(model, tok).generate(prompts, PARAMS, seeds=SEEDS[:4] + [99]), 3)
+    assert other[:4] == ref[:4] and other[4] != ref[4]
+
+
+def test_greedy_ignores_seeds(setup):
+    model, tok, prompts = setup
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0, n=2)
+    engine = HFEngine(model, tok)
+    assert _key(engine.generate(prompts, greedy, seeds=SEEDS)) == _key(engine.generate(prompts, greedy))
+
+
+def test_seed_count_checked(setup):
+    model, tok, prompts = setup
+    with pytest.raises(ConfigError, match="seeds has 1 entries for 5 prompts"):
+        HFEngine(model, tok).generate(prompts, PARAMS, seeds=[1])
+
+
+def test_episode_seeds_depend_on_the_prompt_seed_only():
+    a = episode_seeds(7, 3, 4)
+    assert len(a) == 3 and all(len(row) == 4 for row in a)
+    assert a == episode_seeds(7, 3, 4) and a != episode_seeds(8, 3, 4)
+    assert len({s for row in a for s in row}) == 12
