@@ -230,21 +230,34 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
 
     The logprob is log_softmax(logits / T) at the token, before top-k/top-p truncation;
     T = 0 is greedy, with the logprob taken at T = 1. `groups`: [(first_row, end_row, generator)]
-    covering the rows in order: each span is sampled by one multinomial from its own generator.
+    covering the rows in order: each span draws its uniforms from its own generator.
     """
     if params.temperature == 0:
         tok = logits.argmax(dim=-1)
         return tok, torch.log_softmax(logits, dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
     scaled = logits / params.temperature
     logp = torch.log_softmax(scaled, dim=-1)
-    probs = torch.softmax(_truncate(scaled, params.top_k, params.top_p), dim=-1)
+    truncated = params.top_k > 0 or params.top_p < 1.0
+    probs = torch.softmax(_truncate(scaled, params.top_k, params.top_p), dim=-1) if truncated else logp.exp()
     if groups is not None:  # per-prompt generators live on the CPU
-        cpu = probs.cpu()
-        tok = torch.cat([torch.multinomial(cpu[a:b], 1, generator=g) for a, b, g in groups]).to(logits.device)
+        u = torch.cat([torch.rand(b - a, generator=g) for a, b, g in groups])
     else:
-        sample_device = generator.device if generator is not None else probs.device
-        tok = torch.multinomial(probs.to(sample_device), 1, generator=generator).to(logits.device)
-    return tok.squeeze(-1), logp.gather(-1, tok).squeeze(-1)
+        u = torch.rand(probs.shape[0], generator=generator, device=generator.device if generator is not None else "cpu")
+    tok = _inverse_cdf(probs, u.to(probs.device))
+    return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of `probs` [B, V] from uniforms `u` [B] in [0, 1): the first token whose
+    cumulative probability exceeds u * total (float64 sums; a zero-probability token is never
+    picked). One uniform per row instead of torch.multinomial's V exponentials: on this CPU
+    multinomial over [128, 49152] took ~130 ms per decode step, a third of it."""
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1]
+    if not bool(torch.isfinite(total).all() and (total > 0).all()):  # NaN/inf anywhere reaches the total
+        raise RuntimeError("probability tensor contains either inf, nan or element < 0 (no token can be sampled)")
+    x = (u.double() * total).unsqueeze(-1)
+    return torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def _seeded(seed: int) -> torch.Generator:

@@ -84,3 +84,25 @@ def test_episode_seeds_depend_on_the_prompt_seed_only():
     assert len(a) == 3 and all(len(row) == 4 for row in a)
     assert a == episode_seeds(7, 3, 4) and a != episode_seeds(8, 3, 4)
     assert len({s for row in a for s in row}) == 12
+
+
+def test_inverse_cdf_by_hand_never_picks_a_zero_probability_token():
+    from rlhfkit.rollout.hf import _inverse_cdf
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5]]).expand(5, -1)
+    u = torch.tensor([0.0, 0.49, 0.5, 0.75, 0.999999])
+    assert _inverse_cdf(probs, u).tolist() == [1, 1, 3, 3, 3]
+    unnormalised = torch.tensor([[2.0, 0.0, 6.0]]).expand(3, -1)  # cdf 2, 2, 8: u*8 in [0,2) -> 0, else 2
+    assert _inverse_cdf(unnormalised, torch.tensor([0.2, 0.25, 0.9])).tolist() == [0, 2, 2]
+
+
+def test_sampled_frequencies_follow_the_softmax():
+    from rlhfkit.rollout.base import SamplingParams
+    from rlhfkit.rollout.hf import _sample
+
+    logits = torch.tensor([[1.0, 0.0, -1.0, 2.0, -30.0]]).expand(40000, -1)
+    tok, logp = _sample(logits, SamplingParams(temperature=0.7), torch.Generator().manual_seed(0))
+    want = torch.softmax(logits[0] / 0.7, dim=-1)
+    freq = torch.bincount(tok, minlength=5).float() / tok.numel()
+    assert (freq - want).abs().max() < 0.01  # 40k draws: standard error < 0.0025
+    torch.testing.assert_close(logp, torch.log(want)[tok])
