@@ -12,6 +12,7 @@ from rlhfkit.cli.resume import setup_checkpoints
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, to_dict, validate
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.errors import ConfigError
+from rlhfkit.rollout.vllm import require_vllm
 from rlhfkit.tracking.metrics import Tracker
 from rlhfkit.tracking.plots import plot_curves, plot_panels
 from rlhfkit.tracking.progress import ProgressBar
@@ -84,6 +85,8 @@ def build_trainer(
     plan = validate(cfg)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
+    if cfg.rollout.engine == "vllm":  # fail fast, before models load
+        require_vllm()
     executor = build_executor(cfg)
     if reward_fn is None and not executor.provides_rewards:  # an agent's step() gives the rewards
         reward_fn = load_reward(cfg.reward, cfg.train.micro_batch_size)
