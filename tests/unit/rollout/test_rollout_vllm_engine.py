@@ -81,3 +81,15 @@ def test_train_rl_refuses_vllm_in_one_line_when_it_is_not_installed(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1
     assert "vllm package is not installed" in err and "pip install 'rlhfkit[vllm]'" in err
+
+
+def test_weights_travel_as_plain_bytes_and_come_back_bit_for_bit():
+    from rlhfkit.rollout.vllm_worker import pack_tensors, unpack_tensors
+
+    state = {"a": torch.randn(3, 4), "b": torch.randn(5).to(torch.bfloat16), "c": torch.arange(6).reshape(2, 3),
+             "empty": torch.zeros(0, 2)}
+    packed = pack_tensors(state)
+    assert all(isinstance(raw, bytes) for _, _, _, raw in packed) and packed[1][1] == "bfloat16"
+    back = dict(unpack_tensors(packed))
+    for k, v in state.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape and torch.equal(back[k], v)
