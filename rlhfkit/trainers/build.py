@@ -110,7 +110,8 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
     if cfg.rollout.engine == "vllm":
         return build_vllm_engine(policy, tokenizer, cfg, state_fn or policy.state_dict)
     amp = _DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
-    return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp)
+    return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
+                    inference_mode=not cfg.fsdp.enable)
 
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):

@@ -164,6 +164,7 @@ class RLTrainer:
         # async runs (rlhfkit.distributed.fit_async): rollouts generated ahead, taken by generate()
         self.pipeline = None
         self.step = 0
+        self.dp = (0, 1)  # (rank, world size): under FSDP each rank updates on its share of every step's rows
         # data position: the episode, its shuffled prompt order, the next rollout batch in it
         self.episode, self.order, self.index = 0, None, 0
 
@@ -420,7 +421,8 @@ class RLTrainer:
                 step_mask = exp.batch.loss_mask[step_rows]
                 num_tokens = int(step_mask.sum())
                 num_seqs = int(step_mask.any(dim=1).sum())
-                for rows in self.micro_batches(exp.batch, exp.group_ids, step_rows):
+                mine = step_rows.tensor_split(self.dp[1])[self.dp[0]]  # counts above stay those of the whole step
+                for rows in self.micro_batches(exp.batch, exp.group_ids, mine):
                     for k, v in self.micro_step(exp, rows, layout, num_tokens, num_seqs).items():
                         sums[k] = sums.get(k, 0.0) + v
                 for k, v in self.learner.step().items():
