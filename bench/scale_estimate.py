@@ -24,7 +24,9 @@ PEAK_FLOPS, HBM_BYTES_PER_S = 989e12, 3.35e12
 TRAIN_MFU = 0.40  # FSDP on 8 GPUs; the CPU measured 60% of its own matmul peak (docs/performance.md)
 DECODE_BW_EFF = 0.70  # share of HBM bandwidth a vLLM decode step reaches
 PREFILL_MFU = 0.50
-SYNC_S = 4.0  # full-state weight sync through CPU bytes (VLLMEngine today); NCCL/CUDA IPC would be < 1 s
+# Full-state weight sync, ASSUMING an NCCL / CUDA-IPC transport (not implemented). VLLMEngine today
+# sends bytes through vLLM's RPC: 17 s for SmolLM2's 0.54 GB on the loaded 2-core CPU, minutes at 7B.
+SYNC_S = 4.0
 SLEEP_WAKE_S = 1.0  # colocated: vLLM sleep + wake per step
 
 

