@@ -134,7 +134,7 @@ def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
         raise ConfigError("--fsdp.enable runs under torchrun with --distributed.backend local; Ray rollout "
                           "workers with FSDP training are not supported yet")
     fsdp.check_fsdp_settings(world, cfg.train.batch_size, critic is not None, c.save_steps > 0 or c.load_enable,
-                             cfg.algo.dynamic_filtering_enable)
+                             cfg.algo.dynamic_filtering_enable, cfg.train.dynamic_batch_enable)
     for model in (policy, ref):
         if model is not None:
             fsdp.shard_model(model, world, cfg.fsdp.mixed_precision)

@@ -11,13 +11,13 @@ What each process does (every rank runs the same RL loop on the same data):
   gathered full state at every weight sync). This replicates the generation work: splitting
   rollouts across ranks is what the Ray workers of docs/distributed_ray.md are for.
 - The update is data-parallel: each rank takes an equal slice of every optimizer step's rows
-  (`RLTrainer.dp`), the losses are already divided by the WHOLE step's token/sequence counts
+  (`RLTrainer.dp`, `RLTrainer.rank_share`: whole groups with the shared-prefix layout), the losses are already divided by the WHOLE step's token/sequence counts
   (core.aggregate), and FSDP's reduce-scatter SUMS the gradients (divide factor 1), so the step
   equals the single-process step on the same global batch (tests/integration/test_fsdp.py).
 - Saving gathers the full state dict on rank 0, which writes the HF folder.
 
 Not supported yet (refused with a ConfigError): a critic (gae), periodic checkpoints / resume,
-DAPO dynamic filtering.
+DAPO dynamic filtering, token-budget micro-batches (--train.dynamic_batch_enable).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def finish() -> None:
 
 
 def check_fsdp_settings(world_size: int, train_batch_size: int, has_critic: bool, checkpoints: bool,
-                        dynamic_filtering: bool) -> None:
+                        dynamic_filtering: bool, dynamic_batch: bool = False) -> None:
     """Refuse what the FSDP path does not support, naming the flag to change."""
     if train_batch_size % world_size:
         raise ConfigError(f"--train.batch_size {train_batch_size} must be a multiple of the number of torchrun "
@@ -144,3 +144,7 @@ def check_fsdp_settings(world_size: int, train_batch_size: int, has_critic: bool
     if dynamic_filtering:
         raise ConfigError("--fsdp.enable with --algo.dynamic_filtering_enable is not supported yet: a filtered batch "
                           "may not split into equal shares, and every process must run the same number of backwards")
+    if dynamic_batch:
+        raise ConfigError("--fsdp.enable with --train.dynamic_batch_enable is not supported yet: token-budget "
+                          "micro-batches may differ in number between processes, which must run the same number "
+                          "of forwards and backwards; use --train.micro_batch_size")

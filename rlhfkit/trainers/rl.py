@@ -407,6 +407,17 @@ class RLTrainer:
         )
         return [torch.tensor(c, dtype=torch.long) for c in cuts]
 
+    def rank_share(self, step_rows: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's equal share of an optimizer step's rows under FSDP (all of them in one process).
+        With the shared prefix, rows are ordered by group first, so a rank holds whole groups and its
+        micro-batches are the ones one process would cut."""
+        rank, world = self.dp
+        if world == 1:
+            return step_rows
+        if self.cfg.train.shared_prefix_enable:
+            step_rows = step_rows[torch.argsort(group_ids[step_rows], stable=True)]
+        return step_rows.tensor_split(world)[rank]
+
     def update(self, exp: Experience) -> dict[str, float]:
         """max_epochs passes over the replay buffer; an optimizer step per train.batch_size samples."""
         t = self.cfg.train
@@ -421,7 +432,7 @@ class RLTrainer:
                 step_mask = exp.batch.loss_mask[step_rows]
                 num_tokens = int(step_mask.sum())
                 num_seqs = int(step_mask.any(dim=1).sum())
-                mine = step_rows.tensor_split(self.dp[1])[self.dp[0]]  # counts above stay those of the whole step
+                mine = self.rank_share(step_rows, exp.group_ids)  # counts above stay those of the whole step
                 for rows in self.micro_batches(exp.batch, exp.group_ids, mine):
                     for k, v in self.micro_step(exp, rows, layout, num_tokens, num_seqs).items():
                         sums[k] = sums.get(k, 0.0) + v

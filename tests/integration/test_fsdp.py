@@ -4,7 +4,6 @@ model included, through the real CLI)."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +17,6 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.distributed import fsdp
 
 REWARD = "def reward_func(queries, prompts, labels, **kw):\n    return [len(set(q[len(p):])) / 8.0 for q, p in zip(queries, prompts)]\n"
-
-
-def free_port() -> str:
-    """A free localhost port for torchrun's rendezvous (other jobs may hold fixed ones)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
 
 
 def flags(ws, out):
@@ -47,7 +39,7 @@ def ws(tiny_ws):
 def test_two_fsdp_processes_equal_one_process(ws, tmp_path):
     assert main(["train", "rl", *flags(ws, tmp_path / "single")]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port(),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
            "-m", "rlhfkit.cli.main", "train", "rl", *flags(ws, tmp_path / "fsdp"), "--fsdp.enable", "true"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=os.getcwd())
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -82,7 +74,9 @@ def test_fsdp_refuses_what_it_does_not_support():
         fsdp.check_fsdp_settings(2, 8, False, True, False)
     with pytest.raises(ConfigError, match="dynamic_filtering"):
         fsdp.check_fsdp_settings(2, 8, False, False, True)
-    fsdp.check_fsdp_settings(2, 8, False, False, False)
+    with pytest.raises(ConfigError, match="dynamic_batch_enable"):
+        fsdp.check_fsdp_settings(2, 8, False, False, False, True)
+    fsdp.check_fsdp_settings(2, 8, False, False, False, False)
 
 
 def test_fsdp_outside_torchrun_is_a_one_line_error(ws, tmp_path, capsys):
@@ -92,7 +86,7 @@ def test_fsdp_outside_torchrun_is_a_one_line_error(ws, tmp_path, capsys):
 
 def run_lm_worker(out, nproc: int) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", free_port(),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
            str(Path(__file__).with_name("fsdp_lm_worker.py")), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
