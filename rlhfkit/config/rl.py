@@ -502,6 +502,9 @@ def _validate_scale(cfg: RLConfig) -> None:
     _require(0 < v.gpu_memory_utilization <= 1,
              f"--vllm.gpu_memory_utilization must be in (0, 1] (got {v.gpu_memory_utilization})")
     _require(v.tensor_parallel_size >= 1, f"--vllm.tensor_parallel_size must be >= 1 (got {v.tensor_parallel_size})")
+    _require(cfg.rollout.engine == "hf" or cfg.distributed.backend == "local",
+             "--rollout.engine vllm runs in the trainer's process for now; Ray rollout workers hold HF engines "
+             "(drop --distributed.backend ray or use --rollout.engine hf)")
 
 
 def _divisor_hint(total: int, wanted: int) -> int:
