@@ -130,9 +130,6 @@ def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
     """FSDP2-shard the policy and reference across `world` torchrun processes; returns the vLLM
     engine's weight source (the gathered full state, on every rank)."""
     c = cfg.ckpt
-    if cfg.distributed.backend != "local":
-        raise ConfigError("--fsdp.enable runs under torchrun with --distributed.backend local; Ray rollout "
-                          "workers with FSDP training are not supported yet")
     fsdp.check_fsdp_settings(world, cfg.train.batch_size, critic is not None, c.save_steps > 0 or c.load_enable,
                              cfg.algo.dynamic_filtering_enable, cfg.train.dynamic_batch_enable)
     for model in (policy, ref):
@@ -177,7 +174,7 @@ def run(argv: list[str]) -> int:
         load_reward(cfg.eval.verifier)
     if cfg.distributed.backend == "ray":
         return run_on_ray(cfg, run_dir, t0)
-    return train(cfg, run_dir, t0)
+    return train(cfg, run_dir, t0, dp=(rank, world))
 
 
 def run_on_ray(cfg: RLConfig, run_dir: Path, t0: float) -> int:
@@ -195,9 +192,10 @@ def run_on_ray(cfg: RLConfig, run_dir: Path, t0: float) -> int:
             ray.shutdown()
 
 
-def train(cfg: RLConfig, run_dir: Path, t0: float) -> int:
-    """Build, (resume,) train, evaluate and save: the same code in one process and in a trainer actor."""
-    d = cfg.data
+def train(cfg: RLConfig, run_dir: Path, t0: float, dp: tuple[int, int] = (0, 1)) -> int:
+    """Build, (resume,) train, evaluate and save: the same code in one process and in a trainer actor.
+    `dp`: (rank, world size) under torchrun with --fsdp.enable."""
+    d, rank = cfg.data, dp[0]
 
     def load_examples(tokenizer, path=d.prompt_dataset, max_samples=d.max_samples):
         return load_prompts(path, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
@@ -207,7 +205,7 @@ def train(cfg: RLConfig, run_dir: Path, t0: float) -> int:
     evaluator = make_evaluator(cfg)
     ckpt, resume = setup_checkpoints(cfg, run_dir)
     trainer, tracker, skipped = build_trainer(cfg, load_examples, run_dir, callbacks=[evaluator.periodic, ckpt.periodic],
-                                              resume_step=resume[1] if resume else None, dp=(rank, world))
+                                              resume_step=resume[1] if resume else None, dp=dp)
     if resume:
         ckpt.load(trainer, resume[0])
         print(f"resumed from {resume[0]} (step {trainer.step} of {trainer.total_steps})")

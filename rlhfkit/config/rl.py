@@ -505,6 +505,9 @@ def _validate_scale(cfg: RLConfig) -> None:
     _require(cfg.rollout.engine == "hf" or cfg.distributed.backend == "local",
              "--rollout.engine vllm runs in the trainer's process for now; Ray rollout workers hold HF engines "
              "(drop --distributed.backend ray or use --rollout.engine hf)")
+    _require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
+             "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
+             "workers is not supported yet")
 
 
 def _divisor_hint(total: int, wanted: int) -> int:
