@@ -11,7 +11,9 @@ import torch
 from rlhfkit.cli.resume import setup_checkpoints
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, to_dict, validate
 from rlhfkit.data.prompts import load_prompts
+from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
+from rlhfkit.rollout.vllm import require_vllm
 from rlhfkit.tracking.metrics import Tracker
 from rlhfkit.tracking.plots import plot_curves, plot_panels
 from rlhfkit.tracking.progress import ProgressBar
@@ -67,8 +69,9 @@ def parse_rl_args(argv: list[str]) -> RLConfig:
     return cfg
 
 
-def prepare_run_dir(cfg: RLConfig) -> Path:
-    run_dir = Path(cfg.ckpt.output_dir)
+def prepare_run_dir(cfg: RLConfig, rank: int = 0) -> Path:
+    """The run folder; under torchrun, ranks other than 0 log their own metrics in <output_dir>/rankN."""
+    run_dir = Path(cfg.ckpt.output_dir) if rank == 0 else Path(cfg.ckpt.output_dir) / f"rank{rank}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     return run_dir
@@ -77,6 +80,7 @@ def prepare_run_dir(cfg: RLConfig) -> Path:
 def build_trainer(
     cfg: RLConfig, load_examples, run_dir: Path, callbacks=(), reward_fn=None, resume_step: int | None = None,
     make_engine=None,
+    dp: tuple[int, int] = (0, 1),
 ) -> tuple[RLTrainer, RunTracker, int]:
     """Models, engine, reward (`reward_fn` or --reward.remote_url), prompts (`load_examples(tokenizer)`)
     and tracker -> an RLTrainer. `resume_step`: the step of the checkpoint the run will resume from.
@@ -84,16 +88,21 @@ def build_trainer(
     plan = validate(cfg)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
+    if cfg.rollout.engine == "vllm":  # fail fast, before models load
+        require_vllm()
     executor = build_executor(cfg)
     if reward_fn is None and not executor.provides_rewards:  # an agent's step() gives the rewards
         reward_fn = load_reward(cfg.reward, cfg.train.micro_batch_size)
     policy, tokenizer, ref, critic = build_models(cfg)
+    state_fn = None
+    if cfg.fsdp.enable:  # shard before the optimizer is built on the parameters
+        state_fn = shard_for_fsdp(cfg, policy, ref, critic, dp[1])
     if make_engine is not None:
         engine = make_engine(policy, tokenizer)
     elif cfg.distributed.backend == "ray":
         engine = build_pool(cfg, policy)
     else:
-        engine = build_engine(policy, tokenizer, cfg)
+        engine = build_engine(policy, tokenizer, cfg, state_fn=state_fn)
     prompts, skipped = tokenize_prompts(load_examples(tokenizer), tokenizer, cfg.data.prompt_max_len)
     trainer = RLTrainer(cfg, plan, policy, tokenizer, engine, reward_fn, prompts, ref=ref, critic=critic,
                         callbacks=callbacks, executor=executor)
@@ -101,6 +110,7 @@ def build_trainer(
                          purge_step=None if resume_step is None else resume_step + 1,
                          writers=extra_writers(cfg, run_dir))
     trainer.tracker = tracker
+    trainer.dp = dp
     return trainer, tracker, skipped
 
 
@@ -114,6 +124,18 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
                           cfg.distributed.num_gpus_per_worker, delays)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not cfg.train.async_enable)
+
+
+def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
+    """FSDP2-shard the policy and reference across `world` torchrun processes; returns the vLLM
+    engine's weight source (the gathered full state, on every rank)."""
+    c = cfg.ckpt
+    fsdp.check_fsdp_settings(world, cfg.train.batch_size, critic is not None, c.save_steps > 0 or c.load_enable,
+                             cfg.algo.dynamic_filtering_enable, cfg.train.dynamic_batch_enable)
+    for model in (policy, ref):
+        if model is not None:
+            fsdp.shard_model(model, world, cfg.fsdp.mixed_precision)
+    return lambda: fsdp.full_state_dict(policy, rank0_only=False)
 
 
 def make_evaluator(cfg: RLConfig) -> Evaluator:
@@ -136,7 +158,8 @@ def run(argv: list[str]) -> int:
     cfg = parse_rl_args(argv)
     if not cfg.data.prompt_dataset:
         raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file or a datasets folder)")
-    run_dir = prepare_run_dir(cfg)
+    rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
+    run_dir = prepare_run_dir(cfg, rank)
     t0 = time.perf_counter()
     d = cfg.data
     load_prompts(d.prompt_dataset, input_key=d.input_key, label_key=d.label_key,  # fail fast, before models
@@ -151,7 +174,7 @@ def run(argv: list[str]) -> int:
         load_reward(cfg.eval.verifier)
     if cfg.distributed.backend == "ray":
         return run_on_ray(cfg, run_dir, t0)
-    return train(cfg, run_dir, t0)
+    return train(cfg, run_dir, t0, dp=(rank, world))
 
 
 def run_on_ray(cfg: RLConfig, run_dir: Path, t0: float) -> int:
@@ -169,9 +192,10 @@ def run_on_ray(cfg: RLConfig, run_dir: Path, t0: float) -> int:
             ray.shutdown()
 
 
-def train(cfg: RLConfig, run_dir: Path, t0: float) -> int:
-    """Build, (resume,) train, evaluate and save: the same code in one process and in a trainer actor."""
-    d = cfg.data
+def train(cfg: RLConfig, run_dir: Path, t0: float, dp: tuple[int, int] = (0, 1)) -> int:
+    """Build, (resume,) train, evaluate and save: the same code in one process and in a trainer actor.
+    `dp`: (rank, world size) under torchrun with --fsdp.enable."""
+    d, rank = cfg.data, dp[0]
 
     def load_examples(tokenizer, path=d.prompt_dataset, max_samples=d.max_samples):
         return load_prompts(path, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
@@ -181,7 +205,7 @@ def train(cfg: RLConfig, run_dir: Path, t0: float) -> int:
     evaluator = make_evaluator(cfg)
     ckpt, resume = setup_checkpoints(cfg, run_dir)
     trainer, tracker, skipped = build_trainer(cfg, load_examples, run_dir, callbacks=[evaluator.periodic, ckpt.periodic],
-                                              resume_step=resume[1] if resume else None)
+                                              resume_step=resume[1] if resume else None, dp=dp)
     if resume:
         ckpt.load(trainer, resume[0])
         print(f"resumed from {resume[0]} (step {trainer.step} of {trainer.total_steps})")
@@ -195,8 +219,13 @@ def train(cfg: RLConfig, run_dir: Path, t0: float) -> int:
         evaluator(trainer, 0)
     fit(trainer, cfg)
     evaluator(trainer, trainer.step)
-    final = trainer.save(run_dir / "final")
+    if cfg.fsdp.enable:  # gathered on rank 0, written to <output_dir>/final
+        final = fsdp.save_full(trainer.policy, trainer.tokenizer, Path(cfg.ckpt.output_dir) / "final", rank)
+    else:
+        final = trainer.save(run_dir / "final")
     tracker.close()
+    if cfg.fsdp.enable:
+        fsdp.finish()
     print(f"done in {time.perf_counter() - t0:.0f}s: {trainer.step} steps; model saved to {final}")
     return 0
 

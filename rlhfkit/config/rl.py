@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from rlhfkit.errors import ConfigError
 
 # The names the trainer accepts; the math behind each lives in rlhfkit.core.
+ENGINES = ("hf", "vllm")
 ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo")
 GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "group_norm", "dr_grpo")
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3_stable")
@@ -128,6 +129,8 @@ class RolloutConfig:
     """Largest number of sequences decoded together (memory bound)."""
     num_workers: int = 1
     """Rollout worker actors with --distributed.backend ray (each holds a policy copy + an engine)."""
+    engine: str = "hf"
+    """Generation engine: hf (transformers, CPU or GPU) or vllm (`pip install 'rlhfkit[vllm]'`; see docs/scaling.md)."""
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,24 @@ class DistributedConfig:
 
 
 @dataclass(frozen=True)
+class VLLMConfig:
+    gpu_memory_utilization: float = 0.9
+    """Share of GPU memory vLLM may take (weights + KV cache); lower it when the trainer shares the GPU."""
+    enable_sleep: bool = False
+    """Colocation: free vLLM's KV cache and weights while the trainer updates (GPU only)."""
+    tensor_parallel_size: int = 1
+    """GPUs per vLLM engine."""
+
+
+@dataclass(frozen=True)
+class FSDPConfig:
+    enable: bool = False
+    """Shard the policy with FSDP2 (torch fully_shard) across the processes of `torchrun`; see docs/scaling.md."""
+    mixed_precision: bool = False
+    """FSDP2 bf16 parameters in forward/backward with float32 gradient reduction (MixedPrecisionPolicy)."""
+
+
+@dataclass(frozen=True)
 class RLConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
@@ -289,6 +310,8 @@ class RLConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
 
 
 # OpenRLHF's older flat names, accepted as aliases of ours.
@@ -340,6 +363,10 @@ RL_ALIASES = {
     "wandb_run_name": "logger.wandb.name",
     "wandb_group": "logger.wandb.group",
     "async_train": "train.async_enable",
+    "vllm_gpu_memory_utilization": "vllm.gpu_memory_utilization",
+    "vllm_enable_sleep": "vllm.enable_sleep",
+    "vllm_tensor_parallel_size": "vllm.tensor_parallel_size",
+    "distributed.fsdp": "fsdp.enable",
 }
 
 
@@ -421,6 +448,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
              f"--reward.timeout must be > 0 seconds or none (got {cfg.reward.timeout})")
     _validate_eval(cfg)
     _validate_distributed(cfg)
+    _validate_scale(cfg)
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
     return BatchPlan(
         samples_per_rollout=samples,
@@ -465,6 +493,21 @@ def _validate_distributed(cfg: RLConfig) -> None:
     else:
         _require(t.max_staleness == 0, f"--train.max_staleness {t.max_staleness} without --train.async_enable: "
                                        "a synchronous run trains on fresh samples only; add --train.async_enable")
+
+
+def _validate_scale(cfg: RLConfig) -> None:
+    """--rollout.engine, --vllm.*, --fsdp.* (whether vllm imports and torchrun runs is checked at build time)."""
+    _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
+    v = cfg.vllm
+    _require(0 < v.gpu_memory_utilization <= 1,
+             f"--vllm.gpu_memory_utilization must be in (0, 1] (got {v.gpu_memory_utilization})")
+    _require(v.tensor_parallel_size >= 1, f"--vllm.tensor_parallel_size must be >= 1 (got {v.tensor_parallel_size})")
+    _require(cfg.rollout.engine == "hf" or cfg.distributed.backend == "local",
+             "--rollout.engine vllm runs in the trainer's process for now; Ray rollout workers hold HF engines "
+             "(drop --distributed.backend ray or use --rollout.engine hf)")
+    _require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
+             "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
+             "workers is not supported yet")
 
 
 def _divisor_hint(total: int, wanted: int) -> int:

@@ -42,6 +42,8 @@ class HFEngine:
       autocast_dtype: run forwards under torch.autocast with this dtype (bf16 is ~1.7x faster
         than fp32 on CPU here). float16 on CPU is refused: it is ~200x slower.
       version: the initial policy version.
+      inference_mode: decode under torch.inference_mode (fastest); False uses torch.no_grad, which
+        an FSDP2-sharded model needs (its all-gather buffers must not become inference tensors).
     """
 
     def __init__(
@@ -52,8 +54,10 @@ class HFEngine:
         max_batch_tokens: int | None = None,
         autocast_dtype: torch.dtype | None = None,
         version: int = 0,
+        inference_mode: bool = True,
     ):
         self.model = model
+        self._no_grad = torch.inference_mode if inference_mode else torch.no_grad
         if autocast_dtype == torch.float16 and self.device.type == "cpu":
             raise ConfigError("autocast_dtype=float16 on CPU is ~200x slower than fp32; use bfloat16 or None.")
         for name, value in (("max_batch_size", max_batch_size), ("max_batch_tokens", max_batch_tokens)):
@@ -108,7 +112,7 @@ class HFEngine:
         self.model.eval()
         chunks = []
         try:
-            with torch.inference_mode(), self._autocast():
+            with self._no_grad(), self._autocast():
                 for start, stop in self._chunks(prompts, params):
                     chunk = [list(p) for p in prompts[start:stop]]
                     gens = None if seeds is None else [_seeded(s) for s in seeds[start:stop]]

@@ -103,8 +103,29 @@ def build_models(cfg: RLConfig):
     return policy, tokenizer, ref, critic
 
 
-def build_engine(policy, tokenizer, cfg: RLConfig) -> HFEngine:
-    """The HF engine shares the policy module: weight sync is a version bump, no copy."""
+def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
+    """--rollout.engine hf: an HFEngine sharing the policy module (weight sync is a version bump,
+    no copy). vllm: a VLLMEngine on the actor's HF folder that pulls `state_fn()` (default: the
+    policy's state dict) at every weight sync."""
+    if cfg.rollout.engine == "vllm":
+        return build_vllm_engine(policy, tokenizer, cfg, state_fn or policy.state_dict)
     amp = _DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
-    return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp)
+    return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
+                    inference_mode=not cfg.fsdp.enable)
+
+
+def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
+    from rlhfkit.rollout.hf import _eos_ids  # noqa: PLC0415
+    from rlhfkit.rollout.vllm import VLLMEngine, require_vllm  # noqa: PLC0415
+
+    require_vllm()
+    path, gguf = resolve_model(cfg.actor.model_name_or_path)
+    if gguf is not None:
+        raise ConfigError(f"--rollout.engine vllm needs an HF model folder, not the GGUF file {gguf}; convert it "
+                          "once (e.g. --actor.model_name_or_path smollm2 does) or use --rollout.engine hf")
+    v = cfg.vllm
+    return VLLMEngine(path, _eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
+                      seed=cfg.train.seed, gpu_memory_utilization=v.gpu_memory_utilization,
+                      enable_sleep=v.enable_sleep, tensor_parallel_size=v.tensor_parallel_size,
+                      state_fn=state_fn, auto_sleep=v.enable_sleep)
 

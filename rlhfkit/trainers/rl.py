@@ -164,6 +164,7 @@ class RLTrainer:
         # async runs (rlhfkit.distributed.fit_async): rollouts generated ahead, taken by generate()
         self.pipeline = None
         self.step = 0
+        self.dp = (0, 1)  # (rank, world size): under FSDP each rank updates on its share of every step's rows
         # data position: the episode, its shuffled prompt order, the next rollout batch in it
         self.episode, self.order, self.index = 0, None, 0
 
@@ -406,6 +407,17 @@ class RLTrainer:
         )
         return [torch.tensor(c, dtype=torch.long) for c in cuts]
 
+    def rank_share(self, step_rows: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's equal share of an optimizer step's rows under FSDP (all of them in one process).
+        With the shared prefix, rows are ordered by group first, so a rank holds whole groups and its
+        micro-batches are the ones one process would cut."""
+        rank, world = self.dp
+        if world == 1:
+            return step_rows
+        if self.cfg.train.shared_prefix_enable:
+            step_rows = step_rows[torch.argsort(group_ids[step_rows], stable=True)]
+        return step_rows.tensor_split(world)[rank]
+
     def update(self, exp: Experience) -> dict[str, float]:
         """max_epochs passes over the replay buffer; an optimizer step per train.batch_size samples."""
         t = self.cfg.train
@@ -420,7 +432,8 @@ class RLTrainer:
                 step_mask = exp.batch.loss_mask[step_rows]
                 num_tokens = int(step_mask.sum())
                 num_seqs = int(step_mask.any(dim=1).sum())
-                for rows in self.micro_batches(exp.batch, exp.group_ids, step_rows):
+                mine = self.rank_share(step_rows, exp.group_ids)  # counts above stay those of the whole step
+                for rows in self.micro_batches(exp.batch, exp.group_ids, mine):
                     for k, v in self.micro_step(exp, rows, layout, num_tokens, num_seqs).items():
                         sums[k] = sums.get(k, 0.0) + v
                 for k, v in self.learner.step().items():

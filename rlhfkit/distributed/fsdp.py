@@ -1,0 +1,150 @@
+"""FSDP2 (torch's built-in `fully_shard`) for the RL trainer under `torchrun`.
+
+    torchrun --nproc_per_node 8 -m rlhfkit.cli.main train rl --fsdp.enable true ...
+
+What each process does (every rank runs the same RL loop on the same data):
+- The policy (and the frozen reference) is sharded: each decoder layer is its own FSDP unit, so
+  are the backbone (embeddings, final norm) and the LM head, and the root. Optional bf16 compute with float32 gradient
+  reduction (`MixedPrecisionPolicy`).
+- Rollout and experience run on every rank with the same seeds, so every rank holds the same
+  batch (the HF engine decodes through the sharded module; a vLLM engine per rank receives the
+  gathered full state at every weight sync). This replicates the generation work: splitting
+  rollouts across ranks is what the Ray workers of docs/distributed_ray.md are for.
+- The update is data-parallel: each rank takes an equal slice of every optimizer step's rows
+  (`RLTrainer.dp`, `RLTrainer.rank_share`: whole groups with the shared-prefix layout), the losses are already divided by the WHOLE step's token/sequence counts
+  (core.aggregate), and FSDP's reduce-scatter SUMS the gradients (divide factor 1), so the step
+  equals the single-process step on the same global batch (tests/integration/test_fsdp.py).
+- Saving gathers the full state dict on rank 0, which writes the HF folder.
+
+Not supported yet (refused with a ConfigError): a critic (gae), periodic checkpoints / resume,
+DAPO dynamic filtering, token-budget micro-batches (--train.dynamic_batch_enable).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlhfkit.errors import ConfigError
+from rlhfkit.models import save_hf_folder
+
+
+def init_from_torchrun() -> tuple[int, int]:
+    """Join the process group that `torchrun` set up (nccl on GPU, gloo on CPU); (rank, world size).
+    On GPU each process takes cuda:LOCAL_RANK (torchrun gives one process per GPU)."""
+    if not dist.is_torchelastic_launched():
+        raise ConfigError("--fsdp.enable true runs under torchrun: torchrun --nproc_per_node N -m rlhfkit.cli.main "
+                          "train rl --fsdp.enable true ... (see docs/scaling.md)")
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
+    return dist.get_rank(), dist.get_world_size()
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of an HF causal LM (`model.model.layers`, Llama/Qwen/Mistral layout)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ConfigError(f"--fsdp.enable: {type(model).__name__} has no model.layers to shard; "
+                          "FSDP here supports HF decoder-only models (Llama, Qwen, Mistral, SmolLM)")
+    return list(layers)
+
+
+def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool = False) -> torch.nn.Module:
+    """Shard `model` in place across `world_size` ranks: one FSDP unit per decoder layer, backbone,
+    head and the root.
+
+    Gradients are SUMMED across ranks (divide factor 1): rlhfkit's losses are already divided by
+    the counts of the whole optimizer step, so summing the ranks' parts gives the full gradient.
+    """
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+    mesh = init_device_mesh(device, (world_size,))
+    kwargs = {"mesh": mesh}
+    if mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    # models.response_logits calls the backbone and the LM head directly (logits only at response
+    # positions), so each is its own unit: their forward hooks then gather their weights. A tied head
+    # shares the embedding's weight: backbone and head are then one unit (gathered from the backbone's
+    # forward to the head's).
+    backbone, head = model.get_decoder(), model.get_output_embeddings()
+    if head is not None and head.weight is backbone.get_input_embeddings().weight:
+        fully_shard([backbone, head], **kwargs)
+    else:
+        fully_shard(backbone, **kwargs)
+        if head is not None:
+            fully_shard(head, **kwargs)
+    fully_shard(model, **kwargs)
+    # FSDP picks its root at the first forward, which must enter through `model` (a reference model
+    # is otherwise only ever called through backbone and head): one dummy token, on every rank.
+    with torch.no_grad():
+        model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device))
+    for unit in model.modules():  # each FSDP unit has its own reduction settings
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+    return model
+
+
+def full_state_dict(model: torch.nn.Module, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+    """The unsharded state dict on CPU (a collective: every rank must call it). With rank0_only,
+    ranks other than 0 get {}."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
+    state = get_model_state_dict(model, options=opts)
+    return {k: v.detach().cpu() for k, v in state.items()}
+
+
+def save_full(model: torch.nn.Module, tokenizer, path: str | Path, rank: int) -> Path:
+    """Gather the full weights and write an HF folder from rank 0 (a collective)."""
+    state = full_state_dict(model, rank0_only=True)
+    path = Path(path)
+    if rank == 0:
+        from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(model.config)
+        plain.load_state_dict(state, strict=True, assign=True)
+        plain.tie_weights()  # assign=True unties a tied head; tie it again so the folder has one copy
+        plain.generation_config = model.generation_config
+        save_hf_folder(plain, tokenizer, path)
+    dist.barrier()
+    return path
+
+
+def finish() -> None:
+    """Leave the process group (end of a torchrun run)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def check_fsdp_settings(world_size: int, train_batch_size: int, has_critic: bool, checkpoints: bool,
+                        dynamic_filtering: bool, dynamic_batch: bool = False) -> None:
+    """Refuse what the FSDP path does not support, naming the flag to change."""
+    if train_batch_size % world_size:
+        raise ConfigError(f"--train.batch_size {train_batch_size} must be a multiple of the number of torchrun "
+                          f"processes ({world_size}): each takes an equal share of every optimizer step")
+    if has_critic:
+        raise ConfigError("--fsdp.enable does not shard a critic yet: use a critic-free estimator "
+                          "(--algo.advantage.estimator group_norm, rloo, reinforce_baseline, ...)")
+    if checkpoints:
+        raise ConfigError("--fsdp.enable does not write or resume checkpoints yet: drop --ckpt.save_steps and "
+                          "--ckpt.load_enable (the final model is saved)")
+    if dynamic_filtering:
+        raise ConfigError("--fsdp.enable with --algo.dynamic_filtering_enable is not supported yet: a filtered batch "
+                          "may not split into equal shares, and every process must run the same number of backwards")
+    if dynamic_batch:
+        raise ConfigError("--fsdp.enable with --train.dynamic_batch_enable is not supported yet: token-budget "
+                          "micro-batches may differ in number between processes, which must run the same number "
+                          "of forwards and backwards; use --train.micro_batch_size")

