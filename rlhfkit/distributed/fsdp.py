@@ -9,7 +9,7 @@ What each process does (every rank runs the same RL loop on the same data):
 - Rollout and experience run on every rank with the same seeds, so every rank holds the same
   batch (the HF engine decodes through the sharded module; a vLLM engine per rank receives the
   gathered full state at every weight sync). This replicates the generation work: splitting
-  rollouts across ranks is what the Ray workers of docs/distributed_ray.md are for.
+  rollouts across ranks is what the Ray workers of docs/scaling.md ("Ray cluster") are for.
 - The update is data-parallel: each rank takes an equal slice of every optimizer step's rows
   (`RLTrainer.dp`, `RLTrainer.rank_share`: whole groups with the shared-prefix layout), the losses are already divided by the WHOLE step's token/sequence counts
   (core.aggregate), and FSDP's reduce-scatter SUMS the gradients (divide factor 1), so the step

@@ -433,9 +433,12 @@ class RLTrainer:
                 num_tokens = int(step_mask.sum())
                 num_seqs = int(step_mask.any(dim=1).sum())
                 mine = self.rank_share(step_rows, exp.group_ids)  # counts above stay those of the whole step
-                for rows in self.micro_batches(exp.batch, exp.group_ids, mine):
-                    for k, v in self.micro_step(exp, rows, layout, num_tokens, num_seqs).items():
-                        sums[k] = sums.get(k, 0.0) + v
+                # One autocast region per optimizer step: its cache keeps the bf16 copies of the
+                # weights for every micro-batch instead of casting them again in each.
+                with autocast_ctx(self.cfg.actor.autocast):
+                    for rows in self.micro_batches(exp.batch, exp.group_ids, mine):
+                        for k, v in self.micro_step(exp, rows, layout, num_tokens, num_seqs).items():
+                            sums[k] = sums.get(k, 0.0) + v
                 for k, v in self.learner.step().items():
                     sums[f"actor/{k}"] = sums.get(f"actor/{k}", 0.0) + v
                 if self.critic_learner is not None:
