@@ -21,7 +21,7 @@ TRAIN_FLOPS_PER_TOKEN = 10 * PARAMS  # policy fwd+bwd 6N, recompute (activation 
 
 # ---- GPU: H100 SXM, published: 989 TFLOP/s dense bf16, 3.35 TB/s HBM
 PEAK_FLOPS, HBM_BYTES_PER_S = 989e12, 3.35e12
-TRAIN_MFU = 0.40  # FSDP on 8 GPUs; the CPU measured 60% of its own matmul peak (docs/performance.md)
+TRAIN_MFU = 0.40  # FSDP on 8 GPUs; the CPU measured 44-50% of its own bf16 matmul rate (docs/performance.md)
 DECODE_BW_EFF = 0.70  # share of HBM bandwidth a vLLM decode step reaches
 PREFILL_MFU = 0.50
 # Full-state weight sync, ASSUMING an NCCL / CUDA-IPC transport (not implemented). VLLMEngine today

@@ -4,7 +4,8 @@ SmolLM2-135M-Instruct, bf16 autocast, the demo's 16 chat prompts x 8 samples wit
 6-12 tokens (random ids: the cost does not depend on which tokens they are), the loss the RL
 update backpropagates (logprobs at T 0.7 + entropy as a metric). Each layout runs the same 128
 samples; the padded layout with random micro-batches is what the trainer did before the
-shared-prefix layout (and what --train.shared_prefix_enable false still does).
+shared-prefix layout (and what --train.shared_prefix_enable false still does); the shared layout
+over random micro-batches shows why the trainer orders a step's samples by group first.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/update_layouts.py [--repeats N]
 
@@ -66,6 +67,8 @@ def main() -> None:
     pad = tok.pad_token_id
     layouts = {
         "padded, random micro-batches": [select_rows(batch, perm[i : i + MICRO]) for i in range(0, n, MICRO)],
+        "shared prefix, random micro-batches": [pack_shared_prefix(batch, perm[i : i + MICRO], pad, 512)
+                                                for i in range(0, n, MICRO)],
         "shared prefix, by group": [pack_shared_prefix(batch, torch.arange(i, i + MICRO), pad, 512)
                                     for i in range(0, n, MICRO)],
     }
@@ -75,7 +78,7 @@ def main() -> None:
     print(f"{n} samples ({PROMPTS} prompts x {GROUP}), micro-batches of {MICRO}, {torch.get_num_threads()} threads")
     for k, mbs in layouts.items():
         tokens = sum(mb.num_tokens for mb in mbs)
-        print(f"{k:32}{times[k]:8.2f} s  {tokens:6d} tokens  {base / times[k]:5.2f}x")
+        print(f"{k:38}{times[k]:8.2f} s  {tokens:6d} tokens  {base / times[k]:5.2f}x")
 
 
 if __name__ == "__main__":
