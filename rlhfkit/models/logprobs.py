@@ -39,13 +39,15 @@ def model_inputs(model: torch.nn.Module, batch) -> dict:
     a one-row `PackedBatch` (position ids, no mask) or a `SharedPrefixBatch` (position ids and a
     4-D bool mask, handed to the attention as it is; converted to an additive float mask for
     eager attention, which adds it to the scores)."""
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
+    device = next(model.parameters()).device  # batches are built on the CPU; the model may sit on a GPU
+    mask = batch.attention_mask if batch.attention_mask is None else batch.attention_mask.to(device)
+    inputs = {"input_ids": batch.input_ids.to(device), "attention_mask": mask, "use_cache": False}
     if getattr(batch, "position_ids", None) is not None:
-        inputs["position_ids"] = batch.position_ids
-    mask = batch.attention_mask
+        inputs["position_ids"] = batch.position_ids.to(device)
     if mask is not None and mask.dim() == 4 and getattr(model.config, "_attn_implementation", "") == "eager":
         dtype = next(model.parameters()).dtype
-        inputs["attention_mask"] = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+        inputs["attention_mask"] = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
+            ~mask, torch.finfo(dtype).min)
     return inputs
 
 
@@ -110,5 +112,5 @@ def response_logprobs(
       `batch.response_mask` is False are finite but meaningless.
     """
     logits = response_logits(model, batch)
-    return logprobs_and_entropy(logits, batch.response_ids, temperature, with_entropy=with_entropy,
+    return logprobs_and_entropy(logits, batch.response_ids.to(logits.device), temperature, with_entropy=with_entropy,
                                 entropy_grad=entropy_grad)

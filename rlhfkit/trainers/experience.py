@@ -67,7 +67,7 @@ def forward_passes(
     for rows in chunks if live else ():
         mb = layout(batch, rows)
         for k, f in live.items():
-            out[k][rows, : mb.response_ids.shape[1]] = f(mb).float()
+            out[k][rows, : mb.response_ids.shape[1]] = f(mb).float().cpu()
     return {k: out.get(k) for k in fns}
 
 

@@ -466,6 +466,9 @@ class RLTrainer:
             logp, entropy = response_logprobs(self.policy, mb, temperature=cfg.rollout.temperature or 1.0,
                                               with_entropy=True, entropy_grad=bool(a.entropy_coef))
         logp = logp.float()
+        if logp.device != mask.device:  # the policy sits on a GPU: bring the micro-batch's tensors to it
+            mask = mask.to(logp.device)
+            x = {k: None if v is None else v.to(logp.device) for k, v in x.items()}
         old = x["old_logp"] if x["old_logp"] is not None else logp.detach()
         lo, hi = a.eps_clip_low_high
         loss, pm = policy_loss(
