@@ -284,7 +284,7 @@ class RLTrainer:
         params, seeds = self.sampling_params(), self.prompt_seeds(len(prompts))
         try:
             return self.executor.run(self.engine, self.tokenizer, prompts, params, self.budget, seeds=seeds)
-        except RuntimeError as exc:  # torch.multinomial refuses NaN/inf probabilities
+        except RuntimeError as exc:  # the engine refuses NaN/inf probabilities
             if "inf" not in str(exc) and "nan" not in str(exc):
                 raise
             raise TrainingError(
