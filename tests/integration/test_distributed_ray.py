@@ -20,21 +20,13 @@ from rlhfkit.cli import train_rl  # noqa: E402
 from rlhfkit.cli.main import main  # noqa: E402
 from rlhfkit.data.prompts import load_prompts  # noqa: E402
 
-REWARD_FILE = '''
-import torch
-
-def reward_func(queries, prompts, labels, **kwargs):
-    responses = [q[len(p):] for q, p in zip(queries, prompts)]
-    return torch.tensor([sum(c == "7" for c in s) / 8.0 for s in responses])
-'''
 VOLATILE = ("time/", "rollout_tokens_per_s")  # wall-clock quantities differ between any two runs
 
 
 @pytest.fixture(scope="module")
 def ws(tiny_ws):
     rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(24)]
-    root = tiny_ws("ray", rows)
-    (root / "reward.py").write_text(REWARD_FILE)
+    root = tiny_ws("ray", rows, sevens=True)
     return root
 
 

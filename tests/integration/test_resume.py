@@ -19,14 +19,6 @@ from safetensors.torch import load_file
 from rlhfkit.trainers.checkpoint import list_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
-REWARD_FILE = '''
-import torch
-
-def reward_func(queries, prompts, labels, **kwargs):
-    responses = [q[len(p):] for q, p in zip(queries, prompts)]
-    r = torch.tensor([sum(c == "7" for c in s) / 8.0 for s in responses])
-    return {"rewards": r, "scores": r.clamp(0, 1)}
-'''
 # Runs the CLI, but SIGKILLs itself at the N-th fsync of a checkpoint write (mid-write).
 KILL_AT_FSYNC = '''
 import os, signal, sys
@@ -48,8 +40,7 @@ VOLATILE = ("time/", "rollout_tokens_per_s")  # wall-clock metrics differ betwee
 @pytest.fixture(scope="module")
 def ws(tiny_ws):
     rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(24)]
-    root = tiny_ws("resume", rows)
-    (root / "reward.py").write_text(REWARD_FILE)
+    root = tiny_ws("resume", rows, sevens=True)
     (root / "kill_at_fsync.py").write_text(KILL_AT_FSYNC)
     return root
 

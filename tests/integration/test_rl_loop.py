@@ -13,22 +13,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from rlhfkit.cli import train_rl  # noqa: E402
 from rlhfkit.cli.main import main  # noqa: E402
 
-# Reward: the share of response characters that are "7" (dense, learnable by a tiny model).
-REWARD_FILE = '''
-import torch
-
-def reward_func(queries, prompts, labels, **kwargs):
-    responses = [q[len(p):] for q, p in zip(queries, prompts)]
-    r = torch.tensor([sum(c == "7" for c in s) / 8.0 for s in responses])
-    return {"rewards": r, "scores": r.clamp(0, 1), "extra_logs": {"sevens": r * 8}}
-'''
 
 
 @pytest.fixture(scope="module")
 def workspace(tiny_ws):
     rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(64)]
-    root = tiny_ws("rl", rows)
-    (root / "reward.py").write_text(REWARD_FILE)
+    root = tiny_ws("rl", rows, sevens=True)
     return root
 
 
