@@ -248,3 +248,30 @@ def test_bad_inputs_raise_config_error(tiny):
     with pytest.raises(ConfigError, match="top_p"):
         engine.generate([[5]], SamplingParams(top_p=0.0))
     assert engine.generate([], SamplingParams()) == []
+
+
+def test_growing_cache_layer_equals_transformers_dynamic_layer():
+    """The in-place KV layer holds exactly what DynamicLayer's concatenation holds, through
+    prefill, decode steps past its reserve, row expansion and row dropping."""
+    from transformers.cache_utils import DynamicLayer
+
+    from rlhfkit.rollout.hf import _growing_layer_class
+
+    g = torch.Generator().manual_seed(0)
+    ours, ref = _growing_layer_class()(reserve=2), DynamicLayer()
+
+    def step(n, rows):
+        k, v = torch.randn(rows, 3, n, 4, generator=g), torch.randn(rows, 3, n, 4, generator=g)
+        a, b = ours.update(k, v), ref.update(k, v)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+    step(5, 2)  # prefill
+    ours.batch_repeat_interleave(3)
+    ref.batch_repeat_interleave(3)
+    for _ in range(4):  # past the reserve of 2: the buffer grows
+        step(1, 6)
+    keep = torch.tensor([0, 2, 5])
+    ours.batch_select_indices(keep)
+    ref.batch_select_indices(keep)
+    step(1, 3)
+    assert ours.get_seq_length() == ref.get_seq_length() == 10
