@@ -212,7 +212,8 @@ class RLTrainer:
         metrics.update(self.check_staleness(trajs))
         n_tokens = metrics.pop("generated_tokens")
         if trajs:
-            with timer("experience"):
+            # one autocast region for all its forwards: the policy's bf16 weight casts are reused
+            with timer("experience"), autocast_ctx(self.cfg.actor.autocast):
                 exp = self.make_experience(trajs, rewards)
             with timer("update"):
                 metrics.update(self.update(exp))
