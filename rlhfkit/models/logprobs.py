@@ -13,7 +13,7 @@ import contextlib
 
 import torch
 
-from rlhfkit.core.losses import logprobs_and_entropy
+from rlhfkit.core.losses import linear_logprobs_and_entropy, logprobs_and_entropy
 
 # Config fields that mean the LM head is not a plain linear map of the last hidden state.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
@@ -32,6 +32,13 @@ def split_backbone(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mo
     if backbone is None or backbone is model or head is None:
         return None
     return backbone, head
+
+
+def _plain_linear(head: torch.nn.Module | None) -> bool:
+    """An LM head the fused logprob path may bypass: a bias-free nn.Linear with no hooks (FSDP
+    gathers a sharded head's weight in a forward hook; LoRA and other wrappers are not Linear)."""
+    return (type(head) is torch.nn.Linear and head.bias is None and not head._forward_pre_hooks
+            and not head._forward_hooks)
 
 
 def model_inputs(model: torch.nn.Module, batch) -> dict:
@@ -85,12 +92,17 @@ def response_logits(model: torch.nn.Module, batch) -> torch.Tensor:
     model falls back to a full forward and a gather.
     """
     parts = split_backbone(model)
+    if parts is None:
+        with attention_for(model, batch):
+            return response_hidden(model(**model_inputs(model, batch)).logits, batch)
+    backbone, head = parts
+    return head(_backbone_response_hidden(model, backbone, batch))
+
+
+def _backbone_response_hidden(model: torch.nn.Module, backbone: torch.nn.Module, batch) -> torch.Tensor:
+    """The backbone's last hidden states [B, R, H] at the positions that predict response tokens."""
     with attention_for(model, batch):
-        inputs = model_inputs(model, batch)
-        if parts is None:
-            return response_hidden(model(**inputs).logits, batch)
-        backbone, head = parts
-        return head(response_hidden(backbone(**inputs).last_hidden_state, batch))
+        return response_hidden(backbone(**model_inputs(model, batch)).last_hidden_state, batch)
 
 
 def response_logprobs(
@@ -111,6 +123,15 @@ def response_logprobs(
       logp [B, R] float32 and entropy [B, R] float32 (or None). Differentiable. Entries where
       `batch.response_mask` is False are finite but meaningless.
     """
+    labels = batch.response_ids
+    parts = split_backbone(model)
+    head = parts[1] if parts is not None else None
+    if _plain_linear(head) and not (with_entropy and entropy_grad):
+        # LM head, log-softmax and entropy fused (core.losses.linear_logprobs_and_entropy): the
+        # [R, V] logits never kept, the backward written by hand.
+        hidden = _backbone_response_hidden(model, parts[0], batch)
+        return linear_logprobs_and_entropy(hidden, head.weight, labels.to(hidden.device), temperature,
+                                           with_entropy=with_entropy)
     logits = response_logits(model, batch)
-    return logprobs_and_entropy(logits, batch.response_ids.to(logits.device), temperature, with_entropy=with_entropy,
+    return logprobs_and_entropy(logits, labels.to(logits.device), temperature, with_entropy=with_entropy,
                                 entropy_grad=entropy_grad)

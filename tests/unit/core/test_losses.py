@@ -327,3 +327,92 @@ def test_logprobs_and_entropy_in_one_pass_equal_the_separate_functions(entropy_g
         g1, = torch.autograd.grad(ent.sum(), logits)
         g2, = torch.autograd.grad(entropy_from_logits(logits / 0.7).sum(), logits)
         torch.testing.assert_close(g1, g2, **ATOL)
+
+
+# ---------------------------------------------------------------- LM head fused with the logprobs
+
+
+def _by_hand_head():
+    # logits = h @ W.T = [0, ln 2, 0]: softmax [1/4, 1/2, 1/4]
+    h = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    w = torch.tensor([[0.0, 0.0], [math.log(2.0), 0.0], [0.0, 1.0]], requires_grad=True)
+    return h, w
+
+
+def test_linear_logprobs_by_hand():
+    from rlhfkit.core.losses import linear_logprobs_and_entropy
+
+    h, w = _by_hand_head()
+    logp, ent = linear_logprobs_and_entropy(h, w, torch.tensor([1]))
+    torch.testing.assert_close(logp, torch.tensor([math.log(0.5)]), **ATOL)
+    torch.testing.assert_close(ent, torch.tensor([1.5 * math.log(2.0)]), **ATOL)  # -(2/4 ln 1/4 + 1/2 ln 1/2)
+    assert not ent.requires_grad
+    logp.sum().backward()
+    # d logp / d z = onehot(1) - p = [-1/4, 1/2, -1/4]; dh = that @ W, dW = that (outer) h
+    torch.testing.assert_close(h.grad, torch.tensor([[0.5 * math.log(2.0), -0.25]]), **ATOL)
+    torch.testing.assert_close(w.grad, torch.tensor([[-0.25, 0.0], [0.5, 0.0], [-0.25, 0.0]]), **ATOL)
+    # temperature 2: logits [0, ln2 / 2, 0] -> p(1) = sqrt2 / (2 + sqrt2)
+    logp, _ = linear_logprobs_and_entropy(h, w, torch.tensor([1]), temperature=2.0)
+    torch.testing.assert_close(logp, torch.tensor([math.log(math.sqrt(2) / (2 + math.sqrt(2)))]), **ATOL)
+    with pytest.raises(ValueError, match="temperature"):
+        linear_logprobs_and_entropy(h, w, torch.tensor([1]), temperature=0.0)
+
+
+@pytest.mark.parametrize("chunk_size", [1024, 3])
+def test_linear_logprobs_gradcheck_and_equal_to_the_unfused_path(chunk_size):
+    from rlhfkit.core.losses import linear_logprobs_and_entropy, logprobs_and_entropy
+
+    torch.manual_seed(0)
+    h = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 11, (7,))
+    assert torch.autograd.gradcheck(lambda h, w: linear_logprobs_and_entropy(h, w, labels, 0.7, chunk_size)[0], (h, w))
+    # float32, [B, R] shapes: values equal the logits path, and so do both gradients
+    h32, w32 = h.detach().float().reshape(1, 7, 5).requires_grad_(), w.detach().float().requires_grad_()
+    logp, ent = linear_logprobs_and_entropy(h32, w32, labels.reshape(1, 7), 0.7, chunk_size)
+    ref, ref_ent = logprobs_and_entropy(h32 @ w32.T, labels.reshape(1, 7), 0.7)
+    assert logp.shape == ent.shape == (1, 7)
+    torch.testing.assert_close(logp, ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)  # lse - sum p z: float32 cancellation
+    weights = torch.arange(7.0).reshape(1, 7)
+    got = torch.autograd.grad((logp * weights).sum(), (h32, w32))
+    want = torch.autograd.grad((ref * weights).sum(), (h32, w32))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_logprobs_under_bf16_autocast_match_autograd():
+    """bf16 matmuls, float32 vocabulary work: the same numbers as autograd through F.linear, the
+    weight's gradient float32 like its parameter; backward twice (retain_graph) gives the same."""
+    from rlhfkit.core.losses import linear_logprobs_and_entropy, logprobs_and_entropy
+
+    torch.manual_seed(1)
+    h = torch.randn(2, 9, 64, requires_grad=True)
+    w = torch.randn(500, 64, requires_grad=True)
+    labels = torch.randint(0, 500, (2, 9))
+    weights = torch.rand(2, 9)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, ent = linear_logprobs_and_entropy(h, w, labels, 0.7)
+        ref, ref_ent = logprobs_and_entropy(torch.nn.functional.linear(h, w), labels, 0.7)
+        got = torch.autograd.grad((logp * weights).sum(), (h, w), retain_graph=True)
+        again = torch.autograd.grad((logp * weights).sum(), (h, w))
+        want = torch.autograd.grad((ref * weights).sum(), (h, w))
+    assert logp.dtype == ent.dtype == torch.float32 and got[1].dtype == torch.float32
+    torch.testing.assert_close(logp, ref, atol=0, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-4, rtol=1e-5)
+    for a, b, c in zip(got, want, again):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+        torch.testing.assert_close(c, b, atol=0, rtol=0)
+
+
+def test_linear_logprobs_frozen_head_and_no_grad():
+    from rlhfkit.core.losses import linear_logprobs_and_entropy
+
+    h, w = _by_hand_head()
+    w.requires_grad_(False)
+    logp, _ = linear_logprobs_and_entropy(h, w, torch.tensor([1]), with_entropy=False)
+    logp.sum().backward()
+    assert w.grad is None and h.grad is not None
+    with torch.no_grad():
+        logp, ent = linear_logprobs_and_entropy(h, w, torch.tensor([1]))
+    assert logp.grad_fn is None and ent is not None

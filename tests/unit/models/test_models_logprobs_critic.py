@@ -134,3 +134,45 @@ def test_critic_from_pretrained_names_missing_head(tmp_path):
 
     with pytest.raises(ModelError, match="value_head.safetensors"):
         Critic.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_head_equals_the_logits_path_in_values_and_every_gradient(monkeypatch, autocast):
+    """response_logprobs runs the LM head fused with the log-softmax (its own backward); the plain
+    head + logprobs_and_entropy path gives the same logprobs, entropy and parameter gradients."""
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    model.train()
+    batch = _batch(len(tok))
+    weights = torch.rand(batch.response_ids.shape, generator=torch.Generator().manual_seed(0)) * batch.response_mask
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logp, ent = response_logprobs(model, batch, temperature=0.7, with_entropy=True, entropy_grad=False)
+            (logp * weights).sum().backward()
+        return logp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    calls = []
+    fused = run()
+    monkeypatch.setattr("rlhfkit.models.logprobs._plain_linear", lambda head: calls.append(head) or False)
+    plain = run()
+    assert calls  # the second run took the logits path
+    m = batch.response_mask
+    torch.testing.assert_close(fused[0][m], plain[0][m], atol=1e-6, rtol=0)
+    torch.testing.assert_close(fused[1][m], plain[1][m], atol=1e-4, rtol=0)
+    for name, g in plain[2].items():
+        torch.testing.assert_close(fused[2][name], g, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_hooked_or_biased_head_is_called_as_a_module():
+    from rlhfkit.models.logprobs import _plain_linear
+
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    assert _plain_linear(model.lm_head)
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    assert not _plain_linear(model.lm_head)  # FSDP gathers a sharded head's weight in such a hook
+    response_logprobs(model, _batch(len(tok)))
+    assert seen
+    handle.remove()
+    assert not _plain_linear(torch.nn.Linear(4, 5, bias=True)) and not _plain_linear(None)
