@@ -38,7 +38,8 @@ class ActorConfig:
     model_name_or_path: str = "smollm2"
     """HF folder, a .gguf file, or `smollm2` (the packaged SmolLM2-135M-Instruct, converted once)."""
     dtype: str = "float32"
-    """Parameter dtype: float32 or bfloat16 (never float16: ~200x slower on CPU)."""
+    """Parameter dtype: float32 or bfloat16 (never float16: ~200x slower on CPU). bfloat16 keeps float32
+    master weights and gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 mode."""
     autocast: str | None = "bfloat16"
     """Compute dtype for forward passes (torch.autocast); none = the parameter dtype."""
     adam: AdamConfig = field(default_factory=AdamConfig)
@@ -505,6 +506,9 @@ def _validate_scale(cfg: RLConfig) -> None:
     _require(cfg.rollout.engine == "hf" or cfg.distributed.backend == "local",
              "--rollout.engine vllm runs in the trainer's process for now; Ray rollout workers hold HF engines "
              "(drop --distributed.backend ray or use --rollout.engine hf)")
+    _require(not (cfg.fsdp.enable and cfg.actor.dtype != "float32"),
+             f"--fsdp.enable shards float32 parameters (got --actor.dtype {cfg.actor.dtype}); for bf16 compute add "
+             "--fsdp.mixed_precision true")
     _require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
              "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
              "workers is not supported yet")

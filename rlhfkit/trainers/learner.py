@@ -1,6 +1,13 @@
 """The algorithm-blind learner: AdamW, warmup + cosine schedule, gradient accumulation,
 grad-norm clipping, skipped non-finite steps and an optional EMA of the parameters.
 
+Parameters held in bfloat16 (`--actor.dtype bfloat16`) are trained as DeepSpeed's bf16 mode
+does: the optimizer owns float32 master copies, each micro-batch's bf16 gradient is added into
+a float32 gradient as soon as autograd produces it (a post-accumulate hook, so micro-batches sum
+in float32), clipping, AdamW and the EMA run on the masters, and the module gets the rounded
+masters back after each step. Adam updates far below a bf16 weight's spacing (lr 1e-6 on a
+weight of 1.0: spacing 2^-7) are thus kept, not rounded away.
+
 A non-finite loss or gradient (NaN / inf gradient norm) skips that optimizer step: the gradients
 are dropped, the parameters, Adam moments, schedule and EMA stay as they were, the skip is counted
 and logged, and `max_consecutive_skips` skips in a row raise a TrainingError.
@@ -12,13 +19,14 @@ the whole optimizer step (see core.aggregate), calls `backward` once per micro-b
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
 import torch
 
 from rlhfkit.core.ema import ema_update
-from rlhfkit.errors import TrainingError
+from rlhfkit.errors import CheckpointError, TrainingError
 
 log = logging.getLogger("rlhfkit")
 
@@ -61,13 +69,20 @@ class Learner:
     ):
         self.module = module
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        # float32 masters for low-precision parameters (see the module docstring); else the params
+        self.master = None
+        if any(p.dtype in (torch.bfloat16, torch.float16) for p in self.params):
+            self.master = [p.detach().to(torch.float32, copy=True) for p in self.params]
+            for p, m in zip(self.params, self.master, strict=True):
+                p.register_post_accumulate_grad_hook(functools.partial(_accumulate_into, m))
+        self.train_params = self.master if self.master is not None else self.params
+        self.optimizer = torch.optim.AdamW(self.train_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(scheduler, total_steps, warmup_steps, min_lr_ratio)
         )
         self.max_norm = max_norm
         self.ema_beta = ema_beta
-        self.ema = [p.detach().clone() for p in self.params] if ema_beta is not None else None
+        self.ema = [p.detach().clone() for p in self.train_params] if ema_beta is not None else None
         self.steps = 0
         self.skipped_steps = 0
         self.consecutive_skips = 0
@@ -80,16 +95,17 @@ class Learner:
     def step(self) -> dict[str, float]:
         """Clip, step and zero the gradients. A non-finite gradient norm skips the update."""
         if self.max_norm and self.max_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.train_params, self.max_norm)
         else:
-            grads = [p.grad.detach().norm() for p in self.params if p.grad is not None]
+            grads = [p.grad.detach().norm() for p in self.train_params if p.grad is not None]
             grad_norm = torch.stack(grads).norm() if grads else torch.zeros(())
         metrics = {"grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0]}
         if torch.isfinite(grad_norm):
             self.optimizer.step()
             self.scheduler.step()
+            self._copy_masters_to_params()
             if self.ema is not None:
-                ema_update(self.ema, [p.detach() for p in self.params], self.ema_beta)
+                ema_update(self.ema, [p.detach() for p in self.train_params], self.ema_beta)
             self.steps += 1
             self.consecutive_skips = 0
         else:
@@ -100,6 +116,9 @@ class Learner:
                         float(grad_norm), self.consecutive_skips, self.skipped_steps)
         metrics["skipped_steps"] = float(self.skipped_steps)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:  # bf16 gradients left by a backward outside this learner's hooks
+            for p in self.params:
+                p.grad = None
         if 0 < self.max_consecutive_skips <= self.consecutive_skips:
             raise TrainingError(
                 f"{self.name}: {self.consecutive_skips} optimizer steps in a row had a non-finite (NaN/inf) loss "
@@ -112,7 +131,7 @@ class Learner:
     def state_dict(self) -> dict:
         """Optimizer, scheduler, EMA and counters (plain values and tensors; see trainers.checkpoint)."""
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "ema": self.ema, "steps": self.steps, "skipped_steps": self.skipped_steps,
+                "ema": self.ema, "master": self.master, "steps": self.steps, "skipped_steps": self.skipped_steps,
                 "consecutive_skips": self.consecutive_skips}
 
     def load_state_dict(self, state: dict) -> None:
@@ -122,5 +141,31 @@ class Learner:
             with torch.no_grad():
                 for e, v in zip(self.ema, state["ema"], strict=True):
                     e.copy_(v)
+        if (self.master is None) != (state.get("master") is None):
+            written, here = ("float32", "bfloat16") if self.master is not None else ("bfloat16", "float32")
+            raise CheckpointError(
+                f"{self.name}: the checkpoint was written with {written} parameters, this run has {here}; resume "
+                f"with the dtype it was written with (--actor.dtype {written})")
+        if self.master is not None:
+            with torch.no_grad():
+                for m, v in zip(self.master, state["master"], strict=True):
+                    m.copy_(v)
+            self._copy_masters_to_params()
         self.steps, self.skipped_steps = state["steps"], state["skipped_steps"]
         self.consecutive_skips = state["consecutive_skips"]
+
+    def _copy_masters_to_params(self) -> None:
+        if self.master is not None:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.master, strict=True):
+                    p.copy_(m)
+
+
+def _accumulate_into(master: torch.Tensor, param: torch.Tensor) -> None:
+    """Post-accumulate-grad hook: add the parameter's fresh low-precision gradient into its float32
+    master's and free it, so the sum over micro-batches is a float32 sum."""
+    if master.grad is None:
+        master.grad = param.grad.float()
+    else:
+        master.grad.add_(param.grad)
+    param.grad = None

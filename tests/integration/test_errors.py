@@ -150,6 +150,9 @@ BEFORE_MODELS = [
      "does not combine with --algo.dynamic_filtering_enable yet"),
     ("67-ray-address-unreachable", {"distributed.backend": "ray", "distributed.address": "127.0.0.1:1"},
      "--distributed.address 127.0.0.1:1: no Ray cluster answers there (ConnectionRefusedError"),
+    ("68-fsdp-with-bf16-parameters", {"fsdp.enable": "true", "actor.dtype": "bfloat16"},
+     "--fsdp.enable shards float32 parameters (got --actor.dtype bfloat16); for bf16 compute add "
+     "--fsdp.mixed_precision true"),
 ]
 
 
@@ -252,6 +255,14 @@ def test_48_resume_with_another_model(ws, tmp_path, capsys):
     tok.save_pretrained(other)
     argv = flags(ws, out, **{"ckpt.load_enable": "true", "actor.model_name_or_path": other, "train.max_steps": 2})
     refuse(argv, capsys, "does not fit the model")
+
+
+def test_69_resume_with_another_parameter_dtype(ws, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(ws, out, capsys) == 0
+    argv = flags(ws, out, **{"ckpt.load_enable": "true", "actor.dtype": "bfloat16", "train.max_steps": 2})
+    refuse(argv, capsys, "actor: the checkpoint was written with float32 parameters, this run has bfloat16; resume "
+                         "with the dtype it was written with (--actor.dtype float32)")
 
 
 def test_49_full_disk_while_saving_keeps_the_last_checkpoint(ws, tmp_path, capsys, monkeypatch):

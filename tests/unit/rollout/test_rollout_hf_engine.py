@@ -275,3 +275,57 @@ def test_growing_cache_layer_equals_transformers_dynamic_layer():
     ref.batch_select_indices(keep)
     step(1, 3)
     assert ours.get_seq_length() == ref.get_seq_length() == 10
+
+
+def test_cpu_decode_attention_equals_eager_attention_and_leaves_prefill_to_sdpa():
+    """One query per row against a left-padded cache, 6 query heads over 2 key/value heads: the
+    grouped computation gives eager attention's output (which copies K/V per head), for a boolean
+    and an additive mask; several query positions (prefill) go to transformers' SDPA as they are."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from rlhfkit.rollout.hf import _cpu_decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(4, h, 1 if i == 0 else 7, 8, generator=g) for i, h in enumerate((6, 2, 2)))
+    allowed = torch.ones(4, 1, 1, 7, dtype=torch.bool)
+    allowed[1, ..., :3] = False  # row 1 is left-padded by 3
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    module = SimpleNamespace(num_key_value_groups=3, training=False, is_causal=True)
+    want, _ = eager_attention_forward(module, q, k, v, additive, scaling=8**-0.5)
+    for mask in (allowed, additive, None):
+        got, weights = _cpu_decode_attention(module, q, k, v, mask, scaling=8**-0.5)
+        assert got.shape == (4, 1, 6, 8) and weights is None
+        if mask is not None:
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    nomask, _ = eager_attention_forward(module, q, k, v, None, scaling=8**-0.5)
+    torch.testing.assert_close(got, nomask, atol=1e-6, rtol=1e-6)
+    # row 1 ignores its padded keys: changing them changes nothing
+    k2 = k.clone()
+    k2[1, :, :3] = 100.0
+    torch.testing.assert_close(_cpu_decode_attention(module, q, k2, v, allowed, scaling=8**-0.5)[0][1], want[1])
+    prefill_q = torch.randn(4, 6, 7, 8, generator=g)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril().expand(4, 1, 7, 7)
+    torch.testing.assert_close(_cpu_decode_attention(module, prefill_q, k, v, causal)[0],
+                               sdpa_attention_forward(module, prefill_q, k, v, causal)[0], atol=0, rtol=0)
+
+
+def test_engine_decodes_with_the_grouped_attention_and_restores_sdpa(tiny, prompts):
+    from rlhfkit.rollout import hf
+
+    model, tok = tiny
+    seen = []
+    real = hf._cpu_decode_attention
+    hf._register_decode_attention()
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(hf.DECODE_ATTENTION, lambda m, q, *a, **kw: seen.append(q.shape[2]) or real(m, q, *a, **kw))
+    try:
+        HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=3, temperature=0.0))
+    finally:
+        AttentionInterface.register(hf.DECODE_ATTENTION, real)
+    layers = model.config.num_hidden_layers
+    assert seen.count(1) == 2 * layers and len(seen) == 3 * layers  # prefill, then 2 one-token steps
+    assert model.config._attn_implementation == "sdpa"

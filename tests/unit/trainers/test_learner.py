@@ -46,3 +46,59 @@ def test_running_moments_match_concatenation():
     allv = torch.cat([a, b])
     assert rm.mean == pytest.approx(float(allv.mean()))
     assert rm.std == pytest.approx(float(allv.std(unbiased=False)))
+
+
+def _bf16_weight(value: float) -> torch.nn.Linear:
+    lin = torch.nn.Linear(1, 1, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.fill_(value)
+    return lin
+
+
+def test_bf16_parameters_keep_updates_below_their_spacing_in_float32_masters():
+    """Adam with betas (0, 0) moves a weight by lr * sign(grad) per step. At 1.0 a bf16 weight's
+    spacing is 2^-7: ten steps of lr 1e-4 would round away in bf16; the float32 master keeps them
+    and the module gets the master rounded to bf16."""
+    lin = _bf16_weight(1.0)
+    learner = Learner(lin, lr=1e-4, betas=(0.0, 0.0), eps=0.0, max_norm=0.0)
+    for _ in range(10):
+        learner.backward(lin(torch.ones(1, 1, dtype=torch.bfloat16)).sum())  # d/dw = 1
+        learner.step()
+    assert learner.master[0].dtype == torch.float32
+    assert learner.master[0].item() == pytest.approx(1.0 - 10 * 1e-4, abs=1e-6)
+    assert lin.weight.dtype == torch.bfloat16 and lin.weight.item() == 1.0  # 0.999 rounds to 1.0 in bf16
+    for _ in range(90):
+        learner.backward(lin(torch.ones(1, 1, dtype=torch.bfloat16)).sum())
+        learner.step()
+    assert learner.master[0].item() == pytest.approx(0.99, abs=1e-5)
+    assert lin.weight.item() == float(torch.tensor(0.99).to(torch.bfloat16))  # 0.98828125
+
+
+def test_bf16_gradients_sum_over_micro_batches_in_float32():
+    """Micro-batch gradients 256 and 1: bf16 would sum them to 256 (spacing 2 at 256), float32 to 257."""
+    lin = _bf16_weight(0.5)
+    learner = Learner(lin, lr=0.0, max_norm=0.0)
+    x = torch.ones(1, 1, dtype=torch.bfloat16)
+    learner.backward(256 * lin(x).sum())
+    learner.backward(lin(x).sum())
+    assert lin.weight.grad is None and learner.master[0].grad.item() == 257.0
+    assert learner.step()["grad_norm"] == 257.0
+
+
+def test_bf16_masters_round_trip_the_state_dict_and_skip_non_finite_steps():
+    lin = _bf16_weight(1.0)
+    learner = Learner(lin, lr=1e-3, betas=(0.0, 0.0), eps=0.0, max_norm=0.0, ema_beta=0.5)
+    learner.backward(lin(torch.ones(1, 1, dtype=torch.bfloat16)).sum())
+    learner.step()
+    master = learner.master[0].clone()
+    learner.backward((lin(torch.ones(1, 1, dtype=torch.bfloat16)) * float("nan")).sum())
+    assert learner.step()["skipped_steps"] == 1.0 and torch.equal(learner.master[0], master)
+    assert learner.ema[0].dtype == torch.float32 and learner.ema[0].item() == pytest.approx(0.5 + 0.5 * 0.999)
+    state = learner.state_dict()
+    other_lin = _bf16_weight(1.0)
+    other = Learner(other_lin, lr=1e-3, betas=(0.0, 0.0), eps=0.0, max_norm=0.0, ema_beta=0.5)
+    other.load_state_dict(state)
+    assert torch.equal(other.master[0], master) and other_lin.weight.item() == float(master.to(torch.bfloat16))
+    from rlhfkit.errors import CheckpointError
+    with pytest.raises(CheckpointError, match="written with bfloat16 parameters, this run has float32"):
+        Learner(torch.nn.Linear(1, 1, bias=False), lr=1e-3, ema_beta=0.5).load_state_dict(state)
