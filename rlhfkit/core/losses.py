@@ -317,24 +317,25 @@ class _HeadLogprobs(torch.autograd.Function):
         if grad_logp is None:
             return None, None, None, None, None, None
         want_h, want_w = ctx.needs_input_grad[:2]
-        grad_h = torch.empty_like(h) if want_h else None
-        grad_w = None
         acc = probs[0].dtype if probs else h.dtype
+        grad_h = torch.empty(h.shape, dtype=acc, device=h.device) if want_h else None
+        grad_w = None
         # The two matmuls in the forward's compute dtype; under autocast the weight's cast comes
         # from autocast's cache when the backward runs inside the forward's autocast region.
         with torch.autocast(h.device.type, dtype=ctx.dtype, enabled=ctx.amp):
             for c, p in enumerate(probs):
                 rows = slice(c * ctx.chunk_size, c * ctx.chunk_size + p.shape[0])
                 label = labels[rows].unsqueeze(-1)
-                # d logp / d z = onehot(label) - p: one pass scales p by -grad / T and casts it; the
-                # label's entry is then written from (p - 1) computed in float32 (its precision kept).
+                # d logp / d z = coef * (p - onehot(label)) with coef = -grad / T per row: p cast once
+                # to the compute dtype, the label's entry from (p - 1) in float32 (its precision kept);
+                # the row scale goes on the [n, H] side of each matmul, not over [n, V].
                 coef = (grad_logp[rows].to(acc) / -ctx.temperature).unsqueeze(-1)
-                grad_z = torch.mul(p, coef, out=torch.empty(p.shape, dtype=h.dtype, device=p.device))
-                grad_z.scatter_(-1, label, ((p.gather(-1, label) - 1) * coef).to(grad_z.dtype))
+                grad_z = p.to(h.dtype, copy=True)
+                grad_z.scatter_(-1, label, (p.gather(-1, label) - 1).to(h.dtype))
                 if want_h:
-                    grad_h[rows] = torch.matmul(grad_z, weight)
+                    grad_h[rows] = torch.matmul(grad_z, weight).to(acc) * coef
                 if want_w:
-                    part = torch.matmul(grad_z.t(), h[rows])
+                    part = torch.matmul(grad_z.t(), (h[rows] * coef).to(h.dtype))
                     if len(probs) == 1:
                         grad_w = part
                     else:  # several chunks: the sum in float32
@@ -357,7 +358,7 @@ def _head_chunks(hidden, weight, labels, temperature, chunk_size, with_entropy, 
     for start in range(0, n, chunk_size):
         rows = slice(start, start + chunk_size)
         z = F.linear(h[rows], weight).to(acc)  # autocast: the weight's bf16 copy from its cache
-        with torch.autocast(device, enabled=False):  # the vocabulary work in float32 (vecdot is autocast)
+        with torch.autocast(device, enabled=False):  # the vocabulary work in float32 (bmm is autocast)
             if temperature != 1.0:
                 z.div_(temperature)
             m = z.amax(dim=-1, keepdim=True)
@@ -366,7 +367,8 @@ def _head_chunks(hidden, weight, labels, temperature, chunk_size, with_entropy, 
             lse = (m + s.log()).squeeze(-1)
             logp[rows] = z.gather(-1, labels[rows].unsqueeze(-1)).squeeze(-1) - lse
             if with_entropy:
-                entropy[rows] = lse - torch.linalg.vecdot(e, z) / s.squeeze(-1)
+                # sum e * z as a batched dot product (vecdot and (e * z).sum make the [n, V] product)
+                entropy[rows] = lse - torch.bmm(e.unsqueeze(1), z.unsqueeze(2)).reshape(-1) / s.squeeze(-1)
             if keep:
                 probs.append(e.div_(s))
     return logp, entropy, probs, h, dtype, amp

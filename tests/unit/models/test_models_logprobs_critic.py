@@ -139,7 +139,8 @@ def test_critic_from_pretrained_names_missing_head(tmp_path):
 @pytest.mark.parametrize("autocast", [False, True])
 def test_fused_head_equals_the_logits_path_in_values_and_every_gradient(monkeypatch, autocast):
     """response_logprobs runs the LM head fused with the log-softmax (its own backward); the plain
-    head + logprobs_and_entropy path gives the same logprobs, entropy and parameter gradients."""
+    head + logprobs_and_entropy path gives the same logprobs, entropy and parameter gradients (in
+    float32 to rounding; under bf16 autocast to bf16 rounding: the two round in other places)."""
     model, tok = tiny_model_and_tokenizer(seed=0)
     model.train()
     batch = _batch(len(tok))
@@ -161,7 +162,10 @@ def test_fused_head_equals_the_logits_path_in_values_and_every_gradient(monkeypa
     torch.testing.assert_close(fused[0][m], plain[0][m], atol=1e-6, rtol=0)
     torch.testing.assert_close(fused[1][m], plain[1][m], atol=1e-4, rtol=0)
     for name, g in plain[2].items():
-        torch.testing.assert_close(fused[2][name], g, atol=1e-6, rtol=1e-5, msg=name)
+        if autocast:
+            assert float((fused[2][name] - g).norm() / g.norm()) < 2e-2, name
+        else:
+            torch.testing.assert_close(fused[2][name], g, atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_a_hooked_or_biased_head_is_called_as_a_module():
