@@ -48,6 +48,7 @@ RLHFKIT_VARIANTS = {
     # bf16 parameters with float32 masters: not in the default run (learns slower at this lr: RMSNorm weights
     # near 1.0 move in bf16 steps of 2^-8; docs/performance.md)
     "rlhfkit-bf16": ["--actor.dtype", "bfloat16"],
+    "rlhfkit+compile": ["--train.compile_enable", "true"],  # decoder layers under torch.compile in the update
 }
 DEFAULT_RUN = ["rlhfkit", "rlhfkit-padded", "rlhfkit+filter", "trl"]
 

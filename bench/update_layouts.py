@@ -7,15 +7,17 @@ samples; the padded layout with random micro-batches is what the trainer did bef
 shared-prefix layout (and what --train.shared_prefix_enable false still does); the shared layout
 over random micro-batches shows why the trainer orders a step's samples by group first.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/update_layouts.py [--repeats N]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/update_layouts.py [--repeats N] [--compile]
 
-Prints seconds per 128-sample update (min over repeats), the tokens the forward ran on and
-the ratio to the padded layout.
+Prints seconds per 128-sample update (min over interleaved repeats), the tokens the forward ran
+on and the ratio to the padded layout; also the trainer's layout with the LM head called as a
+module (before the fused head), and with --compile the decoder layers under torch.compile.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -25,7 +27,13 @@ from rlhfkit.data.batch import collate, select_rows
 from rlhfkit.data.packing import pack_shared_prefix
 from rlhfkit.data.synthetic import arithmetic_problems
 from rlhfkit.data.types import Trajectory
-from rlhfkit.models import load_causal_lm, load_tokenizer, materialize_smollm2, response_logprobs
+from rlhfkit.models import (
+    load_causal_lm,
+    load_tokenizer,
+    materialize_smollm2,
+    response_logprobs,
+)
+from rlhfkit.models import logprobs as logprobs_module
 
 PROMPTS, GROUP, MICRO = 16, 8, 32
 
@@ -46,18 +54,33 @@ def rollout_batch(tok):
 
 
 def update(model, micro_batches) -> float:
+    """Forward + backward of every micro-batch in one autocast region (as RLTrainer.update runs an
+    optimizer step: the bf16 weight casts are reused across micro-batches)."""
     t0 = time.perf_counter()
-    for mb in micro_batches:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for mb in micro_batches:
             logp, _ = response_logprobs(model, mb, temperature=0.7, with_entropy=True, entropy_grad=False)
-        (logp.float() * mb.loss_mask).sum().backward()
+            (logp.float() * mb.loss_mask).sum().backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def unfused_head():
+    """The LM head called as a module and autograd through logprobs_and_entropy (before the fused head)."""
+    real = logprobs_module._plain_linear
+    logprobs_module._plain_linear = lambda head: False
+    try:
+        yield
+    finally:
+        logprobs_module._plain_linear = real
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--compile", action="store_true",
+                    help="also time the decoder layers under torch.compile(dynamic=True) (needs a C++ compiler)")
     a = ap.parse_args()
     path = materialize_smollm2()
     model, tok = load_causal_lm(str(path)), load_tokenizer(str(path))
@@ -65,20 +88,36 @@ def main() -> None:
     n = batch.batch_size
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(1))
     pad = tok.pad_token_id
-    layouts = {
-        "padded, random micro-batches": [select_rows(batch, perm[i : i + MICRO]) for i in range(0, n, MICRO)],
-        "shared prefix, random micro-batches": [pack_shared_prefix(batch, perm[i : i + MICRO], pad, 512)
-                                                for i in range(0, n, MICRO)],
-        "shared prefix, by group": [pack_shared_prefix(batch, torch.arange(i, i + MICRO), pad, 512)
-                                    for i in range(0, n, MICRO)],
-    }
-    update(model, layouts["shared prefix, by group"][:1])  # warm-up
-    times = {k: min(update(model, mbs) for _ in range(a.repeats)) for k, mbs in layouts.items()}
+    by_group = [pack_shared_prefix(batch, torch.arange(i, i + MICRO), pad, 512) for i in range(0, n, MICRO)]
+    rows = [  # (name, micro-batches, context)
+        ("padded, random micro-batches", [select_rows(batch, perm[i : i + MICRO]) for i in range(0, n, MICRO)],
+         contextlib.nullcontext),
+        ("shared prefix, random micro-batches",
+         [pack_shared_prefix(batch, perm[i : i + MICRO], pad, 512) for i in range(0, n, MICRO)], contextlib.nullcontext),
+        ("shared prefix, by group, head unfused", by_group, unfused_head),
+        ("shared prefix, by group (the trainer)", by_group, contextlib.nullcontext),
+    ]
+    update(model, by_group[:1])  # warm-up
+    times = {}
+    for _ in range(a.repeats):  # interleaved rounds: a machine slowing down hits every row alike
+        for name, mbs, ctx in rows:
+            with ctx():
+                times[name] = min(times.get(name, float("inf")), update(model, mbs))
+    compile_s = None
+    if a.compile:
+        for layer in model.model.layers:
+            layer.compile(dynamic=True)
+        compile_s = update(model, by_group)  # the first call compiles
+        name = "shared prefix, by group, layers compiled"
+        rows.append((name, by_group, contextlib.nullcontext))
+        times[name] = min(update(model, by_group) for _ in range(a.repeats))
     base = times["padded, random micro-batches"]
     print(f"{n} samples ({PROMPTS} prompts x {GROUP}), micro-batches of {MICRO}, {torch.get_num_threads()} threads")
-    for k, mbs in layouts.items():
+    for name, mbs, _ in rows:
         tokens = sum(mb.num_tokens for mb in mbs)
-        print(f"{k:38}{times[k]:8.2f} s  {tokens:6d} tokens  {base / times[k]:5.2f}x")
+        print(f"{name:42}{times[name]:8.2f} s  {tokens:6d} tokens  {base / times[name]:5.2f}x")
+    if compile_s is not None:
+        print(f"first compiled update (compiling included): {compile_s:.1f} s")
 
 
 if __name__ == "__main__":

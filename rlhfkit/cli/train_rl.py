@@ -223,6 +223,9 @@ def train(cfg: RLConfig, run_dir: Path, t0: float, dp: tuple[int, int] = (0, 1))
         final = fsdp.save_full(trainer.policy, trainer.tokenizer, Path(cfg.ckpt.output_dir) / "final", rank)
     else:
         final = trainer.save(run_dir / "final")
+        ema = trainer.save_ema(run_dir / "ema")
+        if ema is not None:
+            print(f"EMA of the policy (--actor.ema_beta {cfg.actor.ema_beta}) saved to {ema}")
     tracker.close()
     if cfg.fsdp.enable:
         fsdp.finish()

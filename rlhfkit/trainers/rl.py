@@ -32,6 +32,7 @@ from rlhfkit.data.packing import micro_batches, pack_shared_prefix
 from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import CheckpointError, DataError, TrainingError
 from rlhfkit.models import response_logprobs, save_hf_folder
+from rlhfkit.models.compile import CompiledLayers
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
 from rlhfkit.core.filtering import keep_groups_in_range
@@ -146,6 +147,7 @@ class RLTrainer:
             min_lr_ratio=a.min_lr_ratio, max_norm=a.max_norm, ema_beta=a.ema_beta,
             max_consecutive_skips=t.max_skipped_steps,
         )
+        self.compiled = CompiledLayers(policy) if t.compile_enable else None
         self.critic_learner = None
         if critic is not None:
             c = cfg.critic
@@ -423,9 +425,25 @@ class RLTrainer:
         """max_epochs passes over the replay buffer; an optimizer step per train.batch_size samples."""
         t = self.cfg.train
         sums: dict[str, float] = {}
-        n_opt = 0
         self.policy.train()
         layout = self.layout(exp.batch)
+        with self.compiled.active() if self.compiled is not None else contextlib.nullcontext():
+            n_opt = self._optimizer_steps(exp, layout, sums)
+        # Per-step quantities are averaged over optimizer steps; token sums over all tokens seen.
+        total_tokens = max(int(exp.batch.loss_mask.sum()) * t.max_epochs, 1)
+        computed = sums.pop("train_tokens", 0.0)
+        out = {k: v / (n_opt if k in _PER_STEP or k.startswith(("actor/", "critic/")) else total_tokens)
+               for k, v in sums.items()}
+        out["optimizer_steps"] = float(n_opt)
+        out["train_tokens"] = computed  # tokens the forward/backward ran on (no padding; shared prompts once)
+        out["sample_tokens"] = float(exp.batch.attention_mask.sum()) * t.max_epochs  # prompt + response per sample
+        out["response_tokens"] = float(exp.batch.response_mask.sum()) * t.max_epochs
+        return out
+
+    def _optimizer_steps(self, exp: Experience, layout, sums: dict[str, float]) -> int:
+        """The update's optimizer steps; metric sums added to `sums`. Returns how many ran."""
+        t = self.cfg.train
+        n_opt = 0
         for _ in range(t.max_epochs):
             perm = torch.randperm(len(exp), generator=self.shuffle_gen)
             for s in range(0, len(exp), t.batch_size):
@@ -446,16 +464,7 @@ class RLTrainer:
                     for k, v in self.critic_learner.step().items():
                         sums[f"critic/{k}"] = sums.get(f"critic/{k}", 0.0) + v
                 n_opt += 1
-        # Per-step quantities are averaged over optimizer steps; token sums over all tokens seen.
-        total_tokens = max(int(exp.batch.loss_mask.sum()) * t.max_epochs, 1)
-        computed = sums.pop("train_tokens", 0.0)
-        out = {k: v / (n_opt if k in _PER_STEP or k.startswith(("actor/", "critic/")) else total_tokens)
-               for k, v in sums.items()}
-        out["optimizer_steps"] = float(n_opt)
-        out["train_tokens"] = computed  # tokens the forward/backward ran on (no padding; shared prompts once)
-        out["sample_tokens"] = float(exp.batch.attention_mask.sum()) * t.max_epochs  # prompt + response per sample
-        out["response_tokens"] = float(exp.batch.response_mask.sum()) * t.max_epochs
-        return out
+        return n_opt
 
     def micro_step(self, exp: Experience, rows: torch.Tensor, layout, num_tokens: int, num_seqs: int) -> dict[str, float]:
         """Forward + backward of one micro-batch. Returns token-weighted metric sums."""
@@ -574,3 +583,20 @@ class RLTrainer:
     def save(self, path: str | Path) -> Path:
         """The policy as an HF folder (safetensors + tokenizer)."""
         return save_hf_folder(self.policy, self.tokenizer, path)
+
+    def save_ema(self, path: str | Path) -> Path | None:
+        """The EMA of the policy's weights (--actor.ema_beta) as an HF folder, or None without one.
+        The EMA is written through the policy module (its weights swapped in and restored)."""
+        ema = self.learner.ema
+        if ema is None:
+            return None
+        params = self.learner.params
+        with torch.no_grad():
+            kept = [p.detach().clone() for p in params]
+            try:
+                for p, e in zip(params, ema, strict=True):
+                    p.copy_(e)
+                return save_hf_folder(self.policy, self.tokenizer, path)
+            finally:
+                for p, k in zip(params, kept, strict=True):
+                    p.copy_(k)

@@ -159,3 +159,54 @@ def test_cli_refuses_bad_configurations_before_loading(workspace, tmp_path, caps
     err = capsys.readouterr().err
     assert err.startswith("error: ") and needle in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("beta", ["0.0", "1.0"])
+def test_ema_folder_is_saved_beside_the_final_model(workspace, tmp_path, beta):
+    """beta 0: the EMA is the last weights (ema/ equals final/); beta 1: it never moves from the
+    initial weights (ema/ equals the starting model), while final/ has moved."""
+    out = tmp_path / "run"
+    assert main(["train", "rl", *base_flags(workspace, out, **{"actor.ema_beta": beta, "train.max_steps": "2"})]) == 0
+    final = load_file(out / "final" / "model.safetensors")
+    ema = load_file(out / "ema" / "model.safetensors")
+    init = load_file(workspace / "tiny" / "model.safetensors")
+    want = final if beta == "0.0" else init
+    assert ema.keys() == final.keys()
+    for k in final:
+        assert torch.equal(ema[k], want[k]), k
+    assert any(not torch.equal(final[k], init[k]) for k in final)
+
+
+def test_bf16_parameters_train_through_float32_masters(workspace, tmp_path):
+    """--actor.dtype bfloat16: the run trains, the saved model is bf16, and the reward still rises."""
+    out = tmp_path / "run"
+    assert main(["train", "rl", *base_flags(workspace, out, **{"actor.dtype": "bfloat16"})]) == 0
+    final = load_file(out / "final" / "model.safetensors")
+    init = load_file(workspace / "tiny" / "model.safetensors")
+    assert all(v.dtype == torch.bfloat16 for v in final.values())
+    assert any(not torch.equal(final[k].float(), init[k].float()) for k in final)
+    rewards = [m["reward"] for m in read_metrics(out)]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
+
+
+def test_compiled_layers_give_the_eager_gradients_and_leave_the_rollout_eager(workspace, tmp_path):
+    """--train.compile_enable: the first optimizer step's gradients equal the eager run's (inductor
+    reorders float sums only); outside the update the layers are plain modules again."""
+    eager = _one_step_grads(workspace, tmp_path / "eager", "16")
+    compiled = _one_step_grads(workspace, tmp_path / "compiled", "16", **{"train.compile_enable": "true"})
+    assert eager.keys() == compiled.keys() and any(g.abs().max() > 1e-4 for g in eager.values())
+    for k in eager:
+        torch.testing.assert_close(compiled[k], eager[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_compiled_layers_swap_in_only_inside_active():
+    from rlhfkit.models import tiny_model_and_tokenizer
+    from rlhfkit.models.compile import CompiledLayers
+
+    model, _ = tiny_model_and_tokenizer(seed=0)
+    layers = model.model.layers
+    compiled = CompiledLayers(model)
+    assert all("forward" not in vars(layer) for layer in layers)
+    with compiled.active():
+        assert [vars(layer)["forward"] for layer in layers] == compiled.forwards
+    assert all("forward" not in vars(layer) for layer in layers)
