@@ -5,7 +5,7 @@ Prints generated tokens/s (stop tokens included, padding excluded) and the ratio
 engine with one sampling generator per prompt (`seeds=`, what the trainer uses: one multinomial
 per prompt per token) against one generator for the whole batch.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_vs_generate.py [--cache-dir DIR] [--repeats N]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_vs_generate.py [--cache-dir DIR] [--repeats N] [--profile]
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache-dir", type=Path, default=Path("~/.cache/rlhfkit/models"))
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--profile", action="store_true",
+                    help="instead: torch.profiler's top ops of one bf16 rollout with per-prompt seeds (the trainer's)")
     args = ap.parse_args()
     start = time.perf_counter()
     folder = materialize_smollm2(args.cache_dir)
@@ -84,6 +86,9 @@ def main() -> None:
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     params = SamplingParams(max_new_tokens=16, temperature=0.7, n=8)
     run_engine(model, tok, prompts[:2], SamplingParams(max_new_tokens=2, n=2), None, 0)  # warm-up
+    if args.profile:
+        profile(model, tok, prompts, params)
+        return
     for name, dtype in (("fp32", None), ("bf16 autocast", torch.bfloat16)):
         e_tok, e_s = timed(lambda r: run_engine(model, tok, prompts, params, dtype, r), args.repeats)
         g_tok, g_s = timed(lambda r: run_generate(model, tok, prompts, params, dtype, r), args.repeats)
@@ -95,6 +100,16 @@ def main() -> None:
             f"{name:14s} HFEngine {e_rate:7.1f} tok/s ({e_tok} tok, {e_s:.2f}s) | "
             f"model.generate {g_rate:7.1f} tok/s ({g_tok} tok, {g_s:.2f}s) | ratio {e_rate / g_rate:.2f}x"
         )
+
+
+def profile(model, tok, prompts, params) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    run_engine_seeded(model, tok, prompts, params, torch.bfloat16, 0)
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        run_engine_seeded(model, tok, prompts, params, torch.bfloat16, 1)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 if __name__ == "__main__":

@@ -386,8 +386,9 @@ def linear_logprobs_and_entropy(
 
     The logits are made a chunk of rows at a time and reduced once for the logprob, the
     log-sum-exp and the entropy; the backward is written by hand: ``dlogp/dz = onehot - p``
-    from the softmax kept in float32, scaled and cast to the compute dtype in one pass, then
-    the head's two matmuls. Autograd through ``logprobs_and_entropy`` instead keeps the
+    from the softmax kept in float32, cast to the compute dtype in one pass, then the head's
+    two matmuls with the per-row scale ``-grad / T`` applied on their ``[rows, H]`` side.
+    Autograd through ``logprobs_and_entropy`` instead keeps the
     float32 logits and runs about six more passes over ``[rows, V]`` (the gather's zeros, the
     log-sum-exp's exp, the sum of the two gradients, the temperature, the cast).
 
