@@ -11,6 +11,8 @@ change every step, and each new shape must not recompile.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 
 import torch
 
@@ -26,6 +28,10 @@ class CompiledLayers:
         if layers is None:
             raise ConfigError(f"--train.compile_enable: {type(model).__name__} has no decoder layers to compile "
                               "(model.get_decoder().layers); drop the flag")
+        if next(model.parameters()).device.type == "cpu" and not any(
+                shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++")):
+            raise ConfigError("--train.compile_enable needs a C++ compiler for torch.compile's CPU backend (g++ or "
+                              "clang++ on PATH, or CXX=...); install one (e.g. apt install g++) or drop the flag")
         self.layers = list(layers)
         self.forwards = [torch.compile(layer.forward, dynamic=True) for layer in self.layers]
 

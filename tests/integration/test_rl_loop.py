@@ -199,6 +199,16 @@ def test_compiled_layers_give_the_eager_gradients_and_leave_the_rollout_eager(wo
         torch.testing.assert_close(compiled[k], eager[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
+def test_compile_without_a_cpp_compiler_is_refused_in_one_line(monkeypatch):
+    from rlhfkit.errors import ConfigError
+    from rlhfkit.models import tiny_model_and_tokenizer
+    from rlhfkit.models.compile import CompiledLayers
+
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(ConfigError, match="needs a C\\+\\+ compiler"):
+        CompiledLayers(tiny_model_and_tokenizer(seed=0)[0])
+
+
 def test_compiled_layers_swap_in_only_inside_active():
     from rlhfkit.models import tiny_model_and_tokenizer
     from rlhfkit.models.compile import CompiledLayers
