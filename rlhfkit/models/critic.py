@@ -15,7 +15,7 @@ from torch import nn
 
 from rlhfkit.errors import ModelError
 from rlhfkit.models.loading import load_causal_lm
-from rlhfkit.models.logprobs import attention_for, model_inputs, response_hidden
+from rlhfkit.models.logprobs import backbone_response_hidden
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -82,9 +82,8 @@ class Critic(nn.Module):
         Entry (b, j) is the value at input position P_b + j - 1, the position whose logits
         predict response token j (same alignment as `response_logprobs`).
         """
-        with attention_for(self.backbone, batch):
-            hidden = self.backbone(**model_inputs(self.backbone, batch)).last_hidden_state
-        return self.value_head(response_hidden(hidden, batch)).squeeze(-1).float()
+        hidden = backbone_response_hidden(self.backbone, self.backbone, batch)
+        return self.value_head(hidden).squeeze(-1).float()
 
     def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)

@@ -59,6 +59,18 @@ def model_inputs(model: torch.nn.Module, batch) -> dict:
 
 
 @contextlib.contextmanager
+def attention_implementation(model: torch.nn.Module, name: str):
+    """Inside, `model` runs its attention as `name` (a transformers attention implementation, e.g.
+    "eager"); the one it had is restored after."""
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
 def attention_for(model: torch.nn.Module, batch):
     """Eager attention for a 4-D-masked (shared-prefix) batch on CPU: with a dense custom mask
     over short rows, torch's CPU SDPA kernel was slower than eager attention (forward + backward
@@ -67,14 +79,7 @@ def attention_for(model: torch.nn.Module, batch):
     mask = batch.attention_mask
     swap = (config is not None and getattr(config, "_attn_implementation", None) == "sdpa" and mask is not None
             and mask.dim() == 4 and mask.device.type == "cpu")
-    if not swap:
-        yield
-        return
-    config._attn_implementation = "eager"
-    try:
-        yield
-    finally:
-        config._attn_implementation = "sdpa"
+    return attention_implementation(model, "eager") if swap else contextlib.nullcontext()
 
 
 def response_hidden(hidden: torch.Tensor, batch) -> torch.Tensor:
@@ -96,11 +101,12 @@ def response_logits(model: torch.nn.Module, batch) -> torch.Tensor:
         with attention_for(model, batch):
             return response_hidden(model(**model_inputs(model, batch)).logits, batch)
     backbone, head = parts
-    return head(_backbone_response_hidden(model, backbone, batch))
+    return head(backbone_response_hidden(model, backbone, batch))
 
 
-def _backbone_response_hidden(model: torch.nn.Module, backbone: torch.nn.Module, batch) -> torch.Tensor:
-    """The backbone's last hidden states [B, R, H] at the positions that predict response tokens."""
+def backbone_response_hidden(model: torch.nn.Module, backbone: torch.nn.Module, batch) -> torch.Tensor:
+    """The backbone's last hidden states [B, R, H] at the positions that predict response tokens
+    (`model` holds the config: the LM itself, or the backbone for a critic)."""
     with attention_for(model, batch):
         return response_hidden(backbone(**model_inputs(model, batch)).last_hidden_state, batch)
 
@@ -129,7 +135,7 @@ def response_logprobs(
     if _plain_linear(head) and not (with_entropy and entropy_grad):
         # LM head, log-softmax and entropy fused (core.losses.linear_logprobs_and_entropy): the
         # [R, V] logits never kept, the backward written by hand.
-        hidden = _backbone_response_hidden(model, parts[0], batch)
+        hidden = backbone_response_hidden(model, parts[0], batch)
         return linear_logprobs_and_entropy(hidden, head.weight, labels.to(hidden.device), temperature,
                                            with_entropy=with_entropy)
     logits = response_logits(model, batch)

@@ -27,6 +27,7 @@ import torch
 
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.logprobs import attention_implementation
 from rlhfkit.rollout.base import SamplingParams
 
 
@@ -395,20 +396,14 @@ def _growing_layer_class():
 DECODE_ATTENTION = "rlhfkit_cpu_decode"
 
 
-@contextlib.contextmanager
 def _decode_attention(model: torch.nn.Module):
     """On CPU, swap a model's SDPA attention for `_cpu_decode_attention` while the engine decodes."""
     config = getattr(model, "config", None)
     device = next(model.parameters()).device
     if config is None or device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa":
-        yield
-        return
+        return contextlib.nullcontext()
     _register_decode_attention()
-    config._attn_implementation = DECODE_ATTENTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = "sdpa"
+    return attention_implementation(model, DECODE_ATTENTION)
 
 
 @functools.cache
