@@ -14,46 +14,12 @@ from rlhfkit.data.prompts import load_prompts
 from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.vllm import require_vllm
-from rlhfkit.tracking.metrics import Tracker
-from rlhfkit.tracking.plots import plot_curves, plot_panels
-from rlhfkit.tracking.progress import ProgressBar
-from rlhfkit.tracking.samples import CompletionLogger
+from rlhfkit.tracking.run import RunTracker
 from rlhfkit.tracking.wandb_writer import WandbWriter
 from rlhfkit.trainers.build import (build_engine, build_executor, build_models, load_reward, resolve_model,
                                    tokenize_prompts)
 from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn, reward_verifier
 from rlhfkit.trainers.rl import RLTrainer
-
-CURVE_KEYS = ["reward", "score", "eval/accuracy", "eval/pass@1", "kl", "entropy", "response_length"]
-
-
-class RunTracker:
-    """Fans trainer metrics out to metrics.jsonl, TensorBoard, the progress bar and samples.jsonl."""
-
-    def __init__(self, run_dir: Path, tensorboard_dir: str | None, total_steps: int, progress: bool,
-                 purge_step: int | None = None, writers: tuple = ()):
-        self.run_dir = run_dir
-        self.metrics = Tracker(run_dir, tensorboard_dir=tensorboard_dir or str(run_dir / "tensorboard"),
-                               purge_step=purge_step, writers=writers)
-        self.samples = CompletionLogger(run_dir)
-        self.bar = ProgressBar(total_steps, enabled=progress)
-
-    def log(self, step: int, metrics: dict) -> None:
-        self.metrics.log(step, metrics)
-        self.bar.update(step, metrics)
-
-    def log_samples(self, step: int, rows: list[dict]) -> None:
-        self.samples.log(step, rows)
-
-    def close(self) -> None:
-        self.bar.close()
-        self.metrics.close()
-        try:
-            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", keys=CURVE_KEYS)
-        except ValueError:  # no step logged any of CURVE_KEYS (e.g. zero steps): nothing to plot
-            pass
-        plot_panels(self.run_dir / "metrics.jsonl", self.run_dir)  # reward.png, kl.png, ... accuracy.png
-
 
 def extra_writers(cfg: RLConfig, run_dir: Path) -> tuple:
     """A WandbWriter when --logger.wandb.project is given (and the mode is not disabled)."""

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.cli.train_rl import RunTracker
 from rlhfkit.config.parse import parse_config, to_dict
 from rlhfkit.config.preference import DPOConfig, RMConfig, validate_dpo, validate_rm
 from rlhfkit.config.sft import SUPERVISED_ALIASES, SFTConfig, lora_targets, validate_sft
@@ -20,7 +19,9 @@ from rlhfkit.models import load_tokenizer
 from rlhfkit.models.lora import add_lora, merge_lora
 from rlhfkit.models.reward import init_reward_model
 from rlhfkit.tracking.plots import plot_curves
-from rlhfkit.trainers.build import _DTYPES, load_policy, resolve_model
+from rlhfkit.tracking.run import RunTracker
+from rlhfkit.models.precision import DTYPES
+from rlhfkit.trainers.build import load_policy, resolve_model
 from rlhfkit.trainers.preference import DPOTrainer, KTOTrainer, RMTrainer
 from rlhfkit.trainers.supervised import SFTTrainer
 
@@ -66,7 +67,7 @@ def build_model(kind: str, cfg):
     if kind == "rm":
         path, _ = resolve_model(m.model_name_or_path)
         tokenizer = load_tokenizer(path)
-        model = init_reward_model(path, tokenizer.pad_token_id, _DTYPES[m.dtype], seed=cfg.train.seed)
+        model = init_reward_model(path, tokenizer.pad_token_id, DTYPES[m.dtype], seed=cfg.train.seed)
     else:
         model, tokenizer = load_policy(m.model_name_or_path, m.dtype)
     ref = None

@@ -16,13 +16,14 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from rlhfkit.models.precision import DTYPES
+
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import load_causal_lm, load_tokenizer
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
 
 WORKER_GROUPS = {"generate": 1, "weights": 1}
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class RolloutWorker:
@@ -38,7 +39,7 @@ class RolloutWorker:
                  delay_s: float = 0.0):
         torch.set_num_threads(num_threads)
         tokenizer = load_tokenizer(model_path, gguf_file=gguf_file)
-        model = load_causal_lm(model_path, dtype=_DTYPES[dtype], gguf_file=gguf_file)
+        model = load_causal_lm(model_path, dtype=DTYPES[dtype], gguf_file=gguf_file)
         if device is None and torch.cuda.is_available():
             device = "cuda"
         if device is not None:
@@ -46,7 +47,7 @@ class RolloutWorker:
         model.requires_grad_(False)
         # version -1 until the pool sends the trainer's weights (it does so on creation)
         self.engine = HFEngine(model, tokenizer, max_batch_size=max_batch_size,
-                               autocast_dtype=_DTYPES[autocast] if autocast else None, version=-1)
+                               autocast_dtype=DTYPES[autocast] if autocast else None, version=-1)
         self.delay_s = delay_s
         self._staged_cv = threading.Condition()
         self._staged: tuple[Mapping[str, torch.Tensor], int] | None = None

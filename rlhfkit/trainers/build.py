@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from rlhfkit.models.precision import DTYPES
+
 from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor, load_agent_file
 from rlhfkit.config.rl import RewardConfig, RLConfig
 from rlhfkit.errors import ConfigError, DataError
@@ -23,7 +25,6 @@ _PKG = Path(__file__).resolve().parents[1]
 BUILTIN_REWARDS = {"builtin:math": _PKG / "rewards" / "builtin_math_reward.py"}
 BUILTIN_AGENTS = {"builtin:calculator": _PKG / "agents" / "envs" / "calculator.py",
                   "builtin:guess": _PKG / "agents" / "envs" / "guess.py"}
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def resolve_model(name_or_path: str) -> tuple[str, str | None]:
@@ -39,7 +40,7 @@ def resolve_model(name_or_path: str) -> tuple[str, str | None]:
 def load_policy(name_or_path: str, dtype: str):
     path, gguf = resolve_model(name_or_path)
     tokenizer = load_tokenizer(path, gguf_file=gguf)
-    model = load_causal_lm(path, dtype=_DTYPES[dtype], gguf_file=gguf)
+    model = load_causal_lm(path, dtype=DTYPES[dtype], gguf_file=gguf)
     return model, tokenizer
 
 
@@ -109,7 +110,7 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
     policy's state dict) at every weight sync."""
     if cfg.rollout.engine == "vllm":
         return build_vllm_engine(policy, tokenizer, cfg, state_fn or policy.state_dict)
-    amp = _DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
+    amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
     return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
                     inference_mode=not cfg.fsdp.enable)
 

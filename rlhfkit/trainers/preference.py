@@ -20,7 +20,7 @@ from rlhfkit.data.batch import collate
 from rlhfkit.data.supervised import TokenSample
 from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.models.reward import reward_scores
-from rlhfkit.trainers.rl import autocast_ctx
+from rlhfkit.models.precision import autocast_ctx
 from rlhfkit.trainers.supervised import StepLoop, build_learner, make_batch, planned_steps
 
 

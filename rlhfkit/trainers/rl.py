@@ -33,6 +33,7 @@ from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import CheckpointError, DataError, TrainingError
 from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.models.compile import CompiledLayers
+from rlhfkit.models.precision import autocast_ctx
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
 from rlhfkit.core.filtering import keep_groups_in_range
@@ -91,12 +92,6 @@ class StepTimer:
         t0 = time.perf_counter()
         yield
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
-
-
-def autocast_ctx(dtype_name: str | None):
-    if dtype_name == "bfloat16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 class RLTrainer:

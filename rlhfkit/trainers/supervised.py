@@ -27,7 +27,7 @@ from rlhfkit.data.batch import collate
 from rlhfkit.data.packing import pack
 from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.trainers.learner import Learner
-from rlhfkit.trainers.rl import autocast_ctx
+from rlhfkit.models.precision import autocast_ctx
 
 MicroLoss = Callable[[list, list], tuple[torch.Tensor, dict[str, float]]]
 
