@@ -33,6 +33,7 @@ from rlhfkit.core.losses import (
 )
 from rlhfkit.core.masks import masked_mean, masked_sum, masked_whiten
 from rlhfkit.core.shaping import overlong_penalty
+from rlhfkit.core.tables import lookup
 
 __all__ = [
     "AGGREGATIONS",
@@ -57,6 +58,7 @@ __all__ = [
     "linear_logprobs_and_entropy",
     "logprobs_and_entropy",
     "logprobs_from_logits",
+    "lookup",
     "masked_mean",
     "masked_sum",
     "masked_whiten",

@@ -15,6 +15,7 @@ Departure: advantages are 0 wherever ``loss_mask`` is False (OpenRLHF leaves val
 import torch
 
 from rlhfkit.core.masks import masked_mean, masked_whiten
+from rlhfkit.core.tables import lookup
 
 
 def _as_float(t: torch.Tensor) -> torch.Tensor:
@@ -193,13 +194,12 @@ def group_baseline(scores: torch.Tensor, group_ids: torch.Tensor | None, method:
     Returns:
         ``[B]`` shaped scores (float).
     """
-    if method not in GROUP_BASELINES:
-        raise ValueError(f"unknown group baseline {method!r}; valid: {sorted(GROUP_BASELINES)}")
+    shape = lookup(GROUP_BASELINES, method, "group baseline")
     if method != "none" and group_ids is None:
         raise ValueError(f"group_baseline({method!r}) needs group_ids [B]")
     if group_ids is not None and group_ids.shape != scores.shape:
         raise ValueError(f"group_ids shape {tuple(group_ids.shape)} != scores shape {tuple(scores.shape)}")
-    return GROUP_BASELINES[method](_as_float(scores), group_ids)
+    return shape(_as_float(scores), group_ids)
 
 
 # ---------------------------------------------------------------- the entry point
@@ -265,14 +265,12 @@ def compute_advantages(
     Returns:
         ``(advantages [B, T], returns [B, T])``, float, detached.
     """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {estimator!r}; valid: {sorted(ESTIMATORS)}")
+    baseline, force_gamma_one, whitens = lookup(ESTIMATORS, estimator, "advantage estimator")
     _check_kl_coef(kl_coef)
     if estimator == "gae" and values is None:
         raise ValueError("compute_advantages('gae') needs values [B, T] from the critic")
     if whiten not in _WHITEN_CHOICES or isinstance(whiten, int) and not isinstance(whiten, bool):
         raise ValueError(f"whiten must be one of {_WHITEN_CHOICES}, got {whiten!r}")
-    baseline, force_gamma_one, whitens = ESTIMATORS[estimator]
 
     with torch.no_grad():
         shaped = group_baseline(rewards, group_ids, baseline)

@@ -10,6 +10,7 @@ count divided by the world size (gradients are averaged across ranks).
 import torch
 
 from rlhfkit.core.masks import masked_sum
+from rlhfkit.core.tables import lookup
 
 
 def _token_mean(per_token, loss_mask, num_tokens, num_seqs, max_len):
@@ -91,6 +92,4 @@ def aggregate_loss(
     Returns:
         Scalar tensor.
     """
-    if mode not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation mode {mode!r}; valid: {sorted(AGGREGATIONS)}")
-    return AGGREGATIONS[mode](per_token, loss_mask, num_tokens, num_seqs, max_len)
+    return lookup(AGGREGATIONS, mode, "aggregation mode")(per_token, loss_mask, num_tokens, num_seqs, max_len)

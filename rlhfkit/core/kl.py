@@ -7,6 +7,8 @@ http://joschu.net/blog/kl-approx.html). With samples from the policy and
 
 import torch
 
+from rlhfkit.core.tables import lookup
+
 _EXP_CAP = 20.0  # exp(20) ~ 4.9e8: far above any clamp, far below float32 overflow
 
 
@@ -67,9 +69,7 @@ def approx_kl(
     Returns:
         ``[B, T]`` float32 estimate (values at non-action positions are meaningless; mask them).
     """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown KL estimator {estimator!r}; valid: {sorted(KL_ESTIMATORS)}")
-    kl = KL_ESTIMATORS[estimator](logp.float(), ref_logp.float(), clamp)
+    kl = lookup(KL_ESTIMATORS, estimator, "KL estimator")(logp.float(), ref_logp.float(), clamp)
     return kl if clamp is None else kl.clamp(min=-clamp, max=clamp)
 
 

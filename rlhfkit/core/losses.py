@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from rlhfkit.core.aggregate import aggregate_loss
 from rlhfkit.core.masks import masked_mean
+from rlhfkit.core.tables import lookup
 
 _LOG_RATIO_LIMIT = 20.0
 
@@ -79,13 +80,12 @@ def policy_loss(
         ``(loss, metrics)``; metrics ``clip_frac``, ``approx_kl`` (masked mean of
         ``old_logp - logp``), ``ratio_mean``, and ``dual_clip_frac`` with dual clip.
     """
-    if ratio_level not in RATIO_LEVELS:
-        raise ValueError(f"unknown ratio_level {ratio_level!r}; valid: {sorted(RATIO_LEVELS)}")
+    ratio_fn = lookup(RATIO_LEVELS, ratio_level, "ratio level")
     if dual_clip is not None and not dual_clip > 1.0:
         raise ValueError(f"dual_clip must be > 1 (Ye et al. 2020), got {dual_clip}")
     eps_high = eps_low if eps_high is None else eps_high
     log_ratio = logp - old_logp
-    ratio = RATIO_LEVELS[ratio_level](log_ratio, loss_mask)
+    ratio = ratio_fn(log_ratio, loss_mask)
     surr1 = ratio * advantages
     surr2 = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
     clipped = torch.min(surr1, surr2)
@@ -167,14 +167,13 @@ def is_weights(
         ``is_zeroed_frac`` (tokens zeroed), ``is_seq_masked_frac`` (sequences masked, among
         those with a counted token), and ``rollout_kl`` (masked mean of rollout - old).
     """
-    if kind not in IS_KINDS:
-        raise ValueError(f"unknown IS correction kind {kind!r}; valid: {sorted(IS_KINDS)}")
+    weigh = lookup(IS_KINDS, kind, "IS correction kind")
     if not 0 <= low <= high:
         raise ValueError(f"is_weights: need 0 <= low <= high, got low={low}, high={high}")
     with torch.no_grad():
         log_w = (old_logp.float() - rollout_logp.float()).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
         w = torch.exp(log_w)
-        weights, metrics = IS_KINDS[kind](w, log_w, loss_mask, low, high)
+        weights, metrics = weigh(w, log_w, loss_mask, low, high)
         weights = torch.where(loss_mask, weights, torch.zeros_like(weights))
         metrics["rollout_kl"] = masked_mean(-log_w, loss_mask)
     return weights, metrics
