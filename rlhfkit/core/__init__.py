@@ -7,6 +7,7 @@ value / entropy / SFT / preference losses, reward shaping and EMA. See docs/algo
 from rlhfkit.core.advantages import (
     ESTIMATORS,
     GROUP_BASELINES,
+    EstimatorSpec,
     compute_advantages,
     discounted_returns,
     gae,
@@ -43,6 +44,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "RATIO_LEVELS",
     "AdaptiveKLController",
+    "EstimatorSpec",
     "FixedKLController",
     "aggregate_loss",
     "approx_kl",

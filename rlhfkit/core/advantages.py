@@ -9,8 +9,14 @@ returns``) number for number at action tokens, in its order of operations:
 4. GAE, or discounted returns used as advantages (gamma forced to 1 for group estimators);
 5. batch whitening of the advantages for ``gae``, ``reinforce`` and ``reinforce_baseline``.
 
+Each estimator is one ``EstimatorSpec`` in ``ESTIMATORS`` (its baseline, whether gamma is
+forced to 1, whether it whitens, whether it needs a critic); callers read those properties
+instead of comparing names.
+
 Departure: advantages are 0 wherever ``loss_mask`` is False (OpenRLHF leaves values there).
 """
+
+from dataclasses import dataclass, field
 
 import torch
 
@@ -204,14 +210,63 @@ def group_baseline(scores: torch.Tensor, group_ids: torch.Tensor | None, method:
 
 # ---------------------------------------------------------------- the entry point
 
-# name -> (group baseline, gamma forced to 1, advantages whitened over the batch)
-ESTIMATORS = {
-    "gae": ("none", False, True),
-    "reinforce": ("none", False, True),
-    "reinforce_baseline": ("mean", True, True),
-    "rloo": ("rloo", True, False),
-    "group_norm": ("group_norm", True, False),
-    "dr_grpo": ("mean", True, False),
+@dataclass(frozen=True, kw_only=True)
+class EstimatorSpec:
+    """What ``compute_advantages`` does for one advantage estimator (an entry of ``ESTIMATORS``).
+
+    Attributes:
+        baseline: group baseline subtracted from the scalar rewards, a key of
+            ``GROUP_BASELINES`` (``"none"``: each sample on its own).
+        force_gamma_one: discount with gamma 1 whatever gamma the caller passes (OpenRLHF
+            does so for its group estimators).
+        whiten: whiten the advantages over all action tokens of the batch, as the
+            ``whiten`` argument of ``compute_advantages`` says (mean and std, mean only, or
+            not at all); False: that argument is ignored.
+        needs_critic: GAE with the critic's ``values [B, T]``; False: discounted returns
+            are the advantages.
+        doc: one line for people: what the estimator is and where it comes from.
+    """
+
+    baseline: str
+    force_gamma_one: bool
+    whiten: bool
+    needs_critic: bool
+    doc: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        lookup(GROUP_BASELINES, self.baseline, "group baseline")
+
+    @property
+    def grouped(self) -> bool:
+        """True when the estimator compares the samples of one prompt (needs ``group_ids``)."""
+        return self.baseline != "none"
+
+
+ESTIMATORS: dict[str, EstimatorSpec] = {
+    "gae": EstimatorSpec(
+        baseline="none", force_gamma_one=False, whiten=True, needs_critic=True,
+        doc="PPO's GAE with a critic (Schulman et al. 2015, arXiv:1506.02438; 2017, arXiv:1707.06347)",
+    ),
+    "reinforce": EstimatorSpec(
+        baseline="none", force_gamma_one=False, whiten=True, needs_critic=False,
+        doc="REINFORCE++: returns whitened over the batch (Hu 2025, arXiv:2501.03262)",
+    ),
+    "reinforce_baseline": EstimatorSpec(
+        baseline="mean", force_gamma_one=True, whiten=True, needs_critic=False,
+        doc="REINFORCE++-baseline: group mean subtracted, then whitened (Hu 2025, arXiv:2501.03262)",
+    ),
+    "rloo": EstimatorSpec(
+        baseline="rloo", force_gamma_one=True, whiten=False, needs_critic=False,
+        doc="RLOO: leave-one-out group baseline (Ahmadian et al. 2024, arXiv:2402.14740)",
+    ),
+    "group_norm": EstimatorSpec(
+        baseline="group_norm", force_gamma_one=True, whiten=False, needs_critic=False,
+        doc="GRPO: group mean and std (Shao et al. 2024, arXiv:2402.03300)",
+    ),
+    "dr_grpo": EstimatorSpec(
+        baseline="mean", force_gamma_one=True, whiten=False, needs_critic=False,
+        doc="Dr. GRPO: group mean, no std (Liu et al. 2025, arXiv:2503.20783)",
+    ),
 }
 
 _WHITEN_CHOICES = (True, False, "mean")
@@ -232,18 +287,19 @@ def compute_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns for one batch, as OpenRLHF's experience maker computes them.
 
-    Estimators (``ESTIMATORS``): ``gae`` (PPO, Schulman et al. 2017, arXiv:1707.06347;
-    needs ``values``), ``reinforce`` (REINFORCE++, Hu 2025, arXiv:2501.03262),
-    ``reinforce_baseline`` (REINFORCE++-baseline: group mean subtracted), ``rloo``
-    (Ahmadian et al. 2024, arXiv:2402.14740), ``group_norm`` (GRPO, Shao et al. 2024,
+    Estimators (``ESTIMATORS``, one ``EstimatorSpec`` each): ``gae`` (PPO, Schulman et al.
+    2017, arXiv:1707.06347; needs ``values``), ``reinforce`` (REINFORCE++, Hu 2025,
+    arXiv:2501.03262), ``reinforce_baseline`` (REINFORCE++-baseline: group mean subtracted),
+    ``rloo`` (Ahmadian et al. 2024, arXiv:2402.14740), ``group_norm`` (GRPO, Shao et al. 2024,
     arXiv:2402.03300), ``dr_grpo`` (Liu et al. 2025, arXiv:2503.20783: mean, no std).
 
-    Order: group shaping -> ``reward_clip`` of the shaped reward -> token rewards with
-    ``-kl_coef * kl`` -> GAE, or discounted returns as advantages (gamma forced to 1 for
-    the group estimators, as OpenRLHF does) -> whitening over all action tokens of the batch
-    for ``gae``, ``reinforce``, ``reinforce_baseline`` (``whiten=True``: mean and std;
-    ``"mean"``: mean only, OpenRLHF's ``no_advantage_std_norm``; False: none). The other
-    estimators ignore ``whiten``.
+    Order, each step read from the estimator's spec: group shaping with ``spec.baseline`` ->
+    ``reward_clip`` of the shaped reward -> token rewards with ``-kl_coef * kl`` -> GAE when
+    ``spec.needs_critic``, else discounted returns as advantages (gamma 1 when
+    ``spec.force_gamma_one``: the group estimators, as OpenRLHF does) -> when ``spec.whiten``
+    (``gae``, ``reinforce``, ``reinforce_baseline``), whitening over all action tokens of the
+    batch (``whiten=True``: mean and std; ``"mean"``: mean only, OpenRLHF's
+    ``no_advantage_std_norm``; False: none). The other estimators ignore ``whiten``.
 
     Departures from OpenRLHF: advantages are 0 where ``loss_mask`` is False; the whole batch
     is passed at once (OpenRLHF whitens across its micro-batches, which is the same set of
@@ -254,9 +310,10 @@ def compute_advantages(
         estimator: one of ``ESTIMATORS``.
         rewards: ``[B]`` scalar reward per sequence.
         loss_mask: ``[B, T]`` bool, True = action token.
-        group_ids: ``[B]`` long group label (prompt id); may be None for gae / reinforce.
+        group_ids: ``[B]`` long group label (prompt id); may be None when the spec is not
+            ``grouped`` (gae, reinforce).
         gamma, lam: discount and GAE lambda.
-        values: ``[B, T]`` critic values (gae only).
+        values: ``[B, T]`` critic values (read when the spec ``needs_critic``: gae).
         kl: ``[B, T]`` per-token KL estimate, or None.
         kl_coef: non-negative KL penalty coefficient.
         whiten: True, False or ``"mean"``.
@@ -265,26 +322,27 @@ def compute_advantages(
     Returns:
         ``(advantages [B, T], returns [B, T])``, float, detached.
     """
-    baseline, force_gamma_one, whitens = lookup(ESTIMATORS, estimator, "advantage estimator")
+    spec = lookup(ESTIMATORS, estimator, "advantage estimator")
     _check_kl_coef(kl_coef)
-    if estimator == "gae" and values is None:
-        raise ValueError("compute_advantages('gae') needs values [B, T] from the critic")
+    if spec.needs_critic and values is None:
+        raise ValueError(f"compute_advantages({estimator!r}) needs values [B, T] from the critic")
     if whiten not in _WHITEN_CHOICES or isinstance(whiten, int) and not isinstance(whiten, bool):
         raise ValueError(f"whiten must be one of {_WHITEN_CHOICES}, got {whiten!r}")
+    gamma = 1.0 if spec.force_gamma_one else gamma
 
     with torch.no_grad():
-        shaped = group_baseline(rewards, group_ids, baseline)
+        shaped = group_baseline(rewards, group_ids, spec.baseline)
         if reward_clip is not None:
             shaped = shaped.clamp(min=reward_clip[0], max=reward_clip[1])
         per_token = token_rewards(shaped, kl, kl_coef, loss_mask)
-        if estimator == "gae":
+        if spec.needs_critic:
             advantages, returns = gae(per_token, values, loss_mask, gamma, lam)
         else:
-            returns = discounted_returns(per_token, loss_mask, 1.0 if force_gamma_one else gamma)
+            returns = discounted_returns(per_token, loss_mask, gamma)
             advantages = returns.clone()
-        if whitens and whiten is True:
+        if spec.whiten and whiten is True:
             advantages = masked_whiten(advantages, loss_mask)
-        elif whitens and whiten == "mean":
+        elif spec.whiten and whiten == "mean":
             advantages = advantages - masked_mean(advantages, loss_mask)
         advantages = torch.where(loss_mask, advantages, torch.zeros_like(advantages))
     return advantages, returns

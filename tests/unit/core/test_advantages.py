@@ -1,3 +1,4 @@
+import dataclasses
 import math
 import random
 
@@ -7,6 +8,7 @@ import torch
 from rlhfkit.core import (
     ESTIMATORS,
     GROUP_BASELINES,
+    EstimatorSpec,
     compute_advantages,
     discounted_returns,
     gae,
@@ -240,3 +242,27 @@ def test_configuration_errors():
         assert name in str(err.value)
     with pytest.raises(ValueError, match="whiten"):
         compute_advantages("reinforce", rewards, mask, ids, whiten="std")
+
+
+# ---------------------------------------------------------------- the estimator table
+
+
+def test_estimator_specs_say_what_each_estimator_does():
+    def names(prop):
+        return [name for name, spec in ESTIMATORS.items() if getattr(spec, prop)]
+
+    assert names("grouped") == ["reinforce_baseline", "rloo", "group_norm", "dr_grpo"]
+    assert names("force_gamma_one") == names("grouped")
+    assert names("needs_critic") == ["gae"]
+    assert names("whiten") == ["gae", "reinforce", "reinforce_baseline"]
+    assert all(s.baseline in GROUP_BASELINES and s.doc for s in ESTIMATORS.values())
+
+
+def test_estimator_spec_is_frozen_keyword_only_and_checks_its_baseline():
+    spec = EstimatorSpec(baseline="mean", force_gamma_one=True, whiten=False, needs_critic=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.whiten = True
+    with pytest.raises(TypeError):
+        EstimatorSpec("mean", True, False, False)
+    with pytest.raises(ValueError, match="unknown group baseline 'median'; valid: none, mean, rloo, group_norm"):
+        EstimatorSpec(baseline="median", force_gamma_one=True, whiten=False, needs_critic=False)
