@@ -5,7 +5,8 @@ returns``) number for number at action tokens, in its order of operations:
 
 1. group shaping of the scalar rewards (RLOO / mean / group-norm baseline);
 2. reward clipping of the shaped reward;
-3. token rewards: ``-kl_coef * kl`` on every action token, the scalar on the last one;
+3. token rewards: ``-kl_coef * kl`` on every action token, the scalar on the last one
+   (and optional dense per-token rewards, e.g. process rewards, on action tokens);
 4. GAE, or discounted returns used as advantages (gamma forced to 1 for group estimators);
 5. batch whitening of the advantages for ``gae``, ``reinforce`` and ``reinforce_baseline``.
 
@@ -37,36 +38,57 @@ def _check_kl_coef(kl_coef: float) -> None:
 
 
 def token_rewards(
-    rewards: torch.Tensor, kl: torch.Tensor | None, kl_coef: float, loss_mask: torch.Tensor
+    rewards: torch.Tensor,
+    kl: torch.Tensor | None,
+    kl_coef: float,
+    loss_mask: torch.Tensor,
+    dense_rewards: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Spread scalar rewards over tokens, with a per-token KL penalty.
+    """Spread scalar rewards over tokens, with a per-token KL penalty and dense rewards.
 
     ``out[b, t] = -kl_coef * kl[b, t]`` on action tokens, plus ``rewards[b]`` on the last
-    action token of row b (last True of ``loss_mask``); 0 where ``loss_mask`` is False.
+    action token of row b (last True of ``loss_mask``), plus ``dense_rewards[b, t]`` on
+    every action token; 0 where ``loss_mask`` is False.
     The KL-shaped reward of Ziegler et al. 2019 (arXiv:1909.08593) and Stiennon et al. 2020
     (arXiv:2009.01325), as OpenRLHF's ``compute_reward``. Departures: zeros outside the mask
     (OpenRLHF keeps ``-kl_coef * kl`` there; its GAE and returns mask it away anyway), and
     ``kl_coef < 0`` is an error rather than silently treated as 0. A row with no action token
     gets no reward at all.
 
+    ``dense_rewards`` are per-token rewards given during the response, e.g. the process
+    rewards of a process reward model placed at the last token of each reasoning step
+    (Lightman et al. 2023, arXiv:2305.20050; used as dense RL rewards by PRIME, Cui et al.
+    2025, arXiv:2502.01456). They are added as given (0 where there is none); values at
+    positions where ``loss_mask`` is False are dropped. OpenRLHF has no such input.
+
     Args:
         rewards: ``[B]`` scalar reward per sequence.
         kl: ``[B, T]`` per-token KL estimate, or None for no penalty.
         kl_coef: non-negative penalty coefficient.
         loss_mask: ``[B, T]`` bool, True = action token.
+        dense_rewards: ``[B, T]`` per-token rewards added at action tokens, or None.
 
     Returns:
         ``[B, T]`` float token rewards.
     """
     _check_kl_coef(kl_coef)
+    if dense_rewards is not None and dense_rewards.shape != loss_mask.shape:
+        raise ValueError(
+            f"dense_rewards shape {tuple(dense_rewards.shape)} != loss_mask shape "
+            f"{tuple(loss_mask.shape)}: pass one reward per token [B, T] (0 where there is none)"
+        )
     rewards = _as_float(rewards)
     dtype = rewards.dtype if kl is None else torch.promote_types(rewards.dtype, kl.dtype)
+    if dense_rewards is not None:
+        dtype = torch.promote_types(dtype, _as_float(dense_rewards).dtype)
     T = loss_mask.shape[-1]
     out = torch.zeros(loss_mask.shape, dtype=dtype, device=loss_mask.device)
     if kl is not None and kl_coef != 0:
         out = out - kl_coef * kl.to(dtype)
     last = T - 1 - loss_mask.long().flip(-1).argmax(dim=-1, keepdim=True)  # [B, 1]
     out = out.scatter_add(-1, last, rewards.to(dtype).unsqueeze(-1))
+    if dense_rewards is not None:
+        out = out + dense_rewards.to(dtype)
     return torch.where(loss_mask, out, torch.zeros((), dtype=dtype, device=out.device))
 
 
@@ -284,6 +306,7 @@ def compute_advantages(
     kl_coef: float = 0.0,
     whiten: bool | str = True,
     reward_clip: tuple[float, float] | None = None,
+    dense_rewards: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns for one batch, as OpenRLHF's experience maker computes them.
 
@@ -294,7 +317,8 @@ def compute_advantages(
     arXiv:2402.03300), ``dr_grpo`` (Liu et al. 2025, arXiv:2503.20783: mean, no std).
 
     Order, each step read from the estimator's spec: group shaping with ``spec.baseline`` ->
-    ``reward_clip`` of the shaped reward -> token rewards with ``-kl_coef * kl`` -> GAE when
+    ``reward_clip`` of the shaped reward -> token rewards with ``-kl_coef * kl``, the shaped
+    scalar on the last action token and ``dense_rewards`` on action tokens -> GAE when
     ``spec.needs_critic``, else discounted returns as advantages (gamma 1 when
     ``spec.force_gamma_one``: the group estimators, as OpenRLHF does) -> when ``spec.whiten``
     (``gae``, ``reinforce``, ``reinforce_baseline``), whitening over all action tokens of the
@@ -305,6 +329,12 @@ def compute_advantages(
     is passed at once (OpenRLHF whitens across its micro-batches, which is the same set of
     tokens); gamma is forced locally, never by mutating shared settings; ``kl_coef < 0`` is a
     configuration error (OpenRLHF treats it as 0). Returns equal OpenRLHF's at every position.
+
+    ``dense_rewards`` (not in OpenRLHF): per-token rewards, e.g. process rewards from a
+    process reward model at the ends of reasoning steps (Lightman et al. 2023,
+    arXiv:2305.20050; PRIME, Cui et al. 2025, arXiv:2502.01456). They are added to the token
+    rewards as given: neither group-shaped nor clipped (shape or clip them before, if
+    wanted), then discounted, fed to GAE and whitened like the rest.
 
     Args:
         estimator: one of ``ESTIMATORS``.
@@ -318,6 +348,7 @@ def compute_advantages(
         kl_coef: non-negative KL penalty coefficient.
         whiten: True, False or ``"mean"``.
         reward_clip: ``(low, high)`` bounds for the shaped scalar reward, or None.
+        dense_rewards: ``[B, T]`` per-token rewards added at action tokens, or None.
 
     Returns:
         ``(advantages [B, T], returns [B, T])``, float, detached.
@@ -334,7 +365,7 @@ def compute_advantages(
         shaped = group_baseline(rewards, group_ids, spec.baseline)
         if reward_clip is not None:
             shaped = shaped.clamp(min=reward_clip[0], max=reward_clip[1])
-        per_token = token_rewards(shaped, kl, kl_coef, loss_mask)
+        per_token = token_rewards(shaped, kl, kl_coef, loss_mask, dense_rewards)
         if spec.needs_critic:
             advantages, returns = gae(per_token, values, loss_mask, gamma, lam)
         else:

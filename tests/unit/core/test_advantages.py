@@ -266,3 +266,61 @@ def test_estimator_spec_is_frozen_keyword_only_and_checks_its_baseline():
         EstimatorSpec("mean", True, False, False)
     with pytest.raises(ValueError, match="unknown group baseline 'median'; valid: none, mean, rloo, group_norm"):
         EstimatorSpec(baseline="median", force_gamma_one=True, whiten=False, needs_critic=False)
+
+
+# ---------------------------------------------------------------- dense (process) rewards
+
+
+def test_token_rewards_adds_dense_rewards_at_action_tokens():
+    mask = torch.tensor([[True, True, True, False]])
+    kl = torch.tensor([[1.0, 2.0, 0.0, 9.0]])
+    dense = torch.tensor([[0.2, 0.0, 0.4, 5.0]])  # 5.0 sits on a non-action token: dropped
+    out = token_rewards(torch.tensor([1.0]), kl, 0.1, mask, dense_rewards=dense)
+    # -0.1 * kl + dense, and the scalar 1 on the last action token
+    torch.testing.assert_close(out, torch.tensor([[0.1, -0.2, 1.4, 0.0]]), **ATOL)
+
+
+def test_dense_rewards_reinforce_by_hand():
+    mask = torch.tensor([[True, True, True, False]])
+    kl = torch.tensor([[1.0, 2.0, 0.0, 9.0]])
+    dense = torch.tensor([[0.2, 0.0, 0.4, 5.0]])
+    adv, ret = compute_advantages("reinforce", torch.tensor([1.0]), mask, None, gamma=0.5, kl=kl,
+                                  kl_coef=0.1, whiten=False, dense_rewards=dense)
+    # token rewards [0.1, -0.2, 1.4, 0]; G_2 = 1.4, G_1 = -0.2 + 0.5 * 1.4 = 0.5,
+    # G_0 = 0.1 + 0.5 * 0.5 = 0.35
+    torch.testing.assert_close(ret, torch.tensor([[0.35, 0.5, 1.4, 0.0]]), **ATOL)
+    torch.testing.assert_close(adv, torch.tensor([[0.35, 0.5, 1.4, 0.0]]), **ATOL)
+
+
+def test_dense_rewards_gae_by_hand():
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    values = torch.tensor([[0.5, 0.0, 1.0]])
+    dense = torch.tensor([[1.0, 0.0, 0.0]])
+    adv, ret = compute_advantages("gae", torch.tensor([1.0]), mask, None, gamma=0.5, lam=0.5,
+                                  values=values, whiten=False, dense_rewards=dense)
+    # r = [1, 0, 1]; delta_2 = 1 - 1 = 0, delta_1 = 0 + 0.5 * 1 - 0 = 0.5,
+    # delta_0 = 1 + 0.5 * 0 - 0.5 = 0.5; A_2 = 0, A_1 = 0.5, A_0 = 0.5 + 0.25 * 0.5 = 0.625
+    torch.testing.assert_close(adv, torch.tensor([[0.625, 0.5, 0.0]]), **ATOL)
+    torch.testing.assert_close(ret, torch.tensor([[1.125, 0.5, 1.0]]), **ATOL)
+
+
+def test_dense_rewards_are_not_group_shaped_nor_clipped():
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    dense = torch.tensor([[3.0, 0.0], [0.0, 0.0]])
+    adv, _ = compute_advantages("rloo", torch.tensor([1.0, 0.0]), mask, torch.tensor([7, 7]),
+                                gamma=0.5, reward_clip=(-1.0, 1.0), dense_rewards=dense)
+    # rloo shapes the scalars to [1, -1] (clip leaves them); the dense 3.0 is added as given;
+    # gamma forced to 1: sample 0 gets [3 + 1, 1], sample 1 gets [-1, -1]
+    torch.testing.assert_close(adv, torch.tensor([[4.0, 1.0], [-1.0, -1.0]]), **ATOL)
+
+
+def test_dense_rewards_none_or_zero_change_nothing_and_shape_is_checked():
+    rewards, mask, ids, values, kl = make_batch()
+    for estimator in ESTIMATORS:
+        kw = dict(values=values, kl=kl, kl_coef=0.05, gamma=0.9, lam=0.8)
+        plain = compute_advantages(estimator, rewards, mask, ids, **kw)
+        zeros = torch.zeros_like(kl)
+        zero = compute_advantages(estimator, rewards, mask, ids, dense_rewards=zeros, **kw)
+        torch.testing.assert_close(plain, zero, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="dense_rewards shape"):
+        compute_advantages("reinforce", rewards, mask, ids, dense_rewards=torch.zeros(len(mask)))
