@@ -17,6 +17,7 @@ from rlhfkit.core.advantages import (
 from rlhfkit.core.aggregate import AGGREGATIONS, aggregate_loss
 from rlhfkit.core.ema import ema_update
 from rlhfkit.core.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, approx_kl
+from rlhfkit.core.lm_head import linear_logprobs_and_entropy
 from rlhfkit.core.losses import (
     IS_KINDS,
     RATIO_LEVELS,
@@ -24,7 +25,6 @@ from rlhfkit.core.losses import (
     entropy_from_logits,
     is_weights,
     kto_loss,
-    linear_logprobs_and_entropy,
     logprobs_and_entropy,
     logprobs_from_logits,
     pairwise_loss,

@@ -13,7 +13,8 @@ import contextlib
 
 import torch
 
-from rlhfkit.core.losses import linear_logprobs_and_entropy, logprobs_and_entropy
+from rlhfkit.core.lm_head import linear_logprobs_and_entropy
+from rlhfkit.core.losses import logprobs_and_entropy
 
 # Config fields that mean the LM head is not a plain linear map of the last hidden state.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
