@@ -20,7 +20,9 @@ from rlhfkit.core.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLControll
 from rlhfkit.core.lm_head import linear_logprobs_and_entropy
 from rlhfkit.core.losses import (
     IS_KINDS,
+    POLICY_LOSSES,
     RATIO_LEVELS,
+    PolicyLossSpec,
     dpo_loss,
     entropy_from_logits,
     is_weights,
@@ -42,10 +44,12 @@ __all__ = [
     "GROUP_BASELINES",
     "IS_KINDS",
     "KL_ESTIMATORS",
+    "POLICY_LOSSES",
     "RATIO_LEVELS",
     "AdaptiveKLController",
     "EstimatorSpec",
     "FixedKLController",
+    "PolicyLossSpec",
     "aggregate_loss",
     "approx_kl",
     "compute_advantages",

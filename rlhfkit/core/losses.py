@@ -1,8 +1,11 @@
 """Policy, value, entropy, SFT and preference losses; logprobs from logits.
 
 Every loss is pure: tensors and plain scalars in, ``(loss, metrics)`` out, with metrics as
-detached tensors (never ``.item()``, so no device sync inside the math).
+detached tensors (never ``.item()``, so no device sync inside the math). The policy loss
+types are the table ``POLICY_LOSSES`` (name -> ``PolicyLossSpec``).
 """
+
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +34,39 @@ def _sequence_ratio(log_ratio, loss_mask):
 
 
 RATIO_LEVELS = {"token": _token_ratio, "sequence": _sequence_ratio}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyLossSpec:
+    """How ``policy_loss`` computes one policy loss type (an entry of ``POLICY_LOSSES``).
+
+    A trainer reads the spec and passes its fields to ``policy_loss``, e.g.
+    ``policy_loss(..., ratio_level=POLICY_LOSSES[name].ratio_level)``.
+
+    Attributes:
+        ratio_level: a key of ``RATIO_LEVELS``: one importance ratio per token, or one per
+            sequence broadcast to its tokens.
+        doc: one line for people: what the loss is and the paper it comes from.
+    """
+
+    ratio_level: str
+    doc: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        lookup(RATIO_LEVELS, self.ratio_level, "ratio level")
+
+
+POLICY_LOSSES: dict[str, PolicyLossSpec] = {
+    "ppo": PolicyLossSpec(
+        ratio_level="token",
+        doc="PPO's clipped surrogate, one ratio per token (Schulman et al. 2017, arXiv:1707.06347)",
+    ),
+    "gspo": PolicyLossSpec(
+        ratio_level="sequence",
+        doc="GSPO: the clipped surrogate with one ratio per sequence, the geometric mean of its "
+        "token ratios (Zheng et al. 2025, arXiv:2507.18071)",
+    ),
+}
 
 
 def policy_loss(
@@ -72,7 +108,8 @@ def policy_loss(
         loss_mask: ``[B, T]`` bool, True = counts.
         eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]``; eps_high None = eps_low.
         dual_clip: lower bound factor for negative advantages, > 1, or None.
-        ratio_level: ``token`` or ``sequence`` (GSPO).
+        ratio_level: ``token`` or ``sequence`` (GSPO): a key of ``RATIO_LEVELS``, as
+            ``POLICY_LOSSES[name].ratio_level`` gives it for a policy loss type.
         agg: aggregation mode (see ``aggregate_loss``); num_tokens / num_seqs / max_len too.
         is_weights: ``[B, T]`` importance weights, or None.
 

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -6,6 +7,8 @@ import torch
 from rlhfkit.core import (
     AGGREGATIONS,
     IS_KINDS,
+    POLICY_LOSSES,
+    PolicyLossSpec,
     dpo_loss,
     entropy_from_logits,
     is_weights,
@@ -139,6 +142,22 @@ def test_policy_loss_unknown_names():
         policy_loss(logp, old, adv, mask, ratio_level="segment")
     with pytest.raises(ValueError, match="token_mean"):
         policy_loss(logp, old, adv, mask, agg="mean")
+
+
+def test_policy_loss_table_gives_the_ratio_level():
+    assert {name: spec.ratio_level for name, spec in POLICY_LOSSES.items()} == {"ppo": "token", "gspo": "sequence"}
+    assert all("arXiv:" in spec.doc for spec in POLICY_LOSSES.values())
+    logp, old, adv, mask, _ = policy_batch()
+    gspo, _ = policy_loss(logp, old, adv, mask, ratio_level=POLICY_LOSSES["gspo"].ratio_level)
+    seq, _ = policy_loss(logp, old, adv, mask, ratio_level="sequence")
+    assert torch.equal(gspo, seq)
+
+
+def test_policy_loss_spec_is_frozen_and_checks_its_ratio_level():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        POLICY_LOSSES["ppo"].ratio_level = "sequence"
+    with pytest.raises(ValueError, match="unknown ratio level 'segment'; valid: token, sequence"):
+        PolicyLossSpec(ratio_level="segment")
 
 
 # ---------------------------------------------------------------- IS weights
