@@ -1,0 +1,29 @@
+"""The config's choice tuples name exactly the entries of the core tables, in the same order.
+
+config/ may not import core (DESIGN.md), so the names are written twice; this test keeps the
+two in step. preference.py and sft.py have no choice tuple that mirrors a core table (DPO's
+variants are flags: ``ipo_enable``, ``label_smoothing``).
+"""
+
+from rlhfkit.config import rl
+from rlhfkit.core import AGGREGATIONS, ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+
+
+def test_advantage_estimators_match_the_table():
+    assert rl.ADVANTAGE_ESTIMATORS == tuple(ESTIMATORS)
+
+
+def test_group_estimators_are_the_grouped_specs():
+    assert rl.GROUP_ESTIMATORS == tuple(name for name, spec in ESTIMATORS.items() if spec.grouped)
+
+
+def test_kl_estimators_match_the_table():
+    assert rl.KL_ESTIMATORS == tuple(KL_ESTIMATORS)
+
+
+def test_loss_aggregation_modes_match_the_table():
+    assert rl.LOSS_AGG_MODES == tuple(AGGREGATIONS)
+
+
+def test_policy_loss_types_match_the_table():
+    assert rl.POLICY_LOSS_TYPES == tuple(POLICY_LOSSES)
