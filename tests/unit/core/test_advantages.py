@@ -324,3 +324,23 @@ def test_dense_rewards_none_or_zero_change_nothing_and_shape_is_checked():
         torch.testing.assert_close(plain, zero, atol=0, rtol=0)
     with pytest.raises(ValueError, match="dense_rewards shape"):
         compute_advantages("reinforce", rewards, mask, ids, dense_rewards=torch.zeros(len(mask)))
+
+
+def test_a_new_estimator_is_one_table_entry(monkeypatch):
+    """docs/algorithms.md, "How to add an advantage estimator": one EstimatorSpec is enough."""
+    spec = EstimatorSpec(baseline="mean", force_gamma_one=False, whiten=False, needs_critic=False,
+                         doc="group mean baseline, discounted, not whitened")
+    monkeypatch.setitem(ESTIMATORS, "mean_discounted", spec)
+    rewards = torch.tensor([1.0, 0.0])
+    mask = torch.tensor([[True, True], [True, False]])
+    adv, ret = compute_advantages("mean_discounted", rewards, mask, torch.tensor([3, 3]), gamma=0.5,
+                                  whiten=True)
+    # group mean 0.5 -> shaped [0.5, -0.5], each on its row's last action token:
+    # token rewards [[0, 0.5], [-0.5, 0]]; gamma 0.5 kept (not forced to 1), whiten ignored:
+    # row 0: [0.5 * 0.5, 0.5] = [0.25, 0.5]; row 1: [-0.5, 0]
+    torch.testing.assert_close(adv, torch.tensor([[0.25, 0.5], [-0.5, 0.0]]), **ATOL)
+    torch.testing.assert_close(ret, torch.tensor([[0.25, 0.5], [-0.5, 0.0]]), **ATOL)
+    with pytest.raises(ValueError, match="needs group_ids"):  # grouped: the ids are required
+        compute_advantages("mean_discounted", rewards, mask, None)
+    with pytest.raises(ValueError, match="valid: gae, .*, dr_grpo, mean_discounted"):
+        compute_advantages("mean_discounted2", rewards, mask, None)

@@ -8,12 +8,14 @@ from rlhfkit.core import (
     AGGREGATIONS,
     IS_KINDS,
     POLICY_LOSSES,
+    RATIO_LEVELS,
     PolicyLossSpec,
     dpo_loss,
     entropy_from_logits,
     is_weights,
     kto_loss,
     logprobs_from_logits,
+    masked_sum,
     pairwise_loss,
     policy_loss,
     sft_loss,
@@ -347,3 +349,22 @@ def test_logprobs_and_entropy_in_one_pass_equal_the_separate_functions(entropy_g
         g2, = torch.autograd.grad(entropy_from_logits(logits / 0.7).sum(), logits)
         torch.testing.assert_close(g1, g2, **ATOL)
 
+
+
+def test_a_new_ratio_level_is_one_table_entry(monkeypatch):
+    """docs/algorithms.md, "How to add a policy loss": a new ratio is one RATIO_LEVELS function
+    and one PolicyLossSpec naming it."""
+
+    def seq_sum(log_ratio, loss_mask):  # exp of the summed log-ratio of each sequence
+        return torch.exp(masked_sum(log_ratio, loss_mask, dim=-1)).unsqueeze(-1).expand_as(log_ratio)
+
+    monkeypatch.setitem(RATIO_LEVELS, "sequence_sum", seq_sum)
+    monkeypatch.setitem(POLICY_LOSSES, "seq_sum_po", PolicyLossSpec(ratio_level="sequence_sum"))
+    logp = torch.tensor([[0.1, 0.2, 7.0]])
+    mask = torch.tensor([[True, True, False]])
+    old, adv = torch.zeros(1, 3), torch.ones(1, 3)
+    loss, m = policy_loss(logp, old, adv, mask, eps_low=10.0,
+                          ratio_level=POLICY_LOSSES["seq_sum_po"].ratio_level)
+    # ratio exp(0.1 + 0.2) on both action tokens, inside the clip range: loss -exp(0.3)
+    assert loss.item() == pytest.approx(-math.exp(0.3), abs=1e-6)
+    assert m["ratio_mean"].item() == pytest.approx(math.exp(0.3), abs=1e-6)
