@@ -1,5 +1,5 @@
 """Reward functions: the contract, Python callables and reward files in OpenRLHF's or TRL's
-contract, built-in verifiers."""
+contract, `resolve_reward` for any of them (or a weighted list), built-in verifiers."""
 
 from rlhfkit.rewards.base import RewardFn, RewardOutput, normalize_reward_output
 from rlhfkit.rewards.callables import CallableRewardFn, batched, grouped
@@ -10,12 +10,15 @@ from rlhfkit.rewards.math import (
     lenient_correct,
     math_exact_reward,
 )
+from rlhfkit.rewards.resolve import BUILTIN_REWARDS, RewardSum, resolve_reward
 
 __all__ = [
+    "BUILTIN_REWARDS",
     "CallableRewardFn",
     "FileRewardFn",
     "RewardFn",
     "RewardOutput",
+    "RewardSum",
     "batched",
     "extract_answer",
     "extract_first_integer",
@@ -24,4 +27,5 @@ __all__ = [
     "load_reward_file",
     "math_exact_reward",
     "normalize_reward_output",
+    "resolve_reward",
 ]

@@ -62,7 +62,7 @@ def detect_contract(func: Callable[..., Any], source: str) -> str:
 
     Raises:
       RewardError: the signature cannot be read, fits neither contract (the message names both),
-        or is OpenRLHF's but cannot take (queries, prompts, labels) positionally.
+        or is OpenRLHF's but cannot take (queries, prompts, labels) as its first three.
     """
     try:
         signature = inspect.signature(func)
@@ -73,7 +73,7 @@ def detect_contract(func: Callable[..., Any], source: str) -> str:
     names = list(signature.parameters)
     if names[:1] == ["queries"]:
         try:
-            signature.bind(None, None, None)
+            signature.bind_partial(None, None, None)  # later ones may be columns
         except TypeError as exc:
             raise RewardError(
                 f"reward function {source} with parameters {signature} cannot be called with "
@@ -200,7 +200,7 @@ def callable_name(func: Any) -> str:
     return getattr(func, "__name__", None) or type(func).__name__
 
 
-# ---- the two contracts: (positional, keyword) arguments for the whole batch ----------------------
+# ---- the two contracts: (positional, keyword) arguments for the whole batch ----------------
 
 def _openrlhf_arguments(queries: list[str], prompts: list[str], labels: list[Any],
                         kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
@@ -243,10 +243,11 @@ def _keyword_parameters(func: Callable[..., Any], n_positional: int) -> tuple[bo
     n_taken = min(n_positional, sum(p.kind in positional_kinds for p in params))
     taken = {p.name for p in params[:n_taken]}  # queries, prompts, labels
     keyword_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return False, frozenset(p.name for p in params if p.kind in keyword_kinds and p.name not in taken)
+    names = {p.name for p in params if p.kind in keyword_kinds and p.name not in taken}
+    return False, frozenset(names)
 
 
-# ---- chunks ---------------------------------------------------------------------------------------
+# ---- chunks -------------------------------------------------------------------------------
 
 def _slice(value: Any, rows: list[int], batch_size: int) -> Any:
     """value[rows] for a per-sample list / tensor of length B; anything else unchanged."""
