@@ -1,6 +1,8 @@
-"""Reward functions: the contract, loaders for reward files, built-in verifiers."""
+"""Reward functions: the contract, Python callables and reward files in OpenRLHF's or TRL's
+contract, `resolve_reward` for any of them (or a weighted list), built-in verifiers."""
 
 from rlhfkit.rewards.base import RewardFn, RewardOutput, normalize_reward_output
+from rlhfkit.rewards.callables import CallableRewardFn, batched, grouped
 from rlhfkit.rewards.loader import FileRewardFn, load_reward_file
 from rlhfkit.rewards.math import (
     extract_answer,
@@ -8,15 +10,22 @@ from rlhfkit.rewards.math import (
     lenient_correct,
     math_exact_reward,
 )
+from rlhfkit.rewards.resolve import BUILTIN_REWARDS, RewardSum, resolve_reward
 
 __all__ = [
+    "BUILTIN_REWARDS",
+    "CallableRewardFn",
     "FileRewardFn",
     "RewardFn",
     "RewardOutput",
+    "RewardSum",
+    "batched",
     "extract_answer",
     "extract_first_integer",
+    "grouped",
     "lenient_correct",
     "load_reward_file",
     "math_exact_reward",
     "normalize_reward_output",
+    "resolve_reward",
 ]
