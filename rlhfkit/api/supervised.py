@@ -61,12 +61,14 @@ def build_model(kind: str, cfg) -> tuple[torch.nn.Module, Any, torch.nn.Module |
     if kind == "rm":
         path, _ = resolve_model(m.model_name_or_path)
         tokenizer = load_tokenizer(path)
-        model = init_reward_model(path, tokenizer.pad_token_id, DTYPES[m.dtype], seed=cfg.train.seed)
+        model = init_reward_model(path, tokenizer.pad_token_id, DTYPES[m.dtype],
+                                  seed=cfg.train.seed)
     else:
         model, tokenizer = load_policy(m.model_name_or_path, m.dtype)
     ref = None
     if kind in ("dpo", "kto"):
-        ref = load_policy(cfg.ref.model_name_or_path, m.dtype)[0] if cfg.ref.model_name_or_path else copy.deepcopy(model)
+        ref_path = cfg.ref.model_name_or_path
+        ref = load_policy(ref_path, m.dtype)[0] if ref_path else copy.deepcopy(model)
         ref.eval().requires_grad_(False)
     if lora.rank > 0:
         model = add_lora(model, lora.rank, lora.alpha, lora_targets(lora), lora.dropout,
@@ -81,12 +83,14 @@ def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
     d = cfg.data
     fmt = TextFormat(tokenizer, d.apply_chat_template, d.input_template)
     keys = {"sft": dict(input_key=d.input_key, output_key=d.output_key),
-            "rm": dict(prompt_key=d.prompt_key, chosen_key=d.chosen_key, rejected_key=d.rejected_key),
+            "rm": dict(prompt_key=d.prompt_key, chosen_key=d.chosen_key,
+                       rejected_key=d.rejected_key),
             "kto": dict(prompt_key=d.prompt_key or "prompt", output_key=d.output_key or "output",
                         label_key=d.label_key)}[kind if kind != "dpo" else "rm"]
     load = LOADERS[kind]
     source = d.dataset if train_dataset is None else train_dataset
-    items, skipped = load(source, fmt, max_len=d.max_len, max_samples=d.max_samples, seed=cfg.train.seed, **keys)
+    items, skipped = load(source, fmt, max_len=d.max_len, max_samples=d.max_samples,
+                          seed=cfg.train.seed, **keys)
     eval_source = (d.eval_dataset or None) if eval_dataset is None else eval_dataset
     if eval_source is not None:
         eval_items, _ = load(eval_source, fmt, max_len=d.max_len, **keys)
@@ -109,36 +113,43 @@ class SupervisedTrainer:
     config_class: ClassVar[type]
     algorithm_class: ClassVar[type]
 
-    def __init__(self, cfg, algorithm, tracker: RunTracker, train_items: list, eval_items: list, skipped: int = 0):
+    def __init__(self, cfg, algorithm, tracker: RunTracker, train_items: list, eval_items: list,
+                 skipped: int = 0):
         self.cfg, self.algorithm, self.tracker = cfg, algorithm, tracker
         self.run_dir = Path(cfg.ckpt.output_dir)
-        self.train_items, self.eval_items, self.skipped = list(train_items), list(eval_items), skipped
+        self.train_items, self.eval_items = list(train_items), list(eval_items)
+        self.skipped = skipped
         self.final_metrics: dict[str, float] = {}
 
     @classmethod
-    def from_config(cls, cfg, train_dataset: Source | None = None, eval_dataset: Source | None = None):
+    def from_config(cls, cfg, train_dataset: Source | None = None,
+                    eval_dataset: Source | None = None):
         """Validate `cfg`, load the model and data, create the run folder (config.json) and its
         loggers. A dataset is a path (.jsonl / .json / .parquet, a datasets folder), a list of
         dicts, or a `datasets.Dataset` / `DatasetDict` (its "train" split); given ones win over
         --data.dataset / --data.eval_dataset."""
         if not isinstance(cfg, cls.config_class):
-            raise ConfigError(f"{cls.__name__}.from_config needs a {cls.config_class.__name__} "
-                              f"(e.g. {cls.config_class.__name__}.from_args(flags)), got {type(cfg).__name__}")
+            name = cls.config_class.__name__
+            raise ConfigError(f"{cls.__name__}.from_config needs a {name} (e.g. "
+                              f"{name}.from_args(flags)), got {type(cfg).__name__}")
         cfg = VALIDATE[cls.kind](cfg)
         if train_dataset is None and cfg.data.dataset is None:
-            raise ConfigError("--data.dataset is required (a .jsonl/.json/.parquet file or a datasets folder); "
-                              "from Python, pass train_dataset= to from_config")
+            raise ConfigError("--data.dataset is required (a .jsonl/.json/.parquet file or a "
+                              "datasets folder); from Python, pass train_dataset= to from_config")
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         model, tokenizer, ref = build_model(cls.kind, cfg)
-        items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset, eval_dataset)
+        items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset,
+                                               eval_dataset)
         run_dir = Path(cfg.ckpt.output_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-        tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, supervised.planned_steps(len(items), cfg.train),
-                             cfg.logger.progress_bar, curve_keys=CURVES[cls.kind])
+        steps = supervised.planned_steps(len(items), cfg.train)
+        tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, steps, cfg.logger.progress_bar,
+                             curve_keys=CURVES[cls.kind])
         extra = {"ref": ref} if ref is not None else {}
-        algorithm = cls.algorithm_class(cfg, model, tokenizer, items, eval_items, tracker=tracker, **extra)
+        algorithm = cls.algorithm_class(cfg, model, tokenizer, items, eval_items, tracker=tracker,
+                                        **extra)
         return cls(cfg, algorithm, tracker, items, eval_items, skipped)
 
     @property
@@ -163,7 +174,8 @@ class SupervisedTrainer:
             self.tracker.log(self.step, final)
         final.update(self._save(self.run_dir / "final")[1])
         self.tracker.close()
-        (self.run_dir / "summary.json").write_text(json.dumps({"steps": self.step, **final}, indent=2))
+        summary = {"steps": self.step, **final}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.final_metrics = final
         return {**(history[-1] if history else {}), **final}
 
@@ -192,7 +204,8 @@ class RMTrainer(SupervisedTrainer):
         """A full sequence-classification folder (LoRA merged) whose config holds the mean / std of
         the scores on the eval pairs (the train pairs without any), which RL uses to normalise."""
         mean, std = self.algorithm.reward_stats(self.eval_items or self.train_items)
-        return self.algorithm.save(path, mean=mean, std=std), {"reward_mean": mean, "reward_std": std}
+        stats = {"reward_mean": mean, "reward_std": std}
+        return self.algorithm.save(path, mean=mean, std=std), stats
 
 
 class DPOTrainer(SupervisedTrainer):

@@ -13,8 +13,8 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.models.lora import merge_lora
 from rlhfkit.trainers.build import resolve_model
 
-COMMANDS = {"sft": (SFTConfig, SFTTrainer), "rm": (RMConfig, RMTrainer), "dpo": (DPOConfig, DPOTrainer),
-            "kto": (KTOConfig, KTOTrainer)}
+COMMANDS = {"sft": (SFTConfig, SFTTrainer), "rm": (RMConfig, RMTrainer),
+            "dpo": (DPOConfig, DPOTrainer), "kto": (KTOConfig, KTOTrainer)}
 
 
 def run(kind: str, argv: list[str]) -> int:
@@ -23,7 +23,8 @@ def run(kind: str, argv: list[str]) -> int:
     t0 = time.perf_counter()
     trainer = trainer_class.from_config(cfg)
     if trainer.skipped:
-        print(f"skipped {trainer.skipped} samples longer than --data.max_len {cfg.data.max_len} tokens")
+        print(f"skipped {trainer.skipped} samples longer than --data.max_len "
+              f"{cfg.data.max_len} tokens")
     trainer.train()
     shown = " ".join(f"{k}={v:.4g}" for k, v in trainer.final_metrics.items())
     print(f"done in {time.perf_counter() - t0:.0f}s: {trainer.step} steps {shown}; "

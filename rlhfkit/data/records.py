@@ -62,7 +62,7 @@ def source_name(source: Source) -> str:
 
 
 def require_key(record: Record, key: str, arg: str, source: str | Path) -> None:
-    """DataError naming the source (see `source_name`), record and flag when `record` lacks `key`."""
+    """DataError naming the source (`source_name`), record and flag when `record` lacks `key`."""
     if key not in record.data:
         raise DataError(
             f"{source}, {record.where}: no key {key!r} ({arg}); the record has keys "
@@ -204,7 +204,9 @@ def _read_dataset(ds: Any, split: str, name: str) -> Iterator[Record]:
     if isinstance(ds, datasets.DatasetDict):
         suffix = f" of split {split!r}"
         if split not in ds:
-            raise DataError(f"{name}: no split {split!r}; the dataset has splits {sorted(ds.keys())}")
+            raise DataError(
+                f"{name}: no split {split!r}; the dataset has splits {sorted(ds.keys())}"
+            )
         ds = ds[split]
     if not isinstance(ds, datasets.Dataset):
         raise DataError(
