@@ -1,12 +1,16 @@
 """Typed configuration of `rlhfkit train rm`, `train dpo` and `train kto` (sections shared with
-config/sft.py; aliases in `SUPERVISED_ALIASES`)."""
+config/sft.py; aliases in `SUPERVISED_ALIASES`). `RMConfig.from_args(argv)`,
+`DPOConfig.from_args(argv, kind)` and `KTOConfig.from_args(argv)` parse exactly the flags of those
+commands and validate."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlhfkit.config.parse import parse_config
 from rlhfkit.config.rl import AdamConfig
 from rlhfkit.config.sft import (
+    SUPERVISED_ALIASES,
     DSConfig,
     ModelConfig,
     SupervisedCkptConfig,
@@ -29,6 +33,11 @@ class RMConfig:
     ds: DSConfig = field(default_factory=DSConfig)
     ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/rm"))
     logger: SupervisedLoggerConfig = field(default_factory=SupervisedLoggerConfig)
+
+    @classmethod
+    def from_args(cls, argv: list[str]) -> RMConfig:
+        """The validated config of `rlhfkit train rm ARGV` (flags, aliases, `--config FILE.yaml`)."""
+        return validate_rm(parse_config(cls, argv, aliases=SUPERVISED_ALIASES))
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,21 @@ class DPOConfig:
     ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/dpo"))
     logger: SupervisedLoggerConfig = field(default_factory=SupervisedLoggerConfig)
 
+    @classmethod
+    def from_args(cls, argv: list[str], kind: str = "dpo") -> DPOConfig:
+        """The validated config of `rlhfkit train KIND ARGV`, KIND "dpo" or "kto" (validated as KTO)."""
+        return validate_dpo(parse_config(cls, argv, aliases=SUPERVISED_ALIASES), kind)
+
+
+@dataclass(frozen=True)
+class KTOConfig(DPOConfig):
+    """`rlhfkit train kto`: DPOConfig's sections (KTO reads beta and the desirable / undesirable
+    weights), validated as KTO by default."""
+
+    @classmethod
+    def from_args(cls, argv: list[str], kind: str = "kto") -> KTOConfig:
+        return super().from_args(argv, kind)
+
 
 def validate_rm(cfg: RMConfig) -> RMConfig:
     validate_common(cfg)
@@ -73,6 +97,8 @@ def validate_rm(cfg: RMConfig) -> RMConfig:
 
 
 def validate_dpo(cfg: DPOConfig, kind: str = "dpo") -> DPOConfig:
+    """Checks of `train dpo`, and with `kind` "kto" those of `train kto`."""
+    require(kind in ("dpo", "kto"), f"validate_dpo: kind must be 'dpo' or 'kto' (got {kind!r})")
     validate_common(cfg)
     m = cfg.model
     require(m.beta > 0, f"--model.beta must be > 0 (got {m.beta})")

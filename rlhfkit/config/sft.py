@@ -4,13 +4,14 @@ same sections, `train rm`, `train dpo`, `train kto` (config/preference.py).
 The dotted flags are OpenRLHF's (`--model.model_name_or_path`, `--data.dataset`,
 `--train.micro_batch_size`, `--adam.lr`, `--ds.packing_samples`, `--ds.lora.rank`,
 `--ckpt.output_dir`, ...); its older flat names (`--pretrain`, `--dataset`, `--lora_rank`, ...)
-are aliases.
+are aliases. `SFTConfig.from_args(argv)` parses exactly the flags of `rlhfkit train sft` and validates.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlhfkit.config.parse import parse_config
 from rlhfkit.config.rl import DTYPES, LR_SCHEDULERS, AdamConfig
 from rlhfkit.errors import ConfigError
 
@@ -28,7 +29,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class SupervisedDataConfig:
     dataset: str | None = None
-    """Training data: .jsonl / .json / .parquet or a datasets folder."""
+    """Training data: .jsonl / .json / .parquet or a datasets folder (required unless the API is
+    given a train_dataset)."""
     eval_dataset: str | None = None
     """Held-out data for the eval loss; none = split off --data.eval_split of the training data."""
     eval_split: float = 0.0
@@ -110,6 +112,12 @@ class SFTConfig:
     ckpt: SupervisedCkptConfig = field(default_factory=SupervisedCkptConfig)
     logger: SupervisedLoggerConfig = field(default_factory=SupervisedLoggerConfig)
 
+    @classmethod
+    def from_args(cls, argv: list[str]) -> SFTConfig:
+        """The validated config of `rlhfkit train sft ARGV` (dotted flags, OpenRLHF's flat aliases,
+        `--config FILE.yaml`); ConfigError on an unknown flag or a bad value."""
+        return validate_sft(parse_config(cls, argv, aliases=SUPERVISED_ALIASES))
+
 
 # OpenRLHF's flat names, accepted as aliases of ours (shared by sft/rm/dpo/kto).
 SUPERVISED_ALIASES = {
@@ -152,9 +160,9 @@ def require(cond: bool, msg: str) -> None:
 
 
 def validate_common(cfg) -> None:
-    """Checks every supervised config passes (sections model, data, train, adam, ds)."""
+    """Checks every supervised config passes (sections model, data, train, adam, ds). The
+    training data is checked where it is read (`api.supervised`): it may come from memory."""
     t, d, lora = cfg.train, cfg.data, cfg.ds.lora
-    require(d.dataset is not None, "--data.dataset is required (a .jsonl/.json/.parquet file or a datasets folder)")
     require(cfg.model.dtype in DTYPES, f"--model.dtype: unknown value {cfg.model.dtype!r}; valid: {', '.join(DTYPES)}")
     require(cfg.model.autocast in (None, *DTYPES), f"--model.autocast must be one of {', '.join(DTYPES)} or none")
     require(t.lr_scheduler in LR_SCHEDULERS,

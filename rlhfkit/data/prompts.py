@@ -1,15 +1,17 @@
-"""Prompt datasets for RL: read records from a file or folder and build the prompt strings.
+"""Prompt datasets for RL: read records from a file, folder or memory and build the prompt strings.
 
-Sources (read by rlhfkit.data.records, chosen by the path):
+Sources (read by rlhfkit.data.records; a path is chosen by its suffix):
   *.jsonl          one JSON object per line (blank lines are skipped)
   *.json           a list of objects, or {"data": [...]}
   *.parquet        read with pyarrow
   a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`)
+  a list of dicts, or a `datasets.Dataset` / `DatasetDict` object (`split` as for folders)
 
 Each record gives one `PromptExample`. Its `text` is the final string handed to the tokenizer:
 the input value formatted by `input_template`, or rendered by the tokenizer's chat template
 (`apply_chat_template=True`), or used as is. Errors are `DataError` (bad data) or `ConfigError`
-(arguments that do not fit together); each names the file, the line or record and the key.
+(arguments that do not fit together); each names the source (the file, or "in-memory list"), the
+line or record and the key.
 
 Determinism: shuffling uses a local `random.Random(shuffle_seed)`; the global RNG is untouched.
 """
@@ -18,10 +20,18 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from rlhfkit.data.records import SUPPORTED_SUFFIXES, Record, first_line, is_messages, read_records, require_key
+from rlhfkit.data.records import (
+    SUPPORTED_SUFFIXES,
+    Record,
+    Source,
+    first_line,
+    is_messages,
+    read_records,
+    require_key,
+    source_name,
+)
 from rlhfkit.errors import ConfigError, DataError
 
 __all__ = ["SUPPORTED_SUFFIXES", "PromptExample", "load_prompts"]
@@ -33,7 +43,7 @@ class PromptExample:
 
     text   the final prompt string fed to the tokenizer (template or chat template applied)
     label  the record's `label_key` value (e.g. the reference answer), None without a label_key
-    raw    the record as read from the source
+    raw    the record as read from the source (the dict itself for an in-memory list)
     index  the record's 0-based position in the source (stable under shuffling)
     """
 
@@ -44,7 +54,7 @@ class PromptExample:
 
 
 def load_prompts(
-    path: str | Path,
+    source: Source,
     input_key: str = "input",
     label_key: str | None = None,
     tokenizer: Any = None,
@@ -61,7 +71,8 @@ def load_prompts(
     when a seed is given, then cut to `max_samples`; only the kept records are rendered.
 
     Args:
-      path: a .jsonl / .json / .parquet file or a HF `datasets` folder.
+      source: a .jsonl / .json / .parquet file or a HF `datasets` folder (a path), a list of
+        dicts, or a `datasets.Dataset` / `DatasetDict`.
       input_key: the field holding the prompt: a string, or a list of {"role", "content"}
         messages (the latter needs `apply_chat_template=True`).
       label_key: the field holding the label (reference answer); None for no labels.
@@ -71,19 +82,19 @@ def load_prompts(
       input_template: a format string with one `{}` (e.g. "Question: {}\\nAnswer:").
       max_samples: keep at most this many records (after shuffling).
       shuffle_seed: shuffle with this seed; None keeps the file order.
-      split: the split to take from a `DatasetDict` folder.
+      split: the split to take from a `DatasetDict` (folder or object).
 
     Raises:
       ConfigError: the arguments do not fit together.
       DataError: the source is missing, malformed, empty, or a record lacks a key.
     """
     _check_arguments(tokenizer, apply_chat_template, input_template, max_samples)
-    path = Path(path)
-    records = read_records(path, split)
+    name = source_name(source)
+    records = read_records(source, split)
     for record in records:
-        require_key(record, input_key, "input_key", path)
+        require_key(record, input_key, "input_key", name)
         if label_key is not None:
-            require_key(record, label_key, "label_key", path)
+            require_key(record, label_key, "label_key", name)
 
     order = list(range(len(records)))
     if shuffle_seed is not None:
@@ -94,7 +105,7 @@ def load_prompts(
     examples = []
     for i in order:
         record = records[i]
-        text = _build_text(record, input_key, path, tokenizer, apply_chat_template, input_template)
+        text = _build_text(record, input_key, name, tokenizer, apply_chat_template, input_template)
         label = record.data[label_key] if label_key is not None else None
         examples.append(PromptExample(text=text, label=label, raw=record.data, index=i))
     return examples
@@ -140,14 +151,14 @@ def _check_arguments(
 def _build_text(
     record: Record,
     input_key: str,
-    path: Path,
+    source: str,
     tokenizer: Any,
     apply_chat_template: bool,
     input_template: str | None,
 ) -> str:
     """The final prompt string of one record."""
     value = record.data[input_key]
-    where = f"{path}, {record.where}, key {input_key!r}"
+    where = f"{source}, {record.where}, key {input_key!r}"
     if apply_chat_template:
         if isinstance(value, str):
             messages = [{"role": "user", "content": value}]

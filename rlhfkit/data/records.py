@@ -1,13 +1,16 @@
-"""Read dataset records from a file or folder, each with where it came from.
+"""Read dataset records from a file, a folder or memory, each with where it came from.
 
-Sources (chosen by the path):
+Sources (a path is chosen by its suffix):
   *.jsonl          one JSON object per line (blank lines are skipped)
   *.json           a list of objects, or {"data": [...]}
   *.parquet        read with pyarrow
   a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`)
+  a list of dicts  records already in memory (a notebook's data)
+  a `datasets.Dataset` / `DatasetDict` object (a `DatasetDict` -> `split`, as for folders)
 
 Shared by every dataset kind (prompts, SFT, preference pairs). Errors are `DataError`s that name
-the file and the line or record.
+the source (`source_name`: the path, or "in-memory list" / "in-memory Dataset") and the line or
+record ("record 3", numbered from 0 as in .json files).
 """
 
 from __future__ import annotations
@@ -16,11 +19,17 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from rlhfkit.errors import DataError
 
+if TYPE_CHECKING:
+    import datasets
+
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+# What every loader reads: a path, records in memory, or a HF `datasets` object.
+Source = Union[str, Path, list[dict], "datasets.Dataset", "datasets.DatasetDict"]
 
 
 @dataclass
@@ -31,20 +40,32 @@ class Record:
     where: str
 
 
-def read_records(path: str | Path, split: str = "train") -> list[Record]:
-    """All records of `path`; DataError when it is missing, malformed or empty."""
-    path = Path(path)
-    records = list(_read_records(path, split))
+def read_records(source: Source, split: str = "train") -> list[Record]:
+    """All records of `source` (a path, a list of dicts, or a `datasets.Dataset` / `DatasetDict`,
+    of which `split` is taken); DataError when it is missing, malformed or empty."""
+    if isinstance(source, (str, Path)):
+        records = list(_read_records(Path(source), split))
+    elif isinstance(source, (list, tuple)):
+        records = list(_read_list(source))
+    else:
+        records = list(_read_dataset(source, split, source_name(source)))
     if not records:
-        raise DataError(f"{path}: the dataset is empty; give a file with at least one record")
+        raise DataError(f"{source_name(source)}: the dataset is empty; give at least one record")
     return records
 
 
-def require_key(record: Record, key: str, arg: str, path: Path) -> None:
-    """DataError naming the file, record and flag when `record` lacks `key`."""
+def source_name(source: Source) -> str:
+    """How errors name a source: the path, or "in-memory list" / "in-memory Dataset"."""
+    if isinstance(source, (str, Path)):
+        return str(source)
+    return f"in-memory {type(source).__name__}"
+
+
+def require_key(record: Record, key: str, arg: str, source: str | Path) -> None:
+    """DataError naming the source (`source_name`), record and flag when `record` lacks `key`."""
     if key not in record.data:
         raise DataError(
-            f"{path}, {record.where}: no key {key!r} ({arg}); the record has keys "
+            f"{source}, {record.where}: no key {key!r} ({arg}); the record has keys "
             f"{sorted(record.data.keys())}; set {arg} to one of them"
         )
 
@@ -61,8 +82,6 @@ def is_messages(value: Any) -> bool:
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
 
 
 def _read_records(path: Path, split: str) -> Iterator[Record]:
@@ -163,13 +182,36 @@ def _read_hf_folder(path: Path, split: str) -> Iterator[Record]:
             f"{path}: not a HF datasets folder written by save_to_disk "
             f"({type(exc).__name__}: {first_line(exc)})"
         ) from exc
+    yield from _read_dataset(ds, split, str(path))
+
+
+def _read_list(items: list | tuple) -> Iterator[Record]:
+    """Records given in memory: each item must be a dict."""
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise DataError(
+                f"in-memory {type(items).__name__}, record {i}: expected a dict, "
+                f"got {type(item).__name__}"
+            )
+        yield Record(item, f"record {i}")
+
+
+def _read_dataset(ds: Any, split: str, name: str) -> Iterator[Record]:
+    """Rows of a `datasets.Dataset`; from a `DatasetDict`, the rows of `split`."""
+    import datasets
+
     suffix = ""
     if isinstance(ds, datasets.DatasetDict):
         suffix = f" of split {split!r}"
         if split not in ds:
             raise DataError(
-                f"{path}: no split {split!r}; the folder has splits {sorted(ds.keys())}"
+                f"{name}: no split {split!r}; the dataset has splits {sorted(ds.keys())}"
             )
         ds = ds[split]
+    if not isinstance(ds, datasets.Dataset):
+        raise DataError(
+            f"{name}: not a dataset; give a path (.jsonl / .json / .parquet or a datasets folder), "
+            "a list of dicts, or a datasets.Dataset / DatasetDict"
+        )
     for i, row in enumerate(ds):
         yield Record(dict(row), f"record {i}{suffix}")

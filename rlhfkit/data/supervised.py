@@ -1,6 +1,7 @@
 """SFT, preference-pair and unpaired (KTO) datasets, tokenized into prompt + response samples.
 
-Records come from `data.records` (jsonl / json / parquet / datasets folders). Each becomes a
+Records come from `data.records`: a path (jsonl / json / parquet / datasets folder), a list of
+dicts, or a `datasets.Dataset` / `DatasetDict`; errors name the source and record. Each becomes a
 `TokenSample`: `prompt_ids` (never trained on) and `response_ids` with a bool `loss_mask`
 (True = a target token). The layout is the one `data.batch.collate` pads and
 `models.response_logprobs` scores, so every supervised loss reuses the RL forward.
@@ -21,12 +22,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlhfkit.data.records import Record, first_line, is_messages, read_records, require_key
+from rlhfkit.data.records import Record, Source, first_line, is_messages, read_records, require_key, source_name
 from rlhfkit.errors import ConfigError, DataError
 
 
@@ -171,31 +171,33 @@ def sample_length(s: TokenSample) -> int:
     return int(s.prompt_ids.numel() + s.response_ids.numel())
 
 
-def _records(path: str | Path, keys: dict[str, str | None], max_samples: int | None, seed: int | None,
-             split: str) -> list[tuple[int, Record, Path]]:
-    """Records with every needed key present (checked before any tokenization), shuffled, cut."""
+def _records(source: Source, keys: dict[str, str | None], max_samples: int | None, seed: int | None,
+             split: str) -> list[tuple[int, Record, str]]:
+    """(index, record, source name): records with every needed key present (checked before any
+    tokenization), shuffled, cut."""
     if max_samples is not None and max_samples < 1:
         raise ConfigError(f"--data.max_samples must be >= 1 (got {max_samples})")
-    path = Path(path)
-    records = read_records(path, split)
+    name = source_name(source)
+    records = read_records(source, split)
     for record in records:
         for flag, key in keys.items():
             if key is not None:
-                require_key(record, key, flag, path)
+                require_key(record, key, flag, name)
     order = list(range(len(records)))
     if seed is not None:
         random.Random(seed).shuffle(order)
     if max_samples is not None:
         order = order[:max_samples]
-    return [(i, records[i], path) for i in order]
+    return [(i, records[i], name) for i in order]
 
 
-def load_sft(path, fmt: TextFormat, input_key: str = "input", output_key: str | None = "output",
+def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_key: str | None = "output",
              max_len: int = 2048, max_samples: int | None = None, seed: int | None = None,
              split: str = "train") -> tuple[list[TokenSample], int]:
     """SFT samples and the number skipped for exceeding `max_len`. With `output_key` None (or
-    absent from every record) `input_key` must hold a whole conversation (chat template)."""
-    rows = _records(path, {"--data.input_key": input_key}, max_samples, seed, split)
+    absent from every record) `input_key` must hold a whole conversation (chat template).
+    `source`: a path, a list of dicts, or a `datasets.Dataset` / `DatasetDict` (`split` taken)."""
+    rows = _records(source, {"--data.input_key": input_key}, max_samples, seed, split)
     if output_key is not None and all(output_key not in r.data for _, r, _ in rows):
         if not all(is_messages(r.data[input_key]) for _, r, _ in rows):
             require_key(rows[0][1], output_key, "--data.output_key", rows[0][2])
@@ -212,16 +214,16 @@ def load_sft(path, fmt: TextFormat, input_key: str = "input", output_key: str | 
             skipped += 1
             continue
         samples.append(s)
-    return _nonempty(samples, skipped, max_len, path), skipped
+    return _nonempty(samples, skipped, max_len, source), skipped
 
 
-def load_pairs(path, fmt: TextFormat, prompt_key: str | None = "prompt", chosen_key: str = "chosen",
+def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt", chosen_key: str = "chosen",
                rejected_key: str = "rejected", max_len: int = 2048, max_samples: int | None = None,
                seed: int | None = None, split: str = "train") -> tuple[list[PairSample], int]:
     """Preference pairs. chosen/rejected are strings (with `prompt_key`), or whole conversations
     (message lists whose last assistant turn is the compared answer; `prompt_key` may be None)."""
     keys = {"--data.chosen_key": chosen_key, "--data.rejected_key": rejected_key}
-    rows = _records(path, keys, max_samples, seed, split)
+    rows = _records(source, keys, max_samples, seed, split)
     pairs, skipped = [], 0
     for i, record, p in rows:
         where = f"{p}, {record.where}"
@@ -238,15 +240,15 @@ def load_pairs(path, fmt: TextFormat, prompt_key: str | None = "prompt", chosen_
             skipped += 1
             continue
         pairs.append(PairSample(sides[0], sides[1], i))
-    return _nonempty(pairs, skipped, max_len, path), skipped
+    return _nonempty(pairs, skipped, max_len, source), skipped
 
 
-def load_unpaired(path, fmt: TextFormat, prompt_key: str = "prompt", output_key: str = "output",
+def load_unpaired(source: Source, fmt: TextFormat, prompt_key: str = "prompt", output_key: str = "output",
                   label_key: str = "label", max_len: int = 2048, max_samples: int | None = None,
                   seed: int | None = None, split: str = "train") -> tuple[list[LabeledSample], int]:
     """KTO examples: (prompt, output, label) with a boolean label (True = desirable)."""
     keys = {"--data.prompt_key": prompt_key, "--data.output_key": output_key, "--data.label_key": label_key}
-    rows = _records(path, keys, max_samples, seed, split)
+    rows = _records(source, keys, max_samples, seed, split)
     out, skipped = [], 0
     for i, record, p in rows:
         where = f"{p}, {record.where}"
@@ -258,10 +260,10 @@ def load_unpaired(path, fmt: TextFormat, prompt_key: str = "prompt", output_key:
             skipped += 1
             continue
         out.append(LabeledSample(s, label, i))
-    return _nonempty(out, skipped, max_len, path), skipped
+    return _nonempty(out, skipped, max_len, source), skipped
 
 
-def _nonempty(items: list, skipped: int, max_len: int, path: Path) -> list:
+def _nonempty(items: list, skipped: int, max_len: int, source: Source) -> list:
     if not items:
-        raise DataError(f"{path}: all {skipped} samples are longer than --data.max_len {max_len} tokens; raise it")
+        raise DataError(f"{source_name(source)}: all {skipped} samples are longer than --data.max_len {max_len} tokens; raise it")
     return items

@@ -193,9 +193,9 @@ def test_lora_trains_only_adapters_and_merged_folder_reproduces_outputs(ws, tmp_
                                    train__batch_size=4, train__micro_batch_size=4, train__max_epochs=10,
                                    adam__lr=1e-2, ds__lora__rank=4, ds__lora__alpha=8,
                                    ds__lora__target_modules="q_proj,v_proj", ckpt__output_dir=out)]
-    from rlhfkit.cli.train_supervised import build_model, parse_args
+    from rlhfkit.api.supervised import build_model
 
-    model, _, _ = build_model("sft", parse_args("sft", argv[2:]))
+    model, _, _ = build_model("sft", SFTConfig.from_args(argv[2:]))
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     assert main(argv) == 0

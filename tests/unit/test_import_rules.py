@@ -20,7 +20,9 @@ ALLOWED = {
     "trainers": {"core", "config", "data", "models", "rollout", "rewards", "agents"},
     "distributed": {"core", "trainers", "rollout", "models", "data"},
     "tracking": set(),
-    "cli": {"core", "config", "data", "models", "rollout", "rewards", "agents", "trainers", "distributed", "tracking"},
+    "api": {"core", "config", "data", "models", "rollout", "rewards", "agents", "trainers", "distributed", "tracking"},
+    "cli": {"core", "config", "data", "models", "rollout", "rewards", "agents", "trainers", "distributed", "tracking",
+            "api"},
 }
 CORE_EXTERNAL = {"torch", "__future__", "math", "typing", "collections", "dataclasses", "enum", "functools"}
 

@@ -1,0 +1,221 @@
+"""The supervised trainers of the public API: SFT, reward model (Bradley-Terry), DPO and KTO.
+
+    cfg = SFTConfig.from_args(["--model.model_name_or_path", "smollm2", "--adam.lr", "1e-5"])
+    trainer = SFTTrainer.from_config(cfg, train_dataset=[{"input": "2+3=", "output": "5"}, ...])
+    metrics = trainer.train()     # writes the run folder --ckpt.output_dir, as `rlhfkit train sft`
+    trainer.save("my-sft-model")  # an HF folder
+
+`from_config` is the one place that maps a supervised config to components: the model (with LoRA
+adapters, the frozen reference of DPO / KTO, the score head of a reward model), the tokenized train
+and eval data, the run folder and its loggers. The loops are the algorithm classes of
+`trainers.supervised` and `trainers.preference`; `rlhfkit train sft|rm|dpo|kto` is `from_args`,
+`from_config`, `train`.
+
+The run folder: config.json, metrics.jsonl and TensorBoard events (one row per optimizer step, and
+one for the final evaluation), curves.png, summary.json (steps and the final metrics), final/ (the
+model; a reward model carries the mean / std of its scores in its config).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from rlhfkit.config.parse import to_dict
+from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
+from rlhfkit.config.sft import SFTConfig, lora_targets, validate_sft
+from rlhfkit.data.records import Source
+from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft, load_unpaired
+from rlhfkit.errors import ConfigError
+from rlhfkit.models import load_tokenizer
+from rlhfkit.models.lora import add_lora
+from rlhfkit.models.precision import DTYPES
+from rlhfkit.models.reward import init_reward_model
+from rlhfkit.tracking.run import RunTracker
+from rlhfkit.trainers import preference, supervised
+from rlhfkit.trainers.build import load_policy, resolve_model
+
+__all__ = ["SFTConfig", "RMConfig", "DPOConfig", "KTOConfig",
+           "SFTTrainer", "RMTrainer", "DPOTrainer", "KTOTrainer", "build_model", "load_data"]
+
+# One entry per kind: the validation, the dataset reader and the metrics drawn in curves.png.
+VALIDATE = {"sft": validate_sft, "rm": validate_rm, "dpo": validate_dpo,
+            "kto": lambda cfg: validate_dpo(cfg, "kto")}
+LOADERS = {"sft": load_sft, "rm": load_pairs, "dpo": load_pairs, "kto": load_unpaired}
+CURVES = {
+    "sft": ["loss", "eval/loss", "lr"],
+    "rm": ["loss", "accuracy", "eval/accuracy", "reward_margin"],
+    "dpo": ["loss", "accuracy", "margin", "eval/accuracy"],
+    "kto": ["loss", "chosen_reward", "rejected_reward", "kl"],
+}
+
+
+def build_model(kind: str, cfg) -> tuple[torch.nn.Module, Any, torch.nn.Module | None]:
+    """(model, tokenizer, reference or None); LoRA adapters when --ds.lora.rank > 0."""
+    torch.manual_seed(cfg.train.seed)
+    m, lora = cfg.model, cfg.ds.lora
+    if kind == "rm":
+        path, _ = resolve_model(m.model_name_or_path)
+        tokenizer = load_tokenizer(path)
+        model = init_reward_model(path, tokenizer.pad_token_id, DTYPES[m.dtype],
+                                  seed=cfg.train.seed)
+    else:
+        model, tokenizer = load_policy(m.model_name_or_path, m.dtype)
+    ref = None
+    if kind in ("dpo", "kto"):
+        ref_path = cfg.ref.model_name_or_path
+        ref = load_policy(ref_path, m.dtype)[0] if ref_path else copy.deepcopy(model)
+        ref.eval().requires_grad_(False)
+    if lora.rank > 0:
+        model = add_lora(model, lora.rank, lora.alpha, lora_targets(lora), lora.dropout,
+                         task_type="SEQ_CLS" if kind == "rm" else "CAUSAL_LM")
+    return model, tokenizer, ref
+
+
+def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
+              eval_dataset: Source | None = None) -> tuple[list, list, int]:
+    """(train items, eval items, skipped). Train: `train_dataset`, else --data.dataset. Eval:
+    `eval_dataset`, else --data.eval_dataset, else the last --data.eval_split of the train items."""
+    d = cfg.data
+    fmt = TextFormat(tokenizer, d.apply_chat_template, d.input_template)
+    keys = {"sft": dict(input_key=d.input_key, output_key=d.output_key),
+            "rm": dict(prompt_key=d.prompt_key, chosen_key=d.chosen_key,
+                       rejected_key=d.rejected_key),
+            "kto": dict(prompt_key=d.prompt_key or "prompt", output_key=d.output_key or "output",
+                        label_key=d.label_key)}[kind if kind != "dpo" else "rm"]
+    load = LOADERS[kind]
+    source = d.dataset if train_dataset is None else train_dataset
+    items, skipped = load(source, fmt, max_len=d.max_len, max_samples=d.max_samples,
+                          seed=cfg.train.seed, **keys)
+    eval_source = (d.eval_dataset or None) if eval_dataset is None else eval_dataset
+    if eval_source is not None:
+        eval_items, _ = load(eval_source, fmt, max_len=d.max_len, **keys)
+    else:
+        n_eval = int(len(items) * d.eval_split)
+        items, eval_items = items[: len(items) - n_eval], items[len(items) - n_eval :]
+    return items, eval_items, skipped
+
+
+class SupervisedTrainer:
+    """One supervised run: an algorithm's step loop (`algorithm`), its data and its run folder.
+
+    Build it with `from_config`; `train()` once, then `save(path)` as often as wanted.
+    Attributes: `cfg`, `algorithm` (the loop of trainers/), `tracker`, `run_dir`, `train_items`,
+    `eval_items`, `skipped` (samples over --data.max_len), `final_metrics` (the final evaluation,
+    filled by `train`).
+    """
+
+    kind: ClassVar[str]
+    config_class: ClassVar[type]
+    algorithm_class: ClassVar[type]
+
+    def __init__(self, cfg, algorithm, tracker: RunTracker, train_items: list, eval_items: list,
+                 skipped: int = 0):
+        self.cfg, self.algorithm, self.tracker = cfg, algorithm, tracker
+        self.run_dir = Path(cfg.ckpt.output_dir)
+        self.train_items, self.eval_items = list(train_items), list(eval_items)
+        self.skipped = skipped
+        self.final_metrics: dict[str, float] = {}
+
+    @classmethod
+    def from_config(cls, cfg, train_dataset: Source | None = None,
+                    eval_dataset: Source | None = None):
+        """Validate `cfg`, load the model and data, create the run folder (config.json) and its
+        loggers. A dataset is a path (.jsonl / .json / .parquet, a datasets folder), a list of
+        dicts, or a `datasets.Dataset` / `DatasetDict` (its "train" split); given ones win over
+        --data.dataset / --data.eval_dataset."""
+        if not isinstance(cfg, cls.config_class):
+            name = cls.config_class.__name__
+            raise ConfigError(f"{cls.__name__}.from_config needs a {name} (e.g. "
+                              f"{name}.from_args(flags)), got {type(cfg).__name__}")
+        cfg = VALIDATE[cls.kind](cfg)
+        if train_dataset is None and cfg.data.dataset is None:
+            raise ConfigError("--data.dataset is required (a .jsonl/.json/.parquet file or a "
+                              "datasets folder); from Python, pass train_dataset= to from_config")
+        if cfg.train.num_threads:
+            torch.set_num_threads(cfg.train.num_threads)
+        model, tokenizer, ref = build_model(cls.kind, cfg)
+        items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset,
+                                               eval_dataset)
+        run_dir = Path(cfg.ckpt.output_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+        steps = supervised.planned_steps(len(items), cfg.train)
+        tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, steps, cfg.logger.progress_bar,
+                             curve_keys=CURVES[cls.kind])
+        extra = {"ref": ref} if ref is not None else {}
+        algorithm = cls.algorithm_class(cfg, model, tokenizer, items, eval_items, tracker=tracker,
+                                        **extra)
+        return cls(cfg, algorithm, tracker, items, eval_items, skipped)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.algorithm.model
+
+    @property
+    def tokenizer(self):
+        return self.algorithm.tokenizer
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken."""
+        return self.algorithm.loop.step
+
+    def train(self) -> dict[str, float]:
+        """Run every step, evaluate, save final/, close the loggers (curves.png) and write
+        summary.json. Returns the last step's metrics merged with the final evaluation's."""
+        history = self.algorithm.fit()
+        final = self.algorithm.evaluate() if self.eval_items else {}
+        if final:
+            self.tracker.log(self.step, final)
+        final.update(self._save(self.run_dir / "final")[1])
+        self.tracker.close()
+        summary = {"steps": self.step, **final}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.final_metrics = final
+        return {**(history[-1] if history else {}), **final}
+
+    def save(self, path: str | Path) -> Path:
+        """An HF folder at `path` (with LoRA, peft's adapter folder; merge it with `rlhfkit lora
+        merge`). Returns the folder."""
+        return self._save(path)[0]
+
+    def _save(self, path: str | Path) -> tuple[Path, dict[str, float]]:
+        """(the folder, metrics the saving computed for summary.json)."""
+        return self.algorithm.save(path), {}
+
+
+class SFTTrainer(SupervisedTrainer):
+    """Supervised fine-tuning: next-token NLL on the response (every assistant turn)."""
+
+    kind, config_class, algorithm_class = "sft", SFTConfig, supervised.SFTTrainer
+
+
+class RMTrainer(SupervisedTrainer):
+    """A Bradley-Terry reward model on preference pairs."""
+
+    kind, config_class, algorithm_class = "rm", RMConfig, preference.RMTrainer
+
+    def _save(self, path: str | Path) -> tuple[Path, dict[str, float]]:
+        """A full sequence-classification folder (LoRA merged) whose config holds the mean / std of
+        the scores on the eval pairs (the train pairs without any), which RL uses to normalise."""
+        mean, std = self.algorithm.reward_stats(self.eval_items or self.train_items)
+        stats = {"reward_mean": mean, "reward_std": std}
+        return self.algorithm.save(path, mean=mean, std=std), stats
+
+
+class DPOTrainer(SupervisedTrainer):
+    """DPO / IPO / cDPO on preference pairs against a frozen reference model."""
+
+    kind, config_class, algorithm_class = "dpo", DPOConfig, preference.DPOTrainer
+
+
+class KTOTrainer(SupervisedTrainer):
+    """KTO on unpaired desirable / undesirable examples against a frozen reference model.
+    Takes a KTOConfig or a DPOConfig (validated as KTO)."""
+
+    kind, config_class, algorithm_class = "kto", DPOConfig, preference.KTOTrainer
