@@ -54,19 +54,18 @@ DEFAULT_RUN = ["rlhfkit", "rlhfkit-padded", "rlhfkit+filter", "trl"]
 
 
 def run_rlhfkit(steps: int, which: str) -> dict:
+    import rlhfkit
     from rlhfkit.cli.demo import DEMO_FLAGS, chat_examples, first_number_reward
-    from rlhfkit.cli.train_rl import build_trainer, parse_rl_args, prepare_run_dir
 
     flags = DEMO_FLAGS + ["--train.max_steps", str(steps), "--ckpt.output_dir", f"runs/bench_{which}",
                           "--logger.progress_bar", "false", "--algo.dynamic_filtering_enable", "false",
                           *RLHFKIT_VARIANTS[which]]
-    cfg = parse_rl_args(flags)
-    run_dir = prepare_run_dir(cfg)
+    cfg = rlhfkit.RLConfig.from_args(flags)
     records = _records(PROMPTS * steps)
-    trainer, tracker, _ = build_trainer(cfg, lambda tok: chat_examples(records, tok), run_dir,
-                                        reward_fn=first_number_reward)
-    history = trainer.fit()
-    tracker.close()
+    trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=first_number_reward,
+                                            train_dataset=lambda tok: chat_examples(records, tok))
+    history = trainer.loop.train()
+    trainer.tracker.close()
     head = trainer.policy.get_output_embeddings().weight.numel()
     update_s = max(sum(m.get("time/update", 0.0) for m in history), 1e-9)
     total = {k: sum(m.get(k, 0.0) for m in history) for k in ("train_tokens", "sample_tokens", "response_tokens")}

@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import time
 
-from rlhfkit.cli.train_rl import build_trainer, parse_rl_args, prepare_run_dir
+from rlhfkit.api.components import prepare_run_dir
+from rlhfkit.api.rl import RLTrainer
+from rlhfkit.config import RLConfig
 from rlhfkit.data.prompts import PromptExample
 from rlhfkit.data.synthetic import arithmetic_problems
 from rlhfkit.models import materialize_smollm2
@@ -77,7 +79,7 @@ def chat_examples(records: list[dict], tokenizer) -> list[PromptExample]:
 
 def run(argv: list[str]) -> int:
     t0 = time.perf_counter()
-    cfg = parse_rl_args(DEMO_FLAGS + list(argv))
+    cfg = RLConfig.from_args(DEMO_FLAGS + list(argv))
     run_dir = prepare_run_dir(cfg)
     print(f"rlhfkit demo: GRPO on SmolLM2-135M-Instruct, arithmetic; run folder {run_dir}")
     model_dir = materialize_smollm2()
@@ -95,16 +97,17 @@ def run(argv: list[str]) -> int:
 
     evaluator = Evaluator([], cfg.rollout.max_new_tokens, cfg.eval.steps,
                           score_fn=lambda responses, items: accuracy(responses, [p.label for p in items]))
-    trainer, tracker, _ = build_trainer(cfg, load_examples, run_dir, callbacks=[evaluator.periodic],
-                                        reward_fn=first_number_reward)
+    trainer = RLTrainer.from_config(cfg, reward_fn=first_number_reward, train_dataset=load_examples,
+                                    callbacks=[evaluator.periodic])
+    loop = trainer.loop
     evaluator.items, _ = tokenize_prompts(test_examples, trainer.tokenizer, cfg.data.prompt_max_len)
-    before = evaluator(trainer, 0, "before")
+    before = evaluator(loop, 0, "before")
     t_train = time.perf_counter()
-    trainer.fit()
+    loop.train()
     t_train = time.perf_counter() - t_train
-    after = evaluator(trainer, trainer.step, "after")
+    after = evaluator(loop, trainer.step, "after")
     final = trainer.save(run_dir / "final")
-    tracker.close()
+    trainer.tracker.close()
     total = time.perf_counter() - t0
     summary = {
         "before": before, "after": after,

@@ -21,15 +21,15 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.cli.train_rl import attach_scorers, make_evaluator, parse_rl_args
-from rlhfkit.config import to_dict
+from rlhfkit.api.components import attach_scorers, build_engine, load_reward, make_evaluator
+from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.errors import ConfigError
-from rlhfkit.trainers.build import build_engine, load_policy, load_reward, tokenize_prompts
+from rlhfkit.trainers.build import load_policy, tokenize_prompts
 
 
 def run(argv: list[str]) -> int:
-    cfg = parse_rl_args(argv)
+    cfg = RLConfig.from_args(argv)
     e, d = cfg.eval, cfg.data
     if not e.dataset:
         raise ConfigError("--eval.dataset is required (a .jsonl/.json/.parquet file or a datasets folder)")
@@ -49,7 +49,7 @@ def run(argv: list[str]) -> int:
     examples = load_prompts(e.dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
                             apply_chat_template=d.apply_chat_template, input_template=d.input_template,
                             max_samples=e.max_samples)
-    evaluator.items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len)
+    evaluator.items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
     metrics, rows = evaluator.evaluate(engine, tokenizer)
     out = Path(cfg.ckpt.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from rlhfkit.cli.train_rl import parse_rl_args
 from rlhfkit.config import RLConfig, validate
+from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.errors import ConfigError
@@ -102,7 +102,7 @@ def format_memory(cfg: RLConfig, mcfg: dict, prompt_tokens: int) -> list[str]:
         mcfg, param_dtype=a.dtype, compute_dtype=compute, micro_batch_size=cfg.train.micro_batch_size,
         decode_batch=min(r.max_batch_size, r.batch_size * r.n_samples_per_prompt), prompt_len=prompt_tokens,
         max_new_tokens=r.max_new_tokens, with_ref=cfg.algo.kl.init_coef > 0,
-        with_critic=cfg.algo.advantage.estimator == "gae",
+        with_critic=ESTIMATORS[cfg.algo.advantage.estimator].needs_critic,
     )
     lines = [f"parameters                     {count_params(mcfg) / 1e6:.1f}M ({a.dtype}, compute {compute})"]
     for k in ("weights", "gradients", "optimizer", "activations", "autocast", "kv_cache", "peak"):
@@ -116,7 +116,7 @@ def format_memory(cfg: RLConfig, mcfg: dict, prompt_tokens: int) -> list[str]:
 
 def run(argv: list[str]) -> int:
     argv, own = split_plan_flags(argv)
-    cfg = parse_rl_args(argv)
+    cfg = RLConfig.from_args(argv)
     batch = validate(cfg)
     num_prompts = count_prompts(cfg, own.get("num_prompts"))
     print(f"plan for {cfg.actor.model_name_or_path} ({cfg.algo.advantage.estimator}), "

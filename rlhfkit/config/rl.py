@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlhfkit.config.parse import parse_config
 from rlhfkit.errors import ConfigError
 
 # The names the trainer accepts; the math behind each lives in rlhfkit.core.
@@ -303,6 +304,8 @@ class FSDPConfig:
 
 @dataclass(frozen=True)
 class RLConfig:
+    """Every setting of `rlhfkit train rl`, one section per component (`--section.name VALUE`)."""
+
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -318,6 +321,13 @@ class RLConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+
+    @classmethod
+    def from_args(cls, argv: list[str]) -> RLConfig:
+        """Parse the CLI's flags (dotted names, OpenRLHF's flat names, --config FILE.yaml) and validate."""
+        cfg = parse_config(cls, list(argv), aliases=RL_ALIASES)
+        validate(cfg)
+        return cfg
 
 
 # OpenRLHF's older flat names, accepted as aliases of ours.

@@ -17,6 +17,25 @@ FINISH_LENGTH = "length"  # max_new_tokens (or a token budget) was reached
 
 
 @dataclass
+class PromptItem:
+    """A tokenized prompt of the dataset.
+
+      text    the string given to the tokenizer (input template or chat template applied)
+      ids     its token ids
+      label   the dataset's label value (e.g. the reference answer), None without a label key
+      raw     the dataset's prompt value before templating: a string or a list of
+              {"role", "content"} messages (reward functions of TRL's contract see this)
+      record  the whole dataset row (every column reaches the reward function by name)
+    """
+
+    text: str
+    ids: list[int]
+    label: Any = None
+    raw: Any = None
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Trajectory:
     """One sampled response to one prompt.
 

@@ -26,7 +26,7 @@ import torch
 from rlhfkit.core.passk import pass_at_k
 from rlhfkit.rewards.math import extract_answer, parse_number
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
-from rlhfkit.trainers.rl import PromptItem
+from rlhfkit.data.types import PromptItem
 
 ScoreFn = Callable[[list[str], Sequence[PromptItem]], dict[str, float]]
 # responses, their prompts -> (correct per response, answer per response for majority voting)
@@ -84,7 +84,8 @@ def reward_verifier(reward_fn, extract: Callable[[str], str | int | None] = extr
 def _call_reward(reward_fn, responses: list[str], prompts: Sequence[PromptItem]):
     texts = [p.text for p in prompts]
     return reward_fn([t + r for t, r in zip(texts, responses)], texts, [p.label for p in prompts],
-                     responses=responses)
+                     responses=responses, raw_prompts=[p.text if p.raw is None else p.raw for p in prompts],
+                     records=[p.record for p in prompts])
 
 
 def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int) -> float:

@@ -1,12 +1,13 @@
-"""Experience: what one rollout batch becomes before the update (seed 002, section 2.3).
+"""The experience stage: what one rollout batch becomes before the update.
 
 trajectories + rewards ──► old logprobs (only when needed), reference logprobs (only when the
-KL coefficient > 0), values (gae only), per-token KL ──► advantages and returns (core).
-All per-token tensors are response-aligned [N, R] (see data.batch).
+KL coefficient > 0), values (critic estimators only), per-token KL ──► advantages and returns
+(rlhfkit.core). All per-token tensors are response-aligned [N, R] (see data.batch).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -14,14 +15,21 @@ import torch
 
 from rlhfkit.core.advantages import compute_advantages
 from rlhfkit.core.kl import approx_kl
-from rlhfkit.data.batch import TokenBatch, select_rows
+from rlhfkit.data.batch import TokenBatch, collate, pad_response_values, select_rows
+from rlhfkit.data.types import Trajectory
+from rlhfkit.models import response_logprobs
+from rlhfkit.models.precision import autocast_ctx
+from rlhfkit.trainers.batching import MicroBatcher
 
 Layout = Callable[[TokenBatch, torch.Tensor], object]  # (batch, rows) -> a batch of any layout (data.packing)
+_PER_TOKEN = ("advantages", "returns", "old_logp", "ref_logp", "values", "rollout_logp")
 
 
 @dataclass
 class Experience:
-    """One rollout batch ready for training. N samples, R = longest response."""
+    """One rollout batch ready for training. N samples, R = longest response.
+
+    Tensors live on `device` (the CPU today: the trainer moves each micro-batch to the policy)."""
 
     batch: TokenBatch
     group_ids: torch.Tensor  # [N]
@@ -32,9 +40,16 @@ class Experience:
     ref_logp: torch.Tensor | None = None  # [N, R]
     values: torch.Tensor | None = None  # [N, R]
     kl: torch.Tensor | None = None  # [N, R] per-token KL estimate (policy vs reference)
+    rollout_logp: torch.Tensor | None = None  # [N, R] the engine's logprob of each token (0 off the mask)
+    versions: torch.Tensor | None = None  # [N] the policy version that generated each sample
+    token_rewards: torch.Tensor | None = None  # [N, R] per-token (process) rewards that went into advantages
 
     def __len__(self) -> int:
         return self.batch.batch_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.batch.input_ids.device
 
     def select(self, rows: torch.Tensor, layout: Layout = select_rows):
         """Sub-batch of `rows` in `layout` (padded rows by default), with the per-token tensors
@@ -45,13 +60,7 @@ class Experience:
         def cut(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x[rows, :r]
 
-        return mb, {
-            "advantages": cut(self.advantages),
-            "returns": cut(self.returns),
-            "old_logp": cut(self.old_logp),
-            "ref_logp": cut(self.ref_logp),
-            "values": cut(self.values),
-        }
+        return mb, {k: cut(getattr(self, k)) for k in _PER_TOKEN}
 
 
 @torch.no_grad()
@@ -89,13 +98,15 @@ def make_experience(
     values: Callable[[TokenBatch], torch.Tensor] | None,
     chunks: Sequence[torch.Tensor],
     layout: Layout = select_rows,
+    token_rewards: torch.Tensor | None = None,
 ) -> Experience:
     """Compute the experience of one rollout batch.
 
     `policy_logp` is None when the old-logprob forward is provably identical to the one the
     update will do (a single optimizer step per rollout batch and no KL in the reward); the
     loss then uses the current logprobs, detached, as the old ones. The three forwards share
-    their micro-batches (`chunks` of row indices, laid out by `layout`).
+    their micro-batches (`chunks` of row indices, laid out by `layout`). `token_rewards` [N, R]:
+    per-token rewards added to the scalar's (core.compute_advantages' dense_rewards).
     """
     passes = forward_passes({"old": policy_logp, "ref": ref_logp, "values": values}, batch, chunks, layout)
     old, ref, vals = passes["old"], passes["ref"], passes["values"]
@@ -114,5 +125,59 @@ def make_experience(
         kl_coef=kl_coef if kl_in_reward else 0.0,
         whiten=whiten,
         reward_clip=reward_clip,
+        dense_rewards=token_rewards,
     )
-    return Experience(batch, group_ids, rewards, advantages, returns, old, ref, vals, kl)
+    return Experience(batch, group_ids, rewards, advantages, returns, old, ref, vals, kl, token_rewards=token_rewards)
+
+
+class ExperienceMaker:
+    """Trajectories and their rewards -> `Experience`, with the forwards it needs in one autocast
+    region (`autocast`: "bfloat16" or None; the policy's bf16 weight casts are reused across
+    micro-batches).
+
+    policy, ref, critic: the modules (ref None: no KL; critic None: no values). `estimator`, `gamma`,
+    `lam`, `whiten`, `reward_clip`: core.compute_advantages' arguments. `kl_estimator`; `kl_in_reward`:
+    the KL is a per-token reward penalty (PPO style) rather than a loss term. `multi_step`: more than
+    one optimizer step per rollout batch, so the old logprobs must be computed before the first one.
+    `temperature`: the sampling temperature the logprobs are computed under."""
+
+    def __init__(self, policy: torch.nn.Module, ref: torch.nn.Module | None, critic: torch.nn.Module | None,
+                 batcher: MicroBatcher, *, estimator: str, gamma: float, lam: float, whiten: bool | str,
+                 reward_clip: tuple[float, float] | None, kl_estimator: str, kl_in_reward: bool, multi_step: bool,
+                 temperature: float, autocast: str | None):
+        self.policy, self.ref, self.critic, self.batcher = policy, ref, critic, batcher
+        self.estimator, self.gamma, self.lam, self.whiten, self.reward_clip = estimator, gamma, lam, whiten, reward_clip
+        self.kl_estimator, self.kl_in_reward, self.multi_step = kl_estimator, kl_in_reward, multi_step
+        self.temperature, self.autocast = temperature, autocast
+
+    def __call__(self, trajs: list[Trajectory], rewards: torch.Tensor, kl_coef: float,
+                 token_rewards: torch.Tensor | None = None) -> Experience:
+        """`trajs` [N] with `rewards` [N] (and `token_rewards` [N, R'] or None); `kl_coef` of this step."""
+        batch = collate(trajs, self.batcher.pad_id)
+        group_ids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
+        r = batch.response_ids.shape[1]
+        if token_rewards is not None:
+            token_rewards = torch.nn.functional.pad(token_rewards.float(), (0, r - token_rewards.shape[1]))[:, :r]
+        kl_in_reward = kl_coef > 0 and self.kl_in_reward
+        device_type = next(self.policy.parameters()).device.type
+        with autocast_ctx(self.autocast, device_type):
+            exp = make_experience(
+                batch, rewards, group_ids, estimator=self.estimator, gamma=self.gamma, lam=self.lam,
+                whiten=self.whiten, reward_clip=self.reward_clip, kl_coef=kl_coef, kl_estimator=self.kl_estimator,
+                kl_in_reward=kl_in_reward,
+                policy_logp=self.logp_of(self.policy) if self.multi_step or kl_in_reward else None,
+                ref_logp=self.logp_of(self.ref) if self.ref is not None and kl_coef > 0 else None,
+                values=self.values if self.critic is not None else None,
+                chunks=self.batcher.cut(batch, group_ids, torch.arange(len(trajs))), layout=self.batcher.layout(batch),
+                token_rewards=token_rewards,
+            )
+        return dataclasses.replace(exp, rollout_logp=pad_response_values([t.logprobs for t in trajs], r),
+                                   versions=torch.tensor([t.version for t in trajs], dtype=torch.long))
+
+    def logp_of(self, model: torch.nn.Module) -> Callable[[TokenBatch], torch.Tensor]:
+        def fn(mb: TokenBatch) -> torch.Tensor:
+            return response_logprobs(model, mb, temperature=self.temperature)[0]
+        return fn
+
+    def values(self, mb: TokenBatch) -> torch.Tensor:
+        return self.critic.response_values(mb)

@@ -10,7 +10,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from rlhfkit.api.rl import RLTrainer  # noqa: E402
 from rlhfkit.cli import train_rl  # noqa: E402
+from rlhfkit.config import RLConfig  # noqa: E402
+from rlhfkit.data.prompts import load_prompts  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "openrlhf_style_agent.py"
 
@@ -58,20 +61,21 @@ def metrics(out):
 
 
 def test_multi_turn_agent_training_raises_reward(ws, tmp_path):
-    cfg = train_rl.parse_rl_args(flags(ws, tmp_path, **{"train.max_steps": "8"}))
+    cfg = RLConfig.from_args(flags(ws, tmp_path, **{"train.max_steps": "8"}))
     seen = []
-    trainer, tracker, _ = train_rl.build_trainer(
-        cfg, lambda tok: train_rl.load_prompts(str(ws / "prompts.jsonl"), input_key="q", label_key="a"), tmp_path)
-    generate = trainer.generate
+    trainer = RLTrainer.from_config(
+        cfg, train_dataset=lambda tok: load_prompts(str(ws / "prompts.jsonl"), input_key="q", label_key="a"))
+    source = trainer.loop.source
+    generate = source.generate
 
-    def spy(prompts):
-        trajs = generate(prompts)
+    def spy(batch, upcoming=None):
+        trajs = generate(batch, upcoming)
         seen.extend(trajs)
         return trajs
 
-    trainer.generate = spy
-    history = trainer.fit()
-    tracker.close()
+    source.generate = spy
+    history = trainer.loop.train()
+    trainer.tracker.close()
     rewards = [m["reward"] for m in history]
     assert len(rewards) == 8
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3

@@ -16,7 +16,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 ray = pytest.importorskip("ray")
 
-from rlhfkit.cli import train_rl  # noqa: E402
+from rlhfkit.api.components import build_pool  # noqa: E402
+from rlhfkit.api.rl import RLTrainer  # noqa: E402
+from rlhfkit.config import RLConfig  # noqa: E402
 from rlhfkit.cli.main import main  # noqa: E402
 from rlhfkit.data.prompts import load_prompts  # noqa: E402
 
@@ -72,22 +74,21 @@ def test_sync_two_workers_and_trainer_actor_equal_single_process(ws, cluster, lo
 
 def in_process_trainer(ws, out, argv_over, delays=None):
     """The RLTrainer in this process over a RayEnginePool (`delays`: slot -> slow weight updates)."""
-    cfg = train_rl.parse_rl_args(flags(ws, out, **{"distributed.backend": "ray", "rollout.num_workers": "2",
-                                                   **argv_over}))
+    cfg = RLConfig.from_args(flags(ws, out, **{"distributed.backend": "ray", "rollout.num_workers": "2",
+                                               **argv_over}))
     d = cfg.data
 
     def load_examples(tok):
         return load_prompts(d.prompt_dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tok,
                             shuffle_seed=cfg.train.seed)
 
-    trainer, tracker, _ = train_rl.build_trainer(
-        cfg, load_examples, train_rl.prepare_run_dir(cfg),
-        make_engine=lambda policy, tok: train_rl.build_pool(cfg, policy, delays=delays))
+    trainer = RLTrainer.build(cfg, train_dataset=load_examples,
+                              make_engine=lambda policy, tok: build_pool(cfg, policy, delays=delays))
     trained = []  # the prompt ids of every trajectory the trainer trains on
-    inner = trainer.make_experience
-    trainer.make_experience = lambda trajs, rewards: (trained.extend(tuple(t.prompt_ids.tolist()) for t in trajs),
-                                                       inner(trajs, rewards))[1]
-    return cfg, trainer, tracker, trained
+    loop, inner = trainer.loop, trainer.loop.experience
+    loop.experience = lambda trajs, *args: (trained.extend(tuple(t.prompt_ids.tolist()) for t in trajs),
+                                            inner(trajs, *args))[1]
+    return cfg, trainer, trainer.tracker, trained
 
 
 def test_killed_worker_is_replaced_and_its_prompts_reissued(ws, cluster, local_run):
@@ -103,7 +104,7 @@ def test_killed_worker_is_replaced_and_its_prompts_reissued(ws, cluster, local_r
         return pending
 
     pool.submit = submit_then_kill
-    train_rl.fit(trainer, cfg)
+    trainer.loop.train()
     tracker.close()
     assert killed and trainer.engine.replaced == 1 and trainer.engine.workers[0] is not killed[0]
     assert trainer.step == 4
@@ -126,8 +127,8 @@ def test_async_never_trains_staler_than_the_bound_with_a_slow_worker(ws, cluster
         delays={1: 1.5})
     trainer.engine.patience_s = 0.5
     seen = []  # the data position a checkpoint written by a callback would store
-    trainer.callbacks.append(lambda tr, step, m: seen.append((step, tr.state_dict()["index"])))
-    history = train_rl.fit(trainer, cfg)
+    trainer.loop.callbacks.append(lambda loop, step, m: seen.append((step, loop.state_dict()["data"]["index"])))
+    history = trainer.loop.train()
     tracker.close()
     assert trainer.step == 5 and len(history) == 5
     assert all(h["staleness_max"] <= 1 for h in history)

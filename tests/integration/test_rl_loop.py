@@ -10,7 +10,9 @@ from safetensors.torch import load_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from rlhfkit.api.rl import RLTrainer  # noqa: E402
 from rlhfkit.cli import train_rl  # noqa: E402
+from rlhfkit.config import RLConfig  # noqa: E402
 from rlhfkit.cli.main import main  # noqa: E402
 
 
@@ -90,17 +92,17 @@ def _one_step_grads(ws, out, micro, **extra):
     step is sign-like and would amplify float noise in near-zero gradients)."""
     argv = base_flags(ws, out, **{"train.micro_batch_size": micro, "train.max_steps": "1",
                                   "algo.advantage.estimator": "group_norm", **extra})
-    cfg = train_rl.parse_rl_args(argv)
-    trainer, tracker, _ = train_rl.build_trainer(cfg, lambda tok: _examples(ws), out)
-    grads, step = {}, trainer.learner.step
+    trainer = RLTrainer.from_config(RLConfig.from_args(argv), train_dataset=lambda tok: _examples(ws))
+    learner = trainer.loop.update.learner
+    grads, step = {}, learner.step
 
     def capture():
         grads.update({k: p.grad.clone() for k, p in trainer.policy.named_parameters() if p.grad is not None})
         return step()
 
-    trainer.learner.step = capture
-    trainer.fit()
-    tracker.close()
+    learner.step = capture
+    trainer.loop.train()
+    trainer.tracker.close()
     return grads
 
 

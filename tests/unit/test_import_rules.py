@@ -74,3 +74,14 @@ def test_nothing_imports_cli():
         if pkg == "cli":
             continue
         assert not any(n.startswith("rlhfkit.cli") for n in imports_of(path)), f"{path} imports rlhfkit.cli"
+
+
+# The RL loop's stages take plain arguments: only rlhfkit.api maps a config to them.
+STAGES = ["trainers/rl.py", "trainers/generate.py", "trainers/scoring.py", "trainers/experience.py",
+          "trainers/update.py", "trainers/batching.py", "trainers/stream.py", "trainers/build.py"]
+
+
+@pytest.mark.parametrize("rel", STAGES)
+def test_rl_stages_import_no_config(rel):
+    names = imports_of(PKG / rel)
+    assert not any(n.startswith("rlhfkit.config") for n in names), f"{rel} imports a config module"

@@ -2,13 +2,20 @@
 groups are never lost (also when the prompts run out mid-batch), and the demo's flags keep its
 old drop-only behaviour."""
 
+import itertools
+
 import torch
 
+from rlhfkit.agents.executor import SingleTurnExecutor
+from rlhfkit.api import components as C
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
+from rlhfkit.data.types import PromptItem
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.hf import HFEngine
-from rlhfkit.trainers.rl import PromptItem, RLTrainer, StepTimer
+from rlhfkit.trainers.rl import StepTimer
+from rlhfkit.trainers.scoring import collect
+from rlhfkit.trainers.stream import PromptBatch
 
 
 def scripted_reward(queries, prompts, labels, **kwargs):
@@ -17,7 +24,7 @@ def scripted_reward(queries, prompts, labels, **kwargs):
     return RewardOutput(torch.tensor(scores), torch.tensor(scores))
 
 
-def make_trainer(labels, *flags):
+def make_loop(labels, *flags):
     argv = ["--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "3",
             "--train.batch_size", "4", "--train.micro_batch_size", "4", "--actor.autocast", "none",
             "--algo.dynamic_filtering_enable", *flags]
@@ -25,13 +32,26 @@ def make_trainer(labels, *flags):
     model, tok = tiny_model_and_tokenizer(seed=0)
     prompts = [PromptItem(f"p{i}:", tok(f"p{i}:", add_special_tokens=False)["input_ids"], lbl)
                for i, lbl in enumerate(labels)]
-    return RLTrainer(cfg, validate(cfg), model, tok, HFEngine(model, tok), scripted_reward, prompts)
+    return C.build_loop(cfg, validate(cfg), model, tok, HFEngine(model, tok), scripted_reward,
+                        C.prompt_stream(cfg, prompts), SingleTurnExecutor())
+
+
+def rollout(loop, first, rest):
+    """The collect stage on `first`, topped up from the iterator `rest` (fixed seeds)."""
+    def take(n):
+        got = list(itertools.islice(rest, n))
+        return PromptBatch(got, [7] * len(got))
+
+    got = collect(loop.source, loop.scorer, loop.group_filter, PromptBatch(list(first), [7] * len(first)), take, 2,
+                  StepTimer())
+    return got.prompts, got.trajs, got.scored.rewards, got.scored.metrics
 
 
 def test_dropped_groups_are_topped_up_from_new_prompts():
-    tr = make_trainer(["drop", "keep", "drop", "drop", "keep", "keep"])
-    first, more = tr.prompts[:2], iter(tr.prompts[2:])
-    prompts, trajs, rewards, m = tr.rollout(first, more, StepTimer())
+    loop = make_loop(["drop", "keep", "drop", "drop", "keep", "keep"])
+    ps = loop.data.prompts
+    first, more = ps[:2], iter(ps[2:])
+    prompts, trajs, rewards, m = rollout(loop, first, more)
     kept = sorted({prompts[t.group_id].text for t in trajs})
     assert kept == ["p1:", "p4:"]  # round 1 keeps p1; round 2 (p2) none; round 3 (p3) none; round 4 (p4)
     assert len(trajs) == 4 and rewards.tolist() == [0.0, 1.0, 0.0, 1.0]
@@ -40,30 +60,33 @@ def test_dropped_groups_are_topped_up_from_new_prompts():
 
 
 def test_accepted_groups_survive_when_the_prompts_run_out():
-    tr = make_trainer(["keep", "drop", "drop"])
-    prompts, trajs, _, m = tr.rollout(tr.prompts[:2], iter(tr.prompts[2:]), StepTimer())
+    loop = make_loop(["keep", "drop", "drop"])
+    ps = loop.data.prompts
+    prompts, trajs, _, m = rollout(loop, ps[:2], iter(ps[2:]))
     assert [prompts[t.group_id].text for t in trajs] == ["p0:", "p0:"] and m["filtered_groups"] == 2
 
 
 def test_max_rounds_bounds_the_top_up():
-    tr = make_trainer(["drop"] * 8, "--algo.dynamic_filtering_max_rounds", "2")
-    _, trajs, _, m = tr.rollout(tr.prompts[:2], iter(tr.prompts[2:]), StepTimer())
+    loop = make_loop(["drop"] * 8, "--algo.dynamic_filtering_max_rounds", "2")
+    ps = loop.data.prompts
+    _, trajs, _, m = rollout(loop, ps[:2], iter(ps[2:]))
     assert trajs == [] and m["dynamic_rounds"] == 2 and m["filtered_groups"] == 4  # 2 + 2 new, all dropped
 
 
 def test_the_last_round_draws_no_prompts_it_will_not_use():
-    tr = make_trainer(["drop", "drop", "keep", "keep"], "--algo.dynamic_filtering_max_rounds", "1")
-    more = iter(tr.prompts[2:])
-    _, trajs, _, m = tr.rollout(tr.prompts[:2], more, StepTimer())
+    loop = make_loop(["drop", "drop", "keep", "keep"], "--algo.dynamic_filtering_max_rounds", "1")
+    ps = loop.data.prompts
+    more = iter(ps[2:])
+    _, trajs, _, m = rollout(loop, ps[:2], more)
     assert trajs == [] and m["dynamic_rounds"] == 1
     assert next(more).text == "p2:"  # still in the stream for the next step, not silently lost
 
 
-def test_fit_trains_full_batches_across_episodes_and_stops_when_prompts_run_out():
-    tr = make_trainer(["keep", "drop", "keep", "drop"], "--train.num_episodes", "2", "--rollout.temperature", "1.0")
-    history = tr.fit()
+def test_train_trains_full_batches_across_episodes_and_stops_when_prompts_run_out():
+    loop = make_loop(["keep", "drop", "keep", "drop"], "--train.num_episodes", "2", "--rollout.temperature", "1.0")
+    history = loop.train()
     # 2 episodes x 4 prompts, 2 keep per episode; each step needs 2 kept groups
-    assert [m["filtered_groups"] for m in history] == [2.0, 2.0] and tr.step == 2
+    assert [m["filtered_groups"] for m in history] == [2.0, 2.0] and loop.step == 2
     assert all(m["optimizer_steps"] == 1.0 for m in history)
 
 
@@ -79,15 +102,17 @@ def test_demo_flags_keep_the_drop_all_equal_behaviour():
 
 
 def test_single_turn_generate_is_the_engines_generate():
-    tr = make_trainer(["keep", "keep"], "--train.seed", "7", "--rollout.temperature", "1.0")
-    via_trainer = tr.generate(tr.prompts)
-    engine = HFEngine(tr.policy, tr.tokenizer)
+    loop = make_loop(["keep", "keep"], "--train.seed", "7", "--rollout.temperature", "1.0")
+    prompts = loop.data.prompts
+    via_trainer = loop.source.generate(loop.data.take(2))
+    engine = HFEngine(loop.policy, loop.tokenizer)
     from rlhfkit.rollout.base import SamplingParams
 
     params = SamplingParams(max_new_tokens=3, temperature=1.0, n=2)
-    # the trainer draws one seed per prompt from its sample_gen (seeded with --train.seed)
-    seeds = torch.randint(0, 2**62, (len(tr.prompts),), generator=torch.Generator().manual_seed(7)).tolist()
-    direct = engine.generate([p.ids for p in tr.prompts], params, seeds=seeds)
+    # the stream draws one seed per prompt from its sample_gen (seeded with --train.seed), in its shuffled order
+    seeds = torch.randint(0, 2**62, (len(prompts),), generator=torch.Generator().manual_seed(7)).tolist()
+    order = torch.randperm(2, generator=torch.Generator().manual_seed(8)).tolist()
+    direct = engine.generate([prompts[i].ids for i in order], params, seeds=seeds)
     assert [t.response_ids.tolist() for t in via_trainer] == [t.response_ids.tolist() for t in direct]
     assert all(torch.equal(a.logprobs, b.logprobs) and a.group_id == b.group_id for a, b in zip(via_trainer, direct))
 
@@ -95,9 +120,10 @@ def test_single_turn_generate_is_the_engines_generate():
 def test_overlong_penalty_under_its_reward_flag():
     from rlhfkit.data.types import Trajectory
 
-    tr = make_trainer(["drop", "drop"], "--reward.overlong_buffer_len", "2", "--reward.overlong_penalty_factor", "0.5")
+    loop = make_loop(["drop", "drop"], "--reward.overlong_buffer_len", "2", "--reward.overlong_penalty_factor", "0.5")
     trajs = [Trajectory(torch.tensor([5]), torch.tensor([6] * n), torch.ones(n, dtype=torch.bool), torch.zeros(n),
                         "stop", 0, group_id=0) for n in (1, 2, 3)]
-    rewards, scores, m = tr.score(tr.prompts, trajs)
+    scored = loop.scorer(loop.data.prompts, trajs)
+    rewards, scores, m = scored.rewards, scored.scores, scored.metrics
     # max_new_tokens 3, buffer 2: lengths 1, 2, 3 -> penalties 0, -0.25, -0.5 on reward 1
     assert rewards.tolist() == [1.0, 0.75, 0.5] and scores.tolist() == [1.0, 1.0, 1.0]

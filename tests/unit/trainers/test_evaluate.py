@@ -13,7 +13,7 @@ from rlhfkit.trainers.evaluate import (
     reward_verifier,
     task_metrics,
 )
-from rlhfkit.trainers.rl import PromptItem
+from rlhfkit.data.types import PromptItem
 
 
 def test_maj_at_k_blocks_ties_and_missing_answers():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlhfkit.trainers.learner import Learner, lr_lambda
-from rlhfkit.trainers.rl import RunningMoments
+from rlhfkit.trainers.scoring import RunningMoments
 
 
 def test_warmup_then_cosine_with_min_lr():

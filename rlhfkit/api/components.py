@@ -1,0 +1,291 @@
+"""Config -> components: the one place that reads an `RLConfig` and builds what the RL loop's stages
+take as plain arguments (models, engine, reward, agent, stages, run folder, loggers)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor, load_agent_file
+from rlhfkit.agents.executor import TokenBudget
+from rlhfkit.config import RLConfig, to_dict
+from rlhfkit.config.rl import BatchPlan, RewardConfig
+from rlhfkit.core.advantages import ESTIMATORS
+from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
+from rlhfkit.core.losses import POLICY_LOSSES
+from rlhfkit.distributed import fsdp
+from rlhfkit.errors import ConfigError
+from rlhfkit.models import Critic
+from rlhfkit.models.compile import CompiledLayers
+from rlhfkit.models.precision import DTYPES
+from rlhfkit.models.reward import is_reward_model_folder
+from rlhfkit.rewards.resolve import resolve_reward
+from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.tracking.metrics import drop_steps_after
+from rlhfkit.tracking.run import RunTracker
+from rlhfkit.tracking.wandb_writer import WandbWriter
+from rlhfkit.trainers.batching import MicroBatcher
+from rlhfkit.trainers.build import load_policy, resolve_model
+from rlhfkit.trainers.checkpoint import Checkpointer, latest_good, list_checkpoints
+from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn, reward_verifier
+from rlhfkit.trainers.experience import ExperienceMaker
+from rlhfkit.trainers.generate import Generate
+from rlhfkit.trainers.learner import Learner
+from rlhfkit.trainers.reward_model import RewardModelFn
+from rlhfkit.trainers.rl import RLLoop
+from rlhfkit.trainers.scoring import GroupFilter, Scorer
+from rlhfkit.trainers.stream import PromptStream
+from rlhfkit.trainers.update import LossSettings, PolicyUpdate
+
+log = logging.getLogger("rlhfkit")
+_PKG = Path(__file__).resolve().parents[1]
+BUILTIN_AGENTS = {"builtin:calculator": _PKG / "agents" / "envs" / "calculator.py",
+                  "builtin:guess": _PKG / "agents" / "envs" / "guess.py"}
+WHITEN = {"true": True, "mean": "mean", "false": False}
+STEP_LOGS = ("metrics.jsonl", "samples.jsonl")
+
+
+# ------------------------------------------------------------------ rewards, agents, models, engines
+def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8):
+    """A reward file, builtin:NAME, http(s) reward server URL(s), or a reward-model folder
+    (--reward.model_name_or_path) -> a RewardFn. A local function must return within
+    --reward.timeout seconds; a server request within --reward.request_timeout."""
+    r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=reward)
+    url, model_path = r.remote_url, r.model_name_or_path
+    if url is not None and model_path is not None:
+        raise ConfigError("--reward.remote_url and --reward.model_name_or_path are both set; choose one")
+    if model_path is not None:
+        return RewardModelFn(model_path, micro_batch_size=micro_batch_size)
+    if url is None:
+        raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func), builtin:math, "
+                          "http://HOST:PORT/get_reward, --reward.model_name_or_path RM_FOLDER, "
+                          "or an agent with --agent.func_path")
+    return resolve_reward(url, timeout=r.timeout, remote_options=remote_options(r))
+
+
+def remote_options(r: RewardConfig) -> dict:
+    """RemoteRewardFn's settings from --reward.*."""
+    return dict(timeout=r.request_timeout, max_retries=r.max_retries, batch_size=r.request_batch_size,
+                token=r.auth_token)
+
+
+def build_executor(cfg: RLConfig) -> SingleTurnExecutor | MultiTurnExecutor:
+    """The agent of --agent.func_path (a file or builtin:NAME), else single-turn generation."""
+    path = cfg.agent.func_path
+    if path is None:
+        return SingleTurnExecutor()
+    return load_agent_file(BUILTIN_AGENTS.get(path, path))
+
+
+def build_models(cfg: RLConfig):
+    """Policy, tokenizer, frozen reference (only if the KL coefficient > 0) and critic (only for an
+    estimator that needs one)."""
+    torch.manual_seed(cfg.train.seed)
+    policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    ref = None
+    if cfg.algo.kl.init_coef > 0:
+        if cfg.ref.model_name_or_path:
+            ref, _ = load_policy(cfg.ref.model_name_or_path, cfg.actor.dtype)
+        else:
+            ref = copy.deepcopy(policy)
+        ref.eval().requires_grad_(False)
+    critic = None
+    if ESTIMATORS[cfg.algo.advantage.estimator].needs_critic:
+        path, _ = resolve_model(cfg.critic.model_name_or_path or cfg.actor.model_name_or_path)
+        critic = Critic.from_reward_model(path) if is_reward_model_folder(path) else Critic.from_causal_lm(path)
+    return policy, tokenizer, ref, critic
+
+
+def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
+    """--rollout.engine hf: an HFEngine sharing the policy module (weight sync is a version bump,
+    no copy). vllm: a VLLMEngine on the actor's HF folder that pulls `state_fn()` (default: the
+    policy's state dict) at every weight sync."""
+    if cfg.rollout.engine == "vllm":
+        return build_vllm_engine(policy, tokenizer, cfg, state_fn or policy.state_dict)
+    amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
+    return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
+                    inference_mode=not cfg.fsdp.enable)
+
+
+def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
+    from rlhfkit.rollout.hf import _eos_ids  # noqa: PLC0415
+    from rlhfkit.rollout.vllm import VLLMEngine, require_vllm  # noqa: PLC0415
+
+    require_vllm()
+    path, gguf = resolve_model(cfg.actor.model_name_or_path)
+    if gguf is not None:
+        raise ConfigError(f"--rollout.engine vllm needs an HF model folder, not the GGUF file {gguf}; convert it "
+                          "once (e.g. --actor.model_name_or_path smollm2 does) or use --rollout.engine hf")
+    v = cfg.vllm
+    return VLLMEngine(path, _eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
+                      seed=cfg.train.seed, gpu_memory_utilization=v.gpu_memory_utilization,
+                      enable_sleep=v.enable_sleep, tensor_parallel_size=v.tensor_parallel_size,
+                      state_fn=state_fn, auto_sleep=v.enable_sleep)
+
+
+def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
+    """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running).
+    `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back)."""
+    from rlhfkit.distributed.launch import worker_factory  # noqa: PLC0415
+    from rlhfkit.distributed.pool import RayEnginePool  # noqa: PLC0415
+
+    path, gguf = resolve_model(cfg.actor.model_name_or_path)
+    make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
+                          cfg.distributed.num_gpus_per_worker, delays)
+    return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not cfg.train.async_enable)
+
+
+def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
+    """FSDP2-shard the policy and reference across `world` torchrun processes; returns the vLLM
+    engine's weight source (the gathered full state, on every rank)."""
+    c = cfg.ckpt
+    fsdp.check_fsdp_settings(world, cfg.train.batch_size, critic is not None, c.save_steps > 0 or c.load_enable,
+                             cfg.algo.dynamic_filtering_enable, cfg.train.dynamic_batch_enable)
+    for model in (policy, ref):
+        if model is not None:
+            fsdp.shard_model(model, world, cfg.fsdp.mixed_precision)
+    return lambda: fsdp.full_state_dict(policy, rank0_only=False)
+
+
+# ------------------------------------------------------------------ the stages and the loop
+def token_budget(cfg: RLConfig, multi_turn: bool) -> TokenBudget:
+    r, g = cfg.rollout, cfg.agent
+    if not multi_turn:
+        return TokenBudget(r.max_new_tokens, r.max_new_tokens, 1)
+    return TokenBudget(r.max_new_tokens, g.max_response_tokens or r.max_new_tokens * g.max_turns, g.max_turns)
+
+
+def sampling_params(cfg: RLConfig) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids))
+
+
+def total_rl_steps(cfg: RLConfig, rollouts_per_episode: int) -> int:
+    total = rollouts_per_episode * cfg.train.num_episodes
+    return total if cfg.train.max_steps is None else min(total, cfg.train.max_steps)
+
+
+def prompt_stream(cfg: RLConfig, prompts) -> PromptStream:
+    """The prompts in training order, with the run's seeded shuffle and sampling generators."""
+    t = cfg.train
+    return PromptStream(prompts, cfg.rollout.batch_size, t.num_episodes, torch.Generator().manual_seed(t.seed + 1),
+                        torch.Generator().manual_seed(t.seed))
+
+
+def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward_fn, data: PromptStream, executor, *,
+               ref=None, critic=None, tracker=None, callbacks=(), dp: tuple[int, int] = (0, 1)) -> RLLoop:
+    """The RL loop's stages from `cfg`, around already built models, engine, reward and prompt stream
+    (the update's epochs shuffle with the stream's generator, as one seeded order of draws)."""
+    a, c, t, r, w, k = cfg.actor, cfg.critic, cfg.train, cfg.rollout, cfg.reward, cfg.algo.kl
+    multi = executor.provides_rewards
+    budget = token_budget(cfg, multi)
+    total_steps = total_rl_steps(cfg, data.rollouts_per_episode)
+    opt_steps = total_steps * plan.optimizer_steps_per_rollout
+    schedule = dict(total_steps=opt_steps, warmup_steps=int(a.lr_warmup_ratio * opt_steps), scheduler=a.lr_scheduler,
+                    min_lr_ratio=a.min_lr_ratio, max_consecutive_skips=t.max_skipped_steps)
+    learner = Learner(policy, a.adam.lr, a.adam.betas, a.adam.eps, a.adam.weight_decay, max_norm=a.max_norm,
+                      ema_beta=a.ema_beta, **schedule)
+    critic_learner = None if critic is None else Learner(
+        critic, c.adam.lr, c.adam.betas, c.adam.eps, c.adam.weight_decay, max_norm=c.max_norm, name="critic",
+        **schedule)
+    batcher = MicroBatcher(tokenizer.pad_token_id, t.micro_batch_size,
+                           t.max_tokens_per_micro_batch if t.dynamic_batch_enable else None, t.shared_prefix_enable)
+    temperature = r.temperature or 1.0
+    adv = cfg.algo.advantage
+    experience = ExperienceMaker(
+        policy, ref, critic, batcher, estimator=adv.estimator, gamma=adv.gamma, lam=adv.lambd,
+        whiten=WHITEN[adv.whiten], reward_clip=w.clip_range, kl_estimator=k.estimator, kl_in_reward=not k.use_loss,
+        multi_step=plan.optimizer_steps_per_rollout > 1, temperature=temperature, autocast=a.autocast)
+    lo, hi = a.eps_clip_low_high
+    losses = LossSettings(eps_low=lo, eps_high=hi, dual_clip=a.dual_clip,
+                          ratio_level=POLICY_LOSSES[a.policy_loss_type].ratio_level, agg=a.loss_agg_mode,
+                          entropy_coef=a.entropy_coef, kl_loss=k.use_loss, kl_estimator=k.estimator,
+                          value_clip=c.value_clip, temperature=temperature, max_len=budget.total)
+    update = PolicyUpdate(policy, learner, batcher, losses, batch_size=t.batch_size, max_epochs=t.max_epochs,
+                          shuffle_gen=data.shuffle_gen, autocast=a.autocast, critic=critic, critic_learner=critic_learner,
+                          dp=dp, compiled=CompiledLayers(policy) if t.compile_enable else None)
+    scorer = Scorer(None if multi else reward_fn, tokenizer, budget.total,
+                    None if w.overlong_buffer_len is None else (w.overlong_buffer_len, w.overlong_penalty_factor),
+                    w.normalize)
+    f = cfg.algo
+    group_filter = GroupFilter(f.dynamic_filtering_enable, f.dynamic_filtering_range, f.dynamic_filtering_max_rounds)
+    kl_ctl = AdaptiveKLController(k.init_coef, k.target, k.horizon) if k.target is not None else FixedKLController(
+        k.init_coef)
+    params = sampling_params(cfg)
+    if t.async_enable:
+        from rlhfkit.distributed.async_loop import Prefetch  # noqa: PLC0415
+
+        source = Prefetch(engine, params, t.max_staleness)
+    else:
+        source = Generate(executor, engine, tokenizer, params, budget)
+    return RLLoop(data, source, engine, scorer, group_filter, experience, update, kl_ctl, total_steps=total_steps,
+                  max_staleness=t.max_staleness, tokenizer=tokenizer, tracker=tracker,
+                  log_samples=cfg.logger.log_samples, callbacks=callbacks)
+
+
+# ------------------------------------------------------------------ run folder, loggers, checkpoints, eval
+def prepare_run_dir(cfg: RLConfig, rank: int = 0) -> Path:
+    """The run folder; under torchrun, ranks other than 0 log their own metrics in <output_dir>/rankN."""
+    run_dir = Path(cfg.ckpt.output_dir) if rank == 0 else Path(cfg.ckpt.output_dir) / f"rank{rank}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    return run_dir
+
+
+def extra_writers(cfg: RLConfig, run_dir: Path) -> tuple:
+    """A WandbWriter when --logger.wandb.project is given (and the mode is not disabled)."""
+    w = cfg.logger.wandb
+    if not w.project or w.mode == "disabled":
+        return ()
+    return (WandbWriter(w.project, run_dir, name=w.name, mode=w.mode, group=w.group, config=to_dict(cfg)),)
+
+
+def run_tracker(cfg: RLConfig, run_dir: Path, total_steps: int, resume_step: int | None) -> RunTracker:
+    return RunTracker(run_dir, cfg.logger.tensorboard_dir, total_steps, cfg.logger.progress_bar,
+                      purge_step=None if resume_step is None else resume_step + 1, writers=extra_writers(cfg, run_dir))
+
+
+def setup_checkpoints(cfg: RLConfig, run_dir: Path) -> tuple[Checkpointer, tuple[Path, int] | None]:
+    """The run's Checkpointer and (folder, step) of the checkpoint to resume from (None: start fresh).
+    On resume the step-indexed logs (metrics.jsonl, samples.jsonl) are cut back to the checkpoint's
+    step, so the steps that are trained again are not logged twice."""
+    root = run_dir / "checkpoints"
+    ckpt = Checkpointer(root, cfg.ckpt.save_steps, cfg.ckpt.max_num)
+    if not cfg.ckpt.load_enable:
+        if cfg.ckpt.save_steps > 0 and list_checkpoints(root):
+            raise ConfigError(
+                f"{root} already holds checkpoints of an earlier run; pass --ckpt.load_enable true to resume "
+                "it, or choose another --ckpt.output_dir"
+            )
+        return ckpt, None
+    resume = latest_good(root)
+    if resume is None:
+        log.warning("--ckpt.load_enable: no checkpoint in %s yet; starting from scratch", root)
+        return ckpt, None
+    for name in STEP_LOGS:
+        dropped = drop_steps_after(run_dir / name, resume[1])
+        if dropped:
+            log.warning("%s: dropped %d lines logged after step %d (they are trained again)", name, dropped, resume[1])
+    return ckpt, resume
+
+
+def make_evaluator(cfg: RLConfig) -> Evaluator:
+    """The --eval.* settings as an Evaluator without prompts (set `.items` and the scorers later)."""
+    e = cfg.eval
+    return Evaluator([], cfg.rollout.max_new_tokens, e.steps, score_fn=None, n_samples=e.n_samples,
+                     temperature=e.temperature, ks=e.k, seed=cfg.train.seed)
+
+
+def attach_scorers(evaluator: Evaluator, cfg: RLConfig, reward_fn) -> None:
+    """Training reward -> eval/reward, eval/accuracy; --eval.verifier (default: the training reward)
+    -> eval/pass@k, eval/maj@k."""
+    if reward_fn is not None:
+        evaluator.score_fn = reward_score_fn(reward_fn)
+    verifier = load_reward(cfg.eval.verifier) if cfg.eval.verifier else reward_fn
+    evaluator.verifier = reward_verifier(verifier) if verifier is not None else None

@@ -1,0 +1,217 @@
+"""`rlhfkit.RLTrainer`: the RL trainer as a library object.
+
+    cfg = rlhfkit.RLConfig.from_args(["--actor.model_name_or_path", path, ...])   # the CLI's flags
+    trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=my_reward, train_dataset=rows)
+    metrics = trainer.train()      # the run folder as `rlhfkit train rl` writes it; final metrics
+    trainer.save("out/final")      # an HF folder
+
+`from_config` maps the config to the loop's stages (rlhfkit.api.components); explicit arguments
+win over config paths (`reward_fn` over --reward.*, `train_dataset` over --data.prompt_dataset,
+`eval_dataset` over --eval.dataset). With --distributed.backend ray the whole run happens in a
+trainer actor of a Ray cluster (started here when no --distributed.address is given).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhfkit.api import components as C
+from rlhfkit.config import RLConfig
+from rlhfkit.config.rl import validate
+from rlhfkit.data.prompts import load_prompts
+from rlhfkit.distributed import fsdp
+from rlhfkit.errors import ConfigError
+from rlhfkit.rewards.resolve import resolve_reward
+from rlhfkit.rollout.vllm import require_vllm
+from rlhfkit.trainers.build import tokenize_prompts
+from rlhfkit.trainers.rl import RLLoop
+
+
+def load_examples_fn(cfg: RLConfig, dataset, max_samples: int | None) -> Callable:
+    """tokenizer -> PromptExamples of `dataset`: a path (a .jsonl/.json/.parquet file, a datasets folder),
+    a list of dicts, a datasets.Dataset, or already a function of the tokenizer returning PromptExamples."""
+    if callable(dataset):
+        return dataset
+    d = cfg.data
+
+    def load(tokenizer):
+        return load_prompts(dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
+                            apply_chat_template=d.apply_chat_template, input_template=d.input_template,
+                            max_samples=max_samples, shuffle_seed=cfg.train.seed)
+
+    return load
+
+
+class RLTrainer:
+    """An RL run: the loop, its run folder, loggers, checkpoints and evaluation. Build it with
+    `from_config`; `train()` runs it, `save(path)` writes the policy as an HF folder."""
+
+    def __init__(self, cfg: RLConfig, loop: RLLoop, run_dir: Path, tracker, evaluator, checkpointer,
+                 resume: tuple[Path, int] | None = None, skipped: int = 0, dp: tuple[int, int] = (0, 1),
+                 reward_fn=None):
+        self.cfg, self.loop, self.run_dir, self.tracker = cfg, loop, run_dir, tracker
+        self.evaluator, self.checkpointer, self.resume, self.skipped, self.dp = evaluator, checkpointer, resume, skipped, dp
+        self.reward_fn = reward_fn
+
+    # the pieces a notebook looks at
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self.loop.policy
+
+    @property
+    def tokenizer(self):
+        return self.loop.tokenizer
+
+    @property
+    def engine(self):
+        return self.loop.engine
+
+    @property
+    def step(self) -> int:
+        return self.loop.step
+
+    @classmethod
+    def from_config(cls, cfg: RLConfig, reward_fn: Any = None, train_dataset: Any = None, eval_dataset: Any = None,
+                    *, reward_weights: Sequence[float] | None = None, callbacks: Sequence[Callable] = (),
+                    make_engine: Callable | None = None) -> RLTrainer | RayRLTrainer:
+        """Build the run of `cfg`.
+
+        reward_fn: a Python callable (OpenRLHF's `reward_func(queries, prompts, labels, **kwargs)` or
+          TRL's `reward(completions, **kwargs)`), a reward file, builtin:math, a reward server URL, or a
+          list of them (summed with `reward_weights`); None: --reward.remote_url / --reward.model_name_or_path.
+        train_dataset: a list of dicts, a datasets.Dataset, a path (None: --data.prompt_dataset), with
+          --data.input_key / --data.label_key; prompts are strings or message lists.
+        eval_dataset: likewise (None: --eval.dataset if set).
+        callbacks: `cb(loop, step, metrics)` after each step (besides evaluation and checkpoints).
+        make_engine: `(policy, tokenizer) -> engine` instead of the one the config builds (tests)."""
+        validate(cfg)
+        if cfg.distributed.backend == "ray":
+            if make_engine is not None or callbacks:
+                raise ConfigError("--distributed.backend ray builds its engines and callbacks in the trainer actor; "
+                                  "drop make_engine / callbacks")
+            return RayRLTrainer(cfg, dict(reward_fn=reward_fn, train_dataset=train_dataset,
+                                          eval_dataset=eval_dataset, reward_weights=reward_weights))
+        return cls.build(cfg, reward_fn, train_dataset, eval_dataset, reward_weights=reward_weights,
+                         callbacks=callbacks, make_engine=make_engine)
+
+    @classmethod
+    def build(cls, cfg: RLConfig, reward_fn=None, train_dataset=None, eval_dataset=None, *, reward_weights=None,
+              callbacks: Sequence[Callable] = (), make_engine: Callable | None = None, pool=None) -> RLTrainer:
+        """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool)."""
+        plan = validate(cfg)
+        train_dataset = train_dataset if train_dataset is not None else cfg.data.prompt_dataset
+        if train_dataset is None:
+            raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "
+                              "file or a datasets folder)")
+        eval_dataset = eval_dataset if eval_dataset is not None else cfg.eval.dataset
+        if eval_dataset is not None and cfg.agent.func_path:
+            raise ConfigError("--eval.dataset is single-turn greedy evaluation; it does not run agents yet "
+                              "(drop --eval.dataset or --agent.func_path)")
+        if cfg.train.num_threads:
+            torch.set_num_threads(cfg.train.num_threads)
+        if cfg.rollout.engine == "vllm":  # fail fast, before models load
+            require_vllm()
+        rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
+        run_dir = C.prepare_run_dir(cfg, rank)
+        executor = C.build_executor(cfg)
+        if reward_fn is not None:
+            reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
+                                       remote_options=C.remote_options(cfg.reward))
+        elif not executor.provides_rewards:  # an agent's step() gives the rewards
+            reward_fn = C.load_reward(cfg.reward, cfg.train.micro_batch_size)
+        policy, tokenizer, ref, critic = C.build_models(cfg)
+        state_fn = C.shard_for_fsdp(cfg, policy, ref, critic, world) if cfg.fsdp.enable else None
+        if make_engine is not None:
+            engine = make_engine(policy, tokenizer)
+        elif pool is not None:
+            engine = pool(policy)
+        else:
+            engine = C.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
+        d = cfg.data
+        examples = load_examples_fn(cfg, train_dataset, d.max_samples)(tokenizer)
+        prompts, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
+        data = C.prompt_stream(cfg, prompts)
+        evaluator = C.make_evaluator(cfg)
+        checkpointer, resume = C.setup_checkpoints(cfg, run_dir)
+        tracker = C.run_tracker(cfg, run_dir, C.total_rl_steps(cfg, data.rollouts_per_episode),
+                                resume[1] if resume else None)
+        loop = C.build_loop(cfg, plan, policy, tokenizer, engine, reward_fn, data, executor, ref=ref, critic=critic,
+                            tracker=tracker, callbacks=[evaluator.periodic, checkpointer.periodic, *callbacks],
+                            dp=(rank, world))
+        if eval_dataset is not None:
+            eval_examples = load_examples_fn(cfg, eval_dataset, cfg.eval.max_samples)(tokenizer)
+            evaluator.items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
+            C.attach_scorers(evaluator, cfg, reward_fn)
+        return cls(cfg, loop, run_dir, tracker, evaluator, checkpointer, resume, skipped, (rank, world), reward_fn)
+
+    def train(self) -> dict[str, float]:
+        """Resume (with --ckpt.load_enable), evaluate, train, evaluate, save `final/` (and `ema/`), close the
+        loggers. Returns the last step's metrics merged with the final evaluation's."""
+        t0, loop = time.perf_counter(), self.loop
+        if self.resume:
+            self.checkpointer.load(loop, self.resume[0])
+            print(f"resumed from {self.resume[0]} (step {loop.step} of {loop.total_steps})")
+        if self.skipped:
+            print(f"skipped {self.skipped} prompts longer than --data.prompt_max_len {self.cfg.data.prompt_max_len} "
+                  "tokens")
+        if loop.step == 0:
+            self.evaluator(loop, 0)
+        history = loop.train()
+        final_eval = self.evaluator(loop, loop.step)
+        if self.cfg.fsdp.enable:  # gathered on rank 0, written to <output_dir>/final
+            final = fsdp.save_full(loop.policy, loop.tokenizer, Path(self.cfg.ckpt.output_dir) / "final", self.dp[0])
+        else:
+            final = loop.save(self.run_dir / "final")
+            ema = loop.save_ema(self.run_dir / "ema")
+            if ema is not None:
+                print(f"EMA of the policy (--actor.ema_beta {self.cfg.actor.ema_beta}) saved to {ema}")
+        self.tracker.close()
+        if self.cfg.fsdp.enable:
+            fsdp.finish()
+        print(f"done in {time.perf_counter() - t0:.0f}s: {loop.step} steps; model saved to {final}")
+        return {**(history[-1] if history else {}), **final_eval}
+
+    def save(self, path: str | Path) -> Path:
+        """The policy as an HF folder (safetensors + tokenizer) at `path`."""
+        return self.loop.save(path)
+
+
+def _train_in_actor(cfg: RLConfig, kwargs: dict) -> dict[str, float]:
+    """A Ray trainer actor's whole run: rollout workers, build, train (the final model in <output_dir>/final)."""
+    return RLTrainer.build(cfg, **kwargs, pool=lambda policy: C.build_pool(cfg, policy)).train()
+
+
+class RayRLTrainer:
+    """`RLTrainer.from_config` with --distributed.backend ray: `train()` runs the whole run in a trainer
+    actor (rollout workers beside it) and returns its final metrics; `save(path)` copies `final/`."""
+
+    def __init__(self, cfg: RLConfig, kwargs: dict):
+        self.cfg, self.kwargs, self.final = cfg, kwargs, None
+
+    def train(self) -> dict[str, float]:
+        from rlhfkit.distributed.launch import run_in_trainer_actor, start_ray  # noqa: PLC0415
+
+        d, run_dir = self.cfg.distributed, Path(self.cfg.ckpt.output_dir)
+        started = start_ray(d.address, d.num_cpus or self.cfg.rollout.num_workers + 1, run_dir / "ray")
+        try:
+            metrics = run_in_trainer_actor(_train_in_actor, (self.cfg, self.kwargs), self.cfg.train.num_threads,
+                                           d.num_gpus_trainer)
+        finally:
+            if started:
+                import ray  # noqa: PLC0415
+
+                ray.shutdown()
+        self.final = run_dir / "final"
+        return metrics
+
+    def save(self, path: str | Path) -> Path:
+        if self.final is None:
+            raise ConfigError("save() after train(): the Ray run writes its model in the trainer actor")
+        shutil.copytree(self.final, path, dirs_exist_ok=True)
+        return Path(path)

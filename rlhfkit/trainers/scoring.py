@@ -1,0 +1,201 @@
+"""The score stage: trajectories -> rewards (reward function or agent), DAPO overlong shaping,
+running normalisation; and DAPO dynamic filtering of whole groups.
+
+`collect` runs generate -> score -> filter rounds for one rollout batch: with dynamic filtering,
+new prompts replace dropped groups until the batch holds `want` groups (Yu et al. 2025,
+arXiv:2503.14476, "dynamic sampling").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rlhfkit.agents.executor import agent_rewards, drift_count
+from rlhfkit.core.filtering import keep_groups_in_range
+from rlhfkit.core.shaping import overlong_penalty
+from rlhfkit.data.types import PromptItem, Trajectory
+from rlhfkit.trainers.generate import RolloutSource, Upcoming
+from rlhfkit.trainers.stream import PromptBatch
+
+
+class RunningMoments:
+    """Running mean and std of rewards (Welford/Chan merge), for --reward.normalize."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def update(self, x: torch.Tensor) -> None:
+        n = x.numel()
+        if n == 0:
+            return
+        mean, var = float(x.mean()), float(x.var(unbiased=False))
+        delta, total = mean - self.mean, self.count + n
+        self.mean += delta * n / total
+        self.m2 += var * n + delta**2 * self.count * n / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count, self.mean, self.m2 = state["count"], state["mean"], state["m2"]
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / self.count) if self.count > 0 else 1.0
+
+
+@dataclass
+class Scored:
+    """What the score stage gives the experience stage, for B trajectories.
+
+    rewards         FloatTensor [B]     scalar reward after shaping and normalisation
+    scores          FloatTensor [B]     what dynamic filtering and accuracy look at (before shaping)
+    token_rewards   FloatTensor [B, R] or None   per-token rewards at response positions (process
+                                        rewards); None: scalar rewards only
+    metrics         dict                reward, reward_extra/<name>, overlong_penalty
+    """
+
+    rewards: torch.Tensor
+    scores: torch.Tensor
+    token_rewards: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Scorer:
+    """Rewards of trajectories: `reward_fn` (None: the agent's episodes carry their rewards),
+    `overlong` = (buffer_len, penalty_factor) of DAPO's overlong shaping against `max_len`
+    response tokens (None: off), `normalize`: by the running mean and std of all rewards so far."""
+
+    def __init__(self, reward_fn: Callable | None, tokenizer, max_len: int,
+                 overlong: tuple[int, float] | None = None, normalize: bool = False):
+        self.reward_fn, self.tokenizer, self.max_len = reward_fn, tokenizer, max_len
+        self.overlong, self.normalize = overlong, normalize
+        self.moments = RunningMoments()
+
+    def __call__(self, prompts: list[PromptItem], trajs: list[Trajectory]) -> Scored:
+        """`prompts[t.group_id]` is the prompt of trajectory t."""
+        lengths = torch.tensor([t.response_length for t in trajs], dtype=torch.float32)
+        out = agent_rewards(trajs) if self.reward_fn is None else self.call_reward_fn(prompts, trajs, lengths)
+        rewards, scores = out.rewards.float().clone(), out.scores.float()
+        # nanmean: a function of a list that returned None for a sample logs NaN there (TRL's "not applicable")
+        metrics = {f"reward_extra/{k}": float(v.float().nanmean()) for k, v in out.extra_logs.items()}
+        metrics["reward"] = float(rewards.mean())
+        if self.overlong is not None:
+            penalty = overlong_penalty(lengths, self.max_len, *self.overlong)
+            rewards = rewards + penalty
+            metrics["overlong_penalty"] = float(penalty.mean())
+        if self.normalize:
+            self.moments.update(rewards)
+            rewards = (rewards - self.moments.mean) / (self.moments.std + 1e-8)
+        return Scored(rewards, scores, metrics=metrics)
+
+    def call_reward_fn(self, prompts: list[PromptItem], trajs: list[Trajectory], lengths: torch.Tensor):
+        """queries as OpenRLHF builds them (prompt + response with special tokens); `responses` is the
+        generated text alone, without special tokens; the dataset's raw prompts and rows ride along."""
+        ids = [t.response_ids.tolist() for t in trajs]
+        raw = self.tokenizer.batch_decode(ids, skip_special_tokens=False)
+        responses = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        mine = [prompts[t.group_id] for t in trajs]
+        texts = [p.text for p in mine]
+        return self.reward_fn(
+            [p + r for p, r in zip(texts, raw)], texts, [p.label for p in mine], responses=responses,
+            response_lengths=lengths, group_ids=torch.tensor([t.group_id for t in trajs]), completion_ids=ids,
+            raw_prompts=[p.text if p.raw is None else p.raw for p in mine], records=[p.record for p in mine],
+        )
+
+    def state_dict(self) -> dict:
+        return self.moments.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.moments.load_state_dict(state)
+
+
+@dataclass(frozen=True)
+class GroupFilter:
+    """DAPO dynamic filtering: keep a group when low < its mean score < high (off: keep all)."""
+
+    enabled: bool = False
+    score_range: tuple[float, float] = (0.0, 1.0)
+    max_rounds: int = 1
+
+    def __call__(self, trajs: list[Trajectory], scored: Scored) -> tuple[list[Trajectory], Scored, int]:
+        """(kept trajectories, their part of `scored`, number of groups dropped)."""
+        if not self.enabled:
+            return trajs, scored, 0
+        keep, dropped = keep_groups_in_range(torch.tensor([t.group_id for t in trajs]), scored.scores,
+                                             *self.score_range)
+        idx = keep.nonzero().flatten()
+        kept = Scored(scored.rewards[keep], scored.scores[keep],
+                      None if scored.token_rewards is None else scored.token_rewards[keep], scored.metrics)
+        return [trajs[i] for i in idx.tolist()], kept, dropped
+
+
+@dataclass
+class Collected:
+    """One rollout batch after generate -> score -> filter: the prompts of every round
+    (`prompts[t.group_id]` is trajectory t's), the kept trajectories and their scores."""
+
+    prompts: list[PromptItem]
+    trajs: list[Trajectory]
+    scored: Scored
+    generated_tokens: int
+
+
+def collect(source: RolloutSource, scorer: Scorer, group_filter: GroupFilter, batch: PromptBatch,
+            take: Callable[[int], PromptBatch], want: int, timer, upcoming: Upcoming | None = None) -> Collected:
+    """generate -> score -> filter until `want` groups are kept: with dynamic filtering, prompts from
+    `take(n)` replace dropped groups (accepted groups are never discarded: when `take` or the rounds
+    run out, the batch trains as filled). `timer(name)` times the generate and reward stages."""
+    all_prompts: list[PromptItem] = []
+    kept: list[Trajectory] = []
+    parts: list[Scored] = []
+    all_scores = []
+    metrics: dict[str, float] = {}
+    dropped_total, tokens, drift = 0, 0, 0
+    rounds = 0
+    while True:
+        rounds += 1
+        with timer("generate"):
+            trajs = source.generate(batch, upcoming if rounds == 1 else None)
+        with timer("reward"):
+            scored = scorer(batch.prompts, trajs)
+        if rounds == 1:
+            metrics = dict(scored.metrics)  # the reward metrics are the first round's
+        tokens += sum(t.response_length for t in trajs)
+        drift += drift_count(trajs, scorer.tokenizer)
+        all_scores.append(scored.scores)
+        trajs, scored, dropped = group_filter(trajs, scored)
+        dropped_total += dropped
+        for t in trajs:
+            t.group_id += len(all_prompts)
+        all_prompts += batch.prompts
+        kept += trajs
+        parts.append(scored)
+        need = want - len({t.group_id for t in kept})
+        if not group_filter.enabled or need <= 0 or rounds >= group_filter.max_rounds:
+            break  # (never draw prompts a round will not use: they would be lost)
+        batch = take(need)
+        if not batch:
+            break
+    scores = torch.cat(all_scores)
+    metrics.update(filtered_groups=float(dropped_total), dynamic_rounds=float(rounds), score=float(scores.mean()),
+                   drift_frac=drift / max(scores.numel(), 1))
+    merged = Scored(torch.cat([p.rewards for p in parts]), torch.cat([p.scores for p in parts]),
+                    _cat_token_rewards(parts), metrics)
+    return Collected(all_prompts, kept, merged, tokens)
+
+
+def _cat_token_rewards(parts: list[Scored]) -> torch.Tensor | None:
+    """The rounds' [b_i, R_i] token rewards as one [B, max R_i] (zeros for a round without any)."""
+    if all(p.token_rewards is None for p in parts):
+        return None
+    width = max(p.token_rewards.shape[1] for p in parts if p.token_rewards is not None)
+    rows = [torch.zeros(p.rewards.numel(), width) if p.token_rewards is None
+            else torch.nn.functional.pad(p.token_rewards.float(), (0, width - p.token_rewards.shape[1]))
+            for p in parts]
+    return torch.cat(rows)

@@ -1,0 +1,145 @@
+"""The update stage: max_epochs passes over a rollout batch's experience, in micro-batches, with an
+optimizer step every `batch_size` samples (seed of OpenRLHF's PPO actor/critic training loop).
+
+The losses are divided by the counts of the whole optimizer step (core.aggregate), so gradients do
+not depend on the micro-batch size or on how many FSDP ranks share the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from rlhfkit.core.aggregate import aggregate_loss
+from rlhfkit.core.kl import approx_kl
+from rlhfkit.core.losses import policy_loss, value_loss
+from rlhfkit.models import response_logprobs
+from rlhfkit.models.precision import autocast_ctx
+from rlhfkit.trainers.batching import MicroBatcher
+from rlhfkit.trainers.experience import Experience
+from rlhfkit.trainers.learner import Learner
+
+_PER_STEP = ("policy_loss", "value_loss")  # summed over the micro-batches of one optimizer step
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The policy and value losses' settings (core.losses): clip range [1 - eps_low, 1 + eps_high],
+    dual clip, `ratio_level` (token: PPO; sequence: GSPO), aggregation mode, entropy bonus, the KL loss
+    term (`kl_estimator`, on when `kl_loss`), the critic's value clip, the sampling `temperature`
+    logprobs are computed under and `max_len` (the response budget, for seq_mean_token_sum_norm)."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    ratio_level: str = "token"
+    agg: str = "token_mean"
+    entropy_coef: float = 0.0
+    kl_loss: bool = False
+    kl_estimator: str = "k1"
+    value_clip: float | None = None
+    temperature: float = 1.0
+    max_len: int = 1
+
+
+class PolicyUpdate:
+    """Trains `policy` (and `critic`) on experience. `batch_size`: samples per optimizer step;
+    `max_epochs`: passes per rollout batch, each in an order drawn from `shuffle_gen`; `dp`:
+    (rank, world size) under FSDP; `compiled`: models.compile.CompiledLayers swapped in for the update."""
+
+    def __init__(self, policy: torch.nn.Module, learner: Learner, batcher: MicroBatcher, losses: LossSettings, *,
+                 batch_size: int, max_epochs: int, shuffle_gen: torch.Generator, autocast: str | None,
+                 critic: torch.nn.Module | None = None, critic_learner: Learner | None = None,
+                 dp: tuple[int, int] = (0, 1), compiled=None):
+        self.policy, self.learner, self.batcher, self.losses = policy, learner, batcher, losses
+        self.batch_size, self.max_epochs, self.shuffle_gen, self.autocast = batch_size, max_epochs, shuffle_gen, autocast
+        self.critic, self.critic_learner, self.dp, self.compiled = critic, critic_learner, dp, compiled
+        self.device_type = next(policy.parameters()).device.type
+
+    def __call__(self, exp: Experience, kl_coef: float) -> dict[str, float]:
+        """The update's metrics: per-step quantities averaged over optimizer steps, per-token ones
+        over all tokens seen."""
+        sums: dict[str, float] = {}
+        self.policy.train()
+        layout = self.batcher.layout(exp.batch)
+        with self.compiled.active() if self.compiled is not None else contextlib.nullcontext():
+            n_opt = self.optimizer_steps(exp, layout, kl_coef, sums)
+        total_tokens = max(int(exp.batch.loss_mask.sum()) * self.max_epochs, 1)
+        computed = sums.pop("train_tokens", 0.0)
+        out = {k: v / (n_opt if k in _PER_STEP or k.startswith(("actor/", "critic/")) else total_tokens)
+               for k, v in sums.items()}
+        out["optimizer_steps"] = float(n_opt)
+        out["train_tokens"] = computed  # tokens the forward/backward ran on (no padding; shared prompts once)
+        out["sample_tokens"] = float(exp.batch.attention_mask.sum()) * self.max_epochs  # prompt + response
+        out["response_tokens"] = float(exp.batch.response_mask.sum()) * self.max_epochs
+        return out
+
+    def optimizer_steps(self, exp: Experience, layout, kl_coef: float, sums: dict[str, float]) -> int:
+        """The update's optimizer steps; metric sums added to `sums`. Returns how many ran."""
+        n_opt = 0
+        for _ in range(self.max_epochs):
+            perm = torch.randperm(len(exp), generator=self.shuffle_gen)
+            for s in range(0, len(exp), self.batch_size):
+                step_rows = perm[s : s + self.batch_size]
+                step_mask = exp.batch.loss_mask[step_rows]
+                counts = dict(num_tokens=int(step_mask.sum()), num_seqs=int(step_mask.any(dim=1).sum()),
+                              max_len=self.losses.max_len)
+                mine = self.batcher.rank_share(step_rows, exp.group_ids, *self.dp)  # counts stay the whole step's
+                # One autocast region per optimizer step: its cache keeps the bf16 copies of the
+                # weights for every micro-batch instead of casting them again in each.
+                with autocast_ctx(self.autocast, self.device_type):
+                    for rows in self.batcher.cut(exp.batch, exp.group_ids, mine):
+                        _add(sums, self.micro_step(exp, rows, layout, kl_coef, counts))
+                _add(sums, self.learner.step(), "actor/")
+                if self.critic_learner is not None:
+                    _add(sums, self.critic_learner.step(), "critic/")
+                n_opt += 1
+        return n_opt
+
+    def micro_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict[str, float]:
+        """Forward + backward of one micro-batch. Returns token-weighted metric sums."""
+        c = self.losses
+        mb, x = exp.select(rows, layout)
+        mask = mb.loss_mask
+        logp, entropy = response_logprobs(self.policy, mb, temperature=c.temperature, with_entropy=True,
+                                          entropy_grad=bool(c.entropy_coef))
+        logp = logp.float()
+        if logp.device != mask.device:  # the policy sits on a GPU: bring the micro-batch's tensors to it
+            mask = mask.to(logp.device)
+            x = {k: None if v is None else v.to(logp.device) for k, v in x.items()}
+        old = x["old_logp"] if x["old_logp"] is not None else logp.detach()
+        loss, pm = policy_loss(logp, old, x["advantages"], mask, eps_low=c.eps_low, eps_high=c.eps_high,
+                               dual_clip=c.dual_clip, ratio_level=c.ratio_level, agg=c.agg, **counts)
+        ntok = float(mask.sum())
+        out = {"train_tokens": float(mb.num_tokens), "policy_loss": float(loss.detach()),
+               "clip_frac": float(pm["clip_frac"]) * ntok, "ppo_kl": float(pm["approx_kl"]) * ntok,
+               "entropy": float((entropy.detach().float() * mask).sum())}
+        if c.entropy_coef:
+            loss = loss - c.entropy_coef * aggregate_loss(entropy.float(), mask, c.agg, **counts)
+        if c.kl_loss and x["ref_logp"] is not None:
+            kl = approx_kl(logp, x["ref_logp"], c.kl_estimator)
+            loss = loss + kl_coef * aggregate_loss(kl, mask, c.agg, **counts)
+            out["kl_loss"] = float((kl.detach() * mask).sum())
+        self.learner.backward(loss)
+        if self.critic is not None:
+            v = self.critic.response_values(mb).float()
+            vloss, _ = value_loss(v, x["values"], x["returns"], mask, clip=c.value_clip, agg=c.agg, **counts)
+            self.critic_learner.backward(vloss)
+            out["value_loss"] = float(vloss.detach())
+        return out
+
+    def state_dict(self) -> dict:
+        return {"learner": self.learner.state_dict(),
+                "critic_learner": self.critic_learner.state_dict() if self.critic_learner is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.load_state_dict(state["learner"])
+        if self.critic_learner is not None:
+            self.critic_learner.load_state_dict(state["critic_learner"])
+
+
+def _add(sums: dict[str, float], metrics: dict[str, float], prefix: str = "") -> None:
+    for k, v in metrics.items():
+        sums[prefix + k] = sums.get(prefix + k, 0.0) + v
