@@ -54,7 +54,7 @@ def rollout_batch(tok):
 
 
 def update(model, micro_batches) -> float:
-    """Forward + backward of every micro-batch in one autocast region (as RLTrainer.update runs an
+    """Forward + backward of every micro-batch in one autocast region (as PolicyUpdate runs an
     optimizer step: the bf16 weight casts are reused across micro-batches)."""
     t0 = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16):

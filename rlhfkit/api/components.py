@@ -275,17 +275,14 @@ def setup_checkpoints(cfg: RLConfig, run_dir: Path) -> tuple[Checkpointer, tuple
     return ckpt, resume
 
 
-def make_evaluator(cfg: RLConfig) -> Evaluator:
-    """The --eval.* settings as an Evaluator without prompts (set `.items` and the scorers later)."""
+def make_evaluator(cfg: RLConfig, items=(), reward_fn=None, verifier=None) -> Evaluator:
+    """The --eval.* settings on `items` (PromptItems; none: evaluation does nothing). The training
+    reward gives eval/reward and eval/accuracy; `verifier` (default: --eval.verifier loaded here, else
+    the training reward) gives eval/pass@k and eval/maj@k."""
     e = cfg.eval
-    return Evaluator([], cfg.rollout.max_new_tokens, e.steps, score_fn=None, n_samples=e.n_samples,
-                     temperature=e.temperature, ks=e.k, seed=cfg.train.seed)
-
-
-def attach_scorers(evaluator: Evaluator, cfg: RLConfig, reward_fn) -> None:
-    """Training reward -> eval/reward, eval/accuracy; --eval.verifier (default: the training reward)
-    -> eval/pass@k, eval/maj@k."""
-    if reward_fn is not None:
-        evaluator.score_fn = reward_score_fn(reward_fn)
-    verifier = load_reward(cfg.eval.verifier) if cfg.eval.verifier else reward_fn
-    evaluator.verifier = reward_verifier(verifier) if verifier is not None else None
+    if verifier is None:
+        verifier = load_reward(e.verifier) if e.verifier else reward_fn
+    return Evaluator(items, cfg.rollout.max_new_tokens, e.steps,
+                     score_fn=reward_score_fn(reward_fn) if reward_fn is not None else None,
+                     n_samples=e.n_samples, temperature=e.temperature, ks=e.k,
+                     verifier=reward_verifier(verifier) if verifier is not None else None, seed=cfg.train.seed)

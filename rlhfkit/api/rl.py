@@ -137,17 +137,17 @@ class RLTrainer:
         examples = load_examples_fn(cfg, train_dataset, d.max_samples)(tokenizer)
         prompts, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
         data = C.prompt_stream(cfg, prompts)
-        evaluator = C.make_evaluator(cfg)
+        eval_items = []
+        if eval_dataset is not None:
+            eval_examples = load_examples_fn(cfg, eval_dataset, cfg.eval.max_samples)(tokenizer)
+            eval_items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
+        evaluator = C.make_evaluator(cfg, eval_items, reward_fn)
         checkpointer, resume = C.setup_checkpoints(cfg, run_dir)
         tracker = C.run_tracker(cfg, run_dir, C.total_rl_steps(cfg, data.rollouts_per_episode),
                                 resume[1] if resume else None)
         loop = C.build_loop(cfg, plan, policy, tokenizer, engine, reward_fn, data, executor, ref=ref, critic=critic,
                             tracker=tracker, callbacks=[evaluator.periodic, checkpointer.periodic, *callbacks],
                             dp=(rank, world))
-        if eval_dataset is not None:
-            eval_examples = load_examples_fn(cfg, eval_dataset, cfg.eval.max_samples)(tokenizer)
-            evaluator.items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
-            C.attach_scorers(evaluator, cfg, reward_fn)
         return cls(cfg, loop, run_dir, tracker, evaluator, checkpointer, resume, skipped, (rank, world), reward_fn)
 
     def train(self) -> dict[str, float]:

@@ -23,10 +23,10 @@ from rlhfkit.api.rl import RLTrainer
 from rlhfkit.config import RLConfig
 from rlhfkit.data.prompts import PromptExample
 from rlhfkit.data.synthetic import arithmetic_problems
-from rlhfkit.models import materialize_smollm2
+from rlhfkit.models import load_tokenizer, materialize_smollm2
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rewards.math import lenient_correct, math_exact_reward
-from rlhfkit.trainers.build import tokenize_prompts
+from rlhfkit.trainers.build import resolve_model, tokenize_prompts
 from rlhfkit.trainers.evaluate import Evaluator
 
 INSTRUCTION = "{question} Answer with only the number."
@@ -89,18 +89,13 @@ def run(argv: list[str]) -> int:
     for name, recs in (("train", train), ("test", test)):
         (run_dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
-    test_examples: list[PromptExample] = []
-
-    def load_examples(tokenizer):
-        test_examples.extend(chat_examples(test, tokenizer))
-        return chat_examples(train, tokenizer)
-
-    evaluator = Evaluator([], cfg.rollout.max_new_tokens, cfg.eval.steps,
+    tokenizer = load_tokenizer(resolve_model(cfg.actor.model_name_or_path)[0])
+    test_items, _ = tokenize_prompts(chat_examples(test, tokenizer), tokenizer, cfg.data.prompt_max_len)
+    evaluator = Evaluator(test_items, cfg.rollout.max_new_tokens, cfg.eval.steps,
                           score_fn=lambda responses, items: accuracy(responses, [p.label for p in items]))
-    trainer = RLTrainer.from_config(cfg, reward_fn=first_number_reward, train_dataset=load_examples,
-                                    callbacks=[evaluator.periodic])
+    trainer = RLTrainer.from_config(cfg, reward_fn=first_number_reward,
+                                    train_dataset=lambda tok: chat_examples(train, tok), callbacks=[evaluator.periodic])
     loop = trainer.loop
-    evaluator.items, _ = tokenize_prompts(test_examples, trainer.tokenizer, cfg.data.prompt_max_len)
     before = evaluator(loop, 0, "before")
     t_train = time.perf_counter()
     loop.train()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.api.components import attach_scorers, build_engine, load_reward, make_evaluator
+from rlhfkit.api.components import build_engine, load_reward, make_evaluator
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.errors import ConfigError
@@ -39,8 +39,7 @@ def run(argv: list[str]) -> int:
     load_prompts(e.dataset, input_key=d.input_key, label_key=d.label_key,  # fail fast, before the model
                  input_template=d.input_template, max_samples=e.max_samples)
     reward_fn = load_reward(cfg.reward) if cfg.reward.remote_url else None
-    evaluator = make_evaluator(cfg)
-    attach_scorers(evaluator, cfg, reward_fn)
+    verifier = load_reward(e.verifier) if e.verifier else None  # fail fast, before the model
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     t0 = time.perf_counter()
@@ -49,7 +48,8 @@ def run(argv: list[str]) -> int:
     examples = load_prompts(e.dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
                             apply_chat_template=d.apply_chat_template, input_template=d.input_template,
                             max_samples=e.max_samples)
-    evaluator.items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
+    items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
+    evaluator = make_evaluator(cfg, items, reward_fn, verifier)
     metrics, rows = evaluator.evaluate(engine, tokenizer)
     out = Path(cfg.ckpt.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,7 @@ def approx_kl(
     - ``k1 = logp - ref_logp = -r`` (unbiased, can be negative);
     - ``k2 = 0.5 * (logp - ref_logp)^2`` (biased, low variance, non-negative);
     - ``k3 = exp(r) - 1 - r`` (unbiased, non-negative; Schulman 2020);
-    - ``k3_stable``: the seed article's piecewise estimator, implemented literally:
+    - ``k3_stable``: a piecewise estimator from OpenRLHF walkthroughs, implemented literally:
       ``k3`` where ``r < 0`` and ``min(k1, k3)`` where ``r >= 0``. Since ``k1 = -r <= 0 <=
       k3`` for ``r >= 0``, that branch equals ``k1``: the estimate is negative there and
       is *not* the non-negative k3. Kept as written; see docs/algorithms.md.

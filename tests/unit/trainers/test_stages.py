@@ -217,3 +217,34 @@ def test_sync_weights_bumps_the_engine_version(tiny):
     engine = HFEngine(model, tok)
     v = engine.version
     assert sync_weights(engine) == v + 1 == engine.version
+
+
+# ------------------------------------------------------------------ variants are table entries
+def test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries(monkeypatch, tiny):
+    """docs/algorithms.md "How to add an advantage estimator": the core table entry and the config
+    tuples are all the trainer needs (it reads the spec, never the name)."""
+    from rlhfkit.agents.executor import SingleTurnExecutor
+    from rlhfkit.api import components as C
+    from rlhfkit.config import rl as rl_config
+    from rlhfkit.core.advantages import ESTIMATORS, EstimatorSpec
+
+    monkeypatch.setitem(ESTIMATORS, "mean_discounted",
+                        EstimatorSpec(baseline="mean", force_gamma_one=False, whiten=False, needs_critic=False))
+    monkeypatch.setattr(rl_config, "ADVANTAGE_ESTIMATORS", (*rl_config.ADVANTAGE_ESTIMATORS, "mean_discounted"))
+    monkeypatch.setattr(rl_config, "GROUP_ESTIMATORS", (*rl_config.GROUP_ESTIMATORS, "mean_discounted"))
+    cfg = rl_config.RLConfig.from_args([
+        "--algo.advantage.estimator", "mean_discounted", "--algo.advantage.gamma", "0.5",
+        "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "3",
+        "--train.batch_size", "4", "--train.micro_batch_size", "4", "--actor.autocast", "none"])
+    model, tok = tiny_model_and_tokenizer(seed=0)
+
+    def reward(queries, prompts, labels, **kw):
+        r = torch.tensor([1.0, 0.0] * (len(queries) // 2))
+        return RewardOutput(r, r)
+
+    loop = C.build_loop(cfg, rl_config.validate(cfg), model, tok, HFEngine(model, tok), reward,
+                        C.prompt_stream(cfg, items(2)), SingleTurnExecutor())
+    history = loop.train()
+    assert len(history) == 1 and history[0]["optimizer_steps"] == 1.0 and loop.update.critic is None
+    # mean baseline: +-0.5 on the last token, discounted by 0.5 per token before it
+    assert history[0]["advantage_abs"] > 0
