@@ -33,17 +33,15 @@ from rlhfkit.trainers.build import tokenize_prompts
 from rlhfkit.trainers.rl import RLLoop
 
 
-def load_examples_fn(cfg: RLConfig, dataset, max_samples: int | None) -> Callable:
+def load_examples_fn(cfg: RLConfig, dataset, eval: bool = False) -> Callable:
     """tokenizer -> PromptExamples of `dataset`: a path (a .jsonl/.json/.parquet file, a datasets folder),
-    a list of dicts, a datasets.Dataset, or already a function of the tokenizer returning PromptExamples."""
+    a hub dataset name, a list of dicts, a datasets.Dataset, or already a function of the tokenizer
+    returning PromptExamples; read with the --data.* options (with `eval`, --eval.*'s split and size)."""
     if callable(dataset):
         return dataset
-    d = cfg.data
 
     def load(tokenizer):
-        return load_prompts(dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
-                            apply_chat_template=d.apply_chat_template, input_template=d.input_template,
-                            max_samples=max_samples, shuffle_seed=cfg.train.seed)
+        return load_prompts(dataset, tokenizer=tokenizer, **C.prompt_options(cfg, eval))
 
     return load
 
@@ -134,7 +132,7 @@ class RLTrainer:
         else:
             engine = C.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
         d = cfg.data
-        examples = load_examples_fn(cfg, train_dataset, d.max_samples)(tokenizer)
+        examples = load_examples_fn(cfg, train_dataset)(tokenizer)
         prompts, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
         data = C.prompt_stream(cfg, prompts)
         evaluator = C.make_evaluator(cfg)
@@ -145,7 +143,7 @@ class RLTrainer:
                             tracker=tracker, callbacks=[evaluator.periodic, checkpointer.periodic, *callbacks],
                             dp=(rank, world))
         if eval_dataset is not None:
-            eval_examples = load_examples_fn(cfg, eval_dataset, cfg.eval.max_samples)(tokenizer)
+            eval_examples = load_examples_fn(cfg, eval_dataset, eval=True)(tokenizer)
             evaluator.items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
             C.attach_scorers(evaluator, cfg, reward_fn)
         return cls(cfg, loop, run_dir, tracker, evaluator, checkpointer, resume, skipped, (rank, world), reward_fn)
