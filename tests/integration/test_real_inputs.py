@@ -158,15 +158,28 @@ from rlhfkit.cli.main import main
 argv = sys.argv[1:]
 assert main(["train", "rl", *argv]) == 0
 assert main(["plan", *argv]) == 0
-sys.exit(main(["eval", *argv]))
+assert main(["eval", *argv]) == 0
+models = ["--ref.model_name_or_path", "org/tiny", "--algo.kl.init_coef", "0.01", "--algo.advantage.estimator",
+          "gae", "--critic.model_name_or_path", "org/rm", "--reward.remote_url", "none",
+          "--reward.model_name_or_path", "org/rm", "--eval.dataset", "none", "--ckpt.output_dir", "run_models"]
+sys.exit(main(["train", "rl", *argv, *models]))
 """
 
 
 def test_train_rl_plan_and_eval_with_hub_names_offline(ws, tmp_path, hub_repo):
-    """org/tiny and org/sums laid out as huggingface_hub's cache holds them under a fresh HF_HOME;
-    a fresh process with HF_HUB_OFFLINE=1 (read at import, as users set it) runs on the names alone."""
+    """org/tiny, org/rm (a reward model on it) and org/sums laid out as huggingface_hub's cache holds
+    them under a fresh HF_HOME; a fresh process with HF_HUB_OFFLINE=1 (read at import, as users set
+    it) runs train rl, plan and eval on the names alone, then train rl with the reference, critic
+    and reward model named on the hub too."""
+    from rlhfkit.models import load_tokenizer
+    from rlhfkit.models.reward import init_reward_model
+
     home = tmp_path / "hf_home"
     hub_repo(home / "hub", "model", "org/tiny", ws / "tiny")
+    tok = load_tokenizer(ws / "tiny")
+    init_reward_model(ws / "tiny", tok.pad_token_id).save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    hub_repo(home / "hub", "model", "org/rm", tmp_path / "rm")
     src = tmp_path / "sums"
     for split, n in (("train", 16), ("test", 4)):
         (src / "main").mkdir(parents=True, exist_ok=True)
@@ -189,6 +202,9 @@ def test_train_rl_plan_and_eval_with_hub_names_offline(ws, tmp_path, hub_repo):
     report = json.loads((out / "eval.json").read_text())
     assert report["prompts"] == 4
     assert json.loads((out / "config.json").read_text())["actor"]["model_name_or_path"] == "org/tiny"
+    run = json.loads((tmp_path / "run_models" / "config.json").read_text())
+    assert (run["critic"]["model_name_or_path"], run["reward"]["model_name_or_path"]) == ("org/rm", "org/rm")
+    assert (tmp_path / "run_models" / "final" / "config.json").is_file()
 
 
 @pytest.mark.parametrize("command", ["train rl", "plan", "eval"])
