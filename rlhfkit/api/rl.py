@@ -83,7 +83,7 @@ class RLTrainer:
         reward_fn: a Python callable (OpenRLHF's `reward_func(queries, prompts, labels, **kwargs)` or
           TRL's `reward(completions, **kwargs)`), a reward file, builtin:math, a reward server URL, or a
           list of them (summed with `reward_weights`); None: --reward.remote_url / --reward.model_name_or_path.
-        train_dataset: a list of dicts, a datasets.Dataset, a path (None: --data.prompt_dataset), with
+        train_dataset: a list of dicts, a datasets.Dataset, a path or hub name (None: --data.prompt_dataset), with
           --data.input_key / --data.label_key; prompts are strings or message lists.
         eval_dataset: likewise (None: --eval.dataset if set).
         callbacks: `cb(loop, step, metrics)` after each step (besides evaluation and checkpoints).
