@@ -1,11 +1,16 @@
 """Test-wide settings: tiny models gain nothing from several threads, and on a busy 2-core machine
-torch's spinning threads slow each other down many times over; one thread keeps tests steady."""
+torch's spinning threads slow each other down many times over; one thread keeps tests steady.
+Tests never reach a model hub: HF_HUB_OFFLINE=1 for the whole session (set before huggingface_hub
+reads it at import), and hub names are served from caches the tests lay out (`hub_repo`)."""
 
 import os
+import shutil
+from pathlib import Path
 
+import pytest
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)
 
 
@@ -13,9 +18,25 @@ def pytest_collection_modifyitems(config, items):
     """`gpu` tests skip (not fail) without CUDA, even when asked for with `-m gpu`."""
     if torch.cuda.is_available():
         return
-    import pytest
-
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def hub_repo():
+    """`hub_repo(hub_dir, kind, "org/name", folder) -> snapshot folder`: lays out the files of `folder`
+    as huggingface_hub's cache holds a downloaded repo of `kind` ("model" or "dataset"):
+    <hub_dir>/<kind>s--org--name/refs/main (the commit) and snapshots/<commit>/<the files>."""
+
+    def make(hub_dir: Path, kind: str, name: str, folder: Path) -> Path:
+        repo = Path(hub_dir) / f"{kind}s--{name.replace('/', '--')}"
+        commit = "0123456789abcdef0123456789abcdef01234567"
+        snapshot = repo / "snapshots" / commit
+        shutil.copytree(folder, snapshot)
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+        return snapshot
+
+    return make

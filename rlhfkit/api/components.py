@@ -171,6 +171,18 @@ def total_rl_steps(cfg: RLConfig, rollouts_per_episode: int) -> int:
     return total if cfg.train.max_steps is None else min(total, cfg.train.max_steps)
 
 
+def prompt_options(cfg: RLConfig, eval: bool = False) -> dict:
+    """The keyword arguments of `load_prompts` / `check_prompts` besides the source and tokenizer:
+    the --data.* keys and rendering, the split / config / data dir and max_samples of the training
+    prompts (--data.*) or, with `eval`, of the eval prompts (--eval.*); shuffled with --train.seed."""
+    d, e = cfg.data, cfg.eval
+    where = (dict(split=e.split, config=e.dataset_config, data_dir=e.data_dir, max_samples=e.max_samples) if eval
+             else dict(split=d.prompt_split, config=d.prompt_dataset_config, data_dir=d.prompt_data_dir,
+                       max_samples=d.max_samples))
+    return dict(input_key=d.input_key, label_key=d.label_key, apply_chat_template=d.apply_chat_template,
+                input_template=d.input_template, shuffle_seed=cfg.train.seed, **where)
+
+
 def prompt_stream(cfg: RLConfig, prompts) -> PromptStream:
     """The prompts in training order, with the run's seeded shuffle and sampling generators."""
     t = cfg.train

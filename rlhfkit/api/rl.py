@@ -33,17 +33,15 @@ from rlhfkit.trainers.build import tokenize_prompts
 from rlhfkit.trainers.rl import RLLoop
 
 
-def load_examples_fn(cfg: RLConfig, dataset, max_samples: int | None) -> Callable:
+def load_examples_fn(cfg: RLConfig, dataset, eval: bool = False) -> Callable:
     """tokenizer -> PromptExamples of `dataset`: a path (a .jsonl/.json/.parquet file, a datasets folder),
-    a list of dicts, a datasets.Dataset, or already a function of the tokenizer returning PromptExamples."""
+    a hub dataset name, a list of dicts, a datasets.Dataset, or already a function of the tokenizer
+    returning PromptExamples; read with the --data.* options (with `eval`, --eval.*'s split and size)."""
     if callable(dataset):
         return dataset
-    d = cfg.data
 
     def load(tokenizer):
-        return load_prompts(dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
-                            apply_chat_template=d.apply_chat_template, input_template=d.input_template,
-                            max_samples=max_samples, shuffle_seed=cfg.train.seed)
+        return load_prompts(dataset, tokenizer=tokenizer, **C.prompt_options(cfg, eval))
 
     return load
 
@@ -85,7 +83,7 @@ class RLTrainer:
         reward_fn: a Python callable (OpenRLHF's `reward_func(queries, prompts, labels, **kwargs)` or
           TRL's `reward(completions, **kwargs)`), a reward file, builtin:math, a reward server URL, or a
           list of them (summed with `reward_weights`); None: --reward.remote_url / --reward.model_name_or_path.
-        train_dataset: a list of dicts, a datasets.Dataset, a path (None: --data.prompt_dataset), with
+        train_dataset: a list of dicts, a datasets.Dataset, a path or hub name (None: --data.prompt_dataset), with
           --data.input_key / --data.label_key; prompts are strings or message lists.
         eval_dataset: likewise (None: --eval.dataset if set).
         callbacks: `cb(loop, step, metrics)` after each step (besides evaluation and checkpoints).
@@ -134,12 +132,12 @@ class RLTrainer:
         else:
             engine = C.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
         d = cfg.data
-        examples = load_examples_fn(cfg, train_dataset, d.max_samples)(tokenizer)
+        examples = load_examples_fn(cfg, train_dataset)(tokenizer)
         prompts, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
         data = C.prompt_stream(cfg, prompts)
         eval_items = []
         if eval_dataset is not None:
-            eval_examples = load_examples_fn(cfg, eval_dataset, cfg.eval.max_samples)(tokenizer)
+            eval_examples = load_examples_fn(cfg, eval_dataset, eval=True)(tokenizer)
             eval_items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
         evaluator = C.make_evaluator(cfg, eval_items, reward_fn)
         checkpointer, resume = C.setup_checkpoints(cfg, run_dir)

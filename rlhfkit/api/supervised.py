@@ -90,10 +90,12 @@ def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
     load = LOADERS[kind]
     source = d.dataset if train_dataset is None else train_dataset
     items, skipped = load(source, fmt, max_len=d.max_len, max_samples=d.max_samples,
-                          seed=cfg.train.seed, **keys)
+                          seed=cfg.train.seed, split=d.dataset_split, config=d.dataset_config,
+                          data_dir=d.data_dir, **keys)
     eval_source = (d.eval_dataset or None) if eval_dataset is None else eval_dataset
     if eval_source is not None:
-        eval_items, _ = load(eval_source, fmt, max_len=d.max_len, **keys)
+        eval_items, _ = load(eval_source, fmt, max_len=d.max_len, split=d.eval_dataset_split,
+                             config=d.eval_dataset_config, data_dir=d.eval_data_dir, **keys)
     else:
         n_eval = int(len(items) * d.eval_split)
         items, eval_items = items[: len(items) - n_eval], items[len(items) - n_eval :]

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.api.components import build_engine, load_reward, make_evaluator
+from rlhfkit.api.components import build_engine, load_reward, make_evaluator, prompt_options
 from rlhfkit.config import RLConfig, to_dict
-from rlhfkit.data.prompts import load_prompts
+from rlhfkit.data.prompts import check_prompts, load_prompts
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.build import load_policy, tokenize_prompts
 
@@ -32,12 +32,13 @@ def run(argv: list[str]) -> int:
     cfg = RLConfig.from_args(argv)
     e, d = cfg.eval, cfg.data
     if not e.dataset:
-        raise ConfigError("--eval.dataset is required (a .jsonl/.json/.parquet file or a datasets folder)")
+        raise ConfigError("--eval.dataset is required (a .jsonl/.json/.parquet file, a datasets folder or a hub "
+                          "dataset name)")
     if not (e.verifier or cfg.reward.remote_url):
         raise ConfigError("nothing to score with: pass --eval.verifier (builtin:math or a reward file) "
                           "and/or --reward.remote_url")
-    load_prompts(e.dataset, input_key=d.input_key, label_key=d.label_key,  # fail fast, before the model
-                 input_template=d.input_template, max_samples=e.max_samples)
+    options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}  # the first --eval.max_samples prompts
+    check_prompts(e.dataset, **options)  # fail fast, before the model
     reward_fn = load_reward(cfg.reward) if cfg.reward.remote_url else None
     verifier = load_reward(e.verifier) if e.verifier else None  # fail fast, before the model
     if cfg.train.num_threads:
@@ -45,9 +46,7 @@ def run(argv: list[str]) -> int:
     t0 = time.perf_counter()
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
     engine = build_engine(policy, tokenizer, cfg)
-    examples = load_prompts(e.dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tokenizer,
-                            apply_chat_template=d.apply_chat_template, input_template=d.input_template,
-                            max_samples=e.max_samples)
+    examples = load_prompts(e.dataset, tokenizer=tokenizer, **options)
     items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
     evaluator = make_evaluator(cfg, items, reward_fn, verifier)
     metrics, rows = evaluator.evaluate(engine, tokenizer)

@@ -7,7 +7,6 @@ Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit
 
 from __future__ import annotations
 
-import os
 import sys
 
 USAGE = """usage: rlhfkit COMMAND [flags]
@@ -95,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
     from rlhfkit.errors import RlhfkitError  # noqa: PLC0415
 
     try:

@@ -3,8 +3,9 @@
 Takes the flags (or --config) of `rlhfkit train rl`, plus two of its own:
   --plan.num_prompts N     the dataset size, when --data.prompt_dataset is not given
   --plan.prompt_tokens N   prompt length for the memory estimate (default --data.prompt_max_len)
-Reads only the model's config.json (no weights, no tokenizer). Exit code 0; settings that do not
-fit together are errors (as in `train rl`), settings that fit but look unintended are warnings.
+Reads only the model's config.json (no weights, no tokenizer; of a hub model, only that file).
+Exit code 0; settings that do not fit together are errors (as in `train rl`), settings that fit
+but look unintended are warnings.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import json
 import os
 from pathlib import Path
 
+from rlhfkit.api.components import prompt_options
 from rlhfkit.config import RLConfig, validate
 from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings
-from rlhfkit.data.prompts import load_prompts
+from rlhfkit.data.prompts import check_prompts
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.loading import DEFAULT_CACHE_DIR, SMOLLM2_NAME
+from rlhfkit.models.loading import DEFAULT_CACHE_DIR, SMOLLM2_NAME, resolve_model_file
 from rlhfkit.models.memory import SMOLLM2_CONFIG, GiB, count_params, memory_estimate
 
 PLAN_FLAGS = ("--plan.num_prompts", "--plan.prompt_tokens")
@@ -54,20 +56,19 @@ def model_config(name_or_path: str) -> tuple[dict | None, str]:
     p = Path(name_or_path)
     if p.suffix == ".gguf":
         return None, f"{p} is a GGUF file (no config.json): no memory estimate"
-    if not (p / "config.json").is_file():
+    config = resolve_model_file(name_or_path, "config.json")  # a hub model's config.json only, no weights
+    if not config.is_file():
         raise ConfigError(f"--actor.model_name_or_path {name_or_path}: no config.json there; "
-                          "give an HF model folder, a .gguf file or smollm2")
-    return json.loads((p / "config.json").read_text()), str(p / "config.json")
+                          "give an HF model folder, a hub name (org/name), a .gguf file or smollm2")
+    return json.loads(config.read_text()), str(config)
 
 
 def count_prompts(cfg: RLConfig, given: int | None) -> int | None:
     if given is not None:
         return given
-    d = cfg.data
-    if not d.prompt_dataset:
+    if not cfg.data.prompt_dataset:
         return None
-    return len(load_prompts(d.prompt_dataset, input_key=d.input_key, label_key=d.label_key,
-                            input_template=d.input_template, max_samples=d.max_samples))
+    return check_prompts(cfg.data.prompt_dataset, **prompt_options(cfg))
 
 
 def format_counts(cfg: RLConfig, plan: RunPlan) -> list[str]:

@@ -3,10 +3,10 @@ then `rlhfkit.RLTrainer.from_config(cfg).train()`."""
 
 from __future__ import annotations
 
-from rlhfkit.api.components import load_reward
+from rlhfkit.api.components import load_reward, prompt_options
 from rlhfkit.api.rl import RLTrainer
 from rlhfkit.config import RLConfig
-from rlhfkit.data.prompts import load_prompts
+from rlhfkit.data.prompts import check_prompts
 from rlhfkit.errors import ConfigError
 
 
@@ -15,14 +15,15 @@ def parse_rl_args(argv: list[str]) -> RLConfig:
 
 
 def check_inputs(cfg: RLConfig) -> None:
-    """Fail fast, before models load, on a missing dataset file or key, or a broken verifier file."""
+    """Fail fast, before models load, on a missing dataset or key, a prompt of the wrong type (the checks
+    of the real load, with the same flags), or a broken verifier file."""
     d = cfg.data
     if not d.prompt_dataset:
-        raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file or a datasets folder)")
-    for path, max_samples in ((d.prompt_dataset, d.max_samples), (cfg.eval.dataset, cfg.eval.max_samples)):
-        if path:
-            load_prompts(path, input_key=d.input_key, label_key=d.label_key, input_template=d.input_template,
-                         max_samples=max_samples)
+        raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file, a datasets folder "
+                          "or a hub dataset name)")
+    check_prompts(d.prompt_dataset, **prompt_options(cfg))
+    if cfg.eval.dataset:
+        check_prompts(cfg.eval.dataset, **prompt_options(cfg, eval=True))
     if cfg.eval.verifier:
         load_reward(cfg.eval.verifier)
 

@@ -109,7 +109,16 @@ class RewardConfig:
 @dataclass(frozen=True)
 class DataConfig:
     prompt_dataset: str | None = None
+    """Prompts: a .jsonl / .json / .parquet file, a datasets folder (save_to_disk, or a folder of data
+    files), or a hub dataset name (org/name; org/name@dir for a data dir). A local path wins over a hub name."""
+    prompt_split: str = "train"
+    """The split of a prompt dataset that has several (a hub dataset, a DatasetDict folder); files have none."""
+    prompt_dataset_config: str | None = None
+    """The hub dataset's config (datasets.load_dataset's name), e.g. main for openai/gsm8k."""
+    prompt_data_dir: str | None = None
+    """The hub dataset's subfolder to read (datasets.load_dataset's data_dir)."""
     input_key: str = "input"
+    """The record's prompt: a string, or a message list [{"role", "content"}, ...] (needs apply_chat_template)."""
     label_key: str | None = None
     apply_chat_template: bool = False
     input_template: str | None = None
@@ -256,6 +265,13 @@ class LoggerConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     dataset: str | None = None
+    """Eval prompts, read like --data.prompt_dataset (a file, a datasets folder or a hub dataset name)."""
+    split: str = "train"
+    """The split of an eval dataset that has several (e.g. test of a hub dataset); files have none."""
+    dataset_config: str | None = None
+    """The hub eval dataset's config (datasets.load_dataset's name)."""
+    data_dir: str | None = None
+    """The hub eval dataset's subfolder to read (datasets.load_dataset's data_dir)."""
     steps: int = -1
     """Evaluate every N RL steps (-1: only before and after training)."""
     max_samples: int | None = None

@@ -29,10 +29,23 @@ class ModelConfig:
 @dataclass(frozen=True)
 class SupervisedDataConfig:
     dataset: str | None = None
-    """Training data: .jsonl / .json / .parquet or a datasets folder (required unless the API is
-    given a train_dataset)."""
+    """Training data: .jsonl / .json / .parquet, a datasets folder or a hub dataset name (org/name;
+    org/name@dir for a data dir); required unless the API is given a train_dataset."""
+    dataset_split: str = "train"
+    """The split of a training dataset that has several (a hub dataset, a DatasetDict folder)."""
+    dataset_config: str | None = None
+    """The hub dataset's config (datasets.load_dataset's name)."""
+    data_dir: str | None = None
+    """The hub dataset's subfolder to read (datasets.load_dataset's data_dir)."""
     eval_dataset: str | None = None
-    """Held-out data for the eval loss; none = split off --data.eval_split of the training data."""
+    """Held-out data for the eval loss, read like --data.dataset; none = split off --data.eval_split
+    of the training data."""
+    eval_dataset_split: str = "train"
+    """The split of an eval dataset that has several (e.g. test of a hub dataset)."""
+    eval_dataset_config: str | None = None
+    """The hub eval dataset's config (datasets.load_dataset's name)."""
+    eval_data_dir: str | None = None
+    """The hub eval dataset's subfolder to read (datasets.load_dataset's data_dir)."""
     eval_split: float = 0.0
     """Fraction of the training records held out for evaluation when there is no eval_dataset."""
     input_key: str = "input"

@@ -4,14 +4,18 @@ Sources (read by rlhfkit.data.records; a path is chosen by its suffix):
   *.jsonl          one JSON object per line (blank lines are skipped)
   *.json           a list of objects, or {"data": [...]}
   *.parquet        read with pyarrow
-  a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`)
+  a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`),
+                   or a folder of data files (`datasets.load_dataset(folder)`)
+  org/name         a hub dataset (`split`, `config`, `data_dir` as `datasets.load_dataset` takes them)
   a list of dicts, or a `datasets.Dataset` / `DatasetDict` object (`split` as for folders)
 
 Each record gives one `PromptExample`. Its `text` is the final string handed to the tokenizer:
 the input value formatted by `input_template`, or rendered by the tokenizer's chat template
-(`apply_chat_template=True`), or used as is. Errors are `DataError` (bad data) or `ConfigError`
-(arguments that do not fit together); each names the source (the file, or "in-memory list"), the
-line or record and the key.
+(`apply_chat_template=True`; the value is a string, made a user message, or a message list
+[{"role", "content"}, ...]), or used as is. `check_prompts` runs every check of `load_prompts`
+with the same arguments but without a tokenizer, so a command can refuse bad data before any model
+loads. Errors are `DataError` (bad data) or `ConfigError` (arguments that do not fit together);
+each names the source (the file, or "in-memory list"), the line or record and the key.
 
 Determinism: shuffling uses a local `random.Random(shuffle_seed)`; the global RNG is untouched.
 """
@@ -34,7 +38,7 @@ from rlhfkit.data.records import (
 )
 from rlhfkit.errors import ConfigError, DataError
 
-__all__ = ["SUPPORTED_SUFFIXES", "PromptExample", "load_prompts"]
+__all__ = ["SUPPORTED_SUFFIXES", "PromptExample", "check_prompts", "load_prompts"]
 
 
 @dataclass
@@ -63,6 +67,8 @@ def load_prompts(
     max_samples: int | None = None,
     shuffle_seed: int | None = None,
     split: str = "train",
+    config: str | None = None,
+    data_dir: str | None = None,
 ) -> list[PromptExample]:
     """Read a prompt dataset and build one `PromptExample` per record.
 
@@ -71,8 +77,8 @@ def load_prompts(
     when a seed is given, then cut to `max_samples`; only the kept records are rendered.
 
     Args:
-      source: a .jsonl / .json / .parquet file or a HF `datasets` folder (a path), a list of
-        dicts, or a `datasets.Dataset` / `DatasetDict`.
+      source: a .jsonl / .json / .parquet file or a folder (a path), a hub dataset name
+        (`org/name`), a list of dicts, or a `datasets.Dataset` / `DatasetDict`.
       input_key: the field holding the prompt: a string, or a list of {"role", "content"}
         messages (the latter needs `apply_chat_template=True`).
       label_key: the field holding the label (reference answer); None for no labels.
@@ -82,48 +88,81 @@ def load_prompts(
       input_template: a format string with one `{}` (e.g. "Question: {}\\nAnswer:").
       max_samples: keep at most this many records (after shuffling).
       shuffle_seed: shuffle with this seed; None keeps the file order.
-      split: the split to take from a `DatasetDict` (folder or object).
+      split: the split to take from a `DatasetDict` (folder or object) or a hub dataset.
+      config: the hub dataset's config name (`datasets.load_dataset`'s `name`, e.g. "main").
+      data_dir: the hub dataset's (or data-file folder's) subfolder to read.
 
     Raises:
       ConfigError: the arguments do not fit together.
-      DataError: the source is missing, malformed, empty, or a record lacks a key.
+      DataError: the source is missing, malformed, empty, or a record lacks a key or holds a
+        prompt of the wrong type.
     """
-    _check_arguments(tokenizer, apply_chat_template, input_template, max_samples)
-    name = source_name(source)
-    records = read_records(source, split)
-    for record in records:
-        require_key(record, input_key, "input_key", name)
-        if label_key is not None:
-            require_key(record, label_key, "label_key", name)
-
-    order = list(range(len(records)))
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(order)
-    if max_samples is not None:
-        order = order[:max_samples]
-
+    if apply_chat_template and not hasattr(tokenizer, "apply_chat_template"):
+        raise ConfigError(
+            "load_prompts: apply_chat_template=True needs a tokenizer with apply_chat_template; "
+            f"got {type(tokenizer).__name__}"
+        )
+    name, kept = _kept_records(source, input_key, label_key, apply_chat_template, input_template,
+                               max_samples, shuffle_seed, split, config, data_dir)
     examples = []
-    for i in order:
-        record = records[i]
-        text = _build_text(record, input_key, name, tokenizer, apply_chat_template, input_template)
+    for i, record in kept:
+        value = _prompt_value(record, input_key, name, apply_chat_template)
+        text = _render(value, f"{name}, {record.where}, key {input_key!r}", tokenizer, input_template)
         label = record.data[label_key] if label_key is not None else None
         examples.append(PromptExample(text=text, label=label, raw=record.data, index=i))
     return examples
 
 
-def _check_arguments(
-    tokenizer: Any, apply_chat_template: bool, input_template: str | None, max_samples: int | None
-) -> None:
+def check_prompts(
+    source: Source,
+    input_key: str = "input",
+    label_key: str | None = None,
+    apply_chat_template: bool = False,
+    input_template: str | None = None,
+    max_samples: int | None = None,
+    shuffle_seed: int | None = None,
+    split: str = "train",
+    config: str | None = None,
+    data_dir: str | None = None,
+) -> int:
+    """Every check `load_prompts` makes with these arguments, without a tokenizer (nothing is
+    rendered): the source, the keys of every record, the prompt type of every kept record (a
+    string, or with `apply_chat_template` also a message list). Returns the number of prompts
+    `load_prompts` would build. Raises as `load_prompts`."""
+    name, kept = _kept_records(source, input_key, label_key, apply_chat_template, input_template,
+                               max_samples, shuffle_seed, split, config, data_dir)
+    for _, record in kept:
+        _prompt_value(record, input_key, name, apply_chat_template)
+    return len(kept)
+
+
+def _kept_records(
+    source: Source, input_key: str, label_key: str | None, apply_chat_template: bool,
+    input_template: str | None, max_samples: int | None, shuffle_seed: int | None, split: str,
+    config: str | None, data_dir: str | None,
+) -> tuple[str, list[tuple[int, Record]]]:
+    """(source name, [(index, record)]): every record checked for its keys, then shuffled and cut."""
+    _check_arguments(apply_chat_template, input_template, max_samples)
+    name = source_name(source)
+    records = read_records(source, split, config, data_dir)
+    for record in records:
+        require_key(record, input_key, "input_key", name)
+        if label_key is not None:
+            require_key(record, label_key, "label_key", name)
+    order = list(range(len(records)))
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(order)
+    if max_samples is not None:
+        order = order[:max_samples]
+    return name, [(i, records[i]) for i in order]
+
+
+def _check_arguments(apply_chat_template: bool, input_template: str | None, max_samples: int | None) -> None:
     """Raise ConfigError when the rendering arguments contradict each other."""
     if apply_chat_template and input_template is not None:
         raise ConfigError(
             "load_prompts: input_template and apply_chat_template are both set; choose one "
             "(the chat template already wraps the prompt)"
-        )
-    if apply_chat_template and not hasattr(tokenizer, "apply_chat_template"):
-        raise ConfigError(
-            "load_prompts: apply_chat_template=True needs a tokenizer with apply_chat_template; "
-            f"got {type(tokenizer).__name__}"
         )
     if input_template is not None:
         try:
@@ -148,43 +187,43 @@ def _check_arguments(
 # ---------------------------------------------------------------------------------------------
 
 
-def _build_text(
-    record: Record,
-    input_key: str,
-    source: str,
-    tokenizer: Any,
-    apply_chat_template: bool,
-    input_template: str | None,
-) -> str:
-    """The final prompt string of one record."""
+def _prompt_value(record: Record, input_key: str, source: str, apply_chat_template: bool) -> str | list[dict]:
+    """The record's prompt: a string, or (with `apply_chat_template`) a message list; a string
+    becomes one user message. DataError for any other type."""
     value = record.data[input_key]
     where = f"{source}, {record.where}, key {input_key!r}"
     if apply_chat_template:
         if isinstance(value, str):
-            messages = [{"role": "user", "content": value}]
-        elif is_messages(value):
-            messages = value
-        else:
-            raise DataError(
-                f"{where}: expected a string or a list of {{'role', 'content'}} messages, "
-                f"got {type(value).__name__}"
-            )
-        try:
-            text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as exc:  # jinja / transformers raise many types
-            raise DataError(
-                f"{where}: the tokenizer's chat template failed ({type(exc).__name__}: "
-                f"{first_line(exc)}); give a tokenizer with a chat_template that accepts these "
-                "messages, or use input_template instead"
-            ) from exc
-        if not isinstance(text, str):
-            raise DataError(f"{where}: the chat template returned {type(text).__name__}, not str")
-        return text
-    if not isinstance(value, str):
-        hint = " (a message list needs apply_chat_template=True)" if is_messages(value) else ""
-        raise DataError(f"{where}: expected a string, got {type(value).__name__}{hint}")
-    if input_template is not None:
-        return input_template.format(value)
-    return value
+            return [{"role": "user", "content": value}]
+        if is_messages(value):
+            return value
+        raise DataError(
+            f"{where}: expected a string or a list of {{'role', 'content'}} messages, "
+            f"got {type(value).__name__}"
+        )
+    if isinstance(value, str):
+        return value
+    if is_messages(value):
+        raise DataError(
+            f"{where}: a message list, which only the tokenizer's chat template can turn into a "
+            "prompt: add --data.apply_chat_template (apply_chat_template=True)"
+        )
+    raise DataError(f"{where}: expected a string, got {type(value).__name__}")
+
+
+def _render(value: str | list[dict], where: str, tokenizer: Any, input_template: str | None) -> str:
+    """The final prompt string: a message list through the chat template, a string through
+    `input_template` (or as is)."""
+    if isinstance(value, str):
+        return input_template.format(value) if input_template is not None else value
+    try:
+        text = tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # jinja / transformers raise many types
+        raise DataError(
+            f"{where}: the tokenizer's chat template failed ({type(exc).__name__}: "
+            f"{first_line(exc)}); give a tokenizer with a chat_template that accepts these "
+            "messages, or use input_template instead"
+        ) from exc
+    if not isinstance(text, str):
+        raise DataError(f"{where}: the chat template returned {type(text).__name__}, not str")
+    return text

@@ -1,16 +1,23 @@
-"""Read dataset records from a file, a folder or memory, each with where it came from.
+"""Read dataset records from a file, a folder, the Hugging Face hub or memory, each with where it came from.
 
-Sources (a path is chosen by its suffix):
+Sources (a path is chosen by its suffix; an existing local path always wins over a hub name):
   *.jsonl          one JSON object per line (blank lines are skipped)
   *.json           a list of objects, or {"data": [...]}
   *.parquet        read with pyarrow
-  a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`)
+  a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`), or a
+                   folder of data files as `datasets.load_dataset(folder)` reads it (a downloaded hub
+                   dataset: its README's configs, `config`, `data_dir`, `split`)
+  org/name         a hub dataset, `datasets.load_dataset(name, config, split=split, data_dir=data_dir)`;
+                   `org/name@dir` is OpenRLHF's spelling of data_dir=dir. Offline (HF_HUB_OFFLINE=1)
+                   it is read from the datasets cache or from a snapshot in the hub cache
+                   (`hf download --repo-type dataset org/name`).
   a list of dicts  records already in memory (a notebook's data)
   a `datasets.Dataset` / `DatasetDict` object (a `DatasetDict` -> `split`, as for folders)
 
-Shared by every dataset kind (prompts, SFT, preference pairs). Errors are `DataError`s that name
-the source (`source_name`: the path, or "in-memory list" / "in-memory Dataset") and the line or
-record ("record 3", numbered from 0 as in .json files).
+`split` picks one split of a source that has several (a DatasetDict, a hub dataset); single files
+have none and ignore it. Shared by every dataset kind (prompts, SFT, preference pairs). Errors are
+`DataError`s that name the source (`source_name`: the path or hub name, or "in-memory list" /
+"in-memory Dataset") and the line or record ("record 3", numbered from 0 as in .json files).
 """
 
 from __future__ import annotations
@@ -40,11 +47,14 @@ class Record:
     where: str
 
 
-def read_records(source: Source, split: str = "train") -> list[Record]:
-    """All records of `source` (a path, a list of dicts, or a `datasets.Dataset` / `DatasetDict`,
-    of which `split` is taken); DataError when it is missing, malformed or empty."""
+def read_records(source: Source, split: str = "train", config: str | None = None,
+                 data_dir: str | None = None) -> list[Record]:
+    """All records of `source` (a path or hub name, a list of dicts, or a `datasets.Dataset` /
+    `DatasetDict`, of which `split` is taken); DataError when it is missing, malformed or empty.
+    `config` and `data_dir` are `datasets.load_dataset`'s `name` and `data_dir` (hub datasets and
+    folders of data files)."""
     if isinstance(source, (str, Path)):
-        records = list(_read_records(Path(source), split))
+        records = list(_read_path(source, split, config, data_dir))
     elif isinstance(source, (list, tuple)):
         records = list(_read_list(source))
     else:
@@ -84,12 +94,40 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _read_records(path: Path, split: str) -> Iterator[Record]:
+def is_hub_dataset_name(name: str) -> bool:
+    """True when `name` is spelled like a hub dataset id (`org/name` or `name`, optionally with
+    OpenRLHF's `@data_dir`) and not like a path (a leading / . ~, more than one /, a file suffix)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    repo = name.split("@", 1)[0]
+    if repo.startswith(("/", ".", "~")) or repo.count("/") > 1 or Path(repo).suffix in SUPPORTED_SUFFIXES:
+        return False
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _read_path(source: str | Path, split: str, config: str | None, data_dir: str | None) -> Iterator[Record]:
+    """A local path first (file or folder); otherwise a hub dataset name."""
+    path = Path(source).expanduser()
+    if path.exists() or not is_hub_dataset_name(str(source)):
+        yield from _read_records(path, split, config, data_dir)
+        return
+    name, _, at_dir = str(source).partition("@")
+    yield from _read_dataset(_load_hub(name, split, config, data_dir or at_dir or None), split, str(source))
+
+
+def _read_records(path: Path, split: str, config: str | None, data_dir: str | None) -> Iterator[Record]:
     """Yield the records of a file or HF folder, each with its location for error messages."""
     if not path.exists():
         raise DataError(f"{path}: no such file or folder; check the dataset path")
     if path.is_dir():
-        yield from _read_hf_folder(path, split)
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            yield from _read_hf_folder(path, split)
+        else:
+            yield from _read_dataset(_load_folder(path, split, config, data_dir), split, str(path))
     elif path.suffix == ".jsonl":
         yield from _read_jsonl(path)
     elif path.suffix == ".json":
@@ -183,6 +221,75 @@ def _read_hf_folder(path: Path, split: str) -> Iterator[Record]:
             f"({type(exc).__name__}: {first_line(exc)})"
         ) from exc
     yield from _read_dataset(ds, split, str(path))
+
+
+def _load_folder(path: Path, split: str, config: str | None, data_dir: str | None) -> Any:
+    """`datasets.load_dataset(folder)`: a folder of data files (its README's configs, if any)."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(str(path), config, split=split, data_dir=data_dir)
+    except Exception as exc:  # datasets raises FileNotFoundError, ValueError, EmptyDatasetError, ...
+        raise DataError(
+            f"{path}: neither a HF datasets folder written by save_to_disk nor a folder of data files "
+            f"that datasets.load_dataset reads ({type(exc).__name__}: {_datasets_message(exc)})"
+        ) from exc
+
+
+def _load_hub(name: str, split: str, config: str | None, data_dir: str | None) -> Any:
+    """`datasets.load_dataset(name, ...)`; when the hub cannot be asked (HF_HUB_OFFLINE, no
+    network) and the datasets cache has no copy, the snapshot in the hub cache is read instead."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, config, split=split, data_dir=data_dir)
+    except ConnectionError as exc:  # offline or unreachable, and not in the datasets cache
+        folder = _hub_snapshot(name, exc)
+    except Exception as exc:  # DatasetNotFoundError, ValueError (split, config), ...
+        raise _hub_error(name, exc) from exc
+    try:
+        return datasets.load_dataset(str(folder), config, split=split, data_dir=data_dir)
+    except Exception as exc:
+        raise _hub_error(name, exc) from exc
+
+
+def _hub_snapshot(name: str, cause: BaseException) -> Path:
+    """The folder of `name`'s snapshot in the hub cache; DataError saying how to fetch it when absent."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(name, repo_type="dataset", local_files_only=True))
+    except LocalEntryNotFoundError as exc:
+        why = ("HF_HUB_OFFLINE is set, so the hub is not asked" if constants.HF_HUB_OFFLINE
+               else f"the hub could not be reached: {_datasets_message(cause)}")
+        raise DataError(
+            f"dataset {name!r}: no local file or folder of that name, and it is not in the Hugging Face "
+            f"cache ({why}); fetch it with `hf download --repo-type dataset {name}` where there is a "
+            "network, or unset HF_HUB_OFFLINE to download it on first use"
+        ) from exc
+
+
+def _hub_error(name: str, exc: BaseException) -> DataError:
+    """A hub dataset's loading error as one DataError line."""
+    kind = type(exc).__name__
+    if kind == "DatasetNotFoundError":
+        return DataError(
+            f"dataset {name!r}: no local file or folder of that name, and the Hugging Face hub has no "
+            f"dataset of that name ({_datasets_message(exc)}); check the name (a private or gated one "
+            "needs `hf auth login`)"
+        )
+    return DataError(f"dataset {name!r}: {kind}: {_datasets_message(exc)}")
+
+
+def _datasets_message(exc: BaseException) -> str:
+    """The lines of a `datasets` error up to its usage example, joined into one line."""
+    lines = []
+    for line in str(exc).strip().splitlines():
+        if line.strip().startswith("Example"):
+            break
+        lines.append(line.strip())
+    return " ".join(x for x in lines if x) or type(exc).__name__
 
 
 def _read_list(items: list | tuple) -> Iterator[Record]:

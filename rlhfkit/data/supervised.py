@@ -1,7 +1,8 @@
 """SFT, preference-pair and unpaired (KTO) datasets, tokenized into prompt + response samples.
 
-Records come from `data.records`: a path (jsonl / json / parquet / datasets folder), a list of
-dicts, or a `datasets.Dataset` / `DatasetDict`; errors name the source and record. Each becomes a
+Records come from `data.records`: a path (jsonl / json / parquet / datasets folder), a hub dataset
+name (`split`, `config`, `data_dir` as `datasets.load_dataset` takes them), a list of dicts, or a
+`datasets.Dataset` / `DatasetDict`; errors name the source and record. Each becomes a
 `TokenSample`: `prompt_ids` (never trained on) and `response_ids` with a bool `loss_mask`
 (True = a target token). The layout is the one `data.batch.collate` pads and
 `models.response_logprobs` scores, so every supervised loss reuses the RL forward.
@@ -152,8 +153,10 @@ def _as_messages(value: Any, where: str) -> list[dict]:
 def _as_str(value: Any, where: str) -> str:
     if isinstance(value, str):
         return value
-    hint = " (a message list needs --data.apply_chat_template)" if is_messages(value) else ""
-    raise DataError(f"{where}: expected a string, got {type(value).__name__}{hint}")
+    if is_messages(value):
+        raise DataError(f"{where}: a message list, which only the tokenizer's chat template can turn into "
+                        "text: add --data.apply_chat_template")
+    raise DataError(f"{where}: expected a string, got {type(value).__name__}")
 
 
 def _to_sample(pieces: list[tuple[list[int], bool]], where: str) -> TokenSample:
@@ -172,13 +175,13 @@ def sample_length(s: TokenSample) -> int:
 
 
 def _records(source: Source, keys: dict[str, str | None], max_samples: int | None, seed: int | None,
-             split: str) -> list[tuple[int, Record, str]]:
+             split: str, config: str | None, data_dir: str | None) -> list[tuple[int, Record, str]]:
     """(index, record, source name): records with every needed key present (checked before any
     tokenization), shuffled, cut."""
     if max_samples is not None and max_samples < 1:
         raise ConfigError(f"--data.max_samples must be >= 1 (got {max_samples})")
     name = source_name(source)
-    records = read_records(source, split)
+    records = read_records(source, split, config, data_dir)
     for record in records:
         for flag, key in keys.items():
             if key is not None:
@@ -193,11 +196,13 @@ def _records(source: Source, keys: dict[str, str | None], max_samples: int | Non
 
 def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_key: str | None = "output",
              max_len: int = 2048, max_samples: int | None = None, seed: int | None = None,
-             split: str = "train") -> tuple[list[TokenSample], int]:
+             split: str = "train", config: str | None = None, data_dir: str | None = None
+             ) -> tuple[list[TokenSample], int]:
     """SFT samples and the number skipped for exceeding `max_len`. With `output_key` None (or
     absent from every record) `input_key` must hold a whole conversation (chat template).
-    `source`: a path, a list of dicts, or a `datasets.Dataset` / `DatasetDict` (`split` taken)."""
-    rows = _records(source, {"--data.input_key": input_key}, max_samples, seed, split)
+    `source`: a path or hub name, a list of dicts, or a `datasets.Dataset` / `DatasetDict` (`split`
+    taken; `config` and `data_dir` as `datasets.load_dataset` takes them for hub names)."""
+    rows = _records(source, {"--data.input_key": input_key}, max_samples, seed, split, config, data_dir)
     if output_key is not None and all(output_key not in r.data for _, r, _ in rows):
         if not all(is_messages(r.data[input_key]) for _, r, _ in rows):
             require_key(rows[0][1], output_key, "--data.output_key", rows[0][2])
@@ -219,11 +224,12 @@ def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_k
 
 def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt", chosen_key: str = "chosen",
                rejected_key: str = "rejected", max_len: int = 2048, max_samples: int | None = None,
-               seed: int | None = None, split: str = "train") -> tuple[list[PairSample], int]:
+               seed: int | None = None, split: str = "train", config: str | None = None,
+               data_dir: str | None = None) -> tuple[list[PairSample], int]:
     """Preference pairs. chosen/rejected are strings (with `prompt_key`), or whole conversations
     (message lists whose last assistant turn is the compared answer; `prompt_key` may be None)."""
     keys = {"--data.chosen_key": chosen_key, "--data.rejected_key": rejected_key}
-    rows = _records(source, keys, max_samples, seed, split)
+    rows = _records(source, keys, max_samples, seed, split, config, data_dir)
     pairs, skipped = [], 0
     for i, record, p in rows:
         where = f"{p}, {record.where}"
@@ -245,10 +251,11 @@ def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt
 
 def load_unpaired(source: Source, fmt: TextFormat, prompt_key: str = "prompt", output_key: str = "output",
                   label_key: str = "label", max_len: int = 2048, max_samples: int | None = None,
-                  seed: int | None = None, split: str = "train") -> tuple[list[LabeledSample], int]:
+                  seed: int | None = None, split: str = "train", config: str | None = None,
+                  data_dir: str | None = None) -> tuple[list[LabeledSample], int]:
     """KTO examples: (prompt, output, label) with a boolean label (True = desirable)."""
     keys = {"--data.prompt_key": prompt_key, "--data.output_key": output_key, "--data.label_key": label_key}
-    rows = _records(source, keys, max_samples, seed, split)
+    rows = _records(source, keys, max_samples, seed, split, config, data_dir)
     out, skipped = [], 0
     for i, record, p in rows:
         where = f"{p}, {record.where}"

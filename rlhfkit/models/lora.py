@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import ModelError
+from rlhfkit.models.loading import resolve_model_path
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -57,14 +58,14 @@ def merge_lora(adapter_path: str | os.PathLike, base_path: str | os.PathLike | N
     adapter = Path(adapter_path).expanduser()
     if not is_adapter_folder(adapter):
         raise ModelError(f"{adapter}: no {ADAPTER_CONFIG}; pass the folder `rlhfkit train sft --ds.lora.rank N` saved")
-    base = Path(base_path or adapter_base(adapter)).expanduser()
+    base = resolve_model_path(base_path or adapter_base(adapter))
     if not (base / "config.json").is_file():
         raise ModelError(f"base model {base} not found (recorded in {adapter / ADAPTER_CONFIG}); pass --lora.base")
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
     merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out, safe_serialization=True)
     tok_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base
-    AutoTokenizer.from_pretrained(tok_dir, local_files_only=True).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tok_dir).save_pretrained(out)
     return out

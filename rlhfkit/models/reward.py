@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import ModelError
+from rlhfkit.models.loading import resolve_model_path
 
 
 def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.dtype = torch.float32,
@@ -25,14 +26,14 @@ def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.d
     global RNG."""
     from transformers import AutoModelForSequenceClassification
 
-    folder = Path(path).expanduser()
+    folder = resolve_model_path(path)
     if not (folder / "config.json").is_file():
-        raise ModelError(f"{folder}: no config.json; pass a local HF model folder (or `smollm2`)")
+        raise ModelError(f"{folder}: no config.json; pass an HF model folder, a hub name (or `smollm2`)")
     rng = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
         model = AutoModelForSequenceClassification.from_pretrained(
-            folder, num_labels=1, dtype=dtype, local_files_only=True, pad_token_id=pad_token_id)
+            folder, num_labels=1, dtype=dtype, pad_token_id=pad_token_id)
         head = model.score
         torch.nn.init.normal_(head.weight, std=1.0 / (model.config.hidden_size + 1) ** 0.5)
         if getattr(head, "bias", None) is not None:
@@ -49,14 +50,14 @@ def load_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float3
     """A reward model saved by `rlhfkit train rm` (any HF sequence-classification folder)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    folder = Path(path).expanduser()
+    folder = resolve_model_path(path)
     if not is_reward_model_folder(folder):
         raise ModelError(f"{folder} is not a reward-model folder (its config.json names no "
                          "*ForSequenceClassification architecture); train one with `rlhfkit train rm`")
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    config = AutoConfig.from_pretrained(folder)
     if config.num_labels != 1:
         raise ModelError(f"{folder}: a reward model has num_labels=1, this one has {config.num_labels}")
-    return AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    return AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype)
 
 
 def is_reward_model_folder(path: str | os.PathLike) -> bool:

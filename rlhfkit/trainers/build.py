@@ -8,17 +8,19 @@ from pathlib import Path
 from rlhfkit.data.types import PromptItem
 from rlhfkit.errors import DataError
 from rlhfkit.models import load_causal_lm, load_tokenizer, materialize_smollm2
+from rlhfkit.models.loading import resolve_model_path
 from rlhfkit.models.precision import DTYPES
 
 
 def resolve_model(name_or_path: str) -> tuple[str, str | None]:
-    """`smollm2` -> the cached HF folder (converted once); `x/y.gguf` -> (folder, file)."""
-    if name_or_path == "smollm2":
+    """`smollm2` -> the cached HF folder (converted once); `x/y.gguf` -> (folder, file); a local folder
+    as is; a hub name `org/name` -> its folder in the Hugging Face cache."""
+    if name_or_path == "smollm2" and not Path(name_or_path).exists():
         return str(materialize_smollm2()), None
     p = Path(name_or_path)
     if p.suffix == ".gguf":
         return str(p.parent), p.name
-    return name_or_path, None
+    return str(resolve_model_path(name_or_path)), None
 
 
 def load_policy(name_or_path: str, dtype: str):

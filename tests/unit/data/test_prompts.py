@@ -105,7 +105,7 @@ def test_hf_folder_dataset_and_datasetdict_split(tmp_path):
 
 def test_folder_that_is_not_a_dataset(tmp_path):
     (tmp_path / "junk").mkdir()
-    with pytest.raises(DataError, match="not a HF datasets folder"):
+    with pytest.raises(DataError, match="neither a HF datasets folder written by save_to_disk nor a folder"):
         load_prompts(tmp_path / "junk")
 
 
