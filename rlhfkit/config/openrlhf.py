@@ -90,7 +90,8 @@ IS_CORRECTION = ("not supported yet: the hf engine samples with the trained weig
                  "correct); with --rollout.engine vllm the sampler mismatch is not corrected yet")
 PARTIAL = "not supported yet: each response is generated whole with one policy version"
 TEXT_ONLY = "ignored: rlhfkit trains text-only models"
-VALUE_HEAD = "ignored: rlhfkit's reward and value heads are transformers' sequence-classification head `score`"
+VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is transformers' "
+              "sequence-classification `score`)")
 MUON = "ignored: rlhfkit trains with AdamW, Muon's settings have no effect"
 MOE = "ignored: transformers picks the MoE experts' kernel"
 OPTIM = refuse("rlhfkit trains with AdamW only: drop it or pass adam", harmless=("adam",))
@@ -138,8 +139,10 @@ def _max_len(vals, given):
     new = _given(given, "rollout.max_new_tokens", "max_new_tokens", "generate_max_len")
     if new is not None:
         return {"data.prompt_max_len": str(max(1, total - int(new[0])))}
+    from rlhfkit.config.rl import DataConfig  # noqa: PLC0415  (rl.py imports this module)
+
     prompt = _given(given, "data.prompt_max_len", "prompt_max_len")
-    return {"rollout.max_new_tokens": str(max(1, total - int(prompt[0] if prompt else 1024)))}
+    return {"rollout.max_new_tokens": str(max(1, total - int(prompt[0] if prompt else DataConfig.prompt_max_len)))}
 
 
 RL_FLAGS: dict[str, Alias] = {}
@@ -213,7 +216,8 @@ _rl("max_ckpt_mem ckpt.max_mem", notice(CKPT_MEM, 1))
 _rl("best_metric_key ckpt.best_metric_key", notice(BEST_CKPT, 1))
 _rl("logging_steps logger.logging_steps", notice(LOGGING_STEPS, 1))
 _rl("eval_steps eval.steps", to("eval.steps", note="-1: before and after training"))
-_rl("use_tensorboard logger.tensorboard_dir", to("logger.tensorboard_dir", note="rlhfkit always writes TensorBoard events"))
+_rl("use_tensorboard logger.tensorboard_dir",
+    to("logger.tensorboard_dir", note="rlhfkit always writes TensorBoard events"))
 _rl("use_wandb logger.wandb.key", notice(
     "turns wandb logging on (project openrlhf_train_ppo unless --wandb_project); the key is not used: "
     "log in with `wandb login` or WANDB_API_KEY", 1, _wandb_on, weak=True))
@@ -322,7 +326,7 @@ _rl("freezing_actor_steps critic.freezing_steps",
     refuse("rlhfkit updates the actor from the first step (no critic warm-up yet): drop it",
            harmless=("-1", "0")))
 _rl("save_value_network critic.save_value_network",
-    notice("not supported yet: rlhfkit saves the policy (and its EMA), not the critic"))
+    notice("not supported yet: the final model is the policy (and its EMA); the critic is only in checkpoints"))
 # rewards
 _rl("normalize_reward reward.normalize_enable", notice(
     "accepted: a reward model's score is always divided by the mean/std stored with it (what this flag does in "

@@ -279,7 +279,11 @@ def resolve_alias(name: str, rule: Alias, vals: list, given: Mapping[str, list])
     if rule.kind == "noticed":
         log.warning("--%s: %s", name, rule.note)
     if rule.convert is not None:
-        return rule.convert([str(v) for v in vals], given)
+        try:
+            return rule.convert([str(v) for v in vals], given)
+        except (ValueError, TypeError, IndexError):
+            raise ConfigError(f"--{name}: cannot read {' '.join(map(str, vals))!r} (or a flag it depends "
+                              "on) as a number") from None
     if rule.to is None:
         return {}
     return {rule.to: ",".join(map(str, vals)) if rule.nargs == "*" else " ".join(map(str, vals))}

@@ -96,7 +96,8 @@ def test_rm_packing_is_noticed_rather_than_refused(caplog):
     (["--bf16"], ["--actor.dtype", "bfloat16"]),
     (["--ds.param_dtype", "bf16"], ["--actor.dtype", "bfloat16"]),
     (["--eps_clip", "0.3"], ["--actor.eps_clip_low_high", "0.3", "0.3"]),
-    (["--actor.eps_clip", "0.3", "--actor.eps_clip_low_high", "0.2", "0.28"], ["--actor.eps_clip_low_high", "0.2", "0.28"]),
+    (["--actor.eps_clip", "0.3", "--actor.eps_clip_low_high", "0.2", "0.28"],
+     ["--actor.eps_clip_low_high", "0.2", "0.28"]),
     (["--eps_clip_low_high", "0.2", "0.28", "--eps_clip", "0.3"], ["--actor.eps_clip_low_high", "0.2", "0.28"]),
     (["--adam_betas", "0.9", "0.99", "--l2", "0.1", "--max_norm", "0.5"],
      ["--actor.adam.betas", "0.9", "0.99", "--critic.adam.betas", "0.9", "0.99", "--actor.adam.weight_decay", "0.1",
@@ -160,6 +161,20 @@ def test_mapped_flags_give_the_config_of_our_flags(theirs, ours):
 def test_supervised_mapped_flags_give_the_config_of_our_flags(config, theirs, ours):
     table = {SFTConfig: orl.SFT_ALIASES, DPOConfig: orl.DPO_ALIASES, KTOConfig: orl.KTO_ALIASES}[config]
     assert parse_config(config, theirs, table) == parse_config(config, ours, table)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--max_len", "long"], "--max_len: cannot read 'long'"),
+    (["--data.max_len", "2048", "--rollout.max_new_tokens", "x"], "--data.max_len: cannot read '2048' (or a flag"),
+    (["--zero_stage"], "--zero_stage: a value is required"),
+    (["--adam_betas", "0.9"], "--adam_betas: expected 2 values"),
+    (["--vllm_is_truncated_threshold"], "--vllm_is_truncated_threshold: a value is required"),
+    (["--n_samples_per_prompt", "many"], "--rollout.n_samples_per_prompt: expected int, got 'many'"),
+])
+def test_bad_values_of_openrlhf_flags_are_one_line_errors(argv, needle):
+    with pytest.raises(ConfigError) as e:
+        rl(*argv)
+    assert str(e.value).startswith(needle)
 
 
 def test_flags_of_another_command_stay_unknown():
@@ -389,5 +404,5 @@ def test_migration_doc_lists_every_flag_as_the_table_says():
 
 def test_doc_counts_are_the_table_s():
     rows = {line.split("|")[1].strip(): line for line in render().splitlines() if line.startswith("| `train_")}
-    assert rows["`train_ppo_ray`"].split("|")[3:7] == [f" {x} " for x in (
-        len(orl.RL_FLAGS), *(sum(r.kind == k for r in orl.RL_FLAGS.values()) for k in ("mapped", "noticed", "refused")))]
+    kinds = [sum(r.kind == k for r in orl.RL_FLAGS.values()) for k in ("mapped", "noticed", "refused")]
+    assert rows["`train_ppo_ray`"].split("|")[3:7] == [f" {x} " for x in (len(orl.RL_FLAGS), *kinds)]
