@@ -1,5 +1,5 @@
 """Typed configuration of `rlhfkit train rm`, `train dpo` and `train kto` (sections shared with
-config/sft.py; aliases in `SUPERVISED_ALIASES`). `RMConfig.from_args(argv)`,
+config/sft.py; OpenRLHF's flags in config/openrlhf.py). `RMConfig.from_args(argv)`,
 `DPOConfig.from_args(argv, kind)` and `KTOConfig.from_args(argv)` parse exactly the flags of those
 commands and validate."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlhfkit.config.openrlhf import DPO_ALIASES, KTO_ALIASES, RM_ALIASES
 from rlhfkit.config.parse import parse_config
 from rlhfkit.config.rl import AdamConfig
 from rlhfkit.config.sft import (
-    SUPERVISED_ALIASES,
     DSConfig,
     ModelConfig,
     SupervisedCkptConfig,
@@ -37,7 +37,7 @@ class RMConfig:
     @classmethod
     def from_args(cls, argv: list[str]) -> RMConfig:
         """The validated config of `rlhfkit train rm ARGV` (flags, aliases, `--config FILE.yaml`)."""
-        return validate_rm(parse_config(cls, argv, aliases=SUPERVISED_ALIASES))
+        return validate_rm(parse_config(cls, argv, aliases=RM_ALIASES))
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,8 @@ class DPOConfig:
     @classmethod
     def from_args(cls, argv: list[str], kind: str = "dpo") -> DPOConfig:
         """The validated config of `rlhfkit train KIND ARGV`, KIND "dpo" or "kto" (validated as KTO)."""
-        return validate_dpo(parse_config(cls, argv, aliases=SUPERVISED_ALIASES), kind)
+        aliases = KTO_ALIASES if kind == "kto" else DPO_ALIASES
+        return validate_dpo(parse_config(cls, argv, aliases=aliases), kind)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlhfkit.config.parse import parse_config
+from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
+from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.rl import DTYPES, LR_SCHEDULERS, AdamConfig
 from rlhfkit.errors import ConfigError
 
@@ -129,42 +130,12 @@ class SFTConfig:
     def from_args(cls, argv: list[str]) -> SFTConfig:
         """The validated config of `rlhfkit train sft ARGV` (dotted flags, OpenRLHF's flat aliases,
         `--config FILE.yaml`); ConfigError on an unknown flag or a bad value."""
-        return validate_sft(parse_config(cls, argv, aliases=SUPERVISED_ALIASES))
+        return validate_sft(parse_config(cls, argv, aliases=SFT_ALIASES))
 
 
-# OpenRLHF's flat names, accepted as aliases of ours (shared by sft/rm/dpo/kto).
-SUPERVISED_ALIASES = {
-    "pretrain": "model.model_name_or_path",
-    "dataset": "data.dataset",
-    "eval_dataset": "data.eval_dataset",
-    "input_key": "data.input_key",
-    "output_key": "data.output_key",
-    "prompt_key": "data.prompt_key",
-    "chosen_key": "data.chosen_key",
-    "rejected_key": "data.rejected_key",
-    "label_key": "data.label_key",
-    "apply_chat_template": "data.apply_chat_template",
-    "input_template": "data.input_template",
-    "max_len": "data.max_len",
-    "max_samples": "data.max_samples",
-    "train_batch_size": "train.batch_size",
-    "micro_train_batch_size": "train.micro_batch_size",
-    "max_epochs": "train.max_epochs",
-    "lr_warmup_ratio": "train.lr_warmup_ratio",
-    "eval_steps": "train.eval_steps",
-    "seed": "train.seed",
-    "learning_rate": "adam.lr",
-    "packing_samples": "ds.packing_samples",
-    "lora_rank": "ds.lora.rank",
-    "lora_alpha": "ds.lora.alpha",
-    "target_modules": "ds.lora.target_modules",
-    "lora_dropout": "ds.lora.dropout",
-    "save_path": "ckpt.output_dir",
-    "ref_pretrain": "ref.model_name_or_path",
-    "beta": "model.beta",
-    "ipo": "model.ipo_enable",
-    "label_smoothing": "model.label_smoothing",
-}
+# OpenRLHF's flags (flat and dotted names: mapped, noticed or refused; see config/openrlhf.py):
+# SFT_ALIASES are train_sft's, SUPERVISED_ALIASES those of all of train_sft|rm|dpo|kto.
+SUPERVISED_ALIASES: dict[str, Alias] = SUPERVISED_RULES
 
 
 def require(cond: bool, msg: str) -> None:
