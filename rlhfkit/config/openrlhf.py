@@ -97,7 +97,6 @@ MOE = "ignored: transformers picks the MoE experts' kernel"
 OPTIM = refuse("rlhfkit trains with AdamW only: drop it or pass adam", harmless=("adam",))
 AUX_LOSS = refuse("rlhfkit adds no MoE load-balancing loss: drop it", harmless=("0", "0.0"))
 SUP_WANDB = "ignored: train sft|rm|dpo|kto log to metrics.jsonl and TensorBoard (no wandb yet)"
-SPLIT = "ignored for now: rlhfkit reads the `train` split of a datasets folder"
 PROBS = refuse("rlhfkit reads one dataset, unmixed: combine the datasets into one file first",
                harmless=("1", "1.0"))
 
@@ -238,7 +237,8 @@ _rl("critic_pretrain critic.model_name_or_path",
 _rl("agent_func_path train.agent_func_path", to("agent.func_path"))
 _rl("prompt_data data.prompt_dataset", to("data.prompt_dataset"))
 _rl("prompt_data_probs data.prompt_probs", PROBS)
-_rl("prompt_split data.prompt_split eval_split eval.split", notice(SPLIT, 1))
+_rl("prompt_split data.prompt_split", to("data.prompt_split"))
+_rl("eval_split eval.split", to("eval.split"))
 _rl("eval_dataset eval.dataset", to("eval.dataset"))
 _rl("eval_temperature eval.temperature", to("eval.temperature"))
 _rl("eval_n_samples_per_prompt eval.n_samples_per_prompt", to("eval.n_samples"))
@@ -396,7 +396,8 @@ def _supervised_rules() -> dict[str, Alias]:
     add("dataset data.dataset", to("data.dataset"))
     add("eval_dataset eval.dataset", to("data.eval_dataset"))
     add("dataset_probs data.dataset_probs", PROBS)
-    add("dataset_split data.dataset_split train_split eval_split eval.split", notice(SPLIT, 1))
+    add("dataset_split data.dataset_split train_split", to("data.dataset_split"))
+    add("eval_split eval.split", to("data.eval_dataset_split"))
     for key in ("input_key", "output_key", "prompt_key", "chosen_key", "rejected_key", "label_key", "input_template",
                 "max_samples"):
         add(key if key == "label_key" else f"{key} data.{key}", to(f"data.{key}"))  # KTO had no dotted names
