@@ -18,7 +18,7 @@ from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.loading import DEFAULT_CACHE_DIR, SMOLLM2_NAME
+from rlhfkit.models.loading import DEFAULT_CACHE_DIR, SMOLLM2_NAME, read_config_json
 from rlhfkit.models.memory import SMOLLM2_CONFIG, GiB, count_params, memory_estimate
 
 PLAN_FLAGS = ("--plan.num_prompts", "--plan.prompt_tokens")
@@ -57,7 +57,7 @@ def model_config(name_or_path: str) -> tuple[dict | None, str]:
     if not (p / "config.json").is_file():
         raise ConfigError(f"--actor.model_name_or_path {name_or_path}: no config.json there; "
                           "give an HF model folder, a .gguf file or smollm2")
-    return json.loads((p / "config.json").read_text()), str(p / "config.json")
+    return read_config_json(p), str(p / "config.json")
 
 
 def count_prompts(cfg: RLConfig, given: int | None) -> int | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from rlhfkit.errors import DataError
+from rlhfkit.errors import DataError, one_line
 
 if TYPE_CHECKING:
     import datasets
@@ -44,7 +44,10 @@ def read_records(source: Source, split: str = "train") -> list[Record]:
     """All records of `source` (a path, a list of dicts, or a `datasets.Dataset` / `DatasetDict`,
     of which `split` is taken); DataError when it is missing, malformed or empty."""
     if isinstance(source, (str, Path)):
-        records = list(_read_records(Path(source), split))
+        try:
+            records = list(_read_records(Path(source), split))
+        except OSError as exc:  # permissions, an I/O error, a file that vanished while being read
+            raise DataError(f"{source}: cannot read it ({one_line(exc)}); check that the file is readable") from exc
     elif isinstance(source, (list, tuple)):
         records = list(_read_list(source))
     else:
