@@ -125,8 +125,8 @@ class SupervisedTrainer:
     @classmethod
     def from_config(cls, cfg, train_dataset: Source | None = None,
                     eval_dataset: Source | None = None):
-        """Validate `cfg`, load the model and data, create the run folder (config.json) and its
-        loggers. A dataset is a path (.jsonl / .json / .parquet, a datasets folder), a list of
+        """Validate `cfg`, create the run folder (config.json; a bad --ckpt.output_dir fails here,
+        before the model loads), load the model and data, and make the loggers. A dataset is a path (.jsonl / .json / .parquet, a datasets folder), a list of
         dicts, or a `datasets.Dataset` / `DatasetDict` (its "train" split); given ones win over
         --data.dataset / --data.eval_dataset."""
         if not isinstance(cfg, cls.config_class):

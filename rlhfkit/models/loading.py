@@ -222,22 +222,23 @@ def materialize_smollm2(cache_dir: str | os.PathLike | None = None, dtype: torch
     gguf = smollm2_gguf_path()
     model = load_causal_lm(gguf.parent, dtype=dtype, gguf_file=gguf.name)
     tok = load_tokenizer(gguf.parent, gguf_file=gguf.name)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}.", dir=root))
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the cache is a normal folder
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / _COMPLETE_MARKER).write_text(f"source: {gguf.name}\ndtype: {dtype}\n")
-        if target.exists() and not (target / _COMPLETE_MARKER).is_file():
-            shutil.rmtree(target)  # an incomplete leftover from an older layout
+    with save_errors(target):  # e.g. a cache folder that cannot be written
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}.", dir=root))
         try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / _COMPLETE_MARKER).is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the cache is a normal folder
+            model.save_pretrained(tmp, safe_serialization=True)
+            tok.save_pretrained(tmp)
+            (tmp / _COMPLETE_MARKER).write_text(f"source: {gguf.name}\ndtype: {dtype}\n")
+            if target.exists() and not (target / _COMPLETE_MARKER).is_file():
+                shutil.rmtree(target)  # an incomplete leftover from an older layout
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if not (target / _COMPLETE_MARKER).is_file():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return target
