@@ -236,10 +236,10 @@ def prepare_run_dir(cfg: RLConfig, rank: int = 0) -> Path:
     return create_run_dir(run_dir, cfg.logger.tensorboard_dir, to_dict(cfg))
 
 
-def create_run_dir(run_dir: Path, tensorboard_dir: str | None, config: dict) -> Path:
-    """Create the run folder (--ckpt.output_dir) and --logger.tensorboard_dir, and write config.json,
-    before any model loads: a file in the way or a place that cannot be written is a ConfigError
-    naming the flag."""
+def create_run_dir(run_dir: Path, tensorboard_dir: str | None, config: dict | None) -> Path:
+    """Create the run folder (--ckpt.output_dir) and --logger.tensorboard_dir, and write `config` as
+    config.json (unless None), before any model loads: a file in the way or a place that cannot be
+    written is a ConfigError naming the flag."""
     for flag, folder in (("--ckpt.output_dir", run_dir), ("--logger.tensorboard_dir", tensorboard_dir)):
         if folder is None:
             continue
@@ -249,7 +249,7 @@ def create_run_dir(run_dir: Path, tensorboard_dir: str | None, config: dict) -> 
                               "when missing)")
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            if flag == "--ckpt.output_dir":
+            if flag == "--ckpt.output_dir" and config is not None:
                 (folder / "config.json").write_text(json.dumps(config, indent=2))
         except OSError as exc:
             raise ConfigError(f"{flag} {folder}: cannot create the folder or write in it ({one_line(exc)}); "

@@ -468,3 +468,9 @@ def test_81_unreadable_dataset(ws, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(Path, "open", denied)
     refuse(flags(ws, tmp_path / "run"), capsys, "prompts.jsonl: cannot read it (Permission denied); check that the "
                                                 "file is readable")
+
+
+def test_79_eval_output_dir_is_a_file(ws, capsys):
+    refuse(["eval", "--actor.model_name_or_path", ws / "tiny", "--eval.dataset", ws / "prompts.jsonl",
+            "--data.input_key", "q", "--data.label_key", "a", "--eval.verifier", "builtin:math",
+            "--ckpt.output_dir", ws / "a_file"], capsys, f"--ckpt.output_dir {ws / 'a_file'} is a file, not a folder")
