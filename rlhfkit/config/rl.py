@@ -471,6 +471,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     if w.overlong_buffer_len is not None:
         _require(0 < w.overlong_buffer_len <= r.max_new_tokens,
                  f"--reward.overlong_buffer_len must be in [1, --rollout.max_new_tokens={r.max_new_tokens}]")
+    check_input_template(cfg.data.input_template)
     _validate_eval(cfg)
     _validate_distributed(cfg)
     _validate_scale(cfg)
@@ -480,6 +481,18 @@ def validate(cfg: RLConfig) -> BatchPlan:
         micro_batches_per_step=t.batch_size // t.micro_batch_size,
         optimizer_steps_per_rollout=samples // t.batch_size * t.max_epochs,
     )
+
+
+def check_input_template(template: str | None, flag: str = "--data.input_template") -> None:
+    """A format string with exactly one `{}` for the prompt (and literal braces doubled), or None."""
+    if template is None:
+        return
+    try:
+        template.format("")
+    except (IndexError, KeyError, ValueError) as exc:
+        raise ConfigError(f"{flag} {template!r} is not a format string with one '{{}}' for the prompt "
+                          f"({type(exc).__name__}: {exc}); double any literal braces as '{{{{' and '}}}}'") from None
+    _require("{}" in template, f"{flag} {template!r} has no '{{}}' where the prompt goes (e.g. 'Question: {{}}')")
 
 
 def _validate_eval(cfg: RLConfig) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from rlhfkit.config.parse import parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
-from rlhfkit.config.rl import ADAM_RANGES, DTYPES, LR_SCHEDULERS, SEED_RANGE, AdamConfig
+from rlhfkit.config.rl import ADAM_RANGES, DTYPES, LR_SCHEDULERS, SEED_RANGE, AdamConfig, check_input_template
 from rlhfkit.errors import ConfigError
 
 
@@ -183,6 +183,7 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
             f"--train.lr_scheduler: unknown value {t.lr_scheduler!r}; valid: {', '.join(LR_SCHEDULERS)}")
     require(t.batch_size % t.micro_batch_size == 0,
             f"--train.batch_size ({t.batch_size}) must be a multiple of --train.micro_batch_size ({t.micro_batch_size})")
+    check_input_template(cfg.data.input_template)
 
 
 def validate_sft(cfg: SFTConfig) -> SFTConfig:

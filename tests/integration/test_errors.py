@@ -352,6 +352,10 @@ RANGES = [
     ("73-request-timeout", ["--reward.request_timeout", "0"], "--reward.request_timeout must be > 0"),
     ("73-seed", ["--train.seed", "-1"], "--train.seed must be in [0, 4294967295] (got -1)"),
     ("73-save-steps-zero", ["--ckpt.save_steps", "0"], "--ckpt.save_steps must be -1 or >= 1 (got 0)"),
+    ("82-input-template-names-a-field", ["--data.input_template", "Q: {question}"],
+     "--data.input_template 'Q: {question}' is not a format string with one '{}' for the prompt (KeyError: "),
+    ("82-input-template-without-braces", ["--data.input_template", "Question: "],
+     "--data.input_template 'Question: ' has no '{}' where the prompt goes"),
 ]
 
 
@@ -368,6 +372,8 @@ SUPERVISED_RANGES = [
     ("74-sft-lora-alpha", ["train", "sft", "--ds.lora.alpha", "0"], "--ds.lora.alpha must be > 0 (got 0)"),
     ("74-dpo-beta", ["train", "dpo", "--model.beta", "0"], "--model.beta must be > 0 (got 0.0)"),
     ("74-kto-weight", ["train", "kto", "--model.undesirable_weight", "-1"], "--model.undesirable_weight must be > 0"),
+    ("82-sft-input-template", ["train", "sft", "--data.input_template", "{x}: {}"],
+     "--data.input_template '{x}: {}' is not a format string with one '{}'"),
     ("74-serve-port", ["serve-reward", "--reward.remote_url", "r.py", "--port", "0"], "--port must be in [1, 65535]"),
 ]
 
