@@ -458,6 +458,13 @@ def test_80_supervised_damaged_model_and_output_file(ws, tmp_path, capsys):
            "cannot load a reward model backbone from")
 
 
+def test_83_fewer_supervised_samples_than_a_batch(ws, tmp_path, capsys):
+    (tmp_path / "two.jsonl").write_text('{"input": "1+1=", "output": "2"}\n{"input": "2+1=", "output": "3"}\n')
+    refuse(["train", "sft", "--model.model_name_or_path", ws / "tiny", "--data.dataset", tmp_path / "two.jsonl",
+            "--train.batch_size", "4", "--train.micro_batch_size", "4", "--ckpt.output_dir", tmp_path / "run"], capsys,
+           "the training set has 2 usable items, fewer than --train.batch_size 4; lower the batch size or add data")
+
+
 def test_80_plan_with_a_garbage_config(ws, capsys):
     refuse(["plan", "--actor.model_name_or_path", ws / "garbage_config", "--data.prompt_dataset",
             ws / "prompts.jsonl", "--data.input_key", "q"], capsys, "config.json is not valid JSON")
