@@ -487,3 +487,11 @@ def test_79_eval_output_dir_is_a_file(ws, capsys):
     refuse(["eval", "--actor.model_name_or_path", ws / "tiny", "--eval.dataset", ws / "prompts.jsonl",
             "--data.input_key", "q", "--data.label_key", "a", "--eval.verifier", "builtin:math",
             "--ckpt.output_dir", ws / "a_file"], capsys, f"--ckpt.output_dir {ws / 'a_file'} is a file, not a folder")
+
+
+def test_84_view_a_damaged_samples_file(tmp_path, capsys):
+    (tmp_path / "samples.jsonl").write_text('{"step": 1, "prompt": "a"}\n{"step": 1, \n{"step": 2, "prompt": "b"}\n')
+    refuse(["view", tmp_path], capsys, f"{tmp_path / 'samples.jsonl'}, line 2: not valid JSON (Expecting value); fix or "
+                                       "delete that line")
+    (tmp_path / "samples.jsonl").write_bytes(b'{"step": 1, "prompt": "caf\xe9"}\n')
+    refuse(["view", tmp_path], capsys, "samples.jsonl: bytes that are not UTF-8 (invalid continuation byte at byte 26)")
