@@ -491,7 +491,7 @@ def test_79_eval_output_dir_is_a_file(ws, capsys):
 
 def test_84_view_a_damaged_samples_file(tmp_path, capsys):
     (tmp_path / "samples.jsonl").write_text('{"step": 1, "prompt": "a"}\n{"step": 1, \n{"step": 2, "prompt": "b"}\n')
-    refuse(["view", tmp_path], capsys, f"{tmp_path / 'samples.jsonl'}, line 2: not valid JSON (Expecting value); fix or "
-                                       "delete that line")
+    refuse(["view", tmp_path], capsys, f"{tmp_path / 'samples.jsonl'}, line 2: not valid JSON (Expecting property "
+                                       "name enclosed in double quotes); fix or delete that line")
     (tmp_path / "samples.jsonl").write_bytes(b'{"step": 1, "prompt": "caf\xe9"}\n')
     refuse(["view", tmp_path], capsys, "samples.jsonl: bytes that are not UTF-8 (invalid continuation byte at byte 26)")
