@@ -18,7 +18,7 @@ from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.core.losses import POLICY_LOSSES
 from rlhfkit.distributed import fsdp
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, one_line, os_error_fix
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
 from rlhfkit.models.precision import DTYPES
@@ -245,8 +245,27 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
 def prepare_run_dir(cfg: RLConfig, rank: int = 0) -> Path:
     """The run folder; under torchrun, ranks other than 0 log their own metrics in <output_dir>/rankN."""
     run_dir = Path(cfg.ckpt.output_dir) if rank == 0 else Path(cfg.ckpt.output_dir) / f"rank{rank}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    return create_run_dir(run_dir, cfg.logger.tensorboard_dir, to_dict(cfg))
+
+
+def create_run_dir(run_dir: Path, tensorboard_dir: str | None, config: dict | None) -> Path:
+    """Create the run folder (--ckpt.output_dir) and --logger.tensorboard_dir, and write `config` as
+    config.json (unless None), before any model loads: a file in the way or a place that cannot be
+    written is a ConfigError naming the flag."""
+    for flag, folder in (("--ckpt.output_dir", run_dir), ("--logger.tensorboard_dir", tensorboard_dir)):
+        if folder is None:
+            continue
+        folder = Path(folder)
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"{flag} {folder} is a file, not a folder; choose a folder path (it is created "
+                              "when missing)")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if flag == "--ckpt.output_dir" and config is not None:
+                (folder / "config.json").write_text(json.dumps(config, indent=2))
+        except OSError as exc:
+            raise ConfigError(f"{flag} {folder}: cannot create the folder or write in it ({one_line(exc)}); "
+                              f"{os_error_fix(exc)}") from exc
     return run_dir
 
 

@@ -195,7 +195,7 @@ class RayRLTrainer:
     def train(self) -> dict[str, float]:
         from rlhfkit.distributed.launch import run_in_trainer_actor, start_ray  # noqa: PLC0415
 
-        d, run_dir = self.cfg.distributed, Path(self.cfg.ckpt.output_dir)
+        d, run_dir = self.cfg.distributed, C.prepare_run_dir(self.cfg)  # a bad output dir fails before Ray starts
         started = start_ray(d.address, d.num_cpus or self.cfg.rollout.num_workers + 1, run_dir / "ray")
         try:
             metrics = run_in_trainer_actor(_train_in_actor, (self.cfg, self.kwargs), self.cfg.train.num_threads,

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from rlhfkit.api.components import create_run_dir
 from rlhfkit.config.parse import to_dict
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
 from rlhfkit.config.sft import SFTConfig, lora_targets, validate_sft
@@ -126,8 +127,8 @@ class SupervisedTrainer:
     @classmethod
     def from_config(cls, cfg, train_dataset: Source | None = None,
                     eval_dataset: Source | None = None):
-        """Validate `cfg`, load the model and data, create the run folder (config.json) and its
-        loggers. A dataset is a path (.jsonl / .json / .parquet, a datasets folder), a list of
+        """Validate `cfg`, create the run folder (config.json; a bad --ckpt.output_dir fails here,
+        before the model loads), load the model and data, and make the loggers. A dataset is a path (.jsonl / .json / .parquet, a datasets folder), a list of
         dicts, or a `datasets.Dataset` / `DatasetDict` (its "train" split); given ones win over
         --data.dataset / --data.eval_dataset."""
         if not isinstance(cfg, cls.config_class):
@@ -140,12 +141,10 @@ class SupervisedTrainer:
                               "datasets folder); from Python, pass train_dataset= to from_config")
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
+        run_dir = create_run_dir(Path(cfg.ckpt.output_dir), cfg.logger.tensorboard_dir, to_dict(cfg))
         model, tokenizer, ref = build_model(cls.kind, cfg)
         items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset,
                                                eval_dataset)
-        run_dir = Path(cfg.ckpt.output_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
         steps = supervised.planned_steps(len(items), cfg.train)
         tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, steps, cfg.logger.progress_bar,
                              curve_keys=CURVES[cls.kind])

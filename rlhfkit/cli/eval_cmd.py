@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.api.components import build_engine, load_reward, make_evaluator, prompt_options
+from rlhfkit.api.components import build_engine, create_run_dir, load_reward, make_evaluator, prompt_options
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.data.prompts import check_prompts, load_prompts
 from rlhfkit.errors import ConfigError
@@ -43,6 +43,7 @@ def run(argv: list[str]) -> int:
     verifier = load_reward(e.verifier) if e.verifier else None  # fail fast, before the model
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
+    out = create_run_dir(Path(cfg.ckpt.output_dir), None, None)  # a bad output path fails before the model loads
     t0 = time.perf_counter()
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
     engine = build_engine(policy, tokenizer, cfg)
@@ -50,8 +51,6 @@ def run(argv: list[str]) -> int:
     items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
     evaluator = make_evaluator(cfg, items, reward_fn, verifier)
     metrics, rows = evaluator.evaluate(engine, tokenizer)
-    out = Path(cfg.ckpt.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(
         {"metrics": metrics, "prompts": len(evaluator.items), "skipped_prompts": skipped,
          "seconds": round(time.perf_counter() - t0, 1), "config": to_dict(cfg)}, indent=2))

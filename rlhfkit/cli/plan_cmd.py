@@ -20,7 +20,7 @@ from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings
 from rlhfkit.data.prompts import check_prompts
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.loading import DEFAULT_CACHE_DIR, SMOLLM2_NAME, resolve_model_file
+from rlhfkit.models.loading import DEFAULT_CACHE_DIR, SMOLLM2_NAME, read_config_json, resolve_model_file
 from rlhfkit.models.memory import SMOLLM2_CONFIG, GiB, count_params, memory_estimate
 
 PLAN_FLAGS = ("--plan.num_prompts", "--plan.prompt_tokens")
@@ -60,7 +60,7 @@ def model_config(name_or_path: str) -> tuple[dict | None, str]:
     if not config.is_file():
         raise ConfigError(f"--actor.model_name_or_path {name_or_path}: no config.json there; "
                           "give an HF model folder, a hub name (org/name), a .gguf file or smollm2")
-    return json.loads(config.read_text()), str(config)
+    return read_config_json(config.parent), str(config)
 
 
 def count_prompts(cfg: RLConfig, given: int | None) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, DataError, one_line, os_error_fix
 from rlhfkit.tracking.samples import SAMPLES_FILE
 from rlhfkit.tracking.viewer import write_viewer
 
@@ -29,6 +29,14 @@ def run(argv: list[str]) -> int:
     if not (run_dir / samples).is_file():
         raise ConfigError(f"{run_dir / samples} does not exist: give a run folder "
                           f"(--ckpt.output_dir of `rlhfkit train rl`) that holds {samples}")
-    out = write_viewer(run_dir, samples, Path(samples).stem + ".html")
+    try:
+        out = write_viewer(run_dir, samples, Path(samples).stem + ".html")
+    except OSError as exc:  # e.g. a run folder on a read-only mount
+        raise ConfigError(f"cannot write the viewer page into {run_dir}: {one_line(exc)}; {os_error_fix(exc)}") from exc
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{run_dir / samples}: bytes that are not UTF-8 ({exc.reason} at byte {exc.start}); "
+                        "re-encode the file as UTF-8") from exc
+    except ValueError as exc:  # a line that is not JSON (the torn last line of a killed run is skipped)
+        raise DataError(f"{' '.join(str(exc).split())}; fix or delete that line") from exc
     print(f"wrote {out} (open it in a browser; nothing is loaded from the network)")
     return 0

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 
 from rlhfkit.config.openrlhf import DPO_ALIASES, KTO_ALIASES, RM_ALIASES
 from rlhfkit.config.parse import parse_config
+from rlhfkit.config.ranges import validate_table
 from rlhfkit.config.rl import AdamConfig
 from rlhfkit.config.sft import (
+    SUPERVISED_RANGES,
     DSConfig,
     ModelConfig,
     SupervisedCkptConfig,
@@ -97,13 +99,18 @@ def validate_rm(cfg: RMConfig) -> RMConfig:
     return cfg
 
 
+# `train dpo|kto`: the shared ranges and those of the policy's loss settings.
+DPO_RANGES = validate_table({
+    **SUPERVISED_RANGES, "model.beta": "> 0", "model.label_smoothing": "[0, 0.5)",
+    "model.desirable_weight": "> 0", "model.undesirable_weight": "> 0",
+})
+
+
 def validate_dpo(cfg: DPOConfig, kind: str = "dpo") -> DPOConfig:
     """Checks of `train dpo`, and with `kind` "kto" those of `train kto`."""
     require(kind in ("dpo", "kto"), f"validate_dpo: kind must be 'dpo' or 'kto' (got {kind!r})")
-    validate_common(cfg)
+    validate_common(cfg, DPO_RANGES)
     m = cfg.model
-    require(m.beta > 0, f"--model.beta must be > 0 (got {m.beta})")
-    require(0 <= m.label_smoothing < 0.5, f"--model.label_smoothing must be in [0, 0.5) (got {m.label_smoothing})")
     require(not (m.ipo_enable and m.label_smoothing > 0),
             "--model.ipo_enable and --model.label_smoothing are exclusive (cDPO smooths the logistic DPO loss)")
     if kind == "kto":

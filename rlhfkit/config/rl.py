@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from rlhfkit.config.openrlhf import RL_FLAGS
 from rlhfkit.config.parse import Alias, parse_config
+from rlhfkit.config.ranges import ORDERED, check_ranges, validate_table
 from rlhfkit.errors import ConfigError
 
 # The names the trainer accepts; the math behind each lives in rlhfkit.core.
@@ -376,9 +377,44 @@ def _one_of(name: str, value: str, valid: tuple[str, ...]) -> None:
     _require(value in valid, f"--{name}: unknown value {value!r}; valid: {', '.join(valid)}")
 
 
+ADAM_RANGES = {"lr": "> 0", "betas": "[0, 1)", "eps": "> 0", "weight_decay": ">= 0"}
+SEED_RANGE = "[0, 4294967295]"
+
+# The allowed range of every numeric flag of `train rl` (see config/ranges.py); checked first by `validate`.
+RL_RANGES = validate_table({
+    **{f"actor.adam.{k}": v for k, v in ADAM_RANGES.items()},
+    "actor.lr_warmup_ratio": "[0, 1]", "actor.min_lr_ratio": "[0, 1]", "actor.max_norm": ">= 0",
+    "actor.eps_clip_low_high": ("[0, 1)", ">= 0"), "actor.dual_clip": "> 1", "actor.entropy_coef": ">= 0",
+    "actor.ema_beta": "[0, 1]",
+    **{f"critic.adam.{k}": v for k, v in ADAM_RANGES.items()},
+    "critic.value_clip": "> 0", "critic.max_norm": ">= 0",
+    "reward.request_timeout": "> 0", "reward.max_retries": ">= 0", "reward.request_batch_size": ">= 1",
+    "reward.overlong_buffer_len": ">= 1", "reward.overlong_penalty_factor": ">= 0", "reward.clip_range": ORDERED,
+    "reward.timeout": "> 0",
+    "data.max_samples": ">= 1", "data.prompt_max_len": ">= 1",
+    "rollout.batch_size": ">= 1", "rollout.n_samples_per_prompt": ">= 1", "rollout.max_new_tokens": ">= 1",
+    "rollout.temperature": ">= 0", "rollout.top_p": "(0, 1]", "rollout.top_k": "-1 or >= 1",
+    "rollout.stop_token_ids": ">= 0", "rollout.max_batch_size": ">= 1", "rollout.num_workers": ">= 1",
+    "algo.advantage.gamma": "[0, 1]", "algo.advantage.lambd": "[0, 1]",
+    "algo.kl.init_coef": ">= 0", "algo.kl.target": "> 0", "algo.kl.horizon": ">= 1",
+    "algo.dynamic_filtering_range": ORDERED, "algo.dynamic_filtering_max_rounds": ">= 1",
+    "agent.max_turns": ">= 1", "agent.max_response_tokens": ">= 1",
+    "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_tokens_per_micro_batch": ">= 1",
+    "train.max_epochs": ">= 1", "train.num_episodes": ">= 1", "train.max_steps": ">= 1", "train.seed": SEED_RANGE,
+    "train.num_threads": ">= 1", "train.max_skipped_steps": ">= 0", "train.max_staleness": ">= 0",
+    "ckpt.save_steps": "-1 or >= 1", "ckpt.max_num": ">= 1",
+    "logger.log_samples": ">= 0",
+    "eval.steps": "-1 or >= 1", "eval.max_samples": ">= 1", "eval.n_samples": ">= 1", "eval.k": ">= 1",
+    "eval.temperature": ">= 0",
+    "distributed.num_cpus": ">= 1", "distributed.num_gpus_per_worker": ">= 0", "distributed.num_gpus_trainer": ">= 0",
+    "vllm.gpu_memory_utilization": "(0, 1]", "vllm.tensor_parallel_size": ">= 1",
+})
+
+
 def validate(cfg: RLConfig) -> BatchPlan:
     """Refuse settings that do not fit together; return the derived batch plan."""
     r, t, a = cfg.rollout, cfg.train, cfg.algo
+    check_ranges(cfg, RL_RANGES)
     _one_of("algo.advantage.estimator", a.advantage.estimator, ADVANTAGE_ESTIMATORS)
     _one_of("algo.kl.estimator", a.kl.estimator, KL_ESTIMATORS)
     _one_of("actor.loss_agg_mode", cfg.actor.loss_agg_mode, LOSS_AGG_MODES)
@@ -388,22 +424,6 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _one_of("algo.advantage.whiten", a.advantage.whiten, ("true", "mean", "false"))
     if cfg.actor.autocast is not None:
         _one_of("actor.autocast", cfg.actor.autocast, DTYPES)
-    for name, v in [("rollout.batch_size", r.batch_size), ("rollout.n_samples_per_prompt", r.n_samples_per_prompt),
-                    ("rollout.max_new_tokens", r.max_new_tokens), ("rollout.max_batch_size", r.max_batch_size),
-                    ("train.batch_size", t.batch_size), ("train.micro_batch_size", t.micro_batch_size),
-                    ("train.max_epochs", t.max_epochs), ("train.num_episodes", t.num_episodes),
-                    ("train.max_tokens_per_micro_batch", t.max_tokens_per_micro_batch)]:
-        _require(v >= 1, f"--{name} must be >= 1 (got {v})")
-    _require(t.max_steps is None or t.max_steps >= 1, f"--train.max_steps must be >= 1 (got {t.max_steps})")
-    _require(a.kl.init_coef >= 0, f"--algo.kl.init_coef must be >= 0 (got {a.kl.init_coef})")
-    _require(r.temperature >= 0, f"--rollout.temperature must be >= 0 (got {r.temperature})")
-    _require(0 < r.top_p <= 1, f"--rollout.top_p must be in (0, 1] (got {r.top_p})")
-    lo, hi = cfg.actor.eps_clip_low_high
-    _require(0 <= lo < 1 and hi >= 0, f"--actor.eps_clip_low_high: need 0 <= low < 1 and high >= 0 (got {lo} {hi})")
-    _require(cfg.actor.dual_clip is None or cfg.actor.dual_clip > 1,
-             f"--actor.dual_clip must be > 1 (got {cfg.actor.dual_clip})")
-    _require(cfg.actor.ema_beta is None or 0 <= cfg.actor.ema_beta <= 1,
-             f"--actor.ema_beta must be in [0, 1] (got {cfg.actor.ema_beta})")
     if a.advantage.estimator in GROUP_ESTIMATORS:
         _require(r.n_samples_per_prompt >= 2,
                  f"--algo.advantage.estimator {a.advantage.estimator} compares samples of one prompt: "
@@ -411,12 +431,6 @@ def validate(cfg: RLConfig) -> BatchPlan:
     if a.dynamic_filtering_enable:
         _require(r.n_samples_per_prompt >= 2,
                  "--algo.dynamic_filtering_enable needs --rollout.n_samples_per_prompt >= 2")
-        lo_s, hi_s = a.dynamic_filtering_range
-        _require(lo_s < hi_s, f"--algo.dynamic_filtering_range: need LOW < HIGH (got {lo_s} {hi_s})")
-        _require(a.dynamic_filtering_max_rounds >= 1, "--algo.dynamic_filtering_max_rounds must be >= 1")
-    g = cfg.agent
-    _require(g.max_turns >= 1, f"--agent.max_turns must be >= 1 (got {g.max_turns})")
-    _require(g.max_response_tokens is None or g.max_response_tokens >= 1, "--agent.max_response_tokens must be >= 1")
     _require(t.batch_size % t.micro_batch_size == 0,
              f"--train.batch_size ({t.batch_size}) must be a multiple of --train.micro_batch_size "
              f"({t.micro_batch_size}); e.g. --train.micro_batch_size {_divisor_hint(t.batch_size, t.micro_batch_size)}")
@@ -429,13 +443,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     if w.overlong_buffer_len is not None:
         _require(0 < w.overlong_buffer_len <= r.max_new_tokens,
                  f"--reward.overlong_buffer_len must be in [1, --rollout.max_new_tokens={r.max_new_tokens}]")
-    _require(w.request_timeout > 0 and w.max_retries >= 0 and w.request_batch_size >= 1,
-             "--reward.request_timeout must be > 0, --reward.max_retries >= 0, --reward.request_batch_size >= 1")
-    _require(a.kl.target is None or a.kl.target > 0, "--algo.kl.target must be > 0")
-    _require(cfg.ckpt.max_num >= 1, f"--ckpt.max_num must be >= 1 (got {cfg.ckpt.max_num})")
-    _require(t.max_skipped_steps >= 0, f"--train.max_skipped_steps must be >= 0 (got {t.max_skipped_steps})")
-    _require(cfg.reward.timeout is None or cfg.reward.timeout > 0,
-             f"--reward.timeout must be > 0 seconds or none (got {cfg.reward.timeout})")
+    check_input_template(cfg.data.input_template)
     _validate_eval(cfg)
     _validate_distributed(cfg)
     _validate_scale(cfg)
@@ -447,10 +455,20 @@ def validate(cfg: RLConfig) -> BatchPlan:
     )
 
 
+def check_input_template(template: str | None, flag: str = "--data.input_template") -> None:
+    """A format string with exactly one `{}` for the prompt (and literal braces doubled), or None."""
+    if template is None:
+        return
+    try:
+        template.format("")
+    except (IndexError, KeyError, ValueError) as exc:
+        raise ConfigError(f"{flag} {template!r} is not a format string with one '{{}}' for the prompt "
+                          f"({type(exc).__name__}: {exc}); double any literal braces as '{{{{' and '}}}}'") from None
+    _require("{}" in template, f"{flag} {template!r} has no '{{}}' where the prompt goes (e.g. 'Question: {{}}')")
+
+
 def _validate_eval(cfg: RLConfig) -> None:
     e = cfg.eval
-    _require(e.n_samples >= 1, f"--eval.n_samples must be >= 1 (got {e.n_samples})")
-    _require(e.temperature >= 0, f"--eval.temperature must be >= 0 (got {e.temperature})")
     _require(e.n_samples == 1 or e.temperature > 0,
              f"--eval.n_samples {e.n_samples} with --eval.temperature 0 draws identical greedy samples; "
              "set --eval.temperature (e.g. 0.7) or --eval.n_samples 1")
@@ -465,12 +483,8 @@ BACKENDS = ("local", "ray")
 def _validate_distributed(cfg: RLConfig) -> None:
     d, t, n = cfg.distributed, cfg.train, cfg.rollout.num_workers
     _one_of("distributed.backend", d.backend, BACKENDS)
-    _require(n >= 1, f"--rollout.num_workers must be >= 1 (got {n})")
     _require(d.backend == "ray" or (n == 1 and d.address is None),
              "--rollout.num_workers > 1 and --distributed.address need --distributed.backend ray")
-    _require(d.num_cpus is None or d.num_cpus >= 1, f"--distributed.num_cpus must be >= 1 (got {d.num_cpus})")
-    _require(min(d.num_gpus_per_worker, d.num_gpus_trainer) >= 0, "--distributed.num_gpus_* must be >= 0")
-    _require(t.max_staleness >= 0, f"--train.max_staleness must be >= 0 (got {t.max_staleness})")
     if t.async_enable:
         _require(d.backend == "ray", "--train.async_enable overlaps generation on Ray rollout workers with "
                                      "training: add --distributed.backend ray (the local backend is synchronous)")
@@ -488,10 +502,6 @@ def _validate_distributed(cfg: RLConfig) -> None:
 def _validate_scale(cfg: RLConfig) -> None:
     """--rollout.engine, --vllm.*, --fsdp.* (whether vllm imports and torchrun runs is checked at build time)."""
     _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
-    v = cfg.vllm
-    _require(0 < v.gpu_memory_utilization <= 1,
-             f"--vllm.gpu_memory_utilization must be in (0, 1] (got {v.gpu_memory_utilization})")
-    _require(v.tensor_parallel_size >= 1, f"--vllm.tensor_parallel_size must be >= 1 (got {v.tensor_parallel_size})")
     _require(cfg.rollout.engine == "hf" or cfg.distributed.backend == "local",
              "--rollout.engine vllm runs in the trainer's process for now; Ray rollout workers hold HF engines "
              "(drop --distributed.backend ray or use --rollout.engine hf)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlhfkit.config.ranges import check_ranges, validate_table
 from rlhfkit.errors import ConfigError
 
 
@@ -27,13 +28,13 @@ class ServeRewardConfig:
     """Refuse request bodies larger than this (HTTP 413)."""
 
 
+SERVE_RANGES = validate_table({"port": "[1, 65535]", "max_request_bytes": ">= 1"})
+
+
 def validate_serve(cfg: ServeRewardConfig) -> None:
+    check_ranges(cfg, SERVE_RANGES)
     if cfg.reward.model_name_or_path is not None:
         raise ConfigError("--reward.model_name_or_path: serving a reward model is not available yet (rlhfkit has "
                           "no reward-model loader); serve a reward file with --reward.remote_url FILE.py")
     if cfg.reward.remote_url is None:
         raise ConfigError("serve-reward needs --reward.remote_url FILE.py (a reward_func)")
-    if not 0 < cfg.port < 65536:
-        raise ConfigError(f"--port must be in 1..65535 (got {cfg.port})")
-    if cfg.max_request_bytes < 1:
-        raise ConfigError("--max_request_bytes must be >= 1")

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
-from rlhfkit.config.rl import DTYPES, LR_SCHEDULERS, AdamConfig
+from rlhfkit.config.ranges import check_ranges, validate_table
+from rlhfkit.config.rl import ADAM_RANGES, DTYPES, LR_SCHEDULERS, SEED_RANGE, AdamConfig, check_input_template
 from rlhfkit.errors import ConfigError
 
 
@@ -143,25 +144,30 @@ def require(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-def validate_common(cfg) -> None:
-    """Checks every supervised config passes (sections model, data, train, adam, ds). The
-    training data is checked where it is read (`api.supervised`): it may come from memory."""
-    t, d, lora = cfg.train, cfg.data, cfg.ds.lora
+# The allowed range of every numeric flag shared by `train sft|rm|dpo|kto` (see config/ranges.py).
+SUPERVISED_RANGES = validate_table({
+    "data.eval_split": "[0, 1)", "data.max_len": ">= 1", "data.max_samples": ">= 1",
+    "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_epochs": ">= 1", "train.max_steps": ">= 1",
+    "train.lr_warmup_ratio": "[0, 1]", "train.min_lr_ratio": "[0, 1]", "train.max_norm": ">= 0",
+    "train.eval_steps": "-1 or >= 1", "train.seed": SEED_RANGE, "train.num_threads": ">= 1",
+    **{f"adam.{k}": v for k, v in ADAM_RANGES.items()},
+    "ds.lora.rank": ">= 0", "ds.lora.alpha": "> 0", "ds.lora.dropout": "[0, 1)",
+})
+
+
+def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
+    """Checks every supervised config passes (sections model, data, train, adam, ds; `ranges`: the
+    numeric ranges of its flags). The training data is checked where it is read (`api.supervised`):
+    it may come from memory."""
+    check_ranges(cfg, ranges)
+    t = cfg.train
     require(cfg.model.dtype in DTYPES, f"--model.dtype: unknown value {cfg.model.dtype!r}; valid: {', '.join(DTYPES)}")
     require(cfg.model.autocast in (None, *DTYPES), f"--model.autocast must be one of {', '.join(DTYPES)} or none")
     require(t.lr_scheduler in LR_SCHEDULERS,
             f"--train.lr_scheduler: unknown value {t.lr_scheduler!r}; valid: {', '.join(LR_SCHEDULERS)}")
-    for name, v in [("train.batch_size", t.batch_size), ("train.micro_batch_size", t.micro_batch_size),
-                    ("train.max_epochs", t.max_epochs), ("data.max_len", d.max_len)]:
-        require(v >= 1, f"--{name} must be >= 1 (got {v})")
     require(t.batch_size % t.micro_batch_size == 0,
             f"--train.batch_size ({t.batch_size}) must be a multiple of --train.micro_batch_size ({t.micro_batch_size})")
-    require(t.max_steps is None or t.max_steps >= 1, f"--train.max_steps must be >= 1 (got {t.max_steps})")
-    require(0 <= t.lr_warmup_ratio < 1, f"--train.lr_warmup_ratio must be in [0, 1) (got {t.lr_warmup_ratio})")
-    require(0 <= d.eval_split < 1, f"--data.eval_split must be in [0, 1) (got {d.eval_split})")
-    require(lora.rank >= 0, f"--ds.lora.rank must be >= 0 (got {lora.rank})")
-    require(0 <= lora.dropout < 1, f"--ds.lora.dropout must be in [0, 1) (got {lora.dropout})")
-    require(cfg.adam.lr > 0, f"--adam.lr must be > 0 (got {cfg.adam.lr})")
+    check_input_template(cfg.data.input_template)
 
 
 def validate_sft(cfg: SFTConfig) -> SFTConfig:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from rlhfkit.errors import DataError
+from rlhfkit.errors import DataError, one_line
 
 if TYPE_CHECKING:
     import datasets
@@ -54,7 +54,10 @@ def read_records(source: Source, split: str = "train", config: str | None = None
     `config` and `data_dir` are `datasets.load_dataset`'s `name` and `data_dir` (hub datasets and
     folders of data files)."""
     if isinstance(source, (str, Path)):
-        records = list(_read_path(source, split, config, data_dir))
+        try:
+            records = list(_read_path(source, split, config, data_dir))
+        except OSError as exc:  # permissions, an I/O error, a file that vanished while being read
+            raise DataError(f"{source}: cannot read it ({one_line(exc)}); check that the file is readable") from exc
     elif isinstance(source, (list, tuple)):
         records = list(_read_list(source))
     else:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from rlhfkit.errors import ModelError
-from rlhfkit.models.loading import load_causal_lm
+from rlhfkit.models.loading import load_causal_lm, load_errors, save_errors
 from rlhfkit.models.logprobs import backbone_response_hidden
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -94,10 +94,11 @@ class Critic(nn.Module):
         from safetensors.torch import save_file
 
         folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(folder, safe_serialization=True)
-        head = {k: v.detach().contiguous().cpu() for k, v in self.value_head.state_dict().items()}
-        save_file(head, str(folder / VALUE_HEAD_FILE))
+        with save_errors(folder):
+            folder.mkdir(parents=True, exist_ok=True)
+            self.backbone.save_pretrained(folder, safe_serialization=True)
+            head = {k: v.detach().contiguous().cpu() for k, v in self.value_head.state_dict().items()}
+            save_file(head, str(folder / VALUE_HEAD_FILE))
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Critic:
@@ -111,7 +112,8 @@ class Critic(nn.Module):
                 f"{folder} is not a critic folder (no {VALUE_HEAD_FILE}); write one with "
                 "Critic.save_pretrained, or build a fresh critic with Critic.from_causal_lm."
             )
-        backbone = AutoModel.from_pretrained(folder, dtype=dtype)
-        critic = cls(backbone)
-        critic.value_head.load_state_dict(load_file(str(folder / VALUE_HEAD_FILE)))
+        with load_errors("a critic", folder):
+            backbone = AutoModel.from_pretrained(folder, dtype=dtype)
+            critic = cls(backbone)
+            critic.value_head.load_state_dict(load_file(str(folder / VALUE_HEAD_FILE)))
         return critic

@@ -11,14 +11,17 @@ tokenizer) once, in a cache folder the caller names.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from rlhfkit.errors import ModelError
+from rlhfkit.errors import ModelError, RlhfkitError, one_line, os_error_fix
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_CACHE_DIR = Path("~/.cache/rlhfkit/models")
@@ -126,6 +129,85 @@ def _resolve(
     return p, gguf_file
 
 
+# ------------------------------------------------------------------ errors at the library boundary
+FOLDER_HINT = ("check that it is a complete HF folder as save_pretrained writes it (config.json, *.safetensors, "
+               "tokenizer files) of an architecture this transformers version knows")
+
+
+@contextmanager
+def load_errors(what: str, path: str | os.PathLike) -> Iterator[None]:
+    """Turn whatever transformers, safetensors, tokenizers, json or the filesystem raise while
+    loading `what` ("a causal LM", "a tokenizer", ...) from `path` into one ModelError that names the
+    path, the file at fault when one can be told (a *.json that is not JSON, a truncated or corrupt
+    *.safetensors) and what to do. rlhfkit's own errors pass through unchanged."""
+    try:
+        yield
+    except RlhfkitError:
+        raise
+    except Exception as exc:
+        bad = damaged_file(Path(path))
+        if bad:
+            raise ModelError(f"cannot load {what} from {path}: {bad}; re-save or re-download the model") from exc
+        fix = os_error_fix(exc, FOLDER_HINT) if isinstance(exc, OSError) else FOLDER_HINT
+        raise ModelError(f"cannot load {what} from {path}: {one_line(exc)}; {fix}") from exc
+
+
+def damaged_file(folder: Path) -> str | None:
+    """The first *.json file of `folder` that is not JSON or *.safetensors file whose header does
+    not read (truncated, corrupt), said in words; None when all read (or `folder` is not one)."""
+    if not folder.is_dir():
+        return None
+    from safetensors import safe_open
+
+    for f in sorted(folder.iterdir()):
+        try:
+            if f.suffix == ".json" and f.is_file():
+                data = json.loads(f.read_text(encoding="utf-8"))
+                if not isinstance(data, dict):
+                    return f"{f.name} holds a JSON {type(data).__name__}, not an object"
+            elif f.suffix == ".safetensors" and f.is_file():
+                with safe_open(str(f), "pt"):
+                    pass
+        except json.JSONDecodeError as exc:
+            return f"{f.name} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        except UnicodeDecodeError:
+            return f"{f.name} is not UTF-8 text"
+        except OSError as exc:
+            return f"{f.name} cannot be read ({one_line(exc)})"
+        except Exception as exc:  # safetensors' SafetensorError: a header that does not parse or fit the file
+            return f"{f.name} is truncated or corrupt ({one_line(exc)})"
+    return None
+
+
+def read_config_json(folder: str | os.PathLike) -> dict:
+    """The config.json of model folder `folder` as a dict; ModelError naming the file when it cannot
+    be read or is not a JSON object."""
+    path = Path(folder).expanduser() / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+                         "re-save or re-download the model") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"cannot read {path}: {one_line(exc)}; {os_error_fix(exc, FOLDER_HINT)}") from exc
+    if not isinstance(data, dict):
+        raise ModelError(f"{path} holds a JSON {type(data).__name__}, not an object; re-save or re-download the model")
+    return data
+
+
+def _all_weights_loaded(loaded, folder: Path) -> torch.nn.Module:
+    """The model of `from_pretrained(..., output_loading_info=True)`; ModelError when weights of the
+    architecture were missing from the folder (transformers would initialise them at random)."""
+    model, info = loaded
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise ModelError(
+            f"{folder}: the weights files hold no tensors for {len(missing)} parameters of "
+            f"{type(model).__name__} (e.g. {', '.join(missing[:3])}), which would start at random; the weights "
+            "do not belong to the architecture in config.json (re-save the model with save_pretrained)")
+    return model
+
+
 def load_causal_lm(
     path: str | os.PathLike,
     dtype: torch.dtype = torch.float32,
@@ -140,11 +222,10 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     folder, gguf_file = _resolve(path, gguf_file)
-    try:
+    with load_errors("a causal LM", folder / (gguf_file or "")):
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot load a causal LM from {folder / (gguf_file or '')}: {exc}") from exc
+        model = _all_weights_loaded(AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, output_loading_info=True, **kwargs), folder)
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:  # GGUF: weights are already dequantized; drop the quantizer
         quantizer.remove_quantization_config(model)
@@ -155,10 +236,23 @@ def save_hf_folder(model: torch.nn.Module, tokenizer, path: str | os.PathLike) -
     """Write `model` (safetensors; a peft model writes its adapter) and `tokenizer` into folder `path`,
     which `from_pretrained` loads. Returns the folder."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
+    with save_errors(path):
+        path.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(path, safe_serialization=True)
+        tokenizer.save_pretrained(path)
     return path
+
+
+@contextmanager
+def save_errors(path: Path) -> Iterator[None]:
+    """A filesystem error while writing a model folder (a file in the way, no permission, a full
+    disk; safetensors reports its own I/O errors as SafetensorError) -> ModelError naming `path`."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, SafetensorError) as exc:
+        raise ModelError(f"cannot write the model folder {path}: {one_line(exc)}; {os_error_fix(exc)}") from exc
 
 
 def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None):
@@ -170,10 +264,8 @@ def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None):
 
     folder, gguf_file = _resolve(path, gguf_file, needs=("tokenizer.json", "tokenizer_config.json"))
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    try:
+    with load_errors("a tokenizer", folder / (gguf_file or "")):
         tok = AutoTokenizer.from_pretrained(folder, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot load a tokenizer from {folder / (gguf_file or '')}: {exc}") from exc
     if tok.pad_token is None:
         if tok.eos_token is None:
             raise ModelError(f"tokenizer at {folder} has neither a pad nor an EOS token; add one.")
@@ -210,22 +302,23 @@ def materialize_smollm2(cache_dir: str | os.PathLike | None = None, dtype: torch
     gguf = smollm2_gguf_path()
     model = load_causal_lm(gguf.parent, dtype=dtype, gguf_file=gguf.name)
     tok = load_tokenizer(gguf.parent, gguf_file=gguf.name)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}.", dir=root))
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the cache is a normal folder
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / _COMPLETE_MARKER).write_text(f"source: {gguf.name}\ndtype: {dtype}\n")
-        if target.exists() and not (target / _COMPLETE_MARKER).is_file():
-            shutil.rmtree(target)  # an incomplete leftover from an older layout
+    with save_errors(target):  # e.g. a cache folder that cannot be written
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}.", dir=root))
         try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / _COMPLETE_MARKER).is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the cache is a normal folder
+            model.save_pretrained(tmp, safe_serialization=True)
+            tok.save_pretrained(tmp)
+            (tmp / _COMPLETE_MARKER).write_text(f"source: {gguf.name}\ndtype: {dtype}\n")
+            if target.exists() and not (target / _COMPLETE_MARKER).is_file():
+                shutil.rmtree(target)  # an incomplete leftover from an older layout
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if not (target / _COMPLETE_MARKER).is_file():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return target

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import ModelError
-from rlhfkit.models.loading import resolve_model_path
+from rlhfkit.models.loading import load_errors, resolve_model_path, save_errors
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -44,8 +44,10 @@ def is_adapter_folder(path: str | os.PathLike) -> bool:
 
 def adapter_base(path: str | os.PathLike) -> str:
     """The base model folder recorded in an adapter folder."""
-    cfg = json.loads((Path(path).expanduser() / ADAPTER_CONFIG).read_text())
-    return cfg.get("base_model_name_or_path") or ""
+    folder = Path(path).expanduser()
+    with load_errors("a LoRA adapter", folder):
+        cfg = json.loads((folder / ADAPTER_CONFIG).read_text())
+        return cfg.get("base_model_name_or_path") or ""
 
 
 def merge_lora(adapter_path: str | os.PathLike, base_path: str | os.PathLike | None, output_dir: str | os.PathLike,
@@ -61,11 +63,16 @@ def merge_lora(adapter_path: str | os.PathLike, base_path: str | os.PathLike | N
     base = resolve_model_path(base_path or adapter_base(adapter))
     if not (base / "config.json").is_file():
         raise ModelError(f"base model {base} not found (recorded in {adapter / ADAPTER_CONFIG}); pass --lora.base")
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
-    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(out, safe_serialization=True)
+    with load_errors("the base model", base):
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    with load_errors("a LoRA adapter", adapter):
+        merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     tok_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base
-    AutoTokenizer.from_pretrained(tok_dir).save_pretrained(out)
+    with load_errors("a tokenizer", tok_dir):
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    out = Path(output_dir)
+    with save_errors(out):
+        out.mkdir(parents=True, exist_ok=True)
+        merged.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import ModelError
-from rlhfkit.models.loading import resolve_model_path
+from rlhfkit.models.loading import load_errors, resolve_model_path
 
 
 def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.dtype = torch.float32,
@@ -32,14 +32,13 @@ def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.d
     rng = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            folder, num_labels=1, dtype=dtype, pad_token_id=pad_token_id)
+        with load_errors("a reward model backbone", folder):
+            model = AutoModelForSequenceClassification.from_pretrained(
+                folder, num_labels=1, dtype=dtype, pad_token_id=pad_token_id)
         head = model.score
         torch.nn.init.normal_(head.weight, std=1.0 / (model.config.hidden_size + 1) ** 0.5)
         if getattr(head, "bias", None) is not None:
             torch.nn.init.zeros_(head.bias)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot build a reward model on {folder}: {exc}") from exc
     finally:
         torch.random.set_rng_state(rng)
     model.config.pad_token_id = pad_token_id
@@ -54,10 +53,11 @@ def load_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float3
     if not is_reward_model_folder(folder):
         raise ModelError(f"{folder} is not a reward-model folder (its config.json names no "
                          "*ForSequenceClassification architecture); train one with `rlhfkit train rm`")
-    config = AutoConfig.from_pretrained(folder)
-    if config.num_labels != 1:
-        raise ModelError(f"{folder}: a reward model has num_labels=1, this one has {config.num_labels}")
-    return AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype)
+    with load_errors("a reward model", folder):
+        config = AutoConfig.from_pretrained(folder)
+        if config.num_labels != 1:
+            raise ModelError(f"{folder}: a reward model has num_labels=1, this one has {config.num_labels}")
+        return AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype)
 
 
 def is_reward_model_folder(path: str | os.PathLike) -> bool:
@@ -66,8 +66,11 @@ def is_reward_model_folder(path: str | os.PathLike) -> bool:
     cfg = Path(path).expanduser() / "config.json"
     if not cfg.is_file():
         return False
-    archs = json.loads(cfg.read_text()).get("architectures") or []
-    return any(a.endswith("ForSequenceClassification") for a in archs)
+    try:  # an unreadable config.json is reported by the loader that reads it next
+        archs = json.loads(cfg.read_text()).get("architectures") or []
+        return any(a.endswith("ForSequenceClassification") for a in archs)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
 
 
 def reward_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

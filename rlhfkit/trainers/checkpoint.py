@@ -36,9 +36,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from rlhfkit.errors import CheckpointError
+from rlhfkit.errors import CheckpointError, os_error_fix
 
 log = logging.getLogger("rlhfkit")
 MANIFEST, LATEST, STATE_JSON, STATE_TENSORS = "manifest.json", "latest", "state.json", "state.safetensors"
@@ -171,12 +172,16 @@ def save_checkpoint(root: str | Path, step: int, state: dict, modules: dict[str,
         _fsync(pointer)
         os.replace(pointer, root / LATEST)
         _fsync(root)
-    except OSError as exc:
+    except (OSError, SafetensorError) as exc:  # safetensors reports its I/O errors as SafetensorError
         shutil.rmtree(tmp, ignore_errors=True)
         last = _read_latest(root)
+        fix = os_error_fix(exc, "check the disk")
+        if fix.startswith("free disk space"):
+            fix += " or lower --ckpt.max_num"
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())
         raise CheckpointError(
-            f"cannot write checkpoint {root / name}: {exc.strerror or exc} ({type(exc).__name__}); "
-            f"free disk space or lower --ckpt.max_num, then resume with --ckpt.load_enable true "
+            f"cannot write checkpoint {root / name}: {reason} ({type(exc).__name__}); {fix}, then resume with "
+            "--ckpt.load_enable true "
             f"(last good checkpoint: {root / last if last else 'none'})"
         ) from exc
     prune(root, max_num)

@@ -26,7 +26,7 @@ import math
 import torch
 
 from rlhfkit.core.ema import ema_update
-from rlhfkit.errors import CheckpointError, TrainingError
+from rlhfkit.errors import CheckpointError, ConfigError, TrainingError, one_line
 
 log = logging.getLogger("rlhfkit")
 
@@ -76,7 +76,12 @@ class Learner:
             for p, m in zip(self.params, self.master, strict=True):
                 p.register_post_accumulate_grad_hook(functools.partial(_accumulate_into, m))
         self.train_params = self.master if self.master is not None else self.params
-        self.optimizer = torch.optim.AdamW(self.train_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        try:  # the config's ranges refuse these first; this covers callers that build a Learner themselves
+            self.optimizer = torch.optim.AdamW(self.train_params, lr=lr, betas=betas, eps=eps,
+                                               weight_decay=weight_decay)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: AdamW refuses its settings ({one_line(exc)}); the learning rate must be "
+                              "> 0, betas in [0, 1), eps > 0 and the weight decay >= 0") from exc
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(scheduler, total_steps, warmup_steps, min_lr_ratio)
         )

@@ -25,6 +25,7 @@ import torch
 from rlhfkit.core.losses import sft_loss
 from rlhfkit.data.batch import collate
 from rlhfkit.data.packing import pack
+from rlhfkit.errors import DataError
 from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.trainers.learner import Learner
 from rlhfkit.models.precision import autocast_ctx
@@ -50,7 +51,7 @@ def planned_steps(n_items: int, train) -> int:
     """Optimizer steps of a run: full batches per epoch x epochs, capped by max_steps."""
     per_epoch = n_items // train.batch_size
     if per_epoch == 0:
-        raise ValueError(f"the training set has {n_items} usable items, fewer than --train.batch_size "
+        raise DataError(f"the training set has {n_items} usable items, fewer than --train.batch_size "
                          f"{train.batch_size}; lower the batch size or add data")
     total = per_epoch * train.max_epochs
     return min(total, train.max_steps) if train.max_steps is not None else total

@@ -5,13 +5,17 @@ traceback), or with a documented, logged fallback. Case ids match the catalogue'
 import errno
 import json
 import os
+import shutil
 import socket
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from rlhfkit.cli.main import main
-from rlhfkit.models import tiny_model_and_tokenizer
+from rlhfkit.models import load_tokenizer, tiny_model_and_tokenizer
+from rlhfkit.models.reward import init_reward_model
 from rlhfkit.trainers import checkpoint as ck
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -71,10 +75,34 @@ def ws(tiny_ws):
     (root / "unknown_key.yaml").write_text("train:\n  batchsize: 8\n")
     (root / "list.yaml").write_text("- 1\n- 2\n")
     (root / "reward.py").write_text(GOOD_REWARD)
+    damaged_models(root)
+    (root / "a_file").write_text("not a folder")
     (root / "agent_raises.py").write_text(AGENT_RAISES)
     for name, text in REWARDS.items():
         (root / f"reward_{name}.py").write_text(text)
     return root
+
+
+def damaged_models(root):
+    """Copies of the tiny model, each with one file damaged as downloads and disks damage them."""
+    def copy(name):
+        shutil.copytree(root / "tiny", root / name)
+        return root / name
+
+    weights = copy("truncated_weights") / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    (copy("garbage_weights") / "model.safetensors").write_bytes(b"<html>404 Not Found</html>" * 4)
+    (copy("garbage_config") / "config.json").write_text('{"model_type": "llama", ')
+    (copy("garbage_tokenizer") / "tokenizer.json").write_text("version https://git-lfs.github.com/spec/v1\n")
+    other = copy("foreign_weights")  # weights of another model under this config.json
+    save_file({"transformer.wte.weight": torch.zeros(4, 4)}, str(other / "model.safetensors"))
+    for f in copy("no_tokenizer").iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            f.unlink()
+    tok = load_tokenizer(root / "tiny")
+    init_reward_model(root / "tiny", tok.pad_token_id).save_pretrained(root / "truncated_rm")
+    weights = root / "truncated_rm" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
 
 
 def flags(ws, out, **over):
@@ -293,3 +321,177 @@ def test_50_debug_shows_the_traceback(ws, tmp_path, capsys):
     argv = flags(ws, tmp_path / "run", **{"reward.remote_url": ws / "reward_raises.py"})
     with pytest.raises(Exception, match="raised KeyError"):
         main([str(a) for a in argv] + ["--debug"])
+
+
+# ------------------------------------------------------------------ numeric ranges, before any model loads
+# (case, extra flags appended to a good command line, text of the one-line message). Every numeric flag of
+# every command has a range (tests/unit/config/test_ranges.py); these go through the real CLI.
+RANGES = [
+    ("71-negative-lr", ["--actor.adam.lr", "-1e-6"], "--actor.adam.lr must be > 0 (got -1e-06)"),
+    ("71-nan-lr", ["--actor.adam.lr", "nan"], "--actor.adam.lr must be a finite number > 0 (got nan)"),
+    ("71-critic-lr-zero", ["--critic.adam.lr", "0"], "--critic.adam.lr must be > 0 (got 0.0)"),
+    ("72-beta-is-one", ["--actor.adam.betas", "0.9", "1.0"], "--actor.adam.betas: each value must be in [0, 1) "
+                                                               "(got 0.9 1.0)"),
+    ("72-eps-zero", ["--actor.adam.eps", "0"], "--actor.adam.eps must be > 0 (got 0.0)"),
+    ("72-negative-weight-decay", ["--actor.adam.weight_decay", "-0.01"], "--actor.adam.weight_decay must be >= 0"),
+    ("73-warmup-ratio", ["--actor.lr_warmup_ratio", "1.5"], "--actor.lr_warmup_ratio must be in [0, 1] (got 1.5)"),
+    ("73-min-lr-ratio", ["--actor.min_lr_ratio", "-0.1"], "--actor.min_lr_ratio must be in [0, 1]"),
+    ("73-max-norm", ["--actor.max_norm", "-1"], "--actor.max_norm must be >= 0"),
+    ("73-top-k-zero", ["--rollout.top_k", "0"], "--rollout.top_k must be -1 or >= 1 (got 0)"),
+    ("73-top-p", ["--rollout.top_p", "0"], "--rollout.top_p must be in (0, 1] (got 0.0)"),
+    ("73-negative-temperature", ["--rollout.temperature", "-0.5"], "--rollout.temperature must be >= 0"),
+    ("73-gamma", ["--algo.advantage.gamma", "1.5"], "--algo.advantage.gamma must be in [0, 1]"),
+    ("73-lambd", ["--algo.advantage.lambd", "-0.1"], "--algo.advantage.lambd must be in [0, 1]"),
+    ("73-clip-range-reversed", ["--reward.clip_range", "1", "-1"], "--reward.clip_range must be two finite numbers "
+                                                                    "LOW HIGH with LOW < HIGH (got 1.0 -1.0)"),
+    ("73-eps-clip-low", ["--actor.eps_clip_low_high", "1.2", "0.2"], "--actor.eps_clip_low_high: value 1 must be in "
+                                                                      "[0, 1)"),
+    ("73-value-clip-zero", ["--critic.value_clip", "0"], "--critic.value_clip must be > 0 or none (got 0.0)"),
+    ("73-entropy-coef", ["--actor.entropy_coef", "-0.01"], "--actor.entropy_coef must be >= 0"),
+    ("73-num-threads", ["--train.num_threads", "0"], "--train.num_threads must be >= 1 or none (got 0)"),
+    ("73-request-timeout", ["--reward.request_timeout", "0"], "--reward.request_timeout must be > 0"),
+    ("73-seed", ["--train.seed", "-1"], "--train.seed must be in [0, 4294967295] (got -1)"),
+    ("73-save-steps-zero", ["--ckpt.save_steps", "0"], "--ckpt.save_steps must be -1 or >= 1 (got 0)"),
+    ("82-input-template-names-a-field", ["--data.input_template", "Q: {question}"],
+     "--data.input_template 'Q: {question}' is not a format string with one '{}' for the prompt (KeyError: "),
+    ("82-input-template-without-braces", ["--data.input_template", "Question: "],
+     "--data.input_template 'Question: ' has no '{}' where the prompt goes"),
+]
+
+
+@pytest.mark.parametrize("case,extra,needle", RANGES, ids=[c[0] for c in RANGES])
+def test_numeric_flags_out_of_range(ws, tmp_path, capsys, case, extra, needle):
+    refuse(flags(ws, tmp_path / "run") + extra, capsys, needle)
+    assert not (tmp_path / "run").exists()  # refused before the run folder (or any model)
+
+
+SUPERVISED_RANGES = [
+    ("74-sft-eps-zero", ["train", "sft", "--adam.eps", "0"], "--adam.eps must be > 0 (got 0.0)"),
+    ("74-sft-beta", ["train", "sft", "--adam.betas", "1.0", "0.95"], "--adam.betas: each value must be in [0, 1)"),
+    ("74-rm-weight-decay", ["train", "rm", "--adam.weight_decay", "-1"], "--adam.weight_decay must be >= 0"),
+    ("74-sft-lora-alpha", ["train", "sft", "--ds.lora.alpha", "0"], "--ds.lora.alpha must be > 0 (got 0)"),
+    ("74-dpo-beta", ["train", "dpo", "--model.beta", "0"], "--model.beta must be > 0 (got 0.0)"),
+    ("74-kto-weight", ["train", "kto", "--model.undesirable_weight", "-1"], "--model.undesirable_weight must be > 0"),
+    ("82-sft-input-template", ["train", "sft", "--data.input_template", "{x}: {}"],
+     "--data.input_template '{x}: {}' is not a format string with one '{}'"),
+    ("74-serve-port", ["serve-reward", "--reward.remote_url", "r.py", "--port", "0"], "--port must be in [1, 65535]"),
+]
+
+
+@pytest.mark.parametrize("case,argv,needle", SUPERVISED_RANGES, ids=[c[0] for c in SUPERVISED_RANGES])
+def test_numeric_flags_of_the_other_commands(ws, tmp_path, capsys, case, argv, needle):
+    if argv[0] == "train":
+        argv = argv + ["--model.model_name_or_path", ws / "tiny", "--data.dataset", ws / "prompts.jsonl",
+                       "--ckpt.output_dir", tmp_path / "run"]
+    refuse(argv, capsys, needle)
+
+
+# ------------------------------------------------------------------ damaged models and output paths
+MODELS = [
+    ("75-truncated-weights", {"actor.model_name_or_path": "{ws}/truncated_weights"},
+     "cannot load a causal LM from {ws}/truncated_weights: model.safetensors is truncated or corrupt"),
+    ("75-garbage-weights", {"actor.model_name_or_path": "{ws}/garbage_weights"},
+     "model.safetensors is truncated or corrupt (SafetensorError: "),
+    ("76-garbage-config", {"actor.model_name_or_path": "{ws}/garbage_config"},
+     "garbage_config: config.json is not valid JSON (Expecting property name enclosed in double quotes at line 1"),
+    ("76-garbage-tokenizer", {"actor.model_name_or_path": "{ws}/garbage_tokenizer"},
+     "cannot load a tokenizer from {ws}/garbage_tokenizer: tokenizer.json is not valid JSON"),
+    ("77-foreign-weights", {"actor.model_name_or_path": "{ws}/foreign_weights"},
+     "the weights files hold no tensors for"),
+    ("78-no-tokenizer-files", {"actor.model_name_or_path": "{ws}/no_tokenizer"},
+     "no_tokenizer has no tokenizer.json or tokenizer_config.json"),
+    ("75-corrupt-reference", {"ref.model_name_or_path": "{ws}/truncated_weights", "algo.kl.init_coef": 0.01},
+     "truncated_weights: model.safetensors is truncated or corrupt"),
+    ("75-corrupt-critic", {"critic.model_name_or_path": "{ws}/truncated_weights", "algo.advantage.estimator": "gae"},
+     "truncated_weights: model.safetensors is truncated or corrupt"),
+    ("75-corrupt-reward-model", {"reward.remote_url": None, "reward.model_name_or_path": "{ws}/truncated_rm"},
+     "cannot load a reward model from {ws}/truncated_rm: model.safetensors is truncated or corrupt"),
+    ("79-output-dir-is-a-file", {"ckpt.output_dir": "{ws}/a_file"},
+     "--ckpt.output_dir {ws}/a_file is a file, not a folder; choose a folder path"),
+    ("79-output-dir-inside-a-file", {"ckpt.output_dir": "{ws}/a_file/run"},
+     "cannot create the folder or write in it (Not a directory); a part of the path is a file"),
+    ("79-tensorboard-dir-is-a-file", {"logger.tensorboard_dir": "{ws}/a_file"},
+     "--logger.tensorboard_dir {ws}/a_file is a file, not a folder"),
+]
+
+
+@pytest.mark.parametrize("case,over,needle", MODELS, ids=[c[0] for c in MODELS])
+def test_damaged_models_and_bad_output_paths(ws, tmp_path, capsys, case, over, needle):
+    over = {k: (v.format(ws=ws) if isinstance(v, str) else v) for k, v in over.items()}
+    refuse(flags(ws, tmp_path / "run", **over), capsys, needle.format(ws=ws))
+
+
+def test_79_read_only_output_dir(ws, tmp_path, capsys, monkeypatch):
+    real = Path.mkdir
+
+    def read_only(self, *args, **kwargs):  # a read-only mount (root ignores permission bits, so simulate it)
+        if str(self).startswith(str(tmp_path / "ro")):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    refuse(flags(ws, tmp_path / "ro" / "run"), capsys, "cannot create the folder or write in it (Read-only file "
+                                                        "system); choose a place on a writable file system")
+    argv = ["train", "sft", "--model.model_name_or_path", ws / "tiny", "--data.dataset", ws / "prompts.jsonl",
+            "--ckpt.output_dir", tmp_path / "ro" / "sft"]
+    refuse(argv, capsys, "--ckpt.output_dir")
+
+
+def test_79_final_model_cannot_be_written(ws, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "final").write_text("a file where the final model goes")
+    refuse(flags(ws, out), capsys, f"cannot write the model folder {out / 'final'}: File exists; a file is in the way")
+
+
+def test_80_supervised_damaged_model_and_output_file(ws, tmp_path, capsys):
+    rows = [{"input": f"{i}+1=", "output": str(i + 1)} for i in range(8)]
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["train", "sft", "--data.dataset", tmp_path / "sft.jsonl", "--train.batch_size", "4",
+            "--train.micro_batch_size", "4", "--logger.progress_bar", "false"]
+    refuse(base + ["--model.model_name_or_path", ws / "garbage_config", "--ckpt.output_dir", tmp_path / "a"], capsys,
+           "config.json is not valid JSON")
+    refuse(base + ["--model.model_name_or_path", ws / "tiny", "--ckpt.output_dir", ws / "a_file"], capsys,
+           f"--ckpt.output_dir {ws / 'a_file'} is a file, not a folder")
+    refuse(["train", "rm"] + base[2:] + ["--model.model_name_or_path", ws / "truncated_weights",
+                                         "--ckpt.output_dir", tmp_path / "b"], capsys,
+           "cannot load a reward model backbone from")
+
+
+def test_83_fewer_supervised_samples_than_a_batch(ws, tmp_path, capsys):
+    (tmp_path / "two.jsonl").write_text('{"input": "1+1=", "output": "2"}\n{"input": "2+1=", "output": "3"}\n')
+    refuse(["train", "sft", "--model.model_name_or_path", ws / "tiny", "--data.dataset", tmp_path / "two.jsonl",
+            "--train.batch_size", "4", "--train.micro_batch_size", "4", "--ckpt.output_dir", tmp_path / "run"], capsys,
+           "the training set has 2 usable items, fewer than --train.batch_size 4; lower the batch size or add data")
+
+
+def test_80_plan_with_a_garbage_config(ws, capsys):
+    refuse(["plan", "--actor.model_name_or_path", ws / "garbage_config", "--data.prompt_dataset",
+            ws / "prompts.jsonl", "--data.input_key", "q"], capsys, "config.json is not valid JSON")
+
+
+def test_81_unreadable_dataset(ws, tmp_path, capsys, monkeypatch):
+    real = Path.open
+
+    def denied(self, *args, **kwargs):  # chmod 000 (root reads it anyway, so simulate it)
+        if self.name == "prompts.jsonl":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", denied)
+    refuse(flags(ws, tmp_path / "run"), capsys, "prompts.jsonl: cannot read it (Permission denied); check that the "
+                                                "file is readable")
+
+
+def test_79_eval_output_dir_is_a_file(ws, capsys):
+    refuse(["eval", "--actor.model_name_or_path", ws / "tiny", "--eval.dataset", ws / "prompts.jsonl",
+            "--data.input_key", "q", "--data.label_key", "a", "--eval.verifier", "builtin:math",
+            "--ckpt.output_dir", ws / "a_file"], capsys, f"--ckpt.output_dir {ws / 'a_file'} is a file, not a folder")
+
+
+def test_84_view_a_damaged_samples_file(tmp_path, capsys):
+    (tmp_path / "samples.jsonl").write_text('{"step": 1, "prompt": "a"}\n{"step": 1, \n{"step": 2, "prompt": "b"}\n')
+    refuse(["view", tmp_path], capsys, f"{tmp_path / 'samples.jsonl'}, line 2: not valid JSON (Expecting property "
+                                       "name enclosed in double quotes); fix or delete that line")
+    (tmp_path / "samples.jsonl").write_bytes(b'{"step": 1, "prompt": "caf\xe9"}\n')
+    refuse(["view", tmp_path], capsys, "samples.jsonl: bytes that are not UTF-8 (invalid continuation byte at byte 26)")

@@ -269,6 +269,7 @@ def test_refused_flags_are_one_line_cli_errors(argv, needle, capsys):
 
 # ------------------------------------------------------------------ every flag, with a plausible value
 SAMPLES = {  # flags whose value must be of a given form (others: from their target's type or default)
+    "input_template": ["Q: {}"], "data.input_template": ["Q: {}"],
     "param_dtype": ["bf16"], "ds.param_dtype": ["bf16"], "eps_clip": ["0.2"], "actor.eps_clip": ["0.2"],
     "max_len": ["2048"], "data.max_len": ["2048"], "adam_betas": ["0.9", "0.95"], "l2": ["0.01"],
     "max_norm": ["0.5"], "ema_beta": ["0.99"], "train.ema_beta": ["0.99"], "reward_clip_range": ["-5", "5"],

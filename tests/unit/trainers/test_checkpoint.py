@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from rlhfkit.errors import CheckpointError, TrainingError
 from rlhfkit.trainers import checkpoint as ck
@@ -131,3 +132,23 @@ def test_running_moments_state():
     m2 = RunningMoments()
     m2.load_state_dict(m.state_dict())
     assert (m2.count, m2.mean, m2.m2) == (2, 2.0, 2.0)
+
+
+@pytest.mark.parametrize("raised,fix", [
+    (OSError(errno.EACCES, "Permission denied"), "Permission denied (PermissionError); choose a place you may write to"),
+    (OSError(errno.EROFS, "Read-only file system"), "choose a place on a writable file system, then resume"),
+    # safetensors' own type for an I/O error only names the errno in its text
+    (SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+     "(SafetensorError); free disk space or lower --ckpt.max_num, then resume"),
+])
+def test_write_errors_say_what_to_do_by_their_cause(tmp_path, monkeypatch, raised, fix):
+    _save(tmp_path, 1)
+
+    def fails(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(ck, "save_file", fails)
+    with pytest.raises(CheckpointError) as e:
+        _save(tmp_path, 2)
+    assert fix in str(e.value) and "\n" not in str(e.value)
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step_00000001"]

@@ -124,6 +124,6 @@ def test_overlong_penalty_under_its_reward_flag():
     trajs = [Trajectory(torch.tensor([5]), torch.tensor([6] * n), torch.ones(n, dtype=torch.bool), torch.zeros(n),
                         "stop", 0, group_id=0) for n in (1, 2, 3)]
     scored = loop.scorer(loop.data.prompts, trajs)
-    rewards, scores, m = scored.rewards, scored.scores, scored.metrics
+    rewards, scores = scored.rewards, scored.scores
     # max_new_tokens 3, buffer 2: lengths 1, 2, 3 -> penalties 0, -0.25, -0.5 on reward 1
     assert rewards.tolist() == [1.0, 0.75, 0.5] and scores.tolist() == [1.0, 1.0, 1.0]

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.learner import Learner, lr_lambda
 from rlhfkit.trainers.scoring import RunningMoments
 
@@ -102,3 +103,16 @@ def test_bf16_masters_round_trip_the_state_dict_and_skip_non_finite_steps():
     from rlhfkit.errors import CheckpointError
     with pytest.raises(CheckpointError, match="written with bfloat16 parameters, this run has float32"):
         Learner(torch.nn.Linear(1, 1, bias=False), lr=1e-3, ema_beta=0.5).load_state_dict(state)
+
+
+@pytest.mark.parametrize("kw,cause", [
+    (dict(lr=-1.0), "Invalid learning rate: -1.0"),
+    (dict(lr=1e-3, betas=(0.9, 1.0)), "Invalid beta parameter at index 1: 1.0"),
+    (dict(lr=1e-3, eps=-1e-8), "Invalid epsilon value: -1e-08"),
+    (dict(lr=1e-3, weight_decay=-0.1), "Invalid weight_decay value: -0.1"),
+])
+def test_settings_the_optimizer_refuses_are_a_config_error(kw, cause):
+    """The config's ranges refuse these first; a Learner built by hand gets the same one-line error."""
+    with pytest.raises(ConfigError) as e:
+        Learner(torch.nn.Linear(2, 1), name="critic", **kw)
+    assert str(e.value).startswith(f"critic: AdamW refuses its settings (ValueError: {cause}); the learning rate")
