@@ -121,6 +121,25 @@ def test_openrlhf_2025_agent_file_trains_through_the_cli(ws, tmp_path):
     assert last > first + 0.5, f"reward {first:.3f} -> {last:.3f}"  # measured 0.022 -> 1.245 (max 1.5)
 
 
+RETOKENIZING_2025 = FIXTURE_2025.read_text().replace(  # the actions' text re-tokenized (and reversed)
+    "action = list(final.outputs[0].token_ids)",
+    "action = self.hf_tokenizer(final.outputs[0].text, add_special_tokens=False)['input_ids'][::-1]").replace(
+    "log_probs += [lp[t].logprob for t, lp in zip(action, final.outputs[0].logprobs)]",
+    "log_probs += [0.0] * len(action)")
+
+
+def test_a_2025_file_that_trains_on_other_tokens_than_generated_is_refused_in_one_line(ws, tmp_path, capsys):
+    bad = tmp_path / "retokenizing.py"
+    bad.write_text(RETOKENIZING_2025)
+    argv = flags(ws, tmp_path / "run", **{"agent.func_path": str(bad), "train.max_steps": "1",
+                                          "agent.max_response_tokens": "40"})
+    assert main(["train", "rl", *argv]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"agent {bad}: action range (" in lines[0] and "the engine did not generate" in lines[0]
+
+
 @pytest.mark.parametrize("name", ["builtin:guess", "builtin:calculator"])
 def test_builtin_environments_run(ws, tmp_path, name):
     argv = flags(ws, tmp_path, **{"agent.func_path": name, "train.max_steps": "1"})
