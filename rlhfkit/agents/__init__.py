@@ -1,9 +1,12 @@
-"""Agents: the `AgentInstance` contract, single- and multi-turn executors, example environments.
+"""Agents: the `AgentInstance` contract, single- and multi-turn executors, OpenRLHF's mid-2025
+`AgentExecutorBase` contract, example environments.
 
 Names follow OpenRLHF's `openrlhf.utils.agent` so that its agent files need only new imports.
 """
 
 from rlhfkit.agents.base import AgentInstanceBase, StepResult, check_step_result
+from rlhfkit.agents.engine_adapter import EngineAdapter, VLLMSamplingParams
+from rlhfkit.agents.execute import AgentExecutorBase, ExecuteRunner, ResultQueue
 from rlhfkit.agents.executor import (
     MultiTurnExecutor,
     SingleTurnExecutor,
@@ -18,13 +21,18 @@ MultiTurnAgentExecutor = MultiTurnExecutor
 SingleTurnAgentExecutor = SingleTurnExecutor
 
 __all__ = [
+    "AgentExecutorBase",
     "AgentInstanceBase",
+    "EngineAdapter",
+    "ExecuteRunner",
     "MultiTurnAgentExecutor",
     "MultiTurnExecutor",
+    "ResultQueue",
     "SingleTurnAgentExecutor",
     "SingleTurnExecutor",
     "StepResult",
     "TokenBudget",
+    "VLLMSamplingParams",
     "agent_rewards",
     "check_step_result",
     "drift_count",

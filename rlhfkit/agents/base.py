@@ -1,4 +1,4 @@
-"""The `AgentInstance` contract (OpenRLHF's, seed article 004) and the checks on what it returns.
+"""The `AgentInstance` contract (OpenRLHF's) and the checks on what it returns.
 
 An agent environment is a class with two async methods, one instance per episode:
 
@@ -58,21 +58,21 @@ class StepResult:
     score: float | None
     feedback: str
     done: bool
-    sampling_params: SamplingParams | None
+    sampling_params: Any  # the next turn's parameters (None: unchanged)
     extra_logs: dict[str, float]
 
 
-async def new_instance(cls: type) -> Any:
-    """`cls()`, awaiting an `async def __init__` (which plain `cls()` cannot call)."""
+async def new_instance(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """`cls(*args, **kwargs)`, awaiting an `async def __init__` (which plain `cls()` cannot call)."""
     init = cls.__init__
     if inspect.iscoroutinefunction(init):
         instance = cls.__new__(cls)
-        await init(instance)
+        await init(instance, *args, **kwargs)
         return instance
-    return cls()
+    return cls(*args, **kwargs)
 
 
-def to_float(value: Any, source: str, what: str) -> float:
+def to_float(value: Any, source: str, what: str, origin: str = "step() returned") -> float:
     """A Python float from a float/int/bool or a one-element tensor/array."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
@@ -82,11 +82,12 @@ def to_float(value: Any, source: str, what: str) -> float:
         out = float(value)
         if out == out and abs(out) != float("inf"):
             return out
-    raise RewardError(f"agent {source}: step() returned {what}={value!r:.60}; give one finite number")
+    raise RewardError(f"agent {source}: {origin} {what}={value!r:.60}; give one finite number")
 
 
-def check_step_result(result: Any, source: str, current: SamplingParams) -> StepResult:
-    """Check an `AgentInstance.step` result; RewardError names `source` and the field at fault."""
+def check_step_result(result: Any, source: str, current: Any, merge=None) -> StepResult:
+    """Check an `AgentInstance.step` result; RewardError names `source` and the field at fault.
+    `merge(current, new, source)` reads its sampling_params (default: `merge_sampling_params`)."""
     if not isinstance(result, Mapping):
         raise RewardError(f"agent {source}: step() returned {type(result).__name__}; return a dict "
                           "with rewards, environment_feedback and done")
@@ -103,7 +104,7 @@ def check_step_result(result: Any, source: str, current: SamplingParams) -> Step
         score=None if score is None else to_float(score, source, "scores"),
         feedback=feedback,
         done=bool(result["done"]),
-        sampling_params=merge_sampling_params(current, result.get("sampling_params"), source),
+        sampling_params=(merge or merge_sampling_params)(current, result.get("sampling_params"), source),
         extra_logs={str(k): to_float(v, source, f"extra_logs[{k!r}]") for k, v in logs.items()},
     )
 

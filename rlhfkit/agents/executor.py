@@ -27,6 +27,8 @@ from typing import Any, Protocol
 import torch
 
 from rlhfkit.agents.base import check_step_result, new_instance
+from rlhfkit.agents.engine_adapter import EngineAdapter
+from rlhfkit.agents.episode import agent_episode
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardOutput
@@ -204,6 +206,17 @@ class MultiTurnExecutor:
             e.text = e.text + r.feedback
         if not e.done and len(e.response) >= budget.total:
             e.truncated = True
+
+    async def execute(self, prompt: str, label: Any, sampling_params: Any, max_length: int, hf_tokenizer,
+                      llm_engine: Any, images: Any = None) -> dict:
+        """OpenRLHF 2026's per-sample entry point, for a subclass whose own `execute` calls this one:
+        one episode through `llm_engine.generate` (episode.py, at most --agent.max_turns actions);
+        returns the result dict. Such a subclass runs through `ExecuteRunner` (see loader.py)."""
+        if images:
+            raise RewardError(f"agent {self.source}: execute() got images; rlhfkit trains text models only")
+        max_steps = llm_engine.current("execute").max_steps if isinstance(llm_engine, EngineAdapter) else 2**31
+        return await agent_episode(self.agent_instance_cls, prompt, label, sampling_params, max_steps, max_length,
+                                   hf_tokenizer, llm_engine.generate, self.source)
 
     def _trajectory(self, e: _Episode, version: int) -> Trajectory:
         return Trajectory(

@@ -1,5 +1,6 @@
 """Multi-turn agent RL on the tiny model: the reward of a two-turn environment rises, feedback
-tokens never count in the loss, and OpenRLHF-style / built-in agent files run through the CLI."""
+tokens never count in the loss, and OpenRLHF-style agent files (both contracts) and built-in
+environments run through the CLI."""
 
 import json
 import os
@@ -12,10 +13,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rlhfkit.api.rl import RLTrainer  # noqa: E402
 from rlhfkit.cli import train_rl  # noqa: E402
+from rlhfkit.cli.main import main  # noqa: E402
 from rlhfkit.config import RLConfig  # noqa: E402
 from rlhfkit.data.prompts import load_prompts  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "openrlhf_style_agent.py"
+FIXTURE_2025 = Path(__file__).resolve().parents[1] / "fixtures" / "openrlhf_2025_agent.py"
 
 # Two turns; each action earns its share of "7" characters (dense, learnable by a tiny model).
 SEVENS_AGENT = '''
@@ -99,6 +102,42 @@ def test_openrlhf_agent_file_through_the_cli_alias(ws, tmp_path):
     ms = metrics(tmp_path)
     assert len([m for m in ms if "reward" in m]) == 2 and (tmp_path / "final" / "model.safetensors").exists()
     assert all(1.0 <= m["reward_extra/tries"] <= 2.0 for m in ms if "reward" in m)
+
+
+def test_openrlhf_2025_agent_file_trains_through_the_cli(ws, tmp_path):
+    """`class AgentExecutor(AgentExecutorBase)` whose execute() calls the engine twice, writes its
+    own feedback and computes its own reward: it trains, its reward is what gets logged, and it rises."""
+    argv = flags(ws, tmp_path, **{"agent.func_path": str(FIXTURE_2025), "train.max_steps": "8",
+                                  "agent.max_response_tokens": "40"})  # 2 actions of 6 + its feedback
+    assert main(["train", "rl", *argv]) == 0
+    ms = [m for m in metrics(tmp_path) if "reward" in m]
+    assert len(ms) == 8 and (tmp_path / "final" / "model.safetensors").exists()
+    for m in ms:
+        assert m["reward_extra/turns"] == 2.0  # both engine calls are actions
+        expected = (m["reward_extra/second_sevens"] + 0.5 * m["reward_extra/first_sevens"]) / 6
+        assert m["reward"] == pytest.approx(expected, abs=1e-5)
+    rewards = [m["reward"] for m in ms]
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last > first + 0.5, f"reward {first:.3f} -> {last:.3f}"  # measured 0.022 -> 1.245 (max 1.5)
+
+
+RETOKENIZING_2025 = FIXTURE_2025.read_text().replace(  # the actions' text re-tokenized (and reversed)
+    "action = list(final.outputs[0].token_ids)",
+    "action = self.hf_tokenizer(final.outputs[0].text, add_special_tokens=False)['input_ids'][::-1]").replace(
+    "log_probs += [lp[t].logprob for t, lp in zip(action, final.outputs[0].logprobs)]",
+    "log_probs += [0.0] * len(action)")
+
+
+def test_a_2025_file_that_trains_on_other_tokens_than_generated_is_refused_in_one_line(ws, tmp_path, capsys):
+    bad = tmp_path / "retokenizing.py"
+    bad.write_text(RETOKENIZING_2025)
+    argv = flags(ws, tmp_path / "run", **{"agent.func_path": str(bad), "train.max_steps": "1",
+                                          "agent.max_response_tokens": "40"})
+    assert main(["train", "rl", *argv]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"agent {bad}: action range (" in lines[0] and "the engine did not generate" in lines[0]
 
 
 @pytest.mark.parametrize("name", ["builtin:guess", "builtin:calculator"])

@@ -11,6 +11,7 @@ class ScriptedEngine:
     def __init__(self, tokenizer, policy):
         self.tokenizer, self.policy = tokenizer, policy
         self.calls: list[tuple[list[list[int]], object]] = []
+        self.seeds: list[list[int] | None] = []  # the seeds of each call
         self._version = 3
 
     @property
@@ -20,8 +21,9 @@ class ScriptedEngine:
     def update_weights(self, state, version):
         self._version = version
 
-    def generate(self, prompts, params, generator=None, group_ids=None):
+    def generate(self, prompts, params, generator=None, group_ids=None, seeds=None):
         self.calls.append(([list(p) for p in prompts], params))
+        self.seeds.append(None if seeds is None else list(seeds))
         out = []
         for i, p in enumerate(prompts):
             for _ in range(params.n):
