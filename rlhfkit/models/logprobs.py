@@ -90,6 +90,23 @@ def _head_of_backbone_is_forward(model: torch.nn.Module, backbone: torch.nn.Modu
     return full.shape == split.shape and bool(torch.allclose(split, full, rtol=1e-5, atol=1e-6 * scale))
 
 
+def transformers_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside peft and torch.compile wrappers (whose forwards take **kwargs)."""
+    for _ in range(4):
+        if hasattr(model, "get_base_model"):  # peft
+            model = model.get_base_model()
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch.compile
+            model = model._orig_mod
+        else:
+            break
+    return model
+
+
+def forward_parameters(model: torch.nn.Module):
+    """The named parameters of the forward of `model`'s transformers model (see `transformers_model`)."""
+    return inspect.signature(transformers_model(model).forward).parameters
+
+
 def _plain_linear(head: torch.nn.Module | None) -> bool:
     """An LM head the fused logprob path may bypass: a bias-free nn.Linear with no hooks (FSDP
     gathers a sharded head's weight in a forward hook; LoRA and other wrappers are not Linear)."""
@@ -165,9 +182,9 @@ def layout_blocker(model: torch.nn.Module, batch) -> str | None:
     config = getattr(model, "config", None)
     if config is None:
         return "it has no config"
-    if "position_ids" not in inspect.signature(model.forward).parameters:
+    if "position_ids" not in forward_parameters(model):
         return "its forward takes no position_ids"
-    if not _builds_masks_with_masking_utils(model):
+    if not _builds_masks_with_masking_utils(transformers_model(model)):
         return "its attention mask is not built by transformers' masking_utils"
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     if getattr(text, "alibi", False) or getattr(text, "position_embedding_type", None) == "alibi":

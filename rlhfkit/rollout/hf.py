@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import math
 from collections.abc import Mapping, Sequence
 
@@ -36,7 +35,11 @@ import torch
 
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.logprobs import attention_implementation, note_once
+from rlhfkit.models.logprobs import (
+    attention_implementation,
+    forward_parameters,
+    note_once,
+)
 from rlhfkit.rollout.base import SamplingParams
 
 
@@ -82,7 +85,7 @@ class HFEngine:
         self.autocast_dtype = autocast_dtype
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = _eos_ids(model, tokenizer)
-        takes = inspect.signature(model.forward).parameters
+        takes = forward_parameters(model)
         self._keep_last_logits = "logits_to_keep" in takes
         self._takes_positions = "position_ids" in takes  # else the model derives them (e.g. from the mask)
         self._cached = _cache_support(model) is None
@@ -351,14 +354,17 @@ def _eos_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
 def _cache_support(model: torch.nn.Module) -> str | None:
     """Why the engine cannot decode `model` with a transformers `DynamicCache` (noted once), or None."""
     reason = None
-    if "past_key_values" not in inspect.signature(model.forward).parameters:
+    if "past_key_values" not in forward_parameters(model):
         reason = "its forward takes no past_key_values"
     elif not getattr(model, "_supports_default_dynamic_cache", lambda: True)():
         reason = "it does not use transformers' DynamicCache"
     else:
         from transformers import DynamicCache
 
-        kinds = {type(layer) for layer in DynamicCache(config=model.config).layers}
+        try:
+            kinds = {type(layer) for layer in DynamicCache(config=model.config).layers}
+        except Exception as e:  # noqa: BLE001 - a config transformers lays out no cache for
+            kinds, reason = set(), f"transformers lays out no DynamicCache for it ({type(e).__name__})"
         lacking = sorted(k.__name__ for k in kinds
                          if not all(hasattr(k, m) for m in ("batch_repeat_interleave", "batch_select_indices")))
         if lacking:

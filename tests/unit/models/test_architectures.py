@@ -285,3 +285,19 @@ def test_soft_capped_attention_is_not_taken_by_the_grouped_decode(monkeypatch):
     assert hf._cpu_decode_attention(None, q, k, v, None, softcap=50.0)[0] == "sdpa" and calls[0]["softcap"] == 50.0
     assert hf._cpu_decode_attention(None, q, k, v, None, s_aux=torch.zeros(2))[0] == "sdpa"
     assert hf._cpu_decode_attention(None, q, k, v, None, sliding_window=8)[0].shape == (1, 1, 2, 4)  # in the mask
+
+
+def test_a_lora_wrapped_model_keeps_the_fast_layouts_and_the_engines_cache():
+    """peft's forward takes **kwargs: the checks read the transformers model inside."""
+    from rlhfkit.models.lora import add_lora
+
+    model, tok, prompts = model_for("qwen2")
+    lora = add_lora(model, 4, 8, ("q_proj", "v_proj"), 0.0)
+    trajs = random_trajs()
+    assert logprobs_module.layout_blocker(lora, pack(trajs, 0)) is None
+    assert logprobs_module.layout_blocker(lora, pack_shared_prefix(collate(trajs, 0), torch.arange(9), 0, 512)) is None
+    engine = HFEngine(lora, tok)
+    assert engine._cached and engine._takes_positions
+    got = engine.generate(prompts[:1], SamplingParams(max_new_tokens=5, temperature=0.0))[0].response_ids
+    want = model.generate(torch.tensor(prompts[:1]), do_sample=False, max_new_tokens=5, pad_token_id=0)[0, -5:]
+    assert got.tolist() == want.tolist()
