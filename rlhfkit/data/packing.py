@@ -54,6 +54,13 @@ class PackedBatch:
         """[B, R] index into the flattened hidden states (one row: the positions themselves)."""
         return self.response_positions()
 
+    def padded(self) -> TokenBatch:
+        """The same samples as `collate` lays them out (one right-padded row each): the layout
+        for a model that cannot separate the samples of a packed row."""
+        lengths = self.prompt_lengths + self.response_mask.sum(dim=1)
+        rows = [self.input_ids[0, s : s + n] for s, n in zip(self.starts.tolist(), lengths.tolist())]
+        return _padded_batch(rows, self)
+
 
 def pack(samples: Sequence, pad_id: int) -> PackedBatch:
     """Pack samples (anything with prompt_ids [P], response_ids [R], loss_mask [R]) into one row."""
@@ -108,6 +115,27 @@ class SharedPrefixBatch:
 
     def hidden_index(self) -> torch.Tensor:
         return self.flat_index
+
+    def padded(self) -> TokenBatch:
+        """The same samples as `collate` lays them out (a prompt copy per sample): the layout for
+        a model that cannot take the 4-D mask."""
+        width = self.input_ids.shape[1]
+        rows = []
+        for b, (p, r) in enumerate(zip(self.prompt_lengths.tolist(), self.response_mask.sum(dim=1).tolist())):
+            row = int(self.flat_index[b, 0]) // width  # token 0 is predicted by the last prompt position
+            rows.append(torch.cat([self.input_ids[row, :p], self.response_ids[b, :r]]))
+        return _padded_batch(rows, self)
+
+
+def _padded_batch(rows: list[torch.Tensor], batch) -> TokenBatch:
+    """A TokenBatch of `rows` (prompt + response tokens per sample) with `batch`'s response tensors."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.zeros((len(rows), width), dtype=torch.long)  # padding is masked out: any id will do
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, r in enumerate(rows):
+        input_ids[b, : len(r)], attention_mask[b, : len(r)] = r, 1
+    return TokenBatch(input_ids, attention_mask, batch.prompt_lengths, batch.response_ids, batch.loss_mask,
+                      batch.response_mask)
 
 
 def shared_prefix_rows(prompt_lengths: Sequence[int], response_lengths: Sequence[int], keys: Sequence,

@@ -5,19 +5,44 @@ The backbone runs over the batch's rows (padded `TokenBatch`, packed `PackedBatc
 matmul, the largest activation in a small model) runs only at the R positions that predict
 response tokens: `batch.hidden_index()` (for a padded row, position P_b + j - 1 predicts
 response token j).
+
+Each fast path is taken only where it gives the model's own numbers; elsewhere the plain path
+runs, with a note logged once (logger "rlhfkit", INFO):
+- backbone + LM head at the response positions: needs logits = head(last hidden state), with no
+  soft-capping or scale after the head (known config fields, then a probe of the model's own
+  forward on a few tokens, once per model). Else: the model's forward, then a gather.
+- the fused head (core.lm_head): a bias-free nn.Linear head without hooks. Else: the head module.
+- packed and shared-prefix rows: need position ids and a mask from transformers' masking_utils,
+  attention layers only (no recurrent or convolution layers, no ALiBi), and for the shared prefix's
+  4-D mask eager or SDPA attention and sliding windows no narrower than the rows. Else: the same
+  samples as padded rows (`batch.padded()`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
+import logging
+import sys
 
 import torch
 
 from rlhfkit.core.lm_head import linear_logprobs_and_entropy
 from rlhfkit.core.losses import logprobs_and_entropy
 
+log = logging.getLogger("rlhfkit")
+
 # Config fields that mean the LM head is not a plain linear map of the last hidden state.
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
+                     "output_multiplier", "lm_head_multiplier")
+_SPLIT_VERDICT = "_rlhfkit_split_head"  # a model's probe result, kept on the model
+
+
+@functools.cache
+def note_once(message: str) -> None:
+    """Log `message` once per process: a fast path that a model cannot take (the plain one runs)."""
+    log.info(message)
 
 
 def split_backbone(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
@@ -27,12 +52,59 @@ def split_backbone(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mo
     if get_decoder is None or get_head is None:
         return None
     config = getattr(model, "config", None)
-    if any(getattr(config, name, None) not in (None, 1.0) for name in _LOGIT_TRANSFORMS):
-        return None
+    for name in _LOGIT_TRANSFORMS:
+        if getattr(config, name, None) not in (None, 1.0):
+            note_once(f"{type(model).__name__}: {name}={getattr(config, name)} transforms the logits after the LM "
+                      "head; logprobs come from the model's full forward")
+            return None
     backbone, head = get_decoder(), get_head()
     if backbone is None or backbone is model or head is None:
         return None
+    verdict = vars(model).get(_SPLIT_VERDICT)
+    if verdict is None:
+        verdict = vars(model)[_SPLIT_VERDICT] = _head_of_backbone_is_forward(model, backbone, head)
+    if not verdict:
+        note_once(f"{type(model).__name__}: its logits are not lm_head(last hidden state); logprobs come from "
+                  "the model's full forward")
+        return None
     return backbone, head
+
+
+@torch.no_grad()
+def _head_of_backbone_is_forward(model: torch.nn.Module, backbone: torch.nn.Module, head: torch.nn.Module) -> bool:
+    """Whether head(backbone(x)) gives model(x).logits on a few tokens (in eval mode: no dropout).
+    The same modules run the same ops, so any step the model's forward adds after its head shows."""
+    vocab = getattr(head, "out_features", None) or model.config.vocab_size
+    ids = ((torch.arange(6) * 7 + 3) % vocab).unsqueeze(0).to(next(model.parameters()).device)
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        full = model(input_ids=ids, use_cache=False).logits.float()
+        split = head(backbone(input_ids=ids, use_cache=False).last_hidden_state).float()
+    except Exception:  # noqa: BLE001 - an unusual forward signature or output: take the plain path
+        return False
+    finally:
+        for m, training in modes:
+            m.training = training
+    scale = float(full.abs().max()) or 1.0
+    return full.shape == split.shape and bool(torch.allclose(split, full, rtol=1e-5, atol=1e-6 * scale))
+
+
+def transformers_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside peft and torch.compile wrappers (whose forwards take **kwargs)."""
+    for _ in range(4):
+        if hasattr(model, "get_base_model"):  # peft
+            model = model.get_base_model()
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch.compile
+            model = model._orig_mod
+        else:
+            break
+    return model
+
+
+def forward_parameters(model: torch.nn.Module):
+    """The named parameters of the forward of `model`'s transformers model (see `transformers_model`)."""
+    return inspect.signature(transformers_model(model).forward).parameters
 
 
 def _plain_linear(head: torch.nn.Module | None) -> bool:
@@ -83,6 +155,73 @@ def attention_for(model: torch.nn.Module, batch):
     return attention_implementation(model, "eager") if swap else contextlib.nullcontext()
 
 
+def runnable_layout(model: torch.nn.Module, batch):
+    """`batch` itself, or the same samples as padded rows (`batch.padded()`) when `model` cannot
+    compute its packed or shared-prefix layout exactly (see `layout_blocker`; noted once)."""
+    if getattr(batch, "position_ids", None) is None:  # a padded TokenBatch
+        return batch
+    reason = layout_blocker(model, batch)
+    if reason is None:
+        return batch
+    note_once(f"{type(model).__name__}: {reason}; its {type(batch).__name__} runs as padded rows (same numbers, "
+              "more compute)")
+    return batch.padded()
+
+
+_ATTENTION_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer")  # transformers' KV-cache layers of attention
+
+
+def layout_blocker(model: torch.nn.Module, batch) -> str | None:
+    """Why `model` cannot run a packed (`PackedBatch`) or shared-prefix (`SharedPrefixBatch`, a
+    4-D mask) layout exactly, or None when it can. Both need the positions from `position_ids`
+    and the mask from transformers' masking_utils (which separates packed samples by their
+    positions and hands a 4-D mask to the attention as it is), and attention as the only mixing
+    across tokens: a recurrent or convolution layer, or ALiBi biases built from a 2-D mask, would
+    carry one sample into the next. The 4-D mask replaces the model's own causal mask in every
+    layer, so it also needs eager or SDPA attention and no sliding window narrower than the row."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return "it has no config"
+    if "position_ids" not in forward_parameters(model):
+        return "its forward takes no position_ids"
+    if not _builds_masks_with_masking_utils(transformers_model(model)):
+        return "its attention mask is not built by transformers' masking_utils"
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if getattr(text, "alibi", False) or getattr(text, "position_embedding_type", None) == "alibi":
+        return "its ALiBi biases are built from a 2-D mask"
+    if getattr(text, "use_bidirectional_attention", False):
+        return "its attention is bidirectional"
+    try:
+        from transformers import DynamicCache
+
+        layers = DynamicCache(config=text).layers
+    except Exception as e:  # noqa: BLE001 - a config transformers cannot lay out a cache for
+        return f"transformers lays out no cache for it ({type(e).__name__})"
+    other = sorted({type(layer).__name__ for layer in layers} - set(_ATTENTION_LAYERS))
+    if other:
+        return f"it has layers other than attention ({', '.join(other)})"
+    if batch.attention_mask is None:  # packed: masking_utils applies windows by position
+        return None
+    attn = getattr(config, "_attn_implementation", None)
+    if attn not in ("eager", "sdpa"):
+        return f"its {attn} attention does not take a 4-D mask"
+    windows = [layer.sliding_window for layer in layers if hasattr(layer, "sliding_window")]
+    width = batch.input_ids.shape[-1]
+    if windows and min(windows) < width:
+        return f"its sliding window ({min(windows)} tokens) is narrower than a shared-prefix row"
+    return None
+
+
+def _builds_masks_with_masking_utils(model: torch.nn.Module) -> bool:
+    """Whether the model's modeling file builds its masks with masking_utils.create_causal_mask
+    (looked up along the class's bases: FSDP and other wrappers subclass the model's class)."""
+    for cls in type(model).__mro__:
+        module = sys.modules.get(cls.__module__)
+        if module is not None and "create_causal_mask" in vars(module):
+            return True
+    return False
+
+
 def response_hidden(hidden: torch.Tensor, batch) -> torch.Tensor:
     """Outputs [B, R, H] at the positions that predict each response token, from the forward's
     [rows, L, H] outputs of any batch layout (`batch.hidden_index()` indexes the flattened rows)."""
@@ -99,6 +238,7 @@ def response_logits(model: torch.nn.Module, batch) -> torch.Tensor:
     """
     parts = split_backbone(model)
     if parts is None:
+        batch = runnable_layout(model, batch)
         with attention_for(model, batch):
             return response_hidden(model(**model_inputs(model, batch)).logits, batch)
     backbone, head = parts
@@ -108,6 +248,7 @@ def response_logits(model: torch.nn.Module, batch) -> torch.Tensor:
 def backbone_response_hidden(model: torch.nn.Module, backbone: torch.nn.Module, batch) -> torch.Tensor:
     """The backbone's last hidden states [B, R, H] at the positions that predict response tokens
     (`model` holds the config: the LM itself, or the backbone for a critic)."""
+    batch = runnable_layout(model, batch)
     with attention_for(model, batch):
         return response_hidden(backbone(**model_inputs(model, batch)).last_hidden_state, batch)
 
@@ -133,6 +274,8 @@ def response_logprobs(
     labels = batch.response_ids
     parts = split_backbone(model)
     head = parts[1] if parts is not None else None
+    if head is not None and type(head) is torch.nn.Linear and head.bias is not None:
+        note_once(f"{type(model).__name__}: its LM head has a bias; logprobs run the head module, not the fused head")
     if _plain_linear(head) and not (with_entropy and entropy_grad):
         # LM head, log-softmax and entropy fused (core.losses.linear_logprobs_and_entropy): the
         # [R, V] logits never kept, the backward written by hand.

@@ -1,6 +1,10 @@
-"""A tiny Llama and a character-level tokenizer, built in code, for tests and demos.
+"""Tiny random causal LMs of several architectures and a character-level tokenizer, built in
+code, for tests and demos.
 
-Nothing is read from a hub or from disk. The tokenizer has one token per character of a small
+Nothing is read from a hub or from disk. `tiny_model_and_tokenizer(arch=...)` builds a 2-layer
+model of any architecture in `ARCHITECTURES` (random weights, small sizes) whose distinctive
+parts act even at these sizes: sliding windows narrower than a test's rows, soft-capped
+attention and logits, partial rotary embeddings, absolute positions, a head with a bias. The tokenizer has one token per character of a small
 alphabet (digits, letters, arithmetic and punctuation, space, newline) plus <pad>, <bos>, <eos>,
 and a minimal chat template so `apply_chat_template` works. Both round-trip through
 `save_pretrained` / `from_pretrained`.
@@ -51,6 +55,154 @@ def tiny_tokenizer():
     return tok
 
 
+# ---------------------------------------------------------------------- architectures
+# Each builder gets the shared sizes and returns (config class name, config kwargs). Every model
+# gets the same tokenizer; the sizes below are the `tiny_model_and_tokenizer` defaults.
+
+SLIDING_WINDOW = 8  # narrower than the rows of a test, so a lost window changes the numbers
+
+
+def _llama(s):
+    return "LlamaConfig", {**_decoder(s)}
+
+
+def _qwen2(s):  # biases on q/k/v
+    return "Qwen2Config", {**_decoder(s)}
+
+
+def _qwen3(s):  # q/k RMSNorm; a head_dim that is not hidden / heads
+    return "Qwen3Config", {**_decoder(s), "head_dim": 2 * s["hidden"] // s["heads"]}
+
+
+def _mistral(s):  # every layer a sliding window
+    return "MistralConfig", {**_decoder(s), "sliding_window": SLIDING_WINDOW}
+
+
+def _phi3(s):  # fused qkv and gate_up projections
+    return "Phi3Config", {**_decoder(s), "sliding_window": None}
+
+
+def _gemma2(s):  # sliding / full layers, soft-capped attention and logits, tied head, sqrt(H) embedding scale
+    return "Gemma2Config", {
+        **_decoder(s), "head_dim": s["hidden"] // s["heads"], "query_pre_attn_scalar": 8,
+        "sliding_window": SLIDING_WINDOW, "layer_types": _alternating(s["layers"]),
+        "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+        "tie_word_embeddings": True,
+    }
+
+
+def _gemma3(s):  # sliding / full layers with their own RoPE bases, q/k norm, tied head
+    return "Gemma3TextConfig", {
+        **_decoder(s), "head_dim": s["hidden"] // s["heads"], "query_pre_attn_scalar": 8,
+        "sliding_window": SLIDING_WINDOW, "layer_types": _alternating(s["layers"]), "tie_word_embeddings": True,
+    }
+
+
+def _gpt_neox(s):  # partial rotary (25%), parallel residual, biases, no GQA
+    return "GPTNeoXConfig", {
+        "hidden_size": s["hidden"], "intermediate_size": s["intermediate"], "num_hidden_layers": s["layers"],
+        "num_attention_heads": s["heads"], "max_position_embeddings": s["max_positions"],
+        "tie_word_embeddings": s["tie"],
+    }
+
+
+def _gpt2(s):  # learned absolute positions, Conv1D projections, tied head, per-layer attention scale
+    return "GPT2Config", {
+        "n_embd": s["hidden"], "n_inner": s["intermediate"], "n_layer": s["layers"], "n_head": s["heads"],
+        "n_positions": s["max_positions"], "scale_attn_by_inverse_layer_idx": True,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+    }
+
+
+def _phi(s):  # an LM head with a bias, partial rotary, LayerNorm
+    return "PhiConfig", {
+        **_decoder(s), "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+    }
+
+
+def _granite(s):  # logits divided by logits_scaling after the head, muP-style multipliers
+    return "GraniteConfig", {**_decoder(s), "logits_scaling": 4.0, "embedding_multiplier": 2.0,
+                             "residual_multiplier": 0.5, "attention_multiplier": 0.25}
+
+
+def _lfm2(s):  # a short-convolution layer before an attention layer (a hybrid cache)
+    return "Lfm2Config", {**_decoder(s), "layer_types": ["conv", "full_attention"][: s["layers"]] + [
+        "full_attention"] * max(0, s["layers"] - 2), "block_auto_adjust_ff_dim": False}
+
+
+def _bloom(s):  # ALiBi position biases built from the 2-D mask, no position ids
+    return "BloomConfig", {"hidden_size": s["hidden"], "n_layer": s["layers"], "n_head": s["heads"],
+                           "tie_word_embeddings": s["tie"]}
+
+
+def _rwkv(s):  # recurrent: no attention, no KV cache, no position ids
+    return "RwkvConfig", {"hidden_size": s["hidden"], "num_hidden_layers": s["layers"],
+                          "attention_hidden_size": s["hidden"], "intermediate_size": s["intermediate"],
+                          "context_length": s["max_positions"], "tie_word_embeddings": s["tie"]}
+
+
+def _decoder(s) -> dict:
+    return {
+        "hidden_size": s["hidden"], "intermediate_size": s["intermediate"], "num_hidden_layers": s["layers"],
+        "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"],
+        "max_position_embeddings": s["max_positions"], "tie_word_embeddings": s["tie"],
+    }
+
+
+def _alternating(layers: int) -> list[str]:
+    return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+
+
+ARCHITECTURES = {
+    "llama": _llama,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "mistral": _mistral,
+    "phi3": _phi3,
+    "gemma2": _gemma2,
+    "gemma3": _gemma3,
+    "gpt_neox": _gpt_neox,
+    "gpt2": _gpt2,
+    "phi": _phi,
+    "granite": _granite,
+    "lfm2": _lfm2,
+    "bloom": _bloom,
+    "rwkv": _rwkv,
+}
+
+
+def tiny_config(
+    arch: str = "llama",
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    max_positions: int = 512,
+    tie_embeddings: bool = False,
+    init_std: float = 0.1,
+    **overrides,
+):
+    """The transformers config of a tiny `arch` model (see `ARCHITECTURES`) over `tiny_tokenizer`'s
+    vocabulary; `overrides` are config fields set over the builder's (e.g. `sliding_window=64`)."""
+    import transformers
+
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {sorted(ARCHITECTURES)}")
+    tok = tiny_tokenizer()
+    sizes = {"hidden": hidden, "layers": layers, "heads": heads, "kv_heads": kv_heads, "intermediate": intermediate,
+             "max_positions": max_positions, "tie": tie_embeddings}
+    class_name, kwargs = ARCHITECTURES[arch](sizes)
+    return getattr(transformers, class_name)(
+        vocab_size=len(tok),
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        initializer_range=init_std,  # larger than the usual 0.02 so outputs are not near-uniform
+        **{**kwargs, **overrides},
+    )
+
+
 def tiny_model_and_tokenizer(
     seed: int = 0,
     hidden: int = 64,
@@ -61,32 +213,24 @@ def tiny_model_and_tokenizer(
     max_positions: int = 512,
     tie_embeddings: bool = False,
     init_std: float = 0.1,
+    arch: str = "llama",
+    **overrides,
 ):
-    """A randomly initialised `LlamaForCausalLM` (deterministic given `seed`) and its tokenizer.
+    """A randomly initialised causal LM of architecture `arch` (default a `LlamaForCausalLM`;
+    see `ARCHITECTURES`), deterministic given `seed`, and its tokenizer (`tiny_tokenizer`).
+    `overrides` are config fields (see `tiny_config`).
 
-    The vocabulary is the tokenizer's (see `tiny_tokenizer`); the model is in fp32, eval mode.
+    The model is in fp32, eval mode, with transformers' default attention for the architecture.
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     tok = tiny_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        tie_word_embeddings=tie_embeddings,
-        initializer_range=init_std,  # larger than Llama's 0.02 so outputs are not near-uniform
-    )
+    config = tiny_config(arch, hidden, layers, heads, kv_heads, intermediate, max_positions, tie_embeddings, init_std,
+                         **overrides)
     cpu_rng = torch.random.get_rng_state()
     try:  # seed only for the init, then give the caller's global RNG back untouched
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     finally:
         torch.random.set_rng_state(cpu_rng)
     model.generation_config.pad_token_id = tok.pad_token_id

@@ -10,6 +10,15 @@ input before the prefill), keeps decoding finished rows, and gives processed sco
 the logprobs we return; it measured 1.45-1.9x slower on SmolLM2 on CPU (see
 bench/rollout_vs_generate.py). transformers' continuous batching was also reported slower on CPU.
 
+Any causal LM: the fast parts are taken where they give the model's own numbers, and a note is
+logged once (logger "rlhfkit", INFO) where they are not. The growing KV-cache layers replace only
+transformers' plain full-attention `DynamicLayer`s (sliding-window, linear-attention and other
+layers stay as transformers builds them). A model that takes no `DynamicCache` (e.g. RWKV, Mamba),
+or whose cache layers cannot be copied per sample (linear attention, e.g. Qwen3-Next), is
+decoded without a cache: one prompt per chunk (no padding), the whole sequence at each step. The
+grouped one-token attention replaces SDPA on CPU only for plain attention (no soft-capping, no
+attention sinks, no dropout); other calls go to SDPA as before.
+
 The logprob of each sampled token is
 log_softmax(logits / T) in float32 BEFORE top-k/top-p truncation (T = 1 for greedy), which is
 what `rlhfkit.models.response_logprobs` computes at the same temperature.
@@ -19,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import math
 from collections.abc import Mapping, Sequence
 
@@ -27,7 +35,11 @@ import torch
 
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.logprobs import attention_implementation
+from rlhfkit.models.logprobs import (
+    attention_implementation,
+    forward_parameters,
+    note_once,
+)
 from rlhfkit.rollout.base import SamplingParams
 
 
@@ -73,7 +85,10 @@ class HFEngine:
         self.autocast_dtype = autocast_dtype
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = _eos_ids(model, tokenizer)
-        self._keep_last_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        takes = forward_parameters(model)
+        self._keep_last_logits = "logits_to_keep" in takes
+        self._takes_positions = "position_ids" in takes  # else the model derives them (e.g. from the mask)
+        self._cached = _cache_support(model) is None
         self._version = version
 
     # ------------------------------------------------------------------ protocol
@@ -142,9 +157,11 @@ class HFEngine:
         input_ids, attention_mask = self._left_pad(prompts)
         device = input_ids.device
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = _new_cache(self.model, reserve=max_new)
+        cache = _new_cache(self.model, reserve=max_new) if self._cached else None
         logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
-        cache.batch_repeat_interleave(n)
+        if cache is not None:
+            cache.batch_repeat_interleave(n)
+        seqs = None if cache is not None else input_ids.repeat_interleave(n, dim=0)  # without a cache: [B, P + step]
         logits = logits.repeat_interleave(n, dim=0)
         attention_mask = attention_mask.repeat_interleave(n, dim=0)
         next_pos = position_ids[:, -1:].repeat_interleave(n, dim=0) + 1  # [B, 1]
@@ -168,23 +185,28 @@ class HFEngine:
                 keep = (~hit).nonzero().squeeze(-1)
                 active, keep = active[keep], keep.to(device)
                 tok, next_pos, attention_mask = tok[keep], next_pos[keep], attention_mask[keep]
-                cache.batch_select_indices(keep)
+                if cache is not None:
+                    cache.batch_select_indices(keep)
+                else:
+                    seqs = seqs[keep]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
-            logits = self._forward(tok.unsqueeze(-1), attention_mask, next_pos, cache)
+            if cache is not None:
+                logits = self._forward(tok.unsqueeze(-1), attention_mask, next_pos, cache)
+            else:
+                seqs = torch.cat([seqs, tok.unsqueeze(-1)], dim=1)
+                logits = self._forward(seqs, attention_mask, (attention_mask.cumsum(-1) - 1).clamp(min=0), None)
             next_pos = next_pos + 1
         return tokens, logprobs, lengths, stopped
 
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
-        """One cached forward; float32 logits of the last position [B, V]."""
+        """One forward (with `cache`, or over the whole sequence when it is None); float32 logits
+        of the last position [B, V]."""
         kwargs = {"logits_to_keep": 1} if self._keep_last_logits else {}
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            **kwargs,
-        )
+        if self._takes_positions:
+            kwargs["position_ids"] = position_ids
+        if cache is not None:
+            kwargs["past_key_values"] = cache
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None, **kwargs)
         return out.logits[:, -1].float()
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,7 +219,11 @@ class HFEngine:
         return ids.to(self.device), mask.to(self.device)
 
     def _chunks(self, prompts: Sequence[Sequence[int]], params: SamplingParams):
-        """Yield [start, stop) ranges of prompts that fit max_batch_size / max_batch_tokens."""
+        """Yield [start, stop) ranges of prompts that fit max_batch_size / max_batch_tokens (one
+        prompt per chunk when decoding without a cache: its rows need no padding)."""
+        if not self._cached:
+            yield from ((i, i + 1) for i in range(len(prompts)))
+            return
         start = 0
         while start < len(prompts):
             stop, width = start, 0
@@ -325,6 +351,30 @@ def _eos_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def _cache_support(model: torch.nn.Module) -> str | None:
+    """Why the engine cannot decode `model` with a transformers `DynamicCache` (noted once), or None."""
+    reason = None
+    if "past_key_values" not in forward_parameters(model):
+        reason = "its forward takes no past_key_values"
+    elif not getattr(model, "_supports_default_dynamic_cache", lambda: True)():
+        reason = "it does not use transformers' DynamicCache"
+    else:
+        from transformers import DynamicCache
+
+        try:
+            kinds = {type(layer) for layer in DynamicCache(config=model.config).layers}
+        except Exception as e:  # noqa: BLE001 - a config transformers lays out no cache for
+            kinds, reason = set(), f"transformers lays out no DynamicCache for it ({type(e).__name__})"
+        lacking = sorted(k.__name__ for k in kinds
+                         if not all(hasattr(k, m) for m in ("batch_repeat_interleave", "batch_select_indices")))
+        if lacking:
+            reason = f"its cache layers ({', '.join(lacking)}) cannot be copied per sample or have rows dropped"
+    if reason is not None:
+        note_once(f"{type(model).__name__}: {reason}; the HF engine decodes it without a KV cache (one prompt "
+                  "at a time, the whole sequence at each step)")
+    return reason
+
+
 def _new_cache(model: torch.nn.Module, reserve: int = 0):
     """transformers' DynamicCache, its full-attention layers replaced by growing-buffer layers with room
     for `reserve` more tokens (other layer kinds, e.g. sliding windows, are kept as they are)."""
@@ -415,17 +465,24 @@ def _register_decode_attention() -> None:
     AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)  # the boolean masks SDPA gets
 
 
+# Attention arguments that change the math beyond scores, mask and softmax: such calls go to SDPA
+# (which applies them or refuses them as it does without the engine).
+_NOT_PLAIN_ATTENTION = ("softcap", "s_aux", "sinks")
+
+
 def _cpu_decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention of one new token per row against the KV cache, as eager attention computes it
     (scores, float32 softmax, weighted values) with the query heads grouped over their shared
     key/value head instead of copying K/V per head. torch's CPU SDPA kernel took ~1.5 ms per
     layer per decode step for SmolLM2's [128, 9, 1, 64] queries, this ~0.4 ms (17% of a rollout).
-    Prefill (more than one query position) goes to transformers' SDPA unchanged."""
+    Prefill (more than one query position), dropout and attention with soft-capping or sinks go
+    to transformers' SDPA unchanged. Sliding windows are in the mask (and the cache)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
-    if q_len != 1 or dropout or heads % kv_heads:
+    special = any(kwargs.get(name) is not None for name in _NOT_PLAIN_ATTENTION)
+    if q_len != 1 or dropout or heads % kv_heads or special:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     scale = dim**-0.5 if scaling is None else scaling
@@ -436,8 +493,8 @@ def _cpu_decode_attention(module, query, key, value, attention_mask, scaling=Non
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
     # eager casts to the query's dtype and autocast then to its own: straight to the values' (the same)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(probs, value)  # [B, KV, group, D]
-    return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+    out = torch.matmul(probs, value)  # [B, KV, group, Dv] (Dv may differ from the query's D)
+    return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 def _check_params(params: SamplingParams, prompts: Sequence[Sequence[int]], group_ids) -> None:
