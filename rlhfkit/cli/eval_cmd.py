@@ -25,11 +25,13 @@ from rlhfkit.api.components import build_engine, create_run_dir, load_reward, ma
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.data.prompts import check_prompts, load_prompts
 from rlhfkit.errors import ConfigError
+from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.trainers.build import load_policy, tokenize_prompts
 
 
 def run(argv: list[str]) -> int:
     cfg = RLConfig.from_args(argv)
+    set_log_level(cfg.logger.log_level)
     e, d = cfg.eval, cfg.data
     if not e.dataset:
         raise ConfigError("--eval.dataset is required (a .jsonl/.json/.parquet file, a datasets folder or a hub "

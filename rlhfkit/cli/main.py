@@ -1,5 +1,5 @@
-"""The `rlhfkit` command: `train rl|sft|rm|dpo|kto`, `lora merge`, `demo`, `plan`, `eval`, `view`,
-`serve-reward`.
+"""The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto`, `lora merge`, `demo`,
+`plan`, `eval`, `view`, `serve-reward`, `version`.
 
 Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit code 2;
 `--debug` anywhere on the command line shows the traceback instead.
@@ -7,12 +7,13 @@ Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit
 
 from __future__ import annotations
 
+import os
 import sys
 
-USAGE = """usage: rlhfkit COMMAND [flags]
+USAGE = """usage: rlhfkit COMMAND [flags]      (or: python -m rlhfkit COMMAND [flags])
 
 commands:
-  demo        GRPO on SmolLM2-135M-Instruct learns arithmetic in the asked format (~10 min on a laptop CPU)
+  demo        GRPO on SmolLM2-135M-Instruct learns arithmetic in the asked format (~4-5 min on a 2-core CPU)
   train rl    RL training (PPO, REINFORCE++, GRPO, Dr.GRPO, RLOO, ...): rlhfkit train rl --help
   train sft   supervised fine-tuning (packing, LoRA): rlhfkit train sft --help
   train rm    Bradley-Terry reward model: rlhfkit train rm --help
@@ -23,31 +24,75 @@ commands:
   plan        the step counts and a memory estimate of a train rl run (same flags), no model loaded
   eval        pass@k / maj@k of a model on --eval.dataset with a verifier (same flags as train rl)
   view RUN    write RUN/samples.html: the completions of each step, filterable by step and reward
+  version     the versions of rlhfkit, Python, torch and transformers (also --version)
 
 flags are dotted: --section.name VALUE (e.g. --rollout.n_samples_per_prompt 8); --config FILE.yaml
-loads defaults that flags override; --debug shows tracebacks.
+loads defaults that flags override; --debug shows tracebacks. `rlhfkit COMMAND --help` describes
+every flag of a command: its meaning, type, default, allowed values and OpenRLHF alias names.
 """
 
+LORA_USAGE = """usage: rlhfkit lora merge --lora.adapter ADAPTER_DIR [--lora.base BASE] --ckpt.output_dir OUT
 
-def _flag_help(argv: list[str]) -> str:
-    import dataclasses  # noqa: PLC0415
+Folds a LoRA adapter (from `rlhfkit train sft|rm|dpo|kto --ds.lora.rank N`) into its base model
+and writes a full HF model folder to OUT. --lora.base defaults to the base recorded in the adapter."""
 
-    from rlhfkit.config import RLConfig  # noqa: PLC0415
-    from rlhfkit.config.parse import field_table  # noqa: PLC0415
-    from rlhfkit.config.preference import DPOConfig, RMConfig  # noqa: PLC0415
-    from rlhfkit.config.sft import SFTConfig  # noqa: PLC0415
+# Optional packages -> the extra of `pip install 'rlhfkit[EXTRA]'` that brings them.
+EXTRAS = {"ray": "ray", "vllm": "vllm", "fastapi": "serve", "uvicorn": "serve", "starlette": "serve",
+          "wandb": "wandb", "gguf": "gguf", "trl": "bench"}
 
-    kind = argv[1] if argv[0] == "train" and len(argv) > 1 else "rl"
-    cls = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "kto": DPOConfig}.get(kind, RLConfig)
-    title = "`rlhfkit demo`, which presets some" if cls is RLConfig else "OpenRLHF's flat names are aliases"
-    lines = [f"flags of `rlhfkit train {kind if cls is not RLConfig else 'rl'}` ({title}):"]
-    defaults = dataclasses.asdict(cls())
-    for name, tp in field_table(cls).items():
-        value = defaults
-        for part in name.split("."):
-            value = value[part]
-        lines.append(f"  --{name:<40} default: {value}")
-    return "\n".join(lines)
+
+def version_text() -> str:
+    """"rlhfkit X (python Y, torch Z, transformers W)", from package metadata (nothing imported)."""
+    import platform  # noqa: PLC0415
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    import rlhfkit  # noqa: PLC0415
+
+    parts = [f"python {platform.python_version()}"]
+    for dist in ("torch", "transformers"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            parts.append(f"{dist} not installed")
+    return f"rlhfkit {rlhfkit.__version__} ({', '.join(parts)})"
+
+
+def command_help(argv: list[str]) -> str:
+    """The `--help` text of the command in `argv` (argv holds --help / -h somewhere)."""
+    import importlib  # noqa: PLC0415
+
+    from rlhfkit.config import help as flag_help  # noqa: PLC0415
+    from rlhfkit.config.rl import RL_ALIASES, RLConfig  # noqa: PLC0415
+
+    cmd = argv[0]
+    kind = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
+    if cmd == "train":
+        if kind not in flag_help.COMMANDS:
+            return "usage: rlhfkit train rl|sft|rm|dpo|kto [flags]; rlhfkit train KIND --help lists the flags"
+        return flag_help.command_help(kind)
+    if cmd == "demo":
+        from rlhfkit.cli.demo import DEMO_FLAGS  # noqa: PLC0415
+        from rlhfkit.config.parse import parse_config  # noqa: PLC0415
+
+        doc = importlib.import_module("rlhfkit.cli.demo").__doc__
+        presets = parse_config(RLConfig, list(DEMO_FLAGS))
+        return flag_help.help_text(RLConfig, RL_ALIASES, presets, usage=f"usage: rlhfkit demo [flags]\n\n{doc}",
+                                   intro="The demo takes every flag of `rlhfkit train rl`; the defaults below "
+                                         "are the demo's presets.")
+    if cmd in ("plan", "eval"):
+        doc = importlib.import_module(f"rlhfkit.cli.{cmd}_cmd").__doc__
+        return flag_help.help_text(RLConfig, RL_ALIASES, usage=f"usage: rlhfkit {cmd} [flags]\n\n{doc}",
+                                   intro="The flags of `rlhfkit train rl`:")
+    if cmd == "view":
+        return importlib.import_module("rlhfkit.cli.view_cmd").__doc__
+    if cmd == "serve-reward":
+        from rlhfkit.config.serve import ServeRewardConfig  # noqa: PLC0415
+
+        return flag_help.help_text(ServeRewardConfig, usage="usage: rlhfkit serve-reward --reward.remote_url "
+                                   "FILE.py [--port N] [flags]\n", intro=flag_help.section_doc(ServeRewardConfig))
+    if cmd == "lora":
+        return LORA_USAGE
+    return USAGE
 
 
 def dispatch(argv: list[str]) -> int:
@@ -55,12 +100,11 @@ def dispatch(argv: list[str]) -> int:
         print(USAGE)
         return 0
     cmd, rest = argv[0], argv[1:]
+    if cmd in ("--version", "version"):
+        print(version_text())
+        return 0
     if "-h" in rest or "--help" in rest:
-        if cmd in ("plan", "eval", "view"):
-            import importlib  # noqa: PLC0415
-
-            print(importlib.import_module(f"rlhfkit.cli.{cmd}_cmd").__doc__)
-        print(_flag_help(argv) if cmd != "view" else "")
+        print(command_help(argv))
         return 0
     if cmd == "demo":
         from rlhfkit.cli import demo  # noqa: PLC0415
@@ -90,22 +134,47 @@ def dispatch(argv: list[str]) -> int:
     return 2
 
 
+def missing_extra(exc: BaseException) -> str | None:
+    """The one-line error for an exception caused by a missing optional package (None otherwise):
+    the exception or one in its chain is an ImportError of a package of EXTRAS (or transformers'
+    ImportError for GGUF files without the gguf package)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ImportError):
+            top = (e.name or "").split(".")[0]
+            if top not in EXTRAS and "gguf" in str(e).lower():
+                top = "gguf"
+            if top in EXTRAS:
+                return (f"the optional package {top} is not installed (needed here); install it with: "
+                        f"pip install 'rlhfkit[{EXTRAS[top]}]'")
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     from rlhfkit.errors import RlhfkitError  # noqa: PLC0415
+    from rlhfkit.tracking.progress import install_console_logging  # noqa: PLC0415
 
+    install_console_logging()
     try:
         return dispatch(argv)
-    except RlhfkitError as e:
-        if debug:
+    except (RlhfkitError, ImportError) as e:
+        extra = missing_extra(e)
+        if debug or not (isinstance(e, RlhfkitError) or extra):
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {extra or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `rlhfkit train rl --help | head`: the reader left; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ class RMConfig:
 
 @dataclass(frozen=True)
 class PolicyModelConfig(ModelConfig):
+    """The policy being trained and the preference loss's settings."""
+
     beta: float = 0.1
     """Temperature of the implicit reward beta * log(pi / ref)."""
     ipo_enable: bool = False
@@ -58,6 +60,8 @@ class PolicyModelConfig(ModelConfig):
 
 @dataclass(frozen=True)
 class RefModelConfig:
+    """The frozen reference model."""
+
     model_name_or_path: str | None = None
     """Frozen reference; defaults to the policy's initial weights."""
 

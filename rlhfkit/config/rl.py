@@ -25,19 +25,28 @@ POLICY_LOSS_TYPES = ("ppo", "gspo")
 LR_SCHEDULERS = ("constant", "cosine", "cosine_with_min_lr")
 DTYPES = ("float32", "bfloat16")
 WANDB_MODES = ("online", "offline", "disabled")
+WHITEN_MODES = ("true", "mean", "false")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
 class AdamConfig:
+    """AdamW optimizer (torch.optim.AdamW)."""
+
     lr: float = 1e-6
     """Peak learning rate."""
     betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's (beta1, beta2): decay rates of the gradient's first and second moments."""
     eps: float = 1e-8
+    """AdamW's epsilon, added to the denominator for numerical stability."""
     weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW); 0 = none."""
 
 
 @dataclass(frozen=True)
 class ActorConfig:
+    """The policy being trained: model, dtypes, optimizer, schedule and policy loss."""
+
     model_name_or_path: str = "smollm2"
     """HF folder, a .gguf file, or `smollm2` (the packaged SmolLM2-135M-Instruct, converted once)."""
     dtype: str = "float32"
@@ -47,6 +56,7 @@ class ActorConfig:
     """Compute dtype for forward passes (torch.autocast); none = the parameter dtype."""
     adam: AdamConfig = field(default_factory=AdamConfig)
     lr_scheduler: str = "cosine_with_min_lr"
+    """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
     lr_warmup_ratio: float = 0.0
     """Fraction of all optimizer steps spent in linear warmup."""
     min_lr_ratio: float = 0.1
@@ -56,9 +66,13 @@ class ActorConfig:
     eps_clip_low_high: tuple[float, float] = (0.2, 0.2)
     """PPO clip range [1 - low, 1 + high] (DAPO's clip-higher with high > low)."""
     dual_clip: float | None = None
+    """Dual-clip PPO (Ye et al. 2020): with a negative advantage A, the token's loss is at most
+    -dual_clip * A; must be > 1 (none = off)."""
     policy_loss_type: str = "ppo"
     """ppo (token-level ratio) or gspo (sequence-level ratio)."""
     loss_agg_mode: str = "token_mean"
+    """How per-token losses are averaged into one number (docs/algorithms.md); counts span the whole
+    optimizer step."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (loss -= coef * entropy)."""
     ema_beta: float | None = None
@@ -68,21 +82,30 @@ class ActorConfig:
 
 @dataclass(frozen=True)
 class CriticConfig:
+    """The value model of PPO with --algo.advantage.estimator gae."""
+
     model_name_or_path: str | None = None
     """Backbone of the critic for gae (a reward-model folder: its backbone and score head); defaults to the actor's."""
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=9e-6))
     value_clip: float | None = 0.5
+    """PPO's value clipping: the value loss also takes the new value clipped to old +- value_clip
+    and keeps the larger loss (none = off)."""
     max_norm: float = 1.0
+    """Gradient-norm clipping of the critic (0 disables)."""
 
 
 @dataclass(frozen=True)
 class RefConfig:
+    """The frozen reference model of the KL term (loaded only with --algo.kl.init_coef > 0)."""
+
     model_name_or_path: str | None = None
     """Reference model for the KL term; defaults to the actor's initial weights."""
 
 
 @dataclass(frozen=True)
 class RewardConfig:
+    """Where rewards come from: a reward function, reward servers or a reward model; shaping."""
+
     remote_url: str | None = None
     """A Python file defining reward_func(queries, prompts, labels, **kwargs), builtin:NAME, or
     http(s):// reward server URLs (comma-separated: requests are sharded across them)."""
@@ -99,6 +122,7 @@ class RewardConfig:
     overlong_buffer_len: int | None = None
     """DAPO overlong reward shaping: penalise the last buffer_len tokens of the budget."""
     overlong_penalty_factor: float = 1.0
+    """DAPO overlong shaping: the penalty at the end of the budget (it grows linearly over the buffer)."""
     normalize: bool = False
     """Normalise rewards by running mean and std (updated every rollout)."""
     clip_range: tuple[float, float] | None = None
@@ -110,6 +134,8 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """The prompt dataset of training."""
+
     prompt_dataset: str | None = None
     """Prompts: a .jsonl / .json / .parquet file, a datasets folder (save_to_disk, or a folder of data
     files), or a hub dataset name (org/name; org/name@dir for a data dir). A local path wins over a hub name."""
@@ -122,23 +148,38 @@ class DataConfig:
     input_key: str = "input"
     """The record's prompt: a string, or a message list [{"role", "content"}, ...] (needs apply_chat_template)."""
     label_key: str | None = None
+    """Record key of the label (e.g. the reference answer) given to the reward function; none = no
+    labels."""
     apply_chat_template: bool = False
+    """Render each prompt with the tokenizer's chat template (as one user message, or the record's
+    message list)."""
     input_template: str | None = None
+    """A format string with one {} around the prompt, e.g. "Question: {} Answer:" (without a chat
+    template)."""
     max_samples: int | None = None
+    """Use at most this many prompts of the dataset (none: all)."""
     prompt_max_len: int = 1024
     """Prompts longer than this many tokens are skipped (counted and logged)."""
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    """Generation: prompts per batch, samples per prompt, sampling settings, engine."""
+
     batch_size: int = 16
     """Prompts per rollout batch (OpenRLHF rollout_batch_size)."""
     n_samples_per_prompt: int = 8
+    """Completions sampled per prompt (the group size of group estimators)."""
     max_new_tokens: int = 64
+    """Most tokens generated per completion (OpenRLHF generate_max_len)."""
     temperature: float = 1.0
+    """Sampling temperature (0 = greedy)."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the fewest tokens whose probability sums to top_p (1 = off)."""
     top_k: int = -1
+    """Sample from the k most likely tokens only (-1 = off)."""
     stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a completion besides the tokenizer's EOS (e.g. 13,198)."""
     max_batch_size: int = 128
     """Largest number of sequences decoded together (memory bound)."""
     num_workers: int = 1
@@ -149,27 +190,42 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AdvantageConfig:
+    """The advantage estimator (docs/algorithms.md has each formula)."""
+
     estimator: str = "group_norm"
+    """gae (PPO with a critic), reinforce (REINFORCE++), reinforce_baseline, rloo, group_norm
+    (GRPO),
+    dr_grpo."""
     gamma: float = 1.0
+    """Discount factor of returns (forced to 1 for the group estimators)."""
     lambd: float = 0.95
+    """GAE's lambda: bias-variance trade-off of the advantage (gae only)."""
     whiten: str = "true"
     """Whitening of gae/reinforce/reinforce_baseline advantages: true, mean, false."""
 
 
 @dataclass(frozen=True)
 class KLConfig:
+    """The KL penalty against the reference model."""
+
     init_coef: float = 0.0
     """KL coefficient; 0 = no reference model at all."""
     estimator: str = "k1"
+    """KL estimator: k1 (log-ratio), k2 (half its square), k3 (Schulman's exp(r) - 1 - r), k3_stable
+    (k3 where r < 0, else k1); formulas in docs/algorithms.md."""
     use_loss: bool = False
     """KL as a loss term (GRPO style) instead of a per-token reward penalty (PPO style)."""
     target: float | None = None
     """With a target, the coefficient adapts (Ziegler et al.) over `horizon` samples."""
     horizon: int = 10000
+    """Adaptive KL (with --algo.kl.target): samples over which the coefficient moves toward the
+    target."""
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
+    """The RL algorithm: advantages, KL, DAPO dynamic sampling."""
+
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     kl: KLConfig = field(default_factory=KLConfig)
     dynamic_filtering_enable: bool = False
@@ -183,6 +239,8 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
+    """Multi-turn agents: an environment that acts on the model's actions and gives rewards."""
+
     func_path: str | None = None
     """An agent file (AgentInstance / AgentExecutor, OpenRLHF's contract) or builtin:calculator,
     builtin:guess; rewards then come from the agent's step()."""
@@ -194,6 +252,8 @@ class AgentConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """The update: batch sizes, epochs, steps, threads, async training."""
+
     batch_size: int = 128
     """Samples per optimizer step (OpenRLHF train_batch_size)."""
     micro_batch_size: int = 8
@@ -218,6 +278,8 @@ class TrainConfig:
     max_steps: int | None = None
     """Stop after this many RL steps (rollout batches)."""
     seed: int = 42
+    """Seed of the run's random draws (data order, sampling, new weights such as a critic head); on
+    CPU the same seed and --train.num_threads give the same run."""
     num_threads: int | None = None
     """torch intra-op threads; none = all cores."""
     max_skipped_steps: int = 5
@@ -232,6 +294,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class CkptConfig:
+    """The run folder and checkpoints."""
+
     output_dir: str = "runs/rl"
     """Run folder: metrics, TensorBoard events, samples, plots and the final HF model."""
     save_steps: int = -1
@@ -245,6 +309,8 @@ class CkptConfig:
 
 @dataclass(frozen=True)
 class WandbConfig:
+    """Weights & Biases logging (needs `pip install 'rlhfkit[wandb]'`)."""
+
     project: str | None = None
     """Log to Weights & Biases under this project (none: no wandb)."""
     name: str | None = None
@@ -252,20 +318,29 @@ class WandbConfig:
     mode: str = "online"
     """online, offline (writes to <output_dir>/wandb, no network; sync later) or disabled."""
     group: str | None = None
+    """wandb run group (none: no group)."""
 
 
 @dataclass(frozen=True)
 class LoggerConfig:
+    """Console, TensorBoard, wandb and sample logs."""
+
     wandb: WandbConfig = field(default_factory=WandbConfig)
     tensorboard_dir: str | None = None
     """TensorBoard log dir (default: <output_dir>/tensorboard)."""
     progress_bar: bool = True
+    """Per-step console output: a progress bar on a terminal, one plain line per step otherwise
+    (nohup, pipes, batch jobs); false = neither."""
     log_samples: int = 4
     """Completions per step written to samples.jsonl."""
+    log_level: str = "info"
+    """Print the `rlhfkit` logger's messages from this level up (notes: info; problems: warning)."""
 
 
 @dataclass(frozen=True)
 class EvalConfig:
+    """Evaluation on held-out prompts during training (and by `rlhfkit eval`)."""
+
     dataset: str | None = None
     """Eval prompts, read like --data.prompt_dataset (a file, a datasets folder or a hub dataset name)."""
     split: str = "train"
@@ -277,6 +352,7 @@ class EvalConfig:
     steps: int = -1
     """Evaluate every N RL steps (-1: only before and after training)."""
     max_samples: int | None = None
+    """Evaluate at most this many prompts (none: all)."""
     n_samples: int = 1
     """Samples per eval prompt; pass@k and maj@k need n_samples >= k."""
     k: tuple[int, ...] = (1,)
@@ -290,6 +366,8 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class DistributedConfig:
+    """Where the run executes: one process, or Ray rollout workers and a trainer actor."""
+
     backend: str = "local"
     """local (one process: the engine shares the policy) or ray (rollout worker actors + a trainer actor)."""
     address: str | None = None
@@ -304,6 +382,8 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class VLLMConfig:
+    """The vLLM engine (--rollout.engine vllm, GPU)."""
+
     gpu_memory_utilization: float = 0.9
     """Share of GPU memory vLLM may take (weights + KV cache); lower it when the trainer shares the GPU."""
     enable_sleep: bool = False
@@ -314,6 +394,8 @@ class VLLMConfig:
 
 @dataclass(frozen=True)
 class FSDPConfig:
+    """Sharded training with FSDP2 under torchrun."""
+
     enable: bool = False
     """Shard the policy with FSDP2 (torch fully_shard) across the processes of `torchrun`; see docs/scaling.md."""
     mixed_precision: bool = False
@@ -421,7 +503,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _one_of("actor.policy_loss_type", cfg.actor.policy_loss_type, POLICY_LOSS_TYPES)
     _one_of("actor.lr_scheduler", cfg.actor.lr_scheduler, LR_SCHEDULERS)
     _one_of("actor.dtype", cfg.actor.dtype, DTYPES)
-    _one_of("algo.advantage.whiten", a.advantage.whiten, ("true", "mean", "false"))
+    _one_of("algo.advantage.whiten", a.advantage.whiten, WHITEN_MODES)
     if cfg.actor.autocast is not None:
         _one_of("actor.autocast", cfg.actor.autocast, DTYPES)
     if a.advantage.estimator in GROUP_ESTIMATORS:
@@ -448,6 +530,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _validate_distributed(cfg)
     _validate_scale(cfg)
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
+    _one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
     return BatchPlan(
         samples_per_rollout=samples,
         micro_batches_per_step=t.batch_size // t.micro_batch_size,

@@ -10,6 +10,8 @@ from rlhfkit.errors import ConfigError
 
 @dataclass(frozen=True)
 class ServedReward:
+    """What is served."""
+
     remote_url: str | None = None
     """A Python file defining reward_func(queries, prompts, labels, **kwargs), or builtin:NAME."""
     model_name_or_path: str | None = None
@@ -18,10 +20,13 @@ class ServedReward:
 
 @dataclass(frozen=True)
 class ServeRewardConfig:
+    """`rlhfkit serve-reward`: a reward function over HTTP (`pip install 'rlhfkit[serve]'`)."""
+
     reward: ServedReward = field(default_factory=ServedReward)
     host: str = "127.0.0.1"
     """Address to bind; 0.0.0.0 exposes the server to the network (set --auth_token then)."""
     port: int = 5000
+    """TCP port to listen on."""
     auth_token: str | None = None
     """Require `Authorization: Bearer TOKEN` on every request."""
     max_request_bytes: int = 8 << 20

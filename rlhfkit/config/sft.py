@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
-from rlhfkit.config.rl import ADAM_RANGES, DTYPES, LR_SCHEDULERS, SEED_RANGE, AdamConfig, check_input_template
+from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, AdamConfig,
+                               check_input_template)
 from rlhfkit.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The model being trained."""
+
     model_name_or_path: str = "smollm2"
     """HF folder, a .gguf file, or `smollm2` (the packaged SmolLM2-135M-Instruct)."""
     dtype: str = "float32"
@@ -30,6 +33,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class SupervisedDataConfig:
+    """Training and evaluation data and their record keys."""
+
     dataset: str | None = None
     """Training data: .jsonl / .json / .parquet, a datasets folder or a hub dataset name (org/name;
     org/name@dir for a data dir); required unless the API is given a train_dataset."""
@@ -57,49 +62,68 @@ class SupervisedDataConfig:
     prompt_key: str | None = "prompt"
     """Preference data: the prompt; none when chosen/rejected are whole conversations."""
     chosen_key: str = "chosen"
+    """Preference data: the preferred response (or whole conversation)."""
     rejected_key: str = "rejected"
+    """Preference data: the dispreferred response (or whole conversation)."""
     label_key: str = "label"
     """KTO: true = desirable, false = undesirable."""
     apply_chat_template: bool = False
+    """Render prompts and conversations with the tokenizer's chat template."""
     input_template: str | None = None
     """A format string with one {} around the prompt (without a chat template)."""
     max_len: int = 2048
     """Samples longer than this many tokens (prompt + response) are skipped and counted."""
     max_samples: int | None = None
+    """Use at most this many training records (none: all)."""
 
 
 @dataclass(frozen=True)
 class SupervisedTrainConfig:
+    """The optimization: batch sizes, epochs, steps, schedule."""
+
     batch_size: int = 32
     """Samples (pairs for rm/dpo) per optimizer step."""
     micro_batch_size: int = 8
     """Samples per forward/backward; gradients accumulate to batch_size."""
     max_epochs: int = 1
+    """Passes over the training data."""
     max_steps: int | None = None
     """Stop after this many optimizer steps."""
     lr_scheduler: str = "cosine_with_min_lr"
+    """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
     lr_warmup_ratio: float = 0.03
     """Fraction of the optimizer steps spent in linear warmup."""
     min_lr_ratio: float = 0.1
+    """cosine_with_min_lr decays to lr * min_lr_ratio."""
     max_norm: float = 1.0
+    """Gradient-norm clipping (0 disables)."""
     eval_steps: int = -1
     """Evaluate every N optimizer steps (-1: only at the end)."""
     seed: int = 42
+    """Seed of the run's random draws (data order, the eval split, new weights such as LoRA or a
+    score head)."""
     num_threads: int | None = None
+    """torch intra-op threads; none = all cores."""
 
 
 @dataclass(frozen=True)
 class LoraConfig:
+    """LoRA adapters (peft) instead of full fine-tuning."""
+
     rank: int = 0
     """LoRA rank; 0 = full fine-tuning."""
     alpha: int = 16
+    """LoRA scaling: the update is scaled by alpha / rank."""
     target_modules: str = "all-linear"
     """Comma-separated module names (q_proj,v_proj) or all-linear."""
     dropout: float = 0.0
+    """Dropout on the LoRA branch's input."""
 
 
 @dataclass(frozen=True)
 class DSConfig:
+    """Memory and layout: sample packing, LoRA (OpenRLHF's DeepSpeed section)."""
+
     packing_samples: bool = False
     """Pack each micro-batch into one row (no padding; attention stays inside each sample)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -107,18 +131,29 @@ class DSConfig:
 
 @dataclass(frozen=True)
 class SupervisedCkptConfig:
+    """The run folder."""
+
     output_dir: str = "runs/sft"
     """Run folder: metrics.jsonl, TensorBoard events, config.json and the final model (final/)."""
 
 
 @dataclass(frozen=True)
 class SupervisedLoggerConfig:
+    """Console and TensorBoard logs."""
+
     tensorboard_dir: str | None = None
+    """TensorBoard log dir (default: <output_dir>/tensorboard)."""
     progress_bar: bool = True
+    """Per-step console output: a progress bar on a terminal, one plain line per step otherwise
+    (nohup, pipes, batch jobs); false = neither."""
+    log_level: str = "info"
+    """Print the `rlhfkit` logger's messages from this level up (notes: info; problems: warning)."""
 
 
 @dataclass(frozen=True)
 class SFTConfig:
+    """`rlhfkit train sft`: supervised fine-tuning on prompts and responses or whole conversations."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
     train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
@@ -163,6 +198,8 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
     t = cfg.train
     require(cfg.model.dtype in DTYPES, f"--model.dtype: unknown value {cfg.model.dtype!r}; valid: {', '.join(DTYPES)}")
     require(cfg.model.autocast in (None, *DTYPES), f"--model.autocast must be one of {', '.join(DTYPES)} or none")
+    require(cfg.logger.log_level in LOG_LEVELS, f"--logger.log_level: unknown value "
+            f"{cfg.logger.log_level!r}; valid: {', '.join(LOG_LEVELS)}")
     require(t.lr_scheduler in LR_SCHEDULERS,
             f"--train.lr_scheduler: unknown value {t.lr_scheduler!r}; valid: {', '.join(LR_SCHEDULERS)}")
     require(t.batch_size % t.micro_batch_size == 0,

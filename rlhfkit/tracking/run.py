@@ -1,5 +1,6 @@
 """The run folder's loggers behind one object: metrics.jsonl, TensorBoard (and wandb), the
-progress bar or a plain line per step, samples.jsonl, and the curves drawn at the end."""
+progress bar on a terminal or a plain line per step elsewhere, samples.jsonl, and the curves drawn
+at the end."""
 
 from __future__ import annotations
 
@@ -14,17 +15,20 @@ RL_CURVE_KEYS = ["reward", "score", "eval/accuracy", "eval/pass@1", "kl", "entro
 
 
 class RunTracker:
-    """Fans trainer metrics out to metrics.jsonl, TensorBoard, the progress bar and samples.jsonl.
-    `curve_keys`: the metrics drawn in curves.png at `close`; `panels`: also one PNG per metric group."""
+    """Fans trainer metrics out to metrics.jsonl, TensorBoard, the console and samples.jsonl.
+    `progress`: per-step console output (a bar on a terminal, else a line per step; see ProgressBar);
+    `show`: label -> metric shown on the console (default reward and kl); `curve_keys`: the metrics
+    drawn in curves.png at `close`; `panels`: also one PNG per metric group."""
 
     def __init__(self, run_dir: Path, tensorboard_dir: str | None, total_steps: int, progress: bool,
                  purge_step: int | None = None, writers: tuple = (), curve_keys: list[str] | None = None,
-                 panels: bool = True):
+                 panels: bool = True, show: dict[str, str] | None = None):
         self.run_dir = Path(run_dir)
         self.metrics = Tracker(self.run_dir, tensorboard_dir=tensorboard_dir or str(self.run_dir / "tensorboard"),
                                purge_step=purge_step, writers=writers)
         self.samples = CompletionLogger(self.run_dir)
-        self.bar = ProgressBar(total_steps, enabled=progress)
+        self.bar = ProgressBar(total_steps, show=show, initial=purge_step - 1 if purge_step else 0,
+                               enabled=progress)
         self.curve_keys = RL_CURVE_KEYS if curve_keys is None else curve_keys
         self.panels = panels
 

@@ -29,7 +29,7 @@ ROOTS = {
     KTOConfig: (DPO_RANGES, lambda c: validate_dpo(c, "kto"), []),
     ServeRewardConfig: (SERVE_RANGES, validate_serve, ["--reward.remote_url", "r.py"]),
 }
-OUTPUTS = {"BatchPlan", "RunPlan", "Alias"}  # dataclasses of config/ that are not settings (results, alias rules)
+OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag"}  # dataclasses of config/ that are not settings (results, alias rules, help rows)
 
 
 def _number_type(tp):

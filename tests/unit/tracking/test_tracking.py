@@ -222,13 +222,66 @@ def test_progress_bar_without_tty_requirement_draws_on_any_stream():
     assert "train 2/4" in stream.getvalue() and "kl=0.5" in stream.getvalue()
 
 
-@pytest.mark.parametrize("stream, enabled", [(io.StringIO(), True), (FakeTTY(), False)])
-def test_progress_bar_disabled_prints_nothing(stream, enabled):
-    bar = ProgressBar(total=10, stream=stream, enabled=enabled)
-    assert not bar.enabled
+@pytest.mark.parametrize("stream", [io.StringIO(), FakeTTY()])
+def test_progress_bar_disabled_prints_nothing(stream):
+    bar = ProgressBar(total=10, stream=stream, enabled=False)
+    assert not bar.enabled and bar.mode is None
     bar.update(5, {"reward": 1.0})
     bar.close()
     assert stream.getvalue() == ""
+
+
+class FakeClock:
+    def __init__(self, *times):
+        self.times = list(times)
+
+    def __call__(self):
+        return self.times.pop(0)
+
+
+def test_progress_without_a_terminal_prints_one_plain_line_per_step():
+    stream = io.StringIO()  # not a TTY: nohup, a batch scheduler, `| tee`
+    bar = ProgressBar(total=10, stream=stream, clock=FakeClock(0.0, 5.0, 8.0, 8.5, 30.0))
+    assert bar.mode == "lines"
+    bar.update(2, {"reward": torch.tensor(0.5), "kl": 0.0123, "loss": 3.0})  # t=5: 2.5 s/step, 8 left x 2.5
+    bar.update(3, {"reward": 1.0})  # t=8: 3 s since the last line; left = 8 / 3 x 7 = 18.7 s
+    bar.update(3, {"eval/accuracy": 0.5})  # the same step again (e.g. a final evaluation): no timing
+    bar.update(10, {"reward": 1.0, "kl": 0.5})  # t=30: 22 s over 7 steps; nothing left
+    bar.close()
+    assert stream.getvalue() == (
+        "train 2/10 reward=0.5 kl=0.0123 2.50s/step 0:20 left\n"
+        "train 3/10 reward=1 3.00s/step 0:19 left\n"
+        "train 3/10\n"
+        "train 10/10 reward=1 kl=0.5 3.14s/step\n")
+
+
+def test_progress_lines_of_a_resumed_run_count_from_its_first_step():
+    stream = io.StringIO()
+    bar = ProgressBar(total=10, initial=4, stream=stream, clock=FakeClock(100.0, 104.0))
+    bar.update(6, {"kl": 0.25})  # 2 steps in 4 s: 2 s/step, 4 steps left
+    assert stream.getvalue() == "train 6/10 kl=0.25 2.00s/step 0:08 left\n"
+
+
+def test_progress_goes_to_stdout_as_lines_when_stdout_is_not_a_terminal(capsys):
+    bar = ProgressBar(total=3, show={"loss": "loss"}, desc="sft")  # capsys: stdout is not a TTY
+    bar.update(1, {"loss": 2.0})
+    out, err = capsys.readouterr()
+    assert out.startswith("sft 1/3 loss=2 ") and out.endswith(" left\n") and err == ""
+
+
+def test_run_tracker_prints_the_step_line_where_the_bar_would_be(tmp_path, capsys):
+    from rlhfkit.tracking.run import RunTracker
+
+    tracker = RunTracker(tmp_path, None, total_steps=2, progress=True, panels=False)
+    tracker.log(1, {"reward": 0.25, "kl": 0.125})
+    tracker.close()
+    assert capsys.readouterr().out.startswith("train 1/2 reward=0.25 kl=0.125 ")
+
+
+def test_format_seconds():
+    from rlhfkit.tracking.progress import format_seconds
+
+    assert [format_seconds(s) for s in (0, 42, 500, 3725, -3)] == ["0:00", "0:42", "8:20", "1:02:05", "0:00"]
 
 
 def test_plot_panels_writes_one_png_per_panel_with_data(tmp_path):
