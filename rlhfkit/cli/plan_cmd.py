@@ -83,7 +83,7 @@ def format_counts(cfg: RLConfig, plan: RunPlan) -> list[str]:
         f"{t.batch_size} x {t.max_epochs} --train.max_epochs)",
         f"dataset prompts                {plan.num_prompts}",
         f"rollouts per episode           {plan.rollouts_per_episode}   ({plan.num_prompts} // {r.batch_size})",
-        f"optimizer steps per episode    {plan.optimizer_steps_per_episode}   (seed 002's formula: "
+        f"optimizer steps per episode    {plan.optimizer_steps_per_episode}   (textbook formula: "
         f"{plan.seed002_update_steps_per_episode})",
         f"rollouts (RL steps) in total   {plan.total_rollouts}   ({t.num_episodes} episode(s)"
         + (f", capped by --train.max_steps {t.max_steps})" if t.max_steps is not None else ")"),

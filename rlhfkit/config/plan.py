@@ -1,4 +1,4 @@
-"""The step arithmetic of a whole run (seed article 002, section 2.5), before any model loads.
+"""The step arithmetic of a whole run (OpenRLHF's PPO loop), before any model loads.
 
 Seed 002 counts, for OpenRLHF's loop
 
@@ -13,7 +13,7 @@ Seed 002 counts, for OpenRLHF's loop
 How we depart from it: our trainer (rlhfkit.trainers.rl) only runs whole rollout batches, so a
 remainder of `len(prompts) % rollout_batch_size` prompts is left out of each episode (shuffled
 anew every episode) and the optimizer steps per episode are
-`rollouts_per_episode * optimizer_steps_per_rollout`, which equals seed 002's count when the
+`rollouts_per_episode * optimizer_steps_per_rollout`, which equals the textbook count when the
 rollout batch size divides the dataset. `--train.max_steps` caps the number of rollouts (RL steps).
 """
 

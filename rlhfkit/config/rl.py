@@ -3,7 +3,7 @@
 Flag names follow OpenRLHF's dotted names where the meaning is the same
 (`--actor.model_name_or_path`, `--rollout.n_samples_per_prompt`, `--algo.kl.init_coef`, ...).
 `validate()` checks that the settings fit together before any model loads and returns the
-derived batch arithmetic of seed article 002.
+derived batch arithmetic of OpenRLHF's PPO loop.
 """
 
 from __future__ import annotations
@@ -443,7 +443,7 @@ RL_ALIASES: dict[str, str | Alias] = {
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """Derived batch arithmetic (seed article 002), filled in by `validate`."""
+    """Derived batch arithmetic (OpenRLHF's PPO loop), filled in by `validate`."""
 
     samples_per_rollout: int
     micro_batches_per_step: int
