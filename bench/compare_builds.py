@@ -1,0 +1,93 @@
+"""Two builds of rlhfkit, side by side, on the same short runs: identical numbers or not.
+
+    python bench/compare_builds.py OLD_TREE NEW_TREE        # e.g. a `git worktree` of the last release
+
+Each tree's `rlhfkit train rl` (PYTHONPATH=TREE) runs 4 RL steps of a tiny random Llama on a dense
+"sevens" reward, in four configurations that cover the stages (GRPO; GAE with a critic, KL in the
+reward and 2 epochs; DAPO filtering with overlong shaping and clip-higher; GSPO with bf16 autocast
+and a k3 KL loss), one thread each. Prints, per configuration, whether every non-timing metric and
+every tensor of the final model are equal. A refactor that changes no math prints "identical" four times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CONFIGS = {
+    "grpo": [],
+    "gae_kl_2epochs": ["--algo.advantage.estimator", "gae", "--algo.kl.init_coef", "0.05", "--train.max_epochs", "2"],
+    "dapo": ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0", "1",
+             "--reward.overlong_buffer_len", "4", "--actor.eps_clip_low_high", "0.2", "0.28"],
+    "gspo_bf16_klloss": ["--actor.policy_loss_type", "gspo", "--actor.autocast", "bfloat16", "--algo.kl.init_coef",
+                         "0.01", "--algo.kl.use_loss", "--algo.kl.estimator", "k3"],
+}
+REWARD = '''
+import torch
+def reward_func(queries, prompts, labels, **kwargs):
+    responses = [q[len(p):] for q, p in zip(queries, prompts)]
+    r = torch.tensor([sum(c == "7" for c in s) / 8.0 for s in responses])
+    return {"rewards": r, "scores": r.clamp(0, 1), "extra_logs": {"sevens": r * 8}}
+'''
+
+
+def workspace(root: Path) -> None:
+    from rlhfkit.models import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    model.save_pretrained(root / "tiny")
+    tok.save_pretrained(root / "tiny")
+    rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(64)]
+    (root / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "reward.py").write_text(REWARD)
+
+
+def run(tree: str, root: Path, out: Path, extra: list[str]) -> None:
+    argv = ["--actor.model_name_or_path", str(root / "tiny"), "--data.prompt_dataset", str(root / "p.jsonl"),
+            "--data.input_key", "q", "--data.label_key", "a", "--reward.remote_url", str(root / "reward.py"),
+            "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "4", "--rollout.max_new_tokens", "8",
+            "--rollout.temperature", "1.0", "--train.batch_size", "16", "--train.micro_batch_size", "8",
+            "--train.max_steps", "4", "--train.num_episodes", "2", "--actor.adam.lr", "1e-2",
+            "--actor.lr_scheduler", "constant", "--logger.progress_bar", "false", "--train.num_threads", "1",
+            "--ckpt.output_dir", str(out), *extra]
+    env = {**os.environ, "PYTHONPATH": tree, "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "-m", "rlhfkit.cli.main", "train", "rl", *argv], env=env, check=True,
+                   capture_output=True)
+
+
+def same(a: Path, b: Path) -> str:
+    import torch
+    from safetensors.torch import load_file
+
+    def rows(d):
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "rollout_tokens_per_s"))}
+                for line in (d / "metrics.jsonl").read_text().splitlines()]
+
+    ra, rb = rows(a), rows(b)
+    metrics = len(ra) == len(rb) and all(x.get(k) == y.get(k) for x, y in zip(ra, rb) for k in set(x) & set(y))
+    wa, wb = load_file(a / "final" / "model.safetensors"), load_file(b / "final" / "model.safetensors")
+    weights = wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    only = sorted(set().union(*ra) ^ set().union(*rb))
+    return ("identical" if metrics and weights else f"DIFFERENT (metrics equal: {metrics}, weights equal: {weights})") + (
+        f"; metrics only one build logs: {only}" if only else "")
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    old, new = (str(Path(p).resolve()) for p in sys.argv[1:])
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        workspace(root)
+        for name, extra in CONFIGS.items():
+            run(old, root, root / f"old_{name}", extra)
+            run(new, root, root / f"new_{name}", extra)
+            print(f"{name:18} {same(root / f'old_{name}', root / f'new_{name}')}")
+
+
+if __name__ == "__main__":
+    main()
