@@ -471,19 +471,23 @@ def code_reward(responses: list[str], tests: list[Any], sandbox: CodeSandbox | N
 
 class CodeReward:
     """`builtin:code`: code_reward on the responses (the part of each query after its prompt),
-    with the prompt's label as the tests; the sandbox is made on the first call."""
+    with each prompt's label as its tests. Arguments are the --reward.code.* settings; the sandbox
+    is made on the first call (a RewardError then when it cannot contain the code)."""
 
     name = "code"
 
-    def __init__(self, partial_credit: bool = False, allow_root: bool = False, cpu_seconds: int = 2,
-                 wall_seconds: float = 5.0, memory_mb: int = 512):
+    def __init__(self, partial_credit: bool = False, allow_root: bool = False, timeout: float = 5.0,
+                 cpu_seconds: int = 2, memory_mb: int = 512):
         self.partial_credit, self.allow_root = partial_credit, allow_root
-        self.limits = dict(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
+        self.limits = dict(cpu_seconds=cpu_seconds, wall_seconds=timeout, memory_mb=memory_mb)
         self.sandbox: CodeSandbox | None = None
 
+    def __repr__(self) -> str:
+        return f"CodeReward(partial_credit={self.partial_credit}, {self.limits})"
+
     def __call__(self, queries: list[str], prompts: list[str], labels: list[Any], **kwargs: Any) -> RewardOutput:
+        """Score B samples; see code_reward."""
         if self.sandbox is None:
             self.sandbox = CodeSandbox(allow_root=self.allow_root, **self.limits)
         responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]
         return code_reward(responses, list(labels), self.sandbox, self.partial_credit)
-

@@ -5,9 +5,10 @@ interpreter starts, the child (in order):
   * leaves the parent's session (its process group is killed on the wall-clock timeout);
   * gets rlimits: CPU seconds, address space, file size (stdout goes to a file, so it is capped
     too), open files, processes (RLIMIT_NPROC, which binds only a non-root uid), no core files;
-  * enters new network and mount namespaces when the kernel allows (as root, or through a user
-    namespace): no network at all, and private empty tmpfs mounts over the world-writable
+  * enters new network, mount and pid namespaces when the kernel allows (as root, or through a
+    user namespace): no network at all; private empty tmpfs mounts over the world-writable
     directories (/tmp, /var/tmp, /dev/shm, /run/lock), so nothing written there reaches the host;
+    the program runs as the pid namespace's init, so every process it starts dies with it;
   * sets no-new-privileges (a setuid program cannot give privileges back);
   * when the trainer runs as root, drops to uid/gid 65534 (nobody) with no supplementary groups:
     from then on file permissions keep it from writing anywhere on the host but its working
@@ -42,11 +43,21 @@ from rlhfkit.errors import RewardError
 
 log = logging.getLogger("rlhfkit")
 NOBODY = 65534
-_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 _MS_REC, _MS_PRIVATE = 0x4000, 0x40000
 _PR_SET_NO_NEW_PRIVS = 38
 _SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _LIBC = ctypes.CDLL(None, use_errno=True)
+
+# Runs first: in a new pid namespace, the program runs in a forked child, the namespace's init,
+# so that when it exits or is killed every process it started dies too (even one in its own session).
+_PIDNS_INIT = r'''
+import os as _os
+if PIDNS:
+    _pid = _os.fork()
+    if _pid:
+        _os._exit(_os.waitstatus_to_exitcode(_os.waitpid(_pid, 0)[1]) & 255)
+'''
 
 # Installed first in every child unless audit_hook=False: a layer on top of the boundary (code
 # inside can get around it; the uid drop and the namespaces are what hold).
@@ -131,7 +142,8 @@ class CodeSandbox:
 
     def popen(self, code: str, workdir: Path, **kwargs) -> subprocess.Popen:
         """`python -I -S -c code` in `workdir`, contained; kwargs go to subprocess.Popen."""
-        prelude = AUDIT_HOOK + f"HOOK = {bool(self.audit_hook)}\n"
+        pidns = bool(self.namespaces & _CLONE_NEWPID)
+        prelude = f"PIDNS = {pidns}\n" + _PIDNS_INIT + AUDIT_HOOK + f"HOOK = {bool(self.audit_hook)}\n"
         return subprocess.Popen([self.python, "-I", "-S", "-c", prelude + code], cwd=workdir, env={},
                                 preexec_fn=self._contain, start_new_session=True, **kwargs)
 
@@ -187,7 +199,7 @@ class CodeSandbox:
             found = shutil.which(name, path="/usr/local/bin:/usr/bin:/bin")
             if found and os.path.realpath(found) not in candidates:
                 candidates.append(os.path.realpath(found))
-        base = _CLONE_NEWNET | _CLONE_NEWNS
+        base = _CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWPID
         ns_options = [base, 0] if self.is_root else [_CLONE_NEWUSER | base, 0]
         for python in candidates:
             for ns in ns_options:
@@ -218,10 +230,10 @@ class CodeSandbox:
     def _starts(self, python: str) -> bool:
         workdir = self.make_workdir()
         try:
-            done = subprocess.run([python, "-I", "-S", "-c", "import json, math, os; os.getcwd()"],
-                                  cwd=workdir, env={}, preexec_fn=self._contain, capture_output=True,
-                                  timeout=30)
-            return done.returncode == 0
+            self.python = python
+            proc = self.popen("import json, math, os\nos.getcwd()\nif HOOK:\n    _install_hook()\n", workdir,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return self.wait(proc, timeout=30) == (False, 0)
         except (OSError, subprocess.SubprocessError):
             return False
         finally:
