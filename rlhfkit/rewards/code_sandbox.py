@@ -45,7 +45,7 @@ log = logging.getLogger("rlhfkit")
 NOBODY = 65534
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 _MS_REC, _MS_PRIVATE = 0x4000, 0x40000
-_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE = 38, 4
 _SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -112,16 +112,21 @@ class CodeSandbox:
       allow_root: as root, run the child as root when no interpreter is runnable by nobody
         (otherwise that is a RewardError).
       audit_hook: install the in-process audit hook layer (tests turn it off to check the boundary).
+      as_user: as root, behave as a trainer run by this ordinary uid (the child switches to it first,
+        then is contained as an ordinary user's child is): how the tests check that case as root.
     Raises:
       RewardError: as root without allow_root, when no Python interpreter is runnable by nobody.
     """
 
     def __init__(self, cpu_seconds: int = 2, wall_seconds: float = 5.0, memory_mb: int = 512,
                  output_bytes: int = 1 << 16, max_processes: int = 16, allow_root: bool = False,
-                 audit_hook: bool = True):
+                 audit_hook: bool = True, as_user: int | None = None):
         self.cpu_seconds, self.wall_seconds, self.memory_mb = cpu_seconds, wall_seconds, memory_mb
         self.output_bytes, self.max_processes, self.audit_hook = output_bytes, max_processes, audit_hook
-        self.is_root = os.geteuid() == 0
+        if as_user is not None and (os.geteuid() != 0 or as_user == 0):
+            raise ValueError("as_user needs a root trainer and a non-root uid")
+        self.as_user = as_user
+        self.is_root = os.geteuid() == 0 and as_user is None
         self.uid: int | None = NOBODY if self.is_root else None
         self.namespaces = 0
         self.python = self._probe(allow_root)
@@ -130,15 +135,18 @@ class CodeSandbox:
     def make_workdir(self) -> Path:
         """A fresh working directory owned by the child's uid."""
         workdir = Path(tempfile.mkdtemp(prefix="rlhfkit_sandbox_"))
-        if self.uid is not None:
-            os.chown(workdir, self.uid, self.uid)
+        self._chown(workdir)
         return workdir
 
     def write(self, workdir: Path, name: str, text: str) -> None:
         path = workdir / name
         path.write_text(text)
-        if self.uid is not None:
-            os.chown(path, self.uid, self.uid)
+        self._chown(path)
+
+    def _chown(self, path: Path) -> None:
+        owner = self.uid if self.uid is not None else self.as_user
+        if owner is not None:
+            os.chown(path, owner, owner)
 
     def popen(self, code: str, workdir: Path, **kwargs) -> subprocess.Popen:
         """`python -I -S -c code` in `workdir`, contained; kwargs go to subprocess.Popen."""
@@ -180,6 +188,11 @@ class CodeSandbox:
                   (resource.RLIMIT_NPROC, self.max_processes), (resource.RLIMIT_CORE, 0)]
         for which, value in limits:
             resource.setrlimit(which, (value, value))
+        if self.as_user is not None:
+            os.setgroups([])
+            os.setgid(self.as_user)
+            os.setuid(self.as_user)
+            _LIBC.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # as a process started by that user is
         if self.namespaces:
             _enter_namespaces(self.namespaces)
         if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -213,7 +226,7 @@ class CodeSandbox:
                                     "and can write where you can; run as root in a container or a VM "
                                     "to contain it")
                     return python
-        if self.is_root and allow_root:
+        if os.geteuid() == 0 and self.as_user is None and allow_root:
             log.warning("code sandbox: no Python runnable by nobody; model code runs as root "
                         "(--reward.code.allow_root)")
             self.uid, self.namespaces = None, base
@@ -221,7 +234,7 @@ class CodeSandbox:
                 return candidates[0]
             self.namespaces = 0
             return candidates[0]
-        if self.is_root:
+        if os.geteuid() == 0 and self.as_user is None:
             raise RewardError("no Python interpreter is runnable by the unprivileged uid nobody "
                               f"(tried {', '.join(candidates)}), so model code would run as root; "
                               "install a system python3 or pass --reward.code.allow_root")

@@ -20,12 +20,16 @@ from rlhfkit.rewards.code import CodeSandbox, code_reward, run_tests
 TESTS = "assert add(2, 3) == 5\nassert add(1, 1) == 2"
 WRONG = "def add(a, b):\n    return 0\n"
 MARK = "/tmp/rlhfkit_hostile_mark"
+USER = 65533  # the ordinary user of the second run when the tests run as root
 
 
 @pytest.fixture(scope="module")
 def boxes():
     kw = dict(cpu_seconds=1, wall_seconds=2.0, memory_mb=256, output_bytes=4096, max_processes=8)
-    return {"hook": CodeSandbox(**kw), "no_hook": CodeSandbox(audit_hook=False, **kw)}
+    boxes = {"hook": CodeSandbox(**kw), "no_hook": CodeSandbox(audit_hook=False, **kw)}
+    if os.geteuid() == 0:  # and as a trainer run by an ordinary user (its child keeps that uid)
+        boxes["ordinary_user"] = CodeSandbox(audit_hook=False, as_user=USER, **kw)
+    return boxes
 
 
 @pytest.fixture(autouse=True)
