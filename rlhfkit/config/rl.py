@@ -117,6 +117,9 @@ class CodeRewardConfig:
     """CPU seconds one test's sandboxed process may use (RLIMIT_CPU)."""
     memory_mb: int = 512
     """Address space of one test's sandboxed process, in MiB (RLIMIT_AS)."""
+    workers: int = 1
+    """Samples judged at once. As root, worker k's processes run as uid 65534 - k: uids that must
+    belong to no one on the machine."""
 
 
 @dataclass(frozen=True)
@@ -493,6 +496,7 @@ RL_RANGES = validate_table({
     "reward.overlong_buffer_len": ">= 1", "reward.overlong_penalty_factor": ">= 0", "reward.clip_range": ORDERED,
     "reward.timeout": "> 0",
     "reward.code.timeout": "> 0", "reward.code.cpu_seconds": ">= 1", "reward.code.memory_mb": ">= 64",
+    "reward.code.workers": "[1, 64]",
     "data.max_samples": ">= 1", "data.prompt_max_len": ">= 1",
     "rollout.batch_size": ">= 1", "rollout.n_samples_per_prompt": ">= 1", "rollout.max_new_tokens": ">= 1",
     "rollout.temperature": ">= 0", "rollout.top_p": "(0, 1]", "rollout.top_k": "-1 or >= 1",

@@ -26,6 +26,7 @@ The test sources come from the dataset and run in the trainer process, as a rewa
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import os
 import re
@@ -34,6 +35,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -448,20 +450,31 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def code_reward(responses: list[str], tests: list[Any], sandbox: CodeSandbox | None = None,
-                partial_credit: bool = False) -> RewardOutput:
+                partial_credit: bool = False, workers: int = 1) -> RewardOutput:
     """Per response: 1.0 when its code passes every test of its label, else 0.0.
 
     Args:
       responses: B model responses (code in a ```python block, or bare code).
       tests: B labels (assert source, or the JSON / dict formats of the module docstring).
       partial_credit: reward = the fraction of tests passed instead.
+      workers: samples judged at once (threads; as root, worker k's children run as uid 65534 - k,
+        uids that must belong to no one on the machine).
     Returns:
       RewardOutput: rewards [B]; scores [B] = all passed (0/1); extra_logs {"timed_out": [B],
       "pass_fraction": [B]}.
     """
     sandbox = sandbox or CodeSandbox()
-    results = [run_tests(extract_code(r), t, sandbox, stop_at_first_failure=not partial_credit)
-               for r, t in zip(responses, tests)]
+    def judge(pair: tuple[str, Any]) -> TestResult:
+        return run_tests(extract_code(pair[0]), pair[1], sandbox, stop_at_first_failure=not partial_credit)
+
+    pairs = list(zip(responses, tests))
+    if workers <= 1 or len(pairs) <= 1:
+        results = [judge(p) for p in pairs]
+    else:
+        slots = itertools.count()
+        with ThreadPoolExecutor(min(workers, len(pairs)),
+                                initializer=lambda: sandbox.set_worker_slot(next(slots))) as pool:
+            results = list(pool.map(judge, pairs))
     solved = torch.tensor([float(r.all_passed) for r in results])
     fraction = torch.tensor([r.fraction for r in results])
     return RewardOutput(rewards=fraction.clone() if partial_credit else solved.clone(), scores=solved,
@@ -477,8 +490,8 @@ class CodeReward:
     name = "code"
 
     def __init__(self, partial_credit: bool = False, allow_root: bool = False, timeout: float = 5.0,
-                 cpu_seconds: int = 2, memory_mb: int = 512):
-        self.partial_credit, self.allow_root = partial_credit, allow_root
+                 cpu_seconds: int = 2, memory_mb: int = 512, workers: int = 1):
+        self.partial_credit, self.allow_root, self.workers = partial_credit, allow_root, workers
         self.limits = dict(cpu_seconds=cpu_seconds, wall_seconds=timeout, memory_mb=memory_mb)
         self.sandbox: CodeSandbox | None = None
 
@@ -490,4 +503,4 @@ class CodeReward:
         if self.sandbox is None:
             self.sandbox = CodeSandbox(allow_root=self.allow_root, **self.limits)
         responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]
-        return code_reward(responses, list(labels), self.sandbox, self.partial_credit)
+        return code_reward(responses, list(labels), self.sandbox, self.partial_credit, self.workers)

@@ -15,6 +15,7 @@ interpreter starts, the child (in order):
     directory, and from reading files that are not world-readable. The interpreter must be
     runnable by nobody: the trainer's own Python is tried first, then the system's python3.
     If none is, the sandbox refuses to start (RewardError) unless `allow_root=True`.
+These steps run at the start of the child's interpreter, before the program (`_CONTAIN`).
 The child starts in a fresh temporary working directory (owned by the child's uid, deleted
 afterwards) with an empty environment and `python -I -S`.
 
@@ -27,7 +28,6 @@ when the policy's code must not touch the user's files.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import resource
@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,12 +45,56 @@ from rlhfkit.errors import RewardError
 log = logging.getLogger("rlhfkit")
 NOBODY = 65534
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-_MS_REC, _MS_PRIVATE = 0x4000, 0x40000
-_PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE = 38, 4
 _SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-_LIBC = ctypes.CDLL(None, use_errno=True)
 
-# Runs first: in a new pid namespace, the program runs in a forked child, the namespace's init,
+# Runs first in every child, before anything of the program: the containment (see the module
+# docstring). The interpreter starts as the trainer's user (no preexec_fn: the trainer is not
+# forked, which is slow with a large address space and unsafe with threads); any step that fails
+# ends the child with status 125 before the program runs.
+_CONTAIN = r'''
+def _contain(cfg):
+    import ctypes, os, resource
+    libc = ctypes.CDLL(None, use_errno=True)
+    def die():
+        os._exit(125)
+    for which, value in cfg["limits"]:
+        resource.setrlimit(which, (value, value))
+    if cfg["as_user"] is not None:
+        u = cfg["as_user"]
+        os.setgroups([]); os.setgid(u); os.setuid(u)
+        libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE, as a process started by that user is
+    ns = cfg["ns"]
+    if ns:
+        uid, gid = os.getuid(), os.getgid()
+        if libc.unshare(ns) != 0:
+            die()
+        if ns & 0x10000000:  # CLONE_NEWUSER: map our uid so that files keep their owner inside
+            for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", "%d %d 1" % (uid, uid)),
+                               ("/proc/self/gid_map", "%d %d 1" % (gid, gid))):
+                with open(path, "w") as f:
+                    f.write(text)
+        if ns & 0x00020000:  # CLONE_NEWNS: private mounts, empty tmpfs over the shared writable dirs
+            if libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None) != 0:  # MS_REC | MS_PRIVATE
+                die()
+            for d in cfg["shared"]:
+                if libc.mount(b"tmpfs", d.encode(), b"tmpfs", 0, b"size=16m,mode=1777") != 0:
+                    die()
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        die()
+    if cfg["uid"] is not None:
+        u = cfg["uid"]
+        os.setgroups([]); os.setgid(u); os.setuid(u)
+        if os.getuid() != u or os.geteuid() != u or os.getgid() != u or os.getgroups():
+            die()
+try:
+    _contain(CFG)
+except BaseException:
+    import os as _o
+    _o._exit(125)
+del _contain, CFG
+'''
+
+# Then: in a new pid namespace, the program runs in a forked child, the namespace's init,
 # so that when it exits or is killed every process it started dies too (even one in its own session).
 _PIDNS_INIT = r'''
 import os as _os
@@ -127,9 +172,20 @@ class CodeSandbox:
             raise ValueError("as_user needs a root trainer and a non-root uid")
         self.as_user = as_user
         self.is_root = os.geteuid() == 0 and as_user is None
-        self.uid: int | None = NOBODY if self.is_root else None
+        self.base_uid: int | None = NOBODY if self.is_root else None
+        self._slot = threading.local()
         self.namespaces = 0
         self.python = self._probe(allow_root)
+
+    @property
+    def uid(self) -> int | None:
+        """The uid children of this thread run as: nobody, or 65534 - k in worker thread k."""
+        return None if self.base_uid is None else self.base_uid - getattr(self._slot, "k", 0)
+
+    def set_worker_slot(self, k: int) -> None:
+        """In worker thread k (of `code_reward(workers=...)`): its children run as uid 65534 - k, so
+        that RLIMIT_NPROC (per uid) of one child does not starve another's."""
+        self._slot.k = k
 
     # ------------------------------------------------------------------ starting children
     def make_workdir(self) -> Path:
@@ -151,9 +207,10 @@ class CodeSandbox:
     def popen(self, code: str, workdir: Path, **kwargs) -> subprocess.Popen:
         """`python -I -S -c code` in `workdir`, contained; kwargs go to subprocess.Popen."""
         pidns = bool(self.namespaces & _CLONE_NEWPID)
-        prelude = f"PIDNS = {pidns}\n" + _PIDNS_INIT + AUDIT_HOOK + f"HOOK = {bool(self.audit_hook)}\n"
+        prelude = (f"CFG = {self._settings()!r}\n" + _CONTAIN + f"PIDNS = {pidns}\n" + _PIDNS_INIT
+                   + AUDIT_HOOK + f"HOOK = {bool(self.audit_hook)}\n")
         return subprocess.Popen([self.python, "-I", "-S", "-c", prelude + code], cwd=workdir, env={},
-                                preexec_fn=self._contain, start_new_session=True, **kwargs)
+                                start_new_session=True, **kwargs)
 
     def run(self, source: str, stdin: str = "") -> RunResult:
         """Run `source` as a script with `stdin`; passed = exit status 0 within the limits."""
@@ -182,27 +239,12 @@ class CodeSandbox:
         return timed_out, code
 
     # ------------------------------------------------------------------ in the child, before exec
-    def _contain(self) -> None:
+    def _settings(self) -> dict:
         limits = [(resource.RLIMIT_CPU, self.cpu_seconds), (resource.RLIMIT_AS, self.memory_mb << 20),
                   (resource.RLIMIT_FSIZE, self.output_bytes), (resource.RLIMIT_NOFILE, 64),
                   (resource.RLIMIT_NPROC, self.max_processes), (resource.RLIMIT_CORE, 0)]
-        for which, value in limits:
-            resource.setrlimit(which, (value, value))
-        if self.as_user is not None:
-            os.setgroups([])
-            os.setgid(self.as_user)
-            os.setuid(self.as_user)
-            _LIBC.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # as a process started by that user is
-        if self.namespaces:
-            _enter_namespaces(self.namespaces)
-        if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            os._exit(125)
-        if self.uid is not None:
-            os.setgroups([])
-            os.setgid(self.uid)
-            os.setuid(self.uid)
-            if os.getuid() != self.uid or os.geteuid() != self.uid:
-                os._exit(125)
+        return {"limits": limits, "as_user": self.as_user, "ns": self.namespaces, "uid": self.uid,
+                "shared": [d for d in _SHARED_DIRS if os.path.isdir(d)]}
 
     # ------------------------------------------------------------------ what this machine allows
     def _probe(self, allow_root: bool) -> str:
@@ -229,7 +271,7 @@ class CodeSandbox:
         if os.geteuid() == 0 and self.as_user is None and allow_root:
             log.warning("code sandbox: no Python runnable by nobody; model code runs as root "
                         "(--reward.code.allow_root)")
-            self.uid, self.namespaces = None, base
+            self.base_uid, self.namespaces = None, base
             if self._starts(candidates[0]):
                 return candidates[0]
             self.namespaces = 0
@@ -251,27 +293,6 @@ class CodeSandbox:
             return False
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _enter_namespaces(flags: int) -> None:
-    """In the child: new namespaces; over each shared writable directory, a private empty tmpfs."""
-    uid, gid = os.getuid(), os.getgid()
-    if _LIBC.unshare(flags) != 0:
-        os._exit(125)
-    if flags & _CLONE_NEWUSER:  # map our uid so that files keep their owner inside
-        for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"{uid} {uid} 1"),
-                           ("/proc/self/gid_map", f"{gid} {gid} 1")):
-            try:
-                with open(path, "w") as f:
-                    f.write(text)
-            except OSError:
-                os._exit(125)
-    if flags & _CLONE_NEWNS:
-        if _LIBC.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-            os._exit(125)
-        for d in _SHARED_DIRS:
-            if os.path.isdir(d) and _LIBC.mount(b"tmpfs", d.encode(), b"tmpfs", 0, b"size=16m,mode=1777") != 0:
-                os._exit(125)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -161,3 +161,11 @@ def test_as_root_the_child_runs_as_nobody_and_cannot_regain_root(boxes):
     box = boxes["no_hook"]
     assert run_tests(code, "assert ids() == [65534, 65534, 65534, []]\nassert setuid_back() == 'refused'",
                      box).passed == (True, True)
+
+
+def test_a_fork_bomb_does_not_starve_samples_judged_beside_it(boxes):
+    box = boxes["no_hook"]
+    right = "def add(a, b):\n    return a + b\n"
+    responses = [right, WRONG + ESCAPES["fork_bomb"], right, WRONG + ESCAPES["fork_bomb"], right]
+    out = code_reward(responses, [TESTS] * 5, box, workers=3)
+    assert out.rewards.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
