@@ -363,12 +363,17 @@ class _Child:
         return reply
 
     def close(self) -> None:
+        """Close the requests pipe (the child's serving loop ends and it exits), then end it."""
         for fd in (self._req_w, self._rep_r):
             try:
                 os.close(fd)
             except OSError:
                 pass
         if self.proc is not None:
+            try:
+                self.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
             kill_group(self.proc)
         shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -94,14 +94,32 @@ except BaseException:
 del _contain, CFG
 '''
 
-# Then: in a new pid namespace, the program runs in a forked child, the namespace's init,
-# so that when it exits or is killed every process it started dies too (even one in its own session).
+# Then, in a new pid namespace: the first forked child is the namespace's init, which waits for
+# the program (its own forked child: signals such as the CPU limit's SIGXCPU do not reach an init)
+# and passes on its exit status. When the init exits or is killed, every process the program
+# started dies too, even one in a session of its own. SIGTERM to the outer process (`stop`) kills
+# the init, whose exit the outer process then reaps, so that nothing is left to the host to reap.
 _PIDNS_INIT = r'''
 import os as _os
+def _pidns_init():
+    import signal
+    kid = [0]
+    def stop(*_):
+        if kid[0]:
+            _os.kill(kid[0], signal.SIGKILL)
+        else:
+            _os._exit(137)
+    signal.signal(signal.SIGTERM, stop)
+    kid[0] = _os.fork()
+    if kid[0]:
+        _os._exit(_os.waitstatus_to_exitcode(_os.waitpid(kid[0], 0)[1]) & 255)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    pid = _os.fork()
+    if pid:
+        _os._exit(_os.waitstatus_to_exitcode(_os.waitpid(pid, 0)[1]) & 255)
 if PIDNS:
-    _pid = _os.fork()
-    if _pid:
-        _os._exit(_os.waitstatus_to_exitcode(_os.waitpid(_pid, 0)[1]) & 255)
+    _pidns_init()
+del _pidns_init
 '''
 
 # Installed first in every child unless audit_hook=False: a layer on top of the boundary (code
@@ -295,8 +313,16 @@ class CodeSandbox:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the child's process group and reap the child."""
+def kill_group(proc: subprocess.Popen, grace: float = 1.0) -> None:
+    """End a child and everything it started: SIGTERM makes its outer process kill the pid
+    namespace's init and reap it (all the program's processes are dead by then); after `grace`
+    seconds, or without a pid namespace, SIGKILL to its process group. The child is reaped."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
