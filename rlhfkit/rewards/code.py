@@ -489,8 +489,10 @@ def code_reward(responses: list[str], tests: list[Any], sandbox: CodeSandbox | N
 
 class CodeReward:
     """`builtin:code`: code_reward on the responses (the part of each query after its prompt),
-    with each prompt's label as its tests. Arguments are the --reward.code.* settings; the sandbox
-    is made on the first call (a RewardError then when it cannot contain the code)."""
+    with each prompt's label as its tests. Arguments are the --reward.code.* settings.
+
+    Raises:
+      RewardError: the sandbox cannot contain the code here (before any training step)."""
 
     name = "code"
 
@@ -498,14 +500,12 @@ class CodeReward:
                  cpu_seconds: int = 2, memory_mb: int = 512, workers: int = 1):
         self.partial_credit, self.allow_root, self.workers = partial_credit, allow_root, workers
         self.limits = dict(cpu_seconds=cpu_seconds, wall_seconds=timeout, memory_mb=memory_mb)
-        self.sandbox: CodeSandbox | None = None
+        self.sandbox = CodeSandbox(allow_root=allow_root, **self.limits)
 
     def __repr__(self) -> str:
         return f"CodeReward(partial_credit={self.partial_credit}, {self.limits})"
 
     def __call__(self, queries: list[str], prompts: list[str], labels: list[Any], **kwargs: Any) -> RewardOutput:
         """Score B samples; see code_reward."""
-        if self.sandbox is None:
-            self.sandbox = CodeSandbox(allow_root=self.allow_root, **self.limits)
         responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]
         return code_reward(responses, list(labels), self.sandbox, self.partial_credit, self.workers)

@@ -236,13 +236,13 @@ class CodeSandbox:
         try:
             self.write(workdir, "solution.py", source)
             self.write(workdir, "stdin.txt", stdin)
-            out_path, err_path = workdir / "stdout.txt", workdir / "stderr.txt"
-            with open(workdir / "stdin.txt", "rb") as inp, open(out_path, "wb") as out, \
-                    open(err_path, "wb") as err:
+            # read back through the descriptors opened here: the child may put a symlink in their place
+            with open(workdir / "stdin.txt", "rb") as inp, open(workdir / "stdout.txt", "w+b") as out, \
+                    open(workdir / "stderr.txt", "w+b") as err:
                 proc = self.popen(_SCRIPT, workdir, stdin=inp, stdout=out, stderr=err)
                 timed_out, code = self.wait(proc)
-            return RunResult(passed=code == 0, returncode=code, timed_out=timed_out,
-                             output=_head(out_path, self.output_bytes), stderr=_head(err_path, 4096))
+                return RunResult(passed=code == 0, returncode=code, timed_out=timed_out,
+                                 output=_head(out, self.output_bytes), stderr=_head(err, 4096))
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -330,9 +330,6 @@ def kill_group(proc: subprocess.Popen, grace: float = 1.0) -> None:
     proc.wait()
 
 
-def _head(path: Path, n: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read(n).decode("utf-8", "replace")
-    except OSError:
-        return ""
+def _head(f, n: int) -> str:
+    f.seek(0)
+    return f.read(n).decode("utf-8", "replace")

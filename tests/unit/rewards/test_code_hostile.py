@@ -100,7 +100,10 @@ ESCAPES = {
     "write_outside_with_open": f"open({MARK!r} + '_open', 'w').write('x')\n",
     "write_through_a_shell": f"import os\nos.system('touch {MARK}_shell; touch /rlhfkit_hostile_root')\n",
     "write_through_subprocess": f"import subprocess\nsubprocess.run(['touch', '{MARK}_sub'])\n",
-    "symlink_out_of_the_work_dir": f"import os\nos.symlink('/tmp', 'out')\nopen('out/rlhfkit_hostile_link', 'w').write('x')\n",
+    "symlink_out_of_the_work_dir": "import os\nos.symlink('/root', 'out')\nopen('out/rlhfkit_hostile_link', 'w').write('x')\n",
+    "symlink_for_the_trainer_to_follow": (
+        "import os\nos.remove('stdout.txt') if os.path.exists('stdout.txt') else None\n"
+        "os.symlink('/etc/shadow', 'stdout.txt')\n"),
     "write_via_parent_dirs": "open('../../../../tmp/rlhfkit_hostile_up', 'w').write('x')\n",
     "escape_by_setsid_and_later_write": (
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(3)\n"
@@ -117,7 +120,13 @@ def test_escapes_leave_no_trace(boxes, name):
         assert time.monotonic() - start < 10
     if name == "escape_by_setsid_and_later_write":
         time.sleep(3.5)  # a process that outlived its sandbox would write now
-    assert not Path("/rlhfkit_hostile_root").exists()
+    assert not Path("/rlhfkit_hostile_root").exists() and not Path("/root/rlhfkit_hostile_link").exists()
+
+
+def test_the_trainer_reads_the_output_it_opened_not_a_symlink_left_in_its_place(boxes):
+    for box in boxes.values():
+        r = box.run("import os\nprint('mine')\nos.remove('stdout.txt')\nos.symlink('/etc/hostname', 'stdout.txt')\n")
+        assert r.output == "mine\n"
 
 
 def test_the_parents_secrets_are_out_of_reach(boxes, tmp_path, monkeypatch):

@@ -117,3 +117,17 @@ def test_as_root_without_an_interpreter_nobody_can_run_it_refuses_in_one_line(mo
         CodeSandbox()
     box = CodeSandbox(allow_root=True)
     assert box.uid is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal concerns a trainer running as root")
+def test_cli_refuses_before_any_model_loads_when_code_cannot_be_contained(monkeypatch, tmp_path, capsys):
+    from rlhfkit.cli.main import main
+    monkeypatch.setattr(CodeSandbox, "_starts", lambda self, python: False)
+    data = tmp_path / "code.jsonl"
+    data.write_text(json.dumps({"input": "Write add.", "label": "assert add(1, 2) == 3"}) + "\n")
+    rc = main(["train", "rl", "--actor.model_name_or_path", str(tmp_path / "no_model"),
+               "--data.prompt_dataset", str(data), "--data.label_key", "label",
+               "--reward.remote_url", "builtin:code", "--ckpt.output_dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert err[0].startswith("error: no Python interpreter is runnable by the unprivileged uid nobody")
