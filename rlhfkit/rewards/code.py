@@ -26,6 +26,7 @@ The test sources come from the dataset and run in the trainer process, as a rewa
 from __future__ import annotations
 
 import ast
+import importlib
 import itertools
 import json
 import os
@@ -33,6 +34,7 @@ import re
 import select
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -101,7 +103,8 @@ def _serve():
     except BaseException as e:
         send({"error": type(e).__name__ + ": " + str(e)[:500]})
         return
-    send({"names": [k for k, v in ns.items() if callable(v) and not k.startswith("__")]})
+    mods = {k: v.__name__ for k, v in ns.items() if type(v) is type(_sys) and type(v.__name__) is str}
+    send({"names": [k for k, v in ns.items() if callable(v) and not k.startswith("__")], "modules": mods})
     for line in rd:
         try:
             req = _json.loads(line)
@@ -321,9 +324,22 @@ class _Child:
         if type(names) is not list or not all(type(n) is str for n in names):
             raise ProtocolError("malformed first message")
         self.names = names
+        mods = first.get("modules", {})
+        self.modules = {k: v for k, v in mods.items() if type(k) is str and type(v) is str
+                        and v.split(".")[0] in sys.stdlib_module_names} if type(mods) is dict else {}
 
     def namespace(self) -> dict:
-        return {n: RemoteFunction(self, {"name": n}) for n in self.names}
+        """The test's globals: a proxy per function or class of the solution, and the standard
+        library modules it imported (imported here: `import math` in the solution, math.isclose in
+        a test)."""
+        ns = {}
+        for name, module in self.modules.items():
+            try:
+                ns[name] = importlib.import_module(module)
+            except ImportError:
+                pass
+        ns.update({n: RemoteFunction(self, {"name": n}) for n in self.names})
+        return ns
 
     def call(self, target: dict, args: Sequence, kwargs: dict) -> Any:
         msg = {**target, "args": [_encode(a) for a in args], "kwargs": {k: _encode(v) for k, v in kwargs.items()}}

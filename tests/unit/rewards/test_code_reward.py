@@ -54,6 +54,9 @@ def test_honest_solutions_score_one_in_every_style(box):
     stdio = {"inputs": ["2\n1 2\n3 4\n", "0\n"], "outputs": ["3\n7", ""]}
     script = "n = int(input())\nfor _ in range(n):\n    a, b = map(int, input().split())\n    print(a + b, ' ')\n"
     assert run_tests(script, stdio, box).passed == (True, True)
+    uses_math = "import math, os.path as osp\ndef area(r):\n    return math.pi * r * r\n"
+    assert run_tests(uses_math, "assert math.isclose(area(1), 3.14159, rel_tol=1e-3)\nassert osp.join('a', 'b') == 'a/b'",
+                     box).passed == (True, True)
     stateful = "class Counter:\n    def __init__(self):\n        self.n = 0\n    def tick(self):\n        self.n += 1\n" \
                "        return self.n\n"
     assert run_tests(stateful, "c = Counter()\nc.tick()\nassert c.tick() == 2", box).passed == (True,)
