@@ -4,6 +4,7 @@ take as plain arguments (models, engine, reward, agent, stages, run folder, logg
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -65,7 +66,8 @@ def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8):
         raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func), builtin:math, "
                           "http://HOST:PORT/get_reward, --reward.model_name_or_path RM_FOLDER, "
                           "or an agent with --agent.func_path")
-    return resolve_reward(url, timeout=r.timeout, remote_options=remote_options(r))
+    return resolve_reward(url, timeout=r.timeout, remote_options=remote_options(r),
+                          code_options=dataclasses.asdict(r.code))
 
 
 def remote_options(r: RewardConfig) -> dict:

@@ -103,6 +103,26 @@ class RefConfig:
 
 
 @dataclass(frozen=True)
+class CodeRewardConfig:
+    """builtin:code: how model-written code is run against its tests (see docs/agents.md)."""
+
+    partial_credit: bool = False
+    """Reward = the fraction of a sample's tests passed (default: 1 when all pass, else 0)."""
+    allow_root: bool = False
+    """As root, run model code as root when no Python is runnable by the uid nobody (unsafe; default:
+    refuse to start)."""
+    timeout: float = 5.0
+    """Wall-clock seconds one test's sandboxed process may run before it is killed."""
+    cpu_seconds: int = 2
+    """CPU seconds one test's sandboxed process may use (RLIMIT_CPU)."""
+    memory_mb: int = 512
+    """Address space of one test's sandboxed process, in MiB (RLIMIT_AS)."""
+    workers: int = 1
+    """Samples judged at once. As root, worker k's processes run as uid 65534 - k: uids that must
+    belong to no one on the machine."""
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     """Where rewards come from: a reward function, reward servers or a reward model; shaping."""
 
@@ -130,6 +150,8 @@ class RewardConfig:
     timeout: float | None = 300.0
     """Seconds one call of the reward function may take before the run stops; the call then runs in a
     worker thread. none: no limit, called in the main thread (for functions that use signal.alarm)."""
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    """builtin:code settings."""
 
 
 @dataclass(frozen=True)
@@ -473,6 +495,8 @@ RL_RANGES = validate_table({
     "reward.request_timeout": "> 0", "reward.max_retries": ">= 0", "reward.request_batch_size": ">= 1",
     "reward.overlong_buffer_len": ">= 1", "reward.overlong_penalty_factor": ">= 0", "reward.clip_range": ORDERED,
     "reward.timeout": "> 0",
+    "reward.code.timeout": "> 0", "reward.code.cpu_seconds": ">= 1", "reward.code.memory_mb": ">= 64",
+    "reward.code.workers": "[1, 64]",
     "data.max_samples": ">= 1", "data.prompt_max_len": ">= 1",
     "rollout.batch_size": ">= 1", "rollout.n_samples_per_prompt": ">= 1", "rollout.max_new_tokens": ">= 1",
     "rollout.temperature": ">= 0", "rollout.top_p": "(0, 1]", "rollout.top_k": "-1 or >= 1",

@@ -1,173 +1,211 @@
-"""Code-execution reward: run model-written Python against tests in a sandboxed subprocess.
+"""Code-execution reward: model-written Python judged test by test from outside its process.
 
-The reward is 1.0 when the program (the response's last ```python block, else the whole
-response) followed by the tests (plain `assert` statements) exits with status 0, else 0.0.
+A label (the tests of one prompt) is one of, as a dict or its JSON string:
+  * {"tests": ["assert add(1, 2) == 3", ...]}, a JSON list of such strings, or plain assert
+    source (one test per top-level `assert`; other statements before it are its set-up);
+  * {"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}: stdin -> stdout cases (APPS/TACO
+    `input_output`), outputs compared line by line with whitespace runs collapsed;
+  * {"fn_name": "add", "inputs": [[1, 2], ...], "outputs": [3, ...]}: call fn_name(*input) and
+    compare with the output (an output given as [value], as APPS does, matches value too); a
+    LeetCode-style `class Solution` method of that name is called on Solution().
 
-Containment, in layers (each hostile case is tested in tests/unit/rewards/test_code_reward.py):
-  * a throwaway working directory, deleted afterwards; `python -I -S` (no site, no env vars);
-  * rlimits: CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS), file size (RLIMIT_FSIZE: also
-    caps stdout, which goes to a file in the directory), open files, processes (RLIMIT_NPROC);
-  * when run as root, the child drops to uid/gid 65534 (nobody), so NPROC applies and files of
-    other users are unreadable;
-  * no network: a fresh network namespace (`unshare -rn`, as the child's user) where the
-    machine allows it, and in every case an audit hook (PEP 578) installed before the program
-    runs that refuses sockets, subprocesses, fork/exec, ctypes, and opening or listing paths
-    outside the working directory (reads of the Python installation stay allowed for imports);
-  * a wall-clock timeout after which the whole process group is killed.
-This is containment for reward computation on one's own machine, not a security boundary
-against a determined attacker (run untrusted code in a VM or container for that).
+How a test is judged (the solution cannot forge a pass):
+  * each test gets a fresh sandboxed child (`CodeSandbox`) that runs the solution;
+  * function tests (asserts, fn_name) are evaluated in the parent, never in the child: the
+    solution's top-level functions and classes become proxies, a call is sent to the child as
+    JSON, and the child sends back the returned value serialized from plain types only (None,
+    bool, int, float, str, bytes, list, tuple, dict, set of exactly these types; any other object
+    stays in the child as a handle whose methods can be called, and which equals nothing but
+    itself). A test passes when the assert holds in the parent. The expected values never enter
+    the child, and nothing it prints, no exit status, no patched builtin and no object with a
+    forged `__eq__` reaches the comparison;
+  * stdin -> stdout tests pass when the child exits with status 0 and its stdout matches.
+The test sources come from the dataset and run in the trainer process, as a reward file does.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
+import itertools
+import json
 import os
 import re
-import resource
+import select
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import torch
 
+from rlhfkit.errors import RewardError
 from rlhfkit.rewards.base import RewardOutput
+from rlhfkit.rewards.code_sandbox import CodeSandbox, RunResult, kill_group
 
-_BLOCK_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
-NOBODY = 65534
+__all__ = ["CodeSandbox", "RunResult", "CodeTests", "TestResult", "code_reward", "extract_code",
+           "parse_tests", "run_tests"]
 
-# Runs first in the child: installs the audit hook, then executes solution.py.
-_RUNNER = r'''
-import os, sys
-_ROOT = os.path.realpath(os.getcwd())
-_READ_OK = tuple({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, _ROOT)})
-_DENY = ("socket.", "subprocess.", "os.fork", "os.exec", "os.spawn", "os.posix_spawn", "os.system",
-         "ctypes.", "os.kill", "os.killpg", "pty.", "os.forkpty", "_posixsubprocess")
-def _inside(path, roots):
-    p = os.path.realpath(path)
-    return any(p == r or p.startswith(r + os.sep) for r in roots)
-def _hook(event, args):
-    if event.startswith(_DENY):
-        raise PermissionError("sandbox: " + event + " is not allowed")
-    if event == "open" and args and isinstance(args[0], (str, bytes)):
-        path = os.fsdecode(args[0])
-        mode = args[1] if len(args) > 1 and isinstance(args[1], str) else "r"
-        roots = _READ_OK if mode in ("r", "rb") else (_ROOT,)
-        if not _inside(path, roots):
-            raise PermissionError("sandbox: open " + path + " is not allowed")
-    if event in ("os.listdir", "os.scandir", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chdir",
-                 "shutil.rmtree", "os.symlink", "os.link", "os.chmod", "os.chown", "os.truncate", "os.utime"):
-        path = args[0] if args else "."
-        roots = _READ_OK if event in ("os.listdir", "os.scandir") else (_ROOT,)
-        if isinstance(path, (str, bytes, os.PathLike)) and not _inside(os.fsdecode(path), roots):
-            raise PermissionError("sandbox: " + event + " " + os.fsdecode(path) + " is not allowed")
-src = open("solution.py").read()
-code = compile(src, "solution.py", "exec")
-sys.addaudithook(_hook)
-del os.environ
-exec(code, {"__name__": "__main__"})
+_BLOCK_RE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
+_MAX_MESSAGE = 1 << 22  # most bytes of one reply from the child
+
+# The child of a function test: runs the solution, then answers calls (one JSON line each way)
+# on the pipes _RD (requests) and _WR (replies). Nothing it writes is trusted: the parent decodes strictly.
+_SERVER = r'''
+import json as _json, os as _os, sys as _sys
+def _serve():
+    rd = _os.fdopen(_RD, "rb", 0)
+    wr = _os.fdopen(_WR, "wb", 0)
+    refs = []
+    def enc(x):
+        t = type(x)
+        if x is None or t is bool or t is int or t is float or t is str:
+            return x
+        if t is list:
+            return [enc(v) for v in x]
+        if t is tuple:
+            return {"tuple": [enc(v) for v in x]}
+        if t is dict:
+            return {"dict": [[enc(k), enc(v)] for k, v in x.items()]}
+        if t is set or t is frozenset:
+            return {"set": [enc(v) for v in x]}
+        if t is bytes:
+            return {"bytes": x.hex()}
+        refs.append(x)
+        return {"ref": len(refs) - 1}
+    def dec(x):
+        if type(x) is list:
+            return [dec(v) for v in x]
+        if type(x) is dict:
+            (k, v), = x.items()
+            if k == "tuple":
+                return tuple(dec(i) for i in v)
+            if k == "dict":
+                return {dec(a): dec(b) for a, b in v}
+            if k == "set":
+                return {dec(i) for i in v}
+            if k == "bytes":
+                return bytes.fromhex(v)
+            return refs[v]
+        return x
+    def send(obj):
+        wr.write(_json.dumps(obj).encode() + b"\n")
+    code = compile(open("solution.py").read(), "solution.py", "exec")
+    ns = {"__name__": "solution", "__builtins__": __builtins__}
+    if HOOK:
+        _install_hook()
+    try:
+        exec(code, ns)
+    except BaseException as e:
+        send({"error": type(e).__name__ + ": " + str(e)[:500]})
+        return
+    mods = {k: v.__name__ for k, v in ns.items() if type(v) is type(_sys) and type(v.__name__) is str}
+    send({"names": [k for k, v in ns.items() if callable(v) and not k.startswith("__")], "modules": mods})
+    for line in rd:
+        try:
+            req = _json.loads(line)
+            target = ns[req["name"]] if "name" in req else refs[req["ref"]]
+            if "attr" in req:
+                target = getattr(target, req["attr"])
+            value = target(*dec(req["args"]), **{k: dec(v) for k, v in req["kwargs"].items()})
+            send({"value": enc(value)})
+        except BaseException as e:
+            try:
+                send({"error": type(e).__name__ + ": " + str(e)[:500]})
+            except BaseException:
+                send({"error": type(e).__name__})
+_serve()
 '''
 
 
+class ProtocolError(Exception):
+    """The child broke the call protocol (exited, timed out, or sent something malformed)."""
+
+
+class SolutionError(Exception):
+    """The solution's function raised, or the solution failed to load."""
+
+
+# ---------------------------------------------------------------------- labels
 @dataclass(frozen=True)
-class RunResult:
-    """What one sandboxed run did."""
+class CodeTests:
+    """The tests of one prompt: kind "assert" (tests = sources), "call" (fn_name, inputs,
+    outputs) or "stdio" (inputs = stdin texts, outputs = expected stdout texts)."""
 
-    passed: bool
-    returncode: int | None  # None when killed on the wall-clock timeout
-    timed_out: bool
-    output: str  # the first `output_bytes` of stdout + stderr
+    kind: str
+    tests: tuple[str, ...] = ()
+    fn_name: str | None = None
+    inputs: tuple[Any, ...] = ()
+    outputs: tuple[Any, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.tests) if self.kind == "assert" else len(self.inputs)
 
 
-class CodeSandbox:
-    """Runs Python source in a contained subprocess (see the module docstring).
-
-    Args:
-      cpu_seconds: RLIMIT_CPU of the child. wall_seconds: killed after this long.
-      memory_mb: RLIMIT_AS. output_bytes: most bytes of output kept (and RLIMIT_FSIZE).
-      max_processes: RLIMIT_NPROC (counts every process of the child's user).
-    """
-
-    def __init__(self, cpu_seconds: int = 2, wall_seconds: float = 5.0, memory_mb: int = 512,
-                 output_bytes: int = 1 << 16, max_processes: int = 64):
-        self.cpu_seconds, self.wall_seconds, self.memory_mb = cpu_seconds, wall_seconds, memory_mb
-        self.output_bytes, self.max_processes = output_bytes, max_processes
-        self.python = os.path.realpath(sys.executable)
-        self.drop_root, self.net_prefix = self._probe()
-
-    def run(self, source: str) -> RunResult:
-        """Run `source` as a script; passed = exit status 0 within the limits."""
-        workdir = Path(tempfile.mkdtemp(prefix="rlhfkit_sandbox_"))
+def parse_tests(label: Any) -> CodeTests:
+    """A label (see the module docstring) as CodeTests; RewardError when it is none of the formats."""
+    if isinstance(label, CodeTests):
+        return label
+    data = label
+    if isinstance(label, (str, bytes)):
+        text = label.decode() if isinstance(label, bytes) else label
         try:
-            (workdir / "solution.py").write_text(source)
-            (workdir / "runner.py").write_text(_RUNNER)
-            if self.drop_root:
-                for p in (workdir, workdir / "solution.py", workdir / "runner.py"):
-                    os.chown(p, NOBODY, NOBODY)
-            out_path = workdir / "output.txt"
-            with open(out_path, "wb") as out:
-                proc = subprocess.Popen(
-                    [*self.net_prefix, self.python, "-I", "-S", "runner.py"], cwd=workdir,
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env={"PATH": "/usr/bin:/bin"},
-                    preexec_fn=self._limits, start_new_session=True,
-                )
-                timed_out = False
-                try:
-                    code = proc.wait(timeout=self.wall_seconds)
-                except subprocess.TimeoutExpired:
-                    timed_out, code = True, None
-                    _kill_group(proc)
-            with open(out_path, "rb") as f:
-                text = f.read(self.output_bytes).decode("utf-8", "replace")
-            return RunResult(passed=code == 0, returncode=code, timed_out=timed_out, output=text)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-    def _limits(self) -> None:
-        """In the child before exec: rlimits, then drop root."""
-        resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_seconds, self.cpu_seconds))
-        mem = self.memory_mb << 20
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (self.output_bytes, self.output_bytes))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_NPROC, (self.max_processes, self.max_processes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if self.drop_root:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-
-    def _probe(self) -> tuple[bool, list[str]]:
-        """The strongest (drop root, network-namespace prefix) under which Python starts here.
-
-        Dropping root needs the interpreter to be executable by nobody; a network namespace
-        needs `unshare` and user namespaces. What is unavailable is skipped (the audit hook and
-        the rlimits always apply).
-        """
-        exe = shutil.which("unshare")
-        nets = ([[exe, "-rn"], [exe, "--net"]] if exe else []) + [[]]
-        drops = [True, False] if os.geteuid() == 0 else [False]
-        for drop in drops:
-            for net in nets:
-                self.drop_root = drop
-                try:
-                    done = subprocess.run([*net, self.python, "-I", "-S", "-c", "pass"], capture_output=True,
-                                          timeout=10, preexec_fn=self._limits, cwd=tempfile.gettempdir())
-                except (OSError, subprocess.TimeoutExpired):
-                    continue
-                if done.returncode == 0:
-                    return drop, net
-        return False, []
+            data = json.loads(text)
+        except ValueError:
+            return CodeTests("assert", tuple(split_asserts(text)))
+        if isinstance(data, str):
+            return CodeTests("assert", tuple(split_asserts(data)))
+    if isinstance(data, (list, tuple)) and all(isinstance(t, str) for t in data):
+        return CodeTests("assert", tuple(t for s in data for t in split_asserts(s)))
+    if isinstance(data, dict):
+        if "tests" in data:
+            return parse_tests(list(data["tests"]) if not isinstance(data["tests"], str) else data["tests"])
+        if "input_output" in data:
+            return parse_tests(data["input_output"])
+        if "inputs" in data and "outputs" in data:
+            inputs, outputs = list(data["inputs"]), list(data["outputs"])
+            if len(inputs) != len(outputs):
+                raise RewardError(f"code label: {len(inputs)} inputs but {len(outputs)} outputs")
+            if data.get("fn_name"):
+                return CodeTests("call", fn_name=str(data["fn_name"]), inputs=tuple(inputs), outputs=tuple(outputs))
+            return CodeTests("stdio", inputs=tuple(_text(i) for i in inputs), outputs=tuple(_text(o) for o in outputs))
+    raise RewardError("code label must be assert source, a JSON list of assert sources, or JSON with "
+                      f"'tests', or 'inputs'/'outputs' (and 'fn_name'); got {str(label)[:80]!r}")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def split_asserts(source: str) -> list[str]:
+    """One test per top-level `assert`, each with the other statements before it as set-up."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        body = ast.parse(source).body
+    except SyntaxError:
+        return [source]
+    lines = source.splitlines(keepends=True)
+    tests, setup = [], []
+    for node in body:
+        text = "".join(lines[node.lineno - 1:node.end_lineno])
+        if isinstance(node, ast.Assert):
+            tests.append("".join(setup) + text)
+        else:
+            setup.append(text)
+    return tests or [source]
+
+
+def _text(x: Any) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, (list, tuple)):
+        return "\n".join(map(str, x))
+    return str(x)
+
+
+def normalize_output(text: str) -> list[str]:
+    """Lines with whitespace runs collapsed, blank lines at the end dropped."""
+    lines = [" ".join(line.split()) for line in text.strip().splitlines()]
+    return lines
 
 
 def extract_code(response: str) -> str:
@@ -176,17 +214,314 @@ def extract_code(response: str) -> str:
     return blocks[-1] if blocks else response
 
 
-def code_reward(responses: list[str], tests: list[str], sandbox: CodeSandbox | None = None) -> RewardOutput:
-    """1.0 per response whose code passes its tests in the sandbox, else 0.0.
+# ---------------------------------------------------------------------- values across the boundary
+def _encode(x: Any) -> Any:
+    """A value sent to the child: plain types, or a handle of an object living there."""
+    t = type(x)
+    if x is None or t in (bool, int, float, str):
+        return x
+    if t is list:
+        return [_encode(v) for v in x]
+    if t is tuple:
+        return {"tuple": [_encode(v) for v in x]}
+    if t is dict:
+        return {"dict": [[_encode(k), _encode(v)] for k, v in x.items()]}
+    if t in (set, frozenset):
+        return {"set": [_encode(v) for v in x]}
+    if t is bytes:
+        return {"bytes": x.hex()}
+    if t is RemoteObject:
+        return {"ref": x._ref}
+    raise TypeError(f"cannot pass a {t.__name__} to the solution")
+
+
+def _decode(x: Any, conn: _Child, depth: int = 0) -> Any:
+    """A value from the child, checked type by type (anything else is a ProtocolError)."""
+    if depth > 200:
+        raise ProtocolError("value nested too deeply")
+    t = type(x)
+    if x is None or t in (bool, int, float, str):
+        return x
+    if t is list:
+        return [_decode(v, conn, depth + 1) for v in x]
+    if t is dict and len(x) == 1:
+        (k, v), = x.items()
+        if k == "ref" and type(v) is int:
+            return RemoteObject(conn, v)
+        if k == "bytes" and type(v) is str:
+            return bytes.fromhex(v)
+        if type(v) is list:
+            if k == "tuple":
+                return tuple(_decode(i, conn, depth + 1) for i in v)
+            if k == "set":
+                return {_decode(i, conn, depth + 1) for i in v}
+            if k == "dict" and all(type(p) is list and len(p) == 2 for p in v):
+                return {_decode(a, conn, depth + 1): _decode(b, conn, depth + 1) for a, b in v}
+    raise ProtocolError(f"malformed value from the child: {str(x)[:80]}")
+
+
+class RemoteObject:
+    """An object that stays in the child: its methods can be called; it equals only itself."""
+
+    __slots__ = ("_conn", "_ref")
+
+    def __init__(self, conn: _Child, ref: int):
+        self._conn, self._ref = conn, ref
+
+    def __getattr__(self, name: str) -> RemoteFunction:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return RemoteFunction(self._conn, {"ref": self._ref, "attr": name})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._conn.call({"ref": self._ref}, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<object {self._ref} of the solution>"
+
+
+class RemoteFunction:
+    """A function or class of the solution: calling it runs it in the child."""
+
+    def __init__(self, conn: _Child, target: dict):
+        self._conn, self._target = conn, target
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._conn.call(self._target, args, kwargs)
+
+    def __getattr__(self, name: str) -> RemoteFunction:
+        if name.startswith("__") or "attr" in self._target:
+            raise AttributeError(name)
+        return RemoteFunction(self._conn, {**self._target, "attr": name})
+
+
+class _Child:
+    """One sandboxed child running the solution and answering calls."""
+
+    def __init__(self, sandbox: CodeSandbox, source: str):
+        self.sandbox = sandbox
+        self.workdir = sandbox.make_workdir()
+        sandbox.write(self.workdir, "solution.py", source)
+        req_r, self._req_w = os.pipe()
+        self._rep_r, rep_w = os.pipe()
+        self.proc: subprocess.Popen | None = None
+        self._buf, self.timed_out = b"", False
+        self.deadline = time.monotonic() + sandbox.wall_seconds
+        try:
+            self.proc = self.sandbox.popen(
+                f"_RD, _WR = {req_r}, {rep_w}\n" + _SERVER, self.workdir, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(req_r, rep_w))
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+
+    def handshake(self) -> None:
+        """Wait for the solution to load; its top-level callables' names, or SolutionError."""
+        first = self._recv()
+        if "error" in first:
+            raise SolutionError(str(first["error"]))
+        names = first.get("names")
+        if type(names) is not list or not all(type(n) is str for n in names):
+            raise ProtocolError("malformed first message")
+        self.names = names
+        mods = first.get("modules", {})
+        self.modules = {k: v for k, v in mods.items() if type(k) is str and type(v) is str
+                        and v.split(".")[0] in sys.stdlib_module_names} if type(mods) is dict else {}
+
+    def namespace(self) -> dict:
+        """The test's globals: a proxy per function or class of the solution, and the standard
+        library modules it imported (imported here: `import math` in the solution, math.isclose in
+        a test)."""
+        ns = {}
+        for name, module in self.modules.items():
+            try:
+                ns[name] = importlib.import_module(module)
+            except ImportError:
+                pass
+        ns.update({n: RemoteFunction(self, {"name": n}) for n in self.names})
+        return ns
+
+    def call(self, target: dict, args: Sequence, kwargs: dict) -> Any:
+        msg = {**target, "args": [_encode(a) for a in args], "kwargs": {k: _encode(v) for k, v in kwargs.items()}}
+        try:
+            os.write(self._req_w, json.dumps(msg).encode() + b"\n")
+        except OSError as e:
+            raise ProtocolError("the child is gone") from e
+        reply = self._recv()
+        if "error" in reply:
+            raise SolutionError(str(reply["error"])[:500])
+        if "value" not in reply:
+            raise ProtocolError("malformed reply")
+        return _decode(reply["value"], self)
+
+    def _recv(self) -> dict:
+        while b"\n" not in self._buf:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.timed_out = True
+                raise ProtocolError("timed out")
+            ready, _, _ = select.select([self._rep_r], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(self._rep_r, 1 << 16)
+            if not chunk:
+                raise ProtocolError("the child exited")
+            self._buf += chunk
+            if len(self._buf) > _MAX_MESSAGE:
+                raise ProtocolError("reply too large")
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            reply = json.loads(line)
+        except ValueError as e:
+            raise ProtocolError("malformed reply") from e
+        if type(reply) is not dict:
+            raise ProtocolError("malformed reply")
+        return reply
+
+    def close(self) -> None:
+        """Close the requests pipe (the child's serving loop ends and it exits), then end it."""
+        for fd in (self._req_w, self._rep_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            kill_group(self.proc)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- judging
+@dataclass(frozen=True)
+class TestResult:
+    """Per-test outcomes of one solution."""
+
+    passed: tuple[bool, ...]
+    timed_out: bool
+
+    @property
+    def fraction(self) -> float:
+        return sum(self.passed) / len(self.passed) if self.passed else 0.0
+
+    @property
+    def all_passed(self) -> bool:
+        return bool(self.passed) and all(self.passed)
+
+
+def run_tests(code: str, tests: Any, sandbox: CodeSandbox, stop_at_first_failure: bool = False) -> TestResult:
+    """Judge `code` (the solution's source) on each test of `tests` (a label) in its own child."""
+    spec = parse_tests(tests)
+    passed, timed_out = [], False
+    for i in range(len(spec)):
+        if spec.kind == "stdio":
+            r = sandbox.run(code, stdin=spec.inputs[i])
+            ok = r.passed and normalize_output(r.output) == normalize_output(spec.outputs[i])
+            timed_out |= r.timed_out
+        else:
+            ok, t = _function_test(code, spec, i, sandbox)
+            timed_out |= t
+        passed.append(ok)
+        if stop_at_first_failure and not ok:
+            passed.extend([False] * (len(spec) - len(passed)))
+            break
+    return TestResult(tuple(passed), timed_out)
+
+
+def _function_test(code: str, spec: CodeTests, i: int, sandbox: CodeSandbox) -> tuple[bool, bool]:
+    child = None
+    try:
+        child = _Child(sandbox, code)
+        child.handshake()
+        ns = child.namespace()
+        if spec.kind == "assert":
+            exec(compile(spec.tests[i], "<test>", "exec"), {"__builtins__": __builtins__, **ns})
+            return True, False
+        fn = ns.get(spec.fn_name)
+        if fn is None and "Solution" in ns:
+            fn = getattr(ns["Solution"](), spec.fn_name)
+        if fn is None:
+            return False, False
+        args = spec.inputs[i]
+        result = fn(*args) if isinstance(args, list) else fn(args)
+        expected = spec.outputs[i]
+        return _same(result, expected) or (isinstance(expected, list) and len(expected) == 1
+                                           and _same(result, expected[0])), False
+    except (SolutionError, ProtocolError, AssertionError, Exception):
+        return False, bool(child is not None and child.timed_out)
+    finally:
+        if child is not None:
+            child.close()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality of plain values, a tuple matching a list (JSON has no tuples)."""
+    if isinstance(a, RemoteObject) or isinstance(b, RemoteObject):
+        return False
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if type(a) is float or type(b) is float:
+        try:
+            return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b)))
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def code_reward(responses: list[str], tests: list[Any], sandbox: CodeSandbox | None = None,
+                partial_credit: bool = False, workers: int = 1) -> RewardOutput:
+    """Per response: 1.0 when its code passes every test of its label, else 0.0.
 
     Args:
       responses: B model responses (code in a ```python block, or bare code).
-      tests: B test programs (e.g. "assert add(1, 2) == 3"), run after the code.
+      tests: B labels (assert source, or the JSON / dict formats of the module docstring).
+      partial_credit: reward = the fraction of tests passed instead.
+      workers: samples judged at once (threads; as root, worker k's children run as uid 65534 - k,
+        uids that must belong to no one on the machine).
     Returns:
-      RewardOutput: rewards = scores [B]; extra_logs {"timed_out": [B]}.
+      RewardOutput: rewards [B]; scores [B] = all passed (0/1); extra_logs {"timed_out": [B],
+      "pass_fraction": [B]}.
     """
     sandbox = sandbox or CodeSandbox()
-    results = [sandbox.run(extract_code(r) + "\n\n" + t) for r, t in zip(responses, tests)]
-    passed = torch.tensor([float(r.passed) for r in results])
-    return RewardOutput(rewards=passed, scores=passed.clone(),
-                        extra_logs={"timed_out": torch.tensor([float(r.timed_out) for r in results])})
+    def judge(pair: tuple[str, Any]) -> TestResult:
+        return run_tests(extract_code(pair[0]), pair[1], sandbox, stop_at_first_failure=not partial_credit)
+
+    pairs = list(zip(responses, tests))
+    if workers <= 1 or len(pairs) <= 1:
+        results = [judge(p) for p in pairs]
+    else:
+        slots = itertools.count()
+        with ThreadPoolExecutor(min(workers, len(pairs)),
+                                initializer=lambda: sandbox.set_worker_slot(next(slots))) as pool:
+            results = list(pool.map(judge, pairs))
+    solved = torch.tensor([float(r.all_passed) for r in results])
+    fraction = torch.tensor([r.fraction for r in results])
+    return RewardOutput(rewards=fraction.clone() if partial_credit else solved.clone(), scores=solved,
+                        extra_logs={"timed_out": torch.tensor([float(r.timed_out) for r in results]),
+                                    "pass_fraction": fraction})
+
+
+class CodeReward:
+    """`builtin:code`: code_reward on the responses (the part of each query after its prompt),
+    with each prompt's label as its tests. Arguments are the --reward.code.* settings.
+
+    Raises:
+      RewardError: the sandbox cannot contain the code here (before any training step)."""
+
+    name = "code"
+
+    def __init__(self, partial_credit: bool = False, allow_root: bool = False, timeout: float = 5.0,
+                 cpu_seconds: int = 2, memory_mb: int = 512, workers: int = 1):
+        self.partial_credit, self.allow_root, self.workers = partial_credit, allow_root, workers
+        self.limits = dict(cpu_seconds=cpu_seconds, wall_seconds=timeout, memory_mb=memory_mb)
+        self.sandbox = CodeSandbox(allow_root=allow_root, **self.limits)
+
+    def __repr__(self) -> str:
+        return f"CodeReward(partial_credit={self.partial_credit}, {self.limits})"
+
+    def __call__(self, queries: list[str], prompts: list[str], labels: list[Any], **kwargs: Any) -> RewardOutput:
+        """Score B samples; see code_reward."""
+        responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]
+        return code_reward(responses, list(labels), self.sandbox, self.partial_credit, self.workers)

@@ -38,13 +38,15 @@ from rlhfkit.rewards.remote import RemoteRewardFn, is_url
 
 BUILTIN_REWARDS: dict[str, Path] = {
     "builtin:math": Path(__file__).resolve().parent / "builtin_math_reward.py",
+    "builtin:code": Path(__file__).resolve().parent / "builtin_code_reward.py",
 }
 """Reward files shipped with rlhfkit, by the name a user gives (`builtin:NAME`)."""
 
 
 def resolve_reward(spec: Any, weights: Sequence[float] | None = None, *,
                    timeout: float | None = None,
-                   remote_options: Mapping[str, Any] | None = None) -> RewardFn:
+                   remote_options: Mapping[str, Any] | None = None,
+                   code_options: Mapping[str, Any] | None = None) -> RewardFn:
     """One `RewardFn` from a reward spec or a list of them (see the module docstring).
 
     Args:
@@ -55,6 +57,7 @@ def resolve_reward(spec: Any, weights: Sequence[float] | None = None, *,
         spec that is only reward servers, which have their own request timeout.
       remote_options: keyword arguments of `RemoteRewardFn` (timeout, max_retries, batch_size,
         token) for the URLs.
+      code_options: keyword arguments of `CodeReward` (the --reward.code.* settings) for builtin:code.
 
     Raises:
       RewardError: an unknown builtin, a reward file that cannot be loaded, a callable in neither
@@ -64,7 +67,7 @@ def resolve_reward(spec: Any, weights: Sequence[float] | None = None, *,
     specs = list(spec) if is_list else [spec]
     if not specs:
         raise RewardError("reward_fn is an empty list; give at least one reward function")
-    fns = [_resolve_one(s, remote_options or {}) for s in specs]
+    fns = [_resolve_one(s, remote_options or {}, code_options or {}) for s in specs]
     fn = RewardSum(fns, weights) if is_list or weights is not None else fns[0]
     if timeout is None or isinstance(fn, RemoteRewardFn):
         return fn
@@ -121,13 +124,16 @@ class RewardSum:
         return RewardOutput(rewards=rewards, scores=scores, extra_logs=logs)
 
 
-def _resolve_one(spec: Any, remote_options: Mapping[str, Any]) -> RewardFn:
+def _resolve_one(spec: Any, remote_options: Mapping[str, Any], code_options: Mapping[str, Any]) -> RewardFn:
     if isinstance(spec, (list, tuple)):
         raise RewardError("a list of reward functions cannot hold another list; flatten it")
     if isinstance(spec, str) and spec.startswith("builtin:"):
         if spec not in BUILTIN_REWARDS:
             raise RewardError(f"unknown reward {spec!r}; the built-in rewards are "
                               f"{', '.join(sorted(BUILTIN_REWARDS))}")
+        if spec == "builtin:code":  # the file's reward_func with the --reward.code.* settings
+            from rlhfkit.rewards.code import CodeReward
+            return CodeReward(**code_options)
         return load_reward_file(BUILTIN_REWARDS[spec])
     if isinstance(spec, str) and is_url(spec):
         return RemoteRewardFn(spec.split(","), **remote_options)

@@ -1,11 +1,16 @@
-"""The code-execution reward: right code passes, and each hostile program is contained."""
+"""The code-execution reward: label formats, per-test judging, honest solutions, builtin:code."""
 
-import socket
-import threading
+import json
+import os
 
 import pytest
 
-from rlhfkit.rewards.code import CodeSandbox, code_reward, extract_code
+from rlhfkit.api.components import load_reward
+from rlhfkit.config.rl import CodeRewardConfig, RewardConfig, RLConfig
+from rlhfkit.errors import ConfigError, RewardError
+from rlhfkit.rewards.code import (CodeReward, CodeSandbox, CodeTests, code_reward, extract_code,
+                                  normalize_output, parse_tests, run_tests, split_asserts)
+from rlhfkit.rewards.resolve import resolve_reward
 
 
 @pytest.fixture(scope="module")
@@ -18,69 +23,114 @@ def test_extract_code():
     assert extract_code("x = 3") == "x = 3"
 
 
-def test_reward_passes_right_code_and_fails_wrong_code(box):
-    tests = ["assert add(2, 3) == 5", "assert add(2, 3) == 5", "assert add(2, 3) == 5"]
-    responses = ["```python\ndef add(a, b):\n    return a + b\n```", "def add(a, b):\n    return a - b",
+def test_labels_in_every_format():
+    asserts = "x = [3, 1]\nassert f(x) == [1, 3]\nassert f([]) == []\n"
+    assert split_asserts(asserts) == ["x = [3, 1]\nassert f(x) == [1, 3]\n", "x = [3, 1]\nassert f([]) == []\n"]
+    assert parse_tests(asserts).tests == tuple(split_asserts(asserts))
+    assert parse_tests(json.dumps(["assert f(1) == 1", "assert f(2) == 2"])).tests == ("assert f(1) == 1",
+                                                                                       "assert f(2) == 2")
+    assert parse_tests({"tests": ["assert f(1) == 1"]}) == CodeTests("assert", ("assert f(1) == 1",))
+    stdio = parse_tests(json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]}))
+    assert stdio == CodeTests("stdio", inputs=("1 2\n",), outputs=("3\n",))
+    call = parse_tests({"input_output": json.dumps({"fn_name": "f", "inputs": [[1, 2]], "outputs": [[3]]})})
+    assert call == CodeTests("call", fn_name="f", inputs=([1, 2],), outputs=([3],)) and len(call) == 1
+    with pytest.raises(RewardError, match="2 inputs but 1 outputs"):
+        parse_tests({"inputs": ["1", "2"], "outputs": ["1"]})
+    with pytest.raises(RewardError, match="code label must be"):
+        parse_tests({"answer": 3})
+    assert normalize_output("  1   2 \n3\n\n\n") == ["1 2", "3"] == normalize_output("1 2\n3")
+
+
+def test_honest_solutions_score_one_in_every_style(box):
+    add = "```python\ndef add(a, b):\n    return a + b\n```"
+    assert run_tests(extract_code(add), "assert add(2, 3) == 5\nassert add((1,), (2,)) == (1, 2)\n"
+                     "assert add({1: 2}.get(1), 0.5) == 2.5\nassert add('a', 'b') in {'ab'}", box).passed == (True,) * 4
+    leetcode = ("class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
+                "        for i, n in enumerate(nums):\n            if target - n in seen:\n"
+                "                return [seen[target - n], i]\n            seen[n] = i\n")
+    call = {"fn_name": "twoSum", "inputs": [[[2, 7, 11], 9], [[3, 3], 6]], "outputs": [[[0, 1]], [0, 1]]}
+    assert run_tests(leetcode, call, box).passed == (True, True)
+    assert run_tests(leetcode, "assert Solution().twoSum([1, 5], 6) == [0, 1]", box).passed == (True,)
+    stdio = {"inputs": ["2\n1 2\n3 4\n", "0\n"], "outputs": ["3\n7", ""]}
+    script = "n = int(input())\nfor _ in range(n):\n    a, b = map(int, input().split())\n    print(a + b, ' ')\n"
+    assert run_tests(script, stdio, box).passed == (True, True)
+    uses_math = "import math, os.path as osp\ndef area(r):\n    return math.pi * r * r\n"
+    assert run_tests(uses_math, "assert math.isclose(area(1), 3.14159, rel_tol=1e-3)\nassert osp.join('a', 'b') == 'a/b'",
+                     box).passed == (True, True)
+    stateful = "class Counter:\n    def __init__(self):\n        self.n = 0\n    def tick(self):\n        self.n += 1\n" \
+               "        return self.n\n"
+    assert run_tests(stateful, "c = Counter()\nc.tick()\nassert c.tick() == 2", box).passed == (True,)
+
+
+def test_reward_all_or_fraction_and_logs(box):
+    tests = ["assert add(2, 3) == 5\nassert add(0, 0) == 0"] * 3
+    responses = ["```python\ndef add(a, b):\n    return a + b\n```", "def add(a, b):\n    return a * b * 0",
                  "def add(a, b) return"]
     out = code_reward(responses, tests, box)
-    assert out.rewards.tolist() == [1.0, 0.0, 0.0] and out.extra_logs["timed_out"].tolist() == [0.0, 0.0, 0.0]
+    assert out.rewards.tolist() == [1.0, 0.0, 0.0] and out.scores.tolist() == [1.0, 0.0, 0.0]
+    assert out.extra_logs["timed_out"].tolist() == [0.0, 0.0, 0.0]
+    partial = code_reward(responses, tests, box, partial_credit=True)
+    assert partial.rewards.tolist() == [1.0, 0.5, 0.0] and partial.scores.tolist() == [1.0, 0.0, 0.0]
+    assert partial.extra_logs["pass_fraction"].tolist() == [1.0, 0.5, 0.0]
 
 
-def test_normal_programs_can_import_and_use_their_directory(box):
+def test_a_failing_test_does_not_spoil_the_next(box):
+    code = "calls = []\ndef f(x):\n    calls.append(x)\n    if x == 1:\n        import os\n        os._exit(0)\n" \
+           "    return len(calls)\n"
+    assert run_tests(code, "assert f(1) == 1\nassert f(2) == 1\nassert f(3) == 1", box).passed == (False, True, True)
+
+
+def test_scripts_can_use_their_directory_and_the_stdlib(box):
     r = box.run("import json, math, collections, re\nopen('f.txt', 'w').write('hi')\nprint(open('f.txt').read())")
     assert r.passed and r.output.strip() == "hi"
-
-
-def test_infinite_loop_is_killed_by_the_cpu_limit(box):
-    r = box.run("while True:\n    pass")
-    assert not r.passed and r.returncode is not None and r.returncode < 0  # SIGXCPU / SIGKILL
-
-
-def test_sleeping_program_is_killed_on_the_wall_clock(box):
-    r = box.run("import time\ntime.sleep(60)")
-    assert not r.passed and r.timed_out and r.returncode is None
-
-
-def test_fork_bomb_is_refused(box):
-    r = box.run("import os\nwhile True:\n    os.fork()")
-    assert not r.passed and "os.fork is not allowed" in r.output
-    r = box.run("import subprocess\nsubprocess.run(['sh', '-c', ':(){ :|:& };:'])")
-    assert not r.passed and "subprocess.Popen is not allowed" in r.output
-
-
-def test_reading_and_listing_outside_the_directory_is_refused(box, tmp_path):
-    secret = tmp_path / "secret.txt"
-    secret.write_text("TOKEN")
-    r = box.run(f"print(open({str(secret)!r}).read())")
-    assert not r.passed and "TOKEN" not in r.output and "is not allowed" in r.output
-    r = box.run("import os\nprint(os.listdir('/'))")
-    assert not r.passed and "os.listdir / is not allowed" in r.output
-    r = box.run("open('../escape.txt', 'w').write('x')")
-    assert not r.passed and "is not allowed" in r.output
-
-
-def test_sockets_are_refused(box):
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    port = listener.getsockname()[1]
-    accepted = []
-    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
-    try:
-        for code in (f"import socket\nsocket.create_connection(('127.0.0.1', {port}))",
-                     f"import _socket\ns = _socket.socket()\ns.connect(('127.0.0.1', {port}))"):
-            r = box.run(code)
-            assert not r.passed and "socket" in r.output
-        assert accepted == []
-    finally:
-        listener.close()
-
-
-def test_huge_output_is_capped(box):
     r = box.run("while True:\n    print('x' * 10000)")
     assert not r.passed and len(r.output) <= 4096
 
 
-def test_memory_hog_is_refused(box):
-    r = box.run("x = bytearray(10 ** 10)")
-    assert not r.passed and "MemoryError" in r.output
+def test_builtin_code_reads_the_label_and_the_settings():
+    fn = resolve_reward("builtin:code", code_options={"partial_credit": True, "timeout": 3.0})
+    assert isinstance(fn, CodeReward) and fn.partial_credit and fn.limits["wall_seconds"] == 3.0
+    prompts = ["Write add.\n", "Write add.\n"]
+    queries = [p + r for p, r in zip(prompts, ["```python\ndef add(a, b):\n    return a + b\n```",
+                                               "def add(a, b):\n    return 5"])]
+    labels = [json.dumps({"fn_name": "add", "inputs": [[2, 3], [1, 1]], "outputs": [5, 2]})] * 2
+    out = fn(queries, prompts, labels)
+    assert out.rewards.tolist() == [1.0, 0.5] and out.scores.tolist() == [1.0, 0.0]
+    cfg = RLConfig.from_args(["--reward.remote_url", "builtin:code", "--reward.code.partial_credit",
+                              "--reward.code.timeout", "2"])
+    assert cfg.reward.code == CodeRewardConfig(partial_credit=True, timeout=2.0)
+    loaded = load_reward(cfg.reward)
+    assert loaded.fn.partial_credit and loaded.fn.limits["wall_seconds"] == 2.0
+    assert not load_reward(RewardConfig(remote_url="builtin:code")).fn.partial_credit
+    with pytest.raises(ConfigError, match="--reward.code.timeout must be > 0"):
+        RLConfig.from_args(["--reward.remote_url", "builtin:code", "--reward.code.timeout", "0"])
+
+
+def test_the_reward_file_runs_as_a_plain_reward_func():
+    from rlhfkit.rewards import builtin_code_reward
+    out = builtin_code_reward.reward_func(["def f():\n    return 1"], [""], ["assert f() == 1"])
+    assert out["rewards"].tolist() == [1.0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal concerns a trainer running as root")
+def test_as_root_without_an_interpreter_nobody_can_run_it_refuses_in_one_line(monkeypatch):
+    monkeypatch.setattr(CodeSandbox, "_starts", lambda self, python: False)
+    with pytest.raises(RewardError, match="no Python interpreter is runnable by the unprivileged uid nobody"
+                                          r".*pass --reward.code.allow_root"):
+        CodeSandbox()
+    box = CodeSandbox(allow_root=True)
+    assert box.uid is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal concerns a trainer running as root")
+def test_cli_refuses_before_any_model_loads_when_code_cannot_be_contained(monkeypatch, tmp_path, capsys):
+    from rlhfkit.cli.main import main
+    monkeypatch.setattr(CodeSandbox, "_starts", lambda self, python: False)
+    data = tmp_path / "code.jsonl"
+    data.write_text(json.dumps({"input": "Write add.", "label": "assert add(1, 2) == 3"}) + "\n")
+    rc = main(["train", "rl", "--actor.model_name_or_path", str(tmp_path / "no_model"),
+               "--data.prompt_dataset", str(data), "--data.label_key", "label",
+               "--reward.remote_url", "builtin:code", "--ckpt.output_dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert err[0].startswith("error: no Python interpreter is runnable by the unprivileged uid nobody")
