@@ -3,6 +3,7 @@ aliases; `--version` / `version` / `python -m rlhfkit`; `--logger.log_level`; a 
 package named in one line with its `pip install` command."""
 
 import dataclasses
+import importlib
 import logging
 import subprocess
 import sys
@@ -249,14 +250,11 @@ def test_log_level_filters_the_rlhfkit_logger_on_the_console(capsys):
 
 # ------------------------------------------------------------------ optional packages
 def test_missing_extra_is_named_with_its_pip_install(monkeypatch, capsys):
-    import rlhfkit.cli
-    import rlhfkit.rewards
-
     for name in ("rlhfkit.cli.serve_reward", "rlhfkit.rewards.server"):
         monkeypatch.delitem(sys.modules, name, raising=False)
         # `from rlhfkit.cli import serve_reward` returns the package attribute when an earlier test imported it
         package, _, attr = name.rpartition(".")
-        monkeypatch.delattr(sys.modules[package], attr, raising=False)
+        monkeypatch.delattr(importlib.import_module(package), attr, raising=False)
     monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` now raises ModuleNotFoundError
     rc, _, err = run(["serve-reward", "--reward.remote_url", "builtin:math"], capsys)
     assert rc == 2
