@@ -26,6 +26,7 @@ LR_SCHEDULERS = ("constant", "cosine", "cosine_with_min_lr")
 DTYPES = ("float32", "bfloat16")
 WANDB_MODES = ("online", "offline", "disabled")
 WHITEN_MODES = ("true", "mean", "false")
+IS_CORRECTION_TYPES = ("tis", "icepop", "seq-mask-tis", "seq_mask_tis")  # OpenRLHF's names; underscores too
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -202,6 +203,18 @@ class AdvantageConfig:
     """GAE's lambda: bias-variance trade-off of the advantage (gae only)."""
     whiten: str = "true"
     """Whitening of gae/reinforce/reinforce_baseline advantages: true, mean, false."""
+    is_correction_enable: bool = False
+    """Correct the rollout engine / trainer logprob mismatch: weigh each token's loss by
+    pi_trainer / pi_engine, truncated (OpenRLHF --enable_vllm_is_correction; docs/algorithms.md)."""
+    is_correction_type: str = "tis"
+    """How the weight is truncated: tis (clamped to the threshold), icepop (zeroed outside it),
+    seq-mask-tis (clamped, and a sequence zeroed when its geometric-mean weight is outside it)."""
+    is_correction_threshold: tuple[float, float] = (0.5, 5.0)
+    """LOW HIGH bounds of the IS weight (with --algo.advantage.decoupled_enable too: the behaviour
+    weight is truncated by is_correction_type when is_correction_enable, else not)."""
+    decoupled_enable: bool = False
+    """Decoupled PPO (AReaL): clip around the trainer's policy before the update (its logprobs are
+    computed), weigh by pi_trainer / pi_engine; always on with --train.async_enable."""
 
 
 @dataclass(frozen=True)
@@ -478,6 +491,7 @@ RL_RANGES = validate_table({
     "rollout.temperature": ">= 0", "rollout.top_p": "(0, 1]", "rollout.top_k": "-1 or >= 1",
     "rollout.stop_token_ids": ">= 0", "rollout.max_batch_size": ">= 1", "rollout.num_workers": ">= 1",
     "algo.advantage.gamma": "[0, 1]", "algo.advantage.lambd": "[0, 1]",
+    "algo.advantage.is_correction_threshold": ORDERED,
     "algo.kl.init_coef": ">= 0", "algo.kl.target": "> 0", "algo.kl.horizon": ">= 1",
     "algo.dynamic_filtering_range": ORDERED, "algo.dynamic_filtering_max_rounds": ">= 1",
     "agent.max_turns": ">= 1", "agent.max_response_tokens": ">= 1",
@@ -504,6 +518,10 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _one_of("actor.lr_scheduler", cfg.actor.lr_scheduler, LR_SCHEDULERS)
     _one_of("actor.dtype", cfg.actor.dtype, DTYPES)
     _one_of("algo.advantage.whiten", a.advantage.whiten, WHITEN_MODES)
+    _one_of("algo.advantage.is_correction_type", a.advantage.is_correction_type, IS_CORRECTION_TYPES)
+    _require(a.advantage.is_correction_threshold[0] >= 0,
+             f"--algo.advantage.is_correction_threshold: LOW must be >= 0 (a weight is a ratio of probabilities), "
+             f"got {a.advantage.is_correction_threshold[0]}")
     if cfg.actor.autocast is not None:
         _one_of("actor.autocast", cfg.actor.autocast, DTYPES)
     if a.advantage.estimator in GROUP_ESTIMATORS:
