@@ -58,11 +58,11 @@ def run(ws, out, engine_temperature, **over):
     before = [p.detach().clone() for p in trainer.policy.parameters()]
     history = trainer.loop.train()
     moved = any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters(), strict=True))
-    return history, moved
+    return history, moved, trainer.loop.update.losses
 
 
 def test_same_engine_and_trainer_show_no_gap(ws, tmp_path):
-    history, moved = run(ws, tmp_path / "same", None, **{"algo.advantage.is_correction_enable": "true"})
+    history, moved, _ = run(ws, tmp_path / "same", None, **{"algo.advantage.is_correction_enable": "true"})
     assert moved and all(h["rollout/logprob_gap_max"] < 1e-4 for h in history)
     assert all(h["rollout/is_clipped_frac"] == 0.0 for h in history)
 
@@ -71,10 +71,14 @@ def test_same_engine_and_trainer_show_no_gap(ws, tmp_path):
     {"algo.advantage.is_correction_enable": "true", "algo.advantage.is_correction_type": "tis"},
     {"algo.advantage.is_correction_enable": "true", "algo.advantage.is_correction_type": "icepop",
      "algo.advantage.is_correction_threshold": "0.8 1.25"},
+    {"enable_vllm_is_correction": "true", "vllm_is_correction_type": "seq-mask-tis"},  # OpenRLHF's names
     {"algo.advantage.decoupled_enable": "true"},
-], ids=["tis", "icepop", "decoupled"])
+], ids=["tis", "icepop", "seq-mask-tis", "decoupled"])
 def test_an_engine_at_another_temperature_shows_the_gap_and_trains(ws, tmp_path, over):
-    history, moved = run(ws, tmp_path / "hot", 0.5, **over)
+    history, moved, losses = run(ws, tmp_path / "hot", 0.5, **over)
+    assert losses.decoupled == ("algo.advantage.decoupled_enable" in over)
+    assert losses.is_kind == {"tis": "tis", "icepop": "icepop", "seq-mask-tis": "seq_mask_tis", None: None}[
+        over.get("algo.advantage.is_correction_type", over.get("vllm_is_correction_type"))]
     assert moved and len(history) == 2
     assert all(h["rollout/logprob_gap_mean"] > 0.05 for h in history)  # T' = 0.5 vs T = 1
     assert all(h["rollout/logprob_gap_max"] >= h["rollout/logprob_gap_mean"] for h in history)
