@@ -299,7 +299,8 @@ class TrainConfig:
     """Stop after this many optimizer steps in a row skipped for a NaN/inf loss or gradient (0: never)."""
     async_enable: bool = False
     """Generate the next rollout batch (with the weights of the time) while training on the current
-    one (needs --distributed.backend ray and --train.max_staleness >= 1)."""
+    one (needs --distributed.backend ray and --train.max_staleness >= 1); the loss is then decoupled
+    PPO (--algo.advantage.decoupled_enable)."""
     max_staleness: int = 0
     """Most policy versions a trained sample may lag the trainer; staler groups are dropped (counted)
     and their prompts re-issued. 0 = synchronous."""
