@@ -142,6 +142,24 @@ def test_async_never_trains_staler_than_the_bound_with_a_slow_worker(ws, cluster
     trainer.engine.shutdown()
 
 
+def test_async_with_a_bound_of_two_trains_decoupled_and_reports_the_staleness_reached(ws, cluster):
+    cfg, trainer, tracker, trained = in_process_trainer(
+        ws, ws / "ray_async2", {"train.async_enable": "true", "train.max_staleness": "2", "train.max_steps": "4"},
+        delays={1: 1.5})
+    trainer.engine.patience_s = 0.5
+    assert trainer.loop.update.losses.decoupled  # async is always decoupled
+    history = trainer.loop.train()
+    tracker.close()
+    assert trainer.step == 4
+    assert all(h["async/max_staleness"] == 2 and h["async/staleness_max"] <= 2 for h in history)
+    assert max(h["async/staleness_max"] for h in history) >= 1
+    # behaviour (the worker's logprobs, versions old) and proximal (the trainer's) kept apart
+    assert all(h["rollout/logprob_gap_max"] >= 0 and h["rollout/behav_weight_mean"] > 0 for h in history)
+    assert any(h["rollout/logprob_gap_max"] > 0 for h in history[1:])
+    assert len(trained) == 4 * 16
+    trainer.engine.shutdown()
+
+
 def test_an_error_in_the_trainer_actor_is_the_cli_one_line_error(ws, cluster, capsys):
     (ws / "reward_raises.py").write_text("def reward_func(queries, prompts, labels, **kw):\n    raise KeyError('x')\n")
     argv = flags(ws, ws / "ray_err", **{"distributed.backend": "ray", "reward.remote_url": str(ws / "reward_raises.py"),
