@@ -212,15 +212,20 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
                            t.max_tokens_per_micro_batch if t.dynamic_batch_enable else None, t.shared_prefix_enable)
     temperature = r.temperature or 1.0
     adv = cfg.algo.advantage
+    decoupled = adv.decoupled_enable or t.async_enable  # async always separates behaviour and proximal policies
     experience = ExperienceMaker(
         policy, ref, critic, batcher, estimator=adv.estimator, gamma=adv.gamma, lam=adv.lambd,
         whiten=WHITEN[adv.whiten], reward_clip=w.clip_range, kl_estimator=k.estimator, kl_in_reward=not k.use_loss,
-        multi_step=plan.optimizer_steps_per_rollout > 1, temperature=temperature, autocast=a.autocast)
+        multi_step=plan.optimizer_steps_per_rollout > 1, temperature=temperature, autocast=a.autocast,
+        proximal=decoupled)
     lo, hi = a.eps_clip_low_high
+    is_low, is_high = adv.is_correction_threshold
     losses = LossSettings(eps_low=lo, eps_high=hi, dual_clip=a.dual_clip,
                           ratio_level=POLICY_LOSSES[a.policy_loss_type].ratio_level, agg=a.loss_agg_mode,
                           entropy_coef=a.entropy_coef, kl_loss=k.use_loss, kl_estimator=k.estimator,
-                          value_clip=c.value_clip, temperature=temperature, max_len=budget.total)
+                          value_clip=c.value_clip, temperature=temperature, max_len=budget.total,
+                          is_kind=adv.is_correction_type.replace("-", "_") if adv.is_correction_enable else None,
+                          is_low=is_low, is_high=is_high, decoupled=decoupled)
     update = PolicyUpdate(policy, learner, batcher, losses, batch_size=t.batch_size, max_epochs=t.max_epochs,
                           shuffle_gen=data.shuffle_gen, autocast=a.autocast, critic=critic, critic_learner=critic_learner,
                           dp=dp, compiled=CompiledLayers(policy) if t.compile_enable else None)

@@ -36,6 +36,7 @@ CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
     (rl.ActorConfig, "loss_agg_mode"): rl.LOSS_AGG_MODES,
     (rl.AdvantageConfig, "estimator"): rl.ADVANTAGE_ESTIMATORS,
     (rl.AdvantageConfig, "whiten"): rl.WHITEN_MODES,
+    (rl.AdvantageConfig, "is_correction_type"): rl.IS_CORRECTION_TYPES,
     (rl.KLConfig, "estimator"): rl.KL_ESTIMATORS,
     (rl.RolloutConfig, "engine"): rl.ENGINES,
     (rl.DistributedConfig, "backend"): rl.BACKENDS,

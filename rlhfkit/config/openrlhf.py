@@ -86,8 +86,6 @@ CKPT_MEM = "ignored: rlhfkit keeps the newest --ckpt.max_num checkpoints (no siz
 BEST_CKPT = "not supported yet: no best-checkpoint copy; the eval metrics are in metrics.jsonl"
 LORA_RL = "not supported yet: LoRA in RL; rlhfkit trains all of the policy's weights"
 QLORA = "not supported yet: 4-bit base weights; the model is trained in its --model.dtype / --actor.dtype"
-IS_CORRECTION = ("not supported yet: the hf engine samples with the trained weights themselves (nothing to "
-                 "correct); with --rollout.engine vllm the sampler mismatch is not corrected yet")
 PARTIAL = "not supported yet: each response is generated whole with one policy version"
 TEXT_ONLY = "ignored: rlhfkit trains text-only models"
 VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is transformers' "
@@ -142,6 +140,12 @@ def _max_len(vals, given):
 
     prompt = _given(given, "data.prompt_max_len", "prompt_max_len")
     return {"rollout.max_new_tokens": str(max(1, total - int(prompt[0] if prompt else DataConfig.prompt_max_len)))}
+
+
+def _is_threshold(vals, given):
+    """OpenRLHF's IS threshold: LOW HIGH, or (releases before the two-value form) HIGH alone."""
+    low, high = (0.0, float(vals[0])) if len(vals) == 1 else (float(vals[0]), float(vals[1]))
+    return {"algo.advantage.is_correction_threshold": f"{low} {high}"}
 
 
 RL_FLAGS: dict[str, Alias] = {}
@@ -339,10 +343,14 @@ _rl("stop_properly_penalty_coef reward.stop_properly_penalty_coef",
     refuse("rlhfkit does not rescale truncated responses' rewards: penalise them in the reward function "
            "(response_lengths reaches --rollout.max_new_tokens) or use --reward.overlong_buffer_len"))
 # importance-sampling correction of the sampler's mismatch
-_rl("enable_vllm_is_correction use_icepop algo.advantage.is_correction_enable", notice(IS_CORRECTION))
-_rl("vllm_is_correction_type algo.advantage.is_correction_type", notice(IS_CORRECTION, 1))
-_rl("vllm_is_truncated_threshold", notice(IS_CORRECTION, (1, 2)))
-_rl("algo.advantage.is_correction_threshold", notice(IS_CORRECTION, 2))
+_rl("enable_vllm_is_correction algo.advantage.is_correction_enable", to("algo.advantage.is_correction_enable", 0))
+_rl("vllm_is_correction_type algo.advantage.is_correction_type", to("algo.advantage.is_correction_type"))
+_rl("vllm_is_truncated_threshold",
+    conv(_is_threshold, "--algo.advantage.is_correction_threshold; one value (older releases) is HIGH, LOW = 0",
+         (1, 2)))
+_rl("algo.advantage.is_correction_threshold", to("algo.advantage.is_correction_threshold", 2))
+_rl("use_icepop", conv(lambda vals, given: {"algo.advantage.is_correction_type": "icepop"},
+                       "`--algo.advantage.is_correction_type icepop` (with --enable_vllm_is_correction)", 0))
 
 
 # ------------------------------------------------------------------ train_sft|rm|dpo|kto

@@ -26,6 +26,7 @@ LR_SCHEDULERS = ("constant", "cosine", "cosine_with_min_lr")
 DTYPES = ("float32", "bfloat16")
 WANDB_MODES = ("online", "offline", "disabled")
 WHITEN_MODES = ("true", "mean", "false")
+IS_CORRECTION_TYPES = ("tis", "icepop", "seq-mask-tis", "seq_mask_tis")  # OpenRLHF's names; underscores too
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -224,6 +225,18 @@ class AdvantageConfig:
     """GAE's lambda: bias-variance trade-off of the advantage (gae only)."""
     whiten: str = "true"
     """Whitening of gae/reinforce/reinforce_baseline advantages: true, mean, false."""
+    is_correction_enable: bool = False
+    """Correct the rollout engine / trainer logprob mismatch: weigh each token's loss by
+    pi_trainer / pi_engine, truncated (OpenRLHF --enable_vllm_is_correction; docs/algorithms.md)."""
+    is_correction_type: str = "tis"
+    """How the weight is truncated: tis (clamped to the threshold), icepop (zeroed outside it),
+    seq-mask-tis (clamped, and a sequence zeroed when its geometric-mean weight is outside it)."""
+    is_correction_threshold: tuple[float, float] = (0.5, 5.0)
+    """LOW HIGH bounds of the IS weight (with --algo.advantage.decoupled_enable too: the behaviour
+    weight is truncated by is_correction_type when is_correction_enable, else not)."""
+    decoupled_enable: bool = False
+    """Decoupled PPO (AReaL): clip around the trainer's policy before the update (its logprobs are
+    computed), weigh by pi_trainer / pi_engine; always on with --train.async_enable."""
 
 
 @dataclass(frozen=True)
@@ -308,7 +321,8 @@ class TrainConfig:
     """Stop after this many optimizer steps in a row skipped for a NaN/inf loss or gradient (0: never)."""
     async_enable: bool = False
     """Generate the next rollout batch (with the weights of the time) while training on the current
-    one (needs --distributed.backend ray and --train.max_staleness >= 1)."""
+    one (needs --distributed.backend ray and --train.max_staleness >= 1); the loss is then decoupled
+    PPO (--algo.advantage.decoupled_enable)."""
     max_staleness: int = 0
     """Most policy versions a trained sample may lag the trainer; staler groups are dropped (counted)
     and their prompts re-issued. 0 = synchronous."""
@@ -502,6 +516,7 @@ RL_RANGES = validate_table({
     "rollout.temperature": ">= 0", "rollout.top_p": "(0, 1]", "rollout.top_k": "-1 or >= 1",
     "rollout.stop_token_ids": ">= 0", "rollout.max_batch_size": ">= 1", "rollout.num_workers": ">= 1",
     "algo.advantage.gamma": "[0, 1]", "algo.advantage.lambd": "[0, 1]",
+    "algo.advantage.is_correction_threshold": ORDERED,
     "algo.kl.init_coef": ">= 0", "algo.kl.target": "> 0", "algo.kl.horizon": ">= 1",
     "algo.dynamic_filtering_range": ORDERED, "algo.dynamic_filtering_max_rounds": ">= 1",
     "agent.max_turns": ">= 1", "agent.max_response_tokens": ">= 1",
@@ -528,6 +543,10 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _one_of("actor.lr_scheduler", cfg.actor.lr_scheduler, LR_SCHEDULERS)
     _one_of("actor.dtype", cfg.actor.dtype, DTYPES)
     _one_of("algo.advantage.whiten", a.advantage.whiten, WHITEN_MODES)
+    _one_of("algo.advantage.is_correction_type", a.advantage.is_correction_type, IS_CORRECTION_TYPES)
+    _require(a.advantage.is_correction_threshold[0] >= 0,
+             f"--algo.advantage.is_correction_threshold: LOW must be >= 0 (a weight is a ratio of probabilities), "
+             f"got {a.advantage.is_correction_threshold[0]}")
     if cfg.actor.autocast is not None:
         _one_of("actor.autocast", cfg.actor.autocast, DTYPES)
     if a.advantage.estimator in GROUP_ESTIMATORS:

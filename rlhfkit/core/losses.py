@@ -6,6 +6,7 @@ types are the table ``POLICY_LOSSES`` (name -> ``PolicyLossSpec``).
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -214,6 +215,79 @@ def is_weights(
         weights = torch.where(loss_mask, weights, torch.zeros_like(weights))
         metrics["rollout_kl"] = masked_mean(-log_w, loss_mask)
     return weights, metrics
+
+
+def behaviour_weights(
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    loss_mask: torch.Tensor,
+    kind: str | None = None,
+    low: float = 0.0,
+    high: float = float("inf"),
+) -> tuple[torch.Tensor, dict]:
+    """The behaviour weight ``pi_prox / pi_behav`` of each token, truncated by ``kind``.
+
+    ``kind=None``: ``w = exp(clamp(prox_logp - behav_logp, -20, 20))``, untruncated, 0 where
+    ``loss_mask`` is False; otherwise ``is_weights(prox_logp, behav_logp, loss_mask, kind, low,
+    high)`` (TIS / ICEPOP / seq-mask-TIS). Detached.
+
+    Args:
+        prox_logp: ``[B, T]`` the proximal policy's logprobs (the trainer's, before the update).
+        behav_logp: ``[B, T]`` the behaviour policy's logprobs (the engine's, at sampling time).
+        loss_mask: ``[B, T]`` bool, True = counts.
+        kind: None or one of ``IS_KINDS``; low, high: the bounds ``is_weights`` takes.
+
+    Returns:
+        ``(weights [B, T], metrics)``: ``is_weights``' metrics, or ``rollout_kl`` alone.
+    """
+    if kind is not None:
+        return is_weights(prox_logp, behav_logp, loss_mask, kind, low, high)
+    with torch.no_grad():
+        log_w = (prox_logp.float() - behav_logp.float()).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
+        weights = torch.where(loss_mask, torch.exp(log_w), torch.zeros_like(log_w))
+        return weights, {"rollout_kl": masked_mean(-log_w, loss_mask)}
+
+
+def decoupled_policy_loss(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    is_kind: str | None = None,
+    is_low: float = 0.0,
+    is_high: float = float("inf"),
+    **ppo: Any,
+) -> tuple[torch.Tensor, dict]:
+    """Decoupled PPO (Hilton et al. 2021, arXiv:2110.00641; AReaL, Fu et al. 2025,
+    arXiv:2505.24298): the clip is around the proximal policy, the behaviour weight reweights.
+
+    Per token ``w = pi_prox / pi_behav`` (``behaviour_weights``: untruncated, or truncated by
+    ``is_kind`` within ``[is_low, is_high]``), ``r = pi / pi_prox`` and the loss is
+    ``-w * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, aggregated: ``policy_loss(logp,
+    prox_logp, ..., is_weights=w)``. With ``behav_logp == prox_logp`` (and ``1`` inside the
+    bounds) ``w = 1`` and this is PPO's loss exactly. The same formula corrects the rollout /
+    trainer mismatch of a synchronous run (Yao et al. 2025's TIS, ``is_weights``): there the
+    behaviour policy is the engine's view of the same weights.
+
+    Departure from AReaL: its cap (``behav_imp_weight_cap``) zeros tokens above it; here the
+    truncation is whichever ``is_kind`` is chosen (``icepop`` zeros as AReaL does; ``tis``
+    clamps), and none without one.
+
+    Args:
+        logp: ``[B, T]`` current policy logprobs (with grad).
+        prox_logp: ``[B, T]`` proximal policy logprobs (the trainer's before the update).
+        behav_logp: ``[B, T]`` behaviour policy logprobs (the engine's, possibly versions old).
+        advantages, loss_mask: ``[B, T]``; is_kind, is_low, is_high: see ``behaviour_weights``.
+        **ppo: the other arguments of ``policy_loss`` (clip range, aggregation, counts).
+
+    Returns:
+        ``(loss, metrics)``: ``policy_loss``'s metrics and ``behaviour_weights``' metrics, plus
+        ``behav_weight_mean`` (masked mean of ``w``).
+    """
+    weights, metrics = behaviour_weights(prox_logp, behav_logp, loss_mask, is_kind, is_low, is_high)
+    loss, pm = policy_loss(logp, prox_logp, advantages, loss_mask, is_weights=weights, **ppo)
+    return loss, {**pm, **metrics, "behav_weight_mean": masked_mean(weights, loss_mask)}
 
 
 # ---------------------------------------------------------------- value, entropy, logprobs

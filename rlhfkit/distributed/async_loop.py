@@ -9,6 +9,12 @@ every group generated more than `max_staleness` versions before the trainer's cu
 dropped (counted in `stale_dropped`, logged) and its prompt re-issued with the SAME seed at the
 current version; `RLLoop.check_staleness` then refuses to train on anything staler.
 
+The look-ahead is one batch, so a bound k >= 2 is reached only by a worker that lags (it holds
+weights older than the trainer's last sync); the loop logs the staleness reached
+(`async/staleness_max`). The trainer corrects for it with decoupled PPO (core.decoupled_policy_loss,
+on whenever async is): the workers' logprobs are the behaviour policy, the trainer's weights
+before the update the proximal one.
+
 Checkpoints: a batch drawn ahead does not move the data position a checkpoint records
 (PromptStream.peek), so a resumed run draws it again with the same seeds (at the checkpoint's
 version) and no prompt is lost or trained twice.

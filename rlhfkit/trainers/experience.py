@@ -139,16 +139,18 @@ class ExperienceMaker:
     `lam`, `whiten`, `reward_clip`: core.compute_advantages' arguments. `kl_estimator`; `kl_in_reward`:
     the KL is a per-token reward penalty (PPO style) rather than a loss term. `multi_step`: more than
     one optimizer step per rollout batch, so the old logprobs must be computed before the first one.
-    `temperature`: the sampling temperature the logprobs are computed under."""
+    `temperature`: the sampling temperature the logprobs are computed under. `proximal`: the old
+    logprobs are computed even for a single step, as decoupled PPO's proximal policy (the trainer's
+    weights before the update, apart from the engine's behaviour logprobs)."""
 
     def __init__(self, policy: torch.nn.Module, ref: torch.nn.Module | None, critic: torch.nn.Module | None,
                  batcher: MicroBatcher, *, estimator: str, gamma: float, lam: float, whiten: bool | str,
                  reward_clip: tuple[float, float] | None, kl_estimator: str, kl_in_reward: bool, multi_step: bool,
-                 temperature: float, autocast: str | None):
+                 temperature: float, autocast: str | None, proximal: bool = False):
         self.policy, self.ref, self.critic, self.batcher = policy, ref, critic, batcher
         self.estimator, self.gamma, self.lam, self.whiten, self.reward_clip = estimator, gamma, lam, whiten, reward_clip
         self.kl_estimator, self.kl_in_reward, self.multi_step = kl_estimator, kl_in_reward, multi_step
-        self.temperature, self.autocast = temperature, autocast
+        self.temperature, self.autocast, self.proximal = temperature, autocast, proximal
 
     def __call__(self, trajs: list[Trajectory], rewards: torch.Tensor, kl_coef: float,
                  token_rewards: torch.Tensor | None = None) -> Experience:
@@ -165,7 +167,7 @@ class ExperienceMaker:
                 batch, rewards, group_ids, estimator=self.estimator, gamma=self.gamma, lam=self.lam,
                 whiten=self.whiten, reward_clip=self.reward_clip, kl_coef=kl_coef, kl_estimator=self.kl_estimator,
                 kl_in_reward=kl_in_reward,
-                policy_logp=self.logp_of(self.policy) if self.multi_step or kl_in_reward else None,
+                policy_logp=self.logp_of(self.policy) if self.multi_step or kl_in_reward or self.proximal else None,
                 ref_logp=self.logp_of(self.ref) if self.ref is not None and kl_coef > 0 else None,
                 values=self.values if self.critic is not None else None,
                 chunks=self.batcher.cut(batch, group_ids, torch.arange(len(trajs))), layout=self.batcher.layout(batch),

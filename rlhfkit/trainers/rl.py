@@ -136,7 +136,11 @@ class RLLoop:
         if lags.max() > self.max_staleness:
             raise TrainingError(f"step {self.step + 1}: a sample is {int(lags.max())} policy versions old, more than "
                                 f"--train.max_staleness {self.max_staleness}; this is a bug in the pipeline")
-        return {"staleness_max": float(lags.max()), "staleness_mean": float(lags.mean())}
+        out = {"staleness_max": float(lags.max()), "staleness_mean": float(lags.mean())}
+        if self.max_staleness > 0:  # async: the staleness reached, beside the bound it may reach
+            out.update({"async/staleness_max": out["staleness_max"], "async/staleness_mean": out["staleness_mean"],
+                        "async/max_staleness": float(self.max_staleness)})
+        return out
 
     # ------------------------------------------------------------------ logging
     def log_completions(self, got: Collected, exp: Experience) -> None:

@@ -14,7 +14,8 @@ import torch
 
 from rlhfkit.core.aggregate import aggregate_loss
 from rlhfkit.core.kl import approx_kl
-from rlhfkit.core.losses import policy_loss, value_loss
+from rlhfkit.core.losses import decoupled_policy_loss, policy_loss, value_loss
+from rlhfkit.errors import TrainingError
 from rlhfkit.models import response_logprobs
 from rlhfkit.models.precision import autocast_ctx
 from rlhfkit.trainers.batching import MicroBatcher
@@ -29,7 +30,12 @@ class LossSettings:
     """The policy and value losses' settings (core.losses): clip range [1 - eps_low, 1 + eps_high],
     dual clip, `ratio_level` (token: PPO; sequence: GSPO), aggregation mode, entropy bonus, the KL loss
     term (`kl_estimator`, on when `kl_loss`), the critic's value clip, the sampling `temperature`
-    logprobs are computed under and `max_len` (the response budget, for seq_mean_token_sum_norm)."""
+    logprobs are computed under and `max_len` (the response budget, for seq_mean_token_sum_norm).
+
+    Off-policy corrections (core.losses.decoupled_policy_loss, docs/algorithms.md): `is_kind` (a key
+    of core.IS_KINDS, None = off) weighs each token's loss by pi_old / pi_rollout truncated to
+    [`is_low`, `is_high`]; `decoupled` (AReaL's decoupled PPO) does so with the old logprobs as the
+    proximal policy, untruncated unless `is_kind` is set. Both need the experience's rollout logprobs."""
 
     eps_low: float = 0.2
     eps_high: float = 0.2
@@ -42,6 +48,14 @@ class LossSettings:
     value_clip: float | None = None
     temperature: float = 1.0
     max_len: int = 1
+    is_kind: str | None = None
+    is_low: float = 0.5
+    is_high: float = 5.0
+    decoupled: bool = False
+
+    @property
+    def corrected(self) -> bool:
+        return self.is_kind is not None or self.decoupled
 
 
 class PolicyUpdate:
@@ -69,7 +83,8 @@ class PolicyUpdate:
         total_tokens = max(int(exp.batch.loss_mask.sum()) * self.max_epochs, 1)
         computed = sums.pop("train_tokens", 0.0)
         out = {k: v / (n_opt if k in _PER_STEP or k.startswith(("actor/", "critic/")) else total_tokens)
-               for k, v in sums.items()}
+               for k, v in sums.items() if k not in _MAXIMA}
+        out.update({k: sums[k] for k in _MAXIMA if k in sums})
         out["optimizer_steps"] = float(n_opt)
         out["train_tokens"] = computed  # tokens the forward/backward ran on (no padding; shared prompts once)
         out["sample_tokens"] = float(exp.batch.attention_mask.sum()) * self.max_epochs  # prompt + response
@@ -110,12 +125,23 @@ class PolicyUpdate:
             mask = mask.to(logp.device)
             x = {k: None if v is None else v.to(logp.device) for k, v in x.items()}
         old = x["old_logp"] if x["old_logp"] is not None else logp.detach()
-        loss, pm = policy_loss(logp, old, x["advantages"], mask, eps_low=c.eps_low, eps_high=c.eps_high,
-                               dual_clip=c.dual_clip, ratio_level=c.ratio_level, agg=c.agg, **counts)
+        rollout = x["rollout_logp"]
+        ppo = dict(eps_low=c.eps_low, eps_high=c.eps_high, dual_clip=c.dual_clip, ratio_level=c.ratio_level,
+                   agg=c.agg, **counts)
+        if c.corrected:
+            if rollout is None:
+                raise TrainingError("the IS / decoupled correction needs the engine's logprobs of each token, and "
+                                    "these trajectories carry none")
+            loss, pm = decoupled_policy_loss(logp, old, rollout, x["advantages"], mask, is_kind=c.is_kind,
+                                             is_low=c.is_low, is_high=c.is_high, **ppo)
+        else:
+            loss, pm = policy_loss(logp, old, x["advantages"], mask, **ppo)
         ntok = float(mask.sum())
         out = {"train_tokens": float(mb.num_tokens), "policy_loss": float(loss.detach()),
                "clip_frac": float(pm["clip_frac"]) * ntok, "ppo_kl": float(pm["approx_kl"]) * ntok,
                "entropy": float((entropy.detach().float() * mask).sum())}
+        if rollout is not None:
+            out.update(_gap_metrics(old, rollout, mask, pm if c.corrected else None))
         if c.entropy_coef:
             loss = loss - c.entropy_coef * aggregate_loss(entropy.float(), mask, c.agg, **counts)
         if c.kl_loss and x["ref_logp"] is not None:
@@ -140,6 +166,23 @@ class PolicyUpdate:
             self.critic_learner.load_state_dict(state["critic_learner"])
 
 
+_MAXIMA = ("rollout/logprob_gap_max",)  # maxed, not summed, over micro-batches
+
+
+def _gap_metrics(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, pm: dict | None) -> dict[str, float]:
+    """|rollout - trainer| logprob gap over the action tokens (`old` [b, r]: the old logprobs, or the
+    current ones on the update's only pass), token-weighted sums; with a correction (`pm`: its
+    metrics), the share of tokens whose weight was truncated (clamped or zeroed)."""
+    gap = (rollout.float() - old.float()).abs() * mask
+    out = {"rollout/logprob_gap_mean": float(gap.sum()), "rollout/logprob_gap_max": float(gap.max())}
+    if pm is not None:
+        truncated = pm.get("is_clip_frac", pm.get("is_zeroed_frac"))
+        out["rollout/is_clipped_frac"] = 0.0 if truncated is None else float(truncated) * float(mask.sum())
+        out["rollout/behav_weight_mean"] = float(pm["behav_weight_mean"]) * float(mask.sum())
+    return out
+
+
 def _add(sums: dict[str, float], metrics: dict[str, float], prefix: str = "") -> None:
     for k, v in metrics.items():
-        sums[prefix + k] = sums.get(prefix + k, 0.0) + v
+        key = prefix + k
+        sums[key] = max(sums.get(key, v), v) if key in _MAXIMA else sums.get(key, 0.0) + v

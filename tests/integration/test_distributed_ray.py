@@ -22,7 +22,9 @@ from rlhfkit.config import RLConfig  # noqa: E402
 from rlhfkit.cli.main import main  # noqa: E402
 from rlhfkit.data.prompts import load_prompts  # noqa: E402
 
-VOLATILE = ("time/", "rollout_tokens_per_s")  # wall-clock quantities differ between any two runs
+# wall-clock quantities differ between any two runs; the engine/trainer logprob gap measures float
+# rounding (~1e-7), which differs between a worker's batch layout and the trainer's own engine
+VOLATILE = ("time/", "rollout_tokens_per_s", "rollout/logprob_gap")
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +141,24 @@ def test_async_never_trains_staler_than_the_bound_with_a_slow_worker(ws, cluster
     assert len(trained) == 5 * 16 and set(counts.values()) == {4} and len(counts) == 20  # none lost or doubled
     # callbacks (checkpoints) see the position before the look-ahead batch: a resume regenerates it
     assert seen == [(k, 4 * k) for k in range(1, 6)]
+    trainer.engine.shutdown()
+
+
+def test_async_with_a_bound_of_two_trains_decoupled_and_reports_the_staleness_reached(ws, cluster):
+    cfg, trainer, tracker, trained = in_process_trainer(
+        ws, ws / "ray_async2", {"train.async_enable": "true", "train.max_staleness": "2", "train.max_steps": "4"},
+        delays={1: 1.5})
+    trainer.engine.patience_s = 0.5
+    assert trainer.loop.update.losses.decoupled  # async is always decoupled
+    history = trainer.loop.train()
+    tracker.close()
+    assert trainer.step == 4
+    assert all(h["async/max_staleness"] == 2 and h["async/staleness_max"] <= 2 for h in history)
+    assert max(h["async/staleness_max"] for h in history) >= 1
+    # behaviour (the worker's logprobs, versions old) and proximal (the trainer's) kept apart
+    assert all(h["rollout/logprob_gap_max"] >= 0 and h["rollout/behav_weight_mean"] > 0 for h in history)
+    assert any(h["rollout/logprob_gap_max"] > 0 for h in history[1:])
+    assert len(trained) == 4 * 16
     trainer.engine.shutdown()
 
 

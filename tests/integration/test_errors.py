@@ -183,6 +183,8 @@ BEFORE_MODELS = [
      "--fsdp.mixed_precision true"),
     ("70-fsdp-with-ema", {"fsdp.enable": "true", "actor.ema_beta": 0.99},
      "--fsdp.enable does not keep an EMA of the sharded policy yet: drop --actor.ema_beta"),
+    ("90-unknown-is-correction-type", {"algo.advantage.is_correction_type": "mis"},
+     "--algo.advantage.is_correction_type: unknown value 'mis'; valid: tis, icepop, seq-mask-tis, seq_mask_tis"),
 ]
 
 
@@ -190,6 +192,15 @@ BEFORE_MODELS = [
 def test_refused_before_any_model_loads(ws, tmp_path, capsys, case, over, needle):
     over = {k: (v.format(ws=ws) if isinstance(v, str) else v) for k, v in over.items()}
     refuse(flags(ws, tmp_path / "run", **over), capsys, needle.format(ws=ws))
+
+
+@pytest.mark.parametrize("low,high,needle", [
+    ("5", "0.5", "--algo.advantage.is_correction_threshold must be two finite numbers LOW HIGH with LOW < HIGH"),
+    ("-1", "2", "--algo.advantage.is_correction_threshold: LOW must be >= 0"),
+])
+def test_91_is_correction_threshold_out_of_range(ws, tmp_path, capsys, low, high, needle):
+    argv = flags(ws, tmp_path / "run", **{"algo.advantage.is_correction_enable": "true"})
+    refuse([*argv, "--algo.advantage.is_correction_threshold", low, high], capsys, needle)
 
 
 AFTER_MODELS = [

@@ -6,7 +6,7 @@ variants are flags: ``ipo_enable``, ``label_smoothing``).
 """
 
 from rlhfkit.config import rl
-from rlhfkit.core import AGGREGATIONS, ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+from rlhfkit.core import AGGREGATIONS, ESTIMATORS, IS_KINDS, KL_ESTIMATORS, POLICY_LOSSES
 
 
 def test_advantage_estimators_match_the_table():
@@ -27,3 +27,7 @@ def test_loss_aggregation_modes_match_the_table():
 
 def test_policy_loss_types_match_the_table():
     assert rl.POLICY_LOSS_TYPES == tuple(POLICY_LOSSES)
+
+
+def test_is_correction_types_name_the_is_kinds_with_dashes_or_underscores():
+    assert {t.replace("-", "_") for t in rl.IS_CORRECTION_TYPES} == set(IS_KINDS)

@@ -141,6 +141,28 @@ def test_mapped_flags_give_the_config_of_our_flags(theirs, ours):
     assert rl(*theirs) == rl(*ours)
 
 
+IS_OURS = ["--algo.advantage.is_correction_enable", "--algo.advantage.is_correction_type"]
+
+
+@pytest.mark.parametrize("theirs,ours", [
+    (["--enable_vllm_is_correction", "--vllm_is_correction_type", "seq-mask-tis", "--vllm_is_truncated_threshold",
+      "0.5", "5"], [*IS_OURS, "seq-mask-tis", "--algo.advantage.is_correction_threshold", "0.5", "5"]),
+    (["--enable_vllm_is_correction", "--vllm_is_truncated_threshold", "2"],  # older releases: HIGH alone
+     ["--algo.advantage.is_correction_enable", "--algo.advantage.is_correction_threshold", "0", "2"]),
+    (["--enable_vllm_is_correction", "--use_icepop"], [*IS_OURS, "icepop"]),
+    (["--algo.advantage.is_correction_enable", "--algo.advantage.is_correction_type", "icepop",
+      "--algo.advantage.is_correction_threshold", "0.8", "1.25"],
+     [*IS_OURS, "icepop", "--algo.advantage.is_correction_threshold", "0.8", "1.25"]),
+    (["--use_icepop", "false"], []),
+])
+def test_is_correction_flags_of_every_release_are_ours(theirs, ours, caplog):
+    with caplog.at_level(logging.WARNING, logger="rlhfkit"):
+        assert rl(*theirs) == rl(*ours)
+    assert not caplog.records
+    a = rl(*theirs).algo.advantage
+    assert a.is_correction_enable == bool(ours)
+
+
 @pytest.mark.parametrize("config,theirs,ours", [
     (SFTConfig, ["--pretrain", "p", "--dataset", "d", "--learning_rate", "1e-5", "--l2", "0.1", "--adam_betas",
                  "0.9", "0.98", "--max_norm", "0.5", "--lr_scheduler", "constant", "--min_lr_ratio", "0.2"],
@@ -205,10 +227,6 @@ def test_yaml_keys_may_be_openrlhf_flags(tmp_path, caplog):
     (["--adam_offload"], "not supported yet"),
     (["--lora_rank", "16"], "--lora_rank: not supported yet: LoRA in RL"),
     (["--target_modules", "q_proj", "k_proj", "v_proj"], "--target_modules: not supported yet: LoRA in RL"),
-    (["--enable_vllm_is_correction"], "not supported yet"),
-    (["--vllm_is_truncated_threshold", "2"], "--vllm_is_truncated_threshold: not supported yet"),
-    (["--vllm_is_truncated_threshold", "0.5", "5"], "--vllm_is_truncated_threshold: not supported yet"),
-    (["--algo.advantage.is_correction_threshold", "0.5", "5"], "not supported yet"),
     (["--partial_rollout"], "--partial_rollout: not supported yet"),
     (["--normalize_reward"], "--normalize_reward: accepted: a reward model's score is always divided"),
     (["--micro_rollout_batch_size", "16"], "--micro_rollout_batch_size: ignored: experience passes use"),

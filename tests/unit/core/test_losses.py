@@ -10,6 +10,8 @@ from rlhfkit.core import (
     POLICY_LOSSES,
     RATIO_LEVELS,
     PolicyLossSpec,
+    behaviour_weights,
+    decoupled_policy_loss,
     dpo_loss,
     entropy_from_logits,
     is_weights,
@@ -195,6 +197,52 @@ def test_is_weights_unknown_kind():
         is_weights(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), "mis", 0.5, 2.0)
     for kind in IS_KINDS:
         assert kind in str(err.value)
+
+
+# ---------------------------------------------------------------- decoupled PPO
+
+
+def _decoupled_case():
+    prox = torch.log(torch.tensor([[0.5, 0.4, 0.3]]))
+    logp = torch.log(torch.tensor([[0.55, 0.2, 0.9]])).requires_grad_()  # ratios 1.1, 0.5, 3 (masked out)
+    adv = torch.tensor([[1.0, -1.0, 1.0]])
+    mask = torch.tensor([[True, True, False]])
+    return logp, prox, adv, mask
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_sum"])
+@pytest.mark.parametrize("kind", [None, "tis", "icepop", "seq_mask_tis"])
+def test_decoupled_with_behaviour_equal_to_proximal_is_ppo_exactly(agg, kind):
+    logp, prox, adv, mask = _decoupled_case()
+    kw = dict(eps_low=0.2, eps_high=0.28, agg=agg, num_tokens=2, num_seqs=1, max_len=3)
+    ppo, _ = policy_loss(logp, prox, adv, mask, **kw)
+    (g_ppo,) = torch.autograd.grad(ppo, logp)
+    dec, m = decoupled_policy_loss(logp, prox, prox.clone(), adv, mask, is_kind=kind, is_low=0.5, is_high=2.0, **kw)
+    (g_dec,) = torch.autograd.grad(dec, logp)
+    assert torch.equal(dec, ppo) and torch.equal(g_dec, g_ppo)
+    assert m["behav_weight_mean"].item() == 1.0 and m["rollout_kl"].item() == 0.0
+
+
+def test_decoupled_behaviour_weights_by_hand():
+    # PPO per token (eps 0.2): token 0 r=1.1, A=1 -> -1.1; token 1 r=0.5, A=-1 -> -min(-0.5, -0.8) = 0.8
+    logp, prox, adv, mask = _decoupled_case()
+    behav = torch.log(torch.tensor([[0.25, 0.8, 0.1]]))  # w = prox / behav = 2, 0.5 (3 masked -> 0)
+    w, _ = behaviour_weights(prox, behav, mask)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.5, 0.0]]), **ATOL)
+    cases = {None: (-2.2 + 0.4) / 2,                 # untruncated: 2 * -1.1 + 0.5 * 0.8
+             "tis": (-1.5 * 1.1 + 0.5 * 0.8) / 2,    # clamp to [0.5, 1.5]: w = 1.5, 0.5
+             "icepop": (0.0 + 0.5 * 0.8) / 2}        # outside [0.4, 1.5] zeroed: w = 0, 0.5
+    bounds = {None: (0.0, float("inf")), "tis": (0.5, 1.5), "icepop": (0.4, 1.5)}
+    for kind, want in cases.items():
+        loss, m = decoupled_policy_loss(logp, prox, behav, adv, mask, is_kind=kind, is_low=bounds[kind][0],
+                                        is_high=bounds[kind][1], eps_low=0.2)
+        assert loss.item() == pytest.approx(want, abs=1e-6), kind
+    ppo, _ = policy_loss(logp, prox, adv, mask, eps_low=0.2)
+    assert ppo.item() == pytest.approx(-0.15, abs=1e-6)
+    # the gradient is w times PPO's: d/dlogp0 of -w0 * r0 * A0 / 2 = -2 * 1.1 / 2 (token 0 unclipped)
+    loss, _ = decoupled_policy_loss(logp, prox, behav, adv, mask, eps_low=0.2)
+    (g,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(g, torch.tensor([[-1.1, 0.0, 0.0]]), **ATOL)
 
 
 # ---------------------------------------------------------------- value loss
