@@ -55,7 +55,12 @@ def run(tree: str, root: Path, out: Path, extra: list[str]) -> None:
             "--actor.lr_scheduler", "constant", "--logger.progress_bar", "false", "--train.num_threads", "1",
             "--ckpt.output_dir", str(out), *extra]
     env = {**os.environ, "PYTHONPATH": tree, "HF_HUB_OFFLINE": "1"}
-    subprocess.run([sys.executable, "-m", "rlhfkit.cli.main", "train", "rl", *argv], env=env, check=True,
+    # cwd: `python -m` puts the working directory first on sys.path, before PYTHONPATH
+    where = subprocess.run([sys.executable, "-c", "import rlhfkit; print(rlhfkit.__file__)"], env=env, cwd=root,
+                           check=True, capture_output=True, text=True).stdout.strip()
+    if not where.startswith(tree):
+        sys.exit(f"PYTHONPATH={tree} imports rlhfkit from {where}; give the tree's root folder")
+    subprocess.run([sys.executable, "-m", "rlhfkit.cli.main", "train", "rl", *argv], env=env, cwd=root, check=True,
                    capture_output=True)
 
 
@@ -72,8 +77,8 @@ def same(a: Path, b: Path) -> str:
     wa, wb = load_file(a / "final" / "model.safetensors"), load_file(b / "final" / "model.safetensors")
     weights = wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     only = sorted(set().union(*ra) ^ set().union(*rb))
-    return ("identical" if metrics and weights else f"DIFFERENT (metrics equal: {metrics}, weights equal: {weights})") + (
-        f"; metrics only one build logs: {only}" if only else "")
+    verdict = "identical" if metrics and weights else f"DIFFERENT (metrics equal: {metrics}, weights equal: {weights})"
+    return verdict + (f"; metrics only one build logs: {only}" if only else "")
 
 
 def main() -> None:
