@@ -21,7 +21,7 @@ from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError, one_line, os_error_fix
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
-from rlhfkit.models.precision import DTYPES
+from rlhfkit.models.precision import DTYPES, enable_gradient_checkpointing, model_device, resolve_device
 from rlhfkit.models.reward import is_reward_model_folder
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rollout.base import SamplingParams
@@ -51,16 +51,17 @@ STEP_LOGS = ("metrics.jsonl", "samples.jsonl")
 
 
 # ------------------------------------------------------------------ rewards, agents, models, engines
-def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8):
+def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, device: torch.device | str = "cpu"):
     """A reward file, builtin:NAME, http(s) reward server URL(s), or a reward-model folder
-    (--reward.model_name_or_path) -> a RewardFn. A local function must return within
-    --reward.timeout seconds; a server request within --reward.request_timeout."""
+    (--reward.model_name_or_path, scoring on `device`; with --reward.offload kept on the CPU between
+    its passes) -> a RewardFn. A local function must return within --reward.timeout seconds; a server
+    request within --reward.request_timeout."""
     r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=reward)
     url, model_path = r.remote_url, r.model_name_or_path
     if url is not None and model_path is not None:
         raise ConfigError("--reward.remote_url and --reward.model_name_or_path are both set; choose one")
     if model_path is not None:
-        return RewardModelFn(model_path, micro_batch_size=micro_batch_size)
+        return RewardModelFn(model_path, micro_batch_size=micro_batch_size, device=device, offload=r.offload)
     if url is None:
         raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func), builtin:math, "
                           "http://HOST:PORT/get_reward, --reward.model_name_or_path RM_FOLDER, "
@@ -82,9 +83,17 @@ def build_executor(cfg: RLConfig) -> SingleTurnExecutor | MultiTurnExecutor:
     return load_agent_file(BUILTIN_AGENTS.get(path, path))
 
 
-def build_models(cfg: RLConfig):
+def run_device(cfg: RLConfig) -> torch.device:
+    """--actor.device as a torch.device (auto: CUDA when available); a ConfigError for a CUDA device
+    that is not there, raised before any model loads."""
+    return resolve_device(cfg.actor.device, "--actor.device")
+
+
+def build_models(cfg: RLConfig, device: torch.device | None = None):
     """Policy, tokenizer, frozen reference (only if the KL coefficient > 0) and critic (only for an
-    estimator that needs one)."""
+    estimator that needs one), on `device` (default: --actor.device); with --ref.offload the reference
+    stays on the CPU (the experience stage moves it for its pass)."""
+    device = run_device(cfg) if device is None else device
     torch.manual_seed(cfg.train.seed)
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
     ref = None
@@ -98,6 +107,13 @@ def build_models(cfg: RLConfig):
     if ESTIMATORS[cfg.algo.advantage.estimator].needs_critic:
         path, _ = resolve_model(cfg.critic.model_name_or_path or cfg.actor.model_name_or_path)
         critic = Critic.from_reward_model(path) if is_reward_model_folder(path) else Critic.from_causal_lm(path)
+    policy.to(device)
+    if critic is not None:
+        critic.to(device)
+    if ref is not None and not cfg.ref.offload:
+        ref.to(device)
+    if cfg.actor.gradient_checkpointing_enable:
+        enable_gradient_checkpointing(policy)
     return policy, tokenizer, ref, critic
 
 
@@ -213,7 +229,8 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
     experience = ExperienceMaker(
         policy, ref, critic, batcher, estimator=adv.estimator, gamma=adv.gamma, lam=adv.lambd,
         whiten=WHITEN[adv.whiten], reward_clip=w.clip_range, kl_estimator=k.estimator, kl_in_reward=not k.use_loss,
-        multi_step=plan.optimizer_steps_per_rollout > 1, temperature=temperature, autocast=a.autocast)
+        multi_step=plan.optimizer_steps_per_rollout > 1, temperature=temperature, autocast=a.autocast,
+        ref_device=model_device(policy) if cfg.ref.offload else None)
     lo, hi = a.eps_clip_low_high
     losses = LossSettings(eps_low=lo, eps_high=hi, dual_clip=a.dual_clip,
                           ratio_level=POLICY_LOSSES[a.policy_loss_type].ratio_level, agg=a.loss_agg_mode,

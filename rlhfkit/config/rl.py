@@ -8,6 +8,7 @@ derived batch arithmetic of seed article 002.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from rlhfkit.config.openrlhf import RL_FLAGS
@@ -53,7 +54,13 @@ class ActorConfig:
     """Parameter dtype: float32 or bfloat16 (never float16: ~200x slower on CPU). bfloat16 keeps float32
     master weights and gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 mode."""
     autocast: str | None = "bfloat16"
-    """Compute dtype for forward passes (torch.autocast); none = the parameter dtype."""
+    """Compute dtype for forward passes (torch.autocast on --actor.device's type); none = the parameter dtype."""
+    device: str = "auto"
+    """Where the policy, reference, critic, reward model and the hf engine run: auto (CUDA when available,
+    else the CPU), cpu, cuda or cuda:N. Batches are built on the CPU and moved to it per micro-batch."""
+    gradient_checkpointing_enable: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
+    non-reentrant gradient checkpointing): the same gradients, less activation memory, ~30% more update time."""
     adam: AdamConfig = field(default_factory=AdamConfig)
     lr_scheduler: str = "cosine_with_min_lr"
     """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
@@ -100,6 +107,10 @@ class RefConfig:
 
     model_name_or_path: str | None = None
     """Reference model for the KL term; defaults to the actor's initial weights."""
+    offload: bool = False
+    """Keep the reference on the CPU between its passes and move it to --actor.device for the
+    experience stage only (frees its weights' device memory during generation and the update;
+    the same numbers). A no-op when --actor.device is the CPU."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,9 @@ class RewardConfig:
     http(s):// reward server URLs (comma-separated: requests are sharded across them)."""
     model_name_or_path: str | None = None
     """A reward-model folder from `rlhfkit train rm`; reward = (score - mean) / std from its config."""
+    offload: bool = False
+    """Keep the reward model (--reward.model_name_or_path) on the CPU between its passes and move it to
+    --actor.device to score (the same rewards). A no-op when --actor.device is the CPU."""
     request_timeout: float = 60.0
     """HTTP reward: seconds to wait for one request."""
     max_retries: int = 3
@@ -438,6 +452,7 @@ RL_ALIASES: dict[str, str | Alias] = {
     "algo.overlong_buffer_len": "reward.overlong_buffer_len",
     "algo.overlong_penalty_factor": "reward.overlong_penalty_factor",
     "distributed.fsdp": "fsdp.enable",
+    "device": "actor.device",
 }
 
 
@@ -506,6 +521,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _one_of("algo.advantage.whiten", a.advantage.whiten, WHITEN_MODES)
     if cfg.actor.autocast is not None:
         _one_of("actor.autocast", cfg.actor.autocast, DTYPES)
+    check_device("--actor.device", cfg.actor.device)
     if a.advantage.estimator in GROUP_ESTIMATORS:
         _require(r.n_samples_per_prompt >= 2,
                  f"--algo.advantage.estimator {a.advantage.estimator} compares samples of one prompt: "
@@ -536,6 +552,15 @@ def validate(cfg: RLConfig) -> BatchPlan:
         micro_batches_per_step=t.batch_size // t.micro_batch_size,
         optimizer_steps_per_rollout=samples // t.batch_size * t.max_epochs,
     )
+
+
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+
+
+def check_device(flag: str, name: str) -> None:
+    """`name` is auto, cpu, cuda or cuda:N (whether CUDA is there is checked where the models load)."""
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", name) is not None,
+             f"{flag} {name!r}: not a device; valid: {DEVICE_NAMES}")
 
 
 def check_input_template(template: str | None, flag: str = "--data.input_template") -> None:

@@ -15,7 +15,7 @@ from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
 from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, AdamConfig,
-                               check_input_template)
+                               check_device, check_input_template)
 from rlhfkit.errors import ConfigError
 
 
@@ -28,7 +28,14 @@ class ModelConfig:
     dtype: str = "float32"
     """Parameter dtype: float32 or bfloat16."""
     autocast: str | None = None
-    """Compute dtype of forward passes (torch.autocast), e.g. bfloat16; none = parameter dtype."""
+    """Compute dtype of forward passes (torch.autocast on --model.device's type), e.g. bfloat16; none =
+    parameter dtype."""
+    device: str = "auto"
+    """Where the model (and the reference of dpo / kto) trains: auto (CUDA when available, else the
+    CPU), cpu, cuda or cuda:N."""
+    gradient_checkpointing_enable: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (transformers' non-reentrant gradient checkpointing): the same gradients, less activation memory."""
 
 
 @dataclass(frozen=True)
@@ -166,12 +173,14 @@ class SFTConfig:
     def from_args(cls, argv: list[str]) -> SFTConfig:
         """The validated config of `rlhfkit train sft ARGV` (dotted flags, OpenRLHF's flat aliases,
         `--config FILE.yaml`); ConfigError on an unknown flag or a bad value."""
-        return validate_sft(parse_config(cls, argv, aliases=SFT_ALIASES))
+        return validate_sft(parse_config(cls, argv, aliases={**SFT_ALIASES, **OWN_ALIASES}))
 
 
 # OpenRLHF's flags (flat and dotted names: mapped, noticed or refused; see config/openrlhf.py):
 # SFT_ALIASES are train_sft's, SUPERVISED_ALIASES those of all of train_sft|rm|dpo|kto.
 SUPERVISED_ALIASES: dict[str, Alias] = SUPERVISED_RULES
+# Short names of our own flags, shared by train sft|rm|dpo|kto (RL_ALIASES has train rl's).
+OWN_ALIASES: dict[str, str | Alias] = {"device": "model.device"}
 
 
 def require(cond: bool, msg: str) -> None:
@@ -198,6 +207,7 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
     t = cfg.train
     require(cfg.model.dtype in DTYPES, f"--model.dtype: unknown value {cfg.model.dtype!r}; valid: {', '.join(DTYPES)}")
     require(cfg.model.autocast in (None, *DTYPES), f"--model.autocast must be one of {', '.join(DTYPES)} or none")
+    check_device("--model.device", cfg.model.device)
     require(cfg.logger.log_level in LOG_LEVELS, f"--logger.log_level: unknown value "
             f"{cfg.logger.log_level!r}; valid: {', '.join(LOG_LEVELS)}")
     require(t.lr_scheduler in LR_SCHEDULERS,
