@@ -13,7 +13,7 @@ import torch
 from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor, load_agent_file
 from rlhfkit.agents.executor import TokenBudget
 from rlhfkit.config import RLConfig, to_dict
-from rlhfkit.config.rl import BatchPlan, RewardConfig
+from rlhfkit.config.rl import BatchPlan, RewardConfig, lora_targets
 from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.core.losses import POLICY_LOSSES
@@ -21,6 +21,7 @@ from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError, one_line, os_error_fix
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
+from rlhfkit.models.lora import add_lora
 from rlhfkit.models.precision import DTYPES, enable_gradient_checkpointing, model_device, resolve_device
 from rlhfkit.models.reward import is_reward_model_folder
 from rlhfkit.rewards.resolve import resolve_reward
@@ -90,19 +91,26 @@ def run_device(cfg: RLConfig) -> torch.device:
 
 
 def build_models(cfg: RLConfig, device: torch.device | None = None):
-    """Policy, tokenizer, frozen reference (only if the KL coefficient > 0) and critic (only for an
+    """Policy (with LoRA adapters when --ds.lora.rank > 0), tokenizer, frozen reference (only if the KL
+    coefficient > 0; with LoRA the policy itself, run with its adapters disabled) and critic (only for an
     estimator that needs one), on `device` (default: --actor.device); with --ref.offload the reference
     stays on the CPU (the experience stage moves it for its pass)."""
     device = run_device(cfg) if device is None else device
     torch.manual_seed(cfg.train.seed)
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    lora = cfg.ds.lora
+    if lora.rank > 0:
+        policy = add_lora(policy, lora.rank, lora.alpha, lora_targets(lora), lora.dropout)
     ref = None
     if cfg.algo.kl.init_coef > 0:
         if cfg.ref.model_name_or_path:
             ref, _ = load_policy(cfg.ref.model_name_or_path, cfg.actor.dtype)
+        elif lora.rank > 0:
+            ref = policy  # the base weights: the experience stage disables the adapters for its pass
         else:
             ref = copy.deepcopy(policy)
-        ref.eval().requires_grad_(False)
+        if ref is not policy:
+            ref.eval().requires_grad_(False)
     critic = None
     if ESTIMATORS[cfg.algo.advantage.estimator].needs_critic:
         path, _ = resolve_model(cfg.critic.model_name_or_path or cfg.actor.model_name_or_path)
@@ -110,7 +118,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     policy.to(device)
     if critic is not None:
         critic.to(device)
-    if ref is not None and not cfg.ref.offload:
+    if ref is not None and ref is not policy and not cfg.ref.offload:
         ref.to(device)
     if cfg.actor.gradient_checkpointing_enable:
         enable_gradient_checkpointing(policy)

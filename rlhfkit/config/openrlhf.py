@@ -84,7 +84,6 @@ DS_CKPT = "ignored: rlhfkit writes no DeepSpeed checkpoints; its checkpoints are
 DS_CKPT_PATH = "ignored: rlhfkit keeps checkpoints in <--ckpt.output_dir>/checkpoints"
 CKPT_MEM = "ignored: rlhfkit keeps the newest --ckpt.max_num checkpoints (no size limit)"
 BEST_CKPT = "not supported yet: no best-checkpoint copy; the eval metrics are in metrics.jsonl"
-LORA_RL = "not supported yet: LoRA in RL; rlhfkit trains all of the policy's weights"
 QLORA = "not supported yet: 4-bit base weights; the model is trained in its --model.dtype / --actor.dtype"
 IS_CORRECTION = ("not supported yet: the hf engine samples with the trained weights themselves (nothing to "
                  "correct); with --rollout.engine vllm the sampler mismatch is not corrected yet")
@@ -200,8 +199,10 @@ _rl("full_determinism train.full_determinism_enable", notice(DETERMINISM))
 _rl("disable_fast_tokenizer data.disable_fast_tokenizer", notice(FAST_TOKENIZER))
 _rl("dataloader_num_workers data.dataloader_num_workers", notice(WORKERS, 1))
 _rl("load_in_4bit ds.load_in_4bit", notice(QLORA))
-_rl("lora_rank lora_alpha lora_dropout ds.lora.rank ds.lora.alpha ds.lora.dropout", notice(LORA_RL, 1))
-_rl("target_modules ds.lora.target_modules", notice(LORA_RL, "*"))
+for _key in ("rank", "alpha", "dropout"):
+    _rl(f"lora_{_key} ds.lora.{_key}", to(f"ds.lora.{_key}"))
+_rl("target_modules ds.lora.target_modules", Alias("mapped", "*", to="ds.lora.target_modules", convert=_lora_targets,
+                                                   note="the names comma-separated"))
 _rl("ds.value_head_prefix value_head_prefix", notice(VALUE_HEAD, 1))
 _rl("param_dtype ds.param_dtype", conv(_dtype("actor.dtype"), "`--actor.dtype bfloat16` (bf16 parameters, "
                                         "float32 master weights as DeepSpeed keeps them); fp16 is refused"))

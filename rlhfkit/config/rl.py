@@ -417,6 +417,29 @@ class FSDPConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (peft) instead of full fine-tuning."""
+
+    rank: int = 0
+    """LoRA rank; 0 = full fine-tuning."""
+    alpha: int = 16
+    """LoRA scaling: the update is scaled by alpha / rank."""
+    target_modules: str = "all-linear"
+    """Comma-separated module names (q_proj,v_proj) or all-linear."""
+    dropout: float = 0.0
+    """Dropout on the LoRA branch's input."""
+
+
+@dataclass(frozen=True)
+class RLDSConfig:
+    """LoRA adapters on the policy (OpenRLHF's DeepSpeed section): only the adapters train; the
+    reference of the KL term is the base model (the policy with its adapters disabled, no second
+    copy of the weights); final/ is peft's adapter folder (`rlhfkit lora merge` folds it in)."""
+
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass(frozen=True)
 class RLConfig:
     """Every setting of `rlhfkit train rl`, one section per component (`--section.name VALUE`)."""
 
@@ -435,6 +458,7 @@ class RLConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    ds: RLDSConfig = field(default_factory=RLDSConfig)
 
     @classmethod
     def from_args(cls, argv: list[str]) -> RLConfig:
@@ -505,6 +529,7 @@ RL_RANGES = validate_table({
     "eval.temperature": ">= 0",
     "distributed.num_cpus": ">= 1", "distributed.num_gpus_per_worker": ">= 0", "distributed.num_gpus_trainer": ">= 0",
     "vllm.gpu_memory_utilization": "(0, 1]", "vllm.tensor_parallel_size": ">= 1",
+    "ds.lora.rank": ">= 0", "ds.lora.alpha": "> 0", "ds.lora.dropout": "[0, 1)",
 })
 
 
@@ -545,6 +570,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _validate_eval(cfg)
     _validate_distributed(cfg)
     _validate_scale(cfg)
+    _validate_lora(cfg)
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
     _one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
     return BatchPlan(
@@ -621,6 +647,24 @@ def _validate_scale(cfg: RLConfig) -> None:
     _require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
              "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
              "workers is not supported yet")
+
+
+def _validate_lora(cfg: RLConfig) -> None:
+    """LoRA in RL runs in one process with the hf engine (which generates with the adapted weights)."""
+    if cfg.ds.lora.rank == 0:
+        return
+    for on, what in ((cfg.fsdp.enable, "--fsdp.enable"), (cfg.rollout.engine == "vllm", "--rollout.engine vllm"),
+                     (cfg.distributed.backend == "ray", "--distributed.backend ray"),
+                     (cfg.actor.ema_beta is not None, "--actor.ema_beta")):
+        _require(not on, f"--ds.lora.rank {cfg.ds.lora.rank} does not combine with {what} yet: drop one of them "
+                         "(LoRA in RL runs in one process with --rollout.engine hf)")
+
+
+def lora_targets(lora: LoraConfig) -> tuple[str, ...] | str:
+    """'all-linear' stays a string; 'q_proj,v_proj' becomes a tuple of names."""
+    if lora.target_modules.strip() == "all-linear":
+        return "all-linear"
+    return tuple(m.strip() for m in lora.target_modules.split(",") if m.strip())
 
 
 def _divisor_hint(total: int, wanted: int) -> int:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
-from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, AdamConfig,
+from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, AdamConfig, LoraConfig,
                                check_device, check_input_template)
+from rlhfkit.config.rl import lora_targets  # noqa: F401  (LoRA is defined with train rl's config; kept here)
 from rlhfkit.errors import ConfigError
 
 
@@ -114,20 +115,6 @@ class SupervisedTrainConfig:
 
 
 @dataclass(frozen=True)
-class LoraConfig:
-    """LoRA adapters (peft) instead of full fine-tuning."""
-
-    rank: int = 0
-    """LoRA rank; 0 = full fine-tuning."""
-    alpha: int = 16
-    """LoRA scaling: the update is scaled by alpha / rank."""
-    target_modules: str = "all-linear"
-    """Comma-separated module names (q_proj,v_proj) or all-linear."""
-    dropout: float = 0.0
-    """Dropout on the LoRA branch's input."""
-
-
-@dataclass(frozen=True)
 class DSConfig:
     """Memory and layout: sample packing, LoRA (OpenRLHF's DeepSpeed section)."""
 
@@ -220,10 +207,3 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
 def validate_sft(cfg: SFTConfig) -> SFTConfig:
     validate_common(cfg)
     return cfg
-
-
-def lora_targets(lora: LoraConfig) -> tuple[str, ...] | str:
-    """'all-linear' stays a string; 'q_proj,v_proj' becomes a tuple of names."""
-    if lora.target_modules.strip() == "all-linear":
-        return "all-linear"
-    return tuple(m.strip() for m in lora.target_modules.split(",") if m.strip())

@@ -207,3 +207,42 @@ def test_supervised_device_and_gradient_checkpointing_give_the_same_run(ws, tmp_
     base = run("auto")
     same_run(base, run("cpu", "--model.device", "cpu"))
     same_run(base, run("ckpt", "--gradient_checkpointing"), atol=1e-5, weight_atol=1e-5)
+
+
+# ------------------------------------------------------------------ LoRA in RL
+def test_lora_in_rl_trains_the_adapters_only_against_the_base_model(ws, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.data.batch import collate
+    from tests.unit.data.test_shared_prefix import traj
+
+    cfg = rlhfkit.RLConfig.from_args(rl_flags(ws, tmp_path / "lora", lora_rank=8, lora_alpha=16,
+                                              **{"ds.lora.target_modules": "q_proj,v_proj"}))
+    trainer = rlhfkit.RLTrainer.from_config(cfg)
+    policy = trainer.loop.policy
+    assert trainer.loop.experience.ref is policy  # no second copy of the weights
+    assert trainer.loop.engine.model is policy  # the hf engine generates with the adapted weights
+    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    base = AutoModelForCausalLM.from_pretrained(ws / "tiny")
+    batch = collate([traj([5, 6, 7], [8, 9]), traj([10], [11, 12, 13])], pad_id=0)
+    trainer.train()
+    after = policy.state_dict()
+    adapters = [k for k in before if "lora_" in k]
+    assert adapters and all("q_proj" in k or "v_proj" in k for k in adapters)
+    assert any(not torch.equal(before[k], after[k]) for k in adapters if "lora_B" in k)  # adapters moved
+    assert all(torch.equal(before[k], after[k]) for k in before if "lora_" not in k)  # base weights did not
+    ref_logp = trainer.loop.experience.ref_logp(batch)
+    torch.testing.assert_close(ref_logp, response_logprobs(base, batch)[0], atol=1e-6, rtol=1e-6)
+    policy_logp = response_logprobs(policy, batch)[0]
+    assert not torch.allclose(policy_logp, ref_logp, atol=1e-6)  # the adapters are active outside the ref pass
+    final = tmp_path / "lora" / "final"
+    assert (final / "adapter_config.json").exists()
+    assert main(["lora", "merge", "--lora.adapter", str(final), "--ckpt.output_dir", str(tmp_path / "merged")]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    torch.testing.assert_close(response_logprobs(merged, batch)[0], policy_logp, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_in_rl_refuses_what_it_does_not_combine_with():
+    with pytest.raises(ConfigError, match="--ds.lora.rank 8 does not combine with --rollout.engine vllm yet"):
+        rlhfkit.RLConfig.from_args(["--ds.lora.rank", "8", "--rollout.engine", "vllm"])
+    assert rlhfkit.RLConfig.from_args(["--target_modules", "q_proj", "v_proj"]).ds.lora.target_modules == "q_proj,v_proj"

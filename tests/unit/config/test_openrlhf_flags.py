@@ -203,8 +203,6 @@ def test_yaml_keys_may_be_openrlhf_flags(tmp_path, caplog):
     (["--vllm_num_engines", "4"], "--vllm_num_engines: ignored: rlhfkit generates with --rollout.engine hf"),
     (["--gradient_checkpointing_use_reentrant"], "--gradient_checkpointing_use_reentrant: ignored"),
     (["--adam_offload"], "not supported yet"),
-    (["--lora_rank", "16"], "--lora_rank: not supported yet: LoRA in RL"),
-    (["--target_modules", "q_proj", "k_proj", "v_proj"], "--target_modules: not supported yet: LoRA in RL"),
     (["--enable_vllm_is_correction"], "not supported yet"),
     (["--vllm_is_truncated_threshold", "2"], "--vllm_is_truncated_threshold: not supported yet"),
     (["--vllm_is_truncated_threshold", "0.5", "5"], "--vllm_is_truncated_threshold: not supported yet"),
