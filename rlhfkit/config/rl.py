@@ -60,7 +60,7 @@ class ActorConfig:
     else the CPU), cpu, cuda or cuda:N. Batches are built on the CPU and moved to it per micro-batch."""
     gradient_checkpointing_enable: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
-    non-reentrant gradient checkpointing): the same gradients, less activation memory, ~30% more update time."""
+    non-reentrant gradient checkpointing): the same gradients, less activation memory, one more forward per update."""
     adam: AdamConfig = field(default_factory=AdamConfig)
     lr_scheduler: str = "cosine_with_min_lr"
     """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
