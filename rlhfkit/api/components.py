@@ -14,7 +14,7 @@ import torch
 from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor, load_agent_file
 from rlhfkit.agents.executor import TokenBudget
 from rlhfkit.config import RLConfig, to_dict
-from rlhfkit.config.rl import BatchPlan, RewardConfig
+from rlhfkit.config.rl import BatchPlan, RewardConfig, lora_targets
 from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.core.losses import POLICY_LOSSES
@@ -22,7 +22,8 @@ from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError, one_line, os_error_fix
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
-from rlhfkit.models.precision import DTYPES
+from rlhfkit.models.lora import add_lora
+from rlhfkit.models.precision import DTYPES, enable_gradient_checkpointing, model_device, resolve_device
 from rlhfkit.models.reward import is_reward_model_folder
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rollout.base import SamplingParams
@@ -52,16 +53,17 @@ STEP_LOGS = ("metrics.jsonl", "samples.jsonl")
 
 
 # ------------------------------------------------------------------ rewards, agents, models, engines
-def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8):
+def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, device: torch.device | str = "cpu"):
     """A reward file, builtin:NAME, http(s) reward server URL(s), or a reward-model folder
-    (--reward.model_name_or_path) -> a RewardFn. A local function must return within
-    --reward.timeout seconds; a server request within --reward.request_timeout."""
+    (--reward.model_name_or_path, scoring on `device`; with --reward.offload kept on the CPU between
+    its passes) -> a RewardFn. A local function must return within --reward.timeout seconds; a server
+    request within --reward.request_timeout."""
     r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=reward)
     url, model_path = r.remote_url, r.model_name_or_path
     if url is not None and model_path is not None:
         raise ConfigError("--reward.remote_url and --reward.model_name_or_path are both set; choose one")
     if model_path is not None:
-        return RewardModelFn(model_path, micro_batch_size=micro_batch_size)
+        return RewardModelFn(model_path, micro_batch_size=micro_batch_size, device=device, offload=r.offload)
     if url is None:
         raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func), builtin:math, "
                           "http://HOST:PORT/get_reward, --reward.model_name_or_path RM_FOLDER, "
@@ -84,22 +86,44 @@ def build_executor(cfg: RLConfig) -> SingleTurnExecutor | MultiTurnExecutor:
     return load_agent_file(BUILTIN_AGENTS.get(path, path))
 
 
-def build_models(cfg: RLConfig):
-    """Policy, tokenizer, frozen reference (only if the KL coefficient > 0) and critic (only for an
-    estimator that needs one)."""
+def run_device(cfg: RLConfig) -> torch.device:
+    """--actor.device as a torch.device (auto: CUDA when available); a ConfigError for a CUDA device
+    that is not there, raised before any model loads."""
+    return resolve_device(cfg.actor.device, "--actor.device")
+
+
+def build_models(cfg: RLConfig, device: torch.device | None = None):
+    """Policy (with LoRA adapters when --ds.lora.rank > 0), tokenizer, frozen reference (only if the KL
+    coefficient > 0; with LoRA the policy itself, run with its adapters disabled) and critic (only for an
+    estimator that needs one), on `device` (default: --actor.device); with --ref.offload the reference
+    stays on the CPU (the experience stage moves it for its pass)."""
+    device = run_device(cfg) if device is None else device
     torch.manual_seed(cfg.train.seed)
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    lora = cfg.ds.lora
+    if lora.rank > 0:
+        policy = add_lora(policy, lora.rank, lora.alpha, lora_targets(lora), lora.dropout)
     ref = None
     if cfg.algo.kl.init_coef > 0:
         if cfg.ref.model_name_or_path:
             ref, _ = load_policy(cfg.ref.model_name_or_path, cfg.actor.dtype)
+        elif lora.rank > 0:
+            ref = policy  # the base weights: the experience stage disables the adapters for its pass
         else:
             ref = copy.deepcopy(policy)
-        ref.eval().requires_grad_(False)
+        if ref is not policy:
+            ref.eval().requires_grad_(False)
     critic = None
     if ESTIMATORS[cfg.algo.advantage.estimator].needs_critic:
         path, _ = resolve_model(cfg.critic.model_name_or_path or cfg.actor.model_name_or_path)
         critic = Critic.from_reward_model(path) if is_reward_model_folder(path) else Critic.from_causal_lm(path)
+    policy.to(device)
+    if critic is not None:
+        critic.to(device)
+    if ref is not None and ref is not policy and not cfg.ref.offload:
+        ref.to(device)
+    if cfg.actor.gradient_checkpointing_enable:
+        enable_gradient_checkpointing(policy)
     return policy, tokenizer, ref, critic
 
 
@@ -217,7 +241,7 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
         policy, ref, critic, batcher, estimator=adv.estimator, gamma=adv.gamma, lam=adv.lambd,
         whiten=WHITEN[adv.whiten], reward_clip=w.clip_range, kl_estimator=k.estimator, kl_in_reward=not k.use_loss,
         multi_step=plan.optimizer_steps_per_rollout > 1, temperature=temperature, autocast=a.autocast,
-        proximal=decoupled)
+        proximal=decoupled, ref_device=model_device(policy) if cfg.ref.offload else None)
     lo, hi = a.eps_clip_low_high
     is_low, is_high = adv.is_correction_threshold
     losses = LossSettings(eps_low=lo, eps_high=hi, dual_clip=a.dual_clip,

@@ -117,6 +117,7 @@ class RLTrainer:
             torch.set_num_threads(cfg.train.num_threads)
         if cfg.rollout.engine == "vllm":  # fail fast, before models load
             require_vllm()
+        device = C.run_device(cfg)  # a CUDA device that is not there fails here, before models load
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
         run_dir = C.prepare_run_dir(cfg, rank)
         executor = C.build_executor(cfg)
@@ -124,8 +125,8 @@ class RLTrainer:
             reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
                                        remote_options=C.remote_options(cfg.reward))
         elif not executor.provides_rewards:  # an agent's step() gives the rewards
-            reward_fn = C.load_reward(cfg.reward, cfg.train.micro_batch_size)
-        policy, tokenizer, ref, critic = C.build_models(cfg)
+            reward_fn = C.load_reward(cfg.reward, cfg.train.micro_batch_size, device)
+        policy, tokenizer, ref, critic = C.build_models(cfg, device)
         state_fn = C.shard_for_fsdp(cfg, policy, ref, critic, world) if cfg.fsdp.enable else None
         if make_engine is not None:
             engine = make_engine(policy, tokenizer)

@@ -34,7 +34,7 @@ from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft, load_unpai
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import load_tokenizer
 from rlhfkit.models.lora import add_lora
-from rlhfkit.models.precision import DTYPES
+from rlhfkit.models.precision import DTYPES, enable_gradient_checkpointing, resolve_device
 from rlhfkit.models.reward import init_reward_model
 from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.tracking.run import RunTracker
@@ -56,8 +56,10 @@ CURVES = {
 }
 
 
-def build_model(kind: str, cfg) -> tuple[torch.nn.Module, Any, torch.nn.Module | None]:
-    """(model, tokenizer, reference or None); LoRA adapters when --ds.lora.rank > 0."""
+def build_model(kind: str, cfg, device: torch.device | None = None) -> tuple[torch.nn.Module, Any, torch.nn.Module | None]:
+    """(model, tokenizer, reference or None) on `device` (default: --model.device); LoRA adapters
+    when --ds.lora.rank > 0; gradient checkpointing with --model.gradient_checkpointing_enable."""
+    device = resolve_device(cfg.model.device, "--model.device") if device is None else device
     torch.manual_seed(cfg.train.seed)
     m, lora = cfg.model, cfg.ds.lora
     if kind == "rm":
@@ -75,6 +77,11 @@ def build_model(kind: str, cfg) -> tuple[torch.nn.Module, Any, torch.nn.Module |
     if lora.rank > 0:
         model = add_lora(model, lora.rank, lora.alpha, lora_targets(lora), lora.dropout,
                          task_type="SEQ_CLS" if kind == "rm" else "CAUSAL_LM")
+    if m.gradient_checkpointing_enable:
+        enable_gradient_checkpointing(model)
+    model.to(device)
+    if ref is not None:
+        ref.to(device)
     return model, tokenizer, ref
 
 
@@ -143,8 +150,9 @@ class SupervisedTrainer:
                               "datasets folder); from Python, pass train_dataset= to from_config")
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
+        device = resolve_device(cfg.model.device, "--model.device")  # before the run folder and the model
         run_dir = create_run_dir(Path(cfg.ckpt.output_dir), cfg.logger.tensorboard_dir, to_dict(cfg))
-        model, tokenizer, ref = build_model(cls.kind, cfg)
+        model, tokenizer, ref = build_model(cls.kind, cfg, device)
         items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset,
                                                eval_dataset)
         steps = supervised.planned_steps(len(items), cfg.train)

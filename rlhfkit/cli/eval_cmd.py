@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.api.components import build_engine, create_run_dir, load_reward, make_evaluator, prompt_options
+from rlhfkit.api.components import (build_engine, create_run_dir, load_reward, make_evaluator, prompt_options,
+                                    run_device)
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.data.prompts import check_prompts, load_prompts
 from rlhfkit.errors import ConfigError
@@ -45,9 +46,11 @@ def run(argv: list[str]) -> int:
     verifier = load_reward(e.verifier) if e.verifier else None  # fail fast, before the model
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
+    device = run_device(cfg)  # a CUDA device that is not there fails before the model loads
     out = create_run_dir(Path(cfg.ckpt.output_dir), None, None)  # a bad output path fails before the model loads
     t0 = time.perf_counter()
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    policy.to(device)
     engine = build_engine(policy, tokenizer, cfg)
     examples = load_prompts(e.dataset, tokenizer=tokenizer, **options)
     items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)

@@ -66,7 +66,7 @@ ZERO = ("ignored: DeepSpeed is not used; to shard the policy over GPUs (ZeRO-3's
         "--fsdp.enable true (docs/scaling.md), otherwise one process holds the whole model")
 SUP_ZERO = "ignored: DeepSpeed is not used; train sft|rm|dpo|kto hold the whole model in one process"
 DEEPSPEED = "ignored: DeepSpeed tuning; rlhfkit trains with plain PyTorch (same math)"
-GRAD_CKPT = "not supported yet: activations are kept for the backward pass (more memory, same result)"
+REENTRANT = "ignored: rlhfkit's gradient checkpointing is the non-reentrant kind (same gradients)"
 OFFLOAD = "not supported yet: models and optimizer state stay on the training device (same result)"
 SLEEP = ("not supported yet: the trainer's weights stay on the GPU while vLLM generates "
          "(--vllm.enable_sleep true frees vLLM's memory during training)")
@@ -84,7 +84,6 @@ DS_CKPT = "ignored: rlhfkit writes no DeepSpeed checkpoints; its checkpoints are
 DS_CKPT_PATH = "ignored: rlhfkit keeps checkpoints in <--ckpt.output_dir>/checkpoints"
 CKPT_MEM = "ignored: rlhfkit keeps the newest --ckpt.max_num checkpoints (no size limit)"
 BEST_CKPT = "not supported yet: no best-checkpoint copy; the eval metrics are in metrics.jsonl"
-LORA_RL = "not supported yet: LoRA in RL; rlhfkit trains all of the policy's weights"
 QLORA = "not supported yet: 4-bit base weights; the model is trained in its --model.dtype / --actor.dtype"
 PARTIAL = "not supported yet: each response is generated whole with one policy version"
 TEXT_ONLY = "ignored: rlhfkit trains text-only models"
@@ -181,9 +180,13 @@ _rl("deepcompile ds.deepcompile",
     notice("ignored: DeepSpeed's compiler is not used; --train.compile_enable true compiles the policy's layers"))
 _rl("ds_tensor_parallel_size ds.tensor_parallel_size", notice(TP, 1))
 _rl("ring_attn_size ring_head_stride ds.ring_attn_size ds.ring_attn_head_stride", notice(RING, 1))
-_rl("gradient_checkpointing gradient_checkpointing_use_reentrant actor.gradient_checkpointing_enable "
-    "actor.gradient_checkpointing_reentrant", notice(GRAD_CKPT))
-_rl("adam_offload ds.adam_offload ref_reward_offload ref.offload reward.offload", notice(OFFLOAD))
+_rl("gradient_checkpointing actor.gradient_checkpointing_enable", to("actor.gradient_checkpointing_enable", 0))
+_rl("gradient_checkpointing_use_reentrant actor.gradient_checkpointing_reentrant", notice(REENTRANT))
+_rl("adam_offload ds.adam_offload", notice(OFFLOAD))
+_rl("ref_reward_offload", conv(lambda vals, given: {"ref.offload": "true", "reward.offload": "true"},
+                               "`--ref.offload true --reward.offload true`", 0))
+_rl("ref.offload", to("ref.offload", 0))
+_rl("reward.offload", to("reward.offload", 0))
 _rl("deepspeed_enable_sleep ds.enable_sleep", notice(SLEEP))
 _rl("actor_init_on_gpu", notice("ignored: rlhfkit loads models on the training device"))
 _rl("flash_attn", notice(ATTN))
@@ -200,8 +203,10 @@ _rl("full_determinism train.full_determinism_enable", notice(DETERMINISM))
 _rl("disable_fast_tokenizer data.disable_fast_tokenizer", notice(FAST_TOKENIZER))
 _rl("dataloader_num_workers data.dataloader_num_workers", notice(WORKERS, 1))
 _rl("load_in_4bit ds.load_in_4bit", notice(QLORA))
-_rl("lora_rank lora_alpha lora_dropout ds.lora.rank ds.lora.alpha ds.lora.dropout", notice(LORA_RL, 1))
-_rl("target_modules ds.lora.target_modules", notice(LORA_RL, "*"))
+for _key in ("rank", "alpha", "dropout"):
+    _rl(f"lora_{_key} ds.lora.{_key}", to(f"ds.lora.{_key}"))
+_rl("target_modules ds.lora.target_modules", Alias("mapped", "*", to="ds.lora.target_modules", convert=_lora_targets,
+                                                   note="the names comma-separated"))
 _rl("ds.value_head_prefix value_head_prefix", notice(VALUE_HEAD, 1))
 _rl("param_dtype ds.param_dtype", conv(_dtype("actor.dtype"), "`--actor.dtype bfloat16` (bf16 parameters, "
                                         "float32 master weights as DeepSpeed keeps them); fp16 is refused"))
@@ -366,8 +371,8 @@ def _supervised_rules() -> dict[str, Alias]:
     add("overlap_comm ds.overlap_comm deepcompile ds.deepcompile", notice(DEEPSPEED))
     add("ds_tensor_parallel_size ds.tensor_parallel_size", notice(TP, 1))
     add("ring_attn_size ring_head_stride ds.ring_attn_size ds.ring_attn_head_stride", notice(RING, 1))
-    add("gradient_checkpointing gradient_checkpointing_use_reentrant model.gradient_checkpointing_enable "
-        "model.gradient_checkpointing_reentrant", notice(GRAD_CKPT))
+    add("gradient_checkpointing model.gradient_checkpointing_enable", to("model.gradient_checkpointing_enable", 0))
+    add("gradient_checkpointing_use_reentrant model.gradient_checkpointing_reentrant", notice(REENTRANT))
     add("adam_offload ds.adam_offload ref_offload ref.offload", notice(OFFLOAD))
     add("flash_attn", notice(ATTN))
     add("attn_implementation ds.attn_implementation", notice(ATTN, 1))

@@ -12,6 +12,7 @@ from rlhfkit.config.parse import parse_config
 from rlhfkit.config.ranges import validate_table
 from rlhfkit.config.rl import AdamConfig
 from rlhfkit.config.sft import (
+    OWN_ALIASES,
     SUPERVISED_RANGES,
     DSConfig,
     ModelConfig,
@@ -39,7 +40,7 @@ class RMConfig:
     @classmethod
     def from_args(cls, argv: list[str]) -> RMConfig:
         """The validated config of `rlhfkit train rm ARGV` (flags, aliases, `--config FILE.yaml`)."""
-        return validate_rm(parse_config(cls, argv, aliases=RM_ALIASES))
+        return validate_rm(parse_config(cls, argv, aliases={**RM_ALIASES, **OWN_ALIASES}))
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class DPOConfig:
     def from_args(cls, argv: list[str], kind: str = "dpo") -> DPOConfig:
         """The validated config of `rlhfkit train KIND ARGV`, KIND "dpo" or "kto" (validated as KTO)."""
         aliases = KTO_ALIASES if kind == "kto" else DPO_ALIASES
-        return validate_dpo(parse_config(cls, argv, aliases=aliases), kind)
+        return validate_dpo(parse_config(cls, argv, aliases={**aliases, **OWN_ALIASES}), kind)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ derived batch arithmetic of OpenRLHF's PPO loop.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from rlhfkit.config.openrlhf import RL_FLAGS
@@ -54,7 +55,13 @@ class ActorConfig:
     """Parameter dtype: float32 or bfloat16 (never float16: ~200x slower on CPU). bfloat16 keeps float32
     master weights and gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 mode."""
     autocast: str | None = "bfloat16"
-    """Compute dtype for forward passes (torch.autocast); none = the parameter dtype."""
+    """Compute dtype for forward passes (torch.autocast on --actor.device's type); none = the parameter dtype."""
+    device: str = "auto"
+    """Where the policy, reference, critic, reward model and the hf engine run: auto (CUDA when available,
+    else the CPU), cpu, cuda or cuda:N. Batches are built on the CPU and moved to it per micro-batch."""
+    gradient_checkpointing_enable: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
+    non-reentrant gradient checkpointing): the same gradients, less activation memory, one more forward per update."""
     adam: AdamConfig = field(default_factory=AdamConfig)
     lr_scheduler: str = "cosine_with_min_lr"
     """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
@@ -101,6 +108,10 @@ class RefConfig:
 
     model_name_or_path: str | None = None
     """Reference model for the KL term; defaults to the actor's initial weights."""
+    offload: bool = False
+    """Keep the reference on the CPU between its passes and move it to --actor.device for the
+    experience stage only (frees its weights' device memory during generation and the update;
+    the same numbers). A no-op when --actor.device is the CPU."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,9 @@ class RewardConfig:
     http(s):// reward server URLs (comma-separated: requests are sharded across them)."""
     model_name_or_path: str | None = None
     """A reward-model folder from `rlhfkit train rm`; reward = (score - mean) / std from its config."""
+    offload: bool = False
+    """Keep the reward model (--reward.model_name_or_path) on the CPU between its passes and move it to
+    --actor.device to score (the same rewards). A no-op when --actor.device is the CPU."""
     request_timeout: float = 60.0
     """HTTP reward: seconds to wait for one request."""
     max_retries: int = 3
@@ -439,6 +453,29 @@ class FSDPConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (peft) instead of full fine-tuning."""
+
+    rank: int = 0
+    """LoRA rank; 0 = full fine-tuning."""
+    alpha: int = 16
+    """LoRA scaling: the update is scaled by alpha / rank."""
+    target_modules: str = "all-linear"
+    """Comma-separated module names (q_proj,v_proj) or all-linear."""
+    dropout: float = 0.0
+    """Dropout on the LoRA branch's input."""
+
+
+@dataclass(frozen=True)
+class RLDSConfig:
+    """LoRA adapters on the policy (OpenRLHF's DeepSpeed section): only the adapters train; the
+    reference of the KL term is the base model (the policy with its adapters disabled, no second
+    copy of the weights); final/ is peft's adapter folder (`rlhfkit lora merge` folds it in)."""
+
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass(frozen=True)
 class RLConfig:
     """Every setting of `rlhfkit train rl`, one section per component (`--section.name VALUE`)."""
 
@@ -457,6 +494,7 @@ class RLConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    ds: RLDSConfig = field(default_factory=RLDSConfig)
 
     @classmethod
     def from_args(cls, argv: list[str]) -> RLConfig:
@@ -474,6 +512,7 @@ RL_ALIASES: dict[str, str | Alias] = {
     "algo.overlong_buffer_len": "reward.overlong_buffer_len",
     "algo.overlong_penalty_factor": "reward.overlong_penalty_factor",
     "distributed.fsdp": "fsdp.enable",
+    "device": "actor.device",
 }
 
 
@@ -529,6 +568,7 @@ RL_RANGES = validate_table({
     "eval.temperature": ">= 0",
     "distributed.num_cpus": ">= 1", "distributed.num_gpus_per_worker": ">= 0", "distributed.num_gpus_trainer": ">= 0",
     "vllm.gpu_memory_utilization": "(0, 1]", "vllm.tensor_parallel_size": ">= 1",
+    "ds.lora.rank": ">= 0", "ds.lora.alpha": "> 0", "ds.lora.dropout": "[0, 1)",
 })
 
 
@@ -549,6 +589,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
              f"got {a.advantage.is_correction_threshold[0]}")
     if cfg.actor.autocast is not None:
         _one_of("actor.autocast", cfg.actor.autocast, DTYPES)
+    check_device("--actor.device", cfg.actor.device)
     if a.advantage.estimator in GROUP_ESTIMATORS:
         _require(r.n_samples_per_prompt >= 2,
                  f"--algo.advantage.estimator {a.advantage.estimator} compares samples of one prompt: "
@@ -572,6 +613,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _validate_eval(cfg)
     _validate_distributed(cfg)
     _validate_scale(cfg)
+    _validate_lora(cfg)
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
     _one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
     return BatchPlan(
@@ -579,6 +621,15 @@ def validate(cfg: RLConfig) -> BatchPlan:
         micro_batches_per_step=t.batch_size // t.micro_batch_size,
         optimizer_steps_per_rollout=samples // t.batch_size * t.max_epochs,
     )
+
+
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+
+
+def check_device(flag: str, name: str) -> None:
+    """`name` is auto, cpu, cuda or cuda:N (whether CUDA is there is checked where the models load)."""
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", name) is not None,
+             f"{flag} {name!r}: not a device; valid: {DEVICE_NAMES}")
 
 
 def check_input_template(template: str | None, flag: str = "--data.input_template") -> None:
@@ -639,6 +690,24 @@ def _validate_scale(cfg: RLConfig) -> None:
     _require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
              "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
              "workers is not supported yet")
+
+
+def _validate_lora(cfg: RLConfig) -> None:
+    """LoRA in RL runs in one process with the hf engine (which generates with the adapted weights)."""
+    if cfg.ds.lora.rank == 0:
+        return
+    for on, what in ((cfg.fsdp.enable, "--fsdp.enable"), (cfg.rollout.engine == "vllm", "--rollout.engine vllm"),
+                     (cfg.distributed.backend == "ray", "--distributed.backend ray"),
+                     (cfg.actor.ema_beta is not None, "--actor.ema_beta")):
+        _require(not on, f"--ds.lora.rank {cfg.ds.lora.rank} does not combine with {what} yet: drop one of them "
+                         "(LoRA in RL runs in one process with --rollout.engine hf)")
+
+
+def lora_targets(lora: LoraConfig) -> tuple[str, ...] | str:
+    """'all-linear' stays a string; 'q_proj,v_proj' becomes a tuple of names."""
+    if lora.target_modules.strip() == "all-linear":
+        return "all-linear"
+    return tuple(m.strip() for m in lora.target_modules.split(",") if m.strip())
 
 
 def _divisor_hint(total: int, wanted: int) -> int:

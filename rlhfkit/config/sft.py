@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
-from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, AdamConfig,
-                               check_input_template)
+from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, AdamConfig, LoraConfig,
+                               check_device, check_input_template)
+from rlhfkit.config.rl import lora_targets  # noqa: F401  (LoRA is defined with train rl's config; kept here)
 from rlhfkit.errors import ConfigError
 
 
@@ -28,7 +29,14 @@ class ModelConfig:
     dtype: str = "float32"
     """Parameter dtype: float32 or bfloat16."""
     autocast: str | None = None
-    """Compute dtype of forward passes (torch.autocast), e.g. bfloat16; none = parameter dtype."""
+    """Compute dtype of forward passes (torch.autocast on --model.device's type), e.g. bfloat16; none =
+    parameter dtype."""
+    device: str = "auto"
+    """Where the model (and the reference of dpo / kto) trains: auto (CUDA when available, else the
+    CPU), cpu, cuda or cuda:N."""
+    gradient_checkpointing_enable: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (transformers' non-reentrant gradient checkpointing): the same gradients, less activation memory."""
 
 
 @dataclass(frozen=True)
@@ -107,20 +115,6 @@ class SupervisedTrainConfig:
 
 
 @dataclass(frozen=True)
-class LoraConfig:
-    """LoRA adapters (peft) instead of full fine-tuning."""
-
-    rank: int = 0
-    """LoRA rank; 0 = full fine-tuning."""
-    alpha: int = 16
-    """LoRA scaling: the update is scaled by alpha / rank."""
-    target_modules: str = "all-linear"
-    """Comma-separated module names (q_proj,v_proj) or all-linear."""
-    dropout: float = 0.0
-    """Dropout on the LoRA branch's input."""
-
-
-@dataclass(frozen=True)
 class DSConfig:
     """Memory and layout: sample packing, LoRA (OpenRLHF's DeepSpeed section)."""
 
@@ -166,12 +160,14 @@ class SFTConfig:
     def from_args(cls, argv: list[str]) -> SFTConfig:
         """The validated config of `rlhfkit train sft ARGV` (dotted flags, OpenRLHF's flat aliases,
         `--config FILE.yaml`); ConfigError on an unknown flag or a bad value."""
-        return validate_sft(parse_config(cls, argv, aliases=SFT_ALIASES))
+        return validate_sft(parse_config(cls, argv, aliases={**SFT_ALIASES, **OWN_ALIASES}))
 
 
 # OpenRLHF's flags (flat and dotted names: mapped, noticed or refused; see config/openrlhf.py):
 # SFT_ALIASES are train_sft's, SUPERVISED_ALIASES those of all of train_sft|rm|dpo|kto.
 SUPERVISED_ALIASES: dict[str, Alias] = SUPERVISED_RULES
+# Short names of our own flags, shared by train sft|rm|dpo|kto (RL_ALIASES has train rl's).
+OWN_ALIASES: dict[str, str | Alias] = {"device": "model.device"}
 
 
 def require(cond: bool, msg: str) -> None:
@@ -198,6 +194,7 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
     t = cfg.train
     require(cfg.model.dtype in DTYPES, f"--model.dtype: unknown value {cfg.model.dtype!r}; valid: {', '.join(DTYPES)}")
     require(cfg.model.autocast in (None, *DTYPES), f"--model.autocast must be one of {', '.join(DTYPES)} or none")
+    check_device("--model.device", cfg.model.device)
     require(cfg.logger.log_level in LOG_LEVELS, f"--logger.log_level: unknown value "
             f"{cfg.logger.log_level!r}; valid: {', '.join(LOG_LEVELS)}")
     require(t.lr_scheduler in LR_SCHEDULERS,
@@ -210,10 +207,3 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
 def validate_sft(cfg: SFTConfig) -> SFTConfig:
     validate_common(cfg)
     return cfg
-
-
-def lora_targets(lora: LoraConfig) -> tuple[str, ...] | str:
-    """'all-linear' stays a string; 'q_proj,v_proj' becomes a tuple of names."""
-    if lora.target_modules.strip() == "all-linear":
-        return "all-linear"
-    return tuple(m.strip() for m in lora.target_modules.split(",") if m.strip())

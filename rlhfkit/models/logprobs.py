@@ -147,11 +147,14 @@ def attention_implementation(model: torch.nn.Module, name: str):
 def attention_for(model: torch.nn.Module, batch):
     """Eager attention for a 4-D-masked (shared-prefix) batch on CPU: with a dense custom mask
     over short rows, torch's CPU SDPA kernel was slower than eager attention (forward + backward
-    of SmolLM2 on 32 samples: 6.2 s eager vs 7.3 s SDPA, 1 thread; bench/). Elsewhere unchanged."""
+    of SmolLM2 on 32 samples: 6.2 s eager vs 7.3 s SDPA, 1 thread; bench/). Elsewhere unchanged, and
+    also under gradient checkpointing: the backward recomputes each layer after the swap is undone, so
+    the forward must run the attention the recomputation will."""
     config = getattr(model, "config", None)
     mask = batch.attention_mask
+    checkpointing = model.training and getattr(model, "is_gradient_checkpointing", False)
     swap = (config is not None and getattr(config, "_attn_implementation", None) == "sdpa" and mask is not None
-            and mask.dim() == 4 and mask.device.type == "cpu")
+            and mask.dim() == 4 and mask.device.type == "cpu" and not checkpointing)
     return attention_implementation(model, "eager") if swap else contextlib.nullcontext()
 
 

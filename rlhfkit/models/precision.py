@@ -1,10 +1,14 @@
-"""The compute-dtype context of forward passes (torch.autocast on the model's device type)."""
+"""Where and in what dtype forward passes run: the device a run's models sit on (`resolve_device`),
+torch.autocast on that device's type (`autocast_ctx`), a model kept on the CPU between its passes
+(`on_device`), gradient checkpointing, and the peak device memory of a stage (`peak_memory`)."""
 
 from __future__ import annotations
 
 import contextlib
 
 import torch
+
+from rlhfkit.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -14,3 +18,67 @@ def autocast_ctx(dtype_name: str | None, device_type: str = "cpu"):
     if dtype_name == "bfloat16":
         return torch.autocast(device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def resolve_device(name: str, flag: str = "--actor.device") -> torch.device:
+    """auto -> cuda when torch sees a CUDA device, else cpu; cpu, cuda, cuda:N as named. A CUDA
+    device that is not there is a ConfigError naming `flag` (raised before any model loads)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{flag} {name}: torch sees no CUDA device here (torch {torch.__version__}); "
+                          f"use {flag} cpu (or auto), or install a CUDA build of torch")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ConfigError(f"{flag} {name}: only {count} CUDA device(s) here (cuda:0 to cuda:{count - 1})")
+    return device
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of `model`'s first parameter (the CPU for a model without parameters)."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def on_device(model: torch.nn.Module | None, device: torch.device | str | None):
+    """Move `model` to `device` for the block and back to the CPU after it (an offloaded model:
+    its weights use device memory only during its own passes). None, or the CPU: nothing moves."""
+    device = None if device is None else torch.device(device)
+    if model is None or device is None or device.type == "cpu":
+        yield model
+        return
+    model.to(device)
+    try:
+        yield model
+    finally:
+        model.to("cpu")
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """transformers' non-reentrant gradient checkpointing on `model` (a peft model: on its base);
+    it acts in training mode only, so the no-grad passes of rollout and experience are unchanged."""
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(target, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"{type(target).__name__} does not support gradient checkpointing; drop "
+                          "--actor.gradient_checkpointing_enable / --model.gradient_checkpointing_enable")
+    kwargs = {"use_reentrant": False}
+    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5.2x names it so
+        target.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@contextlib.contextmanager
+def peak_memory(device: torch.device, out: dict[str, float], key: str):
+    """On a CUDA `device`, out[key] = the peak memory allocated during the block (GiB; the larger
+    one when the block runs again); elsewhere nothing is measured."""
+    if device.type != "cuda":
+        yield
+        return
+    torch.cuda.reset_peak_memory_stats(device)
+    yield
+    out[key] = max(out.get(key, 0.0), torch.cuda.max_memory_allocated(device) / 1024**3)

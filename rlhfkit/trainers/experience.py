@@ -7,6 +7,7 @@ KL coefficient > 0), values (critic estimators only), per-token KL ──► adv
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from rlhfkit.core.kl import approx_kl
 from rlhfkit.data.batch import TokenBatch, collate, pad_response_values, select_rows
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import response_logprobs
-from rlhfkit.models.precision import autocast_ctx
+from rlhfkit.models.precision import autocast_ctx, on_device
 from rlhfkit.trainers.batching import MicroBatcher
 
 Layout = Callable[[TokenBatch, torch.Tensor], object]  # (batch, rows) -> a batch of any layout (data.packing)
@@ -141,13 +142,19 @@ class ExperienceMaker:
     one optimizer step per rollout batch, so the old logprobs must be computed before the first one.
     `temperature`: the sampling temperature the logprobs are computed under. `proximal`: the old
     logprobs are computed even for a single step, as decoupled PPO's proximal policy (the trainer's
-    weights before the update, apart from the engine's behaviour logprobs)."""
+    weights before the update, apart from the engine's behaviour logprobs). `ref` may be the policy
+    itself (a peft LoRA model): its reference pass runs with the adapters disabled (the base weights,
+    no second copy). `ref_device`: with --ref.offload the reference waits on the CPU and moves to this
+    device for the experience stage (None: it stays where it is). Experience tensors stay on the CPU;
+    the forwards run on the models' device."""
 
     def __init__(self, policy: torch.nn.Module, ref: torch.nn.Module | None, critic: torch.nn.Module | None,
                  batcher: MicroBatcher, *, estimator: str, gamma: float, lam: float, whiten: bool | str,
                  reward_clip: tuple[float, float] | None, kl_estimator: str, kl_in_reward: bool, multi_step: bool,
-                 temperature: float, autocast: str | None, proximal: bool = False):
+                 temperature: float, autocast: str | None, proximal: bool = False,
+                 ref_device: torch.device | None = None):
         self.policy, self.ref, self.critic, self.batcher = policy, ref, critic, batcher
+        self.ref_device = ref_device
         self.estimator, self.gamma, self.lam, self.whiten, self.reward_clip = estimator, gamma, lam, whiten, reward_clip
         self.kl_estimator, self.kl_in_reward, self.multi_step = kl_estimator, kl_in_reward, multi_step
         self.temperature, self.autocast, self.proximal = temperature, autocast, proximal
@@ -162,13 +169,14 @@ class ExperienceMaker:
             token_rewards = torch.nn.functional.pad(token_rewards.float(), (0, r - token_rewards.shape[1]))[:, :r]
         kl_in_reward = kl_coef > 0 and self.kl_in_reward
         device_type = next(self.policy.parameters()).device.type
-        with autocast_ctx(self.autocast, device_type):
+        offloaded = self.ref if self.ref is not self.policy and kl_coef > 0 else None
+        with autocast_ctx(self.autocast, device_type), on_device(offloaded, self.ref_device):
             exp = make_experience(
                 batch, rewards, group_ids, estimator=self.estimator, gamma=self.gamma, lam=self.lam,
                 whiten=self.whiten, reward_clip=self.reward_clip, kl_coef=kl_coef, kl_estimator=self.kl_estimator,
                 kl_in_reward=kl_in_reward,
                 policy_logp=self.logp_of(self.policy) if self.multi_step or kl_in_reward or self.proximal else None,
-                ref_logp=self.logp_of(self.ref) if self.ref is not None and kl_coef > 0 else None,
+                ref_logp=self.ref_logp if self.ref is not None and kl_coef > 0 else None,
                 values=self.values if self.critic is not None else None,
                 chunks=self.batcher.cut(batch, group_ids, torch.arange(len(trajs))), layout=self.batcher.layout(batch),
                 token_rewards=token_rewards,
@@ -178,8 +186,14 @@ class ExperienceMaker:
 
     def logp_of(self, model: torch.nn.Module) -> Callable[[TokenBatch], torch.Tensor]:
         def fn(mb: TokenBatch) -> torch.Tensor:
-            return response_logprobs(model, mb, temperature=self.temperature)[0]
+            return response_logprobs(model, mb, temperature=self.temperature)[0].to(mb.input_ids.device)
         return fn
 
+    def ref_logp(self, mb: TokenBatch) -> torch.Tensor:
+        """The reference's logprobs [B, R]; the policy itself as reference: with its adapters disabled."""
+        base = self.policy.disable_adapter() if self.ref is self.policy else contextlib.nullcontext()
+        with base:
+            return self.logp_of(self.ref)(mb)
+
     def values(self, mb: TokenBatch) -> torch.Tensor:
-        return self.critic.response_values(mb)
+        return self.critic.response_values(mb).to(mb.input_ids.device)

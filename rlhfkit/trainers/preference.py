@@ -20,7 +20,7 @@ from rlhfkit.data.batch import collate
 from rlhfkit.data.supervised import TokenSample
 from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.models.reward import reward_scores
-from rlhfkit.models.precision import autocast_ctx
+from rlhfkit.models.precision import autocast_ctx, model_device
 from rlhfkit.trainers.supervised import StepLoop, build_learner, make_batch, planned_steps
 
 
@@ -60,8 +60,9 @@ class RMTrainer(_PreferenceTrainer):
 
     def scores(self, samples: Sequence[TokenSample]) -> torch.Tensor:
         batch = collate(samples, self.tokenizer.pad_token_id)
-        with autocast_ctx(self.cfg.model.autocast):
-            return reward_scores(self.model, batch.input_ids, batch.attention_mask)
+        device = model_device(self.model)
+        with autocast_ctx(self.cfg.model.autocast, device.type):
+            return reward_scores(self.model, batch.input_ids.to(device), batch.attention_mask.to(device))
 
     def micro_loss(self, pairs: list, step_pairs: list) -> tuple[torch.Tensor, dict[str, float]]:
         b, w = len(pairs), len(pairs) / len(step_pairs)
@@ -97,9 +98,9 @@ class RMTrainer(_PreferenceTrainer):
 def sequence_logprobs(model, samples: Sequence, pad_id: int, packing: bool, autocast: str | None) -> torch.Tensor:
     """Summed response logprobs [N] of each sample (N = len(samples))."""
     batch = make_batch(samples, pad_id, packing)
-    with autocast_ctx(autocast):
+    with autocast_ctx(autocast, model_device(model).type):
         logp = response_logprobs(model, batch)[0].float()
-    return masked_sum(logp, batch.loss_mask, dim=-1)
+    return masked_sum(logp, batch.loss_mask.to(logp.device), dim=-1)
 
 
 class DPOTrainer(_PreferenceTrainer):
@@ -141,8 +142,8 @@ class KTOTrainer(DPOTrainer):
         samples = [it.sample for it in items]
         kl = [TokenSample(samples[i].prompt_ids, samples[(i + 1) % b].response_ids, samples[(i + 1) % b].loss_mask)
               for i in range(b)]
-        good = torch.tensor([it.desirable for it in items])
         pi = self.seq_logp(self.model, samples + kl)
+        good = torch.tensor([it.desirable for it in items], device=pi.device)
         with torch.no_grad():
             ref = self.seq_logp(self.ref, samples + kl)
         loss, met = kto_loss(pi[:b][good], pi[:b][~good], pi[b:], ref[:b][good], ref[:b][~good], ref[b:],

@@ -26,6 +26,7 @@ from rlhfkit.core.kl import approx_kl
 from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import TrainingError
 from rlhfkit.models import save_hf_folder
+from rlhfkit.models.precision import model_device, peak_memory
 from rlhfkit.rollout.base import GenerationEngine
 from rlhfkit.trainers.experience import Experience, ExperienceMaker
 from rlhfkit.trainers.generate import RolloutSource
@@ -38,12 +39,17 @@ Callback = Callable[["RLLoop", int, dict], None]
 
 @dataclass
 class StepTimer:
+    """Seconds per stage; on a CUDA `device` also each stage's peak allocated memory (GiB)."""
+
     times: dict[str, float] = field(default_factory=dict)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    peaks: dict[str, float] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def __call__(self, name: str):
         t0 = time.perf_counter()
-        yield
+        with peak_memory(self.device, self.peaks, name):
+            yield
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
 
 
@@ -99,7 +105,7 @@ class RLLoop:
 
     def train_step(self, batch: PromptBatch) -> dict[str, float]:
         """One RL step: generate (+ dynamic-sampling top-up), score, experience, update, weight sync."""
-        timer, t_start = StepTimer(), time.perf_counter()
+        timer, t_start = StepTimer(device=model_device(self.policy)), time.perf_counter()
         upcoming = (lambda: self.data.peek(self.data.batch_size)) if self.step + 1 < self.total_steps else None
         try:
             got = collect(self.source, self.scorer, self.group_filter, batch, self.data.take, self.data.batch_size,
@@ -122,6 +128,7 @@ class RLLoop:
         with timer("sync"):
             sync_weights(self.engine)
         metrics.update({f"time/{k}": v for k, v in timer.times.items()})
+        metrics.update({f"memory/{k}_peak_gib": v for k, v in timer.peaks.items()})
         metrics["time/step"] = time.perf_counter() - t_start
         metrics["rollout_tokens_per_s"] = got.generated_tokens / max(timer.times.get("generate", 1e-9), 1e-9)
         metrics["kl_coef"] = self.kl_ctl.value

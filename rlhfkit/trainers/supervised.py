@@ -28,7 +28,7 @@ from rlhfkit.data.packing import pack
 from rlhfkit.errors import DataError
 from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.trainers.learner import Learner
-from rlhfkit.models.precision import autocast_ctx
+from rlhfkit.models.precision import autocast_ctx, model_device
 
 MicroLoss = Callable[[list, list], tuple[torch.Tensor, dict[str, float]]]
 
@@ -123,9 +123,9 @@ class SFTTrainer:
 
     def token_logprobs(self, samples: Sequence):
         batch = make_batch(samples, self.tokenizer.pad_token_id, self.cfg.ds.packing_samples)
-        with autocast_ctx(self.cfg.model.autocast):
+        with autocast_ctx(self.cfg.model.autocast, model_device(self.model).type):
             logp = response_logprobs(self.model, batch)[0]
-        return logp.float(), batch.loss_mask
+        return logp.float(), batch.loss_mask.to(logp.device)
 
     def micro_loss(self, samples: list, step_samples: list) -> tuple[torch.Tensor, dict[str, float]]:
         num_tokens = sum(int(s.loss_mask.sum()) for s in step_samples)

@@ -223,10 +223,8 @@ def test_yaml_keys_may_be_openrlhf_flags(tmp_path, caplog):
     (["--ds.zero_stage", "3"], "run under torchrun with --fsdp.enable true"),
     (["--colocate_all_models"], "--colocate_all_models: ignored: by default every model shares one process"),
     (["--vllm_num_engines", "4"], "--vllm_num_engines: ignored: rlhfkit generates with --rollout.engine hf"),
-    (["--gradient_checkpointing"], "--gradient_checkpointing: not supported yet"),
+    (["--gradient_checkpointing_use_reentrant"], "--gradient_checkpointing_use_reentrant: ignored"),
     (["--adam_offload"], "not supported yet"),
-    (["--lora_rank", "16"], "--lora_rank: not supported yet: LoRA in RL"),
-    (["--target_modules", "q_proj", "k_proj", "v_proj"], "--target_modules: not supported yet: LoRA in RL"),
     (["--partial_rollout"], "--partial_rollout: not supported yet"),
     (["--normalize_reward"], "--normalize_reward: accepted: a reward model's score is always divided"),
     (["--micro_rollout_batch_size", "16"], "--micro_rollout_batch_size: ignored: experience passes use"),
@@ -255,12 +253,12 @@ def test_notices_reach_the_cli(tmp_path, capsys, caplog):
     """`rlhfkit plan` (no model loaded) with OpenRLHF flags: exit 0, a notice per noticed flag."""
     (tmp_path / "p.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n' * 4)
     argv = ["plan", "--pretrain", "smollm2", "--prompt_data", str(tmp_path / "p.jsonl"), "--input_key", "question",
-            "--label_key", "answer", "--zero_stage", "3", "--gradient_checkpointing", "--rollout_batch_size", "4",
+            "--label_key", "answer", "--zero_stage", "3", "--adam_offload", "--rollout_batch_size", "4",
             "--n_samples_per_prompt", "4", "--train_batch_size", "16", "--micro_train_batch_size", "4"]
     with caplog.at_level(logging.WARNING, logger="rlhfkit"):
         assert main(argv) == 0
     assert "samples per rollout            16" in capsys.readouterr().out
-    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["--zero_stage", "--gradient_checkpointing"]
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["--zero_stage", "--adam_offload"]
 
 
 # ------------------------------------------------------------------ refused: one line naming what to use
@@ -367,12 +365,13 @@ OURS = """
 --actor.eps_clip_low_high 0.2 0.28 --actor.entropy_coef 0 --rollout.temperature 1.0 --rollout.top_p 1.0
 --actor.lr_warmup_ratio 0.03 --train.seed 42 --logger.wandb.project grpo-gsm8k --logger.wandb.name run1
 --vllm.tensor_parallel_size 1 --vllm.gpu_memory_utilization 0.6 --vllm.enable_sleep
+--actor.gradient_checkpointing_enable
 """.split()
 
 NOTICED = ["--ref_num_nodes", "--ref_num_gpus_per_node", "--actor_num_nodes", "--actor_num_gpus_per_node",
            "--vllm_num_engines", "--colocate_all_models", "--deepspeed_enable_sleep", "--vllm_sync_backend",
            "--enforce_eager", "--ckpt_path", "--save_hf_ckpt", "--micro_rollout_batch_size", "--zero_stage",
-           "--normalize_reward", "--gradient_checkpointing", "--packing_samples", "--flash_attn", "--adam_offload",
+           "--normalize_reward", "--packing_samples", "--flash_attn", "--adam_offload",
            "--use_wandb"]
 
 
