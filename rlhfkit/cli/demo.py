@@ -24,6 +24,7 @@ from rlhfkit.config import RLConfig
 from rlhfkit.data.prompts import PromptExample
 from rlhfkit.data.synthetic import arithmetic_problems
 from rlhfkit.models import load_tokenizer, materialize_smollm2
+from rlhfkit.models.precision import bf16_matmul_speedup
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rewards.math import lenient_correct, math_exact_reward
 from rlhfkit.trainers.build import resolve_model, tokenize_prompts
@@ -79,7 +80,12 @@ def chat_examples(records: list[dict], tokenizer) -> list[PromptExample]:
 
 def run(argv: list[str]) -> int:
     t0 = time.perf_counter()
-    cfg = RLConfig.from_args(DEMO_FLAGS + list(argv))
+    flags = DEMO_FLAGS + list(argv)
+    if not any(a.startswith(("--actor.autocast", "--bf16")) for a in argv) and bf16_matmul_speedup() < 1.0:
+        # bf16 is the demo's compute dtype where the CPU runs it natively; elsewhere it is 10-100x slower
+        print("this CPU runs bf16 matmuls slower than float32: the demo computes in float32 (--actor.autocast none)")
+        flags += ["--actor.autocast", "none"]
+    cfg = RLConfig.from_args(flags)
     run_dir = prepare_run_dir(cfg)
     print(f"rlhfkit demo: GRPO on SmolLM2-135M-Instruct, arithmetic; run folder {run_dir}")
     model_dir = materialize_smollm2()
