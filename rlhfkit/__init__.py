@@ -20,11 +20,13 @@ _LAZY = {
     "RMConfig": "rlhfkit.config.preference",
     "DPOConfig": "rlhfkit.config.preference",
     "KTOConfig": "rlhfkit.config.preference",
+    "PRMConfig": "rlhfkit.config.prm",
     "RLTrainer": "rlhfkit.api.rl",
     "SFTTrainer": "rlhfkit.api.supervised",
     "RMTrainer": "rlhfkit.api.supervised",
     "DPOTrainer": "rlhfkit.api.supervised",
     "KTOTrainer": "rlhfkit.api.supervised",
+    "PRMTrainer": "rlhfkit.api.supervised",
 }
 __all__ = ["__version__", *_LAZY]
 

@@ -7,10 +7,10 @@
     trainer.save("out/final")
 
 The supervised stages follow the same pattern (`SFTConfig` / `SFTTrainer`, `RMConfig` / `RMTrainer`,
-`DPOConfig` / `DPOTrainer`, `KTOConfig` / `KTOTrainer`).
+`DPOConfig` / `DPOTrainer`, `KTOConfig` / `KTOTrainer`, `PRMConfig` / `PRMTrainer`).
 """
 
 from rlhfkit.api.rl import RLTrainer
-from rlhfkit.api.supervised import DPOTrainer, KTOTrainer, RMTrainer, SFTTrainer
+from rlhfkit.api.supervised import DPOTrainer, KTOTrainer, PRMTrainer, RMTrainer, SFTTrainer
 
-__all__ = ["DPOTrainer", "KTOTrainer", "RLTrainer", "RMTrainer", "SFTTrainer"]
+__all__ = ["DPOTrainer", "KTOTrainer", "PRMTrainer", "RLTrainer", "RMTrainer", "SFTTrainer"]

@@ -24,7 +24,7 @@ from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
 from rlhfkit.models.lora import add_lora
 from rlhfkit.models.precision import DTYPES, enable_gradient_checkpointing, model_device, resolve_device
-from rlhfkit.models.reward import is_reward_model_folder
+from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
@@ -38,6 +38,7 @@ from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn, reward_verifie
 from rlhfkit.trainers.experience import ExperienceMaker
 from rlhfkit.trainers.generate import Generate
 from rlhfkit.trainers.learner import Learner
+from rlhfkit.trainers.prm import ProcessRewardFn
 from rlhfkit.trainers.reward_model import RewardModelFn
 from rlhfkit.trainers.rl import RLLoop
 from rlhfkit.trainers.scoring import GroupFilter, Scorer
@@ -53,15 +54,22 @@ STEP_LOGS = ("metrics.jsonl", "samples.jsonl")
 
 
 # ------------------------------------------------------------------ rewards, agents, models, engines
-def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, device: torch.device | str = "cpu"):
+def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, device: torch.device | str = "cpu",
+                estimator: str = "gae"):
     """A reward file, builtin:NAME, http(s) reward server URL(s), or a reward-model folder
     (--reward.model_name_or_path, scoring on `device`; with --reward.offload kept on the CPU between
     its passes) -> a RewardFn. A local function must return within --reward.timeout seconds; a server
-    request within --reward.request_timeout."""
+    request within --reward.request_timeout. A process reward model's folder gives a ProcessRewardFn
+    (per-step token rewards), which only the advantage `estimator`s without a group baseline take."""
     r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=reward)
     url, model_path = r.remote_url, r.model_name_or_path
     if url is not None and model_path is not None:
         raise ConfigError("--reward.remote_url and --reward.model_name_or_path are both set; choose one")
+    if model_path is not None and prm_settings(model_path) is not None:
+        if ESTIMATORS[estimator].grouped:
+            raise ConfigError(f"a process reward model gives per-token rewards, which --algo.advantage.estimator "
+                              f"{estimator} does not take; use gae or reinforce")
+        return ProcessRewardFn(model_path, micro_batch_size=micro_batch_size, device=device, offload=r.offload)
     if model_path is not None:
         return RewardModelFn(model_path, micro_batch_size=micro_batch_size, device=device, offload=r.offload)
     if url is None:

@@ -125,7 +125,8 @@ class RLTrainer:
             reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
                                        remote_options=C.remote_options(cfg.reward))
         elif not executor.provides_rewards:  # an agent's step() gives the rewards
-            reward_fn = C.load_reward(cfg.reward, cfg.train.micro_batch_size, device)
+            reward_fn = C.load_reward(cfg.reward, cfg.train.micro_batch_size, device,
+                                          cfg.algo.advantage.estimator)
         policy, tokenizer, ref, critic = C.build_models(cfg, device)
         state_fn = C.shard_for_fsdp(cfg, policy, ref, critic, world) if cfg.fsdp.enable else None
         if make_engine is not None:

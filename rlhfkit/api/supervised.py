@@ -1,4 +1,5 @@
-"""The supervised trainers of the public API: SFT, reward model (Bradley-Terry), DPO and KTO.
+"""The supervised trainers of the public API: SFT, reward model (Bradley-Terry), DPO, KTO and
+process reward model.
 
     cfg = SFTConfig.from_args(["--model.model_name_or_path", "smollm2", "--adam.lr", "1e-5"])
     trainer = SFTTrainer.from_config(cfg, train_dataset=[{"input": "2+3=", "output": "5"}, ...])
@@ -28,8 +29,10 @@ import torch
 from rlhfkit.api.components import create_run_dir
 from rlhfkit.config.parse import to_dict
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
+from rlhfkit.config.prm import PRMConfig, validate_prm
 from rlhfkit.config.sft import SFTConfig, lora_targets, validate_sft
 from rlhfkit.data.records import Source
+from rlhfkit.data.steps import load_steps
 from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft, load_unpaired
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import load_tokenizer
@@ -38,21 +41,22 @@ from rlhfkit.models.precision import DTYPES, enable_gradient_checkpointing, reso
 from rlhfkit.models.reward import init_reward_model
 from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.tracking.run import RunTracker
-from rlhfkit.trainers import preference, supervised
+from rlhfkit.trainers import preference, prm, supervised
 from rlhfkit.trainers.build import load_policy, resolve_model
 
-__all__ = ["SFTConfig", "RMConfig", "DPOConfig", "KTOConfig",
-           "SFTTrainer", "RMTrainer", "DPOTrainer", "KTOTrainer", "build_model", "load_data"]
+__all__ = ["SFTConfig", "RMConfig", "DPOConfig", "KTOConfig", "PRMConfig",
+           "SFTTrainer", "RMTrainer", "DPOTrainer", "KTOTrainer", "PRMTrainer", "build_model", "load_data"]
 
 # One entry per kind: the validation, the dataset reader and the metrics drawn in curves.png.
 VALIDATE = {"sft": validate_sft, "rm": validate_rm, "dpo": validate_dpo,
-            "kto": lambda cfg: validate_dpo(cfg, "kto")}
-LOADERS = {"sft": load_sft, "rm": load_pairs, "dpo": load_pairs, "kto": load_unpaired}
+            "kto": lambda cfg: validate_dpo(cfg, "kto"), "prm": validate_prm}
+LOADERS = {"sft": load_sft, "rm": load_pairs, "dpo": load_pairs, "kto": load_unpaired, "prm": load_steps}
 CURVES = {
     "sft": ["loss", "eval/loss", "lr"],
     "rm": ["loss", "accuracy", "eval/accuracy", "reward_margin"],
     "dpo": ["loss", "accuracy", "margin", "eval/accuracy"],
     "kto": ["loss", "chosen_reward", "rejected_reward", "kl"],
+    "prm": ["loss", "accuracy", "eval/accuracy"],
 }
 
 
@@ -95,7 +99,10 @@ def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
             "rm": dict(prompt_key=d.prompt_key, chosen_key=d.chosen_key,
                        rejected_key=d.rejected_key),
             "kto": dict(prompt_key=d.prompt_key or "prompt", output_key=d.output_key or "output",
-                        label_key=d.label_key)}[kind if kind != "dpo" else "rm"]
+                        label_key=d.label_key),
+            "prm": dict(input_key=d.input_key, label_key=d.label_key)}[kind if kind != "dpo" else "rm"]
+    if kind == "prm":
+        keys.update(placeholder=d.placeholder_token, reward_tokens=d.reward_tokens)
     load = LOADERS[kind]
     source = d.dataset if train_dataset is None else train_dataset
     items, skipped = load(source, fmt, max_len=d.max_len, max_samples=d.max_samples,
@@ -230,3 +237,10 @@ class KTOTrainer(SupervisedTrainer):
     Takes a KTOConfig or a DPOConfig (validated as KTO)."""
 
     kind, config_class, algorithm_class = "kto", DPOConfig, preference.KTOTrainer
+
+
+class PRMTrainer(SupervisedTrainer):
+    """A process reward model on step-labelled texts (trainers/prm.py); final/ is a causal-LM folder
+    whose config records its placeholder and reward tokens."""
+
+    kind, config_class, algorithm_class = "prm", PRMConfig, prm.PRMTrainer

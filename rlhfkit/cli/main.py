@@ -1,4 +1,4 @@
-"""The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto`, `lora merge`, `demo`,
+"""The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto|prm`, `lora merge`, `demo`,
 `plan`, `eval`, `view`, `serve-reward`, `version`.
 
 Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit code 2;
@@ -17,6 +17,7 @@ commands:
   train rl    RL training (PPO, REINFORCE++, GRPO, Dr.GRPO, RLOO, ...): rlhfkit train rl --help
   train sft   supervised fine-tuning (packing, LoRA): rlhfkit train sft --help
   train rm    Bradley-Terry reward model: rlhfkit train rm --help
+  train prm   process reward model on step labels: rlhfkit train prm --help
   train dpo   DPO / IPO / cDPO against a frozen reference: rlhfkit train dpo --help
   train kto   KTO on unpaired desirable / undesirable data: rlhfkit train kto --help
   lora merge  fold a LoRA adapter into its base: rlhfkit lora merge --lora.adapter DIR --ckpt.output_dir OUT
@@ -68,7 +69,7 @@ def command_help(argv: list[str]) -> str:
     kind = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
     if cmd == "train":
         if kind not in flag_help.COMMANDS:
-            return "usage: rlhfkit train rl|sft|rm|dpo|kto [flags]; rlhfkit train KIND --help lists the flags"
+            return "usage: rlhfkit train rl|sft|rm|dpo|kto|prm [flags]; rlhfkit train KIND --help lists the flags"
         return flag_help.command_help(kind)
     if cmd == "demo":
         from rlhfkit.cli.demo import DEMO_FLAGS  # noqa: PLC0415
@@ -122,7 +123,7 @@ def dispatch(argv: list[str]) -> int:
         from rlhfkit.cli import train_rl  # noqa: PLC0415
 
         return train_rl.run(rest[1:])
-    if cmd == "train" and rest and rest[0] in ("sft", "rm", "dpo", "kto"):
+    if cmd == "train" and rest and rest[0] in ("sft", "rm", "dpo", "kto", "prm"):
         from rlhfkit.cli import train_supervised  # noqa: PLC0415
 
         return train_supervised.run(rest[0], rest[1:])

@@ -22,7 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.config import preference, rl, sft
+from rlhfkit.config import preference, prm, rl, sft
 
 WIDTH = 100
 INDENT = "      "
@@ -55,6 +55,7 @@ COMMANDS: dict[str, tuple[type, dict[str, str]]] = {
     "rm": (preference.RMConfig, sft.SUPERVISED_ALIASES),
     "dpo": (preference.DPOConfig, sft.SUPERVISED_ALIASES),
     "kto": (preference.KTOConfig, sft.SUPERVISED_ALIASES),
+    "prm": (prm.PRMConfig, prm.PRM_ALIASES),
 }
 
 
@@ -229,7 +230,7 @@ def help_text(cls: type, aliases: dict[str, Any] | None = None, defaults: Any = 
 
 
 def command_help(command: str, defaults: Any = None, title: str = "") -> str:
-    """`rlhfkit train COMMAND --help` for COMMAND in rl, sft, rm, dpo, kto."""
+    """`rlhfkit train COMMAND --help` for COMMAND in rl, sft, rm, dpo, kto, prm."""
     cls, aliases = COMMANDS[command]
     usage = f"usage: rlhfkit train {command} [--config FILE.yaml] [--section.name VALUE ...] [--debug]\n"
     return help_text(cls, aliases, defaults, usage=usage, intro=title or section_doc(cls))
@@ -281,6 +282,7 @@ def doc_blocks() -> dict[str, tuple[str, str]]:
         "train_rl": ("cli/train_rl.md", markdown(rl.RLConfig)),
         "train_sft": ("cli/train_supervised.md", markdown(sft.SFTConfig)),
         "train_dpo": ("cli/train_supervised.md", markdown(preference.DPOConfig, only=dpo_only)),
+        "train_prm": ("cli/train_prm.md", markdown(prm.PRMConfig)),
     }
 
 
@@ -313,4 +315,4 @@ if __name__ == "__main__":
     elif len(sys.argv) == 2 and sys.argv[1] in COMMANDS:
         print(command_help(sys.argv[1]))
     else:
-        sys.exit("usage: python -m rlhfkit.config.help (--write-docs DOCS_DIR | rl | sft | rm | dpo | kto)")
+        sys.exit("usage: python -m rlhfkit.config.help (--write-docs DOCS_DIR | rl | sft | rm | dpo | kto | prm)")

@@ -1,7 +1,7 @@
 """OpenRLHF's command-line flags and what rlhfkit does with each: one table, as data.
 
-Every flag of OpenRLHF's `train_ppo_ray`, `train_sft`, `train_rm`, `train_dpo` (and `train_kto`,
-which releases up to 0.9.5 had) in the releases 0.8.0 to 0.11.0 is here, both the flat names
+Every flag of OpenRLHF's `train_ppo_ray`, `train_sft`, `train_rm`, `train_dpo` (and `train_kto`
+and `train_prm`, which releases up to 0.9.x had) in the releases 0.8.0 to 0.11.0 is here, both the flat names
 (`--zero_stage`, up to 0.10.1) and the dotted ones (`--ds.zero_stage`, from 0.10.2). Each is an
 `Alias` (config/parse.py) of one of three kinds:
 
@@ -12,7 +12,7 @@ which releases up to 0.9.5 had) in the releases 0.8.0 to 0.11.0 is here, both th
   (values that change nothing, such as `--aux_loss_coef 0`, are accepted).
 
 `RL_FLAGS` and `SUPERVISED_FLAGS[command]` are the alias tables of `rlhfkit train rl` and
-`rlhfkit train sft|rm|dpo|kto`; docs/migration.md is rendered from them (config/openrlhf_doc.py).
+`rlhfkit train sft|rm|dpo|kto|prm`; docs/migration.md is rendered from them (config/openrlhf_doc.py).
 Each flag's number of values follows OpenRLHF's declaration (a switch, one value, two, or a list).
 """
 
@@ -456,26 +456,34 @@ def _supervised_rules() -> dict[str, Alias]:
     add("nll_loss_coef model.nll_loss_coef",
         refuse("rlhfkit's DPO has no NLL term: drop it (or run train sft on the chosen answers)",
                harmless=("0", "0.0")))
+    add("placeholder_token", to("data.placeholder_token"))
+    add("reward_tokens", to("data.reward_tokens", 2, note="exactly two: the good-step token, then the bad-step one"))
     add("desirable_loss_weight", to("model.desirable_weight"))
     add("undesirable_loss_weight", to("model.undesirable_weight"))
     return rules
 
 
 SUPERVISED_RULES = _supervised_rules()
-# `train rm` pads its micro-batches (the score is read at each sample's last token): packing is only a layout.
+# `train rm` and `train prm` pad their micro-batches (scores are read at given tokens): packing is only a layout.
 RM_PACKING = notice("ignored: train rm pads its micro-batches (same result)")
+PRM_PACKING = notice("ignored: train prm pads its micro-batches (same result)")
 
 
 # What rlhfkit does with each, per command; RL_FLAGS is `train rl`'s.
 SUPERVISED_FLAGS: dict[str, dict[str, Alias]] = {
     kind: {name: SUPERVISED_RULES[name] for name in OPENRLHF_COMMANDS[f"train_{kind}"]}
-    for kind in ("sft", "rm", "dpo", "kto")
+    for kind in ("sft", "rm", "dpo", "kto", "prm")
 }
 SUPERVISED_FLAGS["rm"].update({"packing_samples": RM_PACKING, "ds.packing_samples": RM_PACKING})
+SUPERVISED_FLAGS["prm"].update({"packing_samples": PRM_PACKING})
+# Conditional SFT: OpenRLHF renders the score into the prompt in batch_inference (--post_processor
+# csft --reward_template); `rlhfkit train sft` renders it while reading the data.
+CONDITIONAL_SFT_ALIASES = {"reward_template": to("data.reward_template")}
 
 # The alias tables of rlhfkit's commands. `train kto` also takes the dotted names of train_dpo
 # (OpenRLHF's KTO was gone before its flags were dotted).
-SFT_ALIASES = SUPERVISED_FLAGS["sft"]
+SFT_ALIASES = {**SUPERVISED_FLAGS["sft"], **CONDITIONAL_SFT_ALIASES}
+PRM_ALIASES = SUPERVISED_FLAGS["prm"]
 RM_ALIASES = SUPERVISED_FLAGS["rm"]
 DPO_ALIASES = SUPERVISED_FLAGS["dpo"]
 KTO_ALIASES = {**{n: r for n, r in DPO_ALIASES.items() if "." in n}, **SUPERVISED_FLAGS["kto"]}

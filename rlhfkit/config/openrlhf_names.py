@@ -1,6 +1,6 @@
 """The flags of OpenRLHF's training commands (names only; what rlhfkit does with each is in
 config/openrlhf.py). Read from openrlhf/cli/<command>.py of the releases 0.8.0 to 0.11.0: flat names
-up to 0.10.1, dotted ones from 0.10.2; train_kto existed up to 0.9.5.
+up to 0.10.1, dotted ones from 0.10.2; train_kto and train_prm existed up to 0.9.x.
 """
 OPENRLHF_COMMANDS = {
     "train_ppo_ray": """
@@ -169,5 +169,16 @@ OPENRLHF_COMMANDS = {
         eval_dataset dataset_split eval_split max_samples input_key output_key label_key input_template
         apply_chat_template max_len use_wandb wandb_org wandb_group wandb_project wandb_run_name
         use_tensorboard use_ms lr_scheduler attn_implementation save_hf_ckpt disable_ds_ckpt param_dtype
+    """.split(),
+    "train_prm": """
+        save_path save_steps save_hf_ckpt disable_ds_ckpt logging_steps eval_steps ckpt_path max_ckpt_num
+        max_ckpt_mem load_checkpoint use_ds_universal_ckpt max_norm gradient_checkpointing deepcompile seed
+        full_determinism local_rank zero_stage bf16 param_dtype zpg adam_offload flash_attn attn_implementation
+        use_liger_kernel grad_accum_dtype overlap_comm gradient_checkpointing_use_reentrant disable_fast_tokenizer
+        ds_tensor_parallel_size load_in_4bit lora_rank lora_alpha lora_dropout target_modules pretrain max_epochs
+        aux_loss_coef learning_rate lr_warmup_ratio lr_scheduler micro_train_batch_size train_batch_size l2
+        adam_betas placeholder_token reward_tokens packing_samples dataset dataset_probs eval_dataset
+        dataset_split eval_split max_samples input_key label_key max_len use_wandb wandb_org wandb_group
+        wandb_project wandb_run_name use_tensorboard use_ms
     """.split(),
 }

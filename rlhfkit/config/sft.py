@@ -79,6 +79,12 @@ class SupervisedDataConfig:
     """Render prompts and conversations with the tokenizer's chat template."""
     input_template: str | None = None
     """A format string with one {} around the prompt (without a chat template)."""
+    reward_template: str | None = None
+    """Conditional SFT (train sft): a template with {input} and {reward}; each prompt becomes the
+    template with the record's --data.reward_key value (two decimals) and its input, e.g.
+    "{input} <rm_score>: {reward} " (OpenRLHF's default). At inference ask for the top score."""
+    reward_key: str = "reward"
+    """Conditional SFT: the record key holding the score rendered by --data.reward_template."""
     max_len: int = 2048
     """Samples longer than this many tokens (prompt + response) are skipped and counted."""
     max_samples: int | None = None
@@ -206,4 +212,7 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
 
 def validate_sft(cfg: SFTConfig) -> SFTConfig:
     validate_common(cfg)
+    template = cfg.data.reward_template
+    require(template is None or ("{input}" in template and "{reward}" in template),
+            f"--data.reward_template {template!r} needs both {{input}} and {{reward}}")
     return cfg

@@ -174,7 +174,7 @@ def sample_length(s: TokenSample) -> int:
     return int(s.prompt_ids.numel() + s.response_ids.numel())
 
 
-def _records(source: Source, keys: dict[str, str | None], max_samples: int | None, seed: int | None,
+def select_records(source: Source, keys: dict[str, str | None], max_samples: int | None, seed: int | None,
              split: str, config: str | None, data_dir: str | None) -> list[tuple[int, Record, str]]:
     """(index, record, source name): records with every needed key present (checked before any
     tokenization), shuffled, cut."""
@@ -202,7 +202,7 @@ def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_k
     absent from every record) `input_key` must hold a whole conversation (chat template).
     `source`: a path or hub name, a list of dicts, or a `datasets.Dataset` / `DatasetDict` (`split`
     taken; `config` and `data_dir` as `datasets.load_dataset` takes them for hub names)."""
-    rows = _records(source, {"--data.input_key": input_key}, max_samples, seed, split, config, data_dir)
+    rows = select_records(source, {"--data.input_key": input_key}, max_samples, seed, split, config, data_dir)
     if output_key is not None and all(output_key not in r.data for _, r, _ in rows):
         if not all(is_messages(r.data[input_key]) for _, r, _ in rows):
             require_key(rows[0][1], output_key, "--data.output_key", rows[0][2])
@@ -219,7 +219,7 @@ def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_k
             skipped += 1
             continue
         samples.append(s)
-    return _nonempty(samples, skipped, max_len, source), skipped
+    return nonempty(samples, skipped, max_len, source), skipped
 
 
 def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt", chosen_key: str = "chosen",
@@ -229,7 +229,7 @@ def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt
     """Preference pairs. chosen/rejected are strings (with `prompt_key`), or whole conversations
     (message lists whose last assistant turn is the compared answer; `prompt_key` may be None)."""
     keys = {"--data.chosen_key": chosen_key, "--data.rejected_key": rejected_key}
-    rows = _records(source, keys, max_samples, seed, split, config, data_dir)
+    rows = select_records(source, keys, max_samples, seed, split, config, data_dir)
     pairs, skipped = [], 0
     for i, record, p in rows:
         where = f"{p}, {record.where}"
@@ -246,7 +246,7 @@ def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt
             skipped += 1
             continue
         pairs.append(PairSample(sides[0], sides[1], i))
-    return _nonempty(pairs, skipped, max_len, source), skipped
+    return nonempty(pairs, skipped, max_len, source), skipped
 
 
 def load_unpaired(source: Source, fmt: TextFormat, prompt_key: str = "prompt", output_key: str = "output",
@@ -255,7 +255,7 @@ def load_unpaired(source: Source, fmt: TextFormat, prompt_key: str = "prompt", o
                   data_dir: str | None = None) -> tuple[list[LabeledSample], int]:
     """KTO examples: (prompt, output, label) with a boolean label (True = desirable)."""
     keys = {"--data.prompt_key": prompt_key, "--data.output_key": output_key, "--data.label_key": label_key}
-    rows = _records(source, keys, max_samples, seed, split, config, data_dir)
+    rows = select_records(source, keys, max_samples, seed, split, config, data_dir)
     out, skipped = [], 0
     for i, record, p in rows:
         where = f"{p}, {record.where}"
@@ -267,10 +267,10 @@ def load_unpaired(source: Source, fmt: TextFormat, prompt_key: str = "prompt", o
             skipped += 1
             continue
         out.append(LabeledSample(s, label, i))
-    return _nonempty(out, skipped, max_len, source), skipped
+    return nonempty(out, skipped, max_len, source), skipped
 
 
-def _nonempty(items: list, skipped: int, max_len: int, source: Source) -> list:
+def nonempty(items: list, skipped: int, max_len: int, source: Source) -> list:
     if not items:
         raise DataError(f"{source_name(source)}: all {skipped} samples are longer than --data.max_len {max_len} tokens; raise it")
     return items

@@ -1,4 +1,5 @@
-"""Reward models: a causal-LM backbone with a scalar `score` head read at the last token.
+"""Reward models: a causal-LM backbone with a scalar `score` head read at the last token; and
+process reward models (a causal LM read at step ends, see the end of this file).
 
 A reward model is an HF `*ForSequenceClassification` with `num_labels=1` (for Llama,
 `LlamaForSequenceClassification`: `model` backbone + bias-free `score` Linear). HF reads the
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import ModelError
-from rlhfkit.models.loading import load_errors, resolve_model_path
+from rlhfkit.models.loading import load_errors, resolve_model_file, resolve_model_path
 
 
 def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.dtype = torch.float32,
@@ -91,3 +92,46 @@ def score_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear
     if backbone is None or not isinstance(head, torch.nn.Linear):
         raise ModelError(f"{type(model).__name__} has no backbone + `score` Linear head to reuse")
     return backbone, head
+
+
+# ---------------------------------------------------------------------------------- process reward models
+# A process reward model (`rlhfkit train prm`) is a causal LM whose config.json records, under this key,
+# {"placeholder_token": ..., "reward_tokens": [good, bad]}: P(good step) is the softmax over the two
+# reward tokens' logits at a placeholder that ends the step.
+PRM_KEY = "process_reward"
+
+
+def prm_settings(path: str | os.PathLike) -> dict | None:
+    """The PRM record of the model folder `path` ({"placeholder_token", "reward_tokens"}), or None
+    when it is not a process reward model."""
+    import json
+
+    cfg = resolve_model_file(path, "config.json")
+    try:
+        value = json.loads(cfg.read_text()).get(PRM_KEY) if cfg.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def mark_prm(model: torch.nn.Module, placeholder_token: str, reward_tokens: tuple[str, str]) -> None:
+    """Record in `model`'s config (saved in config.json) that it is a PRM and with which tokens."""
+    setattr(model.config, PRM_KEY, {"placeholder_token": placeholder_token, "reward_tokens": list(reward_tokens)})
+
+
+def step_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                step_mask: torch.Tensor, reward_ids: list[int]) -> torch.Tensor:
+    """The logits of the reward tokens at the step ends: input_ids, attention_mask, step_mask [B, L]
+    (right-padded) -> [N, len(reward_ids)] float32, N = step_mask.sum(), in row-major order. Llama-like
+    models run the LM head on the N positions only; others take the full forward's logits."""
+    from rlhfkit.models.logprobs import split_backbone
+
+    device = input_ids.device
+    parts = split_backbone(model)
+    ids = torch.tensor(reward_ids, device=device)
+    if parts is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return logits[step_mask.to(logits.device)][:, ids].float()
+    backbone, head = parts
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    return head(hidden[step_mask.to(hidden.device)])[:, ids].float()

@@ -19,6 +19,7 @@ from rlhfkit.core.filtering import keep_groups_in_range
 from rlhfkit.core.shaping import overlong_penalty
 from rlhfkit.data.types import PromptItem, Trajectory
 from rlhfkit.trainers.generate import RolloutSource, Upcoming
+from rlhfkit.trainers.prm import ProcessRewardFn
 from rlhfkit.trainers.stream import PromptBatch
 
 
@@ -69,18 +70,25 @@ class Scored:
 class Scorer:
     """Rewards of trajectories: `reward_fn` (None: the agent's episodes carry their rewards),
     `overlong` = (buffer_len, penalty_factor) of DAPO's overlong shaping against `max_len`
-    response tokens (None: off), `normalize`: by the running mean and std of all rewards so far."""
+    response tokens (None: off), `normalize`: by the running mean and std of all rewards so far.
+    A `trainers.prm.ProcessRewardFn` gives per-step token rewards (and scalar rewards 0)."""
 
     def __init__(self, reward_fn: Callable | None, tokenizer, max_len: int,
                  overlong: tuple[int, float] | None = None, normalize: bool = False):
         self.reward_fn, self.tokenizer, self.max_len = reward_fn, tokenizer, max_len
         self.overlong, self.normalize = overlong, normalize
         self.moments = RunningMoments()
+        if isinstance(reward_fn, ProcessRewardFn):
+            reward_fn.check_vocabulary(tokenizer)
 
     def __call__(self, prompts: list[PromptItem], trajs: list[Trajectory]) -> Scored:
         """`prompts[t.group_id]` is the prompt of trajectory t."""
         lengths = torch.tensor([t.response_length for t in trajs], dtype=torch.float32)
-        out = agent_rewards(trajs) if self.reward_fn is None else self.call_reward_fn(prompts, trajs, lengths)
+        token_rewards = None
+        if isinstance(self.reward_fn, ProcessRewardFn):  # per-step rewards on the step ends; scalar 0
+            token_rewards, out = self.reward_fn.score_trajectories(trajs)
+        else:
+            out = agent_rewards(trajs) if self.reward_fn is None else self.call_reward_fn(prompts, trajs, lengths)
         rewards, scores = out.rewards.float().clone(), out.scores.float()
         # nanmean: a function of a list that returned None for a sample logs NaN there (TRL's "not applicable")
         metrics = {f"reward_extra/{k}": float(v.float().nanmean()) for k, v in out.extra_logs.items()}
@@ -92,7 +100,7 @@ class Scorer:
         if self.normalize:
             self.moments.update(rewards)
             rewards = (rewards - self.moments.mean) / (self.moments.std + 1e-8)
-        return Scored(rewards, scores, metrics=metrics)
+        return Scored(rewards, scores, token_rewards, metrics)
 
     def call_reward_fn(self, prompts: list[PromptItem], trajs: list[Trajectory], lengths: torch.Tensor):
         """queries as OpenRLHF builds them (prompt + response with special tokens); `responses` is the

@@ -1,0 +1,68 @@
+"""Typed configuration of `rlhfkit train prm`: a process reward model trained on step labels
+(sections shared with config/sft.py; OpenRLHF's `train_prm` flags in config/openrlhf.py).
+`PRMConfig.from_args(argv)` parses exactly the flags of that command and validates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlhfkit.config.openrlhf import PRM_ALIASES
+from rlhfkit.config.parse import parse_config
+from rlhfkit.config.rl import AdamConfig
+from rlhfkit.config.sft import (
+    OWN_ALIASES,
+    DSConfig,
+    ModelConfig,
+    SupervisedCkptConfig,
+    SupervisedDataConfig,
+    SupervisedLoggerConfig,
+    SupervisedTrainConfig,
+    require,
+    validate_common,
+)
+
+
+@dataclass(frozen=True)
+class PRMDataConfig(SupervisedDataConfig):
+    """Step-labelled data: `input_key` holds the text with a placeholder token at the end of each
+    step, `label_key` one label per placeholder (a reward token such as "+" / "-", or a float in
+    [0, 1], the probability that the step is good, as in Math-Shepherd)."""
+
+    placeholder_token: str = "ки"
+    """The token that marks the end of each step in the input (one token of the tokenizer); the
+    model's prediction at it is read over the reward tokens."""
+    reward_tokens: tuple[str, str] = ("+", "-")
+    """The good-step and bad-step tokens (each one token of the tokenizer), in that order: the
+    loss is the cross-entropy over these two logits at each placeholder."""
+
+
+@dataclass(frozen=True)
+class PRMConfig:
+    """`rlhfkit train prm`: a process reward model trained on step labels."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: PRMDataConfig = field(default_factory=PRMDataConfig)
+    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
+    adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=1e-6))
+    ds: DSConfig = field(default_factory=DSConfig)
+    ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/prm"))
+    logger: SupervisedLoggerConfig = field(default_factory=SupervisedLoggerConfig)
+
+    @classmethod
+    def from_args(cls, argv: list[str]) -> PRMConfig:
+        """The validated config of `rlhfkit train prm ARGV` (flags, aliases, `--config FILE.yaml`)."""
+        return validate_prm(parse_config(cls, argv, aliases={**PRM_ALIASES, **OWN_ALIASES}))
+
+
+def validate_prm(cfg: PRMConfig) -> PRMConfig:
+    validate_common(cfg)
+    d = cfg.data
+    require(d.reward_tokens[0] != d.reward_tokens[1], "--data.reward_tokens: the two tokens must differ")
+    require(d.placeholder_token not in d.reward_tokens,
+            "--data.placeholder_token must differ from the --data.reward_tokens")
+    require(not d.apply_chat_template and d.input_template is None,
+            "train prm reads --data.input_key's text as it is: drop --data.apply_chat_template / "
+            "--data.input_template and render the text in the data")
+    require(not cfg.ds.packing_samples, "--ds.packing_samples is not supported by train prm yet (it pads its "
+            "micro-batches); drop the flag")
+    return cfg

@@ -1,0 +1,238 @@
+"""Process reward models: training on step labels (`rlhfkit train prm`) and per-step rewards in RL
+(`rlhfkit train rl --reward.model_name_or_path PRM_FOLDER`).
+
+Training (OpenRLHF's train_prm; Lightman et al. 2023, arXiv:2305.20050; Math-Shepherd, Wang et al.
+2024, arXiv:2312.08935): a causal LM reads a text whose steps each end with a placeholder token;
+at each placeholder, the logits of the two reward tokens (good, bad) give P(good step)
+= softmax([z_good, z_bad])[0], and the loss is the cross-entropy against the step's label
+(1 / 0 for reward-token labels, the float for soft labels), averaged over the step ends of the
+whole optimizer step. Accuracy: P(good) > 0.5 agrees with label > 0.5.
+
+In RL the policy's response is cut into steps (`prm_layout`), the PRM reads prompt + response with
+its placeholder at each step end, and P(good step) is a token reward on the step's last token
+(`Scored.token_rewards`, core.compute_advantages' dense_rewards); the scalar reward is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from rlhfkit.data.steps import StepSample, collate_steps, single_token_id
+from rlhfkit.errors import ConfigError, ModelError, RewardError
+from rlhfkit.models import save_hf_folder
+from rlhfkit.models.precision import autocast_ctx, model_device, on_device
+from rlhfkit.models.reward import mark_prm, prm_settings, step_logits
+from rlhfkit.rewards.base import RewardOutput
+from rlhfkit.trainers.build import load_policy
+from rlhfkit.trainers.supervised import StepLoop, build_learner, planned_steps
+
+
+def prm_loss(logits: torch.Tensor, targets: torch.Tensor, num_steps: int) -> tuple[torch.Tensor, dict]:
+    """Cross-entropy over the (good, bad) reward-token logits at step ends.
+
+    logits [N, 2] (good, bad); targets [N] P(good) wanted (1 / 0 for hard labels); `num_steps`: the
+    step ends of the whole optimizer step (loss and accuracy are divided by it, so micro-batches sum
+    to the step's mean). Returns (loss, {"loss", "accuracy"} detached)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    targets = targets.to(logp)
+    nll = -(targets * logp[:, 0] + (1.0 - targets) * logp[:, 1])
+    loss = nll.sum() / num_steps
+    correct = ((logp[:, 0] > logp[:, 1]) == (targets > 0.5)).float().sum() / num_steps
+    return loss, {"loss": loss.detach(), "accuracy": correct}
+
+
+class PRMTrainer:
+    """A process reward model on step-labelled samples (`data.steps.StepSample`), saved as a causal-LM
+    folder whose config records the placeholder and reward tokens."""
+
+    def __init__(self, cfg, model: torch.nn.Module, tokenizer, samples: Sequence[StepSample],
+                 eval_samples: Sequence[StepSample] = (), tracker=None):
+        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+        self.eval_samples = list(eval_samples)
+        self.reward_ids = [single_token_id(tokenizer, t, "--data.reward_tokens") for t in cfg.data.reward_tokens]
+        self.learner = build_learner(model, cfg.adam, cfg.train, planned_steps(len(samples), cfg.train))
+        self.loop = StepLoop(self.learner, samples, cfg.train, tracker, self.evaluate if self.eval_samples else None)
+
+    def fit(self) -> list[dict[str, float]]:
+        return self.loop.fit(self.micro_loss)
+
+    def logits(self, samples: Sequence[StepSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(reward-token logits [N, 2], targets [N]) at the step ends of `samples`."""
+        batch = collate_steps(samples, self.tokenizer.pad_token_id)
+        device = model_device(self.model)
+        with autocast_ctx(self.cfg.model.autocast, device.type):
+            z = step_logits(self.model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
+                            batch["step_mask"].to(device), self.reward_ids)
+        return z, batch["targets"][batch["step_mask"]].to(z.device)
+
+    def micro_loss(self, samples: list, step_samples: list) -> tuple[torch.Tensor, dict[str, float]]:
+        num_steps = sum(int(s.step_mask.sum()) for s in step_samples)
+        loss, metrics = prm_loss(*self.logits(samples), num_steps)
+        return loss, {k: float(v) for k, v in metrics.items()}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss and accuracy over every step end of the eval samples (micro-batched)."""
+        self.model.eval()
+        mbs = self.cfg.train.micro_batch_size
+        parts = [self.logits(self.eval_samples[i : i + mbs]) for i in range(0, len(self.eval_samples), mbs)]
+        self.model.train()
+        z, targets = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        loss, metrics = prm_loss(z, targets, max(targets.numel(), 1))
+        return {"eval/loss": float(loss), "eval/accuracy": float(metrics["accuracy"])}
+
+    def save(self, path: str | Path) -> Path:
+        """A full causal-LM folder (LoRA merged) whose config.json records it is a PRM."""
+        if hasattr(self.model, "merge_and_unload"):
+            self.model = self.model.merge_and_unload()
+        mark_prm(self.model, self.cfg.data.placeholder_token, self.cfg.data.reward_tokens)
+        return save_hf_folder(self.model, self.tokenizer, path)
+
+
+# ---------------------------------------------------------------------------------- PRM rewards in RL
+
+
+def prm_layout(response: Sequence[int], newline_ids: set[int], skip_ids: set[int],
+               placeholder: int) -> tuple[list[int], list[int], list[int]]:
+    """Cut a response into steps and place the PRM's placeholder at each step end.
+
+    A step ends at a run of newline tokens (the placeholder goes before the run, as in
+    Math-Shepherd's "... ки\\n"), at a placeholder the policy emitted itself, or at the last response
+    token that is not in `skip_ids` (EOS, padding: never read by the PRM). Newlines that follow a
+    step end open no empty step.
+    Returns (the PRM's response tokens, the placeholders' positions in them, each step's last
+    token position in `response` (where its reward lands))."""
+    content = [t for t, tok in enumerate(response) if tok not in skip_ids]
+    last = content[-1] if content else -1
+    out: list[int] = []
+    marks: list[int] = []
+    ends: list[int] = []
+    open_step = False
+    t = 0
+    while t <= last:
+        tok = response[t]
+        if tok in newline_ids:
+            j = t
+            while j + 1 <= last and response[j + 1] in newline_ids:
+                j += 1
+            if open_step:
+                out.append(placeholder)
+                marks.append(len(out) - 1)
+                ends.append(j)
+                open_step = False
+            out.extend(response[t : j + 1])
+            t = j + 1
+            continue
+        out.append(tok)
+        if tok == placeholder:
+            marks.append(len(out) - 1)
+            ends.append(t)
+            open_step = False
+        else:
+            open_step = True
+        t += 1
+    if open_step:
+        out.append(placeholder)
+        marks.append(len(out) - 1)
+        ends.append(last)
+    return out, marks, ends
+
+
+def newline_token_ids(tokenizer) -> set[int]:
+    """The ids whose text contains a newline."""
+    return {i for i in range(len(tokenizer)) if "\n" in tokenizer.decode([i])}
+
+
+class ProcessRewardFn:
+    """Per-step rewards from a folder of `rlhfkit train prm`. The PRM must share the policy's
+    vocabulary (it reads the policy's tokens as they are; checked by `check_vocabulary`)."""
+
+    def __init__(self, path: str | Path, micro_batch_size: int = 8, device: torch.device | str = "cpu",
+                 offload: bool = False):
+        settings = prm_settings(path)
+        if settings is None:
+            raise ModelError(f"{path}: its config.json records no process reward model; train one with "
+                             "`rlhfkit train prm`")
+        self.model, self.tokenizer = load_policy(str(path), "float32")
+        self.model.eval().requires_grad_(False)
+        self.device, self.offload = torch.device(device), offload
+        if not offload:
+            self.model.to(self.device)
+        self.micro_batch_size = micro_batch_size
+        self.placeholder = single_token_id(self.tokenizer, settings["placeholder_token"], "the PRM's placeholder")
+        self.reward_ids = [single_token_id(self.tokenizer, t, "the PRM's reward tokens")
+                           for t in settings["reward_tokens"]]
+        self.newline_ids = newline_token_ids(self.tokenizer)
+        self.skip_ids = set(self.tokenizer.all_special_ids)
+
+    def check_vocabulary(self, tokenizer) -> None:
+        """ConfigError unless the policy's `tokenizer` has the PRM's vocabulary."""
+        if tokenizer.get_vocab() != self.tokenizer.get_vocab():
+            raise ConfigError("--reward.model_name_or_path: the process reward model's vocabulary differs from "
+                              "the policy's; train the PRM from the policy's base model")
+
+    @torch.no_grad()
+    def step_rewards(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+                     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(token rewards [B, R] with P(good step) on each step's last token, R = the longest
+        response; per sample its steps' P(good) [S_b])."""
+        width = max((len(r) for r in responses), default=0)
+        token = torch.zeros(len(responses), width)
+        probs: list[torch.Tensor] = []
+        with on_device(self.model, self.device if self.offload else None):
+            for i in range(0, len(responses), self.micro_batch_size):
+                probs += self._score(prompts[i : i + self.micro_batch_size], responses[i : i + self.micro_batch_size],
+                                     token[i : i + self.micro_batch_size])
+        return token, probs
+
+    def _score(self, prompts, responses, token: torch.Tensor) -> list[torch.Tensor]:
+        """P(good) of every step of a micro-batch; writes them into `token` (a view) at the step ends."""
+        laid = [prm_layout(list(r), self.newline_ids, self.skip_ids, self.placeholder) for r in responses]
+        rows = [list(p) + out for p, (out, _, _) in zip(prompts, laid)]
+        batch = collate_steps([_marked(row, len(p), marks) for row, p, (_, marks, _) in zip(rows, prompts, laid)],
+                              self.tokenizer.pad_token_id)
+        device = model_device(self.model)
+        z = step_logits(self.model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
+                        batch["step_mask"].to(device), self.reward_ids)
+        good = torch.softmax(z, dim=-1)[:, 0].cpu()
+        out = list(good.split([len(ends) for _, _, ends in laid]))
+        for b, (_, _, ends) in enumerate(laid):
+            token[b, ends] = out[b]
+        return out
+
+    def score_trajectories(self, trajs) -> tuple[torch.Tensor, RewardOutput]:
+        """(token rewards [B, R], a RewardOutput with scalar rewards 0 and scores = the weakest step's
+        P(good) (0 without steps)) for `data.types.Trajectory`s."""
+        token, probs = self.step_rewards([t.prompt_ids.tolist() for t in trajs],
+                                         [t.response_ids.tolist() for t in trajs])
+        return token, _output(probs)
+
+    def __call__(self, queries: list[str], prompts: list[str], labels: list, **kwargs) -> RewardOutput:
+        """The reward-function contract (text in): the scalar is the weakest step's P(good)."""
+        responses = kwargs.get("responses") or [q[len(p):] for q, p in zip(queries, prompts)]
+        if len(responses) != len(prompts):
+            raise RewardError("the process reward model got different numbers of prompts and responses")
+
+        def ids(texts):
+            return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+        out = _output(self.step_rewards(ids(prompts), ids(responses))[1])
+        return RewardOutput(out.scores, out.scores.clone(), out.extra_logs)
+
+
+def _marked(row: list[int], prompt_len: int, marks: list[int]) -> StepSample:
+    ids = torch.tensor(row, dtype=torch.long)
+    mask = torch.zeros(len(row), dtype=torch.bool)
+    mask[[prompt_len + m for m in marks]] = True
+    return StepSample(ids, mask, torch.zeros(len(row)))
+
+
+def _output(probs: list[torch.Tensor]) -> RewardOutput:
+    weakest = torch.tensor([float(p.min()) if p.numel() else 0.0 for p in probs])
+    steps = torch.tensor([float(p.numel()) for p in probs])
+    mean = torch.tensor([float(p.mean()) if p.numel() else float("nan") for p in probs])
+    return RewardOutput(torch.zeros(len(probs)), weakest,
+                        {"prm_steps": steps, "prm_step_mean": mean, "prm_step_min": weakest})
