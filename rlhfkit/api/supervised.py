@@ -95,7 +95,8 @@ def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
     `eval_dataset`, else --data.eval_dataset, else the last --data.eval_split of the train items."""
     d = cfg.data
     fmt = TextFormat(tokenizer, d.apply_chat_template, d.input_template)
-    keys = {"sft": dict(input_key=d.input_key, output_key=d.output_key),
+    keys = {"sft": dict(input_key=d.input_key, output_key=d.output_key, reward_template=d.reward_template,
+                        reward_key=d.reward_key),
             "rm": dict(prompt_key=d.prompt_key, chosen_key=d.chosen_key,
                        rejected_key=d.rejected_key),
             "kto": dict(prompt_key=d.prompt_key or "prompt", output_key=d.output_key or "output",

@@ -196,13 +196,16 @@ def select_records(source: Source, keys: dict[str, str | None], max_samples: int
 
 def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_key: str | None = "output",
              max_len: int = 2048, max_samples: int | None = None, seed: int | None = None,
-             split: str = "train", config: str | None = None, data_dir: str | None = None
-             ) -> tuple[list[TokenSample], int]:
+             split: str = "train", config: str | None = None, data_dir: str | None = None,
+             reward_template: str | None = None, reward_key: str = "reward") -> tuple[list[TokenSample], int]:
     """SFT samples and the number skipped for exceeding `max_len`. With `output_key` None (or
     absent from every record) `input_key` must hold a whole conversation (chat template).
     `source`: a path or hub name, a list of dicts, or a `datasets.Dataset` / `DatasetDict` (`split`
-    taken; `config` and `data_dir` as `datasets.load_dataset` takes them for hub names)."""
-    rows = select_records(source, {"--data.input_key": input_key}, max_samples, seed, split, config, data_dir)
+    taken; `config` and `data_dir` as `datasets.load_dataset` takes them for hub names).
+    Conditional SFT: with `reward_template`, each input string becomes `render_reward(template,
+    input, record[reward_key])` before the input template (OpenRLHF's csft processor)."""
+    keys = {"--data.input_key": input_key, "--data.reward_key": reward_key if reward_template else None}
+    rows = select_records(source, keys, max_samples, seed, split, config, data_dir)
     if output_key is not None and all(output_key not in r.data for _, r, _ in rows):
         if not all(is_messages(r.data[input_key]) for _, r, _ in rows):
             require_key(rows[0][1], output_key, "--data.output_key", rows[0][2])
@@ -213,13 +216,26 @@ def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_k
         if output_key is not None:
             require_key(record, output_key, "--data.output_key", p)
         response = record.data[output_key] if output_key is not None else None
-        s = fmt.encode(record.data[input_key], response, f"{where}, key {input_key!r}", all_turns=True)
+        prompt = record.data[input_key]
+        if reward_template is not None:
+            prompt = render_reward(reward_template, _as_str(prompt, where), record.data[reward_key],
+                                   f"{where}, key {reward_key!r}")
+        s = fmt.encode(prompt, response, f"{where}, key {input_key!r}", all_turns=True)
         s.index = i
         if sample_length(s) > max_len:
             skipped += 1
             continue
         samples.append(s)
     return nonempty(samples, skipped, max_len, source), skipped
+
+
+def render_reward(template: str, text: str, reward: Any, where: str = "") -> str:
+    """Conditional SFT's prompt (Lu et al. 2023, arXiv:2308.12050; OpenRLHF's csft processor):
+    `template` with {reward} replaced by the score with two decimals and {input} by `text`, e.g.
+    render_reward("{input} <rm_score>: {reward} ", "2+3=", 5) == "2+3= <rm_score>: 5.00 "."""
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        raise DataError(f"{where}: expected a number (the score of conditional SFT), got {reward!r}")
+    return template.replace("{reward}", f"{float(reward):.2f}").replace("{input}", text)
 
 
 def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt", chosen_key: str = "chosen",

@@ -1,0 +1,89 @@
+"""Process reward models (trainers/prm.py): the loss, the step layout of an RL response and the
+token rewards at the step ends, with values worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from rlhfkit.models import tiny_model_and_tokenizer
+from rlhfkit.models.reward import mark_prm, prm_settings, step_logits
+from rlhfkit.trainers.prm import ProcessRewardFn, prm_layout, prm_loss
+
+LN3 = math.log(3.0)
+
+
+def test_prm_loss_is_cross_entropy_over_the_two_reward_tokens():
+    # P(good) = softmax([ln 3, 0])[0] = 3/4 at both steps; targets 1 and 0.25
+    logits = torch.tensor([[LN3, 0.0], [LN3, 0.0]])
+    loss, m = prm_loss(logits, torch.tensor([1.0, 0.25]), num_steps=2)
+    first = -math.log(0.75)
+    second = -(0.25 * math.log(0.75) + 0.75 * math.log(0.25))
+    assert float(loss) == pytest.approx((first + second) / 2, rel=1e-6)
+    assert float(m["accuracy"]) == pytest.approx(0.5)  # right on step 1, wrong on step 2
+    # divided by the whole optimizer step's step count: two halves sum to the whole
+    half, _ = prm_loss(logits[:1], torch.tensor([1.0]), num_steps=2)
+    assert float(half) == pytest.approx(first / 2, rel=1e-6)
+
+
+def ids(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_layout_puts_the_placeholder_before_each_newline_run_and_at_the_end():
+    _, tok = tiny_model_and_tokenizer(seed=0)
+    nl, skip, ph = {tok.convert_tokens_to_ids("\n")}, {tok.eos_token_id, tok.pad_token_id}, tok.convert_tokens_to_ids("#")
+    # "1+1=2\n2*3=7<eos>": steps end at the newline (5) and at the last non-EOS token (10)
+    out, marks, ends = prm_layout(ids(tok, "1+1=2\n2*3=7") + [tok.eos_token_id], nl, skip, ph)
+    assert tok.decode(out) == "1+1=2#\n2*3=7#"
+    assert marks == [5, 12] and ends == [5, 10]
+    # a placeholder the policy wrote ends a step where it is; newlines after a step end open none
+    two = [tok.convert_tokens_to_ids("\n")] * 2  # (the tiny tokenizer reads "\n\n" as one unknown token)
+    out, marks, ends = prm_layout(ids(tok, "ab#") + two + ids(tok, "cd"), nl, skip, ph)
+    assert tok.decode(out) == "ab#\n\ncd#" and marks == [2, 7] and ends == [2, 6]
+    out, marks, ends = prm_layout(ids(tok, "\nab") + two, nl, skip, ph)
+    assert tok.decode(out) == "\nab#\n\n" and marks == [3] and ends == [4]
+    assert prm_layout([tok.eos_token_id], nl, skip, ph) == ([], [], [])
+
+
+@pytest.fixture(scope="module")
+def prm_folder(tmp_path_factory):
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    mark_prm(model, "#", ("+", "-"))
+    path = tmp_path_factory.mktemp("prm") / "prm"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_token_rewards_land_on_the_step_ends(prm_folder):
+    assert prm_settings(prm_folder) == {"placeholder_token": "#", "reward_tokens": ["+", "-"]}
+    fn = ProcessRewardFn(prm_folder, micro_batch_size=1)
+    tok = fn.tokenizer
+    prompts = [ids(tok, "q:"), ids(tok, "p:")]
+    responses = [ids(tok, "1+1=2\n2*3=7") + [tok.eos_token_id], ids(tok, "ok")]
+    token, probs = fn.step_rewards(prompts, responses)
+    assert token.shape == (2, 12)
+    assert token[0].nonzero().flatten().tolist() == [5, 10] and token[1].nonzero().flatten().tolist() == [1]
+    # each value is the PRM's P(+) at the placeholder of "q:1+1=2#\n2*3=7#"
+    row = torch.tensor([ids(tok, "q:1+1=2#\n2*3=7#")])
+    mask = row == tok.convert_tokens_to_ids("#")
+    with torch.no_grad():
+        z = step_logits(fn.model, row, torch.ones_like(row), mask, fn.reward_ids)
+    torch.testing.assert_close(token[0, [5, 10]], torch.softmax(z, -1)[:, 0])
+    torch.testing.assert_close(probs[0], token[0, [5, 10]])
+
+
+def test_scorer_hands_token_rewards_and_a_zero_scalar(prm_folder):
+    from rlhfkit.data.types import PromptItem, Trajectory
+    from rlhfkit.trainers.scoring import Scorer
+
+    fn = ProcessRewardFn(prm_folder)
+    tok = fn.tokenizer
+    resp = torch.tensor(ids(tok, "a\nb"))
+    traj = Trajectory(torch.tensor(ids(tok, "q:")), resp, torch.ones(3, dtype=torch.bool), torch.zeros(3), "stop", 0)
+    scored = Scorer(fn, tok, max_len=8)([PromptItem("q:", ids(tok, "q:"))], [traj])
+    assert scored.rewards.tolist() == [0.0]
+    assert scored.token_rewards.shape == (1, 3) and scored.token_rewards[0].nonzero().flatten().tolist() == [1, 2]
+    assert scored.scores[0] == pytest.approx(float(scored.token_rewards[0, [1, 2]].min()))
+    assert scored.metrics["reward_extra/prm_steps"] == 2.0
