@@ -1,0 +1,141 @@
+"""Process reward models and conditional SFT on the tiny model, through the CLI: `train prm` learns to
+tell a wrong arithmetic step from a right one; its folder gives `train rl` per-step rewards;
+`train sft --data.reward_template` follows the score asked for; bad inputs are one-line errors."""
+
+import json
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlhfkit.cli.main import main
+
+
+def one_line_error(argv, capsys, needle):
+    """Exit code 2, one line `error: ...` containing `needle`, no traceback."""
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert rc == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def arithmetic_steps(n: int, seed: int = 0) -> list[dict]:
+    """Texts of three steps "a+b=c #\\n"; a step is good (+) when c = a + b, bad (-) otherwise."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        good = [rng.random() < 0.5 for _ in range(3)]
+        text = ""
+        for g in good:
+            a, b = rng.randint(0, 4), rng.randint(0, 4)
+            text += f"{a}+{b}={a + b if g else (a + b + rng.randint(1, 4)) % 10} #\n"
+        rows.append({"input": text, "label": ["+" if g else "-" for g in good]})
+    return rows
+
+
+def prm_argv(ws, out, *extra):
+    return ["train", "prm", "--model.model_name_or_path", str(ws / "tiny"), "--data.dataset", str(ws / "steps.jsonl"),
+            "--placeholder_token", "#", "--reward_tokens", "+", "-", "--ckpt.output_dir", str(out),
+            "--logger.progress_bar", "false", "--train.num_threads", "1", *extra]
+
+
+@pytest.fixture(scope="module")
+def ws(tiny_ws):
+    root = tiny_ws("prm")
+    write(root / "steps.jsonl", arithmetic_steps(600))
+    return root
+
+
+@pytest.fixture(scope="module")
+def prm_run(ws):
+    out = ws / "prm_run"
+    argv = prm_argv(ws, out, "--data.eval_split", "0.2", "--train.batch_size", "8", "--train.micro_batch_size", "8",
+                    "--train.max_epochs", "3", "--adam.lr", "3e-3", "--train.lr_warmup_ratio", "0",
+                    "--train.eval_steps", "10")
+    assert main(argv) == 0
+    return out
+
+
+def test_prm_separates_good_from_bad_steps(ws, prm_run):
+    rows = [json.loads(line) for line in (prm_run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    summary = json.loads((prm_run / "summary.json").read_text())
+    labels = [lab for r in arithmetic_steps(600) for lab in r["label"]]
+    chance = max(labels.count("+"), labels.count("-")) / len(labels)
+    # measured: 0.77 after 120 steps, 0.85 after 180 (chance ~0.5)
+    assert chance < 0.55 and summary["eval/accuracy"] > 0.75 and summary["eval/accuracy"] >= evals[0]
+    config = json.loads((prm_run / "final" / "config.json").read_text())
+    assert config["process_reward"] == {"placeholder_token": "#", "reward_tokens": ["+", "-"]}
+    assert config["architectures"][0].endswith("ForCausalLM")
+
+
+def rl_argv(ws, prm_run, out, estimator):
+    return ["train", "rl", "--actor.model_name_or_path", str(ws / "tiny"), "--data.prompt_dataset",
+            str(ws / "prompts.jsonl"), "--data.input_key", "prompt", "--reward.model_name_or_path",
+            str(prm_run / "final"), "--algo.advantage.estimator", estimator, "--rollout.batch_size", "4",
+            "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "8", "--train.batch_size", "8",
+            "--train.micro_batch_size", "4", "--train.max_steps", "2", "--actor.adam.lr", "1e-3",
+            "--logger.progress_bar", "false", "--train.num_threads", "1", "--ckpt.output_dir", str(out)]
+
+
+def test_rl_with_a_prm_gets_step_rewards_and_trains(ws, prm_run, tmp_path, capsys):
+    write(ws / "prompts.jsonl", [{"prompt": f"{i % 5}+{i // 5}="} for i in range(16)])
+    out = tmp_path / "rl"
+    assert main(rl_argv(ws, prm_run, out, "reinforce")) == 0
+    ms = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in ms if "reward_extra/prm_steps" in m]
+    assert len(steps) == 2
+    assert all(m["reward_extra/prm_steps"] >= 1 and 0 <= m["reward_extra/prm_step_mean"] <= 1 for m in steps)
+    assert all(m["reward"] == 0.0 for m in steps)  # the rewards are per step, not one scalar
+    before, after = load_file(ws / "tiny" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the policy trained
+    one_line_error(rl_argv(ws, prm_run, tmp_path / "grpo", "group_norm"), capsys,
+                   "process reward model gives per-token rewards, which --algo.advantage.estimator group_norm")
+
+
+def test_bad_step_data_is_a_one_line_error(ws, tmp_path, capsys):
+    write(tmp_path / "no_placeholder.jsonl", [{"input": "1+1=2 #\n", "label": ["+"]}, {"input": "1+1=3", "label": ["-"]}])
+    cases = [
+        (["--data.dataset", str(tmp_path / "no_placeholder.jsonl")], "line 2: no placeholder token"),
+        (["--reward_tokens", "ok", "-"], "--data.reward_tokens 'ok' is 2 tokens"),
+        (["--data.placeholder_token", "+"], "must differ"),
+    ]
+    for extra, want in cases:
+        one_line_error(prm_argv(ws, tmp_path / "bad", "--train.batch_size", "2", "--train.micro_batch_size", "2",
+                                *extra), capsys, want)
+
+
+def test_conditional_sft_follows_the_requested_score(tiny_ws, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = tiny_ws("csft")
+    rng = random.Random(0)
+    rows = [{"input": f"q{rng.randint(0, 99)}", "output": "yes" if r else "no", "reward": float(r)}
+            for r in (rng.random() < 0.5 for _ in range(128))]
+    write(root / "csft.jsonl", rows)
+    out = tmp_path / "csft"
+    template = "{input} <rm_score>: {reward} "
+    assert main(["train", "sft", "--model.model_name_or_path", str(root / "tiny"), "--data.dataset",
+                 str(root / "csft.jsonl"), "--reward_template", template, "--train.batch_size", "8",
+                 "--train.micro_batch_size", "8", "--train.max_epochs", "3", "--adam.lr", "3e-3",
+                 "--train.lr_warmup_ratio", "0", "--logger.progress_bar", "false", "--train.num_threads", "1",
+                 "--ckpt.output_dir", str(out)]) == 0
+    tok = AutoTokenizer.from_pretrained(out / "final")
+    model = AutoModelForCausalLM.from_pretrained(out / "final").eval()
+
+    def answer(prompt: str, score: float) -> str:
+        text = template.replace("{reward}", f"{score:.2f}").replace("{input}", prompt)
+        ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            gen = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
+        return tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
+
+    prompts = [f"q{i}" for i in (3, 41, 77, 150)]  # 150: never seen in training
+    assert [answer(p, 1.0) for p in prompts] == ["yes"] * 4
+    assert [answer(p, 0.0) for p in prompts] == ["no"] * 4
