@@ -142,7 +142,8 @@ class RewardConfig:
     """A Python file defining reward_func(queries, prompts, labels, **kwargs), builtin:NAME, or
     http(s):// reward server URLs (comma-separated: requests are sharded across them)."""
     model_name_or_path: str | None = None
-    """A reward-model folder from `rlhfkit train rm`; reward = (score - mean) / std from its config."""
+    """A reward-model folder from `rlhfkit train rm`; reward = (score - mean) / std from its config. A
+    process reward model from `rlhfkit train prm` gives per-step token rewards (estimators gae, reinforce)."""
     offload: bool = False
     """Keep the reward model (--reward.model_name_or_path) on the CPU between its passes and move it to
     --actor.device to score (the same rewards). A no-op when --actor.device is the CPU."""

@@ -71,7 +71,7 @@ def test_train_rl_help_describes_every_flag_with_type_default_choices_and_aliase
     assert out.index("\nactor.adam:") > out.index("--actor.ema_beta ")
 
 
-@pytest.mark.parametrize("kind", ["sft", "rm", "dpo", "kto"])
+@pytest.mark.parametrize("kind", ["sft", "rm", "dpo", "kto", "prm"])
 def test_supervised_help_lists_their_flags_and_aliases(kind, capsys):
     rc, out, _ = run(["train", kind, "-h"], capsys)
     cls = flag_help.COMMANDS[kind][0]
@@ -82,6 +82,7 @@ def test_supervised_help_lists_their_flags_and_aliases(kind, capsys):
     assert "choices: constant, cosine, cosine_with_min_lr" in flag_block(out, "train.lr_scheduler")
     assert "choices: debug, info, warning, error" in flag_block(out, "logger.log_level")
     assert ("--model.beta " in out) == (kind in ("dpo", "kto"))
+    assert ("aliases: --placeholder_token" in out) == (kind == "prm")
     if kind in ("dpo", "kto"):
         assert flag_block(out, "model.beta") == (
             "  --model.beta FLOAT (default: 0.1)\n"

@@ -1,5 +1,5 @@
 """OpenRLHF's flags (config/openrlhf.py): every flag of train_ppo_ray, train_sft, train_rm, train_dpo
-and train_kto, flat and dotted, is mapped, noticed or refused, never unknown and never a traceback;
+train_kto and train_prm, flat and dotted, is mapped, noticed or refused, never unknown and never a traceback;
 docs/migration.md is the table's rendering."""
 
 import logging
@@ -15,6 +15,7 @@ from rlhfkit.config.openrlhf_doc import BEGIN, END, render, rewrite
 from rlhfkit.config.openrlhf_names import OPENRLHF_COMMANDS
 from rlhfkit.config.parse import Alias, _strip_optional, field_table
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
+from rlhfkit.config.prm import PRMConfig
 from rlhfkit.config.rl import RL_ALIASES
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.errors import ConfigError
@@ -27,6 +28,7 @@ COMMANDS = {
     "train_rm": (RMConfig, orl.RM_ALIASES),
     "train_dpo": (DPOConfig, orl.DPO_ALIASES),
     "train_kto": (KTOConfig, orl.KTO_ALIASES),
+    "train_prm": (PRMConfig, orl.PRM_ALIASES),
 }
 
 
@@ -49,7 +51,7 @@ def test_the_table_has_exactly_the_flags_of_each_openrlhf_command(command):
 
 
 def test_supervised_rules_are_all_used():
-    used = {n for kind in ("sft", "rm", "dpo", "kto") for n in OPENRLHF_COMMANDS[f"train_{kind}"]}
+    used = {n for kind in ("sft", "rm", "dpo", "kto", "prm") for n in OPENRLHF_COMMANDS[f"train_{kind}"]}
     assert set(orl.SUPERVISED_RULES) == used
 
 
@@ -294,7 +296,7 @@ SAMPLES = {  # flags whose value must be of a given form (others: from their tar
 COMPANIONS = {"async_train": ["--distributed.backend", "ray", "--train.max_staleness", "1"],
               "train.async_enable": ["--distributed.backend", "ray", "--train.max_staleness", "1"]}
 FROM_ARGS = {RLConfig: RLConfig.from_args, SFTConfig: SFTConfig.from_args, RMConfig: RMConfig.from_args,
-             DPOConfig: DPOConfig.from_args, KTOConfig: KTOConfig.from_args}
+             DPOConfig: DPOConfig.from_args, KTOConfig: KTOConfig.from_args, PRMConfig: PRMConfig.from_args}
 
 
 def plausible(cls, name: str, rule: Alias) -> list[str]:

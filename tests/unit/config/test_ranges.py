@@ -14,6 +14,7 @@ import pytest
 import rlhfkit.config
 from rlhfkit.config.parse import field_table, parse_config
 from rlhfkit.config.preference import DPO_RANGES, DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
+from rlhfkit.config.prm import PRMConfig, validate_prm
 from rlhfkit.config.ranges import ORDERED, allows, check_value, describe, parse_spec
 from rlhfkit.config.rl import RL_RANGES, RLConfig, validate
 from rlhfkit.config.serve import SERVE_RANGES, ServeRewardConfig, validate_serve
@@ -27,6 +28,7 @@ ROOTS = {
     RMConfig: (SUPERVISED_RANGES, validate_rm, []),
     DPOConfig: (DPO_RANGES, validate_dpo, []),
     KTOConfig: (DPO_RANGES, lambda c: validate_dpo(c, "kto"), []),
+    PRMConfig: (SUPERVISED_RANGES, validate_prm, []),
     ServeRewardConfig: (SERVE_RANGES, validate_serve, ["--reward.remote_url", "r.py"]),
 }
 OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag"}  # dataclasses of config/ that are not settings (results, alias rules, help rows)
