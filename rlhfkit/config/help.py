@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.config import preference, prm, rl, sft
+from rlhfkit.config.openrlhf import CONDITIONAL_SFT_ALIASES
 
 WIDTH = 100
 INDENT = "      "
@@ -51,7 +52,7 @@ CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
 # command -> (config class, alias table)
 COMMANDS: dict[str, tuple[type, dict[str, str]]] = {
     "rl": (rl.RLConfig, rl.RL_ALIASES),
-    "sft": (sft.SFTConfig, sft.SUPERVISED_ALIASES),
+    "sft": (sft.SFTConfig, {**sft.SUPERVISED_ALIASES, **CONDITIONAL_SFT_ALIASES}),
     "rm": (preference.RMConfig, sft.SUPERVISED_ALIASES),
     "dpo": (preference.DPOConfig, sft.SUPERVISED_ALIASES),
     "kto": (preference.KTOConfig, sft.SUPERVISED_ALIASES),

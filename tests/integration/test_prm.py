@@ -139,3 +139,21 @@ def test_conditional_sft_follows_the_requested_score(tiny_ws, tmp_path):
     prompts = [f"q{i}" for i in (3, 41, 77, 150)]  # 150: never seen in training
     assert [answer(p, 1.0) for p in prompts] == ["yes"] * 4
     assert [answer(p, 0.0) for p in prompts] == ["no"] * 4
+
+
+def test_soft_labels_from_python(ws, tmp_path):
+    """Math-Shepherd-style records (float labels under another key) through the public API."""
+    from rlhfkit import PRMConfig, PRMTrainer
+
+    rows = [{"input": r["input"], "value": [0.9 if lab == "+" else 0.2 for lab in r["label"]]}
+            for r in arithmetic_steps(16, seed=1)]
+    cfg = PRMConfig.from_args(["--model.model_name_or_path", str(ws / "tiny"), "--input_key", "input",
+                               "--label_key", "value", "--data.placeholder_token", "#", "--train.batch_size", "8",
+                               "--train.micro_batch_size", "4", "--data.eval_split", "0.25",
+                               "--logger.progress_bar", "false", "--ckpt.output_dir", str(tmp_path / "soft")])
+    trainer = PRMTrainer.from_config(cfg, train_dataset=rows)
+    metrics = trainer.train()
+    assert trainer.step == 1 and len(trainer.eval_items) == 4
+    assert 0 < metrics["loss"] and 0 <= metrics["eval/accuracy"] <= 1
+    assert json.loads((tmp_path / "soft" / "final" / "config.json").read_text())["process_reward"]["reward_tokens"] \
+        == ["+", "-"]

@@ -87,3 +87,29 @@ def test_scorer_hands_token_rewards_and_a_zero_scalar(prm_folder):
     assert scored.token_rewards.shape == (1, 3) and scored.token_rewards[0].nonzero().flatten().tolist() == [1, 2]
     assert scored.scores[0] == pytest.approx(float(scored.token_rewards[0, [1, 2]].min()))
     assert scored.metrics["reward_extra/prm_steps"] == 2.0
+
+
+def test_text_contract_scores_the_weakest_step(prm_folder):
+    fn = ProcessRewardFn(prm_folder)
+    tok = fn.tokenizer
+    out = fn(["q:a\nb"], ["q:"], [None], responses=["a\nb"])
+    _, probs = fn.step_rewards([ids(tok, "q:")], [ids(tok, "a\nb")])
+    assert out.rewards.tolist() == out.scores.tolist() == [pytest.approx(float(probs[0].min()))]
+    assert out.extra_logs["prm_steps"].tolist() == [2.0]
+
+
+def test_a_prm_needs_the_policy_vocabulary_and_a_token_estimator(prm_folder):
+    from rlhfkit.api.components import load_reward
+    from rlhfkit.config.rl import RewardConfig
+    from rlhfkit.errors import ConfigError
+
+    fn = ProcessRewardFn(prm_folder)
+    other = fn.tokenizer.__class__.from_pretrained(prm_folder)
+    other.add_tokens(["<extra>"])
+    with pytest.raises(ConfigError, match="vocabulary differs"):
+        fn.check_vocabulary(other)
+    cfg = RewardConfig(model_name_or_path=str(prm_folder))
+    assert isinstance(load_reward(cfg, estimator="reinforce"), ProcessRewardFn)
+    for estimator in ("group_norm", "rloo", "reinforce_baseline", "dr_grpo"):
+        with pytest.raises(ConfigError, match=f"estimator {estimator} does not take"):
+            load_reward(cfg, estimator=estimator)
