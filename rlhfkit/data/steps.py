@@ -48,8 +48,8 @@ def single_token_id(tokenizer: Any, token: str, flag: str) -> int:
     """The id of `token` if the tokenizer encodes it as exactly one token, else a ConfigError."""
     ids = tokenizer(token, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
-        raise ConfigError(f"{flag} {token!r} is {len(ids)} tokens for this tokenizer, not one; pick a token it "
-                          "encodes as one (e.g. a character or a reserved special token)")
+        raise ConfigError(f"{flag} {token!r} is {len(ids)} tokens for this tokenizer, not one; pick a token "
+                          "it encodes as one (e.g. a character or a reserved special token)")
     return int(ids[0])
 
 
@@ -81,11 +81,12 @@ def encode_steps(tokenizer: Any, text: str, labels: Any, placeholder_id: int, re
     mask = ids == placeholder_id
     found = int(mask.sum())
     if found == 0:
-        raise DataError(f"{where}: no placeholder token (--data.placeholder_token) in the tokenized input; end "
-                        "each step with it")
+        raise DataError(f"{where}: no placeholder token (--data.placeholder_token) in the tokenized input; "
+                        "end each step with it")
     if found != len(targets):
-        raise DataError(f"{where}: {found} placeholder tokens but {len(targets)} labels; give one label per step "
-                        "(a placeholder merged into a neighbouring token does not count: surround it with spaces)")
+        raise DataError(f"{where}: {found} placeholder tokens but {len(targets)} labels; give one label per "
+                        "step (a placeholder merged into a neighbouring token does not count: surround it "
+                        "with spaces)")
     full = torch.zeros(ids.numel())
     full[mask] = torch.tensor(targets)
     return StepSample(ids, mask, full)

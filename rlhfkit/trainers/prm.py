@@ -52,9 +52,11 @@ class PRMTrainer:
                  eval_samples: Sequence[StepSample] = (), tracker=None):
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.eval_samples = list(eval_samples)
-        self.reward_ids = [single_token_id(tokenizer, t, "--data.reward_tokens") for t in cfg.data.reward_tokens]
+        self.reward_ids = [single_token_id(tokenizer, t, "--data.reward_tokens")
+                           for t in cfg.data.reward_tokens]
         self.learner = build_learner(model, cfg.adam, cfg.train, planned_steps(len(samples), cfg.train))
-        self.loop = StepLoop(self.learner, samples, cfg.train, tracker, self.evaluate if self.eval_samples else None)
+        evaluate = self.evaluate if self.eval_samples else None
+        self.loop = StepLoop(self.learner, samples, cfg.train, tracker, evaluate)
 
     def fit(self) -> list[dict[str, float]]:
         return self.loop.fit(self.micro_loss)
@@ -162,7 +164,8 @@ class ProcessRewardFn:
         if not offload:
             self.model.to(self.device)
         self.micro_batch_size = micro_batch_size
-        self.placeholder = single_token_id(self.tokenizer, settings["placeholder_token"], "the PRM's placeholder")
+        self.placeholder = single_token_id(self.tokenizer, settings["placeholder_token"],
+                                           "the PRM's placeholder")
         self.reward_ids = [single_token_id(self.tokenizer, t, "the PRM's reward tokens")
                            for t in settings["reward_tokens"]]
         self.newline_ids = newline_token_ids(self.tokenizer)
@@ -171,8 +174,8 @@ class ProcessRewardFn:
     def check_vocabulary(self, tokenizer) -> None:
         """ConfigError unless the policy's `tokenizer` has the PRM's vocabulary."""
         if tokenizer.get_vocab() != self.tokenizer.get_vocab():
-            raise ConfigError("--reward.model_name_or_path: the process reward model's vocabulary differs from "
-                              "the policy's; train the PRM from the policy's base model")
+            raise ConfigError("--reward.model_name_or_path: the process reward model's vocabulary differs "
+                              "from the policy's; train the PRM from the policy's base model")
 
     @torch.no_grad()
     def step_rewards(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
@@ -184,16 +187,16 @@ class ProcessRewardFn:
         probs: list[torch.Tensor] = []
         with on_device(self.model, self.device if self.offload else None):
             for i in range(0, len(responses), self.micro_batch_size):
-                probs += self._score(prompts[i : i + self.micro_batch_size], responses[i : i + self.micro_batch_size],
-                                     token[i : i + self.micro_batch_size])
+                rows = slice(i, i + self.micro_batch_size)
+                probs += self._score(prompts[rows], responses[rows], token[rows])
         return token, probs
 
     def _score(self, prompts, responses, token: torch.Tensor) -> list[torch.Tensor]:
         """P(good) of every step of a micro-batch; writes them into `token` (a view) at the step ends."""
         laid = [prm_layout(list(r), self.newline_ids, self.skip_ids, self.placeholder) for r in responses]
         rows = [list(p) + out for p, (out, _, _) in zip(prompts, laid)]
-        batch = collate_steps([_marked(row, len(p), marks) for row, p, (_, marks, _) in zip(rows, prompts, laid)],
-                              self.tokenizer.pad_token_id)
+        marked = [_marked(row, len(p), marks) for row, p, (_, marks, _) in zip(rows, prompts, laid)]
+        batch = collate_steps(marked, self.tokenizer.pad_token_id)
         device = model_device(self.model)
         z = step_logits(self.model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
                         batch["step_mask"].to(device), self.reward_ids)

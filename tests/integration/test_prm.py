@@ -100,7 +100,8 @@ def test_rl_with_a_prm_gets_step_rewards_and_trains(ws, prm_run, tmp_path, capsy
 
 
 def test_bad_step_data_is_a_one_line_error(ws, tmp_path, capsys):
-    write(tmp_path / "no_placeholder.jsonl", [{"input": "1+1=2 #\n", "label": ["+"]}, {"input": "1+1=3", "label": ["-"]}])
+    rows = [{"input": "1+1=2 #\n", "label": ["+"]}, {"input": "1+1=3", "label": ["-"]}]
+    write(tmp_path / "no_placeholder.jsonl", rows)
     cases = [
         (["--data.dataset", str(tmp_path / "no_placeholder.jsonl")], "line 2: no placeholder token"),
         (["--reward_tokens", "ok", "-"], "--data.reward_tokens 'ok' is 2 tokens"),

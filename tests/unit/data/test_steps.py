@@ -4,7 +4,13 @@ character-level tiny tokenizer (one token per character)."""
 import pytest
 import torch
 
-from rlhfkit.data.steps import collate_steps, encode_steps, label_targets, load_steps, single_token_id
+from rlhfkit.data.steps import (
+    collate_steps,
+    encode_steps,
+    label_targets,
+    load_steps,
+    single_token_id,
+)
 from rlhfkit.data.supervised import TextFormat, render_reward
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models import tiny_tokenizer

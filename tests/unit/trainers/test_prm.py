@@ -32,7 +32,8 @@ def ids(tok, text):
 
 def test_layout_puts_the_placeholder_before_each_newline_run_and_at_the_end():
     _, tok = tiny_model_and_tokenizer(seed=0)
-    nl, skip, ph = {tok.convert_tokens_to_ids("\n")}, {tok.eos_token_id, tok.pad_token_id}, tok.convert_tokens_to_ids("#")
+    nl, ph = {tok.convert_tokens_to_ids("\n")}, tok.convert_tokens_to_ids("#")
+    skip = {tok.eos_token_id, tok.pad_token_id}
     # "1+1=2\n2*3=7<eos>": steps end at the newline (5) and at the last non-EOS token (10)
     out, marks, ends = prm_layout(ids(tok, "1+1=2\n2*3=7") + [tok.eos_token_id], nl, skip, ph)
     assert tok.decode(out) == "1+1=2#\n2*3=7#"
