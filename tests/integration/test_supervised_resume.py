@@ -24,6 +24,8 @@ from rlhfkit.config.sft import SFTConfig
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.models.lora import add_lora
 from rlhfkit.trainers import checkpoint as ck
+from rlhfkit.trainers.checkpoint import Checkpointer
+from rlhfkit.trainers.supervised import StepLoop, SupervisedState, build_learner
 
 REPO = Path(__file__).resolve().parents[2]
 # Runs the CLI, but SIGKILLs itself at the N-th call of Learner.step (after the step's backward
@@ -212,3 +214,48 @@ def test_bad_checkpoint_and_wandb_flags_fail_in_one_line(ws, tmp_path, capsys, f
     assert main(argv(ws, "dpo", tmp_path / "run", **{flag: value})) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+class CountingAlgorithm:
+    """A supervised algorithm with state of its own (through the optional hooks): a running count of
+    the items it has seen, on a linear model."""
+
+    def __init__(self, items):
+        torch.manual_seed(0)
+        self.model, self.tokenizer, self.seen = torch.nn.Linear(2, 1), None, torch.zeros(())
+        train = types.SimpleNamespace(batch_size=2, micro_batch_size=1, max_epochs=3, max_steps=None, seed=3,
+                                      eval_steps=-1, lr_warmup_ratio=0.0, lr_scheduler="constant", min_lr_ratio=0.0,
+                                      max_norm=1.0)
+        adam = types.SimpleNamespace(lr=0.1, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
+        self.loop = StepLoop(build_learner(self.model, adam, train, 9), items, train)
+
+    def micro_loss(self, items, step_items):
+        self.seen += len(items)
+        x = torch.tensor(items, dtype=torch.float32)
+        loss = (self.model(x).squeeze(-1) - x.sum(-1)).pow(2).sum() / len(step_items)
+        return loss, {"loss": float(loss.detach())}
+
+    def extra_state_dict(self):
+        return {"seen": self.seen}
+
+    def load_extra_state_dict(self, state):
+        self.seen = state["seen"].clone()
+
+
+def test_supervised_state_saves_the_loop_and_the_algorithms_own_state(tmp_path):
+    """Stopped after 4 of 9 steps (a mid-epoch checkpoint) and resumed in a fresh algorithm, the run ends
+    as the uninterrupted one: weights, optimizer, data order and the algorithm's own counter."""
+    items = [[float(i), float(i % 3)] for i in range(7)]  # 3 steps per epoch, 1 item dropped each epoch
+    whole = CountingAlgorithm(items)
+    whole.loop.fit(whole.micro_loss)
+    first = CountingAlgorithm(items)
+    first.loop.total_steps = 4
+    first.loop.fit(first.micro_loss)
+    ckpt = Checkpointer(tmp_path, save_steps=-1, max_num=1)
+    ckpt.save(SupervisedState(first))
+    resumed = CountingAlgorithm(items)
+    ckpt.load(SupervisedState(resumed), ck.latest_good(tmp_path)[0])
+    assert (resumed.loop.step, resumed.loop.pos, resumed.seen.item()) == (4, 2, 8.0)
+    resumed.loop.fit(resumed.micro_loss)
+    assert tensors_equal(resumed.model.state_dict(), whole.model.state_dict())
+    assert resumed.seen.item() == whole.seen.item() == 18.0 and resumed.loop.order == whole.loop.order
