@@ -13,8 +13,12 @@ and eval data, the run folder and its loggers. The loops are the algorithm class
 `from_config`, `train`.
 
 The run folder: config.json, metrics.jsonl and TensorBoard events (one row per optimizer step, and
-one for the final evaluation), curves.png, summary.json (steps and the final metrics), final/ (the
-model; a reward model carries the mean / std of its scores in its config).
+one for the final evaluation; also to wandb with --logger.wandb.project), curves.png, summary.json
+(steps and the final metrics), final/ (the model; a reward model carries the mean / std of its
+scores in its config), and with --ckpt.save_steps N the checkpoints/ of `train rl`: every N steps
+the model, the optimizer and schedule, the RNG states and the position in the data, written
+atomically; --ckpt.load_enable resumes from the newest intact one, and the resumed run ends as the
+uninterrupted one would (on CPU, bit for bit).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from rlhfkit.api.components import create_run_dir
+from rlhfkit.api.components import create_run_dir, extra_writers, setup_checkpoints
 from rlhfkit.config.parse import to_dict
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
 from rlhfkit.config.prm import PRMConfig, validate_prm
@@ -42,6 +46,7 @@ from rlhfkit.models.reward import init_reward_model
 from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.tracking.run import RunTracker
 from rlhfkit.trainers import preference, prm, supervised
+from rlhfkit.trainers.checkpoint import Checkpointer
 from rlhfkit.trainers.build import load_policy, resolve_model
 
 __all__ = ["SFTConfig", "RMConfig", "DPOConfig", "KTOConfig", "PRMConfig",
@@ -125,7 +130,8 @@ class SupervisedTrainer:
     Build it with `from_config`; `train()` once, then `save(path)` as often as wanted.
     Attributes: `cfg`, `algorithm` (the loop of trainers/), `tracker`, `run_dir`, `train_items`,
     `eval_items`, `skipped` (samples over --data.max_len), `final_metrics` (the final evaluation,
-    filled by `train`).
+    filled by `train`), `checkpointer` and `resume` ((folder, step) of the checkpoint `train`
+    resumes from, or None).
     """
 
     kind: ClassVar[str]
@@ -133,8 +139,13 @@ class SupervisedTrainer:
     algorithm_class: ClassVar[type]
 
     def __init__(self, cfg, algorithm, tracker: RunTracker, train_items: list, eval_items: list,
-                 skipped: int = 0):
+                 skipped: int = 0, checkpointer: Checkpointer | None = None,
+                 resume: tuple[Path, int] | None = None):
         self.cfg, self.algorithm, self.tracker = cfg, algorithm, tracker
+        self.checkpointer, self.resume = checkpointer, resume
+        self.state = supervised.SupervisedState(algorithm)
+        if checkpointer is not None:
+            algorithm.loop.callbacks.append(lambda loop, step, metrics: checkpointer.periodic(self.state, step, metrics))
         self.run_dir = Path(cfg.ckpt.output_dir)
         self.train_items, self.eval_items = list(train_items), list(eval_items)
         self.skipped = skipped
@@ -160,16 +171,19 @@ class SupervisedTrainer:
             torch.set_num_threads(cfg.train.num_threads)
         device = resolve_device(cfg.model.device, "--model.device")  # before the run folder and the model
         run_dir = create_run_dir(Path(cfg.ckpt.output_dir), cfg.logger.tensorboard_dir, to_dict(cfg))
+        checkpointer, resume = setup_checkpoints(cfg, run_dir)
         model, tokenizer, ref = build_model(cls.kind, cfg, device)
         items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset,
                                                eval_dataset)
         steps = supervised.planned_steps(len(items), cfg.train)
         tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, steps, cfg.logger.progress_bar,
-                             curve_keys=CURVES[cls.kind], show={"loss": "loss", "acc": "accuracy"})
+                             purge_step=None if resume is None else resume[1] + 1,
+                             writers=extra_writers(cfg, run_dir), curve_keys=CURVES[cls.kind],
+                             show={"loss": "loss", "acc": "accuracy"})
         extra = {"ref": ref} if ref is not None else {}
         algorithm = cls.algorithm_class(cfg, model, tokenizer, items, eval_items, tracker=tracker,
                                         **extra)
-        return cls(cfg, algorithm, tracker, items, eval_items, skipped)
+        return cls(cfg, algorithm, tracker, items, eval_items, skipped, checkpointer, resume)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -185,12 +199,16 @@ class SupervisedTrainer:
         return self.algorithm.loop.step
 
     def train(self) -> dict[str, float]:
-        """Run every step, evaluate, save final/, close the loggers (curves.png) and write
-        summary.json. Returns the last step's metrics merged with the final evaluation's."""
+        """Resume (with --ckpt.load_enable and a checkpoint), run every step, evaluate, save
+        final/, close the loggers (curves.png) and write summary.json. Returns the last step's
+        metrics (none when resumed after the last step) merged with the final evaluation's."""
+        if self.resume is not None and self.checkpointer is not None:
+            self.checkpointer.load(self.state, self.resume[0])
+            print(f"resumed from {self.resume[0]} (step {self.step} of {self.algorithm.loop.total_steps})")
         history = self.algorithm.fit()
         final = self.algorithm.evaluate() if self.eval_items else {}
-        if final:
-            self.tracker.log(self.step, final)
+        if final:  # metrics.jsonl, TensorBoard, wandb; not a second console line for the last step
+            self.tracker.metrics.log(self.step, final)
         final.update(self._save(self.run_dir / "final")[1])
         self.tracker.close()
         summary = {"steps": self.step, **final}

@@ -93,7 +93,6 @@ MUON = "ignored: rlhfkit trains with AdamW, Muon's settings have no effect"
 MOE = "ignored: transformers picks the MoE experts' kernel"
 OPTIM = refuse("rlhfkit trains with AdamW only: drop it or pass adam", harmless=("adam",))
 AUX_LOSS = refuse("rlhfkit adds no MoE load-balancing loss: drop it", harmless=("0", "0.0"))
-SUP_WANDB = "ignored: train sft|rm|dpo|kto log to metrics.jsonl and TensorBoard (no wandb yet)"
 PROBS = refuse("rlhfkit reads one dataset, unmixed: combine the datasets into one file first",
                harmless=("1", "1.0"))
 
@@ -121,12 +120,39 @@ def _ema_beta(vals, given):
     return {"actor.ema_beta": vals[0]} if _given(given, "enable_ema", "train.enable_ema") is not None else {}
 
 
-def _wandb_on(vals, given):
-    return {"logger.wandb.project": (_given(given, "wandb_project") or ["openrlhf_train_ppo"])[0]}
+def _wandb_on(default_project: str):
+    return lambda vals, given: {"logger.wandb.project": (_given(given, "wandb_project") or [default_project])[0]}
 
 
 def _wandb(field: str):
     return lambda vals, given: {field: vals[0]} if _given(given, "use_wandb", "logger.wandb.key") else {}
+
+
+def _wandb_switch(default_project: str) -> Alias:
+    """--use_wandb KEY; `default_project`: the command's --wandb_project default."""
+    return notice(f"turns wandb logging on (project {default_project} unless --wandb_project); the key is not "
+                  "used: log in with `wandb login` or WANDB_API_KEY", 1, _wandb_on(default_project), weak=True)
+
+
+def add_wandb_rules(add, default_project: str) -> None:
+    """OpenRLHF's wandb flags, the same for every command; `default_project`: its --wandb_project default."""
+    add("use_wandb logger.wandb.key", _wandb_switch(default_project))
+    add("wandb_project", conv(_wandb("logger.wandb.project"), "`--logger.wandb.project`, with --use_wandb"))
+    add("logger.wandb.project", to("logger.wandb.project", note="rlhfkit logs to wandb whenever a project is set"))
+    add("wandb_run_name", conv(_wandb("logger.wandb.name"), "`--logger.wandb.name`, with --use_wandb"))
+    add("logger.wandb.run_name", to("logger.wandb.name"))
+    add("wandb_group", conv(_wandb("logger.wandb.group"), "`--logger.wandb.group`, with --use_wandb"))
+    add("logger.wandb.group", to("logger.wandb.group"))
+    add("wandb_org logger.wandb.org", notice("ignored: set the wandb entity with WANDB_ENTITY", 1))
+
+
+def add_ckpt_rules(add) -> None:
+    """OpenRLHF's checkpoint flags, the same for `train rl` and `train sft|rm|dpo|kto`."""
+    add("save_steps ckpt.save_steps", to("ckpt.save_steps"))
+    add("max_ckpt_num ckpt.max_num", to("ckpt.max_num"))
+    add("load_checkpoint ckpt.load_enable", to("ckpt.load_enable", 0, "resumes from <--ckpt.output_dir>/checkpoints"))
+    add("ckpt_path ckpt.path", notice(DS_CKPT_PATH, 1))
+    add("max_ckpt_mem ckpt.max_mem", notice(CKPT_MEM, 1))
 
 
 def _max_len(vals, given):
@@ -214,28 +240,15 @@ _rl("bf16", conv(_dtype("actor.dtype"), "`--actor.dtype bfloat16` (bf16 paramete
                                         "DeepSpeed keeps them)", 0))
 # checkpoints and logging
 _rl("save_path ckpt.output_dir", to("ckpt.output_dir"))
-_rl("save_steps ckpt.save_steps", to("ckpt.save_steps"))
-_rl("max_ckpt_num ckpt.max_num", to("ckpt.max_num"))
-_rl("load_checkpoint ckpt.load_enable", to("ckpt.load_enable", 0, "resumes from <--ckpt.output_dir>/checkpoints"))
-_rl("ckpt_path ckpt.path", notice(DS_CKPT_PATH, 1))
+add_ckpt_rules(_rl)
 _rl("save_hf_ckpt ckpt.save_hf disable_ds_ckpt ckpt.disable_ds use_ds_universal_ckpt ds.use_universal_ckpt",
     notice(DS_CKPT))
-_rl("max_ckpt_mem ckpt.max_mem", notice(CKPT_MEM, 1))
 _rl("best_metric_key ckpt.best_metric_key", notice(BEST_CKPT, 1))
 _rl("logging_steps logger.logging_steps", notice(LOGGING_STEPS, 1))
 _rl("eval_steps eval.steps", to("eval.steps", note="-1: before and after training"))
 _rl("use_tensorboard logger.tensorboard_dir",
     to("logger.tensorboard_dir", note="rlhfkit always writes TensorBoard events"))
-_rl("use_wandb logger.wandb.key", notice(
-    "turns wandb logging on (project openrlhf_train_ppo unless --wandb_project); the key is not used: "
-    "log in with `wandb login` or WANDB_API_KEY", 1, _wandb_on, weak=True))
-_rl("wandb_project", conv(_wandb("logger.wandb.project"), "`--logger.wandb.project`, with --use_wandb"))
-_rl("logger.wandb.project", to("logger.wandb.project", note="rlhfkit logs to wandb whenever a project is set"))
-_rl("wandb_run_name", conv(_wandb("logger.wandb.name"), "`--logger.wandb.name`, with --use_wandb"))
-_rl("logger.wandb.run_name", to("logger.wandb.name"))
-_rl("wandb_group", conv(_wandb("logger.wandb.group"), "`--logger.wandb.group`, with --use_wandb"))
-_rl("logger.wandb.group", to("logger.wandb.group"))
-_rl("wandb_org logger.wandb.org", notice("ignored: set the wandb entity with WANDB_ENTITY", 1))
+add_wandb_rules(_rl, "openrlhf_train_ppo")
 # models, data, rollout
 _rl("pretrain actor.model_name_or_path", to("actor.model_name_or_path"))
 _rl("reward_pretrain reward.model_name_or_path", to("reward.model_name_or_path", note="one reward model: a folder from "
@@ -390,19 +403,13 @@ def _supervised_rules() -> dict[str, Alias]:
     add("value_head_prefix ds.value_head_prefix", notice(VALUE_HEAD, 1))
     # checkpoints and logging
     add("save_path ckpt.output_dir", to("ckpt.output_dir"))
-    add("save_steps ckpt.save_steps",
-        notice("not supported yet: train sft|rm|dpo|kto save the final model only", 1))
-    add("load_checkpoint ckpt.load_enable",
-        notice("not supported yet: train sft|rm|dpo|kto start from --model.model_name_or_path"))
-    add("ckpt_path ckpt.path max_ckpt_num ckpt.max_num max_ckpt_mem ckpt.max_mem",
-        notice("ignored: train sft|rm|dpo|kto write no intermediate checkpoints", 1))
+    add_ckpt_rules(add)
     add("save_hf_ckpt ckpt.save_hf disable_ds_ckpt ckpt.disable_ds use_ds_universal_ckpt ds.use_universal_ckpt",
         notice(DS_CKPT))
     add("logging_steps logger.logging_steps", notice(LOGGING_STEPS, 1))
     add("eval_steps eval.steps", to("train.eval_steps"))
     add("use_tensorboard logger.tensorboard_dir", to("logger.tensorboard_dir"))
-    add("use_wandb wandb_org wandb_group wandb_project wandb_run_name logger.wandb.key logger.wandb.org "
-        "logger.wandb.group logger.wandb.project logger.wandb.run_name", notice(SUP_WANDB, 1))
+    add_wandb_rules(add, "openrlhf_train_sft")
     # model and data
     add("pretrain model.model_name_or_path", to("model.model_name_or_path"))
     add("ref_pretrain ref.model_name_or_path", to("ref.model_name_or_path"))
@@ -479,6 +486,9 @@ SUPERVISED_FLAGS["prm"].update({"packing_samples": PRM_PACKING})
 # Conditional SFT: OpenRLHF renders the score into the prompt in batch_inference (--post_processor
 # csft --reward_template); `rlhfkit train sft` renders it while reading the data.
 CONDITIONAL_SFT_ALIASES = {"reward_template": to("data.reward_template")}
+for _kind, _flags in SUPERVISED_FLAGS.items():  # each command's own default wandb project
+    _switch = _wandb_switch(f"openrlhf_train_{_kind}")
+    _flags.update({n: _switch for n in ("use_wandb", "logger.wandb.key") if n in _flags})
 
 # The alias tables of rlhfkit's commands. `train kto` also takes the dotted names of train_dpo
 # (OpenRLHF's KTO was gone before its flags were dotted).

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
-from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, AdamConfig, LoraConfig,
-                               check_device, check_input_template)
+from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, WANDB_MODES, AdamConfig,
+                               LoraConfig, WandbConfig, check_device, check_input_template)
 from rlhfkit.config.rl import lora_targets  # noqa: F401  (LoRA is defined with train rl's config; kept here)
 from rlhfkit.errors import ConfigError
 
@@ -131,16 +131,25 @@ class DSConfig:
 
 @dataclass(frozen=True)
 class SupervisedCkptConfig:
-    """The run folder."""
+    """The run folder and checkpoints (as `train rl`'s)."""
 
     output_dir: str = "runs/sft"
-    """Run folder: metrics.jsonl, TensorBoard events, config.json and the final model (final/)."""
+    """Run folder: metrics.jsonl, TensorBoard events, config.json, checkpoints/ and the final model
+    (final/)."""
+    save_steps: int = -1
+    """Write a checkpoint (model, optimizer and schedule, RNG, data order and position) every N
+    optimizer steps (-1: only the final model)."""
+    max_num: int = 3
+    """Keep the newest N checkpoints in <output_dir>/checkpoints."""
+    load_enable: bool = False
+    """Resume from the newest intact checkpoint in <output_dir>/checkpoints (start fresh if none)."""
 
 
 @dataclass(frozen=True)
 class SupervisedLoggerConfig:
-    """Console and TensorBoard logs."""
+    """Console, TensorBoard and wandb logs."""
 
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     tensorboard_dir: str | None = None
     """TensorBoard log dir (default: <output_dir>/tensorboard)."""
     progress_bar: bool = True
@@ -187,6 +196,7 @@ SUPERVISED_RANGES = validate_table({
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_epochs": ">= 1", "train.max_steps": ">= 1",
     "train.lr_warmup_ratio": "[0, 1]", "train.min_lr_ratio": "[0, 1]", "train.max_norm": ">= 0",
     "train.eval_steps": "-1 or >= 1", "train.seed": SEED_RANGE, "train.num_threads": ">= 1",
+    "ckpt.save_steps": "-1 or >= 1", "ckpt.max_num": ">= 1",
     **{f"adam.{k}": v for k, v in ADAM_RANGES.items()},
     "ds.lora.rank": ">= 0", "ds.lora.alpha": "> 0", "ds.lora.dropout": "[0, 1)",
 })
@@ -203,6 +213,8 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
     check_device("--model.device", cfg.model.device)
     require(cfg.logger.log_level in LOG_LEVELS, f"--logger.log_level: unknown value "
             f"{cfg.logger.log_level!r}; valid: {', '.join(LOG_LEVELS)}")
+    require(cfg.logger.wandb.mode in WANDB_MODES, f"--logger.wandb.mode: unknown value "
+            f"{cfg.logger.wandb.mode!r}; valid: {', '.join(WANDB_MODES)}")
     require(t.lr_scheduler in LR_SCHEDULERS,
             f"--train.lr_scheduler: unknown value {t.lr_scheduler!r}; valid: {', '.join(LR_SCHEDULERS)}")
     require(t.batch_size % t.micro_batch_size == 0,

@@ -4,7 +4,7 @@ Layout of `root` (a run's `checkpoints/` folder):
 
     step_00000012/
         model/               HF folder of each module with `save_pretrained` (safetensors + tokenizer)
-        critic.safetensors   the state dict of any other module
+        critic.safetensors   the state dict of any other module (and of a LoRA model: base and adapters)
         state.json           everything else: a nested tree of plain values (optimizer and scheduler
         state.safetensors    state, EMA, KL controller, RNG states, data position, counters); tensors
                              sit in the safetensors file and are named in the tree
@@ -125,7 +125,7 @@ def step_dir_name(step: int) -> str:
 
 def _write_contents(tmp: Path, step: int, state: dict, modules: dict[str, tuple]) -> None:
     for name, (module, tokenizer) in modules.items():
-        if hasattr(module, "save_pretrained") and tokenizer is not None:
+        if hasattr(module, "save_pretrained") and tokenizer is not None and not hasattr(module, "peft_config"):
             module.save_pretrained(tmp / name, safe_serialization=True)
             tokenizer.save_pretrained(tmp / name)
         else:

@@ -7,6 +7,7 @@
                 backward
             Learner.step()  (clip, AdamW, warmup + cosine schedule)
             every train.eval_steps: eval
+            log; callbacks (the API's checkpointer: every --ckpt.save_steps, see SupervisedState)
 
 An algorithm (SFT here; RM, DPO and KTO in trainers/preference.py) only supplies
 `micro_loss(items, step_items) -> (loss, metrics)`, where the loss is divided by counts of the
@@ -58,32 +59,54 @@ def planned_steps(n_items: int, train) -> int:
 
 
 class StepLoop:
-    """Shuffled epochs of optimizer steps over `items`, each split into micro-batches."""
+    """Shuffled epochs of optimizer steps over `items`, each split into micro-batches.
+
+    `callbacks`: `cb(loop, step, metrics)` after each step's logging (the API adds the
+    checkpointer's). `state_dict()` holds the position in the data (the epoch's order, the next
+    index in it, the order generator), the step counter and the Learner's optimizer, schedule and
+    counters: restored with `load_state_dict`, the loop continues as if never stopped.
+    """
 
     def __init__(self, learner: Learner, items: Sequence, train, tracker=None,
-                 evaluate: Callable[[], dict[str, float]] | None = None):
+                 evaluate: Callable[[], dict[str, float]] | None = None, callbacks: Sequence[Callable] = ()):
         self.learner, self.items, self.train = learner, list(items), train
         self.tracker, self.evaluate = tracker, evaluate
+        self.callbacks = list(callbacks)
         self.total_steps = planned_steps(len(self.items), train)
         self.gen = torch.Generator().manual_seed(train.seed)
+        self.order: list[int] = []  # the current epoch's order of item indices
+        self.pos = 0  # the next step's first index in `order`
         self.step = 0
 
     def fit(self, micro_loss: MicroLoss) -> list[dict[str, float]]:
+        """Train from the current position (the start, or a checkpoint's) to total_steps; returns
+        each step's metrics."""
         t = self.train
         history = []
         while self.step < self.total_steps:
-            order = torch.randperm(len(self.items), generator=self.gen).tolist()
-            for s in range(0, len(order) - t.batch_size + 1, t.batch_size):
-                if self.step >= self.total_steps:
-                    break
-                step_items = [self.items[i] for i in order[s : s + t.batch_size]]
-                metrics = self.optimizer_step(micro_loss, step_items)
-                if self.evaluate is not None and t.eval_steps > 0 and self.step % t.eval_steps == 0:
-                    metrics.update(self.evaluate())
-                if self.tracker is not None:
-                    self.tracker.log(self.step, metrics)
-                history.append(metrics)
+            if self.pos + t.batch_size > len(self.order):  # a new epoch (the rest of the last one is dropped)
+                self.order, self.pos = torch.randperm(len(self.items), generator=self.gen).tolist(), 0
+            step_items = [self.items[i] for i in self.order[self.pos : self.pos + t.batch_size]]
+            self.pos += t.batch_size
+            metrics = self.optimizer_step(micro_loss, step_items)
+            if self.evaluate is not None and t.eval_steps > 0 and self.step % t.eval_steps == 0:
+                metrics.update(self.evaluate())
+            if self.tracker is not None:
+                self.tracker.log(self.step, metrics)
+            history.append(metrics)
+            for cb in self.callbacks:
+                cb(self, self.step, metrics)
         return history
+
+    def state_dict(self) -> dict:
+        """Step, data position and the Learner's state (plain values and tensors; see trainers.checkpoint)."""
+        return {"step": self.step, "order": self.order, "pos": self.pos, "gen": self.gen.get_state(),
+                "learner": self.learner.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.order, self.pos = state["step"], list(state["order"]), state["pos"]
+        self.gen.set_state(state["gen"])
+        self.learner.load_state_dict(state["learner"])
 
     def optimizer_step(self, micro_loss: MicroLoss, step_items: list) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -98,6 +121,39 @@ class StepLoop:
         self.step += 1
         sums["time/step"] = time.perf_counter() - t0
         return sums
+
+
+class SupervisedState:
+    """A supervised algorithm (any object with `loop`, `model` and `tokenizer`) as the `Checkpointer`'s
+    trainer: the loop's state (trainers.checkpoint saves the global RNG states beside it), the model
+    (an HF folder with its tokenizer) and, through the optional hooks `extra_state_dict()` and
+    `load_extra_state_dict(state)`, the algorithm's own state. SFT, RM, DPO and KTO have none (a
+    reference model is frozen)."""
+
+    def __init__(self, algorithm):
+        self.algorithm = algorithm
+
+    @property
+    def step(self) -> int:
+        return self.algorithm.loop.step
+
+    def state_dict(self) -> dict:
+        state = {"loop": self.algorithm.loop.state_dict()}
+        if hasattr(self.algorithm, "extra_state_dict"):
+            state["algorithm"] = self.algorithm.extra_state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.algorithm.loop.load_state_dict(state["loop"])
+        if hasattr(self.algorithm, "load_extra_state_dict"):
+            self.algorithm.load_extra_state_dict(state["algorithm"])
+
+    def checkpoint_modules(self) -> dict[str, tuple]:
+        return {"model": (self.algorithm.model, self.algorithm.tokenizer)}
+
+    def can_checkpoint(self) -> bool:
+        """False while the last optimizer steps were skipped (non-finite): keep the last good checkpoint."""
+        return self.algorithm.loop.learner.consecutive_skips == 0
 
 
 # ---------------------------------------------------------------------------------- SFT
