@@ -1,4 +1,4 @@
-"""Exact resume of `rlhfkit train sft|rm|dpo|kto`: a real CLI subprocess on the tiny model is killed
+"""Exact resume of `rlhfkit train sft|rm|dpo|kto|prm`: a real CLI subprocess on the tiny model is killed
 with SIGKILL (mid-step, or mid-way through writing a checkpoint), resumed with --ckpt.load_enable
 (in this process: nothing but the checkpoint carries over), and must end with the same weights, metrics, optimizer state and summary as the uninterrupted run,
 bit for bit (CPU, one thread). Also: a plain line per step on the console, wandb logging through a
@@ -55,11 +55,15 @@ STEPS = 6  # 12 items / batch 4 = 3 steps per epoch, 2 epochs: the kills land in
 SFT = [{"input": f"{k}=", "output": v} for k, v in zip("abcdefghijkl", ["cat", "dog", "owl", "fox", "emu", "yak"] * 2)]
 PAIRS = [{"prompt": f"q{i}:", "chosen": "7" * (1 + i % 3), "rejected": "1" * (1 + i % 3)} for i in range(12)]
 KTO = [{"prompt": f"q{i}:", "output": ("7" if i % 2 else "1") * 2, "label": bool(i % 2)} for i in range(12)]
-DATA = {"sft": SFT, "rm": PAIRS, "dpo": PAIRS, "kto": KTO}
+PRM = [{"input": f"{i % 5}+1={i % 5 + 1 + i % 2} #\n", "label": ["-" if i % 2 else "+"]} for i in range(12)]
+DATA = {"sft": SFT, "rm": PAIRS, "dpo": PAIRS, "kto": KTO, "prm": PRM}
+# Flags a kind needs besides the shared ones.
+EXTRA = {"prm": {"data.placeholder_token": "#", "data.reward_tokens": "+"}}
 # Where each run is killed, and the step it resumes from (--ckpt.save_steps 2): ("step", n) = during
 # optimizer step n (with n even, step n - 1 is trained and logged again); ("fsync", n) = mid-way
 # through writing the 2nd checkpoint (one checkpoint takes about 14 fsyncs).
-KILLS = {"sft": ("step", 4, 2), "rm": ("fsync", 17, 2), "dpo": ("fsync", 17, 2), "kto": ("step", 6, 4)}
+KILLS = {"sft": ("step", 4, 2), "rm": ("fsync", 17, 2), "dpo": ("fsync", 17, 2), "kto": ("step", 6, 4),
+         "prm": ("step", 4, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +87,12 @@ def argv(ws, kind, out, **over):
          "data.eval_dataset": ws / f"{kind}.jsonl", "train.eval_steps": 2, "train.batch_size": 4,
          "train.micro_batch_size": 2, "train.max_epochs": 2, "train.num_threads": 1, "adam.lr": 1e-2,
          "train.lr_warmup_ratio": 0.2, "ckpt.save_steps": 2, "ckpt.max_num": 2, "ckpt.load_enable": "true",
-         "ckpt.output_dir": out}
+         "ckpt.output_dir": out, **EXTRA.get(kind, {})}
     f.update(over)
-    return ["train", kind] + [x for k, v in f.items() for x in (f"--{k}", str(v))]
+    args = ["train", kind] + [x for k, v in f.items() for x in (f"--{k}", str(v))]
+    if kind == "prm":  # two reward tokens: good, bad
+        args.insert(args.index("--data.reward_tokens") + 2, "-")
+    return args
 
 
 def launch_killed(args, script, where, n):
@@ -114,13 +121,13 @@ def assert_same_run(ref, out):
     assert same_tensors(f"checkpoints/step_{STEPS:08d}/state.safetensors")  # Adam, RNG and data-order states
 
 
-@pytest.mark.parametrize("kind", ["sft", "rm", "dpo", "kto"])
+@pytest.mark.parametrize("kind", ["sft", "rm", "dpo", "kto", "prm"])
 def test_sigkill_then_resume_equals_the_uninterrupted_run(ws, kind, tmp_path, capsys):
     ref = tmp_path / "ref"
     assert main(argv(ws, kind, ref)) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("train ")]
     assert [x.split()[1] for x in lines] == [f"{i}/{STEPS}" for i in range(1, STEPS + 1)]  # a line per step
-    assert re.match(r"train 1/6 loss=\S+ " + (r"acc=\S+ " if kind in ("rm", "dpo") else ""), lines[0]), lines[0]
+    assert re.match(r"train 1/6 loss=\S+ " + (r"acc=\S+ " if kind in ("rm", "dpo", "prm") else ""), lines[0]), lines[0]
     assert sorted(p.name for p in (ref / "checkpoints").glob("step_*")) == ["step_00000004", "step_00000006"]
     assert len(rows(ref / "metrics.jsonl")) == STEPS + 1  # and the final evaluation
 
