@@ -20,6 +20,7 @@ from rlhfkit.config.sft import (
     SupervisedDataConfig,
     SupervisedLoggerConfig,
     SupervisedTrainConfig,
+    refuse_reward_template,
     require,
     validate_common,
 )
@@ -99,6 +100,7 @@ class KTOConfig(DPOConfig):
 
 def validate_rm(cfg: RMConfig) -> RMConfig:
     validate_common(cfg)
+    refuse_reward_template(cfg, "train rm")
     require(not cfg.ds.packing_samples, "--ds.packing_samples is not supported by train rm (scores are read at "
             "each sample's last token of a padded batch); drop the flag")
     return cfg
@@ -115,6 +117,7 @@ def validate_dpo(cfg: DPOConfig, kind: str = "dpo") -> DPOConfig:
     """Checks of `train dpo`, and with `kind` "kto" those of `train kto`."""
     require(kind in ("dpo", "kto"), f"validate_dpo: kind must be 'dpo' or 'kto' (got {kind!r})")
     validate_common(cfg, DPO_RANGES)
+    refuse_reward_template(cfg, f"train {kind}")
     m = cfg.model
     require(not (m.ipo_enable and m.label_smoothing > 0),
             "--model.ipo_enable and --model.label_smoothing are exclusive (cDPO smooths the logistic DPO loss)")

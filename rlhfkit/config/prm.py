@@ -17,6 +17,7 @@ from rlhfkit.config.sft import (
     SupervisedDataConfig,
     SupervisedLoggerConfig,
     SupervisedTrainConfig,
+    refuse_reward_template,
     require,
     validate_common,
 )
@@ -60,7 +61,7 @@ def validate_prm(cfg: PRMConfig) -> PRMConfig:
     require(d.reward_tokens[0] != d.reward_tokens[1], "--data.reward_tokens: the two tokens must differ")
     require(d.placeholder_token not in d.reward_tokens,
             "--data.placeholder_token must differ from the --data.reward_tokens")
-    require(d.reward_template is None, "--data.reward_template is conditional SFT's (train sft); drop it")
+    refuse_reward_template(cfg, "train prm")
     require(not d.apply_chat_template and d.input_template is None,
             "train prm reads --data.input_key's text as it is: drop --data.apply_chat_template / "
             "--data.input_template and render the text in the data")

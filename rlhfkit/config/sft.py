@@ -202,6 +202,12 @@ SUPERVISED_RANGES = validate_table({
 })
 
 
+def refuse_reward_template(cfg, command: str) -> None:
+    """Conditional SFT's score template is read by `train sft` only."""
+    require(cfg.data.reward_template is None,
+            f"--data.reward_template is conditional SFT's (train sft); {command} does not read it: drop it")
+
+
 def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
     """Checks every supervised config passes (sections model, data, train, adam, ds; `ranges`: the
     numeric ranges of its flags). The training data is checked where it is read (`api.supervised`):
