@@ -1,7 +1,6 @@
 """The code-execution reward: label formats, per-test judging, honest solutions, builtin:code."""
 
 import json
-import os
 
 import pytest
 
@@ -10,6 +9,7 @@ from rlhfkit.config.rl import CodeRewardConfig, RewardConfig, RLConfig
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.code import (CodeReward, CodeSandbox, CodeTests, code_reward, extract_code,
                                   normalize_output, parse_tests, run_tests, split_asserts)
+from rlhfkit.rewards import code_sandbox
 from rlhfkit.rewards.resolve import resolve_reward
 
 
@@ -112,20 +112,39 @@ def test_the_reward_file_runs_as_a_plain_reward_func():
     assert out["rewards"].tolist() == [1.0]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal concerns a trainer running as root")
-def test_as_root_without_an_interpreter_nobody_can_run_it_refuses_in_one_line(monkeypatch):
-    monkeypatch.setattr(CodeSandbox, "_starts", lambda self, python: False)
-    with pytest.raises(RewardError, match="no Python interpreter is runnable by the unprivileged uid nobody"
-                                          r".*pass --reward.code.allow_root"):
+def test_where_bwrap_cannot_start_the_sandbox_refuses_in_one_line(monkeypatch):
+    monkeypatch.setattr(CodeSandbox, "_start_error", lambda self: "bwrap: No permissions to create new namespace")
+    with pytest.raises(RewardError, match=r"^bwrap cannot start a Python child here \(.*No permissions.*\): "
+                                          r"install bubblewrap.*--reward.code.sandbox none") as e:
         CodeSandbox()
-    box = CodeSandbox(allow_root=True)
-    assert box.uid is None
+    assert "\n" not in str(e.value)
+    monkeypatch.setattr(code_sandbox.shutil, "which", lambda name, path=None: None)
+    with pytest.raises(RewardError, match=r"needs bubblewrap \(bwrap\), which is not on PATH: install bubblewrap"):
+        CodeSandbox()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal concerns a trainer running as root")
+def test_none_runs_unconfined_with_a_warning_and_judges_the_same(caplog):
+    with caplog.at_level("WARNING", logger="rlhfkit"):
+        box = CodeSandbox("none", cpu_seconds=1, wall_seconds=3)
+    assert "model code runs unconfined" in caplog.text
+    assert run_tests("def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3", box).passed == (True,)
+    assert run_tests("def add(a, b):\n    return 0\nraise SystemExit(0)", "assert add(1, 2) == 3", box).passed == (False,)
+    assert box.run("print(input())", stdin="x\n").output == "x\n"
+
+
+def test_config_validates_the_backend_and_the_remote_url():
+    assert RLConfig.from_args([]).reward.code.sandbox == "bwrap"
+    with pytest.raises(ConfigError, match="--reward.code.sandbox: unknown value 'docker'; valid: bwrap, remote, none"):
+        RLConfig.from_args(["--reward.code.sandbox", "docker"])
+    with pytest.raises(ConfigError, match="--reward.code.sandbox remote needs --reward.code.remote_url"):
+        RLConfig.from_args(["--reward.code.sandbox", "remote"])
+    with pytest.raises(RewardError, match="--reward.code.sandbox remote needs --reward.code.remote_url"):
+        CodeReward(sandbox="remote")
+
+
 def test_cli_refuses_before_any_model_loads_when_code_cannot_be_contained(monkeypatch, tmp_path, capsys):
     from rlhfkit.cli.main import main
-    monkeypatch.setattr(CodeSandbox, "_starts", lambda self, python: False)
+    monkeypatch.setattr(CodeSandbox, "_start_error", lambda self: "bwrap: setting up uid map: Permission denied")
     data = tmp_path / "code.jsonl"
     data.write_text(json.dumps({"input": "Write add.", "label": "assert add(1, 2) == 3"}) + "\n")
     rc = main(["train", "rl", "--actor.model_name_or_path", str(tmp_path / "no_model"),
@@ -133,4 +152,5 @@ def test_cli_refuses_before_any_model_loads_when_code_cannot_be_contained(monkey
                "--reward.remote_url", "builtin:code", "--ckpt.output_dir", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
-    assert err[0].startswith("error: no Python interpreter is runnable by the unprivileged uid nobody")
+    assert err[0].startswith("error: bwrap cannot start a Python child here")
+    assert err[0].endswith("or --reward.code.sandbox none to run model code unconfined")
