@@ -4,7 +4,7 @@ Use it as `--reward.remote_url builtin:code` (which runs it with the --reward.co
 copy this file and change the settings below. The label of a prompt (`--data.label_key`) is assert
 source, a JSON list of assert sources, or JSON / a dict with "tests", or "inputs"/"outputs"
 (stdin -> stdout), or "fn_name" + "inputs"/"outputs" (call and compare), as APPS/TACO give
-`input_output`; see docs/agents.md. Each response is the part of its query after the prompt; its
+`input_output`; see docs/code_rewards.md. Each response is the part of its query after the prompt; its
 last ```python block (else the whole response) is run against each test in the code sandbox
 (`rlhfkit.rewards.code`; bubblewrap by default). Reward: 1.0 when every test passes, else 0.0 (PARTIAL_CREDIT: the
 fraction passed).
