@@ -225,20 +225,22 @@ class CodeSandbox:
             return [*common, "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         return [*common, "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
 
-    def _bwrap_mounts(self, prefix: str) -> list[str]:
-        """A read-only root with /usr, the /bin and /lib* links or folders and `prefix` (the
-        interpreter's), minimal /dev and /proc, fresh tmpfs /tmp and /sandbox (the working dir)."""
+    def _bwrap_mounts(self, roots: list[str]) -> list[str]:
+        """A read-only root with /usr, the /bin and /lib* links or folders and `roots` (the
+        interpreter's prefix, its venv), minimal /dev and /proc, fresh tmpfs /tmp and /sandbox (the
+        working dir)."""
         args = ["--ro-bind", "/usr", "/usr"]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(top):
                 args += ["--symlink", os.readlink(top), top]
             elif os.path.isdir(top):
                 args += ["--ro-bind", top, top]
-        if prefix != "/usr" and not prefix.startswith("/usr/"):
-            parents = list(reversed(Path(prefix).parents))[1:]  # without "/"
-            for parent in parents:
+        for root in roots:
+            if root == "/usr" or root.startswith("/usr/"):
+                continue
+            for parent in list(reversed(Path(root).parents))[1:]:  # without "/"
                 args += ["--perms", "0755", "--dir", str(parent)]
-            args += ["--ro-bind", prefix, prefix]
+            args += ["--ro-bind", root, root]
         args += ["--proc", "/proc", "--dev", "/dev"]
         for folder in ("/tmp", WORKDIR):
             args += ["--size", str(_TMPFS_BYTES), "--perms", "1777", "--tmpfs", folder]
@@ -258,7 +260,9 @@ class CodeSandbox:
             prefix = _prefix(python)
             if prefix is None:
                 continue
-            self.python, self._mounts = python, self._bwrap_mounts(prefix) if self.bwrap else []
+            # a venv made with --copies: its python lies outside the prefix; bind the venv too
+            roots = [prefix] if python.startswith(prefix + "/") else [prefix, str(Path(python).parents[1])]
+            self.python, self._mounts = python, self._bwrap_mounts(roots) if self.bwrap else []
             error = self._start_error()
             if error is None:
                 return

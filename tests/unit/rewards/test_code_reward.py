@@ -173,3 +173,17 @@ def test_cli_refuses_before_any_model_loads_when_code_cannot_be_contained(monkey
     assert rc == 2 and len(err) == 1
     assert err[0].startswith("error: bwrap cannot start a Python child here")
     assert err[0].endswith("or --reward.code.sandbox none to run model code unconfined")
+
+
+def test_bwrap_sees_usr_the_interpreters_prefix_and_venv_read_only_and_two_tmpfs(box):
+    args = box._bwrap_mounts(["/usr", "/opt/py/3.11", "/srv/venv"])
+    binds = [args[i + 1] for i, a in enumerate(args) if a == "--ro-bind"]
+    assert binds[0] == "/usr" and binds[-2:] == ["/opt/py/3.11", "/srv/venv"]
+    assert all(b in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32") for b in binds[1:-2])
+    k = args.index("/opt")
+    assert args[k - 3:k + 15] == ["--perms", "0755", "--dir", "/opt", "--perms", "0755", "--dir", "/opt/py",
+                                  "--ro-bind", "/opt/py/3.11", "/opt/py/3.11",
+                                  "--perms", "0755", "--dir", "/srv", "--ro-bind", "/srv/venv", "/srv/venv"]
+    tail = ["--proc", "/proc", "--dev", "/dev", "--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/tmp",
+            "--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/sandbox", "--remount-ro", "/", "--chdir", "/sandbox"]
+    assert args[k + 15:] == tail
