@@ -1,6 +1,7 @@
 """The code-execution reward: label formats, per-test judging, honest solutions, builtin:code."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -148,6 +149,8 @@ def test_none_runs_unconfined_with_a_warning_and_judges_the_same(caplog):
     assert run_tests("def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3", box).passed == (True,)
     assert run_tests("def add(a, b):\n    return 0\nraise SystemExit(0)", "assert add(1, 2) == 3", box).passed == (False,)
     assert box.run("print(input())", stdin="x\n").output == "x\n"
+    workdir = box.run("import os\nopen('f', 'w').write('x')\nprint(os.getcwd())").output.strip()
+    assert workdir.startswith("/") and not os.path.exists(workdir)  # its temporary directory is removed
 
 
 def test_config_validates_the_backend_and_the_remote_url():
