@@ -175,6 +175,18 @@ def test_as_root_the_child_runs_as_nobody_and_cannot_regain_root(boxes):
                      box).passed == (True, True)
 
 
+def test_no_program_it_runs_can_raise_its_privileges(boxes):
+    """No capabilities left, no-new-privileges set, and every mount nosuid: a setuid-root program
+    of /usr (su, passwd) or a file capability gives nothing back."""
+    code = ("def state():\n    status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+            "    nosuid = all('nosuid' in l.split()[3].split(',') for l in open('/proc/self/mounts'))\n"
+            "    return [status['CapPrm'].strip(), status['CapEff'].strip(), status['CapAmb'].strip(),\n"
+            "            status['NoNewPrivs'].strip(), nosuid]\n")
+    zero = "0" * 16
+    for box in boxes.values():
+        assert run_tests(code, f"assert state() == [{zero!r}, {zero!r}, {zero!r}, '1', True]", box).passed == (True,)
+
+
 def test_a_fork_bomb_does_not_starve_samples_judged_beside_it(boxes):
     box = boxes["no_hook"]
     right = "def add(a, b):\n    return a + b\n"
