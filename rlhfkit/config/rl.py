@@ -116,13 +116,16 @@ class RefConfig:
 
 @dataclass(frozen=True)
 class CodeRewardConfig:
-    """builtin:code: how model-written code is run against its tests (see docs/agents.md)."""
+    """builtin:code: how model-written code is run against its tests (see docs/code_rewards.md)."""
 
     partial_credit: bool = False
     """Reward = the fraction of a sample's tests passed (default: 1 when all pass, else 0)."""
-    allow_root: bool = False
-    """As root, run model code as root when no Python is runnable by the uid nobody (unsafe; default:
-    refuse to start)."""
+    sandbox: str = "bwrap"
+    """Where model code runs: bwrap (bubblewrap: namespaces, a read-only view of the interpreter only,
+    an unprivileged uid; refuses to start where bwrap cannot), remote (a SandboxFusion-style server at
+    --reward.code.remote_url) or none (unconfined, with a warning)."""
+    remote_url: str | None = None
+    """--reward.code.sandbox remote: the SandboxFusion-style server (http://HOST:PORT; POST /run_code)."""
     timeout: float = 5.0
     """Wall-clock seconds one test's sandboxed process may run before it is killed."""
     cpu_seconds: int = 2
@@ -130,8 +133,8 @@ class CodeRewardConfig:
     memory_mb: int = 512
     """Address space of one test's sandboxed process, in MiB (RLIMIT_AS)."""
     workers: int = 1
-    """Samples judged at once. As root, worker k's processes run as uid 65534 - k: uids that must
-    belong to no one on the machine."""
+    """Samples judged at once. With bwrap as root, worker k's processes run as uid 65534 - k: uids that
+    must belong to no one on the machine."""
 
 
 @dataclass(frozen=True)
@@ -537,6 +540,7 @@ def _one_of(name: str, value: str, valid: tuple[str, ...]) -> None:
 
 ADAM_RANGES = {"lr": "> 0", "betas": "[0, 1)", "eps": "> 0", "weight_decay": ">= 0"}
 SEED_RANGE = "[0, 4294967295]"
+CODE_SANDBOXES = ("bwrap", "remote", "none")
 
 # The allowed range of every numeric flag of `train rl` (see config/ranges.py); checked first by `validate`.
 RL_RANGES = validate_table({
@@ -607,6 +611,9 @@ def validate(cfg: RLConfig) -> BatchPlan:
              f"--rollout.n_samples_per_prompt {r.n_samples_per_prompt}), which --train.batch_size "
              f"({t.batch_size}) must divide; e.g. --train.batch_size {_divisor_hint(samples, t.batch_size)}")
     w = cfg.reward
+    _one_of("reward.code.sandbox", w.code.sandbox, CODE_SANDBOXES)
+    _require(w.code.sandbox != "remote" or bool(w.code.remote_url),
+             "--reward.code.sandbox remote needs --reward.code.remote_url http://HOST:PORT")
     if w.overlong_buffer_len is not None:
         _require(0 < w.overlong_buffer_len <= r.max_new_tokens,
                  f"--reward.overlong_buffer_len must be in [1, --rollout.max_new_tokens={r.max_new_tokens}]")

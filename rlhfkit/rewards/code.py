@@ -9,8 +9,8 @@ A label (the tests of one prompt) is one of, as a dict or its JSON string:
     compare with the output (an output given as [value], as APPS does, matches value too); a
     LeetCode-style `class Solution` method of that name is called on Solution().
 
-How a test is judged (the solution cannot forge a pass):
-  * each test gets a fresh sandboxed child (`CodeSandbox`) that runs the solution;
+How a test is judged locally (the solution cannot forge a pass):
+  * each test gets a fresh sandboxed child (`CodeSandbox`, bwrap by default) that runs the solution;
   * function tests (asserts, fn_name) are evaluated in the parent, never in the child: the
     solution's top-level functions and classes become proxies, a call is sent to the child as
     JSON, and the child sends back the returned value serialized from plain types only (None,
@@ -21,6 +21,9 @@ How a test is judged (the solution cannot forge a pass):
     forged `__eq__` reaches the comparison;
   * stdin -> stdout tests pass when the child exits with status 0 and its stdout matches.
 The test sources come from the dataset and run in the trainer process, as a reward file does.
+With a remote sandbox (`RemoteSandbox`), each call of a function test is one stateless run that
+replays the test's earlier calls and prints the replies after a per-run random token; the trainer
+still compares the values (see `rlhfkit.rewards.code_remote` for what that guarantees less).
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ import itertools
 import json
 import os
 import re
+import secrets
 import select
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,16 +49,20 @@ import torch
 
 from rlhfkit.errors import RewardError
 from rlhfkit.rewards.base import RewardOutput
-from rlhfkit.rewards.code_sandbox import CodeSandbox, RunResult, kill_group
+from rlhfkit.rewards.code_remote import RemoteSandbox
+from rlhfkit.rewards.code_sandbox import LOCAL_BACKENDS, CodeSandbox, RunResult
 
-__all__ = ["CodeSandbox", "RunResult", "CodeTests", "TestResult", "code_reward", "extract_code",
-           "parse_tests", "run_tests"]
+__all__ = ["CodeSandbox", "RemoteSandbox", "RunResult", "CodeTests", "TestResult", "code_reward", "extract_code",
+           "make_sandbox", "parse_tests", "run_tests"]
+BACKENDS = (*LOCAL_BACKENDS, "remote")
 
 _BLOCK_RE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 _MAX_MESSAGE = 1 << 22  # most bytes of one reply from the child
 
-# The child of a function test: runs the solution, then answers calls (one JSON line each way)
-# on the pipes _RD (requests) and _WR (replies). Nothing it writes is trusted: the parent decodes strictly.
+# The child of a function test: runs the solution (_SOURCE), then answers calls (one JSON line each
+# way) read from _RD, replies written to _WR after the bytes _PRE (locally: two pipes and no prefix;
+# remotely: stdin, and stdout with a newline and the run's token). Nothing it writes is trusted:
+# the parent decodes strictly.
 _SERVER = r'''
 import json as _json, os as _os, sys as _sys
 def _serve():
@@ -93,8 +101,8 @@ def _serve():
             return refs[v]
         return x
     def send(obj):
-        wr.write(_json.dumps(obj).encode() + b"\n")
-    code = compile(open("solution.py").read(), "solution.py", "exec")
+        wr.write(_PRE + _json.dumps(obj).encode() + b"\n")
+    code = compile(_SOURCE, "solution.py", "exec")
     ns = {"__name__": "solution", "__builtins__": __builtins__}
     if HOOK:
         _install_hook()
@@ -120,6 +128,9 @@ def _serve():
                 send({"error": type(e).__name__})
 _serve()
 '''
+
+
+Sandbox = CodeSandbox | RemoteSandbox
 
 
 class ProtocolError(Exception):
@@ -235,7 +246,7 @@ def _encode(x: Any) -> Any:
     raise TypeError(f"cannot pass a {t.__name__} to the solution")
 
 
-def _decode(x: Any, conn: _Child, depth: int = 0) -> Any:
+def _decode(x: Any, conn: _Session, depth: int = 0) -> Any:
     """A value from the child, checked type by type (anything else is a ProtocolError)."""
     if depth > 200:
         raise ProtocolError("value nested too deeply")
@@ -265,7 +276,7 @@ class RemoteObject:
 
     __slots__ = ("_conn", "_ref")
 
-    def __init__(self, conn: _Child, ref: int):
+    def __init__(self, conn: _Session, ref: int):
         self._conn, self._ref = conn, ref
 
     def __getattr__(self, name: str) -> RemoteFunction:
@@ -283,7 +294,7 @@ class RemoteObject:
 class RemoteFunction:
     """A function or class of the solution: calling it runs it in the child."""
 
-    def __init__(self, conn: _Child, target: dict):
+    def __init__(self, conn: _Session, target: dict):
         self._conn, self._target = conn, target
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -295,29 +306,15 @@ class RemoteFunction:
         return RemoteFunction(self._conn, {**self._target, "attr": name})
 
 
-class _Child:
-    """One sandboxed child running the solution and answering calls."""
+class _Session:
+    """The solution loaded in a sandbox, answering calls: `handshake`, then `namespace` for the test.
+    Subclasses say how a message travels: `_hello` (the first message) and `_request`."""
 
-    def __init__(self, sandbox: CodeSandbox, source: str):
-        self.sandbox = sandbox
-        self.workdir = sandbox.make_workdir()
-        sandbox.write(self.workdir, "solution.py", source)
-        req_r, self._req_w = os.pipe()
-        self._rep_r, rep_w = os.pipe()
-        self.proc: subprocess.Popen | None = None
-        self._buf, self.timed_out = b"", False
-        self.deadline = time.monotonic() + sandbox.wall_seconds
-        try:
-            self.proc = self.sandbox.popen(
-                f"_RD, _WR = {req_r}, {rep_w}\n" + _SERVER, self.workdir, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(req_r, rep_w))
-        finally:
-            os.close(req_r)
-            os.close(rep_w)
+    timed_out = False
 
     def handshake(self) -> None:
         """Wait for the solution to load; its top-level callables' names, or SolutionError."""
-        first = self._recv()
+        first = self._hello()
         if "error" in first:
             raise SolutionError(str(first["error"]))
         names = first.get("names")
@@ -343,16 +340,62 @@ class _Child:
 
     def call(self, target: dict, args: Sequence, kwargs: dict) -> Any:
         msg = {**target, "args": [_encode(a) for a in args], "kwargs": {k: _encode(v) for k, v in kwargs.items()}}
-        try:
-            os.write(self._req_w, json.dumps(msg).encode() + b"\n")
-        except OSError as e:
-            raise ProtocolError("the child is gone") from e
-        reply = self._recv()
+        reply = self._request(msg)
         if "error" in reply:
             raise SolutionError(str(reply["error"])[:500])
         if "value" not in reply:
             raise ProtocolError("malformed reply")
         return _decode(reply["value"], self)
+
+    def _hello(self) -> dict:
+        raise NotImplementedError
+
+    def _request(self, msg: dict) -> dict:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """End the child (if any) and remove its traces."""
+
+
+def _parse_reply(line: bytes) -> dict:
+    try:
+        reply = json.loads(line)
+    except ValueError as e:
+        raise ProtocolError("malformed reply") from e
+    if type(reply) is not dict:
+        raise ProtocolError("malformed reply")
+    return reply
+
+
+class _PipeSession(_Session):
+    """One local sandboxed child that loads the solution once and answers calls over two pipes."""
+
+    def __init__(self, sandbox: CodeSandbox, source: str):
+        self._stack = ExitStack()
+        req_r, self._req_w = os.pipe()
+        self._rep_r, rep_w = os.pipe()
+        self._buf = b""
+        self.deadline = time.monotonic() + sandbox.wall_seconds
+        try:
+            self.proc = self._stack.enter_context(sandbox.started(
+                f"_RD, _WR, _PRE = {req_r}, {rep_w}, b''\n" + _SERVER, source, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(req_r, rep_w)))
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+
+    def _hello(self) -> dict:
+        return self._recv()
+
+    def _request(self, msg: dict) -> dict:
+        try:
+            os.write(self._req_w, json.dumps(msg).encode() + b"\n")
+        except OSError as e:
+            raise ProtocolError("the child is gone") from e
+        return self._recv()
 
     def _recv(self) -> dict:
         while b"\n" not in self._buf:
@@ -370,13 +413,7 @@ class _Child:
             if len(self._buf) > _MAX_MESSAGE:
                 raise ProtocolError("reply too large")
         line, self._buf = self._buf.split(b"\n", 1)
-        try:
-            reply = json.loads(line)
-        except ValueError as e:
-            raise ProtocolError("malformed reply") from e
-        if type(reply) is not dict:
-            raise ProtocolError("malformed reply")
-        return reply
+        return _parse_reply(line)
 
     def close(self) -> None:
         """Close the requests pipe (the child's serving loop ends and it exits), then end it."""
@@ -385,13 +422,44 @@ class _Child:
                 os.close(fd)
             except OSError:
                 pass
-        if self.proc is not None:
+        proc = getattr(self, "proc", None)
+        if proc is not None:
             try:
-                self.proc.wait(timeout=0.2)
+                proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 pass
-            kill_group(self.proc)
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self._stack.close()
+
+
+class _ReplaySession(_Session):
+    """The solution on a stateless runner (`RemoteSandbox.run`): every request is a run that loads
+    the solution, replays the test's earlier calls and answers the new one; the replies are the
+    stdout lines that start with a per-run random token."""
+
+    def __init__(self, sandbox: Any, source: str):
+        self.sandbox, self.source, self.log = sandbox, source, []
+
+    def _hello(self) -> dict:
+        return self._run()[0]
+
+    def _request(self, msg: dict) -> dict:
+        self.log.append(msg)
+        replies = self._run()
+        if len(replies) != len(self.log) + 1 or "error" in replies[0]:
+            raise ProtocolError("the replay ended early")
+        return replies[-1]
+
+    def _run(self) -> list[dict]:
+        token = secrets.token_hex(16)
+        program = (f"_SOURCE = {self.source!r}\nHOOK = False\n_RD, _WR, _PRE = 0, 1, b'\\n{token}'\n" + _SERVER)
+        result = self.sandbox.run(program, stdin="".join(json.dumps(m) + "\n" for m in self.log))
+        self.timed_out |= result.timed_out
+        marker = token.encode()
+        replies = [_parse_reply(line[line.index(marker) + len(marker):])
+                   for line in result.output.encode().split(b"\n") if marker in line]
+        if not replies:
+            raise ProtocolError("no reply from the run")
+        return replies
 
 
 # ---------------------------------------------------------------------- judging
@@ -411,8 +479,11 @@ class TestResult:
         return bool(self.passed) and all(self.passed)
 
 
-def run_tests(code: str, tests: Any, sandbox: CodeSandbox, stop_at_first_failure: bool = False) -> TestResult:
-    """Judge `code` (the solution's source) on each test of `tests` (a label) in its own child."""
+def run_tests(code: str, tests: Any, sandbox: Sandbox, stop_at_first_failure: bool = False) -> TestResult:
+    """Judge `code` (the solution's source) on each test of `tests` (a label) in its own child.
+
+    Raises:
+      RewardError: a remote sandbox server failed (a sandbox failure is never scored as a fail)."""
     spec = parse_tests(tests)
     passed, timed_out = [], False
     for i in range(len(spec)):
@@ -430,10 +501,10 @@ def run_tests(code: str, tests: Any, sandbox: CodeSandbox, stop_at_first_failure
     return TestResult(tuple(passed), timed_out)
 
 
-def _function_test(code: str, spec: CodeTests, i: int, sandbox: CodeSandbox) -> tuple[bool, bool]:
-    child = None
+def _function_test(code: str, spec: CodeTests, i: int, sandbox: Sandbox) -> tuple[bool, bool]:
+    child: _Session | None = None
     try:
-        child = _Child(sandbox, code)
+        child = _PipeSession(sandbox, code) if isinstance(sandbox, CodeSandbox) else _ReplaySession(sandbox, code)
         child.handshake()
         ns = child.namespace()
         if spec.kind == "assert":
@@ -449,6 +520,8 @@ def _function_test(code: str, spec: CodeTests, i: int, sandbox: CodeSandbox) -> 
         expected = spec.outputs[i]
         return _same(result, expected) or (isinstance(expected, list) and len(expected) == 1
                                            and _same(result, expected[0])), False
+    except RewardError:
+        raise
     except (SolutionError, ProtocolError, AssertionError, Exception):
         return False, bool(child is not None and child.timed_out)
     finally:
@@ -470,7 +543,7 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def code_reward(responses: list[str], tests: list[Any], sandbox: CodeSandbox | None = None,
+def code_reward(responses: list[str], tests: list[Any], sandbox: Sandbox | None = None,
                 partial_credit: bool = False, workers: int = 1) -> RewardOutput:
     """Per response: 1.0 when its code passes every test of its label, else 0.0.
 
@@ -478,8 +551,9 @@ def code_reward(responses: list[str], tests: list[Any], sandbox: CodeSandbox | N
       responses: B model responses (code in a ```python block, or bare code).
       tests: B labels (assert source, or the JSON / dict formats of the module docstring).
       partial_credit: reward = the fraction of tests passed instead.
-      workers: samples judged at once (threads; as root, worker k's children run as uid 65534 - k,
-        uids that must belong to no one on the machine).
+      sandbox: where programs run (default: CodeSandbox(), bwrap); see `make_sandbox`.
+      workers: samples judged at once (threads; with bwrap as root, worker k's children run as
+        uid 65534 - k, uids that must belong to no one on the machine).
     Returns:
       RewardOutput: rewards [B]; scores [B] = all passed (0/1); extra_logs {"timed_out": [B],
       "pass_fraction": [B]}.
@@ -503,6 +577,24 @@ def code_reward(responses: list[str], tests: list[Any], sandbox: CodeSandbox | N
                                     "pass_fraction": fraction})
 
 
+def make_sandbox(sandbox: str = "bwrap", remote_url: str | None = None, wall_seconds: float = 5.0,
+                 cpu_seconds: int = 2, memory_mb: int = 512) -> Sandbox:
+    """The sandbox named by --reward.code.sandbox: "bwrap", "none" (CodeSandbox) or "remote"
+    (RemoteSandbox at `remote_url`; cpu_seconds is then the server's business).
+
+    Raises:
+      RewardError: the boundary cannot be had here (bwrap missing or not starting, the server not
+        answering), or remote without a URL."""
+    if sandbox == "remote":
+        if not remote_url:
+            raise RewardError("--reward.code.sandbox remote needs --reward.code.remote_url http://HOST:PORT "
+                              "(a SandboxFusion-style /run_code server)")
+        return RemoteSandbox(remote_url, wall_seconds=wall_seconds, memory_mb=memory_mb)
+    if sandbox not in LOCAL_BACKENDS:
+        raise RewardError(f"--reward.code.sandbox: unknown value {sandbox!r}; valid: {', '.join(BACKENDS)}")
+    return CodeSandbox(sandbox, cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
+
+
 class CodeReward:
     """`builtin:code`: code_reward on the responses (the part of each query after its prompt),
     with each prompt's label as its tests. Arguments are the --reward.code.* settings.
@@ -512,14 +604,14 @@ class CodeReward:
 
     name = "code"
 
-    def __init__(self, partial_credit: bool = False, allow_root: bool = False, timeout: float = 5.0,
-                 cpu_seconds: int = 2, memory_mb: int = 512, workers: int = 1):
-        self.partial_credit, self.allow_root, self.workers = partial_credit, allow_root, workers
+    def __init__(self, partial_credit: bool = False, sandbox: str = "bwrap", remote_url: str | None = None,
+                 timeout: float = 5.0, cpu_seconds: int = 2, memory_mb: int = 512, workers: int = 1):
+        self.partial_credit, self.workers = partial_credit, workers
         self.limits = dict(cpu_seconds=cpu_seconds, wall_seconds=timeout, memory_mb=memory_mb)
-        self.sandbox = CodeSandbox(allow_root=allow_root, **self.limits)
+        self.sandbox = make_sandbox(sandbox, remote_url, **self.limits)
 
     def __repr__(self) -> str:
-        return f"CodeReward(partial_credit={self.partial_credit}, {self.limits})"
+        return f"CodeReward(partial_credit={self.partial_credit}, sandbox={self.sandbox.backend}, {self.limits})"
 
     def __call__(self, queries: list[str], prompts: list[str], labels: list[Any], **kwargs: Any) -> RewardOutput:
         """Score B samples; see code_reward."""

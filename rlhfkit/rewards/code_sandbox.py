@@ -1,29 +1,33 @@
 """The process boundary model-written code runs behind (used by `rlhfkit.rewards.code`).
 
-Every program runs in a fresh child process started by `CodeSandbox.popen`; before the
-interpreter starts, the child (in order):
-  * leaves the parent's session (its process group is killed on the wall-clock timeout);
-  * gets rlimits: CPU seconds, address space, file size (stdout goes to a file, so it is capped
-    too), open files, processes (RLIMIT_NPROC, which binds only a non-root uid), no core files;
-  * enters new network, mount and pid namespaces when the kernel allows (as root, or through a
-    user namespace): no network at all; private empty tmpfs mounts over the world-writable
-    directories (/tmp, /var/tmp, /dev/shm, /run/lock), so nothing written there reaches the host;
-    the program runs as the pid namespace's init, so every process it starts dies with it;
-  * sets no-new-privileges (a setuid program cannot give privileges back);
-  * when the trainer runs as root, drops to uid/gid 65534 (nobody) with no supplementary groups:
-    from then on file permissions keep it from writing anywhere on the host but its working
-    directory, and from reading files that are not world-readable. The interpreter must be
-    runnable by nobody: the trainer's own Python is tried first, then the system's python3.
-    If none is, the sandbox refuses to start (RewardError) unless `allow_root=True`.
-These steps run at the start of the child's interpreter, before the program (`_CONTAIN`).
-The child starts in a fresh temporary working directory (owned by the child's uid, deleted
-afterwards) with an empty environment and `python -I -S`.
+Two local backends (a third, `remote`, sends programs to a SandboxFusion-style server:
+`rlhfkit.rewards.code_remote`):
 
-As an ordinary user, no uid can be dropped: the child runs as that user and can write where the
-user can (the home directory); the namespaces, the rlimits and an in-process audit hook (which
-refuses subprocesses, sockets, ctypes and writes outside the working directory, but which code
-inside can defeat) are the only barriers. Run the trainer as root in a container, or in a VM,
-when the policy's code must not touch the user's files.
+* `bwrap` (the default): every program runs under bubblewrap in new pid, network, ipc, uts and
+  mount namespaces (a cgroup namespace where the kernel has one). Its file system is a read-only
+  root holding only /usr and the /bin, /lib* links or folders, the interpreter's prefix (bound
+  read-only at its own path), a minimal /dev, a /proc of its own pid namespace, and two fresh
+  tmpfs folders: /sandbox (the working directory) and /tmp. Nothing else of the host is visible
+  (no /etc, /home, /root, the trainer's working tree or its temporary files). The program's
+  source reaches it through an inherited descriptor; its stdout goes to a descriptor the trainer
+  opened. `--die-with-parent` and the pid namespace tie every process it starts to the bwrap
+  process, which the trainer kills on the wall-clock timeout; `--new-session` keeps it off the
+  trainer's terminal. It runs as an unprivileged uid:
+    - trainer as root: no user namespace; bwrap keeps only CAP_SETUID/CAP_SETGID, and the first
+      lines of the child drop to uid/gid 65534 (65534 - k in worker k) with no groups, which also
+      clears those capabilities: the uid is unprivileged on the host, so RLIMIT_NPROC binds;
+    - trainer as an ordinary user: a new user namespace (`--unshare-all --uid 65534`): the
+      program sees uid 65534, mapped onto the trainer's own uid.
+  Where bwrap is missing or cannot start, `CodeSandbox` refuses (RewardError), never weaker.
+* `none`: a plain child process with the same limits, its own session and an empty
+  environment, in a fresh temporary directory, and the audit hook below; no namespaces and no
+  uid change (as root it runs as root). A warning is logged: the program can read and write
+  whatever the trainer can, and reach the network.
+
+Both: rlimits (CPU seconds, address space, file size, which caps stdout, open files, processes,
+no core files) set by the child's first lines, `python -I -S` (no site, no environment), and
+an in-process audit hook (refuses subprocesses, sockets, ctypes and writes outside the working
+directory) that code inside can defeat: a layer on top, not the boundary.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,86 +50,37 @@ from rlhfkit.errors import RewardError
 
 log = logging.getLogger("rlhfkit")
 NOBODY = 65534
-_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-_SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+LOCAL_BACKENDS = ("bwrap", "none")
+WORKDIR = "/sandbox"  # the working directory inside bwrap
+_TMPFS_BYTES = 64 << 20
+_INSTALL = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or pass "
+            "--reward.code.sandbox remote with --reward.code.remote_url, or --reward.code.sandbox none "
+            "to run model code unconfined")
 
-# Runs first in every child, before anything of the program: the containment (see the module
-# docstring). The interpreter starts as the trainer's user (no preexec_fn: the trainer is not
-# forked, which is slow with a large address space and unsafe with threads); any step that fails
-# ends the child with status 125 before the program runs.
+# Runs first in every child, before anything of the program: the rlimits, then (bwrap as root)
+# the drop to an unprivileged uid. Any step that fails ends the child with status 125.
 _CONTAIN = r'''
 def _contain(cfg):
-    import ctypes, os, resource
-    libc = ctypes.CDLL(None, use_errno=True)
-    def die():
-        os._exit(125)
+    import os, resource
     for which, value in cfg["limits"]:
         resource.setrlimit(which, (value, value))
-    if cfg["as_user"] is not None:
-        u = cfg["as_user"]
-        os.setgroups([]); os.setgid(u); os.setuid(u)
-        libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE, as a process started by that user is
-    ns = cfg["ns"]
-    if ns:
-        uid, gid = os.getuid(), os.getgid()
-        if libc.unshare(ns) != 0:
-            die()
-        if ns & 0x10000000:  # CLONE_NEWUSER: map our uid so that files keep their owner inside
-            for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", "%d %d 1" % (uid, uid)),
-                               ("/proc/self/gid_map", "%d %d 1" % (gid, gid))):
-                with open(path, "w") as f:
-                    f.write(text)
-        if ns & 0x00020000:  # CLONE_NEWNS: private mounts, empty tmpfs over the shared writable dirs
-            if libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None) != 0:  # MS_REC | MS_PRIVATE
-                die()
-            for d in cfg["shared"]:
-                if libc.mount(b"tmpfs", d.encode(), b"tmpfs", 0, b"size=16m,mode=1777") != 0:
-                    die()
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        die()
     if cfg["uid"] is not None:
         u = cfg["uid"]
         os.setgroups([]); os.setgid(u); os.setuid(u)
         if os.getuid() != u or os.geteuid() != u or os.getgid() != u or os.getgroups():
-            die()
+            os._exit(125)
 try:
     _contain(CFG)
 except BaseException:
     import os as _o
     _o._exit(125)
 del _contain, CFG
-'''
-
-# Then, in a new pid namespace: the first forked child is the namespace's init, which waits for
-# the program (its own forked child: signals such as the CPU limit's SIGXCPU do not reach an init)
-# and passes on its exit status. When the init exits or is killed, every process the program
-# started dies too, even one in a session of its own. SIGTERM to the outer process (`stop`) kills
-# the init, whose exit the outer process then reaps, so that nothing is left to the host to reap.
-_PIDNS_INIT = r'''
-import os as _os
-def _pidns_init():
-    import signal
-    kid = [0]
-    def stop(*_):
-        if kid[0]:
-            _os.kill(kid[0], signal.SIGKILL)
-        else:
-            _os._exit(137)
-    signal.signal(signal.SIGTERM, stop)
-    kid[0] = _os.fork()
-    if kid[0]:
-        _os._exit(_os.waitstatus_to_exitcode(_os.waitpid(kid[0], 0)[1]) & 255)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    pid = _os.fork()
-    if pid:
-        _os._exit(_os.waitstatus_to_exitcode(_os.waitpid(pid, 0)[1]) & 255)
-if PIDNS:
-    _pidns_init()
-del _pidns_init
+with open(_SRC_FD, "rb") as _f:
+    _SOURCE = _f.read().decode("utf-8", "replace")
 '''
 
 # Installed first in every child unless audit_hook=False: a layer on top of the boundary (code
-# inside can get around it; the uid drop and the namespaces are what hold).
+# inside can get around it; bwrap's namespaces and the uid are what hold).
 AUDIT_HOOK = r'''
 import os as _os, sys as _sys
 def _install_hook():
@@ -145,9 +102,8 @@ def _install_hook():
 '''
 
 # Runs a program as a script (stdin -> stdout tasks and `CodeSandbox.run`).
-_SCRIPT = r'''
-import sys
-code = compile(open("solution.py").read(), "solution.py", "exec")
+SCRIPT = r'''
+code = compile(_SOURCE, "solution.py", "exec")
 if HOOK:
     _install_hook()
 exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
@@ -169,35 +125,40 @@ class CodeSandbox:
     """Starts contained Python children (see the module docstring).
 
     Args:
-      cpu_seconds: RLIMIT_CPU of the child. wall_seconds: its process group is killed after this.
+      backend: "bwrap" (default) or "none" (unconfined, with a warning).
+      cpu_seconds: RLIMIT_CPU of the child. wall_seconds: it is killed after this.
       memory_mb: RLIMIT_AS. output_bytes: RLIMIT_FSIZE, and the most bytes of output read back.
       max_processes: RLIMIT_NPROC of the child's uid (binds when the child is not root).
-      allow_root: as root, run the child as root when no interpreter is runnable by nobody
-        (otherwise that is a RewardError).
       audit_hook: install the in-process audit hook layer (tests turn it off to check the boundary).
-      as_user: as root, behave as a trainer run by this ordinary uid (the child switches to it first,
-        then is contained as an ordinary user's child is): how the tests check that case as root.
     Raises:
-      RewardError: as root without allow_root, when no Python interpreter is runnable by nobody.
+      RewardError: bwrap is missing or cannot start a Python child here (the message says what
+        to install, or to pass --reward.code.sandbox none).
     """
 
-    def __init__(self, cpu_seconds: int = 2, wall_seconds: float = 5.0, memory_mb: int = 512,
-                 output_bytes: int = 1 << 16, max_processes: int = 16, allow_root: bool = False,
-                 audit_hook: bool = True, as_user: int | None = None):
+    def __init__(self, backend: str = "bwrap", cpu_seconds: int = 2, wall_seconds: float = 5.0,
+                 memory_mb: int = 512, output_bytes: int = 1 << 16, max_processes: int = 16,
+                 audit_hook: bool = True):
+        if backend not in LOCAL_BACKENDS:
+            raise ValueError(f"unknown code sandbox backend {backend!r}; valid: {', '.join(LOCAL_BACKENDS)}")
+        self.backend = backend
         self.cpu_seconds, self.wall_seconds, self.memory_mb = cpu_seconds, wall_seconds, memory_mb
         self.output_bytes, self.max_processes, self.audit_hook = output_bytes, max_processes, audit_hook
-        if as_user is not None and (os.geteuid() != 0 or as_user == 0):
-            raise ValueError("as_user needs a root trainer and a non-root uid")
-        self.as_user = as_user
-        self.is_root = os.geteuid() == 0 and as_user is None
-        self.base_uid: int | None = NOBODY if self.is_root else None
+        self.is_root = os.geteuid() == 0
+        self.base_uid: int | None = NOBODY if self.is_root and backend == "bwrap" else None
         self._slot = threading.local()
-        self.namespaces = 0
-        self.python = self._probe(allow_root)
+        self.bwrap = shutil.which("bwrap") if backend == "bwrap" else None
+        if backend == "bwrap" and self.bwrap is None:
+            raise RewardError(f"the code sandbox needs bubblewrap (bwrap), which is not on PATH: {_INSTALL}")
+        self.python, self._mounts = "", []
+        self._probe()
+        if backend == "none":
+            log.warning("code sandbox: --reward.code.sandbox none: model code runs unconfined, as uid %d, "
+                        "with only rlimits and an audit hook it can defeat; it can read and write what the "
+                        "trainer can and reach the network", os.geteuid())
 
     @property
     def uid(self) -> int | None:
-        """The uid children of this thread run as: nobody, or 65534 - k in worker thread k."""
+        """The uid children of this thread switch to: 65534 - k in worker thread k (bwrap as root)."""
         return None if self.base_uid is None else self.base_uid - getattr(self._slot, "k", 0)
 
     def set_worker_slot(self, k: int) -> None:
@@ -206,123 +167,137 @@ class CodeSandbox:
         self._slot.k = k
 
     # ------------------------------------------------------------------ starting children
-    def make_workdir(self) -> Path:
-        """A fresh working directory owned by the child's uid."""
-        workdir = Path(tempfile.mkdtemp(prefix="rlhfkit_sandbox_"))
-        self._chown(workdir)
-        return workdir
-
-    def write(self, workdir: Path, name: str, text: str) -> None:
-        path = workdir / name
-        path.write_text(text)
-        self._chown(path)
-
-    def _chown(self, path: Path) -> None:
-        owner = self.uid if self.uid is not None else self.as_user
-        if owner is not None:
-            os.chown(path, owner, owner)
-
-    def popen(self, code: str, workdir: Path, **kwargs) -> subprocess.Popen:
-        """`python -I -S -c code` in `workdir`, contained; kwargs go to subprocess.Popen."""
-        pidns = bool(self.namespaces & _CLONE_NEWPID)
-        prelude = (f"CFG = {self._settings()!r}\n" + _CONTAIN + f"PIDNS = {pidns}\n" + _PIDNS_INIT
-                   + AUDIT_HOOK + f"HOOK = {bool(self.audit_hook)}\n")
-        return subprocess.Popen([self.python, "-I", "-S", "-c", prelude + code], cwd=workdir, env={},
-                                start_new_session=True, **kwargs)
+    @contextmanager
+    def started(self, code: str, source: str, **kwargs) -> Iterator[subprocess.Popen]:
+        """`python -I -S -c code`, contained, with `source` readable once as `_SOURCE`; the child is
+        killed and its traces removed on exit. kwargs go to subprocess.Popen."""
+        workdir = None if self.bwrap else Path(tempfile.mkdtemp(prefix="rlhfkit_sandbox_"))
+        try:
+            with tempfile.TemporaryFile() as src:
+                src.write(source.encode())
+                src.flush()
+                src.seek(0)
+                prelude = (f"CFG = {self._settings()!r}\n_SRC_FD = {src.fileno()}\n" + _CONTAIN + AUDIT_HOOK
+                           + f"HOOK = {bool(self.audit_hook)}\n")
+                argv = [self.python, "-I", "-S", "-c", prelude + code]
+                if self.bwrap:
+                    argv = [self.bwrap, *self._mounts, *self._identity(), "--", *argv]
+                pass_fds = (src.fileno(), *kwargs.pop("pass_fds", ()))
+                proc = subprocess.Popen(argv, cwd=workdir, env={}, start_new_session=True, pass_fds=pass_fds,
+                                        **kwargs)
+            try:
+                yield proc
+            finally:
+                kill_group(proc)
+        finally:
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
 
     def run(self, source: str, stdin: str = "") -> RunResult:
         """Run `source` as a script with `stdin`; passed = exit status 0 within the limits."""
-        workdir = self.make_workdir()
-        try:
-            self.write(workdir, "solution.py", source)
-            self.write(workdir, "stdin.txt", stdin)
-            # read back through the descriptors opened here: the child may put a symlink in their place
-            with open(workdir / "stdin.txt", "rb") as inp, open(workdir / "stdout.txt", "w+b") as out, \
-                    open(workdir / "stderr.txt", "w+b") as err:
-                proc = self.popen(_SCRIPT, workdir, stdin=inp, stdout=out, stderr=err)
+        with tempfile.TemporaryFile() as inp, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            inp.write(stdin.encode())
+            inp.seek(0)
+            with self.started(SCRIPT, source, stdin=inp, stdout=out, stderr=err) as proc:
                 timed_out, code = self.wait(proc)
-                return RunResult(passed=code == 0, returncode=code, timed_out=timed_out,
-                                 output=_head(out, self.output_bytes), stderr=_head(err, 4096))
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            return RunResult(passed=code == 0, returncode=code, timed_out=timed_out,
+                             output=_head(out, self.output_bytes), stderr=_head(err, 4096))
 
     def wait(self, proc: subprocess.Popen, timeout: float | None = None) -> tuple[bool, int | None]:
-        """(timed_out, returncode) after waiting up to wall_seconds; the group is killed either way."""
+        """(timed_out, returncode) after waiting up to wall_seconds (`started` kills the child)."""
         try:
-            code = proc.wait(timeout=self.wall_seconds if timeout is None else timeout)
-            timed_out = False
+            return False, proc.wait(timeout=self.wall_seconds if timeout is None else timeout)
         except subprocess.TimeoutExpired:
-            timed_out, code = True, None
-        kill_group(proc)
-        return timed_out, code
+            return True, None
 
-    # ------------------------------------------------------------------ in the child, before exec
+    # ------------------------------------------------------------------ what the child gets
     def _settings(self) -> dict:
         limits = [(resource.RLIMIT_CPU, self.cpu_seconds), (resource.RLIMIT_AS, self.memory_mb << 20),
                   (resource.RLIMIT_FSIZE, self.output_bytes), (resource.RLIMIT_NOFILE, 64),
                   (resource.RLIMIT_NPROC, self.max_processes), (resource.RLIMIT_CORE, 0)]
-        return {"limits": limits, "as_user": self.as_user, "ns": self.namespaces, "uid": self.uid,
-                "shared": [d for d in _SHARED_DIRS if os.path.isdir(d)]}
+        return {"limits": limits, "uid": self.uid}
+
+    def _identity(self) -> list[str]:
+        """bwrap's namespaces and capabilities (see the module docstring)."""
+        common = ["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+                  "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox", "--clearenv"]
+        if self.is_root:
+            return [*common, "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        return [*common, "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
+
+    def _bwrap_mounts(self, roots: list[str]) -> list[str]:
+        """A read-only root with /usr, the /bin and /lib* links or folders and `roots` (the
+        interpreter's prefix, its venv), minimal /dev and /proc, fresh tmpfs /tmp and /sandbox (the
+        working dir)."""
+        args = ["--ro-bind", "/usr", "/usr"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(top):
+                args += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                args += ["--ro-bind", top, top]
+        for root in roots:
+            if root == "/usr" or root.startswith("/usr/"):
+                continue
+            for parent in list(reversed(Path(root).parents))[1:]:  # without "/"
+                args += ["--perms", "0755", "--dir", str(parent)]
+            args += ["--ro-bind", root, root]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        for folder in ("/tmp", WORKDIR):
+            args += ["--size", str(_TMPFS_BYTES), "--perms", "1777", "--tmpfs", folder]
+        return args + ["--remount-ro", "/", "--chdir", WORKDIR]
 
     # ------------------------------------------------------------------ what this machine allows
-    def _probe(self, allow_root: bool) -> str:
-        """The interpreter the child runs, and the namespaces it can enter (self.namespaces)."""
+    def _probe(self) -> None:
+        """Pick the interpreter: the trainer's own, else the system's python3; the first that starts
+        in the sandbox (the trainer's may live where the child's uid cannot read it)."""
         candidates = [os.path.realpath(sys.executable)]
         for name in ("python3", "python"):
             found = shutil.which(name, path="/usr/local/bin:/usr/bin:/bin")
             if found and os.path.realpath(found) not in candidates:
                 candidates.append(os.path.realpath(found))
-        base = _CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWPID
-        ns_options = [base, 0] if self.is_root else [_CLONE_NEWUSER | base, 0]
+        errors = []
         for python in candidates:
-            for ns in ns_options:
-                self.namespaces = ns
-                if self._starts(python):
-                    if not ns:
-                        log.warning("code sandbox: no network/mount namespace on this machine; "
-                                    "the child's network is not cut off")
-                    if not self.is_root:
-                        log.warning("code sandbox: not running as root, so the child keeps your uid "
-                                    "and can write where you can; run as root in a container or a VM "
-                                    "to contain it")
-                    return python
-        if os.geteuid() == 0 and self.as_user is None and allow_root:
-            log.warning("code sandbox: no Python runnable by nobody; model code runs as root "
-                        "(--reward.code.allow_root)")
-            self.base_uid, self.namespaces = None, base
-            if self._starts(candidates[0]):
-                return candidates[0]
-            self.namespaces = 0
-            return candidates[0]
-        if os.geteuid() == 0 and self.as_user is None:
-            raise RewardError("no Python interpreter is runnable by the unprivileged uid nobody "
-                              f"(tried {', '.join(candidates)}), so model code would run as root; "
-                              "install a system python3 or pass --reward.code.allow_root")
-        raise RewardError(f"no Python interpreter starts in the code sandbox (tried {', '.join(candidates)})")
+            prefix = _prefix(python)
+            if prefix is None:
+                continue
+            # a venv made with --copies: its python lies outside the prefix; bind the venv too
+            roots = [prefix] if python.startswith(prefix + "/") else [prefix, str(Path(python).parents[1])]
+            self.python, self._mounts = python, self._bwrap_mounts(roots) if self.bwrap else []
+            error = self._start_error()
+            if error is None:
+                return
+            errors.append(f"{python}: {error}")
+        what = "bwrap cannot start a Python child here" if self.bwrap else "no Python interpreter starts"
+        raise RewardError(f"{what} ({'; '.join(errors) or 'no interpreter found'}): {_INSTALL}")
 
-    def _starts(self, python: str) -> bool:
-        workdir = self.make_workdir()
+    def _start_error(self) -> str | None:
+        """None when a child starts and imports the standard library; else what went wrong."""
         try:
-            self.python = python
-            proc = self.popen("import json, math, os\nos.getcwd()\nif HOOK:\n    _install_hook()\n", workdir,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            return self.wait(proc, timeout=30) == (False, 0)
-        except (OSError, subprocess.SubprocessError):
-            return False
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            with tempfile.TemporaryFile() as err:
+                with self.started("import json, math, os\nif HOOK:\n    _install_hook()\n", "", stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=err) as proc:
+                    timed_out, code = self.wait(proc, timeout=30)
+                if (timed_out, code) == (False, 0):
+                    return None
+                return " ".join(_head(err, 300).split()) or f"exit status {code}"
+        except (OSError, subprocess.SubprocessError) as e:
+            return str(e)
 
 
-def kill_group(proc: subprocess.Popen, grace: float = 1.0) -> None:
-    """End a child and everything it started: SIGTERM makes its outer process kill the pid
-    namespace's init and reap it (all the program's processes are dead by then); after `grace`
-    seconds, or without a pid namespace, SIGKILL to its process group. The child is reaped."""
-    if proc.poll() is None:
-        try:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=grace)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
+def _prefix(python: str) -> str | None:
+    """The installation prefix of `python` (what the sandbox binds read-only), or None."""
+    try:
+        out = subprocess.run([python, "-I", "-S", "-c", "import sys; print(sys.base_prefix)"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    prefix = out.stdout.strip()
+    return os.path.realpath(prefix) if out.returncode == 0 and prefix.startswith("/") else None
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """End a child and everything it started, and reap it: SIGKILL to its process group (under
+    bwrap, bwrap's death takes the pid namespace and all its processes with it)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

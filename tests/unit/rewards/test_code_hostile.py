@@ -2,13 +2,19 @@
 
 The task of every case is `add(2, 3) == 5` (and `add(1, 1) == 2`), solved wrongly (add returns 0)
 or not at all, while the program tries to get a pass another way, or to reach the host.
-The escape cases run twice: with the in-process audit hook (the default) and without it, as if
-the program had disabled it, so that what holds is the process boundary (uid drop when the
-tests run as root, namespaces, rlimits).
+Everything runs under the default boundary, bubblewrap, with the in-process audit hook (the
+default) and without it, as if the program had disabled it, so that what holds is bwrap (its
+namespaces, the read-only view, the unprivileged uid) and the rlimits. When the tests run as
+root, the escapes run a second time from a forked process that has dropped to an ordinary uid
+(a trainer run by an ordinary user). Where bwrap is installed but cannot start, the fixture's
+RewardError fails every test here; only a machine without bwrap skips them.
 """
 
+import json
 import os
+import shutil
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,25 +27,22 @@ TESTS = "assert add(2, 3) == 5\nassert add(1, 1) == 2"
 WRONG = "def add(a, b):\n    return 0\n"
 MARK = "/tmp/rlhfkit_hostile_mark"
 USER = 65533  # the ordinary user of the second run when the tests run as root
+KW = dict(cpu_seconds=1, wall_seconds=2.0, memory_mb=256, output_bytes=4096, max_processes=8)
 
 
 @pytest.fixture(scope="module")
 def boxes():
-    kw = dict(cpu_seconds=1, wall_seconds=2.0, memory_mb=256, output_bytes=4096, max_processes=8)
-    boxes = {"hook": CodeSandbox(**kw), "no_hook": CodeSandbox(audit_hook=False, **kw)}
-    if os.geteuid() == 0:  # and as a trainer run by an ordinary user (its child keeps that uid)
-        boxes["ordinary_user"] = CodeSandbox(audit_hook=False, as_user=USER, **kw)
-    return boxes
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed: `make install` installs it as root on Debian")
+    return {"hook": CodeSandbox(**KW), "no_hook": CodeSandbox(audit_hook=False, **KW)}
 
 
 @pytest.fixture(autouse=True)
 def no_trace():
     for p in Path("/tmp").glob("rlhfkit_hostile_*"):
         p.unlink()
-    before = {p.name for p in Path("/tmp").glob("rlhfkit_sandbox_*")}
-    yield
+    yield  # (bwrap's work dir is a tmpfs of its own: nothing of it is on the host to be left behind)
     assert not list(Path("/tmp").glob("rlhfkit_hostile_*")), "a file appeared outside the sandbox"
-    assert {p.name for p in Path("/tmp").glob("rlhfkit_sandbox_*")} <= before, "a work dir was left"
 
 
 def reward(box, code, tests=TESTS, partial=False):
@@ -141,7 +144,7 @@ def test_the_parents_secrets_are_out_of_reach(boxes, tmp_path, monkeypatch):
             "            found.append(False)\n    return found\n")
     for box in boxes.values():
         out = run_tests(code, "assert add(2, 3) == [False, False, False]", box)
-        assert out.passed == (True,) if os.geteuid() == 0 else out.passed[0] in (True, False)
+        assert out.passed == (True,)
 
 
 def test_the_network_is_cut_off(boxes):
@@ -172,9 +175,110 @@ def test_as_root_the_child_runs_as_nobody_and_cannot_regain_root(boxes):
                      box).passed == (True, True)
 
 
+def test_no_program_it_runs_can_raise_its_privileges(boxes):
+    """No capabilities left, no-new-privileges set, and every mount nosuid: a setuid-root program
+    of /usr (su, passwd) or a file capability gives nothing back."""
+    code = ("def state():\n    status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+            "    nosuid = all('nosuid' in l.split()[3].split(',') for l in open('/proc/self/mounts'))\n"
+            "    return [status['CapPrm'].strip(), status['CapEff'].strip(), status['CapAmb'].strip(),\n"
+            "            status['NoNewPrivs'].strip(), nosuid]\n")
+    zero = "0" * 16
+    for box in boxes.values():
+        assert run_tests(code, f"assert state() == [{zero!r}, {zero!r}, {zero!r}, '1', True]", box).passed == (True,)
+
+
 def test_a_fork_bomb_does_not_starve_samples_judged_beside_it(boxes):
     box = boxes["no_hook"]
     right = "def add(a, b):\n    return a + b\n"
     responses = [right, WRONG + ESCAPES["fork_bomb"], right, WRONG + ESCAPES["fork_bomb"], right]
     out = code_reward(responses, [TESTS] * 5, box, workers=3)
     assert out.rewards.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
+
+
+# What bwrap must stop that the uid alone would not: each probe is True when the program got at
+# the host; `add` returns 5 (a pass) exactly then.
+HERE = str(Path(__file__).resolve())
+PROBES = {
+    "read_the_work_tree": f"open({HERE!r}).read() != ''",
+    "list_the_work_tree": f"len(os.listdir({str(Path(HERE).parent)!r})) > 0",
+    "read_etc": "open('/etc/passwd').read() != '' or open('/etc/hostname').read() != ''",
+    "see_home_or_root": "bool(os.listdir('/home')) or bool(set(os.listdir('/root')) - {'.pyenv'})",
+    "see_the_hosts_tmp": "any(n.startswith(('pytest-', 'rlhfkit_')) for n in os.listdir('/tmp'))",
+    "see_host_pids": "len([p for p in os.listdir('/proc') if p.isdigit()]) > 3",
+    "signal_the_trainer": f"os.kill({os.getpid()}, 0) is None",
+    "write_the_interpreter_prefix": "open(os.path.join(sys.base_prefix, 'rlhfkit_hostile_w'), 'w').write('x') > 0",
+    "write_usr": "open('/usr/lib/rlhfkit_hostile_w', 'w').write('x') > 0",
+    "make_a_dir_at_the_root": "os.mkdir('/rlhfkit_hostile_d') is None",
+    "write_the_interpreter": "open(sys.executable, 'ab').write(b'#') > 0",
+}
+
+
+def probe_code(expr: str) -> str:
+    return ("import os, sys\ndef add(a, b):\n    try:\n        return 5 if (" + expr + ") else 0\n"
+            "    except BaseException:\n        return 0\n")
+
+
+def assert_no_trace_on_the_host() -> None:
+    prefix = Path(sys.base_prefix).resolve()
+    for path in (prefix / "rlhfkit_hostile_w", Path("/usr/lib/rlhfkit_hostile_w"), Path("/rlhfkit_hostile_d"),
+                 Path("/rlhfkit_hostile_root"), Path("/root/rlhfkit_hostile_link")):
+        assert not path.exists(), f"{path} appeared on the host"
+
+
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_bwrap_shows_nothing_of_the_host_and_keeps_the_interpreter_read_only(boxes, name):
+    size = os.path.getsize(sys.executable)
+    for box in boxes.values():
+        assert run_tests(probe_code(PROBES[name]), "assert add(2, 3) == 5", box).passed == (False,), name
+    assert_no_trace_on_the_host()
+    assert os.path.getsize(sys.executable) == size
+
+
+def test_the_probes_do_pass_where_nothing_contains_them():
+    """The probes are real: unconfined (--reward.code.sandbox none), the host-reading ones succeed."""
+    box = CodeSandbox("none", audit_hook=False, **KW)
+    for name in ("read_the_work_tree", "see_host_pids", "signal_the_trainer", "see_the_hosts_tmp"):
+        assert run_tests(probe_code(PROBES[name]), "assert add(2, 3) == 5", box).passed == (True,), name
+
+
+def _escapes_as(uid: int) -> dict:
+    """In a forked child that drops to `uid` (an ordinary user's trainer): each escape and probe
+    through a fresh bwrap sandbox; {name: passed} (all must be False)."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    box = CodeSandbox(audit_hook=False, **KW)
+    got = {"uid_inside": run_tests("import os\ndef add(a, b):\n    return os.getuid()", "assert add(2, 3) == 65534",
+                                   box).passed[0],
+           "python": box.python}
+    for name, code in ESCAPES.items():
+        got[name] = run_tests(WRONG + code, "assert add(2, 3) == 5", box).passed[0]
+    for name, expr in PROBES.items():
+        got[name] = run_tests(probe_code(expr), "assert add(2, 3) == 5", box).passed[0]
+    return got
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the suite already runs as an ordinary user: the tests above are that run")
+def test_as_an_ordinary_user_too(boxes):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        status = 1
+        try:
+            os.close(read)
+            os.write(write, json.dumps(_escapes_as(USER)).encode())
+            status = 0
+        except BaseException as e:
+            os.write(write, json.dumps({"error": repr(e)}).encode())
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        got = json.loads(f.read() or b"{}")
+    os.waitpid(pid, 0)
+    assert "error" not in got, got.get("error")
+    assert got.pop("uid_inside") is True
+    assert got.pop("python")
+    assert got and not any(got.values()), [k for k, v in got.items() if v]
+    time.sleep(3.5)  # escape_by_setsid_and_later_write would write now
+    assert_no_trace_on_the_host()

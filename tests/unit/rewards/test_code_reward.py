@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -10,11 +11,19 @@ from rlhfkit.config.rl import CodeRewardConfig, RewardConfig, RLConfig
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.code import (CodeReward, CodeSandbox, CodeTests, code_reward, extract_code,
                                   normalize_output, parse_tests, run_tests, split_asserts)
+from rlhfkit.rewards import code_sandbox
 from rlhfkit.rewards.resolve import resolve_reward
+
+
+# Tests that run code under the default backend: skipped only where bwrap is not installed (where it
+# is but cannot start, CodeSandbox's RewardError fails them).
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
 
 
 @pytest.fixture(scope="module")
 def box():
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
     return CodeSandbox(cpu_seconds=1, wall_seconds=3, memory_mb=256, output_bytes=4096)
 
 
@@ -87,6 +96,7 @@ def test_scripts_can_use_their_directory_and_the_stdlib(box):
     assert not r.passed and len(r.output) <= 4096
 
 
+@needs_bwrap
 def test_builtin_code_reads_the_label_and_the_settings():
     fn = resolve_reward("builtin:code", code_options={"partial_credit": True, "timeout": 3.0})
     assert isinstance(fn, CodeReward) and fn.partial_credit and fn.limits["wall_seconds"] == 3.0
@@ -106,26 +116,57 @@ def test_builtin_code_reads_the_label_and_the_settings():
         RLConfig.from_args(["--reward.remote_url", "builtin:code", "--reward.code.timeout", "0"])
 
 
+@needs_bwrap
 def test_the_reward_file_runs_as_a_plain_reward_func():
     from rlhfkit.rewards import builtin_code_reward
     out = builtin_code_reward.reward_func(["def f():\n    return 1"], [""], ["assert f() == 1"])
     assert out["rewards"].tolist() == [1.0]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal concerns a trainer running as root")
-def test_as_root_without_an_interpreter_nobody_can_run_it_refuses_in_one_line(monkeypatch):
-    monkeypatch.setattr(CodeSandbox, "_starts", lambda self, python: False)
-    with pytest.raises(RewardError, match="no Python interpreter is runnable by the unprivileged uid nobody"
-                                          r".*pass --reward.code.allow_root"):
+@pytest.fixture
+def bwrap_on_path(monkeypatch):
+    """bwrap found on PATH, installed or not (its start is what the tests then make fail)."""
+    which = shutil.which
+    monkeypatch.setattr(code_sandbox.shutil, "which",
+                        lambda name, path=None: "/usr/bin/bwrap" if name == "bwrap" else which(name, path=path))
+
+
+def test_where_bwrap_cannot_start_the_sandbox_refuses_in_one_line(monkeypatch, bwrap_on_path):
+    monkeypatch.setattr(CodeSandbox, "_start_error", lambda self: "bwrap: No permissions to create new namespace")
+    with pytest.raises(RewardError, match=r"^bwrap cannot start a Python child here \(.*No permissions.*\): "
+                                          r"install bubblewrap.*--reward.code.sandbox none") as e:
         CodeSandbox()
-    box = CodeSandbox(allow_root=True)
-    assert box.uid is None
+    assert "\n" not in str(e.value)
+    monkeypatch.setattr(code_sandbox.shutil, "which", lambda name, path=None: None)
+    with pytest.raises(RewardError, match=r"needs bubblewrap \(bwrap\), which is not on PATH: install bubblewrap"):
+        CodeSandbox()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal concerns a trainer running as root")
-def test_cli_refuses_before_any_model_loads_when_code_cannot_be_contained(monkeypatch, tmp_path, capsys):
+def test_none_runs_unconfined_with_a_warning_and_judges_the_same(caplog):
+    with caplog.at_level("WARNING", logger="rlhfkit"):
+        box = CodeSandbox("none", cpu_seconds=1, wall_seconds=3)
+    assert "model code runs unconfined" in caplog.text
+    assert run_tests("def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3", box).passed == (True,)
+    assert run_tests("def add(a, b):\n    return 0\nraise SystemExit(0)", "assert add(1, 2) == 3", box).passed == (False,)
+    assert box.run("print(input())", stdin="x\n").output == "x\n"
+    workdir = box.run("import os\nopen('f', 'w').write('x')\nprint(os.getcwd())").output.strip()
+    assert workdir.startswith("/") and not os.path.exists(workdir)  # its temporary directory is removed
+
+
+def test_config_validates_the_backend_and_the_remote_url():
+    assert RLConfig.from_args([]).reward.code.sandbox == "bwrap"
+    with pytest.raises(ConfigError, match="--reward.code.sandbox: unknown value 'docker'; valid: bwrap, remote, none"):
+        RLConfig.from_args(["--reward.code.sandbox", "docker"])
+    with pytest.raises(ConfigError, match="--reward.code.sandbox remote needs --reward.code.remote_url"):
+        RLConfig.from_args(["--reward.code.sandbox", "remote"])
+    with pytest.raises(RewardError, match="--reward.code.sandbox remote needs --reward.code.remote_url"):
+        CodeReward(sandbox="remote")
+
+
+def test_cli_refuses_before_any_model_loads_when_code_cannot_be_contained(monkeypatch, tmp_path, capsys,
+                                                                          bwrap_on_path):
     from rlhfkit.cli.main import main
-    monkeypatch.setattr(CodeSandbox, "_starts", lambda self, python: False)
+    monkeypatch.setattr(CodeSandbox, "_start_error", lambda self: "bwrap: setting up uid map: Permission denied")
     data = tmp_path / "code.jsonl"
     data.write_text(json.dumps({"input": "Write add.", "label": "assert add(1, 2) == 3"}) + "\n")
     rc = main(["train", "rl", "--actor.model_name_or_path", str(tmp_path / "no_model"),
@@ -133,4 +174,19 @@ def test_cli_refuses_before_any_model_loads_when_code_cannot_be_contained(monkey
                "--reward.remote_url", "builtin:code", "--ckpt.output_dir", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
-    assert err[0].startswith("error: no Python interpreter is runnable by the unprivileged uid nobody")
+    assert err[0].startswith("error: bwrap cannot start a Python child here")
+    assert err[0].endswith("or --reward.code.sandbox none to run model code unconfined")
+
+
+def test_bwrap_sees_usr_the_interpreters_prefix_and_venv_read_only_and_two_tmpfs(box):
+    args = box._bwrap_mounts(["/usr", "/opt/py/3.11", "/srv/venv"])
+    binds = [args[i + 1] for i, a in enumerate(args) if a == "--ro-bind"]
+    assert binds[0] == "/usr" and binds[-2:] == ["/opt/py/3.11", "/srv/venv"]
+    assert all(b in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32") for b in binds[1:-2])
+    k = args.index("/opt")
+    assert args[k - 3:k + 15] == ["--perms", "0755", "--dir", "/opt", "--perms", "0755", "--dir", "/opt/py",
+                                  "--ro-bind", "/opt/py/3.11", "/opt/py/3.11",
+                                  "--perms", "0755", "--dir", "/srv", "--ro-bind", "/srv/venv", "/srv/venv"]
+    tail = ["--proc", "/proc", "--dev", "/dev", "--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/tmp",
+            "--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/sandbox", "--remount-ro", "/", "--chdir", "/sandbox"]
+    assert args[k + 15:] == tail
