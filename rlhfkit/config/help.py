@@ -46,6 +46,7 @@ CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
     (sft.ModelConfig, "autocast"): rl.DTYPES,
     (sft.SupervisedTrainConfig, "lr_scheduler"): rl.LR_SCHEDULERS,
     (sft.SupervisedLoggerConfig, "log_level"): rl.LOG_LEVELS,
+    (generate.IterativeSettings, "ref"): generate.REF_MODES,
 }
 
 # command -> (config class, alias table)
