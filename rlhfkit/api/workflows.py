@@ -115,12 +115,16 @@ def load_prompt_items(cfg: GenerateConfig, tokenizer, dataset: Any = None) -> tu
 
 
 class Sampler:
-    """The policy of --actor.model_name_or_path on --actor.device, its engine (--rollout.engine) and the
-    generate stage of `train rl` with --rollout.* sampling settings."""
+    """The policy of --actor.model_name_or_path, its engine (--rollout.engine) and the generate stage of
+    `train rl` with --rollout.* sampling settings. The hf engine generates with the policy on
+    --actor.device; vllm loads the folder itself (the HF copy stays on the CPU)."""
 
     def __init__(self, cfg: GenerateConfig, device: torch.device):
-        self.policy, self.tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
-        self.policy.to(device).eval().requires_grad_(False)
+        self.dtype = cfg.actor.dtype
+        self.policy, self.tokenizer = load_policy(cfg.actor.model_name_or_path, self.dtype)
+        self.policy.eval().requires_grad_(False)
+        if cfg.rollout.engine == "hf":
+            self.policy.to(device)
         self.engine = C.build_engine(self.policy, self.tokenizer, cfg)
         self.stage = Generate(C.build_executor(cfg), self.engine, self.tokenizer, C.sampling_params(cfg),
                               C.token_budget(cfg, multi_turn=False))
@@ -128,6 +132,10 @@ class Sampler:
     def __call__(self, batch: PromptBatch) -> list[Trajectory]:
         """`batch.prompts[i]`'s samples carry group_id i, in prompt order."""
         return self.stage.generate(batch)
+
+    def load_weights(self, path: str | Path, version: int) -> None:
+        """Generate with the weights of the model folder `path` from now on (`version` stamps them)."""
+        self.engine.update_weights(load_policy(str(path), self.dtype)[0].state_dict(), version)
 
     def close(self) -> None:
         """Free the model (between rounds)."""
@@ -200,6 +208,7 @@ class SamplingRounds:
         self.stream = PromptStream(prompts, cfg.rollout.batch_size, math.ceil(self.rounds / per_episode),
                                    torch.Generator().manual_seed(t.seed + 1), torch.Generator().manual_seed(t.seed))
         self.scorer = Scorer(reward_fn, tokenizer, cfg.rollout.max_new_tokens)
+        self.sampler: Sampler | None = None  # kept across rounds with the vllm engine
 
     @classmethod
     def from_config(cls, cfg, reward_fn: Any = None, train_dataset: Any = None):
@@ -231,7 +240,7 @@ class SamplingRounds:
         for k in range(1, self.rounds + 1):
             round_dir = self.run_dir / f"round_{k}"
             round_dir.mkdir(parents=True, exist_ok=True)
-            rows = self.sample_and_score(with_policy(self.cfg, policy), round_dir)
+            rows = self.sample_and_score(k, policy, round_dir)
             data = self.select(rows, k)
             trained = self.train(k, round_dir, policy, data)
             summary = {"round": k, "policy": str(policy), **reward_stats(rows), "kept": len(data),
@@ -244,12 +253,19 @@ class SamplingRounds:
             policy = trained or policy
         return summaries
 
-    def sample_and_score(self, cfg: GenerateConfig, round_dir: Path) -> list[dict]:
-        """Generate this round's samples with `cfg`'s policy, score them; round_<k>/generations.jsonl."""
+    def sample_and_score(self, k: int, policy: str, round_dir: Path) -> list[dict]:
+        """Generate round k's samples with `policy`, score them; round_<k>/generations.jsonl. The hf
+        engine is built per round and freed before training; a vllm engine is built once and receives
+        each round's weights (with --vllm.enable_sleep it frees its memory between rounds)."""
         batch = self.stream.take(self.cfg.rollout.batch_size)
-        sampler = Sampler(cfg, self.device)
-        trajs = sampler(batch)
-        sampler.close()
+        if self.sampler is None:
+            self.sampler = Sampler(with_policy(self.cfg, policy), self.device)
+        elif k > 1:
+            self.sampler.load_weights(policy, version=k - 1)
+        trajs = self.sampler(batch)
+        if self.cfg.rollout.engine == "hf":
+            self.sampler.close()
+            self.sampler = None
         rewards = self.scorer(batch.prompts, trajs).rewards.tolist()
         rows = sample_rows(self.tokenizer, batch.prompts, trajs)
         for row, r in zip(rows, rewards):

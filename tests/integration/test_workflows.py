@@ -9,13 +9,21 @@ import os
 import pytest
 import torch
 
-from rlhfkit.api.workflows import IterativeDPO, RejectionSampling, generate
+from rlhfkit.api.workflows import (
+    IterativeDPO,
+    RejectionSampling,
+    Sampler,
+    generate,
+    prompt_seeds,
+    with_policy,
+)
 from rlhfkit.cli.main import main
 from rlhfkit.config.generate import GenerateConfig, IterativeDPOConfig, RSConfig
 from rlhfkit.data.batch import collate
-from rlhfkit.data.types import Trajectory
-from rlhfkit.models import response_logprobs
+from rlhfkit.data.types import PromptItem, Trajectory
+from rlhfkit.models import response_logprobs, tiny_model_and_tokenizer
 from rlhfkit.trainers.build import load_policy
+from rlhfkit.trainers.stream import PromptBatch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -181,3 +189,17 @@ def test_no_pair_is_a_one_line_error(ws, capsys):
     assert main(["train", "iterative-dpo", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after the model-loading progress bars
     assert err.startswith("error: round 1: every prompt's samples have the same reward"), err
+
+
+def test_sampler_load_weights_samples_as_a_fresh_sampler_of_that_model(ws):
+    """What a vllm engine does between rounds (new weights into the running engine), on the hf engine."""
+    other, tok = tiny_model_and_tokenizer(seed=1)
+    other.save_pretrained(ws / "tiny_other")
+    tok.save_pretrained(ws / "tiny_other")
+    cfg = GenerateConfig.from_args(base_flags(ws) + ["--rollout.n_samples_per_prompt", "2"])
+    sampler = Sampler(cfg, torch.device("cpu"))
+    prompts = [PromptItem(p["input"], tok(p["input"], add_special_tokens=False)["input_ids"]) for p in PROMPTS[:3]]
+    batch = PromptBatch(prompts, prompt_seeds(3, 0))
+    sampler.load_weights(ws / "tiny_other", version=1)
+    fresh = Sampler(with_policy(cfg, str(ws / "tiny_other")), torch.device("cpu"))
+    assert [t.response_ids.tolist() for t in sampler(batch)] == [t.response_ids.tolist() for t in fresh(batch)]

@@ -3,7 +3,12 @@ configs of the sampling workflows (defaults, aliases, refusals)."""
 
 import pytest
 
-from rlhfkit.api.workflows import above_threshold, best_per_prompt, best_worst_pairs, prompt_seeds
+from rlhfkit.api.workflows import (
+    above_threshold,
+    best_per_prompt,
+    best_worst_pairs,
+    prompt_seeds,
+)
 from rlhfkit.config.generate import GenerateConfig, IterativeDPOConfig, RSConfig
 from rlhfkit.errors import ConfigError
 
