@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,6 +64,7 @@ from rlhfkit.trainers.generate import Generate
 from rlhfkit.trainers.scoring import Scorer
 from rlhfkit.trainers.stream import PromptBatch, PromptStream
 
+log = logging.getLogger("rlhfkit")
 __all__ = ["IterativeDPO", "RejectionSampling", "above_threshold", "best_per_prompt", "best_worst_pairs", "generate"]
 
 
@@ -111,7 +113,20 @@ def load_prompt_items(cfg: GenerateConfig, tokenizer, dataset: Any = None) -> tu
         raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file, a datasets folder or "
                           "a hub dataset name); from Python, pass train_dataset=")
     examples = load_examples_fn(cfg, source)(tokenizer)
-    return tokenize_prompts(examples, tokenizer, cfg.data.prompt_max_len, cfg.data.input_key)
+    items, skipped = tokenize_prompts(examples, tokenizer, cfg.data.prompt_max_len, cfg.data.input_key)
+    if skipped:
+        log.warning("skipped %d prompts longer than --data.prompt_max_len %d tokens", skipped, cfg.data.prompt_max_len)
+    return items, skipped
+
+
+def prepare(cfg: GenerateConfig) -> tuple[torch.device, Path]:
+    """Log level, threads, the device (a CUDA device that is not there fails here) and the run folder
+    with config.json, before any model loads."""
+    set_log_level(cfg.logger.log_level)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    device = C.run_device(cfg)
+    return device, C.create_run_dir(Path(cfg.ckpt.output_dir), None, to_dict(cfg))
 
 
 class Sampler:
@@ -172,12 +187,7 @@ def generate(cfg: GenerateConfig, train_dataset: Any = None) -> Path:
     """Sample --rollout.n_samples_per_prompt responses to every prompt of `train_dataset` (None:
     --data.prompt_dataset) and write them to <--ckpt.output_dir>/generations.jsonl (see `sample_rows`);
     returns that path. Prompts are generated --rollout.batch_size at a time."""
-    cfg = validate_generate(cfg)
-    set_log_level(cfg.logger.log_level)
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
-    device = C.run_device(cfg)
-    run_dir = C.create_run_dir(Path(cfg.ckpt.output_dir), None, to_dict(cfg))
+    device, run_dir = prepare(validate_generate(cfg))
     sampler = Sampler(cfg, device)
     prompts, _ = load_prompt_items(cfg, sampler.tokenizer, train_dataset)
     seeds = prompt_seeds(len(prompts), cfg.train.seed)
@@ -220,11 +230,7 @@ class SamplingRounds:
             raise ConfigError(f"{cls.__name__}.from_config needs a {name} (e.g. {name}.from_args(flags)), "
                               f"got {type(cfg).__name__}")
         cfg = cls.validate(cfg)
-        set_log_level(cfg.logger.log_level)
-        if cfg.train.num_threads:
-            torch.set_num_threads(cfg.train.num_threads)
-        device = C.run_device(cfg)
-        C.create_run_dir(Path(cfg.ckpt.output_dir), None, to_dict(cfg))
+        device, _ = prepare(cfg)
         if reward_fn is not None:
             reward_fn = resolve_reward(reward_fn, timeout=cfg.reward.timeout,
                                        remote_options=C.remote_options(cfg.reward))
@@ -236,6 +242,8 @@ class SamplingRounds:
         return cls(cfg, reward_fn, prompts, tokenizer, device)
 
     def run(self) -> list[dict]:
+        """Every round; one summary per round: samples, reward_mean, reward_best_mean, kept (samples or
+        pairs), policy (the round's sampler) and model (the round's trained folder, None without training)."""
         policy, summaries = self.cfg.actor.model_name_or_path, []
         for k in range(1, self.rounds + 1):
             round_dir = self.run_dir / f"round_{k}"
