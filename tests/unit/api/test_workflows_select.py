@@ -59,3 +59,12 @@ def test_refused_settings(cls, flags, message):
     with pytest.raises(ConfigError, match=None) as e:
         cls.from_args(flags)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_mapped_batch_inference_flag_names_a_field():
+    from rlhfkit.config.openrlhf import BATCH_INFERENCE_FLAGS
+    from rlhfkit.config.parse import field_table
+
+    fields = field_table(GenerateConfig)
+    targets = [rule.to for rule in BATCH_INFERENCE_FLAGS.values() if rule.kind == "mapped" and rule.to]
+    assert targets and all(t in fields for t in targets), [t for t in targets if t not in fields]
