@@ -1,7 +1,9 @@
 """rlhfkit: reinforcement learning for language models and agents.
 
 The public API (imported on first use, so `import rlhfkit` stays cheap):
-`RLConfig`, `RLTrainer`, and the supervised stages' configs and trainers.
+`RLConfig`, `RLTrainer`, the supervised stages' configs and trainers, and the sampling workflows
+(`RSConfig` / `RejectionSampling`, `IterativeDPOConfig` / `IterativeDPO`; `GenerateConfig` with
+`rlhfkit.api.workflows.generate`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ _LAZY = {
     "DPOTrainer": "rlhfkit.api.supervised",
     "KTOTrainer": "rlhfkit.api.supervised",
     "PRMTrainer": "rlhfkit.api.supervised",
+    "GenerateConfig": "rlhfkit.config.generate",
+    "RSConfig": "rlhfkit.config.generate",
+    "IterativeDPOConfig": "rlhfkit.config.generate",
+    "RejectionSampling": "rlhfkit.api.workflows",
+    "IterativeDPO": "rlhfkit.api.workflows",
 }
 __all__ = ["__version__", *_LAZY]
 

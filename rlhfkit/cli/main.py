@@ -1,5 +1,5 @@
-"""The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto|prm`, `lora merge`, `demo`,
-`plan`, `eval`, `view`, `serve-reward`, `version`.
+"""The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto|prm|rs|iterative-dpo`,
+`generate`, `lora merge`, `demo`, `plan`, `eval`, `view`, `serve-reward`, `version`.
 
 Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit code 2;
 `--debug` anywhere on the command line shows the traceback instead.
@@ -20,6 +20,9 @@ commands:
   train prm   process reward model on step labels: rlhfkit train prm --help
   train dpo   DPO / IPO / cDPO against a frozen reference: rlhfkit train dpo --help
   train kto   KTO on unpaired desirable / undesirable data: rlhfkit train kto --help
+  train rs    rejection sampling (best-of-N): sample, score, keep the best, SFT on them: rlhfkit train rs --help
+  train iterative-dpo  rounds of sampling, best/worst pairs and DPO: rlhfkit train iterative-dpo --help
+  generate    n samples per prompt with train rl's model, data and rollout flags -> generations.jsonl
   lora merge  fold a LoRA adapter into its base: rlhfkit lora merge --lora.adapter DIR --ckpt.output_dir OUT
   serve-reward  a reward file over HTTP: rlhfkit serve-reward --reward.remote_url FILE.py --port N
   plan        the step counts and a memory estimate of a train rl run (same flags), no model loaded
@@ -69,7 +72,8 @@ def command_help(argv: list[str]) -> str:
     kind = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
     if cmd == "train":
         if kind not in flag_help.COMMANDS:
-            return "usage: rlhfkit train rl|sft|rm|dpo|kto|prm [flags]; rlhfkit train KIND --help lists the flags"
+            return ("usage: rlhfkit train rl|sft|rm|dpo|kto|prm|rs|iterative-dpo [flags]; rlhfkit train KIND --help "
+                    "lists the flags")
         return flag_help.command_help(kind)
     if cmd == "demo":
         from rlhfkit.cli.demo import DEMO_FLAGS  # noqa: PLC0415
@@ -84,6 +88,8 @@ def command_help(argv: list[str]) -> str:
         doc = importlib.import_module(f"rlhfkit.cli.{cmd}_cmd").__doc__
         return flag_help.help_text(RLConfig, RL_ALIASES, usage=f"usage: rlhfkit {cmd} [flags]\n\n{doc}",
                                    intro="The flags of `rlhfkit train rl`:")
+    if cmd == "generate":
+        return flag_help.command_help("generate", usage="usage: rlhfkit generate [flags]\n")
     if cmd == "view":
         return importlib.import_module("rlhfkit.cli.view_cmd").__doc__
     if cmd == "serve-reward":
@@ -131,6 +137,10 @@ def dispatch(argv: list[str]) -> int:
         from rlhfkit.cli import train_supervised  # noqa: PLC0415
 
         return train_supervised.run_lora(rest)
+    if cmd == "generate" or (cmd == "train" and rest and rest[0] in ("rs", "iterative-dpo")):
+        from rlhfkit.cli import workflows_cmd  # noqa: PLC0415
+
+        return workflows_cmd.run_generate(rest) if cmd == "generate" else workflows_cmd.run_rounds(rest[0], rest[1:])
     print(f"error: unknown command {' '.join(argv[:2])!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

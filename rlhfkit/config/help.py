@@ -22,7 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.config import preference, prm, rl, sft
+from rlhfkit.config import generate, preference, prm, rl, sft
 from rlhfkit.config.openrlhf import CONDITIONAL_SFT_ALIASES
 
 WIDTH = 100
@@ -47,6 +47,7 @@ CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
     (sft.ModelConfig, "autocast"): rl.DTYPES,
     (sft.SupervisedTrainConfig, "lr_scheduler"): rl.LR_SCHEDULERS,
     (sft.SupervisedLoggerConfig, "log_level"): rl.LOG_LEVELS,
+    (generate.IterativeSettings, "ref"): generate.REF_MODES,
 }
 
 # command -> (config class, alias table)
@@ -57,6 +58,9 @@ COMMANDS: dict[str, tuple[type, dict[str, str]]] = {
     "dpo": (preference.DPOConfig, sft.SUPERVISED_ALIASES),
     "kto": (preference.KTOConfig, sft.SUPERVISED_ALIASES),
     "prm": (prm.PRMConfig, prm.PRM_ALIASES),
+    "generate": (generate.GenerateConfig, generate.WORKFLOW_ALIASES),
+    "rs": (generate.RSConfig, generate.WORKFLOW_ALIASES),
+    "iterative-dpo": (generate.IterativeDPOConfig, generate.WORKFLOW_ALIASES),
 }
 
 
@@ -230,10 +234,10 @@ def help_text(cls: type, aliases: dict[str, Any] | None = None, defaults: Any = 
     return "\n".join(lines)
 
 
-def command_help(command: str, defaults: Any = None, title: str = "") -> str:
-    """`rlhfkit train COMMAND --help` for COMMAND in rl, sft, rm, dpo, kto, prm."""
+def command_help(command: str, defaults: Any = None, title: str = "", usage: str = "") -> str:
+    """`rlhfkit train COMMAND --help` for COMMAND in COMMANDS (`usage`: another first line)."""
     cls, aliases = COMMANDS[command]
-    usage = f"usage: rlhfkit train {command} [--config FILE.yaml] [--section.name VALUE ...] [--debug]\n"
+    usage = usage or f"usage: rlhfkit train {command} [--config FILE.yaml] [--section.name VALUE ...] [--debug]\n"
     return help_text(cls, aliases, defaults, usage=usage, intro=title or section_doc(cls))
 
 
@@ -279,8 +283,13 @@ def doc_blocks() -> dict[str, tuple[str, str]]:
     """Block name -> (file under docs/, generated Markdown)."""
     sft_flags = {f.name for f in flags(sft.SFTConfig)}
     dpo_only = {f.name for f in flags(preference.DPOConfig)} - sft_flags
+    rl_flags = {f.name for f in flags(rl.RLConfig)}
     return {
         "train_rl": ("cli/train_rl.md", markdown(rl.RLConfig)),
+        "train_rs": ("cli/train_rs.md", markdown(generate.RSConfig, only={f.name for f in flags(generate.RSConfig)}
+                                                 - rl_flags)),
+        "train_iterative_dpo": ("cli/train_iterative_dpo.md", markdown(
+            generate.IterativeDPOConfig, only={f.name for f in flags(generate.IterativeDPOConfig)} - rl_flags)),
         "train_sft": ("cli/train_supervised.md", markdown(sft.SFTConfig)),
         "train_dpo": ("cli/train_supervised.md", markdown(preference.DPOConfig, only=dpo_only)),
         "train_prm": ("cli/train_prm.md", markdown(prm.PRMConfig)),

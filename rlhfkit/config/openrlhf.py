@@ -497,3 +497,40 @@ PRM_ALIASES = SUPERVISED_FLAGS["prm"]
 RM_ALIASES = SUPERVISED_FLAGS["rm"]
 DPO_ALIASES = SUPERVISED_FLAGS["dpo"]
 KTO_ALIASES = {**{n: r for n, r in DPO_ALIASES.items() if "." in n}, **SUPERVISED_FLAGS["kto"]}
+
+
+# ------------------------------------------------------------------ batch_inference -> rlhfkit generate | train rs
+def _eval_task(vals, given):
+    task = vals[0] if vals else ""
+    if task == "rm":
+        raise ConfigError("--eval_task rm: rlhfkit scores samples inside `rlhfkit train rs` / `train iterative-dpo` "
+                          "(--reward.model_name_or_path RM_FOLDER); to sample only, use generate or generate_vllm")
+    if task not in ("generate", "generate_vllm"):
+        raise ConfigError(f"--eval_task {task!r}: valid here: generate, generate_vllm")
+    return {"rollout.engine": "vllm" if task == "generate_vllm" else "hf"}
+
+
+# OpenRLHF's batch_inference flags that train_ppo_ray has not (the others read as train rl reads them);
+# `rlhfkit generate`, `train rs` and `train iterative-dpo` take them.
+BATCH_INFERENCE_FLAGS: dict[str, Alias] = {
+    "eval_task": conv(_eval_task, "`--rollout.engine hf` (generate) or `vllm` (generate_vllm); rm is refused: "
+                                  "`train rs` scores with --reward.model_name_or_path"),
+    "dataset": to("data.prompt_dataset"),
+    "dataset_probs": PROBS,
+    "output_key": notice("ignored: generations.jsonl's keys are prompt, label, response, logprob_sum", 1),
+    "best_of_n": to("rollout.n_samples_per_prompt"),
+    "greedy_sampling": conv(lambda vals, given: {"rollout.temperature": "0"}, "`--rollout.temperature 0`", 0),
+    "repetition_penalty": refuse("rlhfkit samples without a repetition penalty: drop it", harmless=("1", "1.0")),
+    "micro_batch_size": to("train.micro_batch_size", note="the reward model's scoring batch"),
+    "tp_size": to("vllm.tensor_parallel_size"),
+    "max_num_seqs": to("rollout.max_batch_size"),
+    "iter": notice("ignored: rlhfkit loops the rounds itself (--rs.rounds, --iterative.rounds), each round "
+                   "taking the next --rollout.batch_size prompts", 1),
+    "output_path": notice("ignored: rlhfkit writes <--ckpt.output_dir>/generations.jsonl (train rs also "
+                          "rs_dataset.jsonl)", 1),
+    "post_processor": notice("ignored: `rlhfkit train rs` keeps the best sample of each prompt (rs), `rlhfkit "
+                             "train iterative-dpo` pairs the best and the worst (iter_dpo)", 1),
+    "reward_template": refuse("conditional SFT is not built into rlhfkit generate: drop it"),
+    "enable_csft": refuse("conditional SFT is not built into rlhfkit generate: drop it", 0),
+    "csft_prompt": refuse("conditional SFT is not built into rlhfkit generate: drop it"),
+}

@@ -13,6 +13,9 @@ import pytest
 
 import rlhfkit.config
 from rlhfkit.config.parse import field_table, parse_config
+from rlhfkit.config.generate import (GENERATE_RANGES, ITERATIVE_DPO_RANGES, RS_RANGES, GenerateConfig,
+                                     IterativeDPOConfig, RSConfig, validate_generate, validate_iterative_dpo,
+                                     validate_rs)
 from rlhfkit.config.preference import DPO_RANGES, DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
 from rlhfkit.config.prm import PRMConfig, validate_prm
 from rlhfkit.config.ranges import ORDERED, allows, check_value, describe, parse_spec
@@ -30,6 +33,9 @@ ROOTS = {
     KTOConfig: (DPO_RANGES, lambda c: validate_dpo(c, "kto"), []),
     PRMConfig: (SUPERVISED_RANGES, validate_prm, []),
     ServeRewardConfig: (SERVE_RANGES, validate_serve, ["--reward.remote_url", "r.py"]),
+    GenerateConfig: (GENERATE_RANGES, validate_generate, []),
+    RSConfig: (RS_RANGES, validate_rs, []),
+    IterativeDPOConfig: (ITERATIVE_DPO_RANGES, validate_iterative_dpo, []),
 }
 OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag"}  # dataclasses of config/ that are not settings (results, alias rules, help rows)
 
