@@ -264,7 +264,7 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
     if t.async_enable:
         from rlhfkit.distributed.async_loop import Prefetch  # noqa: PLC0415
 
-        source = Prefetch(engine, params, t.max_staleness)
+        source = Prefetch(executor, engine, tokenizer, params, budget, t.max_staleness)
     else:
         source = Generate(executor, engine, tokenizer, params, budget)
     return RLLoop(data, source, engine, scorer, group_filter, experience, update, kl_ctl, total_steps=total_steps,

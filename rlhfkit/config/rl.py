@@ -334,12 +334,12 @@ class TrainConfig:
     max_skipped_steps: int = 5
     """Stop after this many optimizer steps in a row skipped for a NaN/inf loss or gradient (0: never)."""
     async_enable: bool = False
-    """Generate the next rollout batch (with the weights of the time) while training on the current
-    one (needs --distributed.backend ray and --train.max_staleness >= 1); the loss is then decoupled
-    PPO (--algo.advantage.decoupled_enable)."""
+    """Generate the next rollout batch (with the weights of the time; agents' episodes too) while
+    training on the current one (needs --distributed.backend ray and --train.max_staleness >= 1); the
+    loss is then decoupled PPO (--algo.advantage.decoupled_enable)."""
     max_staleness: int = 0
-    """Most policy versions a trained sample may lag the trainer; staler groups are dropped (counted)
-    and their prompts re-issued. 0 = synchronous."""
+    """Most policy versions a trained sample's oldest token may lag the trainer; staler groups are
+    dropped (counted) and their prompts re-issued. 0 = synchronous."""
 
 
 @dataclass(frozen=True)
@@ -667,10 +667,6 @@ def _validate_distributed(cfg: RLConfig) -> None:
                                      "training: add --distributed.backend ray (the local backend is synchronous)")
         _require(t.max_staleness >= 1, "--train.async_enable trains on samples one policy version old: "
                                        f"set --train.max_staleness 1 or more (got {t.max_staleness})")
-        _require(cfg.agent.func_path is None, "--train.async_enable does not run agents yet; drop "
-                                              "--agent.func_path or --train.async_enable")
-        _require(not cfg.algo.dynamic_filtering_enable, "--train.async_enable does not combine with "
-                 "--algo.dynamic_filtering_enable yet; drop one of them")
     else:
         _require(t.max_staleness == 0, f"--train.max_staleness {t.max_staleness} without --train.async_enable: "
                                        "a synchronous run trains on fresh samples only; add --train.async_enable")

@@ -108,8 +108,8 @@ class RLLoop:
         timer, t_start = StepTimer(device=model_device(self.policy)), time.perf_counter()
         upcoming = (lambda: self.data.peek(self.data.batch_size)) if self.step + 1 < self.total_steps else None
         try:
-            got = collect(self.source, self.scorer, self.group_filter, batch, self.data.take, self.data.batch_size,
-                          timer, upcoming)
+            got = collect(self.source, self.scorer, self.group_filter, batch, self.data.take_topup,
+                          self.data.batch_size, timer, upcoming)
         except TrainingError as exc:
             raise TrainingError(f"step {self.step + 1}: {exc}") from exc
         metrics = dict(got.scored.metrics)
