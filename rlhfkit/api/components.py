@@ -161,9 +161,11 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     from rlhfkit.distributed.pool import RayEnginePool  # noqa: PLC0415
 
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
+    t = cfg.train
     make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
-                          cfg.distributed.num_gpus_per_worker, delays)
-    return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not cfg.train.async_enable)
+                          cfg.distributed.num_gpus_per_worker, delays,
+                          t.partial_rollout_tokens if t.partial_rollout_enable else 0)
+    return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
 
 
 def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
