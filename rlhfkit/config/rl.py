@@ -346,7 +346,8 @@ class TrainConfig:
     continues from the tokens and KV cache it has, each token stamped with its policy version
     (the IS / decoupled weights use each token's rollout logprob). OpenRLHF: --partial_rollout."""
     partial_rollout_tokens: int = 8
-    """Tokens a rollout worker decodes between two checks for new weights (--train.partial_rollout_enable)."""
+    """Tokens a rollout worker decodes between two checks for new weights
+    (--train.partial_rollout_enable)."""
 
 
 @dataclass(frozen=True)
@@ -568,7 +569,8 @@ RL_RANGES = validate_table({
     "agent.max_turns": ">= 1", "agent.max_response_tokens": ">= 1",
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_tokens_per_micro_batch": ">= 1",
     "train.max_epochs": ">= 1", "train.num_episodes": ">= 1", "train.max_steps": ">= 1", "train.seed": SEED_RANGE,
-    "train.num_threads": ">= 1", "train.max_skipped_steps": ">= 0", "train.max_staleness": ">= 0", "train.partial_rollout_tokens": ">= 1",
+    "train.num_threads": ">= 1", "train.max_skipped_steps": ">= 0", "train.max_staleness": ">= 0",
+    "train.partial_rollout_tokens": ">= 1",
     "ckpt.save_steps": "-1 or >= 1", "ckpt.max_num": ">= 1",
     "logger.log_samples": ">= 0",
     "eval.steps": "-1 or >= 1", "eval.max_samples": ">= 1", "eval.n_samples": ">= 1", "eval.k": ">= 1",

@@ -31,7 +31,8 @@ def count_tokens(model):
 
 
 def same(a, b):
-    return all(torch.equal(x.response_ids, y.response_ids) and torch.equal(x.logprobs, y.logprobs) for x, y in zip(a, b))
+    return all(torch.equal(x.response_ids, y.response_ids) and torch.equal(x.logprobs, y.logprobs)
+               for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("m", [1, 3, 7])
