@@ -180,7 +180,8 @@ def test_collect_times_generate_and_reward_and_numbers_groups_across_rounds(tiny
 # ------------------------------------------------------------------ experience
 def test_experience_group_norm_advantages_rollout_logprobs_and_versions_by_hand(tiny):
     model, tok = tiny
-    trajs = [traj([5, 6], [7, 8], 0, [-1.0, -2.0], version=3), traj([5, 6], [7], 0, [-0.5], version=3)]
+    trajs = [traj([5, 6], [7, 8], 0, [-1.0, -2.0], version=2), traj([5, 6], [7], 0, [-0.5], version=3)]
+    trajs[0].versions = torch.tensor([2, 3])  # a partial rollout: token 2 after a weight update
     maker = ExperienceMaker(model, None, None, MicroBatcher(tok.pad_token_id, 2), estimator="group_norm", gamma=1.0,
                             lam=1.0, whiten=True, reward_clip=None, kl_estimator="k1", kl_in_reward=True,
                             multi_step=False, temperature=1.0, autocast=None)
@@ -188,7 +189,8 @@ def test_experience_group_norm_advantages_rollout_logprobs_and_versions_by_hand(
     a = 1 / math.sqrt(0.5)  # (r - mean) / unbiased std of {1, 0}: +-0.5 / 0.7071
     torch.testing.assert_close(exp.advantages, torch.tensor([[0.5 * a, 0.5 * a], [-0.5 * a, 0.0]]))
     assert exp.old_logp is None and exp.ref_logp is None  # one optimizer step, no KL: nothing to precompute
-    assert exp.rollout_logp.tolist() == [[-1.0, -2.0], [-0.5, 0.0]] and exp.versions.tolist() == [3, 3]
+    assert exp.rollout_logp.tolist() == [[-1.0, -2.0], [-0.5, 0.0]] and exp.versions.tolist() == [2, 3]
+    assert exp.token_versions.tolist() == [[2, 3], [3, -1]]
     assert exp.device.type == "cpu"
 
 
