@@ -13,6 +13,8 @@ the OLDEST version among its tokens; every group holding a sample more than `max
 old is dropped (counted in `stale_dropped`, logged) and its prompt re-issued with the SAME seed at
 the current version; `RLLoop.check_staleness` then refuses to train on anything staler. A batch
 that was not drawn ahead (the first one; a dynamic-filtering top-up) is generated at once, fresh.
+Every executor call runs on the one background thread, one at a time (an agent executor's event
+loop and state are never used by two threads; the workers run one generation at a time anyway).
 
 The look-ahead is one batch, so a bound k >= 2 is reached only by a worker that lags (it holds
 weights older than the trainer's last sync); the loop logs the staleness reached
@@ -96,12 +98,17 @@ class Prefetch:
             trajs = self.ahead[1].result()
             self.ahead = None
         else:
-            trajs = self.fresh_source.generate(batch)
+            trajs = self.fresh(batch)
+        trajs = self.regenerate_stale(batch, trajs)
         if upcoming is not None and self.ahead is None:
             nxt = upcoming()
             if nxt:
                 self.ahead = (nxt, self.thread.submit(self._generate_ahead, nxt))  # while `batch` trains
-        return self.regenerate_stale(batch, trajs)
+        return trajs
+
+    def fresh(self, batch: PromptBatch) -> list[Trajectory]:
+        """`batch` generated at the current version (on the background thread, after what is queued there)."""
+        return self.thread.submit(self.fresh_source.generate, batch).result()
 
     def _generate_ahead(self, batch: PromptBatch) -> list[Trajectory]:
         self.lagging.reset()
@@ -117,8 +124,7 @@ class Prefetch:
                     len(stale), len(batch), self.max_staleness)
         self.dropped += len(stale)
         self.dropped_total += len(stale)
-        fresh = self.fresh_source.generate(PromptBatch([batch.prompts[g] for g in stale],
-                                                       [batch.seeds[g] for g in stale]))
+        fresh = self.fresh(PromptBatch([batch.prompts[g] for g in stale], [batch.seeds[g] for g in stale]))
         for t in fresh:
             t.group_id = stale[t.group_id]
         kept = [t for t in trajs if t.group_id not in set(stale)]
