@@ -10,6 +10,11 @@ input before the prefill), keeps decoding finished rows, and gives processed sco
 the logprobs we return; it measured 1.45-1.9x slower on SmolLM2 on CPU (see
 bench/rollout_vs_generate.py). transformers' continuous batching was also reported slower on CPU.
 
+Interruptible: `start` + `resume(gen, max_new_tokens_this_call)` run a generation in slices, its
+decode state (tokens, KV cache, samplers, finished rows) kept in a `PartialGeneration` between
+calls, so that a weight update can land in between (partial rollouts); `generate` is one `resume`
+to the end. Every token is stamped with the version of the weights whose logits it came from.
+
 Any causal LM: the fast parts are taken where they give the model's own numbers, and a note is
 logged once (logger "rlhfkit", INFO) where they are not. The growing KV-cache layers replace only
 transformers' plain full-attention `DynamicLayer`s (sliding-window, linear-attention and other
