@@ -36,7 +36,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from rlhfkit.agents.executor import TokenBudget
 from rlhfkit.data.types import Trajectory
 from rlhfkit.distributed.pool import RayEnginePool
 from rlhfkit.rollout.base import SamplingParams
@@ -78,9 +77,10 @@ class LaggingPool:
 
 class Prefetch:
     """Rollout batches generated ahead on `pool` by `executor` (one batch at a time, in a background
-    thread); stale groups regenerated when taken."""
+    thread); stale groups regenerated when taken. `tokenizer`, `params`, `budget` (a TokenBudget)
+    as for `Generate`."""
 
-    def __init__(self, executor, pool: RayEnginePool, tokenizer, params: SamplingParams, budget: TokenBudget,
+    def __init__(self, executor, pool: RayEnginePool, tokenizer, params: SamplingParams, budget,
                  max_staleness: int):
         self.pool, self.max_staleness = pool, max_staleness
         self.lagging = LaggingPool(pool)
