@@ -82,6 +82,7 @@ class _Episode:
     response: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the policy version of each response token
     reward: float = 0.0
     score: float | None = None
     extra_logs: dict[str, float] = field(default_factory=dict)
@@ -168,6 +169,7 @@ class MultiTurnExecutor:
             e.response += t.response_ids.tolist()
             e.mask += [True] * t.response_length
             e.logprobs += t.logprobs.tolist()
+            e.versions += [t.version] * t.response_length
             e.turns += 1
             action_text = tokenizer.decode(t.response_ids.tolist(), skip_special_tokens=True)
             states.append({"observation_text": e.text, "action_text": action_text, "label": e.label,
@@ -203,6 +205,7 @@ class MultiTurnExecutor:
             e.response += fb
             e.mask += [False] * len(fb)
             e.logprobs += [0.0] * len(fb)
+            e.versions += e.versions[-1:] * len(fb)
             e.text = e.text + r.feedback
         if not e.done and len(e.response) >= budget.total:
             e.truncated = True
@@ -219,16 +222,19 @@ class MultiTurnExecutor:
                                    hf_tokenizer, llm_engine.generate, self.source)
 
     def _trajectory(self, e: _Episode, version: int) -> Trajectory:
+        """The episode's trajectory; `version` (the engine's) stamps it when it generated no token,
+        else the oldest version among its turns (turns may straddle weight updates in async runs)."""
         return Trajectory(
             prompt_ids=torch.tensor(e.prompt_ids, dtype=torch.long),
             response_ids=torch.tensor(e.response, dtype=torch.long),
             loss_mask=torch.tensor(e.mask, dtype=torch.bool),
             logprobs=torch.tensor(e.logprobs, dtype=torch.float32),
             finish_reason=FINISH_LENGTH if e.truncated else FINISH_STOP,
-            version=version,
+            version=min(e.versions, default=version),
             group_id=e.group_id,
             info={"agent_reward": e.reward, "agent_score": e.reward if e.score is None else e.score,
                   "extra_logs": dict(e.extra_logs), "turns": e.turns},
+            versions=torch.tensor(e.versions, dtype=torch.long),
         )
 
 

@@ -169,9 +169,11 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     from rlhfkit.distributed.pool import RayEnginePool  # noqa: PLC0415
 
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
+    t = cfg.train
     make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
-                          cfg.distributed.num_gpus_per_worker, delays)
-    return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not cfg.train.async_enable)
+                          cfg.distributed.num_gpus_per_worker, delays,
+                          t.partial_rollout_tokens if t.partial_rollout_enable else 0)
+    return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
 
 
 def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
@@ -272,7 +274,7 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
     if t.async_enable:
         from rlhfkit.distributed.async_loop import Prefetch  # noqa: PLC0415
 
-        source = Prefetch(engine, params, t.max_staleness)
+        source = Prefetch(executor, engine, tokenizer, params, budget, t.max_staleness)
     else:
         source = Generate(executor, engine, tokenizer, params, budget)
     return RLLoop(data, source, engine, scorer, group_filter, experience, update, kl_ctl, total_steps=total_steps,

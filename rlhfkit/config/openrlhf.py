@@ -85,7 +85,6 @@ DS_CKPT_PATH = "ignored: rlhfkit keeps checkpoints in <--ckpt.output_dir>/checkp
 CKPT_MEM = "ignored: rlhfkit keeps the newest --ckpt.max_num checkpoints (no size limit)"
 BEST_CKPT = "not supported yet: no best-checkpoint copy; the eval metrics are in metrics.jsonl"
 QLORA = "not supported yet: 4-bit base weights; the model is trained in its --model.dtype / --actor.dtype"
-PARTIAL = "not supported yet: each response is generated whole with one policy version"
 TEXT_ONLY = "ignored: rlhfkit trains text-only models"
 VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is transformers' "
               "sequence-classification `score`)")
@@ -299,7 +298,8 @@ _rl("async_train train.async_enable",
     to("train.async_enable", 0, "also needs --distributed.backend ray and --train.max_staleness 1 or more"))
 _rl("async_queue_size train.async_queue_size",
     notice("ignored: rlhfkit bounds how many policy versions a sample may lag with --train.max_staleness", 1))
-_rl("partial_rollout train.partial_rollout_enable", notice(PARTIAL))
+_rl("partial_rollout train.partial_rollout_enable",
+    to("train.partial_rollout_enable", 0, "with --train.async_enable (Ray rollout workers)"))
 _rl("enable_ema train.enable_ema", conv(_ema, "`--actor.ema_beta` (0.992 unless --ema_beta)", 0))
 _rl("ema_beta train.ema_beta", conv(_ema_beta, "`--actor.ema_beta`, with --enable_ema"))
 # optimizer and schedule (OpenRLHF's flat flags set the actor's and the critic's)

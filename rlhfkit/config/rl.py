@@ -338,12 +338,20 @@ class TrainConfig:
     max_skipped_steps: int = 5
     """Stop after this many optimizer steps in a row skipped for a NaN/inf loss or gradient (0: never)."""
     async_enable: bool = False
-    """Generate the next rollout batch (with the weights of the time) while training on the current
-    one (needs --distributed.backend ray and --train.max_staleness >= 1); the loss is then decoupled
-    PPO (--algo.advantage.decoupled_enable)."""
+    """Generate the next rollout batch (with the weights of the time; agents' episodes too) while
+    training on the current one (needs --distributed.backend ray and --train.max_staleness >= 1); the
+    loss is then decoupled PPO (--algo.advantage.decoupled_enable)."""
     max_staleness: int = 0
-    """Most policy versions a trained sample may lag the trainer; staler groups are dropped (counted)
-    and their prompts re-issued. 0 = synchronous."""
+    """Most policy versions a trained sample's oldest token may lag the trainer; staler groups are
+    dropped (counted) and their prompts re-issued. 0 = synchronous."""
+    partial_rollout_enable: bool = False
+    """With --train.async_enable: a generation in flight at a weight update is not restarted; the
+    worker loads the new weights between slices of --train.partial_rollout_tokens tokens and
+    continues from the tokens and KV cache it has, each token stamped with its policy version
+    (the IS / decoupled weights use each token's rollout logprob). OpenRLHF: --partial_rollout."""
+    partial_rollout_tokens: int = 8
+    """Tokens a rollout worker decodes between two checks for new weights
+    (--train.partial_rollout_enable)."""
 
 
 @dataclass(frozen=True)
@@ -567,6 +575,7 @@ RL_RANGES = validate_table({
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_tokens_per_micro_batch": ">= 1",
     "train.max_epochs": ">= 1", "train.num_episodes": ">= 1", "train.max_steps": ">= 1", "train.seed": SEED_RANGE,
     "train.num_threads": ">= 1", "train.max_skipped_steps": ">= 0", "train.max_staleness": ">= 0",
+    "train.partial_rollout_tokens": ">= 1",
     "ckpt.save_steps": "-1 or >= 1", "ckpt.max_num": ">= 1",
     "logger.log_samples": ">= 0",
     "eval.steps": "-1 or >= 1", "eval.max_samples": ">= 1", "eval.n_samples": ">= 1", "eval.k": ">= 1",
@@ -675,11 +684,9 @@ def _validate_distributed(cfg: RLConfig) -> None:
                                      "training: add --distributed.backend ray (the local backend is synchronous)")
         _require(t.max_staleness >= 1, "--train.async_enable trains on samples one policy version old: "
                                        f"set --train.max_staleness 1 or more (got {t.max_staleness})")
-        _require(cfg.agent.func_path is None, "--train.async_enable does not run agents yet; drop "
-                                              "--agent.func_path or --train.async_enable")
-        _require(not cfg.algo.dynamic_filtering_enable, "--train.async_enable does not combine with "
-                 "--algo.dynamic_filtering_enable yet; drop one of them")
     else:
+        _require(not t.partial_rollout_enable, "--train.partial_rollout_enable continues generations across the "
+                 "weight updates of async training: add --train.async_enable (and --distributed.backend ray)")
         _require(t.max_staleness == 0, f"--train.max_staleness {t.max_staleness} without --train.async_enable: "
                                        "a synchronous run trains on fresh samples only; add --train.async_enable")
 

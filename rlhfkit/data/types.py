@@ -45,6 +45,9 @@ class Trajectory:
       loss_mask    BoolTensor [R]   True = an action token that counts in the loss
       logprobs     FloatTensor [R]  the rollout policy's logprob of each response token under the
                                     sampling temperature (0.0 where loss_mask is False)
+      versions     LongTensor [R] or None  the policy version that produced each token (feedback
+                                    tokens: the version of the action before them); None: all
+                                    `version`. `version` is then the oldest of them.
     """
 
     prompt_ids: torch.Tensor
@@ -55,6 +58,7 @@ class Trajectory:
     version: int
     group_id: int = 0  # index of the prompt this sample answers (samples of one prompt share it)
     info: dict[str, Any] = field(default_factory=dict)
+    versions: torch.Tensor | None = None
 
     @property
     def response_length(self) -> int:

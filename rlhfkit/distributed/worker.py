@@ -4,7 +4,10 @@ Two concurrency groups: `generate` calls run one at a time in submission order; 
 runs beside them, so a weight transfer never waits for a generation to finish. A received state
 is staged and loaded at the start of the next `generate` (never under a running one): a
 generation uses the newest weights fully received when it starts, and every trajectory is
-stamped with their version. In synchronous mode the pool waits for every worker to acknowledge
+stamped with their version. With partial rollouts (`partial_tokens` > 0) a generation runs in
+slices of that many tokens and loads newly staged weights between slices: it continues from its
+tokens and KV cache with the new weights (HFEngine.start/resume), each token stamped with the
+version that produced it. In synchronous mode the pool waits for every worker to acknowledge
 a version before it asks for samples, so that version is exactly the trainer's.
 """
 
@@ -32,11 +35,13 @@ class RolloutWorker:
     Args:
       delay_s: test-only slow-worker hook: seconds to sleep before staging new weights (a worker
         on a slow link lags behind the trainer's versions). Not a user flag.
+      partial_tokens: tokens decoded between two loads of staged weights (0: a generation uses
+        the weights it started with throughout).
     """
 
     def __init__(self, model_path: str, gguf_file: str | None, dtype: str, autocast: str | None,
                  max_batch_size: int | None, num_threads: int = 1, device: str | None = None,
-                 delay_s: float = 0.0):
+                 delay_s: float = 0.0, partial_tokens: int = 0):
         torch.set_num_threads(num_threads)
         tokenizer = load_tokenizer(model_path, gguf_file=gguf_file)
         model = load_causal_lm(model_path, dtype=DTYPES[dtype], gguf_file=gguf_file)
@@ -48,7 +53,7 @@ class RolloutWorker:
         # version -1 until the pool sends the trainer's weights (it does so on creation)
         self.engine = HFEngine(model, tokenizer, max_batch_size=max_batch_size,
                                autocast_dtype=DTYPES[autocast] if autocast else None, version=-1)
-        self.delay_s = delay_s
+        self.delay_s, self.partial_tokens = delay_s, partial_tokens
         self._staged_cv = threading.Condition()
         self._staged: tuple[Mapping[str, torch.Tensor], int] | None = None
 
@@ -71,7 +76,12 @@ class RolloutWorker:
             with self._staged_cv:
                 self._staged_cv.wait_for(lambda: self._newest() >= want_version, timeout=patience_s)
         self._load_staged()
-        return self.engine.generate(prompts, params, seeds=seeds, group_ids=group_ids)
+        if not self.partial_tokens:
+            return self.engine.generate(prompts, params, seeds=seeds, group_ids=group_ids)
+        gen = self.engine.start(prompts, params, seeds=seeds, group_ids=group_ids)
+        while (out := self.engine.resume(gen, self.partial_tokens)) is None:
+            self._load_staged()  # weights that arrived meanwhile: the rest of the generation uses them
+        return out
 
     def _newest(self) -> int:
         return max(self.engine.version, self._staged[1] if self._staged is not None else -1)

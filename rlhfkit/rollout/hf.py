@@ -10,6 +10,11 @@ input before the prefill), keeps decoding finished rows, and gives processed sco
 the logprobs we return; it measured 1.45-1.9x slower on SmolLM2 on CPU (see
 bench/rollout_vs_generate.py). transformers' continuous batching was also reported slower on CPU.
 
+Interruptible: `start` + `resume(gen, max_new_tokens_this_call)` run a generation in slices, its
+decode state (tokens, KV cache, samplers, finished rows) kept in a `PartialGeneration` between
+calls, so that a weight update can land in between (partial rollouts); `generate` is one `resume`
+to the end. Every token is stamped with the version of the weights whose logits it came from.
+
 Any causal LM: the fast parts are taken where they give the model's own numbers, and a note is
 logged once (logger "rlhfkit", INFO) where they are not. The growing KV-cache layers replace only
 transformers' plain full-attention `DynamicLayer`s (sliding-window, linear-attention and other
@@ -30,6 +35,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,6 +47,50 @@ from rlhfkit.models.logprobs import (
     note_once,
 )
 from rlhfkit.rollout.base import SamplingParams
+
+
+@dataclass
+class DecodeState:
+    """One chunk of a generation between two `HFEngine.resume` calls: B = prompts x n rows, each
+    with up to max_new tokens. `logits` [b, V] are the next-token logits of the b rows still
+    decoding (`active` [b], in the order of the KV `cache` rows; `seqs` [b, P + step] replaces the
+    cache for a model without one), computed by the weights of `logits_version`. tokens, logprobs,
+    versions [B, max_new]; lengths, stopped [B]. The samplers (`generator`, or one per prompt in
+    `gens`) are the generation's own: their state carries over between calls."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    gens: list[torch.Generator] | None
+    cache: object
+    seqs: torch.Tensor | None
+    logits: torch.Tensor
+    logits_version: int
+    attention_mask: torch.Tensor
+    next_pos: torch.Tensor
+    active: torch.Tensor
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    versions: torch.Tensor
+    lengths: torch.Tensor
+    stopped: torch.Tensor
+    step: int = 0
+    finished: bool = False
+
+
+@dataclass
+class PartialGeneration:
+    """A generation that `HFEngine.resume` runs, possibly across several calls (and weight
+    updates): its prompts cut into chunks, the finished chunks' states and the one in progress."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    stop_ids: torch.Tensor
+    generator: torch.Generator | None
+    seeds: list[int] | None
+    group_ids: list[int] | None
+    chunks: list[tuple[int, int]]
+    done: list[DecodeState] = field(default_factory=list)
+    state: DecodeState | None = None
 
 
 class HFEngine:
@@ -124,79 +174,118 @@ class HFEngine:
         seeded with seeds[i] (one multinomial per prompt per token), so they do not depend on
         which other prompts share the call or in what order: any sharding of the prompts over
         engines gives the same samples. Otherwise one `generator` samples the whole batch."""
+        return self.resume(self.start(prompts, params, generator, group_ids, seeds))
+
+    # ------------------------------------------------------------------ interruptible generation
+    def start(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+              generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
+              seeds: Sequence[int] | None = None) -> PartialGeneration:
+        """A generation not run yet (arguments as `generate`); `resume` runs it, in slices if asked."""
         _check_params(params, prompts, group_ids)
         if seeds is not None and len(seeds) != len(prompts):
             raise ConfigError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
         stop_ids = torch.tensor(sorted(set(self.eos_ids) | set(params.stop_token_ids)), dtype=torch.long)
+        return PartialGeneration([list(p) for p in prompts], params, stop_ids, generator,
+                                 None if seeds is None else list(seeds),
+                                 None if group_ids is None else list(group_ids), list(self._chunks(prompts, params)))
+
+    def resume(self, gen: PartialGeneration, max_new_tokens_this_call: int | None = None) -> list[Trajectory] | None:
+        """Decode at most `max_new_tokens_this_call` more tokens of `gen` (None: to the end); the
+        trajectories once every chunk is done, else None. Between calls `gen` keeps the tokens, the
+        KV cache and the samplers' state: a weight update in between (`update_weights`) is used by
+        the tokens decoded after it, each token stamped with the version of the weights whose
+        logits it was sampled from; nothing already decoded is recomputed."""
+        budget = math.inf if max_new_tokens_this_call is None else max_new_tokens_this_call
         was_training = self.model.training
         self.model.eval()
-        chunks = []
         try:
             with self._no_grad(), self._autocast(), _decode_attention(self.model):
-                for start, stop in self._chunks(prompts, params):
-                    chunk = [list(p) for p in prompts[start:stop]]
-                    gens = None if seeds is None else [_seeded(s) for s in seeds[start:stop]]
-                    chunks.append((start, self._decode_chunk(chunk, params, stop_ids, generator, gens)))
+                while budget > 0 and len(gen.done) < len(gen.chunks):
+                    start, stop = gen.chunks[len(gen.done)]
+                    if gen.state is None:
+                        gens = None if gen.seeds is None else [_seeded(x) for x in gen.seeds[start:stop]]
+                        gen.state = self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens)
+                    budget -= self._decode(gen.state, gen.stop_ids, budget)
+                    if gen.state.finished:
+                        gen.done.append(gen.state)
+                        gen.state = None
         finally:
             self.model.train(was_training)
+        return self._trajectories(gen) if len(gen.done) == len(gen.chunks) else None
+
+    def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
         # Built outside inference mode: trajectories hold ordinary tensors a loss may save for backward.
         out: list[Trajectory] = []
-        for start, (tokens, logprobs, lengths, stopped) in chunks:
-            for row in range(tokens.shape[0]):
-                i = start + row // params.n
-                group = group_ids[i] if group_ids is not None else i
-                out.append(self._trajectory(prompts[i], tokens[row], logprobs[row], lengths[row], stopped[row], group))
+        for (start, _), st in zip(gen.chunks, gen.done):
+            for row in range(st.tokens.shape[0]):
+                i = start + row // gen.params.n
+                group = gen.group_ids[i] if gen.group_ids is not None else i
+                out.append(self._trajectory(gen.prompts[i], st.tokens[row], st.logprobs[row], st.lengths[row],
+                                            st.stopped[row], group, st.versions[row]))
         return out
 
     # ------------------------------------------------------------------ decode loop
 
-    def _decode_chunk(self, prompts: list[list[int]], params: SamplingParams, stop_ids, generator, gens=None):
-        """Prefill `prompts` once, expand to n rows each, decode. Tensors [B, max_new] / [B].
+    def _prefill(self, prompts: list[list[int]], params: SamplingParams, generator, gens=None) -> DecodeState:
+        """Prefill `prompts` once and expand to n rows each: the state before the first token.
         `gens`: one generator per prompt (rows of prompt i sample from gens[i]), or None."""
         n, max_new = params.n, params.max_new_tokens
         input_ids, attention_mask = self._left_pad(prompts)
-        device = input_ids.device
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cache = _new_cache(self.model, reserve=max_new) if self._cached else None
         logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
         if cache is not None:
             cache.batch_repeat_interleave(n)
-        seqs = None if cache is not None else input_ids.repeat_interleave(n, dim=0)  # without a cache: [B, P + step]
-        logits = logits.repeat_interleave(n, dim=0)
-        attention_mask = attention_mask.repeat_interleave(n, dim=0)
-        next_pos = position_ids[:, -1:].repeat_interleave(n, dim=0) + 1  # [B, 1]
-
         batch = len(prompts) * n
-        tokens = torch.full((batch, max_new), self.pad_id, dtype=torch.long)
-        logprobs = torch.zeros((batch, max_new), dtype=torch.float32)
-        lengths = torch.zeros(batch, dtype=torch.long)
-        stopped = torch.zeros(batch, dtype=torch.bool)
-        active = torch.arange(batch)  # rows still decoding, in the order of the cache rows
-        for step in range(max_new):
-            groups = None if gens is None else _row_groups(active, n, gens)
-            tok, lp = _sample(logits, params, generator, groups)
-            tokens[active, step], logprobs[active, step] = tok.cpu(), lp.cpu()
-            lengths[active] = step + 1
+        return DecodeState(
+            params=params, generator=generator, gens=gens, cache=cache,
+            seqs=None if cache is not None else input_ids.repeat_interleave(n, dim=0),  # without a cache: [B, P + step]
+            logits=logits.repeat_interleave(n, dim=0), logits_version=self._version,
+            attention_mask=attention_mask.repeat_interleave(n, dim=0),
+            next_pos=position_ids[:, -1:].repeat_interleave(n, dim=0) + 1,  # [B, 1]
+            active=torch.arange(batch),  # rows still decoding, in the order of the cache rows
+            tokens=torch.full((batch, max_new), self.pad_id, dtype=torch.long),
+            logprobs=torch.zeros((batch, max_new), dtype=torch.float32),
+            versions=torch.zeros((batch, max_new), dtype=torch.long),
+            lengths=torch.zeros(batch, dtype=torch.long), stopped=torch.zeros(batch, dtype=torch.bool))
+
+    def _decode(self, s: DecodeState, stop_ids: torch.Tensor, budget: float) -> int:
+        """Decode at most `budget` tokens per row of `s` (stops early when every row is done);
+        returns the tokens decoded per row."""
+        params, max_new, n = s.params, s.params.max_new_tokens, s.params.n
+        decoded = 0
+        while decoded < budget and not s.finished:
+            step = s.step
+            groups = None if s.gens is None else _row_groups(s.active, n, s.gens)
+            tok, lp = _sample(s.logits, params, s.generator, groups)
+            s.tokens[s.active, step], s.logprobs[s.active, step] = tok.cpu(), lp.cpu()
+            s.versions[s.active, step] = s.logits_version
+            s.lengths[s.active] = step + 1
             hit = torch.isin(tok.cpu(), stop_ids)
-            stopped[active[hit]] = True
+            s.stopped[s.active[hit]] = True
+            s.step, decoded = step + 1, decoded + 1
             if step == max_new - 1 or bool(hit.all()):
+                s.finished = True
                 break
             if bool(hit.any()):  # drop finished rows from the batch and the cache
                 keep = (~hit).nonzero().squeeze(-1)
-                active, keep = active[keep], keep.to(device)
-                tok, next_pos, attention_mask = tok[keep], next_pos[keep], attention_mask[keep]
-                if cache is not None:
-                    cache.batch_select_indices(keep)
+                s.active, keep = s.active[keep], keep.to(s.attention_mask.device)
+                tok, s.next_pos, s.attention_mask = tok[keep], s.next_pos[keep], s.attention_mask[keep]
+                if s.cache is not None:
+                    s.cache.batch_select_indices(keep)
                 else:
-                    seqs = seqs[keep]
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
-            if cache is not None:
-                logits = self._forward(tok.unsqueeze(-1), attention_mask, next_pos, cache)
+                    s.seqs = s.seqs[keep]
+            mask = s.attention_mask
+            s.attention_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            if s.cache is not None:
+                s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache)
             else:
-                seqs = torch.cat([seqs, tok.unsqueeze(-1)], dim=1)
-                logits = self._forward(seqs, attention_mask, (attention_mask.cumsum(-1) - 1).clamp(min=0), None)
-            next_pos = next_pos + 1
-        return tokens, logprobs, lengths, stopped
+                s.seqs = torch.cat([s.seqs, tok.unsqueeze(-1)], dim=1)
+                s.logits = self._forward(s.seqs, s.attention_mask, (s.attention_mask.cumsum(-1) - 1).clamp(min=0),
+                                         None)
+            s.logits_version = self._version
+            s.next_pos = s.next_pos + 1
+        return decoded
 
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         """One forward (with `cache`, or over the whole sequence when it is None); float32 logits
@@ -244,16 +333,18 @@ class HFEngine:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
-    def _trajectory(self, prompt, tokens, logprobs, length, stopped, group_id) -> Trajectory:
+    def _trajectory(self, prompt, tokens, logprobs, length, stopped, group_id, versions) -> Trajectory:
         length = int(length)
+        versions = versions[:length].clone()
         return Trajectory(
             prompt_ids=torch.tensor(list(prompt), dtype=torch.long),
             response_ids=tokens[:length].clone(),
             loss_mask=torch.ones(length, dtype=torch.bool),
             logprobs=logprobs[:length].clone(),
             finish_reason=FINISH_STOP if bool(stopped) else FINISH_LENGTH,
-            version=self._version,
+            version=int(versions.min()) if length else self._version,
             group_id=int(group_id),
+            versions=versions,
         )
 
 

@@ -42,7 +42,8 @@ class Experience:
     values: torch.Tensor | None = None  # [N, R]
     kl: torch.Tensor | None = None  # [N, R] per-token KL estimate (policy vs reference)
     rollout_logp: torch.Tensor | None = None  # [N, R] the engine's logprob of each token (0 off the mask)
-    versions: torch.Tensor | None = None  # [N] the policy version that generated each sample
+    versions: torch.Tensor | None = None  # [N] the oldest policy version among each sample's tokens
+    token_versions: torch.Tensor | None = None  # [N, R] the version that produced each token (-1 past the end)
     token_rewards: torch.Tensor | None = None  # [N, R] per-token (process) rewards that went into advantages
 
     def __len__(self) -> int:
@@ -181,8 +182,11 @@ class ExperienceMaker:
                 chunks=self.batcher.cut(batch, group_ids, torch.arange(len(trajs))), layout=self.batcher.layout(batch),
                 token_rewards=token_rewards,
             )
+        per_token = [t.versions if t.versions is not None else torch.full((t.response_length,), t.version)
+                     for t in trajs]
         return dataclasses.replace(exp, rollout_logp=pad_response_values([t.logprobs for t in trajs], r),
-                                   versions=torch.tensor([t.version for t in trajs], dtype=torch.long))
+                                   versions=torch.tensor([t.version for t in trajs], dtype=torch.long),
+                                   token_versions=pad_response_values(per_token, r, fill=-1.0).long())
 
     def logp_of(self, model: torch.nn.Module) -> Callable[[TokenBatch], torch.Tensor]:
         def fn(mb: TokenBatch) -> torch.Tensor:

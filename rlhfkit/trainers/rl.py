@@ -108,8 +108,8 @@ class RLLoop:
         timer, t_start = StepTimer(device=model_device(self.policy)), time.perf_counter()
         upcoming = (lambda: self.data.peek(self.data.batch_size)) if self.step + 1 < self.total_steps else None
         try:
-            got = collect(self.source, self.scorer, self.group_filter, batch, self.data.take, self.data.batch_size,
-                          timer, upcoming)
+            got = collect(self.source, self.scorer, self.group_filter, batch, self.data.take_topup,
+                          self.data.batch_size, timer, upcoming)
         except TrainingError as exc:
             raise TrainingError(f"step {self.step + 1}: {exc}") from exc
         metrics = dict(got.scored.metrics)
@@ -137,16 +137,20 @@ class RLLoop:
         return metrics
 
     def check_staleness(self, trajs: list[Trajectory]) -> dict[str, float]:
-        """Staleness of a sample = the policy version now - the version that generated it. Training on
-        a sample staler than max_staleness is refused (an async source drops those first)."""
+        """Staleness of a sample = the policy version now - the version of its oldest token. Training on
+        a sample staler than max_staleness is refused (an async source drops those first). In async
+        runs also the share of samples whose tokens come from more than one version (partial
+        rollouts, agents' turns across an update)."""
         lags = torch.tensor([float(self.engine.version - t.version) for t in trajs] or [0.0])
         if lags.max() > self.max_staleness:
             raise TrainingError(f"step {self.step + 1}: a sample is {int(lags.max())} policy versions old, more than "
                                 f"--train.max_staleness {self.max_staleness}; this is a bug in the pipeline")
         out = {"staleness_max": float(lags.max()), "staleness_mean": float(lags.mean())}
         if self.max_staleness > 0:  # async: the staleness reached, beside the bound it may reach
+            mixed = [t.versions is not None and bool((t.versions != t.versions[:1]).any()) for t in trajs]
             out.update({"async/staleness_max": out["staleness_max"], "async/staleness_mean": out["staleness_mean"],
-                        "async/max_staleness": float(self.max_staleness)})
+                        "async/max_staleness": float(self.max_staleness),
+                        "async/mixed_version_frac": sum(mixed) / max(len(mixed), 1)})
         return out
 
     # ------------------------------------------------------------------ logging

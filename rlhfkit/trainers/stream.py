@@ -5,6 +5,10 @@ rollout batches. Every prompt taken gets a sampling seed from the sample generat
 so a prompt's samples do not depend on how an engine pool shards a batch, and a re-issued prompt
 regenerates the same samples. `peek` draws a batch ahead (async rollout) without moving the
 position that a checkpoint records: a resumed run draws that batch again, with the same seeds.
+`take_topup` is the second cursor, for dynamic-filtering top-ups while a batch is drawn ahead: it
+draws past that batch, and the position records how many prompts it drew there, so that a resumed
+run, after drawing the batch again, skips them (drawn and dropped, seeds included): every prompt is
+trained once, in the uninterrupted run's order.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class PromptStream:
         self._episode, self.order, self.index = 0, None, 0
         self.ahead: deque[PromptBatch] = deque()  # drawn by peek, not yet taken
         self.snapshot: dict | None = None  # the position before the first batch drawn ahead
+        self.topups: list[int] = []  # sizes of top-ups drawn past the batches ahead (or, resumed, to skip)
 
     @property
     def episode(self) -> int:
@@ -68,11 +73,27 @@ class PromptStream:
         """The next `n` prompts (fewer, or none, when the last episode runs out), across episodes."""
         if self.ahead:
             batch = self.ahead.popleft()
-            if len(batch) != n:
+            if len(batch) > n:
                 raise RuntimeError(f"PromptStream: asked for {n} prompts, {len(batch)} were drawn ahead (a bug)")
             if not self.ahead:
-                self.snapshot = None
+                self.snapshot, self.topups = None, []
             return batch
+        batch = self._draw(n)
+        for m in self.topups:  # a resumed run: the top-ups the checkpointed run drew past this batch
+            self._draw(m)
+        self.topups = []
+        return batch
+
+    def take_topup(self, n: int) -> PromptBatch:
+        """The next `n` prompts for a dynamic-filtering top-up: `take(n)`, or while batches are drawn
+        ahead, the prompts past them (they stay next for `take`; the position records the top-up)."""
+        if not self.ahead:
+            return self.take(n)
+        batch = self._draw(n)
+        self.topups.append(len(batch))
+        return batch
+
+    def _draw(self, n: int) -> PromptBatch:
         prompts = []
         while len(prompts) < n and (p := self._next_prompt()) is not None:
             prompts.append(p)
@@ -84,9 +105,7 @@ class PromptStream:
         keeps the position before them."""
         if self.snapshot is None:
             self.snapshot = self._position()
-        ahead, self.ahead = self.ahead, deque()
-        batch = self.take(n)
-        self.ahead = ahead
+        batch = self._draw(n)
         self.ahead.append(batch)
         return batch
 
@@ -107,10 +126,11 @@ class PromptStream:
                 "index": self.index, "sample_gen": self.sample_gen.get_state()}
 
     def state_dict(self) -> dict:
-        """The position of the next batch not yet taken (batches drawn ahead are drawn again on resume)."""
+        """The position of the next batch not yet taken (batches drawn ahead are drawn again on resume,
+        the top-ups drawn past them skipped)."""
         state = dict(self.snapshot if self.snapshot is not None else self._position())
         state.update(num_prompts=len(self.prompts), rollout_batch_size=self.batch_size,
-                     shuffle_gen=self.shuffle_gen.get_state())
+                     shuffle_gen=self.shuffle_gen.get_state(), topups=list(self.topups))
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -125,4 +145,4 @@ class PromptStream:
         self.sample_gen.set_state(state["sample_gen"])
         self.shuffle_gen.set_state(state["shuffle_gen"])
         self.ahead.clear()
-        self.snapshot = None
+        self.snapshot, self.topups = None, list(state.get("topups", []))

@@ -1,7 +1,8 @@
 """--distributed.backend ray on a real local Ray cluster (one per module) with the tiny model:
 2 rollout workers + 1 trainer actor give bit for bit the single-process run; async training never
-trains on samples staler than the bound, even with a slow worker; a killed worker is replaced
-and its prompts re-issued without loss or duplication."""
+trains on samples staler than the bound, even with a slow worker, with multi-turn agents and with
+dynamic filtering; a killed worker is replaced and its prompts re-issued without loss or
+duplication."""
 
 import collections
 import json
@@ -31,7 +32,26 @@ VOLATILE = ("time/", "rollout_tokens_per_s", "rollout/logprob_gap")
 def ws(tiny_ws):
     rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(24)]
     root = tiny_ws("ray", rows, sevens=True)
+    (root / "agent.py").write_text(TWO_TURN_AGENT)
     return root
+
+
+# two turns; each action earns its share of "7" characters
+TWO_TURN_AGENT = """
+from rlhfkit.agents import AgentInstanceBase
+
+
+class AgentInstance(AgentInstanceBase):
+    def __init__(self):
+        self.turn = 0
+
+    async def step(self, states, **kwargs):
+        self.turn += 1
+        share = sum(c == "7" for c in states["action_text"]) / 6.0
+        done = self.turn >= 2
+        return {"rewards": share, "scores": min(share, 1.0), "done": done,
+                "environment_feedback": "" if done else "\\nagain:\\n"}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +69,7 @@ def flags(ws, out, **over):
          "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant", "actor.autocast": "none",
          "logger.progress_bar": "false", "ckpt.output_dir": str(out)}
     f.update(over)
-    return [x for k, v in f.items() for x in (f"--{k}", v)]
+    return [x for k, v in f.items() if v is not None for x in (f"--{k}", v)]
 
 
 def rows_of(out):
@@ -88,8 +108,13 @@ def in_process_trainer(ws, out, argv_over, delays=None):
                               make_engine=lambda policy, tok: build_pool(cfg, policy, delays=delays))
     trained = []  # the prompt ids of every trajectory the trainer trains on
     loop, inner = trainer.loop, trainer.loop.experience
-    loop.experience = lambda trajs, *args: (trained.extend(tuple(t.prompt_ids.tolist()) for t in trajs),
-                                            inner(trajs, *args))[1]
+    lags = []  # per trained trajectory: the trainer's version minus each of its tokens' versions
+    loop.experience = lambda trajs, *args: (
+        trained.extend(tuple(t.prompt_ids.tolist()) for t in trajs),
+        lags.extend(loop.engine.version - (t.versions if t.versions is not None else torch.tensor([t.version]))
+                    for t in trajs),
+        inner(trajs, *args))[2]
+    trainer.lags = lags
     return cfg, trainer, trainer.tracker, trained
 
 
@@ -159,6 +184,66 @@ def test_async_with_a_bound_of_two_trains_decoupled_and_reports_the_staleness_re
     assert all(h["rollout/logprob_gap_max"] >= 0 and h["rollout/behav_weight_mean"] > 0 for h in history)
     assert any(h["rollout/logprob_gap_max"] > 0 for h in history[1:])
     assert len(trained) == 4 * 16
+    trainer.engine.shutdown()
+
+
+def test_async_agents_with_a_bound_of_two_keep_it_for_every_token(ws, cluster):
+    # multi-turn agents run ahead in the prefetch thread; a turn may straddle a weight update, so
+    # each token carries its version and a sample's staleness is its oldest token's
+    cfg, trainer, tracker, trained = in_process_trainer(
+        ws, ws / "ray_async_agent", {"train.async_enable": "true", "train.max_staleness": "2",
+                                     "train.max_steps": "4", "reward.remote_url": None,
+                                     "agent.func_path": str(ws / "agent.py"), "agent.max_turns": "2",
+                                     "agent.max_response_tokens": "40"},
+        delays={1: 1.5})
+    trainer.engine.patience_s = 0.5
+    history = trainer.loop.train()
+    tracker.close()
+    assert trainer.step == 4 and len(trained) == 4 * 16
+    assert all(h["async/staleness_max"] <= 2 for h in history)
+    assert max(h["async/staleness_max"] for h in history) >= 1  # trained on samples generated ahead
+    assert all(int(lag.max()) <= 2 for lag in trainer.lags)  # per token, not only per sample
+    assert max(h["reward_extra/turns"] for h in history) > 1  # multi-turn episodes
+    trainer.engine.shutdown()
+
+
+def test_async_with_dynamic_filtering_tops_up_past_the_batch_ahead_and_keeps_the_bound(ws, cluster):
+    # groups whose 4 samples all score 0 are dropped and topped up from the prompts past the
+    # batch drawn ahead; no prompt is trained twice; the position recorded skips the top-ups
+    cfg, trainer, tracker, trained = in_process_trainer(
+        ws, ws / "ray_async_dyn", {"train.async_enable": "true", "train.max_staleness": "1", "train.max_steps": "3",
+                                   "algo.dynamic_filtering_enable": "true",
+                                   "algo.dynamic_filtering_max_rounds": "2", "rollout.temperature": "1.5"})
+    seen = []
+    trainer.loop.callbacks.append(lambda loop, step, m: seen.append(loop.state_dict()["data"]))
+    history = trainer.loop.train()
+    tracker.close()
+    assert trainer.step == 3
+    assert all(h["async/staleness_max"] <= 1 for h in history)
+    assert sum(h["filtered_groups"] for h in history) >= 1 and max(h["dynamic_rounds"] for h in history) >= 2
+    counts = collections.Counter(trained)
+    assert set(counts.values()) == {4}  # every trained prompt once (its 4 samples), none twice
+    for step, (h, state) in enumerate(zip(history, seen), start=1):
+        topped = int(h["dynamic_rounds"] > 1)
+        assert state["index"] >= 4 * step and (not topped or state["topups"] or step == 3)
+    trainer.engine.shutdown()
+
+
+def test_async_partial_rollouts_continue_across_weight_updates_with_per_token_versions(ws, cluster):
+    # long generations decoded 2 tokens at a time: a weight sync that lands while batch k+1 is
+    # generated is loaded between slices, so its samples mix two versions (oldest within the bound)
+    cfg, trainer, tracker, trained = in_process_trainer(
+        ws, ws / "ray_partial", {"train.async_enable": "true", "train.max_staleness": "1", "train.max_steps": "4",
+                                 "train.partial_rollout_enable": "true", "train.partial_rollout_tokens": "2",
+                                 "rollout.max_new_tokens": "48"})
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    history = trainer.loop.train()
+    tracker.close()
+    assert trainer.step == 4 and len(trained) == 4 * 16
+    assert all(h["async/staleness_max"] <= 1 for h in history)
+    assert all(int(lag.max()) <= 1 for lag in trainer.lags)
+    assert max(h["async/mixed_version_frac"] for h in history) > 0  # in-flight samples kept, not regenerated
+    assert any(not torch.equal(before[k], v) for k, v in trainer.policy.state_dict().items())
     trainer.engine.shutdown()
 
 

@@ -89,3 +89,13 @@ def test_distributed_flags_parse_and_valid_combinations():
     assert (d.distributed.backend, d.rollout.num_workers, d.train.async_enable, d.train.max_staleness) == \
         ("local", 1, False, 0)
     validate(parse_config(RLConfig, ["--distributed.backend", "ray", "--rollout.num_workers", "2"]))  # sync ray
+
+
+def test_partial_rollout_is_openrlhfs_flag_and_needs_async():
+    cfg = parse_config(RLConfig, ["--distributed.backend", "ray", "--async_train", "--train.max_staleness", "1",
+                                  "--partial_rollout", "--train.partial_rollout_tokens", "4"], aliases=RL_ALIASES)
+    validate(cfg)
+    assert cfg.train.partial_rollout_enable and cfg.train.partial_rollout_tokens == 4
+    with pytest.raises(ConfigError, match="--train.partial_rollout_enable continues generations across the weight "
+                                          "updates of async training: add --train.async_enable"):
+        validate(parse_config(RLConfig, ["--train.partial_rollout_enable", "true"]))

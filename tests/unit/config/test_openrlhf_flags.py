@@ -227,7 +227,6 @@ def test_yaml_keys_may_be_openrlhf_flags(tmp_path, caplog):
     (["--vllm_num_engines", "4"], "--vllm_num_engines: ignored: rlhfkit generates with --rollout.engine hf"),
     (["--gradient_checkpointing_use_reentrant"], "--gradient_checkpointing_use_reentrant: ignored"),
     (["--adam_offload"], "not supported yet"),
-    (["--partial_rollout"], "--partial_rollout: not supported yet"),
     (["--normalize_reward"], "--normalize_reward: accepted: a reward model's score is always divided"),
     (["--micro_rollout_batch_size", "16"], "--micro_rollout_batch_size: ignored: experience passes use"),
     (["--enforce_eager", "--vllm_sync_backend", "nccl"], "--enforce_eager: ignored"),
@@ -294,7 +293,10 @@ SAMPLES = {  # flags whose value must be of a given form (others: from their tar
     "reward.clip_range": ["-5", "5"], "dual_clip": ["3"], "actor.dual_clip": ["3"],
 }
 COMPANIONS = {"async_train": ["--distributed.backend", "ray", "--train.max_staleness", "1"],
-              "train.async_enable": ["--distributed.backend", "ray", "--train.max_staleness", "1"]}
+              "train.async_enable": ["--distributed.backend", "ray", "--train.max_staleness", "1"],
+              "partial_rollout": ["--distributed.backend", "ray", "--async_train", "--train.max_staleness", "1"],
+              "train.partial_rollout_enable": ["--distributed.backend", "ray", "--async_train",
+                                               "--train.max_staleness", "1"]}
 FROM_ARGS = {RLConfig: RLConfig.from_args, SFTConfig: SFTConfig.from_args, RMConfig: RMConfig.from_args,
              DPOConfig: DPOConfig.from_args, KTOConfig: KTOConfig.from_args, PRMConfig: PRMConfig.from_args}
 

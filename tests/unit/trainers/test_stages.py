@@ -78,6 +78,37 @@ def test_resumed_stream_continues_as_the_uninterrupted_one():
     assert [p.label for p in x.prompts] == [p.label for p in y.prompts] and x.seeds == y.seeds
 
 
+def labels(batch):
+    return [p.label for p in batch.prompts]
+
+
+def test_topup_while_a_batch_is_ahead_draws_past_it_and_a_resumed_stream_skips_it():
+    # 12 prompts, batches of 3, one episode: order o; step 1 takes o[0:3], peeks o[3:6] (async
+    # look-ahead), then tops up 2 prompts (dynamic filtering): o[6:8], past the batch ahead
+    s = stream(n=12, batch=3, episodes=1)
+    order = torch.randperm(12, generator=torch.Generator().manual_seed(1)).tolist()
+    assert labels(s.take(3)) == order[0:3]
+    ahead = s.peek(3)
+    top = s.take_topup(2)
+    assert labels(ahead) == order[3:6] and labels(top) == order[6:8]
+    state = s.state_dict()  # a checkpoint after step 1: before the batch ahead, the top-up recorded
+    assert (state["index"], state["topups"]) == (3, [2])
+    resumed = stream(n=12, batch=3, episodes=1)
+    resumed.load_state_dict(state)
+    again = resumed.take(3)  # the batch ahead drawn again, with its seeds; the top-up skipped
+    assert labels(again) == labels(ahead) and again.seeds == ahead.seeds
+    assert s.take(3) is ahead
+    x, y = s.take(3), resumed.take(3)
+    assert labels(x) == labels(y) == order[8:11] and x.seeds == y.seeds  # no prompt twice, none lost
+    assert s.state_dict()["topups"] == resumed.state_dict()["topups"] == []
+
+
+def test_topup_without_a_batch_ahead_is_take():
+    a, b = stream(), stream()
+    x, y = a.take_topup(3), b.take(3)
+    assert labels(x) == labels(y) and x.seeds == y.seeds and a.state_dict()["topups"] == []
+
+
 def test_stream_refuses_too_few_prompts_and_a_foreign_checkpoint():
     with pytest.raises(DataError, match="fewer than --rollout.batch_size 4"):
         stream(n=3, batch=4)
@@ -149,7 +180,8 @@ def test_collect_times_generate_and_reward_and_numbers_groups_across_rounds(tiny
 # ------------------------------------------------------------------ experience
 def test_experience_group_norm_advantages_rollout_logprobs_and_versions_by_hand(tiny):
     model, tok = tiny
-    trajs = [traj([5, 6], [7, 8], 0, [-1.0, -2.0], version=3), traj([5, 6], [7], 0, [-0.5], version=3)]
+    trajs = [traj([5, 6], [7, 8], 0, [-1.0, -2.0], version=2), traj([5, 6], [7], 0, [-0.5], version=3)]
+    trajs[0].versions = torch.tensor([2, 3])  # a partial rollout: token 2 after a weight update
     maker = ExperienceMaker(model, None, None, MicroBatcher(tok.pad_token_id, 2), estimator="group_norm", gamma=1.0,
                             lam=1.0, whiten=True, reward_clip=None, kl_estimator="k1", kl_in_reward=True,
                             multi_step=False, temperature=1.0, autocast=None)
@@ -157,7 +189,8 @@ def test_experience_group_norm_advantages_rollout_logprobs_and_versions_by_hand(
     a = 1 / math.sqrt(0.5)  # (r - mean) / unbiased std of {1, 0}: +-0.5 / 0.7071
     torch.testing.assert_close(exp.advantages, torch.tensor([[0.5 * a, 0.5 * a], [-0.5 * a, 0.0]]))
     assert exp.old_logp is None and exp.ref_logp is None  # one optimizer step, no KL: nothing to precompute
-    assert exp.rollout_logp.tolist() == [[-1.0, -2.0], [-0.5, 0.0]] and exp.versions.tolist() == [3, 3]
+    assert exp.rollout_logp.tolist() == [[-1.0, -2.0], [-0.5, 0.0]] and exp.versions.tolist() == [2, 3]
+    assert exp.token_versions.tolist() == [[2, 3], [3, -1]]
     assert exp.device.type == "cpu"
 
 

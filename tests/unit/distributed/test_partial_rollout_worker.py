@@ -1,0 +1,45 @@
+"""A rollout worker with partial rollouts, in this process (no Ray): weights staged while a
+generation is in flight are loaded between slices, the generation continues with them, and its
+tokens carry both versions."""
+
+from __future__ import annotations
+
+import torch
+
+from rlhfkit.distributed.worker import RolloutWorker
+from rlhfkit.models import tiny_model_and_tokenizer
+from rlhfkit.rollout.base import SamplingParams
+
+PARAMS = SamplingParams(max_new_tokens=9, temperature=1.0, n=2)
+
+
+def test_weights_staged_mid_generation_are_used_for_the_rest_of_it(tmp_path):
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    worker = RolloutWorker(str(tmp_path), None, "float32", None, None, partial_tokens=3)
+    worker.update_weights(model.state_dict(), 0)
+    new = {k: v * 1.1 for k, v in model.state_dict().items()}
+    resume, calls = worker.engine.resume, []
+
+    def resume_then_stage(gen, budget=None):  # version 1 arrives while the first slice decodes
+        calls.append(budget)
+        out = resume(gen, budget)
+        if len(calls) == 1:
+            worker.update_weights(new, 1)
+        return out
+
+    worker.engine.resume = resume_then_stage
+    prompts = [tok("What is 2+3?")["input_ids"]]
+    trajs = worker.generate(prompts, PARAMS, seeds=[7])
+    assert calls[0] == 3 and worker.engine.version == 1
+    mixed = [t for t in trajs if t.response_length > 4]
+    assert mixed, "no sample outlived the first slice"
+    for t in mixed:
+        # 3 tokens decoded with version 0, the 4th sampled from logits computed before the load
+        assert t.versions[:4].tolist() == [0] * 4 and set(t.versions[4:].tolist()) == {1} and t.version == 0
+    whole = RolloutWorker(str(tmp_path), None, "float32", None, None)
+    whole.update_weights(model.state_dict(), 0)
+    same = whole.generate(prompts, PARAMS, seeds=[7])
+    for a, b in zip(trajs, same):  # the tokens before the update are the uninterrupted generation's
+        assert torch.equal(a.response_ids[:4], b.response_ids[:4])
