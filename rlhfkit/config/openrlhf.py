@@ -458,6 +458,10 @@ def _supervised_rules() -> dict[str, Alias]:
                harmless=("0", "0.0")))
     add("desirable_loss_weight", to("model.desirable_weight"))
     add("undesirable_loss_weight", to("model.undesirable_weight"))
+    # knowledge distillation (train_kd)
+    add("teacher_model", to("teacher.model_name_or_path"))
+    add("kd_coef", to("kd.coef", note="the weight of KL(teacher || student); 1 - kd_coef weighs the SFT NLL"))
+    add("teacher_offload", to("teacher.offload", 0))
     return rules
 
 
@@ -469,7 +473,7 @@ RM_PACKING = notice("ignored: train rm pads its micro-batches (same result)")
 # What rlhfkit does with each, per command; RL_FLAGS is `train rl`'s.
 SUPERVISED_FLAGS: dict[str, dict[str, Alias]] = {
     kind: {name: SUPERVISED_RULES[name] for name in OPENRLHF_COMMANDS[f"train_{kind}"]}
-    for kind in ("sft", "rm", "dpo", "kto")
+    for kind in ("sft", "rm", "dpo", "kto", "kd")
 }
 SUPERVISED_FLAGS["rm"].update({"packing_samples": RM_PACKING, "ds.packing_samples": RM_PACKING})
 
@@ -479,3 +483,5 @@ SFT_ALIASES = SUPERVISED_FLAGS["sft"]
 RM_ALIASES = SUPERVISED_FLAGS["rm"]
 DPO_ALIASES = SUPERVISED_FLAGS["dpo"]
 KTO_ALIASES = {**{n: r for n, r in DPO_ALIASES.items() if "." in n}, **SUPERVISED_FLAGS["kto"]}
+# `train kd` also takes train_sft's dotted names (OpenRLHF's KD was gone before its flags were dotted).
+KD_ALIASES = {**SFT_ALIASES, **SUPERVISED_FLAGS["kd"]}
