@@ -1,4 +1,4 @@
-"""The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto`, `lora merge`, `demo`,
+"""The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto|kd|opd`, `lora merge`, `demo`,
 `plan`, `eval`, `view`, `serve-reward`, `version`.
 
 Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit code 2;
@@ -19,6 +19,8 @@ commands:
   train rm    Bradley-Terry reward model: rlhfkit train rm --help
   train dpo   DPO / IPO / cDPO against a frozen reference: rlhfkit train dpo --help
   train kto   KTO on unpaired desirable / undesirable data: rlhfkit train kto --help
+  train kd    knowledge distillation from a teacher on SFT data: rlhfkit train kd --help
+  train opd   on-policy distillation: the student samples, a teacher scores each token: rlhfkit train opd --help
   lora merge  fold a LoRA adapter into its base: rlhfkit lora merge --lora.adapter DIR --ckpt.output_dir OUT
   serve-reward  a reward file over HTTP: rlhfkit serve-reward --reward.remote_url FILE.py --port N
   plan        the step counts and a memory estimate of a train rl run (same flags), no model loaded
@@ -68,7 +70,7 @@ def command_help(argv: list[str]) -> str:
     kind = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
     if cmd == "train":
         if kind not in flag_help.COMMANDS:
-            return "usage: rlhfkit train rl|sft|rm|dpo|kto [flags]; rlhfkit train KIND --help lists the flags"
+            return "usage: rlhfkit train rl|sft|rm|dpo|kto|kd|opd [flags]; rlhfkit train KIND --help lists the flags"
         return flag_help.command_help(kind)
     if cmd == "demo":
         from rlhfkit.cli.demo import DEMO_FLAGS  # noqa: PLC0415
@@ -122,7 +124,11 @@ def dispatch(argv: list[str]) -> int:
         from rlhfkit.cli import train_rl  # noqa: PLC0415
 
         return train_rl.run(rest[1:])
-    if cmd == "train" and rest and rest[0] in ("sft", "rm", "dpo", "kto"):
+    if cmd == "train" and rest and rest[0] == "opd":
+        from rlhfkit.cli import train_rl  # noqa: PLC0415
+
+        return train_rl.run_opd(rest[1:])
+    if cmd == "train" and rest and rest[0] in ("sft", "rm", "dpo", "kto", "kd"):
         from rlhfkit.cli import train_supervised  # noqa: PLC0415
 
         return train_supervised.run(rest[0], rest[1:])

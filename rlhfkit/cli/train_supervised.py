@@ -1,4 +1,4 @@
-"""`rlhfkit train sft|rm|dpo|kto` and `rlhfkit lora merge`. A training command is the public API
+"""`rlhfkit train sft|rm|dpo|kto|kd` and `rlhfkit lora merge`. A training command is the public API
 (rlhfkit.api.supervised): parse and validate the flags, `from_config` (model, data, run folder),
 `train`; this module only prints."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 
-from rlhfkit.api.supervised import DPOTrainer, KTOTrainer, RMTrainer, SFTTrainer
+from rlhfkit.api.supervised import DPOTrainer, KDTrainer, KTOTrainer, RMTrainer, SFTTrainer
+from rlhfkit.config.kd import KDConfig
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.errors import ConfigError
@@ -14,7 +15,7 @@ from rlhfkit.models.lora import merge_lora
 from rlhfkit.trainers.build import resolve_model
 
 COMMANDS = {"sft": (SFTConfig, SFTTrainer), "rm": (RMConfig, RMTrainer),
-            "dpo": (DPOConfig, DPOTrainer), "kto": (KTOConfig, KTOTrainer)}
+            "dpo": (DPOConfig, DPOTrainer), "kto": (KTOConfig, KTOTrainer), "kd": (KDConfig, KDTrainer)}
 
 
 def run(kind: str, argv: list[str]) -> int:

@@ -22,7 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.config import preference, rl, sft
+from rlhfkit.config import kd, opd, preference, rl, sft
 
 WIDTH = 100
 INDENT = "      "
@@ -38,6 +38,7 @@ CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
     (rl.AdvantageConfig, "whiten"): rl.WHITEN_MODES,
     (rl.AdvantageConfig, "is_correction_type"): rl.IS_CORRECTION_TYPES,
     (rl.KLConfig, "estimator"): rl.KL_ESTIMATORS,
+    (rl.AlgoConfig, "teacher_kl_estimator"): rl.KL_ESTIMATORS,
     (rl.RolloutConfig, "engine"): rl.ENGINES,
     (rl.DistributedConfig, "backend"): rl.BACKENDS,
     (rl.WandbConfig, "mode"): rl.WANDB_MODES,
@@ -55,6 +56,8 @@ COMMANDS: dict[str, tuple[type, dict[str, str]]] = {
     "rm": (preference.RMConfig, sft.SUPERVISED_ALIASES),
     "dpo": (preference.DPOConfig, sft.SUPERVISED_ALIASES),
     "kto": (preference.KTOConfig, sft.SUPERVISED_ALIASES),
+    "kd": (kd.KDConfig, sft.SUPERVISED_ALIASES),
+    "opd": (opd.OPDConfig, opd.OPD_ALIASES),
 }
 
 

@@ -301,18 +301,20 @@ def _is_number(s: str) -> bool:
         return False
 
 
-def build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
-    """Construct dataclass `cls` from flat dotted `values` (missing keys keep their defaults)."""
+def build(cls: type, values: dict[str, Any], prefix: str = "", base: Any = None) -> Any:
+    """Construct dataclass `cls` from flat dotted `values`; missing keys keep the defaults of `base`
+    (default `cls()`), so a section's defaults set by its parent (e.g. `AdamConfig(lr=5e-6)`) hold."""
+    base = cls() if base is None else base
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         name = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(tp):
-            kwargs[f.name] = build(tp, values, name + ".")
+            kwargs[f.name] = build(tp, values, name + ".", getattr(base, f.name))
         elif name in values:
             kwargs[f.name] = convert(name, values[name], tp)
-    return cls(**kwargs)
+    return dataclasses.replace(base, **kwargs)
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
