@@ -295,7 +295,7 @@ class AlgoConfig:
     """0: the reverse KL of the sampled tokens is the per-token reward; k: the reverse KL over the policy's
     k most likely tokens (plus one bucket for the rest) is a loss term, its gradient exact on that support."""
     teacher_kl_estimator: str = "k1"
-    """The estimator of the logged opd/kl from the sampled tokens (k1, k2, k3); the reward is always
+    """The KL estimator of the logged opd/kl, from the sampled tokens; the reward is always
     log p_teacher - log p_policy (the k1 score-function gradient, as OpenRLHF's train_opd)."""
     teacher_offload: bool = False
     """Keep the teacher on the CPU between its passes, moved to the policy's device for each."""

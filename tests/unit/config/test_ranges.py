@@ -12,6 +12,8 @@ import typing
 import pytest
 
 import rlhfkit.config
+from rlhfkit.config.kd import KD_RANGES, KDConfig, validate_kd
+from rlhfkit.config.opd import OPDConfig, validate_opd
 from rlhfkit.config.parse import field_table, parse_config
 from rlhfkit.config.preference import DPO_RANGES, DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
 from rlhfkit.config.ranges import ORDERED, allows, check_value, describe, parse_spec
@@ -28,6 +30,8 @@ ROOTS = {
     DPOConfig: (DPO_RANGES, validate_dpo, []),
     KTOConfig: (DPO_RANGES, lambda c: validate_dpo(c, "kto"), []),
     ServeRewardConfig: (SERVE_RANGES, validate_serve, ["--reward.remote_url", "r.py"]),
+    KDConfig: (KD_RANGES, validate_kd, ["--teacher.model_name_or_path", "t"]),
+    OPDConfig: (RL_RANGES, validate_opd, ["--algo.teacher_model_name_or_path", "t"]),
 }
 OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag"}  # dataclasses of config/ that are not settings (results, alias rules, help rows)
 
