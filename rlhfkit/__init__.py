@@ -20,11 +20,15 @@ _LAZY = {
     "RMConfig": "rlhfkit.config.preference",
     "DPOConfig": "rlhfkit.config.preference",
     "KTOConfig": "rlhfkit.config.preference",
+    "KDConfig": "rlhfkit.config.kd",
+    "OPDConfig": "rlhfkit.config.opd",
     "RLTrainer": "rlhfkit.api.rl",
     "SFTTrainer": "rlhfkit.api.supervised",
     "RMTrainer": "rlhfkit.api.supervised",
     "DPOTrainer": "rlhfkit.api.supervised",
     "KTOTrainer": "rlhfkit.api.supervised",
+    "KDTrainer": "rlhfkit.api.supervised",
+    "OPDTrainer": "rlhfkit.api.rl",
 }
 __all__ = ["__version__", *_LAZY]
 

@@ -7,10 +7,11 @@
     trainer.save("out/final")
 
 The supervised stages follow the same pattern (`SFTConfig` / `SFTTrainer`, `RMConfig` / `RMTrainer`,
-`DPOConfig` / `DPOTrainer`, `KTOConfig` / `KTOTrainer`).
+`DPOConfig` / `DPOTrainer`, `KTOConfig` / `KTOTrainer`, `KDConfig` / `KDTrainer`); on-policy
+distillation is `OPDConfig` / `OPDTrainer`, an RL trainer.
 """
 
-from rlhfkit.api.rl import RLTrainer
-from rlhfkit.api.supervised import DPOTrainer, KTOTrainer, RMTrainer, SFTTrainer
+from rlhfkit.api.rl import OPDTrainer, RLTrainer
+from rlhfkit.api.supervised import DPOTrainer, KDTrainer, KTOTrainer, RMTrainer, SFTTrainer
 
-__all__ = ["DPOTrainer", "KTOTrainer", "RLTrainer", "RMTrainer", "SFTTrainer"]
+__all__ = ["DPOTrainer", "KDTrainer", "KTOTrainer", "OPDTrainer", "RLTrainer", "RMTrainer", "SFTTrainer"]
