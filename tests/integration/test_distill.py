@@ -132,3 +132,17 @@ def test_opd_cli_refuses_a_missing_teacher_and_another_tokenizer(ws, tmp_path, c
     assert err.startswith("error: the teacher") and "another tokenizer" in err
     assert main(["train", "opd", *opd_flags(ws, tmp_path / "p", generate__top_p=0.9)]) == 2
     assert "--opd.topk 0" in capsys.readouterr().err
+
+
+def test_train_rl_adds_the_teachers_per_token_reward_to_a_task_reward(tiny_ws, ws, tmp_path):
+    sevens = tiny_ws("distill_rl", rows=[{"input": f["input"]} for f in FACTS], sevens=True)
+    out = tmp_path / "rl"
+    argv = ["train", "rl", "--actor.model_name_or_path", ws / "tiny", "--data.prompt_dataset", sevens / "prompts.jsonl",
+            "--reward.remote_url", sevens / "reward.py", "--algo.teacher_model_name_or_path", ws / "teacher",
+            "--algo.teacher_coef", "0.5", "--ckpt.output_dir", out, "--logger.progress_bar", "false",
+            "--train.num_threads", "1", "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "2",
+            "--rollout.max_new_tokens", "6", "--train.batch_size", "8", "--train.micro_batch_size", "4",
+            "--train.max_steps", "2"]
+    assert main([str(a) for a in argv]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all({"opd/kl", "opd/reward", "reward"} <= r.keys() for r in rows if "policy_loss" in r)
