@@ -149,7 +149,8 @@ class RLTrainer:
         tracker = C.run_tracker(cfg, run_dir, C.total_rl_steps(cfg, data.rollouts_per_episode),
                                 resume[1] if resume else None)
         loop = C.build_loop(cfg, plan, policy, tokenizer, engine, reward_fn, data, executor, ref=ref, critic=critic,
-                            teacher=teacher, tracker=tracker, callbacks=[evaluator.periodic, checkpointer.periodic, *callbacks],
+                            teacher=teacher, tracker=tracker,
+                            callbacks=[evaluator.periodic, checkpointer.periodic, *callbacks],
                             dp=(rank, world))
         return cls(cfg, loop, run_dir, tracker, evaluator, checkpointer, resume, skipped, (rank, world), reward_fn)
 
