@@ -23,6 +23,8 @@ _LAZY = {
     "DPOConfig": "rlhfkit.config.preference",
     "KTOConfig": "rlhfkit.config.preference",
     "PRMConfig": "rlhfkit.config.prm",
+    "KDConfig": "rlhfkit.config.kd",
+    "OPDConfig": "rlhfkit.config.opd",
     "RLTrainer": "rlhfkit.api.rl",
     "SFTTrainer": "rlhfkit.api.supervised",
     "RMTrainer": "rlhfkit.api.supervised",
@@ -34,6 +36,8 @@ _LAZY = {
     "IterativeDPOConfig": "rlhfkit.config.generate",
     "RejectionSampling": "rlhfkit.api.workflows",
     "IterativeDPO": "rlhfkit.api.workflows",
+    "KDTrainer": "rlhfkit.api.supervised",
+    "OPDTrainer": "rlhfkit.api.rl",
 }
 __all__ = ["__version__", *_LAZY]
 

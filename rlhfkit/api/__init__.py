@@ -7,10 +7,12 @@
     trainer.save("out/final")
 
 The supervised stages follow the same pattern (`SFTConfig` / `SFTTrainer`, `RMConfig` / `RMTrainer`,
-`DPOConfig` / `DPOTrainer`, `KTOConfig` / `KTOTrainer`, `PRMConfig` / `PRMTrainer`).
+`DPOConfig` / `DPOTrainer`, `KTOConfig` / `KTOTrainer`, `PRMConfig` / `PRMTrainer`, `KDConfig` /
+`KDTrainer`); on-policy distillation is `OPDConfig` / `OPDTrainer`, an RL trainer.
 """
 
-from rlhfkit.api.rl import RLTrainer
-from rlhfkit.api.supervised import DPOTrainer, KTOTrainer, PRMTrainer, RMTrainer, SFTTrainer
+from rlhfkit.api.rl import OPDTrainer, RLTrainer
+from rlhfkit.api.supervised import DPOTrainer, KDTrainer, KTOTrainer, PRMTrainer, RMTrainer, SFTTrainer
 
-__all__ = ["DPOTrainer", "KTOTrainer", "PRMTrainer", "RLTrainer", "RMTrainer", "SFTTrainer"]
+__all__ = ["DPOTrainer", "KDTrainer", "KTOTrainer", "OPDTrainer", "PRMTrainer", "RLTrainer", "RMTrainer",
+           "SFTTrainer"]

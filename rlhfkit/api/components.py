@@ -34,6 +34,7 @@ from rlhfkit.tracking.wandb_writer import WandbWriter
 from rlhfkit.trainers.batching import MicroBatcher
 from rlhfkit.trainers.build import load_policy, resolve_model
 from rlhfkit.trainers.checkpoint import Checkpointer, latest_good, list_checkpoints
+from rlhfkit.trainers.distill import TeacherLossUpdate, TeacherScorer, load_teacher
 from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn, reward_verifier
 from rlhfkit.trainers.experience import ExperienceMaker
 from rlhfkit.trainers.generate import Generate
@@ -135,6 +136,16 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     return policy, tokenizer, ref, critic
 
 
+def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
+    """The frozen teacher of --algo.teacher_model_name_or_path (None without one), on `device`, or on
+    the CPU with --algo.teacher_offload; refused when its tokenizer is not the policy's."""
+    a = cfg.algo
+    if a.teacher_model_name_or_path is None:
+        return None
+    teacher = load_teacher(a.teacher_model_name_or_path, cfg.actor.dtype, tokenizer)
+    return teacher if a.teacher_offload else teacher.to(device)
+
+
 def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
     """--rollout.engine hf: an HFEngine sharing the policy module (weight sync is a version bump,
     no copy). vllm: a VLLMEngine on the actor's HF folder that pulls `state_fn()` (default: the
@@ -227,9 +238,10 @@ def prompt_stream(cfg: RLConfig, prompts) -> PromptStream:
 
 
 def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward_fn, data: PromptStream, executor, *,
-               ref=None, critic=None, tracker=None, callbacks=(), dp: tuple[int, int] = (0, 1)) -> RLLoop:
+               ref=None, critic=None, teacher=None, tracker=None, callbacks=(), dp: tuple[int, int] = (0, 1)) -> RLLoop:
     """The RL loop's stages from `cfg`, around already built models, engine, reward and prompt stream
-    (the update's epochs shuffle with the stream's generator, as one seeded order of draws)."""
+    (the update's epochs shuffle with the stream's generator, as one seeded order of draws); `teacher`:
+    on-policy distillation's (trainers.distill), None without one."""
     a, c, t, r, w, k = cfg.actor, cfg.critic, cfg.train, cfg.rollout, cfg.reward, cfg.algo.kl
     multi = executor.provides_rewards
     budget = token_budget(cfg, multi)
@@ -260,13 +272,22 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
                           value_clip=c.value_clip, temperature=temperature, max_len=budget.total,
                           is_kind=adv.is_correction_type.replace("-", "_") if adv.is_correction_enable else None,
                           is_low=is_low, is_high=is_high, decoupled=decoupled)
-    update = PolicyUpdate(policy, learner, batcher, losses, batch_size=t.batch_size, max_epochs=t.max_epochs,
-                          shuffle_gen=data.shuffle_gen, autocast=a.autocast, critic=critic, critic_learner=critic_learner,
-                          dp=dp, compiled=CompiledLayers(policy) if t.compile_enable else None)
+    f = cfg.algo
+    topk = teacher is not None and f.teacher_topk > 0
+    update = (TeacherLossUpdate if topk else PolicyUpdate)(
+        policy, learner, batcher, losses, batch_size=t.batch_size, max_epochs=t.max_epochs,
+        shuffle_gen=data.shuffle_gen, autocast=a.autocast, critic=critic, critic_learner=critic_learner, dp=dp,
+        compiled=CompiledLayers(policy) if t.compile_enable else None,
+        **(dict(teacher=teacher, teacher_coef=f.teacher_coef, teacher_topk=f.teacher_topk,
+                teacher_offload=f.teacher_offload) if topk else {}))
     scorer = Scorer(None if multi else reward_fn, tokenizer, budget.total,
                     None if w.overlong_buffer_len is None else (w.overlong_buffer_len, w.overlong_penalty_factor),
                     w.normalize)
-    f = cfg.algo
+    if teacher is not None:
+        scorer = TeacherScorer(scorer, teacher, coef=f.teacher_coef, topk=f.teacher_topk,
+                               kl_estimator=f.teacher_kl_estimator, temperature=temperature,
+                               micro_batch_size=t.micro_batch_size, pad_id=tokenizer.pad_token_id,
+                               autocast=a.autocast, device=model_device(policy), offload=f.teacher_offload)
     group_filter = GroupFilter(f.dynamic_filtering_enable, f.dynamic_filtering_range, f.dynamic_filtering_max_rounds)
     kl_ctl = AdaptiveKLController(k.init_coef, k.target, k.horizon) if k.target is not None else FixedKLController(
         k.init_coef)

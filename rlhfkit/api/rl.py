@@ -23,6 +23,7 @@ import torch
 
 from rlhfkit.api import components as C
 from rlhfkit.config import RLConfig
+from rlhfkit.config.opd import OPDConfig, validate_opd
 from rlhfkit.config.rl import validate
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.distributed import fsdp
@@ -128,6 +129,7 @@ class RLTrainer:
             reward_fn = C.load_reward(cfg.reward, cfg.train.micro_batch_size, device,
                                           cfg.algo.advantage.estimator)
         policy, tokenizer, ref, critic = C.build_models(cfg, device)
+        teacher = C.build_teacher(cfg, tokenizer, device)
         state_fn = C.shard_for_fsdp(cfg, policy, ref, critic, world) if cfg.fsdp.enable else None
         if make_engine is not None:
             engine = make_engine(policy, tokenizer)
@@ -148,7 +150,8 @@ class RLTrainer:
         tracker = C.run_tracker(cfg, run_dir, C.total_rl_steps(cfg, data.rollouts_per_episode),
                                 resume[1] if resume else None)
         loop = C.build_loop(cfg, plan, policy, tokenizer, engine, reward_fn, data, executor, ref=ref, critic=critic,
-                            tracker=tracker, callbacks=[evaluator.periodic, checkpointer.periodic, *callbacks],
+                            teacher=teacher, tracker=tracker,
+                            callbacks=[evaluator.periodic, checkpointer.periodic, *callbacks],
                             dp=(rank, world))
         return cls(cfg, loop, run_dir, tracker, evaluator, checkpointer, resume, skipped, (rank, world), reward_fn)
 
@@ -217,3 +220,26 @@ class RayRLTrainer:
             raise ConfigError("save() after train(): the Ray run writes its model in the trainer actor")
         shutil.copytree(self.final, path, dirs_exist_ok=True)
         return Path(path)
+
+
+def no_task_reward(queries, prompts, labels, **kwargs) -> torch.Tensor:
+    """The task reward of pure on-policy distillation: 0 for every sample (the teacher gives the rest)."""
+    return torch.zeros(len(queries))
+
+
+class OPDTrainer(RLTrainer):
+    """On-policy distillation (`rlhfkit train opd`): an RLTrainer whose score stage adds the teacher's
+    per-token reward (trainers.distill.TeacherScorer) to the task reward; without a reward function or
+    --reward.* the task reward is 0."""
+
+    @classmethod
+    def from_config(cls, cfg, reward_fn: Any = None, train_dataset: Any = None, eval_dataset: Any = None,
+                    **kwargs) -> RLTrainer | RayRLTrainer:
+        """`RLTrainer.from_config` for an OPDConfig (validated as one: a teacher is required)."""
+        if not isinstance(cfg, OPDConfig):
+            raise ConfigError(f"OPDTrainer.from_config needs an OPDConfig (OPDConfig.from_args(flags)), got "
+                              f"{type(cfg).__name__}")
+        validate_opd(cfg)
+        if reward_fn is None and cfg.reward.remote_url is None and cfg.reward.model_name_or_path is None:
+            reward_fn = no_task_reward
+        return super().from_config(cfg, reward_fn, train_dataset, eval_dataset, **kwargs)

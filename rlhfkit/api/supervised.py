@@ -32,6 +32,7 @@ import torch
 
 from rlhfkit.api.components import create_run_dir, extra_writers, setup_checkpoints
 from rlhfkit.config.parse import to_dict
+from rlhfkit.config.kd import KDConfig, validate_kd
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
 from rlhfkit.config.prm import PRMConfig, validate_prm
 from rlhfkit.config.sft import SFTConfig, lora_targets, validate_sft
@@ -45,23 +46,25 @@ from rlhfkit.models.precision import DTYPES, enable_gradient_checkpointing, reso
 from rlhfkit.models.reward import init_reward_model
 from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.tracking.run import RunTracker
-from rlhfkit.trainers import preference, prm, supervised
+from rlhfkit.trainers import distill, preference, prm, supervised
 from rlhfkit.trainers.checkpoint import Checkpointer
 from rlhfkit.trainers.build import load_policy, resolve_model
 
-__all__ = ["SFTConfig", "RMConfig", "DPOConfig", "KTOConfig", "PRMConfig",
-           "SFTTrainer", "RMTrainer", "DPOTrainer", "KTOTrainer", "PRMTrainer", "build_model", "load_data"]
+__all__ = ["SFTConfig", "RMConfig", "DPOConfig", "KTOConfig", "PRMConfig", "KDConfig",
+           "SFTTrainer", "RMTrainer", "DPOTrainer", "KTOTrainer", "PRMTrainer", "KDTrainer",
+           "build_model", "load_data"]
 
 # One entry per kind: the validation, the dataset reader and the metrics drawn in curves.png.
 VALIDATE = {"sft": validate_sft, "rm": validate_rm, "dpo": validate_dpo,
-            "kto": lambda cfg: validate_dpo(cfg, "kto"), "prm": validate_prm}
-LOADERS = {"sft": load_sft, "rm": load_pairs, "dpo": load_pairs, "kto": load_unpaired, "prm": load_steps}
+            "kto": lambda cfg: validate_dpo(cfg, "kto"), "prm": validate_prm, "kd": validate_kd}
+LOADERS = {"sft": load_sft, "rm": load_pairs, "dpo": load_pairs, "kto": load_unpaired, "prm": load_steps, "kd": load_sft}
 CURVES = {
     "sft": ["loss", "eval/loss", "lr"],
     "rm": ["loss", "accuracy", "eval/accuracy", "reward_margin"],
     "dpo": ["loss", "accuracy", "margin", "eval/accuracy"],
     "kto": ["loss", "chosen_reward", "rejected_reward", "kl"],
     "prm": ["loss", "accuracy", "eval/accuracy"],
+    "kd": ["loss", "nll", "kl", "eval/kl"],
 }
 
 
@@ -83,13 +86,15 @@ def build_model(kind: str, cfg, device: torch.device | None = None) -> tuple[tor
         ref_path = cfg.ref.model_name_or_path
         ref = load_policy(ref_path, m.dtype)[0] if ref_path else copy.deepcopy(model)
         ref.eval().requires_grad_(False)
+    elif kind == "kd":  # the teacher, frozen; with --teacher.offload it waits on the CPU
+        ref = distill.load_teacher(cfg.teacher.model_name_or_path, m.dtype, tokenizer)
     if lora.rank > 0:
         model = add_lora(model, lora.rank, lora.alpha, lora_targets(lora), lora.dropout,
                          task_type="SEQ_CLS" if kind == "rm" else "CAUSAL_LM")
     if m.gradient_checkpointing_enable:
         enable_gradient_checkpointing(model)
     model.to(device)
-    if ref is not None:
+    if ref is not None and not (kind == "kd" and cfg.teacher.offload):
         ref.to(device)
     return model, tokenizer, ref
 
@@ -106,7 +111,7 @@ def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
                        rejected_key=d.rejected_key),
             "kto": dict(prompt_key=d.prompt_key or "prompt", output_key=d.output_key or "output",
                         label_key=d.label_key),
-            "prm": dict(input_key=d.input_key, label_key=d.label_key)}[kind if kind != "dpo" else "rm"]
+            "prm": dict(input_key=d.input_key, label_key=d.label_key)}[{"dpo": "rm", "kd": "sft"}.get(kind, kind)]
     if kind == "prm":
         keys.update(placeholder=d.placeholder_token, reward_tokens=d.reward_tokens)
     load = LOADERS[kind]
@@ -263,3 +268,9 @@ class PRMTrainer(SupervisedTrainer):
     whose config records its placeholder and reward tokens."""
 
     kind, config_class, algorithm_class = "prm", PRMConfig, prm.PRMTrainer
+
+
+class KDTrainer(SupervisedTrainer):
+    """Knowledge distillation: (1 - kd.coef) * SFT NLL + kd.coef * KL(teacher || student)."""
+
+    kind, config_class, algorithm_class = "kd", KDConfig, distill.KDTrainer

@@ -1,4 +1,4 @@
-"""The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto|prm|rs|iterative-dpo`,
+"""The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto|prm|kd|opd|rs|iterative-dpo`,
 `generate`, `lora merge`, `demo`, `plan`, `eval`, `view`, `serve-reward`, `version`.
 
 Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit code 2;
@@ -20,6 +20,8 @@ commands:
   train prm   process reward model on step labels: rlhfkit train prm --help
   train dpo   DPO / IPO / cDPO against a frozen reference: rlhfkit train dpo --help
   train kto   KTO on unpaired desirable / undesirable data: rlhfkit train kto --help
+  train kd    knowledge distillation from a teacher on SFT data: rlhfkit train kd --help
+  train opd   on-policy distillation: the student samples, a teacher scores each token: rlhfkit train opd --help
   train rs    rejection sampling (best-of-N): sample, score, keep the best, SFT on them: rlhfkit train rs --help
   train iterative-dpo  rounds of sampling, best/worst pairs and DPO: rlhfkit train iterative-dpo --help
   generate    n samples per prompt with train rl's model, data and rollout flags -> generations.jsonl
@@ -72,8 +74,8 @@ def command_help(argv: list[str]) -> str:
     kind = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
     if cmd == "train":
         if kind not in flag_help.COMMANDS:
-            return ("usage: rlhfkit train rl|sft|rm|dpo|kto|prm|rs|iterative-dpo [flags]; rlhfkit train KIND --help "
-                    "lists the flags")
+            return ("usage: rlhfkit train rl|sft|rm|dpo|kto|prm|kd|opd|rs|iterative-dpo [flags]; "
+                    "rlhfkit train KIND --help lists the flags")
         return flag_help.command_help(kind)
     if cmd == "demo":
         from rlhfkit.cli.demo import DEMO_FLAGS  # noqa: PLC0415
@@ -129,7 +131,11 @@ def dispatch(argv: list[str]) -> int:
         from rlhfkit.cli import train_rl  # noqa: PLC0415
 
         return train_rl.run(rest[1:])
-    if cmd == "train" and rest and rest[0] in ("sft", "rm", "dpo", "kto", "prm"):
+    if cmd == "train" and rest and rest[0] == "opd":
+        from rlhfkit.cli import train_rl  # noqa: PLC0415
+
+        return train_rl.run_opd(rest[1:])
+    if cmd == "train" and rest and rest[0] in ("sft", "rm", "dpo", "kto", "prm", "kd"):
         from rlhfkit.cli import train_supervised  # noqa: PLC0415
 
         return train_supervised.run(rest[0], rest[1:])

@@ -1,11 +1,13 @@
-"""`rlhfkit train rl`: parse and validate flags, check the data and files before any model loads,
-then `rlhfkit.RLTrainer.from_config(cfg).train()`."""
+"""`rlhfkit train rl` (and `train opd`, on-policy distillation): parse and validate flags, check the
+data and files before any model loads, then `rlhfkit.RLTrainer.from_config(cfg).train()`
+(`OPDTrainer` for opd)."""
 
 from __future__ import annotations
 
 from rlhfkit.api.components import load_reward, prompt_options
-from rlhfkit.api.rl import RLTrainer
+from rlhfkit.api.rl import OPDTrainer, RLTrainer
 from rlhfkit.config import RLConfig
+from rlhfkit.config.opd import OPDConfig
 from rlhfkit.data.prompts import check_prompts
 from rlhfkit.errors import ConfigError
 
@@ -32,4 +34,11 @@ def run(argv: list[str]) -> int:
     cfg = parse_rl_args(argv)
     check_inputs(cfg)
     RLTrainer.from_config(cfg).train()
+    return 0
+
+
+def run_opd(argv: list[str]) -> int:
+    cfg = OPDConfig.from_args(argv)
+    check_inputs(cfg)
+    OPDTrainer.from_config(cfg).train()
     return 0

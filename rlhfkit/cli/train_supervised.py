@@ -1,4 +1,4 @@
-"""`rlhfkit train sft|rm|dpo|kto|prm` and `rlhfkit lora merge`. A training command is the public API
+"""`rlhfkit train sft|rm|dpo|kto|prm|kd` and `rlhfkit lora merge`. A training command is the public API
 (rlhfkit.api.supervised): parse and validate the flags, `from_config` (model, data, run folder),
 `train`; this module only prints."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 
-from rlhfkit.api.supervised import DPOTrainer, KTOTrainer, PRMTrainer, RMTrainer, SFTTrainer
+from rlhfkit.api.supervised import DPOTrainer, KDTrainer, KTOTrainer, PRMTrainer, RMTrainer, SFTTrainer
+from rlhfkit.config.kd import KDConfig
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.config.prm import PRMConfig
 from rlhfkit.config.sft import SFTConfig
@@ -15,7 +16,8 @@ from rlhfkit.models.lora import merge_lora
 from rlhfkit.trainers.build import resolve_model
 
 COMMANDS = {"sft": (SFTConfig, SFTTrainer), "rm": (RMConfig, RMTrainer),
-            "dpo": (DPOConfig, DPOTrainer), "kto": (KTOConfig, KTOTrainer), "prm": (PRMConfig, PRMTrainer)}
+            "dpo": (DPOConfig, DPOTrainer), "kto": (KTOConfig, KTOTrainer), "prm": (PRMConfig, PRMTrainer),
+            "kd": (KDConfig, KDTrainer)}
 
 
 def run(kind: str, argv: list[str]) -> int:

@@ -467,6 +467,10 @@ def _supervised_rules() -> dict[str, Alias]:
     add("reward_tokens", to("data.reward_tokens", 2, note="exactly two: the good-step token, then the bad-step one"))
     add("desirable_loss_weight", to("model.desirable_weight"))
     add("undesirable_loss_weight", to("model.undesirable_weight"))
+    # knowledge distillation (train_kd)
+    add("teacher_model", to("teacher.model_name_or_path"))
+    add("kd_coef", to("kd.coef", note="the weight of KL(teacher || student); 1 - kd_coef weighs the SFT NLL"))
+    add("teacher_offload", to("teacher.offload", 0))
     return rules
 
 
@@ -479,7 +483,7 @@ PRM_PACKING = notice("ignored: train prm pads its micro-batches (same result)")
 # What rlhfkit does with each, per command; RL_FLAGS is `train rl`'s.
 SUPERVISED_FLAGS: dict[str, dict[str, Alias]] = {
     kind: {name: SUPERVISED_RULES[name] for name in OPENRLHF_COMMANDS[f"train_{kind}"]}
-    for kind in ("sft", "rm", "dpo", "kto", "prm")
+    for kind in ("sft", "rm", "dpo", "kto", "prm", "kd")
 }
 SUPERVISED_FLAGS["rm"].update({"packing_samples": RM_PACKING, "ds.packing_samples": RM_PACKING})
 SUPERVISED_FLAGS["prm"].update({"packing_samples": PRM_PACKING})
@@ -534,3 +538,5 @@ BATCH_INFERENCE_FLAGS: dict[str, Alias] = {
     "enable_csft": refuse("conditional SFT is not built into rlhfkit generate: drop it", 0),
     "csft_prompt": refuse("conditional SFT is not built into rlhfkit generate: drop it"),
 }
+# `train kd` also takes train_sft's dotted names (OpenRLHF's KD was gone before its flags were dotted).
+KD_ALIASES = {**SFT_ALIASES, **SUPERVISED_FLAGS["kd"]}

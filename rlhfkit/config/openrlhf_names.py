@@ -1,6 +1,7 @@
 """The flags of OpenRLHF's training commands (names only; what rlhfkit does with each is in
 config/openrlhf.py). Read from openrlhf/cli/<command>.py of the releases 0.8.0 to 0.11.0: flat names
-up to 0.10.1, dotted ones from 0.10.2; train_kto and train_prm existed up to 0.9.x.
+up to 0.10.1, dotted ones from 0.10.2; train_kto and train_prm existed up to 0.9.x, train_kd up to
+0.10.1 (flat names only).
 """
 OPENRLHF_COMMANDS = {
     "train_ppo_ray": """
@@ -180,5 +181,17 @@ OPENRLHF_COMMANDS = {
         adam_betas placeholder_token reward_tokens packing_samples dataset dataset_probs eval_dataset
         dataset_split eval_split max_samples input_key label_key max_len use_wandb wandb_org wandb_group
         wandb_project wandb_run_name use_tensorboard use_ms
+    """.split(),
+    "train_kd": """
+        save_path save_steps save_hf_ckpt disable_ds_ckpt logging_steps eval_steps ckpt_path
+        max_ckpt_num max_ckpt_mem load_checkpoint use_ds_universal_ckpt micro_train_batch_size
+        train_batch_size max_norm gradient_checkpointing deepcompile seed full_determinism local_rank
+        zero_stage bf16 zpg adam_offload flash_attn use_liger_kernel aux_loss_coef grad_accum_dtype
+        overlap_comm gradient_checkpointing_use_reentrant disable_fast_tokenizer ds_tensor_parallel_size
+        load_in_4bit lora_rank lora_alpha target_modules lora_dropout pretrain teacher_model max_epochs
+        kd_coef learning_rate lr_warmup_ratio pretrain_mode lr_scheduler l2 adam_betas teacher_offload
+        dataset dataset_probs eval_dataset dataset_split eval_split max_samples input_key output_key
+        input_template apply_chat_template max_len use_wandb wandb_org wandb_group wandb_project
+        wandb_run_name use_tensorboard use_ms attn_implementation param_dtype
     """.split(),
 }

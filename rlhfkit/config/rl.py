@@ -288,6 +288,21 @@ class AlgoConfig:
     """Keep a group when low < mean score < high (exclusive: (0, 1) drops all-0 and all-1 groups)."""
     dynamic_filtering_max_rounds: int = 8
     """Most generation rounds per rollout batch; after them the batch trains as filled so far."""
+    teacher_model_name_or_path: str | None = None
+    """On-policy distillation: a teacher with the policy's tokenizer scores the policy's samples; its
+    per-token reverse KL is a dense reward (teacher_topk 0) or a loss term (teacher_topk k) added to the
+    task reward's. None: no teacher."""
+    teacher_coef: float = 1.0
+    """Weight of the teacher term: per-token reward -teacher_coef * (log p_policy - log p_teacher) of each
+    sampled token, or teacher_coef * the top-k reverse KL in the loss."""
+    teacher_topk: int = 0
+    """0: the reverse KL of the sampled tokens is the per-token reward; k: the reverse KL over the policy's
+    k most likely tokens (plus one bucket for the rest) is a loss term, its gradient exact on that support."""
+    teacher_kl_estimator: str = "k1"
+    """The KL estimator of the logged opd/kl, from the sampled tokens; the reward is always
+    log p_teacher - log p_policy (the k1 score-function gradient, as OpenRLHF's train_opd)."""
+    teacher_offload: bool = False
+    """Keep the teacher on the CPU between its passes, moved to the policy's device for each."""
 
 
 @dataclass(frozen=True)
@@ -571,6 +586,7 @@ RL_RANGES = validate_table({
     "algo.advantage.is_correction_threshold": ORDERED,
     "algo.kl.init_coef": ">= 0", "algo.kl.target": "> 0", "algo.kl.horizon": ">= 1",
     "algo.dynamic_filtering_range": ORDERED, "algo.dynamic_filtering_max_rounds": ">= 1",
+    "algo.teacher_coef": ">= 0", "algo.teacher_topk": ">= 0",
     "agent.max_turns": ">= 1", "agent.max_response_tokens": ">= 1",
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_tokens_per_micro_batch": ">= 1",
     "train.max_epochs": ">= 1", "train.num_episodes": ">= 1", "train.max_steps": ">= 1", "train.seed": SEED_RANGE,
@@ -592,6 +608,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     check_ranges(cfg, RL_RANGES)
     _one_of("algo.advantage.estimator", a.advantage.estimator, ADVANTAGE_ESTIMATORS)
     _one_of("algo.kl.estimator", a.kl.estimator, KL_ESTIMATORS)
+    _one_of("algo.teacher_kl_estimator", a.teacher_kl_estimator, KL_ESTIMATORS)
     _one_of("actor.loss_agg_mode", cfg.actor.loss_agg_mode, LOSS_AGG_MODES)
     _one_of("actor.policy_loss_type", cfg.actor.policy_loss_type, POLICY_LOSS_TYPES)
     _one_of("actor.lr_scheduler", cfg.actor.lr_scheduler, LR_SCHEDULERS)

@@ -1,7 +1,7 @@
 """Pure tensor math for RL on language models (torch only).
 
 Masks, aggregation modes, KL estimators and controllers, advantage estimators, policy /
-value / entropy / SFT / preference losses, reward shaping and EMA. See docs/algorithms.md.
+value / entropy / SFT / preference losses, distillation divergences, reward shaping and EMA. See docs/algorithms.md.
 """
 
 from rlhfkit.core.advantages import (
@@ -15,6 +15,7 @@ from rlhfkit.core.advantages import (
     token_rewards,
 )
 from rlhfkit.core.aggregate import AGGREGATIONS, aggregate_loss
+from rlhfkit.core.distill import forward_kl_from_logits, linear_forward_kl, topk_reverse_kl
 from rlhfkit.core.ema import ema_update
 from rlhfkit.core.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, approx_kl
 from rlhfkit.core.lm_head import linear_logprobs_and_entropy
@@ -58,6 +59,7 @@ __all__ = [
     "discounted_returns",
     "dpo_loss",
     "ema_update",
+    "forward_kl_from_logits",
     "entropy_from_logits",
     "gae",
     "group_baseline",
@@ -65,6 +67,7 @@ __all__ = [
     "decoupled_policy_loss",
     "is_weights",
     "kto_loss",
+    "linear_forward_kl",
     "linear_logprobs_and_entropy",
     "logprobs_and_entropy",
     "logprobs_from_logits",
@@ -77,5 +80,6 @@ __all__ = [
     "policy_loss",
     "sft_loss",
     "token_rewards",
+    "topk_reverse_kl",
     "value_loss",
 ]

@@ -71,7 +71,7 @@ def test_train_rl_help_describes_every_flag_with_type_default_choices_and_aliase
     assert out.index("\nactor.adam:") > out.index("--actor.ema_beta ")
 
 
-@pytest.mark.parametrize("kind", ["sft", "rm", "dpo", "kto", "prm"])
+@pytest.mark.parametrize("kind", ["sft", "rm", "dpo", "kto", "prm", "kd"])
 def test_supervised_help_lists_their_flags_and_aliases(kind, capsys):
     rc, out, _ = run(["train", kind, "-h"], capsys)
     cls = flag_help.COMMANDS[kind][0]

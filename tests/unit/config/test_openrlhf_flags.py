@@ -1,5 +1,5 @@
 """OpenRLHF's flags (config/openrlhf.py): every flag of train_ppo_ray, train_sft, train_rm, train_dpo
-train_kto and train_prm, flat and dotted, is mapped, noticed or refused, never unknown and never a traceback;
+train_kto, train_prm and train_kd, flat and dotted, is mapped, noticed or refused, never unknown and never a traceback;
 docs/migration.md is the table's rendering."""
 
 import logging
@@ -14,6 +14,7 @@ from rlhfkit.config import openrlhf as orl
 from rlhfkit.config.openrlhf_doc import BEGIN, END, render, rewrite
 from rlhfkit.config.openrlhf_names import OPENRLHF_COMMANDS
 from rlhfkit.config.parse import Alias, _strip_optional, field_table
+from rlhfkit.config.kd import KDConfig
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.config.prm import PRMConfig
 from rlhfkit.config.rl import RL_ALIASES
@@ -29,6 +30,7 @@ COMMANDS = {
     "train_dpo": (DPOConfig, orl.DPO_ALIASES),
     "train_kto": (KTOConfig, orl.KTO_ALIASES),
     "train_prm": (PRMConfig, orl.PRM_ALIASES),
+    "train_kd": (KDConfig, orl.KD_ALIASES),
 }
 
 
@@ -51,7 +53,7 @@ def test_the_table_has_exactly_the_flags_of_each_openrlhf_command(command):
 
 
 def test_supervised_rules_are_all_used():
-    used = {n for kind in ("sft", "rm", "dpo", "kto", "prm") for n in OPENRLHF_COMMANDS[f"train_{kind}"]}
+    used = {n for kind in ("sft", "rm", "dpo", "kto", "prm", "kd") for n in OPENRLHF_COMMANDS[f"train_{kind}"]}
     assert set(orl.SUPERVISED_RULES) == used
 
 
@@ -298,7 +300,8 @@ COMPANIONS = {"async_train": ["--distributed.backend", "ray", "--train.max_stale
               "train.partial_rollout_enable": ["--distributed.backend", "ray", "--async_train",
                                                "--train.max_staleness", "1"]}
 FROM_ARGS = {RLConfig: RLConfig.from_args, SFTConfig: SFTConfig.from_args, RMConfig: RMConfig.from_args,
-             DPOConfig: DPOConfig.from_args, KTOConfig: KTOConfig.from_args, PRMConfig: PRMConfig.from_args}
+             DPOConfig: DPOConfig.from_args, KTOConfig: KTOConfig.from_args, PRMConfig: PRMConfig.from_args,
+             KDConfig: KDConfig.from_args}
 
 
 def plausible(cls, name: str, rule: Alias) -> list[str]:
@@ -324,7 +327,8 @@ def plausible(cls, name: str, rule: Alias) -> list[str]:
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_flag_parses_and_validates_or_is_refused(command, caplog):
     cls, table = COMMANDS[command]
-    extra = ["--train.micro_batch_size", "2", "--train.batch_size", "8"] if command == "train_kto" else []
+    extra = {"train_kto": ["--train.micro_batch_size", "2", "--train.batch_size", "8"],
+             "train_kd": ["--teacher.model_name_or_path", "t"]}.get(command, [])
     wrong = []
     with caplog.at_level(logging.WARNING, logger="rlhfkit"):
         for name in OPENRLHF_COMMANDS[command]:

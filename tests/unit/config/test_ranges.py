@@ -12,6 +12,8 @@ import typing
 import pytest
 
 import rlhfkit.config
+from rlhfkit.config.kd import KD_RANGES, KDConfig, validate_kd
+from rlhfkit.config.opd import OPDConfig, validate_opd
 from rlhfkit.config.parse import field_table, parse_config
 from rlhfkit.config.generate import (GENERATE_RANGES, ITERATIVE_DPO_RANGES, RS_RANGES, GenerateConfig,
                                      IterativeDPOConfig, RSConfig, validate_generate, validate_iterative_dpo,
@@ -36,6 +38,8 @@ ROOTS = {
     GenerateConfig: (GENERATE_RANGES, validate_generate, []),
     RSConfig: (RS_RANGES, validate_rs, []),
     IterativeDPOConfig: (ITERATIVE_DPO_RANGES, validate_iterative_dpo, []),
+    KDConfig: (KD_RANGES, validate_kd, ["--teacher.model_name_or_path", "t"]),
+    OPDConfig: (RL_RANGES, validate_opd, ["--algo.teacher_model_name_or_path", "t"]),
 }
 OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag"}  # dataclasses of config/ that are not settings (results, alias rules, help rows)
 
