@@ -1,4 +1,4 @@
-"""Exact resume of `rlhfkit train sft|rm|dpo|kto|prm`: a real CLI subprocess on the tiny model is killed
+"""Exact resume of `rlhfkit train sft|rm|dpo|kto|prm|kd`: a real CLI subprocess on the tiny model is killed
 with SIGKILL (mid-step, or mid-way through writing a checkpoint), resumed with --ckpt.load_enable
 (in this process: nothing but the checkpoint carries over), and must end with the same weights, metrics, optimizer state and summary as the uninterrupted run,
 bit for bit (CPU, one thread). Also: a plain line per step on the console, wandb logging through a
@@ -56,14 +56,15 @@ SFT = [{"input": f"{k}=", "output": v} for k, v in zip("abcdefghijkl", ["cat", "
 PAIRS = [{"prompt": f"q{i}:", "chosen": "7" * (1 + i % 3), "rejected": "1" * (1 + i % 3)} for i in range(12)]
 KTO = [{"prompt": f"q{i}:", "output": ("7" if i % 2 else "1") * 2, "label": bool(i % 2)} for i in range(12)]
 PRM = [{"input": f"{i % 5}+1={i % 5 + 1 + i % 2} #\n", "label": ["-" if i % 2 else "+"]} for i in range(12)]
-DATA = {"sft": SFT, "rm": PAIRS, "dpo": PAIRS, "kto": KTO, "prm": PRM}
+DATA = {"sft": SFT, "rm": PAIRS, "dpo": PAIRS, "kto": KTO, "prm": PRM, "kd": SFT}
 # Flags a kind needs besides the shared ones.
-EXTRA = {"prm": {"data.placeholder_token": "#", "data.reward_tokens": "+"}}
+EXTRA = {"prm": {"data.placeholder_token": "#", "data.reward_tokens": "+"},
+         "kd": {"kd.coef": 0.5}}  # the teacher: the run folder's "teacher" (another seed)
 # Where each run is killed, and the step it resumes from (--ckpt.save_steps 2): ("step", n) = during
 # optimizer step n (with n even, step n - 1 is trained and logged again); ("fsync", n) = mid-way
 # through writing the 2nd checkpoint (one checkpoint takes about 14 fsyncs).
 KILLS = {"sft": ("step", 4, 2), "rm": ("fsync", 17, 2), "dpo": ("fsync", 17, 2), "kto": ("step", 6, 4),
-         "prm": ("step", 4, 2)}
+         "prm": ("step", 4, 2), "kd": ("fsync", 17, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,9 @@ def ws(tiny_ws):
     for kind, rows in DATA.items():
         (root / f"{kind}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "killer.py").write_text(KILLER)
+    teacher, tok = tiny_model_and_tokenizer(seed=1)  # train kd's teacher: the tiny shape, other weights
+    teacher.save_pretrained(root / "teacher")
+    tok.save_pretrained(root / "teacher")
     return root
 
 
@@ -88,6 +92,8 @@ def argv(ws, kind, out, **over):
          "train.micro_batch_size": 2, "train.max_epochs": 2, "train.num_threads": 1, "adam.lr": 1e-2,
          "train.lr_warmup_ratio": 0.2, "ckpt.save_steps": 2, "ckpt.max_num": 2, "ckpt.load_enable": "true",
          "ckpt.output_dir": out, **EXTRA.get(kind, {})}
+    if kind == "kd":
+        f["teacher.model_name_or_path"] = ws / "teacher"
     f.update(over)
     args = ["train", kind] + [x for k, v in f.items() for x in (f"--{k}", str(v))]
     if kind == "prm":  # two reward tokens: good, bad
@@ -121,7 +127,7 @@ def assert_same_run(ref, out):
     assert same_tensors(f"checkpoints/step_{STEPS:08d}/state.safetensors")  # Adam, RNG and data-order states
 
 
-@pytest.mark.parametrize("kind", ["sft", "rm", "dpo", "kto", "prm"])
+@pytest.mark.parametrize("kind", ["sft", "rm", "dpo", "kto", "prm", "kd"])
 def test_sigkill_then_resume_equals_the_uninterrupted_run(ws, kind, tmp_path, capsys):
     ref = tmp_path / "ref"
     assert main(argv(ws, kind, ref)) == 0
