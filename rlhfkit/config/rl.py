@@ -223,6 +223,10 @@ class RolloutConfig:
     """Rollout worker actors with --distributed.backend ray (each holds a policy copy + an engine)."""
     engine: str = "hf"
     """Generation engine: hf (transformers, CPU or GPU) or vllm (`pip install 'rlhfkit[vllm]'`; see docs/scaling.md)."""
+    compile_decode: bool = False
+    """hf engine: decode steps under torch.compile over a static KV cache (CUDA graphs on CUDA; on the CPU
+    it needs a C++ compiler and the first rollout pays the compile); falls back to the eager loop with
+    one logged line where it cannot be built."""
 
 
 @dataclass(frozen=True)
