@@ -235,7 +235,7 @@ def report(s: Setting, results: dict[str, dict], flops: dict[str, float]) -> Non
         print(f"{w}: median s per stage: {stages}; rollout {r['rollout_tok_s']:.0f} tok/s; update "
               f"{r['train_tok_s']:.0f} computed tok/s ({r['sample_tok_s']:.0f} prompt+response tok/s per sample) = "
               f"{achieved:.1f} GFLOP/s = {achieved / flops['fp32']:.0%} of fp32 matmul ({flops['fp32']:.0f} GFLOP/s), "
-              f"{achieved / flops['bf16']:.0%} of bf16 ({flops['bf16']:.0f})")
+              f"{achieved / flops['bf16']:.0%} of bf16 ({flops['bf16']:.1f})")
 
 
 def length_rows(lengths: list[int], dtype: str, steps: int) -> None:
