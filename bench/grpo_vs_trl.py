@@ -2,14 +2,23 @@
 
 Same model, task (the demo's arithmetic), prompts, group size, max new tokens, temperature,
 learning rate, loss aggregation (token mean over the step: TRL's `dapo` = our `token_mean`),
-group-normalised advantages, no KL, bf16 autocast, one optimizer step per 16 x 8 rollout, and
-number of steps. Each framework runs in its own subprocess so peak RSS is its own.
+group-normalised advantages, no KL, compute dtype, one optimizer step per rollout, and number of
+steps. Each framework runs in its own subprocess so peak RSS is its own.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/grpo_vs_trl.py --steps 10
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/grpo_vs_trl.py --size small,demo,large --dtype fp32,bf16 --steps 5
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/grpo_vs_trl.py --lengths 32,128,512 --steps 3 --only rlhfkit
 
-Prints per framework: step time (median, min, max), samples/s, peak RSS, mean reward of the last
-3 steps; rlhfkit also reports rollout tokens/s and training tokens/s, and the model FLOPs
-utilisation of training against fp32 and bf16 matmul throughput measured in the same run.
+Sizes (prompts x samples, new tokens): small 4 x 4, 16 (a first quick experiment); demo 16 x 8, 12
+(the demo's); large 32 x 16, 64. Dtypes: fp32 (no autocast on either side) and bf16 (autocast on
+both). Every (size, dtype) runs each framework; a row per framework and setting.
+
+Prints per framework and setting: step time (median, min, max), samples/s, peak RSS, mean reward of
+the last 3 steps; rlhfkit also its step per stage (generate, reward, experience, update, other =
+the rest: sync, metrics, logs), rollout tokens/s and the update's model FLOPs utilisation against
+fp32 and bf16 matmul throughput measured in the same run. `--lengths` adds the length rows:
+rlhfkit at 4 x 4 with a prompt asking for a step-by-step explanation and each max new tokens,
+the last step's update seconds per response token and rollout tokens/s.
 TRL needs the `bench` extra: pip install -e '.[bench]'.
 """
 
@@ -23,8 +32,36 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 
-PROMPTS, GROUP, MAX_NEW, LR, TEMP = 16, 8, 12, 3e-5, 0.7
+LR, TEMP = 3e-5, 0.7
+SIZES = {"small": (4, 4, 16), "demo": (16, 8, 12), "large": (32, 16, 64)}  # prompts, samples, new tokens
+STAGES = ("generate", "reward", "experience", "update")
+EXPLAIN = "{question} Explain step by step, then give the number."  # the length rows' prompt
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One bench setting: `prompts` x `samples` per step, `max_new` tokens, `dtype` fp32 or bf16,
+    `explain`: the step-by-step prompt (long answers) instead of the demo's."""
+
+    prompts: int
+    samples: int
+    max_new: int
+    dtype: str
+    explain: bool = False
+
+    @property
+    def batch(self) -> int:
+        return self.prompts * self.samples
+
+    @property
+    def micro(self) -> int:
+        return min(32, self.batch)
+
+    def label(self) -> str:
+        kind = "explain" if self.explain else "arith"
+        return f"{self.prompts}x{self.samples} {self.max_new}tok {self.dtype} {kind}"
 
 
 def _records(n: int):
@@ -34,10 +71,18 @@ def _records(n: int):
     return train
 
 
-def _question(r: dict) -> str:
+def _question(r: dict, s: Setting) -> str:
     from rlhfkit.cli.demo import INSTRUCTION
 
-    return INSTRUCTION.format(question=r["input"])
+    return (EXPLAIN if s.explain else INSTRUCTION).format(question=r["input"])
+
+
+def _examples(records: list[dict], s: Setting, tokenizer):
+    from rlhfkit.data.prompts import PromptExample
+
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": _question(r, s)}], tokenize=False,
+                                           add_generation_prompt=True) for r in records]
+    return [PromptExample(text=t, label=r["label"], raw=r, index=i) for i, (t, r) in enumerate(zip(texts, records))]
 
 
 # rlhfkit variants: the extra flags of each (on top of the demo's, minus its DAPO filtering)
@@ -53,17 +98,25 @@ RLHFKIT_VARIANTS = {
 DEFAULT_RUN = ["rlhfkit", "rlhfkit-padded", "rlhfkit+filter", "trl"]
 
 
-def run_rlhfkit(steps: int, which: str) -> dict:
-    import rlhfkit
-    from rlhfkit.cli.demo import DEMO_FLAGS, chat_examples, first_number_reward
+def rlhfkit_flags(steps: int, which: str, s: Setting) -> list[str]:
+    from rlhfkit.cli.demo import DEMO_FLAGS
 
-    flags = DEMO_FLAGS + ["--train.max_steps", str(steps), "--ckpt.output_dir", f"runs/bench_{which}",
-                          "--logger.progress_bar", "false", "--algo.dynamic_filtering_enable", "false",
-                          *RLHFKIT_VARIANTS[which]]
-    cfg = rlhfkit.RLConfig.from_args(flags)
-    records = _records(PROMPTS * steps)
+    return DEMO_FLAGS + [
+        "--train.max_steps", str(steps), "--ckpt.output_dir", f"runs/bench_{which}", "--logger.progress_bar", "false",
+        "--algo.dynamic_filtering_enable", "false", "--rollout.batch_size", str(s.prompts),
+        "--rollout.n_samples_per_prompt", str(s.samples), "--rollout.max_new_tokens", str(s.max_new),
+        "--train.batch_size", str(s.batch), "--train.micro_batch_size", str(s.micro),
+        "--actor.autocast", "bfloat16" if s.dtype == "bf16" else "none", *RLHFKIT_VARIANTS[which]]
+
+
+def run_rlhfkit(steps: int, which: str, s: Setting) -> dict:
+    import rlhfkit
+    from rlhfkit.cli.demo import first_number_reward
+
+    cfg = rlhfkit.RLConfig.from_args(rlhfkit_flags(steps, which, s))
+    records = _records(s.prompts * steps)
     trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=first_number_reward,
-                                            train_dataset=lambda tok: chat_examples(records, tok))
+                                            train_dataset=lambda tok: _examples(records, s, tok))
     history = trainer.loop.train()
     trainer.tracker.close()
     head = trainer.policy.get_output_embeddings().weight.numel()
@@ -73,19 +126,26 @@ def run_rlhfkit(steps: int, which: str) -> dict:
     # plus 6 x LM-head parameters per response token (the head runs only there); attention ignored.
     body = sum(p.numel() for p in trainer.policy.parameters()) - head
     flops = 6 * body * total["train_tokens"] + 6 * head * total["response_tokens"]
+    stages = {k: statistics.median(m.get(f"time/{k}", 0.0) for m in history) for k in STAGES}
+    steps_s = [m["time/step"] for m in history]
+    stages["other"] = statistics.median(
+        m["time/step"] - sum(m.get(f"time/{k}", 0.0) for k in STAGES) for m in history)
+    last = history[-1]
     return {
-        "step_times": [m["time/step"] for m in history],
+        "step_times": steps_s,
         "rewards": [m["reward"] for m in history],
         "rollout_tok_s": statistics.median(m["rollout_tokens_per_s"] for m in history),
         "train_tok_s": total["train_tokens"] / update_s,
         "sample_tok_s": total["sample_tokens"] / update_s,
         "train_gflops": flops / update_s / 1e9,
-        "update_s": statistics.median(m.get("time/update", 0.0) for m in history),
-        "generate_s": statistics.median(m.get("time/generate", 0.0) for m in history),
+        "stages": stages,
+        "last": {"step": last["time/step"], "generate": last.get("time/generate", 0.0),
+                 "update": last.get("time/update", 0.0), "response_tokens": last.get("response_tokens", 0.0),
+                 "response_length": last.get("response_length", 0.0), "rollout_tok_s": last["rollout_tokens_per_s"]},
     }
 
 
-def run_trl(steps: int) -> dict:
+def run_trl(steps: int, s: Setting) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -93,8 +153,8 @@ def run_trl(steps: int) -> dict:
     from rlhfkit.models import materialize_smollm2
     from rlhfkit.rewards.math import math_exact_reward
 
-    records = _records(PROMPTS * steps)
-    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": _question(r)}], "label": r["label"]}
+    records = _records(s.prompts * steps)
+    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": _question(r, s)}], "label": r["label"]}
                             for r in records])
 
     def reward(completions, label, **_):
@@ -112,10 +172,11 @@ def run_trl(steps: int) -> dict:
 
     args = GRPOConfig(
         output_dir="runs/bench_trl", max_steps=steps, learning_rate=LR, lr_scheduler_type="constant",
-        per_device_train_batch_size=32, gradient_accumulation_steps=PROMPTS * GROUP // 32,
-        num_generations=GROUP, max_completion_length=MAX_NEW, temperature=TEMP, beta=0.0, loss_type="dapo",
-        scale_rewards="group", bf16=True, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
-        seed=42, warmup_steps=0, max_grad_norm=1.0, adam_beta2=0.95, weight_decay=0.0, disable_dropout=True,
+        per_device_train_batch_size=s.micro, gradient_accumulation_steps=s.batch // s.micro,
+        num_generations=s.samples, max_completion_length=s.max_new, temperature=TEMP, beta=0.0, loss_type="dapo",
+        scale_rewards="group", bf16=s.dtype == "bf16", use_cpu=True, report_to="none", logging_steps=1,
+        save_strategy="no", seed=42, warmup_steps=0, max_grad_norm=1.0, adam_beta2=0.95, weight_decay=0.0,
+        disable_dropout=True,
     )
     trainer = GRPOTrainer(model=str(materialize_smollm2()), reward_funcs=reward, args=args, train_dataset=ds,
                           callbacks=[Timer()])
@@ -131,59 +192,86 @@ def matmul_gflops(dtype_name: str, n: int = 1024, reps: int = 20) -> float:
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     for _ in range(3):
         a @ b
+    reps = reps if dtype_name == "fp32" else 2  # bf16 runs ~100x slower on a CPU without native bf16
     t0 = time.perf_counter()
     for _ in range(reps):
         a @ b
     return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
 
 
-def child(which: str, steps: int) -> None:
-    out = run_trl(steps) if which == "trl" else run_rlhfkit(steps, which)
+def child(which: str, steps: int, s: Setting) -> None:
+    out = run_trl(steps, s) if which == "trl" else run_rlhfkit(steps, which, s)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("BENCH_RESULT " + json.dumps(out), flush=True)
 
 
-def spawn(which: str, steps: int) -> dict:
+def spawn(which: str, steps: int, s: Setting) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, __file__, "--child", which, "--steps", str(steps)], env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, __file__, "--child", which, "--steps", str(steps),
+                           "--setting", json.dumps(asdict(s))], env=env, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH_RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.exit(f"{which} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1].split(" ", 1)[1])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--child", choices=[*RLHFKIT_VARIANTS, "trl"])
-    ap.add_argument("--only", default=",".join(DEFAULT_RUN), help=f"any of {', '.join([*RLHFKIT_VARIANTS, 'trl'])}")
-    a = ap.parse_args()
-    if a.child:
-        child(a.child, a.steps)
-        return
-    results = {w: spawn(w, a.steps) for w in a.only.split(",")}
-    flops = {d: matmul_gflops(d) for d in ("fp32", "bf16")}
-    print(f"\n{a.steps} steps of {PROMPTS} prompts x {GROUP} samples, {MAX_NEW} new tokens, lr {LR}, T {TEMP}")
+def report(s: Setting, results: dict[str, dict], flops: dict[str, float]) -> None:
+    """The rows of one setting: each framework's step, then each rlhfkit variant against TRL and per stage."""
+    print(f"\n{s.label()}: {s.batch} samples per step, lr {LR}, T {TEMP}")
     print(f"{'':16}{'step median':>12}{'min':>8}{'max':>8}{'samples/s':>11}{'peak RSS MB':>13}{'reward(last3)':>15}")
     for w, r in results.items():
         t = r["step_times"]
-        print(f"{w:16}{statistics.median(t):12.2f}{min(t):8.2f}{max(t):8.2f}{PROMPTS * GROUP / statistics.median(t):11.1f}"
+        print(f"{w:16}{statistics.median(t):12.2f}{min(t):8.2f}{max(t):8.2f}{s.batch / statistics.median(t):11.1f}"
               f"{r['peak_rss_mb']:13.0f}{statistics.mean(r['rewards'][-3:]):15.3f}")
-    if "trl" in results:
-        for w in results:
-            if w != "trl":
-                speed = statistics.median(results["trl"]["step_times"]) / statistics.median(results[w]["step_times"])
-                mem = results[w]["peak_rss_mb"] / results["trl"]["peak_rss_mb"]
-                print(f"{w}/TRL: {speed:.2f}x faster per step, {mem:.2f}x the peak memory")
     for w, r in results.items():
-        if "train_tok_s" in r:
-            achieved = r["train_gflops"]
-            print(f"{w}: median generate {r['generate_s']:.2f} s, update {r['update_s']:.2f} s; rollout "
-                  f"{r['rollout_tok_s']:.0f} tok/s; training {r['train_tok_s']:.0f} computed tok/s "
-                  f"({r['sample_tok_s']:.0f} prompt+response tok/s per sample) = {achieved:.1f} GFLOP/s = "
-                  f"{achieved / flops['fp32']:.0%} of fp32 matmul ({flops['fp32']:.0f} GFLOP/s), "
-                  f"{achieved / flops['bf16']:.0%} of bf16 ({flops['bf16']:.0f})")
+        if "stages" not in r:
+            continue
+        if "trl" in results:
+            speed = statistics.median(results["trl"]["step_times"]) / statistics.median(r["step_times"])
+            mem = r["peak_rss_mb"] / results["trl"]["peak_rss_mb"]
+            print(f"{w}/TRL: {speed:.2f}x faster per step, {mem:.2f}x the peak memory")
+        stages = ", ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
+        achieved = r["train_gflops"]
+        print(f"{w}: median s per stage: {stages}; rollout {r['rollout_tok_s']:.0f} tok/s; update "
+              f"{r['train_tok_s']:.0f} computed tok/s ({r['sample_tok_s']:.0f} prompt+response tok/s per sample) = "
+              f"{achieved:.1f} GFLOP/s = {achieved / flops['fp32']:.0%} of fp32 matmul ({flops['fp32']:.0f} GFLOP/s), "
+              f"{achieved / flops['bf16']:.0%} of bf16 ({flops['bf16']:.1f})")
+
+
+def length_rows(lengths: list[int], dtype: str, steps: int) -> None:
+    """rlhfkit at 4 x 4 with the step-by-step prompt at each max new tokens: the last step's cost."""
+    rows = {n: spawn("rlhfkit", steps, Setting(4, 4, n, dtype, explain=True))["last"] for n in lengths}
+    print(f"\nlength rows: 4 prompts x 4 samples, step-by-step prompt, {dtype}, last of {steps} steps")
+    print(f"{'max new':>8}{'mean len':>10}{'step s':>8}{'generate s':>12}{'update s':>10}"
+          f"{'update ms/resp tok':>20}{'rollout tok/s':>15}")
+    for n, r in rows.items():
+        per_tok = 1000 * r["update"] / max(r["response_tokens"], 1)
+        print(f"{n:8d}{r['response_length']:10.0f}{r['step']:8.2f}{r['generate']:12.2f}{r['update']:10.2f}"
+              f"{per_tok:20.2f}{r['rollout_tok_s']:15.0f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--size", help=f"comma-separated: {', '.join(SIZES)} (default demo; none with --lengths)")
+    ap.add_argument("--dtype", default="bf16", help="comma-separated: fp32, bf16")
+    ap.add_argument("--lengths", default="", help="max new tokens of the length rows, e.g. 32,128,512 (rlhfkit only)")
+    ap.add_argument("--only", default=",".join(DEFAULT_RUN), help=f"any of {', '.join([*RLHFKIT_VARIANTS, 'trl'])}")
+    ap.add_argument("--child", choices=[*RLHFKIT_VARIANTS, "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--setting", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(a.child, a.steps, Setting(**json.loads(a.setting)))
+        return
+    dtypes = a.dtype.split(",")
+    sizes = (a.size or ("" if a.lengths else "demo")).split(",")
+    settings = [Setting(*SIZES[size], dtype) for size in sizes if size for dtype in dtypes]
+    results = {s: {w: spawn(w, a.steps, s) for w in a.only.split(",")} for s in settings}
+    flops = {d: matmul_gflops(d) for d in ("fp32", "bf16")}
+    for s, r in results.items():
+        report(s, r, flops)
+    for dtype in dtypes if a.lengths else ():
+        length_rows([int(n) for n in a.lengths.split(",")], dtype, a.steps)
 
 
 if __name__ == "__main__":

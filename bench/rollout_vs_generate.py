@@ -1,11 +1,14 @@
 """Rollout throughput: HFEngine's decode loop vs plain `model.generate` on SmolLM2-135M-Instruct.
 
-16 prompts x 8 samples x 16 new tokens at T=0.7 (no top-k/top-p), fp32 and bf16 autocast.
-Prints generated tokens/s (stop tokens included, padding excluded) and the ratio, and the
-engine with one sampling generator per prompt (`seeds=`, what the trainer uses: one multinomial
-per prompt per token) against one generator for the whole batch.
+16 prompts x 8 samples x 16 new tokens at T=0.7 (no top-k/top-p) by default, fp32 and bf16
+autocast. Prints generated tokens/s (stop tokens included, padding excluded) and the ratio, and the
+engine with one sampling generator per prompt (`seeds=`, what the trainer uses) against one
+generator for the whole batch; and the decode FLOP limit of the same run: 2 x parameters FLOPs per
+generated token at the fp32 (or bf16) matmul rate of a 1024^2 probe, and the engine's time over it.
+`--compile` adds the engine with `compile_decode=True` (the first call, which compiles, untimed).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_vs_generate.py [--cache-dir DIR] [--repeats N] [--profile]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_vs_generate.py [--prompts 4 --n 4] [--dtype fp32] [--compile]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_vs_generate.py --profile [--prompts 4 --n 4] [--dtype fp32]
 """
 
 from __future__ import annotations
@@ -21,17 +24,18 @@ from rlhfkit.models import load_causal_lm, load_tokenizer, materialize_smollm2
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
 
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 QUESTIONS = [f"What is {a}+{b}?" for a, b in zip(range(3, 19), range(7, 55, 3))]
 
 
-def run_engine(model, tok, prompts, params, dtype, seed):
-    engine = HFEngine(model, tok, autocast_dtype=dtype)
+def run_engine(model, tok, prompts, params, dtype, seed, compile_decode=False):
+    engine = HFEngine(model, tok, autocast_dtype=dtype, compile_decode=compile_decode)
     trajs = engine.generate(prompts, params, torch.Generator().manual_seed(seed))
     return sum(t.response_length for t in trajs)
 
 
-def run_engine_seeded(model, tok, prompts, params, dtype, seed):
-    engine = HFEngine(model, tok, autocast_dtype=dtype)
+def run_engine_seeded(model, tok, prompts, params, dtype, seed, compile_decode=False):
+    engine = HFEngine(model, tok, autocast_dtype=dtype, compile_decode=compile_decode)
     seeds = torch.randint(0, 2**62, (len(prompts),), generator=torch.Generator().manual_seed(seed)).tolist()
     trajs = engine.generate(prompts, params, seeds=seeds)
     return sum(t.response_length for t in trajs)
@@ -66,12 +70,27 @@ def timed(fn, repeats, *args):
     return tokens, best
 
 
+def matmul_gflops(dtype: torch.dtype, n: int = 1024, reps: int = 10) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    reps = reps if dtype == torch.float32 else 2  # bf16 is ~100x slower on a CPU without native bf16
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache-dir", type=Path, default=Path("~/.cache/rlhfkit/models"))
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-new", type=int, default=16)
+    ap.add_argument("--dtype", default="fp32,bf16", help="comma-separated: fp32, bf16")
+    ap.add_argument("--compile", action="store_true", help="also the engine with compile_decode=True")
     ap.add_argument("--profile", action="store_true",
-                    help="instead: torch.profiler's top ops of one bf16 rollout with per-prompt seeds (the trainer's)")
+                    help="instead: torch.profiler's top ops of one rollout with per-prompt seeds (the trainer's)")
     args = ap.parse_args()
     start = time.perf_counter()
     folder = materialize_smollm2(args.cache_dir)
@@ -79,36 +98,48 @@ def main() -> None:
     start = time.perf_counter()
     model, tok = load_causal_lm(folder).eval(), load_tokenizer(folder)
     print(f"load folder: {time.perf_counter() - start:.2f}s   torch threads: {torch.get_num_threads()}")
+    questions = (QUESTIONS * (-(-args.prompts // len(QUESTIONS))))[: args.prompts]
     prompts = [
         tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-        for q in QUESTIONS
+        for q in questions
     ]
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    params = SamplingParams(max_new_tokens=16, temperature=0.7, n=8)
+    params = SamplingParams(max_new_tokens=args.max_new, temperature=0.7, n=args.n)
+    dtypes = [(name, DTYPES[name]) for name in args.dtype.split(",")]
     run_engine(model, tok, prompts[:2], SamplingParams(max_new_tokens=2, n=2), None, 0)  # warm-up
+    print(f"{args.prompts} prompts x {args.n} samples x {args.max_new} new tokens, T 0.7")
     if args.profile:
-        profile(model, tok, prompts, params)
+        profile(model, tok, prompts, params, dtypes[0][1])
         return
-    for name, dtype in (("fp32", None), ("bf16 autocast", torch.bfloat16)):
+    n_params = sum(p.numel() for p in model.parameters())
+    for name, dtype in dtypes:
         e_tok, e_s = timed(lambda r: run_engine(model, tok, prompts, params, dtype, r), args.repeats)
         g_tok, g_s = timed(lambda r: run_generate(model, tok, prompts, params, dtype, r), args.repeats)
         s_tok, s_s = timed(lambda r: run_engine_seeded(model, tok, prompts, params, dtype, r), args.repeats)
         e_rate, g_rate, s_rate = e_tok / e_s, g_tok / g_s, s_tok / s_s
-        print(f"{name:14s} HFEngine per-prompt seeds {s_rate:7.1f} tok/s ({s_tok} tok, {s_s:.2f}s) | "
-              f"vs one generator {s_rate / e_rate:.2f}x")
+        limit_s = 2 * n_params * s_tok / (matmul_gflops(dtype or torch.float32) * 1e9)
+        print(f"{name:6s} HFEngine per-prompt seeds {s_rate:7.1f} tok/s ({s_tok} tok, {s_s:.2f}s) | "
+              f"vs one generator {s_rate / e_rate:.2f}x | decode FLOP limit {limit_s:.2f}s: {s_s / limit_s:.2f}x it")
         print(
-            f"{name:14s} HFEngine {e_rate:7.1f} tok/s ({e_tok} tok, {e_s:.2f}s) | "
+            f"{name:6s} HFEngine {e_rate:7.1f} tok/s ({e_tok} tok, {e_s:.2f}s) | "
             f"model.generate {g_rate:7.1f} tok/s ({g_tok} tok, {g_s:.2f}s) | ratio {e_rate / g_rate:.2f}x"
         )
+        if args.compile:
+            t0 = time.perf_counter()
+            run_engine_seeded(model, tok, prompts, params, dtype, 0, compile_decode=True)
+            first = time.perf_counter() - t0
+            c_tok, c_s = timed(lambda r: run_engine_seeded(model, tok, prompts, params, dtype, r, True), args.repeats)
+            print(f"{name:6s} HFEngine compile_decode {c_tok / c_s:7.1f} tok/s ({c_tok} tok, {c_s:.2f}s; first call "
+                  f"{first:.0f}s) | vs eager {s_s / c_s:.2f}x | {c_s / limit_s:.2f}x the decode FLOP limit")
 
 
-def profile(model, tok, prompts, params) -> None:
+def profile(model, tok, prompts, params, dtype) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    run_engine_seeded(model, tok, prompts, params, torch.bfloat16, 0)
+    run_engine_seeded(model, tok, prompts, params, dtype, 0)
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        run_engine_seeded(model, tok, prompts, params, torch.bfloat16, 1)
+        run_engine_seeded(model, tok, prompts, params, dtype, 1)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 

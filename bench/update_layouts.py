@@ -8,6 +8,7 @@ shared-prefix layout (and what --train.shared_prefix_enable false still does); t
 over random micro-batches shows why the trainer orders a step's samples by group first.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/update_layouts.py [--repeats N] [--compile]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/update_layouts.py --prompts 4 --group 4 --lengths 64,512  # long responses
 
 Prints seconds per 128-sample update (min over interleaved repeats), the tokens the forward ran
 on and the ratio to the padded layout; also the trainer's layout with the LM head called as a
@@ -35,18 +36,18 @@ from rlhfkit.models import (
 )
 from rlhfkit.models import logprobs as logprobs_module
 
-PROMPTS, GROUP, MICRO = 16, 8, 32
+PROMPTS, GROUP, MICRO, LENGTHS = 16, 8, 32, (6, 12)  # defaults; LENGTHS: response lengths drawn uniformly
 
 
-def rollout_batch(tok):
+def rollout_batch(tok, prompts=PROMPTS, group=GROUP, lengths=LENGTHS):
     g = torch.Generator().manual_seed(0)
     trajs = []
-    for gid, r in enumerate(arithmetic_problems(PROMPTS, 0, seed=0)[0]):
+    for gid, r in enumerate(arithmetic_problems(prompts, 0, seed=0)[0]):
         text = tok.apply_chat_template([{"role": "user", "content": INSTRUCTION.format(question=r["input"])}],
                                        add_generation_prompt=True, tokenize=False)
         prompt = torch.tensor(tok(text, add_special_tokens=False)["input_ids"])
-        for _ in range(GROUP):
-            n = int(torch.randint(6, 13, (1,), generator=g))
+        for _ in range(group):
+            n = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=g))
             trajs.append(Trajectory(prompt_ids=prompt, response_ids=torch.randint(100, 40000, (n,), generator=g),
                                     loss_mask=torch.ones(n, dtype=torch.bool), logprobs=torch.zeros(n),
                                     finish_reason="stop", version=0, group_id=gid))
@@ -81,19 +82,25 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--compile", action="store_true",
                     help="also time the decoder layers under torch.compile(dynamic=True) (needs a C++ compiler)")
+    ap.add_argument("--prompts", type=int, default=PROMPTS)
+    ap.add_argument("--group", type=int, default=GROUP)
+    ap.add_argument("--micro", type=int, default=MICRO)
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="MIN,MAX response tokens")
     a = ap.parse_args()
     path = materialize_smollm2()
     model, tok = load_causal_lm(str(path)), load_tokenizer(str(path))
-    batch = rollout_batch(tok)
+    lo, hi = (int(x) for x in a.lengths.split(","))
+    batch = rollout_batch(tok, a.prompts, a.group, (lo, hi))
+    micro = a.micro
     n = batch.batch_size
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(1))
     pad = tok.pad_token_id
-    by_group = [pack_shared_prefix(batch, torch.arange(i, i + MICRO), pad, 512) for i in range(0, n, MICRO)]
+    by_group = [pack_shared_prefix(batch, torch.arange(i, i + micro), pad, 512) for i in range(0, n, micro)]
     rows = [  # (name, micro-batches, context)
-        ("padded, random micro-batches", [select_rows(batch, perm[i : i + MICRO]) for i in range(0, n, MICRO)],
+        ("padded, random micro-batches", [select_rows(batch, perm[i : i + micro]) for i in range(0, n, micro)],
          contextlib.nullcontext),
         ("shared prefix, random micro-batches",
-         [pack_shared_prefix(batch, perm[i : i + MICRO], pad, 512) for i in range(0, n, MICRO)], contextlib.nullcontext),
+         [pack_shared_prefix(batch, perm[i : i + micro], pad, 512) for i in range(0, n, micro)], contextlib.nullcontext),
         ("shared prefix, by group, head unfused", by_group, unfused_head),
         ("shared prefix, by group (the trainer)", by_group, contextlib.nullcontext),
     ]
@@ -112,10 +119,13 @@ def main() -> None:
         rows.append((name, by_group, contextlib.nullcontext))
         times[name] = min(update(model, by_group) for _ in range(a.repeats))
     base = times["padded, random micro-batches"]
-    print(f"{n} samples ({PROMPTS} prompts x {GROUP}), micro-batches of {MICRO}, {torch.get_num_threads()} threads")
+    print(f"{n} samples ({a.prompts} prompts x {a.group}, responses of {lo}-{hi} tokens), micro-batches of "
+          f"{micro}, {torch.get_num_threads()} threads")
     for name, mbs, _ in rows:
         tokens = sum(mb.num_tokens for mb in mbs)
-        print(f"{name:42}{times[name]:8.2f} s  {tokens:6d} tokens  {base / times[name]:5.2f}x")
+        responses = int(batch.response_mask.sum())
+        print(f"{name:42}{times[name]:8.2f} s  {tokens:6d} tokens  {base / times[name]:5.2f}x  "
+              f"{1000 * times[name] / responses:7.2f} ms per response token")
     if compile_s is not None:
         print(f"first compiled update (compiling included): {compile_s:.1f} s")
 

@@ -154,7 +154,7 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
         return build_vllm_engine(policy, tokenizer, cfg, state_fn or policy.state_dict)
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
     return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
-                    inference_mode=not cfg.fsdp.enable)
+                    inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode)
 
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):

@@ -31,7 +31,7 @@ INDENT = "      "
 # (dataclass, field) -> the values `validate` accepts. A subclass inherits its bases' entries.
 CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
     (rl.ActorConfig, "dtype"): rl.DTYPES,
-    (rl.ActorConfig, "autocast"): rl.DTYPES,
+    (rl.ActorConfig, "autocast"): rl.AUTOCASTS,
     (rl.ActorConfig, "lr_scheduler"): rl.LR_SCHEDULERS,
     (rl.ActorConfig, "policy_loss_type"): rl.POLICY_LOSS_TYPES,
     (rl.ActorConfig, "loss_agg_mode"): rl.LOSS_AGG_MODES,

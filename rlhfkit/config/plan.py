@@ -114,6 +114,12 @@ def plan_warnings(cfg: RLConfig, plan: RunPlan) -> list[str]:
                    "so a rollout can have fewer samples "
                    f"than {plan.samples_per_rollout}: the last optimizer step of a rollout may see fewer "
                    f"than --train.batch_size {t.batch_size} samples and the optimizer-step counts above are maxima")
+    rounds = cfg.algo.dynamic_filtering_max_rounds
+    if cfg.algo.dynamic_filtering_enable and rounds > 1 and plan.total_rollouts > full // rounds:
+        out.append(f"--algo.dynamic_filtering_max_rounds {rounds} tops each rollout up with prompts taken from the "
+                   f"dataset (up to {rounds} x --rollout.batch_size {r.batch_size} per step): the {full} rollouts' "
+                   f"prompts may run out after as few as {full // rounds} of the {plan.total_rollouts} planned steps "
+                   "(the run then stops and says so); raise --train.num_episodes to be sure to reach them")
     if plan.optimizer_steps_per_rollout == 1 and cfg.actor.eps_clip_low_high != (0.2, 0.2):
         out.append("one optimizer step per rollout is fully on-policy: the ratio is 1 and "
                    "--actor.eps_clip_low_high never clips")

@@ -9,7 +9,7 @@ derived batch arithmetic of OpenRLHF's PPO loop.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlhfkit.config.openrlhf import RL_FLAGS
 from rlhfkit.config.parse import Alias, parse_config
@@ -25,6 +25,7 @@ LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "se
 POLICY_LOSS_TYPES = ("ppo", "gspo")
 LR_SCHEDULERS = ("constant", "cosine", "cosine_with_min_lr")
 DTYPES = ("float32", "bfloat16")
+AUTOCASTS = (*DTYPES, "auto")
 WANDB_MODES = ("online", "offline", "disabled")
 WHITEN_MODES = ("true", "mean", "false")
 IS_CORRECTION_TYPES = ("tis", "icepop", "seq-mask-tis", "seq_mask_tis")  # OpenRLHF's names; underscores too
@@ -55,7 +56,9 @@ class ActorConfig:
     """Parameter dtype: float32 or bfloat16 (never float16: ~200x slower on CPU). bfloat16 keeps float32
     master weights and gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 mode."""
     autocast: str | None = "bfloat16"
-    """Compute dtype for forward passes (torch.autocast on --actor.device's type); none = the parameter dtype."""
+    """Compute dtype for forward passes (torch.autocast on --actor.device's type); none = the parameter dtype;
+    auto = bfloat16 where it is faster than float32 (a ~0.2 s matmul probe on the CPU; CUDA with bf16 support),
+    else none (the choice is printed in one line)."""
     device: str = "auto"
     """Where the policy, reference, critic, reward model and the hf engine run: auto (CUDA when available,
     else the CPU), cpu, cuda or cuda:N. Batches are built on the CPU and moved to it per micro-batch."""
@@ -227,6 +230,11 @@ class RolloutConfig:
     """Rollout worker actors with --distributed.backend ray (each holds a policy copy + an engine)."""
     engine: str = "hf"
     """Generation engine: hf (transformers, CPU or GPU) or vllm (`pip install 'rlhfkit[vllm]'`; see docs/scaling.md)."""
+    compile_decode: bool = False
+    """hf engine: decode steps under torch.compile over a static KV cache (CUDA graphs on CUDA, untested on a
+    GPU so far). On the CPU it needs a C++ compiler and measured 13x slower than the eager loop for SmolLM2
+    (docs/performance.md): leave it off there. Falls back to the eager loop with one logged line where it
+    cannot be built."""
 
 
 @dataclass(frozen=True)
@@ -528,7 +536,18 @@ class RLConfig:
         """Parse the CLI's flags (dotted names, OpenRLHF's flat names, --config FILE.yaml) and validate."""
         cfg = parse_config(cls, list(argv), aliases=RL_ALIASES)
         validate(cfg)
+        return resolve_autocast(cfg)
+
+
+def resolve_autocast(cfg: RLConfig) -> RLConfig:
+    """`cfg` with --actor.autocast auto replaced by the probe's choice (printed in one line)."""
+    if cfg.actor.autocast != "auto":
         return cfg
+    from rlhfkit.models.precision import choose_autocast, resolve_device
+
+    choice, line = choose_autocast(resolve_device(cfg.actor.device))
+    print(line)
+    return replace(cfg, actor=replace(cfg.actor, autocast=choice))
 
 
 # Every flag of OpenRLHF's train_ppo_ray (flat and dotted names: mapped, noticed or refused; see
@@ -619,7 +638,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
              f"--algo.advantage.is_correction_threshold: LOW must be >= 0 (a weight is a ratio of probabilities), "
              f"got {a.advantage.is_correction_threshold[0]}")
     if cfg.actor.autocast is not None:
-        _one_of("actor.autocast", cfg.actor.autocast, DTYPES)
+        _one_of("actor.autocast", cfg.actor.autocast, AUTOCASTS)
     check_device("--actor.device", cfg.actor.device)
     if a.advantage.estimator in GROUP_ESTIMATORS:
         _require(r.n_samples_per_prompt >= 2,

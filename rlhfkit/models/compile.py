@@ -1,4 +1,5 @@
-"""torch.compile of a decoder's layers for the training forward/backward only.
+"""torch.compile of a decoder's layers for the training forward/backward (`CompiledLayers`), and of
+the model's one-token decode step over a static KV cache for the rollout (`compile_decode_step`).
 
 Eager PyTorch runs RMSNorm, RoPE, SwiGLU, the residual adds and autocast's casts one op at a
 time, each a pass over memory; inductor fuses them into a few loops (docs/performance.md:
@@ -28,8 +29,7 @@ class CompiledLayers:
         if layers is None:
             raise ConfigError(f"--train.compile_enable: {type(model).__name__} has no decoder layers to compile "
                               "(model.get_decoder().layers); drop the flag")
-        if next(model.parameters()).device.type == "cpu" and not any(
-                shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++")):
+        if next(model.parameters()).device.type == "cpu" and not has_cxx():
             raise ConfigError("--train.compile_enable needs a C++ compiler for torch.compile's CPU backend (g++ or "
                               "clang++ on PATH, or CXX=...); install one (e.g. apt install g++) or drop the flag")
         self.layers = list(layers)
@@ -45,3 +45,26 @@ class CompiledLayers:
         finally:
             for layer in self.layers:
                 del layer.forward  # the class's forward again
+
+
+def has_cxx() -> bool:
+    """A C++ compiler on PATH (torch.compile's CPU backend builds its kernels with it)."""
+    return any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++"))
+
+
+def compile_decode_step(model: torch.nn.Module):
+    """`model.forward` under torch.compile for the rollout's one-token decode steps (fixed shapes:
+    [B, 1] tokens over a static KV cache of fixed length), or None where it cannot be built here
+    (the reason noted once; the caller decodes eagerly). On CUDA, mode "reduce-overhead" replays each
+    step as a CUDA graph; on the CPU inductor fuses the step's elementwise ops into C++ loops.
+    `dynamic=True`: the rows (B) shrink as rows finish and the cache length changes with the prompts,
+    and neither may recompile."""
+    from rlhfkit.models.logprobs import note_once
+
+    device = next(model.parameters()).device
+    if device.type == "cpu" and not has_cxx():
+        note_once("--rollout.compile_decode: no C++ compiler (g++/clang++) for torch.compile's CPU backend; "
+                  "the rollout decodes eagerly")
+        return None
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    return torch.compile(model.forward, dynamic=True, mode=mode)

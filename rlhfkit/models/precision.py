@@ -99,3 +99,17 @@ def bf16_matmul_speedup(size: int = 256, repeats: int = 8) -> float:
         return time.perf_counter() - t0
 
     return seconds(a, b) / max(seconds(a.bfloat16(), b.bfloat16()), 1e-9)
+
+
+def choose_autocast(device: torch.device) -> tuple[str | None, str]:
+    """--actor.autocast auto on `device`: ("bfloat16" or None, one line saying what was chosen and why).
+    CUDA: bfloat16 where the GPU supports it; the CPU: bfloat16 where a bf16 matmul beats float32's."""
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bfloat16", f"--actor.autocast auto: bfloat16 ({torch.cuda.get_device_name(device)} supports it)"
+        return None, "--actor.autocast auto: float32 (this GPU has no bf16 support)"
+    speedup = bf16_matmul_speedup()
+    if speedup > 1.0:
+        return "bfloat16", f"--actor.autocast auto: bfloat16 (bf16 matmuls run {speedup:.1f}x float32's on this CPU)"
+    return None, (f"--actor.autocast auto: float32 (bf16 matmuls run {1 / max(speedup, 1e-9):.1f}x slower than "
+                  "float32 on this CPU)")

@@ -24,6 +24,19 @@ decoded without a cache: one prompt per chunk (no padding), the whole sequence a
 grouped one-token attention replaces SDPA on CPU only for plain attention (no soft-capping, no
 attention sinks, no dropout); other calls go to SDPA as before.
 
+With `compile_decode`, the decode steps run `model.forward` under torch.compile over a static KV
+cache (transformers' `StaticLayer`s, one fixed-length buffer per layer of prompt width + max new
+tokens, written in place; the attention mask covers the whole buffer), so each step has the same
+shapes and runs as one compiled graph (a CUDA graph on CUDA); the prefill stays eager. Finished rows
+are still dropped (the rows dimension is dynamic). Where it cannot be built (no C++ compiler for
+the CPU backend, cache layers other than plain full attention, a compile error at the first step)
+one line is logged and the loop decodes eagerly.
+
+Host syncs: the sampled tokens, logprobs and lengths stay on the model's device until the chunk
+ends; the loop reads back (syncs) only to learn which rows finished, every step on the CPU (where
+it costs nothing and a finished row is dropped at once) and every `STOP_CHECK_EVERY["cuda"]` steps
+on CUDA (rows that finished in between keep decoding until then; their extra tokens are discarded).
+
 The logprob of each sampled token is
 log_softmax(logits / T) in float32 BEFORE top-k/top-p truncation (T = 1 for greedy), which is
 what `rlhfkit.models.response_logprobs` computes at the same temperature.
@@ -48,14 +61,21 @@ from rlhfkit.models.logprobs import (
 )
 from rlhfkit.rollout.base import SamplingParams
 
+# Decode steps between the loop's reads of which rows finished (a host sync), per device type; 1
+# elsewhere. On CUDA a read per step would stall the queue of (graph-replayed) steps at every token.
+STOP_CHECK_EVERY = {"cuda": 8}
+
 
 @dataclass
 class DecodeState:
     """One chunk of a generation between two `HFEngine.resume` calls: B = prompts x n rows, each
     with up to max_new tokens. `logits` [b, V] are the next-token logits of the b rows still
     decoding (`active` [b], in the order of the KV `cache` rows; `seqs` [b, P + step] replaces the
-    cache for a model without one), computed by the weights of `logits_version`. tokens, logprobs,
-    versions [B, max_new]; lengths, stopped [B]. The samplers (`generator`, or one per prompt in
+    cache for a model without one), computed by the weights of `logits_version`; `rows` is `active` on
+    the device and `alive` [b] marks the rows with no stop token yet (a finished row stays in the
+    batch until the next stop check). tokens, logprobs, versions [B, max_new]; lengths, stopped [B]:
+    on the model's device until the chunk is finished, then on the CPU. `width`: the prompt width
+    of a static cache (None for a growing one). The samplers (`generator`, or one per prompt in
     `gens`) are the generation's own: their state carries over between calls."""
 
     params: SamplingParams
@@ -68,11 +88,15 @@ class DecodeState:
     attention_mask: torch.Tensor
     next_pos: torch.Tensor
     active: torch.Tensor
+    rows: torch.Tensor
+    alive: torch.Tensor
+    finite: torch.Tensor
     tokens: torch.Tensor
     logprobs: torch.Tensor
     versions: torch.Tensor
     lengths: torch.Tensor
     stopped: torch.Tensor
+    width: int | None = None
     step: int = 0
     finished: bool = False
 
@@ -111,6 +135,8 @@ class HFEngine:
         `autocast_dtype` no_grad is used anyway: under inference mode autocast does not cache its
         casts of the weights, so every weight was cast again at every decode step (the LM head
         alone, 49152 x 576, took 19 ms per step on this CPU).
+      compile_decode: decode steps under torch.compile over a static KV cache (module docstring);
+        falls back to the eager loop, with one logged line, where that cannot be built.
     """
 
     def __init__(
@@ -122,6 +148,7 @@ class HFEngine:
         autocast_dtype: torch.dtype | None = None,
         version: int = 0,
         inference_mode: bool = True,
+        compile_decode: bool = False,
     ):
         self.model = model
         self._no_grad = torch.inference_mode if inference_mode and autocast_dtype is None else torch.no_grad
@@ -140,6 +167,11 @@ class HFEngine:
         self._takes_positions = "position_ids" in takes  # else the model derives them (e.g. from the mask)
         self._cached = _cache_support(model) is None
         self._version = version
+        self._compiled_step = None
+        if compile_decode and self._cached and _static_cache_support(model):
+            from rlhfkit.models.compile import compile_decode_step
+
+            self._compiled_step = compile_decode_step(model)
 
     # ------------------------------------------------------------------ protocol
 
@@ -171,7 +203,7 @@ class HFEngine:
         """Sample `params.n` responses per prompt; sample s of prompt i is at index i*n + s.
 
         With `seeds` (one per prompt), prompt i's samples are drawn from its own generator
-        seeded with seeds[i] (one multinomial per prompt per token), so they do not depend on
+        seeded with seeds[i] (n uniforms per prompt per token, one per sample), so they do not depend on
         which other prompts share the call or in what order: any sharding of the prompts over
         engines gives the same samples. Otherwise one `generator` samples the whole batch."""
         return self.resume(self.start(prompts, params, generator, group_ids, seeds))
@@ -231,9 +263,15 @@ class HFEngine:
         `gens`: one generator per prompt (rows of prompt i sample from gens[i]), or None."""
         n, max_new = params.n, params.max_new_tokens
         input_ids, attention_mask = self._left_pad(prompts)
+        device, width = input_ids.device, input_ids.shape[1]
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = _new_cache(self.model, reserve=max_new) if self._cached else None
-        logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
+        static = self._compiled_step is not None
+        if static:  # the mask covers the static cache's whole length: the new tokens' columns open as they come
+            cache = _new_static_cache(self.model, width + max_new)
+            attention_mask = torch.nn.functional.pad(attention_mask, (0, max_new))
+        else:
+            cache = _new_cache(self.model, reserve=max_new) if self._cached else None
+        logits = self._forward(self.model, input_ids, attention_mask, position_ids, cache)  # [U, V]
         if cache is not None:
             cache.batch_repeat_interleave(n)
         batch = len(prompts) * n
@@ -243,59 +281,97 @@ class HFEngine:
             logits=logits.repeat_interleave(n, dim=0), logits_version=self._version,
             attention_mask=attention_mask.repeat_interleave(n, dim=0),
             next_pos=position_ids[:, -1:].repeat_interleave(n, dim=0) + 1,  # [B, 1]
-            active=torch.arange(batch),  # rows still decoding, in the order of the cache rows
-            tokens=torch.full((batch, max_new), self.pad_id, dtype=torch.long),
-            logprobs=torch.zeros((batch, max_new), dtype=torch.float32),
-            versions=torch.zeros((batch, max_new), dtype=torch.long),
-            lengths=torch.zeros(batch, dtype=torch.long), stopped=torch.zeros(batch, dtype=torch.bool))
+            active=torch.arange(batch),  # rows still in the batch, in the order of the cache rows (host side)
+            rows=torch.arange(batch, device=device),  # the same, on the device
+            alive=torch.ones(batch, dtype=torch.bool, device=device),  # per batch row: no stop token yet
+            finite=torch.ones((), dtype=torch.bool, device=device),
+            tokens=torch.full((batch, max_new), self.pad_id, dtype=torch.long, device=device),
+            logprobs=torch.zeros((batch, max_new), dtype=torch.float32, device=device),
+            versions=torch.zeros((batch, max_new), dtype=torch.long, device=device),
+            lengths=torch.zeros(batch, dtype=torch.long, device=device),
+            stopped=torch.zeros(batch, dtype=torch.bool, device=device),
+            width=width if static else None)
 
     def _decode(self, s: DecodeState, stop_ids: torch.Tensor, budget: float) -> int:
         """Decode at most `budget` tokens per row of `s` (stops early when every row is done);
-        returns the tokens decoded per row."""
+        returns the tokens decoded per row. The results stay on the device until the chunk ends."""
         params, max_new, n = s.params, s.params.max_new_tokens, s.params.n
+        stop_ids = stop_ids.to(s.alive.device)
+        check_every = STOP_CHECK_EVERY.get(s.alive.device.type, 1)
         decoded = 0
         while decoded < budget and not s.finished:
             step = s.step
-            groups = None if s.gens is None else _row_groups(s.active, n, s.gens)
-            tok, lp = _sample(s.logits, params, s.generator, groups)
-            s.tokens[s.active, step], s.logprobs[s.active, step] = tok.cpu(), lp.cpu()
-            s.versions[s.active, step] = s.logits_version
-            s.lengths[s.active] = step + 1
-            hit = torch.isin(tok.cpu(), stop_ids)
-            s.stopped[s.active[hit]] = True
+            u = None if s.gens is None else _row_uniforms(s.active, n, s.gens)
+            tok, lp = _sample(s.logits, params, s.generator, u)
+            s.finite &= torch.isfinite(lp).all()
+            s.tokens[s.rows, step] = torch.where(s.alive, tok, self.pad_id)
+            s.logprobs[s.rows, step] = torch.where(s.alive, lp, 0.0)
+            s.versions[s.rows, step] = s.logits_version
+            s.lengths[s.rows] += s.alive
+            hit = torch.isin(tok, stop_ids) & s.alive
+            s.stopped[s.rows] |= hit
+            s.alive &= ~hit
             s.step, decoded = step + 1, decoded + 1
-            if step == max_new - 1 or bool(hit.all()):
-                s.finished = True
+            if step == max_new - 1:
+                self._finish(s)
                 break
-            if bool(hit.any()):  # drop finished rows from the batch and the cache
-                keep = (~hit).nonzero().squeeze(-1)
-                s.active, keep = s.active[keep], keep.to(s.attention_mask.device)
-                tok, s.next_pos, s.attention_mask = tok[keep], s.next_pos[keep], s.attention_mask[keep]
-                if s.cache is not None:
-                    s.cache.batch_select_indices(keep)
-                else:
-                    s.seqs = s.seqs[keep]
-            mask = s.attention_mask
-            s.attention_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            if (step + 1) % check_every == 0:  # the loop's only host sync
+                _check_finite(s.finite)
+                keep = s.alive.nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    self._finish(s)
+                    break
+                if keep.numel() < s.alive.numel():  # drop finished rows from the batch and the cache
+                    s.active, s.rows, s.alive = s.active[keep.cpu()], s.rows[keep], s.alive[keep]
+                    tok, s.next_pos, s.attention_mask = tok[keep], s.next_pos[keep], s.attention_mask[keep]
+                    if s.cache is not None:
+                        s.cache.batch_select_indices(keep)
+                    else:
+                        s.seqs = s.seqs[keep]
+            if s.width is not None:  # static cache: open the new token's column
+                s.attention_mask[:, s.width + step] = 1
+            else:
+                mask = s.attention_mask
+                s.attention_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
             if s.cache is not None:
-                s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache)
+                s.logits = self._forward(self._step(), tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache)
             else:
                 s.seqs = torch.cat([s.seqs, tok.unsqueeze(-1)], dim=1)
-                s.logits = self._forward(s.seqs, s.attention_mask, (s.attention_mask.cumsum(-1) - 1).clamp(min=0),
-                                         None)
+                s.logits = self._forward(self.model, s.seqs, s.attention_mask,
+                                         (s.attention_mask.cumsum(-1) - 1).clamp(min=0), None)
             s.logits_version = self._version
             s.next_pos = s.next_pos + 1
         return decoded
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
-        """One forward (with `cache`, or over the whole sequence when it is None); float32 logits
-        of the last position [B, V]."""
+    @staticmethod
+    def _finish(s: DecodeState) -> None:
+        """The chunk is done: check the logprobs, bring its results to the CPU, free its cache."""
+        _check_finite(s.finite)
+        s.finished, s.cache, s.seqs, s.logits = True, None, None, None
+        s.tokens, s.logprobs, s.versions = s.tokens.cpu(), s.logprobs.cpu(), s.versions.cpu()
+        s.lengths, s.stopped = s.lengths.cpu(), s.stopped.cpu()
+
+    def _step(self):
+        """The decode step's forward: the compiled one when there is one."""
+        return self._compiled_step if self._compiled_step is not None else self.model
+
+    def _forward(self, forward, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
+        """One call of `forward` (the model or its compiled forward; with `cache`, or over the whole
+        sequence when it is None); float32 logits of the last position [B, V]."""
         kwargs = {"logits_to_keep": 1} if self._keep_last_logits else {}
         if self._takes_positions:
             kwargs["position_ids"] = position_ids
         if cache is not None:
             kwargs["past_key_values"] = cache
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None, **kwargs)
+        try:
+            out = forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - any failure to build the compiled step: decode eagerly
+            if forward is self.model or forward is not self._compiled_step:
+                raise
+            note_once(f"--rollout.compile_decode: torch.compile failed ({type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); the rollout decodes eagerly")
+            self._compiled_step = None
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **kwargs)
         return out.logits[:, -1].float()
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -351,12 +427,12 @@ class HFEngine:
 # ---------------------------------------------------------------------- sampling
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, groups=None):
+def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, u=None):
     """logits [B, V] float32 -> (tokens [B], logprobs [B]).
 
     The logprob is log_softmax(logits / T) at the token, before top-k/top-p truncation;
-    T = 0 is greedy, with the logprob taken at T = 1. `groups`: [(first_row, end_row, generator)]
-    covering the rows in order: each span draws its uniforms from its own generator.
+    T = 0 is greedy, with the logprob taken at T = 1. `u` [B] (CPU): the rows' uniforms, else they
+    are drawn from `generator`.
     """
     if params.temperature == 0:
         tok = logits.argmax(dim=-1)
@@ -365,9 +441,7 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     logp = torch.log_softmax(scaled, dim=-1)
     truncated = params.top_k > 0 or params.top_p < 1.0
     probs = torch.softmax(_truncate(scaled, params.top_k, params.top_p), dim=-1) if truncated else logp.exp()
-    if groups is not None:  # per-prompt generators live on the CPU
-        u = torch.cat([torch.rand(b - a, generator=g) for a, b, g in groups])
-    else:
+    if u is None:
         u = torch.rand(probs.shape[0], generator=generator, device=generator.device if generator is not None else "cpu")
     tok = _inverse_cdf(probs, u.to(probs.device))
     return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
@@ -388,9 +462,7 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torc
     padded = probs if nblocks * block == vocab else torch.nn.functional.pad(probs, (0, nblocks * block - vocab))
     blocks = padded.view(rows, nblocks, block)
     cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)  # [B, nblocks]
-    total = cdf[:, -1]
-    if not bool(torch.isfinite(total).all() and (total > 0).all()):  # NaN/inf anywhere reaches the total
-        raise RuntimeError("probability tensor contains either inf, nan or element < 0 (no token can be sampled)")
+    total = cdf[:, -1]  # NaN/inf anywhere reaches it (and the token's logprob, which the loop checks)
     x = (u.double().to(cdf.device) * total).unsqueeze(-1)
     b = torch.searchsorted(cdf, x, right=True).clamp(max=nblocks - 1)  # [B, 1]; a zero block is never picked
     before = torch.where(b > 0, cdf.gather(-1, (b - 1).clamp(min=0)), 0.0)
@@ -399,18 +471,26 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torc
     index = torch.arange(block, device=probs.device)
     first = torch.where(inside > 0, index, block).amin(dim=-1, keepdim=True)
     last = torch.where(inside > 0, index, -1).amax(dim=-1, keepdim=True)
-    return (b * block + torch.minimum(torch.maximum(j, first), last)).squeeze(-1)
+    return (b * block + torch.minimum(torch.maximum(j, first), last)).squeeze(-1).clamp(0, vocab - 1)
+
+
+def _check_finite(finite: torch.Tensor) -> None:
+    """Raise where a sampled token's logprob was NaN/inf (`finite`: a bool scalar on the device)."""
+    if not bool(finite):
+        raise RuntimeError("probability tensor contains either inf, nan or element < 0 (no token can be sampled)")
 
 
 def _seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
-def _row_groups(active: torch.Tensor, n: int, gens: list[torch.Generator]) -> list[tuple]:
-    """active [B] (sorted row ids, n rows per prompt) -> [(first, end, gens[prompt])] per prompt present."""
+def _row_uniforms(active: torch.Tensor, n: int, gens: list[torch.Generator]) -> torch.Tensor:
+    """active [B] (sorted row ids, n rows per prompt) -> uniforms [B]: each prompt present draws n
+    from its generator (one per sample slot, finished slots included) and row i takes its slot's.
+    So a row's draws do not depend on when its siblings finished or were dropped from the batch."""
     prompt_of, counts = torch.unique_consecutive(active // n, return_counts=True)
-    ends = counts.cumsum(0).tolist()
-    return [(e - c, e, gens[p]) for p, c, e in zip(prompt_of.tolist(), counts.tolist(), ends)]
+    draws = torch.cat([torch.rand(n, generator=gens[p]) for p in prompt_of.tolist()])  # [prompts present * n]
+    return draws[torch.repeat_interleave(torch.arange(len(prompt_of)), counts) * n + active % n]
 
 
 def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -532,6 +612,66 @@ def _growing_layer_class():
                 self._views()
 
     return GrowingLayer
+
+
+def _static_cache_support(model: torch.nn.Module) -> bool:
+    """Whether transformers lays out only plain full-attention `StaticLayer`s for `model` (what the
+    compiled decode step needs); otherwise a note is logged once and the loop decodes eagerly."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    try:
+        kinds = {type(layer) for layer in StaticCache(config=model.config, max_cache_len=1).layers}
+    except Exception as e:  # noqa: BLE001 - a config transformers lays out no static cache for
+        kinds = {type(e)}
+    if kinds == {StaticLayer}:
+        return True
+    note_once(f"--rollout.compile_decode: {type(model).__name__}'s static cache has layers other than plain full "
+              f"attention ({', '.join(sorted(k.__name__ for k in kinds))}); the rollout decodes eagerly")
+    return False
+
+
+def _new_static_cache(model: torch.nn.Module, length: int):
+    """transformers' StaticCache of `length` positions whose layers can also be copied per sample and
+    have rows dropped (as the loop does after the prefill and when rows finish)."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    layer = _static_layer_class()
+    cache.layers = [layer(max_cache_len=length) for _ in cache.layers]
+    return cache
+
+
+@functools.cache
+def _static_layer_class():
+    from transformers.cache_utils import StaticLayer
+
+    class RowStaticLayer(StaticLayer):
+        """A StaticLayer (fixed-length buffers written in place at the cache position) whose rows can be
+        repeated or selected; the new buffers are marked static again for the compiled step."""
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            # as GrowingLayer.update: keep the cache in the autocast dtype the attention uses
+            device = key_states.device.type
+            if torch.is_autocast_enabled(device):
+                dtype = torch.get_autocast_dtype(device)
+                key_states, value_states = key_states.to(dtype), value_states.to(dtype)
+            return super().update(key_states, value_states, *args, **kwargs)
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.is_initialized:
+                self._rows(self.keys.repeat_interleave(repeats, 0), self.values.repeat_interleave(repeats, 0))
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            if self.is_initialized:
+                self._rows(self.keys[indices], self.values[indices])
+
+        def _rows(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+            self.keys, self.values, self.batch_size = keys, values, keys.shape[0]
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
+
+    return RowStaticLayer
 
 
 DECODE_ATTENTION = "rlhfkit_cpu_decode"

@@ -101,7 +101,21 @@ class RLLoop:
                     cb(self, self.step, metrics)
                 if self.step >= self.total_steps:
                     break
+        reason = self.stop_reason()
+        if reason is not None:
+            print(reason)
         return history
+
+    def stop_reason(self) -> str | None:
+        """One line saying why training ended before total_steps (the prompts ran out), else None."""
+        if self.step >= self.total_steps:
+            return None
+        why = f"the prompts of --train.num_episodes {self.data.num_episodes} episode(s) ran out"
+        if self.group_filter.enabled and self.group_filter.max_rounds > 1:
+            why += (" (dynamic filtering drew extra prompts to top batches up, up to "
+                    f"--algo.dynamic_filtering_max_rounds {self.group_filter.max_rounds} rounds per step)")
+        return (f"training stopped after {self.step} of {self.total_steps} planned steps: {why}; "
+                "raise --train.num_episodes or add prompts to reach them")
 
     def train_step(self, batch: PromptBatch) -> dict[str, float]:
         """One RL step: generate (+ dynamic-sampling top-up), score, experience, update, weight sync."""

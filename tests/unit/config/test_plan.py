@@ -66,6 +66,16 @@ def test_max_steps_beyond_the_data_and_too_few_prompts_warn():
     assert any("cannot start" in w for w in plan_warnings(cfg, p))
 
 
+def test_dynamic_filtering_top_ups_warn_that_the_prompts_may_run_out():
+    flags = dict(rollout__batch_size=8, rollout__n_samples_per_prompt=4, train__batch_size=32,
+                 algo__dynamic_filtering_enable="true")
+    cfg, p = plan_of(64, algo__dynamic_filtering_max_rounds=3, **flags)
+    assert p.total_rollouts == 8  # 64 // 8
+    assert any("may run out after as few as 2 of the 8 planned steps" in w for w in plan_warnings(cfg, p))  # 8 // 3
+    cfg, p = plan_of(64, algo__dynamic_filtering_max_rounds=1, **flags)  # drop only: no prompts drawn
+    assert not any("may run out" in w for w in plan_warnings(cfg, p))
+
+
 def test_clean_settings_give_no_warnings():
     cfg, p = plan_of(64, rollout__batch_size=8, rollout__n_samples_per_prompt=4, train__batch_size=32,
                      train__micro_batch_size=16)

@@ -10,7 +10,7 @@ from rlhfkit.agents.executor import episode_seeds
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import HFEngine, _row_groups
+from rlhfkit.rollout.hf import HFEngine, _row_uniforms
 
 TEXTS = ["What is 2+3?", "1+1=", "Hello there, how are you?", "abc", "7*7 is"]
 STOP = 13  # finishes some rows early (see test_rollout_hf_engine), so groups shrink at different steps
@@ -32,11 +32,12 @@ def _by_prompt(trajs, n):
     return [_key(trajs[i * n:(i + 1) * n]) for i in range(len(trajs) // n)]
 
 
-def test_row_groups_by_hand():
-    gens = [torch.Generator() for _ in range(3)]
-    groups = _row_groups(torch.tensor([0, 2, 3, 7, 8]), 3, gens)  # rows of prompts 0,0,1,2,2
-    assert [(a, b) for a, b, _ in groups] == [(0, 2), (2, 3), (3, 5)]
-    assert [g for _, _, g in groups] == [gens[0], gens[1], gens[2]]
+def test_row_uniforms_by_hand():
+    """Rows 0, 2 (prompt 0), 3 (prompt 1), 7, 8 (prompt 2) of n = 3: each prompt draws 3, a row takes its slot's."""
+    gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+    u = _row_uniforms(torch.tensor([0, 2, 3, 7, 8]), 3, gens)
+    d0, d1, d2 = (torch.rand(3, generator=torch.Generator().manual_seed(s)) for s in (1, 2, 3))
+    assert u.tolist() == [d0[0], d0[2], d1[0], d2[1], d2[2]]
 
 
 def test_same_samples_under_any_sharding_ordering_and_chunking(setup):

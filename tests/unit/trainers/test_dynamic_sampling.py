@@ -82,12 +82,18 @@ def test_the_last_round_draws_no_prompts_it_will_not_use():
     assert next(more).text == "p2:"  # still in the stream for the next step, not silently lost
 
 
-def test_train_trains_full_batches_across_episodes_and_stops_when_prompts_run_out():
+def test_train_trains_full_batches_across_episodes_and_stops_when_prompts_run_out(capsys):
     loop = make_loop(["keep", "drop", "keep", "drop"], "--train.num_episodes", "2", "--rollout.temperature", "1.0")
     history = loop.train()
     # 2 episodes x 4 prompts, 2 keep per episode; each step needs 2 kept groups
     assert [m["filtered_groups"] for m in history] == [2.0, 2.0] and loop.step == 2
     assert all(m["optimizer_steps"] == 1.0 for m in history)
+    # the run planned 2 rollouts per episode x 2 episodes and says in one line why it stopped at 2
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "training stopped" in ln]
+    assert lines == ["training stopped after 2 of 4 planned steps: the prompts of --train.num_episodes 2 episode(s) "
+                     "ran out (dynamic filtering drew extra prompts to top batches up, up to "
+                     "--algo.dynamic_filtering_max_rounds 8 rounds per step); raise --train.num_episodes or add "
+                     "prompts to reach them"]
 
 
 def test_demo_flags_keep_the_drop_all_equal_behaviour():
