@@ -151,7 +151,8 @@ def run_trl(a) -> dict:
         gradient_accumulation_steps=prompts * group // micro, num_generations=group, max_completion_length=new,
         temperature=1.0, beta=0.0, loss_type="dapo", scale_rewards="group", bf16=a.device == "cuda",
         use_cpu=a.device == "cpu", report_to="none", logging_steps=1, save_strategy="no", seed=0, warmup_steps=0,
-        max_grad_norm=1.0, adam_beta2=0.95, weight_decay=0.0, disable_dropout=True)
+        max_grad_norm=1.0, adam_beta2=0.95, weight_decay=0.0, disable_dropout=True,
+        gradient_checkpointing=False)  # TRL's GRPO turns it on by default; rlhfkit's run has it off
     trainer = GRPOTrainer(model=a.model_dir, reward_funcs=length_reward, args=args,
                           train_dataset=Dataset.from_list(records(prompts * steps)), callbacks=[Timer()])
     trainer.train()
