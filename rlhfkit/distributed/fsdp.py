@@ -14,10 +14,13 @@ What each process does (every rank runs the same RL loop on the same data):
   (`RLTrainer.dp`, `RLTrainer.rank_share`: whole groups with the shared-prefix layout), the losses are already divided by the WHOLE step's token/sequence counts
   (core.aggregate), and FSDP's reduce-scatter SUMS the gradients (divide factor 1), so the step
   equals the single-process step on the same global batch (tests/integration/test_fsdp.py).
-- Saving gathers the full state dict on rank 0, which writes the HF folder.
+- A critic (gae) is sharded the same way and trained data-parallel beside the policy; an EMA of the
+  policy (--actor.ema_beta) is kept shard by shard.
+- Saving gathers the full state dict on rank 0, which writes the HF folder (and `ema/`).
 
-Not supported yet (refused with a ConfigError): a critic (gae), periodic checkpoints / resume,
-DAPO dynamic filtering, token-budget micro-batches (--train.dynamic_batch_enable).
+Not supported yet (refused with a ConfigError): periodic checkpoints / resume, DAPO dynamic
+filtering, token-budget micro-batches (--train.dynamic_batch_enable), bf16 parameters (--actor.dtype;
+--fsdp.mixed_precision computes in bf16 over float32 parameters).
 """
 
 from __future__ import annotations
@@ -55,40 +58,51 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool = False) -> torch.nn.Module:
-    """Shard `model` in place across `world_size` ranks: one FSDP unit per decoder layer, backbone,
-    head and the root.
+    """Shard a causal LM in place across `world_size` ranks: one FSDP unit per decoder layer, the
+    backbone, the LM head and the root.
 
     Gradients are SUMMED across ranks (divide factor 1): rlhfkit's losses are already divided by
     the counts of the whole optimizer step, so summing the ranks' parts gives the full gradient.
     """
-    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        model.to(torch.device("cuda", torch.cuda.current_device()))
-    mesh = init_device_mesh(device, (world_size,))
-    kwargs = {"mesh": mesh}
-    if mixed_precision:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in decoder_layers(model):
-        fully_shard(layer, **kwargs)
     # models.response_logits calls the backbone and the LM head directly (logits only at response
     # positions), so each is its own unit: their forward hooks then gather their weights. A tied head
     # shares the embedding's weight: backbone and head are then one unit (gathered from the backbone's
     # forward to the head's).
     backbone, head = model.get_decoder(), model.get_output_embeddings()
     if head is not None and head.weight is backbone.get_input_embeddings().weight:
-        fully_shard([backbone, head], **kwargs)
+        units = [[backbone, head]]
     else:
-        fully_shard(backbone, **kwargs)
-        if head is not None:
-            fully_shard(head, **kwargs)
-    fully_shard(model, **kwargs)
+        units = [backbone] + ([head] if head is not None else [])
+    return _shard(model, decoder_layers(model), units, world_size, mixed_precision,
+                  lambda ids: model(input_ids=ids))
+
+
+def shard_critic(critic: torch.nn.Module, world_size: int, mixed_precision: bool = False) -> torch.nn.Module:
+    """Shard a models.critic.Critic like a causal LM: one unit per decoder layer of its backbone, the
+    backbone (embeddings, final norm), the value head (called directly by `response_values`), the root."""
+    layers = getattr(critic.backbone, "layers", None)
+    if layers is None:
+        raise ConfigError(f"--fsdp.enable: the critic's {type(critic.backbone).__name__} has no layers to shard")
+    return _shard(critic, list(layers), [critic.backbone, critic.value_head], world_size, mixed_precision,
+                  lambda ids: critic(ids, torch.ones_like(ids)))
+
+
+def _shard(model, layers, units, world_size: int, mixed_precision: bool, dummy_forward) -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+    kwargs = {"mesh": init_device_mesh(device, (world_size,))}
+    if mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for unit in [*layers, *units, model]:
+        fully_shard(unit, **kwargs)
     # FSDP picks its root at the first forward, which must enter through `model` (a reference model
     # is otherwise only ever called through backbone and head): one dummy token, on every rank.
     with torch.no_grad():
-        model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device))
+        dummy_forward(torch.zeros((1, 1), dtype=torch.long, device=device))
     for unit in model.modules():  # each FSDP unit has its own reduction settings
         if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(1.0)
@@ -123,21 +137,35 @@ def save_full(model: torch.nn.Module, tokenizer, path: str | Path, rank: int) ->
     return path
 
 
+def save_full_ema(model: torch.nn.Module, learner, tokenizer, path: str | Path, rank: int) -> Path | None:
+    """The EMA of the sharded policy (--actor.ema_beta) as an HF folder from rank 0, or None without
+    one (a collective): each rank swaps its EMA shards into the parameters, the full state is gathered
+    and written, and the parameters are restored."""
+    if learner.ema is None:
+        return None
+    with torch.no_grad():
+        kept = [p.detach().clone() for p in learner.params]
+        try:
+            for p, e in zip(learner.params, learner.ema, strict=True):
+                p.copy_(e)
+            return save_full(model, tokenizer, path, rank)
+        finally:
+            for p, k in zip(learner.params, kept, strict=True):
+                p.copy_(k)
+
+
 def finish() -> None:
     """Leave the process group (end of a torchrun run)."""
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
-def check_fsdp_settings(world_size: int, train_batch_size: int, has_critic: bool, checkpoints: bool,
-                        dynamic_filtering: bool, dynamic_batch: bool = False) -> None:
+def check_fsdp_settings(world_size: int, train_batch_size: int, checkpoints: bool, dynamic_filtering: bool,
+                        dynamic_batch: bool = False) -> None:
     """Refuse what the FSDP path does not support, naming the flag to change."""
     if train_batch_size % world_size:
         raise ConfigError(f"--train.batch_size {train_batch_size} must be a multiple of the number of torchrun "
                           f"processes ({world_size}): each takes an equal share of every optimizer step")
-    if has_critic:
-        raise ConfigError("--fsdp.enable does not shard a critic yet: use a critic-free estimator "
-                          "(--algo.advantage.estimator group_norm, rloo, reinforce_baseline, ...)")
     if checkpoints:
         raise ConfigError("--fsdp.enable does not write or resume checkpoints yet: drop --ckpt.save_steps and "
                           "--ckpt.load_enable (the final model is saved)")

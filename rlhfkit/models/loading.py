@@ -229,6 +229,16 @@ def load_causal_lm(
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:  # GGUF: weights are already dequantized; drop the quantizer
         quantizer.remove_quantization_config(model)
+    return eager_if_softcapped(model)
+
+
+def eager_if_softcapped(model: torch.nn.Module) -> torch.nn.Module:
+    """Eager attention for a model whose attention soft-caps its scores (Gemma 2): transformers 5.17's
+    SDPA attention drops the soft-cap without a word (measured: logprobs 0.37 off eager's), later
+    releases refuse it. Returns `model`."""
+    config = model.config
+    if getattr(config, "attn_logit_softcapping", None) and getattr(config, "_attn_implementation", None) == "sdpa":
+        config._attn_implementation = "eager"
     return model
 
 

