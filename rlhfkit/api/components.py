@@ -23,7 +23,7 @@ from rlhfkit.errors import ConfigError, one_line, os_error_fix
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
 from rlhfkit.models.lora import add_lora
-from rlhfkit.models.precision import DTYPES, enable_gradient_checkpointing, model_device, resolve_device
+from rlhfkit.models.precision import DTYPES, choose_autocast, enable_gradient_checkpointing, model_device, resolve_device
 from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rollout.base import SamplingParams
@@ -99,6 +99,16 @@ def run_device(cfg: RLConfig) -> torch.device:
     """--actor.device as a torch.device (auto: CUDA when available); a ConfigError for a CUDA device
     that is not there, raised before any model loads."""
     return resolve_device(cfg.actor.device, "--actor.device")
+
+
+def resolve_autocast(cfg: RLConfig) -> RLConfig:
+    """`cfg` with --actor.autocast auto replaced by the choice for --actor.device (a bf16 probe on the
+    CPU; bf16 support on CUDA), printed in one line; any other value as it is."""
+    if cfg.actor.autocast != "auto":
+        return cfg
+    choice, line = choose_autocast(run_device(cfg))
+    print(line)
+    return dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, autocast=choice))
 
 
 def build_models(cfg: RLConfig, device: torch.device | None = None):

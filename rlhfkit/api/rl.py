@@ -24,7 +24,7 @@ import torch
 from rlhfkit.api import components as C
 from rlhfkit.config import RLConfig
 from rlhfkit.config.opd import OPDConfig, validate_opd
-from rlhfkit.config.rl import resolve_autocast, validate
+from rlhfkit.config.rl import validate
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
@@ -104,7 +104,7 @@ class RLTrainer:
     def build(cls, cfg: RLConfig, reward_fn=None, train_dataset=None, eval_dataset=None, *, reward_weights=None,
               callbacks: Sequence[Callable] = (), make_engine: Callable | None = None, pool=None) -> RLTrainer:
         """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool)."""
-        cfg = resolve_autocast(cfg)  # a config built in code may still say auto
+        cfg = C.resolve_autocast(cfg)  # --actor.autocast auto: probe the device once, here
         plan = validate(cfg)
         set_log_level(cfg.logger.log_level)
         train_dataset = train_dataset if train_dataset is not None else cfg.data.prompt_dataset

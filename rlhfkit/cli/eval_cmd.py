@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from rlhfkit.api.components import (build_engine, create_run_dir, load_reward, make_evaluator, prompt_options,
-                                    run_device)
+                                    resolve_autocast, run_device)
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.data.prompts import check_prompts, load_prompts
 from rlhfkit.errors import ConfigError
@@ -31,7 +31,7 @@ from rlhfkit.trainers.build import load_policy, tokenize_prompts
 
 
 def run(argv: list[str]) -> int:
-    cfg = RLConfig.from_args(argv)
+    cfg = resolve_autocast(RLConfig.from_args(argv))
     set_log_level(cfg.logger.log_level)
     e, d = cfg.eval, cfg.data
     if not e.dataset:

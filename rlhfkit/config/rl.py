@@ -9,7 +9,7 @@ derived batch arithmetic of OpenRLHF's PPO loop.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from rlhfkit.config.openrlhf import RL_FLAGS
 from rlhfkit.config.parse import Alias, parse_config
@@ -536,18 +536,7 @@ class RLConfig:
         """Parse the CLI's flags (dotted names, OpenRLHF's flat names, --config FILE.yaml) and validate."""
         cfg = parse_config(cls, list(argv), aliases=RL_ALIASES)
         validate(cfg)
-        return resolve_autocast(cfg)
-
-
-def resolve_autocast(cfg: RLConfig) -> RLConfig:
-    """`cfg` with --actor.autocast auto replaced by the probe's choice (printed in one line)."""
-    if cfg.actor.autocast != "auto":
         return cfg
-    from rlhfkit.models.precision import choose_autocast, resolve_device
-
-    choice, line = choose_autocast(resolve_device(cfg.actor.device))
-    print(line)
-    return replace(cfg, actor=replace(cfg.actor, autocast=choice))
 
 
 # Every flag of OpenRLHF's train_ppo_ray (flat and dotted names: mapped, noticed or refused; see

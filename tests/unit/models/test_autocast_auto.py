@@ -1,4 +1,5 @@
-"""--actor.autocast auto: the probe's choice replaces it in the config, printed in one line."""
+"""--actor.autocast auto: the probe's choice replaces it in the config where the run is built (not when the
+flags are parsed: `plan` probes nothing), printed in one line."""
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ import torch
 import rlhfkit.models.precision as precision
 from rlhfkit.cli.main import main
 from rlhfkit.config import RLConfig
-from rlhfkit.config.rl import resolve_autocast
+from rlhfkit.api.components import resolve_autocast
 
 ARGV = ["--actor.model_name_or_path", "tiny", "--actor.device", "cpu"]
 
@@ -15,7 +16,9 @@ ARGV = ["--actor.model_name_or_path", "tiny", "--actor.device", "cpu"]
                                                   (0.01, None, "float32 (bf16 matmuls run 100.0x slower")])
 def test_auto_follows_the_bf16_probe_on_the_cpu(monkeypatch, capsys, speedup, choice, words):
     monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: speedup)
-    cfg = RLConfig.from_args([*ARGV, "--actor.autocast", "auto"])
+    parsed = RLConfig.from_args([*ARGV, "--actor.autocast", "auto"])
+    assert parsed.actor.autocast == "auto" and not capsys.readouterr().out  # parsing probes nothing
+    cfg = resolve_autocast(parsed)
     assert cfg.actor.autocast == choice
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and lines[0].startswith("--actor.autocast auto: ") and words in lines[0]
@@ -23,7 +26,7 @@ def test_auto_follows_the_bf16_probe_on_the_cpu(monkeypatch, capsys, speedup, ch
 
 def test_explicit_values_do_not_probe(monkeypatch):
     monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: pytest.fail("probed"))
-    assert RLConfig.from_args([*ARGV, "--actor.autocast", "none"]).actor.autocast is None
+    assert resolve_autocast(RLConfig.from_args([*ARGV, "--actor.autocast", "none"])).actor.autocast is None
     cfg = RLConfig.from_args([*ARGV, "--actor.autocast", "bfloat16"])
     assert cfg.actor.autocast == "bfloat16" and resolve_autocast(cfg) is cfg
 
