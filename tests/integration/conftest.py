@@ -4,6 +4,7 @@ prompts and, when asked, the "sevens" reward file."""
 import json
 
 import pytest
+import torch
 
 from rlhfkit.models import tiny_model_and_tokenizer
 
@@ -16,6 +17,15 @@ def reward_func(queries, prompts, labels, **kwargs):
     r = torch.tensor([sum(c == "7" for c in s) / 8.0 for s in responses])
     return {"rewards": r, "scores": r.clamp(0, 1), "extra_logs": {"sevens": r * 8}}
 '''
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    """Runs use --train.num_threads 1 (tiny models are faster on one thread); give the process its
+    thread count back afterwards."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -34,13 +34,6 @@ def ws(tiny_ws):
     return root
 
 
-@pytest.fixture(autouse=True)
-def restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def kd_flags(ws, out, **kv):
     argv = ["--model.model_name_or_path", str(ws / "tiny"), "--teacher.model_name_or_path", str(ws / "teacher"),
             "--data.dataset", str(ws / "sft.jsonl"), "--ckpt.output_dir", str(out), "--logger.progress_bar", "false",

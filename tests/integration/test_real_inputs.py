@@ -13,7 +13,6 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from rlhfkit.cli.main import main
 
@@ -42,13 +41,6 @@ def ws(tiny_ws):
               "rejected": conv[:1] + [{"role": "assistant", "content": "1" * (1 + i % 3)}]} for i in range(8)]
     pq.write_table(pa.Table.from_pylist(pairs), root / "pairs.parquet")
     return root
-
-
-@pytest.fixture(autouse=True)
-def restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 def rl_flags(ws, out, **over):

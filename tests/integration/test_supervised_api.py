@@ -27,13 +27,6 @@ def ws(tiny_ws):
     return root
 
 
-@pytest.fixture(autouse=True)
-def restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def flags(ws, out, **kv):
     argv = ["--model.model_name_or_path", str(ws / "tiny"), "--ckpt.output_dir", str(out),
             "--logger.progress_bar", "false", "--train.num_threads", "1"]

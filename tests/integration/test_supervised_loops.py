@@ -38,15 +38,6 @@ def ws(tiny_ws):
     return root
 
 
-@pytest.fixture(autouse=True)
-def restore_threads():
-    """The runs use --train.num_threads 1 (tiny models are faster on one thread); give the
-    process its thread count back afterwards."""
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def flags(**kv):
     argv = []
     for k, v in kv.items():

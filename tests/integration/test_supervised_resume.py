@@ -79,13 +79,6 @@ def ws(tiny_ws):
     return root
 
 
-@pytest.fixture(autouse=True)
-def restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def argv(ws, kind, out, **over):
     f = {"model.model_name_or_path": ws / "tiny", "data.dataset": ws / f"{kind}.jsonl",
          "data.eval_dataset": ws / f"{kind}.jsonl", "train.eval_steps": 2, "train.batch_size": 4,
