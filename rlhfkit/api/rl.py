@@ -192,6 +192,7 @@ class RLTrainer:
 
 def _train_in_actor(cfg: RLConfig, kwargs: dict) -> dict[str, float]:
     """A Ray trainer actor's whole run: rollout workers, build, train (the final model in <output_dir>/final)."""
+    cfg = C.resolve_autocast(cfg)  # before the rollout workers are made from it
     return RLTrainer.build(cfg, **kwargs, pool=lambda policy: C.build_pool(cfg, policy)).train()
 
 

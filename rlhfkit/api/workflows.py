@@ -187,7 +187,8 @@ def generate(cfg: GenerateConfig, train_dataset: Any = None) -> Path:
     """Sample --rollout.n_samples_per_prompt responses to every prompt of `train_dataset` (None:
     --data.prompt_dataset) and write them to <--ckpt.output_dir>/generations.jsonl (see `sample_rows`);
     returns that path. Prompts are generated --rollout.batch_size at a time."""
-    device, run_dir = prepare(validate_generate(cfg))
+    cfg = C.resolve_autocast(validate_generate(cfg))
+    device, run_dir = prepare(cfg)
     sampler = Sampler(cfg, device)
     prompts, _ = load_prompt_items(cfg, sampler.tokenizer, train_dataset)
     seeds = prompt_seeds(len(prompts), cfg.train.seed)
@@ -229,7 +230,7 @@ class SamplingRounds:
             name = cls.config_class.__name__
             raise ConfigError(f"{cls.__name__}.from_config needs a {name} (e.g. {name}.from_args(flags)), "
                               f"got {type(cfg).__name__}")
-        cfg = cls.validate(cfg)
+        cfg = C.resolve_autocast(cls.validate(cfg))
         device, _ = prepare(cfg)
         if reward_fn is not None:
             reward_fn = resolve_reward(reward_fn, timeout=cfg.reward.timeout,

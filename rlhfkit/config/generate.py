@@ -18,6 +18,7 @@ from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
 from rlhfkit.config.rl import (
     ADAM_RANGES,
+    AUTOCASTS,
     DTYPES,
     ENGINES,
     LOG_LEVELS,
@@ -177,7 +178,7 @@ def validate_generate(cfg: GenerateConfig, ranges=GENERATE_RANGES) -> GenerateCo
     check_ranges(cfg, ranges)
     _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
     _one_of("actor.dtype", cfg.actor.dtype, DTYPES)
-    _one_of("actor.autocast", cfg.actor.autocast, (*DTYPES, None))
+    _one_of("actor.autocast", cfg.actor.autocast, (*AUTOCASTS, None))
     _one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
     check_device("--actor.device", cfg.actor.device)
     check_input_template(cfg.data.input_template)

@@ -84,6 +84,18 @@ def test_generate_writes_n_lines_per_prompt_deterministically(ws):
     assert [r["response_ids"] for r in other] != [r["response_ids"] for r in rows]
 
 
+def test_generate_with_autocast_auto_resolves_it_once_and_samples_as_float32(ws, monkeypatch, capsys):
+    import rlhfkit.models.precision as precision  # noqa: PLC0415
+
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: 0.01)  # a CPU without native bf16
+    flags = base_flags(ws, out="gen_auto") + ["--rollout.n_samples_per_prompt", "2", "--data.max_samples", "4"]
+    auto = flags + ["--actor.autocast", "auto"]  # the later value wins over base_flags' none
+    rows = lines(generate(GenerateConfig.from_args(auto)))
+    assert capsys.readouterr().out.count("--actor.autocast auto: float32") == 1
+    plain = lines(generate(GenerateConfig.from_args(base_flags(ws, out="gen_plain") + flags[len(base_flags(ws)):])))
+    assert [r["response_ids"] for r in rows] == [r["response_ids"] for r in plain]
+
+
 def test_generate_logprob_sum_equals_the_trainers_forward(ws):
     rows = lines(generate(GenerateConfig.from_args(base_flags(ws, out="gen_lp") + [
         "--rollout.n_samples_per_prompt", "2", "--data.max_samples", "4"])))
