@@ -20,7 +20,6 @@ Three ways weights reach a worker (`VLLMEngine` picks one from where the tensors
 from __future__ import annotations
 
 import os
-import pickle
 import socket
 from collections.abc import Mapping, Sequence
 
@@ -105,22 +104,28 @@ def bucket_views(buf: torch.Tensor, metas: Sequence[tuple[str, str, list[int], i
     return out
 
 
-def share_cuda_tensor(t: torch.Tensor) -> bytes:
-    """A CUDA tensor's IPC handle (torch's `reduce_tensor`), pickled into bytes that vLLM's RPC
-    carries. Only the trainer's own vLLM worker processes unpickle it."""
+def share_cuda_tensor(t: torch.Tensor) -> list:
+    """The CUDA IPC handle of a flat uint8 CUDA buffer (torch's `reduce_tensor`) as plain values
+    (ints, bools, bytes) that vLLM's RPC carries: the arguments of `rebuild_cuda_tensor` less the
+    classes, dtype and device, which `open_cuda_tensor` puts back. No pickle on either side."""
     from torch.multiprocessing.reductions import reduce_tensor  # noqa: PLC0415
 
+    if not t.is_cuda or t.dtype != torch.uint8 or t.dim() != 1:
+        raise ValueError(f"share_cuda_tensor takes a 1-d uint8 CUDA tensor, got {t.dtype} {tuple(t.shape)} on {t.device}")
     torch.cuda.current_stream(t.device).synchronize()  # the bucket's copies are done
-    return pickle.dumps(reduce_tensor(t))
+    _, args = reduce_tensor(t)
+    size, stride, offset = args[1:4]
+    return [list(size), list(stride), offset, *args[_STORAGE_DEVICE_ARG + 1:]]
 
 
-def open_cuda_tensor(handle: bytes, device_index: int) -> torch.Tensor:
+def open_cuda_tensor(handle: list, device_index: int) -> torch.Tensor:
     """Map the GPU memory behind `share_cuda_tensor(t)` into this process (no copy). The device
     index is this process's for the same GPU (CUDA_VISIBLE_DEVICES may number it differently)."""
-    rebuild, args = pickle.loads(handle)  # from the trainer that owns this worker
-    args = list(args)
-    args[_STORAGE_DEVICE_ARG] = device_index
-    return rebuild(*args)
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor  # noqa: PLC0415
+
+    size, stride, offset, *rest = handle
+    return rebuild_cuda_tensor(torch.Tensor, torch.Size(size), tuple(stride), offset, torch.storage.TypedStorage,
+                               torch.uint8, device_index, *rest)
 
 
 def release_cuda_shares() -> None:
@@ -176,7 +181,7 @@ class WeightSyncExtension:
         trainer's own tensor objects, not copies."""
         return self._rlhfkit_load(list(named))
 
-    def rlhfkit_load_ipc(self, handle: bytes, metas) -> int:
+    def rlhfkit_load_ipc(self, handle: list, metas) -> int:
         """Load one bucket sent as a CUDA IPC handle (`share_cuda_tensor` of a `fill_bucket`
         buffer): views into the trainer's GPU memory, released before returning."""
         buf = open_cuda_tensor(handle, self._rlhfkit_device().index or 0)

@@ -216,11 +216,19 @@ def test_buckets_pack_small_tensors_together_at_aligned_offsets():
         W.plan_buckets(sizes, 0)
 
 
-def test_the_ipc_handle_names_the_device_where_open_cuda_tensor_rewrites_it():
+def test_the_ipc_handle_is_plain_values_in_the_order_torch_rebuilds_them():
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    params = list(inspect.signature(rebuild_cuda_tensor).parameters)
-    assert params[W._STORAGE_DEVICE_ARG] == "storage_device"
+    # share_cuda_tensor keeps the arguments after storage_device; open_cuda_tensor puts back the
+    # classes, dtype and this process's device index before them
+    assert list(inspect.signature(rebuild_cuda_tensor).parameters) == [
+        "tensor_cls", "tensor_size", "tensor_stride", "tensor_offset", "storage_cls", "dtype", "storage_device",
+        "storage_handle", "storage_size_bytes", "storage_offset_bytes", "requires_grad", "ref_counter_handle",
+        "ref_counter_offset", "event_handle", "event_sync_required"]
+    assert W._STORAGE_DEVICE_ARG == 6
+    assert type(torch.empty(2, dtype=torch.uint8)._typed_storage()) is torch.storage.TypedStorage
+    with pytest.raises(ValueError, match="1-d uint8 CUDA tensor"):
+        W.share_cuda_tensor(torch.empty(4, dtype=torch.uint8))  # a CPU buffer never gets an IPC handle
 
 
 # ------------------------------------------------------------------ sleep / wake around an RL step
