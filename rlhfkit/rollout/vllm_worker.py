@@ -111,7 +111,8 @@ def share_cuda_tensor(t: torch.Tensor) -> list:
     from torch.multiprocessing.reductions import reduce_tensor  # noqa: PLC0415
 
     if not t.is_cuda or t.dtype != torch.uint8 or t.dim() != 1:
-        raise ValueError(f"share_cuda_tensor takes a 1-d uint8 CUDA tensor, got {t.dtype} {tuple(t.shape)} on {t.device}")
+        raise ValueError(f"share_cuda_tensor takes a 1-d uint8 CUDA tensor, got {t.dtype} "
+                         f"{tuple(t.shape)} on {t.device}")
     torch.cuda.current_stream(t.device).synchronize()  # the bucket's copies are done
     _, args = reduce_tensor(t)
     size, stride, offset = args[1:4]

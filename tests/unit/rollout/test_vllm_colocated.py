@@ -181,8 +181,8 @@ class SharedBuffers:
 
 def test_ipc_path_sends_bounded_buckets_and_frees_each_before_the_next(monkeypatch):
     monkeypatch.setattr(V, "choose_weight_path", lambda device, here, workers: ("ipc", "test"))
-    state = {"a": torch.randn(20), "b": torch.randn(30), "big": torch.randn(100), "c": torch.randn(10).to(torch.bfloat16),
-             "d": torch.arange(3)}
+    state = {"a": torch.randn(20), "b": torch.randn(30), "big": torch.randn(100),
+             "c": torch.randn(10).to(torch.bfloat16), "d": torch.arange(3)}
     engine, model = engine_on(state, bucket_bytes=256)
     shared = SharedBuffers(engine.llm.calls)
     monkeypatch.setattr(V, "share_cuda_tensor", shared.share)
