@@ -722,9 +722,6 @@ def _validate_scale(cfg: RLConfig) -> None:
     _require(cfg.rollout.engine == "hf" or cfg.distributed.backend == "local",
              "--rollout.engine vllm runs in the trainer's process for now; Ray rollout workers hold HF engines "
              "(drop --distributed.backend ray or use --rollout.engine hf)")
-    _require(not (cfg.fsdp.enable and cfg.actor.dtype != "float32"),
-             f"--fsdp.enable shards float32 parameters (got --actor.dtype {cfg.actor.dtype}); for bf16 compute add "
-             "--fsdp.mixed_precision true")
     _require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
              "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
              "workers is not supported yet")
