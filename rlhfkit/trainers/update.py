@@ -117,8 +117,9 @@ class PolicyUpdate:
                 with autocast_ctx(self.autocast, self.device_type):
                     for rows in cuts:
                         _add(sums, self.micro_step(exp, rows, layout, kl_coef, counts))
+                    shortest = step_rows[exp.batch.attention_mask[step_rows].sum(dim=1).argmin()].view(1)
                     for _ in range(idle):
-                        self.idle_pass(exp, step_rows[:1], layout)
+                        self.idle_pass(exp, shortest, layout)
                 if self.dp[1] > 1:
                     _add(sums, {"idle_passes": float(idle)})
                 _add(sums, self.learner.step(), "actor/")
@@ -171,8 +172,8 @@ class PolicyUpdate:
         return out
 
     def idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:
-        """A forward/backward of the policy (and critic) on `rows` whose gradients are zero: the FSDP
-        collectives of one micro-batch, without changing the step."""
+        """A forward/backward of the policy (and critic) on `rows` (the step's shortest row) whose
+        gradients are zero: the FSDP collectives of one micro-batch, without changing the step."""
         mb, _ = exp.select(rows, layout)
         logp, _ = response_logprobs(self.policy, mb, temperature=self.losses.temperature)
         self.learner.backward(logp.float().sum() * 0.0)

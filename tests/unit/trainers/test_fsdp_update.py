@@ -1,11 +1,14 @@
-"""Under FSDP a rank with fewer micro-batches than another pads with idle passes: each runs as many
-backwards as a micro-batch (every one is a collective) and adds nothing to the gradients."""
+"""The update under FSDP: a rank with fewer micro-batches than another pads with idle passes (each
+runs as many backwards as a micro-batch, every one a collective, and adds nothing to the gradients);
+--actor.dtype bfloat16 becomes float32 shards computing in bf16."""
 
 import copy
 
 import pytest
 import torch
 
+from rlhfkit.api.components import resolve_fsdp_dtype
+from rlhfkit.config import RLConfig
 from rlhfkit.data.types import Trajectory
 from rlhfkit.distributed import fsdp
 from rlhfkit.models import tiny_model_and_tokenizer
@@ -68,3 +71,16 @@ def test_a_rank_with_fewer_micro_batches_pads_to_the_largest_count(setup, monkey
     out = update(exp, kl_coef=0.0)
     assert out["idle_passes"] == 3.0 and len(passes) == 3  # one optimizer step of 4 rows: 2 here, 2 there
     assert out["train_tokens"] > 0
+
+
+def test_bf16_parameters_under_fsdp_become_float32_masters_computing_in_bf16(capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    cfg = resolve_fsdp_dtype(RLConfig.from_args(["--fsdp.enable", "true", "--actor.dtype", "bfloat16"]))
+    assert cfg.actor.dtype == "float32" and cfg.fsdp.mixed_precision is True
+    assert capsys.readouterr().out == fsdp.BF16_PARAMS + "\n"
+    monkeypatch.setenv("RANK", "1")  # the other torchrun ranks say nothing
+    resolve_fsdp_dtype(RLConfig.from_args(["--fsdp.enable", "true", "--actor.dtype", "bfloat16"]))
+    assert capsys.readouterr().out == ""
+    for argv in (["--actor.dtype", "bfloat16"], ["--fsdp.enable", "true"]):  # one process; float32
+        cfg = RLConfig.from_args(argv)
+        assert resolve_fsdp_dtype(cfg) is cfg
