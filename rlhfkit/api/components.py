@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -111,6 +112,18 @@ def resolve_autocast(cfg: RLConfig) -> RLConfig:
     return dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, autocast=choice))
 
 
+def resolve_fsdp_dtype(cfg: RLConfig) -> RLConfig:
+    """Under --fsdp.enable, --actor.dtype bfloat16 (bf16 parameters, float32 masters) becomes FSDP2's form of
+    it: float32 sharded parameters (the masters) with --fsdp.mixed_precision (bf16 compute, float32
+    gradient reduction), printed in one line (by rank 0); any other config as it is."""
+    if not cfg.fsdp.enable or cfg.actor.dtype == "float32":
+        return cfg
+    if os.environ.get("RANK", "0") == "0":
+        print(fsdp.BF16_PARAMS)
+    return dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, dtype="float32"),
+                               fsdp=dataclasses.replace(cfg.fsdp, mixed_precision=True))
+
+
 def build_models(cfg: RLConfig, device: torch.device | None = None):
     """Policy (with LoRA adapters when --ds.lora.rank > 0), tokenizer, frozen reference (only if the KL
     coefficient > 0; with LoRA the policy itself, run with its adapters disabled) and critic (only for an
@@ -201,8 +214,7 @@ def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
     """FSDP2-shard the policy, reference and critic across `world` torchrun processes; returns the vLLM
     engine's weight source (the gathered full state, on every rank)."""
     c = cfg.ckpt
-    fsdp.check_fsdp_settings(world, cfg.train.batch_size, c.save_steps > 0 or c.load_enable,
-                             cfg.algo.dynamic_filtering_enable, cfg.train.dynamic_batch_enable)
+    fsdp.check_fsdp_settings(world, cfg.train.batch_size, c.save_steps > 0 or c.load_enable)
     for model in (policy, ref):
         if model is not None:
             fsdp.shard_model(model, world, cfg.fsdp.mixed_precision)

@@ -104,7 +104,7 @@ class RLTrainer:
     def build(cls, cfg: RLConfig, reward_fn=None, train_dataset=None, eval_dataset=None, *, reward_weights=None,
               callbacks: Sequence[Callable] = (), make_engine: Callable | None = None, pool=None) -> RLTrainer:
         """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool)."""
-        cfg = C.resolve_autocast(cfg)  # --actor.autocast auto: probe the device once, here
+        cfg = C.resolve_fsdp_dtype(C.resolve_autocast(cfg))  # --actor.autocast auto: probe the device once, here
         plan = validate(cfg)
         set_log_level(cfg.logger.log_level)
         train_dataset = train_dataset if train_dataset is not None else cfg.data.prompt_dataset

@@ -54,7 +54,8 @@ class ActorConfig:
     """HF folder, a .gguf file, or `smollm2` (the packaged SmolLM2-135M-Instruct, converted once)."""
     dtype: str = "float32"
     """Parameter dtype: float32 or bfloat16 (never float16: ~200x slower on CPU). bfloat16 keeps float32
-    master weights and gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 mode."""
+    master weights and gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 mode; under
+    --fsdp.enable it becomes float32 sharded parameters computing in bf16 (--fsdp.mixed_precision true)."""
     autocast: str | None = "bfloat16"
     """Compute dtype for forward passes (torch.autocast on --actor.device's type); none = the parameter dtype;
     auto = bfloat16 where it is faster than float32 (a ~0.2 s matmul probe on the CPU; CUDA with bf16 support),
@@ -484,7 +485,8 @@ class FSDPConfig:
     enable: bool = False
     """Shard the policy with FSDP2 (torch fully_shard) across the processes of `torchrun`; see docs/scaling.md."""
     mixed_precision: bool = False
-    """FSDP2 bf16 parameters in forward/backward with float32 gradient reduction (MixedPrecisionPolicy)."""
+    """FSDP2 bf16 parameters in forward/backward over float32 shards (the master weights), with float32
+    gradient reduction (MixedPrecisionPolicy); --actor.dtype bfloat16 under FSDP turns it on."""
 
 
 @dataclass(frozen=True)
@@ -722,9 +724,6 @@ def _validate_scale(cfg: RLConfig) -> None:
     _require(cfg.rollout.engine == "hf" or cfg.distributed.backend == "local",
              "--rollout.engine vllm runs in the trainer's process for now; Ray rollout workers hold HF engines "
              "(drop --distributed.backend ray or use --rollout.engine hf)")
-    _require(not (cfg.fsdp.enable and cfg.actor.dtype != "float32"),
-             f"--fsdp.enable shards float32 parameters (got --actor.dtype {cfg.actor.dtype}); for bf16 compute add "
-             "--fsdp.mixed_precision true")
     _require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
              "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
              "workers is not supported yet")

@@ -18,9 +18,14 @@ What each process does (every rank runs the same RL loop on the same data):
   policy (--actor.ema_beta) is kept shard by shard.
 - Saving gathers the full state dict on rank 0, which writes the HF folder (and `ema/`).
 
-Not supported yet (refused with a ConfigError): periodic checkpoints / resume, DAPO dynamic
-filtering, token-budget micro-batches (--train.dynamic_batch_enable), bf16 parameters (--actor.dtype;
---fsdp.mixed_precision computes in bf16 over float32 parameters).
+- Token-budget micro-batches (--train.dynamic_batch_enable) and DAPO's filtered batches (whose rows
+  may not split into equal shares) can give the ranks different numbers of micro-batches, while every
+  FSDP forward/backward is a collective: the ranks agree on the largest count (`max_over_ranks`) and a
+  rank with fewer runs passes that add nothing to the gradients (trainers.update `idle_pass`).
+- bf16 parameters with float32 masters (--actor.dtype bfloat16) are, under FSDP2, float32 sharded
+  parameters (the masters) computing in bf16 with float32 gradient reduction: --fsdp.mixed_precision.
+
+Not supported yet (refused with a ConfigError): periodic checkpoints / resume.
 """
 
 from __future__ import annotations
@@ -160,8 +165,19 @@ def finish() -> None:
         dist.destroy_process_group()
 
 
-def check_fsdp_settings(world_size: int, train_batch_size: int, checkpoints: bool, dynamic_filtering: bool,
-                        dynamic_batch: bool = False) -> None:
+def max_over_ranks(n: int) -> int:
+    """The largest `n` over the ranks (a collective: every rank must call it)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    t = torch.tensor([n], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+BF16_PARAMS = ("--actor.dtype bfloat16 under --fsdp.enable: float32 sharded parameters (the master weights) "
+               "computing in bfloat16 with float32 gradient reduction (--fsdp.mixed_precision true)")
+
+
+def check_fsdp_settings(world_size: int, train_batch_size: int, checkpoints: bool) -> None:
     """Refuse what the FSDP path does not support, naming the flag to change."""
     if train_batch_size % world_size:
         raise ConfigError(f"--train.batch_size {train_batch_size} must be a multiple of the number of torchrun "
@@ -169,10 +185,3 @@ def check_fsdp_settings(world_size: int, train_batch_size: int, checkpoints: boo
     if checkpoints:
         raise ConfigError("--fsdp.enable does not write or resume checkpoints yet: drop --ckpt.save_steps and "
                           "--ckpt.load_enable (the final model is saved)")
-    if dynamic_filtering:
-        raise ConfigError("--fsdp.enable with --algo.dynamic_filtering_enable is not supported yet: a filtered batch "
-                          "may not split into equal shares, and every process must run the same number of backwards")
-    if dynamic_batch:
-        raise ConfigError("--fsdp.enable with --train.dynamic_batch_enable is not supported yet: token-budget "
-                          "micro-batches may differ in number between processes, which must run the same number "
-                          "of forwards and backwards; use --train.micro_batch_size")

@@ -53,7 +53,8 @@ class MicroBatcher:
         return [torch.tensor(c, dtype=torch.long) for c in cuts]
 
     def rank_share(self, step_rows: torch.Tensor, group_ids: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-        """This rank's equal share of an optimizer step's rows under FSDP (all of them in one process).
+        """This rank's equal share of an optimizer step's rows under FSDP (all of them in one process; one
+        more row on the first ranks when the step does not split evenly, as DAPO's filtered batches).
         With the shared prefix, rows are ordered by group first, so a rank holds whole groups and its
         micro-batches are the ones one process would cut."""
         if world == 1:

@@ -230,3 +230,8 @@ class TeacherLossUpdate(PolicyUpdate):
         self.learner.backward(self.teacher_coef * aggregate_loss(kl, mask, self.losses.agg, **counts))
         out["opd/topk_kl"] = float((kl.detach() * mask).sum())
         return out
+
+    def idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:
+        super().idle_pass(exp, rows, layout)
+        mb, _ = exp.select(rows, layout)  # and the teacher term's second forward/backward of the policy
+        self.learner.backward(response_logits(self.policy, mb).float().sum() * 0.0)

@@ -2,7 +2,9 @@
 optimizer step every `batch_size` samples (seed of OpenRLHF's PPO actor/critic training loop).
 
 The losses are divided by the counts of the whole optimizer step (core.aggregate), so gradients do
-not depend on the micro-batch size or on how many FSDP ranks share the step.
+not depend on the micro-batch size or on how many FSDP ranks share the step (or on how many
+micro-batches each rank cuts from its share: the ranks run the same number of passes, padding
+with `idle_pass`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from rlhfkit.core.aggregate import aggregate_loss
 from rlhfkit.core.kl import approx_kl
 from rlhfkit.core.losses import decoupled_policy_loss, policy_loss, value_loss
+from rlhfkit.distributed import fsdp
 from rlhfkit.errors import TrainingError
 from rlhfkit.models import response_logprobs
 from rlhfkit.models.precision import autocast_ctx
@@ -82,11 +85,14 @@ class PolicyUpdate:
             n_opt = self.optimizer_steps(exp, layout, kl_coef, sums)
         total_tokens = max(int(exp.batch.loss_mask.sum()) * self.max_epochs, 1)
         computed = sums.pop("train_tokens", 0.0)
+        idle = sums.pop("idle_passes", None)
         out = {k: v / (n_opt if k in _PER_STEP or k.startswith(("actor/", "critic/")) else total_tokens)
                for k, v in sums.items() if k not in _MAXIMA}
         out.update({k: sums[k] for k in _MAXIMA if k in sums})
         out["optimizer_steps"] = float(n_opt)
         out["train_tokens"] = computed  # tokens the forward/backward ran on (no padding; shared prompts once)
+        if idle is not None:  # under FSDP: the passes this rank ran to match another rank's micro-batch count
+            out["idle_passes"] = idle
         out["sample_tokens"] = float(exp.batch.attention_mask.sum()) * self.max_epochs  # prompt + response
         out["response_tokens"] = float(exp.batch.response_mask.sum()) * self.max_epochs
         return out
@@ -102,11 +108,20 @@ class PolicyUpdate:
                 counts = dict(num_tokens=int(step_mask.sum()), num_seqs=int(step_mask.any(dim=1).sum()),
                               max_len=self.losses.max_len)
                 mine = self.batcher.rank_share(step_rows, exp.group_ids, *self.dp)  # counts stay the whole step's
+                cuts = self.batcher.cut(exp.batch, exp.group_ids, mine) if len(mine) else []
+                # Under FSDP every forward/backward is a collective: a rank with fewer micro-batches
+                # than another (token budgets, unequal shares) pads with passes that add nothing.
+                idle = fsdp.max_over_ranks(len(cuts)) - len(cuts) if self.dp[1] > 1 else 0
                 # One autocast region per optimizer step: its cache keeps the bf16 copies of the
                 # weights for every micro-batch instead of casting them again in each.
                 with autocast_ctx(self.autocast, self.device_type):
-                    for rows in self.batcher.cut(exp.batch, exp.group_ids, mine):
+                    for rows in cuts:
                         _add(sums, self.micro_step(exp, rows, layout, kl_coef, counts))
+                    shortest = step_rows[exp.batch.attention_mask[step_rows].sum(dim=1).argmin()].view(1)
+                    for _ in range(idle):
+                        self.idle_pass(exp, shortest, layout)
+                if self.dp[1] > 1:
+                    _add(sums, {"idle_passes": float(idle)})
                 _add(sums, self.learner.step(), "actor/")
                 if self.critic_learner is not None:
                     _add(sums, self.critic_learner.step(), "critic/")
@@ -155,6 +170,15 @@ class PolicyUpdate:
             self.critic_learner.backward(vloss)
             out["value_loss"] = float(vloss.detach())
         return out
+
+    def idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:
+        """A forward/backward of the policy (and critic) on `rows` (the step's shortest row) whose
+        gradients are zero: the FSDP collectives of one micro-batch, without changing the step."""
+        mb, _ = exp.select(rows, layout)
+        logp, _ = response_logprobs(self.policy, mb, temperature=self.losses.temperature)
+        self.learner.backward(logp.float().sum() * 0.0)
+        if self.critic is not None:
+            self.critic_learner.backward(self.critic.response_values(mb).float().sum() * 0.0)
 
     def state_dict(self) -> dict:
         return {"learner": self.learner.state_dict(),

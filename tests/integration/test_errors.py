@@ -175,9 +175,6 @@ BEFORE_MODELS = [
     ("65-no-workers", {"rollout.num_workers": 0, "distributed.backend": "ray"}, "--rollout.num_workers must be >= 1"),
     ("67-ray-address-unreachable", {"distributed.backend": "ray", "distributed.address": "127.0.0.1:1"},
      "--distributed.address 127.0.0.1:1: no Ray cluster answers there (ConnectionRefusedError"),
-    ("68-fsdp-with-bf16-parameters", {"fsdp.enable": "true", "actor.dtype": "bfloat16"},
-     "--fsdp.enable shards float32 parameters (got --actor.dtype bfloat16); for bf16 compute add "
-     "--fsdp.mixed_precision true"),
     ("90-unknown-is-correction-type", {"algo.advantage.is_correction_type": "mis"},
      "--algo.advantage.is_correction_type: unknown value 'mis'; valid: tis, icepop, seq-mask-tis, seq_mask_tis"),
 ]
