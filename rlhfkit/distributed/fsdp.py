@@ -20,7 +20,7 @@ What each process does (every rank runs the same RL loop on the same data):
 
 - Token-budget micro-batches (--train.dynamic_batch_enable) and DAPO's filtered batches (whose rows
   may not split into equal shares) can give the ranks different numbers of micro-batches, while every
-  FSDP forward/backward is a collective: the ranks agree on the largest count (`max_over_ranks`) and a
+  FSDP forward/backward is a collective: the ranks agree on the largest count (`trainers.update.max_over_ranks`) and a
   rank with fewer runs passes that add nothing to the gradients (trainers.update `idle_pass`).
 - bf16 parameters with float32 masters (--actor.dtype bfloat16) are, under FSDP2, float32 sharded
   parameters (the masters) computing in bf16 with float32 gradient reduction: --fsdp.mixed_precision.
@@ -163,14 +163,6 @@ def finish() -> None:
     """Leave the process group (end of a torchrun run)."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def max_over_ranks(n: int) -> int:
-    """The largest `n` over the ranks (a collective: every rank must call it)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    t = torch.tensor([n], dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
 
 
 BF16_PARAMS = ("--actor.dtype bfloat16 under --fsdp.enable: float32 sharded parameters (the master weights) "

@@ -13,11 +13,11 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from rlhfkit.core.aggregate import aggregate_loss
 from rlhfkit.core.kl import approx_kl
 from rlhfkit.core.losses import decoupled_policy_loss, policy_loss, value_loss
-from rlhfkit.distributed import fsdp
 from rlhfkit.errors import TrainingError
 from rlhfkit.models import response_logprobs
 from rlhfkit.models.precision import autocast_ctx
@@ -111,7 +111,7 @@ class PolicyUpdate:
                 cuts = self.batcher.cut(exp.batch, exp.group_ids, mine) if len(mine) else []
                 # Under FSDP every forward/backward is a collective: a rank with fewer micro-batches
                 # than another (token budgets, unequal shares) pads with passes that add nothing.
-                idle = fsdp.max_over_ranks(len(cuts)) - len(cuts) if self.dp[1] > 1 else 0
+                idle = max_over_ranks(len(cuts)) - len(cuts) if self.dp[1] > 1 else 0
                 # One autocast region per optimizer step: its cache keeps the bf16 copies of the
                 # weights for every micro-batch instead of casting them again in each.
                 with autocast_ctx(self.autocast, self.device_type):
@@ -210,3 +210,11 @@ def _add(sums: dict[str, float], metrics: dict[str, float], prefix: str = "") ->
     for k, v in metrics.items():
         key = prefix + k
         sums[key] = max(sums.get(key, v), v) if key in _MAXIMA else sums.get(key, 0.0) + v
+
+
+def max_over_ranks(n: int) -> int:
+    """The largest `n` over the ranks (a collective: every rank must call it)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    t = torch.tensor([n], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())

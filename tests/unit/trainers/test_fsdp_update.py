@@ -12,6 +12,7 @@ from rlhfkit.config import RLConfig
 from rlhfkit.data.types import Trajectory
 from rlhfkit.distributed import fsdp
 from rlhfkit.models import tiny_model_and_tokenizer
+from rlhfkit.trainers import update as update_module
 from rlhfkit.trainers.batching import MicroBatcher
 from rlhfkit.trainers.distill import TeacherLossUpdate
 from rlhfkit.trainers.experience import ExperienceMaker
@@ -64,7 +65,7 @@ def test_idle_pass_runs_a_micro_batchs_backwards_with_zero_gradients(setup, kind
 
 def test_a_rank_with_fewer_micro_batches_pads_to_the_largest_count(setup, monkeypatch):
     model, tok, exp = setup
-    monkeypatch.setattr(fsdp, "max_over_ranks", lambda n: n + 3)  # another rank cut 3 more
+    monkeypatch.setattr(update_module, "max_over_ranks", lambda n: n + 3)  # another rank cut 3 more
     update = make("policy", model, tok, dp=(0, 2))
     passes = []
     monkeypatch.setattr(update, "idle_pass", lambda exp, rows, layout: passes.append(rows.tolist()))
