@@ -117,9 +117,10 @@ class PolicyUpdate:
                 with autocast_ctx(self.autocast, self.device_type):
                     for rows in cuts:
                         _add(sums, self.micro_step(exp, rows, layout, kl_coef, counts))
-                    shortest = step_rows[exp.batch.attention_mask[step_rows].sum(dim=1).argmin()].view(1)
-                    for _ in range(idle):
-                        self.idle_pass(exp, shortest, layout)
+                    if idle:
+                        shortest = step_rows[exp.batch.attention_mask[step_rows].sum(dim=1).argmin()].view(1)
+                        for _ in range(idle):
+                            self.idle_pass(exp, shortest, layout)
                 if self.dp[1] > 1:
                     _add(sums, {"idle_passes": float(idle)})
                 _add(sums, self.learner.step(), "actor/")
