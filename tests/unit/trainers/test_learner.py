@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlhfkit.errors import ConfigError
-from rlhfkit.trainers.learner import Learner, lr_lambda
+from rlhfkit.trainers.learner import Learner, adam_kernel, lr_lambda
 from rlhfkit.trainers.scoring import RunningMoments
 
 
@@ -116,3 +116,32 @@ def test_settings_the_optimizer_refuses_are_a_config_error(kw, cause):
     with pytest.raises(ConfigError) as e:
         Learner(torch.nn.Linear(2, 1), name="critic", **kw)
     assert str(e.value).startswith(f"critic: AdamW refuses its settings (ValueError: {cause}); the learning rate")
+
+
+def test_plain_parameters_step_with_the_fused_kernel_and_match_the_reference_adamw():
+    torch.manual_seed(0)
+    ref, lin = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+    lin.load_state_dict(ref.state_dict())
+    learner = Learner(lin, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, max_norm=0.0)
+    assert learner.optimizer.defaults["fused"] is True
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                            foreach=False)
+    for _ in range(5):
+        x = torch.randn(3, 8)
+        learner.backward(lin(x).square().sum())
+        learner.step()
+        ref(x).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+    for a, b in zip(lin.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_the_fused_kernel_is_not_used_for_tensor_subclasses():
+    class Shard(torch.Tensor):  # stands for a DTensor shard, which keeps torch's default path
+        pass
+
+    assert adam_kernel([torch.zeros(2)]) == {"fused": True}
+    assert adam_kernel([torch.zeros(2).as_subclass(Shard)]) == {}
+    assert adam_kernel([torch.zeros(2, dtype=torch.int64)]) == {}
+    assert adam_kernel([]) == {}
