@@ -20,6 +20,7 @@ from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.core.losses import POLICY_LOSSES
 from rlhfkit.distributed import fsdp
+from rlhfkit.distributed.fsdp_checkpoint import ShardedCheckpointer
 from rlhfkit.errors import ConfigError, one_line, os_error_fix
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
@@ -213,8 +214,7 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
 def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
     """FSDP2-shard the policy, reference and critic across `world` torchrun processes; returns the vLLM
     engine's weight source (the gathered full state, on every rank)."""
-    c = cfg.ckpt
-    fsdp.check_fsdp_settings(world, cfg.train.batch_size, c.save_steps > 0 or c.load_enable)
+    fsdp.check_fsdp_settings(world, cfg.train.batch_size)
     for model in (policy, ref):
         if model is not None:
             fsdp.shard_model(model, world, cfg.fsdp.mixed_precision)
@@ -368,12 +368,19 @@ def run_tracker(cfg: RLConfig, run_dir: Path, total_steps: int, resume_step: int
                       purge_step=None if resume_step is None else resume_step + 1, writers=extra_writers(cfg, run_dir))
 
 
-def setup_checkpoints(cfg: RLConfig, run_dir: Path) -> tuple[Checkpointer, tuple[Path, int] | None]:
+def setup_checkpoints(cfg: RLConfig, run_dir: Path,
+                      dp: tuple[int, int] | None = None) -> tuple[Checkpointer, tuple[Path, int] | None]:
     """The run's Checkpointer and (folder, step) of the checkpoint to resume from (None: start fresh).
     On resume the step-indexed logs (metrics.jsonl, samples.jsonl) are cut back to the checkpoint's
-    step, so the steps that are trained again are not logged twice."""
-    root = run_dir / "checkpoints"
-    ckpt = Checkpointer(root, cfg.ckpt.save_steps, cfg.ckpt.max_num)
+    step, so the steps that are trained again are not logged twice. With `dp` (rank, world size) of
+    an FSDP run, a ShardedCheckpointer of <output_dir>/checkpoints, shared by the ranks (each rank's
+    logs are in its own `run_dir`)."""
+    if dp is None:
+        root = run_dir / "checkpoints"
+        ckpt = Checkpointer(root, cfg.ckpt.save_steps, cfg.ckpt.max_num)
+    else:
+        root = Path(cfg.ckpt.output_dir) / "checkpoints"
+        ckpt = ShardedCheckpointer(root, cfg.ckpt.save_steps, cfg.ckpt.max_num, *dp)
     if not cfg.ckpt.load_enable:
         if cfg.ckpt.save_steps > 0 and list_checkpoints(root):
             raise ConfigError(

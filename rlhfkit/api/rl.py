@@ -147,7 +147,7 @@ class RLTrainer:
             eval_examples = load_examples_fn(cfg, eval_dataset, eval=True)(tokenizer)
             eval_items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
         evaluator = C.make_evaluator(cfg, eval_items, reward_fn)
-        checkpointer, resume = C.setup_checkpoints(cfg, run_dir)
+        checkpointer, resume = C.setup_checkpoints(cfg, run_dir, (rank, world) if cfg.fsdp.enable else None)
         tracker = C.run_tracker(cfg, run_dir, C.total_rl_steps(cfg, data.rollouts_per_episode),
                                 resume[1] if resume else None)
         loop = C.build_loop(cfg, plan, policy, tokenizer, engine, reward_fn, data, executor, ref=ref, critic=critic,

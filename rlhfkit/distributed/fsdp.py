@@ -17,6 +17,9 @@ What each process does (every rank runs the same RL loop on the same data):
 - A critic (gae) is sharded the same way and trained data-parallel beside the policy; an EMA of the
   policy (--actor.ema_beta) is kept shard by shard.
 - Saving gathers the full state dict on rank 0, which writes the HF folder (and `ema/`).
+- Periodic checkpoints (--ckpt.save_steps) are sharded: each rank writes its shards of the weights,
+  Adam moments and EMA and its trainer state, through torch.distributed.checkpoint; --ckpt.load_enable
+  resumes from the latest complete one, under any number of ranks (distributed.fsdp_checkpoint).
 
 - Token-budget micro-batches (--train.dynamic_batch_enable) and DAPO's filtered batches (whose rows
   may not split into equal shares) can give the ranks different numbers of micro-batches, while every
@@ -24,8 +27,6 @@ What each process does (every rank runs the same RL loop on the same data):
   rank with fewer runs passes that add nothing to the gradients (trainers.update `idle_pass`).
 - bf16 parameters with float32 masters (--actor.dtype bfloat16) are, under FSDP2, float32 sharded
   parameters (the masters) computing in bf16 with float32 gradient reduction: --fsdp.mixed_precision.
-
-Not supported yet (refused with a ConfigError): periodic checkpoints / resume.
 """
 
 from __future__ import annotations
@@ -169,11 +170,8 @@ BF16_PARAMS = ("--actor.dtype bfloat16 under --fsdp.enable: float32 sharded para
                "computing in bfloat16 with float32 gradient reduction (--fsdp.mixed_precision true)")
 
 
-def check_fsdp_settings(world_size: int, train_batch_size: int, checkpoints: bool) -> None:
+def check_fsdp_settings(world_size: int, train_batch_size: int) -> None:
     """Refuse what the FSDP path does not support, naming the flag to change."""
     if train_batch_size % world_size:
         raise ConfigError(f"--train.batch_size {train_batch_size} must be a multiple of the number of torchrun "
                           f"processes ({world_size}): each takes an equal share of every optimizer step")
-    if checkpoints:
-        raise ConfigError("--fsdp.enable does not write or resume checkpoints yet: drop --ckpt.save_steps and "
-                          "--ckpt.load_enable (the final model is saved)")

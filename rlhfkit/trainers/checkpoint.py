@@ -43,6 +43,7 @@ from rlhfkit.errors import CheckpointError, os_error_fix
 
 log = logging.getLogger("rlhfkit")
 MANIFEST, LATEST, STATE_JSON, STATE_TENSORS = "manifest.json", "latest", "state.json", "state.safetensors"
+SHARDS = "shards"  # the folder of an FSDP checkpoint's weight and optimizer shards (distributed.fsdp_checkpoint)
 FORMAT = 1
 
 
@@ -131,19 +132,53 @@ def _write_contents(tmp: Path, step: int, state: dict, modules: dict[str, tuple]
         else:
             sd = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
             save_file(sd, str(tmp / f"{name}.safetensors"))
+    write_state(tmp, state)
+    seal(tmp, step)
+
+
+def write_state(folder: Path, state: dict) -> None:
+    """The state tree as state.json (plain values) + state.safetensors (its tensors) in `folder`."""
     tensors: dict[str, torch.Tensor] = {}
     tree = pack(state, tensors)
-    (tmp / STATE_JSON).write_text(json.dumps(tree))
-    save_file(tensors, str(tmp / STATE_TENSORS))
+    (folder / STATE_JSON).write_text(json.dumps(tree))
+    save_file(tensors, str(folder / STATE_TENSORS))
+
+
+def read_state(folder: Path) -> dict:
+    """Inverse of `write_state`."""
+    return unpack(json.loads((folder / STATE_JSON).read_text()), load_file(str(folder / STATE_TENSORS)))
+
+
+def seal(tmp: Path, step: int, **extra: Any) -> None:
+    """Flush every file under `tmp`, write the manifest (the step, `extra`, each file's size and sha256),
+    and flush it and the folders: `tmp` is then complete, ready for `publish`."""
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     for p in files:
         _fsync(p)
-    manifest = {"format": FORMAT, "step": step,
+    manifest = {"format": FORMAT, "step": step, **extra,
                 "files": {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     _fsync(tmp / MANIFEST)
     for d in sorted({p.parent for p in files} | {tmp}):
         _fsync(d)
+
+
+def publish(root: Path, tmp: Path, name: str) -> Path:
+    """Rename the sealed `tmp` to `root/name` (replacing an older attempt at that step), then point
+    `latest` at it (write, fsync, rename)."""
+    target = root / name
+    if target.exists():  # an older attempt at this step (e.g. before a resume): replace it
+        trash = root / f".trash.{name}.{os.getpid()}"
+        os.replace(target, trash)
+        shutil.rmtree(trash)
+    os.replace(tmp, target)
+    _fsync(root)
+    pointer = root / f".{LATEST}.tmp"
+    pointer.write_text(name + "\n")
+    _fsync(pointer)
+    os.replace(pointer, root / LATEST)
+    _fsync(root)
+    return target
 
 
 def save_checkpoint(root: str | Path, step: int, state: dict, modules: dict[str, tuple], max_num: int) -> Path:
@@ -160,32 +195,26 @@ def save_checkpoint(root: str | Path, step: int, state: dict, modules: dict[str,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         _write_contents(tmp, step, state, modules)
-        target = root / name
-        if target.exists():  # an older attempt at this step (e.g. before a resume): replace it
-            trash = root / f".trash.{name}.{os.getpid()}"
-            os.replace(target, trash)
-            shutil.rmtree(trash)
-        os.replace(tmp, target)
-        _fsync(root)
-        pointer = root / f".{LATEST}.tmp"
-        pointer.write_text(name + "\n")
-        _fsync(pointer)
-        os.replace(pointer, root / LATEST)
-        _fsync(root)
+        target = publish(root, tmp, name)
     except (OSError, SafetensorError) as exc:  # safetensors reports its I/O errors as SafetensorError
         shutil.rmtree(tmp, ignore_errors=True)
-        last = _read_latest(root)
-        fix = os_error_fix(exc, "check the disk")
-        if fix.startswith("free disk space"):
-            fix += " or lower --ckpt.max_num"
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())
-        raise CheckpointError(
-            f"cannot write checkpoint {root / name}: {reason} ({type(exc).__name__}); {fix}, then resume with "
-            "--ckpt.load_enable true "
-            f"(last good checkpoint: {root / last if last else 'none'})"
-        ) from exc
+        raise write_error(root, name, exc) from exc
     prune(root, max_num)
     return target
+
+
+def write_error(root: Path, name: str, exc: Exception) -> CheckpointError:
+    """The CheckpointError of a failed write of checkpoint `name`: the cause, the fix, the last good one."""
+    last = _read_latest(root)
+    fix = os_error_fix(exc, "check the disk")
+    if fix.startswith("free disk space"):
+        fix += " or lower --ckpt.max_num"
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())
+    return CheckpointError(
+        f"cannot write checkpoint {root / name}: {reason} ({type(exc).__name__}); {fix}, then resume with "
+        "--ckpt.load_enable true "
+        f"(last good checkpoint: {root / last if last else 'none'})"
+    )
 
 
 def prune(root: Path, max_num: int) -> None:
@@ -253,6 +282,9 @@ def latest_good(root: str | Path) -> tuple[Path, int] | None:
 
 def load_checkpoint(path: Path, modules: dict[str, tuple]) -> dict:
     """Load the modules' weights in place and return the state tree of checkpoint `path`."""
+    if (path / SHARDS).is_dir():
+        raise CheckpointError(f"checkpoint {path} holds FSDP shards ({SHARDS}/); resume it under torchrun with "
+                              "--fsdp.enable true (any number of processes)")
     for name, (module, tokenizer) in modules.items():
         if (path / name).is_dir():
             sd: dict[str, torch.Tensor] = {}
@@ -261,8 +293,7 @@ def load_checkpoint(path: Path, modules: dict[str, tuple]) -> dict:
         else:
             sd = load_file(str(path / f"{name}.safetensors"))
         _load_weights(module, sd, path / name)
-    tensors = load_file(str(path / STATE_TENSORS))
-    return unpack(json.loads((path / STATE_JSON).read_text()), tensors)
+    return read_state(path)
 
 
 def _load_weights(module: torch.nn.Module, sd: dict[str, torch.Tensor], where: Path) -> None:

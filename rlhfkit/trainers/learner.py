@@ -149,9 +149,12 @@ class Learner:
                 "consecutive_skips": self.consecutive_skips}
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Restore `state_dict()`; an "optimizer" or "ema" of None is left as it is (a sharded
+        checkpoint restores those itself: distributed.fsdp_checkpoint)."""
+        if state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        if self.ema is not None:
+        if self.ema is not None and state["ema"] is not None:
             with torch.no_grad():
                 for e, v in zip(self.ema, state["ema"], strict=True):
                     e.copy_(v)

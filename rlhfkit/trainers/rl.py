@@ -207,6 +207,14 @@ class RLLoop:
             mods["critic"] = (self.update.critic, None)
         return mods
 
+    def checkpoint_learners(self) -> dict[str, tuple]:
+        """{key of state_dict(): (name in checkpoint_modules(), its Learner)}: where each trained module's
+        optimizer state and EMA sit, for a checkpointer that saves them as shards (distributed.fsdp_checkpoint)."""
+        out: dict[str, tuple] = {"learner": ("model", self.update.learner)}
+        if self.update.critic_learner is not None:
+            out["critic_learner"] = ("critic", self.update.critic_learner)
+        return out
+
     def can_checkpoint(self) -> bool:
         """False while the last optimizer steps were skipped (non-finite): keep the last good checkpoint."""
         learners = [x for x in (self.update.learner, self.update.critic_learner) if x is not None]

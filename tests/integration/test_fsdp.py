@@ -143,10 +143,8 @@ def metrics(run_dir):
 
 def test_fsdp_refuses_what_it_does_not_support():
     with pytest.raises(ConfigError, match="multiple of the number of torchrun processes"):
-        fsdp.check_fsdp_settings(3, 8, False)
-    with pytest.raises(ConfigError, match="checkpoints"):
-        fsdp.check_fsdp_settings(2, 8, True)
-    fsdp.check_fsdp_settings(2, 8, False)
+        fsdp.check_fsdp_settings(3, 8)
+    fsdp.check_fsdp_settings(2, 8)
 
 
 def test_fsdp_outside_torchrun_is_a_one_line_error(ws, tmp_path, capsys):

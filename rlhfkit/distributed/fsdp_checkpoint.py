@@ -1,0 +1,196 @@
+"""Sharded checkpoints of an FSDP2 run (`--fsdp.enable true --ckpt.save_steps N`) and exact resume,
+through `torch.distributed.checkpoint` (DCP).
+
+Layout of `<output_dir>/checkpoints/` (shared by the ranks; the conventions of trainers.checkpoint):
+
+    step_00000012/
+        shards/              DCP's safetensors storage: one file per rank holding that rank's shards of
+                             the policy ("model.*"), the critic ("critic.*"), each optimizer's Adam
+                             moments and step ("optim.<name>.*") and the EMA ("ema.<name>.*"), with their
+                             offsets in the file's metadata (json): no pickle, and any number of ranks
+                             can read them back (DCP reshards)
+        rank_00000/          each rank's trainer state, as the single-process checkpointer writes it
+            state.json       (RNG states, data position, step counters, scheduler, KL controller, reward
+            state.safetensors moments, the optimizers' param_groups); its sharded parts are in shards/
+        manifest.json        written last by rank 0: step, world size, size and sha256 of every file
+    latest
+
+Every rank writes into one temporary folder; after a barrier rank 0 seals it (fsync, manifest) and
+renames it into place, then replaces `latest` (trainers.checkpoint.seal / publish). Rank 0 removes
+torn temporary folders when the run starts and prunes to --ckpt.max_num after each checkpoint.
+
+Resuming under another number of ranks (resharding): DCP reads the shards into this run's sharding;
+a rank the checkpoint has no trainer state for takes rank 0's (every rank runs the same loop on
+the same data with the same seeds, so their trainer states are equal).
+
+All ranks share the checkpoint folder: on one node it is local, across nodes it must be a shared
+filesystem.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+
+from rlhfkit.errors import CheckpointError
+from rlhfkit.trainers.checkpoint import (
+    SHARDS,
+    prune,
+    publish,
+    read_state,
+    rng_state,
+    seal,
+    set_rng_state,
+    step_dir_name,
+    write_error,
+    write_state,
+)
+from rlhfkit.trainers.update import max_over_ranks
+
+log = logging.getLogger("rlhfkit")
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"rank_{rank:05d}"
+
+
+class ShardedCheckpointer:
+    """trainers.checkpoint.Checkpointer's interface (`periodic`, `save`, `load`) for FSDP ranks; every
+    call is a collective. The trainer also provides `checkpoint_learners()` (trainers.rl.RLLoop)."""
+
+    def __init__(self, root: str | Path, save_steps: int, max_num: int, rank: int, world_size: int,
+                 say: Callable[[str], None] = log.warning):
+        self.root, self.save_steps, self.max_num, self.say = Path(root), save_steps, max_num, say
+        self.rank, self.world_size = rank, world_size
+        if rank == 0 and self.root.is_dir():  # torn temporary folders of a killed run
+            for p in self.root.glob(".t*.step_*"):
+                shutil.rmtree(p, ignore_errors=True)
+
+    def periodic(self, trainer, step: int, metrics: dict) -> None:
+        if self.save_steps > 0 and step % self.save_steps == 0:
+            self.save(trainer)
+
+    # ------------------------------------------------------------------ save
+    def save(self, trainer) -> Path | None:
+        if not trainer.can_checkpoint():  # the same on every rank (the gradient norm is global)
+            if self.rank == 0:
+                self.say(f"step {trainer.step}: not checkpointing a state reached through skipped (non-finite) "
+                         "optimizer steps; the last good checkpoint stays the latest")
+            return None
+        name = step_dir_name(trainer.step)
+        tmp = self.root / f".tmp.{name}.fsdp"
+        err = _agree(_attempt(lambda: _fresh_folder(tmp)) if self.rank == 0 else None)
+        if err is None:
+            err = _agree(_attempt(lambda: self._write(trainer, tmp)))
+        if err is None:
+            failure = None
+            if self.rank == 0:
+                failure = _attempt(lambda: seal(tmp, trainer.step, world_size=self.world_size))
+                failure = failure or _attempt(lambda: publish(self.root, tmp, name))
+            err = _agree(failure)
+        if err is not None:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise write_error(self.root, name, err) from err
+        if self.rank == 0:
+            prune(self.root, self.max_num)
+        return self.root / name
+
+    def _write(self, trainer, tmp: Path) -> None:
+        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter  # noqa: PLC0415
+
+        shards, groups = sharded_state(trainer)
+        dcp.save(shards, storage_writer=HuggingFaceStorageWriter(str(tmp / SHARDS), save_distributed=True))
+        state = trainer.state_dict()
+        for key in trainer.checkpoint_learners():  # their moments and EMA are in the shards
+            state[key] = {**state[key], "optimizer": None, "ema": None}
+        folder = tmp / rank_dir_name(self.rank)
+        folder.mkdir()
+        write_state(folder, {"trainer": state, "rng": rng_state(), "param_groups": groups})
+
+    # ------------------------------------------------------------------ load
+    def load(self, trainer, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+        from torch.distributed.checkpoint import HuggingFaceStorageReader  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict as set_model  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict as set_optim  # noqa: PLC0415
+
+        if not (path / SHARDS).is_dir():
+            raise CheckpointError(f"checkpoint {path} was written by a single process (no {SHARDS}/); resume it "
+                                  "without --fsdp.enable, or start this FSDP run in a new --ckpt.output_dir")
+        own = path / rank_dir_name(self.rank)
+        state = read_state(own if own.is_dir() else path / rank_dir_name(0))
+        modules = trainer.checkpoint_modules()
+        shards, _ = sharded_state(trainer)
+        try:
+            dcp.load(shards, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)))
+        except (RuntimeError, ValueError, SafetensorError) as exc:  # DCP wraps the ranks' errors
+            raise CheckpointError(f"checkpoint {path} does not fit this run ({' '.join(str(exc).split())[:300]}); "
+                                  "resume with the model and --algo.advantage.estimator of the run that wrote "
+                                  "it") from exc
+        trainer.load_state_dict(state["trainer"])
+        for name, (module, _) in modules.items():
+            set_model(module, shards[name])
+        for module_name, learner in trainer.checkpoint_learners().values():
+            module = modules[module_name][0]
+            groups = state["param_groups"][module_name]
+            set_optim(module, learner.optimizer, {"state": shards[f"optim.{module_name}"], "param_groups": groups})
+            if learner.ema is not None:
+                with torch.no_grad():
+                    for e, (fqn, _) in zip(learner.ema, _trained(module), strict=True):
+                        e.copy_(shards[f"ema.{module_name}"][fqn])
+        set_rng_state(state["rng"])
+
+
+def sharded_state(trainer) -> tuple[dict, dict]:
+    """(this rank's DTensor shards by DCP key, each optimizer's param_groups) of `trainer`: the modules'
+    state dicts, each learner's optimizer state (initialised when empty, as DCP's helpers do) and EMA."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict  # noqa: PLC0415
+
+    modules = trainer.checkpoint_modules()
+    shards = {name: get_model_state_dict(module) for name, (module, _) in modules.items()}
+    groups = {}
+    for module_name, learner in trainer.checkpoint_learners().values():
+        module = modules[module_name][0]
+        optim = get_optimizer_state_dict(module, learner.optimizer)
+        shards[f"optim.{module_name}"], groups[module_name] = optim["state"], optim["param_groups"]
+        if learner.ema is not None:
+            shards[f"ema.{module_name}"] = {fqn: e for e, (fqn, _) in zip(learner.ema, _trained(module), strict=True)}
+    return shards, groups
+
+
+def _trained(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The trainable parameters by name, in the order of Learner.params."""
+    return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+
+
+def _fresh_folder(tmp: Path) -> None:
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+
+
+def _attempt(fn: Callable) -> BaseException | None:
+    """Run `fn`; the write error it raised (DCP raises the ranks' errors as CheckpointException), or None."""
+    from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
+
+    try:
+        fn()
+    except (OSError, SafetensorError, CheckpointException) as exc:
+        return exc
+    return None
+
+
+def _agree(failure: BaseException | None) -> BaseException | None:
+    """A collective: every rank learns whether any rank failed. Returns this rank's error, an OSError
+    standing for another rank's, or None when all succeeded."""
+    failed = max_over_ranks(0 if failure is None else 1)
+    if failure is not None:
+        return failure
+    return OSError("another rank could not write its part of the checkpoint") if failed else None
