@@ -102,8 +102,8 @@ class ShardedCheckpointer:
         return self.root / name
 
     def _write(self, trainer, tmp: Path) -> None:
-        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
-        from torch.distributed.checkpoint import HuggingFaceStorageWriter  # noqa: PLC0415
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
         shards, groups = sharded_state(trainer)
         dcp.save(shards, storage_writer=HuggingFaceStorageWriter(str(tmp / SHARDS), save_distributed=True))
@@ -116,10 +116,14 @@ class ShardedCheckpointer:
 
     # ------------------------------------------------------------------ load
     def load(self, trainer, path: Path) -> None:
-        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
-        from torch.distributed.checkpoint import HuggingFaceStorageReader  # noqa: PLC0415
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict as set_model  # noqa: PLC0415
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict as set_optim  # noqa: PLC0415
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import HuggingFaceStorageReader
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict as set_model,
+        )
+        from torch.distributed.checkpoint.state_dict import (
+            set_optimizer_state_dict as set_optim,
+        )
 
         if not (path / SHARDS).is_dir():
             raise CheckpointError(f"checkpoint {path} was written by a single process (no {SHARDS}/); resume it "
@@ -151,7 +155,10 @@ class ShardedCheckpointer:
 def sharded_state(trainer) -> tuple[dict, dict]:
     """(this rank's DTensor shards by DCP key, each optimizer's param_groups) of `trainer`: the modules'
     state dicts, each learner's optimizer state (initialised when empty, as DCP's helpers do) and EMA."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict  # noqa: PLC0415
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     modules = trainer.checkpoint_modules()
     shards = {name: get_model_state_dict(module) for name, (module, _) in modules.items()}
@@ -178,7 +185,7 @@ def _fresh_folder(tmp: Path) -> None:
 
 def _attempt(fn: Callable) -> BaseException | None:
     """Run `fn`; the write error it raised (DCP raises the ranks' errors as CheckpointException), or None."""
-    from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
+    from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         fn()

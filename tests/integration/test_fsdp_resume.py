@@ -17,7 +17,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfkit.trainers.checkpoint import list_checkpoints, pack, read_state, step_dir_name
+from rlhfkit.trainers.checkpoint import (
+    list_checkpoints,
+    pack,
+    read_state,
+    step_dir_name,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 # torchrun runs this on every rank: rank 0 SIGKILLs itself at the N-th fsync of trainers.checkpoint
