@@ -5,7 +5,8 @@ autocast. Prints generated tokens/s (stop tokens included, padding excluded) and
 engine with one sampling generator per prompt (`seeds=`, what the trainer uses) against one
 generator for the whole batch; and the decode FLOP limit of the same run: 2 x parameters FLOPs per
 generated token at the fp32 (or bf16) matmul rate of a 1024^2 probe, and the engine's time over it.
-`--compile` adds the engine with `compile_decode=True` (the first call, which compiles, untimed).
+`--compile` adds the engine with `compile_decode=True` (and `compile_on_cpu=True` on the CPU, where the
+engine otherwise decodes eagerly); its first call, which compiles, untimed.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_vs_generate.py [--prompts 4 --n 4] [--dtype fp32] [--compile]
     HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_vs_generate.py --profile [--prompts 4 --n 4] [--dtype fp32]
@@ -35,7 +36,7 @@ def run_engine(model, tok, prompts, params, dtype, seed, compile_decode=False):
 
 
 def run_engine_seeded(model, tok, prompts, params, dtype, seed, compile_decode=False):
-    engine = HFEngine(model, tok, autocast_dtype=dtype, compile_decode=compile_decode)
+    engine = HFEngine(model, tok, autocast_dtype=dtype, compile_decode=compile_decode, compile_on_cpu=compile_decode)
     seeds = torch.randint(0, 2**62, (len(prompts),), generator=torch.Generator().manual_seed(seed)).tolist()
     trajs = engine.generate(prompts, params, seeds=seeds)
     return sum(t.response_length for t in trajs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import weakref
 
 import torch
 
@@ -52,19 +53,51 @@ def has_cxx() -> bool:
     return any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++"))
 
 
-def compile_decode_step(model: torch.nn.Module):
-    """`model.forward` under torch.compile for the rollout's one-token decode steps (fixed shapes:
-    [B, 1] tokens over a static KV cache of fixed length), or None where it cannot be built here
-    (the reason noted once; the caller decodes eagerly). On CUDA, mode "reduce-overhead" replays each
-    step as a CUDA graph; on the CPU inductor fuses the step's elementwise ops into C++ loops.
-    `dynamic=True`: the rows (B) shrink as rows finish and the cache length changes with the prompts,
-    and neither may recompile."""
+# The compiled decode steps of this process: model -> {torch.compile mode: the step, or None once it
+# failed}. An HFEngine is built per rollout or per call (bench, eval), and a new torch.compile wrapper
+# per engine would be a new function for dynamo and inductor; one per model (and mode) is reused by
+# every engine over it. The step takes the model as an argument and holds no reference to it, so the
+# weak key lets the model be freed.
+_DECODE_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compile_decode_step(model: torch.nn.Module, on_cpu: bool = False):
+    """A torch.compile'd `model(**kwargs)` for the rollout's one-token decode steps (fixed shapes: [B, 1]
+    tokens over a static KV cache of fixed length), called as `step(model, **kwargs)`; or None where the
+    engine should decode eagerly (the reason noted). Every call with the same model in this process
+    (every HFEngine over it) gets the same function, so a new engine does not compile again.
+
+    On CUDA, mode "reduce-overhead" replays each step as a CUDA graph. On the CPU it is None unless
+    `on_cpu` (tests of the compiled path, benches): a SmolLM2 decode step there is ~87% aten::mm, and
+    inductor's fused loops measured no faster than the eager loop (docs/performance.md) after a first
+    compile of ~90 s. `dynamic=True`: the rows (B) shrink as rows finish and the cache length changes
+    with the prompts, and neither may recompile."""
     from rlhfkit.models.logprobs import note_once
 
     device = next(model.parameters()).device
+    if device.type == "cpu" and not on_cpu:
+        note_once("--rollout.compile_decode: off on the CPU, where the compiled decode step measured no faster "
+                  "than the eager loop (docs/performance.md); the rollout decodes eagerly")
+        return None
     if device.type == "cpu" and not has_cxx():
         note_once("--rollout.compile_decode: no C++ compiler (g++/clang++) for torch.compile's CPU backend; "
                   "the rollout decodes eagerly")
         return None
     mode = "reduce-overhead" if device.type == "cuda" else None
-    return torch.compile(model.forward, dynamic=True, mode=mode)
+    steps = _DECODE_STEPS.setdefault(model, {})
+    if mode not in steps:
+        steps[mode] = torch.compile(_call, dynamic=True, mode=mode)
+    return steps[mode]
+
+
+def decode_step_failed(model: torch.nn.Module, step) -> None:
+    """`step` (from `compile_decode_step`) raised for `model`: later engines over it decode eagerly
+    instead of trying again."""
+    steps = _DECODE_STEPS.get(model, {})
+    for mode, fn in steps.items():
+        if fn is step:
+            steps[mode] = None
+
+
+def _call(model: torch.nn.Module, **kwargs):
+    return model(**kwargs)

@@ -24,13 +24,16 @@ decoded without a cache: one prompt per chunk (no padding), the whole sequence a
 grouped one-token attention replaces SDPA on CPU only for plain attention (no soft-capping, no
 attention sinks, no dropout); other calls go to SDPA as before.
 
-With `compile_decode`, the decode steps run `model.forward` under torch.compile over a static KV
+With `compile_decode`, the decode steps run the model under torch.compile over a static KV
 cache (transformers' `StaticLayer`s, one fixed-length buffer per layer of prompt width + max new
 tokens, written in place; the attention mask covers the whole buffer), so each step has the same
 shapes and runs as one compiled graph (a CUDA graph on CUDA); the prefill stays eager. Finished rows
-are still dropped (the rows dimension is dynamic). Where it cannot be built (no C++ compiler for
-the CPU backend, cache layers other than plain full attention, a compile error at the first step)
-one line is logged and the loop decodes eagerly.
+are still dropped (the rows dimension is dynamic). The compiled step is one per model and process
+(`models.compile.compile_decode_step`): a new engine over the same model does not compile again.
+It is off on the CPU, where it measured no faster than the eager loop (`compile_on_cpu` turns it on
+there, for tests and benches). Where it cannot be built (no C++ compiler for the CPU backend, cache
+layers other than plain full attention, a compile error at the first step) one line is logged and
+the loop decodes eagerly.
 
 Host syncs: the sampled tokens, logprobs and lengths stay on the model's device until the chunk
 ends; the loop reads back (syncs) only to learn which rows finished, every step on the CPU (where
@@ -136,7 +139,9 @@ class HFEngine:
         casts of the weights, so every weight was cast again at every decode step (the LM head
         alone, 49152 x 576, took 19 ms per step on this CPU).
       compile_decode: decode steps under torch.compile over a static KV cache (module docstring);
-        falls back to the eager loop, with one logged line, where that cannot be built.
+        off on the CPU (measured no faster than the eager loop there) and where it cannot be built:
+        the eager loop, with one logged line.
+      compile_on_cpu: with `compile_decode`, compile on the CPU too (tests of the compiled path, benches).
     """
 
     def __init__(
@@ -149,6 +154,7 @@ class HFEngine:
         version: int = 0,
         inference_mode: bool = True,
         compile_decode: bool = False,
+        compile_on_cpu: bool = False,
     ):
         self.model = model
         self._no_grad = torch.inference_mode if inference_mode and autocast_dtype is None else torch.no_grad
@@ -171,7 +177,7 @@ class HFEngine:
         if compile_decode and self._cached and _static_cache_support(model):
             from rlhfkit.models.compile import compile_decode_step
 
-            self._compiled_step = compile_decode_step(model)
+            self._compiled_step = compile_decode_step(model, on_cpu=compile_on_cpu)
 
     # ------------------------------------------------------------------ protocol
 
@@ -271,7 +277,7 @@ class HFEngine:
             attention_mask = torch.nn.functional.pad(attention_mask, (0, max_new))
         else:
             cache = _new_cache(self.model, reserve=max_new) if self._cached else None
-        logits = self._forward(self.model, input_ids, attention_mask, position_ids, cache)  # [U, V]
+        logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
         if cache is not None:
             cache.batch_repeat_interleave(n)
         batch = len(prompts) * n
@@ -303,7 +309,7 @@ class HFEngine:
             step = s.step
             u = None if s.gens is None else _row_uniforms(s.active, n, s.gens)
             tok, lp = _sample(s.logits, params, s.generator, u)
-            s.finite &= torch.isfinite(lp).all()
+            s.finite &= (torch.isfinite(lp) | ~s.alive).all()  # finished rows may still be in the batch
             s.tokens[s.rows, step] = torch.where(s.alive, tok, self.pad_id)
             s.logprobs[s.rows, step] = torch.where(s.alive, lp, 0.0)
             s.versions[s.rows, step] = s.logits_version
@@ -321,6 +327,8 @@ class HFEngine:
                 if keep.numel() == 0:
                     self._finish(s)
                     break
+                if s.width is not None:  # the compiled step: a few batch sizes only
+                    keep = _bucketed(keep, s.alive)
                 if keep.numel() < s.alive.numel():  # drop finished rows from the batch and the cache
                     s.active, s.rows, s.alive = s.active[keep.cpu()], s.rows[keep], s.alive[keep]
                     tok, s.next_pos, s.attention_mask = tok[keep], s.next_pos[keep], s.attention_mask[keep]
@@ -334,11 +342,11 @@ class HFEngine:
                 mask = s.attention_mask
                 s.attention_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
             if s.cache is not None:
-                s.logits = self._forward(self._step(), tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache)
+                s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache, compiled=True)
             else:
                 s.seqs = torch.cat([s.seqs, tok.unsqueeze(-1)], dim=1)
-                s.logits = self._forward(self.model, s.seqs, s.attention_mask,
-                                         (s.attention_mask.cumsum(-1) - 1).clamp(min=0), None)
+                s.logits = self._forward(s.seqs, s.attention_mask, (s.attention_mask.cumsum(-1) - 1).clamp(min=0),
+                                         None)
             s.logits_version = self._version
             s.next_pos = s.next_pos + 1
         return decoded
@@ -351,27 +359,29 @@ class HFEngine:
         s.tokens, s.logprobs, s.versions = s.tokens.cpu(), s.logprobs.cpu(), s.versions.cpu()
         s.lengths, s.stopped = s.lengths.cpu(), s.stopped.cpu()
 
-    def _step(self):
-        """The decode step's forward: the compiled one when there is one."""
-        return self._compiled_step if self._compiled_step is not None else self.model
-
-    def _forward(self, forward, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
-        """One call of `forward` (the model or its compiled forward; with `cache`, or over the whole
-        sequence when it is None); float32 logits of the last position [B, V]."""
+    def _forward(self, input_ids, attention_mask, position_ids, cache, compiled: bool = False) -> torch.Tensor:
+        """One forward of the model (`compiled`: a decode step, through the compiled step when there is
+        one; with `cache`, or over the whole sequence when it is None); float32 logits of the last
+        position [B, V]."""
         kwargs = {"logits_to_keep": 1} if self._keep_last_logits else {}
         if self._takes_positions:
             kwargs["position_ids"] = position_ids
         if cache is not None:
             kwargs["past_key_values"] = cache
+        kwargs.update(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None)
+        step = self._compiled_step if compiled else None
+        if step is None:
+            return self.model(**kwargs).logits[:, -1].float()
         try:
-            out = forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None, **kwargs)
+            out = step(self.model, **kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure to build the compiled step: decode eagerly
-            if forward is self.model or forward is not self._compiled_step:
-                raise
+            from rlhfkit.models.compile import decode_step_failed
+
             note_once(f"--rollout.compile_decode: torch.compile failed ({type(exc).__name__}: "
                       f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); the rollout decodes eagerly")
+            decode_step_failed(self.model, step)
             self._compiled_step = None
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **kwargs)
+            out = self.model(**kwargs)
         return out.logits[:, -1].float()
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -472,6 +482,20 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torc
     first = torch.where(inside > 0, index, block).amin(dim=-1, keepdim=True)
     last = torch.where(inside > 0, index, -1).amax(dim=-1, keepdim=True)
     return (b * block + torch.minimum(torch.maximum(j, first), last)).squeeze(-1).clamp(0, vocab - 1)
+
+
+def _bucketed(keep: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """The rows a static-cache (compiled) batch keeps after a stop check: the `keep` rows still
+    decoding, padded with finished ones up to a power of two of at least 2 (or all rows where that
+    is no fewer). So the compiled step sees at most log2(B) batch sizes, and never 1 row unless it
+    started with 1: each new size would be a new CUDA graph, and 1 (which torch.compile specializes)
+    a recompile. keep [k] sorted row indices, alive [B] -> sorted row indices [b]."""
+    rows = alive.numel()
+    size = max(2, 1 << (keep.numel() - 1).bit_length())
+    if size >= rows:
+        return torch.arange(rows, device=alive.device)
+    finished = (~alive).nonzero().squeeze(-1)[: size - keep.numel()]
+    return torch.cat([keep, finished]).sort().values
 
 
 def _check_finite(finite: torch.Tensor) -> None:

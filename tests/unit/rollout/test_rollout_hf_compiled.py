@@ -1,6 +1,7 @@
 """HFEngine's decode paths besides the default eager loop: the compiled decode step over a static
-KV cache (`compile_decode=True`), its fallbacks, and the stop check every k steps (what CUDA uses):
-each must give the eager loop's tokens, logprobs, lengths and finish reasons."""
+KV cache (`compile_decode=True`; on the CPU only with `compile_on_cpu=True`), its fallbacks, one
+compiled step per model, and the stop check every k steps (what CUDA uses): each must give the eager
+loop's tokens, logprobs, lengths and finish reasons."""
 
 from __future__ import annotations
 
@@ -112,21 +113,67 @@ def test_compile_decode_without_a_compiler_falls_back_with_one_line(tiny, prompt
     model, tok = tiny
     monkeypatch.setattr(compile_module, "has_cxx", lambda: False)
     with caplog.at_level(logging.INFO, logger="rlhfkit"):
-        engine = HFEngine(model, tok, compile_decode=True)
+        engine = HFEngine(model, tok, compile_decode=True, compile_on_cpu=True)
     assert engine._compiled_step is None
     assert caplog.text.count("no C++ compiler") == 1
     _same(engine.generate(prompts, PARAMS[1]), HFEngine(model, tok).generate(prompts, PARAMS[1]))
+
+
+def test_compile_decode_is_off_on_the_cpu_with_one_line(tiny, prompts, caplog):
+    model, tok = tiny
+    with caplog.at_level(logging.INFO, logger="rlhfkit"):
+        engine = HFEngine(model, tok, compile_decode=True)
+    assert engine._compiled_step is None and caplog.text.count("off on the CPU") == 1
+    _same(engine.generate(prompts, PARAMS[2], seeds=[5, 6, 7]),
+          HFEngine(model, tok).generate(prompts, PARAMS[2], seeds=[5, 6, 7]), logprob_tol=0)
+
+
+@pytest.mark.skipif(not has_cxx(), reason="torch.compile's CPU backend needs a C++ compiler")
+def test_one_compiled_step_per_model_no_recompile_for_new_engines_or_finished_rows(prompts, monkeypatch):
+    """Dynamo (its eager backend: the trace without inductor's compile) traces the step once: not
+    again for a second engine, nor as rows finish (9 rows -> 8 -> 4 -> 2), nor for new samples."""
+    from torch._dynamo.utils import counters
+
+    import rlhfkit.models.compile as compile_module
+
+    model, tok = tiny_model_and_tokenizer(seed=0)  # a model no other test compiled
+    compiles = []
+    real_compile = torch.compile
+    monkeypatch.setattr(compile_module.torch, "compile",
+                        lambda fn, **kw: compiles.append(fn) or real_compile(fn, backend="eager", **kw))
+    first = HFEngine(model, tok, compile_decode=True, compile_on_cpu=True)
+    second = HFEngine(model, tok, compile_decode=True, compile_on_cpu=True)
+    assert first._compiled_step is second._compiled_step and len(compiles) == 1
+    other = tiny_model_and_tokenizer(seed=1)[0]
+    assert HFEngine(other, tok, compile_decode=True, compile_on_cpu=True)._compiled_step is not first._compiled_step
+    first.generate(prompts, PARAMS[2], seeds=[5, 6, 7])
+    traced = counters["frames"]["ok"]
+    for engine, seeds in ((second, [5, 6, 7]), (HFEngine(model, tok, compile_decode=True, compile_on_cpu=True), [8, 9, 1])):
+        trajs = engine.generate(prompts, PARAMS[2], seeds=seeds)
+        assert any(t.finish_reason == "stop" for t in trajs)  # rows left the batch
+        _same(trajs, HFEngine(model, tok).generate(prompts, PARAMS[2], seeds=seeds))
+    assert counters["frames"]["ok"] == traced
+    assert len(compiles) == 2  # the other model's
+
+
+def test_bucketed_rows_keep_a_power_of_two_of_at_least_two():
+    alive = torch.tensor([False, True, False, False, True, False, True, False, False])
+    keep = alive.nonzero().squeeze(-1)
+    assert hf._bucketed(keep, alive).tolist() == [0, 1, 4, 6]  # 3 decoding rows + 1 finished
+    one = torch.tensor([False, False, True])
+    assert hf._bucketed(one.nonzero().squeeze(-1), one).tolist() == [0, 2]
+    assert hf._bucketed(torch.tensor([0]), torch.tensor([True, False])).tolist() == [0, 1]  # no fewer: all
 
 
 def test_compile_error_at_the_first_step_falls_back_with_one_line(tiny, prompts, monkeypatch, caplog):
     """A failing compiled step: one line, then the eager forward over the same static cache."""
     import rlhfkit.models.compile as compile_module
 
-    def broken(*args, **kwargs):
+    def broken(model, **kwargs):
         raise RuntimeError("inductor: CppCompileError\ndetails")
 
     model, tok = tiny
-    monkeypatch.setattr(compile_module, "compile_decode_step", lambda m: broken)
+    monkeypatch.setattr(compile_module, "compile_decode_step", lambda m, on_cpu=False: broken)
     engine = HFEngine(model, tok, compile_decode=True)
     with caplog.at_level(logging.INFO, logger="rlhfkit"):
         trajs = engine.generate(prompts, PARAMS[2], seeds=[5, 6, 7])
@@ -140,7 +187,7 @@ def test_static_cache_eager_step_equals_the_growing_cache(tiny, prompts, monkeyp
     import rlhfkit.models.compile as compile_module
 
     model, tok = tiny
-    monkeypatch.setattr(compile_module, "compile_decode_step", lambda m: m.forward)
+    monkeypatch.setattr(compile_module, "compile_decode_step", lambda m, on_cpu=False: compile_module._call)
     for params in PARAMS:
         _same(HFEngine(model, tok, compile_decode=True).generate(prompts, params, seeds=[5, 6, 7]),
               HFEngine(model, tok).generate(prompts, params, seeds=[5, 6, 7]), logprob_tol=1e-5)
@@ -150,13 +197,13 @@ def test_static_cache_eager_step_equals_the_growing_cache(tiny, prompts, monkeyp
 @pytest.mark.skipif(not has_cxx(), reason="torch.compile's CPU backend needs a C++ compiler")
 def test_compiled_decode_greedy_equals_model_generate_and_logprobs_the_trainer(tiny, prompts):
     model, tok = tiny
-    engine = HFEngine(model, tok, compile_decode=True)
+    engine = HFEngine(model, tok, compile_decode=True, compile_on_cpu=True)
     assert engine._compiled_step is not None
     for params in PARAMS:
         trajs = engine.generate(prompts, params, seeds=[5, 6, 7])
-        _same(trajs, HFEngine(model, tok).generate(prompts, params, seeds=[5, 6, 7]), logprob_tol=1e-4)
+        _same(trajs, HFEngine(model, tok).generate(prompts, params, seeds=[5, 6, 7]), logprob_tol=1e-6)
         with torch.no_grad():
-            ref = response_logprobs(model, collate(trajs, tok.pad_token_id), temperature=params.temperature or 1.0)
+            ref, _ = response_logprobs(model, collate(trajs, tok.pad_token_id), temperature=params.temperature or 1.0)
         for i, t in enumerate(trajs):
             torch.testing.assert_close(t.logprobs, ref[i, : t.response_length], atol=1e-4, rtol=0)
     assert engine._compiled_step is not None  # no fallback happened
@@ -189,4 +236,4 @@ def test_flag_reaches_the_engine(tiny):
     cfg = RLConfig.from_args(["--actor.model_name_or_path", "tiny", "--rollout.compile_decode", "true"])
     assert cfg.rollout.compile_decode and not RLConfig.from_args(["--actor.model_name_or_path", "tiny"]).rollout.compile_decode
     engine = build_engine(model, tok, cfg)
-    assert (engine._compiled_step is not None) == has_cxx()  # torch.compile wraps lazily: nothing compiled yet
+    assert engine._compiled_step is None  # off on the CPU (see the test above)
