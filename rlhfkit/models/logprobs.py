@@ -2,9 +2,10 @@
 
 The backbone runs over the batch's rows (padded `TokenBatch`, packed `PackedBatch` or
 `SharedPrefixBatch`, whose prompts are computed once per row), but the LM head (the [*, V]
-matmul, the largest activation in a small model) runs only at the R positions that predict
+matmul, the largest activation in a small model) runs only at the positions that predict
 response tokens: `batch.hidden_index()` (for a padded row, position P_b + j - 1 predicts
-response token j).
+response token j), and only at real ones (`head_positions`: not at the padding after a response
+shorter than the micro-batch's longest).
 
 Each fast path is taken only where it gives the model's own numbers; elsewhere the plain path
 runs, with a note logged once (logger "rlhfkit", INFO):
@@ -15,7 +16,8 @@ runs, with a note logged once (logger "rlhfkit", INFO):
 - packed and shared-prefix rows: need position ids and a mask from transformers' masking_utils,
   attention layers only (no recurrent or convolution layers, no ALiBi), and for the shared prefix's
   4-D mask eager or SDPA attention and sliding windows no narrower than the rows. Else: the same
-  samples as padded rows (`batch.padded()`).
+  samples as padded rows (`batch.padded()`). On CPU, 4-D-masked rows of at most EAGER_ROW_TOKENS
+  run eager attention, wider ones SDPA (`attention_for`).
 """
 
 from __future__ import annotations
