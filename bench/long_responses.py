@@ -8,7 +8,7 @@ autocast region. Response lengths are drawn uniformly between 10% and 100% of th
 rollout whose samples stop at different points (random ids: the cost does not depend on which).
 
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python bench/long_responses.py [--lengths 32,128,512]
-        [--repeats 2] [--ablate]
+        [--repeats 2] [--ablate] [--variants old,new,new-sdpa]
 
 "old" undoes the four changes of docs/performance.md ("Every size, and long responses"): the LM
 head over every [B, R] entry (padding included), eager attention for every shared-prefix row on
@@ -35,6 +35,7 @@ from rlhfkit.models import logprobs as logprobs_module
 from rlhfkit.trainers.batching import MicroBatcher
 
 CHANGES = ("head on responses only", "SDPA for wide rows", "rows by length", "bounded head backward")
+SHORT = dict(zip(("head", "sdpa", "rows", "backward"), CHANGES))  # --variants new-head = new without CHANGES[0]
 
 
 @contextlib.contextmanager
@@ -80,13 +81,16 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--ablate", action="store_true", help="also the new layout with each change undone alone")
+    ap.add_argument("--variants", default="old,new",
+                    help=f"comma-separated: old, new, new-KEY (new with one change undone; KEY in {list(SHORT)})")
     a = ap.parse_args()
     path = materialize_smollm2()
     model, tok = load_causal_lm(str(path)), load_tokenizer(str(path))
     model.train()
-    variants = {"old": CHANGES, "new": ()}
-    if a.ablate:
-        variants.update({f"new without {c}": (c,) for c in CHANGES})
+    names = a.variants.split(",") + ([f"new-{k}" for k in SHORT] if a.ablate else [])
+    variants = {"old": CHANGES} if "old" in names else {}
+    variants.update({"new": ()} if "new" in names else {})
+    variants.update({f"new without {SHORT[n[4:]]}": (SHORT[n[4:]],) for n in names if n.startswith("new-")})
     cases = []  # (max new, variant, micro-batches, undone changes, response tokens)
     for m in (int(x) for x in a.lengths.split(",")):
         batch = rollout_batch(tok, a.prompts, a.group, (max(1, m // 10), m))
@@ -112,7 +116,7 @@ def main() -> None:
         print(f"{m:7d}  {name:36}{responses:9d}{computed:9d}{wall:8.2f}{cpu:8.2f}"
               f"{per_token[m, name][0]:14.2f}{per_token[m, name][1]:11.2f}")
     lengths = sorted({m for m, *_ in cases})
-    if 128 in lengths and lengths[-1] > 128:
+    if 128 in lengths and lengths[-1] > 128 and len(cases) > len(variants):
         for name in variants:
             (w_long, c_long), (w_128, c_128) = per_token[lengths[-1], name], per_token[128, name]
             print(f"ratio {lengths[-1]}/128 of ms per response token, {name}: {w_long / w_128:.2f}x wall, "

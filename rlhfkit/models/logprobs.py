@@ -146,16 +146,18 @@ def attention_implementation(model: torch.nn.Module, name: str):
         config._attn_implementation = before
 
 
-# Widest 4-D-masked row that runs eager attention on CPU; wider rows keep SDPA (see attention_for).
-EAGER_ROW_TOKENS = 256
+# Widest 4-D-masked row that runs eager attention on CPU (the trainer's default row, SHARED_ROW_TOKENS);
+# wider rows keep SDPA (see attention_for).
+EAGER_ROW_TOKENS = 512
 
 
 def attention_for(model: torch.nn.Module, batch):
     """Eager attention for a 4-D-masked (shared-prefix) batch on CPU with rows of at most
     EAGER_ROW_TOKENS: with a dense custom mask over short rows, torch's CPU SDPA kernel was slower
     than eager attention (forward + backward of SmolLM2 on 32 samples: 6.2 s eager vs 7.3 s SDPA,
-    1 thread; bench/), but eager's [rows, heads, L, L] scores (float32, and their softmax, kept for
-    the backward) grow with L squared and wider rows run faster under SDPA (docs/performance.md).
+    1 thread; rows of 370-500 tokens: 4-17% faster eager), but eager's [rows, heads, L, L] scores
+    (float32, and their softmax, kept for the backward) grow with L squared: rows of ~1,000 tokens
+    ran 2.3x faster under SDPA (bench/long_responses.py, docs/performance.md).
     Elsewhere unchanged, and also under gradient checkpointing: the backward recomputes each layer
     after the swap is undone, so the forward must run the attention the recomputation will."""
     config = getattr(model, "config", None)
