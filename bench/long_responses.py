@@ -26,11 +26,16 @@ import contextlib
 import time
 
 import torch
-
 from update_layouts import rollout_batch  # bench/ is on the path when run as a script
+
 from rlhfkit.core import lm_head
 from rlhfkit.data.packing import pack_shared_prefix
-from rlhfkit.models import load_causal_lm, load_tokenizer, materialize_smollm2, response_logprobs
+from rlhfkit.models import (
+    load_causal_lm,
+    load_tokenizer,
+    materialize_smollm2,
+    response_logprobs,
+)
 from rlhfkit.models import logprobs as logprobs_module
 from rlhfkit.trainers.batching import MicroBatcher
 

@@ -9,7 +9,6 @@ is a plain bias-free linear map; docs/performance.md measures what it saves.
 import torch
 import torch.nn.functional as F
 
-
 # Bytes of float32 softmax the forward keeps for the backward (about 512 MiB): chunks past it are
 # recomputed in the backward (one more [rows, H] x [H, V] matmul each) instead of kept, so a long
 # micro-batch's head does not hold rows x V x 4 bytes (8,192 response tokens x 49,152: 1.6 GB).

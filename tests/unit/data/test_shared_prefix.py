@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from rlhfkit.data.batch import collate, select_rows
-from rlhfkit.data.packing import micro_batches, pack_shared_prefix, rows_by_length, shared_prefix_rows
+from rlhfkit.data.packing import (
+    micro_batches,
+    pack_shared_prefix,
+    rows_by_length,
+    shared_prefix_rows,
+)
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import Critic, response_logprobs, tiny_model_and_tokenizer
 from rlhfkit.models import logprobs as logprobs_module
