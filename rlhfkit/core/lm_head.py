@@ -9,14 +9,19 @@ is a plain bias-free linear map; docs/performance.md measures what it saves.
 import torch
 import torch.nn.functional as F
 
+# Bytes of float32 softmax the forward keeps for the backward (about 512 MiB): chunks past it are
+# recomputed in the backward (one more [rows, H] x [H, V] matmul each) instead of kept, so a long
+# micro-batch's head does not hold rows x V x 4 bytes (8,192 response tokens x 49,152: 1.6 GB).
+KEEP_PROBS_BYTES = 1 << 29
+
 
 class _HeadLogprobs(torch.autograd.Function):
     """Forward and hand-written backward of ``linear_logprobs_and_entropy`` (see there)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy, keep_rows):
         logp, entropy, probs, h, dtype, amp = _head_chunks(hidden, weight, labels, temperature, chunk_size,
-                                                           with_entropy, keep=True)
+                                                           with_entropy, keep_rows=keep_rows)
         ctx.temperature, ctx.chunk_size, ctx.dtype, ctx.amp = temperature, chunk_size, dtype, amp
         ctx.save_for_backward(h, weight, labels, *probs)
         if entropy is not None:
@@ -27,37 +32,62 @@ class _HeadLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_entropy):
         h, weight, labels, *probs = ctx.saved_tensors
         if grad_logp is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         want_h, want_w = ctx.needs_input_grad[:2]
-        acc = probs[0].dtype if probs else h.dtype
+        acc = torch.promote_types(ctx.dtype, torch.float32)
         grad_h = torch.empty(h.shape, dtype=acc, device=h.device) if want_h else None
         grad_w = None
+        starts = range(0, h.shape[0], ctx.chunk_size)
         # The two matmuls in the forward's compute dtype; under autocast the weight's cast comes
         # from autocast's cache when the backward runs inside the forward's autocast region.
         with torch.autocast(h.device.type, dtype=ctx.dtype, enabled=ctx.amp):
-            for c, p in enumerate(probs):
-                rows = slice(c * ctx.chunk_size, c * ctx.chunk_size + p.shape[0])
+            for c, start in enumerate(starts):
+                rows = slice(start, start + ctx.chunk_size)
                 label = labels[rows].unsqueeze(-1)
+                # a chunk past the kept ones: its softmax again, by the forward's own ops (the same numbers)
+                p = probs[c] if c < len(probs) else _chunk(h[rows], weight, labels[rows], ctx.temperature,
+                                                           False, acc)[2]
                 # d logp / d z = coef * (p - onehot(label)) with coef = -grad / T per row: p cast once
                 # to the compute dtype, the label's entry from (p - 1) in float32 (its precision kept);
                 # the row scale goes on the [n, H] side of each matmul, not over [n, V].
                 coef = (grad_logp[rows].to(acc) / -ctx.temperature).unsqueeze(-1)
                 grad_z = p.to(h.dtype, copy=True)
                 grad_z.scatter_(-1, label, (p.gather(-1, label) - 1).to(h.dtype))
+                del p
                 if want_h:
                     grad_h[rows] = torch.matmul(grad_z, weight).to(acc) * coef
                 if want_w:
                     part = torch.matmul(grad_z.t(), (h[rows] * coef).to(h.dtype))
-                    if len(probs) == 1:
+                    if len(starts) == 1:
                         grad_w = part
                     else:  # several chunks: the sum in float32
                         grad_w = part.to(acc) if grad_w is None else grad_w.add_(part)
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
-def _head_chunks(hidden, weight, labels, temperature, chunk_size, with_entropy, keep):
+def _chunk(h, weight, labels, temperature, with_entropy, acc, want_probs=True):
+    """(logp [n], entropy [n] or None, softmax [n, V] or None) of one chunk of rows ``h`` [n, H] (compute
+    dtype)."""
+    z = F.linear(h, weight).to(acc)  # autocast: the weight's bf16 copy from its cache
+    with torch.autocast(h.device.type, enabled=False):  # the vocabulary work in float32 (bmm is autocast)
+        if temperature != 1.0:
+            z.div_(temperature)
+        m = z.amax(dim=-1, keepdim=True)
+        e = torch.sub(z, m).exp_()
+        s = e.sum(dim=-1, keepdim=True)
+        lse = (m + s.log()).squeeze(-1)
+        logp = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+        entropy = None
+        if with_entropy:
+            # sum e * z as a batched dot product (vecdot and (e * z).sum make the [n, V] product)
+            entropy = lse - torch.bmm(e.unsqueeze(1), z.unsqueeze(2)).reshape(-1) / s.squeeze(-1)
+        return logp, entropy, e.div_(s) if want_probs else None
+
+
+def _head_chunks(hidden, weight, labels, temperature, chunk_size, with_entropy, keep_rows):
     """Logprobs (and entropy) of ``labels`` under ``softmax(hidden @ weight.T / temperature)``, a chunk
-    of rows at a time; with ``keep`` also each chunk's probabilities for the backward."""
+    of rows at a time; also the softmax of the chunks within the first ``keep_rows`` rows, for the
+    backward."""
     device = hidden.device.type
     amp = torch.is_autocast_enabled(device) and weight.dtype != torch.get_autocast_dtype(device)
     dtype = torch.get_autocast_dtype(device) if amp else weight.dtype
@@ -69,20 +99,12 @@ def _head_chunks(hidden, weight, labels, temperature, chunk_size, with_entropy, 
     probs = []
     for start in range(0, n, chunk_size):
         rows = slice(start, start + chunk_size)
-        z = F.linear(h[rows], weight).to(acc)  # autocast: the weight's bf16 copy from its cache
-        with torch.autocast(device, enabled=False):  # the vocabulary work in float32 (bmm is autocast)
-            if temperature != 1.0:
-                z.div_(temperature)
-            m = z.amax(dim=-1, keepdim=True)
-            e = torch.sub(z, m).exp_()
-            s = e.sum(dim=-1, keepdim=True)
-            lse = (m + s.log()).squeeze(-1)
-            logp[rows] = z.gather(-1, labels[rows].unsqueeze(-1)).squeeze(-1) - lse
-            if with_entropy:
-                # sum e * z as a batched dot product (vecdot and (e * z).sum make the [n, V] product)
-                entropy[rows] = lse - torch.bmm(e.unsqueeze(1), z.unsqueeze(2)).reshape(-1) / s.squeeze(-1)
-            if keep:
-                probs.append(e.div_(s))
+        keep = min(start + chunk_size, n) <= keep_rows
+        logp[rows], ent, p = _chunk(h[rows], weight, labels[rows], temperature, with_entropy, acc, keep)
+        if with_entropy:
+            entropy[rows] = ent
+        if keep:
+            probs.append(p)
     return logp, entropy, probs, h, dtype, amp
 
 
@@ -93,6 +115,7 @@ def linear_logprobs_and_entropy(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = True,
+    keep_bytes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``logprobs_and_entropy(hidden @ weight.T, labels, ...)`` fused with the LM head.
 
@@ -108,6 +131,11 @@ def linear_logprobs_and_entropy(
     vocabulary work in float32. The entropy is returned without a gradient (a metric);
     use ``logprobs_and_entropy`` on the logits when it must be differentiated.
 
+    The forward keeps the float32 softmax of its first chunks, up to ``keep_bytes`` (None:
+    ``KEEP_PROBS_BYTES``), for the
+    backward; the backward recomputes the other chunks' softmax (the same ops on the same inputs:
+    the same gradients), so memory stays bounded however many rows there are.
+
     Args:
       hidden: ``[..., H]`` last hidden states at the positions that predict ``labels``.
       weight: ``[V, H]`` LM head weight (no bias).
@@ -121,8 +149,10 @@ def linear_logprobs_and_entropy(
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_labels = labels.reshape(-1)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        logp, entropy = _HeadLogprobs.apply(flat_hidden, weight, flat_labels, temperature, chunk_size, with_entropy)
+        keep_rows = (KEEP_PROBS_BYTES if keep_bytes is None else keep_bytes) // (4 * weight.shape[0])
+        logp, entropy = _HeadLogprobs.apply(flat_hidden, weight, flat_labels, temperature, chunk_size, with_entropy,
+                                            keep_rows)
     else:
         logp, entropy = _head_chunks(flat_hidden, weight, flat_labels, temperature, chunk_size, with_entropy,
-                                     keep=False)[:2]
+                                     keep_rows=0)[:2]
     return logp.reshape(labels.shape), None if entropy is None else entropy.reshape(labels.shape)

@@ -84,9 +84,11 @@ def pack(samples: Sequence, pad_id: int) -> PackedBatch:
 class SharedPrefixBatch:
     """B samples laid out so that samples with the same prompt share ONE copy of it.
 
-    Each row holds a prompt followed by the responses of several samples that start with it:
-        [prompt | response_1 | response_2 | ...]   then pad_id up to L
-    A response attends to the prompt and, causally, to itself only (the 4-D `attention_mask`);
+    Each row holds a prompt followed by the responses of several samples that start with it, and
+    when they fit (`rows_by_length`) more such blocks of other prompts:
+        [prompt_a | response_a1 | response_a2 | ... | prompt_b | response_b1 | ...]   then pad_id up to L
+    A response attends to its prompt and, causally, to itself only, a prompt to itself only (the
+    4-D `attention_mask`);
     its position ids continue from the prompt's length, so every response token sees exactly
     the context it had in `collate`'s layout and gets the same logits, while the prompt's
     forward (and backward) runs once per row instead of once per sample.
@@ -119,11 +121,11 @@ class SharedPrefixBatch:
     def padded(self) -> TokenBatch:
         """The same samples as `collate` lays them out (a prompt copy per sample): the layout for
         a model that cannot take the 4-D mask."""
-        width = self.input_ids.shape[1]
+        flat = self.input_ids.reshape(-1)
         rows = []
         for b, (p, r) in enumerate(zip(self.prompt_lengths.tolist(), self.response_mask.sum(dim=1).tolist())):
-            row = int(self.flat_index[b, 0]) // width  # token 0 is predicted by the last prompt position
-            rows.append(torch.cat([self.input_ids[row, :p], self.response_ids[b, :r]]))
+            end = int(self.flat_index[b, 0])  # token 0 is predicted by the prompt's last position
+            rows.append(torch.cat([flat[end - p + 1 : end + 1], self.response_ids[b, :r]]))
         return _padded_batch(rows, self)
 
 
@@ -154,39 +156,78 @@ def shared_prefix_rows(prompt_lengths: Sequence[int], response_lengths: Sequence
     return rows
 
 
-def pack_shared_prefix(batch: TokenBatch, rows: torch.Tensor, pad_id: int, max_row_tokens: int) -> SharedPrefixBatch:
+def rows_by_length(prompt_lengths: Sequence[int], response_lengths: Sequence[int], keys: Sequence,
+                   width: int) -> list[list[int]]:
+    """Which samples share a row of `width` tokens, rows filled by length: samples longest first
+    (prompt + response), each into the first row that already holds its prompt (`keys`) and has room
+    for its response, else the first row with room for prompt + response, else a new row. A row may
+    hold several prompts, each with responses of its own samples, so short samples of different
+    prompts fill one row instead of each padding a row of its own. Every sample must fit in `width`."""
+    order = sorted(range(len(keys)), key=lambda i: -(prompt_lengths[i] + response_lengths[i]))
+    rows: list[list[int]] = []
+    used: list[int] = []
+    prompts: list[set] = []
+    for i in order:
+        p, r, key = prompt_lengths[i], response_lengths[i], keys[i]
+        if p + r > width:
+            raise ValueError(f"sample {i} ({p} + {r} tokens) does not fit in a row of {width}")
+        fit = next((k for k in range(len(rows)) if key in prompts[k] and used[k] + r <= width), None)
+        if fit is None:
+            fit = next((k for k in range(len(rows)) if used[k] + p + r <= width), None)
+        if fit is None:
+            rows.append([]), used.append(0), prompts.append(set())
+            fit = len(rows) - 1
+        used[fit] += r if key in prompts[fit] else p + r
+        prompts[fit].add(key)
+        rows[fit].append(i)
+    return rows
+
+
+def pack_shared_prefix(batch: TokenBatch, rows: torch.Tensor, pad_id: int, max_row_tokens: int, *,
+                       by_length: bool = True) -> SharedPrefixBatch:
     """The samples `rows` of a collated `batch` in the shared-prefix layout (see SharedPrefixBatch).
 
-    The response-aligned tensors are those of `select_rows(batch, rows)`, in the order of `rows`.
+    The rows are as wide as `shared_prefix_rows` (one prompt per row, up to `max_row_tokens` or the
+    longest sample) makes them; with `by_length` they are then filled by `rows_by_length` (several
+    prompts per row; same width, fewer rows, less padding). The response-aligned tensors are those of
+    `select_rows(batch, rows)`, in the order of `rows`.
     """
     sub = select_rows(batch, rows)
     p_lens = sub.prompt_lengths.tolist()
     r_lens = sub.response_mask.sum(dim=1).tolist()
     prompts = [sub.input_ids[b, :p] for b, p in enumerate(p_lens)]
-    layout = shared_prefix_rows(p_lens, r_lens, [tuple(x.tolist()) for x in prompts], max_row_tokens)
+    keys = [tuple(x.tolist()) for x in prompts]
+    layout = shared_prefix_rows(p_lens, r_lens, keys, max_row_tokens)
     width = max(p_lens[m[0]] + sum(r_lens[b] for b in m) for m in layout)
+    if by_length:
+        layout = rows_by_length(p_lens, r_lens, keys, width)
     k = len(layout)
     input_ids = torch.full((k, width), pad_id, dtype=torch.long)
     position_ids = torch.zeros((k, width), dtype=torch.long)
-    segment = torch.full((k, width), -1, dtype=torch.long)  # 0 = prompt, s = s-th response, -1 = padding
+    segment = torch.full((k, width), -1, dtype=torch.long)  # a prompt or a response; -1 = padding
+    owner = torch.full((k, width), -1, dtype=torch.long)  # the segment of the prompt a token sees
     flat_index = torch.zeros(sub.response_ids.shape, dtype=torch.long)
     for row, members in enumerate(layout):
-        p = p_lens[members[0]]
-        input_ids[row, :p], position_ids[row, :p], segment[row, :p] = prompts[members[0]], torch.arange(p), 0
-        at = p
-        for s, b in enumerate(members, start=1):
-            r = r_lens[b]
-            input_ids[row, at : at + r] = sub.response_ids[b, :r]
-            position_ids[row, at : at + r] = torch.arange(p, p + r)
-            segment[row, at : at + r] = s
-            # token 0 is predicted by the prompt's last position, token j by response token j - 1
-            pos = torch.cat([torch.tensor([p - 1]), torch.arange(at, at + r - 1)]) if r else torch.tensor([p - 1])
-            flat_index[b, : pos.numel()] = row * width + pos
-            flat_index[b, pos.numel() :] = row * width + pos[-1]
-            at += r
+        at, seg = 0, 0
+        for key in dict.fromkeys(keys[b] for b in members):  # each prompt once, then its responses
+            first = next(b for b in members if keys[b] == key)
+            p, prompt_seg = p_lens[first], seg
+            input_ids[row, at : at + p], position_ids[row, at : at + p] = prompts[first], torch.arange(p)
+            segment[row, at : at + p], owner[row, at : at + p] = prompt_seg, prompt_seg
+            end, at, seg = at + p - 1, at + p, seg + 1  # end: the prompt's last position
+            for b in (b for b in members if keys[b] == key):
+                r = r_lens[b]
+                input_ids[row, at : at + r] = sub.response_ids[b, :r]
+                position_ids[row, at : at + r] = torch.arange(p, p + r)
+                segment[row, at : at + r], owner[row, at : at + r] = seg, prompt_seg
+                # token 0 is predicted by the prompt's last position, token j by response token j - 1
+                pos = torch.cat([torch.tensor([end]), torch.arange(at, at + r - 1)]) if r else torch.tensor([end])
+                flat_index[b, : pos.numel()] = row * width + pos
+                flat_index[b, pos.numel() :] = row * width + pos[-1]
+                at, seg = at + r, seg + 1
     q, kv = segment.unsqueeze(2), segment.unsqueeze(1)  # [K, L, 1], [K, 1, L]
     causal = torch.ones(width, width, dtype=torch.bool).tril()
-    mask = causal & (q >= 0) & (kv >= 0) & ((kv == 0) | (kv == q))
+    mask = causal & (q >= 0) & (kv >= 0) & ((kv == q) | (kv == owner.unsqueeze(2)))
     mask |= torch.eye(width, dtype=torch.bool)  # a padding position attends to itself: no all-masked row (NaN)
     return SharedPrefixBatch(input_ids, position_ids, mask.unsqueeze(1), flat_index, sub.prompt_lengths,
                              sub.response_ids, sub.loss_mask, sub.response_mask, int((segment >= 0).sum()))

@@ -2,9 +2,10 @@
 
 The backbone runs over the batch's rows (padded `TokenBatch`, packed `PackedBatch` or
 `SharedPrefixBatch`, whose prompts are computed once per row), but the LM head (the [*, V]
-matmul, the largest activation in a small model) runs only at the R positions that predict
+matmul, the largest activation in a small model) runs only at the positions that predict
 response tokens: `batch.hidden_index()` (for a padded row, position P_b + j - 1 predicts
-response token j).
+response token j), and only at real ones (`head_positions`: not at the padding after a response
+shorter than the micro-batch's longest).
 
 Each fast path is taken only where it gives the model's own numbers; elsewhere the plain path
 runs, with a note logged once (logger "rlhfkit", INFO):
@@ -15,7 +16,8 @@ runs, with a note logged once (logger "rlhfkit", INFO):
 - packed and shared-prefix rows: need position ids and a mask from transformers' masking_utils,
   attention layers only (no recurrent or convolution layers, no ALiBi), and for the shared prefix's
   4-D mask eager or SDPA attention and sliding windows no narrower than the rows. Else: the same
-  samples as padded rows (`batch.padded()`).
+  samples as padded rows (`batch.padded()`). On CPU, 4-D-masked rows of at most EAGER_ROW_TOKENS
+  run eager attention, wider ones SDPA (`attention_for`).
 """
 
 from __future__ import annotations
@@ -144,17 +146,26 @@ def attention_implementation(model: torch.nn.Module, name: str):
         config._attn_implementation = before
 
 
+# Widest 4-D-masked row that runs eager attention on CPU (the trainer's default row, SHARED_ROW_TOKENS);
+# wider rows keep SDPA (see attention_for).
+EAGER_ROW_TOKENS = 512
+
+
 def attention_for(model: torch.nn.Module, batch):
-    """Eager attention for a 4-D-masked (shared-prefix) batch on CPU: with a dense custom mask
-    over short rows, torch's CPU SDPA kernel was slower than eager attention (forward + backward
-    of SmolLM2 on 32 samples: 6.2 s eager vs 7.3 s SDPA, 1 thread; bench/). Elsewhere unchanged, and
-    also under gradient checkpointing: the backward recomputes each layer after the swap is undone, so
-    the forward must run the attention the recomputation will."""
+    """Eager attention for a 4-D-masked (shared-prefix) batch on CPU with rows of at most
+    EAGER_ROW_TOKENS: with a dense custom mask over short rows, torch's CPU SDPA kernel was slower
+    than eager attention (forward + backward of SmolLM2 on 32 samples: 6.2 s eager vs 7.3 s SDPA,
+    1 thread; rows of 370-500 tokens: 4-17% faster eager), but eager's [rows, heads, L, L] scores
+    (float32, and their softmax, kept for the backward) grow with L squared: rows of ~1,000 tokens
+    ran 2.3x faster under SDPA (bench/long_responses.py, docs/performance.md).
+    Elsewhere unchanged, and also under gradient checkpointing: the backward recomputes each layer
+    after the swap is undone, so the forward must run the attention the recomputation will."""
     config = getattr(model, "config", None)
     mask = batch.attention_mask
     checkpointing = model.training and getattr(model, "is_gradient_checkpointing", False)
     swap = (config is not None and getattr(config, "_attn_implementation", None) == "sdpa" and mask is not None
-            and mask.dim() == 4 and mask.device.type == "cpu" and not checkpointing)
+            and mask.dim() == 4 and mask.device.type == "cpu" and mask.shape[-1] <= EAGER_ROW_TOKENS
+            and not checkpointing)
     return attention_implementation(model, "eager") if swap else contextlib.nullcontext()
 
 
@@ -225,35 +236,52 @@ def _builds_masks_with_masking_utils(model: torch.nn.Module) -> bool:
     return False
 
 
-def response_hidden(hidden: torch.Tensor, batch) -> torch.Tensor:
+def response_hidden(hidden: torch.Tensor, batch, where: torch.Tensor | None = None) -> torch.Tensor:
     """Outputs [B, R, H] at the positions that predict each response token, from the forward's
-    [rows, L, H] outputs of any batch layout (`batch.hidden_index()` indexes the flattened rows)."""
-    index = batch.hidden_index().to(hidden.device)
-    return hidden.reshape(-1, hidden.shape[-1])[index]
+    [rows, L, H] outputs of any batch layout (`batch.hidden_index()` indexes the flattened rows);
+    with `where` (bool [B, R]) only those entries: [N, H], N = where.sum(), in row-major order."""
+    index = batch.hidden_index()
+    if where is not None:
+        index = index[where]
+    return hidden.reshape(-1, hidden.shape[-1])[index.to(hidden.device)]
 
 
-def response_logits(model: torch.nn.Module, batch) -> torch.Tensor:
+def head_positions(batch) -> torch.Tensor:
+    """bool [B, R]: the entries the LM head runs at: the response tokens (`response_mask`), not the
+    padding after a response that finished before the micro-batch's longest."""
+    return batch.response_mask
+
+
+def _scatter(values: torch.Tensor | None, where: torch.Tensor) -> torch.Tensor | None:
+    """[N] values at the True entries of `where` [B, R] (row-major) -> [B, R], zeros elsewhere."""
+    if values is None:
+        return None
+    return values.new_zeros(where.shape).masked_scatter(where.to(values.device), values)
+
+
+def response_logits(model: torch.nn.Module, batch, where: torch.Tensor | None = None) -> torch.Tensor:
     """Logits [B, R, V] that predict each response token of `batch` (a TokenBatch, or a
-    data.packing PackedBatch / SharedPrefixBatch).
+    data.packing PackedBatch / SharedPrefixBatch); with `where` (bool [B, R]) only those: [N, V].
 
-    Llama-like models run backbone + LM head at the R gathered positions only; any other
+    Llama-like models run backbone + LM head at the gathered positions only; any other
     model falls back to a full forward and a gather.
     """
     parts = split_backbone(model)
     if parts is None:
         batch = runnable_layout(model, batch)
         with attention_for(model, batch):
-            return response_hidden(model(**model_inputs(model, batch)).logits, batch)
+            return response_hidden(model(**model_inputs(model, batch)).logits, batch, where)
     backbone, head = parts
-    return head(backbone_response_hidden(model, backbone, batch))
+    return head(backbone_response_hidden(model, backbone, batch, where))
 
 
-def backbone_response_hidden(model: torch.nn.Module, backbone: torch.nn.Module, batch) -> torch.Tensor:
+def backbone_response_hidden(model: torch.nn.Module, backbone: torch.nn.Module, batch,
+                             where: torch.Tensor | None = None) -> torch.Tensor:
     """The backbone's last hidden states [B, R, H] at the positions that predict response tokens
-    (`model` holds the config: the LM itself, or the backbone for a critic)."""
+    (`model` holds the config: the LM itself, or the backbone for a critic); with `where` [N, H]."""
     batch = runnable_layout(model, batch)
     with attention_for(model, batch):
-        return response_hidden(backbone(**model_inputs(model, batch)).last_hidden_state, batch)
+        return response_hidden(backbone(**model_inputs(model, batch)).last_hidden_state, batch, where)
 
 
 def response_logprobs(
@@ -272,19 +300,23 @@ def response_logprobs(
       entropy_grad: False computes the entropy without a graph (for a metric).
     Returns:
       logp [B, R] float32 and entropy [B, R] float32 (or None). Differentiable. Entries where
-      `batch.response_mask` is False are finite but meaningless.
+      `batch.response_mask` is False are 0: the LM head and the vocabulary work run only at the
+      response tokens (`head_positions`), not at the padding of responses shorter than the longest.
     """
-    labels = batch.response_ids
+    where = head_positions(batch)
+    labels = batch.response_ids[where]
     parts = split_backbone(model)
     head = parts[1] if parts is not None else None
     if head is not None and type(head) is torch.nn.Linear and head.bias is not None:
         note_once(f"{type(model).__name__}: its LM head has a bias; logprobs run the head module, not the fused head")
     if _plain_linear(head) and not (with_entropy and entropy_grad):
         # LM head, log-softmax and entropy fused (core.losses.linear_logprobs_and_entropy): the
-        # [R, V] logits never kept, the backward written by hand.
-        hidden = backbone_response_hidden(model, parts[0], batch)
-        return linear_logprobs_and_entropy(hidden, head.weight, labels.to(hidden.device), temperature,
-                                           with_entropy=with_entropy)
-    logits = response_logits(model, batch)
-    return logprobs_and_entropy(logits, labels.to(logits.device), temperature, with_entropy=with_entropy,
-                                entropy_grad=entropy_grad)
+        # [N, V] logits never kept, the backward written by hand.
+        hidden = backbone_response_hidden(model, parts[0], batch, where)
+        logp, entropy = linear_logprobs_and_entropy(hidden, head.weight, labels.to(hidden.device), temperature,
+                                                    with_entropy=with_entropy)
+    else:
+        logits = response_logits(model, batch, where)
+        logp, entropy = logprobs_and_entropy(logits, labels.to(logits.device), temperature,
+                                             with_entropy=with_entropy, entropy_grad=entropy_grad)
+    return _scatter(logp, where), _scatter(entropy, where)

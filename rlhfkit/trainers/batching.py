@@ -18,7 +18,9 @@ SHARED_ROW_TOKENS = 512
 class MicroBatcher:
     """Micro-batches of `micro_batch_size` samples, or of about `max_tokens` real tokens when it is
     set (OpenRLHF's dynamic batch); with `shared_prefix`, each prompt is computed once per row for
-    the samples of its group (exact: same logprobs and gradients as one copy per sample)."""
+    the samples of its group, and rows are filled by length (short samples of several prompts share
+    a row: `data.packing.rows_by_length`) (exact: same logprobs and gradients as one copy per
+    sample)."""
 
     pad_id: int
     micro_batch_size: int

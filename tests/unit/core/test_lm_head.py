@@ -93,3 +93,27 @@ def test_linear_logprobs_frozen_head_and_no_grad():
     with torch.no_grad():
         logp, ent = linear_logprobs_and_entropy(h, w, torch.tensor([1]))
     assert logp.grad_fn is None and ent is not None
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_recomputed_softmax_in_the_backward_gives_the_kept_softmax_gradients(autocast):
+    """keep_bytes bounds the softmax kept for the backward; chunks past it are recomputed there by
+    the same ops, so the gradients are bit for bit those of keeping every chunk (none, some, all)."""
+    torch.manual_seed(2)
+    h = torch.randn(10, 16, requires_grad=True)
+    w = torch.randn(40, 16, requires_grad=True)
+    labels = torch.randint(0, 40, (10,))
+    weights = torch.rand(10)
+
+    def grads(keep_bytes):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logp, ent = linear_logprobs_and_entropy(h, w, labels, 0.7, chunk_size=3, keep_bytes=keep_bytes)
+            return logp, ent, torch.autograd.grad((logp * weights).sum(), (h, w))
+
+    row = 4 * 40  # float32 softmax bytes per row
+    kept = grads(10 * row)
+    for keep_bytes in (0, 3 * row, 7 * row):  # none kept; the first chunk; two chunks (a partial third not)
+        got = grads(keep_bytes)
+        assert torch.equal(got[0], kept[0]) and torch.equal(got[1], kept[1])
+        for a, b in zip(got[2], kept[2], strict=True):
+            assert torch.equal(a, b)

@@ -156,6 +156,27 @@ def test_shared_prefix_and_packed_layouts_equal_the_padded_one(arch, caplog):
         assert caplog.text == ""  # every fast path taken
 
 
+@pytest.mark.parametrize("eager_rows", [logprobs_module.EAGER_ROW_TOKENS, 0])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rows_by_length_with_uneven_responses_equal_the_padded_layout(arch, eager_rows, monkeypatch):
+    """Responses of 1 to 20 tokens: rows filled by length hold several prompts, the LM head runs at
+    the response tokens only; logprobs and gradients are the padded layout's (or, where a model
+    cannot take the 4-D mask, the layout runs as padded rows). eager_rows 0: the 4-D mask under the
+    model's own attention (SDPA), as rows wider than EAGER_ROW_TOKENS run on CPU."""
+    monkeypatch.setattr(logprobs_module, "EAGER_ROW_TOKENS", eager_rows)
+    model, _, prompts = model_for(arch)
+    trajs = [traj(prompts[g], [5 + (7 * g + 3 * i + j) % 50 for j in range(n)], g)
+             for g, lengths in enumerate([[20, 1, 2], [1, 1, 15], [3, 3, 3]]) for i, n in enumerate(lengths)]
+    batch, rows = collate(trajs, 0), torch.randperm(len(trajs), generator=torch.Generator().manual_seed(0))
+    sp = pack_shared_prefix(batch, rows, 0, 16)
+    assert sp.input_ids.shape[0] < pack_shared_prefix(batch, rows, 0, 16, by_length=False).input_ids.shape[0]
+    lp_pad, g_pad = logprobs_and_grads(model, select_rows(batch, rows))
+    lp, g = logprobs_and_grads(model, sp)
+    torch.testing.assert_close(lp, lp_pad, atol=2e-5, rtol=1e-5)
+    for a, b in zip(g, g_pad, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3"])
 def test_a_sliding_window_wider_than_the_rows_keeps_the_shared_prefix(arch):
     model, _, _ = model_for(arch, sliding_window=64)
