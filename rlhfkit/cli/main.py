@@ -13,7 +13,7 @@ import sys
 USAGE = """usage: rlhfkit COMMAND [flags]      (or: python -m rlhfkit COMMAND [flags])
 
 commands:
-  demo        GRPO on SmolLM2-135M-Instruct learns arithmetic in the asked format (~4-5 min on a 2-core CPU)
+  demo        GRPO on SmolLM2-135M-Instruct learns arithmetic in the asked format (~3 min, 2-core CPU with bf16)
   train rl    RL training (PPO, REINFORCE++, GRPO, Dr.GRPO, RLOO, ...): rlhfkit train rl --help
   train sft   supervised fine-tuning (packing, LoRA): rlhfkit train sft --help
   train rm    Bradley-Terry reward model: rlhfkit train rm --help

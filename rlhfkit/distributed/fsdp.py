@@ -161,8 +161,11 @@ def save_full_ema(model: torch.nn.Module, learner, tokenizer, path: str | Path, 
 
 
 def finish() -> None:
-    """Leave the process group (end of a torchrun run)."""
+    """Leave the process group (end of a torchrun run), once every rank got here: a rank that tore its
+    gloo connections down while rank 0 was still writing the final model could abort in gloo's threads
+    ("terminate called without an active exception", seen once in CI)."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -23,6 +23,7 @@ from rlhfkit.trainers.checkpoint import (
     read_state,
     step_dir_name,
 )
+from tests.integration.test_resume import flags as single_process_flags
 
 REPO = Path(__file__).resolve().parents[2]
 # torchrun runs this on every rank: rank 0 SIGKILLs itself at the N-th fsync of trainers.checkpoint
@@ -54,22 +55,9 @@ def ws(tiny_ws):
 
 
 def flags(ws, out, **over):
-    # 24 prompts / 8 per rollout: step 4 crosses an episode boundary. Exercises the cosine schedule with
-    # warmup, the policy's EMA, adaptive KL, reward normalisation and a sharded critic (gae).
-    f = {
-        "actor.model_name_or_path": ws / "tiny", "data.prompt_dataset": ws / "prompts.jsonl",
-        "data.input_key": "q", "data.label_key": "a", "reward.remote_url": ws / "reward.py",
-        "rollout.batch_size": 8, "rollout.n_samples_per_prompt": 2, "rollout.max_new_tokens": 8,
-        "train.batch_size": 8, "train.micro_batch_size": 4, "train.max_epochs": 2, "train.max_steps": STEPS,
-        "train.num_episodes": 4, "train.num_threads": 1, "actor.adam.lr": 1e-2, "actor.autocast": "none",
-        "actor.lr_scheduler": "cosine_with_min_lr", "actor.lr_warmup_ratio": 0.2, "actor.ema_beta": 0.9,
-        "algo.advantage.estimator": "gae", "critic.adam.lr": 1e-2, "algo.kl.init_coef": 0.05,
-        "algo.kl.target": 0.1, "algo.kl.horizon": 100, "reward.normalize": "true",
-        "logger.progress_bar": "false", "logger.log_samples": 2, "ckpt.save_steps": 1, "ckpt.max_num": 2,
-        "ckpt.load_enable": "true", "ckpt.output_dir": out, "fsdp.enable": "true",
-    }
-    f.update(over)
-    return ["train", "rl"] + [x for k, v in f.items() for x in (f"--{k}", str(v))]
+    # test_resume's run (24 prompts / 8 per rollout: step 4 crosses an episode boundary; cosine schedule with
+    # warmup, the policy's EMA, adaptive KL, reward normalisation, a critic (gae)) under FSDP, sharded.
+    return single_process_flags(ws, out, **{"train.max_steps": STEPS, "fsdp.enable": "true", **over})
 
 
 def launch(argv, nproc=2, script=None, n=None):

@@ -117,9 +117,9 @@ def test_usage_names_version_python_m_and_the_demo_time_of_the_readme(capsys):
     rc, out, _ = run([], capsys)
     assert rc == 0
     assert "python -m rlhfkit" in out and "  version " in out
-    assert "(~4-5 min on a 2-core CPU)" in out
+    assert "(~3 min, 2-core CPU with bf16)" in out
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "Whole demo 4 min" in readme  # the measured time the usage line rounds
+    assert "Whole demo 2 min" in readme  # the measured time the usage line rounds
 
 
 # ------------------------------------------------------------------ the help code and the configs
