@@ -40,6 +40,7 @@ from safetensors import SafetensorError
 from rlhfkit.errors import CheckpointError
 from rlhfkit.trainers.checkpoint import (
     SHARDS,
+    Checkpointer,
     prune,
     publish,
     read_state,
@@ -59,28 +60,23 @@ def rank_dir_name(rank: int) -> str:
     return f"rank_{rank:05d}"
 
 
-class ShardedCheckpointer:
-    """trainers.checkpoint.Checkpointer's interface (`periodic`, `save`, `load`) for FSDP ranks; every
-    call is a collective. The trainer also provides `checkpoint_learners()` (trainers.rl.RLLoop)."""
+class ShardedCheckpointer(Checkpointer):
+    """trainers.checkpoint.Checkpointer (`periodic`, `save`, `load`) for FSDP ranks; every `save` and
+    `load` is a collective. The trainer also provides `checkpoint_learners()` (trainers.rl.RLLoop)."""
 
     def __init__(self, root: str | Path, save_steps: int, max_num: int, rank: int, world_size: int,
                  say: Callable[[str], None] = log.warning):
-        self.root, self.save_steps, self.max_num, self.say = Path(root), save_steps, max_num, say
+        super().__init__(root, save_steps, max_num, say)
         self.rank, self.world_size = rank, world_size
         if rank == 0 and self.root.is_dir():  # torn temporary folders of a killed run
             for p in self.root.glob(".t*.step_*"):
                 shutil.rmtree(p, ignore_errors=True)
 
-    def periodic(self, trainer, step: int, metrics: dict) -> None:
-        if self.save_steps > 0 and step % self.save_steps == 0:
-            self.save(trainer)
-
     # ------------------------------------------------------------------ save
     def save(self, trainer) -> Path | None:
         if not trainer.can_checkpoint():  # the same on every rank (the gradient norm is global)
             if self.rank == 0:
-                self.say(f"step {trainer.step}: not checkpointing a state reached through skipped (non-finite) "
-                         "optimizer steps; the last good checkpoint stays the latest")
+                self.say_not_checkpointing(trainer)
             return None
         name = step_dir_name(trainer.step)
         tmp = self.root / f".tmp.{name}.fsdp"

@@ -326,11 +326,14 @@ class Checkpointer:
 
     def save(self, trainer) -> Path | None:
         if not trainer.can_checkpoint():
-            self.say(f"step {trainer.step}: not checkpointing a state reached through skipped (non-finite) "
-                     "optimizer steps; the last good checkpoint stays the latest")
+            self.say_not_checkpointing(trainer)
             return None
         state = {"trainer": trainer.state_dict(), "rng": rng_state()}
         return save_checkpoint(self.root, trainer.step, state, trainer.checkpoint_modules(), self.max_num)
+
+    def say_not_checkpointing(self, trainer) -> None:
+        self.say(f"step {trainer.step}: not checkpointing a state reached through skipped (non-finite) "
+                 "optimizer steps; the last good checkpoint stays the latest")
 
     def load(self, trainer, path: Path) -> None:
         state = load_checkpoint(path, trainer.checkpoint_modules())

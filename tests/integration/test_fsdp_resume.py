@@ -23,33 +23,17 @@ from rlhfkit.trainers.checkpoint import (
     read_state,
     step_dir_name,
 )
+from tests.integration.test_resume import KILL_AT_FSYNC, finish, rows
 from tests.integration.test_resume import flags as single_process_flags
 
 REPO = Path(__file__).resolve().parents[2]
-# torchrun runs this on every rank: rank 0 SIGKILLs itself at the N-th fsync of trainers.checkpoint
-# (rank 0 seals and publishes the checkpoint); torchrun then stops rank 1.
-KILL_AT_FSYNC = '''
-import os, signal, sys
-import rlhfkit.trainers.checkpoint as ckpt
-n, calls, fsync = int(sys.argv[1]), [0], ckpt._fsync
-def killing_fsync(path):
-    calls[0] += 1
-    if calls[0] == n:
-        os.kill(os.getpid(), signal.SIGKILL)
-    fsync(path)
-if os.environ["RANK"] == "0":
-    ckpt._fsync = killing_fsync
-from rlhfkit.cli.main import main
-sys.exit(main(sys.argv[2:]))
-'''
 STEPS = 4
-VOLATILE = ("time/", "rollout_tokens_per_s")
 
 
 @pytest.fixture(scope="module")
 def ws(tiny_ws):
-    rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(24)]
-    root = tiny_ws("fsdp_resume", rows, sevens=True)
+    records = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(24)]
+    root = tiny_ws("fsdp_resume", records, sevens=True)
     (root / "kill_at_fsync.py").write_text(KILL_AT_FSYNC)
     return root
 
@@ -66,11 +50,6 @@ def launch(argv, nproc=2, script=None, n=None):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
            *entry, *argv]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def finish(proc):
-    out, _ = proc.communicate(timeout=300)
-    return proc.returncode, out
 
 
 def descendants(pid: int) -> list[int]:
@@ -91,11 +70,6 @@ def kill_after_lines(proc, path, lines, delay):
     for pid in [*descendants(proc.pid), proc.pid]:
         os.kill(pid, signal.SIGKILL)
     return finish(proc)
-
-
-def rows(path):
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(VOLATILE)}
-            for line in path.read_text().splitlines()]
 
 
 def assert_same_tensors(a: Path, b: Path) -> None:

@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 from rlhfkit.trainers.checkpoint import list_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
-# Runs the CLI, but SIGKILLs itself at the N-th fsync of a checkpoint write (mid-write).
+# Runs the CLI, but SIGKILLs itself at the N-th fsync of a checkpoint write (mid-write); under torchrun
+# only rank 0 does (it seals and publishes the checkpoint; test_fsdp_resume).
 KILL_AT_FSYNC = '''
 import os, signal, sys
 import rlhfkit.trainers.checkpoint as ckpt
@@ -29,7 +30,8 @@ def killing_fsync(path):
     if calls[0] == n:
         os.kill(os.getpid(), signal.SIGKILL)
     fsync(path)
-ckpt._fsync = killing_fsync
+if os.environ.get("RANK", "0") == "0":
+    ckpt._fsync = killing_fsync
 from rlhfkit.cli.main import main
 sys.exit(main(sys.argv[2:]))
 '''
