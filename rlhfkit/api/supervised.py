@@ -9,7 +9,7 @@ process reward model.
 `from_config` is the one place that maps a supervised config to components: the model (with LoRA
 adapters, the frozen reference of DPO / KTO, the score head of a reward model), the tokenized train
 and eval data, the run folder and its loggers. The loops are the algorithm classes of
-`trainers.supervised` and `trainers.supervised.preference`; `rlhfkit train sft|rm|dpo|kto` is `from_args`,
+`trainers.supervised` (sft, preference, prm, kd); `rlhfkit train sft|rm|dpo|kto` is `from_args`,
 `from_config`, `train`.
 
 The run folder: config.json, metrics.jsonl and TensorBoard events (one row per optimizer step, and
@@ -58,7 +58,8 @@ from rlhfkit.models.reward import init_reward_model
 from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.tracking.run import RunTracker
 from rlhfkit.trainers.checkpoint import Checkpointer
-from rlhfkit.trainers.supervised import kd, loop, preference, prm, sft
+from rlhfkit.trainers.supervised import kd, preference, prm, sft
+from rlhfkit.trainers.supervised.loop import SupervisedState, planned_steps
 
 __all__ = ["SFTConfig", "RMConfig", "DPOConfig", "KTOConfig", "PRMConfig", "KDConfig",
            "SFTTrainer", "RMTrainer", "DPOTrainer", "KTOTrainer", "PRMTrainer", "KDTrainer",
@@ -158,7 +159,7 @@ class SupervisedTrainer:
                  resume: tuple[Path, int] | None = None):
         self.cfg, self.algorithm, self.tracker = cfg, algorithm, tracker
         self.checkpointer, self.resume = checkpointer, resume
-        self.state = loop.SupervisedState(algorithm)
+        self.state = SupervisedState(algorithm)
         if checkpointer is not None:
             algorithm.loop.callbacks.append(lambda loop, step, metrics: checkpointer.periodic(self.state, step, metrics))
         self.run_dir = Path(cfg.ckpt.output_dir)
@@ -190,7 +191,7 @@ class SupervisedTrainer:
         model, tokenizer, ref = build_model(cls.kind, cfg, device)
         items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset,
                                                eval_dataset)
-        steps = supervised.planned_steps(len(items), cfg.train)
+        steps = planned_steps(len(items), cfg.train)
         tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, steps, cfg.logger.progress_bar,
                              purge_step=None if resume is None else resume[1] + 1,
                              writers=extra_writers(cfg, run_dir), curve_keys=CURVES[cls.kind],

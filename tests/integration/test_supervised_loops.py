@@ -15,7 +15,7 @@ from rlhfkit.config.sft import SUPERVISED_ALIASES, SFTConfig  # noqa: E402
 from rlhfkit.core.losses import dpo_loss, logprobs_from_logits  # noqa: E402
 from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft  # noqa: E402
 from rlhfkit.models import tiny_model_and_tokenizer  # noqa: E402
-from rlhfkit.trainers.supervised.preference import DPOTrainer  # noqa: E402
+from rlhfkit.trainers.supervised.preference import DPOLoop  # noqa: E402
 from rlhfkit.trainers.supervised.sft import SFTLoop  # noqa: E402
 
 FACTS = [("a", "cat"), ("b", "dog"), ("c", "owl"), ("d", "fox")]
@@ -150,7 +150,7 @@ def test_dpo_raises_margin_and_matches_core_loss(ws, tmp_path):
     pairs, _ = load_pairs(ws / "pairs.jsonl", TextFormat(tok), max_samples=4)
     cfg = parse_config(DPOConfig, ["--data.dataset", "x", "--train.batch_size", "4", "--train.micro_batch_size", "4",
                                    "--model.beta", "0.3", "--model.label_smoothing", "0.1"], SUPERVISED_ALIASES)
-    loss, _ = DPOTrainer(cfg, model, tok, pairs, ref=ref).micro_loss(pairs, pairs)
+    loss, _ = DPOLoop(cfg, model, tok, pairs, ref=ref).micro_loss(pairs, pairs)
 
     def seq_logp(m, s):
         ids = torch.cat([s.prompt_ids, s.response_ids]).unsqueeze(0)
