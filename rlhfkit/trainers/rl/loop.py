@@ -30,7 +30,7 @@ from rlhfkit.models.precision import model_device, peak_memory
 from rlhfkit.rollout.base import GenerationEngine
 from rlhfkit.trainers.rl.experience import Experience, ExperienceMaker
 from rlhfkit.trainers.rl.generate import RolloutSource
-from rlhfkit.trainers.rl.scoring import Collected, GroupFilter, Scorer, collect
+from rlhfkit.trainers.rl.scoring import BatchFill, Collected, GroupFilter, Scorer
 from rlhfkit.trainers.rl.stream import PromptBatch, PromptStream
 from rlhfkit.trainers.rl.sync import sync_weights
 from rlhfkit.trainers.rl.update import PolicyUpdate
@@ -112,14 +112,22 @@ class RLLoop:
                 "raise --train.num_episodes or add prompts to reach them")
 
     def train_step(self, batch: PromptBatch) -> dict[str, float]:
-        """One RL step: generate (+ dynamic-sampling top-up), score, experience, update, weight sync."""
+        """One RL step: generate, reward and filter (with dynamic filtering, rounds of new prompts top
+        the batch up), experience, update, weight sync; each stage a timed block."""
         timer, t_start = StepTimer(device=model_device(self.policy)), time.perf_counter()
         upcoming = (lambda: self.data.peek(self.data.batch_size)) if self.step + 1 < self.total_steps else None
+        fill = BatchFill(self.group_filter, self.scorer.tokenizer, want=self.data.batch_size)
         try:
-            got = collect(self.source, self.scorer, self.group_filter, batch, self.data.take_topup,
-                          self.data.batch_size, timer, upcoming)
+            while batch:  # the rollout batch, then the top-ups that replace dropped groups
+                with timer("generate"):
+                    trajs = self.source.generate(batch, upcoming if fill.rounds == 0 else None)
+                with timer("reward"):
+                    scored = self.scorer(batch.prompts, trajs)
+                need = fill.add(batch, trajs, scored)
+                batch = self.data.take_topup(need) if need else None
         except TrainingError as exc:
             raise TrainingError(f"step {self.step + 1}: {exc}") from exc
+        got = fill.collected()
         metrics = dict(got.scored.metrics)
         metrics.update(self.check_staleness(got.trajs))
         metrics.update({"stale_dropped": 0.0, **self.source.pop_metrics()})
@@ -135,10 +143,14 @@ class RLLoop:
         self.step += 1
         with timer("sync"):
             sync_weights(self.engine)
+        return self.finish_metrics(metrics, timer, t_start, got.generated_tokens)
+
+    def finish_metrics(self, metrics: dict, timer: StepTimer, t_start: float, generated_tokens: int) -> dict:
+        """The step's timings, memory peaks, throughput and KL coefficient added to `metrics`; logged."""
         metrics.update({f"time/{k}": v for k, v in timer.times.items()})
         metrics.update({f"memory/{k}_peak_gib": v for k, v in timer.peaks.items()})
         metrics["time/step"] = time.perf_counter() - t_start
-        metrics["rollout_tokens_per_s"] = got.generated_tokens / max(timer.times.get("generate", 1e-9), 1e-9)
+        metrics["rollout_tokens_per_s"] = generated_tokens / max(timer.times.get("generate", 1e-9), 1e-9)
         metrics["kl_coef"] = self.kl_ctl.value
         if self.tracker is not None:
             self.tracker.log(self.step, metrics)

@@ -1,9 +1,9 @@
 """The score stage: trajectories -> rewards (reward function or agent), DAPO overlong shaping,
 running normalisation; and DAPO dynamic filtering of whole groups.
 
-`collect` runs generate -> score -> filter rounds for one rollout batch: with dynamic filtering,
-new prompts replace dropped groups until the batch holds `want` groups (Yu et al. 2025,
-arXiv:2503.14476, "dynamic sampling").
+`BatchFill` keeps the score -> filter rounds of one rollout batch: with dynamic filtering, new
+prompts replace dropped groups until the batch holds `want` groups (Yu et al. 2025,
+arXiv:2503.14476, "dynamic sampling"); the loop generates and scores each round.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from rlhfkit.core.filtering import keep_groups_in_range
 from rlhfkit.core.shaping import overlong_penalty
 from rlhfkit.data.types import PromptItem, Trajectory
 from rlhfkit.rewards.reward_model import ProcessRewardFn
-from rlhfkit.trainers.rl.generate import RolloutSource, Upcoming
 from rlhfkit.trainers.rl.stream import PromptBatch
 
 
@@ -154,48 +153,51 @@ class Collected:
     generated_tokens: int
 
 
-def collect(source: RolloutSource, scorer: Scorer, group_filter: GroupFilter, batch: PromptBatch,
-            take: Callable[[int], PromptBatch], want: int, timer, upcoming: Upcoming | None = None) -> Collected:
-    """generate -> score -> filter until `want` groups are kept: with dynamic filtering, prompts from
-    `take(n)` replace dropped groups (accepted groups are never discarded: when `take` or the rounds
-    run out, the batch trains as filled). `timer(name)` times the generate and reward stages."""
-    all_prompts: list[PromptItem] = []
-    kept: list[Trajectory] = []
-    parts: list[Scored] = []
-    all_scores = []
-    metrics: dict[str, float] = {}
-    dropped_total, tokens, drift = 0, 0, 0
-    rounds = 0
-    while True:
-        rounds += 1
-        with timer("generate"):
-            trajs = source.generate(batch, upcoming if rounds == 1 else None)
-        with timer("reward"):
-            scored = scorer(batch.prompts, trajs)
-        if rounds == 1:
-            metrics = dict(scored.metrics)  # the reward metrics are the first round's
-        tokens += sum(t.response_length for t in trajs)
-        drift += drift_count(trajs, scorer.tokenizer)
-        all_scores.append(scored.scores)
-        trajs, scored, dropped = group_filter(trajs, scored)
-        dropped_total += dropped
+class BatchFill:
+    """The rounds of one rollout batch, as the loop scores them: each round's trajectories go through
+    `group_filter`; with dynamic filtering, new prompts replace dropped groups until the batch holds
+    `want` groups (accepted groups are never discarded: when the prompts or the rounds run out, the
+    batch trains as filled). Generation and scoring are the loop's (trainers.rl.loop.RLLoop.train_step);
+    this keeps the count, renumbers each round's groups after the earlier rounds' prompts and merges."""
+
+    def __init__(self, group_filter: GroupFilter, tokenizer, want: int):
+        self.group_filter, self.tokenizer, self.want = group_filter, tokenizer, want
+        self.prompts: list[PromptItem] = []
+        self.kept: list[Trajectory] = []
+        self.parts: list[Scored] = []
+        self.all_scores: list[torch.Tensor] = []
+        self.metrics: dict[str, float] = {}
+        self.dropped, self.tokens, self.drift, self.rounds = 0, 0, 0, 0
+
+    def add(self, batch: PromptBatch, trajs: list[Trajectory], scored: Scored) -> int:
+        """Filter one round; returns how many prompts the next round should draw (0: the batch is done;
+        never prompts a round will not use: they would be lost)."""
+        self.rounds += 1
+        if self.rounds == 1:
+            self.metrics = dict(scored.metrics)  # the reward metrics are the first round's
+        self.tokens += sum(t.response_length for t in trajs)
+        self.drift += drift_count(trajs, self.tokenizer)
+        self.all_scores.append(scored.scores)
+        trajs, scored, dropped = self.group_filter(trajs, scored)
+        self.dropped += dropped
         for t in trajs:
-            t.group_id += len(all_prompts)
-        all_prompts += batch.prompts
-        kept += trajs
-        parts.append(scored)
-        need = want - len({t.group_id for t in kept})
-        if not group_filter.enabled or need <= 0 or rounds >= group_filter.max_rounds:
-            break  # (never draw prompts a round will not use: they would be lost)
-        batch = take(need)
-        if not batch:
-            break
-    scores = torch.cat(all_scores)
-    metrics.update(filtered_groups=float(dropped_total), dynamic_rounds=float(rounds), score=float(scores.mean()),
-                   drift_frac=drift / max(scores.numel(), 1))
-    merged = Scored(torch.cat([p.rewards for p in parts]), torch.cat([p.scores for p in parts]),
-                    _cat_token_rewards(parts), metrics)
-    return Collected(all_prompts, kept, merged, tokens)
+            t.group_id += len(self.prompts)
+        self.prompts += batch.prompts
+        self.kept += trajs
+        self.parts.append(scored)
+        need = self.want - len({t.group_id for t in self.kept})
+        if not self.group_filter.enabled or need <= 0 or self.rounds >= self.group_filter.max_rounds:
+            return 0
+        return need
+
+    def collected(self) -> Collected:
+        scores = torch.cat(self.all_scores)
+        metrics = dict(self.metrics)
+        metrics.update(filtered_groups=float(self.dropped), dynamic_rounds=float(self.rounds),
+                       score=float(scores.mean()), drift_frac=self.drift / max(scores.numel(), 1))
+        merged = Scored(torch.cat([p.rewards for p in self.parts]), torch.cat([p.scores for p in self.parts]),
+                        _cat_token_rewards(self.parts), metrics)
+        return Collected(self.prompts, self.kept, merged, self.tokens)
 
 
 def _cat_token_rewards(parts: list[Scored]) -> torch.Tensor | None:

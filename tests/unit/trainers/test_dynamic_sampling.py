@@ -13,8 +13,6 @@ from rlhfkit.data.types import PromptItem
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.hf import HFEngine
-from rlhfkit.trainers.rl.loop import StepTimer
-from rlhfkit.trainers.rl.scoring import collect
 from rlhfkit.trainers.rl.stream import PromptBatch
 
 
@@ -37,14 +35,19 @@ def make_loop(labels, *flags):
 
 
 def rollout(loop, first, rest):
-    """The collect stage on `first`, topped up from the iterator `rest` (fixed seeds)."""
+    """One train_step on `first`, topped up from the iterator `rest` (fixed seeds): the kept batch
+    (prompts, trajectories, rewards, as the completion log sees them) and the step's metrics."""
     def take(n):
         got = list(itertools.islice(rest, n))
         return PromptBatch(got, [7] * len(got))
 
-    got = collect(loop.source, loop.scorer, loop.group_filter, PromptBatch(list(first), [7] * len(first)), take, 2,
-                  StepTimer())
-    return got.prompts, got.trajs, got.scored.rewards, got.scored.metrics
+    loop.data.take_topup = take
+    kept = []
+    loop.log_completions = lambda collected, exp: kept.append(collected)  # called when the batch kept any
+    metrics = loop.train_step(PromptBatch(list(first), [7] * len(first)))
+    if not kept:
+        return [], [], torch.zeros(0), metrics
+    return kept[0].prompts, kept[0].trajs, kept[0].scored.rewards, metrics
 
 
 def test_dropped_groups_are_topped_up_from_new_prompts():

@@ -14,7 +14,7 @@ from rlhfkit.trainers.learner import Learner
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import ExperienceMaker
 from rlhfkit.trainers.rl.loop import StepTimer
-from rlhfkit.trainers.rl.scoring import GroupFilter, Scored, Scorer, collect
+from rlhfkit.trainers.rl.scoring import BatchFill, GroupFilter, Scored, Scorer
 from rlhfkit.trainers.rl.stream import PromptBatch, PromptStream
 from rlhfkit.trainers.rl.sync import sync_weights
 from rlhfkit.trainers.rl.update import LossSettings, PolicyUpdate
@@ -154,28 +154,44 @@ def test_group_filter_keeps_groups_with_mean_score_strictly_inside():
     assert GroupFilter(False)(trajs, scored)[2] == 0
 
 
-def test_collect_times_generate_and_reward_and_numbers_groups_across_rounds(tiny):
-    class Source:
-        def generate(self, batch, upcoming=None):
-            return [traj(p.ids, [1, 2], i) for i, p in enumerate(batch.prompts) for _ in range(2)]
+def test_batch_fill_numbers_groups_across_rounds_and_asks_for_the_missing_groups(tiny):
+    def scored(scores):
+        s = torch.tensor(scores)
+        return Scored(s, s, None, {"reward": float(s.mean())})
 
-        def pop_metrics(self):
-            return {}
-
-    scores = iter([[1.0, 1.0, 0.0, 1.0], [0.0, 1.0]])  # round 1: group 0 all 1 (dropped), group 1 kept
-
-    def reward(queries, prompts, labels, **kw):
-        s = torch.tensor(next(scores))
-        return RewardOutput(s, s)
-
-    more = iter(items(4)[2:])
-    timer = StepTimer()
-    got = collect(Source(), Scorer(reward, tiny[1], 4), GroupFilter(True, (0.0, 1.0), 3),
-                  PromptBatch(items(2), [1, 2]), lambda n: PromptBatch([next(more)], [3]), 2, timer)
+    fill = BatchFill(GroupFilter(True, (0.0, 1.0), 3), tiny[1], want=2)
+    first = [traj(p.ids, [1, 2], i) for i, p in enumerate(items(2)) for _ in range(2)]
+    # round 1: group 0 all 1 (dropped), group 1 kept -> one group missing
+    assert fill.add(PromptBatch(items(2), [1, 2]), first, scored([1.0, 1.0, 0.0, 1.0])) == 1
+    second = [traj(items(4)[2].ids, [1, 2], 0) for _ in range(2)]
+    assert fill.add(PromptBatch(items(4)[2:3], [3]), second, scored([0.0, 1.0])) == 0  # the batch is full
+    got = fill.collected()
     assert [t.group_id for t in got.trajs] == [1, 1, 2, 2]  # group ids index got.prompts
     assert [p.label for p in got.prompts] == [0, 1, 2] and got.generated_tokens == 12
-    assert got.scored.metrics["filtered_groups"] == 1 and got.scored.metrics["dynamic_rounds"] == 2
-    assert set(timer.times) == {"generate", "reward"}
+    m = got.scored.metrics
+    assert m["filtered_groups"] == 1 and m["dynamic_rounds"] == 2 and m["reward"] == 0.75  # the first round's
+    assert m["score"] == pytest.approx(4 / 6)  # the mean over both rounds, dropped groups included
+
+
+def test_train_step_times_each_stage():
+    from rlhfkit.agents.executor import SingleTurnExecutor
+    from rlhfkit.api import components as C
+    from rlhfkit.config import rl as rl_config
+
+    cfg = rl_config.RLConfig.from_args([
+        "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "3",
+        "--train.batch_size", "4", "--train.micro_batch_size", "4", "--actor.autocast", "none"])
+    model, tok = tiny_model_and_tokenizer(seed=0)
+
+    def reward(queries, prompts, labels, **kw):
+        r = torch.tensor([1.0, 0.0] * (len(queries) // 2))
+        return RewardOutput(r, r)
+
+    loop = C.build_loop(cfg, rl_config.validate(cfg), model, tok, HFEngine(model, tok), reward,
+                        C.prompt_stream(cfg, items(2)), SingleTurnExecutor())
+    metrics = loop.train_step(next(iter(loop.data.rollout_batches())))
+    assert {k for k in metrics if k.startswith("time/")} == {
+        "time/generate", "time/reward", "time/experience", "time/update", "time/sync", "time/step"}
 
 
 # ------------------------------------------------------------------ experience
