@@ -23,7 +23,31 @@ from rlhfkit.models.precision import autocast_ctx, on_device
 from rlhfkit.trainers.rl.batching import MicroBatcher
 
 Layout = Callable[[TokenBatch, torch.Tensor], object]  # (batch, rows) -> a batch of any layout (data.packing)
-_PER_TOKEN = ("advantages", "returns", "old_logp", "ref_logp", "values", "rollout_logp")
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """The rows of an `Experience` that one forward/backward of the update trains on: `batch` in the
+    update's layout (padded rows or a packed row), the per-token tensors [b, r] cut to its response
+    width (r); None where the experience has none."""
+
+    batch: object
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    rollout_logp: torch.Tensor | None = None
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """The per-token tensors on `device` (the batch stays where it is: the forward moves it)."""
+        def move(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.to(device)
+
+        return dataclasses.replace(self, **{f: move(getattr(self, f)) for f in _PER_TOKEN})
+
+
+_PER_TOKEN = tuple(f.name for f in dataclasses.fields(MicroBatch) if f.name != "batch")
 
 
 @dataclass
@@ -53,8 +77,8 @@ class Experience:
     def device(self) -> torch.device:
         return self.batch.input_ids.device
 
-    def select(self, rows: torch.Tensor, layout: Layout = select_rows):
-        """Sub-batch of `rows` in `layout` (padded rows by default), with the per-token tensors
+    def select(self, rows: torch.Tensor, layout: Layout = select_rows) -> MicroBatch:
+        """The micro-batch of `rows` in `layout` (padded rows by default), with the per-token tensors
         trimmed to its response width."""
         mb = layout(self.batch, rows)
         r = mb.response_ids.shape[1]
@@ -62,7 +86,7 @@ class Experience:
         def cut(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x[rows, :r]
 
-        return mb, {k: cut(getattr(self, k)) for k in _PER_TOKEN}
+        return MicroBatch(mb, **{k: cut(getattr(self, k)) for k in _PER_TOKEN})
 
 
 @torch.no_grad()

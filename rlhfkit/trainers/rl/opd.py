@@ -102,7 +102,7 @@ class TeacherLossUpdate(PolicyUpdate):
 
     def micro_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict[str, float]:
         out = super().micro_step(exp, rows, layout, kl_coef, counts)
-        mb, _ = exp.select(rows, layout)
+        mb = exp.select(rows, layout).batch
         logits = response_logits(self.policy, mb)
         with torch.no_grad(), on_device(self.teacher if self.teacher_offload else None, logits.device):
             teacher_logits = response_logits(self.teacher, mb).to(logits.device)
@@ -114,5 +114,5 @@ class TeacherLossUpdate(PolicyUpdate):
 
     def idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:
         super().idle_pass(exp, rows, layout)
-        mb, _ = exp.select(rows, layout)  # and the teacher term's second forward/backward of the policy
+        mb = exp.select(rows, layout).batch  # and the teacher term's second forward/backward of the policy
         self.learner.backward(response_logits(self.policy, mb).float().sum() * 0.0)

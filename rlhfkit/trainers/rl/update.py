@@ -132,26 +132,27 @@ class PolicyUpdate:
     def micro_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict[str, float]:
         """Forward + backward of one micro-batch. Returns token-weighted metric sums."""
         c = self.losses
-        mb, x = exp.select(rows, layout)
+        part = exp.select(rows, layout)
+        mb = part.batch
         mask = mb.loss_mask
         logp, entropy = response_logprobs(self.policy, mb, temperature=c.temperature, with_entropy=True,
                                           entropy_grad=bool(c.entropy_coef))
         logp = logp.float()
         if logp.device != mask.device:  # the policy sits on a GPU: bring the micro-batch's tensors to it
             mask = mask.to(logp.device)
-            x = {k: None if v is None else v.to(logp.device) for k, v in x.items()}
-        old = x["old_logp"] if x["old_logp"] is not None else logp.detach()
-        rollout = x["rollout_logp"]
+            part = part.to(logp.device)
+        old = part.old_logp if part.old_logp is not None else logp.detach()
+        rollout = part.rollout_logp
         ppo = dict(eps_low=c.eps_low, eps_high=c.eps_high, dual_clip=c.dual_clip, ratio_level=c.ratio_level,
                    agg=c.agg, **counts)
         if c.corrected:
             if rollout is None:
                 raise TrainingError("the IS / decoupled correction needs the engine's logprobs of each token, and "
                                     "these trajectories carry none")
-            loss, pm = decoupled_policy_loss(logp, old, rollout, x["advantages"], mask, is_kind=c.is_kind,
+            loss, pm = decoupled_policy_loss(logp, old, rollout, part.advantages, mask, is_kind=c.is_kind,
                                              is_low=c.is_low, is_high=c.is_high, **ppo)
         else:
-            loss, pm = policy_loss(logp, old, x["advantages"], mask, **ppo)
+            loss, pm = policy_loss(logp, old, part.advantages, mask, **ppo)
         ntok = float(mask.sum())
         out = {"train_tokens": float(mb.num_tokens), "policy_loss": float(loss.detach()),
                "clip_frac": float(pm["clip_frac"]) * ntok, "ppo_kl": float(pm["approx_kl"]) * ntok,
@@ -160,14 +161,14 @@ class PolicyUpdate:
             out.update(_gap_metrics(old, rollout, mask, pm if c.corrected else None))
         if c.entropy_coef:
             loss = loss - c.entropy_coef * aggregate_loss(entropy.float(), mask, c.agg, **counts)
-        if c.kl_loss and x["ref_logp"] is not None:
-            kl = approx_kl(logp, x["ref_logp"], c.kl_estimator)
+        if c.kl_loss and part.ref_logp is not None:
+            kl = approx_kl(logp, part.ref_logp, c.kl_estimator)
             loss = loss + kl_coef * aggregate_loss(kl, mask, c.agg, **counts)
             out["kl_loss"] = float((kl.detach() * mask).sum())
         self.learner.backward(loss)
         if self.critic is not None:
             v = self.critic.response_values(mb).float()
-            vloss, _ = value_loss(v, x["values"], x["returns"], mask, clip=c.value_clip, agg=c.agg, **counts)
+            vloss, _ = value_loss(v, part.values, part.returns, mask, clip=c.value_clip, agg=c.agg, **counts)
             self.critic_learner.backward(vloss)
             out["value_loss"] = float(vloss.detach())
         return out
@@ -175,7 +176,7 @@ class PolicyUpdate:
     def idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:
         """A forward/backward of the policy (and critic) on `rows` (the step's shortest row) whose
         gradients are zero: the FSDP collectives of one micro-batch, without changing the step."""
-        mb, _ = exp.select(rows, layout)
+        mb = exp.select(rows, layout).batch
         logp, _ = response_logprobs(self.policy, mb, temperature=self.losses.temperature)
         self.learner.backward(logp.float().sum() * 0.0)
         if self.critic is not None:

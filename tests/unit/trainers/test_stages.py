@@ -13,7 +13,6 @@ from rlhfkit.rollout.hf import HFEngine
 from rlhfkit.trainers.learner import Learner
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import ExperienceMaker
-from rlhfkit.trainers.rl.loop import StepTimer
 from rlhfkit.trainers.rl.scoring import BatchFill, GroupFilter, Scored, Scorer
 from rlhfkit.trainers.rl.stream import PromptBatch, PromptStream
 from rlhfkit.trainers.rl.sync import sync_weights
