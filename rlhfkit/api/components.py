@@ -16,7 +16,7 @@ from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor, load_agent_fil
 from rlhfkit.agents.executor import TokenBudget
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.config.rl import BatchPlan, RewardConfig, lora_targets
-from rlhfkit.core.advantages import ESTIMATORS
+from rlhfkit.core.advantages import ESTIMATORS, Whiten
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.core.losses import POLICY_LOSSES
 from rlhfkit.distributed import fsdp
@@ -57,7 +57,6 @@ log = logging.getLogger("rlhfkit")
 _PKG = Path(__file__).resolve().parents[1]
 BUILTIN_AGENTS = {"builtin:calculator": _PKG / "agents" / "envs" / "calculator.py",
                   "builtin:guess": _PKG / "agents" / "envs" / "guess.py"}
-WHITEN = {"true": True, "mean": "mean", "false": False}
 STEP_LOGS = ("metrics.jsonl", "samples.jsonl")
 
 
@@ -290,7 +289,7 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
     decoupled = adv.decoupled_enable or t.async_enable  # async always separates behaviour and proximal policies
     experience = ExperienceMaker(
         policy, ref, critic, batcher, estimator=adv.estimator, gamma=adv.gamma, lam=adv.lambd,
-        whiten=WHITEN[adv.whiten], reward_clip=w.clip_range, kl_estimator=k.estimator, kl_in_reward=not k.use_loss,
+        whiten=Whiten(adv.whiten), reward_clip=w.clip_range, kl_estimator=k.estimator, kl_in_reward=not k.use_loss,
         multi_step=plan.optimizer_steps_per_rollout > 1, temperature=temperature, autocast=a.autocast,
         proximal=decoupled, ref_device=model_device(policy) if cfg.ref.offload else None)
     lo, hi = a.eps_clip_low_high

@@ -17,6 +17,9 @@ instead of comparing names.
 Departure: advantages are 0 wherever ``loss_mask`` is False (OpenRLHF leaves values there).
 """
 
+from __future__ import annotations
+
+import enum
 from dataclasses import dataclass, field
 
 import torch
@@ -291,7 +294,23 @@ ESTIMATORS: dict[str, EstimatorSpec] = {
     ),
 }
 
-_WHITEN_CHOICES = (True, False, "mean")
+class Whiten(str, enum.Enum):
+    """How a whitening estimator's advantages are normalised over the batch's action tokens: TRUE mean
+    and std, MEAN the mean only (OpenRLHF's ``no_advantage_std_norm``), FALSE none. The values are
+    the spellings of ``--algo.advantage.whiten``."""
+
+    TRUE = "true"
+    MEAN = "mean"
+    FALSE = "false"
+
+    @classmethod
+    def of(cls, value: Whiten | str | bool) -> Whiten:
+        """A member, its value, or a bool (True: TRUE, False: FALSE); ValueError otherwise."""
+        if isinstance(value, bool):
+            return cls.TRUE if value else cls.FALSE
+        if isinstance(value, str) and value in cls._value2member_map_:
+            return cls(value)
+        raise ValueError(f"whiten must be one of {[w.value for w in cls]}, True or False, got {value!r}")
 
 
 def compute_advantages(
@@ -304,7 +323,7 @@ def compute_advantages(
     values: torch.Tensor | None = None,
     kl: torch.Tensor | None = None,
     kl_coef: float = 0.0,
-    whiten: bool | str = True,
+    whiten: Whiten | str | bool = Whiten.TRUE,
     reward_clip: tuple[float, float] | None = None,
     dense_rewards: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,8 +341,8 @@ def compute_advantages(
     ``spec.needs_critic``, else discounted returns as advantages (gamma 1 when
     ``spec.force_gamma_one``: the group estimators, as OpenRLHF does) -> when ``spec.whiten``
     (``gae``, ``reinforce``, ``reinforce_baseline``), whitening over all action tokens of the
-    batch (``whiten=True``: mean and std; ``"mean"``: mean only, OpenRLHF's
-    ``no_advantage_std_norm``; False: none). The other estimators ignore ``whiten``.
+    batch as ``whiten`` says (``Whiten``: TRUE mean and std; MEAN mean only, OpenRLHF's
+    ``no_advantage_std_norm``; FALSE none). The other estimators ignore ``whiten``.
 
     Departures from OpenRLHF: advantages are 0 where ``loss_mask`` is False; the whole batch
     is passed at once (OpenRLHF whitens across its micro-batches, which is the same set of
@@ -346,7 +365,7 @@ def compute_advantages(
         values: ``[B, T]`` critic values (read when the spec ``needs_critic``: gae).
         kl: ``[B, T]`` per-token KL estimate, or None.
         kl_coef: non-negative KL penalty coefficient.
-        whiten: True, False or ``"mean"``.
+        whiten: a ``Whiten`` (or its value; True and False stand for TRUE and FALSE).
         reward_clip: ``(low, high)`` bounds for the shaped scalar reward, or None.
         dense_rewards: ``[B, T]`` per-token rewards added at action tokens, or None.
 
@@ -357,8 +376,7 @@ def compute_advantages(
     _check_kl_coef(kl_coef)
     if spec.needs_critic and values is None:
         raise ValueError(f"compute_advantages({estimator!r}) needs values [B, T] from the critic")
-    if whiten not in _WHITEN_CHOICES or isinstance(whiten, int) and not isinstance(whiten, bool):
-        raise ValueError(f"whiten must be one of {_WHITEN_CHOICES}, got {whiten!r}")
+    whiten = Whiten.of(whiten)
     gamma = 1.0 if spec.force_gamma_one else gamma
 
     with torch.no_grad():
@@ -371,9 +389,9 @@ def compute_advantages(
         else:
             returns = discounted_returns(per_token, loss_mask, gamma)
             advantages = returns.clone()
-        if spec.whiten and whiten is True:
+        if spec.whiten and whiten is Whiten.TRUE:
             advantages = masked_whiten(advantages, loss_mask)
-        elif spec.whiten and whiten == "mean":
+        elif spec.whiten and whiten is Whiten.MEAN:
             advantages = advantages - masked_mean(advantages, loss_mask)
         advantages = torch.where(loss_mask, advantages, torch.zeros_like(advantages))
     return advantages, returns

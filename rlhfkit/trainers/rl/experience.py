@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.core.advantages import compute_advantages
+from rlhfkit.core.advantages import Whiten, compute_advantages
 from rlhfkit.core.kl import approx_kl
 from rlhfkit.data.batch import TokenBatch, collate, pad_response_values, select_rows
 from rlhfkit.data.types import Trajectory
@@ -114,7 +114,7 @@ def make_experience(
     estimator: str,
     gamma: float,
     lam: float,
-    whiten: bool | str,
+    whiten: Whiten,
     reward_clip: tuple[float, float] | None,
     kl_coef: float,
     kl_estimator: str,
@@ -174,7 +174,7 @@ class ExperienceMaker:
     the forwards run on the models' device."""
 
     def __init__(self, policy: torch.nn.Module, ref: torch.nn.Module | None, critic: torch.nn.Module | None,
-                 batcher: MicroBatcher, *, estimator: str, gamma: float, lam: float, whiten: bool | str,
+                 batcher: MicroBatcher, *, estimator: str, gamma: float, lam: float, whiten: Whiten,
                  reward_clip: tuple[float, float] | None, kl_estimator: str, kl_in_reward: bool, multi_step: bool,
                  temperature: float, autocast: str | None, proximal: bool = False,
                  ref_device: torch.device | None = None):

@@ -6,7 +6,14 @@ variants are flags: ``ipo_enable``, ``label_smoothing``).
 """
 
 from rlhfkit.config import rl
-from rlhfkit.core import AGGREGATIONS, ESTIMATORS, IS_KINDS, KL_ESTIMATORS, POLICY_LOSSES
+from rlhfkit.core import (
+    AGGREGATIONS,
+    ESTIMATORS,
+    IS_KINDS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    Whiten,
+)
 
 
 def test_advantage_estimators_match_the_table():
@@ -31,3 +38,7 @@ def test_policy_loss_types_match_the_table():
 
 def test_is_correction_types_name_the_is_kinds_with_dashes_or_underscores():
     assert {t.replace("-", "_") for t in rl.IS_CORRECTION_TYPES} == set(IS_KINDS)
+
+
+def test_whiten_modes_are_the_enum_values():
+    assert rl.WHITEN_MODES == tuple(w.value for w in Whiten)

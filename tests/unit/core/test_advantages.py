@@ -242,6 +242,19 @@ def test_configuration_errors():
         assert name in str(err.value)
     with pytest.raises(ValueError, match="whiten"):
         compute_advantages("reinforce", rewards, mask, ids, whiten="std")
+    with pytest.raises(ValueError, match="whiten"):
+        compute_advantages("reinforce", rewards, mask, ids, whiten=1)
+
+
+def test_whiten_is_one_enum_whose_values_are_the_flag_spellings():
+    from rlhfkit.core import Whiten
+
+    assert [Whiten.of(v) for v in (True, False, "mean", "true", Whiten.FALSE)] == [
+        Whiten.TRUE, Whiten.FALSE, Whiten.MEAN, Whiten.TRUE, Whiten.FALSE]
+    rewards, mask = torch.tensor([1.0, 0.0]), torch.ones(2, 1, dtype=torch.bool)
+    adv = {w: compute_advantages("reinforce", rewards, mask, None, whiten=w)[0].flatten().tolist() for w in Whiten}
+    # returns 1, 0: mean 0.5; std (biased) 0.5
+    assert adv == {Whiten.TRUE: [1.0, -1.0], Whiten.MEAN: [0.5, -0.5], Whiten.FALSE: [1.0, 0.0]}
 
 
 # ---------------------------------------------------------------- the estimator table
