@@ -16,18 +16,9 @@ from rlhfkit.core.advantages import (
     token_rewards,
 )
 from rlhfkit.core.aggregate import AGGREGATIONS, aggregate_loss
-from rlhfkit.core.distill import (
-    forward_kl_from_logits,
-    linear_forward_kl,
-    topk_reverse_kl,
-)
+from rlhfkit.core.distill import forward_kl_from_logits, linear_forward_kl, topk_reverse_kl
 from rlhfkit.core.ema import ema_update
-from rlhfkit.core.kl import (
-    KL_ESTIMATORS,
-    AdaptiveKLController,
-    FixedKLController,
-    approx_kl,
-)
+from rlhfkit.core.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, approx_kl
 from rlhfkit.core.lm_head import linear_logprobs_and_entropy
 from rlhfkit.core.losses import (
     IS_KINDS,
@@ -66,16 +57,16 @@ __all__ = [
     "Whiten",
     "aggregate_loss",
     "approx_kl",
-    "behaviour_weights",
     "compute_advantages",
-    "decoupled_policy_loss",
     "discounted_returns",
     "dpo_loss",
     "ema_update",
-    "entropy_from_logits",
     "forward_kl_from_logits",
+    "entropy_from_logits",
     "gae",
     "group_baseline",
+    "behaviour_weights",
+    "decoupled_policy_loss",
     "is_weights",
     "kto_loss",
     "linear_forward_kl",

@@ -6,14 +6,7 @@ variants are flags: ``ipo_enable``, ``label_smoothing``).
 """
 
 from rlhfkit.config import rl
-from rlhfkit.core import (
-    AGGREGATIONS,
-    ESTIMATORS,
-    IS_KINDS,
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
-    Whiten,
-)
+from rlhfkit.core import AGGREGATIONS, ESTIMATORS, IS_KINDS, KL_ESTIMATORS, POLICY_LOSSES, Whiten
 
 
 def test_advantage_estimators_match_the_table():
