@@ -29,7 +29,7 @@ import torch
 from rlhfkit.data.batch import collate
 from rlhfkit.models import load_causal_lm, load_tokenizer, materialize_smollm2, response_logprobs
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import HFEngine, _eos_ids
+from rlhfkit.rollout.hf import HFEngine, eos_ids
 from rlhfkit.rollout.vllm import VLLMEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -127,7 +127,7 @@ def main() -> None:
     path = str(materialize_smollm2()) if args.model == "smollm2" else args.model
     tok = load_tokenizer(path)
     hf_model = load_causal_lm(path, dtype=DTYPES[args.dtype]).to(device).eval()
-    engine = VLLMEngine(path, _eos_ids(hf_model, tok), dtype=args.dtype, seed=0,
+    engine = VLLMEngine(path, eos_ids(hf_model, tok), dtype=args.dtype, seed=0,
                         gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep=args.sleep,
                         max_model_len=1024)
     prompts = prompts_of(tok, args.prompts)

@@ -37,7 +37,7 @@ from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rewards.reward_model import ProcessRewardFn, RewardModelFn
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.rollout.hf import HFEngine, eos_ids
 from rlhfkit.tracking.metrics import drop_steps_after
 from rlhfkit.tracking.run import RunTracker
 from rlhfkit.tracking.wandb_writer import WandbWriter
@@ -186,7 +186,6 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
 
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
-    from rlhfkit.rollout.hf import _eos_ids  # noqa: PLC0415
     from rlhfkit.rollout.vllm import VLLMEngine, require_vllm  # noqa: PLC0415
 
     require_vllm()
@@ -195,7 +194,7 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
         raise ConfigError(f"--rollout.engine vllm needs an HF model folder, not the GGUF file {gguf}; convert it "
                           "once (e.g. --actor.model_name_or_path smollm2 does) or use --rollout.engine hf")
     v = cfg.vllm
-    return VLLMEngine(path, _eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
+    return VLLMEngine(path, eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
                       seed=cfg.train.seed, gpu_memory_utilization=v.gpu_memory_utilization,
                       enable_sleep=v.enable_sleep, tensor_parallel_size=v.tensor_parallel_size,
                       state_fn=state_fn, auto_sleep=v.enable_sleep)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rlhfkit.config.defaults import PROMPT_MAX_LEN
 from rlhfkit.config.openrlhf_names import OPENRLHF_COMMANDS
 from rlhfkit.config.parse import Alias
 from rlhfkit.errors import ConfigError
@@ -160,10 +161,8 @@ def _max_len(vals, given):
     new = _given(given, "rollout.max_new_tokens", "max_new_tokens", "generate_max_len")
     if new is not None:
         return {"data.prompt_max_len": str(max(1, total - int(new[0])))}
-    from rlhfkit.config.rl import DataConfig  # noqa: PLC0415  (rl.py imports this module)
-
     prompt = _given(given, "data.prompt_max_len", "prompt_max_len")
-    return {"rollout.max_new_tokens": str(max(1, total - int(prompt[0] if prompt else DataConfig.prompt_max_len)))}
+    return {"rollout.max_new_tokens": str(max(1, total - int(prompt[0] if prompt else PROMPT_MAX_LEN)))}
 
 
 def _is_threshold(vals, given):

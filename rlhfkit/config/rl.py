@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from rlhfkit.config.defaults import PROMPT_MAX_LEN
 from rlhfkit.config.openrlhf import RL_FLAGS
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import ORDERED, check_ranges, validate_table
@@ -203,7 +204,7 @@ class DataConfig:
     template)."""
     max_samples: int | None = None
     """Use at most this many prompts of the dataset (none: all)."""
-    prompt_max_len: int = 1024
+    prompt_max_len: int = PROMPT_MAX_LEN
     """Prompts longer than this many tokens are skipped (counted and logged)."""
 
 

@@ -167,7 +167,7 @@ class HFEngine:
         self.max_batch_tokens = max_batch_tokens
         self.autocast_dtype = autocast_dtype
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_ids(model, tokenizer)
         takes = forward_parameters(model)
         self._keep_last_logits = "logits_to_keep" in takes
         self._takes_positions = "position_ids" in takes  # else the model derives them (e.g. from the mask)
@@ -219,7 +219,7 @@ class HFEngine:
               generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
               seeds: Sequence[int] | None = None) -> PartialGeneration:
         """A generation not run yet (arguments as `generate`); `resume` runs it, in slices if asked."""
-        _check_params(params, prompts, group_ids)
+        check_params(params, prompts, group_ids)
         if seeds is not None and len(seeds) != len(prompts):
             raise ConfigError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
         stop_ids = torch.tensor(sorted(set(self.eos_ids) | set(params.stop_token_ids)), dtype=torch.long)
@@ -535,7 +535,7 @@ def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 # ---------------------------------------------------------------------- helpers
 
 
-def _eos_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
+def eos_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
     """EOS ids from the tokenizer and the model's generation config (which may list several)."""
     ids = set()
     if tokenizer.eos_token_id is not None:
@@ -752,7 +752,7 @@ def _cpu_decode_attention(module, query, key, value, attention_mask, scaling=Non
     return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
-def _check_params(params: SamplingParams, prompts: Sequence[Sequence[int]], group_ids) -> None:
+def check_params(params: SamplingParams, prompts: Sequence[Sequence[int]], group_ids) -> None:
     if params.n < 1 or params.max_new_tokens < 1:
         raise ConfigError(f"SamplingParams needs n >= 1 and max_new_tokens >= 1, got {params}")
     if params.temperature < 0 or not 0 < params.top_p <= 1:

@@ -39,7 +39,7 @@ import torch
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import _check_params
+from rlhfkit.rollout.hf import check_params
 from rlhfkit.rollout.vllm_worker import (
     fill_bucket,
     pack_tensors,
@@ -214,7 +214,7 @@ class VLLMEngine:
         """Sample `params.n` responses per prompt; sample s of prompt i is at index i*n + s."""
         import vllm  # noqa: PLC0415
 
-        _check_params(params, prompts, group_ids)
+        check_params(params, prompts, group_ids)
         self.wake_up()
         stop_ids = sorted(set(self.eos_ids) | set(params.stop_token_ids))
         n = params.n
