@@ -304,6 +304,7 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
     update = (TeacherLossUpdate if topk else PolicyUpdate)(
         policy, learner, batcher, losses, batch_size=t.batch_size, max_epochs=t.max_epochs,
         shuffle_gen=data.shuffle_gen, autocast=a.autocast, critic=critic, critic_learner=critic_learner, dp=dp,
+        rank_max=fsdp.max_over_ranks if dp[1] > 1 else None,
         compiled=CompiledLayers(policy) if t.compile_enable else None,
         **(dict(teacher=teacher, teacher_coef=f.teacher_coef, teacher_topk=f.teacher_topk,
                 teacher_offload=f.teacher_offload) if topk else {}))

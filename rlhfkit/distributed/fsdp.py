@@ -23,7 +23,7 @@ What each process does (every rank runs the same RL loop on the same data):
 
 - Token-budget micro-batches (--train.dynamic_batch_enable) and DAPO's filtered batches (whose rows
   may not split into equal shares) can give the ranks different numbers of micro-batches, while every
-  FSDP forward/backward is a collective: the ranks agree on the largest count (`trainers.rl.update.max_over_ranks`) and a
+  FSDP forward/backward is a collective: the ranks agree on the largest count (`max_over_ranks`) and a
   rank with fewer runs passes that add nothing to the gradients (trainers.rl.update `idle_pass`).
 - bf16 parameters with float32 masters (--actor.dtype bfloat16) are, under FSDP2, float32 sharded
   parameters (the masters) computing in bf16 with float32 gradient reduction: --fsdp.mixed_precision.
@@ -181,3 +181,11 @@ def check_fsdp_settings(world_size: int, train_batch_size: int) -> None:
     if train_batch_size % world_size:
         raise ConfigError(f"--train.batch_size {train_batch_size} must be a multiple of the number of torchrun "
                           f"processes ({world_size}): each takes an equal share of every optimizer step")
+
+
+def max_over_ranks(n: int) -> int:
+    """The largest `n` over the ranks (a collective: every rank must call it)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    t = torch.tensor([n], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())

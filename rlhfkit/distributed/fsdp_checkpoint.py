@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from rlhfkit.distributed.fsdp import max_over_ranks
 from rlhfkit.errors import CheckpointError
 from rlhfkit.trainers.checkpoint import (
     SHARDS,
@@ -51,7 +52,6 @@ from rlhfkit.trainers.checkpoint import (
     write_error,
     write_state,
 )
-from rlhfkit.trainers.rl.update import max_over_ranks
 
 log = logging.getLogger("rlhfkit")
 

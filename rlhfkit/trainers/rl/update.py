@@ -10,10 +10,10 @@ with `idle_pass`).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from rlhfkit.core.aggregate import aggregate_loss
 from rlhfkit.core.kl import approx_kl
@@ -64,15 +64,20 @@ class LossSettings:
 class PolicyUpdate:
     """Trains `policy` (and `critic`) on experience. `batch_size`: samples per optimizer step;
     `max_epochs`: passes per rollout batch, each in an order drawn from `shuffle_gen`; `dp`:
-    (rank, world size) under FSDP; `compiled`: models.compile.CompiledLayers swapped in for the update."""
+    (rank, world size) under FSDP, with `rank_max(n)`: the largest `n` over the ranks (a collective;
+    distributed.fsdp.max_over_ranks); `compiled`: models.compile.CompiledLayers swapped in for the update."""
 
     def __init__(self, policy: torch.nn.Module, learner: Learner, batcher: MicroBatcher, losses: LossSettings, *,
                  batch_size: int, max_epochs: int, shuffle_gen: torch.Generator, autocast: str | None,
                  critic: torch.nn.Module | None = None, critic_learner: Learner | None = None,
-                 dp: tuple[int, int] = (0, 1), compiled=None):
+                 dp: tuple[int, int] = (0, 1), rank_max: Callable[[int], int] | None = None, compiled=None):
+        if dp[1] > 1 and rank_max is None:
+            raise TrainingError(f"{dp[1]} ranks share the update: PolicyUpdate needs rank_max "
+                                "(distributed.fsdp.max_over_ranks) to agree on the micro-batch count")
         self.policy, self.learner, self.batcher, self.losses = policy, learner, batcher, losses
         self.batch_size, self.max_epochs, self.shuffle_gen, self.autocast = batch_size, max_epochs, shuffle_gen, autocast
         self.critic, self.critic_learner, self.dp, self.compiled = critic, critic_learner, dp, compiled
+        self.rank_max = rank_max
         self.device_type = next(policy.parameters()).device.type
 
     def __call__(self, exp: Experience, kl_coef: float) -> dict[str, float]:
@@ -111,7 +116,7 @@ class PolicyUpdate:
                 cuts = self.batcher.cut(exp.batch, exp.group_ids, mine) if len(mine) else []
                 # Under FSDP every forward/backward is a collective: a rank with fewer micro-batches
                 # than another (token budgets, unequal shares) pads with passes that add nothing.
-                idle = max_over_ranks(len(cuts)) - len(cuts) if self.dp[1] > 1 else 0
+                idle = self.rank_max(len(cuts)) - len(cuts) if self.dp[1] > 1 else 0
                 # One autocast region per optimizer step: its cache keeps the bf16 copies of the
                 # weights for every micro-batch instead of casting them again in each.
                 with autocast_ctx(self.autocast, self.device_type):
@@ -212,11 +217,3 @@ def _add(sums: dict[str, float], metrics: dict[str, float], prefix: str = "") ->
     for k, v in metrics.items():
         key = prefix + k
         sums[key] = max(sums.get(key, v), v) if key in _MAXIMA else sums.get(key, 0.0) + v
-
-
-def max_over_ranks(n: int) -> int:
-    """The largest `n` over the ranks (a collective: every rank must call it)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    t = torch.tensor([n], dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())

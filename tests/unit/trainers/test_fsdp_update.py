@@ -13,7 +13,6 @@ from rlhfkit.data.types import Trajectory
 from rlhfkit.distributed import fsdp
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.trainers.learner import Learner
-from rlhfkit.trainers.rl import update as update_module
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import ExperienceMaker
 from rlhfkit.trainers.rl.opd import TeacherLossUpdate
@@ -36,10 +35,11 @@ def setup():
     return model, tok, maker(trajs, torch.tensor([1.0, 0.0, 0.0, 1.0]), kl_coef=0.0)
 
 
-def make(kind, model, tok, dp=(0, 1)):
+def make(kind, model, tok, dp=(0, 1), rank_max=None):
     learner = Learner(model, 1e-2, total_steps=10)
     args = (model, learner, MicroBatcher(tok.pad_token_id, 1), LossSettings(max_len=4))
-    kw = dict(batch_size=4, max_epochs=1, shuffle_gen=torch.Generator().manual_seed(0), autocast=None, dp=dp)
+    kw = dict(batch_size=4, max_epochs=1, shuffle_gen=torch.Generator().manual_seed(0), autocast=None, dp=dp,
+              rank_max=rank_max)
     if kind == "teacher":
         return TeacherLossUpdate(*args, teacher=copy.deepcopy(model).requires_grad_(False), teacher_coef=1.0,
                                  teacher_topk=4, **kw)
@@ -65,8 +65,7 @@ def test_idle_pass_runs_a_micro_batchs_backwards_with_zero_gradients(setup, kind
 
 def test_a_rank_with_fewer_micro_batches_pads_to_the_largest_count(setup, monkeypatch):
     model, tok, exp = setup
-    monkeypatch.setattr(update_module, "max_over_ranks", lambda n: n + 3)  # another rank cut 3 more
-    update = make("policy", model, tok, dp=(0, 2))
+    update = make("policy", model, tok, dp=(0, 2), rank_max=lambda n: n + 3)  # another rank cut 3 more
     passes = []
     monkeypatch.setattr(update, "idle_pass", lambda exp, rows, layout: passes.append(rows.tolist()))
     out = update(exp, kl_coef=0.0)
