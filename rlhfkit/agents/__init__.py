@@ -1,8 +1,5 @@
-"""Agents: the `AgentInstance` contract, single- and multi-turn executors, OpenRLHF's mid-2025
-`AgentExecutorBase` contract, example environments.
-
-Names follow OpenRLHF's `openrlhf.utils.agent` so that its agent files need only new imports.
-"""
+"""Agents: the AgentInstance contract (OpenRLHF's names), single- and multi-turn executors, environments.
+May import core, rollout, rewards and data (docs/architecture.md)."""
 
 from rlhfkit.agents.base import AgentInstanceBase, StepResult, check_step_result
 from rlhfkit.agents.engine_adapter import EngineAdapter, VLLMSamplingParams

@@ -1,4 +1,5 @@
-"""Typed configs, YAML + dotted CLI flags, validation and batch arithmetic."""
+"""Typed configs (a frozen dataclass per section), YAML + dotted flags, OpenRLHF aliases, validation.
+May import nothing else from rlhfkit but errors (docs/architecture.md)."""
 
 from rlhfkit.config.parse import parse_config, to_dict
 from rlhfkit.config.rl import RL_ALIASES, BatchPlan, RLConfig, validate

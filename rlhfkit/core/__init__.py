@@ -1,8 +1,5 @@
-"""Pure tensor math for RL on language models (torch only).
-
-Masks, aggregation modes, KL estimators and controllers, advantage estimators, policy /
-value / entropy / SFT / preference losses, distillation divergences, reward shaping and EMA. See docs/algorithms.md.
-"""
+"""Pure tensor math: masks, aggregation, KL / advantage estimators, losses, distillation, shaping, EMA; tables.
+May import torch and the standard library only (docs/architecture.md)."""
 
 from rlhfkit.core.advantages import (
     ESTIMATORS,

@@ -1,7 +1,7 @@
 """Masked reductions over token tensors.
 
 All functions take ``mask`` as a bool tensor broadcastable to ``x`` where True means the
-entry counts (the project's one-mask convention, see DESIGN.md). Entries where the mask is
+entry counts (the project's one-mask convention, see docs/architecture.md). Entries where the mask is
 False are *selected away* with ``torch.where`` rather than multiplied by zero, so NaN or inf
 junk in padding cannot leak into a result or its gradient.
 """

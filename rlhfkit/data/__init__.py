@@ -1,4 +1,5 @@
-"""Prompt / SFT / preference datasets, typed batches, padding and packing."""
+"""Datasets (prompts, SFT, preference, steps), prompt tokenization, PromptItem, Trajectory, padding, packing.
+May import core (docs/architecture.md)."""
 
 from rlhfkit.data.prompts import PromptExample, load_prompts
 

@@ -1,4 +1,5 @@
-"""Load and save HF causal LMs, tiny test models, the critic, and the logprob forward."""
+"""HF causal LMs: loading (policy, teacher, GGUF) and saving, tiny models, critic / reward heads, logprobs, LoRA.
+May import core (docs/architecture.md)."""
 
 from rlhfkit.models.critic import Critic
 from rlhfkit.models.loading import (

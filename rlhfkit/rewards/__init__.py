@@ -1,5 +1,5 @@
-"""Reward functions: the contract, Python callables and reward files in OpenRLHF's or TRL's
-contract, `resolve_reward` for any of them (or a weighted list), built-in verifiers."""
+"""Reward functions: the contract, callables, reward files, verifiers, servers, reward and process reward models.
+May import core, data and models (docs/architecture.md)."""
 
 from rlhfkit.rewards.base import RewardFn, RewardOutput, normalize_reward_output
 from rlhfkit.rewards.callables import CallableRewardFn, batched, grouped

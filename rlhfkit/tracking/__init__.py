@@ -1,7 +1,5 @@
-"""Console progress, jsonl metrics, TensorBoard, completion logs and plots.
-
-Imports nothing from rlhfkit (errors here are ValueError / TypeError).
-"""
+"""Console progress, jsonl metrics, TensorBoard, wandb, completion logs and plots.
+May import nothing else from rlhfkit; errors here are ValueError / TypeError (docs/architecture.md)."""
 
 from rlhfkit.tracking.metrics import MetricsWriter, TensorBoardWriter, Tracker
 from rlhfkit.tracking.plots import plot_curves, plot_panels, read_metrics

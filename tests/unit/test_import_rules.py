@@ -1,4 +1,4 @@
-"""The import rules of DESIGN.md, checked on every module's source (AST, no import needed)."""
+"""The import rules of docs/architecture.md, checked on every module's source (AST, no import needed)."""
 
 import ast
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "rlhfkit"
 
-# package -> internal packages it may import (DESIGN.md). `errors` is importable by all;
+# package -> internal packages it may import (docs/architecture.md). `errors` is importable by all;
 # every package above core may also use core (it is the shared math).
 ALLOWED = {
     "core": set(),

@@ -1,6 +1,6 @@
 """The config's choice tuples name exactly the entries of the core tables, in the same order.
 
-config/ may not import core (DESIGN.md), so the names are written twice; this test keeps the
+config/ may not import core (docs/architecture.md), so the names are written twice; this test keeps the
 two in step. preference.py and sft.py have no choice tuple that mirrors a core table (DPO's
 variants are flags: ``ipo_enable``, ``label_smoothing``).
 """
