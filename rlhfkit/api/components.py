@@ -46,7 +46,7 @@ from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn, reward_verifie
 from rlhfkit.trainers.learner import Learner
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import ExperienceMaker
-from rlhfkit.trainers.rl.generate import Generate
+from rlhfkit.trainers.rl.generate import Generate, RolloutSource
 from rlhfkit.trainers.rl.loop import RLLoop
 from rlhfkit.trainers.rl.opd import TeacherLossUpdate, TeacherScorer
 from rlhfkit.trainers.rl.scoring import GroupFilter, Scorer
@@ -264,70 +264,120 @@ def prompt_stream(cfg: RLConfig, prompts) -> PromptStream:
                         torch.Generator().manual_seed(t.seed))
 
 
+def build_learners(cfg: RLConfig, policy, critic, optimizer_steps: int) -> tuple[Learner, Learner | None]:
+    """The policy's Learner (and the critic's, None without one) over `optimizer_steps` steps."""
+    actor = cfg.actor
+    schedule = dict(total_steps=optimizer_steps, warmup_steps=int(actor.lr_warmup_ratio * optimizer_steps),
+                    scheduler=actor.lr_scheduler, min_lr_ratio=actor.min_lr_ratio,
+                    max_consecutive_skips=cfg.train.max_skipped_steps)
+    learner = Learner(policy, actor.adam.lr, actor.adam.betas, actor.adam.eps, actor.adam.weight_decay,
+                      max_norm=actor.max_norm, ema_beta=actor.ema_beta, **schedule)
+    if critic is None:
+        return learner, None
+    c = cfg.critic.adam
+    return learner, Learner(critic, c.lr, c.betas, c.eps, c.weight_decay, max_norm=cfg.critic.max_norm, name="critic",
+                            **schedule)
+
+
+def build_batcher(cfg: RLConfig, tokenizer) -> MicroBatcher:
+    train = cfg.train
+    return MicroBatcher(tokenizer.pad_token_id, train.micro_batch_size,
+                        train.max_tokens_per_micro_batch if train.dynamic_batch_enable else None,
+                        train.shared_prefix_enable)
+
+
+def decoupled_update(cfg: RLConfig) -> bool:
+    """Decoupled PPO's proximal policy: asked for, or async (which always separates behaviour and proximal)."""
+    return cfg.algo.advantage.decoupled_enable or cfg.train.async_enable
+
+
+def build_experience(cfg: RLConfig, plan: BatchPlan, policy, ref, critic, batcher: MicroBatcher) -> ExperienceMaker:
+    adv, kl = cfg.algo.advantage, cfg.algo.kl
+    return ExperienceMaker(
+        policy, ref, critic, batcher, estimator=adv.estimator, gamma=adv.gamma, lam=adv.lambd,
+        whiten=Whiten(adv.whiten), reward_clip=cfg.reward.clip_range, kl_estimator=kl.estimator,
+        kl_in_reward=not kl.use_loss, multi_step=plan.optimizer_steps_per_rollout > 1,
+        temperature=cfg.rollout.temperature or 1.0, autocast=cfg.actor.autocast, proximal=decoupled_update(cfg),
+        ref_device=model_device(policy) if cfg.ref.offload else None)
+
+
+def loss_settings(cfg: RLConfig, max_len: int) -> LossSettings:
+    """The policy and value losses' settings; `max_len`: the response token budget."""
+    actor, adv, kl = cfg.actor, cfg.algo.advantage, cfg.algo.kl
+    eps_low, eps_high = actor.eps_clip_low_high
+    is_low, is_high = adv.is_correction_threshold
+    return LossSettings(eps_low=eps_low, eps_high=eps_high, dual_clip=actor.dual_clip,
+                        ratio_level=POLICY_LOSSES[actor.policy_loss_type].ratio_level, agg=actor.loss_agg_mode,
+                        entropy_coef=actor.entropy_coef, kl_loss=kl.use_loss, kl_estimator=kl.estimator,
+                        value_clip=cfg.critic.value_clip, temperature=cfg.rollout.temperature or 1.0, max_len=max_len,
+                        is_kind=adv.is_correction_type.replace("-", "_") if adv.is_correction_enable else None,
+                        is_low=is_low, is_high=is_high, decoupled=decoupled_update(cfg))
+
+
+def build_update(cfg: RLConfig, policy, learners: tuple[Learner, Learner | None], batcher: MicroBatcher,
+                 losses: LossSettings, data: PromptStream, critic, teacher, dp: tuple[int, int]) -> PolicyUpdate:
+    """The update stage; with a teacher and --algo.teacher_topk > 0, its top-k KL loss (TeacherLossUpdate)."""
+    algo, train = cfg.algo, cfg.train
+    common = dict(batch_size=train.batch_size, max_epochs=train.max_epochs, shuffle_gen=data.shuffle_gen,
+                  autocast=cfg.actor.autocast, critic=critic, critic_learner=learners[1], dp=dp,
+                  rank_max=fsdp.max_over_ranks if dp[1] > 1 else None,
+                  compiled=CompiledLayers(policy) if train.compile_enable else None)
+    if teacher is not None and algo.teacher_topk > 0:
+        return TeacherLossUpdate(policy, learners[0], batcher, losses, teacher=teacher, teacher_coef=algo.teacher_coef,
+                                 teacher_topk=algo.teacher_topk, teacher_offload=algo.teacher_offload, **common)
+    return PolicyUpdate(policy, learners[0], batcher, losses, **common)
+
+
+def build_scorer(cfg: RLConfig, reward_fn, tokenizer, max_len: int, teacher, policy) -> Scorer | TeacherScorer:
+    """The score stage: `reward_fn` (None: the agent's rewards), overlong shaping, normalisation;
+    with a teacher, on-policy distillation's token rewards on top."""
+    reward, algo = cfg.reward, cfg.algo
+    overlong = None if reward.overlong_buffer_len is None else (reward.overlong_buffer_len,
+                                                                 reward.overlong_penalty_factor)
+    scorer = Scorer(reward_fn, tokenizer, max_len, overlong, reward.normalize)
+    if teacher is None:
+        return scorer
+    return TeacherScorer(scorer, teacher, coef=algo.teacher_coef, topk=algo.teacher_topk,
+                         kl_estimator=algo.teacher_kl_estimator, temperature=cfg.rollout.temperature or 1.0,
+                         micro_batch_size=cfg.train.micro_batch_size, pad_id=tokenizer.pad_token_id,
+                         autocast=cfg.actor.autocast, device=model_device(policy), offload=algo.teacher_offload)
+
+
+def kl_controller(cfg: RLConfig) -> AdaptiveKLController | FixedKLController:
+    kl = cfg.algo.kl
+    return AdaptiveKLController(kl.init_coef, kl.target, kl.horizon) if kl.target is not None else FixedKLController(
+        kl.init_coef)
+
+
+def build_source(cfg: RLConfig, executor, engine, tokenizer, budget: TokenBudget) -> RolloutSource:
+    """The rollout source: the executor on the engine; with --train.async_enable, one batch ahead (Prefetch)."""
+    params = sampling_params(cfg)
+    if cfg.train.async_enable:
+        from rlhfkit.distributed.async_loop import Prefetch  # noqa: PLC0415  (Ray: only for async runs)
+
+        return Prefetch(executor, engine, tokenizer, params, budget, cfg.train.max_staleness)
+    return Generate(executor, engine, tokenizer, params, budget)
+
+
 def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward_fn, data: PromptStream, executor, *,
                ref=None, critic=None, teacher=None, tracker=None, callbacks=(), dp: tuple[int, int] = (0, 1)) -> RLLoop:
     """The RL loop's stages from `cfg`, around already built models, engine, reward and prompt stream
     (the update's epochs shuffle with the stream's generator, as one seeded order of draws); `teacher`:
     on-policy distillation's (trainers.rl.opd), None without one."""
-    a, c, t, r, w, k = cfg.actor, cfg.critic, cfg.train, cfg.rollout, cfg.reward, cfg.algo.kl
     multi = executor.provides_rewards
     budget = token_budget(cfg, multi)
     total_steps = total_rl_steps(cfg, data.rollouts_per_episode)
-    opt_steps = total_steps * plan.optimizer_steps_per_rollout
-    schedule = dict(total_steps=opt_steps, warmup_steps=int(a.lr_warmup_ratio * opt_steps), scheduler=a.lr_scheduler,
-                    min_lr_ratio=a.min_lr_ratio, max_consecutive_skips=t.max_skipped_steps)
-    learner = Learner(policy, a.adam.lr, a.adam.betas, a.adam.eps, a.adam.weight_decay, max_norm=a.max_norm,
-                      ema_beta=a.ema_beta, **schedule)
-    critic_learner = None if critic is None else Learner(
-        critic, c.adam.lr, c.adam.betas, c.adam.eps, c.adam.weight_decay, max_norm=c.max_norm, name="critic",
-        **schedule)
-    batcher = MicroBatcher(tokenizer.pad_token_id, t.micro_batch_size,
-                           t.max_tokens_per_micro_batch if t.dynamic_batch_enable else None, t.shared_prefix_enable)
-    temperature = r.temperature or 1.0
-    adv = cfg.algo.advantage
-    decoupled = adv.decoupled_enable or t.async_enable  # async always separates behaviour and proximal policies
-    experience = ExperienceMaker(
-        policy, ref, critic, batcher, estimator=adv.estimator, gamma=adv.gamma, lam=adv.lambd,
-        whiten=Whiten(adv.whiten), reward_clip=w.clip_range, kl_estimator=k.estimator, kl_in_reward=not k.use_loss,
-        multi_step=plan.optimizer_steps_per_rollout > 1, temperature=temperature, autocast=a.autocast,
-        proximal=decoupled, ref_device=model_device(policy) if cfg.ref.offload else None)
-    lo, hi = a.eps_clip_low_high
-    is_low, is_high = adv.is_correction_threshold
-    losses = LossSettings(eps_low=lo, eps_high=hi, dual_clip=a.dual_clip,
-                          ratio_level=POLICY_LOSSES[a.policy_loss_type].ratio_level, agg=a.loss_agg_mode,
-                          entropy_coef=a.entropy_coef, kl_loss=k.use_loss, kl_estimator=k.estimator,
-                          value_clip=c.value_clip, temperature=temperature, max_len=budget.total,
-                          is_kind=adv.is_correction_type.replace("-", "_") if adv.is_correction_enable else None,
-                          is_low=is_low, is_high=is_high, decoupled=decoupled)
-    f = cfg.algo
-    topk = teacher is not None and f.teacher_topk > 0
-    update = (TeacherLossUpdate if topk else PolicyUpdate)(
-        policy, learner, batcher, losses, batch_size=t.batch_size, max_epochs=t.max_epochs,
-        shuffle_gen=data.shuffle_gen, autocast=a.autocast, critic=critic, critic_learner=critic_learner, dp=dp,
-        rank_max=fsdp.max_over_ranks if dp[1] > 1 else None,
-        compiled=CompiledLayers(policy) if t.compile_enable else None,
-        **(dict(teacher=teacher, teacher_coef=f.teacher_coef, teacher_topk=f.teacher_topk,
-                teacher_offload=f.teacher_offload) if topk else {}))
-    scorer = Scorer(None if multi else reward_fn, tokenizer, budget.total,
-                    None if w.overlong_buffer_len is None else (w.overlong_buffer_len, w.overlong_penalty_factor),
-                    w.normalize)
-    if teacher is not None:
-        scorer = TeacherScorer(scorer, teacher, coef=f.teacher_coef, topk=f.teacher_topk,
-                               kl_estimator=f.teacher_kl_estimator, temperature=temperature,
-                               micro_batch_size=t.micro_batch_size, pad_id=tokenizer.pad_token_id,
-                               autocast=a.autocast, device=model_device(policy), offload=f.teacher_offload)
-    group_filter = GroupFilter(f.dynamic_filtering_enable, f.dynamic_filtering_range, f.dynamic_filtering_max_rounds)
-    kl_ctl = AdaptiveKLController(k.init_coef, k.target, k.horizon) if k.target is not None else FixedKLController(
-        k.init_coef)
-    params = sampling_params(cfg)
-    if t.async_enable:
-        from rlhfkit.distributed.async_loop import Prefetch  # noqa: PLC0415
-
-        source = Prefetch(executor, engine, tokenizer, params, budget, t.max_staleness)
-    else:
-        source = Generate(executor, engine, tokenizer, params, budget)
-    return RLLoop(data, source, engine, scorer, group_filter, experience, update, kl_ctl, total_steps=total_steps,
-                  max_staleness=t.max_staleness, tokenizer=tokenizer, tracker=tracker,
+    learners = build_learners(cfg, policy, critic, total_steps * plan.optimizer_steps_per_rollout)
+    batcher = build_batcher(cfg, tokenizer)
+    experience = build_experience(cfg, plan, policy, ref, critic, batcher)
+    update = build_update(cfg, policy, learners, batcher, loss_settings(cfg, budget.total), data, critic, teacher, dp)
+    scorer = build_scorer(cfg, None if multi else reward_fn, tokenizer, budget.total, teacher, policy)
+    algo = cfg.algo
+    group_filter = GroupFilter(algo.dynamic_filtering_enable, algo.dynamic_filtering_range,
+                               algo.dynamic_filtering_max_rounds)
+    source = build_source(cfg, executor, engine, tokenizer, budget)
+    return RLLoop(data, source, engine, scorer, group_filter, experience, update, kl_controller(cfg),
+                  total_steps=total_steps, max_staleness=cfg.train.max_staleness, tokenizer=tokenizer, tracker=tracker,
                   log_samples=cfg.logger.log_samples, callbacks=callbacks)
 
 
