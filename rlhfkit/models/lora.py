@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import ModelError
-from rlhfkit.models.loading import load_errors, resolve_model_path, save_errors
+from rlhfkit.models.loading import load_errors, resolve_model_path, save_hf_folder
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -70,9 +70,4 @@ def merge_lora(adapter_path: str | os.PathLike, base_path: str | os.PathLike | N
     tok_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base
     with load_errors("a tokenizer", tok_dir):
         tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    out = Path(output_dir)
-    with save_errors(out):
-        out.mkdir(parents=True, exist_ok=True)
-        merged.save_pretrained(out, safe_serialization=True)
-        tokenizer.save_pretrained(out)
-    return out
+    return save_hf_folder(merged, tokenizer, output_dir)
