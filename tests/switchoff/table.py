@@ -1,0 +1,123 @@
+"""The switch-offs: each names one feature's entry point, what it is replaced by (a no-op, or the
+feature's default), and the tests that must fail when it is. `python -m tests.switchoff.harness`
+runs them (tests/switchoff/test_switch_offs.py does in the default suite) and prints the table.
+
+Targets are "module:attribute" or "module:Class.method"; `make(original)` returns the replacement.
+Test ids are pytest node ids relative to the repository root; keep them fast (unit tests, tiny
+loops): the whole table runs in a few minutes on 2 cores."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchOff:
+    name: str
+    """The feature, as a user names it."""
+    target: str
+    """The entry point replaced: "module:attribute" or "module:Class.method"."""
+    make: Callable
+    """`make(original) -> replacement`."""
+    tests: tuple[str, ...]
+    """Node ids that must pass as they are and fail with the feature switched off."""
+    how: str
+    """What the replacement does, in a few words (the table's column)."""
+
+
+def noop(original):
+    return lambda *args, **kwargs: None
+
+
+def version_bump_only(original):
+    def update_weights(self, state, version):
+        self._version = version
+    return update_weights
+
+
+def stays_put(original):
+    @contextlib.contextmanager
+    def on_device(model, device):
+        yield model
+    return on_device
+
+
+def identity_model(original):
+    return lambda model, *args, **kwargs: model
+
+
+def no_optimizer_step(original):
+    def step(self):
+        self.optimizer.step = lambda *args, **kwargs: None  # the clip, scheduler and EMA still run
+        try:
+            return original(self)
+        finally:
+            del self.optimizer.step
+    return step
+
+
+def zero_penalty(original):
+    import torch  # noqa: PLC0415
+
+    return lambda lengths, *args, **kwargs: torch.zeros(len(lengths))
+
+
+def keep_all_groups(original):
+    import torch  # noqa: PLC0415
+
+    def keep(group_ids, scores, low, high):
+        return torch.ones_like(group_ids, dtype=torch.bool)
+    return keep
+
+
+def ones_weights(original):
+    import torch  # noqa: PLC0415
+
+    def weigh(old_logp, rollout_logp, loss_mask, kind, low, high):
+        _, metrics = original(old_logp, rollout_logp, loss_mask, kind, low, high)
+        return loss_mask.to(old_logp.dtype), metrics
+    return weigh
+
+
+def gamma_one(original):
+    return lambda *args, **kwargs: original(*args, **{**kwargs, "gamma": 1.0})
+
+
+def kl_not_in_reward(original):
+    return lambda *args, **kwargs: original(*args, **{**kwargs, "kl_in_reward": False})
+
+
+STAGES = "tests/unit/trainers/test_stages.py"
+LEVERS = "tests/integration/test_levers_observed.py"
+SWITCH_OFFS = (
+    SwitchOff("weights loaded on sync (partial rollouts)", "rlhfkit.rollout.hf:HFEngine.update_weights",
+              version_bump_only, ("tests/unit/distributed/test_partial_rollout_worker.py::"
+                                  "test_weights_staged_mid_generation_are_used_for_the_rest_of_it",),
+              "stamps the version, loads nothing"),
+    SwitchOff("gradient checkpointing", "rlhfkit.models.precision:enable_gradient_checkpointing", noop,
+              (f"{LEVERS}::test_gradient_checkpointing_recomputes_each_layer_in_backward",
+               f"{LEVERS}::test_gradient_checkpointing_saves_fewer_tensors_for_backward"), "no-op"),
+    SwitchOff("reference / reward model offload", "rlhfkit.models.precision:on_device", stays_put,
+              (f"{LEVERS}::test_an_offloaded_reference_moves_to_the_device_for_its_pass_and_back",), "nothing moves"),
+    SwitchOff("optimizer step", "rlhfkit.trainers.learner:Learner.step", no_optimizer_step,
+              ("tests/unit/trainers/test_learner.py::test_ema_tracks_parameters",), "optimizer.step a no-op"),
+    SwitchOff("EMA of the policy", "rlhfkit.core.ema:ema_update", noop,
+              ("tests/unit/core/test_ema.py::test_ema_one_step_by_hand",
+               "tests/unit/trainers/test_learner.py::test_ema_tracks_parameters"), "no-op"),
+    SwitchOff("off-policy correction (TIS / ICEPOP)", "rlhfkit.core.losses:is_weights", ones_weights,
+              ("tests/unit/trainers/test_offpolicy.py::test_perturbed_rollout_logprobs_weigh_the_loss_by_hand",),
+              "weights 1"),
+    SwitchOff("dynamic filtering", "rlhfkit.core.filtering:keep_groups_in_range", keep_all_groups,
+              ("tests/unit/core/test_filtering.py", "tests/unit/trainers/test_dynamic_sampling.py::"
+               "test_dropped_groups_are_topped_up_from_new_prompts"), "keeps every group"),
+    SwitchOff("overlong shaping", "rlhfkit.core.shaping:overlong_penalty", zero_penalty,
+              ("tests/unit/core/test_shaping.py", "tests/unit/trainers/test_dynamic_sampling.py::"
+               "test_overlong_penalty_under_its_reward_flag"), "penalty 0"),
+    SwitchOff("discounting (gamma)", "rlhfkit.core.advantages:compute_advantages", gamma_one,
+              (f"{STAGES}::test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries",), "gamma 1"),
+    SwitchOff("KL in the reward", "rlhfkit.trainers.experience:make_experience", kl_not_in_reward, (), "off"),
+    SwitchOff("LoRA", "rlhfkit.models.lora:add_lora", identity_model, (), "the model unchanged"),
+)
+BY_NAME = {s.name: s for s in SWITCH_OFFS}
