@@ -85,11 +85,16 @@ def gamma_one(original):
     return lambda *args, **kwargs: original(*args, **{**kwargs, "gamma": 1.0})
 
 
+def kl_not_in_loss(original):
+    return lambda self, exp, rows, layout, kl_coef, counts: original(self, exp, rows, layout, 0.0, counts)
+
+
 def kl_not_in_reward(original):
     return lambda *args, **kwargs: original(*args, **{**kwargs, "kl_in_reward": False})
 
 
 STAGES = "tests/unit/trainers/test_stages.py"
+KL = "tests/unit/trainers/test_kl_placement.py"
 LEVERS = "tests/integration/test_levers_observed.py"
 SWITCH_OFFS = (
     SwitchOff("weights loaded on sync (partial rollouts)", "rlhfkit.rollout.hf:HFEngine.update_weights",
@@ -117,7 +122,10 @@ SWITCH_OFFS = (
                "test_overlong_penalty_under_its_reward_flag"), "penalty 0"),
     SwitchOff("discounting (gamma)", "rlhfkit.core.advantages:compute_advantages", gamma_one,
               (f"{STAGES}::test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries",), "gamma 1"),
-    SwitchOff("KL in the reward", "rlhfkit.trainers.experience:make_experience", kl_not_in_reward, (), "off"),
+    SwitchOff("KL in the reward", "rlhfkit.trainers.experience:make_experience", kl_not_in_reward,
+              (f"{KL}::test_kl_in_the_reward_is_a_per_token_penalty_summed_into_the_returns",), "kl_in_reward False"),
+    SwitchOff("KL in the loss", "rlhfkit.trainers.update:PolicyUpdate.micro_step", kl_not_in_loss,
+              (f"{KL}::test_kl_in_the_loss_adds_its_gradient_and_leaves_the_returns_alone",), "KL coefficient 0"),
     SwitchOff("LoRA", "rlhfkit.models.lora:add_lora", identity_model, (), "the model unchanged"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}
