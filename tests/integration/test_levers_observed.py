@@ -37,7 +37,7 @@ def test_gradient_checkpointing_recomputes_each_layer_in_backward(policies):
     counts = []
     for model in policies:
         calls = []
-        hook = model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+        hook = model.model.layers[0].mlp.register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
         try:
             forward_backward(model).backward()
         finally:
@@ -51,7 +51,7 @@ def test_gradient_checkpointing_saves_fewer_tensors_for_backward(policies):
     for model in policies:
         sizes = []
 
-        def pack(t):
+        def pack(t, sizes=sizes):
             sizes.append(t.numel() * t.element_size())
             return t
 

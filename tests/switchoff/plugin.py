@@ -44,9 +44,9 @@ class Outcomes:
         self.path, self.outcomes = path, {}
 
     def pytest_runtest_logreport(self, report):
-        if report.failed or report.when == "call" or (report.when == "setup" and report.skipped):
-            if self.outcomes.get(report.nodeid) != "failed":
-                self.outcomes[report.nodeid] = report.outcome
+        counts = report.failed or report.when == "call" or (report.when == "setup" and report.skipped)
+        if counts and self.outcomes.get(report.nodeid) != "failed":
+            self.outcomes[report.nodeid] = report.outcome
 
     def pytest_unconfigure(self, config):
         if self.path:
@@ -56,7 +56,7 @@ class Outcomes:
 def pytest_configure(config):
     name = config.getoption("--switch-off")
     if name is not None:
-        from tests.switchoff.table import BY_NAME  # noqa: PLC0415
+        from tests.switchoff.table import BY_NAME
 
         switch = BY_NAME[name]
         apply(switch.target, switch.make)

@@ -57,7 +57,7 @@ def test_kl_in_the_loss_adds_its_gradient_and_leaves_the_returns_alone():
                           LossSettings(max_len=2, kl_loss=True, kl_estimator="k1"), batch_size=2, max_epochs=1,
                           shuffle_gen=torch.Generator().manual_seed(0), autocast=None)
     policy.zero_grad(set_to_none=True)
-    counts = dict(num_tokens=3, num_seqs=2, max_len=2)
+    counts = {"num_tokens": 3, "num_seqs": 2, "max_len": 2}
     out = update.micro_step(exp, torch.arange(2), update.batcher.layout(exp.batch), COEF, counts)
     got = [p.grad.clone() for p in policy.parameters()]
     # by hand: PPO's loss at ratio 1 plus COEF * the token mean of k1 = logp - ref_logp
