@@ -12,6 +12,10 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 
+import pytest
+
+STASH = pytest.StashKey[str]()  # the table's text, for the terminal summary (tests/switchoff/conftest.py)
+
 
 @dataclasses.dataclass(frozen=True)
 class SwitchOff:
