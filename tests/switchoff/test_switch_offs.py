@@ -3,7 +3,7 @@ no feature can be switched off without a test noticing. The table is printed in 
 summary and written to the test's folder as switch_offs.md."""
 
 from tests.switchoff.harness import check, table
-from tests.switchoff.table import SWITCH_OFFS, STASH
+from tests.switchoff.table import STASH, SWITCH_OFFS
 
 
 def test_no_switch_off_survives(tmp_path, request):
