@@ -9,8 +9,8 @@ import torch
 import rlhfkit
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import tiny_model_and_tokenizer
-from rlhfkit.trainers.batching import MicroBatcher
-from rlhfkit.trainers.experience import ExperienceMaker
+from rlhfkit.trainers.rl.batching import MicroBatcher
+from rlhfkit.trainers.rl.experience import ExperienceMaker
 from tests.integration.test_devices_and_levers import rl_flags
 
 

@@ -76,7 +76,7 @@ def test_same_engine_and_trainer_show_no_gap(ws, tmp_path):
 ], ids=["tis", "icepop", "seq-mask-tis", "decoupled"])
 def test_an_engine_at_another_temperature_shows_the_gap_and_trains(ws, tmp_path, monkeypatch, over):
     from rlhfkit.models import response_logprobs
-    from rlhfkit.trainers.experience import ExperienceMaker
+    from rlhfkit.trainers.rl.experience import ExperienceMaker
 
     weights = []  # per step, before its update: pi_old / pi_rollout of each action token
     make = ExperienceMaker.__call__

@@ -9,10 +9,10 @@ import torch
 from rlhfkit.core.losses import policy_loss
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import response_logprobs, tiny_model_and_tokenizer
-from rlhfkit.trainers.batching import MicroBatcher
-from rlhfkit.trainers.experience import ExperienceMaker
+from rlhfkit.trainers.rl.batching import MicroBatcher
+from rlhfkit.trainers.rl.experience import ExperienceMaker
 from rlhfkit.trainers.learner import Learner
-from rlhfkit.trainers.update import LossSettings, PolicyUpdate
+from rlhfkit.trainers.rl.update import LossSettings, PolicyUpdate
 
 COEF = 0.5
 
