@@ -143,13 +143,15 @@ def guesses(context: str) -> str:  # a low guess, then the secret (7) once told 
     return "7" if context.endswith("higher\n") else "3"
 
 
-def calculates(context: str) -> str:  # the tool, then its result as the answer
-    return "<answer>7</answer>" if context.endswith("</result>\n") else "<calc>3+4</calc>"
+def calculates(context: str) -> str:  # the tool, then the tool's result as the answer
+    if context.endswith("</result>\n"):
+        return f"<answer>{context.rsplit('<result>', 1)[1].split('</result>')[0]}</answer>"
+    return "<calc>3+4</calc>"
 
 
 # guess: solved on the second turn, 1 - 0.2 * (2 - 1); calculator: the right answer after one call
 @pytest.mark.parametrize("name,policy,reward", [("builtin:guess", guesses, 0.8),
-                                                ("builtin:calculator", calculates, 1.0)])
+                                                ("builtin:calculator", calculates, 1.0)], ids=["guess", "calculator"])
 def test_builtin_environments_run(ws, tmp_path, name, policy, reward):
     """A scripted policy through the real loop and the environment: the reward is the environment's."""
     from tests.unit.agents.conftest import ScriptedEngine

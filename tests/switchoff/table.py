@@ -95,6 +95,18 @@ def engine_keeps_its_version(original):
     return lambda engine: engine.version
 
 
+def no_token_budget(original):
+    return lambda self, *args: original(dataclasses.replace(self, max_tokens=None), *args)
+
+
+def reads_no_number(original):
+    return lambda *args, **kwargs: None
+
+
+def never_equal(original):
+    return lambda *args, **kwargs: False
+
+
 def kl_not_in_loss(original):
     return lambda self, exp, rows, layout, kl_coef, counts: original(self, exp, rows, layout, 0.0, counts)
 
@@ -111,6 +123,7 @@ PARTIAL = "tests/unit/distributed/test_partial_rollout_worker.py"
 VLLM = "tests/unit/rollout/test_vllm_colocated.py"
 DYNAMIC = "tests/unit/trainers/test_dynamic_sampling.py"
 DEVICES = "tests/integration/test_devices_and_levers.py"
+AGENTS = "tests/integration/test_agent_loop.py"
 
 SWITCH_OFFS = (
     SwitchOff("weights loaded on sync (HF engine, partial rollouts)", "rlhfkit.rollout.hf:HFEngine.update_weights",
@@ -132,6 +145,9 @@ SWITCH_OFFS = (
     SwitchOff("optimizer step", "rlhfkit.trainers.learner:Learner.step", no_optimizer_step,
               (f"{STAGES}::test_update_moves_the_weights_towards_the_positive_advantage",
                "tests/gpu/test_device_vs_cpu.py::test_one_rl_step_matches_the_cpu[cpu]"), "optimizer.step a no-op"),
+    SwitchOff("token-budget micro-batches (dynamic batch)", "rlhfkit.trainers.rl.batching:MicroBatcher.cut",
+              no_token_budget, ("tests/unit/trainers/test_token_budget.py::test_micro_batches_are_cut_by_the_token_budget",),
+              "max_tokens ignored"),
     SwitchOff("EMA of the policy", "rlhfkit.core.ema:ema_update", noop,
               ("tests/unit/core/test_ema.py::test_ema_one_step_by_hand",
                "tests/unit/trainers/test_learner.py::test_ema_tracks_parameters"), "no-op"),
@@ -152,6 +168,11 @@ SWITCH_OFFS = (
               (f"{KL}::test_kl_in_the_loss_adds_its_gradient_and_leaves_the_returns_alone",), "KL coefficient 0"),
     SwitchOff("LoRA", "rlhfkit.models.lora:add_lora", identity_model,
               (f"{DEVICES}::test_lora_in_rl_trains_the_adapters_only_against_the_base_model",), "the model unchanged"),
+    # the built-in environments are loaded from their files (fresh modules): switched off through what they import
+    SwitchOff("built-in guess environment: reading the guess", "rlhfkit.rewards.math:extract_first_integer",
+              reads_no_number, (f"{AGENTS}::test_builtin_environments_run[guess]",), "no number found"),
+    SwitchOff("built-in calculator environment: checking the answer", "rlhfkit.rewards.math:answers_equal",
+              never_equal, (f"{AGENTS}::test_builtin_environments_run[calculator]",), "never equal"),
     SwitchOff("PRM soft labels", "rlhfkit.data.steps:label_targets", hard_labels,
               ("tests/integration/test_prm.py::test_soft_labels_from_python",), "rounded to 0 / 1"),
 )
