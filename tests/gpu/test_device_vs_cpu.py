@@ -38,8 +38,9 @@ def close(a: dict, b: dict, keys, rel: float) -> None:
 def updates_close(a: dict, b: dict, init: dict, rtol: float) -> None:
     """The weight updates from `init` agree to `rtol` of the update's size (L2 over all weights), and
     the weights moved: a run that skipped `optimizer.step()` is a whole update away, not within lr."""
-    moved = sum(float(((a[k].float().cpu() - init[k]) ** 2).sum()) for k in init) ** 0.5
-    apart = sum(float(((a[k].float().cpu() - b[k].float().cpu()) ** 2).sum()) for k in init) ** 0.5
+    keys = [k for k in init if k in a]  # a reward model has a score head in place of lm_head
+    moved = sum(float(((a[k].float().cpu() - init[k]) ** 2).sum()) for k in keys) ** 0.5
+    apart = sum(float(((a[k].float().cpu() - b[k].float().cpu()) ** 2).sum()) for k in keys) ** 0.5
     assert moved > 0.05 and apart < rtol * moved, (apart, moved)
 
 
@@ -245,13 +246,13 @@ SUPERVISED = {
 }
 
 
-def run_supervised(ws, tmp_path, kind, device):
+def run_supervised(ws, tmp_path, kind, device, micro_batch_size=2):
     rows, name = SUPERVISED[kind]
     data = tmp_path / f"{kind}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = getattr(rlhfkit, f"{name}Config").from_args([
         "--model.model_name_or_path", str(ws / "tiny"), "--data.dataset", str(data), "--model.device", device,
-        "--train.batch_size", "4", "--train.micro_batch_size", "2", "--adam.lr", str(LR),
+        "--train.batch_size", "4", "--train.micro_batch_size", str(micro_batch_size), "--adam.lr", str(LR),
         "--logger.progress_bar", "false", "--ckpt.output_dir", str(tmp_path / f"{kind}_{device}"),
         "--train.num_threads", "1"])
     trainer = getattr(rlhfkit, f"{name}Trainer").from_config(cfg)
@@ -262,7 +263,10 @@ def run_supervised(ws, tmp_path, kind, device):
 
 @pytest.fixture(scope="module")
 def supervised_on_cpu(ws, tmp_path_factory):
-    return {kind: run_supervised(ws, tmp_path_factory.mktemp(kind), kind, "cpu") for kind in SUPERVISED}
+    """The references: on the CPU in one micro-batch of 4 (the device runs take 2 of 2), so the cpu variant
+    is not a copy of its reference; KTO keeps 2 (its KL reference point pairs samples within a micro-batch)."""
+    return {kind: run_supervised(ws, tmp_path_factory.mktemp(kind), kind, "cpu",
+                                 micro_batch_size=2 if kind == "kto" else 4) for kind in SUPERVISED}
 
 
 @pytest.mark.parametrize("kind", list(SUPERVISED))
@@ -273,4 +277,4 @@ def test_supervised_trainers_on_the_device_match_the_cpu(ws, tmp_path, supervise
     numbers = [k for k in ref if isinstance(ref[k], float) and not any(w in k for w in ("time", "per_s", "memory"))]
     assert "loss" in numbers
     close(got, ref, numbers, rel=1e-4)
-    weights_close(w_got, w_ref, atol=2 * LR * 1.01)  # two Adam steps
+    updates_close(w_got, w_ref, load_file(ws / "tiny" / "model.safetensors"), rtol=0.02)  # two Adam steps
