@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -140,9 +139,26 @@ def test_a_2025_file_that_trains_on_other_tokens_than_generated_is_refused_in_on
     assert f"agent {bad}: action range (" in lines[0] and "the engine did not generate" in lines[0]
 
 
-@pytest.mark.parametrize("name", ["builtin:guess", "builtin:calculator"])
-def test_builtin_environments_run(ws, tmp_path, name):
-    argv = flags(ws, tmp_path, **{"agent.func_path": name, "train.max_steps": "1"})
-    assert train_rl.run(argv) == 0
+def guesses(context: str) -> str:  # a low guess, then the secret (7) once told "higher"
+    return "7" if context.endswith("higher\n") else "3"
+
+
+def calculates(context: str) -> str:  # the tool, then the tool's result as the answer
+    if context.endswith("</result>\n"):
+        return f"<answer>{context.rsplit('<result>', 1)[1].split('</result>')[0]}</answer>"
+    return "<calc>3+4</calc>"
+
+
+# guess: solved on the second turn, 1 - 0.2 * (2 - 1); calculator: the right answer after one call
+@pytest.mark.parametrize("name,policy,reward", [("builtin:guess", guesses, 0.8),
+                                                ("builtin:calculator", calculates, 1.0)], ids=["guess", "calculator"])
+def test_builtin_environments_run(ws, tmp_path, name, policy, reward):
+    """A scripted policy through the real loop and the environment: the reward is the environment's."""
+    from tests.unit.agents.conftest import ScriptedEngine
+
+    cfg = RLConfig.from_args(flags(ws, tmp_path, **{"agent.func_path": name, "train.max_steps": "1",
+                                                    "rollout.max_new_tokens": "24"}))
+    trainer = RLTrainer.from_config(cfg, make_engine=lambda policy_model, tok: ScriptedEngine(tok, policy))
+    trainer.train()
     [m] = [m for m in metrics(tmp_path) if "reward" in m]
-    assert torch.isfinite(torch.tensor(m["reward"])) and m["reward_extra/turns"] >= 1
+    assert m["reward"] == pytest.approx(reward) and m["reward_extra/turns"] == 2

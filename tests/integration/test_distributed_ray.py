@@ -5,6 +5,7 @@ dynamic filtering; a killed worker is replaced and its prompts re-issued without
 duplication."""
 
 import collections
+import copy
 import json
 import os
 
@@ -22,6 +23,7 @@ from rlhfkit.api.rl import RLTrainer  # noqa: E402
 from rlhfkit.config import RLConfig  # noqa: E402
 from rlhfkit.cli.main import main  # noqa: E402
 from rlhfkit.data.prompts import load_prompts  # noqa: E402
+from tests.unit.distributed.test_partial_rollout_worker import mixed_logprobs  # noqa: E402
 
 # wall-clock quantities differ between any two runs; the engine/trainer logprob gap measures float
 # rounding (~1e-7), which differs between a worker's batch layout and the trainer's own engine
@@ -109,12 +111,15 @@ def in_process_trainer(ws, out, argv_over, delays=None):
     trained = []  # the prompt ids of every trajectory the trainer trains on
     loop, inner = trainer.loop, trainer.loop.experience
     lags = []  # per trained trajectory: the trainer's version minus each of its tokens' versions
+    trajs_seen = []  # every trained trajectory
     loop.experience = lambda trajs, *args: (
         trained.extend(tuple(t.prompt_ids.tolist()) for t in trajs),
+        trajs_seen.extend(trajs),
         lags.extend(loop.engine.version - (t.versions if t.versions is not None else torch.tensor([t.version]))
                     for t in trajs),
-        inner(trajs, *args))[2]
+        inner(trajs, *args))[3]
     trainer.lags = lags
+    trainer.trajs = trajs_seen
     return cfg, trainer, trainer.tracker, trained
 
 
@@ -237,6 +242,14 @@ def test_async_partial_rollouts_continue_across_weight_updates_with_per_token_ve
                                  "train.partial_rollout_enable": "true", "train.partial_rollout_tokens": "2",
                                  "rollout.max_new_tokens": "48"})
     before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    sent, update = {}, trainer.engine.update_weights  # version -> the weights the pool sent the workers
+
+    def recording(state, version, *args, **kwargs):
+        sent[version] = {k: v.detach().clone() for k, v in (state or trainer.policy.state_dict()).items()}
+        return update(state, version, *args, **kwargs)
+
+    trainer.engine.update_weights = recording
+    sent[trainer.engine.version] = before
     history = trainer.loop.train()
     tracker.close()
     assert trainer.step == 4 and len(trained) == 4 * 16
@@ -245,6 +258,19 @@ def test_async_partial_rollouts_continue_across_weight_updates_with_per_token_ve
     assert max(h["async/mixed_version_frac"] for h in history) > 0  # in-flight samples kept, not regenerated
     assert any(not torch.equal(before[k], v) for k, v in trainer.policy.state_dict().items())
     trainer.engine.shutdown()
+    # the workers loaded the weights they were sent, not only the version: every token's logprob is the
+    # one its version's weights give (over the KV cache earlier versions wrote), checked on mixed samples
+    mixed = [t for t in trainer.trajs if len(set(t.versions.tolist())) > 1][:4]
+    assert mixed
+    models = {}
+    for v in {int(x) for t in mixed for x in t.versions}:
+        models[v] = copy.deepcopy(trainer.policy).eval()
+        models[v].load_state_dict(sent[v])
+    stale = {v: models[min(models)] for v in models}
+    for t in mixed:
+        want = mixed_logprobs(models, t.prompt_ids.tolist(), t.response_ids, t.versions)
+        torch.testing.assert_close(t.logprobs, want, atol=1e-4, rtol=0)
+        assert (mixed_logprobs(stale, t.prompt_ids.tolist(), t.response_ids, t.versions) - want).abs().max() > 1e-3
 
 
 def test_an_error_in_the_trainer_actor_is_the_cli_one_line_error(ws, cluster, capsys):

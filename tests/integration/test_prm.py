@@ -155,6 +155,14 @@ def test_soft_labels_from_python(ws, tmp_path):
     trainer = PRMTrainer.from_config(cfg, train_dataset=rows)
     metrics = trainer.train()
     assert trainer.step == 1 and len(trainer.eval_items) == 4
-    assert 0 < metrics["loss"] and 0 <= metrics["eval/accuracy"] <= 1
+    # the soft labels reach the loss: the eval loss is the cross-entropy against P(good) = 0.9 / 0.2, by hand
+    with torch.no_grad():
+        z, targets = trainer.algorithm.logits(trainer.eval_items)
+    assert sorted(set(targets.tolist())) == pytest.approx([0.2, 0.9])
+    logp = torch.log_softmax(z.float(), -1)
+    want = -(targets * logp[:, 0] + (1 - targets) * logp[:, 1]).mean()
+    assert metrics["eval/loss"] == pytest.approx(float(want), rel=1e-5)
+    good = ((logp[:, 0] > logp[:, 1]) == (targets > 0.5)).float().mean()
+    assert metrics["eval/accuracy"] == pytest.approx(float(good))
     assert json.loads((tmp_path / "soft" / "final" / "config.json").read_text())["process_reward"]["reward_tokens"] \
         == ["+", "-"]

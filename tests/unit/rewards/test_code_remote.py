@@ -32,7 +32,8 @@ class FakeSandboxFusion(BaseHTTPRequestHandler):
             run_status = "TimeLimitExceeded" if r.timed_out else "Finished"
             answer = {"status": "Success" if r.passed else "Failed", "message": "", "compile_result": None,
                       "run_result": {"status": run_status, "execution_time": 0.1, "return_code": r.returncode,
-                                     "stdout": r.output, "stderr": r.stderr}, "files": {}}
+                                     "stdout": r.output, "stderr": r.stderr},
+                      "executor_pod_name": None, "files": {}}  # the published answer's keys (see the fixture)
         data = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

@@ -87,7 +87,7 @@ def test_without_stored_old_logprobs_the_first_pass_is_the_trainers(tiny):
     (dict(is_kind="tis"), [math.exp(-0.1), 5.0, math.exp(0.3)], 1),   # exp(2) = 7.39 clamped to 5
     (dict(is_kind="icepop"), [math.exp(-0.1), 0.0, math.exp(0.3)], 1),  # zeroed outside [0.5, 5]
     (dict(decoupled=True), [math.exp(-0.1), math.exp(2.0), math.exp(0.3)], 0),  # untruncated
-])
+], ids=["tis", "icepop", "decoupled"])
 def test_perturbed_rollout_logprobs_weigh_the_loss_by_hand(tiny, settings, weights, clipped):
     model, tok = tiny
     exp = experience(model, tok, proximal=True)

@@ -293,7 +293,17 @@ def test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries(mon
 
     loop = C.build_loop(cfg, rl_config.validate(cfg), model, tok, HFEngine(model, tok), reward,
                         C.prompt_stream(cfg, items(2)), SingleTurnExecutor())
+    made = []
+    make = ExperienceMaker.__call__
+    monkeypatch.setattr(ExperienceMaker, "__call__", lambda self, *a, **kw: made.append(make(self, *a, **kw)) or made[-1])
     history = loop.train()
     assert len(history) == 1 and history[0]["optimizer_steps"] == 1.0 and loop.update.critic is None
-    # mean baseline: +-0.5 on the last token, discounted by 0.5 per token before it
-    assert history[0]["advantage_abs"] > 0
+    # mean baseline: rewards 1, 0 in each group of 2 -> +-0.5 on the last token, times 0.5 per token before it
+    (exp,) = made
+    lengths = exp.batch.loss_mask.sum(-1).tolist()
+    want = torch.zeros_like(exp.advantages)
+    for row, n in enumerate(lengths):
+        sign = 1.0 if row % 2 == 0 else -1.0
+        want[row, :n] = torch.tensor([sign * 0.5 * 0.5 ** (n - 1 - t) for t in range(n)])
+    assert max(lengths) > 1  # a row long enough for the discount to show
+    torch.testing.assert_close(exp.advantages, want, atol=1e-6, rtol=0)

@@ -1,0 +1,179 @@
+"""The switch-offs: each names one feature's entry point, what it is replaced by (a no-op, or the
+feature's default), and the tests that must fail when it is. `python -m tests.switchoff.harness`
+runs them (tests/switchoff/test_switch_offs.py does in the default suite) and prints the table.
+
+Targets are "module:attribute" or "module:Class.method"; `make(original)` returns the replacement.
+Test ids are pytest node ids relative to the repository root; keep them fast (unit tests, tiny
+loops): the whole table runs in a few minutes on 2 cores."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+
+STASH = pytest.StashKey[str]()  # the table's text, for the terminal summary (tests/switchoff/conftest.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchOff:
+    name: str
+    """The feature, as a user names it."""
+    target: str
+    """The entry point replaced: "module:attribute" or "module:Class.method"."""
+    make: Callable
+    """`make(original) -> replacement`."""
+    tests: tuple[str, ...]
+    """Node ids that must pass as they are and fail with the feature switched off."""
+    how: str
+    """What the replacement does, in a few words (the table's column)."""
+
+
+def noop(original):
+    return lambda *args, **kwargs: None
+
+
+def version_bump_only(original):
+    def update_weights(self, state, version):
+        self._version = version
+    return update_weights
+
+
+def stays_put(original):
+    @contextlib.contextmanager
+    def on_device(model, device):
+        yield model
+    return on_device
+
+
+def identity_model(original):
+    return lambda model, *args, **kwargs: model
+
+
+def no_optimizer_step(original):
+    def step(self):
+        self.optimizer.step = lambda *args, **kwargs: None  # the clip, scheduler and EMA still run
+        try:
+            return original(self)
+        finally:
+            del self.optimizer.step
+    return step
+
+
+def zero_penalty(original):
+    import torch
+
+    return lambda lengths, *args, **kwargs: torch.zeros(len(lengths))
+
+
+def keep_all_groups(original):
+    import torch
+
+    def keep(group_ids, scores, low, high):
+        return torch.ones_like(group_ids, dtype=torch.bool)
+    return keep
+
+
+def ones_weights(original):
+    def weigh(old_logp, rollout_logp, loss_mask, kind, low, high):
+        _, metrics = original(old_logp, rollout_logp, loss_mask, kind, low, high)
+        return loss_mask.to(old_logp.dtype), metrics
+    return weigh
+
+
+def gamma_one(original):
+    return lambda *args, **kwargs: original(*args, **{**kwargs, "gamma": 1.0})
+
+
+def hard_labels(original):
+    return lambda *args, **kwargs: [float(round(x)) for x in original(*args, **kwargs)]
+
+
+def engine_keeps_its_version(original):
+    return lambda engine: engine.version
+
+
+def no_token_budget(original):
+    return lambda self, *args: original(dataclasses.replace(self, max_tokens=None), *args)
+
+
+def reads_no_number(original):
+    return lambda *args, **kwargs: None
+
+
+def never_equal(original):
+    return lambda *args, **kwargs: False
+
+
+def kl_not_in_loss(original):
+    return lambda self, exp, rows, layout, kl_coef, counts: original(self, exp, rows, layout, 0.0, counts)
+
+
+def kl_not_in_reward(original):
+    return lambda *args, **kwargs: original(*args, **{**kwargs, "kl_in_reward": False})
+
+
+STAGES = "tests/unit/trainers/test_stages.py"
+KL = "tests/unit/trainers/test_kl_placement.py"
+OFFPOLICY = "tests/unit/trainers/test_offpolicy.py"
+LEVERS = "tests/integration/test_levers_observed.py"
+PARTIAL = "tests/unit/distributed/test_partial_rollout_worker.py"
+VLLM = "tests/unit/rollout/test_vllm_colocated.py"
+DYNAMIC = "tests/unit/trainers/test_dynamic_sampling.py"
+DEVICES = "tests/integration/test_devices_and_levers.py"
+AGENTS = "tests/integration/test_agent_loop.py"
+
+SWITCH_OFFS = (
+    SwitchOff("weights loaded on sync (HF engine, partial rollouts)", "rlhfkit.rollout.hf:HFEngine.update_weights",
+              version_bump_only, (f"{PARTIAL}::test_weights_staged_mid_generation_are_used_for_the_rest_of_it",),
+              "stamps the version, loads nothing"),
+    SwitchOff("weights loaded on sync (vLLM engine)", "rlhfkit.rollout.vllm:VLLMEngine.update_weights",
+              version_bump_only, (f"{VLLM}::test_bytes_path_delivers_every_tensor_bit_for_bit",
+                                  f"{VLLM}::test_a_colocated_rl_step_wakes_weights_to_load_them_then_the_kv_cache_to_generate"),
+              "stamps the version, loads nothing"),
+    SwitchOff("sync after the update", "rlhfkit.trainers.rl.sync:sync_weights", engine_keeps_its_version,
+              (f"{STAGES}::test_sync_weights_bumps_the_engine_version",
+               f"{VLLM}::test_a_colocated_rl_step_wakes_weights_to_load_them_then_the_kv_cache_to_generate"),
+              "no-op"),
+    SwitchOff("gradient checkpointing", "rlhfkit.models.precision:enable_gradient_checkpointing", noop,
+              (f"{LEVERS}::test_gradient_checkpointing_recomputes_each_layer_in_backward",
+               f"{LEVERS}::test_gradient_checkpointing_saves_fewer_tensors_for_backward"), "no-op"),
+    SwitchOff("reference / reward model offload", "rlhfkit.models.precision:on_device", stays_put,
+              (f"{LEVERS}::test_an_offloaded_reference_moves_to_the_device_for_its_pass_and_back",), "nothing moves"),
+    SwitchOff("optimizer step", "rlhfkit.trainers.learner:Learner.step", no_optimizer_step,
+              (f"{STAGES}::test_update_moves_the_weights_towards_the_positive_advantage",
+               "tests/gpu/test_device_vs_cpu.py::test_one_rl_step_matches_the_cpu[cpu]"), "optimizer.step a no-op"),
+    SwitchOff("token-budget micro-batches (dynamic batch)", "rlhfkit.trainers.rl.batching:MicroBatcher.cut",
+              no_token_budget, ("tests/unit/trainers/test_token_budget.py::test_micro_batches_are_cut_by_the_token_budget",),
+              "max_tokens ignored"),
+    SwitchOff("EMA of the policy", "rlhfkit.core.ema:ema_update", noop,
+              ("tests/unit/core/test_ema.py::test_ema_one_step_by_hand",
+               "tests/unit/trainers/test_learner.py::test_ema_tracks_parameters"), "no-op"),
+    SwitchOff("off-policy correction (TIS / ICEPOP)", "rlhfkit.core.losses:is_weights", ones_weights,
+              (f"{OFFPOLICY}::test_perturbed_rollout_logprobs_weigh_the_loss_by_hand[tis]",
+               f"{OFFPOLICY}::test_perturbed_rollout_logprobs_weigh_the_loss_by_hand[icepop]"), "weights 1"),
+    SwitchOff("dynamic filtering", "rlhfkit.core.filtering:keep_groups_in_range", keep_all_groups,
+              ("tests/unit/core/test_filtering.py", f"{DYNAMIC}::test_dropped_groups_are_topped_up_from_new_prompts"),
+              "keeps every group"),
+    SwitchOff("overlong shaping", "rlhfkit.core.shaping:overlong_penalty", zero_penalty,
+              ("tests/unit/core/test_shaping.py", f"{DYNAMIC}::test_overlong_penalty_under_its_reward_flag"),
+              "penalty 0"),
+    SwitchOff("discounting (gamma)", "rlhfkit.core.advantages:compute_advantages", gamma_one,
+              (f"{STAGES}::test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries",), "gamma 1"),
+    SwitchOff("KL in the reward", "rlhfkit.trainers.rl.experience:make_experience", kl_not_in_reward,
+              (f"{KL}::test_kl_in_the_reward_is_a_per_token_penalty_summed_into_the_returns",), "kl_in_reward False"),
+    SwitchOff("KL in the loss", "rlhfkit.trainers.rl.update:PolicyUpdate.micro_step", kl_not_in_loss,
+              (f"{KL}::test_kl_in_the_loss_adds_its_gradient_and_leaves_the_returns_alone",), "KL coefficient 0"),
+    SwitchOff("LoRA", "rlhfkit.models.lora:add_lora", identity_model,
+              (f"{DEVICES}::test_lora_in_rl_trains_the_adapters_only_against_the_base_model",), "the model unchanged"),
+    # the built-in environments are loaded from their files (fresh modules): switched off through what they import
+    SwitchOff("built-in guess environment: reading the guess", "rlhfkit.rewards.math:extract_first_integer",
+              reads_no_number, (f"{AGENTS}::test_builtin_environments_run[guess]",), "no number found"),
+    SwitchOff("built-in calculator environment: checking the answer", "rlhfkit.rewards.math:answers_equal",
+              never_equal, (f"{AGENTS}::test_builtin_environments_run[calculator]",), "never equal"),
+    SwitchOff("PRM soft labels", "rlhfkit.data.steps:label_targets", hard_labels,
+              ("tests/integration/test_prm.py::test_soft_labels_from_python",), "rounded to 0 / 1"),
+)
+BY_NAME = {s.name: s for s in SWITCH_OFFS}
