@@ -1,5 +1,5 @@
 """The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto|prm|kd|opd|rs|iterative-dpo`,
-`generate`, `lora merge`, `demo`, `plan`, `eval`, `view`, `serve-reward`, `version`.
+`generate`, `lora merge`, `demo`, `plan`, `eval`, `view`, `serve-reward`, `serve-training`, `version`.
 
 Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit code 2;
 `--debug` anywhere on the command line shows the traceback instead.
@@ -27,6 +27,7 @@ commands:
   generate    n samples per prompt with train rl's model, data and rollout flags -> generations.jsonl
   lora merge  fold a LoRA adapter into its base: rlhfkit lora merge --lora.adapter DIR --ckpt.output_dir OUT
   serve-reward  a reward file over HTTP: rlhfkit serve-reward --reward.remote_url FILE.py --port N
+  serve-training  Tinker's training API for the tinker SDK: rlhfkit serve-training --model NAME [--lora.rank R | --full]
   plan        the step counts and a memory estimate of a train rl run (same flags), no model loaded
   eval        pass@k / maj@k of a model on --eval.dataset with a verifier (same flags as train rl)
   view RUN    write RUN/samples.html: the completions of each step, filterable by step and reward
@@ -44,7 +45,7 @@ and writes a full HF model folder to OUT. --lora.base defaults to the base recor
 
 # Optional packages -> the extra of `pip install 'rlhfkit[EXTRA]'` that brings them.
 EXTRAS = {"ray": "ray", "vllm": "vllm", "fastapi": "serve", "uvicorn": "serve", "starlette": "serve",
-          "wandb": "wandb", "gguf": "gguf", "trl": "bench"}
+          "wandb": "wandb", "gguf": "gguf", "trl": "bench", "tinker": "tinker"}
 
 
 def version_text() -> str:
@@ -99,6 +100,11 @@ def command_help(argv: list[str]) -> str:
 
         return flag_help.help_text(ServeRewardConfig, usage="usage: rlhfkit serve-reward --reward.remote_url "
                                    "FILE.py [--port N] [flags]\n", intro=flag_help.section_doc(ServeRewardConfig))
+    if cmd == "serve-training":
+        from rlhfkit.config.serve_training import ServeTrainingConfig  # noqa: PLC0415
+
+        return flag_help.help_text(ServeTrainingConfig, usage="usage: rlhfkit serve-training --model NAME_OR_PATH "
+                                   "[--lora.rank R | --full] [flags]\n", intro=flag_help.section_doc(ServeTrainingConfig))
     if cmd == "lora":
         return LORA_USAGE
     return USAGE
@@ -123,6 +129,10 @@ def dispatch(argv: list[str]) -> int:
         from rlhfkit.cli import serve_reward  # noqa: PLC0415
 
         return serve_reward.run(rest)
+    if cmd == "serve-training":
+        from rlhfkit.cli import serve_training  # noqa: PLC0415
+
+        return serve_training.run(rest)
     if cmd in ("plan", "eval", "view"):
         import importlib  # noqa: PLC0415
 
