@@ -168,9 +168,11 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
         if not isinstance(lora, dict):
             raise HTTPException(422, "field 'lora_config': expected an object")
 
+        model_id = f"{field(req, 'session_id')}:train:{field(req, 'model_seq_id', int)}"
+
         def run():
-            model_id = host.create_model(lora.get("rank"), lora.get("seed"), lora.get("train_attn", True),
-                                         lora.get("train_mlp", True))
+            host.create_model(model_id, lora.get("rank"), lora.get("seed"), lora.get("train_attn", True),
+                              lora.get("train_mlp", True))
             return {"type": "create_model", "model_id": model_id}
         return futures.submit(run)
 
@@ -233,12 +235,13 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
     async def load_weights(request: Request):
         req = await body(request)
         path, optimizer = field(req, "path"), bool(req.get("optimizer", False))
-        model_id = req.get("model_id")
-        if model_id is None:
+        model_id, create = req.get("model_id"), req.get("model_id") is None
+        if create:
             check_base(req.get("base_model"))
+            model_id = f"{field(req, 'session_id')}:train:{field(req, 'model_seq_id', int)}"
 
         def run():
-            loaded = host.load_state(model_id, path, optimizer)
+            loaded = host.load_state(model_id, path, optimizer, create)
             return {"type": "load_weights", "path": path, "model_id": loaded}
         return futures.submit(run, model_id)
 

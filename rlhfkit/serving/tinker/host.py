@@ -83,8 +83,11 @@ class ModelHost:
         self._sampler_models: dict[str, torch.nn.Module] = {}  # full fine-tuning: folder -> model
 
     # ------------------------------------------------------------------ models
-    def create_model(self, rank: int | None, seed: int | None, attn: bool = True, mlp: bool = True) -> str:
-        model_id = uuid.uuid4().hex[:16]
+    def create_model(self, model_id: str, rank: int | None, seed: int | None, attn: bool = True,
+                     mlp: bool = True) -> str:
+        """A new training model `model_id` (the SDK's `SESSION:train:SEQ`); returns its id."""
+        if model_id in self.models:
+            raise DataError(f"model {model_id!r} exists already (model_seq_id reused in this session)")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed if seed is not None else int(uuid.uuid4().int % (1 << 31)))
             if self.full:
@@ -224,15 +227,15 @@ class ModelHost:
             raise CheckpointError(f"path {uri!r}: no such checkpoint on this server ({folder} has no meta.json)")
         return folder, json.loads((folder / "meta.json").read_text())
 
-    def load_state(self, model_id: str | None, uri: str, optimizer: bool) -> str:
-        """Load checkpoint `uri` into `model_id`, or into a new model of the checkpoint's kind
-        (model_id None: create-via-load). Returns the model id."""
+    def load_state(self, model_id: str, uri: str, optimizer: bool, create: bool = False) -> str:
+        """Load checkpoint `uri` into `model_id`, or with `create` into a new model `model_id` of the
+        checkpoint's kind (create-via-load). Returns the model id."""
         folder, meta = self.resolve(uri)
         if (meta["rank"] is None) != self.full:
             raise CheckpointError(f"path {uri!r}: a {'full' if meta['rank'] is None else 'LoRA'} checkpoint; this "
                                   f"server runs {'--full' if self.full else 'LoRA'} models")
-        if model_id is None:
-            model_id = self.create_model(meta["rank"], seed=0)
+        if create:
+            self.create_model(model_id, meta["rank"], seed=0)
         model = self.get(model_id)
         if model.rank is not None:
             if model.rank != meta["rank"]:
