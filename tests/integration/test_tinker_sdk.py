@@ -153,7 +153,7 @@ def test_save_load_and_restart(tmp_path, monkeypatch):
     assert path.startswith("tinker://") and path.endswith("/weights/two-steps")
     sl_steps(tc, 2)
     assert loss_of(tc) < saved - 1e-3
-    tc.load_state(path).result()
+    tc.load_state_with_optimizer(path).result()
     assert loss_of(tc) == pytest.approx(saved, abs=1e-5)
     sl_steps(tc, 1)
     after_one = loss_of(tc)

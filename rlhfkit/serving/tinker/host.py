@@ -52,10 +52,13 @@ class TrainingModel:
     learner: Learner
 
 
-def lora_targets(model: torch.nn.Module, attn: bool, mlp: bool) -> tuple[str, ...]:
-    """The linear module names of `model` that Tinker's train_attn / train_mlp pick."""
+def linear_names(model: torch.nn.Module) -> set[str]:
+    return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def lora_targets(present: set[str], attn: bool, mlp: bool) -> tuple[str, ...]:
+    """The linear module names (of `present`, the model's) that Tinker's train_attn / train_mlp pick."""
     wanted = (ATTN if attn else ()) + (MLP if mlp else ())
-    present = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     targets = tuple(n for n in wanted if n in present)
     if not targets:
         raise DataError("lora_config: train_attn and train_mlp are both off (or the model has none of "
@@ -70,6 +73,7 @@ class ModelHost:
                  full: bool = False, default_rank: int = 32, tokenizer_id: str | None = None):
         self.base = base.to(device)
         self.tokenizer_id = tokenizer_id or name
+        self.linear = linear_names(base)  # read before peft wraps the linear layers
         self.tokenizer = tokenizer
         self.name = name
         self.root = Path(root)
@@ -96,7 +100,7 @@ class ModelHost:
                 rank = None
             else:
                 rank = rank or self.default_rank
-                targets = lora_targets(self.base, attn, mlp)
+                targets = lora_targets(self.linear, attn, mlp)
                 if self.peft is None:
                     self.peft = add_lora(self.base, rank, LORA_ALPHA, targets, adapter_name=model_id)
                 else:
