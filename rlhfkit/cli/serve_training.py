@@ -21,8 +21,8 @@ def memory_lines(config: dict, dtype: str, full: bool) -> list[str]:
     if not full:  # LoRA: gradients and Adam moments of the adapters only (a few MB), not of the base
         est["peak"] -= est["gradients"] + est["optimizer"]
         est["gradients"] = est["optimizer"] = 0
-    lines = [f"parameters {count_params(config) / 1e6:.1f}M ({dtype}); per {'full' if full else 'LoRA'} client, "
-             "one 2048-token datum:"]
+    kind = "full" if full else "LoRA"
+    lines = [f"parameters {count_params(config) / 1e6:.1f}M ({dtype}); per {kind} client, one 2048-token datum:"]
     return lines + [f"  {k:<12} {est[k] / GiB:8.3f} GiB" for k in ("weights", "gradients", "optimizer",
                                                                        "activations", "kv_cache", "peak")]
 
@@ -30,7 +30,7 @@ def memory_lines(config: dict, dtype: str, full: bool) -> list[str]:
 def run(argv: list[str]) -> int:
     cfg = parse_config(ServeTrainingConfig, argv)
     validate_serve_training(cfg)
-    import uvicorn  # noqa: PLC0415
+    import uvicorn
 
     device = resolve_device(cfg.device, "--device")
     path, _ = resolve_model(cfg.model)

@@ -15,9 +15,9 @@ import torch
 tinker = pytest.importorskip("tinker")
 uvicorn = pytest.importorskip("uvicorn")
 
-from rlhfkit.models.tiny import tiny_model_and_tokenizer  # noqa: E402
-from rlhfkit.serving.tinker.app import make_app  # noqa: E402
-from rlhfkit.serving.tinker.host import ModelHost  # noqa: E402
+from rlhfkit.models.tiny import tiny_model_and_tokenizer
+from rlhfkit.serving.tinker.app import make_app
+from rlhfkit.serving.tinker.host import ModelHost
 
 KEY = "tml-test-key"
 NAME = "tiny-llama"
