@@ -7,11 +7,11 @@ import secrets
 
 from rlhfkit.config.parse import parse_config
 from rlhfkit.config.serve_training import ServeTrainingConfig, validate_serve_training
+from rlhfkit.models.loading import load_policy, resolve_model
 from rlhfkit.models.memory import GiB, count_params, memory_estimate
 from rlhfkit.models.precision import DTYPES, resolve_device
 from rlhfkit.serving.tinker.app import make_app
 from rlhfkit.serving.tinker.host import ModelHost
-from rlhfkit.trainers.build import load_policy, resolve_model
 
 
 def memory_lines(config: dict, dtype: str, full: bool) -> list[str]:
