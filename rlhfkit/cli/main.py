@@ -1,5 +1,5 @@
 """The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto|prm|kd|opd|rs|iterative-dpo`,
-`generate`, `lora merge`, `demo`, `plan`, `eval`, `view`, `serve-reward`, `version`.
+`generate`, `lora merge`, `demo`, `plan`, `eval`, `view`, `serve-reward`, `serve-training`, `version`.
 
 Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit code 2;
 `--debug` anywhere on the command line shows the traceback instead.
@@ -27,6 +27,7 @@ commands:
   generate    n samples per prompt with train rl's model, data and rollout flags -> generations.jsonl
   lora merge  fold a LoRA adapter into its base: rlhfkit lora merge --lora.adapter DIR --ckpt.output_dir OUT
   serve-reward  a reward file over HTTP: rlhfkit serve-reward --reward.remote_url FILE.py --port N
+  serve-training  Tinker's training API for the tinker SDK: rlhfkit serve-training --model NAME [--lora.rank R | --full]
   plan        the step counts and a memory estimate of a train rl run (same flags), no model loaded
   eval        pass@k / maj@k of a model on --eval.dataset with a verifier (same flags as train rl)
   view RUN    write RUN/samples.html: the completions of each step, filterable by step and reward
@@ -44,15 +45,15 @@ and writes a full HF model folder to OUT. --lora.base defaults to the base recor
 
 # Optional packages -> the extra of `pip install 'rlhfkit[EXTRA]'` that brings them.
 EXTRAS = {"ray": "ray", "vllm": "vllm", "fastapi": "serve", "uvicorn": "serve", "starlette": "serve",
-          "wandb": "wandb", "gguf": "gguf", "trl": "bench"}
+          "wandb": "wandb", "gguf": "gguf", "trl": "bench", "tinker": "tinker"}
 
 
 def version_text() -> str:
     """"rlhfkit X (python Y, torch Z, transformers W)", from package metadata (nothing imported)."""
-    import platform  # noqa: PLC0415
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
 
-    import rlhfkit  # noqa: PLC0415
+    import rlhfkit
 
     parts = [f"python {platform.python_version()}"]
     for dist in ("torch", "transformers"):
@@ -65,10 +66,10 @@ def version_text() -> str:
 
 def command_help(argv: list[str]) -> str:
     """The `--help` text of the command in `argv` (argv holds --help / -h somewhere)."""
-    import importlib  # noqa: PLC0415
+    import importlib
 
-    from rlhfkit.config import help as flag_help  # noqa: PLC0415
-    from rlhfkit.config.rl import RL_ALIASES, RLConfig  # noqa: PLC0415
+    from rlhfkit.config import help as flag_help
+    from rlhfkit.config.rl import RL_ALIASES, RLConfig
 
     cmd = argv[0]
     kind = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
@@ -78,8 +79,8 @@ def command_help(argv: list[str]) -> str:
                     "rlhfkit train KIND --help lists the flags")
         return flag_help.command_help(kind)
     if cmd == "demo":
-        from rlhfkit.cli.demo import DEMO_FLAGS  # noqa: PLC0415
-        from rlhfkit.config.parse import parse_config  # noqa: PLC0415
+        from rlhfkit.cli.demo import DEMO_FLAGS
+        from rlhfkit.config.parse import parse_config
 
         doc = importlib.import_module("rlhfkit.cli.demo").__doc__
         presets = parse_config(RLConfig, list(DEMO_FLAGS))
@@ -95,10 +96,15 @@ def command_help(argv: list[str]) -> str:
     if cmd == "view":
         return importlib.import_module("rlhfkit.cli.view_cmd").__doc__
     if cmd == "serve-reward":
-        from rlhfkit.config.serve import ServeRewardConfig  # noqa: PLC0415
+        from rlhfkit.config.serve import ServeRewardConfig
 
         return flag_help.help_text(ServeRewardConfig, usage="usage: rlhfkit serve-reward --reward.remote_url "
                                    "FILE.py [--port N] [flags]\n", intro=flag_help.section_doc(ServeRewardConfig))
+    if cmd == "serve-training":
+        from rlhfkit.config.serve_training import ServeTrainingConfig
+
+        return flag_help.help_text(ServeTrainingConfig, usage="usage: rlhfkit serve-training --model NAME_OR_PATH "
+                                   "[--lora.rank R | --full] [flags]\n", intro=flag_help.section_doc(ServeTrainingConfig))
     if cmd == "lora":
         return LORA_USAGE
     return USAGE
@@ -116,35 +122,39 @@ def dispatch(argv: list[str]) -> int:
         print(command_help(argv))
         return 0
     if cmd == "demo":
-        from rlhfkit.cli import demo  # noqa: PLC0415
+        from rlhfkit.cli import demo
 
         return demo.run(rest)
     if cmd == "serve-reward":
-        from rlhfkit.cli import serve_reward  # noqa: PLC0415
+        from rlhfkit.cli import serve_reward
 
         return serve_reward.run(rest)
+    if cmd == "serve-training":
+        from rlhfkit.cli import serve_training
+
+        return serve_training.run(rest)
     if cmd in ("plan", "eval", "view"):
-        import importlib  # noqa: PLC0415
+        import importlib
 
         return importlib.import_module(f"rlhfkit.cli.{cmd}_cmd").run(rest)
     if cmd == "train" and rest and rest[0] == "rl":
-        from rlhfkit.cli import train_rl  # noqa: PLC0415
+        from rlhfkit.cli import train_rl
 
         return train_rl.run(rest[1:])
     if cmd == "train" and rest and rest[0] == "opd":
-        from rlhfkit.cli import train_rl  # noqa: PLC0415
+        from rlhfkit.cli import train_rl
 
         return train_rl.run_opd(rest[1:])
     if cmd == "train" and rest and rest[0] in ("sft", "rm", "dpo", "kto", "prm", "kd"):
-        from rlhfkit.cli import train_supervised  # noqa: PLC0415
+        from rlhfkit.cli import train_supervised
 
         return train_supervised.run(rest[0], rest[1:])
     if cmd == "lora":
-        from rlhfkit.cli import train_supervised  # noqa: PLC0415
+        from rlhfkit.cli import train_supervised
 
         return train_supervised.run_lora(rest)
     if cmd == "generate" or (cmd == "train" and rest and rest[0] in ("rs", "iterative-dpo")):
-        from rlhfkit.cli import workflows_cmd  # noqa: PLC0415
+        from rlhfkit.cli import workflows_cmd
 
         return workflows_cmd.run_generate(rest) if cmd == "generate" else workflows_cmd.run_rounds(rest[0], rest[1:])
     print(f"error: unknown command {' '.join(argv[:2])!r}\n\n{USAGE}", file=sys.stderr)
@@ -174,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
-    from rlhfkit.errors import RlhfkitError  # noqa: PLC0415
-    from rlhfkit.tracking.progress import install_console_logging  # noqa: PLC0415
+    from rlhfkit.errors import RlhfkitError
+    from rlhfkit.tracking.progress import install_console_logging
 
     install_console_logging()
     try:

@@ -540,3 +540,37 @@ def kto_loss(
     losses = torch.cat([desirable_weight * chosen_losses, undesirable_weight * rejected_losses])
     metrics = {"chosen_rewards": beta * chosen_logratio, "rejected_rewards": beta * rejected_logratio, "kl": z}
     return losses.mean(), _detach_all(metrics)
+
+
+def cispo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    ratio_low: float,
+    ratio_high: float,
+    agg: str = "token_mean",
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict]:
+    """CISPO (MiniMax 2025, arXiv:2506.13585): REINFORCE with a clipped, detached importance
+    weight, so every token keeps a gradient: per-token loss
+    ``-sg(clamp(exp(logp - old_logp), ratio_low, ratio_high)) * A * logp``.
+
+    Departure: the paper clips only from above (``ratio_low`` 0); here both bounds are the
+    caller's, as Tinker's ``cispo`` loss takes them.
+
+    Args:
+        logp, old_logp, advantages: ``[B, T]``; loss_mask ``[B, T]`` bool, True = counts.
+        ratio_low, ratio_high: bounds of the importance weight.
+        agg, num_tokens, num_seqs, max_len: see ``aggregate_loss``.
+
+    Returns:
+        ``(loss, metrics)`` with ``clip_frac`` and ``ratio_mean``.
+    """
+    ratio = torch.exp((logp - old_logp).clamp(min=-_LOG_RATIO_LIMIT, max=_LOG_RATIO_LIMIT))
+    weight = ratio.clamp(min=ratio_low, max=ratio_high).detach()
+    loss = aggregate_loss(-weight * advantages * logp, loss_mask, agg, num_tokens, num_seqs, max_len)
+    clipped = ((ratio < ratio_low) | (ratio > ratio_high)).float()
+    return loss, _detach_all({"clip_frac": masked_mean(clipped, loss_mask), "ratio_mean": masked_mean(ratio, loss_mask)})

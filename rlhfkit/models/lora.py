@@ -20,22 +20,67 @@ from rlhfkit.models.loading import load_errors, resolve_model_path, save_hf_fold
 ADAPTER_CONFIG = "adapter_config.json"
 
 
+def _lora_config(rank: int, alpha: int, target_modules: tuple[str, ...] | str, dropout: float, task_type: str):
+    from peft import LoraConfig, TaskType
+
+    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
+                      task_type=getattr(TaskType, task_type), bias="none")
+
+
 def add_lora(model: torch.nn.Module, rank: int, alpha: int, target_modules: tuple[str, ...] | str,
-             dropout: float = 0.0, task_type: str = "CAUSAL_LM") -> torch.nn.Module:
+             dropout: float = 0.0, task_type: str = "CAUSAL_LM", adapter_name: str = "default") -> torch.nn.Module:
     """Wrap `model` in a peft model with LoRA adapters; only the adapters require grad.
 
     target_modules: module names (e.g. ("q_proj", "v_proj")) or "all-linear".
     task_type: CAUSAL_LM, or SEQ_CLS for a reward model (its `score` head then trains too).
+    adapter_name: the name of this adapter inside the peft model (more: `add_adapter`).
     """
-    from peft import LoraConfig, TaskType, get_peft_model
+    from peft import get_peft_model
 
-    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
-                        task_type=getattr(TaskType, task_type), bias="none")
+    config = _lora_config(rank, alpha, target_modules, dropout, task_type)
     try:
-        return get_peft_model(model, config)
+        return get_peft_model(model, config, adapter_name=adapter_name)
     except ValueError as exc:
         raise ModelError(f"--ds.lora.target_modules {target_modules}: {exc}") from exc
+
+
+def add_adapter(peft_model: torch.nn.Module, adapter_name: str, rank: int, alpha: int,
+                target_modules: tuple[str, ...] | str, dropout: float = 0.0) -> None:
+    """One more LoRA adapter on the base that `peft_model` (from `add_lora`) wraps: adapters share
+    the base weights; `peft_model.set_adapter(name)` picks the one forwards use and train."""
+    try:
+        peft_model.add_adapter(adapter_name, _lora_config(rank, alpha, target_modules, dropout, "CAUSAL_LM"))
+    except ValueError as exc:
+        raise ModelError(f"LoRA target modules {target_modules}: {exc}") from exc
+
+
+def save_adapter(peft_model: torch.nn.Module, adapter_name: str, folder: str | os.PathLike) -> Path:
+    """Write one adapter of `peft_model` as a plain peft adapter folder (`adapter_config.json` +
+    `adapter_model.safetensors`, loadable by `PeftModel.from_pretrained`)."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    out = Path(folder)
+    with save_errors(out):
+        out.mkdir(parents=True, exist_ok=True)
+        peft_model.peft_config[adapter_name].save_pretrained(out)
+        state = get_peft_model_state_dict(peft_model, adapter_name=adapter_name)
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, out / "adapter_model.safetensors")
+    return out
+
+
+def load_adapter_weights(peft_model: torch.nn.Module, adapter_name: str, folder: str | os.PathLike) -> None:
+    """Copy the weights of the adapter folder `folder` (from `save_adapter`) into adapter `adapter_name`."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(folder) / "adapter_model.safetensors"
+    with load_errors("a LoRA adapter", path):
+        result = set_peft_model_state_dict(peft_model, load_file(path), adapter_name=adapter_name)
+    missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+    if missing:
+        raise ModelError(f"{path}: adapter weights {missing[:3]} do not fit this adapter (another rank or base?)")
 
 
 def is_adapter_folder(path: str | os.PathLike) -> bool:

@@ -21,8 +21,9 @@ ALLOWED = {
     "distributed": {"core", "trainers", "rollout", "models", "data"},
     "tracking": set(),
     "api": {"core", "config", "data", "models", "rollout", "rewards", "agents", "trainers", "distributed", "tracking"},
+    "serving": {"core", "data", "models", "rollout", "trainers"},
     "cli": {"core", "config", "data", "models", "rollout", "rewards", "agents", "trainers", "distributed", "tracking",
-            "api"},
+            "api", "serving"},
 }
 CORE_EXTERNAL = {"torch", "__future__", "math", "typing", "collections", "dataclasses", "enum", "functools"}
 

@@ -1,0 +1,45 @@
+"""`rlhfkit serve-training --model NAME_OR_PATH [--lora.rank R | --full]`: Tinker's training API
+for the official `tinker` SDK (`TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-...`)."""
+
+from __future__ import annotations
+
+import secrets
+
+from rlhfkit.config.parse import parse_config
+from rlhfkit.config.serve_training import ServeTrainingConfig, validate_serve_training
+from rlhfkit.models.loading import load_policy, resolve_model
+from rlhfkit.models.memory import GiB, count_params, memory_estimate
+from rlhfkit.models.precision import DTYPES, resolve_device
+from rlhfkit.serving.tinker.app import make_app
+from rlhfkit.serving.tinker.host import ModelHost
+
+
+def memory_lines(config: dict, dtype: str, full: bool) -> list[str]:
+    """The plan-style estimate for one training client (a micro-batch of one 2048-token datum)."""
+    est = memory_estimate(config, param_dtype=dtype, compute_dtype=dtype, micro_batch_size=1, decode_batch=8,
+                          prompt_len=1024, max_new_tokens=1024, with_ref=False, with_critic=False)
+    if not full:  # LoRA: gradients and Adam moments of the adapters only (a few MB), not of the base
+        est["peak"] -= est["gradients"] + est["optimizer"]
+        est["gradients"] = est["optimizer"] = 0
+    kind = "full" if full else "LoRA"
+    lines = [f"parameters {count_params(config) / 1e6:.1f}M ({dtype}); per {kind} client, one 2048-token datum:"]
+    return lines + [f"  {k:<12} {est[k] / GiB:8.3f} GiB" for k in ("weights", "gradients", "optimizer",
+                                                                       "activations", "kv_cache", "peak")]
+
+
+def run(argv: list[str]) -> int:
+    cfg = parse_config(ServeTrainingConfig, argv)
+    validate_serve_training(cfg)
+    import uvicorn
+
+    device = resolve_device(cfg.device, "--device")
+    path, _ = resolve_model(cfg.model)
+    model, tokenizer = load_policy(cfg.model, cfg.dtype)
+    print("\n".join(memory_lines(model.config.to_dict(), cfg.dtype, cfg.full)))
+    host = ModelHost(model.to(DTYPES[cfg.dtype]), tokenizer, cfg.model, cfg.output_dir, device, full=cfg.full,
+                     default_rank=cfg.lora.rank, tokenizer_id=path)
+    key = cfg.api_key or f"tml-{secrets.token_hex(16)}"
+    print(f"serving {cfg.model} ({'full fine-tuning' if cfg.full else 'LoRA'}, {device}) at http://{cfg.host}:{cfg.port}")
+    print(f"clients: export TINKER_BASE_URL=http://{cfg.host}:{cfg.port} TINKER_API_KEY={key}", flush=True)
+    uvicorn.run(make_app(host, key, cfg.max_request_bytes), host=cfg.host, port=cfg.port, log_level="warning")
+    return 0

@@ -1,0 +1,302 @@
+"""The Tinker API over HTTP (FastAPI), as the official `tinker` SDK speaks it.
+
+Routes are the SDK's (`/api/v1/...`). Work on models (create_model, forward_backward,
+optim_step, save/load, asample) is queued to one worker thread in arrival order and answered
+with a future (`{"request_id": ...}`); `retrieve_future` waits up to `poll_s` seconds for it and
+answers the result (protobuf for forward_backward and sample, JSON otherwise), `try_again`, or
+`{"error": ..., "category": "user"}`, which the SDK raises as one line. Every route but the
+health check needs the SDK's `X-API-Key` header; bodies over `max_request_bytes` get 413 while
+they are read; a route the SDK has that this server does not serve gets a 404 naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+
+from rlhfkit.errors import RlhfkitError, one_line
+from rlhfkit.serving.tinker.host import ModelHost
+from rlhfkit.serving.tinker.wire import (
+    forward_backward_output,
+    parse_forward_backward,
+    sample_response,
+)
+
+PROTO = "application/x-protobuf"
+CLIENT_CONFIG = {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": False, "use_pyqwest_transport": False,
+                 "parallel_fwdbwd_chunks": False, "sample_use_retrieve_futures": False,
+                 "custom_loss_server_side": False, "sample_join_sampling_session": False}
+KEPT_FUTURES = 4096
+
+
+class Futures:
+    """Queued work and its results, by request id (the oldest results dropped past KEPT_FUTURES)."""
+
+    def __init__(self) -> None:
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-worker")
+        self.items: OrderedDict[str, Future] = OrderedDict()
+
+    def submit(self, fn: Callable[[], Any], model_id: str | None = None, **extra) -> dict:
+        request_id = uuid.uuid4().hex
+        self.items[request_id] = self.worker.submit(fn)
+        while len(self.items) > KEPT_FUTURES:
+            self.items.popitem(last=False)
+        return {"request_id": request_id, "model_id": model_id, **extra}
+
+    async def retrieve(self, request_id: str, poll_s: float) -> Response:
+        future = self.items.get(request_id)
+        if future is None:
+            raise HTTPException(404, f"request_id {request_id!r}: no such request on this server")
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), poll_s)
+        except asyncio.TimeoutError:
+            return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
+        except RlhfkitError as exc:
+            return JSONResponse({"error": one_line(exc), "category": "user"})
+        except Exception as exc:  # noqa: BLE001 - the server's own failure: say so, keep serving
+            return JSONResponse({"error": f"server error: {one_line(exc)}", "category": "server"})
+        result = future.result()
+        if isinstance(result, bytes):
+            return Response(result, media_type=PROTO)
+        return JSONResponse(result)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"request body of {declared} bytes is over this server's limit of {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"request body over this server's limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    try:
+        body = json.loads(await read_body(request, limit) or b"{}")
+    except ValueError as exc:
+        raise HTTPException(422, f"the body is not JSON ({exc})") from exc
+    if not isinstance(body, dict):
+        raise HTTPException(422, "the body must be a JSON object")
+    return body
+
+
+def field(body: dict, name: str, kind: type | tuple = str):
+    value = body.get(name)
+    if not isinstance(value, kind):
+        raise HTTPException(422, f"field {name!r}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, poll_s: float = 20.0) -> FastAPI:
+    """The server's FastAPI app over `host` (see the module docstring)."""
+    app = FastAPI(title="rlhfkit Tinker server")
+    futures = Futures()
+    sessions: set[str] = set()
+    app.state.futures = futures
+
+    @app.middleware("http")
+    async def auth(request: Request, call_next):
+        if request.url.path != "/api/v1/healthz":
+            given = request.headers.get("x-api-key", "")
+            if not hmac.compare_digest(given.encode(), api_key.encode()):
+                return JSONResponse({"detail": "wrong or missing API key (set TINKER_API_KEY to the server's key)"},
+                                    status_code=401)
+        return await call_next(request)
+
+    async def body(request: Request) -> dict:
+        return await read_json(request, max_request_bytes)
+
+    @app.get("/api/v1/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    @app.get("/api/v1/get_server_capabilities")
+    async def capabilities():
+        ctx = getattr(host.base.config, "max_position_embeddings", None)
+        return {"supported_models": [{"model_name": host.name, "max_context_length": ctx, "trainable": True,
+                                      "sampleable": True}]}
+
+    @app.post("/api/v1/client/config")
+    async def client_config(request: Request):
+        await body(request)
+        return CLIENT_CONFIG
+
+    @app.post("/api/v1/client/dynamic_config")
+    async def dynamic_config(request: Request):
+        await body(request)
+        return {}
+
+    @app.post("/api/v1/telemetry")
+    async def telemetry(request: Request):
+        await read_body(request, max_request_bytes)
+        return {"status": "accepted"}
+
+    @app.post("/api/v1/create_session")
+    async def create_session(request: Request):
+        await body(request)
+        session_id = f"session-{uuid.uuid4().hex[:16]}"
+        sessions.add(session_id)
+        return {"type": "create_session", "session_id": session_id}
+
+    @app.post("/api/v1/session_heartbeat")
+    async def heartbeat(request: Request):
+        await body(request)
+        return {"type": "session_heartbeat"}
+
+    def check_base(name: str | None) -> None:
+        if name is not None and name != host.name:
+            raise HTTPException(404, f"base_model {name!r}: this server serves {host.name!r} only")
+
+    @app.post("/api/v1/create_model")
+    async def create_model(request: Request):
+        req = await body(request)
+        check_base(field(req, "base_model"))
+        lora = req.get("lora_config") or {}
+        if not isinstance(lora, dict):
+            raise HTTPException(422, "field 'lora_config': expected an object")
+
+        model_id = f"{field(req, 'session_id')}:train:{field(req, 'model_seq_id', int)}"
+
+        def run():
+            host.create_model(model_id, lora.get("rank"), lora.get("seed"), lora.get("train_attn", True),
+                              lora.get("train_mlp", True))
+            return {"type": "create_model", "model_id": model_id}
+        return futures.submit(run)
+
+    @app.post("/api/v1/get_info")
+    async def get_info(request: Request):
+        req = await body(request)
+        model_id = field(req, "model_id")
+        return await asyncio.wrap_future(futures.worker.submit(host.info, model_id))
+
+    @app.post("/api/v1/unload_model")
+    async def unload_model(request: Request):
+        model_id = field(await body(request), "model_id")
+        return futures.submit(lambda: (host.unload(model_id), {"type": "unload_model", "model_id": model_id})[1],
+                              model_id)
+
+    @app.post("/api/v1/forward_backward")
+    async def forward_backward(request: Request):
+        if request.headers.get("content-encoding"):
+            raise HTTPException(415, "compressed forward_backward bodies are not accepted (the server's client "
+                                     "config turns compression off)")
+        raw = await read_body(request, max_request_bytes)
+        try:
+            fb = parse_forward_backward(raw)
+        except RlhfkitError as exc:
+            raise HTTPException(422, one_line(exc)) from exc
+
+        def run():
+            outputs, metrics = host.forward_backward(fb.model_id, fb.loss_fn, fb.config, fb.data, fb.forward_only)
+            return forward_backward_output(outputs, metrics)
+        return futures.submit(run, fb.model_id)
+
+    @app.post("/api/v1/optim_step")
+    async def optim_step(request: Request):
+        req = await body(request)
+        model_id = field(req, "model_id")
+        params = req.get("adam_params")
+        if not isinstance(params, dict):
+            raise HTTPException(422, "optim_step: only Adam is served here; send adam_params (AdamParams)")
+        return futures.submit(lambda: {"metrics": host.optim_step(model_id, params)}, model_id)
+
+    @app.post("/api/v1/save_weights")
+    async def save_weights(request: Request):
+        req = await body(request)
+        model_id, name = field(req, "model_id"), req.get("path") or f"step-{uuid.uuid4().hex[:8]}"
+        return futures.submit(lambda: {"type": "save_weights", "path": host.save_state(model_id, name)}, model_id)
+
+    @app.post("/api/v1/save_weights_for_sampler")
+    async def save_for_sampler(request: Request):
+        req = await body(request)
+        model_id, name = field(req, "model_id"), req.get("path")
+
+        def run():
+            uri = host.save_for_sampler(model_id, name or f"sampler-{uuid.uuid4().hex[:8]}")
+            if name is not None:
+                return {"type": "save_weights_for_sampler", "path": uri}
+            return {"type": "save_weights_for_sampler", "path": uri, "sampling_session_id": host.create_sampler(uri)}
+        return futures.submit(run, model_id)
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request):
+        req = await body(request)
+        path, optimizer = field(req, "path"), bool(req.get("optimizer", False))
+        model_id, create = req.get("model_id"), req.get("model_id") is None
+        if create:
+            check_base(req.get("base_model"))
+            model_id = f"{field(req, 'session_id')}:train:{field(req, 'model_seq_id', int)}"
+
+        def run():
+            loaded = host.load_state(model_id, path, optimizer, create)
+            return {"type": "load_weights", "path": path, "model_id": loaded}
+        return futures.submit(run, model_id)
+
+    @app.post("/api/v1/create_sampling_session")
+    async def create_sampling_session(request: Request):
+        req = await body(request)
+        check_base(req.get("base_model"))
+        model_path = req.get("model_path")
+        session = await asyncio.wrap_future(futures.worker.submit(host.create_sampler, model_path))
+        return {"type": "create_sampling_session", "sampling_session_id": session}
+
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def sampler(sampler_id: str):
+        if sampler_id not in host.samplers:
+            raise HTTPException(404, f"sampler {sampler_id!r}: no such sampling session")
+        return {"sampler_id": sampler_id, "base_model": host.name, "model_path": host.samplers[sampler_id]}
+
+    @app.post("/api/v1/asample")
+    async def asample(request: Request):
+        req = await body(request)
+        session = field(req, "sampling_session_id")
+        prompt = _prompt_tokens(req)
+        n = field(req, "num_samples", int)
+        params = req.get("sampling_params") or {}
+        if not 1 <= n <= 256:
+            raise HTTPException(422, f"num_samples {n}: give 1..256")
+
+        def run():
+            seqs, prompt_lp = host.sample(session, prompt, n, params, params.get("seed"),
+                                          bool(req.get("prompt_logprobs")))
+            return sample_response(seqs, prompt_lp)
+        return futures.submit(run, sample_sequence_ids=[uuid.uuid4().hex for _ in range(n)])
+
+    @app.post("/api/v1/retrieve_future")
+    async def retrieve(request: Request):
+        return await futures.retrieve(field(await body(request), "request_id"), poll_s)
+
+    @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    async def unsupported(rest: str):
+        raise HTTPException(404, f"/api/v1/{rest} is not served by rlhfkit's Tinker server")
+
+    return app
+
+
+def _prompt_tokens(req: dict) -> list[int]:
+    prompt = req.get("prompt")
+    chunks = prompt.get("chunks") if isinstance(prompt, dict) else None
+    if not isinstance(chunks, list):
+        raise HTTPException(422, "field 'prompt': expected a ModelInput with chunks")
+    tokens: list[int] = []
+    for chunk in chunks:
+        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
+            raise HTTPException(422, "prompt: only encoded_text chunks are served (a text model)")
+        ids = chunk.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise HTTPException(422, "prompt: a chunk's tokens must be a list of ints")
+        tokens += ids
+    return tokens

@@ -1,0 +1,216 @@
+"""The official `tinker` SDK against `rlhfkit serve-training`'s app (a tiny random Llama on CPU):
+an SL loop, an RL loop, save / load / restart, two clients with isolated adapters, hostile
+clients. Skipped when the SDK is not installed (`pip install 'rlhfkit[tinker]'`)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+tinker = pytest.importorskip("tinker")
+uvicorn = pytest.importorskip("uvicorn")
+
+from rlhfkit.models.tiny import tiny_model_and_tokenizer
+from rlhfkit.serving.tinker.app import make_app
+from rlhfkit.serving.tinker.host import ModelHost
+
+KEY = "tml-test-key"
+NAME = "tiny-llama"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """The app over a fresh ModelHost in a uvicorn thread; `stop()` ends it (a 'restart' is a new Server)."""
+
+    def __init__(self, root, full: bool = False, max_request_bytes: int = 8 << 20):
+        model, tok = tiny_model_and_tokenizer(seed=0)
+        self.host = ModelHost(model, tok, NAME, root, torch.device("cpu"), full=full)
+        self.port = free_port()
+        config = uvicorn.Config(make_app(self.host, KEY, max_request_bytes, poll_s=2.0), host="127.0.0.1",
+                                port=self.port, log_level="error")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str = KEY):
+        return tinker.ServiceClient(base_url=self.url, api_key=key)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    srv = Server(tmp_path / "ckpt")
+    yield srv
+    srv.stop()
+
+
+def datum(tokens: list[int], weights: list[float] | None = None):
+    """Next-token prediction over `tokens`: input tokens[:-1], targets tokens[1:]."""
+    inputs, targets = tokens[:-1], tokens[1:]
+    w = weights if weights is not None else [1.0] * len(targets)
+    return tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(inputs),
+                              loss_fn_inputs={"target_tokens": np.asarray(targets, dtype=np.int64),
+                                              "weights": np.asarray(w, dtype=np.float32)})
+
+
+EXAMPLES = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25], [30, 31, 32, 33, 34, 35, 36]]
+
+
+def sl_steps(tc, steps: int, lr: float = 1e-2) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        fb = tc.forward_backward([datum(e) for e in EXAMPLES], "cross_entropy")
+        tc.optim_step(tinker.types.AdamParams(learning_rate=lr)).result()
+        losses.append(fb.result().metrics["loss:sum"])
+    return losses
+
+
+def test_sl_loop_loss_falls_and_outputs_logprobs(server):
+    tc = server.client().create_lora_training_client(base_model=NAME, rank=8).result()
+    losses = sl_steps(tc, 6)
+    assert losses[-1] < 0.5 * losses[0], losses
+    out = tc.forward([datum(EXAMPLES[0])], "cross_entropy").result()
+    lp = out.loss_fn_outputs[0]["logprobs"].to_numpy()
+    assert lp.shape == (len(EXAMPLES[0]) - 1,) and np.all(lp <= 0)
+    assert out.metrics["loss:sum"] == pytest.approx(-lp.sum(), rel=1e-5)
+    info = tc.get_info()
+    assert info.is_lora and info.lora_rank == 8 and info.model_data.model_name == NAME
+
+
+PROMPT = [3, 10, 11, 12]
+LOW = 44  # reward: the share of sampled tokens below this id (vocabulary 89)
+
+
+def rl_datum(prompt, seq, advantage):
+    tokens = prompt + list(seq.tokens)
+    n_prompt = len(prompt) - 1
+    return tinker.types.Datum(
+        model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": np.asarray(tokens[1:], dtype=np.int64),
+                        "logprobs": np.asarray([0.0] * n_prompt + list(seq.logprobs), dtype=np.float32),
+                        "advantages": np.asarray([0.0] * n_prompt + [advantage] * len(seq.tokens), dtype=np.float32)})
+
+
+def test_rl_loop_reward_rises_and_sampled_logprobs_equal_forward(server):
+    tc = server.client().create_lora_training_client(base_model=NAME, rank=8, seed=1).result()
+    params = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=0)
+    rewards = []
+    for step in range(10):
+        sc = tc.save_weights_and_get_sampling_client(f"step{step}")
+        seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=8, sampling_params=params).result().sequences
+        r = np.array([np.mean(np.asarray(s.tokens) < LOW) for s in seqs])
+        rewards.append(r.mean())
+        if step == 0:  # the sampler's logprobs are the trainer's forward on the same tokens
+            fwd = tc.forward([rl_datum(PROMPT, seqs[0], 0.0)], "importance_sampling").result()
+            lp = fwd.loss_fn_outputs[0]["logprobs"].to_numpy()[len(PROMPT) - 1:]
+            np.testing.assert_allclose(lp, seqs[0].logprobs, atol=1e-4)
+        adv = r - r.mean()
+        tc.forward_backward([rl_datum(PROMPT, s, a) for s, a in zip(seqs, adv)], "importance_sampling").result()
+        tc.optim_step(tinker.types.AdamParams(learning_rate=3e-2)).result()
+    assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.15, rewards
+
+
+def test_prompt_logprobs_and_stop(server):
+    sc = server.client().create_sampling_client(base_model=NAME)
+    out = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=2, include_prompt_logprobs=True,
+                    sampling_params=tinker.types.SamplingParams(max_tokens=5, seed=3)).result()
+    assert len(out.sequences) == 2 and all(len(s.tokens) <= 5 for s in out.sequences)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(PROMPT)
+    first = out.sequences[0].tokens[0]
+    again = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=1,
+                      sampling_params=tinker.types.SamplingParams(max_tokens=5, seed=3, stop=[first])).result()
+    assert list(again.sequences[0].tokens) == [first] and again.sequences[0].stop_reason == "stop"
+
+
+def loss_of(tc, example=EXAMPLES[0]) -> float:
+    return tc.forward([datum(example)], "cross_entropy").result().metrics["loss:sum"]
+
+
+def test_save_load_and_restart(tmp_path, monkeypatch):
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    srv = Server(tmp_path / "ckpt")
+    tc = srv.client().create_lora_training_client(base_model=NAME, rank=4).result()
+    sl_steps(tc, 2)
+    saved = loss_of(tc)
+    path = tc.save_state("two-steps").result().path
+    assert path.startswith("tinker://") and path.endswith("/weights/two-steps")
+    sl_steps(tc, 2)
+    assert loss_of(tc) < saved - 1e-3
+    tc.load_state_with_optimizer(path).result()
+    assert loss_of(tc) == pytest.approx(saved, abs=1e-5)
+    sl_steps(tc, 1)
+    after_one = loss_of(tc)
+    srv.stop()
+
+    srv = Server(tmp_path / "ckpt")  # a restarted server: the checkpoint is all it has
+    try:
+        tc2 = srv.client().create_training_client_from_state_with_optimizer(path).result()
+        assert loss_of(tc2) == pytest.approx(saved, abs=1e-5)
+        sl_steps(tc2, 1)  # with the Adam moments restored the step is the same step as before the restart
+        assert loss_of(tc2) == pytest.approx(after_one, abs=1e-4)
+    finally:
+        srv.stop()
+
+
+def test_two_clients_have_isolated_adapters_on_one_base(server):
+    svc = server.client()
+    a = svc.create_lora_training_client(base_model=NAME, rank=8, seed=1).result()
+    b = svc.create_lora_training_client(base_model=NAME, rank=4, seed=2).result()
+    b_before = loss_of(b)
+    a_before = loss_of(a)
+    sl_steps(a, 4)
+    assert loss_of(a) < 0.7 * a_before
+    assert loss_of(b) == pytest.approx(b_before, abs=1e-6)
+    sl_steps(b, 1)
+    assert loss_of(b) < b_before
+    assert len(server.host.models) == 2 and server.host.peft is not None
+    assert {a.get_info().lora_rank, b.get_info().lora_rank} == {8, 4}
+
+
+def test_hostile_clients_are_refused_and_others_unaffected(tmp_path, monkeypatch):
+    import httpx
+
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    srv = Server(tmp_path / "ckpt", max_request_bytes=1 << 20)
+    try:
+        good = srv.client().create_lora_training_client(base_model=NAME, rank=4).result()
+        sl_steps(good, 1)
+        before = loss_of(good)
+        r = httpx.post(f"{srv.url}/api/v1/create_session", json={}, headers={"X-API-Key": "tml-wrong"})
+        assert r.status_code == 401 and "API key" in r.json()["detail"]
+        with pytest.raises(Exception, match="401|API key"):
+            srv.client(key="tml-wrong").create_lora_training_client(base_model=NAME, rank=4).result()
+        big = httpx.post(f"{srv.url}/api/v1/forward_backward", content=b"\0" * (100 << 20),
+                         headers={"X-API-Key": KEY, "Content-Type": "application/x-protobuf"}, timeout=60)
+        assert big.status_code == 413
+        bad = srv.client().create_lora_training_client(base_model=NAME, rank=4).result()
+        wrong = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
+                                   loss_fn_inputs={"target_tokens": np.asarray([6, 7], dtype=np.int64),
+                                                   "weights": np.asarray([1.0, 1.0], dtype=np.float32)})
+        with pytest.raises(Exception, match="one per input token"):
+            bad.forward_backward([wrong], "cross_entropy").result()
+        with socket.create_connection(("127.0.0.1", srv.port)) as s:  # a client that vanishes mid-body
+            s.sendall(f"POST /api/v1/forward_backward HTTP/1.1\r\nHost: x\r\nX-API-Key: {KEY}\r\n"
+                      "Content-Length: 100000\r\n\r\n".encode() + b"\x0a" * 100)
+        assert loss_of(good) == pytest.approx(before, abs=1e-6)
+        sl_steps(good, 1)
+        assert loss_of(good) < before
+    finally:
+        srv.stop()
