@@ -151,6 +151,13 @@ def attention_implementation(model: torch.nn.Module, name: str):
 EAGER_ROW_TOKENS = 512
 
 
+def parameter_device_type(model: torch.nn.Module) -> str:
+    """The device type ("cpu", "cuda", ...) of `model`'s parameters: where its forward runs (the
+    batches are built on the CPU whatever the model's device)."""
+    param = next(model.parameters(), None)
+    return "cpu" if param is None else param.device.type
+
+
 def attention_for(model: torch.nn.Module, batch):
     """Eager attention for a 4-D-masked (shared-prefix) batch on CPU with rows of at most
     EAGER_ROW_TOKENS: with a dense custom mask over short rows, torch's CPU SDPA kernel was slower
@@ -159,13 +166,15 @@ def attention_for(model: torch.nn.Module, batch):
     (float32, and their softmax, kept for the backward) grow with L squared: rows of ~1,000 tokens
     ran 2.3x faster under SDPA (bench/long_responses.py, docs/performance.md).
     Elsewhere unchanged, and also under gradient checkpointing: the backward recomputes each layer
-    after the swap is undone, so the forward must run the attention the recomputation will."""
+    after the swap is undone, so the forward must run the attention the recomputation will.
+    "On CPU" is where the model's parameters are (`parameter_device_type`), never the mask's device:
+    the mask is always built on the CPU, and on a GPU SDPA's fused kernels are the fast path."""
     config = getattr(model, "config", None)
     mask = batch.attention_mask
     checkpointing = model.training and getattr(model, "is_gradient_checkpointing", False)
     swap = (config is not None and getattr(config, "_attn_implementation", None) == "sdpa" and mask is not None
-            and mask.dim() == 4 and mask.device.type == "cpu" and mask.shape[-1] <= EAGER_ROW_TOKENS
-            and not checkpointing)
+            and mask.dim() == 4 and mask.shape[-1] <= EAGER_ROW_TOKENS and not checkpointing
+            and parameter_device_type(model) == "cpu")
     return attention_implementation(model, "eager") if swap else contextlib.nullcontext()
 
 
