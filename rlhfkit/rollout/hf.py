@@ -39,6 +39,8 @@ Host syncs: the sampled tokens, logprobs and lengths stay on the model's device 
 ends; the loop reads back (syncs) only to learn which rows finished, every step on the CPU (where
 it costs nothing and a finished row is dropped at once) and every `STOP_CHECK_EVERY["cuda"]` steps
 on CUDA (rows that finished in between keep decoding until then; their extra tokens are discarded).
+With per-prompt seeds, a chunk's sampling uniforms are drawn at its prefill and copied to the device
+once (`chunk_uniforms`), not copied at every step (each copy waited for the device).
 
 The logprob of each sampled token is
 log_softmax(logits / T) in float32 BEFORE top-k/top-p truncation (T = 1 for greedy), which is
@@ -78,12 +80,13 @@ class DecodeState:
     the device and `alive` [b] marks the rows with no stop token yet (a finished row stays in the
     batch until the next stop check). tokens, logprobs, versions [B, max_new]; lengths, stopped [B]:
     on the model's device until the chunk is finished, then on the CPU. `width`: the prompt width
-    of a static cache (None for a growing one). The samplers (`generator`, or one per prompt in
-    `gens`) are the generation's own: their state carries over between calls."""
+    of a static cache (None for a growing one). The sampler is the generation's own `generator`
+    (its state carries over between calls) or, with per-prompt seeds, `uniforms` [prompts, max_new, n]
+    on the device: every draw of the chunk's per-prompt generators, made once at the prefill."""
 
     params: SamplingParams
     generator: torch.Generator | None
-    gens: list[torch.Generator] | None
+    uniforms: torch.Tensor | None
     cache: object
     seqs: torch.Tensor | None
     logits: torch.Tensor
@@ -282,7 +285,8 @@ class HFEngine:
             cache.batch_repeat_interleave(n)
         batch = len(prompts) * n
         return DecodeState(
-            params=params, generator=generator, gens=gens, cache=cache,
+            params=params, generator=generator, cache=cache,
+            uniforms=None if gens is None else chunk_uniforms(gens, max_new, n).to(device),  # one copy per chunk
             seqs=None if cache is not None else input_ids.repeat_interleave(n, dim=0),  # without a cache: [B, P + step]
             logits=logits.repeat_interleave(n, dim=0), logits_version=self._version,
             attention_mask=attention_mask.repeat_interleave(n, dim=0),
@@ -307,7 +311,7 @@ class HFEngine:
         decoded = 0
         while decoded < budget and not s.finished:
             step = s.step
-            u = None if s.gens is None else _row_uniforms(s.active, n, s.gens)
+            u = None if s.uniforms is None else s.uniforms[s.rows // n, step, s.rows % n]  # on the device
             tok, lp = _sample(s.logits, params, s.generator, u)
             s.finite &= (torch.isfinite(lp) | ~s.alive).all()  # finished rows may still be in the batch
             s.tokens[s.rows, step] = torch.where(s.alive, tok, self.pad_id)
@@ -441,8 +445,8 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     """logits [B, V] float32 -> (tokens [B], logprobs [B]).
 
     The logprob is log_softmax(logits / T) at the token, before top-k/top-p truncation;
-    T = 0 is greedy, with the logprob taken at T = 1. `u` [B] (CPU): the rows' uniforms, else they
-    are drawn from `generator`.
+    T = 0 is greedy, with the logprob taken at T = 1. `u` [B] (on the logits' device): the rows'
+    uniforms, else they are drawn from `generator` (and copied to the logits' device).
     """
     if params.temperature == 0:
         tok = logits.argmax(dim=-1)
@@ -453,12 +457,13 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     probs = torch.softmax(_truncate(scaled, params.top_k, params.top_p), dim=-1) if truncated else logp.exp()
     if u is None:
         u = torch.rand(probs.shape[0], generator=generator, device=generator.device if generator is not None else "cpu")
-    tok = _inverse_cdf(probs, u.to(probs.device))
+        u = u.to(probs.device)
+    tok = _inverse_cdf(probs, u)
     return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
 
 
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
-    """One token per row of `probs` [B, V] from uniforms `u` [B] in [0, 1): the first token whose
+    """One token per row of `probs` [B, V] from uniforms `u` [B] in [0, 1) (on the same device): the first token whose
     cumulative probability exceeds u * total; a zero-probability token is never picked. One
     uniform per row instead of torch.multinomial's V exponentials: on this CPU multinomial over
     [128, 49152] took ~130 ms per decode step, a third of it.
@@ -473,7 +478,7 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torc
     blocks = padded.view(rows, nblocks, block)
     cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)  # [B, nblocks]
     total = cdf[:, -1]  # NaN/inf anywhere reaches it (and the token's logprob, which the loop checks)
-    x = (u.double().to(cdf.device) * total).unsqueeze(-1)
+    x = (u.double() * total).unsqueeze(-1)
     b = torch.searchsorted(cdf, x, right=True).clamp(max=nblocks - 1)  # [B, 1]; a zero block is never picked
     before = torch.where(b > 0, cdf.gather(-1, (b - 1).clamp(min=0)), 0.0)
     inside = blocks[torch.arange(rows, device=probs.device), b.squeeze(-1)]  # [B, block]
@@ -508,13 +513,14 @@ def _seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
-def _row_uniforms(active: torch.Tensor, n: int, gens: list[torch.Generator]) -> torch.Tensor:
-    """active [B] (sorted row ids, n rows per prompt) -> uniforms [B]: each prompt present draws n
-    from its generator (one per sample slot, finished slots included) and row i takes its slot's.
-    So a row's draws do not depend on when its siblings finished or were dropped from the batch."""
-    prompt_of, counts = torch.unique_consecutive(active // n, return_counts=True)
-    draws = torch.cat([torch.rand(n, generator=gens[p]) for p in prompt_of.tolist()])  # [prompts present * n]
-    return draws[torch.repeat_interleave(torch.arange(len(prompt_of)), counts) * n + active % n]
+def chunk_uniforms(gens: list[torch.Generator], max_new: int, n: int) -> torch.Tensor:
+    """Every uniform a chunk's rows may use: [prompts, max_new, n] (CPU), entry [p, t, s] for sample s of
+    prompt p at decode step t, drawn from prompt p's generator in the order (t, s). A row's draws do not
+    depend on when its siblings finished or were dropped from the batch, and are the values the
+    per-step draws of n uniforms gave (torch.rand on a CPU generator fills its values in order), so the
+    samples are the same; drawn once per chunk and copied to the device once, the decode loop does not
+    wait for the device at every token to copy a step's uniforms."""
+    return torch.stack([torch.rand(max_new * n, generator=g).view(max_new, n) for g in gens])
 
 
 def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
