@@ -251,7 +251,7 @@ def response_hidden(hidden: torch.Tensor, batch, where: torch.Tensor | None = No
     with `where` (bool [B, R]) only those entries: [N, H], N = where.sum(), in row-major order."""
     index = batch.hidden_index()
     if where is not None:
-        index = index[where]
+        index = index[where.to(index.device)]  # a batch moved to a GPU in part must not fail here
     return hidden.reshape(-1, hidden.shape[-1])[index.to(hidden.device)]
 
 
