@@ -183,7 +183,7 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
     from rlhfkit.rollout.hf import _eos_ids  # noqa: PLC0415
-    from rlhfkit.rollout.vllm import VLLMEngine, require_vllm  # noqa: PLC0415
+    from rlhfkit.rollout.vllm import VLLMEngine, colocated_memory, free_gpu_share, require_vllm  # noqa: PLC0415
 
     require_vllm()
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
@@ -191,10 +191,12 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
         raise ConfigError(f"--rollout.engine vllm needs an HF model folder, not the GGUF file {gguf}; convert it "
                           "once (e.g. --actor.model_name_or_path smollm2 does) or use --rollout.engine hf")
     v = cfg.vllm
+    share, sleep = colocated_memory(v.gpu_memory_utilization, v.enable_sleep, torch.cuda.is_available(),
+                                    free_gpu_share())
     return VLLMEngine(path, _eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
-                      seed=cfg.train.seed, gpu_memory_utilization=v.gpu_memory_utilization,
-                      enable_sleep=v.enable_sleep, tensor_parallel_size=v.tensor_parallel_size,
-                      state_fn=state_fn, auto_sleep=v.enable_sleep)
+                      seed=cfg.train.seed, gpu_memory_utilization=share,
+                      enable_sleep=sleep, tensor_parallel_size=v.tensor_parallel_size,
+                      state_fn=state_fn, auto_sleep=sleep)
 
 
 def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):

@@ -470,10 +470,12 @@ class DistributedConfig:
 class VLLMConfig:
     """The vLLM engine (--rollout.engine vllm, GPU)."""
 
-    gpu_memory_utilization: float = 0.9
-    """Share of GPU memory vLLM may take (weights + KV cache); lower it when the trainer shares the GPU."""
-    enable_sleep: bool = False
-    """Colocation: free vLLM's KV cache and weights while the trainer updates (GPU only)."""
+    gpu_memory_utilization: float | None = None
+    """Share of GPU memory vLLM may take (weights + KV cache); none = 0.5: vLLM runs in the trainer's
+    process on the trainer's GPU, which already holds the policy (more than the free share is refused)."""
+    enable_sleep: bool | None = None
+    """Colocation: free vLLM's KV cache and weights while the trainer updates; none = on where CUDA is
+    present (the update then gets the GPU back), off elsewhere (vLLM's sleep mode needs CUDA)."""
     tensor_parallel_size: int = 1
     """GPUs per vLLM engine."""
 
