@@ -202,13 +202,15 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
 def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running).
     `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back)."""
-    from rlhfkit.distributed.launch import worker_factory  # noqa: PLC0415
+    from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, worker_factory  # noqa: PLC0415
     from rlhfkit.distributed.pool import RayEnginePool  # noqa: PLC0415
 
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
-    t = cfg.train
+    t, d = cfg.train, cfg.distributed
+    worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker, cfg.rollout.num_workers,
+                             0 if d.num_gpus_per_worker is not None else cluster_gpus(d.address))[1]
     make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
-                          cfg.distributed.num_gpus_per_worker, delays,
+                          worker_gpus, delays,
                           t.partial_rollout_tokens if t.partial_rollout_enable else 0)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
 

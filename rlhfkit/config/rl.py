@@ -460,10 +460,11 @@ class DistributedConfig:
     """Ray cluster to join (e.g. HEAD_IP:6379 from `ray start --head`); none = start a local one."""
     num_cpus: int | None = None
     """Logical CPUs of a local Ray cluster; none = rollout.num_workers + 1 (one per actor)."""
-    num_gpus_per_worker: float = 0.0
-    """GPUs each rollout worker actor asks Ray for (0 on CPU; e.g. 1 on a GPU node)."""
-    num_gpus_trainer: float = 0.0
-    """GPUs the trainer actor asks Ray for."""
+    num_gpus_per_worker: float | None = None
+    """GPUs each rollout worker actor asks Ray for; none = the GPUs present shared by the trainer and the
+    workers (one each where there are enough, an equal share of them otherwise; 0 without GPUs)."""
+    num_gpus_trainer: float | None = None
+    """GPUs the trainer actor asks Ray for; none = as --distributed.num_gpus_per_worker."""
 
 
 @dataclass(frozen=True)
