@@ -5,10 +5,8 @@ by the trainer actor and the rollout workers (they defaulted to 0, so on a GPU m
 import pytest
 import torch
 
-pytest.importorskip("ray")
-
-from rlhfkit.config import RLConfig, parse_config  # noqa: E402
-from rlhfkit.distributed.launch import cluster_gpus, gpu_shares  # noqa: E402
+from rlhfkit.config import RLConfig, parse_config
+from rlhfkit.distributed.launch import cluster_gpus, gpu_shares
 
 
 def test_unset_counts_are_left_to_the_gpus_present():
