@@ -60,7 +60,7 @@ def test_the_backward_thread_computes_the_same_gradients_and_leaves_its_autocast
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logp, _ = linear_logprobs_and_entropy(h, w, labels, with_entropy=False)
 
-            def run():
+            def run(logp=logp):
                 logp.sum().backward()
                 states.append(torch.is_autocast_enabled("cpu"))
 
