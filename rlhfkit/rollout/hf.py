@@ -26,9 +26,11 @@ attention sinks, no dropout); other calls go to SDPA as before.
 
 With `compile_decode`, the decode steps run the model under torch.compile over a static KV
 cache (transformers' `StaticLayer`s, one fixed-length buffer per layer of prompt width + max new
-tokens, written in place; the attention mask covers the whole buffer), so each step has the same
-shapes and runs as one compiled graph (a CUDA graph on CUDA); the prefill stays eager. Finished rows
-are still dropped (the rows dimension is dynamic). The compiled step is one per model and process
+tokens rounded up to a bucket, written in place; the attention mask covers the whole buffer), so each
+step has the same shapes and runs as one compiled graph (a CUDA graph on CUDA); the prefill stays
+eager. Finished rows are still dropped (the rows bucketed to powers of two), and the buffers are the
+engine's own, reused by every chunk and row drop, so CUDA graphs are not recorded again for new
+addresses (rollout/static_cache.py). The compiled step is one per model and process
 (`models.compile.compile_decode_step`): a new engine over the same model does not compile again.
 It is off on the CPU, where it measured no faster than the eager loop (`compile_on_cpu` turns it on
 there, for tests and benches). Where it cannot be built (no C++ compiler for the CPU backend, cache
@@ -65,6 +67,10 @@ from rlhfkit.models.logprobs import (
     note_once,
 )
 from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.static_cache import StaticBuffers, new_static_cache, static_cache_length
+from rlhfkit.rollout.static_cache import bucketed_rows as _bucketed
+from rlhfkit.rollout.static_cache import static_cache_support as _static_cache_support
+from rlhfkit.rollout.static_cache import static_layer_class as _static_layer_class  # noqa: F401 - tests
 
 # Decode steps between the loop's reads of which rows finished (a host sync), per device type; 1
 # elsewhere. On CUDA a read per step would stall the queue of (graph-replayed) steps at every token.
@@ -177,6 +183,7 @@ class HFEngine:
         self._cached = _cache_support(model) is None
         self._version = version
         self._compiled_step = None
+        self.static_buffers = StaticBuffers()  # the compiled step's KV rows, reused by every chunk
         if compile_decode and self._cached and _static_cache_support(model):
             from rlhfkit.models.compile import compile_decode_step
 
@@ -276,8 +283,9 @@ class HFEngine:
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         static = self._compiled_step is not None
         if static:  # the mask covers the static cache's whole length: the new tokens' columns open as they come
-            cache = _new_static_cache(self.model, width + max_new)
-            attention_mask = torch.nn.functional.pad(attention_mask, (0, max_new))
+            length = static_cache_length(width, max_new)  # bucketed: chunks of similar widths share the shape
+            cache = new_static_cache(self.model, length, self.static_buffers)
+            attention_mask = torch.nn.functional.pad(attention_mask, (0, length - width))
         else:
             cache = _new_cache(self.model, reserve=max_new) if self._cached else None
         logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
@@ -489,20 +497,6 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torc
     return (b * block + torch.minimum(torch.maximum(j, first), last)).squeeze(-1).clamp(0, vocab - 1)
 
 
-def _bucketed(keep: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
-    """The rows a static-cache (compiled) batch keeps after a stop check: the `keep` rows still
-    decoding, padded with finished ones up to a power of two of at least 2 (or all rows where that
-    is no fewer). So the compiled step sees at most log2(B) batch sizes, and never 1 row unless it
-    started with 1: each new size would be a new CUDA graph, and 1 (which torch.compile specializes)
-    a recompile. keep [k] sorted row indices, alive [B] -> sorted row indices [b]."""
-    rows = alive.numel()
-    size = max(2, 1 << (keep.numel() - 1).bit_length())
-    if size >= rows:
-        return torch.arange(rows, device=alive.device)
-    finished = (~alive).nonzero().squeeze(-1)[: size - keep.numel()]
-    return torch.cat([keep, finished]).sort().values
-
-
 def _check_finite(finite: torch.Tensor) -> None:
     """Raise where a sampled token's logprob was NaN/inf (`finite`: a bool scalar on the device)."""
     if not bool(finite):
@@ -642,66 +636,6 @@ def _growing_layer_class():
                 self._views()
 
     return GrowingLayer
-
-
-def _static_cache_support(model: torch.nn.Module) -> bool:
-    """Whether transformers lays out only plain full-attention `StaticLayer`s for `model` (what the
-    compiled decode step needs); otherwise a note is logged once and the loop decodes eagerly."""
-    from transformers import StaticCache
-    from transformers.cache_utils import StaticLayer
-
-    try:
-        kinds = {type(layer) for layer in StaticCache(config=model.config, max_cache_len=1).layers}
-    except Exception as e:  # noqa: BLE001 - a config transformers lays out no static cache for
-        kinds = {type(e)}
-    if kinds == {StaticLayer}:
-        return True
-    note_once(f"--rollout.compile_decode: {type(model).__name__}'s static cache has layers other than plain full "
-              f"attention ({', '.join(sorted(k.__name__ for k in kinds))}); the rollout decodes eagerly")
-    return False
-
-
-def _new_static_cache(model: torch.nn.Module, length: int):
-    """transformers' StaticCache of `length` positions whose layers can also be copied per sample and
-    have rows dropped (as the loop does after the prefill and when rows finish)."""
-    from transformers import StaticCache
-
-    cache = StaticCache(config=model.config, max_cache_len=length)
-    layer = _static_layer_class()
-    cache.layers = [layer(max_cache_len=length) for _ in cache.layers]
-    return cache
-
-
-@functools.cache
-def _static_layer_class():
-    from transformers.cache_utils import StaticLayer
-
-    class RowStaticLayer(StaticLayer):
-        """A StaticLayer (fixed-length buffers written in place at the cache position) whose rows can be
-        repeated or selected; the new buffers are marked static again for the compiled step."""
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            # as GrowingLayer.update: keep the cache in the autocast dtype the attention uses
-            device = key_states.device.type
-            if torch.is_autocast_enabled(device):
-                dtype = torch.get_autocast_dtype(device)
-                key_states, value_states = key_states.to(dtype), value_states.to(dtype)
-            return super().update(key_states, value_states, *args, **kwargs)
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            if self.is_initialized:
-                self._rows(self.keys.repeat_interleave(repeats, 0), self.values.repeat_interleave(repeats, 0))
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            if self.is_initialized:
-                self._rows(self.keys[indices], self.values[indices])
-
-        def _rows(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-            self.keys, self.values, self.batch_size = keys, values, keys.shape[0]
-            torch._dynamo.mark_static_address(self.keys)
-            torch._dynamo.mark_static_address(self.values)
-
-    return RowStaticLayer
 
 
 DECODE_ATTENTION = "rlhfkit_cpu_decode"
