@@ -13,7 +13,11 @@ import rlhfkit.models.compile as compile_module
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
-from rlhfkit.rollout.static_cache import STATIC_LENGTH_BUCKET, StaticBuffers, static_cache_length
+from rlhfkit.rollout.static_cache import (
+    STATIC_LENGTH_BUCKET,
+    StaticBuffers,
+    static_cache_length,
+)
 
 STOP = 13  # some rows of the tiny model (seed 0) stop early, so rows are dropped
 
@@ -26,7 +30,7 @@ def test_cache_length_is_bucketed():
 
 def test_buffers_are_reused_for_fewer_rows_and_grown_only_when_needed():
     buffers = StaticBuffers()
-    k, v = buffers.place(0, torch.ones(4, 2, 8, 3), torch.ones(4, 2, 8, 3))
+    k, _ = buffers.place(0, torch.ones(4, 2, 8, 3), torch.ones(4, 2, 8, 3))
     address = k.data_ptr()
     k2, _ = buffers.place(0, torch.full((2, 2, 8, 3), 2.0), torch.zeros(2, 2, 8, 3))
     assert k2.data_ptr() == address and k2.shape[0] == 2 and bool((k2 == 2).all())
