@@ -4,7 +4,7 @@
 import torch
 
 from rlhfkit.models import precision
-from rlhfkit.trainers.rl import StepTimer
+from rlhfkit.trainers.rl.loop import StepTimer
 
 
 def _patched_cuda(monkeypatch) -> list:
