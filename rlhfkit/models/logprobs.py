@@ -32,6 +32,7 @@ import torch
 
 from rlhfkit.core.lm_head import linear_logprobs_and_entropy
 from rlhfkit.core.losses import logprobs_and_entropy
+from rlhfkit.models.precision import to_device
 
 log = logging.getLogger("rlhfkit")
 
@@ -122,10 +123,10 @@ def model_inputs(model: torch.nn.Module, batch) -> dict:
     4-D bool mask, handed to the attention as it is; converted to an additive float mask for
     eager attention, which adds it to the scores)."""
     device = next(model.parameters()).device  # batches are built on the CPU; the model may sit on a GPU
-    mask = batch.attention_mask if batch.attention_mask is None else batch.attention_mask.to(device)
-    inputs = {"input_ids": batch.input_ids.to(device), "attention_mask": mask, "use_cache": False}
+    mask = batch.attention_mask if batch.attention_mask is None else to_device(batch.attention_mask, device)
+    inputs = {"input_ids": to_device(batch.input_ids, device), "attention_mask": mask, "use_cache": False}
     if getattr(batch, "position_ids", None) is not None:
-        inputs["position_ids"] = batch.position_ids.to(device)
+        inputs["position_ids"] = to_device(batch.position_ids, device)
     if mask is not None and mask.dim() == 4 and getattr(model.config, "_attn_implementation", "") == "eager":
         dtype = next(model.parameters()).dtype
         inputs["attention_mask"] = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
