@@ -183,7 +183,8 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
         return build_vllm_engine(policy, tokenizer, cfg, state_fn or policy.state_dict)
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
     return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
-                    inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode)
+                    inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode,
+                    gather=fsdp.unsharded if cfg.fsdp.enable else None)
 
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
@@ -222,14 +223,14 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
 
 def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
     """FSDP2-shard the policy, reference and critic across `world` torchrun processes; returns the vLLM
-    engine's weight source (the gathered full state, on every rank)."""
+    engine's weight source (the full state, gathered part by part on every rank's GPU)."""
     fsdp.check_fsdp_settings(world, cfg.train.batch_size)
     for model in (policy, ref):
         if model is not None:
             fsdp.shard_model(model, world, cfg.fsdp.mixed_precision)
     if critic is not None:
         fsdp.shard_critic(critic, world, cfg.fsdp.mixed_precision)
-    return lambda: fsdp.full_state_dict(policy, rank0_only=False)
+    return lambda: fsdp.StreamedState(policy)
 
 
 # ------------------------------------------------------------------ the stages and the loop

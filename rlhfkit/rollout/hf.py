@@ -151,6 +151,8 @@ class HFEngine:
         off on the CPU (measured no faster than the eager loop there) and where it cannot be built:
         the eager loop, with one logged line.
       compile_on_cpu: with `compile_decode`, compile on the CPU too (tests of the compiled path, benches).
+      gather: `gather(model)` is a context every decoding call runs inside; FSDP passes
+        `distributed.fsdp.unsharded` (the parameters gathered once per call, not per decoded token).
     """
 
     def __init__(
@@ -164,8 +166,9 @@ class HFEngine:
         inference_mode: bool = True,
         compile_decode: bool = False,
         compile_on_cpu: bool = False,
+        gather=None,
     ):
-        self.model = model
+        self.model, self.gather = model, gather
         self._no_grad = torch.inference_mode if inference_mode and autocast_dtype is None else torch.no_grad
         if autocast_dtype == torch.float16 and self.device.type == "cpu":
             raise ConfigError("autocast_dtype=float16 on CPU is ~200x slower than fp32; use bfloat16 or None.")
@@ -247,7 +250,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with self._no_grad(), self._autocast(), _decode_attention(self.model):
+            gathered = self.gather(self.model) if self.gather is not None else contextlib.nullcontext()
+            with self._no_grad(), self._autocast(), _decode_attention(self.model), gathered:
                 while budget > 0 and len(gen.done) < len(gen.chunks):
                     start, stop = gen.chunks[len(gen.done)]
                     if gen.state is None:

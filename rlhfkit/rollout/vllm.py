@@ -20,7 +20,8 @@ How it maps onto vLLM:
   process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, one GPU) are handed over as they are; CUDA tensors
   and the worker in another process on the same GPU go as CUDA IPC handles of buckets of at most
   `bucket_bytes`; anything else (CPU tensors, workers on other GPUs or machines) as raw bytes
-  through CPU memory. An empty `state` pulls the weights from `state_fn` (the trainer's policy).
+  through CPU memory. An empty `state` pulls the weights from `state_fn` (the trainer's policy); a
+  state with `parts(bucket_bytes)` (FSDP's `StreamedState`) is loaded part by part.
 - Colocation: with `enable_sleep`, vLLM frees its KV cache and offloads its weights while the
   trainer runs (`sleep()` / `wake_up()`); `auto_sleep` sleeps after every `generate`. A weight
   update wakes only the weights (they are overwritten right away; the KV cache stays freed), and
@@ -270,15 +271,21 @@ class VLLMEngine:
             state = self.state_fn()
         if state:
             self.wake_up(("weights",))
-            path = self.choose_path(state)
-            if path == "tensors":
-                self.llm.collective_rpc("rlhfkit_load_tensors", args=(list(state.items()),))
-            elif path == "ipc":
-                self.send_ipc_buckets(state)
-            else:
-                self.llm.collective_rpc("rlhfkit_load_weights", args=(pack_tensors(state),))
+            # a streamed state (distributed.fsdp.StreamedState) comes in parts, each loaded before the next is gathered
+            for part in state.parts(self.bucket_bytes) if hasattr(state, "parts") else [state]:
+                self.send(part)
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self._version = version
+
+    def send(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load `state` into every worker by the path `choose_path` picks."""
+        path = self.choose_path(state)
+        if path == "tensors":
+            self.llm.collective_rpc("rlhfkit_load_tensors", args=(list(state.items()),))
+        elif path == "ipc":
+            self.send_ipc_buckets(state)
+        else:
+            self.llm.collective_rpc("rlhfkit_load_weights", args=(pack_tensors(state),))
 
     def choose_path(self, state: Mapping[str, torch.Tensor]) -> str:
         """`choose_weight_path` for `state` (the workers are asked where they run once, and only
