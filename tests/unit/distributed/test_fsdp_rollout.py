@@ -103,11 +103,11 @@ def test_streamed_state_gathers_part_by_part_on_the_models_device(sharded, monke
     assert len(rest) >= 3
 
 
-def test_the_fsdp_weight_source_is_streamed(sharded):
+def test_the_fsdp_weight_source_is_streamed():
     from rlhfkit.api.components import shard_for_fsdp
     from rlhfkit.config import RLConfig
 
-    model, tok = tiny_model_and_tokenizer(seed=0)
+    model, _ = tiny_model_and_tokenizer(seed=0)
     source = shard_for_fsdp(RLConfig.from_args(["--fsdp.enable", "true"]),
                             model, None, None, 1)
     assert isinstance(source(), fsdp.StreamedState)
