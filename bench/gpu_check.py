@@ -48,7 +48,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check_paths import CAPS, CHECKS, SHAPE_OF  # noqa: E402  (bench/ is not a package)
+from gpu_check_paths import CAPS, CHECKS, SHAPE_OF  # bench/ is not a package
+
 RESULT = "GPU_CHECK_RESULT "
 SMOLLM2_135M = ("LlamaConfig", {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
                                  "num_attention_heads": 9, "num_key_value_heads": 3, "rope_theta": 100000.0,

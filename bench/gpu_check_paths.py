@@ -19,6 +19,7 @@ config (`gpu_check.build_model_folder`): real weights do not fit the files shipp
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -65,8 +66,9 @@ def low_half_reward(vocab: int):
 
 def rl_run(a, flags: dict, steps: int, reward_fn, out: Path):
     """An RLTrainer run on `a.model_dir` (GRPO unless `flags` say otherwise); (trainer, history)."""
-    import rlhfkit
     from gpu_check import autocast, records
+
+    import rlhfkit
 
     quick = a.size == "quick"
     base = {"actor.model_name_or_path": a.model_dir, "actor.device": a.device, "rollout.batch_size": 2 if quick else 8,
@@ -96,7 +98,11 @@ def check_sdpa_prefix(a) -> dict:
     from rlhfkit.data.packing import pack_shared_prefix
     from rlhfkit.data.types import Trajectory
     from rlhfkit.models import load_causal_lm, response_logprobs
-    from rlhfkit.models.logprobs import EAGER_ROW_TOKENS, attention_for, parameter_device_type
+    from rlhfkit.models.logprobs import (
+        EAGER_ROW_TOKENS,
+        attention_for,
+        parameter_device_type,
+    )
 
     model = load_causal_lm(a.model_dir).to(a.device).eval()
     g = torch.Generator().manual_seed(0)
@@ -147,7 +153,7 @@ def check_ppo(a) -> dict:
     trainer, history = rl_run(a, flags, 3, low_half_reward(_vocab(a)), Path(a.work) / "ppo")
     last = history[-1]
     keys = [k for k in ("policy_loss", "value_loss", "kl_loss", "kl") if k in last]
-    finite = all(v == v and abs(v) != float("inf") for m in history for k, v in m.items() if k in keys)
+    finite = all(math.isfinite(v) for m in history for k, v in m.items() if k in keys)
     ref = getattr(getattr(trainer.loop, "experience", None), "ref", None)
     ref_device = str(next(ref.parameters()).device) if ref is not None else "none"
     return {"last": {k: last[k] for k in keys}, "ref_device_between_passes": ref_device,
@@ -197,9 +203,9 @@ def check_fsdp(a) -> dict:
 
 def check_compiled(a) -> dict:
     import torch
+    from gpu_check import records
 
     import rlhfkit.models.compile as compile_module
-    from gpu_check import records
     from rlhfkit.models import load_causal_lm, load_tokenizer
     from rlhfkit.rollout.base import SamplingParams
     from rlhfkit.rollout.hf import HFEngine
