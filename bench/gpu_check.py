@@ -12,7 +12,16 @@
    - rollout alone at the same batch: rlhfkit's HF engine vs `model.generate` (tokens/s).
    Targets (reported, not asserted): a step >= 3x faster than TRL's, update MFU >= 40% on the 1.5B
    shape, rollout >= 5x model.generate.
-4. With --vllm: bench/gpu_check_vllm.py (needs vllm; the GPU machine lent here has none).
+4. What users run, each in its own process with one summary line (bench/gpu_check_paths.py):
+   shared-prefix logprobs under SDPA vs padded rows (rows under and over 512 tokens), a learning
+   check (reward rising over 30 steps), PPO with critic + reference + KL + --ref.offload, FSDP2 under
+   `torchrun --nproc_per_node 1` (one update, a sharded save and a resume), compiled decode vs eager
+   (CUDA graph recordings, memory, speed), gradient checkpointing + bf16 masters at the 1.5B shape,
+   1k-4k-token responses (memory vs `plan`'s estimate), memory over 20 steps.
+5. With --vllm: bench/gpu_check_vllm.py (needs vllm; the GPU machine lent here has none).
+
+Order: the tests, the checks of 4, then the comparisons of 3 while --budget-s lasts (a part past it is
+reported as skipped); the summary lines are printed again at the end and stored under "summary".
 
     bash bench/gpu_wheels.sh                       # here, once: gpu_wheels/ (wheels + tokenizer)
     # on the GPU machine, gpu_wheels/ carried with the tree:
@@ -38,6 +47,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check_paths import CAPS, CHECKS, SHAPE_OF  # bench/ is not a package
+
 RESULT = "GPU_CHECK_RESULT "
 SMOLLM2_135M = ("LlamaConfig", {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
                                  "num_attention_heads": 9, "num_key_value_heads": 3, "rope_theta": 100000.0,
@@ -202,6 +214,7 @@ def run_rollout(a) -> dict:
 
 
 CHILDREN = {"rlhfkit": run_rlhfkit, "trl": run_trl, "rollout": run_rollout}
+CHILDREN.update({f"path_{name}": fn for name, fn in CHECKS.items()})
 
 
 def autocast(device: str) -> str:
@@ -307,6 +320,28 @@ def compare_shape(a, shape: str, deadline: float, peak_tflops: float) -> dict:
     return out
 
 
+def run_paths(a, deadline: float, summary: list[str]) -> dict:
+    """The checks of bench/gpu_check_paths.py, each in its own process on a random-weight model of its shape
+    (--quick: tiny), each capped at twice its expected time on one H200, all within the budget."""
+    out, folders = {}, {}
+    for name in a.checks.split(","):
+        left = deadline - time.perf_counter()
+        if left < 5:
+            out[name] = {"error": "skipped: past --budget-s"}
+            summary.append(f"{name}: SKIPPED (past --budget-s)")
+            continue
+        shape = "tiny" if a.quick else SHAPE_OF.get(name, "smollm2-135m")
+        if shape not in folders:
+            folders[shape] = Path(a.work) / "paths" / shape
+            build_model_folder(shape, a.tokenizer, folders[shape], a.device)
+        argv = [__file__, "--child", f"path_{name}", "--model-dir", str(folders[shape]), "--device", a.device,
+                "--size", a.size, "--work", str(Path(a.work) / "paths" / name)]
+        out[name] = spawn(argv, min(2 * CAPS[name] if not a.quick else a.child_timeout, left))
+        summary.append(out[name].get("summary") or f"{name}: FAIL {out[name].get('error')}")
+        print(f"{summary[-1]}  ({out[name].get('wall_s', 0):.0f} s)", flush=True)
+    return out
+
+
 def run_vllm(work: Path, timeout: float) -> dict:
     """bench/gpu_check_vllm.py on the SmolLM2-shaped model folder (SmolLM2 itself where none was built)."""
     folder, out = work / "smollm2-135m" / "model", work / "vllm.json"
@@ -331,16 +366,19 @@ def main() -> None:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the script end to end, not speed")
     ap.add_argument("--shapes", default=None, help=f"comma-separated of {', '.join(SHAPES)} "
-                    "(default: qwen2-1.5b,smollm2-135m; with --quick: tiny)")
+                    "(default: qwen2-1.5b,smollm2-135m; with --quick: tiny; none: no comparisons)")
     ap.add_argument("--out", default=None, help="the JSON report (default: $OUT/gpu_check.json, else gpu_check.json)")
     ap.add_argument("--tokenizer", type=Path, default=REPO / "gpu_wheels" / "smollm2-tokenizer")
-    ap.add_argument("--budget-s", type=float, default=460.0, help="stop starting parts after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop starting parts after this many seconds (default 450; with --quick 1800: the CPU is slow)")
     ap.add_argument("--child-timeout", type=float, default=200.0)
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--vllm", action="store_true", help="also run bench/gpu_check_vllm.py (needs vllm)")
     ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--size", choices=list(SETTINGS), default="full", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    ap.add_argument("--checks", default=",".join(CHECKS), help=f"which of {', '.join(CHECKS)} (default: all)")
     a = ap.parse_args()
     if a.child:
         child(a)
@@ -356,16 +394,22 @@ def check(a) -> None:
     if not (a.tokenizer / "tokenizer_config.json").exists():
         raise SystemExit(f"gpu_check: no tokenizer in {a.tokenizer}; run bash bench/gpu_wheels.sh first")
     start = time.perf_counter()
+    a.budget_s = a.budget_s or (1800.0 if a.quick else 450.0)
     deadline = start + a.budget_s
     a.size = "quick" if a.quick else "full"
     shapes = (a.shapes or ("tiny" if a.quick else "qwen2-1.5b,smollm2-135m")).split(",")
+    shapes = [] if shapes == ["none"] else shapes
     out_path = Path(a.out or Path(os.environ.get("OUT", ".")) / "gpu_check.json")
     report: dict = {"environment": environment(a.device), "quick": a.quick}
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
         a.work = work
+        summary = []
         if not a.skip_tests:
-            report["tests"] = run_tests(a, min(180.0, deadline - time.perf_counter()))
-            print(f"tests: {json.dumps(report['tests'])[:600]}", flush=True)
+            report["tests"] = run_tests(a, min(120.0, deadline - time.perf_counter()))
+            t = report["tests"]
+            summary.append(f"tests: {'OK' if t.get('exit_code') == 0 else 'FAIL'} {t.get('summary', t.get('error'))}")
+            print(summary[-1], flush=True)
+        report["paths"] = run_paths(a, deadline, summary)
         report["matmul_tflops"] = matmul_tflops(a.device, 256 if a.quick else 8192)
         report["matmul_dtype"] = "bfloat16" if a.device == "cuda" else "float32"
         for shape in shapes:
@@ -373,12 +417,19 @@ def check(a) -> None:
                 report[shape] = {"error": "skipped: past --budget-s"}
                 continue
             report[shape] = compare_shape(a, shape, deadline, report["matmul_tflops"])
+            r = report[shape]
+            summary.append(f"compare[{shape}]: step {r['rlhfkit'].get('step_s', float('nan')):.2f} s, "
+                           f"vs TRL {r.get('step_speedup_vs_trl', float('nan')):.2f}x, rollout vs generate "
+                           f"{r.get('rollout_speedup_vs_generate', float('nan')):.2f}x, update MFU "
+                           f"{r['rlhfkit'].get('update_mfu', float('nan')):.1%}")
         if a.vllm:
             report["vllm"] = run_vllm(Path(work), min(300.0, deadline - time.perf_counter()))
     report["wall_s"] = time.perf_counter() - start
+    report["summary"] = summary + [f"total: {report['wall_s']:.0f} s (budget {a.budget_s:.0f} s)"]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
+    print("\n".join(report["summary"]))
     print(f"report: {out_path}")
 
 

@@ -43,9 +43,7 @@ def prompts_of(tok, count: int) -> list[list[int]]:
 
 def logprob_diff(model, trajs, temperature: float) -> tuple[float, float]:
     """(max, mean) |engine logprob - HF forward logprob| over all response tokens."""
-    batch = collate(trajs, 0)
-    device = next(model.parameters()).device
-    batch = type(batch)(**{k: v.to(device) if k != "prompt_lengths" else v for k, v in vars(batch).items()})
+    batch = collate(trajs, 0)  # stays on the CPU, as the trainer's batches do: the forward moves what it feeds
     with torch.no_grad():
         ref = response_logprobs(model, batch, temperature=temperature)[0].float().cpu()
     diffs = torch.cat([(ref[i, : t.response_length] - t.logprobs).abs() for i, t in enumerate(trajs)])

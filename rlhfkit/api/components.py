@@ -182,11 +182,12 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
         return build_vllm_engine(policy, tokenizer, cfg, state_fn or policy.state_dict)
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
     return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
-                    inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode)
+                    inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode,
+                    gather=fsdp.unsharded if cfg.fsdp.enable else None)
 
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
-    from rlhfkit.rollout.vllm import VLLMEngine, require_vllm  # noqa: PLC0415
+    from rlhfkit.rollout.vllm import VLLMEngine, colocated_memory, free_gpu_share, require_vllm  # noqa: PLC0415
 
     require_vllm()
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
@@ -194,36 +195,40 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
         raise ConfigError(f"--rollout.engine vllm needs an HF model folder, not the GGUF file {gguf}; convert it "
                           "once (e.g. --actor.model_name_or_path smollm2 does) or use --rollout.engine hf")
     v = cfg.vllm
+    share, sleep = colocated_memory(v.gpu_memory_utilization, v.enable_sleep, torch.cuda.is_available(),
+                                    free_gpu_share())
     return VLLMEngine(path, eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
-                      seed=cfg.train.seed, gpu_memory_utilization=v.gpu_memory_utilization,
-                      enable_sleep=v.enable_sleep, tensor_parallel_size=v.tensor_parallel_size,
-                      state_fn=state_fn, auto_sleep=v.enable_sleep)
+                      seed=cfg.train.seed, gpu_memory_utilization=share,
+                      enable_sleep=sleep, tensor_parallel_size=v.tensor_parallel_size,
+                      state_fn=state_fn, auto_sleep=sleep)
 
 
 def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running).
     `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back)."""
-    from rlhfkit.distributed.launch import worker_factory  # noqa: PLC0415
+    from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, worker_factory  # noqa: PLC0415
     from rlhfkit.distributed.pool import RayEnginePool  # noqa: PLC0415
 
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
-    t = cfg.train
+    t, d = cfg.train, cfg.distributed
+    worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker, cfg.rollout.num_workers,
+                             0 if d.num_gpus_per_worker is not None else cluster_gpus(d.address))[1]
     make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
-                          cfg.distributed.num_gpus_per_worker, delays,
+                          worker_gpus, delays,
                           t.partial_rollout_tokens if t.partial_rollout_enable else 0)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
 
 
 def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
     """FSDP2-shard the policy, reference and critic across `world` torchrun processes; returns the vLLM
-    engine's weight source (the gathered full state, on every rank)."""
+    engine's weight source (the full state, gathered part by part on every rank's GPU)."""
     fsdp.check_fsdp_settings(world, cfg.train.batch_size)
     for model in (policy, ref):
         if model is not None:
             fsdp.shard_model(model, world, cfg.fsdp.mixed_precision)
     if critic is not None:
         fsdp.shard_critic(critic, world, cfg.fsdp.mixed_precision)
-    return lambda: fsdp.full_state_dict(policy, rank0_only=False)
+    return lambda: fsdp.StreamedState(policy)
 
 
 # ------------------------------------------------------------------ the stages and the loop

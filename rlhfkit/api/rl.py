@@ -13,6 +13,7 @@ trainer actor of a Ray cluster (started here when no --distributed.address is gi
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -203,13 +204,17 @@ class RayRLTrainer:
         self.cfg, self.kwargs, self.final = cfg, kwargs, None
 
     def train(self) -> dict[str, float]:
-        from rlhfkit.distributed.launch import run_in_trainer_actor, start_ray  # noqa: PLC0415
+        from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, run_in_trainer_actor, start_ray  # noqa: PLC0415
 
         d, run_dir = self.cfg.distributed, C.prepare_run_dir(self.cfg)  # a bad output dir fails before Ray starts
         started = start_ray(d.address, d.num_cpus or self.cfg.rollout.num_workers + 1, run_dir / "ray")
         try:
-            metrics = run_in_trainer_actor(_train_in_actor, (self.cfg, self.kwargs), self.cfg.train.num_threads,
-                                           d.num_gpus_trainer)
+            trainer_gpus, worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker,
+                                                   self.cfg.rollout.num_workers, cluster_gpus(d.address))
+            cfg = dataclasses.replace(self.cfg, distributed=dataclasses.replace(
+                d, num_gpus_trainer=trainer_gpus, num_gpus_per_worker=worker_gpus))  # the workers start in the actor
+            metrics = run_in_trainer_actor(_train_in_actor, (cfg, self.kwargs), self.cfg.train.num_threads,
+                                           trainer_gpus)
         finally:
             if started:
                 import ray  # noqa: PLC0415

@@ -461,20 +461,23 @@ class DistributedConfig:
     """Ray cluster to join (e.g. HEAD_IP:6379 from `ray start --head`); none = start a local one."""
     num_cpus: int | None = None
     """Logical CPUs of a local Ray cluster; none = rollout.num_workers + 1 (one per actor)."""
-    num_gpus_per_worker: float = 0.0
-    """GPUs each rollout worker actor asks Ray for (0 on CPU; e.g. 1 on a GPU node)."""
-    num_gpus_trainer: float = 0.0
-    """GPUs the trainer actor asks Ray for."""
+    num_gpus_per_worker: float | None = None
+    """GPUs each rollout worker actor asks Ray for; none = the GPUs present shared by the trainer and the
+    workers (one each where there are enough, an equal share of them otherwise; 0 without GPUs)."""
+    num_gpus_trainer: float | None = None
+    """GPUs the trainer actor asks Ray for; none = as --distributed.num_gpus_per_worker."""
 
 
 @dataclass(frozen=True)
 class VLLMConfig:
     """The vLLM engine (--rollout.engine vllm, GPU)."""
 
-    gpu_memory_utilization: float = 0.9
-    """Share of GPU memory vLLM may take (weights + KV cache); lower it when the trainer shares the GPU."""
-    enable_sleep: bool = False
-    """Colocation: free vLLM's KV cache and weights while the trainer updates (GPU only)."""
+    gpu_memory_utilization: float | None = None
+    """Share of GPU memory vLLM may take (weights + KV cache); none = 0.5: vLLM runs in the trainer's
+    process on the trainer's GPU, which already holds the policy (more than the free share is refused)."""
+    enable_sleep: bool | None = None
+    """Colocation: free vLLM's KV cache and weights while the trainer updates; none = on where CUDA is
+    present (the update then gets the GPU back), off elsewhere (vLLM's sleep mode needs CUDA)."""
     tensor_parallel_size: int = 1
     """GPUs per vLLM engine."""
 

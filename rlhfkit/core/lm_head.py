@@ -39,8 +39,8 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_w = None
         starts = range(0, h.shape[0], ctx.chunk_size)
         # The two matmuls in the forward's compute dtype; under autocast the weight's cast comes
-        # from autocast's cache when the backward runs inside the forward's autocast region.
-        with torch.autocast(h.device.type, dtype=ctx.dtype, enabled=ctx.amp):
+        # from autocast's cache (shared by the threads of the process).
+        with _AutocastState(h.device.type, ctx.amp, ctx.dtype):
             for c, start in enumerate(starts):
                 rows = slice(start, start + ctx.chunk_size)
                 label = labels[rows].unsqueeze(-1)
@@ -65,11 +65,34 @@ class _HeadLogprobs(torch.autograd.Function):
         return grad_h, grad_w, None, None, None, None, None
 
 
+class _AutocastState:
+    """Autocast on `device` on or off (to `dtype`) inside the block, without entering or leaving an
+    autocast region. Leaving the outermost `torch.autocast` clears autocast's cache of weight casts,
+    for every thread; on CUDA the backward runs on autograd's device thread, outside the forward's
+    region, so a `torch.autocast` block there cleared the casts the update keeps across its
+    micro-batches (each micro-batch then cast every weight again). Only this thread's enabled flag
+    and dtype are set here, then restored."""
+
+    def __init__(self, device: str, enabled: bool, dtype: torch.dtype | None = None):
+        self.device, self.enabled, self.dtype = device, enabled, dtype
+
+    def __enter__(self):
+        self.was = torch.is_autocast_enabled(self.device), torch.get_autocast_dtype(self.device)
+        torch.set_autocast_enabled(self.device, self.enabled)
+        if self.dtype is not None:
+            torch.set_autocast_dtype(self.device, self.dtype)
+
+    def __exit__(self, *exc):
+        torch.set_autocast_dtype(self.device, self.was[1])
+        torch.set_autocast_enabled(self.device, self.was[0])
+        return False
+
+
 def _chunk(h, weight, labels, temperature, with_entropy, acc, want_probs=True):
     """(logp [n], entropy [n] or None, softmax [n, V] or None) of one chunk of rows ``h`` [n, H] (compute
     dtype)."""
     z = F.linear(h, weight).to(acc)  # autocast: the weight's bf16 copy from its cache
-    with torch.autocast(h.device.type, enabled=False):  # the vocabulary work in float32 (bmm is autocast)
+    with _AutocastState(h.device.type, False):  # the vocabulary work in float32 (bmm is autocast)
         if temperature != 1.0:
             z.div_(temperature)
         m = z.amax(dim=-1, keepdim=True)

@@ -7,8 +7,9 @@ What each process does (every rank runs the same RL loop on the same data):
   are the backbone (embeddings, final norm) and the LM head, and the root. Optional bf16 compute with float32 gradient
   reduction (`MixedPrecisionPolicy`).
 - Rollout and experience run on every rank with the same seeds, so every rank holds the same
-  batch (the HF engine decodes through the sharded module; a vLLM engine per rank receives the
-  gathered full state at every weight sync). This replicates the generation work: splitting
+  batch (the HF engine decodes through the policy with its parameters gathered once per rollout,
+  `unsharded`; a vLLM engine per rank receives the full state at every weight sync, gathered and
+  loaded part by part on the GPU, `StreamedState`). This replicates the generation work: splitting
   rollouts across ranks is what the Ray workers of docs/scaling.md ("Ray cluster") are for.
 - The update is data-parallel: each rank takes an equal slice of every optimizer step's rows
   (`RLTrainer.dp`, `RLTrainer.rank_share`: whole groups with the shared-prefix layout), the losses are already divided by the WHOLE step's token/sequence counts
@@ -31,6 +32,7 @@ What each process does (every rank runs the same RL loop on the same data):
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -114,6 +116,63 @@ def _shard(model, layers, units, world_size: int, mixed_precision: bool, dummy_f
             unit.set_gradient_divide_factor(1.0)
             unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
     return model
+
+
+@contextlib.contextmanager
+def unsharded(model: torch.nn.Module):
+    """Inside, every FSDP unit of `model` holds its full parameters, gathered once on entry, and its
+    forwards do not reshard them: the HF engine's rollout decodes through the sharded policy, and with
+    FSDP's default (reshard after forward) every layer was gathered again at every decoded token. On
+    exit the units reshard and reshard after forward again (the root keeps FSDP's own setting: it does
+    not). The rollout then holds the full parameters on every rank, as an unsharded model would."""
+    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        yield
+        return
+    model.set_reshard_after_forward(False)
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        model.set_reshard_after_forward(True)
+        model.set_reshard_after_forward(False, recurse=False)  # the root: FSDP's default
+        for unit in units:
+            unit.reshard()
+
+
+class StreamedState:
+    """The full (unsharded) state dict of an FSDP-sharded `model`, gathered a part at a time on the
+    model's device: `parts(bucket_bytes)` yields dicts of full tensors of about `bucket_bytes` each
+    (a tensor larger than that alone), each tensor gathered when its part is reached (a collective:
+    every rank walks the same names in the same order). The vLLM weight sync loads a part before the
+    next is gathered, so a rank's GPU holds one part of the full state, not all of it; the parts stay
+    on the GPU, so vLLM takes its in-process or CUDA IPC path. (`full_state_dict(rank0_only=False)`
+    gathered the whole model on every rank's GPU, then copied it to the CPU: vLLM then got the whole
+    model serialised as bytes at every step.)"""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def __bool__(self) -> bool:
+        return True
+
+    def parts(self, bucket_bytes: int):
+        from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+        part: dict[str, torch.Tensor] = {}
+        size = 0
+        for name, t in self.model.state_dict().items():
+            nbytes = t.numel() * t.element_size()  # a DTensor's numel is the full tensor's
+            if part and size + nbytes > bucket_bytes:
+                yield part
+                part, size = {}, 0
+            part[name] = (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+            size += nbytes
+        if part:
+            yield part
 
 
 def full_state_dict(model: torch.nn.Module, rank0_only: bool = True) -> dict[str, torch.Tensor]:

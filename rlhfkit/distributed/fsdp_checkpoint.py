@@ -114,6 +114,7 @@ class ShardedCheckpointer(Checkpointer):
     def load(self, trainer, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import HuggingFaceStorageReader
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
         from torch.distributed.checkpoint.state_dict import (
             set_model_state_dict as set_model,
         )
@@ -136,7 +137,10 @@ class ShardedCheckpointer(Checkpointer):
                                   "it") from exc
         trainer.load_state_dict(state["trainer"])
         for name, (module, _) in modules.items():
-            set_model(module, shards[name])
+            model_state = shards[name]
+            for tied, first in tied_names(get_model_state_dict(module)).items():
+                model_state[tied] = model_state[first]  # stored once (see sharded_state)
+            set_model(module, model_state)
         for module_name, learner in trainer.checkpoint_learners().values():
             module = modules[module_name][0]
             groups = state["param_groups"][module_name]
@@ -157,7 +161,7 @@ def sharded_state(trainer) -> tuple[dict, dict]:
     )
 
     modules = trainer.checkpoint_modules()
-    shards = {name: get_model_state_dict(module) for name, (module, _) in modules.items()}
+    shards = {name: untied(get_model_state_dict(module)) for name, (module, _) in modules.items()}
     groups = {}
     for module_name, learner in trainer.checkpoint_learners().values():
         module = modules[module_name][0]
@@ -166,6 +170,27 @@ def sharded_state(trainer) -> tuple[dict, dict]:
         if learner.ema is not None:
             shards[f"ema.{module_name}"] = {fqn: e for e, (fqn, _) in zip(learner.ema, _trained(module), strict=True)}
     return shards, groups
+
+
+def tied_names(state: dict) -> dict[str, str]:
+    """{name: the first name of the same tensor} for the entries of a model state dict that share their
+    storage with an earlier one (tied weights: SmolLM2's LM head is its embedding matrix)."""
+    first: dict[tuple, str] = {}
+    ties = {}
+    for name, t in state.items():
+        local = t.to_local() if hasattr(t, "to_local") else t
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(t.shape), t.dtype)
+        if local.numel() and key in first:
+            ties[name] = first[key]
+        else:
+            first.setdefault(key, name)
+    return ties
+
+
+def untied(state: dict) -> dict:
+    """`state` with each tied tensor once: safetensors (DCP's storage) refuses tensors that share memory."""
+    ties = tied_names(state)
+    return {k: v for k, v in state.items() if k not in ties}
 
 
 def _trained(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

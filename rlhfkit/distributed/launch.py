@@ -3,11 +3,14 @@ the trainer actor.
 
 Placement: every rollout worker is one actor asking for 1 CPU and `num_gpus` GPUs; the trainer
 actor asks for 1 CPU and its own GPUs. Ray places them on any node of the cluster with free
-resources (a local cluster: this machine; `ray start` on several machines: spread by Ray).
+resources (a local cluster: this machine; `ray start` on several machines: spread by Ray). Ray shows
+an actor only the GPUs it asked for, so unset GPU counts default to the GPUs present (`gpu_shares`):
+an actor asking for none would train or decode on the CPU of a GPU machine.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Callable
@@ -34,6 +37,22 @@ def start_ray(address: str | None, num_cpus: int, temp_dir: Path) -> bool:
     temp_dir.mkdir(parents=True, exist_ok=True)
     ray.init(num_cpus=num_cpus, _temp_dir=str(temp_dir.resolve()), include_dashboard=False)
     return True
+
+
+def cluster_gpus(address: str | None) -> int:
+    """The GPUs the actors can share: this machine's for a local cluster, the cluster's (as Ray reports
+    them, after `start_ray`) for one at `address`."""
+    if address is None:
+        return torch.cuda.device_count()
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def gpu_shares(trainer: float | None, worker: float | None, num_workers: int, gpus: int) -> tuple[float, float]:
+    """(GPUs of the trainer actor, GPUs of each rollout worker actor): the given values, and for an
+    unset one an equal share of the `gpus` present among the trainer and the `num_workers` workers, at
+    most 1 each (rounded down to Ray's 1e-4 resource precision, so the shares fit on the GPUs)."""
+    share = math.floor(min(1.0, gpus / (num_workers + 1)) * 10_000) / 10_000
+    return (share if trainer is None else trainer), (share if worker is None else worker)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

@@ -32,6 +32,7 @@ import torch
 
 from rlhfkit.core.lm_head import linear_logprobs_and_entropy
 from rlhfkit.core.losses import logprobs_and_entropy
+from rlhfkit.models.precision import to_device
 
 log = logging.getLogger("rlhfkit")
 
@@ -122,10 +123,10 @@ def model_inputs(model: torch.nn.Module, batch) -> dict:
     4-D bool mask, handed to the attention as it is; converted to an additive float mask for
     eager attention, which adds it to the scores)."""
     device = next(model.parameters()).device  # batches are built on the CPU; the model may sit on a GPU
-    mask = batch.attention_mask if batch.attention_mask is None else batch.attention_mask.to(device)
-    inputs = {"input_ids": batch.input_ids.to(device), "attention_mask": mask, "use_cache": False}
+    mask = batch.attention_mask if batch.attention_mask is None else to_device(batch.attention_mask, device)
+    inputs = {"input_ids": to_device(batch.input_ids, device), "attention_mask": mask, "use_cache": False}
     if getattr(batch, "position_ids", None) is not None:
-        inputs["position_ids"] = batch.position_ids.to(device)
+        inputs["position_ids"] = to_device(batch.position_ids, device)
     if mask is not None and mask.dim() == 4 and getattr(model.config, "_attn_implementation", "") == "eager":
         dtype = next(model.parameters()).dtype
         inputs["attention_mask"] = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
@@ -151,6 +152,13 @@ def attention_implementation(model: torch.nn.Module, name: str):
 EAGER_ROW_TOKENS = 512
 
 
+def parameter_device_type(model: torch.nn.Module) -> str:
+    """The device type ("cpu", "cuda", ...) of `model`'s parameters: where its forward runs (the
+    batches are built on the CPU whatever the model's device)."""
+    param = next(model.parameters(), None)
+    return "cpu" if param is None else param.device.type
+
+
 def attention_for(model: torch.nn.Module, batch):
     """Eager attention for a 4-D-masked (shared-prefix) batch on CPU with rows of at most
     EAGER_ROW_TOKENS: with a dense custom mask over short rows, torch's CPU SDPA kernel was slower
@@ -159,13 +167,15 @@ def attention_for(model: torch.nn.Module, batch):
     (float32, and their softmax, kept for the backward) grow with L squared: rows of ~1,000 tokens
     ran 2.3x faster under SDPA (bench/long_responses.py, docs/performance.md).
     Elsewhere unchanged, and also under gradient checkpointing: the backward recomputes each layer
-    after the swap is undone, so the forward must run the attention the recomputation will."""
+    after the swap is undone, so the forward must run the attention the recomputation will.
+    "On CPU" is where the model's parameters are (`parameter_device_type`), never the mask's device:
+    the mask is always built on the CPU, and on a GPU SDPA's fused kernels are the fast path."""
     config = getattr(model, "config", None)
     mask = batch.attention_mask
     checkpointing = model.training and getattr(model, "is_gradient_checkpointing", False)
     swap = (config is not None and getattr(config, "_attn_implementation", None) == "sdpa" and mask is not None
-            and mask.dim() == 4 and mask.device.type == "cpu" and mask.shape[-1] <= EAGER_ROW_TOKENS
-            and not checkpointing)
+            and mask.dim() == 4 and mask.shape[-1] <= EAGER_ROW_TOKENS and not checkpointing
+            and parameter_device_type(model) == "cpu")
     return attention_implementation(model, "eager") if swap else contextlib.nullcontext()
 
 
@@ -242,7 +252,7 @@ def response_hidden(hidden: torch.Tensor, batch, where: torch.Tensor | None = No
     with `where` (bool [B, R]) only those entries: [N, H], N = where.sum(), in row-major order."""
     index = batch.hidden_index()
     if where is not None:
-        index = index[where]
+        index = index[where.to(index.device)]  # a batch moved to a GPU in part must not fail here
     return hidden.reshape(-1, hidden.shape[-1])[index.to(hidden.device)]
 
 

@@ -84,6 +84,24 @@ def peak_memory(device: torch.device, out: dict[str, float], key: str):
     out[key] = max(out.get(key, 0.0), torch.cuda.max_memory_allocated(device) / 1024**3)
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` (built on the CPU) on `device`. To CUDA from pinned memory without blocking: the host
+    does not wait for the copy (nor for the kernels queued before it), the copy is ordered on the
+    stream before the kernels that read it, and the pinned block is kept until it is done."""
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on a CUDA `device` (a timer's boundary: CUDA runs asynchronously, so
+    without it a stage's time is the time to queue its kernels); nothing elsewhere."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def bf16_matmul_speedup(size: int = 256, repeats: int = 8) -> float:
     """How many times faster a bf16 matmul runs than a float32 one on this CPU (a ~0.1 s probe).
     CPUs without native bf16 (no AVX512-BF16 / AMX) run it 10-100x slower than float32."""

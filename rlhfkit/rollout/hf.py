@@ -26,9 +26,11 @@ attention sinks, no dropout); other calls go to SDPA as before.
 
 With `compile_decode`, the decode steps run the model under torch.compile over a static KV
 cache (transformers' `StaticLayer`s, one fixed-length buffer per layer of prompt width + max new
-tokens, written in place; the attention mask covers the whole buffer), so each step has the same
-shapes and runs as one compiled graph (a CUDA graph on CUDA); the prefill stays eager. Finished rows
-are still dropped (the rows dimension is dynamic). The compiled step is one per model and process
+tokens rounded up to a bucket, written in place; the attention mask covers the whole buffer), so each
+step has the same shapes and runs as one compiled graph (a CUDA graph on CUDA); the prefill stays
+eager. Finished rows are still dropped (the rows bucketed to powers of two), and the buffers are the
+engine's own, reused by every chunk and row drop, so CUDA graphs are not recorded again for new
+addresses (rollout/static_cache.py). The compiled step is one per model and process
 (`models.compile.compile_decode_step`): a new engine over the same model does not compile again.
 It is off on the CPU, where it measured no faster than the eager loop (`compile_on_cpu` turns it on
 there, for tests and benches). Where it cannot be built (no C++ compiler for the CPU backend, cache
@@ -39,6 +41,8 @@ Host syncs: the sampled tokens, logprobs and lengths stay on the model's device 
 ends; the loop reads back (syncs) only to learn which rows finished, every step on the CPU (where
 it costs nothing and a finished row is dropped at once) and every `STOP_CHECK_EVERY["cuda"]` steps
 on CUDA (rows that finished in between keep decoding until then; their extra tokens are discarded).
+With per-prompt seeds, a chunk's sampling uniforms are drawn at its prefill and copied to the device
+once (`chunk_uniforms`), not copied at every step (each copy waited for the device).
 
 The logprob of each sampled token is
 log_softmax(logits / T) in float32 BEFORE top-k/top-p truncation (T = 1 for greedy), which is
@@ -63,6 +67,10 @@ from rlhfkit.models.logprobs import (
     note_once,
 )
 from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.static_cache import StaticBuffers, new_static_cache, static_cache_length
+from rlhfkit.rollout.static_cache import bucketed_rows as _bucketed
+from rlhfkit.rollout.static_cache import static_cache_support as _static_cache_support
+from rlhfkit.rollout.static_cache import static_layer_class as _static_layer_class  # noqa: F401 - tests
 
 # Decode steps between the loop's reads of which rows finished (a host sync), per device type; 1
 # elsewhere. On CUDA a read per step would stall the queue of (graph-replayed) steps at every token.
@@ -78,12 +86,13 @@ class DecodeState:
     the device and `alive` [b] marks the rows with no stop token yet (a finished row stays in the
     batch until the next stop check). tokens, logprobs, versions [B, max_new]; lengths, stopped [B]:
     on the model's device until the chunk is finished, then on the CPU. `width`: the prompt width
-    of a static cache (None for a growing one). The samplers (`generator`, or one per prompt in
-    `gens`) are the generation's own: their state carries over between calls."""
+    of a static cache (None for a growing one). The sampler is the generation's own `generator`
+    (its state carries over between calls) or, with per-prompt seeds, `uniforms` [prompts, max_new, n]
+    on the device: every draw of the chunk's per-prompt generators, made once at the prefill."""
 
     params: SamplingParams
     generator: torch.Generator | None
-    gens: list[torch.Generator] | None
+    uniforms: torch.Tensor | None
     cache: object
     seqs: torch.Tensor | None
     logits: torch.Tensor
@@ -142,6 +151,8 @@ class HFEngine:
         off on the CPU (measured no faster than the eager loop there) and where it cannot be built:
         the eager loop, with one logged line.
       compile_on_cpu: with `compile_decode`, compile on the CPU too (tests of the compiled path, benches).
+      gather: `gather(model)` is a context every decoding call runs inside; FSDP passes
+        `distributed.fsdp.unsharded` (the parameters gathered once per call, not per decoded token).
     """
 
     def __init__(
@@ -155,8 +166,9 @@ class HFEngine:
         inference_mode: bool = True,
         compile_decode: bool = False,
         compile_on_cpu: bool = False,
+        gather=None,
     ):
-        self.model = model
+        self.model, self.gather = model, gather
         self._no_grad = torch.inference_mode if inference_mode and autocast_dtype is None else torch.no_grad
         if autocast_dtype == torch.float16 and self.device.type == "cpu":
             raise ConfigError("autocast_dtype=float16 on CPU is ~200x slower than fp32; use bfloat16 or None.")
@@ -174,6 +186,7 @@ class HFEngine:
         self._cached = _cache_support(model) is None
         self._version = version
         self._compiled_step = None
+        self.static_buffers = StaticBuffers()  # the compiled step's KV rows, reused by every chunk
         if compile_decode and self._cached and _static_cache_support(model):
             from rlhfkit.models.compile import compile_decode_step
 
@@ -237,7 +250,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with self._no_grad(), self._autocast(), _decode_attention(self.model):
+            gathered = self.gather(self.model) if self.gather is not None else contextlib.nullcontext()
+            with self._no_grad(), self._autocast(), _decode_attention(self.model), gathered:
                 while budget > 0 and len(gen.done) < len(gen.chunks):
                     start, stop = gen.chunks[len(gen.done)]
                     if gen.state is None:
@@ -273,8 +287,9 @@ class HFEngine:
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         static = self._compiled_step is not None
         if static:  # the mask covers the static cache's whole length: the new tokens' columns open as they come
-            cache = _new_static_cache(self.model, width + max_new)
-            attention_mask = torch.nn.functional.pad(attention_mask, (0, max_new))
+            length = static_cache_length(width, max_new)  # bucketed: chunks of similar widths share the shape
+            cache = new_static_cache(self.model, length, self.static_buffers)
+            attention_mask = torch.nn.functional.pad(attention_mask, (0, length - width))
         else:
             cache = _new_cache(self.model, reserve=max_new) if self._cached else None
         logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
@@ -282,7 +297,8 @@ class HFEngine:
             cache.batch_repeat_interleave(n)
         batch = len(prompts) * n
         return DecodeState(
-            params=params, generator=generator, gens=gens, cache=cache,
+            params=params, generator=generator, cache=cache,
+            uniforms=None if gens is None else chunk_uniforms(gens, max_new, n).to(device),  # one copy per chunk
             seqs=None if cache is not None else input_ids.repeat_interleave(n, dim=0),  # without a cache: [B, P + step]
             logits=logits.repeat_interleave(n, dim=0), logits_version=self._version,
             attention_mask=attention_mask.repeat_interleave(n, dim=0),
@@ -307,7 +323,7 @@ class HFEngine:
         decoded = 0
         while decoded < budget and not s.finished:
             step = s.step
-            u = None if s.gens is None else _row_uniforms(s.active, n, s.gens)
+            u = None if s.uniforms is None else s.uniforms[s.rows // n, step, s.rows % n]  # on the device
             tok, lp = _sample(s.logits, params, s.generator, u)
             s.finite &= (torch.isfinite(lp) | ~s.alive).all()  # finished rows may still be in the batch
             s.tokens[s.rows, step] = torch.where(s.alive, tok, self.pad_id)
@@ -441,8 +457,8 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     """logits [B, V] float32 -> (tokens [B], logprobs [B]).
 
     The logprob is log_softmax(logits / T) at the token, before top-k/top-p truncation;
-    T = 0 is greedy, with the logprob taken at T = 1. `u` [B] (CPU): the rows' uniforms, else they
-    are drawn from `generator`.
+    T = 0 is greedy, with the logprob taken at T = 1. `u` [B] (on the logits' device): the rows'
+    uniforms, else they are drawn from `generator` (and copied to the logits' device).
     """
     if params.temperature == 0:
         tok = logits.argmax(dim=-1)
@@ -453,12 +469,13 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     probs = torch.softmax(_truncate(scaled, params.top_k, params.top_p), dim=-1) if truncated else logp.exp()
     if u is None:
         u = torch.rand(probs.shape[0], generator=generator, device=generator.device if generator is not None else "cpu")
-    tok = _inverse_cdf(probs, u.to(probs.device))
+        u = u.to(probs.device)
+    tok = _inverse_cdf(probs, u)
     return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
 
 
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
-    """One token per row of `probs` [B, V] from uniforms `u` [B] in [0, 1): the first token whose
+    """One token per row of `probs` [B, V] from uniforms `u` [B] in [0, 1) (on the same device): the first token whose
     cumulative probability exceeds u * total; a zero-probability token is never picked. One
     uniform per row instead of torch.multinomial's V exponentials: on this CPU multinomial over
     [128, 49152] took ~130 ms per decode step, a third of it.
@@ -473,7 +490,7 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torc
     blocks = padded.view(rows, nblocks, block)
     cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)  # [B, nblocks]
     total = cdf[:, -1]  # NaN/inf anywhere reaches it (and the token's logprob, which the loop checks)
-    x = (u.double().to(cdf.device) * total).unsqueeze(-1)
+    x = (u.double() * total).unsqueeze(-1)
     b = torch.searchsorted(cdf, x, right=True).clamp(max=nblocks - 1)  # [B, 1]; a zero block is never picked
     before = torch.where(b > 0, cdf.gather(-1, (b - 1).clamp(min=0)), 0.0)
     inside = blocks[torch.arange(rows, device=probs.device), b.squeeze(-1)]  # [B, block]
@@ -482,20 +499,6 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torc
     first = torch.where(inside > 0, index, block).amin(dim=-1, keepdim=True)
     last = torch.where(inside > 0, index, -1).amax(dim=-1, keepdim=True)
     return (b * block + torch.minimum(torch.maximum(j, first), last)).squeeze(-1).clamp(0, vocab - 1)
-
-
-def _bucketed(keep: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
-    """The rows a static-cache (compiled) batch keeps after a stop check: the `keep` rows still
-    decoding, padded with finished ones up to a power of two of at least 2 (or all rows where that
-    is no fewer). So the compiled step sees at most log2(B) batch sizes, and never 1 row unless it
-    started with 1: each new size would be a new CUDA graph, and 1 (which torch.compile specializes)
-    a recompile. keep [k] sorted row indices, alive [B] -> sorted row indices [b]."""
-    rows = alive.numel()
-    size = max(2, 1 << (keep.numel() - 1).bit_length())
-    if size >= rows:
-        return torch.arange(rows, device=alive.device)
-    finished = (~alive).nonzero().squeeze(-1)[: size - keep.numel()]
-    return torch.cat([keep, finished]).sort().values
 
 
 def _check_finite(finite: torch.Tensor) -> None:
@@ -508,13 +511,14 @@ def _seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
-def _row_uniforms(active: torch.Tensor, n: int, gens: list[torch.Generator]) -> torch.Tensor:
-    """active [B] (sorted row ids, n rows per prompt) -> uniforms [B]: each prompt present draws n
-    from its generator (one per sample slot, finished slots included) and row i takes its slot's.
-    So a row's draws do not depend on when its siblings finished or were dropped from the batch."""
-    prompt_of, counts = torch.unique_consecutive(active // n, return_counts=True)
-    draws = torch.cat([torch.rand(n, generator=gens[p]) for p in prompt_of.tolist()])  # [prompts present * n]
-    return draws[torch.repeat_interleave(torch.arange(len(prompt_of)), counts) * n + active % n]
+def chunk_uniforms(gens: list[torch.Generator], max_new: int, n: int) -> torch.Tensor:
+    """Every uniform a chunk's rows may use: [prompts, max_new, n] (CPU), entry [p, t, s] for sample s of
+    prompt p at decode step t, drawn from prompt p's generator in the order (t, s). A row's draws do not
+    depend on when its siblings finished or were dropped from the batch, and are the values the
+    per-step draws of n uniforms gave (torch.rand on a CPU generator fills its values in order), so the
+    samples are the same; drawn once per chunk and copied to the device once, the decode loop does not
+    wait for the device at every token to copy a step's uniforms."""
+    return torch.stack([torch.rand(max_new * n, generator=g).view(max_new, n) for g in gens])
 
 
 def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -636,66 +640,6 @@ def _growing_layer_class():
                 self._views()
 
     return GrowingLayer
-
-
-def _static_cache_support(model: torch.nn.Module) -> bool:
-    """Whether transformers lays out only plain full-attention `StaticLayer`s for `model` (what the
-    compiled decode step needs); otherwise a note is logged once and the loop decodes eagerly."""
-    from transformers import StaticCache
-    from transformers.cache_utils import StaticLayer
-
-    try:
-        kinds = {type(layer) for layer in StaticCache(config=model.config, max_cache_len=1).layers}
-    except Exception as e:  # noqa: BLE001 - a config transformers lays out no static cache for
-        kinds = {type(e)}
-    if kinds == {StaticLayer}:
-        return True
-    note_once(f"--rollout.compile_decode: {type(model).__name__}'s static cache has layers other than plain full "
-              f"attention ({', '.join(sorted(k.__name__ for k in kinds))}); the rollout decodes eagerly")
-    return False
-
-
-def _new_static_cache(model: torch.nn.Module, length: int):
-    """transformers' StaticCache of `length` positions whose layers can also be copied per sample and
-    have rows dropped (as the loop does after the prefill and when rows finish)."""
-    from transformers import StaticCache
-
-    cache = StaticCache(config=model.config, max_cache_len=length)
-    layer = _static_layer_class()
-    cache.layers = [layer(max_cache_len=length) for _ in cache.layers]
-    return cache
-
-
-@functools.cache
-def _static_layer_class():
-    from transformers.cache_utils import StaticLayer
-
-    class RowStaticLayer(StaticLayer):
-        """A StaticLayer (fixed-length buffers written in place at the cache position) whose rows can be
-        repeated or selected; the new buffers are marked static again for the compiled step."""
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            # as GrowingLayer.update: keep the cache in the autocast dtype the attention uses
-            device = key_states.device.type
-            if torch.is_autocast_enabled(device):
-                dtype = torch.get_autocast_dtype(device)
-                key_states, value_states = key_states.to(dtype), value_states.to(dtype)
-            return super().update(key_states, value_states, *args, **kwargs)
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            if self.is_initialized:
-                self._rows(self.keys.repeat_interleave(repeats, 0), self.values.repeat_interleave(repeats, 0))
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            if self.is_initialized:
-                self._rows(self.keys[indices], self.values[indices])
-
-        def _rows(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-            self.keys, self.values, self.batch_size = keys, values, keys.shape[0]
-            torch._dynamo.mark_static_address(self.keys)
-            torch._dynamo.mark_static_address(self.values)
-
-    return RowStaticLayer
 
 
 DECODE_ATTENTION = "rlhfkit_cpu_decode"

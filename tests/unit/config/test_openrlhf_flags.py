@@ -319,6 +319,8 @@ def plausible(cls, name: str, rule: Alias) -> list[str]:
             value = getattr(value, part)
         if value is not None:
             return [str(v) for v in value] if isinstance(value, tuple) else [str(value)]
+        if rule.to == "vllm.gpu_memory_utilization":  # a share in (0, 1], none by default
+            return ["0.5"]
         base, _ = _strip_optional(field_table(cls)[rule.to])
         return {int: ["2"], float: ["2.0"]}.get(base, ["x"])
     return ["3"] * (rule.nargs if isinstance(rule.nargs, int) else 1)

@@ -121,3 +121,15 @@ def test_torn_temp_folders_are_removed_at_start_and_formats_do_not_mix(tmp_path)
                                 t.checkpoint_modules(), 1)
     with pytest.raises(CheckpointError, match="written by a single process.*without --fsdp.enable"):
         ckpt.load(t, single)
+
+
+def test_tied_weights_are_stored_once_and_restored_under_both_names():
+    from rlhfkit.distributed.fsdp_checkpoint import tied_names, untied
+
+    emb = torch.nn.Embedding(5, 3)
+    head = torch.nn.Linear(3, 5, bias=False)
+    head.weight = emb.weight  # tied, as SmolLM2's LM head
+    model = torch.nn.ModuleDict({"embed": emb, "head": head, "other": torch.nn.Linear(3, 3)})
+    state = model.state_dict()
+    assert tied_names(state) == {"head.weight": "embed.weight"}
+    assert set(untied(state)) == {"embed.weight", "other.weight", "other.bias"}

@@ -10,7 +10,7 @@ from rlhfkit.agents.executor import episode_seeds
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import HFEngine, _row_uniforms
+from rlhfkit.rollout.hf import HFEngine, chunk_uniforms
 
 TEXTS = ["What is 2+3?", "1+1=", "Hello there, how are you?", "abc", "7*7 is"]
 STOP = 13  # finishes some rows early (see test_rollout_hf_engine), so groups shrink at different steps
@@ -32,12 +32,16 @@ def _by_prompt(trajs, n):
     return [_key(trajs[i * n:(i + 1) * n]) for i in range(len(trajs) // n)]
 
 
-def test_row_uniforms_by_hand():
-    """Rows 0, 2 (prompt 0), 3 (prompt 1), 7, 8 (prompt 2) of n = 3: each prompt draws 3, a row takes its slot's."""
-    gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
-    u = _row_uniforms(torch.tensor([0, 2, 3, 7, 8]), 3, gens)
-    d0, d1, d2 = (torch.rand(3, generator=torch.Generator().manual_seed(s)) for s in (1, 2, 3))
-    assert u.tolist() == [d0[0], d0[2], d1[0], d2[1], d2[2]]
+def test_chunk_uniforms_are_the_per_step_draws():
+    """[p, t, s] is the s-th of the n uniforms prompt p's generator gave at its t-th per-step draw of n,
+    the values the decode loop used when it drew at every step: the samples are the same."""
+    seeds, max_new, n = (1, 2, 3), 5, 3
+    u = chunk_uniforms([torch.Generator().manual_seed(s) for s in seeds], max_new, n)
+    assert u.shape == (3, max_new, n)
+    for p, seed in enumerate(seeds):
+        g = torch.Generator().manual_seed(seed)
+        for t in range(max_new):
+            assert torch.equal(u[p, t], torch.rand(n, generator=g))
 
 
 def test_same_samples_under_any_sharding_ordering_and_chunking(setup):

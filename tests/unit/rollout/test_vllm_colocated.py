@@ -270,3 +270,31 @@ def test_without_sleep_mode_an_update_wakes_nothing_and_sleep_is_refused():
         engine_on({"w": torch.ones(2)}, auto_sleep=True)
     with pytest.raises(ConfigError, match="bucket_bytes must be > 0"):
         engine_on({"w": torch.ones(2)}, bucket_bytes=0)
+
+
+class Streamed:
+    """A state given in parts (as distributed.fsdp.StreamedState): records when each part is made."""
+
+    def __init__(self, state, log):
+        self.state, self.log = state, log
+
+    def parts(self, bucket_bytes):
+        for name, t in self.state.items():
+            self.log.append(("part", name))
+            yield {name: t}
+
+
+def test_a_streamed_state_is_loaded_part_by_part_each_before_the_next_is_made():
+    state = make_state()
+    log = []
+    model = FakeModel(state)
+    llm = FakeLLM(model)
+    llm.calls = log  # one timeline: parts made and RPCs sent
+    engine = V.VLLMEngine("/m", [2], llm=llm, state_fn=lambda: Streamed(state, log))
+    engine.update_weights({}, 1)
+    rpcs = [c for c in log if c[0] == "rpc"]
+    assert rpcs == [("rpc", "rlhfkit_load_weights")] * len(state)  # CPU parts: bytes, one per part
+    kinds = [c[0] for c in log if c[0] in ("part", "rpc")]
+    assert kinds == ["part", "rpc"] * len(state)  # each part sent before the next is gathered
+    assert_same_values(model, state)
+    assert log[-1] == ("reset_prefix_cache",)

@@ -13,7 +13,7 @@ from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.trainers.learner import Learner
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import ExperienceMaker
-from rlhfkit.trainers.rl.update import LossSettings, PolicyUpdate
+from rlhfkit.trainers.rl.update import LossSettings, PolicyUpdate, read_once
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def loss_and_grads(model, tok, exp, **settings):
     model.zero_grad(set_to_none=True)
     up = update(model, tok, **settings)
     counts = dict(num_tokens=3, num_seqs=2, max_len=4)
-    out = up.micro_step(exp, torch.arange(2), up.batcher.layout(exp.batch), 0.0, counts)
+    out = read_once(up.micro_step(exp, torch.arange(2), up.batcher.layout(exp.batch), 0.0, counts))
     grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
     return out, grads

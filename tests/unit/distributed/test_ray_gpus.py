@@ -1,0 +1,45 @@
+"""Ray shows an actor only the GPUs it asks for: unset GPU counts default to the GPUs present, shared
+by the trainer actor and the rollout workers (they defaulted to 0, so on a GPU machine the trainer's
+`--actor.device auto` trained on the CPU)."""
+
+import pytest
+import torch
+
+from rlhfkit.config import RLConfig, parse_config
+from rlhfkit.distributed.launch import cluster_gpus, gpu_shares
+
+
+def test_unset_counts_are_left_to_the_gpus_present():
+    d = parse_config(RLConfig, ["--distributed.backend", "ray"]).distributed
+    assert d.num_gpus_trainer is None and d.num_gpus_per_worker is None
+
+
+def test_a_local_cluster_counts_this_machines_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert cluster_gpus(None) == 8
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert cluster_gpus(None) == 0
+
+
+@pytest.mark.parametrize("gpus,workers,want", [
+    (0, 2, (0.0, 0.0)),      # CPU machine: nothing asked
+    (8, 2, (1.0, 1.0)),      # enough GPUs: one each
+    (3, 2, (1.0, 1.0)),
+    (1, 1, (0.5, 0.5)),      # one GPU shared by the trainer and one worker
+    (1, 6, (0.1428, 0.1428)),  # 1/7 rounded down: seven shares fit on the GPU
+    (2, 2, (0.6666, 0.6666)),
+])
+def test_unset_shares_split_the_gpus_present(gpus, workers, want):
+    assert gpu_shares(None, None, workers, gpus) == want
+
+
+def test_given_values_are_kept(monkeypatch):
+    assert gpu_shares(0.0, 2.0, 2, 8) == (0.0, 2.0)
+    assert gpu_shares(None, 0.25, 1, 1) == (0.5, 0.25)
+
+
+def test_a_gpu_machine_with_defaults_requests_gpus_for_its_actors(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    d = parse_config(RLConfig, ["--distributed.backend", "ray", "--rollout.num_workers", "1"]).distributed
+    trainer, worker = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker, 1, cluster_gpus(d.address))
+    assert trainer > 0 and worker > 0
