@@ -5,8 +5,10 @@
 Each tree's `rlhfkit train rl` (PYTHONPATH=TREE) runs 4 RL steps of a tiny random Llama on a dense
 "sevens" reward, in four configurations that cover the stages (GRPO; GAE with a critic, KL in the
 reward and 2 epochs; DAPO filtering with overlong shaping and clip-higher; GSPO with bf16 autocast
-and a k3 KL loss), one thread each. Prints, per configuration, whether every non-timing metric and
-every tensor of the final model are equal. A refactor that changes no math prints "identical" four times.
+and a k3 KL loss), plus a multi-turn agent run (the built-in guessing game, 3 turns), and 4 steps of
+`rlhfkit train sft` and `rlhfkit train dpo` on small generated data, one thread each. Prints, per
+configuration, whether every non-timing metric and every tensor of the final model are equal. A
+refactor that changes no math prints "identical" seven times.
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ CONFIGS = {
              "--reward.overlong_buffer_len", "4", "--actor.eps_clip_low_high", "0.2", "0.28"],
     "gspo_bf16_klloss": ["--actor.policy_loss_type", "gspo", "--actor.autocast", "bfloat16", "--algo.kl.init_coef",
                          "0.01", "--algo.kl.use_loss", "--algo.kl.estimator", "k3"],
+    "agent_multiturn": ["--agent.func_path", "builtin:guess", "--agent.max_turns", "3"],
+}
+# the supervised commands: `rlhfkit train KIND` with these flags beside the shared ones (supervised_argv)
+SUPERVISED = {
+    "sft": ["--data.dataset", "sft.jsonl", "--data.input_key", "q", "--data.output_key", "a"],
+    "dpo": ["--data.dataset", "pairs.jsonl", "--data.prompt_key", "q", "--data.chosen_key", "good",
+            "--data.rejected_key", "bad", "--model.beta", "0.1"],
 }
 REWARD = '''
 import torch
@@ -44,24 +53,43 @@ def workspace(root: Path) -> None:
     rows = [{"q": f"x{i % 10}y{i // 10}:", "a": str(i)} for i in range(64)]
     (root / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "reward.py").write_text(REWARD)
+    sft = [{"q": f"{i} + {i % 7} =", "a": f" {i + i % 7}"} for i in range(64)]
+    (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft))
+    pairs = [{"q": r["q"], "good": r["a"], "bad": f" {i * 3 % 11}"} for i, r in enumerate(sft)]
+    (root / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs))
 
 
-def run(tree: str, root: Path, out: Path, extra: list[str]) -> None:
-    argv = ["--actor.model_name_or_path", str(root / "tiny"), "--data.prompt_dataset", str(root / "p.jsonl"),
-            "--data.input_key", "q", "--data.label_key", "a", "--reward.remote_url", str(root / "reward.py"),
+def rl_argv(root: Path, out: Path, extra: list[str]) -> list[str]:
+    # an agent run takes its rewards from the environment: no reward file beside it
+    reward = [] if "--agent.func_path" in extra else ["--reward.remote_url", str(root / "reward.py")]
+    return ["train", "rl", "--actor.model_name_or_path", str(root / "tiny"), "--data.prompt_dataset",
+            str(root / "p.jsonl"), "--data.input_key", "q", "--data.label_key", "a", *reward,
             "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "4", "--rollout.max_new_tokens", "8",
             "--rollout.temperature", "1.0", "--train.batch_size", "16", "--train.micro_batch_size", "8",
             "--train.max_steps", "4", "--train.num_episodes", "2", "--actor.adam.lr", "1e-2",
             "--actor.lr_scheduler", "constant", "--logger.progress_bar", "false", "--train.num_threads", "1",
             "--ckpt.output_dir", str(out), *extra]
+
+
+def supervised_argv(kind: str, root: Path, out: Path) -> list[str]:
+    data = [str(root / a) if a.endswith(".jsonl") else a for a in SUPERVISED[kind]]
+    return ["train", kind, "--model.model_name_or_path", str(root / "tiny"), *data, "--train.batch_size", "8",
+            "--train.micro_batch_size", "4", "--train.max_steps", "4", "--adam.lr", "1e-3",
+            "--train.lr_scheduler", "constant", "--train.num_threads", "1", "--logger.progress_bar", "false",
+            "--ckpt.output_dir", str(out)]
+
+
+def run(tree: str, root: Path, argv: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": tree, "HF_HUB_OFFLINE": "1"}
     # cwd: `python -m` puts the working directory first on sys.path, before PYTHONPATH
     where = subprocess.run([sys.executable, "-c", "import rlhfkit; print(rlhfkit.__file__)"], env=env, cwd=root,
                            check=True, capture_output=True, text=True).stdout.strip()
     if not where.startswith(tree):
         sys.exit(f"PYTHONPATH={tree} imports rlhfkit from {where}; give the tree's root folder")
-    subprocess.run([sys.executable, "-m", "rlhfkit.cli.main", "train", "rl", *argv], env=env, cwd=root, check=True,
-                   capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "rlhfkit.cli.main", *argv], env=env, cwd=root, check=False,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"PYTHONPATH={tree} rlhfkit {' '.join(argv[:2])} failed:\n{done.stderr[-3000:]}")
 
 
 def same(a: Path, b: Path) -> str:
@@ -88,10 +116,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         workspace(root)
-        for name, extra in CONFIGS.items():
-            run(old, root, root / f"old_{name}", extra)
-            run(new, root, root / f"new_{name}", extra)
-            print(f"{name:18} {same(root / f'old_{name}', root / f'new_{name}')}")
+        runs = {name: (lambda out, extra=extra: rl_argv(root, out, extra)) for name, extra in CONFIGS.items()}
+        runs.update({kind: (lambda out, kind=kind: supervised_argv(kind, root, out)) for kind in SUPERVISED})
+        for name, argv in runs.items():
+            run(old, root, argv(root / f"old_{name}"))
+            run(new, root, argv(root / f"new_{name}"))
+            print(f"{name:18} {same(root / f'old_{name}', root / f'new_{name}')}", flush=True)
 
 
 if __name__ == "__main__":

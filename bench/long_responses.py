@@ -2,7 +2,7 @@
 no-compute-on-padding changes ("old") and the trainer's ("new"), side by side in one process.
 
 SmolLM2-135M-Instruct, bf16 autocast, 4 prompts x 4 samples (the small setting), micro-batches of
-8 samples cut and laid out as the trainer does (trainers.batching.MicroBatcher: by group, shared
+8 samples cut and laid out as the trainer does (trainers.rl.batching.MicroBatcher: by group, shared
 prefix), the RL update's loss (logprobs at T 0.7 + entropy as a metric), forward + backward in one
 autocast region. Response lengths are drawn uniformly between 10% and 100% of the maximum, as a
 rollout whose samples stop at different points (random ids: the cost does not depend on which).
@@ -37,7 +37,7 @@ from rlhfkit.models import (
     response_logprobs,
 )
 from rlhfkit.models import logprobs as logprobs_module
-from rlhfkit.trainers.batching import MicroBatcher
+from rlhfkit.trainers.rl.batching import MicroBatcher
 
 CHANGES = ("head on responses only", "SDPA for wide rows", "rows by length", "bounded head backward")
 SHORT = dict(zip(("head", "sdpa", "rows", "backward"), CHANGES))  # --variants new-head = new without CHANGES[0]

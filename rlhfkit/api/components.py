@@ -24,29 +24,34 @@ from rlhfkit.distributed.fsdp_checkpoint import ShardedCheckpointer
 from rlhfkit.errors import ConfigError, one_line, os_error_fix
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
+from rlhfkit.models.loading import load_policy, load_teacher, resolve_model
 from rlhfkit.models.lora import add_lora
-from rlhfkit.models.precision import DTYPES, choose_autocast, enable_gradient_checkpointing, model_device, resolve_device
+from rlhfkit.models.precision import (
+    DTYPES,
+    choose_autocast,
+    enable_gradient_checkpointing,
+    model_device,
+    resolve_device,
+)
 from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.rewards.resolve import resolve_reward
+from rlhfkit.rewards.reward_model import ProcessRewardFn, RewardModelFn
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
 from rlhfkit.tracking.metrics import drop_steps_after
 from rlhfkit.tracking.run import RunTracker
 from rlhfkit.tracking.wandb_writer import WandbWriter
-from rlhfkit.trainers.batching import MicroBatcher
-from rlhfkit.trainers.build import load_policy, resolve_model
 from rlhfkit.trainers.checkpoint import Checkpointer, latest_good, list_checkpoints
-from rlhfkit.trainers.distill import TeacherLossUpdate, TeacherScorer, load_teacher
 from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn, reward_verifier
-from rlhfkit.trainers.experience import ExperienceMaker
-from rlhfkit.trainers.generate import Generate
 from rlhfkit.trainers.learner import Learner
-from rlhfkit.trainers.prm import ProcessRewardFn
-from rlhfkit.trainers.reward_model import RewardModelFn
-from rlhfkit.trainers.rl import RLLoop
-from rlhfkit.trainers.scoring import GroupFilter, Scorer
-from rlhfkit.trainers.stream import PromptStream
-from rlhfkit.trainers.update import LossSettings, PolicyUpdate
+from rlhfkit.trainers.rl.batching import MicroBatcher
+from rlhfkit.trainers.rl.experience import ExperienceMaker
+from rlhfkit.trainers.rl.generate import Generate
+from rlhfkit.trainers.rl.loop import RLLoop
+from rlhfkit.trainers.rl.opd import TeacherLossUpdate, TeacherScorer
+from rlhfkit.trainers.rl.scoring import GroupFilter, Scorer
+from rlhfkit.trainers.rl.stream import PromptStream
+from rlhfkit.trainers.rl.update import LossSettings, PolicyUpdate
 
 log = logging.getLogger("rlhfkit")
 _PKG = Path(__file__).resolve().parents[1]
@@ -265,7 +270,7 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
                ref=None, critic=None, teacher=None, tracker=None, callbacks=(), dp: tuple[int, int] = (0, 1)) -> RLLoop:
     """The RL loop's stages from `cfg`, around already built models, engine, reward and prompt stream
     (the update's epochs shuffle with the stream's generator, as one seeded order of draws); `teacher`:
-    on-policy distillation's (trainers.distill), None without one."""
+    on-policy distillation's (trainers.rl.opd), None without one."""
     a, c, t, r, w, k = cfg.actor, cfg.critic, cfg.train, cfg.rollout, cfg.reward, cfg.algo.kl
     multi = executor.provides_rewards
     budget = token_budget(cfg, multi)

@@ -25,14 +25,13 @@ from rlhfkit.api import components as C
 from rlhfkit.config import RLConfig
 from rlhfkit.config.opd import OPDConfig, validate_opd
 from rlhfkit.config.rl import validate
-from rlhfkit.data.prompts import load_prompts
+from rlhfkit.data.prompts import load_prompts, tokenize_prompts
 from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rollout.vllm import require_vllm
 from rlhfkit.tracking.progress import set_log_level
-from rlhfkit.trainers.build import tokenize_prompts
-from rlhfkit.trainers.rl import RLLoop
+from rlhfkit.trainers.rl.loop import RLLoop
 
 
 def load_examples_fn(cfg: RLConfig, dataset, eval: bool = False) -> Callable:
@@ -233,7 +232,7 @@ def no_task_reward(queries, prompts, labels, **kwargs) -> torch.Tensor:
 
 class OPDTrainer(RLTrainer):
     """On-policy distillation (`rlhfkit train opd`): an RLTrainer whose score stage adds the teacher's
-    per-token reward (trainers.distill.TeacherScorer) to the task reward; without a reward function or
+    per-token reward (trainers.rl.opd.TeacherScorer) to the task reward; without a reward function or
     --reward.* the task reward is 0."""
 
     @classmethod

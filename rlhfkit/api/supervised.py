@@ -9,7 +9,7 @@ process reward model.
 `from_config` is the one place that maps a supervised config to components: the model (with LoRA
 adapters, the frozen reference of DPO / KTO, the score head of a reward model), the tokenized train
 and eval data, the run folder and its loggers. The loops are the algorithm classes of
-`trainers.supervised` and `trainers.preference`; `rlhfkit train sft|rm|dpo|kto` is `from_args`,
+`trainers.supervised` (sft, preference, prm, kd); `rlhfkit train sft|rm|dpo|kto` is `from_args`,
 `from_config`, `train`.
 
 The run folder: config.json, metrics.jsonl and TensorBoard events (one row per optimizer step, and
@@ -31,9 +31,15 @@ from typing import Any, ClassVar
 import torch
 
 from rlhfkit.api.components import create_run_dir, extra_writers, setup_checkpoints
-from rlhfkit.config.parse import to_dict
 from rlhfkit.config.kd import KDConfig, validate_kd
-from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
+from rlhfkit.config.parse import to_dict
+from rlhfkit.config.preference import (
+    DPOConfig,
+    KTOConfig,
+    RMConfig,
+    validate_dpo,
+    validate_rm,
+)
 from rlhfkit.config.prm import PRMConfig, validate_prm
 from rlhfkit.config.sft import SFTConfig, lora_targets, validate_sft
 from rlhfkit.data.records import Source
@@ -41,14 +47,19 @@ from rlhfkit.data.steps import load_steps
 from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft, load_unpaired
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import load_tokenizer
+from rlhfkit.models.loading import load_policy, load_teacher, resolve_model
 from rlhfkit.models.lora import add_lora
-from rlhfkit.models.precision import DTYPES, enable_gradient_checkpointing, resolve_device
+from rlhfkit.models.precision import (
+    DTYPES,
+    enable_gradient_checkpointing,
+    resolve_device,
+)
 from rlhfkit.models.reward import init_reward_model
 from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.tracking.run import RunTracker
-from rlhfkit.trainers import distill, preference, prm, supervised
 from rlhfkit.trainers.checkpoint import Checkpointer
-from rlhfkit.trainers.build import load_policy, resolve_model
+from rlhfkit.trainers.supervised import kd, preference, prm, sft
+from rlhfkit.trainers.supervised.loop import SupervisedState, planned_steps
 
 __all__ = ["SFTConfig", "RMConfig", "DPOConfig", "KTOConfig", "PRMConfig", "KDConfig",
            "SFTTrainer", "RMTrainer", "DPOTrainer", "KTOTrainer", "PRMTrainer", "KDTrainer",
@@ -87,7 +98,7 @@ def build_model(kind: str, cfg, device: torch.device | None = None) -> tuple[tor
         ref = load_policy(ref_path, m.dtype)[0] if ref_path else copy.deepcopy(model)
         ref.eval().requires_grad_(False)
     elif kind == "kd":  # the teacher, frozen; with --teacher.offload it waits on the CPU
-        ref = distill.load_teacher(cfg.teacher.model_name_or_path, m.dtype, tokenizer)
+        ref = load_teacher(cfg.teacher.model_name_or_path, m.dtype, tokenizer)
     if lora.rank > 0:
         model = add_lora(model, lora.rank, lora.alpha, lora_targets(lora), lora.dropout,
                          task_type="SEQ_CLS" if kind == "rm" else "CAUSAL_LM")
@@ -148,7 +159,7 @@ class SupervisedTrainer:
                  resume: tuple[Path, int] | None = None):
         self.cfg, self.algorithm, self.tracker = cfg, algorithm, tracker
         self.checkpointer, self.resume = checkpointer, resume
-        self.state = supervised.SupervisedState(algorithm)
+        self.state = SupervisedState(algorithm)
         if checkpointer is not None:
             algorithm.loop.callbacks.append(lambda loop, step, metrics: checkpointer.periodic(self.state, step, metrics))
         self.run_dir = Path(cfg.ckpt.output_dir)
@@ -180,7 +191,7 @@ class SupervisedTrainer:
         model, tokenizer, ref = build_model(cls.kind, cfg, device)
         items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset,
                                                eval_dataset)
-        steps = supervised.planned_steps(len(items), cfg.train)
+        steps = planned_steps(len(items), cfg.train)
         tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, steps, cfg.logger.progress_bar,
                              purge_step=None if resume is None else resume[1] + 1,
                              writers=extra_writers(cfg, run_dir), curve_keys=CURVES[cls.kind],
@@ -234,13 +245,13 @@ class SupervisedTrainer:
 class SFTTrainer(SupervisedTrainer):
     """Supervised fine-tuning: next-token NLL on the response (every assistant turn)."""
 
-    kind, config_class, algorithm_class = "sft", SFTConfig, supervised.SFTTrainer
+    kind, config_class, algorithm_class = "sft", SFTConfig, sft.SFTLoop
 
 
 class RMTrainer(SupervisedTrainer):
     """A Bradley-Terry reward model on preference pairs."""
 
-    kind, config_class, algorithm_class = "rm", RMConfig, preference.RMTrainer
+    kind, config_class, algorithm_class = "rm", RMConfig, preference.RMLoop
 
     def _save(self, path: str | Path) -> tuple[Path, dict[str, float]]:
         """A full sequence-classification folder (LoRA merged) whose config holds the mean / std of
@@ -253,24 +264,24 @@ class RMTrainer(SupervisedTrainer):
 class DPOTrainer(SupervisedTrainer):
     """DPO / IPO / cDPO on preference pairs against a frozen reference model."""
 
-    kind, config_class, algorithm_class = "dpo", DPOConfig, preference.DPOTrainer
+    kind, config_class, algorithm_class = "dpo", DPOConfig, preference.DPOLoop
 
 
 class KTOTrainer(SupervisedTrainer):
     """KTO on unpaired desirable / undesirable examples against a frozen reference model.
     Takes a KTOConfig or a DPOConfig (validated as KTO)."""
 
-    kind, config_class, algorithm_class = "kto", DPOConfig, preference.KTOTrainer
+    kind, config_class, algorithm_class = "kto", DPOConfig, preference.KTOLoop
 
 
 class PRMTrainer(SupervisedTrainer):
-    """A process reward model on step-labelled texts (trainers/prm.py); final/ is a causal-LM folder
+    """A process reward model on step-labelled texts (trainers/supervised/prm.py); final/ is a causal-LM folder
     whose config records its placeholder and reward tokens."""
 
-    kind, config_class, algorithm_class = "prm", PRMConfig, prm.PRMTrainer
+    kind, config_class, algorithm_class = "prm", PRMConfig, prm.PRMLoop
 
 
 class KDTrainer(SupervisedTrainer):
     """Knowledge distillation: (1 - kd.coef) * SFT NLL + kd.coef * KL(teacher || student)."""
 
-    kind, config_class, algorithm_class = "kd", KDConfig, distill.KDTrainer
+    kind, config_class, algorithm_class = "kd", KDConfig, kd.KDLoop

@@ -10,7 +10,7 @@ iterative DPO.
     cfg = IterativeDPOConfig.from_args([... "--iterative.rounds", "2"])
     rounds = IterativeDPO.from_config(cfg).run()           # <output_dir>/round_<k>/final
 
-Each samples with the rollout stage of `train rl` (api.components.build_engine, trainers.generate) on
+Each samples with the rollout stage of `train rl` (api.components.build_engine, trainers.rl.generate) on
 prompts read as `train rl` reads them, with one sampling seed per prompt drawn from --train.seed: the
 same flags give the same samples. The rounds of rejection sampling and iterative DPO follow OpenRLHF's
 scripts (train_rejection_sampling_llama.sh, train_iterative_dpo.sh): each round takes the next
@@ -54,15 +54,16 @@ from rlhfkit.config.sft import (
     SupervisedDataConfig,
     SupervisedLoggerConfig,
 )
+from rlhfkit.data.prompts import tokenize_prompts
 from rlhfkit.data.types import PromptItem, Trajectory
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models import load_tokenizer
+from rlhfkit.models.loading import load_policy, resolve_model
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.tracking.progress import set_log_level
-from rlhfkit.trainers.build import load_policy, resolve_model, tokenize_prompts
-from rlhfkit.trainers.generate import Generate
-from rlhfkit.trainers.scoring import Scorer
-from rlhfkit.trainers.stream import PromptBatch, PromptStream
+from rlhfkit.trainers.rl.generate import Generate
+from rlhfkit.trainers.rl.scoring import Scorer
+from rlhfkit.trainers.rl.stream import PromptBatch, PromptStream
 
 log = logging.getLogger("rlhfkit")
 __all__ = ["IterativeDPO", "RejectionSampling", "above_threshold", "best_per_prompt", "best_worst_pairs", "generate"]

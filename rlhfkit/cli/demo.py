@@ -21,13 +21,13 @@ import time
 from rlhfkit.api.components import prepare_run_dir
 from rlhfkit.api.rl import RLTrainer
 from rlhfkit.config import RLConfig
-from rlhfkit.data.prompts import PromptExample
+from rlhfkit.data.prompts import PromptExample, tokenize_prompts
 from rlhfkit.data.synthetic import arithmetic_problems
 from rlhfkit.models import load_tokenizer, materialize_smollm2
+from rlhfkit.models.loading import resolve_model
 from rlhfkit.models.precision import bf16_matmul_speedup
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rewards.math import lenient_correct, math_exact_reward
-from rlhfkit.trainers.build import resolve_model, tokenize_prompts
 from rlhfkit.trainers.evaluate import Evaluator
 
 INSTRUCTION = "{question} Answer with only the number."

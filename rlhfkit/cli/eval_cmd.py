@@ -21,13 +21,20 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.api.components import (build_engine, create_run_dir, load_reward, make_evaluator, prompt_options,
-                                    resolve_autocast, run_device)
+from rlhfkit.api.components import (
+    build_engine,
+    create_run_dir,
+    load_reward,
+    make_evaluator,
+    prompt_options,
+    resolve_autocast,
+    run_device,
+)
 from rlhfkit.config import RLConfig, to_dict
-from rlhfkit.data.prompts import check_prompts, load_prompts
+from rlhfkit.data.prompts import check_prompts, load_prompts, tokenize_prompts
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.loading import load_policy
 from rlhfkit.tracking.progress import set_log_level
-from rlhfkit.trainers.build import load_policy, tokenize_prompts
 
 
 def run(argv: list[str]) -> int:

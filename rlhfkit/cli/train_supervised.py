@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import time
 
-from rlhfkit.api.supervised import DPOTrainer, KDTrainer, KTOTrainer, PRMTrainer, RMTrainer, SFTTrainer
+from rlhfkit.api.supervised import (
+    DPOTrainer,
+    KDTrainer,
+    KTOTrainer,
+    PRMTrainer,
+    RMTrainer,
+    SFTTrainer,
+)
 from rlhfkit.config.kd import KDConfig
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.config.prm import PRMConfig
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.loading import resolve_model
 from rlhfkit.models.lora import merge_lora
-from rlhfkit.trainers.build import resolve_model
 
 COMMANDS = {"sft": (SFTConfig, SFTTrainer), "rm": (RMConfig, RMTrainer),
             "dpo": (DPOConfig, DPOTrainer), "kto": (KTOConfig, KTOTrainer), "prm": (PRMConfig, PRMTrainer),

@@ -10,7 +10,7 @@ Seed 002 counts, for OpenRLHF's loop
     num_rollouts_per_episode     = len(prompts) // rollout_batch_size
     max_steps                    = ceil(num_episodes * num_update_steps_per_episode)
 
-How we depart from it: our trainer (rlhfkit.trainers.rl) only runs whole rollout batches, so a
+How we depart from it: our trainer (rlhfkit.trainers.rl.loop) only runs whole rollout batches, so a
 remainder of `len(prompts) % rollout_batch_size` prompts is left out of each episode (shuffled
 anew every episode) and the optimizer steps per episode are
 `rollouts_per_episode * optimizer_steps_per_rollout`, which equals the textbook count when the

@@ -36,6 +36,7 @@ from rlhfkit.data.records import (
     require_key,
     source_name,
 )
+from rlhfkit.data.types import PromptItem
 from rlhfkit.errors import ConfigError, DataError
 
 __all__ = ["SUPPORTED_SUFFIXES", "PromptExample", "check_prompts", "load_prompts"]
@@ -227,3 +228,19 @@ def _render(value: str | list[dict], where: str, tokenizer: Any, input_template:
     if not isinstance(text, str):
         raise DataError(f"{where}: the chat template returned {type(text).__name__}, not str")
     return text
+
+
+def tokenize_prompts(examples, tokenizer, max_len: int, input_key: str | None = None) -> tuple[list[PromptItem], int]:
+    """Tokenize prompt texts once; prompts longer than `max_len` tokens are skipped and counted.
+    `input_key`: the record's prompt column (its value becomes PromptItem.raw)."""
+    items, skipped = [], 0
+    for ex in examples:
+        ids = tokenizer(ex.text, add_special_tokens=False)["input_ids"]
+        if len(ids) > max_len:
+            skipped += 1
+            continue
+        record = dict(ex.raw) if isinstance(ex.raw, dict) else {}
+        items.append(PromptItem(ex.text, ids, ex.label, raw=record.get(input_key, ex.text), record=record))
+    if not items:
+        raise DataError(f"every prompt is longer than --data.prompt_max_len {max_len} tokens; raise it")
+    return items, skipped

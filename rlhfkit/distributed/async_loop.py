@@ -1,6 +1,6 @@
 """Async RL: generate rollout batch k+1 on the workers while the trainer trains on batch k.
 
-`Prefetch` is a rollout source (rlhfkit.trainers.generate.RolloutSource) over a RayEnginePool.
+`Prefetch` is a rollout source (rlhfkit.trainers.rl.generate.RolloutSource) over a RayEnginePool.
 When the loop asks for batch k it also hands over a way to draw batch k+1 (`upcoming`); once batch
 k is in, Prefetch starts batch k+1 in a background thread that runs the executor (single-turn, or
 an agent's multi-turn episodes) against the pool, so the workers generate it with the weights they
@@ -39,8 +39,8 @@ import torch
 from rlhfkit.data.types import Trajectory
 from rlhfkit.distributed.pool import RayEnginePool
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.trainers.generate import Generate, Upcoming
-from rlhfkit.trainers.stream import PromptBatch
+from rlhfkit.trainers.rl.generate import Generate, Upcoming
+from rlhfkit.trainers.rl.stream import PromptBatch
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ What each process does (every rank runs the same RL loop on the same data):
 
 - Token-budget micro-batches (--train.dynamic_batch_enable) and DAPO's filtered batches (whose rows
   may not split into equal shares) can give the ranks different numbers of micro-batches, while every
-  FSDP forward/backward is a collective: the ranks agree on the largest count (`trainers.update.max_over_ranks`) and a
-  rank with fewer runs passes that add nothing to the gradients (trainers.update `idle_pass`).
+  FSDP forward/backward is a collective: the ranks agree on the largest count (`trainers.rl.update.max_over_ranks`) and a
+  rank with fewer runs passes that add nothing to the gradients (trainers.rl.update `idle_pass`).
 - bf16 parameters with float32 masters (--actor.dtype bfloat16) are, under FSDP2, float32 sharded
   parameters (the masters) computing in bf16 with float32 gradient reduction: --fsdp.mixed_precision.
 """
@@ -119,7 +119,10 @@ def _shard(model, layers, units, world_size: int, mixed_precision: bool, dummy_f
 def full_state_dict(model: torch.nn.Module, rank0_only: bool = True) -> dict[str, torch.Tensor]:
     """The unsharded state dict on CPU (a collective: every rank must call it). With rank0_only,
     ranks other than 0 get {}."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415
+    from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+        StateDictOptions,
+        get_model_state_dict,
+    )
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
     state = get_model_state_dict(model, options=opts)

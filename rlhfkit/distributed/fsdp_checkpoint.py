@@ -51,7 +51,7 @@ from rlhfkit.trainers.checkpoint import (
     write_error,
     write_state,
 )
-from rlhfkit.trainers.update import max_over_ranks
+from rlhfkit.trainers.rl.update import max_over_ranks
 
 log = logging.getLogger("rlhfkit")
 
@@ -62,7 +62,7 @@ def rank_dir_name(rank: int) -> str:
 
 class ShardedCheckpointer(Checkpointer):
     """trainers.checkpoint.Checkpointer (`periodic`, `save`, `load`) for FSDP ranks; every `save` and
-    `load` is a collective. The trainer also provides `checkpoint_learners()` (trainers.rl.RLLoop)."""
+    `load` is a collective. The trainer also provides `checkpoint_learners()` (trainers.rl.loop.RLLoop)."""
 
     def __init__(self, root: str | Path, save_steps: int, max_num: int, rank: int, world_size: int,
                  say: Callable[[str], None] = log.warning):

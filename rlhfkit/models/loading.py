@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.errors import ModelError, RlhfkitError, one_line, os_error_fix
+from rlhfkit.errors import ConfigError, ModelError, RlhfkitError, one_line, os_error_fix
+from rlhfkit.models.precision import DTYPES
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_CACHE_DIR = Path("~/.cache/rlhfkit/models")
@@ -83,7 +84,11 @@ def resolve_model_file(name_or_path: str | os.PathLike, filename: str) -> Path:
 def hub_error(kind: str, name: str, exc: BaseException) -> ModelError:
     """Why hub `kind` ("model") `name` could not be had, and how to fetch it, as one line."""
     from huggingface_hub import constants
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     head = f"{kind} {name!r}: no local folder or file of that name, and"
     fetch = f"`hf download {name}`"
@@ -332,3 +337,38 @@ def materialize_smollm2(cache_dir: str | os.PathLike | None = None, dtype: torch
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return target
+
+
+def resolve_model(name_or_path: str) -> tuple[str, str | None]:
+    """`smollm2` -> the cached HF folder (converted once); `x/y.gguf` -> (folder, file); a local folder
+    as is; a hub name `org/name` -> its folder in the Hugging Face cache."""
+    if name_or_path == "smollm2" and not Path(name_or_path).exists():
+        return str(materialize_smollm2()), None
+    p = Path(name_or_path)
+    if p.suffix == ".gguf":
+        return str(p.parent), p.name
+    return str(resolve_model_path(name_or_path)), None
+
+
+def load_policy(name_or_path: str, dtype: str):
+    path, gguf = resolve_model(name_or_path)
+    tokenizer = load_tokenizer(path, gguf_file=gguf)
+    model = load_causal_lm(path, dtype=DTYPES[dtype], gguf_file=gguf)
+    return model, tokenizer
+
+
+def load_teacher(path: str, dtype: str, student_tokenizer) -> torch.nn.Module:
+    """The frozen teacher (eval mode, no gradients) at `path`; refused when its tokenizer is not
+    the student's (distillation compares the two distributions token by token)."""
+    teacher, tokenizer = load_policy(path, dtype)
+    check_same_vocab(student_tokenizer, tokenizer, path)
+    return teacher.eval().requires_grad_(False)
+
+
+def check_same_vocab(student_tokenizer, teacher_tokenizer, teacher_path: str) -> None:
+    """ConfigError unless both tokenizers map the same strings to the same ids."""
+    if student_tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
+        raise ConfigError(
+            f"the teacher {teacher_path} has another tokenizer ({len(teacher_tokenizer)} tokens, the student "
+            f"{len(student_tokenizer)}): distillation compares the two models token by token; choose a teacher "
+            "of the student's model family (the same tokenizer)")

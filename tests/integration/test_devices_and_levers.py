@@ -13,8 +13,13 @@ from rlhfkit.cli.main import main
 from rlhfkit.data.packing import pack_shared_prefix
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import response_logprobs, tiny_model_and_tokenizer
-from rlhfkit.models.precision import (enable_gradient_checkpointing, model_device, on_device, peak_memory,
-                                      resolve_device)
+from rlhfkit.models.precision import (
+    enable_gradient_checkpointing,
+    model_device,
+    on_device,
+    peak_memory,
+    resolve_device,
+)
 from rlhfkit.models.reward import init_reward_model
 from tests.unit.data.test_shared_prefix import random_batch
 
@@ -171,7 +176,7 @@ def test_gradient_checkpointing_of_a_reward_model_and_a_lora_model(tmp_path):
 
 # ------------------------------------------------------------------ reward model offload, supervised commands
 def test_reward_model_offload_scores_the_same(tmp_path):
-    from rlhfkit.trainers.reward_model import RewardModelFn
+    from rlhfkit.rewards.reward_model import RewardModelFn
 
     model, tok = tiny_model_and_tokenizer(seed=0)
     model.save_pretrained(tmp_path / "tiny")

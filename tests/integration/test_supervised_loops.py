@@ -15,8 +15,8 @@ from rlhfkit.config.sft import SUPERVISED_ALIASES, SFTConfig  # noqa: E402
 from rlhfkit.core.losses import dpo_loss, logprobs_from_logits  # noqa: E402
 from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft  # noqa: E402
 from rlhfkit.models import tiny_model_and_tokenizer  # noqa: E402
-from rlhfkit.trainers.preference import DPOTrainer  # noqa: E402
-from rlhfkit.trainers.supervised import SFTTrainer  # noqa: E402
+from rlhfkit.trainers.supervised.preference import DPOLoop  # noqa: E402
+from rlhfkit.trainers.supervised.sft import SFTLoop  # noqa: E402
 
 FACTS = [("a", "cat"), ("b", "dog"), ("c", "owl"), ("d", "fox")]
 
@@ -90,7 +90,7 @@ def test_packed_loss_and_gradients_equal_padded(ws):
     for packing in (False, True):
         cfg = parse_config(SFTConfig, ["--data.dataset", str(path), "--ds.packing_samples", str(packing),
                                        "--train.batch_size", "5", "--train.micro_batch_size", "5"])
-        trainer = SFTTrainer(cfg, model, tok, samples)
+        trainer = SFTLoop(cfg, model, tok, samples)
         model.zero_grad()
         loss, _ = trainer.micro_loss(samples, samples)
         loss.backward()
@@ -120,7 +120,7 @@ def test_reward_model_separates_pairs_and_reloads_with_auto_class(rm_run):
     assert summary["eval/accuracy"] > 0.9
     rm = AutoModelForSequenceClassification.from_pretrained(out / "final").eval()
     assert rm.config.std == pytest.approx(summary["reward_std"]) and rm.config.mean == pytest.approx(summary["reward_mean"])
-    from rlhfkit.trainers.reward_model import RewardModelFn
+    from rlhfkit.rewards.reward_model import RewardModelFn
 
     fn = RewardModelFn(out / "final")
     r = fn(["q1:77<eos>", "q1:11<eos>"], ["q1:", "q1:"], [None, None])
@@ -150,7 +150,7 @@ def test_dpo_raises_margin_and_matches_core_loss(ws, tmp_path):
     pairs, _ = load_pairs(ws / "pairs.jsonl", TextFormat(tok), max_samples=4)
     cfg = parse_config(DPOConfig, ["--data.dataset", "x", "--train.batch_size", "4", "--train.micro_batch_size", "4",
                                    "--model.beta", "0.3", "--model.label_smoothing", "0.1"], SUPERVISED_ALIASES)
-    loss, _ = DPOTrainer(cfg, model, tok, pairs, ref=ref).micro_loss(pairs, pairs)
+    loss, _ = DPOLoop(cfg, model, tok, pairs, ref=ref).micro_loss(pairs, pairs)
 
     def seq_logp(m, s):
         ids = torch.cat([s.prompt_ids, s.response_ids]).unsqueeze(0)

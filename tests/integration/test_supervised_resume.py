@@ -25,7 +25,7 @@ from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.models.lora import add_lora
 from rlhfkit.trainers import checkpoint as ck
 from rlhfkit.trainers.checkpoint import Checkpointer
-from rlhfkit.trainers.supervised import StepLoop, SupervisedState, build_learner
+from rlhfkit.trainers.supervised.loop import StepLoop, SupervisedState, build_learner
 
 REPO = Path(__file__).resolve().parents[2]
 # Runs the CLI, but SIGKILLs itself at the N-th call of Learner.step (after the step's backward

@@ -22,8 +22,8 @@ from rlhfkit.config.generate import GenerateConfig, IterativeDPOConfig, RSConfig
 from rlhfkit.data.batch import collate
 from rlhfkit.data.types import PromptItem, Trajectory
 from rlhfkit.models import response_logprobs, tiny_model_and_tokenizer
-from rlhfkit.trainers.build import load_policy
-from rlhfkit.trainers.stream import PromptBatch
+from rlhfkit.models.loading import load_policy
+from rlhfkit.trainers.rl.stream import PromptBatch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -25,7 +25,7 @@ from rlhfkit.models.tiny import ARCHITECTURES, SLIDING_WINDOW, tiny_model_and_to
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
-from rlhfkit.trainers.supervised import SFTTrainer
+from rlhfkit.trainers.supervised.sft import SFTLoop
 
 ARCHS = list(ARCHITECTURES)
 PROMPTS = ["hello world, this is", "2+3=", "abc def ghi"]
@@ -262,7 +262,7 @@ def test_one_ppo_step_with_critic_and_reference_and_one_sft_step(arch):
                            torch.ones(len(v) + 1, dtype=torch.bool)) for k, v in [("a", "cat"), ("bb", "dog!")]]
     sft_cfg = parse_config(SFTConfig, ["--train.batch_size", "2", "--train.micro_batch_size", "1",
                                        "--ds.packing_samples", "true", "--train.max_steps", "1"])
-    trainer = SFTTrainer(sft_cfg, model, tok, samples)
+    trainer = SFTLoop(sft_cfg, model, tok, samples)
     before = copy.deepcopy(model.state_dict())
     (metrics,) = trainer.fit()
     assert 0 < metrics["loss"] < 20 and trainer.loop.step == 1

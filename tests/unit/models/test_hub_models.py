@@ -8,8 +8,13 @@ import torch
 
 from rlhfkit.errors import ModelError
 from rlhfkit.models import load_causal_lm, load_tokenizer, tiny_model_and_tokenizer
-from rlhfkit.models.loading import is_hub_name, resolve_model_file, resolve_model_path
-from rlhfkit.trainers.build import load_policy, resolve_model
+from rlhfkit.models.loading import (
+    is_hub_name,
+    load_policy,
+    resolve_model,
+    resolve_model_file,
+    resolve_model_path,
+)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.rollout import vllm as V
 from rlhfkit.rollout import vllm_worker as W
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.trainers.rl import sync_weights
+from rlhfkit.trainers.rl.sync import sync_weights
 
 CUDA0 = torch.device("cuda", 0)
 HERE = {"pid": 100, "host": "node", "device": "cuda:0", "uuid": "GPU-a"}

@@ -12,7 +12,7 @@ from safetensors import SafetensorError
 from rlhfkit.errors import CheckpointError, TrainingError
 from rlhfkit.trainers import checkpoint as ck
 from rlhfkit.trainers.learner import Learner
-from rlhfkit.trainers.scoring import RunningMoments
+from rlhfkit.trainers.rl.scoring import RunningMoments
 
 
 def test_pack_unpack_round_trip_keeps_types_and_bits():

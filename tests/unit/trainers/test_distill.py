@@ -1,4 +1,4 @@
-"""trainers.distill's teacher stage on hand-worked numbers: the per-token rewards of on-policy
+"""trainers.rl.opd's teacher stage on hand-worked numbers: the per-token rewards of on-policy
 distillation, their sum with a task's token rewards, the logged KL; and train opd's flags."""
 
 import math
@@ -10,8 +10,9 @@ from rlhfkit.config.opd import OPDConfig
 from rlhfkit.core.advantages import compute_advantages
 from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import ConfigError
-from rlhfkit.trainers.distill import TeacherScorer, check_same_vocab
-from rlhfkit.trainers.scoring import Scored
+from rlhfkit.models.loading import check_same_vocab
+from rlhfkit.trainers.rl.opd import TeacherScorer
+from rlhfkit.trainers.rl.scoring import Scored
 
 
 class TaskScorer:

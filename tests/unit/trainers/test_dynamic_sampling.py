@@ -13,9 +13,9 @@ from rlhfkit.data.types import PromptItem
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.hf import HFEngine
-from rlhfkit.trainers.rl import StepTimer
-from rlhfkit.trainers.scoring import collect
-from rlhfkit.trainers.stream import PromptBatch
+from rlhfkit.trainers.rl.loop import StepTimer
+from rlhfkit.trainers.rl.scoring import collect
+from rlhfkit.trainers.rl.stream import PromptBatch
 
 
 def scripted_reward(queries, prompts, labels, **kwargs):

@@ -12,12 +12,12 @@ from rlhfkit.config import RLConfig
 from rlhfkit.data.types import Trajectory
 from rlhfkit.distributed import fsdp
 from rlhfkit.models import tiny_model_and_tokenizer
-from rlhfkit.trainers import update as update_module
-from rlhfkit.trainers.batching import MicroBatcher
-from rlhfkit.trainers.distill import TeacherLossUpdate
-from rlhfkit.trainers.experience import ExperienceMaker
 from rlhfkit.trainers.learner import Learner
-from rlhfkit.trainers.update import LossSettings, PolicyUpdate
+from rlhfkit.trainers.rl import update as update_module
+from rlhfkit.trainers.rl.batching import MicroBatcher
+from rlhfkit.trainers.rl.experience import ExperienceMaker
+from rlhfkit.trainers.rl.opd import TeacherLossUpdate
+from rlhfkit.trainers.rl.update import LossSettings, PolicyUpdate
 
 
 def traj(prompt, response, group):

@@ -5,7 +5,7 @@ import torch
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.learner import Learner, adam_kernel, lr_lambda
-from rlhfkit.trainers.scoring import RunningMoments
+from rlhfkit.trainers.rl.scoring import RunningMoments
 
 
 def test_warmup_then_cosine_with_min_lr():

@@ -10,10 +10,10 @@ import torch
 from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import TrainingError
 from rlhfkit.models import tiny_model_and_tokenizer
-from rlhfkit.trainers.batching import MicroBatcher
-from rlhfkit.trainers.experience import ExperienceMaker
 from rlhfkit.trainers.learner import Learner
-from rlhfkit.trainers.update import LossSettings, PolicyUpdate
+from rlhfkit.trainers.rl.batching import MicroBatcher
+from rlhfkit.trainers.rl.experience import ExperienceMaker
+from rlhfkit.trainers.rl.update import LossSettings, PolicyUpdate
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Process reward models (trainers/prm.py): the loss, the step layout of an RL response and the
+"""Process reward models (trainers/supervised/prm.py, rewards/reward_model.py): the loss, the step layout of an RL response and the
 token rewards at the step ends, with values worked out by hand."""
 
 import math
@@ -8,7 +8,8 @@ import torch
 
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.models.reward import mark_prm, prm_settings, step_logits
-from rlhfkit.trainers.prm import ProcessRewardFn, prm_layout, prm_loss
+from rlhfkit.rewards.reward_model import ProcessRewardFn, prm_layout
+from rlhfkit.trainers.supervised.prm import prm_loss
 
 LN3 = math.log(3.0)
 
@@ -77,7 +78,7 @@ def test_token_rewards_land_on_the_step_ends(prm_folder):
 
 def test_scorer_hands_token_rewards_and_a_zero_scalar(prm_folder):
     from rlhfkit.data.types import PromptItem, Trajectory
-    from rlhfkit.trainers.scoring import Scorer
+    from rlhfkit.trainers.rl.scoring import Scorer
 
     fn = ProcessRewardFn(prm_folder)
     tok = fn.tokenizer

@@ -10,13 +10,14 @@ from rlhfkit.errors import CheckpointError, DataError
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.hf import HFEngine
-from rlhfkit.trainers.batching import MicroBatcher
-from rlhfkit.trainers.experience import ExperienceMaker
 from rlhfkit.trainers.learner import Learner
-from rlhfkit.trainers.rl import StepTimer, sync_weights
-from rlhfkit.trainers.scoring import GroupFilter, Scored, Scorer, collect
-from rlhfkit.trainers.stream import PromptBatch, PromptStream
-from rlhfkit.trainers.update import LossSettings, PolicyUpdate
+from rlhfkit.trainers.rl.batching import MicroBatcher
+from rlhfkit.trainers.rl.experience import ExperienceMaker
+from rlhfkit.trainers.rl.loop import StepTimer
+from rlhfkit.trainers.rl.scoring import GroupFilter, Scored, Scorer, collect
+from rlhfkit.trainers.rl.stream import PromptBatch, PromptStream
+from rlhfkit.trainers.rl.sync import sync_weights
+from rlhfkit.trainers.rl.update import LossSettings, PolicyUpdate
 
 
 @pytest.fixture(scope="module")

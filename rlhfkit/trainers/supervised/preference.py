@@ -19,12 +19,17 @@ from rlhfkit.core.masks import masked_sum
 from rlhfkit.data.batch import collate
 from rlhfkit.data.supervised import TokenSample
 from rlhfkit.models import response_logprobs, save_hf_folder
-from rlhfkit.models.reward import reward_scores
 from rlhfkit.models.precision import autocast_ctx, model_device
-from rlhfkit.trainers.supervised import StepLoop, build_learner, make_batch, planned_steps
+from rlhfkit.models.reward import reward_scores
+from rlhfkit.trainers.supervised.loop import (
+    StepLoop,
+    build_learner,
+    make_batch,
+    planned_steps,
+)
 
 
-class _PreferenceTrainer:
+class _PreferenceLoop:
     def __init__(self, cfg, model: torch.nn.Module, tokenizer, items: Sequence, eval_items: Sequence = (),
                  tracker=None):
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
@@ -55,7 +60,7 @@ class _PreferenceTrainer:
 # ---------------------------------------------------------------------------------- reward model
 
 
-class RMTrainer(_PreferenceTrainer):
+class RMLoop(_PreferenceLoop):
     """Bradley-Terry: loss = mean(-log sigmoid(r(chosen) - r(rejected))), r read at the last token."""
 
     def scores(self, samples: Sequence[TokenSample]) -> torch.Tensor:
@@ -103,7 +108,7 @@ def sequence_logprobs(model, samples: Sequence, pad_id: int, packing: bool, auto
     return masked_sum(logp, batch.loss_mask.to(logp.device), dim=-1)
 
 
-class DPOTrainer(_PreferenceTrainer):
+class DPOLoop(_PreferenceLoop):
     """DPO (Rafailov et al. 2023), IPO (`--model.ipo_enable`), cDPO (`--model.label_smoothing`)
     against a frozen reference model."""
 
@@ -129,7 +134,7 @@ class DPOTrainer(_PreferenceTrainer):
                           "rejected_reward": float(met["rejected_rewards"].mean()) * w}
 
 
-class KTOTrainer(DPOTrainer):
+class KTOLoop(DPOLoop):
     """KTO (Ethayarajh et al. 2024) on unpaired desirable / undesirable examples.
 
     The reference point uses mismatched pairs: the prompt of example i with the response of

@@ -1,4 +1,4 @@
-"""The supervised loops: one algorithm-blind step loop, and SFT on top of it.
+"""The supervised side's shared step loop, algorithm-blind (SFT, RM, DPO, KTO, PRM and KD run on it).
 
     for epoch in max_epochs:
         for optimizer step (train.batch_size items, shuffled by the trainer's generator):
@@ -9,7 +9,7 @@
             every train.eval_steps: eval
             log; callbacks (the API's checkpointer: every --ckpt.save_steps, see SupervisedState)
 
-An algorithm (SFT here; RM, DPO and KTO in trainers/preference.py) only supplies
+An algorithm (trainers/supervised/: sft.py, preference.py, prm.py, kd.py) only supplies
 `micro_loss(items, step_items) -> (loss, metrics)`, where the loss is divided by counts of the
 whole optimizer step, so gradients do not depend on the micro-batch size, and the metrics sum
 over the micro-batches of a step to the step's value.
@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
 
-from rlhfkit.core.losses import sft_loss
 from rlhfkit.data.batch import collate
 from rlhfkit.data.packing import pack
 from rlhfkit.errors import DataError
-from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.trainers.learner import Learner
-from rlhfkit.models.precision import autocast_ctx, model_device
 
 MicroLoss = Callable[[list, list], tuple[torch.Tensor, dict[str, float]]]
 
@@ -154,54 +150,3 @@ class SupervisedState:
     def can_checkpoint(self) -> bool:
         """False while the last optimizer steps were skipped (non-finite): keep the last good checkpoint."""
         return self.algorithm.loop.learner.consecutive_skips == 0
-
-
-# ---------------------------------------------------------------------------------- SFT
-
-
-class SFTTrainer:
-    """Next-token NLL on response tokens only (every assistant turn of a conversation).
-
-    The loss is the token mean over the whole optimizer step (`sft_loss` with the step's token
-    count), so packed and padded micro-batches, and any micro-batch size, give the same gradient.
-    """
-
-    def __init__(self, cfg, model: torch.nn.Module, tokenizer, samples: Sequence, eval_samples: Sequence = (),
-                 tracker=None):
-        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
-        self.eval_samples = list(eval_samples)
-        steps = planned_steps(len(samples), cfg.train)
-        self.learner = build_learner(model, cfg.adam, cfg.train, steps)
-        self.loop = StepLoop(self.learner, samples, cfg.train, tracker, self.evaluate if self.eval_samples else None)
-
-    def fit(self) -> list[dict[str, float]]:
-        return self.loop.fit(self.micro_loss)
-
-    def token_logprobs(self, samples: Sequence):
-        batch = make_batch(samples, self.tokenizer.pad_token_id, self.cfg.ds.packing_samples)
-        with autocast_ctx(self.cfg.model.autocast, model_device(self.model).type):
-            logp = response_logprobs(self.model, batch)[0]
-        return logp.float(), batch.loss_mask.to(logp.device)
-
-    def micro_loss(self, samples: list, step_samples: list) -> tuple[torch.Tensor, dict[str, float]]:
-        num_tokens = sum(int(s.loss_mask.sum()) for s in step_samples)
-        logp, mask = self.token_logprobs(samples)
-        loss, _ = sft_loss(logp, mask, "token_mean", num_tokens=num_tokens)
-        return loss, {"loss": float(loss.detach())}
-
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Token-mean NLL over the eval samples (micro-batched)."""
-        self.model.eval()
-        total, count = 0.0, 0
-        mbs = self.cfg.train.micro_batch_size
-        for i in range(0, len(self.eval_samples), mbs):
-            logp, mask = self.token_logprobs(self.eval_samples[i : i + mbs])
-            total += float((-logp * mask).sum())
-            count += int(mask.sum())
-        self.model.train()
-        return {"eval/loss": total / max(count, 1)}
-
-    def save(self, path: str | Path) -> Path:
-        """An HF folder; with LoRA, peft's adapter folder (merge it with `rlhfkit lora merge`)."""
-        return save_hf_folder(self.model, self.tokenizer, path)

@@ -21,9 +21,9 @@ from rlhfkit.core.losses import decoupled_policy_loss, policy_loss, value_loss
 from rlhfkit.errors import TrainingError
 from rlhfkit.models import response_logprobs
 from rlhfkit.models.precision import autocast_ctx
-from rlhfkit.trainers.batching import MicroBatcher
-from rlhfkit.trainers.experience import Experience
 from rlhfkit.trainers.learner import Learner
+from rlhfkit.trainers.rl.batching import MicroBatcher
+from rlhfkit.trainers.rl.experience import Experience
 
 _PER_STEP = ("policy_loss", "value_loss")  # summed over the micro-batches of one optimizer step
 

@@ -8,8 +8,8 @@
             ─► sync (engine weights, policy version + 1)
 
 Each stage is a component built with plain arguments (rlhfkit.api.RLTrainer.from_config builds them
-from a config): `RolloutSource` (trainers.generate), `Scorer` and `GroupFilter` (trainers.scoring),
-`ExperienceMaker` (trainers.experience), `PolicyUpdate` (trainers.update). Every stage has a timer.
+from a config): `RolloutSource` (trainers.rl.generate), `Scorer` and `GroupFilter` (trainers.rl.scoring),
+`ExperienceMaker` (trainers.rl.experience), `PolicyUpdate` (trainers.rl.update). Every stage has a timer.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from rlhfkit.errors import TrainingError
 from rlhfkit.models import save_hf_folder
 from rlhfkit.models.precision import model_device, peak_memory
 from rlhfkit.rollout.base import GenerationEngine
-from rlhfkit.trainers.experience import Experience, ExperienceMaker
-from rlhfkit.trainers.generate import RolloutSource
-from rlhfkit.trainers.scoring import Collected, GroupFilter, Scorer, collect
-from rlhfkit.trainers.stream import PromptBatch, PromptStream
-from rlhfkit.trainers.update import PolicyUpdate
+from rlhfkit.trainers.rl.experience import Experience, ExperienceMaker
+from rlhfkit.trainers.rl.generate import RolloutSource
+from rlhfkit.trainers.rl.scoring import Collected, GroupFilter, Scorer, collect
+from rlhfkit.trainers.rl.stream import PromptBatch, PromptStream
+from rlhfkit.trainers.rl.sync import sync_weights
+from rlhfkit.trainers.rl.update import PolicyUpdate
 
 Callback = Callable[["RLLoop", int, dict], None]
 
@@ -53,18 +54,11 @@ class StepTimer:
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
 
 
-def sync_weights(engine: GenerationEngine) -> int:
-    """Hand the updated policy to the engine; returns the new policy version. The HF engine shares
-    the policy module (a version bump); others pull the weights (vLLM, Ray workers)."""
-    engine.update_weights({}, engine.version + 1)
-    return engine.version
-
-
 class RLLoop:
     """The RL loop over its stages.
 
     data: the prompts in training order (PromptStream); source: the trajectories of a batch
-    (trainers.generate); engine: the generation engine whose weights `sync_weights` updates and
+    (trainers.rl.generate); engine: the generation engine whose weights `sync_weights` updates and
     whose version stamps samples; scorer, group_filter, experience, update: the stages; kl_ctl: the
     KL coefficient's controller; total_steps: RL steps to run; max_staleness: most policy versions a
     trained sample may lag (0: synchronous); tokenizer: for completion logs; tracker: metrics and

@@ -1,15 +1,14 @@
-"""Process reward models: training on step labels (`rlhfkit train prm`) and per-step rewards in RL
-(`rlhfkit train rl --reward.model_name_or_path PRM_FOLDER`).
+"""Reward functions backed by a trained model (`train rl --reward.model_name_or_path`).
 
-Training (OpenRLHF's train_prm; Lightman et al. 2023, arXiv:2305.20050; Math-Shepherd, Wang et al.
-2024, arXiv:2312.08935): a causal LM reads a text whose steps each end with a placeholder token;
-at each placeholder, the logits of the two reward tokens (good, bad) give P(good step)
-= softmax([z_good, z_bad])[0], and the loss is the cross-entropy against the step's label
-(1 / 0 for reward-token labels, the float for soft labels), averaged over the step ends of the
-whole optimizer step. Accuracy: P(good) > 0.5 agrees with label > 0.5.
+`RewardModelFn`: a sequence-classification reward model (`rlhfkit train rm`). It follows the reward-function contract of rewards/base.py: `queries` (prompt + response
+text, special tokens kept) are tokenized with the reward model's own tokenizer (the RM may not
+share the policy's vocabulary, as in OpenRLHF), scored at the last token, and normalised with
+the `mean` / `std` that `rlhfkit train rm` stored in the RM's config:
+reward = (score - mean) / std. The raw score is logged as `reward_extra/rm_score`.
 
-In RL the policy's response is cut into steps (`prm_layout`), the PRM reads prompt + response with
-its placeholder at each step end, and P(good step) is a token reward on the step's last token
+`ProcessRewardFn`: a process reward model (`rlhfkit train prm`, trained by trainers/supervised/prm.py).
+The policy's response is cut into steps (`prm_layout`), the PRM reads prompt + response with its
+placeholder at each step end, and P(good step) is a token reward on the step's last token
 (`Scored.token_rewards`, core.compute_advantages' dense_rewards); the scalar reward is 0.
 """
 
@@ -22,81 +21,52 @@ import torch
 
 from rlhfkit.data.steps import StepSample, collate_steps, single_token_id
 from rlhfkit.errors import ConfigError, ModelError, RewardError
-from rlhfkit.models import save_hf_folder
-from rlhfkit.models.precision import autocast_ctx, model_device, on_device
-from rlhfkit.models.reward import mark_prm, prm_settings, step_logits
+from rlhfkit.models import load_tokenizer
+from rlhfkit.models.loading import load_policy
+from rlhfkit.models.precision import model_device, on_device
+from rlhfkit.models.reward import (
+    load_reward_model,
+    normalization,
+    prm_settings,
+    reward_scores,
+    step_logits,
+)
 from rlhfkit.rewards.base import RewardOutput
-from rlhfkit.trainers.build import load_policy
-from rlhfkit.trainers.supervised import StepLoop, build_learner, planned_steps
 
 
-def prm_loss(logits: torch.Tensor, targets: torch.Tensor, num_steps: int) -> tuple[torch.Tensor, dict]:
-    """Cross-entropy over the (good, bad) reward-token logits at step ends.
+class RewardModelFn:
+    """reward_func(queries, prompts, labels, **kwargs) backed by a sequence-classification RM."""
 
-    logits [N, 2] (good, bad); targets [N] P(good) wanted (1 / 0 for hard labels); `num_steps`: the
-    step ends of the whole optimizer step (loss and accuracy are divided by it, so micro-batches sum
-    to the step's mean). Returns (loss, {"loss", "accuracy"} detached)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    targets = targets.to(logp)
-    nll = -(targets * logp[:, 0] + (1.0 - targets) * logp[:, 1])
-    loss = nll.sum() / num_steps
-    correct = ((logp[:, 0] > logp[:, 1]) == (targets > 0.5)).float().sum() / num_steps
-    return loss, {"loss": loss.detach(), "accuracy": correct}
-
-
-class PRMTrainer:
-    """A process reward model on step-labelled samples (`data.steps.StepSample`), saved as a causal-LM
-    folder whose config records the placeholder and reward tokens."""
-
-    def __init__(self, cfg, model: torch.nn.Module, tokenizer, samples: Sequence[StepSample],
-                 eval_samples: Sequence[StepSample] = (), tracker=None):
-        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
-        self.eval_samples = list(eval_samples)
-        self.reward_ids = [single_token_id(tokenizer, t, "--data.reward_tokens")
-                           for t in cfg.data.reward_tokens]
-        self.learner = build_learner(model, cfg.adam, cfg.train, planned_steps(len(samples), cfg.train))
-        evaluate = self.evaluate if self.eval_samples else None
-        self.loop = StepLoop(self.learner, samples, cfg.train, tracker, evaluate)
-
-    def fit(self) -> list[dict[str, float]]:
-        return self.loop.fit(self.micro_loss)
-
-    def logits(self, samples: Sequence[StepSample]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(reward-token logits [N, 2], targets [N]) at the step ends of `samples`."""
-        batch = collate_steps(samples, self.tokenizer.pad_token_id)
-        device = model_device(self.model)
-        with autocast_ctx(self.cfg.model.autocast, device.type):
-            z = step_logits(self.model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                            batch["step_mask"].to(device), self.reward_ids)
-        return z, batch["targets"][batch["step_mask"]].to(z.device)
-
-    def micro_loss(self, samples: list, step_samples: list) -> tuple[torch.Tensor, dict[str, float]]:
-        num_steps = sum(int(s.step_mask.sum()) for s in step_samples)
-        loss, metrics = prm_loss(*self.logits(samples), num_steps)
-        return loss, {k: float(v) for k, v in metrics.items()}
+    def __init__(self, path: str | Path, micro_batch_size: int = 8, normalize: bool = True,
+                 model=None, tokenizer=None, device: torch.device | str = "cpu", offload: bool = False):
+        """`device`: where it scores; `offload`: kept on the CPU between calls, moved to `device` for each."""
+        self.model = (model or load_reward_model(path)).eval().requires_grad_(False)
+        self.device, self.offload = torch.device(device), offload
+        if not offload:
+            self.model.to(self.device)
+        self.tokenizer = tokenizer or load_tokenizer(path)
+        self.micro_batch_size = micro_batch_size
+        self.mean, self.std = normalization(self.model) if normalize else (0.0, 1.0)
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Loss and accuracy over every step end of the eval samples (micro-batched)."""
-        self.model.eval()
-        mbs = self.cfg.train.micro_batch_size
-        parts = [self.logits(self.eval_samples[i : i + mbs]) for i in range(0, len(self.eval_samples), mbs)]
-        self.model.train()
-        z, targets = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-        loss, metrics = prm_loss(z, targets, max(targets.numel(), 1))
-        return {"eval/loss": float(loss), "eval/accuracy": float(metrics["accuracy"])}
+    def __call__(self, queries: list[str], prompts: list[str], labels: list, **kwargs) -> RewardOutput:
+        with on_device(self.model, self.device if self.offload else None):
+            scores = torch.cat([self._score(queries[i : i + self.micro_batch_size]).cpu()
+                                for i in range(0, len(queries), self.micro_batch_size)])
+        rewards = (scores - self.mean) / self.std
+        return RewardOutput(rewards=rewards, scores=rewards.clone(), extra_logs={"rm_score": scores})
 
-    def save(self, path: str | Path) -> Path:
-        """A full causal-LM folder (LoRA merged) whose config.json records it is a PRM."""
-        if hasattr(self.model, "merge_and_unload"):
-            self.model = self.model.merge_and_unload()
-        mark_prm(self.model, self.cfg.data.placeholder_token, self.cfg.data.reward_tokens)
-        return save_hf_folder(self.model, self.tokenizer, path)
-
-
-# ---------------------------------------------------------------------------------- PRM rewards in RL
+    def _score(self, texts: list[str]) -> torch.Tensor:
+        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        width = max(len(x) for x in ids)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
+        attention = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
+        device = model_device(self.model)
+        return reward_scores(self.model, input_ids.to(device), attention.to(device))
 
 
+# ---------------------------------------------------------------------------------- process reward models
 def prm_layout(response: Sequence[int], newline_ids: set[int], skip_ids: set[int],
                placeholder: int) -> tuple[list[int], list[int], list[int]]:
     """Cut a response into steps and place the PRM's placeholder at each step end.

@@ -20,7 +20,7 @@ from rlhfkit.data.batch import TokenBatch, collate, pad_response_values, select_
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import response_logprobs
 from rlhfkit.models.precision import autocast_ctx, on_device
-from rlhfkit.trainers.batching import MicroBatcher
+from rlhfkit.trainers.rl.batching import MicroBatcher
 
 Layout = Callable[[TokenBatch, torch.Tensor], object]  # (batch, rows) -> a batch of any layout (data.packing)
 _PER_TOKEN = ("advantages", "returns", "old_logp", "ref_logp", "values", "rollout_logp")

@@ -15,7 +15,7 @@ from rlhfkit.agents.executor import TokenBudget
 from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import TrainingError
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
-from rlhfkit.trainers.stream import PromptBatch
+from rlhfkit.trainers.rl.stream import PromptBatch
 
 Upcoming = Callable[[], PromptBatch]  # draws the next rollout batch ahead (PromptStream.peek)
 

@@ -18,9 +18,9 @@ from rlhfkit.agents.executor import agent_rewards, drift_count
 from rlhfkit.core.filtering import keep_groups_in_range
 from rlhfkit.core.shaping import overlong_penalty
 from rlhfkit.data.types import PromptItem, Trajectory
-from rlhfkit.trainers.generate import RolloutSource, Upcoming
-from rlhfkit.trainers.prm import ProcessRewardFn
-from rlhfkit.trainers.stream import PromptBatch
+from rlhfkit.rewards.reward_model import ProcessRewardFn
+from rlhfkit.trainers.rl.generate import RolloutSource, Upcoming
+from rlhfkit.trainers.rl.stream import PromptBatch
 
 
 class RunningMoments:
@@ -71,7 +71,7 @@ class Scorer:
     """Rewards of trajectories: `reward_fn` (None: the agent's episodes carry their rewards),
     `overlong` = (buffer_len, penalty_factor) of DAPO's overlong shaping against `max_len`
     response tokens (None: off), `normalize`: by the running mean and std of all rewards so far.
-    A `trainers.prm.ProcessRewardFn` gives per-step token rewards (and scalar rewards 0)."""
+    A `rewards.reward_model.ProcessRewardFn` gives per-step token rewards (and scalar rewards 0)."""
 
     def __init__(self, reward_fn: Callable | None, tokenizer, max_len: int,
                  overlong: tuple[int, float] | None = None, normalize: bool = False):
