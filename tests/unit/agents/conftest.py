@@ -71,7 +71,7 @@ def char_tokenizer(chat_template: str = CHATML, specials: tuple[str, ...] = ("<|
     for ch in string.printable:
         vocab.setdefault(ch, len(vocab))
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>",
                                   chat_template=chat_template)
