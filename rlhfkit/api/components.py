@@ -14,6 +14,9 @@ import torch
 
 from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor, load_agent_file
 from rlhfkit.agents.executor import TokenBudget
+from rlhfkit.agents.tools.agent import ToolExecutor
+from rlhfkit.agents.tools.loader import load_tools
+from rlhfkit.agents.tools.run import ToolLimits
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.config.rl import BatchPlan, RewardConfig, lora_targets
 from rlhfkit.core.advantages import ESTIMATORS
@@ -94,9 +97,17 @@ def remote_options(r: RewardConfig) -> dict:
                 token=r.auth_token)
 
 
-def build_executor(cfg: RLConfig) -> SingleTurnExecutor | MultiTurnExecutor:
-    """The agent of --agent.func_path (a file or builtin:NAME), else single-turn generation."""
-    path = cfg.agent.func_path
+def build_executor(cfg: RLConfig, tools=None) -> SingleTurnExecutor | MultiTurnExecutor | ToolExecutor:
+    """The agent of --agent.func_path (a file or builtin:NAME); tool-calling episodes with `tools`
+    (functions) or --agent.tools; else single-turn generation."""
+    g = cfg.agent
+    path = g.func_path
+    if tools is not None or g.tools is not None:
+        if path is not None:
+            raise ConfigError("--agent.func_path and tools (--agent.tools or tools=) are both set; an agent file "
+                              "drives its own episodes: choose one")
+        limits = ToolLimits(g.tool_calls_per_episode, g.tool_timeout, g.tool_result_tokens)
+        return ToolExecutor(list(tools) if tools is not None else load_tools(g.tools), limits, g.tool_parser)
     if path is None:
         return SingleTurnExecutor()
     return load_agent_file(BUILTIN_AGENTS.get(path, path))
@@ -272,7 +283,7 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
     (the update's epochs shuffle with the stream's generator, as one seeded order of draws); `teacher`:
     on-policy distillation's (trainers.rl.opd), None without one."""
     a, c, t, r, w, k = cfg.actor, cfg.critic, cfg.train, cfg.rollout, cfg.reward, cfg.algo.kl
-    multi = executor.provides_rewards
+    multi = executor.provides_rewards or getattr(executor, "multi_turn", False)
     budget = token_budget(cfg, multi)
     total_steps = total_rl_steps(cfg, data.rollouts_per_episode)
     opt_steps = total_steps * plan.optimizer_steps_per_rollout
@@ -309,7 +320,7 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
         compiled=CompiledLayers(policy) if t.compile_enable else None,
         **(dict(teacher=teacher, teacher_coef=f.teacher_coef, teacher_topk=f.teacher_topk,
                 teacher_offload=f.teacher_offload) if topk else {}))
-    scorer = Scorer(None if multi else reward_fn, tokenizer, budget.total,
+    scorer = Scorer(None if executor.provides_rewards else reward_fn, tokenizer, budget.total,
                     None if w.overlong_buffer_len is None else (w.overlong_buffer_len, w.overlong_penalty_factor),
                     w.normalize)
     if teacher is not None:
