@@ -14,7 +14,8 @@ keeps the tokens it sampled and the mismatches are counted (`tools/rerender`,
 Rewards come from the trainer's reward function (`provides_rewards = False`): it sees the
 whole episode (actions, calls and results) as the response; each trajectory's
 `info["messages"]` holds the conversation (assistant turns with their parsed `tool_calls`,
-the tool results) for reward functions and logs.
+the tool results) and `info["completion_messages"]` its part after the prompt, which reward
+functions of TRL's contract get as their `completions`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class _Episode:
     messages: list[dict]  # as rendered (assistant turns as the text the model wrote)
     conversation: list[dict]  # for rewards and logs (assistant turns with parsed tool_calls)
     prompt_ids: list[int]
+    prompt_messages: int  # how many of `conversation` are the prompt's
     seeds: list[int] | None = None
     response: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
@@ -119,7 +121,7 @@ class ToolExecutor:
             ids = tt.prompt_ids(msgs)
             per = None if seeds is None else episode_seeds(seeds[i], params.n, budget.max_turns)
             for s in range(params.n):
-                episodes.append(_Episode(i, [dict(m) for m in msgs], [dict(m) for m in msgs], list(ids),
+                episodes.append(_Episode(i, [dict(m) for m in msgs], [dict(m) for m in msgs], list(ids), len(msgs),
                                          None if per is None else per[s]))
         for _ in range(budget.max_turns):
             active = [e for e in episodes if not e.finished]
@@ -205,6 +207,7 @@ class ToolExecutor:
             finish_reason=FINISH_LENGTH if e.truncated else FINISH_STOP,
             version=min(e.versions, default=version),
             group_id=e.group_id,
-            info={"turns": e.turns, "tool_calls": e.calls, "messages": e.conversation},
+            info={"turns": e.turns, "tool_calls": e.calls, "messages": e.conversation,
+                  "completion_messages": e.conversation[e.prompt_messages:]},
             versions=torch.tensor(e.versions, dtype=torch.long),
         )

@@ -205,3 +205,27 @@ def test_a_model_emitting_100_calls_is_held_to_the_limit(chat_tok, scripted):
     assert tools[5]["content"].startswith("error: 95 call(s) not run")
     m = ex.pop_metrics()
     assert m["tools/multiply/calls"] == 5 and m["tools/dropped_calls"] == 95 + 100
+
+
+def test_trl_reward_functions_get_the_episode_as_messages(chat_tok, scripted):
+    from rlhfkit.rewards.callables import CallableRewardFn
+    from rlhfkit.trainers.rl.scoring import Scorer
+
+    def policy(ctx):
+        return "6<|im_end|>" if "</tool_response><|im_end|>" in ctx else call("multiply", a=2, b=3) + "<|im_end|>"
+
+    seen = []
+
+    def reward(completions, **kwargs):
+        seen.extend(completions)
+        return [float(c[-1]["content"] == "6") for c in completions]
+
+    prompt = P("2*3?")
+    prompt.raw = [{"role": "user", "content": "2*3?"}]
+    trajs = ToolExecutor([multiply]).run(scripted(chat_tok, policy), chat_tok, [prompt],
+                                         SamplingParams(max_new_tokens=80), TokenBudget(80, 400, 4))
+    prompt.record = {}
+    out = Scorer(CallableRewardFn(reward, "test"), chat_tok, 400)([prompt], trajs)
+    assert out.rewards.tolist() == [1.0]
+    assert [m["role"] for m in seen[0]] == ["assistant", "tool", "assistant"]
+    assert seen[0][0]["tool_calls"][0]["function"] == {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}
