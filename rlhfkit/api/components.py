@@ -97,17 +97,19 @@ def remote_options(r: RewardConfig) -> dict:
                 token=r.auth_token)
 
 
-def build_executor(cfg: RLConfig, tools=None) -> SingleTurnExecutor | MultiTurnExecutor | ToolExecutor:
+def build_executor(cfg: RLConfig, tools=None,
+                   environment_factory=None) -> SingleTurnExecutor | MultiTurnExecutor | ToolExecutor:
     """The agent of --agent.func_path (a file or builtin:NAME); tool-calling episodes with `tools`
-    (functions) or --agent.tools; else single-turn generation."""
+    (functions), --agent.tools or an `environment_factory` class; else single-turn generation."""
     g = cfg.agent
     path = g.func_path
-    if tools is not None or g.tools is not None:
+    if tools is not None or g.tools is not None or environment_factory is not None:
         if path is not None:
             raise ConfigError("--agent.func_path and tools (--agent.tools or tools=) are both set; an agent file "
                               "drives its own episodes: choose one")
         limits = ToolLimits(g.tool_calls_per_episode, g.tool_timeout, g.tool_result_tokens)
-        return ToolExecutor(list(tools) if tools is not None else load_tools(g.tools), limits, g.tool_parser)
+        fns = list(tools) if tools is not None else load_tools(g.tools) if g.tools is not None else []
+        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=environment_factory)
     if path is None:
         return SingleTurnExecutor()
     return load_agent_file(BUILTIN_AGENTS.get(path, path))

@@ -114,3 +114,41 @@ def test_python_api_tools_run_in_episodes_and_their_results_never_count_in_the_l
         text_masked_out = tok.decode([x for x, m in zip(r, mask) if not m])
         assert "<tool_response>" in text_masked_out and "<tool_call>" not in text_masked_out
         assert t.info["messages"][2]["role"] == "tool"
+
+
+class Product:
+    """TRL's environment_factory contract: a calculator whose reward is whether the product was asked for."""
+
+    def reset(self, a: str = "", **row):
+        self.label, self.asked = a, None
+        return None
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: the first factor
+            b: the second factor
+        """
+        self.asked = str(a * b)
+        return a * b
+
+    def get_reward(self) -> float:
+        return float(self.asked == self.label)
+
+
+def test_python_api_environment_factory_gives_the_rewards(ws, tmp_path):
+    def policy(ctx):
+        if ctx.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n"):
+            return "ok<|im_end|>"
+        a, b = ctx.rsplit("<|im_start|>user\n", 1)[1].split("?")[0].split("*")
+        return f'<tool_call>\n{{"name": "multiply", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call><|im_end|>'
+
+    cfg = RLConfig.from_args(flags(ws, tmp_path, **{"agent.tools": None, "reward.remote_url": None,
+                                                    "rollout.max_new_tokens": "100"}))
+    trainer = RLTrainer.from_config(cfg, environment_factory=Product,
+                                    make_engine=lambda policy_, tok: ScriptedEngine(tok, policy))
+    history = trainer.loop.train()
+    trainer.tracker.close()
+    assert len(history) == 2 and all(m["reward"] == 1.0 for m in history)  # from get_reward, no reward function
+    assert all(m["tools/multiply/calls"] == 8 for m in history)

@@ -11,7 +11,9 @@ messages, is checked against the episode's tokens (`ToolTemplate.prefix_check`);
 keeps the tokens it sampled and the mismatches are counted (`tools/rerender`,
 `tools/retokenized`).
 
-Rewards come from the trainer's reward function (`provides_rewards = False`): it sees the
+With an `environment_factory` (TRL's contract, environment.py) each episode gets its own
+instance, whose methods are tools; one with `get_reward` gives the episode's reward.
+Otherwise rewards come from the trainer's reward function (`provides_rewards` False): it sees the
 whole episode (actions, calls and results) as the response; each trajectory's
 `info["messages"]` holds the conversation (assistant turns with their parsed `tool_calls`,
 the tool results) and `info["completion_messages"]` its part after the prompt, which reward
@@ -22,17 +24,24 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds
+from rlhfkit.agents.tools.environment import (
+    environment_reward,
+    environment_tools,
+    reset_environment,
+    with_observation,
+)
 from rlhfkit.agents.tools.render import PROMPT_OK, ToolTemplate
 from rlhfkit.agents.tools.run import ToolLimits, ToolRunner, ToolStats
 from rlhfkit.agents.tools.schema import ToolSet
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
+from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
 
 
@@ -52,6 +61,8 @@ class _Episode:
     calls: int = 0
     done: bool = False
     truncated: bool = False
+    env: Any = None  # the episode's environment (environment_factory), None without one
+    reward: float = 0.0  # its get_reward()
 
     @property
     def finished(self) -> bool:
@@ -76,16 +87,26 @@ class ToolExecutor:
       template_kwargs: extra chat-template variables (e.g. enable_thinking=False).
     """
 
-    provides_rewards = False
     multi_turn = True
 
-    def __init__(self, tools: ToolSet | Sequence, limits: ToolLimits | None = None, parser: str | dict | None = None,
-                 **template_kwargs: Any):
-        self.tools = tools if isinstance(tools, ToolSet) else ToolSet(tools)
+    def __init__(self, tools: ToolSet | Sequence = (), limits: ToolLimits | None = None, parser: str | dict | None = None,
+                 environment_factory: Callable[[], Any] | None = None, **template_kwargs: Any):
+        self.plain = dict(tools.functions) if isinstance(tools, ToolSet) else {f.__name__: f for f in tools}
+        self.factory = environment_factory
+        # the schemas (the same for every episode): plain tools and a first environment's methods
+        env_tools = environment_tools(environment_factory()) if environment_factory is not None else {}
+        self.tools = ToolSet({**self.plain, **env_tools})
+        if not self.tools:
+            raise ConfigError("tool-calling episodes need tools (functions) or an environment_factory")
         self.limits, self.parser, self.template_kwargs = limits or ToolLimits(), parser, template_kwargs
         self.stats = ToolStats()
         self.checks = {"rerender": 0, "retokenized": 0, "turns": 0, "valid_calls": 0, "invalid_calls": 0}
         self._template: ToolTemplate | None = None
+
+    @property
+    def provides_rewards(self) -> bool:
+        """An environment with `get_reward` gives the episodes' rewards; else the reward function."""
+        return self.factory is not None and callable(getattr(self.factory, "get_reward", None))
 
     def template(self, tokenizer) -> ToolTemplate:
         if self._template is None or self._template.tokenizer is not tokenizer:
@@ -117,12 +138,15 @@ class ToolExecutor:
         turn_params = dataclasses.replace(params, n=1)
         episodes = []
         for i, p in enumerate(prompts):
-            msgs = prompt_messages(p)
-            ids = tt.prompt_ids(msgs)
             per = None if seeds is None else episode_seeds(seeds[i], params.n, budget.max_turns)
             for s in range(params.n):
+                msgs, env = prompt_messages(p), None
+                if self.factory is not None:
+                    env = self.factory()
+                    msgs = with_observation(msgs, await reset_environment(env, getattr(p, "record", None)))
+                ids = tt.prompt_ids(msgs)  # the same for a prompt's samples unless reset() differs
                 episodes.append(_Episode(i, [dict(m) for m in msgs], [dict(m) for m in msgs], list(ids), len(msgs),
-                                         None if per is None else per[s]))
+                                         None if per is None else per[s], env=env))
         for _ in range(budget.max_turns):
             active = [e for e in episodes if not e.finished]
             if not active:
@@ -130,6 +154,8 @@ class ToolExecutor:
             await self._turn(active, engine, tt, runner, turn_params, budget, generator)
         for e in episodes:
             e.truncated = e.truncated or not e.done
+            if self.provides_rewards:
+                e.reward = await environment_reward(e.env)
         return [self._trajectory(e, engine.version) for e in episodes]
 
     async def _turn(self, active, engine, tt: ToolTemplate, runner: ToolRunner, params, budget, generator) -> None:
@@ -166,6 +192,9 @@ class ToolExecutor:
         self.checks["invalid_calls"] += len(errors)
         if not calls and not errors:
             return []
+        if e.env is not None:  # this episode's environment: its bound methods
+            tools = ToolSet({**self.plain, **environment_tools(e.env)})
+            runner = ToolRunner(tools, runner.limits, runner.tokenizer, runner.stats)
         msgs = await runner.run(calls, errors, used=e.calls)
         e.calls = min(e.calls + len(calls), self.limits.calls_per_episode)  # the calls that ran
         return msgs
@@ -208,6 +237,7 @@ class ToolExecutor:
             version=min(e.versions, default=version),
             group_id=e.group_id,
             info={"turns": e.turns, "tool_calls": e.calls, "messages": e.conversation,
-                  "completion_messages": e.conversation[e.prompt_messages:]},
+                  "completion_messages": e.conversation[e.prompt_messages:],
+                  "agent_reward": e.reward, "agent_score": e.reward, "extra_logs": {}},
             versions=torch.tensor(e.versions, dtype=torch.long),
         )

@@ -229,3 +229,40 @@ def test_trl_reward_functions_get_the_episode_as_messages(chat_tok, scripted):
     assert out.rewards.tolist() == [1.0]
     assert [m["role"] for m in seen[0]] == ["assistant", "tool", "assistant"]
     assert seen[0][0]["tool_calls"][0]["function"] == {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}
+
+
+class Counter:
+    """TRL's environment_factory contract: public methods are tools, reset, get_reward."""
+
+    def reset(self, start: int = 0, **row):
+        self.n = start
+        return f"The counter is at {start}."
+
+    def increment(self, by: int) -> int:
+        """Add to the counter.
+
+        Args:
+            by: how much
+        """
+        self.n += by
+        return self.n
+
+    def get_reward(self) -> float:
+        return float(self.n == 10)
+
+
+def test_environment_factory_episodes_have_their_own_instance_and_reward(chat_tok, scripted):
+    def policy(ctx):
+        if "</tool_response><|im_end|>" in ctx:
+            return "done<|im_end|>"
+        return call("increment", by=3) + "<|im_end|>"
+
+    ex = ToolExecutor(environment_factory=Counter)
+    assert ex.provides_rewards and ex.tools.names == ["increment"]
+    prompts = [P("count"), P("count")]
+    prompts[0].record, prompts[1].record = {"start": 7}, {"start": 1}
+    trajs = ex.run(scripted(chat_tok, policy), chat_tok, prompts, SamplingParams(max_new_tokens=80),
+                   TokenBudget(80, 400, 3))
+    assert [t.info["agent_reward"] for t in trajs] == [1.0, 0.0]  # 7 + 3 == 10; 1 + 3 != 10
+    assert [t.info["messages"][2]["content"] for t in trajs] == ["10", "4"]  # each episode's own counter
+    assert "The counter is at 7." in chat_tok.decode(trajs[0].prompt_ids.tolist())
