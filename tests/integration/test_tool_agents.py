@@ -121,7 +121,6 @@ class Product:
 
     def reset(self, a: str = "", **row):
         self.label, self.asked = a, None
-        return None
 
     def multiply(self, a: int, b: int) -> int:
         """Multiply two integers.
