@@ -151,3 +151,17 @@ def test_python_api_environment_factory_gives_the_rewards(ws, tmp_path):
     trainer.tracker.close()
     assert len(history) == 2 and all(m["reward"] == 1.0 for m in history)  # from get_reward, no reward function
     assert all(m["tools/multiply/calls"] == 8 for m in history)
+
+
+def test_generate_runs_tool_episodes_and_saves_the_conversation(ws, tmp_path):
+    argv = ["generate", "--actor.model_name_or_path", str(ws / "tiny"), "--data.prompt_dataset",
+            str(ws / "prompts.jsonl"), "--data.input_key", "q", "--data.label_key", "a", "--data.apply_chat_template",
+            "true", "--data.max_samples", "2", "--agent.tools", f"{ws / 'tools.py'}:multiply", "--agent.max_turns", "2",
+            "--rollout.max_new_tokens", "16", "--rollout.n_samples_per_prompt", "2", "--actor.autocast", "none",
+            "--logger.progress_bar", "false", "--ckpt.output_dir", str(tmp_path)]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    for r in rows:
+        assert r["messages"][0] == {"role": "user", "content": "2*2?" if r["group"] == 0 else "2*3?"}
+        assert r["messages"][1]["role"] == "assistant"  # then the tool results of its calls, if any
