@@ -163,5 +163,6 @@ def test_generate_runs_tool_episodes_and_saves_the_conversation(ws, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
     assert len(rows) == 4
     for r in rows:
-        assert r["messages"][0] == {"role": "user", "content": "2*2?" if r["group"] == 0 else "2*3?"}
+        first = r["messages"][0]
+        assert first["role"] == "user" and first["content"] in r["prompt"] and "?" in first["content"]
         assert r["messages"][1]["role"] == "assistant"  # then the tool results of its calls, if any
