@@ -266,3 +266,17 @@ def test_environment_factory_episodes_have_their_own_instance_and_reward(chat_to
     assert [t.info["agent_reward"] for t in trajs] == [1.0, 0.0]  # 7 + 3 == 10; 1 + 3 != 10
     assert [t.info["messages"][2]["content"] for t in trajs] == ["10", "4"]  # each episode's own counter
     assert "The counter is at 7." in chat_tok.decode(trajs[0].prompt_ids.tolist())
+
+
+def test_the_tokenizers_own_response_template_is_used_first():
+    from rlhfkit.agents.tools import TOOL_PARSERS, detect_parser
+
+    from .conftest import char_tokenizer
+
+    tok = char_tokenizer()
+    assert detect_parser(tok) == "hermes"
+    tok.response_template = TOOL_PARSERS["mistral"]
+    _, calls, _ = parse_tool_calls('[TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}]', tok)
+    assert calls == [ToolCall("f", {"x": 1}, "call_0")]
+    _, calls, _ = parse_tool_calls(call("f", x=1), tok)  # the Hermes form is not what this template reads
+    assert calls == []
