@@ -14,6 +14,9 @@ import torch
 
 from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor, load_agent_file
 from rlhfkit.agents.executor import TokenBudget
+from rlhfkit.agents.tools.agent import ToolExecutor
+from rlhfkit.agents.tools.loader import load_tools
+from rlhfkit.agents.tools.run import ToolLimits
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.config.rl import BatchPlan, RewardConfig, lora_targets
 from rlhfkit.core.advantages import ESTIMATORS, Whiten
@@ -93,9 +96,19 @@ def remote_options(r: RewardConfig) -> dict:
                 token=r.auth_token)
 
 
-def build_executor(cfg: RLConfig) -> SingleTurnExecutor | MultiTurnExecutor:
-    """The agent of --agent.func_path (a file or builtin:NAME), else single-turn generation."""
-    path = cfg.agent.func_path
+def build_executor(cfg: RLConfig, tools=None,
+                   environment_factory=None) -> SingleTurnExecutor | MultiTurnExecutor | ToolExecutor:
+    """The agent of --agent.func_path (a file or builtin:NAME); tool-calling episodes with `tools`
+    (functions), --agent.tools or an `environment_factory` class; else single-turn generation."""
+    g = cfg.agent
+    path = g.func_path
+    if tools is not None or g.tools is not None or environment_factory is not None:
+        if path is not None:
+            raise ConfigError("--agent.func_path and tools (--agent.tools or tools=) are both set; an agent file "
+                              "drives its own episodes: choose one")
+        limits = ToolLimits(g.tool_calls_per_episode, g.tool_timeout, g.tool_result_tokens)
+        fns = list(tools) if tools is not None else load_tools(g.tools) if g.tools is not None else []
+        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=environment_factory)
     if path is None:
         return SingleTurnExecutor()
     return load_agent_file(BUILTIN_AGENTS.get(path, path))
@@ -369,14 +382,14 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
     """The RL loop's stages from `cfg`, around already built models, engine, reward and prompt stream
     (the update's epochs shuffle with the stream's generator, as one seeded order of draws); `teacher`:
     on-policy distillation's (trainers.rl.opd), None without one."""
-    multi = executor.provides_rewards
+    multi = executor.provides_rewards or getattr(executor, "multi_turn", False)
     budget = token_budget(cfg, multi)
     total_steps = total_rl_steps(cfg, data.rollouts_per_episode)
     learners = build_learners(cfg, policy, critic, total_steps * plan.optimizer_steps_per_rollout)
     batcher = build_batcher(cfg, tokenizer)
     experience = build_experience(cfg, plan, policy, ref, critic, batcher)
     update = build_update(cfg, policy, learners, batcher, loss_settings(cfg, budget.total), data, critic, teacher, dp)
-    scorer = build_scorer(cfg, None if multi else reward_fn, tokenizer, budget.total, teacher, policy)
+    scorer = build_scorer(cfg, None if executor.provides_rewards else reward_fn, tokenizer, budget.total, teacher, policy)
     algo = cfg.algo
     group_filter = GroupFilter(algo.dynamic_filtering_enable, algo.dynamic_filtering_range,
                                algo.dynamic_filtering_max_rounds)

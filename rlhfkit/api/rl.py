@@ -79,7 +79,8 @@ class RLTrainer:
     @classmethod
     def from_config(cls, cfg: RLConfig, reward_fn: Any = None, train_dataset: Any = None, eval_dataset: Any = None,
                     *, reward_weights: Sequence[float] | None = None, callbacks: Sequence[Callable] = (),
-                    make_engine: Callable | None = None) -> RLTrainer | RayRLTrainer:
+                    make_engine: Callable | None = None, tools: Sequence[Callable] | None = None,
+                    environment_factory: Callable | None = None) -> RLTrainer | RayRLTrainer:
         """Build the run of `cfg`.
 
         reward_fn: a Python callable (OpenRLHF's `reward_func(queries, prompts, labels, **kwargs)` or
@@ -89,20 +90,29 @@ class RLTrainer:
           --data.input_key / --data.label_key; prompts are strings or message lists.
         eval_dataset: likewise (None: --eval.dataset if set).
         callbacks: `cb(loop, step, metrics)` after each step (besides evaluation and checkpoints).
-        make_engine: `(policy, tokenizer) -> engine` instead of the one the config builds (tests)."""
+        make_engine: `(policy, tokenizer) -> engine` instead of the one the config builds (tests).
+        tools: Python functions (sync or async, with type hints and a docstring) the model may call
+          in multi-turn episodes, as TRL's GRPOTrainer(tools=...); None: --agent.tools.
+        environment_factory: a class (TRL's contract): one instance per episode, its public methods
+          are tools, `reset(**row)` starts it, `get_reward()` (optional) gives the episode's reward."""
         validate(cfg)
         if cfg.distributed.backend == "ray":
             if make_engine is not None or callbacks:
                 raise ConfigError("--distributed.backend ray builds its engines and callbacks in the trainer actor; "
                                   "drop make_engine / callbacks")
+            if tools is not None or environment_factory is not None:
+                raise ConfigError("--distributed.backend ray: give tools as --agent.tools FILE:fn1,fn2 (functions "
+                                  "cannot be sent to the trainer actor here)")
             return RayRLTrainer(cfg, dict(reward_fn=reward_fn, train_dataset=train_dataset,
                                           eval_dataset=eval_dataset, reward_weights=reward_weights))
         return cls.build(cfg, reward_fn, train_dataset, eval_dataset, reward_weights=reward_weights,
-                         callbacks=callbacks, make_engine=make_engine)
+                         callbacks=callbacks, make_engine=make_engine, tools=tools,
+                         environment_factory=environment_factory)
 
     @classmethod
     def build(cls, cfg: RLConfig, reward_fn=None, train_dataset=None, eval_dataset=None, *, reward_weights=None,
-              callbacks: Sequence[Callable] = (), make_engine: Callable | None = None, pool=None) -> RLTrainer:
+              callbacks: Sequence[Callable] = (), make_engine: Callable | None = None, pool=None,
+              tools: Sequence[Callable] | None = None, environment_factory: Callable | None = None) -> RLTrainer:
         """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool)."""
         cfg = C.resolve_fsdp_dtype(C.resolve_autocast(cfg))  # --actor.autocast auto: probe the device once, here
         plan = validate(cfg)
@@ -112,9 +122,9 @@ class RLTrainer:
             raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "
                               "file or a datasets folder)")
         eval_dataset = eval_dataset if eval_dataset is not None else cfg.eval.dataset
-        if eval_dataset is not None and cfg.agent.func_path:
-            raise ConfigError("--eval.dataset is single-turn greedy evaluation; it does not run agents yet "
-                              "(drop --eval.dataset or --agent.func_path)")
+        if eval_dataset is not None and (cfg.agent.func_path or cfg.agent.tools or tools or environment_factory):
+            raise ConfigError("--eval.dataset is single-turn greedy evaluation; it does not run agents or tools yet "
+                              "(drop --eval.dataset, or --agent.func_path / --agent.tools)")
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         if cfg.rollout.engine == "vllm":  # fail fast, before models load
@@ -122,7 +132,7 @@ class RLTrainer:
         device = C.run_device(cfg)  # a CUDA device that is not there fails here, before models load
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
         run_dir = C.prepare_run_dir(cfg, rank)
-        executor = C.build_executor(cfg)
+        executor = C.build_executor(cfg, tools, environment_factory)
         if reward_fn is not None:
             reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
                                        remote_options=C.remote_options(cfg.reward))

@@ -142,8 +142,9 @@ class Sampler:
         if cfg.rollout.engine == "hf":
             self.policy.to(device)
         self.engine = C.build_engine(self.policy, self.tokenizer, cfg)
-        self.stage = Generate(C.build_executor(cfg), self.engine, self.tokenizer, C.sampling_params(cfg),
-                              C.token_budget(cfg, multi_turn=False))
+        executor = C.build_executor(cfg)  # with --agent.tools: tool-calling episodes (--agent.max_turns)
+        self.stage = Generate(executor, self.engine, self.tokenizer, C.sampling_params(cfg),
+                              C.token_budget(cfg, multi_turn=getattr(executor, "multi_turn", False)))
 
     def __call__(self, batch: PromptBatch) -> list[Trajectory]:
         """`batch.prompts[i]`'s samples carry group_id i, in prompt order."""
@@ -165,11 +166,13 @@ def sample_rows(tokenizer, prompts: Sequence[PromptItem], trajs: Sequence[Trajec
     """One generations.jsonl line per trajectory: prompt (the rendered prompt text), label, response
     (decoded without special tokens), response_ids, finish_reason, logprob_sum (the sum of the
     response tokens' log-probabilities under the policy at --rollout.temperature), group (the prompt's
-    index in the batch)."""
+    index in the batch); with --agent.tools also messages (the whole conversation: assistant turns
+    with their tool_calls, the tool results)."""
     texts = tokenizer.batch_decode([t.response_ids.tolist() for t in trajs], skip_special_tokens=True)
     return [{"prompt": prompts[t.group_id].text, "label": prompts[t.group_id].label, "response": text,
              "response_ids": t.response_ids.tolist(), "finish_reason": t.finish_reason,
-             "logprob_sum": float(t.logprobs[t.loss_mask].double().sum()), "group": t.group_id}
+             "logprob_sum": float(t.logprobs[t.loss_mask].double().sum()), "group": t.group_id,
+             **({"messages": t.info["messages"]} if "messages" in t.info else {})}
             for t, text in zip(trajs, texts)]
 
 

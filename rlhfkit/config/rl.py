@@ -326,6 +326,20 @@ class AgentConfig:
     """Most actions per episode."""
     max_response_tokens: int | None = None
     """Most response tokens (actions + feedback) per episode; none = max_new_tokens x max_turns."""
+    tools: str | None = None
+    """Tools as Python functions, FILE_OR_MODULE:fn1,fn2 (a .py file or an importable module; no
+    names: its public functions), or builtin:calculator, builtin:python (runs model-written code
+    in the code sandbox). Their schemas go into the chat template's tools=; the model's calls
+    run each turn and their results come back as tool turns; rewards from --reward.*."""
+    tool_parser: str | None = None
+    """How the model writes tool calls: hermes (Qwen2.5/Qwen3/Hermes), llama3_json, mistral;
+    none = the tokenizer's response template, else read off its chat template."""
+    tool_calls_per_episode: int = 8
+    """Most tool calls run per episode (further calls get an error result)."""
+    tool_timeout: float = 10.0
+    """Seconds a tool call may take before its result is an error."""
+    tool_result_tokens: int = 256
+    """Most tokens of one tool result (longer results are cut)."""
 
 
 @dataclass(frozen=True)
@@ -601,7 +615,8 @@ RL_RANGES = validate_table({
     "algo.kl.init_coef": ">= 0", "algo.kl.target": "> 0", "algo.kl.horizon": ">= 1",
     "algo.dynamic_filtering_range": ORDERED, "algo.dynamic_filtering_max_rounds": ">= 1",
     "algo.teacher_coef": ">= 0", "algo.teacher_topk": ">= 0",
-    "agent.max_turns": ">= 1", "agent.max_response_tokens": ">= 1",
+    "agent.max_turns": ">= 1", "agent.max_response_tokens": ">= 1", "agent.tool_calls_per_episode": ">= 1",
+    "agent.tool_timeout": "> 0", "agent.tool_result_tokens": ">= 1",
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_tokens_per_micro_batch": ">= 1",
     "train.max_epochs": ">= 1", "train.num_episodes": ">= 1", "train.max_steps": ">= 1", "train.seed": SEED_RANGE,
     "train.num_threads": ">= 1", "train.max_skipped_steps": ">= 0", "train.max_staleness": ">= 0",

@@ -19,7 +19,9 @@ follows (`detect_contract`); anything else is refused in one line naming both:
 * TRL (it has a parameter `completions`): called as TRL's GRPOTrainer calls a reward function,
   `reward(prompts=raw_prompts, completions=..., completion_ids=..., **columns)`, where a
   completion is the response text, or `[{"role": "assistant", "content": text}]` when the
-  sample's prompt is a list of messages; columns named prompt / completion / completion_ids are
+  sample's prompt is a list of messages (for a tool-calling episode, `completion_messages`: its
+  assistant turns with their `tool_calls` and the `role: "tool"` results); columns named prompt /
+  completion / completion_ids are
   left out, as TRL does. Departures from TRL: no `trainer_state=` (rlhfkit has none), and
   keywords the function neither names nor takes through **kwargs are dropped, not a TypeError.
 
@@ -219,6 +221,9 @@ def _trl_arguments(queries: list[str], prompts: list[str], labels: list[Any],
         responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]
     completions = [[{"role": "assistant", "content": r}] if isinstance(p, (list, tuple)) else r
                    for p, r in zip(raw_prompts, responses)]
+    conversations = kwargs.get("completion_messages")  # tool-calling episodes: their turns as messages
+    if conversations is not None:
+        completions = [c if m is None else list(m) for c, m in zip(completions, conversations)]
     standard: dict[str, Any] = {"prompts": raw_prompts, "completions": completions}
     if kwargs.get("completion_ids") is not None:
         standard["completion_ids"] = kwargs["completion_ids"]

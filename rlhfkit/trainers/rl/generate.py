@@ -54,4 +54,6 @@ class Generate:
             ) from exc
 
     def pop_metrics(self) -> dict[str, float]:
-        return {}
+        """The executor's counters (tool calls, template checks), where it keeps any."""
+        pop = getattr(self.executor, "pop_metrics", None)
+        return pop() if pop is not None else {}

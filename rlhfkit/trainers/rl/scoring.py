@@ -109,10 +109,13 @@ class Scorer:
         responses = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         mine = [prompts[t.group_id] for t in trajs]
         texts = [p.text for p in mine]
+        conversations = [t.info.get("completion_messages") for t in trajs]  # tool-calling episodes
+        extra = {"completion_messages": conversations} if any(c is not None for c in conversations) else {}
         return self.reward_fn(
             [p + r for p, r in zip(texts, raw)], texts, [p.label for p in mine], responses=responses,
             response_lengths=lengths, group_ids=torch.tensor([t.group_id for t in trajs]), completion_ids=ids,
             raw_prompts=[p.text if p.raw is None else p.raw for p in mine], records=[p.record for p in mine],
+            **extra,
         )
 
     def state_dict(self) -> dict:

@@ -40,7 +40,7 @@ class ScriptedEngine:
         return out
 
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture
@@ -53,3 +53,33 @@ def tok():
     from rlhfkit.models.tiny import tiny_tokenizer
 
     return tiny_tokenizer()
+
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def char_tokenizer(chat_template: str = CHATML, specials: tuple[str, ...] = ("<|im_start|>", "<|im_end|>")):
+    """One token per printable character plus `specials` as single tokens (eos: the second one,
+    or the first); every text has exactly one tokenization, so only real re-renders break a prefix."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<unk>": 1}
+    for ch in string.printable:
+        vocab.setdefault(ch, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>",
+                                  chat_template=chat_template)
+    tok.add_special_tokens({"additional_special_tokens": list(specials)})
+    tok.eos_token = specials[1] if len(specials) > 1 else specials[0]
+    return tok
+
+
+@pytest.fixture(scope="session")
+def chat_tok():
+    return char_tokenizer()

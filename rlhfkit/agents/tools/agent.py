@@ -1,0 +1,243 @@
+"""`ToolExecutor`: multi-turn episodes of native tool calling, token-in token-out.
+
+Each episode starts from the prompt's messages (a message list, or a string made a user turn)
+rendered with the tool schemas (`ToolTemplate`). Each turn, the unfinished episodes generate
+together in one engine call; every action is parsed for tool calls. A turn with none (and no
+malformed one) is the final answer: the episode is done. Otherwise the calls run in parallel
+(`ToolRunner`, with its limits), their results are rendered as `role: "tool"` messages and
+only the tokens the template puts after the turn are appended (loss_mask False, logprob 0);
+the next turn samples after them. Every turn the conversation, rendered afresh from its
+messages, is checked against the episode's tokens (`ToolTemplate.prefix_check`); the episode
+keeps the tokens it sampled and the mismatches are counted (`tools/rerender`,
+`tools/retokenized`).
+
+With an `environment_factory` (TRL's contract, environment.py) each episode gets its own
+instance, whose methods are tools; one with `get_reward` gives the episode's reward.
+Otherwise rewards come from the trainer's reward function (`provides_rewards` False): it sees the
+whole episode (actions, calls and results) as the response; each trajectory's
+`info["messages"]` holds the conversation (assistant turns with their parsed `tool_calls`,
+the tool results) and `info["completion_messages"]` its part after the prompt, which reward
+functions of TRL's contract get as their `completions`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds
+from rlhfkit.agents.tools.environment import (
+    environment_reward,
+    environment_tools,
+    reset_environment,
+    with_observation,
+)
+from rlhfkit.agents.tools.render import PROMPT_OK, ToolTemplate
+from rlhfkit.agents.tools.run import ToolLimits, ToolRunner, ToolStats
+from rlhfkit.agents.tools.schema import ToolSet
+from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
+from rlhfkit.errors import ConfigError
+from rlhfkit.rollout.base import GenerationEngine, SamplingParams
+
+
+@dataclass
+class _Episode:
+    group_id: int
+    messages: list[dict]  # as rendered (assistant turns as the text the model wrote)
+    conversation: list[dict]  # for rewards and logs (assistant turns with parsed tool_calls)
+    prompt_ids: list[int]
+    prompt_messages: int  # how many of `conversation` are the prompt's
+    seeds: list[int] | None = None
+    response: list[int] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turns: int = 0
+    calls: int = 0
+    done: bool = False
+    truncated: bool = False
+    env: Any = None  # the episode's environment (environment_factory), None without one
+    reward: float = 0.0  # its get_reward()
+
+    @property
+    def finished(self) -> bool:
+        return self.done or self.truncated
+
+
+def prompt_messages(prompt: Prompt) -> list[dict]:
+    """The prompt as messages: its raw message list, else its text as one user turn."""
+    raw = getattr(prompt, "raw", None)
+    if isinstance(raw, (list, tuple)) and raw and all(isinstance(m, dict) for m in raw):
+        return [dict(m) for m in raw]
+    return [{"role": "user", "content": raw if isinstance(raw, str) else prompt.text}]
+
+
+class ToolExecutor:
+    """Runs tool-calling episodes of `tools` (a ToolSet or a list of functions).
+
+    Args:
+      tools: the episode's tools.
+      limits: calls per episode, seconds per call, tokens per result.
+      parser: the tool-call parser (`TOOL_PARSERS` name or response template); None: detected.
+      template_kwargs: extra chat-template variables (e.g. enable_thinking=False).
+    """
+
+    multi_turn = True
+
+    def __init__(self, tools: ToolSet | Sequence = (), limits: ToolLimits | None = None, parser: str | dict | None = None,
+                 environment_factory: Callable[[], Any] | None = None, **template_kwargs: Any):
+        self.plain = dict(tools.functions) if isinstance(tools, ToolSet) else {f.__name__: f for f in tools}
+        self.factory = environment_factory
+        # the schemas (the same for every episode): plain tools and a first environment's methods
+        env_tools = environment_tools(environment_factory()) if environment_factory is not None else {}
+        self.tools = ToolSet({**self.plain, **env_tools})
+        if not self.tools:
+            raise ConfigError("tool-calling episodes need tools (functions) or an environment_factory")
+        self.limits, self.parser, self.template_kwargs = limits or ToolLimits(), parser, template_kwargs
+        self.stats = ToolStats()
+        self.checks = {"rerender": 0, "retokenized": 0, "turns": 0, "valid_calls": 0, "invalid_calls": 0}
+        self._template: ToolTemplate | None = None
+
+    @property
+    def provides_rewards(self) -> bool:
+        """An environment with `get_reward` gives the episodes' rewards; else the reward function."""
+        return self.factory is not None and callable(getattr(self.factory, "get_reward", None))
+
+    def template(self, tokenizer) -> ToolTemplate:
+        if self._template is None or self._template.tokenizer is not tokenizer:
+            self._template = ToolTemplate(tokenizer, self.tools.schemas, self.parser, **self.template_kwargs)
+        return self._template
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Tool and template counters since the last call."""
+        c = self.checks
+        calls = c["valid_calls"] + c["invalid_calls"]
+        out = {**self.stats.metrics(), "tools/rerender": float(c["rerender"]),
+               "tools/retokenized": float(c["retokenized"]),
+               "tools/valid_call_rate": c["valid_calls"] / calls if calls else 0.0}
+        self.stats = ToolStats()
+        self.checks = dict.fromkeys(c, 0)
+        return out
+
+    def run(self, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt], params: SamplingParams,
+            budget: TokenBudget | None = None, generator: torch.Generator | None = None,
+            seeds: Sequence[int] | None = None) -> list[Trajectory]:
+        """Episodes for each prompt x params.n samples, in the SingleTurnExecutor's order (the
+        seeds as in MultiTurnExecutor.run). Runs its own event loop: call it from synchronous code."""
+        budget = budget or TokenBudget(params.max_new_tokens, params.max_new_tokens * 4, 4)
+        return asyncio.run(self._run(engine, tokenizer, prompts, params, budget, generator, seeds))
+
+    async def _run(self, engine, tokenizer, prompts, params, budget, generator, seeds) -> list[Trajectory]:
+        tt = self.template(tokenizer)
+        runner = ToolRunner(self.tools, self.limits, tokenizer, self.stats)
+        turn_params = dataclasses.replace(params, n=1)
+        episodes = []
+        for i, p in enumerate(prompts):
+            per = None if seeds is None else episode_seeds(seeds[i], params.n, budget.max_turns)
+            for s in range(params.n):
+                msgs, env = prompt_messages(p), None
+                if self.factory is not None:
+                    env = self.factory()
+                    msgs = with_observation(msgs, await reset_environment(env, getattr(p, "record", None)))
+                ids = tt.prompt_ids(msgs)  # the same for a prompt's samples unless reset() differs
+                episodes.append(_Episode(i, [dict(m) for m in msgs], [dict(m) for m in msgs], list(ids), len(msgs),
+                                         None if per is None else per[s], env=env))
+        for _ in range(budget.max_turns):
+            active = [e for e in episodes if not e.finished]
+            if not active:
+                break
+            await self._turn(active, engine, tt, runner, turn_params, budget, generator)
+        for e in episodes:
+            e.truncated = e.truncated or not e.done
+            if self.provides_rewards:
+                e.reward = await environment_reward(e.env)
+        return [self._trajectory(e, engine.version) for e in episodes]
+
+    async def _turn(self, active, engine, tt: ToolTemplate, runner: ToolRunner, params, budget, generator) -> None:
+        batches: dict[SamplingParams, list[_Episode]] = {}
+        for e in active:
+            room = min(params.max_new_tokens, budget.per_turn, budget.total - len(e.response))
+            batches.setdefault(dataclasses.replace(params, max_new_tokens=max(room, 1)), []).append(e)
+        outs: dict[int, Trajectory] = {}
+        for p, group in batches.items():
+            ids = [e.prompt_ids + e.response for e in group]
+            if group[0].seeds is not None:
+                got = engine.generate(ids, p, seeds=[e.seeds[e.turns] for e in group])
+            else:
+                got = engine.generate(ids, p, generator=generator)
+            outs.update({id(e): t for e, t in zip(group, got)})
+        parsed = []
+        for e in active:
+            t = outs[id(e)]
+            action = t.response_ids.tolist()
+            e.response += action
+            e.mask += [True] * len(action)
+            e.logprobs += t.logprobs.tolist()
+            e.versions += [t.version] * len(action)
+            e.turns += 1
+            stopped = t.finish_reason == FINISH_STOP
+            parsed.append((e, action, stopped, *tt.parse(action)))
+        replies = await asyncio.gather(*(self._reply(e, calls, errors, runner)
+                                         for e, _, _, _, calls, errors in parsed))
+        for (e, action, stopped, content, calls, errors), tool_msgs in zip(parsed, replies):
+            self._append(e, tt, action, stopped, content, calls, tool_msgs, budget)
+
+    async def _reply(self, e: _Episode, calls, errors, runner: ToolRunner) -> list[dict]:
+        self.checks["valid_calls"] += len(calls)
+        self.checks["invalid_calls"] += len(errors)
+        if not calls and not errors:
+            return []
+        if e.env is not None:  # this episode's environment: its bound methods
+            tools = ToolSet({**self.plain, **environment_tools(e.env)})
+            runner = ToolRunner(tools, runner.limits, runner.tokenizer, runner.stats)
+        msgs = await runner.run(calls, errors, used=e.calls)
+        e.calls = min(e.calls + len(calls), self.limits.calls_per_episode)  # the calls that ran
+        return msgs
+
+    def _append(self, e: _Episode, tt: ToolTemplate, action, stopped, content, calls, tool_msgs, budget) -> None:
+        """Record the turn in the messages; append the tool results' tokens (or end the episode)."""
+        written = action[:-1] if stopped and action else action
+        e.messages.append({"role": "assistant", "content": tt.tokenizer.decode(written, skip_special_tokens=False)})
+        turn = {"role": "assistant", "content": content}
+        if calls:
+            turn["tool_calls"] = [c.as_message_entry() for c in calls]
+        e.conversation.append(turn)
+        if not tool_msgs:
+            e.done = True
+            return
+        e.messages += tool_msgs
+        e.conversation += tool_msgs
+        delta = tt.delta(action, stopped, tool_msgs)
+        room = budget.total - len(e.response)
+        if len(delta) >= room:
+            e.truncated = True
+        delta = delta[:max(room, 0)]
+        e.response += delta
+        e.mask += [False] * len(delta)
+        e.logprobs += [0.0] * len(delta)
+        e.versions += e.versions[-1:] * len(delta)
+        if not e.truncated:
+            status = tt.prefix_check(e.messages, e.prompt_ids + e.response)
+            self.checks["turns"] += 1
+            if status != PROMPT_OK:
+                self.checks[status] += 1
+
+    def _trajectory(self, e: _Episode, version: int) -> Trajectory:
+        return Trajectory(
+            prompt_ids=torch.tensor(e.prompt_ids, dtype=torch.long),
+            response_ids=torch.tensor(e.response, dtype=torch.long),
+            loss_mask=torch.tensor(e.mask, dtype=torch.bool),
+            logprobs=torch.tensor(e.logprobs, dtype=torch.float32),
+            finish_reason=FINISH_LENGTH if e.truncated else FINISH_STOP,
+            version=min(e.versions, default=version),
+            group_id=e.group_id,
+            info={"turns": e.turns, "tool_calls": e.calls, "messages": e.conversation,
+                  "completion_messages": e.conversation[e.prompt_messages:],
+                  "agent_reward": e.reward, "agent_score": e.reward, "extra_logs": {}},
+            versions=torch.tensor(e.versions, dtype=torch.long),
+        )

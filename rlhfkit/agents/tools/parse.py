@@ -1,0 +1,162 @@
+"""Parse the tool calls out of a model's turn with transformers' response parsing.
+
+`parse_tool_calls(text, tokenizer)` reads a decoded assistant turn (special tokens kept) with
+`tokenizer.parse_response` and a response template: the tokenizer's own `response_template`
+where it ships one, else the entry of `TOOL_PARSERS` its chat template points to (or the one
+named by `parser=`, the `--agent.tool_parser` flag):
+
+  hermes       Qwen2.5, Qwen3, Hermes and rlhfkit's default prompt for templates without
+               tools: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one or more
+  llama3_json  Llama 3.1+: `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` or as
+               the whole turn), several separated by `;`
+  mistral      Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
+
+A malformed call (bad JSON, no name, arguments that are not an object) is reported in the
+returned errors, never raised: the other calls of the turn still count.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rlhfkit.agents.tools.schema import ToolCall
+from rlhfkit.errors import ConfigError
+
+_FUNCTION = {"type": "function", "function": "{content}"}
+TOOL_PARSERS: dict[str, dict] = {
+    "hermes": {
+        "defaults": {"role": "assistant"},
+        "start_anchor_pattern": r"<\|im_start\|>assistant\n|^",
+        "fields": {
+            "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
+            "tool_calls": {"open_pattern": r"\s*<tool_call>", "close": "</tool_call>", "repeats": True,
+                           "content": "json", "transform": _FUNCTION},
+            "content": {"close_pattern": r"\s*(?:<\|im_end\|>|<\|endoftext\|>|$)", "content": "text"},
+        },
+    },
+    "llama3_json": {
+        "defaults": {"role": "assistant"},
+        "start_anchor_pattern": r"<\|start_header_id\|>assistant<\|end_header_id\|>\n\n|^",
+        "fields": {
+            "tool_calls": {"open_pattern": r"\s*(?:<\|python_tag\|>)?(?=\{)",
+                           "close_pattern": r"(?<=\})\s*(?:;|<\|eot_id\|>|<\|eom_id\|>|$)", "repeats": True,
+                           "content": "json",
+                           "transform": {"type": "function", "function": {"name": "{content.name}",
+                                                                         "arguments": "{content.parameters}"}}},
+            "content": {"close_pattern": r"\s*(?:<\|eot_id\|>|<\|eom_id\|>|$)", "content": "text"},
+        },
+    },
+    "mistral": {
+        "defaults": {"role": "assistant"},
+        "start_anchor_pattern": r"\[/INST\]|^",
+        "fields": {
+            "tool_calls": {"open": "[TOOL_CALLS]", "close_pattern": r"(?<=\])\s*(?:</s>|$)", "content": "json",
+                           "transform_each": True,
+                           "transform": {"type": "function", "function": {"name": "{name}",
+                                                                         "arguments": "{arguments}"}}},
+            "content": {"close_pattern": r"\s*(?:</s>|$)", "content": "text"},
+        },
+    },
+}
+DEFAULT_PARSER = "hermes"
+
+
+def template_text(tokenizer) -> str:
+    """The tokenizer's chat template source ("" without one; all of them for a dict of templates)."""
+    t = getattr(tokenizer, "chat_template", None) or ""
+    return "\n".join(t.values()) if isinstance(t, dict) else t
+
+
+def detect_parser(tokenizer) -> str:
+    """The `TOOL_PARSERS` name the tokenizer's chat template points to (hermes when it names none)."""
+    text = template_text(tokenizer)
+    if "[TOOL_CALLS]" in text:
+        return "mistral"
+    if "<|python_tag|>" in text or ("<|start_header_id|>" in text and "parameters" in text):
+        return "llama3_json"
+    return DEFAULT_PARSER
+
+
+def response_template(tokenizer, parser: str | dict | None = None) -> dict:
+    """The response template that parses this tokenizer's tool calls: `parser` (a TOOL_PARSERS
+    name or a template dict), else the tokenizer's own `response_template`, else `detect_parser`."""
+    if isinstance(parser, dict):
+        return parser
+    if parser is not None:
+        if parser not in TOOL_PARSERS:
+            raise ConfigError(f"--agent.tool_parser {parser!r} is unknown; valid: {', '.join(TOOL_PARSERS)}")
+        return TOOL_PARSERS[parser]
+    own = getattr(tokenizer, "response_template", None)
+    return own if own is not None else TOOL_PARSERS[detect_parser(tokenizer)]
+
+
+def parse_tool_calls(text: str, tokenizer, parser: str | dict | None = None, prefix: str = "",
+                     tools: list[dict] | None = None) -> tuple[str, list[ToolCall], list[str]]:
+    """(content, calls, errors) of one assistant turn `text` (decoded with special tokens kept).
+
+    `prefix`: the prompt text before the turn (templates that pre-write part of the turn need
+    it); `tools`: the tool schemas, whose parameter types cast the arguments ("7" -> 7 for an
+    integer). Calls get ids call_0, call_1, ... in the order they appear. Never raises on what
+    the model wrote: each malformed call is one line of `errors`.
+    """
+    schema = response_template(tokenizer, parser)
+    try:
+        parsed = tokenizer.parse_response(text, schema, prefix=prefix, tools=tools)
+        raw, content = parsed.get("tool_calls") or [], parsed.get("content") or ""
+        return (content, *_checked(list(enumerate(raw))))
+    except (ValueError, KeyError, TypeError):  # one region failed: parse the regions one by one
+        return _by_region(text, schema, tools)
+
+
+def _checked(raw: list[tuple[int, Any]]) -> tuple[list[ToolCall], list[str]]:
+    """The well-formed calls of (index, parsed entry) pairs, and one error per other entry."""
+    calls, errors = [], []
+    for k, item in raw:
+        fn = item.get("function", item) if isinstance(item, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        args = fn.get("arguments", fn.get("parameters", {})) if isinstance(fn, dict) else None
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                args = None
+        if not isinstance(name, str) or not name:
+            errors.append(f"tool call {k}: no function name (got {json.dumps(item, default=str)[:200]})")
+        elif not isinstance(args, dict):
+            errors.append(f"tool call {k} ({name}): arguments must be a JSON object")
+        else:
+            calls.append(ToolCall(name=name, arguments=args, id=f"call_{k}"))
+    return calls, errors
+
+
+def _by_region(text: str, schema: dict, tools: list[dict] | None) -> tuple[str, list[ToolCall], list[str]]:
+    """The fallback when `parse_response` refuses the turn: each `tool_calls` region parsed on its
+    own with the template's field (transformers' content parser), the rest as content."""
+    from transformers.utils.chat_parsing.content_parsers import process_field
+    from transformers.utils.chat_parsing.response_templates import (
+        load_response_template,
+    )
+
+    tmpl = load_response_template(schema)
+    text = tmpl.truncate_past_last_anchor(text) if tmpl.start_anchor_re.search(text) else text
+    field, content_field = tmpl.fields["tool_calls"], tmpl.fields.get(tmpl.implicit or "content")
+    raw, errors, pieces, at = [], [], [], 0
+    while (m := field.open_re.search(text, at)) is not None:
+        pieces.append(text[at:m.start()])
+        close = field.close_re.search(text, m.end()) if field.close_re is not None else None
+        body, at = (text[m.end():close.start()], close.end()) if close else (text[m.end():], len(text))
+        try:
+            value = process_field(body, field, m.groupdict())
+            raw.extend(value if isinstance(value, list) else [value])
+        except (ValueError, KeyError, TypeError) as exc:
+            raw.append(None)
+            errors.append(f"tool call {len(raw) - 1}: malformed ({str(exc).splitlines()[0][:160]}): {body[:200]!r}")
+    pieces.append(text[at:])
+    content = "".join(pieces)
+    if content_field is not None and content_field.close_re is not None:
+        end = content_field.close_re.search(content)
+        content = content[:end.start()] if end else content
+    calls, more = _checked([(k, r) for k, r in enumerate(raw) if r is not None])
+    del tools  # argument casting needs the whole-turn parser; region parsing keeps the model's values
+    return content.strip(), calls, errors + more

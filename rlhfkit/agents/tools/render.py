@@ -1,0 +1,151 @@
+"""Render a conversation with tools through the tokenizer's chat template, token-in token-out.
+
+`ToolTemplate(tokenizer, tools)` renders
+
+- the prompt: the messages with the tool schemas in the template's `tools=`. A template that
+  ignores `tools` (rendering with and without them gives the same text; SmolLM2's does) gets
+  rlhfkit's default instead, said once in the log: the schemas in the system turn with the
+  Hermes convention (`<tool_call>{"name", "arguments"}</tool_call>` to call, results in
+  `<tool_response>` blocks of a user turn), so any chat model can learn to call tools;
+- the tokens that follow a sampled turn (`delta`): the tool results (or an environment's
+  observation) as the template renders those messages after an assistant turn, cut at the
+  generation prompt of the next turn. Only these new tokens are appended to the episode: the
+  sampled tokens are never re-tokenized;
+- the check of every turn (`prefix_check`): the conversation rendered afresh from its messages
+  and tokenized must start with the episode's tokens. When it does not, either the template
+  re-rendered the history (Qwen3 drops the `<think>` of turns before the last user message;
+  some templates re-serialise tool calls) -- "rerender" -- or the model sampled a
+  tokenization the tokenizer would not produce for the same text -- "retokenized". Both are
+  counted; the episode keeps the tokens it sampled (what the policy saw and is trained on).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from rlhfkit.agents.tools.parse import parse_tool_calls, template_text
+from rlhfkit.agents.tools.schema import ToolCall
+from rlhfkit.errors import ConfigError
+
+log = logging.getLogger("rlhfkit")
+_MARK = "rlhfkit-turn-mark-31d7"  # content of the stand-in assistant turn (see delta_text)
+_PROBE = {"type": "function", "function": {"name": "rlhfkit_probe", "description": "probe",
+                                           "parameters": {"type": "object", "properties": {}}}}
+PROMPT_OK, RERENDER, RETOKENIZED = "ok", "rerender", "retokenized"
+
+
+def default_tools_prompt(schemas: Sequence[dict]) -> str:
+    """rlhfkit's system text for templates that ignore `tools` (Hermes-style tool calls)."""
+    lines = "\n".join(json.dumps(s) for s in schemas)
+    return ("You can call tools. They are described by these JSON function schemas:\n<tools>\n"
+            f"{lines}\n</tools>\nTo call a tool, write one block per call:\n<tool_call>\n"
+            '{"name": "TOOL_NAME", "arguments": {"ARG": VALUE}}\n</tool_call>\n'
+            "and end your turn. Each result comes back in a <tool_response> block. When you have "
+            "the answer, reply without a tool call.")
+
+
+def template_uses_tools(tokenizer) -> bool:
+    """Whether the chat template renders `tools=` (the same text with and without them: no)."""
+    msgs = [{"role": "user", "content": "x"}]
+    plain = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(msgs, tools=[_PROBE], tokenize=False, add_generation_prompt=True) != plain
+
+
+class ToolTemplate:
+    """A tokenizer's chat template with a fixed set of tool schemas (see the module docstring).
+
+    Args:
+      tokenizer: a tokenizer with a chat template.
+      schemas: the tools' OpenAI function schemas (`ToolSet.schemas`); empty: no tools.
+      parser: the tool-call parser (a `TOOL_PARSERS` name or a response template), None: detected.
+      template_kwargs: extra variables of the template (e.g. enable_thinking=False for Qwen3).
+    """
+
+    def __init__(self, tokenizer, schemas: Sequence[dict] = (), parser: str | dict | None = None,
+                 **template_kwargs: Any):
+        if not template_text(tokenizer):
+            raise ConfigError("tool calling needs a tokenizer with a chat template; this one has none")
+        self.tokenizer, self.schemas, self.kwargs = tokenizer, list(schemas), template_kwargs
+        self.native = not self.schemas or template_uses_tools(tokenizer)
+        # the default prompt teaches the Hermes format: parse it unless told otherwise
+        self.parser = parser if (parser is not None or self.native) else "hermes"
+        if not self.native:
+            log.info("tools: the chat template ignores tools=; rlhfkit puts the tool schemas in the system turn "
+                     "and parses Hermes-style <tool_call>{json}</tool_call> calls")
+
+    # ------------------------------------------------------------------ rendering
+    def messages(self, messages: Sequence[dict]) -> list[dict]:
+        """The messages as the template gets them: without native tools, the schemas join the
+        system turn and tool results become `<tool_response>` blocks of a user turn."""
+        msgs = [dict(m) for m in messages]
+        if self.native:
+            return msgs
+        out: list[dict] = []
+        for m in msgs:
+            if m.get("role") == "tool":
+                block = f"<tool_response>\n{m.get('content', '')}\n</tool_response>"
+                if out and out[-1].get("role") == "user" and out[-1].get("_tool"):
+                    out[-1]["content"] += "\n" + block
+                else:
+                    out.append({"role": "user", "content": block, "_tool": True})
+            else:
+                out.append({k: v for k, v in m.items() if k != "tool_calls"})
+        tools_text = default_tools_prompt(self.schemas)
+        if out and out[0].get("role") == "system":
+            out[0]["content"] = f"{out[0].get('content', '')}\n\n{tools_text}"
+        else:
+            out.insert(0, {"role": "system", "content": tools_text})
+        return [{k: v for k, v in m.items() if k != "_tool"} for m in out]
+
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """The conversation's text through the chat template (with the tools)."""
+        tools = self.schemas if (self.native and self.schemas) else None
+        return self.tokenizer.apply_chat_template(self.messages(messages), tools=tools, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt, **self.kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+        """The token ids of the prompt: the messages rendered with the tools and the generation prompt."""
+        return self.encode(self.render(messages))
+
+    def delta_text(self, new_messages: Sequence[dict]) -> str:
+        """The text the template puts after an assistant turn's content when `new_messages` follow
+        it, up to and including the next generation prompt. Read off a stand-in conversation (a
+        user turn, an assistant turn with a marker), so it does not depend on the episode's history."""
+        stand_in = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}]
+        text = self.render(stand_in + list(new_messages))
+        if _MARK not in text:
+            raise ConfigError("the chat template dropped an assistant turn followed by tool results; rlhfkit "
+                              "cannot tell which tokens follow a turn (set a template that renders it)")
+        return text[text.rindex(_MARK) + len(_MARK):]
+
+    def delta(self, action_ids: Sequence[int], stopped: bool, new_messages: Sequence[dict]) -> list[int]:
+        """The token ids to append after a sampled turn `action_ids` for `new_messages`: the
+        template's end of the assistant turn (less the stop token the model sampled, when it
+        stopped on one), the new messages and the next generation prompt."""
+        text = self.delta_text(new_messages)
+        if stopped and action_ids:
+            end = self.tokenizer.decode([action_ids[-1]], skip_special_tokens=False)
+            if end and text.startswith(end):
+                text = text[len(end):]
+        return self.encode(text)
+
+    def parse(self, action_ids: Sequence[int], prefix: str = "") -> tuple[str, list[ToolCall], list[str]]:
+        """(content, calls, errors) of a sampled turn (see parse_tool_calls)."""
+        text = self.tokenizer.decode(list(action_ids), skip_special_tokens=False)
+        return parse_tool_calls(text, self.tokenizer, self.parser, prefix=prefix, tools=self.schemas or None)
+
+    def prefix_check(self, messages: Sequence[dict], ids: Sequence[int]) -> str:
+        """PROMPT_OK when `messages` rendered afresh (with the generation prompt) tokenize to
+        exactly `ids`; RERENDER when the text differs (the template re-rendered the history);
+        RETOKENIZED when the text is the same but the sampled tokens are not its tokenization."""
+        text = self.render(messages)
+        if self.encode(text) == list(ids):
+            return PROMPT_OK
+        sampled = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        return RETOKENIZED if sampled == text else RERENDER

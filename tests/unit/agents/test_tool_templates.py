@@ -1,0 +1,131 @@
+"""Tool calling on the published chat templates of four families (Qwen2.5, Qwen3, Llama 3.1,
+Llama 3.2), as TRL's wheel ships them (trl/chat_templates/*.jinja; skipped where trl is not
+installed): schemas rendered through `tools=`, two calls and a malformed call parsed, tool results
+rendered as the template's tool turns, the token-prefix property, Qwen3's re-rendering detected.
+
+Each template is given to a character-level tokenizer with the family's special tokens: every
+text has one tokenization there, so a prefix mismatch can only come from the template."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.agents.tools import PROMPT_OK, RERENDER, ToolSet, ToolTemplate
+
+from .conftest import char_tokenizer
+
+
+def _templates() -> Path | None:
+    spec = importlib.util.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "chat_templates"
+    return folder if folder.is_dir() else None
+
+
+TEMPLATES = _templates()
+pytestmark = pytest.mark.skipif(TEMPLATES is None, reason="trl (which ships the published chat templates) "
+                                                          "is not installed")
+
+QWEN = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+LLAMA = ("<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>",
+         "<|python_tag|>")
+FAMILIES = {  # template file -> (special tokens, a call as the family writes it, how two calls are joined)
+    "qwen2_5": (QWEN, lambda n, a: "<tool_call>\n" + json.dumps({"name": n, "arguments": a}) + "\n</tool_call>", "\n"),
+    "qwen3": (QWEN, lambda n, a: "<tool_call>\n" + json.dumps({"name": n, "arguments": a}) + "\n</tool_call>", "\n"),
+    "llama3_1": (LLAMA, lambda n, a: json.dumps({"name": n, "parameters": a}), "; "),
+    "llama3_2": (LLAMA, lambda n, a: json.dumps({"name": n, "parameters": a}), "; "),
+}
+
+
+GENERATION_PROMPT = {"<|im_end|>": "<|im_start|>assistant\n",
+                     "<|eot_id|>": "<|start_header_id|>assistant<|end_header_id|>\n\n"}
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return a * b
+
+
+def lookup(key: str) -> str:
+    """Look a fact up.
+
+    Args:
+        key: what to look up
+    """
+    return key
+
+
+def family(name):
+    specials, write, join = FAMILIES[name]
+    tok = char_tokenizer((TEMPLATES / f"{name}.jinja").read_text(), specials)
+    return tok, write, join, "<|eot_id|>" if specials is LLAMA else "<|im_end|>"
+
+
+def ids(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_schemas_render_through_the_template(name):
+    tok, *_ = family(name)
+    tt = ToolTemplate(tok, ToolSet([multiply, lookup]).schemas)
+    assert tt.native  # these templates render tools=: no rlhfkit default prompt
+    prompt = tt.render([{"role": "user", "content": "What is 12*34?"}])
+    assert '"name": "multiply"' in prompt and '"description": "Look a fact up."' in prompt
+    assert "You can call tools." not in prompt
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_two_calls_and_a_malformed_one_parse(name):
+    tok, write, join, end = family(name)
+    tt = ToolTemplate(tok, ToolSet([multiply, lookup]).schemas)
+    two = write("multiply", {"a": 12, "b": 34}) + join + write("lookup", {"key": "capital of France"}) + end
+    content, calls, errors = tt.parse(ids(tok, two))
+    assert [(c.name, c.arguments) for c in calls] == [("multiply", {"a": 12, "b": 34}),
+                                                     ("lookup", {"key": "capital of France"})]
+    assert errors == [] and content == ""
+    bad = write("multiply", {"a": 12, "b": 34}) + join + write("lookup", {"key": "x"}).replace('"x"}', '"x"') + end
+    _, calls, errors = tt.parse(ids(tok, bad))
+    assert [c.name for c in calls] == ["multiply"] and len(errors) == 1 and "malformed" in errors[0]
+    content, calls, errors = tt.parse(ids(tok, "It is 408." + end))
+    assert content == "It is 408." and calls == [] and errors == []
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_tool_results_render_as_tool_turns_and_keep_the_token_prefix(name):
+    tok, write, _, end = family(name)
+    tt = ToolTemplate(tok, ToolSet([multiply]).schemas)
+    msgs = [{"role": "user", "content": "What is 12*34?"}]
+    episode = tt.prompt_ids(msgs)
+    for turn, result in enumerate(["408", "816"]):
+        action = ids(tok, write("multiply", {"a": 12 * (turn + 1), "b": 34}) + end)
+        _, calls, _ = tt.parse(action)
+        tool = [{"role": "tool", "tool_call_id": calls[0].id, "name": "multiply", "content": result}]
+        delta = tt.delta(action, True, tool)
+        text = tok.decode(delta)
+        assert result in text and text.endswith(GENERATION_PROMPT[end])
+        episode += action + delta
+        msgs += [{"role": "assistant", "content": tok.decode(action[:-1])}] + tool
+        assert tt.prefix_check(msgs, episode) == PROMPT_OK  # the re-rendered conversation is what was sampled
+
+
+def test_qwen3_rerendering_of_thinking_is_detected():
+    tok, *_ = family("qwen3")
+    tt = ToolTemplate(tok, [])
+    msgs = [{"role": "user", "content": "Guess my number."}]
+    episode = tt.prompt_ids(msgs)
+    action = ids(tok, "<think>\nfive is central\n</think>\n\n5<|im_end|>")
+    feedback = [{"role": "user", "content": "higher"}]
+    episode += action + tt.delta(action, True, feedback)
+    msgs += [{"role": "assistant", "content": tok.decode(action[:-1])}] + feedback
+    # Qwen3 drops the <think> of turns before the last user message: not the sampled tokens
+    assert tt.prefix_check(msgs, episode) == RERENDER
+    assert "five is central" in tok.decode(episode) and "five is central" not in tt.render(msgs)
