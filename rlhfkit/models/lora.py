@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import ModelError
-from rlhfkit.models.loading import load_errors, resolve_model_path, save_hf_folder
+from rlhfkit.models.loading import load_errors, resolve_model_path, save_errors, save_hf_folder
 
 ADAPTER_CONFIG = "adapter_config.json"
 
