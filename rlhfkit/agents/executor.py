@@ -222,20 +222,8 @@ class MultiTurnExecutor:
                                    hf_tokenizer, llm_engine.generate, self.source)
 
     def _trajectory(self, e: _Episode, version: int) -> Trajectory:
-        """The episode's trajectory; `version` (the engine's) stamps it when it generated no token,
-        else the oldest version among its turns (turns may straddle weight updates in async runs)."""
-        return Trajectory(
-            prompt_ids=torch.tensor(e.prompt_ids, dtype=torch.long),
-            response_ids=torch.tensor(e.response, dtype=torch.long),
-            loss_mask=torch.tensor(e.mask, dtype=torch.bool),
-            logprobs=torch.tensor(e.logprobs, dtype=torch.float32),
-            finish_reason=FINISH_LENGTH if e.truncated else FINISH_STOP,
-            version=min(e.versions, default=version),
-            group_id=e.group_id,
-            info={"agent_reward": e.reward, "agent_score": e.reward if e.score is None else e.score,
-                  "extra_logs": dict(e.extra_logs), "turns": e.turns},
-            versions=torch.tensor(e.versions, dtype=torch.long),
-        )
+        return episode_trajectory(e, version, {"agent_reward": e.reward, "agent_score": e.reward if e.score is None else e.score,
+                                                 "extra_logs": dict(e.extra_logs), "turns": e.turns})
 
 
 def episode_seeds(seed: int, n: int, max_turns: int) -> list[list[int]]:
@@ -271,3 +259,20 @@ def drift_count(trajectories: Sequence[Trajectory], tokenizer) -> int:
         text = tokenizer.decode(ids, skip_special_tokens=False)
         bad += tokenizer(text, add_special_tokens=False)["input_ids"] != ids
     return bad
+
+
+def episode_trajectory(e: Any, version: int, info: dict) -> Trajectory:
+    """A multi-turn episode's trajectory (`e`: prompt_ids, response, mask, logprobs, truncated, versions,
+    group_id); `version` (the engine's) stamps it when it generated no token, else the oldest version among
+    its turns (turns may straddle weight updates in async runs)."""
+    return Trajectory(
+        prompt_ids=torch.tensor(e.prompt_ids, dtype=torch.long),
+        response_ids=torch.tensor(e.response, dtype=torch.long),
+        loss_mask=torch.tensor(e.mask, dtype=torch.bool),
+        logprobs=torch.tensor(e.logprobs, dtype=torch.float32),
+        finish_reason=FINISH_LENGTH if e.truncated else FINISH_STOP,
+        version=min(e.versions, default=version),
+        group_id=e.group_id,
+        info=info,
+        versions=torch.tensor(e.versions, dtype=torch.long),
+    )

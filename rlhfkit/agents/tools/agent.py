@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds
+from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds, episode_trajectory
 from rlhfkit.agents.tools.environment import (
     environment_reward,
     environment_tools,
@@ -40,7 +40,7 @@ from rlhfkit.agents.tools.environment import (
 from rlhfkit.agents.tools.render import PROMPT_OK, ToolTemplate
 from rlhfkit.agents.tools.run import ToolLimits, ToolRunner, ToolStats
 from rlhfkit.agents.tools.schema import ToolSet
-from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
+from rlhfkit.data.types import FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
 
@@ -228,16 +228,6 @@ class ToolExecutor:
                 self.checks[status] += 1
 
     def _trajectory(self, e: _Episode, version: int) -> Trajectory:
-        return Trajectory(
-            prompt_ids=torch.tensor(e.prompt_ids, dtype=torch.long),
-            response_ids=torch.tensor(e.response, dtype=torch.long),
-            loss_mask=torch.tensor(e.mask, dtype=torch.bool),
-            logprobs=torch.tensor(e.logprobs, dtype=torch.float32),
-            finish_reason=FINISH_LENGTH if e.truncated else FINISH_STOP,
-            version=min(e.versions, default=version),
-            group_id=e.group_id,
-            info={"turns": e.turns, "tool_calls": e.calls, "messages": e.conversation,
-                  "completion_messages": e.conversation[e.prompt_messages:],
-                  "agent_reward": e.reward, "agent_score": e.reward, "extra_logs": {}},
-            versions=torch.tensor(e.versions, dtype=torch.long),
-        )
+        return episode_trajectory(e, version, {"turns": e.turns, "tool_calls": e.calls, "messages": e.conversation,
+                                                 "completion_messages": e.conversation[e.prompt_messages:],
+                                                 "agent_reward": e.reward, "agent_score": e.reward, "extra_logs": {}})

@@ -1,4 +1,4 @@
-"""`plan_run` / `plan_warnings`: the step arithmetic of seed 002, section 2.5, worked out by hand."""
+"""`plan_run` / `plan_warnings`: the step arithmetic of OpenRLHF's batch sizes, worked out by hand."""
 
 import pytest
 
@@ -39,7 +39,7 @@ def test_counts_with_a_partial_rollout_batch():
 
 
 def test_seed_formula_counts_the_partial_batch_ours_does_not():
-    # 20 prompts, 8 per rollout x 4 = 32 samples, 16 per step: seed 002 says 20*4//16 = 5 steps per
+    # 20 prompts, 8 per rollout x 4 = 32 samples, 16 per step: OpenRLHF's arithmetic gives 20*4//16 = 5 steps per
     # episode; our trainer runs 2 whole rollout batches x 2 steps = 4.
     _, p = plan_of(20, rollout__batch_size=8, rollout__n_samples_per_prompt=4, train__batch_size=16,
                    train__micro_batch_size=4)
