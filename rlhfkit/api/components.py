@@ -449,10 +449,10 @@ def setup_checkpoints(cfg: RLConfig, run_dir: Path,
     logs are in its own `run_dir`)."""
     if dp is None:
         root = run_dir / "checkpoints"
-        ckpt = Checkpointer(root, cfg.ckpt.save_steps, cfg.ckpt.max_num)
+        ckpt = Checkpointer(root, cfg.ckpt.save_steps, cfg.ckpt.max_num, keep_best=cfg.ckpt.keep_best)
     else:
         root = Path(cfg.ckpt.output_dir) / "checkpoints"
-        ckpt = ShardedCheckpointer(root, cfg.ckpt.save_steps, cfg.ckpt.max_num, *dp)
+        ckpt = ShardedCheckpointer(root, cfg.ckpt.save_steps, cfg.ckpt.max_num, *dp, keep_best=cfg.ckpt.keep_best)
     if not cfg.ckpt.load_enable:
         if cfg.ckpt.save_steps > 0 and list_checkpoints(root):
             raise ConfigError(

@@ -156,6 +156,8 @@ class RLTrainer:
         if eval_dataset is not None:
             eval_examples = load_examples_fn(cfg, eval_dataset, eval=True)(tokenizer)
             eval_items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
+        if cfg.ckpt.keep_best and not eval_items:
+            raise ConfigError(f"--ckpt.keep_best {cfg.ckpt.keep_best} judges evaluations: give --eval.dataset")
         evaluator = C.make_evaluator(cfg, eval_items, reward_fn)
         checkpointer, resume = C.setup_checkpoints(cfg, run_dir, (rank, world) if cfg.fsdp.enable else None)
         tracker = C.run_tracker(cfg, run_dir, C.total_rl_steps(cfg, data.rollouts_per_episode),
@@ -177,9 +179,10 @@ class RLTrainer:
             print(f"skipped {self.skipped} prompts longer than --data.prompt_max_len {self.cfg.data.prompt_max_len} "
                   "tokens")
         if loop.step == 0:
-            self.evaluator(loop, 0)
+            self.checkpointer.consider_best(loop, self.evaluator(loop, 0))
         history = loop.train()
         final_eval = self.evaluator(loop, loop.step)
+        self.checkpointer.consider_best(loop, final_eval)
         if self.cfg.fsdp.enable:  # gathered on rank 0, written to <output_dir>/final
             final = fsdp.save_full(loop.policy, loop.tokenizer, Path(self.cfg.ckpt.output_dir) / "final", self.dp[0])
             fsdp.save_full_ema(loop.policy, loop.update.learner, loop.tokenizer,

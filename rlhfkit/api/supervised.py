@@ -42,7 +42,7 @@ from rlhfkit.config.preference import (
 )
 from rlhfkit.config.prm import PRMConfig, validate_prm
 from rlhfkit.config.sft import SFTConfig, lora_targets, validate_sft
-from rlhfkit.data.records import Source
+from rlhfkit.data.records import Source, as_source
 from rlhfkit.data.steps import load_steps
 from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft, load_unpaired
 from rlhfkit.errors import ConfigError
@@ -92,6 +92,7 @@ def build_model(kind: str, cfg, device: torch.device | None = None) -> tuple[tor
                                   seed=cfg.train.seed)
     else:
         model, tokenizer = load_policy(m.model_name_or_path, m.dtype)
+    set_chat_template(tokenizer, cfg.data)
     ref = None
     if kind in ("dpo", "kto"):
         ref_path = cfg.ref.model_name_or_path
@@ -110,6 +111,24 @@ def build_model(kind: str, cfg, device: torch.device | None = None) -> tuple[tor
     return model, tokenizer, ref
 
 
+def train_source(cfg) -> Source:
+    """--data.dataset, as a `Blend` when it names several datasets or --data.dataset_probs is set."""
+    d = cfg.data
+    return as_source(d.dataset, d.dataset_probs, cfg.train.seed, d.max_samples)
+
+
+def set_chat_template(tokenizer, data) -> None:
+    """--data.tokenizer_chat_template (the text, or a file holding it) as the tokenizer's chat
+    template, with --data.apply_chat_template; the saved tokenizer keeps it."""
+    template = data.tokenizer_chat_template
+    if template is None or not data.apply_chat_template:
+        return
+    path = Path(template).expanduser()
+    if "{" not in template and path.is_file():
+        template = path.read_text(encoding="utf-8")
+    tokenizer.chat_template = template
+
+
 def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
               eval_dataset: Source | None = None) -> tuple[list, list, int]:
     """(train items, eval items, skipped). Train: `train_dataset`, else --data.dataset. Eval:
@@ -117,7 +136,7 @@ def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
     d = cfg.data
     fmt = TextFormat(tokenizer, d.apply_chat_template, d.input_template)
     keys = {"sft": dict(input_key=d.input_key, output_key=d.output_key, reward_template=d.reward_template,
-                        reward_key=d.reward_key),
+                        reward_key=d.reward_key, pretrain_mode=getattr(cfg.model, "pretrain_mode_enable", False)),
             "rm": dict(prompt_key=d.prompt_key, chosen_key=d.chosen_key,
                        rejected_key=d.rejected_key),
             "kto": dict(prompt_key=d.prompt_key or "prompt", output_key=d.output_key or "output",
@@ -126,11 +145,11 @@ def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
     if kind == "prm":
         keys.update(placeholder=d.placeholder_token, reward_tokens=d.reward_tokens)
     load = LOADERS[kind]
-    source = d.dataset if train_dataset is None else train_dataset
+    source = train_source(cfg) if train_dataset is None else train_dataset
     items, skipped = load(source, fmt, max_len=d.max_len, max_samples=d.max_samples,
                           seed=cfg.train.seed, split=d.dataset_split, config=d.dataset_config,
                           data_dir=d.data_dir, **keys)
-    eval_source = (d.eval_dataset or None) if eval_dataset is None else eval_dataset
+    eval_source = as_source(d.eval_dataset or None) if eval_dataset is None else eval_dataset
     if eval_source is not None:
         eval_items, _ = load(eval_source, fmt, max_len=d.max_len, split=d.eval_dataset_split,
                              config=d.eval_dataset_config, data_dir=d.eval_data_dir, **keys)
@@ -186,11 +205,16 @@ class SupervisedTrainer:
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         device = resolve_device(cfg.model.device, "--model.device")  # before the run folder and the model
+        if train_dataset is None:
+            train_source(cfg)  # a bad --data.dataset_probs fails before the model loads
         run_dir = create_run_dir(Path(cfg.ckpt.output_dir), cfg.logger.tensorboard_dir, to_dict(cfg))
         checkpointer, resume = setup_checkpoints(cfg, run_dir)
         model, tokenizer, ref = build_model(cls.kind, cfg, device)
         items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset,
                                                eval_dataset)
+        if cfg.ckpt.keep_best and not eval_items:
+            raise ConfigError(f"--ckpt.keep_best {cfg.ckpt.keep_best} judges evaluations: give --data.eval_dataset "
+                              "or --data.eval_split")
         steps = planned_steps(len(items), cfg.train)
         tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, steps, cfg.logger.progress_bar,
                              purge_step=None if resume is None else resume[1] + 1,
@@ -223,6 +247,8 @@ class SupervisedTrainer:
             print(f"resumed from {self.resume[0]} (step {self.step} of {self.algorithm.loop.total_steps})")
         history = self.algorithm.fit()
         final = self.algorithm.evaluate() if self.eval_items else {}
+        if self.checkpointer is not None:
+            self.checkpointer.consider_best(self.state, final)
         if final:  # metrics.jsonl, TensorBoard, wandb; not a second console line for the last step
             self.tracker.metrics.log(self.step, final)
         final.update(self._save(self.run_dir / "final")[1])

@@ -1,5 +1,6 @@
 """The `rlhfkit` command (also `python -m rlhfkit`): `train rl|sft|rm|dpo|kto|prm|kd|opd|rs|iterative-dpo`,
-`generate`, `lora merge`, `demo`, `plan`, `eval`, `view`, `serve-reward`, `serve-training`, `version`.
+`generate`, `lora merge`, `demo`, `plan`, `eval`, `view`, `export`, `serve-reward`, `serve-training`,
+`version`.
 
 Errors that rlhfkit raises on purpose print as one line (`error: ...`) with exit code 2;
 `--debug` anywhere on the command line shows the traceback instead.
@@ -31,6 +32,7 @@ commands:
   plan        the step counts and a memory estimate of a train rl run (same flags), no model loaded
   eval        pass@k / maj@k of a model on --eval.dataset with a verifier (same flags as train rl)
   view RUN    write RUN/samples.html: the completions of each step, filterable by step and reward
+  export CKPT OUT  a checkpoint (single-process, FSDP-sharded or LoRA) as an HF model folder
   version     the versions of rlhfkit, Python, torch and transformers (also --version)
 
 flags are dotted: --section.name VALUE (e.g. --rollout.n_samples_per_prompt 8); --config FILE.yaml
@@ -93,8 +95,8 @@ def command_help(argv: list[str]) -> str:
                                    intro="The flags of `rlhfkit train rl`:")
     if cmd == "generate":
         return flag_help.command_help("generate", usage="usage: rlhfkit generate [flags]\n")
-    if cmd == "view":
-        return importlib.import_module("rlhfkit.cli.view_cmd").__doc__
+    if cmd in ("view", "export"):
+        return importlib.import_module(f"rlhfkit.cli.{cmd}_cmd").__doc__
     if cmd == "serve-reward":
         from rlhfkit.config.serve import ServeRewardConfig
 
@@ -133,7 +135,7 @@ def dispatch(argv: list[str]) -> int:
         from rlhfkit.cli import serve_training
 
         return serve_training.run(rest)
-    if cmd in ("plan", "eval", "view"):
+    if cmd in ("plan", "eval", "view", "export"):
         import importlib
 
         return importlib.import_module(f"rlhfkit.cli.{cmd}_cmd").run(rest)

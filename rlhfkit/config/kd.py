@@ -16,7 +16,7 @@ from rlhfkit.config.sft import (
     OWN_ALIASES,
     SUPERVISED_RANGES,
     DSConfig,
-    ModelConfig,
+    SFTModelConfig,
     SupervisedCkptConfig,
     SupervisedDataConfig,
     SupervisedLoggerConfig,
@@ -52,7 +52,7 @@ class KDSection:
 class KDConfig:
     """`rlhfkit train kd`: knowledge distillation from a teacher on prompts and responses."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: SFTModelConfig = field(default_factory=SFTModelConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     kd: KDSection = field(default_factory=KDSection)
     data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)

@@ -18,6 +18,7 @@ Each flag's number of values follows OpenRLHF's declaration (a switch, one value
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from rlhfkit.config.defaults import PROMPT_MAX_LEN
@@ -84,7 +85,6 @@ LOGGING_STEPS = "ignored: rlhfkit logs every step (metrics.jsonl, TensorBoard)"
 DS_CKPT = "ignored: rlhfkit writes no DeepSpeed checkpoints; its checkpoints are HF folders plus trainer state"
 DS_CKPT_PATH = "ignored: rlhfkit keeps checkpoints in <--ckpt.output_dir>/checkpoints"
 CKPT_MEM = "ignored: rlhfkit keeps the newest --ckpt.max_num checkpoints (no size limit)"
-BEST_CKPT = "not supported yet: no best-checkpoint copy; the eval metrics are in metrics.jsonl"
 QLORA = "not supported yet: 4-bit base weights; the model is trained in its --model.dtype / --actor.dtype"
 TEXT_ONLY = "ignored: rlhfkit trains text-only models"
 VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is transformers' "
@@ -104,6 +104,13 @@ def _dtype(model_field: str):
                               f"for float32)")
         return {model_field: "bfloat16"}
     return convert
+
+
+def _margin(vals, given):
+    """OpenRLHF's --margin_loss switch; its logexpsigmoid loss ignores the margin."""
+    loss = _given(given, "loss", "model.loss_type")
+    on = (vals[0] if vals else "true") if not (loss and loss[0] == "logexpsigmoid") else "false"
+    return {"model.margin_loss_enable": on}
 
 
 def _lora_targets(vals, given):
@@ -163,6 +170,15 @@ def _max_len(vals, given):
         return {"data.prompt_max_len": str(max(1, total - int(new[0])))}
     prompt = _given(given, "data.prompt_max_len", "prompt_max_len")
     return {"rollout.max_new_tokens": str(max(1, total - int(prompt[0] if prompt else PROMPT_MAX_LEN)))}
+
+
+def _best_metric(vals, given):
+    """OpenRLHF's --ckpt.best_metric_key (greater is better) as --ckpt.keep_best."""
+    key = vals[0].strip() if vals else ""
+    if key == "none":
+        return {}
+    k = re.fullmatch(r"eval_.*_pass(\d+)", key or "eval__pass1")
+    return {"ckpt.keep_best": f"eval/pass@{k.group(1)}:max" if k else f"{key}:max"}
 
 
 def _is_threshold(vals, given):
@@ -241,7 +257,9 @@ _rl("save_path ckpt.output_dir", to("ckpt.output_dir"))
 add_ckpt_rules(_rl)
 _rl("save_hf_ckpt ckpt.save_hf disable_ds_ckpt ckpt.disable_ds use_ds_universal_ckpt ds.use_universal_ckpt",
     notice(DS_CKPT))
-_rl("best_metric_key ckpt.best_metric_key", notice(BEST_CKPT, 1))
+_rl("best_metric_key ckpt.best_metric_key", conv(_best_metric, "`--ckpt.keep_best METRIC:max`; OpenRLHF's "
+                                                                "eval_NAME_passK (and empty: the first pass1) is "
+                                                                "eval/pass@K, none: off"))
 _rl("logging_steps logger.logging_steps", notice(LOGGING_STEPS, 1))
 _rl("eval_steps eval.steps", to("eval.steps", note="-1: before and after training"))
 _rl("use_tensorboard logger.tensorboard_dir",
@@ -414,7 +432,7 @@ def _supervised_rules() -> dict[str, Alias]:
     add("ref_pretrain ref.model_name_or_path", to("ref.model_name_or_path"))
     add("dataset data.dataset", to("data.dataset"))
     add("eval_dataset eval.dataset", to("data.eval_dataset"))
-    add("dataset_probs data.dataset_probs", PROBS)
+    add("dataset_probs data.dataset_probs", to("data.dataset_probs", note="with comma-separated --data.dataset"))
     add("dataset_split data.dataset_split train_split", to("data.dataset_split"))
     add("eval_split eval.split", to("data.eval_dataset_split"))
     for key in ("input_key", "output_key", "prompt_key", "chosen_key", "rejected_key", "label_key", "input_template",
@@ -423,12 +441,10 @@ def _supervised_rules() -> dict[str, Alias]:
     add("apply_chat_template data.apply_chat_template", to("data.apply_chat_template", 0))
     add("max_len data.max_len", to("data.max_len", note="longer samples are skipped and counted, not truncated"))
     add("tokenizer_chat_template data.tokenizer_chat_template",
-        refuse("rlhfkit uses the tokenizer's own chat template: save yours as chat_template in the tokenizer "
-               "folder's tokenizer_config.json"))
+        to("data.tokenizer_chat_template", note="read with --data.apply_chat_template, as in OpenRLHF"))
     add("multiturn data.multiturn",
         notice("accepted: rlhfkit's SFT trains every assistant turn of a message list already"))
-    add("pretrain_mode model.pretrain_mode_enable",
-        refuse("rlhfkit's SFT loss covers the response tokens only (no pretraining loss on the prompt): drop it", 0))
+    add("pretrain_mode model.pretrain_mode_enable", to("model.pretrain_mode_enable", 0))
     add("packing_samples ds.packing_samples", to("ds.packing_samples", 0))
     for key in ("rank", "alpha", "dropout"):
         add(f"lora_{key} ds.lora.{key}", to(f"ds.lora.{key}"))
@@ -453,15 +469,15 @@ def _supervised_rules() -> dict[str, Alias]:
     add("loss model.loss_type", notice("accepted: rlhfkit's reward-model loss is -log sigmoid(chosen - rejected), "
                                        "what both sigmoid and logexpsigmoid compute", 1))
     add("margin_loss model.margin_loss_enable",
-        refuse("rlhfkit's reward-model loss has no margin term: drop it", 0))
+        Alias("mapped", 0, to="model.margin_loss_enable", convert=_margin,
+              note="the margin is each record's \"margin\" key; off with --loss logexpsigmoid, whose loss "
+                   "has no margin in OpenRLHF"))
     add("compute_fp32_loss model.compute_fp32_loss_enable",
         notice("accepted: rlhfkit computes the losses in float32 already"))
     add("beta model.beta", to("model.beta"))
     add("ipo model.ipo_enable", to("model.ipo_enable", 0))
     add("label_smoothing model.label_smoothing", to("model.label_smoothing"))
-    add("nll_loss_coef model.nll_loss_coef",
-        refuse("rlhfkit's DPO has no NLL term: drop it (or run train sft on the chosen answers)",
-               harmless=("0", "0.0")))
+    add("nll_loss_coef model.nll_loss_coef", to("model.nll_loss_coef"))
     add("placeholder_token", to("data.placeholder_token"))
     add("reward_tokens", to("data.reward_tokens", 2, note="exactly two: the good-step token, then the bad-step one"))
     add("desirable_loss_weight", to("model.desirable_weight"))

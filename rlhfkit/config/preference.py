@@ -27,10 +27,19 @@ from rlhfkit.config.sft import (
 
 
 @dataclass(frozen=True)
+class RMModelConfig(ModelConfig):
+    """The reward model being trained and its loss's settings."""
+
+    margin_loss_enable: bool = False
+    """Llama 2's margin: the loss is -log sigmoid(r(chosen) - r(rejected) - m), m = the pair's "margin"
+    record key (0 where a record has none)."""
+
+
+@dataclass(frozen=True)
 class RMConfig:
     """`rlhfkit train rm`: Bradley-Terry reward model."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: RMModelConfig = field(default_factory=RMModelConfig)
     data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
     train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=9e-6))
@@ -58,6 +67,9 @@ class PolicyModelConfig(ModelConfig):
     """KTO only: weight of desirable examples."""
     undesirable_weight: float = 1.0
     """KTO only: weight of undesirable examples."""
+    nll_loss_coef: float = 0.0
+    """DPO only: add this times the chosen responses' NLL (each response's token-mean, averaged over
+    the pairs) to the loss (OpenRLHF's DPO + NLL, as in Pang et al. 2024's iterative RPO)."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,7 @@ def validate_rm(cfg: RMConfig) -> RMConfig:
 # `train dpo|kto`: the shared ranges and those of the policy's loss settings.
 DPO_RANGES = validate_table({
     **SUPERVISED_RANGES, "model.beta": "> 0", "model.label_smoothing": "[0, 0.5)",
-    "model.desirable_weight": "> 0", "model.undesirable_weight": "> 0",
+    "model.desirable_weight": "> 0", "model.undesirable_weight": "> 0", "model.nll_loss_coef": ">= 0",
 })
 
 
@@ -122,8 +134,9 @@ def validate_dpo(cfg: DPOConfig, kind: str = "dpo") -> DPOConfig:
     require(not (m.ipo_enable and m.label_smoothing > 0),
             "--model.ipo_enable and --model.label_smoothing are exclusive (cDPO smooths the logistic DPO loss)")
     if kind == "kto":
-        require(not m.ipo_enable and m.label_smoothing == 0,
-                "--model.ipo_enable / --model.label_smoothing are DPO options; train kto does not use them")
+        require(not m.ipo_enable and m.label_smoothing == 0 and m.nll_loss_coef == 0,
+                "--model.ipo_enable / --model.label_smoothing / --model.nll_loss_coef are DPO options; train kto "
+                "does not use them")
         require(cfg.train.micro_batch_size >= 2, "train kto needs --train.micro_batch_size >= 2 (its KL reference "
                 "point pairs each prompt with another sample's response)")
     return cfg

@@ -406,6 +406,11 @@ class CkptConfig:
     """Keep the newest N checkpoints in <output_dir>/checkpoints."""
     load_enable: bool = False
     """Resume from the newest intact checkpoint in <output_dir>/checkpoints (start fresh if none)."""
+    keep_best: str | None = None
+    """METRIC[:max|min]: also keep the checkpoint of the evaluation with the best METRIC so far (e.g.
+    eval/accuracy, or eval/loss:min; max by default) in <output_dir>/checkpoints/best, besides the
+    newest --ckpt.max_num; judged at every evaluation (--eval.steps and the final one), kept across
+    resumes; `rlhfkit export` turns it into a model folder."""
 
 
 @dataclass(frozen=True)
@@ -707,8 +712,16 @@ def check_input_template(template: str | None, flag: str = "--data.input_templat
     _require("{}" in template, f"{flag} {template!r} has no '{{}}' where the prompt goes (e.g. 'Question: {{}}')")
 
 
+def check_keep_best(spec: str | None) -> None:
+    """--ckpt.keep_best is METRIC, METRIC:max or METRIC:min."""
+    metric = spec.rsplit(":", 1)[0] if spec and spec.endswith((":max", ":min")) else spec
+    _require(spec is None or bool(metric and metric.strip()),
+             f"--ckpt.keep_best {spec!r}: give METRIC[:max|min], e.g. eval/accuracy or eval/loss:min")
+
+
 def _validate_eval(cfg: RLConfig) -> None:
     e = cfg.eval
+    check_keep_best(cfg.ckpt.keep_best)
     _require(e.n_samples == 1 or e.temperature > 0,
              f"--eval.n_samples {e.n_samples} with --eval.temperature 0 draws identical greedy samples; "
              "set --eval.temperature (e.g. 0.7) or --eval.n_samples 1")

@@ -9,16 +9,18 @@ are aliases. `SFTConfig.from_args(argv)` parses exactly the flags of `rlhfkit tr
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
 from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, WANDB_MODES, AdamConfig,
-                               LoraConfig, WandbConfig, check_device, check_input_template)
+                               LoraConfig, WandbConfig, check_device, check_input_template, check_keep_best)
 from rlhfkit.config.rl import lora_targets  # noqa: F401  (LoRA is defined with train rl's config; kept here)
 from rlhfkit.errors import ConfigError
 
+log = logging.getLogger("rlhfkit")
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -40,12 +42,27 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class SFTModelConfig(ModelConfig):
+    """The model being trained, and what SFT trains it on."""
+
+    pretrain_mode_enable: bool = False
+    """Continued pretraining: train on every token of the --data.input_key text (no template, no
+    EOS added, --data.output_key not read; texts longer than --data.max_len are cut to it)."""
+
+
+@dataclass(frozen=True)
 class SupervisedDataConfig:
     """Training and evaluation data and their record keys."""
 
     dataset: str | None = None
     """Training data: .jsonl / .json / .parquet, a datasets folder or a hub dataset name (org/name;
-    org/name@dir for a data dir); required unless the API is given a train_dataset."""
+    org/name@dir for a data dir); several, comma-separated, are read as one (concatenated, or mixed by
+    --data.dataset_probs); required unless the API is given a train_dataset."""
+    dataset_probs: str | None = None
+    """Mix the comma-separated datasets of --data.dataset with these comma-separated probabilities
+    (summing to 1): each next record comes from a dataset drawn with them, a dataset that runs out
+    starts again, until every one was read to its end (OpenRLHF's blending, datasets'
+    interleave_datasets with all_exhausted, seeded by --train.seed); none = concatenate them."""
     dataset_split: str = "train"
     """The split of a training dataset that has several (a hub dataset, a DatasetDict folder)."""
     dataset_config: str | None = None
@@ -77,6 +94,9 @@ class SupervisedDataConfig:
     """KTO: true = desirable, false = undesirable."""
     apply_chat_template: bool = False
     """Render prompts and conversations with the tokenizer's chat template."""
+    tokenizer_chat_template: str | None = None
+    """With --data.apply_chat_template: this Jinja chat template (the text, or a file holding it)
+    replaces the tokenizer's, for the data and in the saved tokenizer."""
     input_template: str | None = None
     """A format string with one {} around the prompt (without a chat template)."""
     reward_template: str | None = None
@@ -143,6 +163,11 @@ class SupervisedCkptConfig:
     """Keep the newest N checkpoints in <output_dir>/checkpoints."""
     load_enable: bool = False
     """Resume from the newest intact checkpoint in <output_dir>/checkpoints (start fresh if none)."""
+    keep_best: str | None = None
+    """METRIC[:max|min]: also keep the checkpoint of the evaluation with the best METRIC so far (e.g.
+    eval/accuracy, or eval/loss:min; max by default) in <output_dir>/checkpoints/best, besides the
+    newest --ckpt.max_num; judged at every evaluation (--train.eval_steps and the final one), kept across
+    resumes; `rlhfkit export` turns it into a model folder."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +188,7 @@ class SupervisedLoggerConfig:
 class SFTConfig:
     """`rlhfkit train sft`: supervised fine-tuning on prompts and responses or whole conversations."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: SFTModelConfig = field(default_factory=SFTModelConfig)
     data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
     train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=5e-6))
@@ -226,10 +251,16 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
     require(t.batch_size % t.micro_batch_size == 0,
             f"--train.batch_size ({t.batch_size}) must be a multiple of --train.micro_batch_size ({t.micro_batch_size})")
     check_input_template(cfg.data.input_template)
+    check_keep_best(cfg.ckpt.keep_best)
+    if cfg.data.tokenizer_chat_template is not None and not cfg.data.apply_chat_template:
+        log.warning("--data.tokenizer_chat_template is ignored without --data.apply_chat_template (as in OpenRLHF)")
 
 
 def validate_sft(cfg: SFTConfig) -> SFTConfig:
     validate_common(cfg)
+    require(not (cfg.model.pretrain_mode_enable and cfg.data.reward_template),
+            "--model.pretrain_mode_enable trains on raw texts; --data.reward_template (conditional SFT) needs "
+            "prompts and responses: drop one")
     template = cfg.data.reward_template
     require(template is None or ("{input}" in template and "{reward}" in template),
             f"--data.reward_template {template!r} needs both {{input}} and {{reward}}")

@@ -14,6 +14,10 @@ Sources (a path is chosen by its suffix; an existing local path always wins over
   a list of dicts  records already in memory (a notebook's data)
   a `datasets.Dataset` / `DatasetDict` object (a `DatasetDict` -> `split`, as for folders)
 
+Several datasets read as one (OpenRLHF's `blending_datasets`): a `Blend` of sources (`as_source`
+makes one from OpenRLHF's comma-separated spelling `a.jsonl,b.jsonl` and its `--dataset_probs`
+`0.7,0.3`), concatenated without probabilities, interleaved with them (`blend_order`).
+
 `split` picks one split of a source that has several (a DatasetDict, a hub dataset); single files
 have none and ignore it. Shared by every dataset kind (prompts, SFT, preference pairs). Errors are
 `DataError`s that name the source (`source_name`: the path or hub name, or "in-memory list" /
@@ -28,15 +32,79 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from rlhfkit.errors import DataError, one_line
+from rlhfkit.errors import ConfigError, DataError, one_line
 
 if TYPE_CHECKING:
     import datasets
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
 
-# What every loader reads: a path, records in memory, or a HF `datasets` object.
-Source = Union[str, Path, list[dict], "datasets.Dataset", "datasets.DatasetDict"]
+# What every loader reads: a path, records in memory, a HF `datasets` object, or a Blend of them.
+Source = Union[str, Path, list[dict], "datasets.Dataset", "datasets.DatasetDict", "Blend"]
+
+
+@dataclass(frozen=True)
+class Blend:
+    """Several sources read as one dataset, as OpenRLHF's `blending_datasets` reads them.
+
+    Each source keeps its first `max_count` records (all when None). Without `probs` the records are
+    concatenated in order; with `probs` (one per source, summing to 1) they are interleaved as
+    `datasets.interleave_datasets(parts, probabilities=probs, seed=seed,
+    stopping_strategy="all_exhausted")` interleaves them: each next record is drawn from a source
+    chosen with these probabilities, a source that runs out starts again, until every source has
+    been read to its end at least once (so the rare ones are not cut short and the common ones repeat).
+    """
+
+    sources: tuple
+    probs: tuple[float, ...] | None = None
+    seed: int = 42
+    max_count: int | None = None
+
+
+def as_source(source: Source, probs: str | None = None, seed: int = 42, max_count: int | None = None) -> Source:
+    """`source` itself, or a `Blend` when it is OpenRLHF's comma-separated list of datasets (a string
+    with commas that is not an existing path) or `probs` (comma-separated, one per dataset) is given."""
+    parts = [source]
+    if isinstance(source, str) and "," in source and not Path(source).expanduser().exists():
+        parts = [p.strip() for p in source.split(",") if p.strip()]
+    if probs is None and len(parts) == 1:
+        return source
+    weights = None if probs is None else parse_probs(probs, len(parts))
+    return Blend(tuple(parts), weights, seed, max_count)
+
+
+def parse_probs(probs: str, n: int, flag: str = "--data.dataset_probs") -> tuple[float, ...]:
+    """OpenRLHF's comma-separated sampling probabilities: `n` numbers >= 0 that sum to 1."""
+    try:
+        weights = tuple(float(p) for p in str(probs).split(","))
+    except ValueError:
+        raise ConfigError(f"{flag} {probs!r}: expected comma-separated numbers, one per dataset") from None
+    if len(weights) != n:
+        raise ConfigError(f"{flag} {probs!r} has {len(weights)} probabilities for {n} dataset(s); give one "
+                          "per comma-separated dataset")
+    if min(weights) < 0 or abs(sum(weights) - 1) > 1e-6:
+        raise ConfigError(f"{flag} {probs!r}: the probabilities must be >= 0 and sum to 1")
+    return weights
+
+
+def blend_order(sizes: list[int], probs: tuple[float, ...] | None, seed: int) -> list[tuple[int, int]]:
+    """(source, row) of each record of a Blend of sources with `sizes` records (see `Blend`)."""
+    if probs is None:
+        return [(k, i) for k, n in enumerate(sizes) for i in range(n)]
+    import datasets
+
+    parts = [datasets.Dataset.from_dict({"source": [k] * n, "row": list(range(n))}) for k, n in enumerate(sizes)]
+    mixed = datasets.interleave_datasets(parts, probabilities=list(probs), seed=seed,
+                                         stopping_strategy="all_exhausted")
+    return list(zip(mixed["source"], mixed["row"]))
+
+
+def _read_blend(blend: Blend, split: str, config: str | None, data_dir: str | None) -> list[Record]:
+    parts = []
+    for part in blend.sources:
+        records = read_records(part, split, config, data_dir)[: blend.max_count]
+        parts.append([Record(r.data, f"{source_name(part)}, {r.where}") for r in records])
+    return [parts[k][i] for k, i in blend_order([len(p) for p in parts], blend.probs, blend.seed)]
 
 
 @dataclass
@@ -53,7 +121,9 @@ def read_records(source: Source, split: str = "train", config: str | None = None
     `DatasetDict`, of which `split` is taken); DataError when it is missing, malformed or empty.
     `config` and `data_dir` are `datasets.load_dataset`'s `name` and `data_dir` (hub datasets and
     folders of data files)."""
-    if isinstance(source, (str, Path)):
+    if isinstance(source, Blend):
+        records = _read_blend(source, split, config, data_dir)
+    elif isinstance(source, (str, Path)):
         try:
             records = list(_read_path(source, split, config, data_dir))
         except OSError as exc:  # permissions, an I/O error, a file that vanished while being read
@@ -71,6 +141,8 @@ def source_name(source: Source) -> str:
     """How errors name a source: the path, or "in-memory list" / "in-memory Dataset"."""
     if isinstance(source, (str, Path)):
         return str(source)
+    if isinstance(source, Blend):
+        return ",".join(source_name(s) for s in source.sources)
     return f"in-memory {type(source).__name__}"
 
 

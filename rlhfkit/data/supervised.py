@@ -48,11 +48,13 @@ class TokenSample:
 
 @dataclass
 class PairSample:
-    """A preference pair: the same prompt with a chosen and a rejected response."""
+    """A preference pair: the same prompt with a chosen and a rejected response; `margin`: the
+    record's "margin" (0 without one), which a reward model's margin loss subtracts."""
 
     chosen: TokenSample
     rejected: TokenSample
     index: int = 0
+    margin: float = 0.0
 
 
 @dataclass
@@ -96,6 +98,15 @@ class TextFormat:
             answer = self._ids(_as_str(response, where)) + [self.tokenizer.eos_token_id]
             pieces = [(self._ids(text), False), (answer, True)]
         return _to_sample(pieces, where)
+
+    def encode_text(self, text: Any, max_len: int, where: str) -> TokenSample | None:
+        """Continued pretraining (OpenRLHF's pretrain mode): every token of `text` after the first is
+        a target; no template, no EOS added; cut to `max_len` tokens. None for a text of under 2 tokens
+        (nothing to predict)."""
+        ids = self._ids(_as_str(text, where))[:max_len]
+        if len(ids) < 2:
+            return None
+        return TokenSample(torch.tensor(ids[:1]), torch.tensor(ids[1:]), torch.ones(len(ids) - 1, dtype=torch.bool))
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
@@ -197,15 +208,25 @@ def select_records(source: Source, keys: dict[str, str | None], max_samples: int
 def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_key: str | None = "output",
              max_len: int = 2048, max_samples: int | None = None, seed: int | None = None,
              split: str = "train", config: str | None = None, data_dir: str | None = None,
-             reward_template: str | None = None, reward_key: str = "reward") -> tuple[list[TokenSample], int]:
+             reward_template: str | None = None, reward_key: str = "reward",
+             pretrain_mode: bool = False) -> tuple[list[TokenSample], int]:
     """SFT samples and the number skipped for exceeding `max_len`. With `output_key` None (or
     absent from every record) `input_key` must hold a whole conversation (chat template).
     `source`: a path or hub name, a list of dicts, or a `datasets.Dataset` / `DatasetDict` (`split`
     taken; `config` and `data_dir` as `datasets.load_dataset` takes them for hub names).
     Conditional SFT: with `reward_template`, each input string becomes `render_reward(template,
-    input, record[reward_key])` before the input template (OpenRLHF's csft processor)."""
+    input, record[reward_key])` before the input template (OpenRLHF's csft processor).
+    `pretrain_mode`: the `input_key` texts as they are, every token a target (`TextFormat.encode_text`);
+    texts of under 2 tokens are skipped and counted."""
     keys = {"--data.input_key": input_key, "--data.reward_key": reward_key if reward_template else None}
     rows = select_records(source, keys, max_samples, seed, split, config, data_dir)
+    if pretrain_mode:
+        texts = [(i, fmt.encode_text(r.data[input_key], max_len, f"{p}, {r.where}, key {input_key!r}"))
+                 for i, r, p in rows]
+        kept = [TokenSample(s.prompt_ids, s.response_ids, s.loss_mask, i) for i, s in texts if s is not None]
+        if not kept:
+            raise DataError(f"{source_name(source)}: no {input_key!r} text has 2 tokens or more to train on")
+        return kept, len(texts) - len(kept)
     if output_key is not None and all(output_key not in r.data for _, r, _ in rows):
         if not all(is_messages(r.data[input_key]) for _, r, _ in rows):
             require_key(rows[0][1], output_key, "--data.output_key", rows[0][2])
@@ -261,8 +282,18 @@ def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt
         if max(sample_length(s) for s in sides) > max_len:
             skipped += 1
             continue
-        pairs.append(PairSample(sides[0], sides[1], i))
+        pairs.append(PairSample(sides[0], sides[1], i, _margin(record, where)))
     return nonempty(pairs, skipped, max_len, source), skipped
+
+
+def _margin(record: Record, where: str) -> float:
+    """The record's "margin" key (OpenRLHF's name), 0 when absent or null."""
+    value = record.data.get("margin")
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DataError(f"{where}, key 'margin': expected a number (the reward model's margin), got {value!r}")
+    return float(value)
 
 
 def load_unpaired(source: Source, fmt: TextFormat, prompt_key: str = "prompt", output_key: str = "output",

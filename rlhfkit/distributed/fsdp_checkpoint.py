@@ -40,6 +40,7 @@ from safetensors import SafetensorError
 from rlhfkit.distributed.fsdp import max_over_ranks
 from rlhfkit.errors import CheckpointError
 from rlhfkit.trainers.checkpoint import (
+    BEST,
     SHARDS,
     Checkpointer,
     prune,
@@ -65,35 +66,36 @@ class ShardedCheckpointer(Checkpointer):
     `load` is a collective. The trainer also provides `checkpoint_learners()` (trainers.rl.loop.RLLoop)."""
 
     def __init__(self, root: str | Path, save_steps: int, max_num: int, rank: int, world_size: int,
-                 say: Callable[[str], None] = log.warning):
-        super().__init__(root, save_steps, max_num, say)
+                 say: Callable[[str], None] = log.warning, keep_best: str | None = None):
+        super().__init__(root, save_steps, max_num, say, keep_best)
         self.rank, self.world_size = rank, world_size
         if rank == 0 and self.root.is_dir():  # torn temporary folders of a killed run
             for p in self.root.glob(".t*.step_*"):
                 shutil.rmtree(p, ignore_errors=True)
 
     # ------------------------------------------------------------------ save
-    def save(self, trainer) -> Path | None:
+    def save(self, trainer, best: dict | None = None) -> Path | None:
+        """A collective; with `best`, the checkpoint is `best/` (see Checkpointer.consider_best)."""
         if not trainer.can_checkpoint():  # the same on every rank (the gradient norm is global)
             if self.rank == 0:
                 self.say_not_checkpointing(trainer)
             return None
-        name = step_dir_name(trainer.step)
-        tmp = self.root / f".tmp.{name}.fsdp"
+        name = BEST if best is not None else step_dir_name(trainer.step)
+        tmp = self.root / f".tmp.{step_dir_name(trainer.step)}.fsdp{'.best' if best is not None else ''}"
         err = _agree(_attempt(lambda: _fresh_folder(tmp)) if self.rank == 0 else None)
         if err is None:
             err = _agree(_attempt(lambda: self._write(trainer, tmp)))
         if err is None:
             failure = None
             if self.rank == 0:
-                failure = _attempt(lambda: seal(tmp, trainer.step, world_size=self.world_size))
-                failure = failure or _attempt(lambda: publish(self.root, tmp, name))
+                failure = _attempt(lambda: seal(tmp, trainer.step, world_size=self.world_size, **(best or {})))
+                failure = failure or _attempt(lambda: publish(self.root, tmp, name, point=best is None))
             err = _agree(failure)
         if err is not None:
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise write_error(self.root, name, err) from err
-        if self.rank == 0:
+        if self.rank == 0 and best is None:
             prune(self.root, self.max_num)
         return self.root / name
 
@@ -150,6 +152,7 @@ class ShardedCheckpointer(Checkpointer):
                     for e, (fqn, _) in zip(learner.ema, _trained(module), strict=True):
                         e.copy_(shards[f"ema.{module_name}"][fqn])
         set_rng_state(state["rng"])
+        self.restore_best()
 
 
 def sharded_state(trainer) -> tuple[dict, dict]:
@@ -222,3 +225,21 @@ def _agree(failure: BaseException | None) -> BaseException | None:
     if failure is not None:
         return failure
     return OSError("another rank could not write its part of the checkpoint") if failed else None
+
+
+def read_full_module(path: Path, name: str, module: torch.nn.Module) -> None:
+    """Fill the plain (unsharded) `module` in place with the weights of module `name` of the FSDP
+    checkpoint `path`, in one process without a process group (DCP reads every rank's shards)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    state = {name: untied(module.state_dict())}
+    try:
+        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)), no_dist=True)
+    except (RuntimeError, ValueError, SafetensorError) as exc:
+        raise CheckpointError(f"checkpoint {path}: its shards of {name!r} do not fit the run's "
+                              f"base model ({' '.join(str(exc).split())[:300]})") from exc
+    missing, unexpected = module.load_state_dict(state[name], strict=False)
+    untied_missing = [k for k in missing if k in untied(module.state_dict())]
+    if untied_missing or unexpected:
+        raise CheckpointError(f"checkpoint {path}: shards missing {untied_missing[:3]}, unexpected {unexpected[:3]}")

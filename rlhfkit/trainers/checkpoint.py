@@ -4,12 +4,16 @@ Layout of `root` (a run's `checkpoints/` folder):
 
     step_00000012/
         model/               HF folder of each module with `save_pretrained` (safetensors + tokenizer)
-        critic.safetensors   the state dict of any other module (and of a LoRA model: base and adapters)
+        critic.safetensors   the state dict of any other module (and of a LoRA model: base and adapters;
+        model.adapter/       then also peft's adapter config and the tokenizer, for `rlhfkit export`)
         state.json           everything else: a nested tree of plain values (optimizer and scheduler
         state.safetensors    state, EMA, KL controller, RNG states, data position, counters); tensors
                              sit in the safetensors file and are named in the tree
         manifest.json        written last: the step and the size and sha256 of every file
     latest                   the name of the newest complete checkpoint, replaced last
+    best/                    with --ckpt.keep_best METRIC[:max|min]: the checkpoint of the step whose
+                             evaluation had the best METRIC so far (its manifest names the metric,
+                             the value and the step); never pruned, never the one resumed from
 
 A checkpoint is built in a temporary folder, every file and the folder are fsync'ed, the folder is
 renamed into place, and only then is `latest` replaced (write, fsync, rename). A process killed at
@@ -43,6 +47,8 @@ from rlhfkit.errors import CheckpointError, os_error_fix
 
 log = logging.getLogger("rlhfkit")
 MANIFEST, LATEST, STATE_JSON, STATE_TENSORS = "manifest.json", "latest", "state.json", "state.safetensors"
+BEST = "best"  # the folder of the best checkpoint (--ckpt.keep_best)
+ADAPTER_SUFFIX = ".adapter"  # <name>.adapter/: a LoRA model's adapter config and tokenizer (see write_model_card)
 SHARDS = "shards"  # the folder of an FSDP checkpoint's weight and optimizer shards (distributed.fsdp_checkpoint)
 FORMAT = 1
 
@@ -124,7 +130,7 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def _write_contents(tmp: Path, step: int, state: dict, modules: dict[str, tuple]) -> None:
+def _write_contents(tmp: Path, step: int, state: dict, modules: dict[str, tuple], extra: dict) -> None:
     for name, (module, tokenizer) in modules.items():
         if hasattr(module, "save_pretrained") and tokenizer is not None and not hasattr(module, "peft_config"):
             module.save_pretrained(tmp / name, safe_serialization=True)
@@ -132,8 +138,20 @@ def _write_contents(tmp: Path, step: int, state: dict, modules: dict[str, tuple]
         else:
             sd = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
             save_file(sd, str(tmp / f"{name}.safetensors"))
+            write_model_card(tmp / f"{name}{ADAPTER_SUFFIX}", module, tokenizer)
     write_state(tmp, state)
-    seal(tmp, step)
+    seal(tmp, step, **extra)
+
+
+def write_model_card(folder: Path, module: torch.nn.Module, tokenizer) -> None:
+    """What `rlhfkit export` needs beside a state dict of a LoRA model: peft's adapter config (its
+    base model, rank, alpha, targets) and the tokenizer, in `folder`. Nothing for other modules."""
+    if not hasattr(module, "peft_config"):
+        return
+    for adapter, config in module.peft_config.items():
+        config.save_pretrained(folder if adapter == "default" else folder / adapter)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
 
 
 def write_state(folder: Path, state: dict) -> None:
@@ -163,9 +181,9 @@ def seal(tmp: Path, step: int, **extra: Any) -> None:
         _fsync(d)
 
 
-def publish(root: Path, tmp: Path, name: str) -> Path:
-    """Rename the sealed `tmp` to `root/name` (replacing an older attempt at that step), then point
-    `latest` at it (write, fsync, rename)."""
+def publish(root: Path, tmp: Path, name: str, point: bool = True) -> Path:
+    """Rename the sealed `tmp` to `root/name` (replacing an older attempt at that step, or the older
+    best), then, with `point`, point `latest` at it (write, fsync, rename)."""
     target = root / name
     if target.exists():  # an older attempt at this step (e.g. before a resume): replace it
         trash = root / f".trash.{name}.{os.getpid()}"
@@ -173,6 +191,8 @@ def publish(root: Path, tmp: Path, name: str) -> Path:
         shutil.rmtree(trash)
     os.replace(tmp, target)
     _fsync(root)
+    if not point:
+        return target
     pointer = root / f".{LATEST}.tmp"
     pointer.write_text(name + "\n")
     _fsync(pointer)
@@ -181,25 +201,29 @@ def publish(root: Path, tmp: Path, name: str) -> Path:
     return target
 
 
-def save_checkpoint(root: str | Path, step: int, state: dict, modules: dict[str, tuple], max_num: int) -> Path:
-    """Write checkpoint `step` atomically under `root`, point `latest` at it, keep the newest `max_num`.
+def save_checkpoint(root: str | Path, step: int, state: dict, modules: dict[str, tuple], max_num: int,
+                    best: dict | None = None) -> Path:
+    """Write checkpoint `step` atomically under `root`, point `latest` at it, keep the newest `max_num`;
+    with `best` ({"metric", "value", "mode"}, kept in the manifest), write it as `root/best` instead,
+    leaving `latest` and the others alone.
 
     Raises CheckpointError (naming the cause, e.g. a full disk) after removing the partial folder;
     the checkpoints written before stay intact.
     """
     root = Path(root)
-    name = step_dir_name(step)
-    tmp = root / f".tmp.{name}.{os.getpid()}"
+    name = BEST if best is not None else step_dir_name(step)
+    tmp = root / f".tmp.{step_dir_name(step)}.{os.getpid()}{'.best' if best is not None else ''}"
     try:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _write_contents(tmp, step, state, modules)
-        target = publish(root, tmp, name)
+        _write_contents(tmp, step, state, modules, best or {})
+        target = publish(root, tmp, name, point=best is None)
     except (OSError, SafetensorError) as exc:  # safetensors reports its I/O errors as SafetensorError
         shutil.rmtree(tmp, ignore_errors=True)
         raise write_error(root, name, exc) from exc
-    prune(root, max_num)
+    if best is None:
+        prune(root, max_num)
     return target
 
 
@@ -311,31 +335,82 @@ def _load_weights(module: torch.nn.Module, sd: dict[str, torch.Tensor], where: P
 
 # ------------------------------------------------------------------ the trainer side
 class Checkpointer:
-    """Saves a trainer every `save_steps` steps (as a trainer callback) and resumes it.
+    """Saves a trainer every `save_steps` steps (as a trainer callback) and resumes it; with
+    `keep_best` (METRIC[:max|min], see `parse_keep_best`) also keeps the checkpoint of the step whose
+    evaluation had the best METRIC so far as `root/best` (`consider_best`, called by `periodic` and by
+    the API after the final evaluation). The best value is read back from `best/`'s manifest on resume.
 
     The trainer provides `step`, `state_dict()`, `load_state_dict(state)`, `checkpoint_modules()`
     and `can_checkpoint()` (False while its last optimizer steps were skipped as non-finite).
     """
 
-    def __init__(self, root: str | Path, save_steps: int, max_num: int, say: Callable[[str], None] = log.warning):
+    def __init__(self, root: str | Path, save_steps: int, max_num: int, say: Callable[[str], None] = log.warning,
+                 keep_best: str | None = None):
         self.root, self.save_steps, self.max_num, self.say = Path(root), save_steps, max_num, say
+        self.keep_best = parse_keep_best(keep_best) if keep_best else None
+        self.best: float | None = None  # the best value so far of the keep_best metric
 
     def periodic(self, trainer, step: int, metrics: dict) -> None:
         if self.save_steps > 0 and step % self.save_steps == 0:
             self.save(trainer)
+        self.consider_best(trainer, metrics)
 
-    def save(self, trainer) -> Path | None:
+    def consider_best(self, trainer, metrics: dict) -> Path | None:
+        """Save `trainer` as the best checkpoint when `metrics` (a step's, with its evaluation) holds
+        the keep_best metric at a better value than any before; None otherwise."""
+        if self.keep_best is None or not any(k.startswith("eval/") for k in metrics):
+            return None
+        metric, mode = self.keep_best
+        value = best_metric_value(metrics, metric)
+        if value != value:  # NaN: never the best
+            return None
+        better = self.best is None or (value > self.best if mode == "max" else value < self.best)
+        if not better or not trainer.can_checkpoint():
+            return None
+        path = self.save(trainer, best={"metric": metric, "value": value, "mode": mode})
+        if path is not None:
+            self.best = value
+        return path
+
+    def save(self, trainer, best: dict | None = None) -> Path | None:
         if not trainer.can_checkpoint():
             self.say_not_checkpointing(trainer)
             return None
         state = {"trainer": trainer.state_dict(), "rng": rng_state()}
-        return save_checkpoint(self.root, trainer.step, state, trainer.checkpoint_modules(), self.max_num)
+        return save_checkpoint(self.root, trainer.step, state, trainer.checkpoint_modules(), self.max_num, best)
 
     def say_not_checkpointing(self, trainer) -> None:
         self.say(f"step {trainer.step}: not checkpointing a state reached through skipped (non-finite) "
                  "optimizer steps; the last good checkpoint stays the latest")
 
+    def restore_best(self) -> None:
+        """The best value so far from `root/best`'s manifest (a resumed run keeps beating it, not 0)."""
+        if self.keep_best is None or verify(self.root / BEST) is not None:
+            return
+        manifest = json.loads((self.root / BEST / MANIFEST).read_text())
+        if manifest.get("metric") == self.keep_best[0] and manifest.get("mode") == self.keep_best[1]:
+            self.best = float(manifest["value"])
+
     def load(self, trainer, path: Path) -> None:
         state = load_checkpoint(path, trainer.checkpoint_modules())
         trainer.load_state_dict(state["trainer"])
         set_rng_state(state["rng"])
+        self.restore_best()
+
+
+def parse_keep_best(spec: str) -> tuple[str, str]:
+    """(metric, "max" or "min") of --ckpt.keep_best METRIC[:max|min] (max when not given)."""
+    metric, _, mode = spec.rpartition(":") if spec.endswith((":max", ":min")) else (spec, "", "max")
+    if not metric:
+        raise CheckpointError(f"--ckpt.keep_best {spec!r}: give a metric name, e.g. eval/loss:min")
+    return metric, mode
+
+
+def best_metric_value(metrics: dict, metric: str) -> float:
+    """eval/`metric` (or `metric`) of an evaluation's `metrics`; CheckpointError naming the metrics
+    there are when it has neither."""
+    for key in (f"eval/{metric}", metric):  # an evaluation's metric before a training one of that name
+        if key in metrics:
+            return float(metrics[key])
+    names = ", ".join(sorted(k for k in metrics if k.startswith("eval/")))
+    raise CheckpointError(f"--ckpt.keep_best: the evaluation has no metric {metric!r}; it has {names}")

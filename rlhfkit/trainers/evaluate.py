@@ -161,5 +161,7 @@ class Evaluator:
         return metrics
 
     def periodic(self, trainer, step: int, metrics: dict) -> None:
+        """The evaluation every `eval_steps` steps; its metrics join the step's `metrics` for the
+        callbacks after this one (the checkpointer's --ckpt.keep_best)."""
         if self.eval_steps > 0 and step % self.eval_steps == 0 and step < trainer.total_steps:
-            self(trainer, step)
+            metrics.update(self(trainer, step))

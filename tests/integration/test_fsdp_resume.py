@@ -185,3 +185,21 @@ def test_checkpoint_of_one_rank_resumes_under_two(ws, tmp_path):
     assert_next_step_matches(one, out)
     # rank 1, absent from the checkpoint, took rank 0's trainer state and logs the same rewards
     assert rows(out / "rank1" / "metrics.jsonl")[-1]["reward"] == rows(out / "metrics.jsonl")[-1]["reward"]
+
+
+def test_a_sharded_checkpoint_of_two_ranks_exports_to_a_model_folder(reference, tmp_path):
+    """`rlhfkit export` reads both ranks' shards in one process: the folder has the trained policy's
+    logits (final/ holds the same weights as the step-STEPS checkpoint)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.cli.main import main
+
+    assert main(["export", str(reference / "checkpoints" / step_dir_name(STEPS)), str(tmp_path / "out")]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    final = AutoModelForCausalLM.from_pretrained(reference / "final").eval()
+    ids = torch.tensor([[5, 9, 12, 20, 7, 3]])
+    with torch.no_grad():
+        assert torch.equal(exported(input_ids=ids).logits, final(input_ids=ids).logits)
+    assert main(["export", str(reference / "checkpoints" / step_dir_name(STEPS - 1)), str(tmp_path / "old")]) == 0
+    older = AutoModelForCausalLM.from_pretrained(tmp_path / "old")
+    assert not torch.equal(older(input_ids=ids).logits, final(input_ids=ids).logits)  # the step it names

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.core.losses import dpo_loss, kto_loss, pairwise_loss
+from rlhfkit.core.losses import dpo_loss, kto_loss, pairwise_loss, sft_loss
 from rlhfkit.core.masks import masked_sum
 from rlhfkit.data.batch import collate
 from rlhfkit.data.supervised import TokenSample
@@ -61,7 +61,8 @@ class _PreferenceLoop:
 
 
 class RMLoop(_PreferenceLoop):
-    """Bradley-Terry: loss = mean(-log sigmoid(r(chosen) - r(rejected))), r read at the last token."""
+    """Bradley-Terry: loss = mean(-log sigmoid(r(chosen) - r(rejected) [- margin])), r read at the
+    last token; the margin (each pair's, `PairSample.margin`) with --model.margin_loss_enable."""
 
     def scores(self, samples: Sequence[TokenSample]) -> torch.Tensor:
         batch = collate(samples, self.tokenizer.pad_token_id)
@@ -72,7 +73,10 @@ class RMLoop(_PreferenceLoop):
     def micro_loss(self, pairs: list, step_pairs: list) -> tuple[torch.Tensor, dict[str, float]]:
         b, w = len(pairs), len(pairs) / len(step_pairs)
         s = self.scores([p.chosen for p in pairs] + [p.rejected for p in pairs])
-        loss, m = pairwise_loss(s[:b], s[b:])
+        margin = None
+        if self.cfg.model.margin_loss_enable:
+            margin = torch.tensor([p.margin for p in pairs], dtype=s.dtype, device=s.device)
+        loss, m = pairwise_loss(s[:b], s[b:], margin)
         return loss * w, {"loss": float(loss.detach()) * w, "accuracy": float(m["accuracy"]) * w,
                           "reward_margin": float(m["reward_margin"]) * w,
                           "chosen_reward": float(s[:b].detach().mean()) * w,
@@ -100,17 +104,25 @@ class RMLoop(_PreferenceLoop):
 # ---------------------------------------------------------------------------------- DPO
 
 
-def sequence_logprobs(model, samples: Sequence, pad_id: int, packing: bool, autocast: str | None) -> torch.Tensor:
-    """Summed response logprobs [N] of each sample (N = len(samples))."""
+def token_logprobs(model, samples: Sequence, pad_id: int, packing: bool,
+                   autocast: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs [N, R] of each sample's response tokens in float32, their loss mask [N, R])."""
     batch = make_batch(samples, pad_id, packing)
     with autocast_ctx(autocast, model_device(model).type):
         logp = response_logprobs(model, batch)[0].float()
-    return masked_sum(logp, batch.loss_mask.to(logp.device), dim=-1)
+    return logp, batch.loss_mask.to(logp.device)
+
+
+def sequence_logprobs(model, samples: Sequence, pad_id: int, packing: bool, autocast: str | None) -> torch.Tensor:
+    """Summed response logprobs [N] of each sample (N = len(samples))."""
+    return masked_sum(*token_logprobs(model, samples, pad_id, packing, autocast), dim=-1)
 
 
 class DPOLoop(_PreferenceLoop):
     """DPO (Rafailov et al. 2023), IPO (`--model.ipo_enable`), cDPO (`--model.label_smoothing`)
-    against a frozen reference model."""
+    against a frozen reference model; with --model.nll_loss_coef c, plus c times the chosen
+    responses' NLL (each response's token mean, averaged over the step's pairs: OpenRLHF's DPO + NLL,
+    the NLL term of RPO, Pang et al. 2024, arXiv:2404.19733)."""
 
     def __init__(self, cfg, model, tokenizer, items, eval_items=(), tracker=None, ref=None):
         super().__init__(cfg, model, tokenizer, items, eval_items, tracker)
@@ -123,15 +135,23 @@ class DPOLoop(_PreferenceLoop):
     def micro_loss(self, pairs: list, step_pairs: list) -> tuple[torch.Tensor, dict[str, float]]:
         b, w, m = len(pairs), len(pairs) / len(step_pairs), self.cfg.model
         rows = [p.chosen for p in pairs] + [p.rejected for p in pairs]
-        pi = self.seq_logp(self.model, rows)
+        logp, mask = token_logprobs(self.model, rows, self.tokenizer.pad_token_id, self.cfg.ds.packing_samples,
+                                    m.autocast)
+        pi = masked_sum(logp, mask, dim=-1)
         with torch.no_grad():
             ref = self.seq_logp(self.ref, rows)
         loss, met = dpo_loss(pi[:b], pi[b:], ref[:b], ref[b:], beta=m.beta, label_smoothing=m.label_smoothing,
                              ipo=m.ipo_enable)
-        return loss * w, {"loss": float(loss.detach()) * w, "accuracy": float(met["accuracy"]) * w,
-                          "margin": float(met["margin"]) * w,
-                          "chosen_reward": float(met["chosen_rewards"].mean()) * w,
-                          "rejected_reward": float(met["rejected_rewards"].mean()) * w}
+        out = {"loss": float(loss.detach()) * w, "accuracy": float(met["accuracy"]) * w,
+               "margin": float(met["margin"]) * w,
+               "chosen_reward": float(met["chosen_rewards"].mean()) * w,
+               "rejected_reward": float(met["rejected_rewards"].mean()) * w}
+        total = loss * w
+        if m.nll_loss_coef > 0:
+            nll, _ = sft_loss(logp[:b], mask[:b], "seq_mean_token_mean", num_seqs=len(step_pairs))
+            total = total + m.nll_loss_coef * nll
+            out["nll_loss"] = float(nll.detach())
+        return total, out
 
 
 class KTOLoop(DPOLoop):

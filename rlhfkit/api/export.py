@@ -1,0 +1,127 @@
+"""`rlhfkit export CKPT OUT`: a checkpoint of any run as a Hugging Face model folder.
+
+    export_checkpoint("runs/rl/checkpoints/best", "my-model")   # then AutoModelForCausalLM.from_pretrained
+
+CKPT is a checkpoint folder (`step_N/` or `best/` under <output_dir>/checkpoints), the checkpoints
+folder itself or a run folder (then its `latest`). What is in it decides how OUT is made:
+
+  model/ with weights       (a single-process run)    copied: it already is an HF folder
+  model.safetensors          (a LoRA run)              the base of model.adapter/'s config with the
+                                                       adapters loaded, merged into its weights
+  shards/                    (an FSDP run, any ranks)   the run's model (its config.json, or --base)
+                                                       filled from every rank's shards (in one process)
+
+OUT holds safetensors weights, config.json and the tokenizer; `from_pretrained` loads it without
+peft or torch.distributed. A reward model (train rm) stays a sequence-classification model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from rlhfkit.errors import CheckpointError
+from rlhfkit.models.loading import load_errors, load_tokenizer, resolve_model, save_hf_folder
+from rlhfkit.trainers.checkpoint import ADAPTER_SUFFIX, LATEST, MANIFEST, SHARDS, verify
+
+__all__ = ["export_checkpoint", "resolve_checkpoint"]
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder `path` names: itself (it has a manifest), or the `latest` of the
+    checkpoints folder it is or holds (a run folder)."""
+    p = Path(path).expanduser()
+    if (p / MANIFEST).is_file():
+        return p
+    for root in (p, p / "checkpoints"):
+        if (root / LATEST).is_file():
+            return root / (root / LATEST).read_text().strip()
+    raise CheckpointError(f"{p}: not a checkpoint (no {MANIFEST}) nor a folder of them (no {LATEST}); give a "
+                          "step_N or best folder under <--ckpt.output_dir>/checkpoints, or the run folder")
+
+
+def export_checkpoint(ckpt: str | Path, out: str | Path, base: str | None = None, name: str = "model") -> Path:
+    """Write module `name` (the policy: "model") of checkpoint `ckpt` as an HF folder `out`; `base`
+    overrides the base model a LoRA checkpoint records, or the model an FSDP run started from (read from
+the run's config.json). Returns `out`."""
+    folder = resolve_checkpoint(ckpt)
+    reason = verify(folder)
+    if reason is not None:
+        raise CheckpointError(f"checkpoint {folder} is not intact: {reason}; export another one")
+    out = Path(out).expanduser()
+    if out.exists() and any(out.iterdir()):
+        raise CheckpointError(f"{out} exists and is not empty; give a new folder")
+    if (folder / SHARDS).is_dir():
+        return _from_shards(folder, name, out, base)
+    if (folder / name / "config.json").is_file():
+        shutil.copytree(folder / name, out, dirs_exist_ok=True)
+        return out
+    if (folder / f"{name}.safetensors").is_file():
+        return _merged_lora(folder, name, out, base)
+    raise CheckpointError(f"checkpoint {folder} holds no model {name!r} (neither {name}/, {name}.safetensors nor "
+                          f"{SHARDS}/)")
+
+
+def _from_shards(folder: Path, name: str, out: Path, base: str | None) -> Path:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlhfkit.distributed.fsdp_checkpoint import read_full_module
+
+    path, _ = resolve_model(base or run_model(folder))
+    with load_errors("the model config", path):
+        config = AutoConfig.from_pretrained(path)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
+    read_full_module(folder, name, model)
+    return save_hf_folder(model, load_tokenizer(path), out)
+
+
+def run_model(folder: Path) -> str:
+    """The model a run started from (--actor.model_name_or_path, or --model.model_name_or_path of the
+    supervised commands), read from the config.json of the run folder that holds checkpoint `folder`."""
+    run = folder.parent.parent / "config.json"
+    try:
+        cfg = json.loads(run.read_text())
+    except (OSError, ValueError):
+        raise CheckpointError(f"checkpoint {folder} keeps only weights, and {run} (the run's config, which names "
+                              "its model) is not readable; pass the run's model with --base") from None
+    section = cfg.get("actor") or cfg.get("model") or {}
+    if not section.get("model_name_or_path"):
+        raise CheckpointError(f"{run} names no model; pass the run's model with --base")
+    return section["model_name_or_path"]
+
+
+def _merged_lora(folder: Path, name: str, out: Path, base: str | None) -> Path:
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+
+    card = folder / f"{name}{ADAPTER_SUFFIX}"
+    if not (card / "adapter_config.json").is_file():
+        raise CheckpointError(f"checkpoint {folder}: {name}.safetensors is a state dict without {card.name}/ "
+                              "(its LoRA config); written by an older release: resume it and save a new checkpoint")
+    config = LoraConfig.from_pretrained(card)
+    base_path, gguf = resolve_model(base or config.base_model_name_or_path)
+    state = load_file(str(folder / f"{name}.safetensors"))
+    dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
+    with load_errors("the base model", base_path):
+        model = _base_model(base_path, gguf, config.task_type, dtype)
+    peft_model = get_peft_model(model, config)
+    missing, unexpected = peft_model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if "lora_" in k or "base_layer" in k]:
+        raise CheckpointError(f"checkpoint {folder}: {name}.safetensors does not fit the base {base_path} "
+                              f"(unexpected {unexpected[:3]}); pass the run's base model with --base")
+    merged = peft_model.merge_and_unload()
+    tokenizer = load_tokenizer(card if (card / "tokenizer_config.json").is_file() else base_path)
+    return save_hf_folder(merged, tokenizer, out)
+
+
+def _base_model(path: Path, gguf: str | None, task_type, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForSequenceClassification
+
+    from rlhfkit.models.loading import load_causal_lm
+
+    if str(task_type).endswith("SEQ_CLS"):
+        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
+    return load_causal_lm(path, dtype=dtype, gguf_file=gguf)
