@@ -16,7 +16,8 @@ from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
 from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, WANDB_MODES, AdamConfig,
-                               LoraConfig, WandbConfig, check_device, check_input_template, check_keep_best)
+                               LoraConfig, WandbConfig, check_device, check_input_template)
+from rlhfkit.config.rl_checks import check_keep_best
 from rlhfkit.config.rl import lora_targets  # noqa: F401  (LoRA is defined with train rl's config; kept here)
 from rlhfkit.errors import ConfigError
 
