@@ -321,7 +321,8 @@ def loss_settings(cfg: RLConfig, max_len: int) -> LossSettings:
                         entropy_coef=actor.entropy_coef, kl_loss=kl.use_loss, kl_estimator=kl.estimator,
                         value_clip=cfg.critic.value_clip, temperature=cfg.rollout.temperature or 1.0, max_len=max_len,
                         is_kind=adv.is_correction_type.replace("-", "_") if adv.is_correction_enable else None,
-                        is_low=is_low, is_high=is_high, decoupled=decoupled_update(cfg))
+                        is_low=is_low, is_high=is_high, decoupled=decoupled_update(cfg),
+                        aux_loss_coef=actor.aux_loss_coef)
 
 
 def build_update(cfg: RLConfig, policy, learners: tuple[Learner, Learner | None], batcher: MicroBatcher,

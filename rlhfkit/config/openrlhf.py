@@ -9,7 +9,7 @@ and `train_prm`, which releases up to 0.9.x had) in the releases 0.8.0 to 0.11.0
 - noticed: cluster layout, engine tuning, or a feature that is not built yet: accepted, its values
   consumed, a one-line warning says what rlhfkit does instead;
 - refused: changes the math in a way rlhfkit cannot honour: a one-line error naming what to use
-  (values that change nothing, such as `--aux_loss_coef 0`, are accepted).
+  (values that change nothing, such as `--prompt_data_probs 1`, are accepted).
 
 `RL_FLAGS` and `SUPERVISED_FLAGS[command]` are the alias tables of `rlhfkit train rl` and
 `rlhfkit train sft|rm|dpo|kto|prm`; docs/migration.md is rendered from them (config/openrlhf_doc.py).
@@ -92,7 +92,6 @@ VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is tran
 MUON = "ignored: rlhfkit trains with AdamW, Muon's settings have no effect"
 MOE = "ignored: transformers picks the MoE experts' kernel"
 OPTIM = refuse("rlhfkit trains with AdamW only: drop it or pass adam", harmless=("adam",))
-AUX_LOSS = refuse("rlhfkit adds no MoE load-balancing loss: drop it", harmless=("0", "0.0"))
 PROBS = refuse("rlhfkit reads one dataset, unmixed: combine the datasets into one file first",
                harmless=("1", "1.0"))
 
@@ -359,7 +358,7 @@ _rl("dual_clip actor.dual_clip", to("actor.dual_clip"))
 _rl("value_clip critic.value_clip", to("critic.value_clip"))
 _rl("policy_loss_type actor.policy_loss_type", to("actor.policy_loss_type"))
 _rl("entropy_loss_coef actor.entropy_coef", to("actor.entropy_coef"))
-_rl("aux_loss_coef actor.aux_loss_coef", AUX_LOSS)
+_rl("aux_loss_coef actor.aux_loss_coef", to("actor.aux_loss_coef", note="mixture-of-experts policies"))
 _rl("ptx_coef", notice("ignored: it has no effect in OpenRLHF's releases that have it (no pretraining data)", 1))
 _rl("freezing_actor_steps critic.freezing_steps",
     refuse("rlhfkit updates the actor from the first step (no critic warm-up yet): drop it",
@@ -464,7 +463,7 @@ def _supervised_rules() -> dict[str, Alias]:
     add("optim", OPTIM)
     add("muon.lr muon.momentum muon.ns_steps", notice(MUON, 1))
     add("muon.nesterov muon.no_nesterov", notice(MUON))
-    add("aux_loss_coef model.aux_loss_coef", AUX_LOSS)
+    add("aux_loss_coef model.aux_loss_coef", to("model.aux_loss_coef", note="mixture-of-experts models"))
     # the losses
     add("loss model.loss_type", notice("accepted: rlhfkit's reward-model loss is -log sigmoid(chosen - rejected), "
                                        "what both sigmoid and logexpsigmoid compute", 1))

@@ -57,7 +57,7 @@ CODE_SANDBOXES = ("bwrap", "remote", "none")
 RL_RANGES = validate_table({
     **{f"actor.adam.{k}": v for k, v in ADAM_RANGES.items()},
     "actor.lr_warmup_ratio": "[0, 1]", "actor.min_lr_ratio": "[0, 1]", "actor.max_norm": ">= 0",
-    "actor.eps_clip_low_high": ("[0, 1)", ">= 0"), "actor.dual_clip": "> 1", "actor.entropy_coef": ">= 0",
+    "actor.eps_clip_low_high": ("[0, 1)", ">= 0"), "actor.dual_clip": "> 1", "actor.entropy_coef": ">= 0", "actor.aux_loss_coef": ">= 0",
     "actor.ema_beta": "[0, 1]",
     **{f"critic.adam.{k}": v for k, v in ADAM_RANGES.items()},
     "critic.value_clip": "> 0", "critic.max_norm": ">= 0",

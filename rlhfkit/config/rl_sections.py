@@ -64,6 +64,9 @@ class ActorConfig:
     optimizer step."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (loss -= coef * entropy)."""
+    aux_loss_coef: float = 0.0
+    """Mixture-of-experts policies: add this times the routers' load-balancing loss (Switch / Mixtral's,
+    transformers' aux_loss) to each micro-batch's loss; the experts' load is logged (moe/*) either way."""
     ema_beta: float | None = None
     """Keep an EMA of the policy's weights, updated after each optimizer step and saved as an HF folder
     `ema/` beside `final/` at the end (OpenRLHF --enable_ema --ema_beta), e.g. 0.992."""

@@ -40,6 +40,9 @@ class ModelConfig:
     gradient_checkpointing_enable: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them
     (transformers' non-reentrant gradient checkpointing): the same gradients, less activation memory."""
+    aux_loss_coef: float = 0.0
+    """Mixture-of-experts models: add this times the routers' load-balancing loss (Switch / Mixtral's,
+    transformers' aux_loss) to each micro-batch's loss; the experts' load is logged (moe/*) either way."""
 
 
 @dataclass(frozen=True)
@@ -221,7 +224,7 @@ SUPERVISED_RANGES = validate_table({
     "data.eval_split": "[0, 1)", "data.max_len": ">= 1", "data.max_samples": ">= 1",
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_epochs": ">= 1", "train.max_steps": ">= 1",
     "train.lr_warmup_ratio": "[0, 1]", "train.min_lr_ratio": "[0, 1]", "train.max_norm": ">= 0",
-    "train.eval_steps": "-1 or >= 1", "train.seed": SEED_RANGE, "train.num_threads": ">= 1",
+    "train.eval_steps": "-1 or >= 1", "train.seed": SEED_RANGE, "train.num_threads": ">= 1", "model.aux_loss_coef": ">= 0",
     "ckpt.save_steps": "-1 or >= 1", "ckpt.max_num": ">= 1",
     **{f"adam.{k}": v for k, v in ADAM_RANGES.items()},
     "ds.lora.rank": ">= 0", "ds.lora.alpha": "> 0", "ds.lora.dropout": "[0, 1)",

@@ -59,6 +59,7 @@ def tiny_tokenizer():
 # Each builder gets the shared sizes and returns (config class name, config kwargs). Every model
 # gets the same tokenizer; the sizes below are the `tiny_model_and_tokenizer` defaults.
 
+MOE_EXPERTS = 4  # experts per MoE layer of the tiny mixture-of-experts models
 SLIDING_WINDOW = 8  # narrower than the rows of a test, so a lost window changes the numbers
 
 
@@ -141,6 +142,24 @@ def _rwkv(s):  # recurrent: no attention, no KV cache, no position ids
                           "context_length": s["max_positions"], "tie_word_embeddings": s["tie"]}
 
 
+def _qwen3_moe(s):  # sparse MoE: 4 experts, top 2 (normalised), every layer; q/k norm
+    return "Qwen3MoeConfig", {**_decoder(s), "head_dim": 16, "num_experts": MOE_EXPERTS, "num_experts_per_tok": 2,
+                              "moe_intermediate_size": 32, "decoder_sparse_step": 1, "norm_topk_prob": True}
+
+
+def _mixtral(s):  # sparse MoE: 4 experts, top 2, every layer
+    return "MixtralConfig", {**_decoder(s), "num_local_experts": MOE_EXPERTS, "num_experts_per_tok": 2}
+
+
+def _deepseek_v3(s):  # DeepSeek-V3: a dense first layer, then routed experts beside a shared one (sigmoid router
+    # with a bias for the choice), multi-head latent attention (as many key/value heads as query heads)
+    return "DeepseekV3Config", {**_decoder(s), "num_key_value_heads": s["heads"], "n_routed_experts": MOE_EXPERTS,
+                                "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "kv_lora_rank": 16,
+                                "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+                                "norm_topk_prob": True}
+
+
 def _decoder(s) -> dict:
     return {
         "hidden_size": s["hidden"], "intermediate_size": s["intermediate"], "num_hidden_layers": s["layers"],
@@ -168,7 +187,11 @@ ARCHITECTURES = {
     "lfm2": _lfm2,
     "bloom": _bloom,
     "rwkv": _rwkv,
+    "qwen3_moe": _qwen3_moe,
+    "mixtral": _mixtral,
+    "deepseek_v3": _deepseek_v3,
 }
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "deepseek_v3")
 
 
 def tiny_config(

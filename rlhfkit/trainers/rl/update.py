@@ -20,12 +20,14 @@ from rlhfkit.core.kl import approx_kl
 from rlhfkit.core.losses import decoupled_policy_loss, policy_loss, value_loss
 from rlhfkit.errors import TrainingError
 from rlhfkit.models import response_logprobs
+from rlhfkit.models.moe import moe_top_k, record_routing, routing_loss
 from rlhfkit.models.precision import autocast_ctx, to_device
 from rlhfkit.trainers.learner import Learner
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import Experience
 
-_PER_STEP = ("policy_loss", "value_loss")  # summed over the micro-batches of one optimizer step
+# summed over the micro-batches of one optimizer step (the moe/ ones weighted by each micro-batch's share of it)
+_PER_STEP = ("policy_loss", "value_loss", "moe/aux_loss", "moe/load_max", "moe/load_min")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class LossSettings:
     is_low: float = 0.5
     is_high: float = 5.0
     decoupled: bool = False
+    aux_loss_coef: float = 0.0  # mixture-of-experts: x the routers' load-balancing loss (models.moe)
 
     @property
     def corrected(self) -> bool:
@@ -79,6 +82,7 @@ class PolicyUpdate:
         self.critic, self.critic_learner, self.dp, self.compiled = critic, critic_learner, dp, compiled
         self.rank_max = rank_max
         self.device_type = next(policy.parameters()).device.type
+        self.moe = moe_top_k(policy) is not None  # record its routers: load metrics and the aux loss
 
     def __call__(self, exp: Experience, kl_coef: float) -> dict[str, float]:
         """The update's metrics: per-step quantities averaged over optimizer steps, per-token ones
@@ -143,8 +147,9 @@ class PolicyUpdate:
         part = exp.select(rows, layout)
         mb = part.batch
         mask = mb.loss_mask
-        logp, entropy = response_logprobs(self.policy, mb, temperature=c.temperature, with_entropy=True,
-                                          entropy_grad=bool(c.entropy_coef))
+        with record_routing(self.policy) if self.moe else contextlib.nullcontext() as routing:
+            logp, entropy = response_logprobs(self.policy, mb, temperature=c.temperature, with_entropy=True,
+                                              entropy_grad=bool(c.entropy_coef))
         logp = logp.float()
         if logp.device != mask.device:  # the policy sits on a GPU: bring the micro-batch's tensors to it
             mask = to_device(mask, logp.device)
@@ -173,6 +178,12 @@ class PolicyUpdate:
             kl = approx_kl(logp, part.ref_logp, c.kl_estimator)
             loss = loss + kl_coef * aggregate_loss(kl, mask, c.agg, **counts)
             out["kl_loss"] = (kl.detach() * mask).sum()
+        if routing is not None:  # OpenRLHF adds the aux loss per micro-batch: here its share of the step's rows
+            aux, moe_metrics = routing_loss(routing)
+            w = len(rows) / max(counts["num_seqs"], 1)
+            if c.aux_loss_coef:
+                loss = loss + c.aux_loss_coef * w * aux.to(loss.device)
+            out.update({k: v.to(logp.device) * w for k, v in moe_metrics.items()})
         self.learner.backward(loss)
         if self.critic is not None:
             v = self.critic.response_values(mb).float()

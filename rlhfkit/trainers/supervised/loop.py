@@ -17,6 +17,7 @@ over the micro-batches of a step to the step's value.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 
@@ -25,6 +26,7 @@ import torch
 from rlhfkit.data.batch import collate
 from rlhfkit.data.packing import pack
 from rlhfkit.errors import DataError
+from rlhfkit.models.moe import moe_top_k, record_routing, routing_loss
 from rlhfkit.trainers.learner import Learner
 
 MicroLoss = Callable[[list, list], tuple[torch.Tensor, dict[str, float]]]
@@ -64,8 +66,12 @@ class StepLoop:
     """
 
     def __init__(self, learner: Learner, items: Sequence, train, tracker=None,
-                 evaluate: Callable[[], dict[str, float]] | None = None, callbacks: Sequence[Callable] = ()):
+                 evaluate: Callable[[], dict[str, float]] | None = None, callbacks: Sequence[Callable] = (),
+                 aux_loss_coef: float = 0.0):
         self.learner, self.items, self.train = learner, list(items), train
+        # a mixture-of-experts model: its routers are recorded in each micro-batch (load metrics, and
+        # aux_loss_coef x the load-balancing loss added to the loss, as OpenRLHF's --aux_loss_coef)
+        self.moe, self.aux_loss_coef = moe_top_k(learner.module) is not None, aux_loss_coef
         self.tracker, self.evaluate = tracker, evaluate
         self.callbacks = list(callbacks)
         self.total_steps = planned_steps(len(self.items), train)
@@ -109,7 +115,14 @@ class StepLoop:
         self.learner.module.train()
         sums: dict[str, float] = {}
         for m in range(0, len(step_items), self.train.micro_batch_size):
-            loss, metrics = micro_loss(step_items[m : m + self.train.micro_batch_size], step_items)
+            items = step_items[m : m + self.train.micro_batch_size]
+            with record_routing(self.learner.module) if self.moe else contextlib.nullcontext() as routing:
+                loss, metrics = micro_loss(items, step_items)
+            if routing is not None:
+                aux, moe_metrics = routing_loss(routing)
+                w = len(items) / len(step_items)  # the mean over the step's micro-batches
+                loss = loss + self.aux_loss_coef * w * aux.to(loss.device) if self.aux_loss_coef else loss
+                metrics = {**metrics, **{k: float(v) * w for k, v in moe_metrics.items()}}
             self.learner.backward(loss)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v

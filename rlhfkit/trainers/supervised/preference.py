@@ -35,7 +35,8 @@ class _PreferenceLoop:
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.eval_items = list(eval_items)
         self.learner = build_learner(model, cfg.adam, cfg.train, planned_steps(len(items), cfg.train))
-        self.loop = StepLoop(self.learner, items, cfg.train, tracker, self.evaluate if self.eval_items else None)
+        self.loop = StepLoop(self.learner, items, cfg.train, tracker, self.evaluate if self.eval_items else None,
+                             aux_loss_coef=cfg.model.aux_loss_coef)
 
     def fit(self) -> list[dict[str, float]]:
         return self.loop.fit(self.micro_loss)

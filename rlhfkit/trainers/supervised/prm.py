@@ -50,7 +50,8 @@ class PRMLoop:
                            for t in cfg.data.reward_tokens]
         self.learner = build_learner(model, cfg.adam, cfg.train, planned_steps(len(samples), cfg.train))
         evaluate = self.evaluate if self.eval_samples else None
-        self.loop = StepLoop(self.learner, samples, cfg.train, tracker, evaluate)
+        self.loop = StepLoop(self.learner, samples, cfg.train, tracker, evaluate,
+                             aux_loss_coef=cfg.model.aux_loss_coef)
 
     def fit(self) -> list[dict[str, float]]:
         return self.loop.fit(self.micro_loss)

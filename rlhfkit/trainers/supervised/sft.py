@@ -32,7 +32,8 @@ class SFTLoop:
         self.eval_samples = list(eval_samples)
         steps = planned_steps(len(samples), cfg.train)
         self.learner = build_learner(model, cfg.adam, cfg.train, steps)
-        self.loop = StepLoop(self.learner, samples, cfg.train, tracker, self.evaluate if self.eval_samples else None)
+        self.loop = StepLoop(self.learner, samples, cfg.train, tracker, self.evaluate if self.eval_samples else None,
+                             aux_loss_coef=cfg.model.aux_loss_coef)
 
     def fit(self) -> list[dict[str, float]]:
         return self.loop.fit(self.micro_loss)

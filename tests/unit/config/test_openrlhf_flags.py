@@ -140,6 +140,7 @@ def test_rm_packing_is_noticed_rather_than_refused(caplog):
     (["--critic_learning_rate", "1e-5", "--lr_scheduler", "constant"],
      ["--critic.adam.lr", "1e-5", "--actor.lr_scheduler", "constant"]),
     (["--actor.optim", "adam", "--aux_loss_coef", "0", "--freezing_actor_steps", "-1"], []),  # no effect: accepted
+    (["--aux_loss_coef", "0.01"], ["--actor.aux_loss_coef", "0.01"]),
 ])
 def test_mapped_flags_give_the_config_of_our_flags(theirs, ours):
     assert rl(*theirs) == rl(*ours)
@@ -186,7 +187,8 @@ def test_is_correction_flags_of_every_release_are_ours(theirs, ours, caplog):
     (RMConfig, ["--margin_loss", "--data.dataset_probs", "1"],
      ["--model.margin_loss_enable", "--data.dataset_probs", "1"]),
     (RMConfig, ["--margin_loss", "--loss", "logexpsigmoid"], []),  # OpenRLHF's logexpsigmoid has no margin
-    (DPOConfig, ["--nll_loss_coef", "0.2"], ["--model.nll_loss_coef", "0.2"]),
+    (DPOConfig, ["--nll_loss_coef", "0.2", "--aux_loss_coef", "0.01"], ["--model.nll_loss_coef", "0.2",
+                                                                       "--model.aux_loss_coef", "0.01"]),
     (KTOConfig, ["--desirable_loss_weight", "2", "--undesirable_loss_weight", "0.5", "--label_key", "ok",
                  "--model.beta", "0.2"],
      ["--model.desirable_weight", "2", "--model.undesirable_weight", "0.5", "--data.label_key", "ok",
@@ -277,7 +279,6 @@ def test_notices_reach_the_cli(tmp_path, capsys, caplog):
 @pytest.mark.parametrize("argv,needle", [
     (["train", "rl", "--stop_properly_penalty_coef", "0.5"],
      "error: --stop_properly_penalty_coef: rlhfkit does not rescale truncated responses' rewards"),
-    (["train", "rl", "--aux_loss_coef", "0.01"], "error: --aux_loss_coef: rlhfkit adds no MoE load-balancing loss"),
     (["train", "rl", "--freezing_actor_steps", "5"], "error: --freezing_actor_steps: rlhfkit updates the actor"),
     (["train", "rl", "--actor.optim", "muon"], "error: --actor.optim: rlhfkit trains with AdamW only"),
     (["train", "rl", "--prompt_data_probs", "0.5,0.5"], "error: --prompt_data_probs: rlhfkit reads one dataset"),
