@@ -31,7 +31,7 @@ def sft(ws, out, *extra):
 
 @pytest.fixture(scope="module")
 def ws(tiny_ws):
-    return tiny_ws("export")
+    return tiny_ws("export", [{"q": f"x{i}y:", "a": str(i)} for i in range(8)], sevens=True)
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -98,3 +98,26 @@ def test_export_errors_are_one_line(ws, tmp_path, capsys):
         export_checkpoint(tmp_path, tmp_path / "out")
     assert main(["export", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("error: usage: rlhfkit export CKPT OUT")
+
+
+def test_keep_best_in_rl_judges_every_evaluation_and_keeps_the_best(ws, tmp_path):
+    out = tmp_path / "rl"
+    flags = {"actor.model_name_or_path": ws / "tiny", "data.prompt_dataset": ws / "prompts.jsonl",
+             "eval.dataset": ws / "prompts.jsonl", "data.input_key": "q", "data.label_key": "a",
+             "reward.remote_url": ws / "reward.py", "rollout.batch_size": 4, "rollout.n_samples_per_prompt": 2,
+             "rollout.max_new_tokens": 6, "train.batch_size": 8, "train.micro_batch_size": 4, "train.max_steps": 3,
+             "train.num_episodes": 2,
+             "algo.advantage.estimator": "group_norm", "actor.adam.lr": 5e-2, "train.num_threads": 1,
+             "eval.steps": 1, "eval.temperature": 1.0, "ckpt.keep_best": "eval/reward", "ckpt.output_dir": out,
+             "logger.progress_bar": "false", "actor.autocast": "none"}
+    assert main(["train", "rl", *[x for k, v in flags.items() for x in (f"--{k}", str(v))]]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = {}
+    for row in rows:
+        if "eval/reward" in row:
+            evals.setdefault(row["step"], row["eval/reward"])  # before training (0), steps 1-2, the final (3)
+    assert sorted(evals) == [0, 1, 2, 3]
+    manifest = json.loads((out / "checkpoints" / "best" / "manifest.json").read_text())
+    step = max(evals, key=lambda s: (evals[s], -s))  # the first of equal values is kept
+    assert (manifest["step"], manifest["value"]) == (step, pytest.approx(evals[step]))
+    assert export_checkpoint(out / "checkpoints" / "best", tmp_path / "best").is_dir()
