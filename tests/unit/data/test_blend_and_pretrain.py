@@ -2,8 +2,6 @@
 and --dataset_probs), continued pretraining's whole-text samples (--pretrain_mode), the pair's
 margin key (--margin_loss) and a chat template given on the command line (--tokenizer_chat_template)."""
 
-import json
-
 import pytest
 import torch
 
@@ -13,16 +11,7 @@ from rlhfkit.data.records import Blend, as_source, blend_order, read_records
 from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models import tiny_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_tokenizer()
-
-
-def write(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+from tests.unit.data.test_supervised import tok, write  # noqa: F401  (tok: the tokenizer fixture)
 
 
 @pytest.fixture
