@@ -122,9 +122,6 @@ class RLTrainer:
             raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "
                               "file or a datasets folder)")
         eval_dataset = eval_dataset if eval_dataset is not None else cfg.eval.dataset
-        if eval_dataset is not None and (cfg.agent.func_path or cfg.agent.tools or tools or environment_factory):
-            raise ConfigError("--eval.dataset is single-turn greedy evaluation; it does not run agents or tools yet "
-                              "(drop --eval.dataset, or --agent.func_path / --agent.tools)")
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         if cfg.rollout.engine == "vllm":  # fail fast, before models load
@@ -156,7 +153,9 @@ class RLTrainer:
         if eval_dataset is not None:
             eval_examples = load_examples_fn(cfg, eval_dataset, eval=True)(tokenizer)
             eval_items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
-        evaluator = C.make_evaluator(cfg, eval_items, reward_fn)
+        # held-out episodes run on an executor of their own (its tool counters are not the rollout's)
+        eval_executor = C.build_executor(cfg, tools, environment_factory) if eval_items else None
+        evaluator = C.make_evaluator(cfg, eval_items, reward_fn, executor=eval_executor)
         checkpointer, resume = C.setup_checkpoints(cfg, run_dir, (rank, world) if cfg.fsdp.enable else None)
         tracker = C.run_tracker(cfg, run_dir, C.total_rl_steps(cfg, data.rollouts_per_episode),
                                 resume[1] if resume else None)

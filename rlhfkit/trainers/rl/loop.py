@@ -192,6 +192,7 @@ class RLLoop:
                 "reward": float(exp.rewards[i]),
                 "advantage": float(exp.advantages[i][m].mean()) if m.any() else 0.0,
                 "length": t.response_length,
+                **({"messages": t.info["messages"]} if "messages" in t.info else {}),  # tool-calling episodes
             })
         self.tracker.log_samples(self.step + 1, rows)  # the step number its metrics are logged under
 

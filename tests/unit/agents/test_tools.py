@@ -117,6 +117,25 @@ def test_template_that_ignores_tools_gets_the_default_system_turn(chat_tok, capl
                                       "</tool_response><|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_a_conversation_with_tool_calls_renders_as_the_calls_the_model_is_asked_to_write(chat_tok):
+    """Few-shot examples and SFT traces given as OpenAI messages: without native tools, an assistant
+    turn's tool_calls become the same <tool_call> blocks the parser reads back."""
+    tt = ToolTemplate(chat_tok, ToolSet([multiply]).schemas)
+    shot = [{"role": "user", "content": "2*3?"},
+            {"role": "assistant", "content": "Let me see.", "tool_calls": [
+                {"type": "function", "function": {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}},
+                {"type": "function", "function": {"name": "multiply", "arguments": {"a": 1, "b": 1}}}]},
+            {"role": "tool", "name": "multiply", "content": "6"}, {"role": "tool", "name": "multiply", "content": "1"},
+            {"role": "assistant", "content": "6"}, {"role": "user", "content": "4*5?"}]
+    text = tt.render(shot)
+    turn = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
+    assert turn == "Let me see.\n" + call("multiply", a=2, b=3) + "\n" + call("multiply", a=1, b=1)
+    content, calls, errors = tt.parse(ids(chat_tok, turn + "<|im_end|>"))
+    assert [c.arguments for c in calls] == [{"a": 2, "b": 3}, {"a": 1, "b": 1}] and not errors
+    assert "<|im_start|>user\n<tool_response>\n6\n</tool_response>\n<tool_response>\n1\n</tool_response>" in text
+    assert text.endswith("<|im_start|>user\n4*5?<|im_end|>\n<|im_start|>assistant\n")
+
+
 def ids(tok, text):
     return tok(text, add_special_tokens=False)["input_ids"]
 
