@@ -23,7 +23,9 @@ functions of TRL's contract get as their `completions`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,8 +184,11 @@ class ToolExecutor:
             e.turns += 1
             stopped = t.finish_reason == FINISH_STOP
             parsed.append((e, action, stopped, *tt.parse(action)))
-        replies = await asyncio.gather(*(self._reply(e, calls, errors, runner)
-                                         for e, _, _, _, calls, errors in parsed))
+        # one capture of what the tools print around all of the turn's calls: the runners' own
+        # captures interleave across episodes, and only the outermost restores sys.stdout for sure
+        with contextlib.redirect_stdout(io.StringIO()):
+            replies = await asyncio.gather(*(self._reply(e, calls, errors, runner)
+                                             for e, _, _, _, calls, errors in parsed))
         for (e, action, stopped, content, calls, errors), tool_msgs in zip(parsed, replies):
             self._append(e, tt, action, stopped, content, calls, tool_msgs, budget)
 

@@ -299,3 +299,28 @@ def test_the_tokenizers_own_response_template_is_used_first():
     assert calls == [ToolCall("f", {"x": 1}, "call_0")]
     _, calls, _ = parse_tool_calls(call("f", x=1), tok)  # the Hermes form is not what this template reads
     assert calls == []
+
+
+def test_tools_printing_in_concurrent_episodes_leave_stdout_as_it_was(chat_tok, scripted):
+    """The calls of several episodes run together; their stdout captures interleave. After the
+    run, print() reaches the real stdout again (it once stayed swallowed by a capture)."""
+    import sys
+
+    def loud(x: int) -> int:
+        """Print and answer.
+
+        Args:
+            x: a number
+        """
+        time.sleep(0.01)
+        print("NOISE", x)
+        return x
+
+    def policy(ctx):
+        return "done<|im_end|>" if "</tool_response>" in ctx else call("loud", x=1) + "<|im_end|>"
+
+    before = sys.stdout
+    ex = ToolExecutor([loud])
+    ex.run(scripted(chat_tok, policy), chat_tok, [P("a"), P("b"), P("c")], SamplingParams(max_new_tokens=200),
+           TokenBudget(200, 800, 2))
+    assert sys.stdout is before and ex.pop_metrics()["tools/loud/calls"] == 3.0
