@@ -26,16 +26,15 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.api.components import (
+from rlhfkit.api.builder import (
     build_engine,
     build_executor,
-    create_run_dir,
     load_reward,
-    make_evaluator,
     prompt_options,
     resolve_autocast,
     run_device,
 )
+from rlhfkit.api.run_folder import create_run_dir, make_evaluator
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.data.prompts import check_prompts, load_prompts, tokenize_prompts
 from rlhfkit.errors import ConfigError
