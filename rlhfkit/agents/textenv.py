@@ -172,6 +172,37 @@ LIBRARIES: dict[str, Callable[[str], TextEnvFactory]] = {"gem": gem_env, "textar
 """`--agent.env LIBRARY:ENV_ID` adapters."""
 
 
+def load_text_env(spec: str) -> TextEnvFactory:
+    """`--agent.env SPEC`: LIBRARY:ENV_ID (`LIBRARIES`), or FILE_OR_MODULE:NAME of a gymnasium-style
+    class (or a function making one)."""
+    source, _, name = spec.partition(":")
+    if source in LIBRARIES:
+        if not name:
+            raise ConfigError(f"--agent.env {spec}: name the environment, {source}:ENV_ID")
+        return LIBRARIES[source](name)
+    if not name:
+        raise ConfigError(f"--agent.env {spec}: give LIBRARY:ENV_ID ({', '.join(LIBRARIES)}) or FILE_OR_MODULE:Class")
+    import importlib
+    from pathlib import Path
+
+    from rlhfkit.rewards.loader import import_python_file
+
+    if source.endswith(".py"):
+        if not Path(source).is_file():
+            raise ConfigError(f"--agent.env {source} does not exist; give a .py file or a module name")
+        module = import_python_file(Path(source), "environment file")
+    else:
+        try:
+            module = importlib.import_module(source)
+        except ImportError as exc:
+            raise ConfigError(f"--agent.env {source}: cannot import it ({exc}); give a .py file, an importable "
+                              f"module or one of {', '.join(LIBRARIES)}") from exc
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise ConfigError(f"--agent.env {source} has no class or function {name!r}")
+    return text_env(factory, f"{source}:{name}")
+
+
 def _library(module: str, package: str, extra: str):
     import importlib
 

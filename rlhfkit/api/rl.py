@@ -132,10 +132,16 @@ class RLTrainer:
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
         run_dir = run_folder.prepare_run_dir(cfg, rank)
         executor = builder.build_executor(cfg, tools, environment_factory)
+        both = executor.provides_rewards and (reward_fn is not None or cfg.reward.remote_url is not None
+                                              or cfg.reward.model_name_or_path is not None)
+        if both and cfg.agent.env_reward_weight is None:
+            raise ConfigError("the environment gives rewards and a reward function is set too (--reward.* or "
+                              "reward_fn=): set --agent.env_reward_weight W (reward = W x the environment's + the "
+                              "function's; 0: the function's alone), or drop the reward function")
         if reward_fn is not None:
             reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
                                        remote_options=builder.remote_options(cfg.reward))
-        elif not executor.provides_rewards:  # an agent's step() gives the rewards
+        elif not executor.provides_rewards or both:  # else an agent's step() gives the rewards
             reward_fn = builder.load_reward(cfg.reward, cfg.train.micro_batch_size, device,
                                                   cfg.algo.advantage.estimator)
         policy, tokenizer, ref, critic = builder.build_models(cfg, device)

@@ -192,6 +192,8 @@ class Evaluator:
         metrics = {}
         if self.score_fn is not None:
             metrics = self.score_fn(responses, items, **extra)
+            if own:  # the environment's rewards beside the function's
+                metrics["eval/env_reward"] = float(agent_rewards(trajs).rewards.mean())
         elif own:
             metrics = agent_score_fn(trajs)
         if self.executor is not None:
