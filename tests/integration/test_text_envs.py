@@ -7,10 +7,9 @@ import json
 import re
 
 import pytest
-import torch
 
 from rlhfkit.cli.main import main
-from tests.unit.agents.conftest import char_tokenizer
+from tests.unit.agents.conftest import save_tiny_chat_model
 
 ENV = '''
 import re
@@ -34,18 +33,8 @@ def reward_func(queries, prompts, labels, **kwargs):
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from rlhfkit.models.tiny import tiny_config
-
     root = tmp_path_factory.mktemp("textenvs")
-    tok = char_tokenizer()
-    config = tiny_config("llama")
-    config.vocab_size, config.pad_token_id, config.eos_token_id = len(tok), tok.pad_token_id, tok.eos_token_id
-    config.bos_token_id = None
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
+    save_tiny_chat_model(root / "tiny")
     rows = [{"q": "Play.", "seed": k} for k in range(8)]
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "envs.py").write_text(ENV)

@@ -8,16 +8,7 @@ from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.data.types import PromptItem
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn, reward_verifier
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: the first factor
-        b: the second factor
-    """
-    return a * b
+from tests.unit.agents.test_tools import multiply
 
 
 def policy(ctx: str) -> str:
