@@ -89,10 +89,12 @@ def read_samples(path: str | Path) -> list[dict]:
     return rows
 
 
-def conversation_turns(messages: list[dict]) -> list[dict]:
-    """The turns after the prompt (after its last user or system message) of an episode's
-    `messages`: {role, name (a tool result's tool), content, calls (each `name(arguments)`)}."""
-    start = max((i + 1 for i, m in enumerate(messages) if m.get("role") in ("user", "system")), default=0)
+def conversation_turns(messages: list[dict], prompt_messages: int | None = None) -> list[dict]:
+    """The turns after the prompt of an episode's `messages` (its first `prompt_messages`; unknown:
+    up to its last user or system message): {role, name (a tool result's tool), content, calls
+    (each `name(arguments)`)}."""
+    start = prompt_messages if isinstance(prompt_messages, int) else max(
+        (i + 1 for i, m in enumerate(messages) if m.get("role") in ("user", "system")), default=0)
     out = []
     for m in messages[start:]:
         calls = []
@@ -109,8 +111,8 @@ def conversation_turns(messages: list[dict]) -> list[dict]:
 def render_html(rows: list[dict], title: str) -> str:
     """The page for `rows` (dicts with step, prompt, response, reward, advantage, length, label;
     optionally messages, shown as turns)."""
-    rows = [{**r, "turns": conversation_turns(r["messages"])} if isinstance(r.get("messages"), list) else r
-            for r in rows]
+    rows = [{**r, "turns": conversation_turns(r["messages"], r.get("prompt_messages"))}
+            if isinstance(r.get("messages"), list) else r for r in rows]
     # "</" cannot end the <script> early once escaped; JSON stays valid.
     data = json.dumps(rows, ensure_ascii=False).replace("</", "<\\/")
     steps = sorted({r.get("step", 0) for r in rows})

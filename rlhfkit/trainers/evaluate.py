@@ -110,6 +110,14 @@ def _call_reward(reward_fn, responses: list[str], prompts: Sequence[PromptItem],
                      records=[p.record for p in prompts], **extra)
 
 
+def conversation_fields(info: dict) -> dict:
+    """A log row's view of an episode's conversation: `messages` (all of it) and `prompt_messages`
+    (how many of them are the prompt's, which the sample viewer leaves out); {} without one."""
+    if "messages" not in info:
+        return {}
+    return {"messages": info["messages"], "prompt_messages": info.get("prompt_messages")}
+
+
 def agent_score_fn(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """eval/reward and eval/accuracy of episodes that carry their agent's rewards."""
     out = agent_rewards(trajs)
@@ -203,7 +211,7 @@ class Evaluator:
                 for i, (p, r) in enumerate(zip(items, responses))]
         for row, info in zip(rows, infos):
             if "messages" in info:
-                row.update(messages=info["messages"], tool_calls=info.get("tool_calls", 0))
+                row.update(conversation_fields(info), tool_calls=info.get("tool_calls", 0))
         verified = None
         if self.verifier is not None:
             verified = self.verifier(responses, items, **extra)

@@ -257,4 +257,5 @@ class ToolExecutor:
     def _trajectory(self, e: _Episode, version: int) -> Trajectory:
         return episode_trajectory(e, version, {"turns": e.turns, "tool_calls": e.calls, "messages": e.conversation,
                                                  "completion_messages": e.conversation[e.prompt_messages:],
+                                                 "prompt_messages": e.prompt_messages,
                                                  "agent_reward": e.reward, "agent_score": e.reward, "extra_logs": {}})

@@ -77,6 +77,7 @@ def test_a_gymnasium_style_env_plays_through_chat_turns(chat_tok, scripted):
     masked = chat_tok.decode([x for x, m in zip(t.response_ids.tolist(), t.loss_mask.tolist()) if not m])
     assert masked == "\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"  # the observation: no loss
     assert ex.pop_metrics()["tools/rerender"] == 0.0
+    assert t.info["prompt_messages"] == 1  # what the sample viewer leaves out
 
 
 def test_rewards_are_summed_and_running_out_of_turns_truncates(chat_tok, scripted):

@@ -83,6 +83,8 @@ def test_an_episode_is_shown_as_turns_after_the_prompt():
     ]
     few_shot = [EPISODE[1], *EPISODE[2:], {"role": "user", "content": "And 5*5?"}, EPISODE[-1]]
     assert [t["role"] for t in conversation_turns(few_shot)] == ["assistant"]  # the example is the prompt's
+    game = [EPISODE[1], EPISODE[-1], {"role": "user", "content": "lower"}, EPISODE[-1]]  # an environment's turn
+    assert [t["role"] for t in conversation_turns(game, prompt_messages=1)] == ["assistant", "user", "assistant"]
     page = render_html([{"step": 1, "prompt": "p", "response": "r", "reward": 1.0, "messages": EPISODE}], "t")
     assert '"calls": ["multiply(' in page and "3*4 = 12 <b>" in page  # the turns ride in the page's data
 
