@@ -187,8 +187,9 @@ class EndpointExecutor:
 
     def _score_missing(self, prompts: list[Prompt], episodes: list[Episode], outcomes: list[Outcome],
                        tokenizer) -> None:
-        """Episodes whose function returned None: the reward function scores their last call's
-        prompt + reply (dropped when there is no reward function)."""
+        """Episodes whose function returned None: the reward function scores their last call (queries:
+        its prompt + reply as text, prompts: its prompt as text, as OpenRLHF builds them; dropped when
+        there is no reward function)."""
         todo = [i for i, o in enumerate(outcomes) if o.dropped is None and o.reward is None and episodes[i].calls]
         if not todo:
             return
@@ -198,10 +199,11 @@ class EndpointExecutor:
                                        "(--reward.remote_url)")
             return
         last = [episodes[i].calls[-1] for i in todo]
-        queries = [tokenizer.decode(c.prompt_ids + c.sampled_ids, skip_special_tokens=False) for c in last]
-        texts = [prompts[i].text for i in todo]
+        texts = [tokenizer.decode(c.prompt_ids, skip_special_tokens=False) for c in last]
+        queries = [t + tokenizer.decode(c.sampled_ids, skip_special_tokens=False) for t, c in zip(texts, last)]
         out = self.fallback_reward_fn(queries, texts, [prompts[i].label for i in todo],
-                             responses=[tokenizer.decode(c.sampled_ids, skip_special_tokens=True) for c in last])
+                                      responses=[tokenizer.decode(c.sampled_ids, skip_special_tokens=True) for c in last],
+                                      records=[getattr(prompts[i], "record", {}) for i in todo])
         for j, i in enumerate(todo):
             outcomes[i].reward = float(out.rewards[j])
             outcomes[i].score = float(out.scores[j])
