@@ -326,3 +326,8 @@ class AgentConfig:
     """When the environment gives rewards (--agent.env, --agent.func_path, an environment_factory
     with get_reward) and a reward function is given too (--reward.*, reward_fn=): reward = this x
     the environment's + the function's (0: the function's alone). none: giving both is refused."""
+    timeout: float = 300.0
+    """Seconds one episode of an agent function (`async def agent(client, prompt, label, **row)`)
+    may run; past it the episode is cancelled and dropped from the batch."""
+    max_calls: int = 64
+    """Most OpenAI-API calls one episode of an agent function may make (more get HTTP 429)."""
