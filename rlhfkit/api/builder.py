@@ -246,9 +246,11 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     t, d = cfg.train, cfg.distributed
     worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker, cfg.rollout.num_workers,
                              0 if d.num_gpus_per_worker is not None else cluster_gpus(d.address))[1]
+    lora = cfg.ds.lora
     make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
                           worker_gpus, delays,
-                          t.partial_rollout_tokens if t.partial_rollout_enable else 0)
+                          t.partial_rollout_tokens if t.partial_rollout_enable else 0,
+                          (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
 
 

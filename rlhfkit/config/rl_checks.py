@@ -210,14 +210,13 @@ def _validate_scale(cfg: RLConfig) -> None:
 
 
 def _validate_lora(cfg: RLConfig) -> None:
-    """LoRA in RL runs in one process with the hf engine (which generates with the adapted weights)."""
+    """LoRA in RL runs with the hf engine, in one process (which generates with the adapted weights)
+    or on Ray rollout workers (which hold the same adapters)."""
     if cfg.ds.lora.rank == 0:
         return
-    for on, what in ((cfg.fsdp.enable, "--fsdp.enable"), (cfg.rollout.engine == "vllm", "--rollout.engine vllm"),
-                     (cfg.distributed.backend == "ray", "--distributed.backend ray"),
-                     (cfg.actor.ema_beta is not None, "--actor.ema_beta")):
+    for on, what in ((cfg.fsdp.enable, "--fsdp.enable"), (cfg.rollout.engine == "vllm", "--rollout.engine vllm")):
         _require(not on, f"--ds.lora.rank {cfg.ds.lora.rank} does not combine with {what} yet: drop one of them "
-                         "(LoRA in RL runs in one process with --rollout.engine hf)")
+                         "(LoRA in RL runs with --rollout.engine hf, in one process or on Ray rollout workers)")
 
 
 def lora_targets(lora: LoraConfig) -> tuple[str, ...] | str:
