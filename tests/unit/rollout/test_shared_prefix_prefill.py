@@ -70,3 +70,25 @@ def test_sampled_tokens_and_logprobs_equal_the_unshared_prefill(tiny, prompts, a
     for a, b in zip(shared, plain):
         assert a.response_ids.tolist() == b.response_ids.tolist()
         torch.testing.assert_close(a.logprobs, b.logprobs, atol=tol, rtol=0)
+
+
+def test_bf16_logprob_gap_to_the_trainer_no_worse_than_unshared(tiny, prompts):
+    """rollout/logprob_gap_mean's quantity (|engine - trainer| over action tokens) under bf16 autocast."""
+    from rlhfkit.data.batch import collate
+    from rlhfkit.models import response_logprobs
+
+    model, tok = tiny
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, n=3)
+    gaps = {}
+    for share in (True, False):
+        trajs = HFEngine(model, tok, autocast_dtype=torch.bfloat16, share_prefix=share).generate(
+            prompts, params, seeds=[1, 2, 3, 4])
+        batch = collate(trajs, tok.pad_token_id)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            trainer = response_logprobs(model, batch)[0].float()
+        engine = torch.zeros_like(trainer)
+        for i, t in enumerate(trajs):
+            engine[i, : len(t.logprobs)] = t.logprobs
+        mask = batch.loss_mask
+        gaps[share] = float(((engine - trainer).abs() * mask).sum() / mask.sum())
+    assert 0 < gaps[True] <= 1.25 * gaps[False], gaps
