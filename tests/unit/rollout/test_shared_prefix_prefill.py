@@ -23,8 +23,8 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def prompts(tiny):
-    _, tok = tiny
-    return [tok(SYSTEM + q)["input_ids"] for q in QUESTIONS]
+    """QUESTIONS after one system prompt: they share its tokens."""
+    return [tiny[1](SYSTEM + q)["input_ids"] for q in QUESTIONS]
 
 
 def _prefill_rows(model):
