@@ -214,8 +214,7 @@ def _validate_lora(cfg: RLConfig) -> None:
     or on Ray rollout workers (which hold the same adapters)."""
     if cfg.ds.lora.rank == 0:
         return
-    for on, what in ((cfg.fsdp.enable, "--fsdp.enable"), (cfg.rollout.engine == "vllm", "--rollout.engine vllm"),
-                     (cfg.actor.ema_beta is not None, "--actor.ema_beta")):
+    for on, what in ((cfg.fsdp.enable, "--fsdp.enable"), (cfg.rollout.engine == "vllm", "--rollout.engine vllm")):
         _require(not on, f"--ds.lora.rank {cfg.ds.lora.rank} does not combine with {what} yet: drop one of them "
                          "(LoRA in RL runs with --rollout.engine hf, in one process or on Ray rollout workers)")
 
