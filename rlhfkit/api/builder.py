@@ -35,6 +35,7 @@ from rlhfkit.models.precision import (
     enable_gradient_checkpointing,
     model_device,
     resolve_device,
+    vectors_to_float32,
 )
 from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.rewards.resolve import resolve_reward
@@ -170,6 +171,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     device = run_device(cfg) if device is None else device
     torch.manual_seed(cfg.train.seed)
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    _bf16_matrices(policy, cfg)
     lora = cfg.ds.lora
     if lora.rank > 0:
         policy = add_lora(policy, lora.rank, lora.alpha, lora_targets(lora), lora.dropout)
@@ -177,6 +179,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     if cfg.algo.kl.init_coef > 0:
         if cfg.ref.model_name_or_path:
             ref, _ = load_policy(cfg.ref.model_name_or_path, cfg.actor.dtype)
+            _bf16_matrices(ref, cfg)
         elif lora.rank > 0:
             ref = policy  # the base weights: the experience stage disables the adapters for its pass
         else:
@@ -195,6 +198,13 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     if cfg.actor.gradient_checkpointing_enable:
         enable_gradient_checkpointing(policy)
     return policy, tokenizer, ref, critic
+
+
+def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
+    """bf16 parameters under bf16 autocast: the norms and biases back in float32 (they learn as under
+    autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay bf16."""
+    if cfg.actor.dtype == "bfloat16" and cfg.actor.autocast == "bfloat16":
+        vectors_to_float32(model)
 
 
 def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
@@ -220,7 +230,12 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
 
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
-    from rlhfkit.rollout.vllm import VLLMEngine, colocated_memory, free_gpu_share, require_vllm  # noqa: PLC0415
+    from rlhfkit.rollout.vllm import (
+        VLLMEngine,
+        colocated_memory,
+        free_gpu_share,
+        require_vllm,
+    )
 
     require_vllm()
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
@@ -239,8 +254,8 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
 def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running).
     `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back)."""
-    from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, worker_factory  # noqa: PLC0415
-    from rlhfkit.distributed.pool import RayEnginePool  # noqa: PLC0415
+    from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, worker_factory
+    from rlhfkit.distributed.pool import RayEnginePool
 
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
     t, d = cfg.train, cfg.distributed
@@ -394,7 +409,7 @@ def build_source(cfg: RLConfig, executor, engine, tokenizer, budget: TokenBudget
     """The rollout source: the executor on the engine; with --train.async_enable, one batch ahead (Prefetch)."""
     params = sampling_params(cfg)
     if cfg.train.async_enable:
-        from rlhfkit.distributed.async_loop import Prefetch  # noqa: PLC0415  (Ray: only for async runs)
+        from rlhfkit.distributed.async_loop import Prefetch
 
         return Prefetch(executor, engine, tokenizer, params, budget, cfg.train.max_staleness)
     return Generate(executor, engine, tokenizer, params, budget)

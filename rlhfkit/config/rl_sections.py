@@ -31,8 +31,10 @@ class ActorConfig:
     """HF folder, a .gguf file, or `smollm2` (the packaged SmolLM2-135M-Instruct, converted once)."""
     dtype: str = "float32"
     """Parameter dtype: float32 or bfloat16 (never float16: ~200x slower on CPU). bfloat16 keeps float32
-    master weights and gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 mode; under
-    --fsdp.enable it becomes float32 sharded parameters computing in bf16 (--fsdp.mixed_precision true)."""
+    master weights and gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 mode; with
+    --actor.autocast bfloat16 the norm weights and biases stay float32 (they move as under autocast) and the
+    hf engine decodes with the bf16 matrices, refreshed after every optimizer step; under --fsdp.enable it
+    becomes float32 sharded parameters computing in bf16 (--fsdp.mixed_precision true)."""
     autocast: str | None = "bfloat16"
     """Compute dtype for forward passes (torch.autocast on --actor.device's type); none = the parameter dtype;
     auto = bfloat16 where it is faster than float32 (a ~0.2 s matmul probe on the CPU; CUDA with bf16 support),
