@@ -318,6 +318,16 @@ class AgentConfig:
     """Seconds a tool call may take before its result is an error."""
     tool_result_tokens: int = 256
     """Most tokens of one tool result (longer results are cut)."""
+    env: str | None = None
+    """A text environment for the episodes: gem:ENV_ID (GEM, e.g. gem:game:GuessTheNumber-v0-easy),
+    textarena:ENV_ID (a one-player TextArena game, e.g. textarena:GuessTheNumber-v0), or
+    FILE_OR_MODULE:Class (gymnasium-style: reset(seed=None), step(action) -> observation, reward,
+    terminated, truncated, info). Its observations come back as user turns of the chat template,
+    its rewards are the episode's (summed); the row's seed column seeds reset. With --agent.tools too."""
+    env_reward_weight: float | None = None
+    """When the environment gives rewards (--agent.env, --agent.func_path, an environment_factory
+    with get_reward) and a reward function is given too (--reward.*, reward_fn=): reward = this x
+    the environment's + the function's (0: the function's alone). none: giving both is refused."""
     timeout: float = 300.0
     """Seconds one episode of an agent function (`async def agent(client, prompt, label, **row)`)
     may run; past it the episode is cancelled and dropped from the batch."""
