@@ -41,7 +41,8 @@ from rlhfkit.config.preference import (
     validate_rm,
 )
 from rlhfkit.config.prm import PRMConfig, validate_prm
-from rlhfkit.config.sft import SFTConfig, lora_targets, validate_sft
+from rlhfkit.config.rl import lora_targets
+from rlhfkit.config.sft import SFTConfig, validate_sft
 from rlhfkit.data.records import Source
 from rlhfkit.data.steps import load_steps
 from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft, load_unpaired

@@ -100,7 +100,7 @@ def test_every_config_dataclass_is_a_command_config_or_inside_one():
     reachable = set()
 
     def walk(cls):
-        reachable.add(cls.__name__)
+        reachable.update(c.__name__ for c in cls.__mro__ if dataclasses.is_dataclass(c))  # a base's fields are its
         for f in dataclasses.fields(cls):
             tp = typing.get_type_hints(cls)[f.name]
             if dataclasses.is_dataclass(tp):
