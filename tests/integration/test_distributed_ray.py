@@ -102,7 +102,7 @@ def in_process_trainer(ws, out, argv_over, delays=None):
         return load_prompts(d.prompt_dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tok,
                             shuffle_seed=cfg.train.seed)
 
-    trainer = RLTrainer.build(cfg, train_dataset=load_examples,
+    trainer = RLTrainer.build(cfg, RLTrainer.validate(cfg), train_dataset=load_examples,
                               make_engine=lambda policy, tok: build_pool(cfg, policy, delays=delays))
     trained = []  # the prompt ids of every trajectory the trainer trains on
     loop, inner = trainer.loop, trainer.loop.experience
