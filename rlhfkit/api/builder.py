@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor, load_agent_file
+from rlhfkit.agents import SingleTurnExecutor, load_agent_file
 from rlhfkit.agents.executor import TokenBudget
+from rlhfkit.agents.textenv import load_text_env
 from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.agents.tools.loader import load_tools
 from rlhfkit.agents.tools.run import ToolLimits
@@ -35,6 +36,7 @@ from rlhfkit.models.precision import (
     enable_gradient_checkpointing,
     model_device,
     resolve_device,
+    vectors_to_float32,
 )
 from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.rewards.resolve import resolve_reward
@@ -89,22 +91,49 @@ def remote_options(r: RewardConfig) -> dict:
                 token=r.auth_token)
 
 
-def build_executor(cfg: RLConfig, tools=None,
-                   environment_factory=None) -> SingleTurnExecutor | MultiTurnExecutor | ToolExecutor:
-    """The agent of --agent.func_path (a file or builtin:NAME); tool-calling episodes with `tools`
+def endpoint_options(cfg: RLConfig) -> dict:
+    """EndpointExecutor's settings from --agent.*, --data.prompt_max_len and the response budget."""
+    g = cfg.agent
+    total = token_budget(cfg, multi_turn=True).total
+    return dict(timeout=g.timeout, max_calls=g.max_calls, tool_parser=g.tool_parser,
+                max_context=cfg.data.prompt_max_len + total)
+
+
+def agent_takes_reward_fn(executor, cfg: RLConfig) -> bool:
+    """Whether an agent-function executor gets the run's reward function (--reward.* is set): it scores
+    the episodes whose function returns None."""
+    r = cfg.reward
+    return hasattr(executor, "fallback_reward_fn") and (r.remote_url is not None or r.model_name_or_path is not None)
+
+
+def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=None):
+    """The agent of --agent.func_path (a file or builtin:NAME) or `agent` (an agent function for the
+    OpenAI-compatible endpoint, or an executor object with `run`); tool-calling episodes with `tools`
     (functions), --agent.tools or an `environment_factory` class; else single-turn generation."""
     g = cfg.agent
     path = g.func_path
-    if tools is not None or g.tools is not None or environment_factory is not None:
+    if agent is not None:
+        if path is not None or tools is not None or g.tools is not None or environment_factory is not None \
+                or g.env is not None:
+            raise ConfigError("agent= and --agent.func_path / tools are both set; choose one")
+        if callable(getattr(agent, "run", None)):
+            return agent
+        from rlhfkit.agents.endpoint.runner import EndpointExecutor  # noqa: PLC0415 - the serve extra
+
+        return EndpointExecutor(agent, source=getattr(agent, "__qualname__", "agent"), **endpoint_options(cfg))
+    if tools is not None or g.tools is not None or environment_factory is not None or g.env is not None:
         if path is not None:
-            raise ConfigError("--agent.func_path and tools (--agent.tools or tools=) are both set; an agent file "
-                              "drives its own episodes: choose one")
+            raise ConfigError("--agent.func_path and tools or an environment (--agent.tools, --agent.env, tools=, "
+                              "environment_factory=) are both set; an agent file drives its own episodes: choose one")
+        if g.env is not None and environment_factory is not None:
+            raise ConfigError("--agent.env and environment_factory= are both set; choose one")
         limits = ToolLimits(g.tool_calls_per_episode, g.tool_timeout, g.tool_result_tokens)
         fns = list(tools) if tools is not None else load_tools(g.tools) if g.tools is not None else []
-        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=environment_factory)
+        env = load_text_env(g.env) if g.env is not None else environment_factory
+        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=env)
     if path is None:
         return SingleTurnExecutor()
-    return load_agent_file(BUILTIN_AGENTS.get(path, path))
+    return load_agent_file(BUILTIN_AGENTS.get(path, path), endpoint=endpoint_options(cfg))
 
 
 def run_device(cfg: RLConfig) -> torch.device:
@@ -143,6 +172,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     device = run_device(cfg) if device is None else device
     torch.manual_seed(cfg.train.seed)
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    _bf16_matrices(policy, cfg)
     lora = cfg.ds.lora
     if lora.rank > 0:
         policy = add_lora(policy, lora.rank, lora.alpha, lora_targets(lora), lora.dropout)
@@ -150,6 +180,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     if cfg.algo.kl.init_coef > 0:
         if cfg.ref.model_name_or_path:
             ref, _ = load_policy(cfg.ref.model_name_or_path, cfg.actor.dtype)
+            _bf16_matrices(ref, cfg)
         elif lora.rank > 0:
             ref = policy  # the base weights: the experience stage disables the adapters for its pass
         else:
@@ -168,6 +199,13 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     if cfg.actor.gradient_checkpointing_enable:
         enable_gradient_checkpointing(policy)
     return policy, tokenizer, ref, critic
+
+
+def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
+    """bf16 parameters under bf16 autocast: the norms and biases back in float32 (they learn as under
+    autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay bf16."""
+    if cfg.actor.dtype == "bfloat16" and cfg.actor.autocast == "bfloat16":
+        vectors_to_float32(model)
 
 
 def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
@@ -219,9 +257,11 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     t, d = cfg.train, cfg.distributed
     worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker, cfg.rollout.num_workers,
                              0 if d.num_gpus_per_worker is not None else cluster_gpus(d.address))[1]
+    lora = cfg.ds.lora
     make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
                           worker_gpus, delays,
-                          t.partial_rollout_tokens if t.partial_rollout_enable else 0)
+                          t.partial_rollout_tokens if t.partial_rollout_enable else 0,
+                          (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
 
 
@@ -334,13 +374,14 @@ def build_update(cfg: RLConfig, policy, learners: tuple[Learner, Learner | None]
     return PolicyUpdate(policy, learners[0], batcher, losses, **common)
 
 
-def build_scorer(cfg: RLConfig, reward_fn, tokenizer, max_len: int, teacher, policy) -> Scorer | TeacherScorer:
-    """The score stage: `reward_fn` (None: the agent's rewards), overlong shaping, normalisation;
-    with a teacher, on-policy distillation's token rewards on top."""
+def build_scorer(cfg: RLConfig, reward_fn, tokenizer, max_len: int, teacher, policy,
+                 env_weight: float | None = None) -> Scorer | TeacherScorer:
+    """The score stage: `reward_fn` (None: the agent's rewards; with `env_weight`, plus that times the
+    agent's), overlong shaping, normalisation; with a teacher, on-policy distillation's token rewards on top."""
     reward, algo = cfg.reward, cfg.algo
     overlong = None if reward.overlong_buffer_len is None else (reward.overlong_buffer_len,
                                                                  reward.overlong_penalty_factor)
-    scorer = Scorer(reward_fn, tokenizer, max_len, overlong, reward.normalize)
+    scorer = Scorer(reward_fn, tokenizer, max_len, overlong, reward.normalize, env_weight=env_weight)
     if teacher is None:
         return scorer
     return TeacherScorer(scorer, teacher, coef=algo.teacher_coef, topk=algo.teacher_topk,
@@ -378,7 +419,9 @@ def build_loop(cfg: RLConfig, counts: RunPlan, policy, tokenizer, engine, reward
     batcher = build_batcher(cfg, tokenizer)
     experience = build_experience(cfg, counts, policy, ref, critic, batcher)
     update = build_update(cfg, policy, learners, batcher, loss_settings(cfg, budget.total), data, critic, teacher, dp)
-    scorer = build_scorer(cfg, None if executor.provides_rewards else reward_fn, tokenizer, budget.total, teacher, policy)
+    own, weight = executor.provides_rewards, cfg.agent.env_reward_weight  # the environment's rewards (weighted)
+    scorer = build_scorer(cfg, reward_fn if not own or weight is not None else None, tokenizer, budget.total, teacher,
+                          policy, env_weight=weight if own else None)
     algo = cfg.algo
     group_filter = GroupFilter(algo.dynamic_filtering_enable, algo.dynamic_filtering_range,
                                algo.dynamic_filtering_max_rounds)

@@ -9,8 +9,13 @@ Takes the flags of `rlhfkit train rl` (the model, the data keys and the --eval.*
 Draws --eval.n_samples completions per prompt (--rollout.max_new_tokens each) and reports
 eval/pass@k and eval/maj@k from --eval.verifier (default: the training reward,
 --reward.remote_url), plus eval/reward and eval/accuracy from --reward.remote_url when one is
-given. Writes <output_dir>/eval.json (metrics and settings) and <output_dir>/eval_samples.jsonl
-(one line per sample: prompt, label, response, correct, answer).
+given. With --agent.tools (or --agent.func_path) each sample is a whole episode of up to
+--agent.max_turns turns, scored as in training (an agent that gives its own rewards needs no
+reward flag); the tool counters are reported too (eval/tool_calls, eval/episodes_with_call,
+eval/tools/valid_call_rate, eval/tools/NAME/calls, ...). Writes <output_dir>/eval.json (metrics
+and settings) and <output_dir>/eval_samples.jsonl (one line per sample: prompt, label, response,
+correct, answer; with tools also the conversation as messages, which `rlhfkit view OUT --file
+eval_samples.jsonl` shows turn by turn).
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.api.builder import build_engine, load_reward, prompt_options, resolve_autocast, run_device
+from rlhfkit.api.builder import (
+    build_engine,
+    build_executor,
+    load_reward,
+    prompt_options,
+    resolve_autocast,
+    run_device,
+)
 from rlhfkit.api.run_folder import create_run_dir, make_evaluator
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.data.prompts import check_prompts, load_prompts, tokenize_prompts
@@ -37,7 +49,8 @@ def run(argv: list[str]) -> int:
     if not e.dataset:
         raise ConfigError("--eval.dataset is required (a .jsonl/.json/.parquet file, a datasets folder or a hub "
                           "dataset name)")
-    if not (e.verifier or cfg.reward.remote_url):
+    executor = build_executor(cfg)  # an agent file or tools: episodes (a bad file fails before the model)
+    if not (e.verifier or cfg.reward.remote_url or executor.provides_rewards):
         raise ConfigError("nothing to score with: pass --eval.verifier (builtin:math or a reward file) "
                           "and/or --reward.remote_url")
     options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}  # the first --eval.max_samples prompts
@@ -54,7 +67,7 @@ def run(argv: list[str]) -> int:
     engine = build_engine(policy, tokenizer, cfg)
     examples = load_prompts(e.dataset, tokenizer=tokenizer, **options)
     items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
-    evaluator = make_evaluator(cfg, items, reward_fn, verifier)
+    evaluator = make_evaluator(cfg, items, reward_fn, verifier, executor)
     metrics, rows = evaluator.evaluate(engine, tokenizer)
     (out / "eval.json").write_text(json.dumps(
         {"metrics": metrics, "prompts": len(evaluator.items), "skipped_prompts": skipped,

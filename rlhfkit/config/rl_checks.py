@@ -67,7 +67,8 @@ RL_RANGES = validate_table({
     "algo.dynamic_filtering_range": ORDERED, "algo.dynamic_filtering_max_rounds": ">= 1",
     "algo.teacher_coef": ">= 0", "algo.teacher_topk": ">= 0",
     "agent.max_turns": ">= 1", "agent.max_response_tokens": ">= 1", "agent.tool_calls_per_episode": ">= 1",
-    "agent.tool_timeout": "> 0", "agent.tool_result_tokens": ">= 1",
+    "agent.tool_timeout": "> 0", "agent.tool_result_tokens": ">= 1", "agent.timeout": "> 0",
+    "agent.max_calls": ">= 1", "agent.env_reward_weight": ">= 0",
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_tokens_per_micro_batch": ">= 1",
     "train.max_epochs": ">= 1", "train.num_episodes": ">= 1", "train.max_steps": ">= 1", "train.seed": SEED_RANGE,
     "train.num_threads": ">= 1", "train.max_skipped_steps": ">= 0", "train.max_staleness": ">= 0",
@@ -177,11 +178,10 @@ def _validate_scale(cfg: RLConfig) -> None:
 
 
 def _validate_lora(cfg: RLConfig) -> None:
-    """LoRA in RL runs in one process with the hf engine (which generates with the adapted weights)."""
+    """LoRA in RL runs with the hf engine, in one process (which generates with the adapted weights)
+    or on Ray rollout workers (which hold the same adapters)."""
     if cfg.ds.lora.rank == 0:
         return
-    for on, what in ((cfg.fsdp.enable, "--fsdp.enable"), (cfg.rollout.engine == "vllm", "--rollout.engine vllm"),
-                     (cfg.distributed.backend == "ray", "--distributed.backend ray"),
-                     (cfg.actor.ema_beta is not None, "--actor.ema_beta")):
+    for on, what in ((cfg.fsdp.enable, "--fsdp.enable"), (cfg.rollout.engine == "vllm", "--rollout.engine vllm")):
         require(not on, f"--ds.lora.rank {cfg.ds.lora.rank} does not combine with {what} yet: drop one of them "
-                        "(LoRA in RL runs in one process with --rollout.engine hf)")
+                        "(LoRA in RL runs with --rollout.engine hf, in one process or on Ray rollout workers)")

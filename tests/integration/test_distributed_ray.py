@@ -278,3 +278,21 @@ def test_an_error_in_the_trainer_actor_is_the_cli_one_line_error(ws, cluster, ca
     lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "raised KeyError" in lines[0], err
     assert "Traceback" not in err
+
+
+def test_lora_on_two_workers_equals_lora_in_one_process(ws, cluster):
+    """The workers wrap their policy copy in the same LoRA adapters and receive only the adapter
+    weights: the run equals the single-process LoRA run, metric for metric and weight for weight."""
+    lora = {"ds.lora.rank": "4", "ds.lora.alpha": "8", "ds.lora.target_modules": "all-linear"}
+    local, out = ws / "lora_local", ws / "lora_ray"
+    assert main(["train", "rl", *flags(ws, local, **lora)]) == 0
+    assert main(["train", "rl", *flags(ws, out, **lora, **{"distributed.backend": "ray",
+                                                             "rollout.num_workers": "2"})]) == 0
+    files = sorted(p.name for p in (local / "final").glob("*.safetensors"))
+    assert files and files == sorted(p.name for p in (out / "final").glob("*.safetensors"))
+    for name in files:
+        a, b = load_file(local / "final" / name), load_file(out / "final" / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = rows_of(local), rows_of(out)
+    assert len(ra) == 4 and ra == rb
+    assert rb[-1]["actor/grad_norm"] > 0
