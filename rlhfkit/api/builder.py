@@ -14,6 +14,7 @@ import torch
 
 from rlhfkit.agents import SingleTurnExecutor, load_agent_file
 from rlhfkit.agents.executor import TokenBudget
+from rlhfkit.agents.textenv import load_text_env
 from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.agents.tools.loader import load_tools
 from rlhfkit.agents.tools.run import ToolLimits
@@ -34,6 +35,7 @@ from rlhfkit.models.precision import (
     enable_gradient_checkpointing,
     model_device,
     resolve_device,
+    vectors_to_float32,
 )
 from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.rewards.resolve import resolve_reward
@@ -110,20 +112,24 @@ def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=No
     g = cfg.agent
     path = g.func_path
     if agent is not None:
-        if path is not None or tools is not None or g.tools is not None or environment_factory is not None:
+        if path is not None or tools is not None or g.tools is not None or environment_factory is not None \
+                or g.env is not None:
             raise ConfigError("agent= and --agent.func_path / tools are both set; choose one")
         if callable(getattr(agent, "run", None)):
             return agent
         from rlhfkit.agents.endpoint.runner import EndpointExecutor  # noqa: PLC0415 - the serve extra
 
         return EndpointExecutor(agent, source=getattr(agent, "__qualname__", "agent"), **endpoint_options(cfg))
-    if tools is not None or g.tools is not None or environment_factory is not None:
+    if tools is not None or g.tools is not None or environment_factory is not None or g.env is not None:
         if path is not None:
-            raise ConfigError("--agent.func_path and tools (--agent.tools or tools=) are both set; an agent file "
-                              "drives its own episodes: choose one")
+            raise ConfigError("--agent.func_path and tools or an environment (--agent.tools, --agent.env, tools=, "
+                              "environment_factory=) are both set; an agent file drives its own episodes: choose one")
+        if g.env is not None and environment_factory is not None:
+            raise ConfigError("--agent.env and environment_factory= are both set; choose one")
         limits = ToolLimits(g.tool_calls_per_episode, g.tool_timeout, g.tool_result_tokens)
         fns = list(tools) if tools is not None else load_tools(g.tools) if g.tools is not None else []
-        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=environment_factory)
+        env = load_text_env(g.env) if g.env is not None else environment_factory
+        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=env)
     if path is None:
         return SingleTurnExecutor()
     return load_agent_file(BUILTIN_AGENTS.get(path, path), endpoint=endpoint_options(cfg))
@@ -165,6 +171,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     device = run_device(cfg) if device is None else device
     torch.manual_seed(cfg.train.seed)
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    _bf16_matrices(policy, cfg)
     lora = cfg.ds.lora
     if lora.rank > 0:
         policy = add_lora(policy, lora.rank, lora.alpha, lora_targets(lora), lora.dropout)
@@ -172,6 +179,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     if cfg.algo.kl.init_coef > 0:
         if cfg.ref.model_name_or_path:
             ref, _ = load_policy(cfg.ref.model_name_or_path, cfg.actor.dtype)
+            _bf16_matrices(ref, cfg)
         elif lora.rank > 0:
             ref = policy  # the base weights: the experience stage disables the adapters for its pass
         else:
@@ -190,6 +198,13 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     if cfg.actor.gradient_checkpointing_enable:
         enable_gradient_checkpointing(policy)
     return policy, tokenizer, ref, critic
+
+
+def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
+    """bf16 parameters under bf16 autocast: the norms and biases back in float32 (they learn as under
+    autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay bf16."""
+    if cfg.actor.dtype == "bfloat16" and cfg.actor.autocast == "bfloat16":
+        vectors_to_float32(model)
 
 
 def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
@@ -215,7 +230,12 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
 
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
-    from rlhfkit.rollout.vllm import VLLMEngine, colocated_memory, free_gpu_share, require_vllm  # noqa: PLC0415
+    from rlhfkit.rollout.vllm import (
+        VLLMEngine,
+        colocated_memory,
+        free_gpu_share,
+        require_vllm,
+    )
 
     require_vllm()
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
@@ -234,8 +254,8 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
 def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running).
     `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back)."""
-    from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, worker_factory  # noqa: PLC0415
-    from rlhfkit.distributed.pool import RayEnginePool  # noqa: PLC0415
+    from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, worker_factory
+    from rlhfkit.distributed.pool import RayEnginePool
 
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
     t, d = cfg.train, cfg.distributed
@@ -363,13 +383,14 @@ def build_update(cfg: RLConfig, policy, learners: tuple[Learner, Learner | None]
     return PolicyUpdate(policy, learners[0], batcher, losses, **common)
 
 
-def build_scorer(cfg: RLConfig, reward_fn, tokenizer, max_len: int, teacher, policy) -> Scorer | TeacherScorer:
-    """The score stage: `reward_fn` (None: the agent's rewards), overlong shaping, normalisation;
-    with a teacher, on-policy distillation's token rewards on top."""
+def build_scorer(cfg: RLConfig, reward_fn, tokenizer, max_len: int, teacher, policy,
+                 env_weight: float | None = None) -> Scorer | TeacherScorer:
+    """The score stage: `reward_fn` (None: the agent's rewards; with `env_weight`, plus that times the
+    agent's), overlong shaping, normalisation; with a teacher, on-policy distillation's token rewards on top."""
     reward, algo = cfg.reward, cfg.algo
     overlong = None if reward.overlong_buffer_len is None else (reward.overlong_buffer_len,
                                                                  reward.overlong_penalty_factor)
-    scorer = Scorer(reward_fn, tokenizer, max_len, overlong, reward.normalize)
+    scorer = Scorer(reward_fn, tokenizer, max_len, overlong, reward.normalize, env_weight=env_weight)
     if teacher is None:
         return scorer
     return TeacherScorer(scorer, teacher, coef=algo.teacher_coef, topk=algo.teacher_topk,
@@ -388,7 +409,7 @@ def build_source(cfg: RLConfig, executor, engine, tokenizer, budget: TokenBudget
     """The rollout source: the executor on the engine; with --train.async_enable, one batch ahead (Prefetch)."""
     params = sampling_params(cfg)
     if cfg.train.async_enable:
-        from rlhfkit.distributed.async_loop import Prefetch  # noqa: PLC0415  (Ray: only for async runs)
+        from rlhfkit.distributed.async_loop import Prefetch
 
         return Prefetch(executor, engine, tokenizer, params, budget, cfg.train.max_staleness)
     return Generate(executor, engine, tokenizer, params, budget)
@@ -406,7 +427,9 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
     batcher = build_batcher(cfg, tokenizer)
     experience = build_experience(cfg, plan, policy, ref, critic, batcher)
     update = build_update(cfg, policy, learners, batcher, loss_settings(cfg, budget.total), data, critic, teacher, dp)
-    scorer = build_scorer(cfg, None if executor.provides_rewards else reward_fn, tokenizer, budget.total, teacher, policy)
+    own, weight = executor.provides_rewards, cfg.agent.env_reward_weight  # the environment's rewards (weighted)
+    scorer = build_scorer(cfg, reward_fn if not own or weight is not None else None, tokenizer, budget.total, teacher,
+                          policy, env_weight=weight if own else None)
     algo = cfg.algo
     group_filter = GroupFilter(algo.dynamic_filtering_enable, algo.dynamic_filtering_range,
                                algo.dynamic_filtering_max_rounds)

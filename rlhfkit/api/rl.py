@@ -128,9 +128,9 @@ class RLTrainer:
             raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "
                               "file or a datasets folder)")
         eval_dataset = eval_dataset if eval_dataset is not None else cfg.eval.dataset
-        if eval_dataset is not None and (cfg.agent.func_path or cfg.agent.tools or tools or environment_factory or agent):
-            raise ConfigError("--eval.dataset is single-turn greedy evaluation; it does not run agents or tools yet "
-                              "(drop --eval.dataset, or --agent.func_path / --agent.tools)")
+        if eval_dataset is not None and agent is not None:
+            raise ConfigError("--eval.dataset does not run agent functions (agent=) yet; drop --eval.dataset "
+                              "(tools, environments and agent files are evaluated as episodes)")
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         if cfg.rollout.engine == "vllm":  # fail fast, before models load
@@ -139,10 +139,18 @@ class RLTrainer:
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
         run_dir = run_folder.prepare_run_dir(cfg, rank)
         executor = builder.build_executor(cfg, tools, environment_factory, agent)
+        # an environment's own rewards (an agent function's executor takes the reward function as its fallback)
+        own = executor.provides_rewards and not hasattr(executor, "fallback_reward_fn")
+        both = own and (reward_fn is not None or cfg.reward.remote_url is not None
+                        or cfg.reward.model_name_or_path is not None)
+        if both and cfg.agent.env_reward_weight is None:
+            raise ConfigError("the environment gives rewards and a reward function is set too (--reward.* or "
+                              "reward_fn=): set --agent.env_reward_weight W (reward = W x the environment's + the "
+                              "function's; 0: the function's alone), or drop the reward function")
         if reward_fn is not None:
             reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
                                        remote_options=builder.remote_options(cfg.reward))
-        elif not executor.provides_rewards or builder.agent_takes_reward_fn(executor, cfg):
+        elif not executor.provides_rewards or builder.agent_takes_reward_fn(executor, cfg) or both:
             reward_fn = builder.load_reward(cfg.reward, cfg.train.micro_batch_size, device,
                                                   cfg.algo.advantage.estimator)
         if reward_fn is not None and hasattr(executor, "fallback_reward_fn"):
@@ -164,7 +172,9 @@ class RLTrainer:
         if eval_dataset is not None:
             eval_examples = load_examples_fn(cfg, eval_dataset, eval=True)(tokenizer)
             eval_items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
-        evaluator = run_folder.make_evaluator(cfg, eval_items, reward_fn)
+        # held-out episodes run on an executor of their own (its tool counters are not the rollout's)
+        eval_executor = builder.build_executor(cfg, tools, environment_factory) if eval_items else None
+        evaluator = run_folder.make_evaluator(cfg, eval_items, reward_fn, executor=eval_executor)
         checkpointer, resume = run_folder.setup_checkpoints(cfg, run_dir, (rank, world) if cfg.fsdp.enable else None)
         tracker = run_folder.run_tracker(cfg, run_dir, builder.total_rl_steps(cfg, data.rollouts_per_episode),
                                          resume[1] if resume else None)

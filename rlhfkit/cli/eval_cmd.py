@@ -9,15 +9,20 @@ Takes the flags of `rlhfkit train rl` (the model, the data keys and the --eval.*
 Draws --eval.n_samples completions per prompt (--rollout.max_new_tokens each) and reports
 eval/pass@k and eval/maj@k from --eval.verifier (default: the training reward,
 --reward.remote_url), plus eval/reward and eval/accuracy from --reward.remote_url when one is
-given. Writes <output_dir>/eval.json (metrics and settings) and <output_dir>/eval_samples.jsonl
-(one line per sample: prompt, label, response, correct, answer).
+given. With --agent.tools (or --agent.func_path) each sample is a whole episode of up to
+--agent.max_turns turns, scored as in training (an agent that gives its own rewards needs no
+reward flag); the tool counters are reported too (eval/tool_calls, eval/episodes_with_call,
+eval/tools/valid_call_rate, eval/tools/NAME/calls, ...). Writes <output_dir>/eval.json (metrics
+and settings) and <output_dir>/eval_samples.jsonl (one line per sample: prompt, label, response,
+correct, answer; with tools also the conversation as messages, which `rlhfkit view OUT --file
+eval_samples.jsonl` shows turn by turn).
 
 With --agent.func_path an agent function (`async def agent(client, prompt, label, **row)`, written
 against the OpenAI API), it runs --eval.n_samples episodes per prompt through rlhfkit's endpoint at
 --eval.temperature and reports eval/reward, the agent's mean reward (a dropped episode counts 0),
 and eval/dropped:
 
-  rlhfkit eval --actor.model_name_or_path runs/agent/final --agent.func_path agent.py \
+  rlhfkit eval --actor.model_name_or_path runs/agent/final --agent.func_path agent.py \\
       --eval.dataset heldout.jsonl --data.label_key label --ckpt.output_dir runs/eval
 """
 
@@ -55,9 +60,10 @@ def run(argv: list[str]) -> int:
     if not e.dataset:
         raise ConfigError("--eval.dataset is required (a .jsonl/.json/.parquet file, a datasets folder or a hub "
                           "dataset name)")
-    if cfg.agent.func_path:
-        return run_agent_eval(cfg)
-    if not (e.verifier or cfg.reward.remote_url):
+    executor = build_executor(cfg)  # an agent file or tools: episodes (a bad file fails before the model)
+    if hasattr(executor, "fallback_reward_fn"):  # an agent function through the endpoint
+        return run_agent_eval(cfg, executor)
+    if not (e.verifier or cfg.reward.remote_url or executor.provides_rewards):
         raise ConfigError("nothing to score with: pass --eval.verifier (builtin:math or a reward file) "
                           "and/or --reward.remote_url")
     options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}  # the first --eval.max_samples prompts
@@ -74,7 +80,7 @@ def run(argv: list[str]) -> int:
     engine = build_engine(policy, tokenizer, cfg)
     examples = load_prompts(e.dataset, tokenizer=tokenizer, **options)
     items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
-    evaluator = make_evaluator(cfg, items, reward_fn, verifier)
+    evaluator = make_evaluator(cfg, items, reward_fn, verifier, executor)
     metrics, rows = evaluator.evaluate(engine, tokenizer)
     (out / "eval.json").write_text(json.dumps(
         {"metrics": metrics, "prompts": len(evaluator.items), "skipped_prompts": skipped,
@@ -88,15 +94,11 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def run_agent_eval(cfg: RLConfig) -> int:
+def run_agent_eval(cfg: RLConfig, executor) -> int:
     """`rlhfkit eval --agent.func_path AGENT.py`: the agent function's mean reward on --eval.dataset."""
     from rlhfkit.agents.endpoint.runner import evaluate_agent  # noqa: PLC0415 - the agents extra
 
     e, d = cfg.eval, cfg.data
-    executor = build_executor(cfg)
-    if not hasattr(executor, "fallback_reward_fn"):
-        raise ConfigError(f"--agent.func_path {cfg.agent.func_path}: rlhfkit eval runs agent functions "
-                          "(async def agent(client, prompt, label, **row)); other agents train with train rl")
     options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}
     check_prompts(e.dataset, **options)
     if cfg.reward.remote_url:

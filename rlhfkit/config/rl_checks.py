@@ -77,7 +77,7 @@ RL_RANGES = validate_table({
     "algo.teacher_coef": ">= 0", "algo.teacher_topk": ">= 0",
     "agent.max_turns": ">= 1", "agent.max_response_tokens": ">= 1", "agent.tool_calls_per_episode": ">= 1",
     "agent.tool_timeout": "> 0", "agent.tool_result_tokens": ">= 1", "agent.timeout": "> 0",
-    "agent.max_calls": ">= 1",
+    "agent.max_calls": ">= 1", "agent.env_reward_weight": ">= 0",
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_tokens_per_micro_batch": ">= 1",
     "train.max_epochs": ">= 1", "train.num_episodes": ">= 1", "train.max_steps": ">= 1", "train.seed": SEED_RANGE,
     "train.num_threads": ">= 1", "train.max_skipped_steps": ">= 0", "train.max_staleness": ">= 0",

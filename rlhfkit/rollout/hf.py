@@ -67,7 +67,12 @@ from rlhfkit.models.logprobs import (
     note_once,
 )
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.static_cache import StaticBuffers, new_static_cache, static_cache_length
+from rlhfkit.rollout.prefix import prefill_shared, shared_prefix_length
+from rlhfkit.rollout.static_cache import (
+    StaticBuffers,
+    new_static_cache,
+    static_cache_length,
+)
 from rlhfkit.rollout.static_cache import bucketed_rows as _bucketed
 from rlhfkit.rollout.static_cache import static_cache_support as _static_cache_support
 from rlhfkit.rollout.static_cache import static_layer_class as _static_layer_class  # noqa: F401 - tests
@@ -153,6 +158,9 @@ class HFEngine:
       compile_on_cpu: with `compile_decode`, compile on the CPU too (tests of the compiled path, benches).
       gather: `gather(model)` is a context every decoding call runs inside; FSDP passes
         `distributed.fsdp.unsharded` (the parameters gathered once per call, not per decoded token).
+      share_prefix: the tokens every prompt of a chunk starts with (a chat template's system prompt)
+        prefilled once for the chunk, their KV cache copied to each prompt's row (rollout.prefix);
+        only over a growing (full-attention) cache of a model that takes position ids.
     """
 
     def __init__(
@@ -167,8 +175,9 @@ class HFEngine:
         compile_decode: bool = False,
         compile_on_cpu: bool = False,
         gather=None,
+        share_prefix: bool = True,
     ):
-        self.model, self.gather = model, gather
+        self.model, self.gather, self.share_prefix = model, gather, share_prefix
         self._no_grad = torch.inference_mode if inference_mode and autocast_dtype is None else torch.no_grad
         if autocast_dtype == torch.float16 and self.device.type == "cpu":
             raise ConfigError("autocast_dtype=float16 on CPU is ~200x slower than fp32; use bfloat16 or None.")
@@ -292,7 +301,12 @@ class HFEngine:
             attention_mask = torch.nn.functional.pad(attention_mask, (0, length - width))
         else:
             cache = _new_cache(self.model, reserve=max_new) if self._cached else None
-        logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
+        shared = self._shared_prefix(prompts, cache)
+        if shared:  # [prefix | padding | own tokens]: the padding sits after the shared prefix
+            logits, attention_mask, position_ids = prefill_shared(self._forward, prompts, shared, cache, self.pad_id,
+                                                                  device)
+        else:
+            logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
         if cache is not None:
             cache.batch_repeat_interleave(n)
         batch = len(prompts) * n
@@ -313,6 +327,14 @@ class HFEngine:
             lengths=torch.zeros(batch, dtype=torch.long, device=device),
             stopped=torch.zeros(batch, dtype=torch.bool, device=device),
             width=width if static else None)
+
+    def _shared_prefix(self, prompts: list[list[int]], cache) -> int:
+        """How many leading tokens of `prompts` to prefill once for all (rollout.prefix); 0 = none."""
+        if not self.share_prefix or cache is None or not self._takes_positions:
+            return 0
+        if not all(type(layer) is _growing_layer_class() for layer in cache.layers):
+            return 0  # sliding-window layers keep their own cache
+        return shared_prefix_length(prompts)
 
     def _decode(self, s: DecodeState, stop_ids: torch.Tensor, budget: float) -> int:
         """Decode at most `budget` tokens per row of `s` (stops early when every row is done);

@@ -83,3 +83,18 @@ def char_tokenizer(chat_template: str = CHATML, specials: tuple[str, ...] = ("<|
 @pytest.fixture(scope="session")
 def chat_tok():
     return char_tokenizer()
+
+
+def save_tiny_chat_model(path):
+    """A tiny 2-layer Llama over `char_tokenizer()` saved as an HF folder (seeded weights)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.models.tiny import tiny_config
+
+    tok = char_tokenizer()
+    config = tiny_config("llama")
+    config.vocab_size, config.pad_token_id, config.eos_token_id = len(tok), tok.pad_token_id, tok.eos_token_id
+    config.bos_token_id = None
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tok.save_pretrained(path)
