@@ -19,7 +19,8 @@ from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.agents.tools.loader import load_tools
 from rlhfkit.agents.tools.run import ToolLimits
 from rlhfkit.config import RLConfig
-from rlhfkit.config.rl import BatchPlan, RewardConfig, lora_targets
+from rlhfkit.config.plan import RunPlan
+from rlhfkit.config.rl import RewardConfig, lora_targets
 from rlhfkit.core.advantages import ESTIMATORS, Whiten
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.core.losses import POLICY_LOSSES
@@ -230,12 +231,7 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
 
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
-    from rlhfkit.rollout.vllm import (
-        VLLMEngine,
-        colocated_memory,
-        free_gpu_share,
-        require_vllm,
-    )
+    from rlhfkit.rollout.vllm import VLLMEngine, colocated_memory, free_gpu_share, require_vllm
 
     require_vllm()
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
@@ -295,11 +291,6 @@ def sampling_params(cfg: RLConfig) -> SamplingParams:
                           n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids))
 
 
-def total_rl_steps(cfg: RLConfig, rollouts_per_episode: int) -> int:
-    total = rollouts_per_episode * cfg.train.num_episodes
-    return total if cfg.train.max_steps is None else min(total, cfg.train.max_steps)
-
-
 def prompt_options(cfg: RLConfig, eval: bool = False) -> dict:
     """The keyword arguments of `load_prompts` / `check_prompts` besides the source and tokenizer:
     the --data.* keys and rendering, the split / config / data dir and max_samples of the training
@@ -319,10 +310,10 @@ def prompt_stream(cfg: RLConfig, prompts) -> PromptStream:
                         torch.Generator().manual_seed(t.seed))
 
 
-def build_learners(cfg: RLConfig, policy, critic, optimizer_steps: int) -> tuple[Learner, Learner | None]:
-    """The policy's Learner (and the critic's, None without one) over `optimizer_steps` steps."""
+def build_learners(cfg: RLConfig, policy, critic, counts: RunPlan) -> tuple[Learner, Learner | None]:
+    """The policy's Learner (and the critic's, None without one) over the run's optimizer steps."""
     actor = cfg.actor
-    schedule = dict(total_steps=optimizer_steps, warmup_steps=int(actor.lr_warmup_ratio * optimizer_steps),
+    schedule = dict(total_steps=counts.total_optimizer_steps, warmup_steps=counts.warmup_steps,
                     scheduler=actor.lr_scheduler, min_lr_ratio=actor.min_lr_ratio,
                     max_consecutive_skips=cfg.train.max_skipped_steps)
     learner = Learner(policy, actor.adam.lr, actor.adam.betas, actor.adam.eps, actor.adam.weight_decay,
@@ -346,12 +337,12 @@ def decoupled_update(cfg: RLConfig) -> bool:
     return cfg.algo.advantage.decoupled_enable or cfg.train.async_enable
 
 
-def build_experience(cfg: RLConfig, plan: BatchPlan, policy, ref, critic, batcher: MicroBatcher) -> ExperienceMaker:
+def build_experience(cfg: RLConfig, counts: RunPlan, policy, ref, critic, batcher: MicroBatcher) -> ExperienceMaker:
     adv, kl = cfg.algo.advantage, cfg.algo.kl
     return ExperienceMaker(
         policy, ref, critic, batcher, estimator=adv.estimator, gamma=adv.gamma, lam=adv.lambd,
         whiten=Whiten(adv.whiten), reward_clip=cfg.reward.clip_range, kl_estimator=kl.estimator,
-        kl_in_reward=not kl.use_loss, multi_step=plan.optimizer_steps_per_rollout > 1,
+        kl_in_reward=not kl.use_loss, multi_step=counts.optimizer_steps_per_rollout > 1,
         temperature=cfg.rollout.temperature or 1.0, autocast=cfg.actor.autocast, proximal=decoupled_update(cfg),
         ref_device=model_device(policy) if cfg.ref.offload else None)
 
@@ -410,23 +401,24 @@ def build_source(cfg: RLConfig, executor, engine, tokenizer, budget: TokenBudget
     """The rollout source: the executor on the engine; with --train.async_enable, one batch ahead (Prefetch)."""
     params = sampling_params(cfg)
     if cfg.train.async_enable:
-        from rlhfkit.distributed.async_loop import Prefetch
+        from rlhfkit.distributed.async_loop import Prefetch  # Ray: only for async runs
 
         return Prefetch(executor, engine, tokenizer, params, budget, cfg.train.max_staleness)
     return Generate(executor, engine, tokenizer, params, budget)
 
 
-def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward_fn, data: PromptStream, executor, *,
-               ref=None, critic=None, teacher=None, tracker=None, callbacks=(), dp: tuple[int, int] = (0, 1)) -> RLLoop:
+def build_loop(cfg: RLConfig, counts: RunPlan, policy, tokenizer, engine, reward_fn, data: PromptStream, executor,
+               *, ref=None, critic=None, teacher=None, tracker=None, callbacks=(),
+               dp: tuple[int, int] = (0, 1)) -> RLLoop:
     """The RL loop's stages from `cfg`, around already built models, engine, reward and prompt stream
-    (the update's epochs shuffle with the stream's generator, as one seeded order of draws); `teacher`:
-    on-policy distillation's (trainers.rl.opd), None without one."""
+    (the update's epochs shuffle with the stream's generator, as one seeded order of draws); `counts`:
+    the run's step counts (`config.plan.plan_run` on the stream's prompts); `teacher`: on-policy
+    distillation's (trainers.rl.opd), None without one."""
     multi = executor.provides_rewards or getattr(executor, "multi_turn", False)
     budget = token_budget(cfg, multi)
-    total_steps = total_rl_steps(cfg, data.rollouts_per_episode)
-    learners = build_learners(cfg, policy, critic, total_steps * plan.optimizer_steps_per_rollout)
+    learners = build_learners(cfg, policy, critic, counts)
     batcher = build_batcher(cfg, tokenizer)
-    experience = build_experience(cfg, plan, policy, ref, critic, batcher)
+    experience = build_experience(cfg, counts, policy, ref, critic, batcher)
     update = build_update(cfg, policy, learners, batcher, loss_settings(cfg, budget.total), data, critic, teacher, dp)
     own, weight = executor.provides_rewards, cfg.agent.env_reward_weight  # the environment's rewards (weighted)
     scorer = build_scorer(cfg, reward_fn if not own or weight is not None else None, tokenizer, budget.total, teacher,
@@ -436,5 +428,5 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
                                algo.dynamic_filtering_max_rounds)
     source = build_source(cfg, executor, engine, tokenizer, budget)
     return RLLoop(data, source, engine, scorer, group_filter, experience, update, kl_controller(cfg),
-                  total_steps=total_steps, max_staleness=cfg.train.max_staleness, tokenizer=tokenizer, tracker=tracker,
-                  log_samples=cfg.logger.log_samples, callbacks=callbacks)
+                  total_steps=counts.total_rollouts, max_staleness=cfg.train.max_staleness, tokenizer=tokenizer,
+                  tracker=tracker, log_samples=cfg.logger.log_samples, callbacks=callbacks)

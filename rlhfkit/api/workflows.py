@@ -48,12 +48,12 @@ from rlhfkit.config.generate import (
 )
 from rlhfkit.config.parse import to_dict
 from rlhfkit.config.preference import DPOConfig, PolicyModelConfig, RefModelConfig
+from rlhfkit.config.rl import BaseLoggerConfig
 from rlhfkit.config.sft import (
     ModelConfig,
     SFTConfig,
     SupervisedCkptConfig,
     SupervisedDataConfig,
-    SupervisedLoggerConfig,
 )
 from rlhfkit.data.prompts import tokenize_prompts
 from rlhfkit.data.types import PromptItem, Trajectory
@@ -309,7 +309,7 @@ class SamplingRounds:
         lg = self.cfg.logger
         return {"train": stage.train, "adam": stage.adam, "ds": stage.ds,
                 "ckpt": SupervisedCkptConfig(output_dir=str(round_dir)),
-                "logger": SupervisedLoggerConfig(progress_bar=lg.progress_bar, log_level=lg.log_level)}
+                "logger": BaseLoggerConfig(progress_bar=lg.progress_bar, log_level=lg.log_level)}
 
 
 def reward_stats(rows: Sequence[dict]) -> dict[str, float]:

@@ -89,3 +89,13 @@ def test_openrlhf_server_executor_form_trains_through_the_cli(ws, tmp_path):
     for m in ms:
         assert m["reward_extra/turns"] == 2.0
         assert m["reward"] == pytest.approx(m["reward_extra/sevens"] / 12, abs=1e-5)
+
+
+def test_rlhfkit_eval_runs_an_agent_function_on_held_out_prompts(ws, tmp_path):
+    argv = flags(ws, tmp_path, **{"eval.dataset": str(ws / "prompts.jsonl"), "eval.max_samples": "4",
+                                  "eval.n_samples": "2", "eval.temperature": "1.0"})
+    assert main(["eval", *argv]) == 0
+    out = json.loads((tmp_path / "eval.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "eval_samples.jsonl").read_text().splitlines()]
+    assert out["prompts"] == 4 and len(rows) == 8 and out["metrics"]["eval/dropped"] == 0
+    assert out["metrics"]["eval/reward"] == pytest.approx(sum(r["reward"] for r in rows) / 8)

@@ -2,13 +2,10 @@
 parameters move, the saved folder reloads, and micro-batch 1 x accumulation equals one batch."""
 
 import json
-import os
 
 import pytest
 import torch
 from safetensors.torch import load_file
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rlhfkit.api.rl import RLTrainer
 from rlhfkit.cli import train_rl

@@ -9,6 +9,7 @@ import pytest
 from rlhfkit.api.rl import RLTrainer
 from rlhfkit.cli.main import main
 from rlhfkit.config import RLConfig
+from tests.integration.conftest import rl_flags
 from tests.unit.agents.conftest import ScriptedEngine, save_tiny_chat_model
 
 TOOLS = '''
@@ -63,15 +64,11 @@ def ws(tmp_path_factory):
 
 
 def flags(ws, out, **over):
-    f = {"actor.model_name_or_path": str(ws / "tiny"), "data.prompt_dataset": str(ws / "prompts.jsonl"),
-         "data.input_key": "q", "data.label_key": "a", "data.apply_chat_template": "true",
-         "agent.tools": f"{ws / 'tools.py'}:multiply", "reward.remote_url": str(ws / "reward.py"),
-         "agent.max_turns": "2", "rollout.batch_size": "4", "rollout.n_samples_per_prompt": "2",
-         "rollout.max_new_tokens": "60", "train.batch_size": "8", "train.micro_batch_size": "8",
-         "train.max_steps": "2", "actor.autocast": "none", "logger.progress_bar": "false",
-         "data.prompt_max_len": "2048", "ckpt.output_dir": str(out)}
-    f.update(over)
-    return [x for k, v in f.items() if v is not None for x in (f"--{k}", v)]
+    return rl_flags(ws, out, **{
+        "data.apply_chat_template": "true", "agent.tools": f"{ws / 'tools.py'}:multiply", "agent.max_turns": "2",
+        "rollout.batch_size": "4", "rollout.n_samples_per_prompt": "2", "rollout.max_new_tokens": "60",
+        "train.batch_size": "8", "train.micro_batch_size": "8", "train.max_steps": "2",
+        "data.prompt_max_len": "2048", **over})
 
 
 def test_train_rl_with_agent_tools_through_the_cli(ws, tmp_path):

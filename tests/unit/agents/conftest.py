@@ -1,5 +1,6 @@
 """A GenerationEngine that answers from a script (a function of the decoded context), for tests."""
 
+import pytest
 import torch
 
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
@@ -39,8 +40,6 @@ class ScriptedEngine:
                 ))
         return out
 
-
-import pytest
 
 
 @pytest.fixture

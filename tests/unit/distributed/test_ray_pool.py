@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from rlhfkit.distributed.pool import split_even  # noqa: E402
+from rlhfkit.distributed.pool import split_even  # noqa: E402 - after ray is found
 
 
 def test_split_even_by_hand():

@@ -190,6 +190,7 @@ def test_train_step_times_each_stage():
     from rlhfkit.agents.executor import SingleTurnExecutor
     from rlhfkit.api import builder
     from rlhfkit.config import rl as rl_config
+    from rlhfkit.config.plan import plan_run
 
     cfg = rl_config.RLConfig.from_args([
         "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "3",
@@ -200,7 +201,8 @@ def test_train_step_times_each_stage():
         r = torch.tensor([1.0, 0.0] * (len(queries) // 2))
         return RewardOutput(r, r)
 
-    loop = builder.build_loop(cfg, rl_config.validate(cfg), model, tok, HFEngine(model, tok), reward,
+    counts = plan_run(cfg, rl_config.validate(cfg), 2)
+    loop = builder.build_loop(cfg, counts, model, tok, HFEngine(model, tok), reward,
                               builder.prompt_stream(cfg, items(2)), SingleTurnExecutor())
     metrics = loop.train_step(next(iter(loop.data.rollout_batches())))
     assert {k for k in metrics if k.startswith("time/")} == {
@@ -289,6 +291,7 @@ def test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries(mon
     from rlhfkit.agents.executor import SingleTurnExecutor
     from rlhfkit.api import builder
     from rlhfkit.config import rl as rl_config
+    from rlhfkit.config.plan import plan_run
     from rlhfkit.config import rl_checks
     from rlhfkit.core.advantages import ESTIMATORS, EstimatorSpec
 
@@ -306,7 +309,8 @@ def test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries(mon
         r = torch.tensor([1.0, 0.0] * (len(queries) // 2))
         return RewardOutput(r, r)
 
-    loop = builder.build_loop(cfg, rl_config.validate(cfg), model, tok, HFEngine(model, tok), reward,
+    counts = plan_run(cfg, rl_config.validate(cfg), 2)
+    loop = builder.build_loop(cfg, counts, model, tok, HFEngine(model, tok), reward,
                               builder.prompt_stream(cfg, items(2)), SingleTurnExecutor())
     made = []
     make = ExperienceMaker.__call__
