@@ -66,9 +66,11 @@ class SingleTurnExecutor:
             seeds: Sequence[int] | None = None) -> list[Trajectory]:
         """len(prompts) * params.n trajectories, sample s of prompt i at i*n + s (group_id i).
         `seeds`: one per prompt (see GenerationEngine.generate), else `generator` seeds the call."""
+        images = [getattr(p, "vision", None) for p in prompts]
+        kwargs = {"vision": images} if any(v is not None for v in images) else {}  # a VisionEngine takes them
         if seeds is not None:
-            return engine.generate([p.ids for p in prompts], params, seeds=seeds)
-        return engine.generate([p.ids for p in prompts], params, generator=generator)
+            return engine.generate([p.ids for p in prompts], params, seeds=seeds, **kwargs)
+        return engine.generate([p.ids for p in prompts], params, generator=generator, **kwargs)
 
 
 @dataclass

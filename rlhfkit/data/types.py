@@ -26,6 +26,8 @@ class PromptItem:
       raw     the dataset's prompt value before templating: a string or a list of
               {"role", "content"} messages (reward functions of TRL's contract see this)
       record  the whole dataset row (every column reaches the reward function by name)
+      vision  the processor's image tensors (data.images.VisionInputs) of a prompt with images,
+              else None; `ids` then hold each image's tokens
     """
 
     text: str
@@ -33,6 +35,7 @@ class PromptItem:
     label: Any = None
     raw: Any = None
     record: dict[str, Any] = field(default_factory=dict)
+    vision: Any = None
 
 
 @dataclass

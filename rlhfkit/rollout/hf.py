@@ -186,6 +186,7 @@ class HFEngine:
         self._cached = _cache_support(model) is None
         self._version = version
         self._compiled_step = None
+        self.banned_ids: torch.Tensor | None = None  # token ids never sampled (a VisionEngine's image tokens)
         self.static_buffers = StaticBuffers()  # the compiled step's KV rows, reused by every chunk
         if compile_decode and self._cached and _static_cache_support(model):
             from rlhfkit.models.compile import compile_decode_step
@@ -256,7 +257,7 @@ class HFEngine:
                     start, stop = gen.chunks[len(gen.done)]
                     if gen.state is None:
                         gens = None if gen.seeds is None else [_seeded(x) for x in gen.seeds[start:stop]]
-                        gen.state = self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens)
+                        gen.state = self._prefill_chunk(gen, start, stop, gens)
                     budget -= self._decode(gen.state, gen.stop_ids, budget)
                     if gen.state.finished:
                         gen.done.append(gen.state)
@@ -278,9 +279,16 @@ class HFEngine:
 
     # ------------------------------------------------------------------ decode loop
 
-    def _prefill(self, prompts: list[list[int]], params: SamplingParams, generator, gens=None) -> DecodeState:
+    def _prefill_chunk(self, gen: PartialGeneration, start: int, stop: int, gens) -> DecodeState:
+        """The prefill of `gen`'s prompts [start, stop) (an engine with more inputs per prompt adds them)."""
+        return self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens)
+
+    def _prefill(self, prompts: list[list[int]], params: SamplingParams, generator, gens=None,
+                 extra: dict | None = None) -> DecodeState:
         """Prefill `prompts` once and expand to n rows each: the state before the first token.
-        `gens`: one generator per prompt (rows of prompt i sample from gens[i]), or None."""
+        `gens`: one generator per prompt (rows of prompt i sample from gens[i]), or None. `extra`:
+        more keyword arguments of the prefill's forward (e.g. pixel values; they may replace the
+        position ids)."""
         n, max_new = params.n, params.max_new_tokens
         input_ids, attention_mask = self._left_pad(prompts)
         device, width = input_ids.device, input_ids.shape[1]
@@ -292,7 +300,7 @@ class HFEngine:
             attention_mask = torch.nn.functional.pad(attention_mask, (0, length - width))
         else:
             cache = _new_cache(self.model, reserve=max_new) if self._cached else None
-        logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
+        logits = self._forward(input_ids, attention_mask, position_ids, cache, extra=extra)  # [U, V]
         if cache is not None:
             cache.batch_repeat_interleave(n)
         batch = len(prompts) * n
@@ -324,7 +332,7 @@ class HFEngine:
         while decoded < budget and not s.finished:
             step = s.step
             u = None if s.uniforms is None else s.uniforms[s.rows // n, step, s.rows % n]  # on the device
-            tok, lp = _sample(s.logits, params, s.generator, u)
+            tok, lp = _sample(s.logits, params, s.generator, u, self.banned_ids)
             s.finite &= (torch.isfinite(lp) | ~s.alive).all()  # finished rows may still be in the batch
             s.tokens[s.rows, step] = torch.where(s.alive, tok, self.pad_id)
             s.logprobs[s.rows, step] = torch.where(s.alive, lp, 0.0)
@@ -375,16 +383,18 @@ class HFEngine:
         s.tokens, s.logprobs, s.versions = s.tokens.cpu(), s.logprobs.cpu(), s.versions.cpu()
         s.lengths, s.stopped = s.lengths.cpu(), s.stopped.cpu()
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache, compiled: bool = False) -> torch.Tensor:
+    def _forward(self, input_ids, attention_mask, position_ids, cache, compiled: bool = False,
+                 extra: dict | None = None) -> torch.Tensor:
         """One forward of the model (`compiled`: a decode step, through the compiled step when there is
         one; with `cache`, or over the whole sequence when it is None); float32 logits of the last
-        position [B, V]."""
+        position [B, V]. `extra`: more keyword arguments (they win over the ones made here)."""
         kwargs = {"logits_to_keep": 1} if self._keep_last_logits else {}
         if self._takes_positions:
             kwargs["position_ids"] = position_ids
         if cache is not None:
             kwargs["past_key_values"] = cache
         kwargs.update(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None)
+        kwargs.update(extra or {})
         step = self._compiled_step if compiled else None
         if step is None:
             return self.model(**kwargs).logits[:, -1].float()
@@ -453,20 +463,24 @@ class HFEngine:
 # ---------------------------------------------------------------------- sampling
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, u=None):
+def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, u=None,
+            banned: torch.Tensor | None = None):
     """logits [B, V] float32 -> (tokens [B], logprobs [B]).
 
     The logprob is log_softmax(logits / T) at the token, before top-k/top-p truncation;
     T = 0 is greedy, with the logprob taken at T = 1. `u` [B] (on the logits' device): the rows'
-    uniforms, else they are drawn from `generator` (and copied to the logits' device).
+    uniforms, else they are drawn from `generator` (and copied to the logits' device). `banned`:
+    token ids never sampled (a truncation like top-k: the logprob is still the untruncated one).
     """
+    choose = logits if banned is None else logits.index_fill(-1, banned.to(logits.device), -math.inf)
     if params.temperature == 0:
-        tok = logits.argmax(dim=-1)
+        tok = choose.argmax(dim=-1)
         return tok, torch.log_softmax(logits, dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
     scaled = logits / params.temperature
     logp = torch.log_softmax(scaled, dim=-1)
-    truncated = params.top_k > 0 or params.top_p < 1.0
-    probs = torch.softmax(_truncate(scaled, params.top_k, params.top_p), dim=-1) if truncated else logp.exp()
+    truncated = params.top_k > 0 or params.top_p < 1.0 or banned is not None
+    scaled_choice = scaled if banned is None else choose / params.temperature
+    probs = torch.softmax(_truncate(scaled_choice, params.top_k, params.top_p), dim=-1) if truncated else logp.exp()
     if u is None:
         u = torch.rand(probs.shape[0], generator=generator, device=generator.device if generator is not None else "cpu")
         u = u.to(probs.device)
