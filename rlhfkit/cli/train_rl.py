@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rlhfkit.api.components import load_reward, prompt_options
 from rlhfkit.api.rl import OPDTrainer, RLTrainer
+from rlhfkit.api.vision import check_data, policy_folder
 from rlhfkit.config import RLConfig
 from rlhfkit.config.opd import OPDConfig
 from rlhfkit.data.prompts import check_prompts
@@ -23,8 +24,14 @@ def check_inputs(cfg: RLConfig) -> None:
     if not d.prompt_dataset:
         raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file, a datasets folder "
                           "or a hub dataset name)")
-    check_prompts(d.prompt_dataset, **prompt_options(cfg))
-    if cfg.eval.dataset:
+    vision = policy_folder(cfg) is not None  # a vision-language policy: prompts and images are checked
+    if vision:
+        check_data(cfg, d.prompt_dataset, vision)
+    else:
+        check_prompts(d.prompt_dataset, **prompt_options(cfg))
+    if cfg.eval.dataset and vision:
+        check_data(cfg, cfg.eval.dataset, vision, eval=True)
+    elif cfg.eval.dataset:
         check_prompts(cfg.eval.dataset, **prompt_options(cfg, eval=True))
     if cfg.eval.verifier:
         load_reward(cfg.eval.verifier)

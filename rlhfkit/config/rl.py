@@ -91,6 +91,9 @@ class ActorConfig:
     ema_beta: float | None = None
     """Keep an EMA of the policy's weights, updated after each optimizer step and saved as an HF folder
     `ema/` beside `final/` at the end (OpenRLHF --enable_ema --ema_beta), e.g. 0.992."""
+    freeze_visual_encoder: bool = False
+    """A vision-language policy: its vision tower gets no gradients (it stays bit for bit as loaded; the
+    projector and the language model train); the reference shares the frozen tower's values."""
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,12 @@ class DataConfig:
     max_samples: int | None = None
     """Use at most this many prompts of the dataset (none: all)."""
     prompt_max_len: int = PROMPT_MAX_LEN
-    """Prompts longer than this many tokens are skipped (counted and logged)."""
+    """Prompts longer than this many tokens are skipped (counted and logged); image tokens count."""
+    image_key: str | None = None
+    """Record key of a prompt's images (paths, URLs, bytes or a datasets Image feature; one or a list) for a
+    vision-language model (docs/vision.md); none = `images`, else `image`, where the record has one."""
+    max_images_per_prompt: int = 1
+    """Most images one prompt may hold; a record with more is refused before the model loads."""
 
 
 @dataclass(frozen=True)
@@ -606,7 +614,7 @@ RL_RANGES = validate_table({
     "reward.timeout": "> 0",
     "reward.code.timeout": "> 0", "reward.code.cpu_seconds": ">= 1", "reward.code.memory_mb": ">= 64",
     "reward.code.workers": "[1, 64]",
-    "data.max_samples": ">= 1", "data.prompt_max_len": ">= 1",
+    "data.max_samples": ">= 1", "data.prompt_max_len": ">= 1", "data.max_images_per_prompt": ">= 1",
     "rollout.batch_size": ">= 1", "rollout.n_samples_per_prompt": ">= 1", "rollout.max_new_tokens": ">= 1",
     "rollout.temperature": ">= 0", "rollout.top_p": "(0, 1]", "rollout.top_k": "-1 or >= 1",
     "rollout.stop_token_ids": ">= 0", "rollout.max_batch_size": ">= 1", "rollout.num_workers": ">= 1",

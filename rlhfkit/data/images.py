@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,11 @@ def _decode(file, where: str, name: str):
             return image.convert("RGB")
     except DataError:
         raise
+    except Image.DecompressionBombError as exc:  # PIL refuses to open far larger ones: their size is in its message
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        pixels = f"{int(found.group(1)):,} pixels" if found else "more pixels"
+        raise DataError(f"{where}: image {name!r} has {pixels}, more than the {MAX_IMAGE_PIXELS:,} allowed; "
+                        "resize it") from exc
     except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...
         raise DataError(f"{where}: image {name!r} cannot be decoded ({type(exc).__name__}: {first_line(exc)}); "
                         "the file is truncated or not an image") from exc

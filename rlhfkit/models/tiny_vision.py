@@ -15,6 +15,9 @@ from disk:
 The tokenizer is models.tiny's character-level tokenizer with the family's image tokens added.
 Images are made small (28 to 56 pixels a side) so that a forward runs in milliseconds on a CPU.
 The Qwen2-VL processor is built image-only (no video processor, see models.vision).
+
+`python -m rlhfkit.models.tiny_vision OUT [--family F] [--seed S]` writes one as an HF folder
+(weights, config, processor) that `rlhfkit train rl|sft|dpo --actor.model_name_or_path OUT` loads.
 """
 
 from __future__ import annotations
@@ -139,3 +142,29 @@ def tiny_vision_model_and_processor(family: str = "qwen2_vl", seed: int = 0):
     model.generation_config.eos_token_id = processor.tokenizer.eos_token_id
     model.generation_config.bos_token_id = processor.tokenizer.bos_token_id
     return model.eval(), processor
+
+
+def save_tiny_vision(out, family: str = "qwen2_vl", seed: int = 0):
+    """Write `tiny_vision_model_and_processor(family, seed)` as an HF folder `out`; returns its path."""
+    from pathlib import Path
+
+    model, processor = tiny_vision_model_and_processor(family, seed)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return Path(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a tiny random vision-language model as an HF folder.")
+    parser.add_argument("out")
+    parser.add_argument("--family", default="qwen2_vl", choices=FAMILIES)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(save_tiny_vision(args.out, args.family, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -25,7 +25,7 @@ import inspect
 
 import torch
 
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, ModelError
 
 # Where transformers keeps the vision tower and the projector of each family's base model.
 TOWER_NAMES = ("visual", "vision_tower", "vision_model", "vision_encoder")
@@ -37,6 +37,15 @@ def is_vision_config(config) -> bool:
     if isinstance(config, dict):
         return config.get("vision_config") is not None
     return getattr(config, "vision_config", None) is not None
+
+
+def is_vision_folder(path) -> bool:
+    """Whether the model folder `path` holds a vision-language model (its config.json has a vision_config)."""
+    from pathlib import Path
+
+    from rlhfkit.models.loading import read_config_json
+
+    return (Path(path) / "config.json").is_file() and is_vision_config(read_config_json(path))
 
 
 def is_vision_model(model: torch.nn.Module) -> bool:
@@ -62,8 +71,8 @@ def _image_only(processor_cls: type) -> type:
             setattr(self, f"{kind}_token_id", tokenizer.convert_tokens_to_ids(token))
         ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
 
-    return type(f"{processor_cls.__name__}ImageOnly", (processor_cls,), {"__init__": __init__,
-                                                                         "__module__": __name__})
+    # The class keeps its name: a saved folder names the processor class transformers knows.
+    return type(processor_cls.__name__, (processor_cls,), {"__init__": __init__, "__module__": __name__})
 
 
 def _takes_video(processor_cls: type) -> bool:
@@ -76,16 +85,23 @@ def load_processor(path: str):
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
     from transformers.models.auto.processing_auto import processor_class_from_name
 
-    from rlhfkit.models.loading import load_errors, read_config_json
+    from rlhfkit.models.loading import load_errors
 
     with load_errors("a processor", path):
         try:
-            return AutoProcessor.from_pretrained(path)
+            processor = AutoProcessor.from_pretrained(path)
         except (ImportError, AttributeError, ValueError, OSError) as exc:
-            name = _processor_class_name(path, read_config_json)
-            cls = processor_class_from_name(name) if name else None
-            if cls is None or not _takes_video(cls):
-                raise exc
+            processor, failure = None, exc
+        if hasattr(processor, "image_processor"):
+            return processor
+        # transformers gave a bare tokenizer, or failed: a processor whose video part cannot be built
+        name = _processor_class_name(path)
+        cls = processor_class_from_name(name) if name else None
+        if cls is None or not _takes_video(cls):
+            if processor is None:
+                raise failure
+            raise ModelError(f"{path}: AutoProcessor found no image processor for this vision-language model; "
+                             "add its preprocessor_config.json / processor_config.json")
         tokenizer = AutoTokenizer.from_pretrained(path)
         image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
         template = getattr(tokenizer, "chat_template", None)
@@ -93,7 +109,7 @@ def load_processor(path: str):
                                          chat_template=_chat_template(path) or template)
 
 
-def _processor_class_name(path: str, read_config_json) -> str | None:
+def _processor_class_name(path: str) -> str | None:
     import json
     from pathlib import Path
 

@@ -25,7 +25,7 @@ import torch
 
 from rlhfkit.core.passk import pass_at_k
 from rlhfkit.rewards.math import extract_answer, parse_number
-from rlhfkit.rollout.base import GenerationEngine, SamplingParams
+from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs
 from rlhfkit.data.types import PromptItem
 
 ScoreFn = Callable[[list[str], Sequence[PromptItem]], dict[str, float]]
@@ -40,7 +40,8 @@ def sample_responses(
     """`n` completions per prompt (sample s of prompt i at i*n + s), decoded without special tokens.
     The generator is seeded afresh on each call, so repeated evaluations share their sampling noise."""
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=n)
-    trajs = engine.generate([p.ids for p in prompts], params, generator=torch.Generator().manual_seed(seed))
+    trajs = engine.generate([p.ids for p in prompts], params, generator=torch.Generator().manual_seed(seed),
+                            **image_kwargs(prompts))
     return tokenizer.batch_decode([t.response_ids.tolist() for t in trajs], skip_special_tokens=True)
 
 
