@@ -24,15 +24,12 @@ def check_inputs(cfg: RLConfig) -> None:
     if not d.prompt_dataset:
         raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file, a datasets folder "
                           "or a hub dataset name)")
-    vision = policy_folder(cfg) is not None  # a vision-language policy: prompts and images are checked
-    if vision:
-        check_data(cfg, d.prompt_dataset, vision)
-    else:
-        check_prompts(d.prompt_dataset, **prompt_options(cfg))
-    if cfg.eval.dataset and vision:
-        check_data(cfg, cfg.eval.dataset, vision, eval=True)
-    elif cfg.eval.dataset:
-        check_prompts(cfg.eval.dataset, **prompt_options(cfg, eval=True))
+    vision = policy_folder(cfg) is not None  # a VLM: prompts and images; a text model: no images
+    for dataset, is_eval in ((d.prompt_dataset, False), (cfg.eval.dataset, True)):
+        if dataset:
+            check_data(cfg, dataset, vision, eval=is_eval)
+            if not vision:
+                check_prompts(dataset, **prompt_options(cfg, eval=is_eval))
     if cfg.eval.verifier:
         load_reward(cfg.eval.verifier)
 

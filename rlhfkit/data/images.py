@@ -229,7 +229,7 @@ def check_vision_prompts(source: Source, input_key: str = "input", label_key: st
     number of images and placeholders, and every image opened and decoded. Returns the number of
     prompts. `options`: load_prompts' max_samples, shuffle_seed, split, config, data_dir."""
     name, kept = _vision_records(source, input_key, label_key, image_key, max_images, options)
-    for _, record, _, images in kept:
+    for _, record, _, images in sorted(kept, key=lambda kept_one: kept_one[0]):  # the first bad one in file order
         _opened(name, record, images, _base_dir(source), cache_dir)
     return len(kept)
 
@@ -294,7 +294,7 @@ def refuse_images_for_text_model(source: Source, input_key: str, image_key: str 
     """DataError when a record holds images but the model is text-only (checked before it loads)."""
     name = source_name(source)
     _, kept = kept_records(source, input_key, None, apply_chat_template=True, **options)
-    for _, record in kept:
+    for _, record in sorted(kept, key=lambda kept_one: kept_one[0]):  # the first in file order
         if record_has_images(record, input_key, image_key):
             raise DataError(f"{name}, {record.where}: the record holds images but the model {model} is a text-only "
                             "model (its config has no vision_config); use a vision-language model or drop the "

@@ -4,8 +4,6 @@ and the bad images refused with one line naming the record before any model load
 
 import io
 import json
-import struct
-import zlib
 
 import pytest
 import torch
@@ -100,16 +98,6 @@ def truncated_png(path):
     path.write_bytes(data[: len(data) // 2])
 
 
-def huge_png_header(path, size=20000):
-    """A PNG whose header says size x size pixels (a few bytes on disk; never decoded)."""
-    def chunk(kind, body):
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    ihdr = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 7))
-                     + chunk(b"IEND", b""))
-
-
 @pytest.mark.parametrize("case,expected", [
     ("missing", "line 1, image 0: image file 'imgs/nope.png' not found"),
     ("truncated", "line 1, image 0: image 'imgs/cut.png' cannot be decoded"),
@@ -118,7 +106,7 @@ def huge_png_header(path, size=20000):
     ("too_many", "line 1: 2 images, more than --data.max_images_per_prompt 1"),
     ("placeholders", "line 2: the prompt has 1 image placeholder(s)"),
 ])
-def test_bad_images_are_one_line_errors_naming_the_record(tmp_path, processor, case, expected):
+def test_bad_images_are_one_line_errors_naming_the_record(tmp_path, processor, huge_png, case, expected):
     path = openrlhf_dataset(tmp_path)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     if case == "missing":
@@ -127,7 +115,7 @@ def test_bad_images_are_one_line_errors_naming_the_record(tmp_path, processor, c
         truncated_png(tmp_path / "imgs" / "cut.png")
         rows[0]["images"] = ["imgs/cut.png"]
     elif case in ("huge", "large"):
-        huge_png_header(tmp_path / "imgs" / "huge.png", 20000 if case == "huge" else 9000)
+        huge_png(tmp_path / "imgs" / "huge.png", 20000 if case == "huge" else 9000)
         rows[0]["images"] = ["imgs/huge.png"]
     elif case == "too_many":
         rows[0]["images"] = ["imgs/red.png", "imgs/blue.png"]
