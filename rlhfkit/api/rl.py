@@ -5,7 +5,7 @@
     metrics = trainer.train()      # the run folder as `rlhfkit train rl` writes it; final metrics
     trainer.save("out/final")      # an HF folder
 
-`from_config` maps the config to the loop's stages (rlhfkit.api.components); explicit arguments
+`from_config` maps the config to the loop's stages (rlhfkit.api.builder); explicit arguments
 win over config paths (`reward_fn` over --reward.*, `train_dataset` over --data.prompt_dataset,
 `eval_dataset` over --eval.dataset). With --distributed.backend ray the whole run happens in a
 trainer actor of a Ray cluster (started here when no --distributed.address is given).
@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from rlhfkit.api import components as C
+from rlhfkit.api import builder
+from rlhfkit.api import run_folder
 from rlhfkit.api import vision as V
 from rlhfkit.config import RLConfig
 from rlhfkit.config.opd import OPDConfig, validate_opd
@@ -44,7 +45,7 @@ def load_examples_fn(cfg: RLConfig, dataset, eval: bool = False) -> Callable:
         return dataset
 
     def load(tokenizer):
-        return load_prompts(dataset, tokenizer=tokenizer, **C.prompt_options(cfg, eval))
+        return load_prompts(dataset, tokenizer=tokenizer, **builder.prompt_options(cfg, eval))
 
     return load
 
@@ -116,7 +117,8 @@ class RLTrainer:
               callbacks: Sequence[Callable] = (), make_engine: Callable | None = None, pool=None,
               tools: Sequence[Callable] | None = None, environment_factory: Callable | None = None) -> RLTrainer:
         """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool)."""
-        cfg = C.resolve_fsdp_dtype(C.resolve_autocast(cfg))  # --actor.autocast auto: probe the device once, here
+        # --actor.autocast auto: probe the device once, here
+        cfg = builder.resolve_fsdp_dtype(builder.resolve_autocast(cfg))
         plan = validate(cfg)
         set_log_level(cfg.logger.log_level)
         train_dataset = train_dataset if train_dataset is not None else cfg.data.prompt_dataset
@@ -135,22 +137,22 @@ class RLTrainer:
             torch.set_num_threads(cfg.train.num_threads)
         if cfg.rollout.engine == "vllm":  # fail fast, before models load
             require_vllm()
-        device = C.run_device(cfg)  # a CUDA device that is not there fails here, before models load
+        device = builder.run_device(cfg)  # a CUDA device that is not there fails here, before models load
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
-        run_dir = C.prepare_run_dir(cfg, rank)
-        executor = C.build_executor(cfg, tools, environment_factory)
+        run_dir = run_folder.prepare_run_dir(cfg, rank)
+        executor = builder.build_executor(cfg, tools, environment_factory)
         if reward_fn is not None:
             reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
-                                       remote_options=C.remote_options(cfg.reward))
+                                       remote_options=builder.remote_options(cfg.reward))
         elif not executor.provides_rewards:  # an agent's step() gives the rewards
-            reward_fn = C.load_reward(cfg.reward, cfg.train.micro_batch_size, device,
-                                          cfg.algo.advantage.estimator)
-        policy, tokenizer, ref, critic = C.build_models(cfg, device)
+            reward_fn = builder.load_reward(cfg.reward, cfg.train.micro_batch_size, device,
+                                                  cfg.algo.advantage.estimator)
+        policy, tokenizer, ref, critic = builder.build_models(cfg, device)
         processor = V.processor_of(vision_folder) if vision_folder else None
         if processor is not None:
             V.prepare_policy(cfg, policy, ref)
-        teacher = C.build_teacher(cfg, tokenizer, device)
-        state_fn = C.shard_for_fsdp(cfg, policy, ref, critic, world) if cfg.fsdp.enable else None
+        teacher = builder.build_teacher(cfg, tokenizer, device)
+        state_fn = builder.shard_for_fsdp(cfg, policy, ref, critic, world) if cfg.fsdp.enable else None
         if make_engine is not None:
             engine = make_engine(policy, tokenizer)
         elif pool is not None:
@@ -158,28 +160,28 @@ class RLTrainer:
         elif processor is not None:
             engine = V.build_engine(policy, tokenizer, cfg)
         else:
-            engine = C.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
+            engine = builder.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
         d = cfg.data
         if processor is not None:
             prompts, skipped = V.prompts(cfg, train_dataset, processor)
         else:
             examples = load_examples_fn(cfg, train_dataset)(tokenizer)
             prompts, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
-        data = C.prompt_stream(cfg, prompts)
+        data = builder.prompt_stream(cfg, prompts)
         eval_items = []
         if eval_dataset is not None and processor is not None:
             eval_items, _ = V.prompts(cfg, eval_dataset, processor, eval=True)
         elif eval_dataset is not None:
             eval_examples = load_examples_fn(cfg, eval_dataset, eval=True)(tokenizer)
             eval_items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
-        evaluator = C.make_evaluator(cfg, eval_items, reward_fn)
-        checkpointer, resume = C.setup_checkpoints(cfg, run_dir, (rank, world) if cfg.fsdp.enable else None)
-        tracker = C.run_tracker(cfg, run_dir, C.total_rl_steps(cfg, data.rollouts_per_episode),
-                                resume[1] if resume else None)
-        loop = C.build_loop(cfg, plan, policy, tokenizer, engine, reward_fn, data, executor, ref=ref, critic=critic,
-                            teacher=teacher, tracker=tracker,
-                            callbacks=[evaluator.periodic, checkpointer.periodic, *callbacks],
-                            dp=(rank, world))
+        evaluator = run_folder.make_evaluator(cfg, eval_items, reward_fn)
+        checkpointer, resume = run_folder.setup_checkpoints(cfg, run_dir, (rank, world) if cfg.fsdp.enable else None)
+        tracker = run_folder.run_tracker(cfg, run_dir, builder.total_rl_steps(cfg, data.rollouts_per_episode),
+                                         resume[1] if resume else None)
+        loop = builder.build_loop(cfg, plan, policy, tokenizer, engine, reward_fn, data, executor, ref=ref,
+                                  critic=critic, teacher=teacher, tracker=tracker,
+                                  callbacks=[evaluator.periodic, checkpointer.periodic, *callbacks],
+                                  dp=(rank, world))
         return cls(cfg, loop, run_dir, tracker, evaluator, checkpointer, resume, skipped, (rank, world), reward_fn,
                    processor)
 
@@ -221,8 +223,8 @@ class RLTrainer:
 
 def _train_in_actor(cfg: RLConfig, kwargs: dict) -> dict[str, float]:
     """A Ray trainer actor's whole run: rollout workers, build, train (the final model in <output_dir>/final)."""
-    cfg = C.resolve_autocast(cfg)  # before the rollout workers are made from it
-    return RLTrainer.build(cfg, **kwargs, pool=lambda policy: C.build_pool(cfg, policy)).train()
+    cfg = builder.resolve_autocast(cfg)  # before the rollout workers are made from it
+    return RLTrainer.build(cfg, **kwargs, pool=lambda policy: builder.build_pool(cfg, policy)).train()
 
 
 class RayRLTrainer:
@@ -235,7 +237,8 @@ class RayRLTrainer:
     def train(self) -> dict[str, float]:
         from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, run_in_trainer_actor, start_ray  # noqa: PLC0415
 
-        d, run_dir = self.cfg.distributed, C.prepare_run_dir(self.cfg)  # a bad output dir fails before Ray starts
+        # a bad output dir fails before Ray starts
+        d, run_dir = self.cfg.distributed, run_folder.prepare_run_dir(self.cfg)
         started = start_ray(d.address, d.num_cpus or self.cfg.rollout.num_workers + 1, run_dir / "ray")
         try:
             trainer_gpus, worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker,

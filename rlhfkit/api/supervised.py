@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from rlhfkit.api.components import create_run_dir, extra_writers, setup_checkpoints
+from rlhfkit.api.run_folder import create_run_dir, extra_writers, setup_checkpoints
 from rlhfkit.config.kd import KDConfig, validate_kd
 from rlhfkit.config.parse import to_dict
 from rlhfkit.config.preference import (

@@ -10,7 +10,7 @@ iterative DPO.
     cfg = IterativeDPOConfig.from_args([... "--iterative.rounds", "2"])
     rounds = IterativeDPO.from_config(cfg).run()           # <output_dir>/round_<k>/final
 
-Each samples with the rollout stage of `train rl` (api.components.build_engine, trainers.rl.generate) on
+Each samples with the rollout stage of `train rl` (api.builder.build_engine, trainers.rl.generate) on
 prompts read as `train rl` reads them, with one sampling seed per prompt drawn from --train.seed: the
 same flags give the same samples. The rounds of rejection sampling and iterative DPO follow OpenRLHF's
 scripts (train_rejection_sampling_llama.sh, train_iterative_dpo.sh): each round takes the next
@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from rlhfkit.api import components as C
+from rlhfkit.api import builder
+from rlhfkit.api import run_folder
 from rlhfkit.api.rl import load_examples_fn
 from rlhfkit.api.supervised import DPOTrainer, SFTTrainer
 from rlhfkit.config.generate import (
@@ -126,8 +127,8 @@ def prepare(cfg: GenerateConfig) -> tuple[torch.device, Path]:
     set_log_level(cfg.logger.log_level)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
-    device = C.run_device(cfg)
-    return device, C.create_run_dir(Path(cfg.ckpt.output_dir), None, to_dict(cfg))
+    device = builder.run_device(cfg)
+    return device, run_folder.create_run_dir(Path(cfg.ckpt.output_dir), None, to_dict(cfg))
 
 
 class Sampler:
@@ -141,10 +142,10 @@ class Sampler:
         self.policy.eval().requires_grad_(False)
         if cfg.rollout.engine == "hf":
             self.policy.to(device)
-        self.engine = C.build_engine(self.policy, self.tokenizer, cfg)
-        executor = C.build_executor(cfg)  # with --agent.tools: tool-calling episodes (--agent.max_turns)
-        self.stage = Generate(executor, self.engine, self.tokenizer, C.sampling_params(cfg),
-                              C.token_budget(cfg, multi_turn=getattr(executor, "multi_turn", False)))
+        self.engine = builder.build_engine(self.policy, self.tokenizer, cfg)
+        executor = builder.build_executor(cfg)  # with --agent.tools: tool-calling episodes (--agent.max_turns)
+        self.stage = Generate(executor, self.engine, self.tokenizer, builder.sampling_params(cfg),
+                              builder.token_budget(cfg, multi_turn=getattr(executor, "multi_turn", False)))
 
     def __call__(self, batch: PromptBatch) -> list[Trajectory]:
         """`batch.prompts[i]`'s samples carry group_id i, in prompt order."""
@@ -191,7 +192,7 @@ def generate(cfg: GenerateConfig, train_dataset: Any = None) -> Path:
     """Sample --rollout.n_samples_per_prompt responses to every prompt of `train_dataset` (None:
     --data.prompt_dataset) and write them to <--ckpt.output_dir>/generations.jsonl (see `sample_rows`);
     returns that path. Prompts are generated --rollout.batch_size at a time."""
-    cfg = C.resolve_autocast(validate_generate(cfg))
+    cfg = builder.resolve_autocast(validate_generate(cfg))
     device, run_dir = prepare(cfg)
     sampler = Sampler(cfg, device)
     prompts, _ = load_prompt_items(cfg, sampler.tokenizer, train_dataset)
@@ -234,13 +235,13 @@ class SamplingRounds:
             name = cls.config_class.__name__
             raise ConfigError(f"{cls.__name__}.from_config needs a {name} (e.g. {name}.from_args(flags)), "
                               f"got {type(cfg).__name__}")
-        cfg = C.resolve_autocast(cls.validate(cfg))
+        cfg = builder.resolve_autocast(cls.validate(cfg))
         device, _ = prepare(cfg)
         if reward_fn is not None:
             reward_fn = resolve_reward(reward_fn, timeout=cfg.reward.timeout,
-                                       remote_options=C.remote_options(cfg.reward))
+                                       remote_options=builder.remote_options(cfg.reward))
         else:
-            reward_fn = C.load_reward(cfg.reward, cfg.train.micro_batch_size, device)
+            reward_fn = builder.load_reward(cfg.reward, cfg.train.micro_batch_size, device)
         path, gguf = resolve_model(cfg.actor.model_name_or_path)
         tokenizer = load_tokenizer(path, gguf_file=gguf)
         prompts, _ = load_prompt_items(cfg, tokenizer, train_dataset)

@@ -21,15 +21,8 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.api.components import (
-    build_engine,
-    create_run_dir,
-    load_reward,
-    make_evaluator,
-    prompt_options,
-    resolve_autocast,
-    run_device,
-)
+from rlhfkit.api.builder import build_engine, load_reward, prompt_options, resolve_autocast, run_device
+from rlhfkit.api.run_folder import create_run_dir, make_evaluator
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.data.prompts import check_prompts, load_prompts, tokenize_prompts
 from rlhfkit.errors import ConfigError

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from rlhfkit.api.components import prompt_options
+from rlhfkit.api.builder import prompt_options
 from rlhfkit.config import RLConfig, validate
 from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings

@@ -4,7 +4,7 @@ data and files before any model loads, then `rlhfkit.RLTrainer.from_config(cfg).
 
 from __future__ import annotations
 
-from rlhfkit.api.components import load_reward, prompt_options
+from rlhfkit.api.builder import load_reward, prompt_options
 from rlhfkit.api.rl import OPDTrainer, RLTrainer
 from rlhfkit.api.vision import check_data, policy_folder
 from rlhfkit.config import RLConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from rlhfkit.api.components import load_reward, prompt_options
+from rlhfkit.api.builder import load_reward, prompt_options
 from rlhfkit.api.workflows import IterativeDPO, RejectionSampling, generate
 from rlhfkit.config.generate import GenerateConfig, IterativeDPOConfig, RSConfig
 from rlhfkit.data.prompts import check_prompts

@@ -574,3 +574,33 @@ def cispo_loss(
     loss = aggregate_loss(-weight * advantages * logp, loss_mask, agg, num_tokens, num_seqs, max_len)
     clipped = ((ratio < ratio_low) | (ratio > ratio_high)).float()
     return loss, _detach_all({"clip_frac": masked_mean(clipped, loss_mask), "ratio_mean": masked_mean(ratio, loss_mask)})
+
+
+def dro_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    beta: float,
+    agg: str = "token_mean",
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict]:
+    """DRO, direct reward optimisation (Richemond et al. 2024, arXiv:2405.19107; the form of Kimi
+    k1.5, arXiv:2501.12599): a policy gradient with a quadratic penalty that keeps the policy near
+    the sampler, per-token loss ``-(logp * A - beta / 2 * (logp - old_logp) ** 2)``.
+
+    Args:
+        logp, old_logp, advantages: ``[B, T]``; loss_mask ``[B, T]`` bool, True = counts.
+        beta: weight of the quadratic penalty, >= 0.
+        agg, num_tokens, num_seqs, max_len: see ``aggregate_loss``.
+
+    Returns:
+        ``(loss, metrics)`` with ``penalty_mean``, the masked mean of ``(logp - old_logp) ** 2 / 2``.
+    """
+    if not beta >= 0.0:
+        raise ValueError(f"dro beta must be >= 0, got {beta}")
+    penalty = 0.5 * (logp - old_logp) ** 2
+    loss = aggregate_loss(-(logp * advantages - beta * penalty), loss_mask, agg, num_tokens, num_seqs, max_len)
+    return loss, _detach_all({"penalty_mean": masked_mean(penalty, loss_mask)})

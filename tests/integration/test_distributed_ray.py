@@ -18,7 +18,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 ray = pytest.importorskip("ray")
 
-from rlhfkit.api.components import build_pool  # noqa: E402
+from rlhfkit.api.builder import build_pool  # noqa: E402
 from rlhfkit.api.rl import RLTrainer  # noqa: E402
 from rlhfkit.config import RLConfig  # noqa: E402
 from rlhfkit.cli.main import main  # noqa: E402

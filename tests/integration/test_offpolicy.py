@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rlhfkit
-from rlhfkit.api.components import build_engine
+from rlhfkit.api.builder import build_engine
 
 
 @pytest.fixture(scope="module")

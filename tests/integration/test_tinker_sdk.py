@@ -32,9 +32,9 @@ def free_port() -> int:
 class Server:
     """The app over a fresh ModelHost in a uvicorn thread; `stop()` ends it (a 'restart' is a new Server)."""
 
-    def __init__(self, root, full: bool = False, max_request_bytes: int = 8 << 20):
+    def __init__(self, root, full: bool = False, max_request_bytes: int = 8 << 20, name: str = NAME):
         model, tok = tiny_model_and_tokenizer(seed=0)
-        self.host = ModelHost(model, tok, NAME, root, torch.device("cpu"), full=full)
+        self.host = ModelHost(model, tok, name, root, torch.device("cpu"), full=full)
         self.port = free_port()
         config = uvicorn.Config(make_app(self.host, KEY, max_request_bytes, poll_s=2.0), host="127.0.0.1",
                                 port=self.port, log_level="error")
@@ -110,9 +110,9 @@ def rl_datum(prompt, seq, advantage):
 
 def test_rl_loop_reward_rises_and_sampled_logprobs_equal_forward(server):
     tc = server.client().create_lora_training_client(base_model=NAME, rank=8, seed=1).result()
-    params = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=0)
     rewards = []
-    for step in range(10):
+    for step in range(14):
+        params = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=step)
         sc = tc.save_weights_and_get_sampling_client(f"step{step}")
         seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=8, sampling_params=params).result().sequences
         r = np.array([np.mean(np.asarray(s.tokens) < LOW) for s in seqs])
@@ -137,6 +137,19 @@ def test_prompt_logprobs_and_stop(server):
     again = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=1,
                       sampling_params=tinker.types.SamplingParams(max_tokens=5, seed=3, stop=[first])).result()
     assert list(again.sequences[0].tokens) == [first] and again.sequences[0].stop_reason == "stop"
+    # a stop string of several tokens (as tinker-cookbook's renderers send "\n\nUser:") ends the sample
+    # after the token that completes it; the kept tokens are the unstopped sample's prefix
+    tok = server.host.tokenizer
+    long = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=1,
+                     sampling_params=tinker.types.SamplingParams(max_tokens=12, seed=5)).result().sequences[0]
+    text = tok.decode(long.tokens)
+    stop = text[2:4]
+    cut = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=1,
+                    sampling_params=tinker.types.SamplingParams(max_tokens=12, seed=5, stop=[stop])).result().sequences[0]
+    assert len(tok.encode(stop, add_special_tokens=False)) == 2
+    assert stop in tok.decode(cut.tokens) and stop not in tok.decode(cut.tokens[:-1])
+    assert list(cut.tokens) == list(long.tokens[:len(cut.tokens)]) and cut.stop_reason == "stop"
+    np.testing.assert_allclose(cut.logprobs, long.logprobs[:len(cut.tokens)], atol=1e-6)
 
 
 def loss_of(tc, example=EXAMPLES[0]) -> float:
@@ -214,3 +227,93 @@ def test_hostile_clients_are_refused_and_others_unaffected(tmp_path, monkeypatch
         assert loss_of(good) < before
     finally:
         srv.stop()
+
+
+def accumulated_grads(server, tc) -> list[torch.Tensor]:
+    model = server.host.get(tc.model_id)
+    grads = [p.grad.clone() for p in model.learner.params]
+    for p in model.learner.params:
+        p.grad = None
+    return grads
+
+
+def test_custom_loss_gradient_equals_the_builtin_one(server):
+    """`forward_backward_custom` (the SDK's forward, then cross_entropy with -dC/dlogp as weights):
+    a custom loss written as importance sampling gives the built-in loss's gradient."""
+    tc = server.client().create_lora_training_client(base_model=NAME, rank=8, seed=3).result()
+    sc = tc.save_weights_and_get_sampling_client("s0").result()
+    params = tinker.types.SamplingParams(max_tokens=5, temperature=1.0, seed=1)
+    seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=2, sampling_params=params).result().sequences
+    data = [rl_datum(PROMPT, s, a) for s, a in zip(seqs, (1.0, -0.5))]
+    tc.forward_backward(data, "importance_sampling").result()
+    builtin = accumulated_grads(server, tc)
+
+    def is_loss(batch, logprobs):
+        total = 0
+        for d, lp in zip(batch, logprobs):
+            q = torch.tensor(d.loss_fn_inputs["logprobs"].data)
+            adv = torch.tensor(d.loss_fn_inputs["advantages"].data)
+            total = total - (torch.exp(lp - q) * adv).sum()
+        return total, {}
+
+    out = tc.forward_backward_custom(data, is_loss).result()
+    custom = accumulated_grads(server, tc)
+    assert any(float(g.abs().max()) > 0 for g in builtin)
+    for a, b in zip(builtin, custom):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert np.isfinite(out.metrics["loss:sum"])
+
+
+def test_gspo_and_dro_through_the_sdk(server):
+    tc = server.client().create_lora_training_client(base_model=NAME, rank=8, seed=4).result()
+    sc = tc.save_weights_and_get_sampling_client("s0").result()
+    params = tinker.types.SamplingParams(max_tokens=5, temperature=1.0, seed=2)
+    seq = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=1, sampling_params=params).result().sequences[0]
+    d = rl_datum(PROMPT, seq, 1.0)
+    n_prompt = len(PROMPT) - 1
+    mask = np.asarray([0.0] * n_prompt + [1.0] * len(seq.tokens), dtype=np.float32)
+    gspo = tinker.types.Datum(model_input=d.model_input,
+                              loss_fn_inputs={**d.loss_fn_inputs, "sequence_ratio_mask": mask})
+    out = tc.forward_backward([gspo], "gspo").result()
+    # on-policy: every ratio is 1, so the loss is -sum(A) over the sampled tokens
+    assert out.metrics["loss:sum"] == pytest.approx(-float(len(seq.tokens)), rel=1e-3)
+    out = tc.forward_backward([d], "dro", loss_fn_config={"beta": 0.1}).result()
+    lp = out.loss_fn_outputs[0]["logprobs"].to_numpy()
+    # sampled tokens: A = 1 and no penalty (on-policy); prompt tokens: A = 0, q = 0, penalty beta/2 * logp^2
+    want = -float(lp[n_prompt:].sum()) + 0.05 * float((lp[:n_prompt] ** 2).sum())
+    assert out.metrics["loss:sum"] == pytest.approx(want, rel=1e-3)
+    with pytest.raises(Exception, match="sequence_ratio_mask"):
+        tc.forward_backward([d], "gspo").result()
+
+
+def test_concurrent_sample_requests_share_one_engine_call_and_keep_their_answers(server, monkeypatch):
+    import asyncio
+
+    calls = []
+    original = server.host.sample
+
+    def counted(session, prompts, *args):
+        calls.append(len(prompts))
+        time.sleep(0.3)  # keep the worker busy so that the next requests queue behind this one
+        return original(session, prompts, *args)
+
+    monkeypatch.setattr(server.host, "sample", counted)
+    sc = server.client().create_sampling_client(base_model=NAME)
+    prompts = [PROMPT, [3, 20, 21], [3, 30, 31, 32, 33], [3, 40]]
+
+    def params(i):
+        return tinker.types.SamplingParams(max_tokens=5, temperature=1.0, seed=100 + i)
+
+    async def together():
+        return await asyncio.gather(*[sc.sample_async(tinker.types.ModelInput.from_ints(p), num_samples=2,
+                                                      sampling_params=params(i)) for i, p in enumerate(prompts)])
+
+    batched = asyncio.run(together())
+    assert sum(calls) == len(prompts) and len(calls) < len(prompts), calls  # some requests ran in one call
+    calls.clear()
+    for i, p in enumerate(prompts):
+        alone = sc.sample(tinker.types.ModelInput.from_ints(p), num_samples=2, sampling_params=params(i)).result()
+        assert [s.tokens for s in alone.sequences] == [s.tokens for s in batched[i].sequences]
+        for a, b in zip(alone.sequences, batched[i].sequences):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert calls == [1] * len(prompts)

@@ -35,6 +35,7 @@ from rlhfkit.models.lora import (
 )
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.rollout.stops import cut_at_stop_strings, split_stops
 from rlhfkit.serving.tinker.losses import lookup_loss
 from rlhfkit.serving.tinker.wire import Sequence, WireDatum
 from rlhfkit.trainers.learner import Learner
@@ -287,24 +288,32 @@ class ModelHost:
         self.peft.set_adapter(name)
         return self.peft
 
-    def sample(self, session: str, prompt: list[int], n: int, params: dict, seed: int | None,
-               prompt_logprobs: bool) -> tuple[list[Sequence], list[float] | None]:
+    def check_prompt(self, prompt: list[int]) -> None:
         vocab = self.base.get_input_embeddings().num_embeddings
         if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
             raise DataError(f"prompt: needs at least one token, each in [0, {vocab})")
+
+    def sample(self, session: str, prompts: list[list[int]], n: int, params: dict, seeds: list[int | None],
+               prompt_logprobs: list[bool]) -> list[tuple[list[Sequence], list[float] | None]]:
+        """`n` samples of each prompt with the session's weights, in one engine call: prompt i's
+        samples depend only on it, the weights and seeds[i] (a random seed where None), so a
+        request gives the same answer alone or batched with others."""
+        for prompt in prompts:
+            self.check_prompt(prompt)
         module = self._sampling_module(session)
         off = self.samplers[session] is None and self.peft is not None  # the base under the adapters
+        stop_ids, stop_texts = self._stops(params.get("stop"))
         sp = SamplingParams(max_new_tokens=int(params.get("max_tokens") or 16),
                             temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
-                            top_k=int(params.get("top_k", -1)), n=n, stop_token_ids=self._stop_ids(params.get("stop")))
-        generator = torch.Generator(device=self.device).manual_seed(
-            seed if seed is not None else int(uuid.uuid4().int % (1 << 62)))
+                            top_k=int(params.get("top_k", -1)), n=n, stop_token_ids=stop_ids)
+        seeds = [seed if seed is not None else int(uuid.uuid4().int % (1 << 62)) for seed in seeds]
         with module.disable_adapter() if off else contextlib.nullcontext():
-            trajs = HFEngine(module, self.tokenizer).generate([prompt], sp, generator=generator)
-            prompt_lp = self._prompt_logprobs(module, prompt) if prompt_logprobs else None
+            trajs = [cut_at_stop_strings(t, stop_texts, self.tokenizer)
+                     for t in HFEngine(module, self.tokenizer).generate(prompts, sp, seeds=seeds)]
+            prompt_lps = [self._prompt_logprobs(module, p) if want else None for p, want in zip(prompts, prompt_logprobs)]
         seqs = [Sequence(t.response_ids.tolist(), t.logprobs.tolist(), "length" if t.truncated else "stop")
                 for t in trajs]
-        return seqs, prompt_lp
+        return [(seqs[i * n:(i + 1) * n], lp) for i, lp in enumerate(prompt_lps)]
 
     def _prompt_logprobs(self, module: torch.nn.Module, prompt: list[int]) -> list[float]:
         """NaN for the first token (nothing before it), then log p(prompt[i] | prompt[:i])."""
@@ -315,21 +324,13 @@ class ModelHost:
             lp = self._logprobs(module, prompt[:-1], np.asarray(prompt[1:]))
         return [float("nan")] + lp.tolist()
 
-    def _stop_ids(self, stop) -> tuple[int, ...]:
+    def _stops(self, stop) -> tuple[tuple[int, ...], tuple[str, ...]]:
         if not stop:
-            return ()
-        items = [stop] if isinstance(stop, (str, int)) else list(stop)
-        ids = []
-        for item in items:
-            if isinstance(item, int):
-                ids.append(item)
-                continue
-            encoded = self.tokenizer.encode(item, add_special_tokens=False)
-            if len(encoded) != 1:
-                raise DataError(f"sampling_params.stop {item!r}: stop strings must be one token here "
-                                f"(it is {len(encoded)}); pass stop token ids")
-            ids.append(encoded[0])
-        return tuple(ids)
+            return (), ()
+        try:
+            return split_stops([stop] if isinstance(stop, (str, int)) else list(stop), self.tokenizer)
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"sampling_params.stop: {exc}") from exc
 
 
 def _load_full(module: torch.nn.Module, folder: Path) -> None:
@@ -344,7 +345,10 @@ def _load_full(module: torch.nn.Module, folder: Path) -> None:
 
 
 def _elementwise(spec, logp: torch.Tensor, inputs: dict, config: dict) -> np.ndarray:
-    """Each token's share of the loss (the loss of a one-token datum, token by token)."""
+    """Each token's share of the loss (the loss of a one-token datum, token by token, unless the
+    loss says how)."""
+    if spec.elementwise is not None:
+        return np.asarray(spec.elementwise(logp, inputs, config), dtype=np.float32)
     rows = []
     for t in range(logp.shape[0]):
         one = {k: v[t:t + 1] for k, v in inputs.items()}

@@ -104,7 +104,7 @@ def test_streamed_state_gathers_part_by_part_on_the_models_device(sharded, monke
 
 
 def test_the_fsdp_weight_source_is_streamed():
-    from rlhfkit.api.components import shard_for_fsdp
+    from rlhfkit.api.builder import shard_for_fsdp
     from rlhfkit.config import RLConfig
 
     model, _ = tiny_model_and_tokenizer(seed=0)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlhfkit.agents.executor import SingleTurnExecutor
-from rlhfkit.api import components as C
+from rlhfkit.api import builder
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.data.batch import collate, select_rows
@@ -249,8 +249,9 @@ def test_one_ppo_step_with_critic_and_reference_and_one_sft_step(arch):
     prompts = [PromptItem(p, tok(p, add_special_tokens=False)["input_ids"], "") for p in PROMPTS[:2]]
     before = copy.deepcopy(model.state_dict())
     critic = Critic.from_causal_lm(model)
-    loop = C.build_loop(cfg, validate(cfg), model, tok, HFEngine(model, tok), reward, C.prompt_stream(cfg, prompts),
-                        SingleTurnExecutor(), ref=copy.deepcopy(model).eval(), critic=critic)
+    loop = builder.build_loop(cfg, validate(cfg), model, tok, HFEngine(model, tok), reward,
+                              builder.prompt_stream(cfg, prompts), SingleTurnExecutor(),
+                              ref=copy.deepcopy(model).eval(), critic=critic)
     history = loop.train()
     assert loop.step == 1 and len(history) == 1
     assert all(torch.isfinite(torch.tensor(v)).all() for v in history[0].values() if isinstance(v, float))

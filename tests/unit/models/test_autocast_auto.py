@@ -7,7 +7,7 @@ import torch
 import rlhfkit.models.precision as precision
 from rlhfkit.cli.main import main
 from rlhfkit.config import RLConfig
-from rlhfkit.api.components import resolve_autocast
+from rlhfkit.api.builder import resolve_autocast
 
 ARGV = ["--actor.model_name_or_path", "tiny", "--actor.device", "cpu"]
 

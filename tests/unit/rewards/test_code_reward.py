@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from rlhfkit.api.components import load_reward
+from rlhfkit.api.builder import load_reward
 from rlhfkit.config.rl import CodeRewardConfig, RewardConfig, RLConfig
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.code import (CodeReward, CodeSandbox, CodeTests, code_reward, extract_code,

@@ -229,7 +229,7 @@ def test_compiled_decode_on_cuda_equals_the_cpu_loop(prompts):
 
 
 def test_flag_reaches_the_engine(tiny):
-    from rlhfkit.api.components import build_engine
+    from rlhfkit.api.builder import build_engine
     from rlhfkit.config import RLConfig
 
     model, tok = tiny

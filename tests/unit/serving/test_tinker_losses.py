@@ -49,9 +49,45 @@ def test_cispo_weights_logp_by_the_clipped_detached_ratio():
     torch.testing.assert_close(logp.grad, -w * ADV)  # the weight carries no gradient
 
 
+def test_gspo_token_ratio_is_the_sequence_ratio_with_each_tokens_gradient():
+    # sequence log-ratio over the two marked tokens: mean(0.5, 0.0) = 0.25, s = e^0.25 = 1.284 (unclipped in
+    # [0.8, 1.5]); every token's ratio is s, so the loss is -s * sum(A) and d loss / d logp_t = -s * A_t.
+    logp = LOGP.clone().requires_grad_(True)
+    inputs = {"logprobs": Q, "advantages": ADV, "sequence_ratio_mask": torch.tensor([1.0, 1.0, 0.0])}
+    config = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.5}
+    loss, _ = TINKER_LOSSES["gspo"].fn(logp, inputs, config)
+    s = math.exp(0.25)
+    assert float(loss) == pytest.approx(-s * (1.0 - 1.0 + 2.0), rel=1e-6)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, -s * ADV)
+    # clipped at 1.2: tokens with A > 0 lose their gradient, the A < 0 token keeps it (min picks s * A)
+    logp.grad = None
+    loss, _ = TINKER_LOSSES["gspo"].fn(logp, inputs, {})
+    assert float(loss) == pytest.approx(-(1.2 * 1.0 + s * -1.0 + 1.2 * 2.0), rel=1e-6)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([0.0, s, 0.0]))
+    per_token = TINKER_LOSSES["gspo"].elementwise(LOGP, inputs, {})
+    assert per_token == pytest.approx([-1.2, s, -2.4], rel=1e-6)
+
+
+def test_gspo_needs_marked_tokens():
+    inputs = {"logprobs": Q, "advantages": ADV, "sequence_ratio_mask": torch.zeros(3)}
+    with pytest.raises(DataError, match="sequence_ratio_mask marks no token"):
+        TINKER_LOSSES["gspo"].fn(LOGP, inputs, {})
+
+
+def test_dro_is_the_policy_gradient_with_a_quadratic_penalty_by_hand():
+    # logp - q = (0.5, 0, -0.3): penalty 0.05 * 0.5 * (0.25 + 0 + 0.09) = 0.0085
+    want = -((-1.0 * 1.0) + (-2.0 * -1.0) + (-0.5 * 2.0)) + 0.05 * 0.5 * (0.25 + 0.09)
+    got = run("dro", {"logprobs": Q, "advantages": ADV}, {"beta": 0.05})
+    assert got == pytest.approx(want, abs=1e-7)  # float32 sums of terms near 1 that cancel
+    with pytest.raises(DataError, match="needs loss_fn_config"):
+        run("dro", {"logprobs": Q, "advantages": ADV})
+
+
 def test_unknown_loss_lists_the_served_ones():
-    with pytest.raises(DataError, match="cross_entropy, importance_sampling, ppo, cispo"):
-        lookup_loss("dro")
+    with pytest.raises(DataError, match="cross_entropy, importance_sampling, ppo, cispo, gspo, dro"):
+        lookup_loss("stable_reinforce")
 
 
 def grads_after(host, model_id, loss_fn, data):

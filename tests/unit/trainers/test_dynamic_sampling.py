@@ -7,7 +7,7 @@ import itertools
 import torch
 
 from rlhfkit.agents.executor import SingleTurnExecutor
-from rlhfkit.api import components as C
+from rlhfkit.api import builder
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
 from rlhfkit.data.types import PromptItem
 from rlhfkit.models import tiny_model_and_tokenizer
@@ -30,8 +30,8 @@ def make_loop(labels, *flags):
     model, tok = tiny_model_and_tokenizer(seed=0)
     prompts = [PromptItem(f"p{i}:", tok(f"p{i}:", add_special_tokens=False)["input_ids"], lbl)
                for i, lbl in enumerate(labels)]
-    return C.build_loop(cfg, validate(cfg), model, tok, HFEngine(model, tok), scripted_reward,
-                        C.prompt_stream(cfg, prompts), SingleTurnExecutor())
+    return builder.build_loop(cfg, validate(cfg), model, tok, HFEngine(model, tok), scripted_reward,
+                              builder.prompt_stream(cfg, prompts), SingleTurnExecutor())
 
 
 def rollout(loop, first, rest):

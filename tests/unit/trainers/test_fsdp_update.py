@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from rlhfkit.api.components import resolve_fsdp_dtype
+from rlhfkit.api.builder import resolve_fsdp_dtype
 from rlhfkit.config import RLConfig
 from rlhfkit.data.types import Trajectory
 from rlhfkit.distributed import fsdp

@@ -101,7 +101,7 @@ def test_text_contract_scores_the_weakest_step(prm_folder):
 
 
 def test_a_prm_needs_the_policy_vocabulary_and_a_token_estimator(prm_folder):
-    from rlhfkit.api.components import load_reward
+    from rlhfkit.api.builder import load_reward
     from rlhfkit.config.rl import RewardConfig
     from rlhfkit.errors import ConfigError
 

@@ -174,7 +174,7 @@ def test_batch_fill_numbers_groups_across_rounds_and_asks_for_the_missing_groups
 
 def test_train_step_times_each_stage():
     from rlhfkit.agents.executor import SingleTurnExecutor
-    from rlhfkit.api import components as C
+    from rlhfkit.api import builder
     from rlhfkit.config import rl as rl_config
 
     cfg = rl_config.RLConfig.from_args([
@@ -186,8 +186,8 @@ def test_train_step_times_each_stage():
         r = torch.tensor([1.0, 0.0] * (len(queries) // 2))
         return RewardOutput(r, r)
 
-    loop = C.build_loop(cfg, rl_config.validate(cfg), model, tok, HFEngine(model, tok), reward,
-                        C.prompt_stream(cfg, items(2)), SingleTurnExecutor())
+    loop = builder.build_loop(cfg, rl_config.validate(cfg), model, tok, HFEngine(model, tok), reward,
+                              builder.prompt_stream(cfg, items(2)), SingleTurnExecutor())
     metrics = loop.train_step(next(iter(loop.data.rollout_batches())))
     assert {k for k in metrics if k.startswith("time/")} == {
         "time/generate", "time/reward", "time/experience", "time/update", "time/sync", "time/step"}
@@ -273,14 +273,15 @@ def test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries(mon
     """docs/algorithms.md "How to add an advantage estimator": the core table entry and the config
     tuples are all the trainer needs (it reads the spec, never the name)."""
     from rlhfkit.agents.executor import SingleTurnExecutor
-    from rlhfkit.api import components as C
+    from rlhfkit.api import builder
     from rlhfkit.config import rl as rl_config
+    from rlhfkit.config import rl_checks
     from rlhfkit.core.advantages import ESTIMATORS, EstimatorSpec
 
     monkeypatch.setitem(ESTIMATORS, "mean_discounted",
                         EstimatorSpec(baseline="mean", force_gamma_one=False, whiten=False, needs_critic=False))
-    monkeypatch.setattr(rl_config, "ADVANTAGE_ESTIMATORS", (*rl_config.ADVANTAGE_ESTIMATORS, "mean_discounted"))
-    monkeypatch.setattr(rl_config, "GROUP_ESTIMATORS", (*rl_config.GROUP_ESTIMATORS, "mean_discounted"))
+    monkeypatch.setattr(rl_checks, "ADVANTAGE_ESTIMATORS", (*rl_checks.ADVANTAGE_ESTIMATORS, "mean_discounted"))
+    monkeypatch.setattr(rl_checks, "GROUP_ESTIMATORS", (*rl_checks.GROUP_ESTIMATORS, "mean_discounted"))
     cfg = rl_config.RLConfig.from_args([
         "--algo.advantage.estimator", "mean_discounted", "--algo.advantage.gamma", "0.5",
         "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "3",
@@ -291,8 +292,8 @@ def test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries(mon
         r = torch.tensor([1.0, 0.0] * (len(queries) // 2))
         return RewardOutput(r, r)
 
-    loop = C.build_loop(cfg, rl_config.validate(cfg), model, tok, HFEngine(model, tok), reward,
-                        C.prompt_stream(cfg, items(2)), SingleTurnExecutor())
+    loop = builder.build_loop(cfg, rl_config.validate(cfg), model, tok, HFEngine(model, tok), reward,
+                              builder.prompt_stream(cfg, items(2)), SingleTurnExecutor())
     made = []
     make = ExperienceMaker.__call__
     monkeypatch.setattr(ExperienceMaker, "__call__", lambda self, *a, **kw: made.append(make(self, *a, **kw)) or made[-1])

@@ -1,12 +1,12 @@
 """Config -> components: the one place that reads an `RLConfig` and builds what the RL loop's stages
-take as plain arguments (models, engine, reward, agent, stages, run folder, loggers)."""
+take as plain arguments, top-down: rewards, agents, models, engines, then one function per stage and
+`build_loop`, which assembles them. The run folder, loggers, checkpoints and evaluator are built in
+`api/run_folder.py`."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-import logging
 import os
 from pathlib import Path
 
@@ -17,14 +17,13 @@ from rlhfkit.agents.executor import TokenBudget
 from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.agents.tools.loader import load_tools
 from rlhfkit.agents.tools.run import ToolLimits
-from rlhfkit.config import RLConfig, to_dict
+from rlhfkit.config import RLConfig
 from rlhfkit.config.rl import BatchPlan, RewardConfig, lora_targets
 from rlhfkit.core.advantages import ESTIMATORS, Whiten
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.core.losses import POLICY_LOSSES
 from rlhfkit.distributed import fsdp
-from rlhfkit.distributed.fsdp_checkpoint import ShardedCheckpointer
-from rlhfkit.errors import ConfigError, one_line, os_error_fix
+from rlhfkit.errors import ConfigError
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
 from rlhfkit.models.loading import load_policy, load_teacher, resolve_model
@@ -41,11 +40,6 @@ from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rewards.reward_model import ProcessRewardFn, RewardModelFn
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine, eos_ids
-from rlhfkit.tracking.metrics import drop_steps_after
-from rlhfkit.tracking.run import RunTracker
-from rlhfkit.tracking.wandb_writer import WandbWriter
-from rlhfkit.trainers.checkpoint import Checkpointer, latest_good, list_checkpoints
-from rlhfkit.trainers.evaluate import Evaluator, reward_score_fn, reward_verifier
 from rlhfkit.trainers.learner import Learner
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import ExperienceMaker
@@ -56,11 +50,9 @@ from rlhfkit.trainers.rl.scoring import GroupFilter, Scorer
 from rlhfkit.trainers.rl.stream import PromptStream
 from rlhfkit.trainers.rl.update import LossSettings, PolicyUpdate
 
-log = logging.getLogger("rlhfkit")
 _PKG = Path(__file__).resolve().parents[1]
 BUILTIN_AGENTS = {"builtin:calculator": _PKG / "agents" / "envs" / "calculator.py",
                   "builtin:guess": _PKG / "agents" / "envs" / "guess.py"}
-STEP_LOGS = ("metrics.jsonl", "samples.jsonl")
 
 
 # ------------------------------------------------------------------ rewards, agents, models, engines
@@ -397,88 +389,3 @@ def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward
     return RLLoop(data, source, engine, scorer, group_filter, experience, update, kl_controller(cfg),
                   total_steps=total_steps, max_staleness=cfg.train.max_staleness, tokenizer=tokenizer, tracker=tracker,
                   log_samples=cfg.logger.log_samples, callbacks=callbacks)
-
-
-# ------------------------------------------------------------------ run folder, loggers, checkpoints, eval
-def prepare_run_dir(cfg: RLConfig, rank: int = 0) -> Path:
-    """The run folder; under torchrun, ranks other than 0 log their own metrics in <output_dir>/rankN."""
-    run_dir = Path(cfg.ckpt.output_dir) if rank == 0 else Path(cfg.ckpt.output_dir) / f"rank{rank}"
-    return create_run_dir(run_dir, cfg.logger.tensorboard_dir, to_dict(cfg))
-
-
-def create_run_dir(run_dir: Path, tensorboard_dir: str | None, config: dict | None) -> Path:
-    """Create the run folder (--ckpt.output_dir) and --logger.tensorboard_dir, and write `config` as
-    config.json (unless None), before any model loads: a file in the way or a place that cannot be
-    written is a ConfigError naming the flag."""
-    for flag, folder in (("--ckpt.output_dir", run_dir), ("--logger.tensorboard_dir", tensorboard_dir)):
-        if folder is None:
-            continue
-        folder = Path(folder)
-        if folder.exists() and not folder.is_dir():
-            raise ConfigError(f"{flag} {folder} is a file, not a folder; choose a folder path (it is created "
-                              "when missing)")
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            if flag == "--ckpt.output_dir" and config is not None:
-                (folder / "config.json").write_text(json.dumps(config, indent=2))
-        except OSError as exc:
-            raise ConfigError(f"{flag} {folder}: cannot create the folder or write in it ({one_line(exc)}); "
-                              f"{os_error_fix(exc)}") from exc
-    return run_dir
-
-
-def extra_writers(cfg: RLConfig, run_dir: Path) -> tuple:
-    """A WandbWriter when --logger.wandb.project is given (and the mode is not disabled)."""
-    w = cfg.logger.wandb
-    if not w.project or w.mode == "disabled":
-        return ()
-    return (WandbWriter(w.project, run_dir, name=w.name, mode=w.mode, group=w.group, config=to_dict(cfg)),)
-
-
-def run_tracker(cfg: RLConfig, run_dir: Path, total_steps: int, resume_step: int | None) -> RunTracker:
-    return RunTracker(run_dir, cfg.logger.tensorboard_dir, total_steps, cfg.logger.progress_bar,
-                      purge_step=None if resume_step is None else resume_step + 1, writers=extra_writers(cfg, run_dir))
-
-
-def setup_checkpoints(cfg: RLConfig, run_dir: Path,
-                      dp: tuple[int, int] | None = None) -> tuple[Checkpointer, tuple[Path, int] | None]:
-    """The run's Checkpointer and (folder, step) of the checkpoint to resume from (None: start fresh).
-    On resume the step-indexed logs (metrics.jsonl, samples.jsonl) are cut back to the checkpoint's
-    step, so the steps that are trained again are not logged twice. With `dp` (rank, world size) of
-    an FSDP run, a ShardedCheckpointer of <output_dir>/checkpoints, shared by the ranks (each rank's
-    logs are in its own `run_dir`)."""
-    if dp is None:
-        root = run_dir / "checkpoints"
-        ckpt = Checkpointer(root, cfg.ckpt.save_steps, cfg.ckpt.max_num)
-    else:
-        root = Path(cfg.ckpt.output_dir) / "checkpoints"
-        ckpt = ShardedCheckpointer(root, cfg.ckpt.save_steps, cfg.ckpt.max_num, *dp)
-    if not cfg.ckpt.load_enable:
-        if cfg.ckpt.save_steps > 0 and list_checkpoints(root):
-            raise ConfigError(
-                f"{root} already holds checkpoints of an earlier run; pass --ckpt.load_enable true to resume "
-                "it, or choose another --ckpt.output_dir"
-            )
-        return ckpt, None
-    resume = latest_good(root)
-    if resume is None:
-        log.warning("--ckpt.load_enable: no checkpoint in %s yet; starting from scratch", root)
-        return ckpt, None
-    for name in STEP_LOGS:
-        dropped = drop_steps_after(run_dir / name, resume[1])
-        if dropped:
-            log.warning("%s: dropped %d lines logged after step %d (they are trained again)", name, dropped, resume[1])
-    return ckpt, resume
-
-
-def make_evaluator(cfg: RLConfig, items=(), reward_fn=None, verifier=None) -> Evaluator:
-    """The --eval.* settings on `items` (PromptItems; none: evaluation does nothing). The training
-    reward gives eval/reward and eval/accuracy; `verifier` (default: --eval.verifier loaded here, else
-    the training reward) gives eval/pass@k and eval/maj@k."""
-    e = cfg.eval
-    if verifier is None:
-        verifier = load_reward(e.verifier) if e.verifier else reward_fn
-    return Evaluator(items, cfg.rollout.max_new_tokens, e.steps,
-                     score_fn=reward_score_fn(reward_fn) if reward_fn is not None else None,
-                     n_samples=e.n_samples, temperature=e.temperature, ks=e.k,
-                     verifier=reward_verifier(verifier) if verifier is not None else None, seed=cfg.train.seed)

@@ -1,0 +1,326 @@
+"""The sections of `rlhfkit train rl`'s config that say what is trained and how: the actor, critic and
+reference models and their optimizer, the reward, the prompts, the rollout, the algorithm (advantage,
+KL, filtering, distillation) and the agent. The names each choice accepts are in config/rl_checks.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlhfkit.config.defaults import PROMPT_MAX_LEN
+
+
+@dataclass(frozen=True)
+class AdamConfig:
+    """AdamW optimizer (torch.optim.AdamW)."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's (beta1, beta2): decay rates of the gradient's first and second moments."""
+    eps: float = 1e-8
+    """AdamW's epsilon, added to the denominator for numerical stability."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW); 0 = none."""
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """The policy being trained: model, dtypes, optimizer, schedule and policy loss."""
+
+    model_name_or_path: str = "smollm2"
+    """HF folder, a .gguf file, or `smollm2` (the packaged SmolLM2-135M-Instruct, converted once)."""
+    dtype: str = "float32"
+    """Parameter dtype: float32 or bfloat16 (never float16: ~200x slower on CPU). bfloat16 keeps float32
+    master weights and gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 mode; under
+    --fsdp.enable it becomes float32 sharded parameters computing in bf16 (--fsdp.mixed_precision true)."""
+    autocast: str | None = "bfloat16"
+    """Compute dtype for forward passes (torch.autocast on --actor.device's type); none = the parameter dtype;
+    auto = bfloat16 where it is faster than float32 (a ~0.2 s matmul probe on the CPU; CUDA with bf16 support),
+    else none (the choice is printed in one line)."""
+    device: str = "auto"
+    """Where the policy, reference, critic, reward model and the hf engine run: auto (CUDA when available,
+    else the CPU), cpu, cuda or cuda:N. Batches are built on the CPU and moved to it per micro-batch."""
+    gradient_checkpointing_enable: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
+    non-reentrant gradient checkpointing): the same gradients, less activation memory, one more forward per update."""
+    adam: AdamConfig = field(default_factory=AdamConfig)
+    lr_scheduler: str = "cosine_with_min_lr"
+    """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
+    lr_warmup_ratio: float = 0.0
+    """Fraction of all optimizer steps spent in linear warmup."""
+    min_lr_ratio: float = 0.1
+    """cosine_with_min_lr decays to lr * min_lr_ratio."""
+    max_norm: float = 1.0
+    """Gradient-norm clipping (0 disables)."""
+    eps_clip_low_high: tuple[float, float] = (0.2, 0.2)
+    """PPO clip range [1 - low, 1 + high] (DAPO's clip-higher with high > low)."""
+    dual_clip: float | None = None
+    """Dual-clip PPO (Ye et al. 2020): with a negative advantage A, the token's loss is at most
+    -dual_clip * A; must be > 1 (none = off)."""
+    policy_loss_type: str = "ppo"
+    """ppo (token-level ratio) or gspo (sequence-level ratio)."""
+    loss_agg_mode: str = "token_mean"
+    """How per-token losses are averaged into one number (docs/algorithms.md); counts span the whole
+    optimizer step."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (loss -= coef * entropy)."""
+    ema_beta: float | None = None
+    """Keep an EMA of the policy's weights, updated after each optimizer step and saved as an HF folder
+    `ema/` beside `final/` at the end (OpenRLHF --enable_ema --ema_beta), e.g. 0.992."""
+    freeze_visual_encoder: bool = False
+    """A vision-language policy: its vision tower gets no gradients (it stays bit for bit as loaded; the
+    projector and the language model train); the reference shares the frozen tower's values."""
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """The value model of PPO with --algo.advantage.estimator gae."""
+
+    model_name_or_path: str | None = None
+    """Backbone of the critic for gae (a reward-model folder: its backbone and score head); defaults to the actor's."""
+    adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=9e-6))
+    value_clip: float | None = 0.5
+    """PPO's value clipping: the value loss also takes the new value clipped to old +- value_clip
+    and keeps the larger loss (none = off)."""
+    max_norm: float = 1.0
+    """Gradient-norm clipping of the critic (0 disables)."""
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    """The frozen reference model of the KL term (loaded only with --algo.kl.init_coef > 0)."""
+
+    model_name_or_path: str | None = None
+    """Reference model for the KL term; defaults to the actor's initial weights."""
+    offload: bool = False
+    """Keep the reference on the CPU between its passes and move it to --actor.device for the
+    experience stage only (frees its weights' device memory during generation and the update;
+    the same numbers). A no-op when --actor.device is the CPU."""
+
+
+@dataclass(frozen=True)
+class CodeRewardConfig:
+    """builtin:code: how model-written code is run against its tests (see docs/code_rewards.md)."""
+
+    partial_credit: bool = False
+    """Reward = the fraction of a sample's tests passed (default: 1 when all pass, else 0)."""
+    sandbox: str = "bwrap"
+    """Where model code runs: bwrap (bubblewrap: namespaces, a read-only view of the interpreter only,
+    an unprivileged uid; refuses to start where bwrap cannot), remote (a SandboxFusion-style server at
+    --reward.code.remote_url) or none (unconfined, with a warning)."""
+    remote_url: str | None = None
+    """--reward.code.sandbox remote: the SandboxFusion-style server (http://HOST:PORT; POST /run_code)."""
+    timeout: float = 5.0
+    """Wall-clock seconds one test's sandboxed process may run before it is killed."""
+    cpu_seconds: int = 2
+    """CPU seconds one test's sandboxed process may use (RLIMIT_CPU)."""
+    memory_mb: int = 512
+    """Address space of one test's sandboxed process, in MiB (RLIMIT_AS)."""
+    workers: int = 1
+    """Samples judged at once. With bwrap as root, worker k's processes run as uid 65534 - k: uids that
+    must belong to no one on the machine."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Where rewards come from: a reward function, reward servers or a reward model; shaping."""
+
+    remote_url: str | None = None
+    """A Python file defining reward_func(queries, prompts, labels, **kwargs), builtin:NAME, or
+    http(s):// reward server URLs (comma-separated: requests are sharded across them)."""
+    model_name_or_path: str | None = None
+    """A reward-model folder from `rlhfkit train rm`; reward = (score - mean) / std from its config. A
+    process reward model from `rlhfkit train prm` gives per-step token rewards (estimators gae, reinforce)."""
+    offload: bool = False
+    """Keep the reward model (--reward.model_name_or_path) on the CPU between its passes and move it to
+    --actor.device to score (the same rewards). A no-op when --actor.device is the CPU."""
+    request_timeout: float = 60.0
+    """HTTP reward: seconds to wait for one request."""
+    max_retries: int = 3
+    """HTTP reward: retries per request (exponential backoff) before the run stops."""
+    request_batch_size: int = 64
+    """HTTP reward: most queries per request."""
+    auth_token: str | None = None
+    """HTTP reward: bearer token sent to the server."""
+    overlong_buffer_len: int | None = None
+    """DAPO overlong reward shaping: penalise the last buffer_len tokens of the budget."""
+    overlong_penalty_factor: float = 1.0
+    """DAPO overlong shaping: the penalty at the end of the budget (it grows linearly over the buffer)."""
+    normalize: bool = False
+    """Normalise rewards by running mean and std (updated every rollout)."""
+    clip_range: tuple[float, float] | None = None
+    """Clip the (group-shaped) scalar reward to [low, high]."""
+    timeout: float | None = 300.0
+    """Seconds one call of the reward function may take before the run stops; the call then runs in a
+    worker thread. none: no limit, called in the main thread (for functions that use signal.alarm)."""
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    """builtin:code settings."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The prompt dataset of training."""
+
+    prompt_dataset: str | None = None
+    """Prompts: a .jsonl / .json / .parquet file, a datasets folder (save_to_disk, or a folder of data
+    files), or a hub dataset name (org/name; org/name@dir for a data dir). A local path wins over a hub name."""
+    prompt_split: str = "train"
+    """The split of a prompt dataset that has several (a hub dataset, a DatasetDict folder); files have none."""
+    prompt_dataset_config: str | None = None
+    """The hub dataset's config (datasets.load_dataset's name), e.g. main for openai/gsm8k."""
+    prompt_data_dir: str | None = None
+    """The hub dataset's subfolder to read (datasets.load_dataset's data_dir)."""
+    input_key: str = "input"
+    """The record's prompt: a string, or a message list [{"role", "content"}, ...] (needs apply_chat_template)."""
+    label_key: str | None = None
+    """Record key of the label (e.g. the reference answer) given to the reward function; none = no
+    labels."""
+    apply_chat_template: bool = False
+    """Render each prompt with the tokenizer's chat template (as one user message, or the record's
+    message list)."""
+    input_template: str | None = None
+    """A format string with one {} around the prompt, e.g. "Question: {} Answer:" (without a chat
+    template)."""
+    max_samples: int | None = None
+    """Use at most this many prompts of the dataset (none: all)."""
+    prompt_max_len: int = PROMPT_MAX_LEN
+    """Prompts longer than this many tokens are skipped (counted and logged); image tokens count."""
+    image_key: str | None = None
+    """Record key of a prompt's images (paths, URLs, bytes or a datasets Image feature; one or a list) for a
+    vision-language model (docs/vision.md); none = `images`, else `image`, where the record has one."""
+    max_images_per_prompt: int = 1
+    """Most images one prompt may hold; a record with more is refused before the model loads."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Generation: prompts per batch, samples per prompt, sampling settings, engine."""
+
+    batch_size: int = 16
+    """Prompts per rollout batch (OpenRLHF rollout_batch_size)."""
+    n_samples_per_prompt: int = 8
+    """Completions sampled per prompt (the group size of group estimators)."""
+    max_new_tokens: int = 64
+    """Most tokens generated per completion (OpenRLHF generate_max_len)."""
+    temperature: float = 1.0
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the fewest tokens whose probability sums to top_p (1 = off)."""
+    top_k: int = -1
+    """Sample from the k most likely tokens only (-1 = off)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a completion besides the tokenizer's EOS (e.g. 13,198)."""
+    max_batch_size: int = 128
+    """Largest number of sequences decoded together (memory bound)."""
+    num_workers: int = 1
+    """Rollout worker actors with --distributed.backend ray (each holds a policy copy + an engine)."""
+    engine: str = "hf"
+    """Generation engine: hf (transformers, CPU or GPU) or vllm (`pip install 'rlhfkit[vllm]'`; see docs/scaling.md)."""
+    compile_decode: bool = False
+    """hf engine: decode steps under torch.compile over a static KV cache, compiled once per process and
+    model (CUDA graphs on CUDA, untested on a GPU so far). Off on the CPU, with one logged line: there the
+    compiled step measured 1.05x the eager loop on SmolLM2 after a first compile of 40-90 s
+    (docs/performance.md). Falls back to the eager loop with one logged line where it cannot be built."""
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """The advantage estimator (docs/algorithms.md has each formula)."""
+
+    estimator: str = "group_norm"
+    """gae (PPO with a critic), reinforce (REINFORCE++), reinforce_baseline, rloo, group_norm
+    (GRPO),
+    dr_grpo."""
+    gamma: float = 1.0
+    """Discount factor of returns (forced to 1 for the group estimators)."""
+    lambd: float = 0.95
+    """GAE's lambda: bias-variance trade-off of the advantage (gae only)."""
+    whiten: str = "true"
+    """Whitening of gae/reinforce/reinforce_baseline advantages: true, mean, false."""
+    is_correction_enable: bool = False
+    """Correct the rollout engine / trainer logprob mismatch: weigh each token's loss by
+    pi_trainer / pi_engine, truncated (OpenRLHF --enable_vllm_is_correction; docs/algorithms.md)."""
+    is_correction_type: str = "tis"
+    """How the weight is truncated: tis (clamped to the threshold), icepop (zeroed outside it),
+    seq-mask-tis (clamped, and a sequence zeroed when its geometric-mean weight is outside it)."""
+    is_correction_threshold: tuple[float, float] = (0.5, 5.0)
+    """LOW HIGH bounds of the IS weight (with --algo.advantage.decoupled_enable too: the behaviour
+    weight is truncated by is_correction_type when is_correction_enable, else not)."""
+    decoupled_enable: bool = False
+    """Decoupled PPO (AReaL): clip around the trainer's policy before the update (its logprobs are
+    computed), weigh by pi_trainer / pi_engine; always on with --train.async_enable."""
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    """The KL penalty against the reference model."""
+
+    init_coef: float = 0.0
+    """KL coefficient; 0 = no reference model at all."""
+    estimator: str = "k1"
+    """KL estimator: k1 (log-ratio), k2 (half its square), k3 (Schulman's exp(r) - 1 - r), k3_stable
+    (k3 where r < 0, else k1); formulas in docs/algorithms.md."""
+    use_loss: bool = False
+    """KL as a loss term (GRPO style) instead of a per-token reward penalty (PPO style)."""
+    target: float | None = None
+    """With a target, the coefficient adapts (Ziegler et al.) over `horizon` samples."""
+    horizon: int = 10000
+    """Adaptive KL (with --algo.kl.target): samples over which the coefficient moves toward the
+    target."""
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """The RL algorithm: advantages, KL, DAPO dynamic sampling."""
+
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+    dynamic_filtering_enable: bool = False
+    """DAPO dynamic sampling: drop groups whose mean score is outside dynamic_filtering_range and
+    top the batch up with new prompts."""
+    dynamic_filtering_range: tuple[float, float] = (0.0, 1.0)
+    """Keep a group when low < mean score < high (exclusive: (0, 1) drops all-0 and all-1 groups)."""
+    dynamic_filtering_max_rounds: int = 8
+    """Most generation rounds per rollout batch; after them the batch trains as filled so far."""
+    teacher_model_name_or_path: str | None = None
+    """On-policy distillation: a teacher with the policy's tokenizer scores the policy's samples; its
+    per-token reverse KL is a dense reward (teacher_topk 0) or a loss term (teacher_topk k) added to the
+    task reward's. None: no teacher."""
+    teacher_coef: float = 1.0
+    """Weight of the teacher term: per-token reward -teacher_coef * (log p_policy - log p_teacher) of each
+    sampled token, or teacher_coef * the top-k reverse KL in the loss."""
+    teacher_topk: int = 0
+    """0: the reverse KL of the sampled tokens is the per-token reward; k: the reverse KL over the policy's
+    k most likely tokens (plus one bucket for the rest) is a loss term, its gradient exact on that support."""
+    teacher_kl_estimator: str = "k1"
+    """The KL estimator of the logged opd/kl, from the sampled tokens; the reward is always
+    log p_teacher - log p_policy (the k1 score-function gradient, as OpenRLHF's train_opd)."""
+    teacher_offload: bool = False
+    """Keep the teacher on the CPU between its passes, moved to the policy's device for each."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Multi-turn agents: an environment that acts on the model's actions and gives rewards."""
+
+    func_path: str | None = None
+    """An agent file (AgentInstance / AgentExecutor, OpenRLHF's contract) or builtin:calculator,
+    builtin:guess; rewards then come from the agent's step()."""
+    max_turns: int = 4
+    """Most actions per episode."""
+    max_response_tokens: int | None = None
+    """Most response tokens (actions + feedback) per episode; none = max_new_tokens x max_turns."""
+    tools: str | None = None
+    """Tools as Python functions, FILE_OR_MODULE:fn1,fn2 (a .py file or an importable module; no
+    names: its public functions), or builtin:calculator, builtin:python (runs model-written code
+    in the code sandbox). Their schemas go into the chat template's tools=; the model's calls
+    run each turn and their results come back as tool turns; rewards from --reward.*."""
+    tool_parser: str | None = None
+    """How the model writes tool calls: hermes (Qwen2.5/Qwen3/Hermes), llama3_json, mistral;
+    none = the tokenizer's response template, else read off its chat template."""
+    tool_calls_per_episode: int = 8
+    """Most tool calls run per episode (further calls get an error result)."""
+    tool_timeout: float = 10.0
+    """Seconds a tool call may take before its result is an error."""
+    tool_result_tokens: int = 256
+    """Most tokens of one tool result (longer results are cut)."""
