@@ -1,5 +1,5 @@
-"""RL with a vision-language policy: what `RLTrainer.from_config` does differently when the actor's
-config has a vision_config (docs/vision.md).
+"""Vision-language models in the trainers: what `RLTrainer.from_config` (and, at the end, the SFT and
+DPO trainers') does differently when the model's config has a vision_config (docs/vision.md).
 
 Before any model loads, the prompt data is checked (`check_data`): with a VLM, every image opens and
 fits; with a text-only model, a record that holds images is refused. Then the policy's vision tower
@@ -19,6 +19,7 @@ from pathlib import Path
 from rlhfkit.config import RLConfig
 from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.data.images import check_vision_prompts, load_vision_prompts, refuse_images_for_text_model
+from rlhfkit.data.supervised_images import VisionTextFormat, check_supervised_images
 from rlhfkit.data.images import tokenize_vision_prompts as tokenize
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import resolve_model
@@ -108,3 +109,39 @@ def save_processor(processor, folder: str | Path) -> None:
     """The processor's files (image processor, chat template, tokenizer) into a saved model folder."""
     if processor is not None:
         processor.save_pretrained(str(folder))
+
+
+# ------------------------------------------------------------------ SFT and DPO
+SUPERVISED_KINDS = ("sft", "dpo")
+
+
+def supervised_folder(kind: str, cfg) -> str | None:
+    """The supervised model's folder when it is a vision-language model (ConfigError for a kind that
+    does not train one yet), else None."""
+    name = cfg.model.model_name_or_path
+    if name in PACKAGED_TEXT_MODELS or name.endswith(".gguf"):
+        return None
+    path, _ = resolve_model(name)
+    if not is_vision_folder(path):
+        return None
+    if kind not in SUPERVISED_KINDS:
+        raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft and "
+                          "train dpo do (docs/vision.md)")
+    if cfg.ds.lora.rank > 0:
+        raise ConfigError(f"a vision-language model ({name}) does not train with --ds.lora.rank > 0 yet")
+    return path
+
+
+def check_supervised_data(kind: str, cfg, source, eval: bool = False) -> None:
+    """Before models load: the images of a supervised dataset (every image decoded; counts)."""
+    d = cfg.data
+    keys = (d.input_key,) if kind == "sft" else (d.prompt_key, d.chosen_key, d.rejected_key)
+    where = (dict(split=d.eval_dataset_split, config=d.eval_dataset_config, data_dir=d.eval_data_dir) if eval
+             else dict(split=d.dataset_split, config=d.dataset_config, data_dir=d.data_dir,
+                       max_samples=d.max_samples, seed=cfg.train.seed))
+    check_supervised_images(source, keys, d.image_key, d.max_images_per_prompt, **where)
+
+
+def supervised_format(cfg, processor, source) -> VisionTextFormat:
+    base = Path(source).parent if isinstance(source, (str, Path)) and Path(source).is_file() else None
+    return VisionTextFormat(processor, cfg.data.image_key, cfg.data.max_images_per_prompt, base)

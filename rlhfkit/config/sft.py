@@ -89,6 +89,11 @@ class SupervisedDataConfig:
     """Samples longer than this many tokens (prompt + response) are skipped and counted."""
     max_samples: int | None = None
     """Use at most this many training records (none: all)."""
+    image_key: str | None = None
+    """A vision-language model: the record key of its images (paths, URLs, bytes or a datasets Image
+    feature; one or a list; docs/vision.md); none = `images`, else `image`, where the record has one."""
+    max_images_per_prompt: int = 1
+    """A vision-language model: most images one record may hold; more are refused before the model loads."""
 
 
 @dataclass(frozen=True)

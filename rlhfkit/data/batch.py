@@ -75,7 +75,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TokenBatch:
         response_ids[i, :r] = t.response_ids
         loss_mask[i, :r] = t.loss_mask
         response_mask[i, :r] = True
-    vision = [t.info.get("vision") for t in trajectories]
+    vision = [getattr(t, "vision", None) for t in trajectories]  # Trajectory or data.supervised.TokenSample
     return TokenBatch(input_ids, attention_mask, p_lens, response_ids, loss_mask, response_mask,
                       vision=vision if any(v is not None for v in vision) else None)
 

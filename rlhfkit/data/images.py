@@ -57,21 +57,21 @@ class VisionExample:
     images: list
 
 
-def image_column(record: Record, image_key: str | None) -> str | None:
-    """The record's image column: `image_key` when given, else the first of IMAGE_KEYS it has."""
+def image_column(data: dict, image_key: str | None) -> str | None:
+    """The image column of a record's `data`: `image_key` when given, else the first of IMAGE_KEYS it has."""
     if image_key is not None:
         return image_key
-    return next((k for k in IMAGE_KEYS if k in record.data), None)
+    return next((k for k in IMAGE_KEYS if k in data), None)
 
 
 def record_has_images(record: Record, input_key: str, image_key: str | None) -> bool:
     """Whether the record holds any image (in its image column or inline in its messages)."""
-    column = image_column(record, image_key)
-    return bool(_column_values(record.data.get(column)) if column else []) or bool(
+    column = image_column(record.data, image_key)
+    return bool(column_values(record.data.get(column)) if column else []) or bool(
         _inline_parts(record.data.get(input_key)))
 
 
-def _column_values(value: Any) -> list:
+def column_values(value: Any) -> list:
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
@@ -201,12 +201,12 @@ def _vision_records(source: Source, input_key: str, label_key: str | None, image
     out = []
     for i, record in kept:
         where = f"{name}, {record.where}"
-        column = image_column(record, image_key)
+        column = image_column(record.data, image_key)
         if image_key is not None and column not in record.data:
             raise DataError(f"{where}: no image column {image_key!r} (--data.image_key); the record has "
                             f"{', '.join(sorted(record.data))}")
         messages, images = messages_with_images(record.data[input_key],
-                                                _column_values(record.data.get(column)) if column else [], where)
+                                                column_values(record.data.get(column)) if column else [], where)
         if len(images) > max_images:
             raise DataError(f"{where}: {len(images)} images, more than --data.max_images_per_prompt {max_images}; "
                             "raise it or drop images from the record")

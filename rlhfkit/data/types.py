@@ -64,6 +64,11 @@ class Trajectory:
     versions: torch.Tensor | None = None
 
     @property
+    def vision(self):
+        """The prompt's image tensors (data.images.VisionInputs, set by a vision engine), else None."""
+        return self.info.get("vision")
+
+    @property
     def response_length(self) -> int:
         return int(self.response_ids.numel())
 
