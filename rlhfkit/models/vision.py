@@ -234,3 +234,46 @@ def concat_vision(rows) -> dict[str, torch.Tensor]:
     present = [r for r in rows if r is not None and r.tensors]
     keys = sorted({k for r in present for k in r.tensors})
     return {k: torch.cat([r.tensors[k] for r in present if k in r.tensors]) for k in keys}
+
+
+# ------------------------------------------------------------------ memory plan
+DEFAULT_IMAGE_TOKENS = 256  # a variable-resolution model (Qwen2-VL): a 448 x 448 image, 14-pixel patches merged 2x2
+
+
+def vision_sizes(config: dict, image_tokens: int | None = None) -> dict:
+    """Sizes of a vision-language model from its config.json `config`, nothing loaded: parameters
+    (`total`, `tower`, `projector`; exact, counted on the meta device), `image_tokens` (language-model
+    tokens per image: the config's fixed count, else `image_tokens`, else DEFAULT_IMAGE_TOKENS),
+    `patches` (vision-tower tokens per image), the tower's `width`, `intermediate`, `layers`, `heads`, and
+    `text`: the language model's whole config (defaults filled in) as a dict."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    hf_config = AutoConfig.for_model(config["model_type"], **fields)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(hf_config)
+    count = lambda parts: sum(p.numel() for _, m in parts for p in m.parameters())  # noqa: E731
+    tower = count(vision_parts(model))
+    projector = count(vision_parts(model, projector=True)) - tower
+    v = hf_config.vision_config
+    width = getattr(v, "embed_dim", None) or v.hidden_size
+    intermediate = getattr(v, "intermediate_size", None) or int(width * getattr(v, "mlp_ratio", 4))
+    merge = getattr(v, "spatial_merge_size", 1)
+    fixed = getattr(hf_config, "mm_tokens_per_image", None)
+    if fixed is None and getattr(v, "image_size", None) and "spatial_merge_size" not in v.to_dict():
+        fixed = (v.image_size // v.patch_size) ** 2
+    tokens = fixed or image_tokens or DEFAULT_IMAGE_TOKENS
+    patches = (v.image_size // v.patch_size) ** 2 if getattr(v, "image_size", None) else tokens * merge**2
+    return {"total": sum(p.numel() for p in model.parameters()), "tower": tower, "projector": projector,
+            "text": hf_config.get_text_config(decoder=True).to_dict(),
+            "image_tokens": tokens, "fixed_tokens": fixed is not None, "patches": patches, "width": width,
+            "intermediate": intermediate, "layers": getattr(v, "depth", None) or v.num_hidden_layers,
+            "heads": getattr(v, "num_heads", None) or v.num_attention_heads}
+
+
+def tower_activation_bytes(sizes: dict, images: int, compute_bytes: int) -> int:
+    """Activations the vision tower keeps for backward over `images` images: per layer and patch
+    ~ 6w + 4i values plus heads x patches attention probabilities (as models.memory's decoder term)."""
+    n = sizes["patches"]
+    per_patch_layer = 6 * sizes["width"] + 4 * sizes["intermediate"] + sizes["heads"] * n
+    return sizes["layers"] * images * n * per_patch_layer * compute_bytes
