@@ -249,8 +249,8 @@ def load_vision_prompts(source: Source, processor, input_key: str = "input", lab
             raise DataError(f"{name}, {record.where}: the processor's chat template failed ({type(exc).__name__}: "
                             f"{first_line(exc)})") from exc
         label = record.data[label_key] if label_key is not None else None
-        raw = dict(record.data, **{input_key: messages})
-        out.append(VisionExample(PromptExample(text=text, label=label, raw=raw, index=i), opened))
+        # raw: the record as given (a string prompt stays a string: TRL's reward contract then passes strings)
+        out.append(VisionExample(PromptExample(text=text, label=label, raw=dict(record.data), index=i), opened))
     return out
 
 

@@ -6,8 +6,10 @@ name as the label. Images are squares of one of COLOURS, each channel shifted by
 28 to 56 pixels a side, drawn from a fixed seed; train and test are drawn from different seeds.
 
 `python -m rlhfkit.data.synthetic_vision OUT [--train N] [--test N] [--seed S]` writes
-OUT/train.jsonl, OUT/test.jsonl, OUT/images/*.png and OUT/reward.py (reward 1 when the response
-starts with the label, OpenRLHF's reward_func contract).
+OUT/train.jsonl, OUT/test.jsonl, OUT/images/*.png, OUT/format.jsonl (the training images, each
+labelled with a colour drawn at random: a supervised warm start on it teaches the answer format,
+not the task) and OUT/reward.py (reward 1 when the response starts with the label, OpenRLHF's
+reward_func contract).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ def write_colour_task(out: str | Path, n_train: int = 240, n_test: int = 60, see
         for record, rgb, side in rows:
             Image.new("RGB", (side, side), rgb).save(out / record["images"][0])
         (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r, _, _ in rows))
+        if split == "train":  # the answer format without the task: each image with a colour drawn at random
+            rng = random.Random(seed + 7)
+            fmt = [dict(r, label=rng.choice(list(COLOURS))) for r, _, _ in rows]
+            (out / "format.jsonl").write_text("".join(json.dumps(r) + "\n" for r in fmt))
     (out / "reward.py").write_text(REWARD)
     return out
 
