@@ -16,15 +16,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlhfkit.api.builder import prompt_options
 from rlhfkit.config import RLConfig
 from rlhfkit.core.advantages import ESTIMATORS
-from rlhfkit.data.images import check_vision_prompts, load_vision_prompts, refuse_images_for_text_model
-from rlhfkit.data.supervised_images import VisionTextFormat, check_supervised_images
+from rlhfkit.data.images import (
+    check_vision_prompts,
+    load_vision_prompts,
+    refuse_images_for_text_model,
+)
 from rlhfkit.data.images import tokenize_vision_prompts as tokenize
+from rlhfkit.data.supervised_images import VisionTextFormat, check_supervised_images
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import resolve_model
 from rlhfkit.models.precision import DTYPES
-from rlhfkit.models.vision import base_model, freeze_visual_encoder, is_vision_folder, load_processor, vision_parts
+from rlhfkit.models.vision import (
+    base_model,
+    freeze_visual_encoder,
+    is_vision_folder,
+    load_processor,
+    vision_parts,
+)
 from rlhfkit.rollout.vision import VisionEngine
 
 PACKAGED_TEXT_MODELS = ("smollm2",)
@@ -40,14 +51,12 @@ def policy_folder(cfg: RLConfig) -> str | None:
 
 
 def data_options(cfg: RLConfig, eval: bool = False) -> dict:
-    """The keyword arguments of data.images' loaders besides the source: the --data.* keys and image
-    settings, and the split / config / data dir / max_samples of the training or eval prompts."""
-    d, e = cfg.data, cfg.eval
-    where = (dict(split=e.split, config=e.dataset_config, data_dir=e.data_dir, max_samples=e.max_samples) if eval
-             else dict(split=d.prompt_split, config=d.prompt_dataset_config, data_dir=d.prompt_data_dir,
-                       max_samples=d.max_samples))
-    return dict(input_key=d.input_key, label_key=d.label_key, image_key=d.image_key,
-                max_images=d.max_images_per_prompt, shuffle_seed=cfg.train.seed, **where)
+    """The keyword arguments of data.images' loaders besides the source: `builder.prompt_options`' keys,
+    split, config, data dir, max_samples and seed (no template: the processor's chat template renders),
+    and the image settings."""
+    options = prompt_options(cfg, eval)
+    del options["apply_chat_template"], options["input_template"]
+    return {**options, "image_key": cfg.data.image_key, "max_images": cfg.data.max_images_per_prompt}
 
 
 def check_data(cfg: RLConfig, dataset, vision: bool, eval: bool = False) -> None:
@@ -136,9 +145,9 @@ def check_supervised_data(kind: str, cfg, source, eval: bool = False) -> None:
     """Before models load: the images of a supervised dataset (every image decoded; counts)."""
     d = cfg.data
     keys = (d.input_key,) if kind == "sft" else (d.prompt_key, d.chosen_key, d.rejected_key)
-    where = (dict(split=d.eval_dataset_split, config=d.eval_dataset_config, data_dir=d.eval_data_dir) if eval
-             else dict(split=d.dataset_split, config=d.dataset_config, data_dir=d.data_dir,
-                       max_samples=d.max_samples, seed=cfg.train.seed))
+    where = ({"split": d.eval_dataset_split, "config": d.eval_dataset_config, "data_dir": d.eval_data_dir} if eval
+             else {"split": d.dataset_split, "config": d.dataset_config, "data_dir": d.data_dir,
+                   "max_samples": d.max_samples, "seed": cfg.train.seed})
     check_supervised_images(source, keys, d.image_key, d.max_images_per_prompt, **where)
 
 

@@ -139,7 +139,7 @@ def _decode(file, where: str, name: str):
         pixels = f"{int(found.group(1)):,} pixels" if found else "more pixels"
         raise DataError(f"{where}: image {name!r} has {pixels}, more than the {MAX_IMAGE_PIXELS:,} allowed; "
                         "resize it") from exc
-    except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...
+    except Exception as exc:
         raise DataError(f"{where}: image {name!r} cannot be decoded ({type(exc).__name__}: {first_line(exc)}); "
                         "the file is truncated or not an image") from exc
 
@@ -153,9 +153,9 @@ def _fetch(url: str, where: str, cache_dir: Path | None) -> bytes:
     if file.is_file():
         return file.read_bytes()
     try:
-        with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response:  # noqa: S310 - the user's dataset
+        with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response:
             data = response.read()
-    except Exception as exc:  # noqa: BLE001 - URLError, HTTPError, timeouts
+    except Exception as exc:
         raise DataError(f"{where}: image URL {url} cannot be fetched ({type(exc).__name__}: {first_line(exc)})") from exc
     cache.mkdir(parents=True, exist_ok=True)
     tmp = file.with_suffix(".part")

@@ -27,7 +27,15 @@ from typing import Any
 
 import torch
 
-from rlhfkit.data.records import Record, Source, first_line, is_messages, read_records, require_key, source_name
+from rlhfkit.data.records import (
+    Record,
+    Source,
+    first_line,
+    is_messages,
+    read_records,
+    require_key,
+    source_name,
+)
 from rlhfkit.errors import ConfigError, DataError
 
 
@@ -77,6 +85,7 @@ class TextFormat:
         if input_template is not None and "{}" not in input_template:
             raise ConfigError(f"--data.input_template {input_template!r} has no '{{}}' for the input")
         self.tokenizer, self.chat, self.template = tokenizer, apply_chat_template, input_template
+        self.renderer = tokenizer  # whose apply_chat_template renders the conversation (a VLM: its processor)
 
     def encode(self, prompt: Any, response: Any, where: str, all_turns: bool, record: dict | None = None) -> TokenSample:
         """prompt: a string or a message list; response: a string, or None when `prompt` is a
@@ -107,7 +116,7 @@ class TextFormat:
         if not messages:
             return ""
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+            return self.renderer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
         except Exception as exc:  # jinja / transformers raise many types
             raise DataError(f"{where}: the tokenizer's chat template failed ({type(exc).__name__}: "
                             f"{first_line(exc)}); fix the messages or the template") from exc

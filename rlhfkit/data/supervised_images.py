@@ -28,7 +28,7 @@ from rlhfkit.data.images import (
     messages_with_images,
     open_image,
 )
-from rlhfkit.data.records import Source, first_line, is_messages
+from rlhfkit.data.records import Source, is_messages
 from rlhfkit.data.supervised import TextFormat, TokenSample, select_records
 from rlhfkit.errors import DataError
 
@@ -40,7 +40,7 @@ class VisionTextFormat(TextFormat):
     record may hold; base_dir: where relative image paths are looked up first (the data file's folder)."""
 
     def __init__(self, processor, image_key: str | None = None, max_images: int = 1, base_dir: Path | None = None):
-        self.processor, self.tokenizer = processor, processor.tokenizer
+        self.processor, self.tokenizer, self.renderer = processor, processor.tokenizer, processor
         self.chat, self.template = True, None
         self.image_key, self.max_images, self.base_dir = image_key, max_images, base_dir
         self._queue: list = []
@@ -63,15 +63,6 @@ class VisionTextFormat(TextFormat):
             tensors = {k: torch.cat([p.tensors[k] for p in self._parts if k in p.tensors]) for k in keys}
             sample.vision = VisionInputs(tensors, len(values))
         return sample
-
-    def _render(self, messages: list[dict], generation_prompt: bool, where: str) -> str:
-        if not messages:
-            return ""
-        try:
-            return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-        except Exception as exc:  # jinja / transformers raise many types
-            raise DataError(f"{where}: the processor's chat template failed ({type(exc).__name__}: "
-                            f"{first_line(exc)}); fix the messages or the template") from exc
 
     def _ids(self, text: str) -> list[int]:
         """Token ids of one rendered piece; its image placeholders take the next images in order."""

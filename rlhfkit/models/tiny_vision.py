@@ -53,7 +53,12 @@ def _text_ids(tok) -> dict:
 
 
 def _qwen2_vl():
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil, Qwen2VLProcessor
+    from transformers import (
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessorPil,
+        Qwen2VLProcessor,
+    )
 
     tok = tiny_tokenizer()
     start, pad, end, video = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
@@ -73,7 +78,12 @@ def _qwen2_vl():
 
 
 def _llava():
-    from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaImageProcessorPil, LlavaProcessor
+    from transformers import (
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaImageProcessorPil,
+        LlavaProcessor,
+    )
 
     tok = tiny_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})

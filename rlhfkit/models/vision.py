@@ -252,7 +252,7 @@ def vision_sizes(config: dict, image_tokens: int | None = None) -> dict:
     hf_config = AutoConfig.for_model(config["model_type"], **fields)
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(hf_config)
-    count = lambda parts: sum(p.numel() for _, m in parts for p in m.parameters())  # noqa: E731
+    count = lambda parts: sum(p.numel() for _, m in parts for p in m.parameters())
     tower = count(vision_parts(model))
     projector = count(vision_parts(model, projector=True)) - tower
     v = hf_config.vision_config

@@ -17,7 +17,6 @@ from rlhfkit.errors import DataError
 from rlhfkit.models.tiny_vision import save_tiny_vision
 from rlhfkit.models.vision import load_processor
 
-
 # A random policy never names the colour: this reward varies within groups, so the updates move weights.
 VARIED_REWARD = """import torch
 
@@ -25,6 +24,11 @@ VARIED_REWARD = """import torch
 def reward_func(queries, prompts, labels, **kwargs):
     return torch.tensor([float(len(q) % 2) for q in queries])
 """
+
+
+def varied_reward(queries, prompts, labels, **kwargs):
+    """VARIED_REWARD as a Python callable."""
+    return torch.tensor([float(len(q) % 2) for q in queries])
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +61,7 @@ def flags(ws, out, model="vlm", data="colours/train.jsonl", **over):
 def cli(args):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "rlhfkit.cli.main", "train", "rl", *args], env=env,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
 
 
 def tower(state: dict) -> dict:
@@ -88,11 +92,9 @@ def test_api_on_a_datasets_dataset_with_trls_image_column(ws, tmp_path):
     rows = {"prompt": [QUESTION] * 8, "label": [names[i % 3] for i in range(8)],
             "image": [Image.new("RGB", (40, 40), COLOURS[names[i % 3]]) for i in range(8)]}
     ds = datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image())
-    namespace = {}
-    exec(VARIED_REWARD, namespace)
     cfg = rlhfkit.RLConfig.from_args(flags(ws, tmp_path / "api", **{"data.image_key": None, "reward.remote_url": None,
                                                                     "data.prompt_dataset": None}))
-    trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=namespace["reward_func"], train_dataset=ds)
+    trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=varied_reward, train_dataset=ds)
     start = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
     first = trainer.loop.data.prompts[0]
     assert first.vision is not None and first.vision.tensors["image_grid_thw"].tolist() == [[1, 2, 2]]

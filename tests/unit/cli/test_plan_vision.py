@@ -7,8 +7,8 @@ import json
 import pytest
 
 from rlhfkit.cli.main import main
-from rlhfkit.config import RLConfig
 from rlhfkit.cli.plan_cmd import format_memory
+from rlhfkit.config import RLConfig
 from rlhfkit.models.memory import GiB
 from rlhfkit.models.tiny_vision import save_tiny_vision, tiny_vision_model_and_processor
 from rlhfkit.models.vision import vision_parts
@@ -30,7 +30,7 @@ def test_parameters_include_the_tower_and_a_frozen_tower_has_no_gradients(tmp_pa
     tower = sum(p.numel() for _, m in vision_parts(model) for p in m.parameters())
     trained, frozen = estimate(tmp_path), estimate(tmp_path, "--actor.freeze_visual_encoder")
     assert f"{total / 1e6:.1f}M" in trained["parameters"] and f"{tower / 1e6:.2f}M params (trained)" in trained["vision"]
-    grads = lambda lines: float(lines["gradients"].split()[1])  # noqa: E731 - GiB with 3 decimals
+    grads = lambda lines: float(lines["gradients"].split()[1])
     assert grads(trained) == pytest.approx(total * 4 / GiB, abs=1e-3)
     assert grads(frozen) == pytest.approx((total - tower) * 4 / GiB, abs=1e-3)
 

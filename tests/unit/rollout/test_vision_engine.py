@@ -106,7 +106,7 @@ def test_qwen2_vl_decodes_with_its_m_rope_positions():
     engine = VisionEngine(model, processor.tokenizer)
     traj = engine.generate([ids], SamplingParams(max_new_tokens=5, temperature=1.0), seeds=[4], vision=[vision])[0]
     inputs = generate_inputs(model, ids + traj.response_ids.tolist(), vision)
-    positions, delta = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
+    _, delta = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
                                                   vision.tensors["image_grid_thw"])
     assert int(delta) == -2
     with torch.no_grad():
