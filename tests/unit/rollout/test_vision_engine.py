@@ -120,22 +120,22 @@ def test_qwen2_vl_decodes_with_its_m_rope_positions():
     assert (flat[at, targets] - traj.logprobs).abs().max() > 1e-4
 
 
-def experience(model, processor, shared_prefix: bool):
+def experience(model, processor, shared_prefix: bool, estimator: str = "group_norm"):
     engine = VisionEngine(model, processor.tokenizer)
     batch = prompts(processor)[:2]
     trajs = engine.generate([p for p, _ in batch], SamplingParams(max_new_tokens=5, temperature=1.0, n=2),
                             seeds=[5, 6], vision=[v for _, v in batch])
     batcher = MicroBatcher(processor.tokenizer.pad_token_id, 2, shared_prefix=shared_prefix)
-    maker = ExperienceMaker(model, None, None, batcher, estimator="group_norm", gamma=1.0, lam=1.0, whiten=False,
+    maker = ExperienceMaker(model, None, None, batcher, estimator=estimator, gamma=1.0, lam=1.0, whiten=False,
                             reward_clip=None, kl_estimator="k1", kl_in_reward=False, multi_step=True,
                             temperature=1.0, autocast=None)
     return maker(trajs, torch.tensor([1.0, 0.0, 0.0, 1.0]), kl_coef=0.0), batcher
 
 
-def gradients(model, processor, shared_prefix: bool) -> dict:
-    exp, batcher = experience(model, processor, shared_prefix)
+def gradients(model, processor, shared_prefix: bool, estimator: str = "group_norm", **losses) -> dict:
+    exp, batcher = experience(model, processor, shared_prefix, estimator)
     learner = Learner(model, 1e-2, total_steps=2)
-    update = PolicyUpdate(model, learner, batcher, LossSettings(max_len=5), batch_size=4, max_epochs=1,
+    update = PolicyUpdate(model, learner, batcher, LossSettings(max_len=5, **losses), batch_size=4, max_epochs=1,
                           shuffle_gen=torch.Generator().manual_seed(0), autocast=None)
     grads = {}
     hook = learner.step
@@ -176,3 +176,15 @@ def test_freeze_visual_encoder_leaves_the_tower_bit_identical_and_trains_the_res
     gradients(free, processor, shared_prefix=False)
     moved = {f"{n}.{k}": v for n, m in vision_parts(free) for k, v in m.state_dict().items()}
     assert any(not torch.equal(tower[k], moved[k]) for k in tower)  # unfrozen, the tower trains
+
+
+@pytest.mark.parametrize("estimator,losses", [
+    ("rloo", {}), ("reinforce", {}), ("reinforce_baseline", {}), ("dr_grpo", {}),
+    ("group_norm", {"is_kind": "tis"}), ("group_norm", {"decoupled": True}),
+])
+def test_critic_free_estimators_and_off_policy_corrections_train_through_the_images(estimator, losses):
+    """Each estimator's update reaches the vision tower (its gradients flow through the images)."""
+    model, processor = tiny_vision_model_and_processor("qwen2_vl", seed=0)
+    grads = gradients(model, processor, shared_prefix=False, estimator=estimator, **losses)
+    tower = [g for n, g in grads.items() if ".visual." in f".{n}"]
+    assert tower and any(g.abs().sum() > 0 for g in tower)
