@@ -198,6 +198,7 @@ def require(cond: bool, msg: str) -> None:
 # The allowed range of every numeric flag shared by `train sft|rm|dpo|kto` (see config/ranges.py).
 SUPERVISED_RANGES = validate_table({
     "data.eval_split": "[0, 1)", "data.max_len": ">= 1", "data.max_samples": ">= 1",
+    "data.max_images_per_prompt": ">= 1",
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_epochs": ">= 1", "train.max_steps": ">= 1",
     "train.lr_warmup_ratio": "[0, 1]", "train.min_lr_ratio": "[0, 1]", "train.max_norm": ">= 0",
     "train.eval_steps": "-1 or >= 1", "train.seed": SEED_RANGE, "train.num_threads": ">= 1",
