@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from rlhfkit.api import vision as V
 from rlhfkit.api.run_folder import create_run_dir, extra_writers, setup_checkpoints
 from rlhfkit.config.kd import KDConfig
 from rlhfkit.config.parse import to_dict
@@ -125,11 +126,14 @@ def set_chat_template(tokenizer, data) -> None:
 
 
 def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
-              eval_dataset: Source | None = None) -> tuple[list, list, int]:
+              eval_dataset: Source | None = None, processor=None) -> tuple[list, list, int]:
     """(train items, eval items, skipped). Train: `train_dataset`, else --data.dataset. Eval:
-    `eval_dataset`, else --data.eval_dataset, else the last --data.eval_split of the train items."""
+    `eval_dataset`, else --data.eval_dataset, else the last --data.eval_split of the train items.
+    `processor`: a vision-language model's (records carry images; api/vision.py)."""
     d = cfg.data
-    fmt = TextFormat(tokenizer, d.apply_chat_template, d.input_template)
+    source = d.dataset if train_dataset is None else train_dataset
+    fmt = (TextFormat(tokenizer, d.apply_chat_template, d.input_template) if processor is None
+           else V.supervised_format(cfg, processor, source))
     keys = {"sft": dict(input_key=d.input_key, output_key=d.output_key, reward_template=d.reward_template,
                         reward_key=d.reward_key, pretrain_mode=getattr(cfg.model, "pretrain_mode_enable", False)),
             "rm": dict(prompt_key=d.prompt_key, chosen_key=d.chosen_key,
@@ -170,7 +174,7 @@ class SupervisedTrainer:
 
     def __init__(self, cfg, algorithm, tracker: RunTracker, train_items: list, eval_items: list,
                  skipped: int = 0, checkpointer: Checkpointer | None = None,
-                 resume: tuple[Path, int] | None = None):
+                 resume: tuple[Path, int] | None = None, processor=None):
         self.cfg, self.algorithm, self.tracker = cfg, algorithm, tracker
         self.checkpointer, self.resume = checkpointer, resume
         self.state = SupervisedState(algorithm)
@@ -180,6 +184,7 @@ class SupervisedTrainer:
         self.train_items, self.eval_items = list(train_items), list(eval_items)
         self.skipped = skipped
         self.final_metrics: dict[str, float] = {}
+        self.processor = processor  # a vision-language model's (saved beside its weights), else None
 
     @classmethod
     def from_config(cls, cfg, train_dataset: Source | None = None,
@@ -202,11 +207,17 @@ class SupervisedTrainer:
         device = resolve_device(cfg.model.device, "--model.device")  # before the run folder and the model
         if train_dataset is None:
             train_source(cfg)  # a bad --data.dataset_probs fails before the model loads
+        vision_folder = V.supervised_folder(cls.kind, cfg)  # a VLM: its images are checked before anything is written
+        for source, is_eval in ((train_dataset if train_dataset is not None else cfg.data.dataset, False),
+                                (eval_dataset if eval_dataset is not None else cfg.data.eval_dataset, True)):
+            if vision_folder and source is not None:
+                V.check_supervised_data(cls.kind, cfg, source, eval=is_eval)
         run_dir = create_run_dir(Path(cfg.ckpt.output_dir), cfg.logger.tensorboard_dir, to_dict(cfg))
         checkpointer, resume = setup_checkpoints(cfg, run_dir)
         model, tokenizer, ref = build_model(cls.kind, cfg, device)
+        processor = V.processor_of(vision_folder) if vision_folder else None
         items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset,
-                                               eval_dataset)
+                                               eval_dataset, processor)
         if cfg.ckpt.keep_best and not eval_items:
             raise ConfigError(f"--ckpt.keep_best {cfg.ckpt.keep_best} judges evaluations: give --data.eval_dataset "
                               "or --data.eval_split")
@@ -218,7 +229,7 @@ class SupervisedTrainer:
         extra = {"ref": ref} if ref is not None else {}
         algorithm = cls.algorithm_class(cfg, model, tokenizer, items, eval_items, tracker=tracker,
                                         **extra)
-        return cls(cfg, algorithm, tracker, items, eval_items, skipped, checkpointer, resume)
+        return cls(cfg, algorithm, tracker, items, eval_items, skipped, checkpointer, resume, processor)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -260,7 +271,9 @@ class SupervisedTrainer:
 
     def _save(self, path: str | Path) -> tuple[Path, dict[str, float]]:
         """(the folder, metrics the saving computed for summary.json)."""
-        return self.algorithm.save(path), {}
+        folder = self.algorithm.save(path)
+        V.save_processor(self.processor, folder)
+        return folder, {}
 
 
 class SFTTrainer(SupervisedTrainer):

@@ -283,7 +283,6 @@ def test_notices_reach_the_cli(tmp_path, capsys, caplog):
     (["train", "rl", "--actor.optim", "muon"], "error: --actor.optim: rlhfkit trains with AdamW only"),
     (["train", "rl", "--prompt_data_probs", "0.5,0.5"], "error: --prompt_data_probs: rlhfkit reads one dataset"),
     (["train", "rl", "--param_dtype", "fp16"], "error: rlhfkit trains in float32 or bfloat16, not fp16"),
-    (["train", "rl", "--max_images_per_prompt", "2"], "error: --max_images_per_prompt: rlhfkit trains text-only"),
 ])
 def test_refused_flags_are_one_line_cli_errors(argv, needle, capsys):
     assert main(argv) == 2
