@@ -8,6 +8,7 @@ import torch
 
 from rlhfkit.agents.executor import SingleTurnExecutor
 from rlhfkit.api import builder
+from rlhfkit.config.plan import plan_run
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
 from rlhfkit.config.rl import ADVANTAGE_ESTIMATORS
 from rlhfkit.config.sft import SFTConfig
@@ -86,7 +87,7 @@ def rl_step(arch, estimator, coef=0.0):
     cfg = parse_config(RLConfig, argv, aliases=RL_ALIASES)
     prompts = [PromptItem(p, tok(p, add_special_tokens=False)["input_ids"], "") for p in PROMPTS]
     critic = Critic.from_causal_lm(model) if estimator == "gae" else None
-    loop = builder.build_loop(cfg, validate(cfg), model, tok, HFEngine(model, tok), reward,
+    loop = builder.build_loop(cfg, plan_run(cfg, validate(cfg), len(prompts)), model, tok, HFEngine(model, tok), reward,
                               builder.prompt_stream(cfg, prompts), SingleTurnExecutor(),
                               ref=tiny_model_and_tokenizer(seed=0, arch=arch)[0], critic=critic)
     return model, loop
