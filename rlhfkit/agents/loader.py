@@ -14,6 +14,10 @@ hf_tokenizer, llm_engine)` has that method called per sample too (execute.py, `i
 A file written for OpenRLHF works after changing its import line to
 
     from rlhfkit.agents import AgentInstanceBase, MultiTurnAgentExecutor   # or AgentExecutorBase
+
+A file that defines neither but an agent function, `async def agent(client, prompt, label, **row)`,
+runs through the OpenAI-compatible endpoint (agents/endpoint/runner.py): `client` is an
+`openai.AsyncOpenAI` pointed at the episode's own URL.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from rlhfkit.rewards.loader import import_python_file
 _EXECUTE_ARGS = ("max_steps", "max_length", "llm_engine", "hf_tokenizer", "result_queue")
 
 
-def load_agent_file(path: str | Path) -> MultiTurnExecutor | ExecuteRunner:
+def load_agent_file(path: str | Path, endpoint: dict | None = None):
     """The file's `AgentExecutor` (an instance, or an `ExecuteRunner` when rlhfkit calls its
-    `execute`), else a `MultiTurnExecutor` over its `AgentInstance`.
+    `execute`), else a `MultiTurnExecutor` over its `AgentInstance`, else an `EndpointExecutor`
+    over its `agent` function (built with the `endpoint` keyword arguments).
 
     Raises:
       RewardError: the file is missing or fails to import, defines neither class, or a class
@@ -47,9 +52,14 @@ def load_agent_file(path: str | Path) -> MultiTurnExecutor | ExecuteRunner:
     if executor_cls is not None:
         return _executor(executor_cls, path)
     instance_cls = getattr(module, "AgentInstance", None)
+    if instance_cls is None and inspect.iscoroutinefunction(getattr(module, "agent", None)):
+        from rlhfkit.agents.endpoint.runner import EndpointExecutor  # noqa: PLC0415 - needs the serve extra
+
+        return EndpointExecutor(module.agent, source=str(path), **(endpoint or {}))
     if not (inspect.isclass(instance_cls) and issubclass(instance_cls, AgentInstanceBase)):
         raise RewardError(f"agent file {path} defines no AgentInstance subclass of "
-                          "rlhfkit.agents.AgentInstanceBase (and no AgentExecutor); define one")
+                          "rlhfkit.agents.AgentInstanceBase, no AgentExecutor and no "
+                          "`async def agent(client, prompt, label, **row)`; define one")
     return MultiTurnExecutor(instance_cls, source=str(path))
 
 

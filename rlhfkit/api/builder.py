@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor, load_agent_file
+from rlhfkit.agents import SingleTurnExecutor, load_agent_file
 from rlhfkit.agents.executor import TokenBudget
 from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.agents.tools.loader import load_tools
@@ -87,12 +87,35 @@ def remote_options(r: RewardConfig) -> dict:
                 token=r.auth_token)
 
 
-def build_executor(cfg: RLConfig, tools=None,
-                   environment_factory=None) -> SingleTurnExecutor | MultiTurnExecutor | ToolExecutor:
-    """The agent of --agent.func_path (a file or builtin:NAME); tool-calling episodes with `tools`
+def endpoint_options(cfg: RLConfig) -> dict:
+    """EndpointExecutor's settings from --agent.*, --data.prompt_max_len and the response budget."""
+    g = cfg.agent
+    total = token_budget(cfg, multi_turn=True).total
+    return dict(timeout=g.timeout, max_calls=g.max_calls, tool_parser=g.tool_parser,
+                max_context=cfg.data.prompt_max_len + total)
+
+
+def agent_takes_reward_fn(executor, cfg: RLConfig) -> bool:
+    """Whether an agent-function executor gets the run's reward function (--reward.* is set): it scores
+    the episodes whose function returns None."""
+    r = cfg.reward
+    return hasattr(executor, "fallback_reward_fn") and (r.remote_url is not None or r.model_name_or_path is not None)
+
+
+def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=None):
+    """The agent of --agent.func_path (a file or builtin:NAME) or `agent` (an agent function for the
+    OpenAI-compatible endpoint, or an executor object with `run`); tool-calling episodes with `tools`
     (functions), --agent.tools or an `environment_factory` class; else single-turn generation."""
     g = cfg.agent
     path = g.func_path
+    if agent is not None:
+        if path is not None or tools is not None or g.tools is not None or environment_factory is not None:
+            raise ConfigError("agent= and --agent.func_path / tools are both set; choose one")
+        if callable(getattr(agent, "run", None)):
+            return agent
+        from rlhfkit.agents.endpoint.runner import EndpointExecutor  # noqa: PLC0415 - the serve extra
+
+        return EndpointExecutor(agent, source=getattr(agent, "__qualname__", "agent"), **endpoint_options(cfg))
     if tools is not None or g.tools is not None or environment_factory is not None:
         if path is not None:
             raise ConfigError("--agent.func_path and tools (--agent.tools or tools=) are both set; an agent file "
@@ -102,7 +125,7 @@ def build_executor(cfg: RLConfig, tools=None,
         return ToolExecutor(fns, limits, g.tool_parser, environment_factory=environment_factory)
     if path is None:
         return SingleTurnExecutor()
-    return load_agent_file(BUILTIN_AGENTS.get(path, path))
+    return load_agent_file(BUILTIN_AGENTS.get(path, path), endpoint=endpoint_options(cfg))
 
 
 def run_device(cfg: RLConfig) -> torch.device:

@@ -81,7 +81,7 @@ class RLTrainer:
     def from_config(cls, cfg: RLConfig, reward_fn: Any = None, train_dataset: Any = None, eval_dataset: Any = None,
                     *, reward_weights: Sequence[float] | None = None, callbacks: Sequence[Callable] = (),
                     make_engine: Callable | None = None, tools: Sequence[Callable] | None = None,
-                    environment_factory: Callable | None = None) -> RLTrainer | RayRLTrainer:
+                    environment_factory: Callable | None = None, agent: Any = None) -> RLTrainer | RayRLTrainer:
         """Build the run of `cfg`.
 
         reward_fn: a Python callable (OpenRLHF's `reward_func(queries, prompts, labels, **kwargs)` or
@@ -95,25 +95,29 @@ class RLTrainer:
         tools: Python functions (sync or async, with type hints and a docstring) the model may call
           in multi-turn episodes, as TRL's GRPOTrainer(tools=...); None: --agent.tools.
         environment_factory: a class (TRL's contract): one instance per episode, its public methods
-          are tools, `reset(**row)` starts it, `get_reward()` (optional) gives the episode's reward."""
+          are tools, `reset(**row)` starts it, `get_reward()` (optional) gives the episode's reward.
+        agent: an agent function `async def agent(client, prompt, label, **row)` whose `client` is an
+          `openai.AsyncOpenAI` pointed at the policy's OpenAI-compatible endpoint (docs/agents.md), or
+          an executor object; None: --agent.func_path."""
         validate(cfg)
         if cfg.distributed.backend == "ray":
             if make_engine is not None or callbacks:
                 raise ConfigError("--distributed.backend ray builds its engines and callbacks in the trainer actor; "
                                   "drop make_engine / callbacks")
-            if tools is not None or environment_factory is not None:
-                raise ConfigError("--distributed.backend ray: give tools as --agent.tools FILE:fn1,fn2 (functions "
-                                  "cannot be sent to the trainer actor here)")
+            if tools is not None or environment_factory is not None or agent is not None:
+                raise ConfigError("--distributed.backend ray: give tools as --agent.tools FILE:fn1,fn2 and agents as "
+                                  "--agent.func_path FILE (functions cannot be sent to the trainer actor here)")
             return RayRLTrainer(cfg, dict(reward_fn=reward_fn, train_dataset=train_dataset,
                                           eval_dataset=eval_dataset, reward_weights=reward_weights))
         return cls.build(cfg, reward_fn, train_dataset, eval_dataset, reward_weights=reward_weights,
                          callbacks=callbacks, make_engine=make_engine, tools=tools,
-                         environment_factory=environment_factory)
+                         environment_factory=environment_factory, agent=agent)
 
     @classmethod
     def build(cls, cfg: RLConfig, reward_fn=None, train_dataset=None, eval_dataset=None, *, reward_weights=None,
               callbacks: Sequence[Callable] = (), make_engine: Callable | None = None, pool=None,
-              tools: Sequence[Callable] | None = None, environment_factory: Callable | None = None) -> RLTrainer:
+              tools: Sequence[Callable] | None = None, environment_factory: Callable | None = None,
+              agent: Any = None) -> RLTrainer:
         """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool)."""
         # --actor.autocast auto: probe the device once, here
         cfg = builder.resolve_fsdp_dtype(builder.resolve_autocast(cfg))
@@ -124,7 +128,7 @@ class RLTrainer:
             raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "
                               "file or a datasets folder)")
         eval_dataset = eval_dataset if eval_dataset is not None else cfg.eval.dataset
-        if eval_dataset is not None and (cfg.agent.func_path or cfg.agent.tools or tools or environment_factory):
+        if eval_dataset is not None and (cfg.agent.func_path or cfg.agent.tools or tools or environment_factory or agent):
             raise ConfigError("--eval.dataset is single-turn greedy evaluation; it does not run agents or tools yet "
                               "(drop --eval.dataset, or --agent.func_path / --agent.tools)")
         if cfg.train.num_threads:
@@ -134,13 +138,15 @@ class RLTrainer:
         device = builder.run_device(cfg)  # a CUDA device that is not there fails here, before models load
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
         run_dir = run_folder.prepare_run_dir(cfg, rank)
-        executor = builder.build_executor(cfg, tools, environment_factory)
+        executor = builder.build_executor(cfg, tools, environment_factory, agent)
         if reward_fn is not None:
             reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
                                        remote_options=builder.remote_options(cfg.reward))
-        elif not executor.provides_rewards:  # an agent's step() gives the rewards
+        elif not executor.provides_rewards or builder.agent_takes_reward_fn(executor, cfg):
             reward_fn = builder.load_reward(cfg.reward, cfg.train.micro_batch_size, device,
                                                   cfg.algo.advantage.estimator)
+        if reward_fn is not None and hasattr(executor, "fallback_reward_fn"):
+            executor.fallback_reward_fn = reward_fn  # scores the episodes whose agent function returns None
         policy, tokenizer, ref, critic = builder.build_models(cfg, device)
         teacher = builder.build_teacher(cfg, tokenizer, device)
         state_fn = builder.shard_for_fsdp(cfg, policy, ref, critic, world) if cfg.fsdp.enable else None

@@ -334,3 +334,8 @@ class AgentConfig:
     """Seconds a tool call may take before its result is an error."""
     tool_result_tokens: int = 256
     """Most tokens of one tool result (longer results are cut)."""
+    timeout: float = 300.0
+    """Seconds one episode of an agent function (`async def agent(client, prompt, label, **row)`)
+    may run; past it the episode is cancelled and dropped from the batch."""
+    max_calls: int = 64
+    """Most OpenAI-API calls one episode of an agent function may make (more get HTTP 429)."""

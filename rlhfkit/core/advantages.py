@@ -233,6 +233,33 @@ def group_baseline(scores: torch.Tensor, group_ids: torch.Tensor | None, method:
     return shape(_as_float(scores), group_ids)
 
 
+def episode_baseline(scores: torch.Tensor, group_ids: torch.Tensor | None, episode_ids: torch.Tensor | None,
+                     method: str) -> torch.Tensor:
+    """``group_baseline`` with each episode counted once: the baseline is computed over the first
+    row of every episode id and each row gets its episode's shaped score (the first row's reward
+    stands for the episode; its segments carry the same one unless per-row shaping such as an
+    overlong penalty changed them). ``episode_ids`` None: ``group_baseline`` itself.
+
+    Args:
+        scores: ``[B]`` scalar rewards.
+        group_ids: ``[B]`` group label per sample (may be None for ``none``).
+        episode_ids: ``[B]`` episode label per sample, or None.
+        method: one of ``GROUP_BASELINES``.
+
+    Returns:
+        ``[B]`` shaped scores (float).
+    """
+    if episode_ids is None:
+        return group_baseline(scores, group_ids, method)
+    if episode_ids.shape != scores.shape:
+        raise ValueError(f"episode_ids shape {tuple(episode_ids.shape)} != scores shape {tuple(scores.shape)}")
+    _, inverse = torch.unique(episode_ids, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), scores.numel(), dtype=torch.long)
+    first = first.scatter_reduce(0, inverse, torch.arange(scores.numel()), reduce="amin")
+    shaped = group_baseline(scores[first], None if group_ids is None else group_ids[first], method)
+    return shaped[inverse]
+
+
 # ---------------------------------------------------------------- the entry point
 
 @dataclass(frozen=True, kw_only=True)
@@ -326,6 +353,7 @@ def compute_advantages(
     whiten: Whiten | str | bool = Whiten.TRUE,
     reward_clip: tuple[float, float] | None = None,
     dense_rewards: torch.Tensor | None = None,
+    episode_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns for one batch, as OpenRLHF's experience maker computes them.
 
@@ -368,6 +396,10 @@ def compute_advantages(
         whiten: a ``Whiten`` (or its value; True and False stand for TRUE and FALSE).
         reward_clip: ``(low, high)`` bounds for the shaped scalar reward, or None.
         dense_rewards: ``[B, T]`` per-token rewards added at action tokens, or None.
+        episode_ids: ``[B]`` long: rows with the same id are segments of one episode (an agent
+            that rewrote its history) and share its reward; the group baseline counts each
+            episode once (its first row), and every segment gets the episode's shaped reward.
+            None: every row is its own episode.
 
     Returns:
         ``(advantages [B, T], returns [B, T])``, float, detached.
@@ -380,7 +412,7 @@ def compute_advantages(
     gamma = 1.0 if spec.force_gamma_one else gamma
 
     with torch.no_grad():
-        shaped = group_baseline(rewards, group_ids, spec.baseline)
+        shaped = episode_baseline(rewards, group_ids, episode_ids, spec.baseline)
         if reward_clip is not None:
             shaped = shaped.clamp(min=reward_clip[0], max=reward_clip[1])
         per_token = token_rewards(shaped, kl, kl_coef, loss_mask, dense_rewards)

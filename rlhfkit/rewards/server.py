@@ -32,7 +32,7 @@ def make_app(reward_fn: RewardFn, token: str | None = None, max_request_bytes: i
     @app.post("/get_reward")
     async def get_reward(request: Request) -> dict:
         _check_token(request, token)
-        body = await _read_limited(request, max_request_bytes)
+        body = await read_limited(request, max_request_bytes)
         queries, prompts, labels = _parse(body)
         try:
             out = await run_in_threadpool(reward_fn, queries, prompts, labels)
@@ -52,7 +52,7 @@ def _check_token(request: Request, token: str | None) -> None:
         raise HTTPException(status_code=401, detail="missing or wrong bearer token")
 
 
-async def _read_limited(request: Request, limit: int) -> bytes:
+async def read_limited(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPException(status_code=413, detail=f"request body over {limit} bytes")

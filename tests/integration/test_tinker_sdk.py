@@ -110,9 +110,9 @@ def rl_datum(prompt, seq, advantage):
 
 def test_rl_loop_reward_rises_and_sampled_logprobs_equal_forward(server):
     tc = server.client().create_lora_training_client(base_model=NAME, rank=8, seed=1).result()
-    params = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=0)
     rewards = []
-    for step in range(10):
+    for step in range(14):
+        params = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=step)
         sc = tc.save_weights_and_get_sampling_client(f"step{step}")
         seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=8, sampling_params=params).result().sequences
         r = np.array([np.mean(np.asarray(s.tokens) < LOW) for s in seqs])
@@ -284,3 +284,36 @@ def test_gspo_and_dro_through_the_sdk(server):
     assert out.metrics["loss:sum"] == pytest.approx(want, rel=1e-3)
     with pytest.raises(Exception, match="sequence_ratio_mask"):
         tc.forward_backward([d], "gspo").result()
+
+
+def test_concurrent_sample_requests_share_one_engine_call_and_keep_their_answers(server, monkeypatch):
+    import asyncio
+
+    calls = []
+    original = server.host.sample
+
+    def counted(session, prompts, *args):
+        calls.append(len(prompts))
+        time.sleep(0.3)  # keep the worker busy so that the next requests queue behind this one
+        return original(session, prompts, *args)
+
+    monkeypatch.setattr(server.host, "sample", counted)
+    sc = server.client().create_sampling_client(base_model=NAME)
+    prompts = [PROMPT, [3, 20, 21], [3, 30, 31, 32, 33], [3, 40]]
+
+    def params(i):
+        return tinker.types.SamplingParams(max_tokens=5, temperature=1.0, seed=100 + i)
+
+    async def together():
+        return await asyncio.gather(*[sc.sample_async(tinker.types.ModelInput.from_ints(p), num_samples=2,
+                                                      sampling_params=params(i)) for i, p in enumerate(prompts)])
+
+    batched = asyncio.run(together())
+    assert sum(calls) == len(prompts) and len(calls) < len(prompts), calls  # some requests ran in one call
+    calls.clear()
+    for i, p in enumerate(prompts):
+        alone = sc.sample(tinker.types.ModelInput.from_ints(p), num_samples=2, sampling_params=params(i)).result()
+        assert [s.tokens for s in alone.sequences] == [s.tokens for s in batched[i].sequences]
+        for a, b in zip(alone.sequences, batched[i].sequences):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert calls == [1] * len(prompts)

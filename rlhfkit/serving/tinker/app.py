@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field as dataclass_field
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -70,6 +72,68 @@ class Futures:
         return JSONResponse(result)
 
 
+@dataclass
+class SampleRequest:
+    session: str
+    prompt: list[int]
+    n: int
+    params: dict
+    prompt_logprobs: bool
+    result: Future = dataclass_field(default_factory=Future)
+
+    def key(self) -> tuple:
+        """Requests with the same key run in one engine call: same sampler, n and parameters but the seed."""
+        return self.session, self.n, json.dumps({k: v for k, v in self.params.items() if k != "seed"}, sort_keys=True)
+
+
+class SampleBatcher:
+    """Sample requests waiting for the worker. The first of them to run takes every waiting request
+    with its key (at most `max_prompts`) into one `ModelHost.sample` call, the prompts batched in the
+    engine; the others' jobs then find their answer ready. A request whose prompt is invalid fails
+    alone; each prompt's samples depend only on it and its seed, so batching changes no answer."""
+
+    def __init__(self, host: ModelHost, max_prompts: int = 64) -> None:
+        self.host, self.max_prompts = host, max_prompts
+        self.pending: list[SampleRequest] = []
+        self.lock = threading.Lock()
+
+    def submit(self, request: SampleRequest) -> Callable[[], bytes]:
+        with self.lock:
+            self.pending.append(request)
+
+        def run() -> bytes:
+            if not request.result.done():
+                self._run(request)
+            return request.result.result()
+        return run
+
+    def _run(self, first: SampleRequest) -> None:
+        with self.lock:
+            batch = [r for r in self.pending if r.key() == first.key()][:self.max_prompts]
+            if first not in batch:
+                batch = [first] + batch[:-1]
+            for r in batch:
+                self.pending.remove(r)
+        valid = []
+        for r in batch:
+            try:
+                self.host.check_prompt(r.prompt)
+                valid.append(r)
+            except Exception as exc:  # noqa: BLE001 - handed to that request's future
+                r.result.set_exception(exc)
+        if not valid:
+            return
+        try:
+            outs = self.host.sample(first.session, [r.prompt for r in valid], first.n, first.params,
+                                    [r.params.get("seed") for r in valid], [r.prompt_logprobs for r in valid])
+        except Exception as exc:  # noqa: BLE001 - the same session and parameters: every request fails alike
+            for r in valid:
+                r.result.set_exception(exc)
+            return
+        for r, (seqs, prompt_lp) in zip(valid, outs):
+            r.result.set_result(sample_response(seqs, prompt_lp))
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -104,6 +168,7 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
     """The server's FastAPI app over `host` (see the module docstring)."""
     app = FastAPI(title="rlhfkit Tinker server")
     futures = Futures()
+    batcher = SampleBatcher(host)
     sessions: set[str] = set()
     app.state.futures = futures
 
@@ -269,10 +334,7 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
         if not 1 <= n <= 256:
             raise HTTPException(422, f"num_samples {n}: give 1..256")
 
-        def run():
-            seqs, prompt_lp = host.sample(session, prompt, n, params, params.get("seed"),
-                                          bool(req.get("prompt_logprobs")))
-            return sample_response(seqs, prompt_lp)
+        run = batcher.submit(SampleRequest(session, prompt, n, params, bool(req.get("prompt_logprobs"))))
         return futures.submit(run, sample_sequence_ids=[uuid.uuid4().hex for _ in range(n)])
 
     @app.post("/api/v1/retrieve_future")

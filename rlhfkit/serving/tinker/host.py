@@ -288,26 +288,32 @@ class ModelHost:
         self.peft.set_adapter(name)
         return self.peft
 
-    def sample(self, session: str, prompt: list[int], n: int, params: dict, seed: int | None,
-               prompt_logprobs: bool) -> tuple[list[Sequence], list[float] | None]:
+    def check_prompt(self, prompt: list[int]) -> None:
         vocab = self.base.get_input_embeddings().num_embeddings
         if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
             raise DataError(f"prompt: needs at least one token, each in [0, {vocab})")
+
+    def sample(self, session: str, prompts: list[list[int]], n: int, params: dict, seeds: list[int | None],
+               prompt_logprobs: list[bool]) -> list[tuple[list[Sequence], list[float] | None]]:
+        """`n` samples of each prompt with the session's weights, in one engine call: prompt i's
+        samples depend only on it, the weights and seeds[i] (a random seed where None), so a
+        request gives the same answer alone or batched with others."""
+        for prompt in prompts:
+            self.check_prompt(prompt)
         module = self._sampling_module(session)
         off = self.samplers[session] is None and self.peft is not None  # the base under the adapters
         stop_ids, stop_texts = self._stops(params.get("stop"))
         sp = SamplingParams(max_new_tokens=int(params.get("max_tokens") or 16),
                             temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
                             top_k=int(params.get("top_k", -1)), n=n, stop_token_ids=stop_ids)
-        generator = torch.Generator(device=self.device).manual_seed(
-            seed if seed is not None else int(uuid.uuid4().int % (1 << 62)))
+        seeds = [seed if seed is not None else int(uuid.uuid4().int % (1 << 62)) for seed in seeds]
         with module.disable_adapter() if off else contextlib.nullcontext():
             trajs = [cut_at_stop_strings(t, stop_texts, self.tokenizer)
-                     for t in HFEngine(module, self.tokenizer).generate([prompt], sp, generator=generator)]
-            prompt_lp = self._prompt_logprobs(module, prompt) if prompt_logprobs else None
+                     for t in HFEngine(module, self.tokenizer).generate(prompts, sp, seeds=seeds)]
+            prompt_lps = [self._prompt_logprobs(module, p) if want else None for p, want in zip(prompts, prompt_logprobs)]
         seqs = [Sequence(t.response_ids.tolist(), t.logprobs.tolist(), "length" if t.truncated else "stop")
                 for t in trajs]
-        return seqs, prompt_lp
+        return [(seqs[i * n:(i + 1) * n], lp) for i, lp in enumerate(prompt_lps)]
 
     def _prompt_logprobs(self, module: torch.nn.Module, prompt: list[int]) -> list[float]:
         """NaN for the first token (nothing before it), then log p(prompt[i] | prompt[:i])."""

@@ -125,6 +125,7 @@ def make_experience(
     chunks: Sequence[torch.Tensor],
     layout: Layout = select_rows,
     token_rewards: torch.Tensor | None = None,
+    episode_ids: torch.Tensor | None = None,
 ) -> Experience:
     """Compute the experience of one rollout batch.
 
@@ -132,7 +133,8 @@ def make_experience(
     update will do (a single optimizer step per rollout batch and no KL in the reward); the
     loss then uses the current logprobs, detached, as the old ones. The three forwards share
     their micro-batches (`chunks` of row indices, laid out by `layout`). `token_rewards` [N, R]:
-    per-token rewards added to the scalar's (core.compute_advantages' dense_rewards).
+    per-token rewards added to the scalar's (core.compute_advantages' dense_rewards). `episode_ids` [N]:
+    segments of one agent episode share its advantage (core.compute_advantages).
     """
     passes = forward_passes({"old": policy_logp, "ref": ref_logp, "values": values}, batch, chunks, layout)
     old, ref, vals = passes["old"], passes["ref"], passes["values"]
@@ -152,8 +154,21 @@ def make_experience(
         whiten=whiten,
         reward_clip=reward_clip,
         dense_rewards=token_rewards,
+        episode_ids=episode_ids,
     )
     return Experience(batch, group_ids, rewards, advantages, returns, old, ref, vals, kl, token_rewards=token_rewards)
+
+
+def episode_ids(trajs: list[Trajectory]) -> torch.Tensor | None:
+    """[N] episode of each trajectory when some are segments of one agent episode (info["episode"],
+    set by the endpoint's agent runner; rows without one are their own), else None."""
+    if not any("episode" in t.info for t in trajs):
+        return None
+    out, seen = [], {}
+    for t in trajs:
+        key = ("episode", t.info["episode"]) if "episode" in t.info else ("row", len(out))
+        out.append(seen.setdefault(key, len(seen)))
+    return torch.tensor(out, dtype=torch.long)
 
 
 class ExperienceMaker:
@@ -204,7 +219,7 @@ class ExperienceMaker:
                 ref_logp=self.ref_logp if self.ref is not None and kl_coef > 0 else None,
                 values=self.values if self.critic is not None else None,
                 chunks=self.batcher.cut(batch, group_ids, torch.arange(len(trajs))), layout=self.batcher.layout(batch),
-                token_rewards=token_rewards,
+                token_rewards=token_rewards, episode_ids=episode_ids(trajs),
             )
         per_token = [t.versions if t.versions is not None else torch.full((t.response_length,), t.version)
                      for t in trajs]

@@ -1,0 +1,183 @@
+"""One chat or text completion, from the request body to the reply, token-in token-out.
+
+The prompt's token ids: a chat request that continues an earlier call of its episode (the same
+messages, then the reply the endpoint gave, then new messages) gets that call's prompt ids + the
+ids the engine sampled + the tokens the chat template puts after an assistant turn for the new
+messages (`ToolTemplate.delta`): the sampled tokens are never re-tokenized, and the episode stays
+one trajectory. Any other chat request is rendered through the chat template (with its `tools`)
+and tokenized. A text prompt that starts with an earlier prompt + its sampled text likewise reuses
+those ids; a prompt given as token ids is used as it is.
+
+Sampling: with `honor_sampling` False (training) the run's temperature, top_p and top_k are used
+whatever the request asks, so the recorded logprobs are the ones the trainer computes; `n`,
+`max_tokens` (within the budgets) and `stop` are the request's. `stop` strings cut the sampled
+tokens after the token that completes the string (rollout/stops.py); the reply's text stops before it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlhfkit.agents.endpoint.episodes import Episode, Registry, Turn, room
+from rlhfkit.agents.endpoint.segments import Call
+from rlhfkit.agents.endpoint.wire import (
+    BadRequest,
+    Choice,
+    Sampling,
+    completion_body,
+    normal,
+    sampling,
+    template_messages,
+    tool_call_entries,
+)
+from rlhfkit.agents.tools.render import ToolTemplate
+from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
+from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.stops import stop_position
+
+Generate = Callable[[list[int], SamplingParams, int, object], Awaitable[list[Trajectory]]]
+
+
+@dataclass
+class Settings:
+    """What the endpoint samples with: the run's `params` (temperature, top_p, top_k, stop ids),
+    whether a request's own temperature/top_p/top_k win (`honor_sampling`), the tool-call parser and
+    the model name replies carry."""
+
+    params: SamplingParams
+    honor_sampling: bool = False
+    tool_parser: str | None = None
+    model_name: str = "policy"
+
+
+class Completions:
+    """Serves chat and text completions for episodes over `generate(ids, params, seed, episode)`."""
+
+    def __init__(self, tokenizer, settings: Settings, registry: Registry, generate: Generate):
+        self.tokenizer, self.settings, self.registry, self.generate = tokenizer, settings, registry, generate
+        self._templates: dict[str, ToolTemplate] = {}
+
+    def template(self, tools: Any) -> ToolTemplate:
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise BadRequest("tools: give a list of {type: function, function: {...}} objects")
+        key = json.dumps(tools or [], sort_keys=True)
+        if key not in self._templates:
+            self._templates[key] = ToolTemplate(self.tokenizer, tools or (), self.settings.tool_parser)
+        return self._templates[key]
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # ------------------------------------------------------------------ chat
+    async def chat(self, e: Episode, body: dict) -> dict:
+        ask = sampling(body, chat=True)
+        messages = template_messages(body.get("messages"))
+        tt = self.template(body.get("tools"))
+        normed = [normal(m) for m in messages]
+        ids = self.continued(e, tt, messages, normed) or tt.prompt_ids(messages)
+        parse = bool(body.get("tools")) and body.get("tool_choice") != "none"
+        samples = await self.sample(e, ids, ask)
+        choices = [self.choice(tokens, lps, finish, ask, tt if parse else None) for tokens, lps, finish, _ in samples]
+        replies = [normal({"role": "assistant", "content": c.text, "tool_calls": [
+            {"function": {"name": t["function"]["name"], "arguments": json.loads(t["function"]["arguments"])}}
+            for t in c.tool_calls or ()]}) for c in choices]
+        turn = Turn(normed, replies, ids, [c.token_ids for c in choices],
+                    [c.finish_reason != FINISH_LENGTH and self.ends_on_stop_id(c.token_ids) for c in choices])
+        self.keep(e, ids, choices, [s[3] for s in samples], turn=turn)
+        return completion_body(True, self.settings.model_name, ids, choices, ask.logprobs)
+
+    def continued(self, e: Episode, tt: ToolTemplate, messages: list[dict], normed: list[tuple]) -> list[int] | None:
+        """The prompt ids of a request that continues one of the episode's earlier chat calls, else None."""
+        for turn in reversed(e.turns):
+            k = len(turn.messages)
+            if len(normed) <= k + 1 or normed[:k] != turn.messages:
+                continue
+            for c, reply in enumerate(turn.replies):
+                if normed[k] == reply:
+                    sampled = turn.sampled[c]
+                    return turn.prompt_ids + sampled + tt.delta(sampled, turn.stopped[c], messages[k + 1:])
+        return None
+
+    def ends_on_stop_id(self, ids: list[int]) -> bool:
+        stops = set(self.settings.params.stop_token_ids) | {self.tokenizer.eos_token_id}
+        return bool(ids) and ids[-1] in stops
+
+    # ------------------------------------------------------------------ text
+    async def text(self, e: Episode, body: dict) -> dict:
+        ask = sampling(body, chat=False)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str) and prompt:
+            ids = self.text_ids(e, prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            if not all(0 <= t < len(self.tokenizer) for t in prompt):
+                raise BadRequest(f"prompt: token ids must be in [0, {len(self.tokenizer)})")
+            ids = list(prompt)
+        else:
+            raise BadRequest("prompt: give one non-empty string or one list of token ids")
+        samples = await self.sample(e, ids, ask)
+        choices = [self.choice(tokens, lps, finish, ask, None) for tokens, lps, finish, _ in samples]
+        prefix = self.tokenizer.decode(ids, skip_special_tokens=False)
+        texts = [(prefix + self.tokenizer.decode(c.token_ids, skip_special_tokens=False), ids + c.token_ids)
+                 for c in choices]
+        self.keep(e, ids, choices, [s[3] for s in samples], texts=texts)
+        return completion_body(False, self.settings.model_name, ids, choices, ask.logprobs)
+
+    def text_ids(self, e: Episode, prompt: str) -> list[int]:
+        best: tuple[str, list[int]] | None = None
+        for text, ids in e.texts:
+            if prompt.startswith(text) and (best is None or len(text) > len(best[0])):
+                best = (text, ids)
+        if best is None:
+            return self.encode(prompt)
+        rest = prompt[len(best[0]):]
+        return best[1] + (self.encode(rest) if rest else [])
+
+    # ------------------------------------------------------------------ sampling and recording
+    async def sample(self, e: Episode, ids: list[int], ask: Sampling) -> list[tuple[list[int], list[float], str, int]]:
+        """(tokens, logprobs, finish reason, version) of each of the `ask.n` samples."""
+        new = room(e, len(ids), ask.max_tokens, self.registry)
+        run = self.settings.params
+        own = self.settings.honor_sampling
+        params = SamplingParams(
+            max_new_tokens=new, n=ask.n, stop_token_ids=run.stop_token_ids,
+            temperature=ask.temperature if own and ask.temperature is not None else run.temperature,
+            top_p=ask.top_p if own and ask.top_p is not None else run.top_p,
+            top_k=ask.top_k if own and ask.top_k is not None else run.top_k)
+        trajs = await self.generate(ids, params, e.next_seed(), e)
+        out = []
+        for t in trajs:
+            tokens, lps, finish = t.response_ids.tolist(), t.logprobs.tolist(), t.finish_reason
+            k = stop_position(tokens, ask.stop, self.tokenizer)
+            if k is not None:
+                tokens, lps, finish = tokens[:k], lps[:k], FINISH_STOP
+            out.append((tokens, lps, finish, t.version))
+        return out
+
+    def choice(self, tokens: list[int], lps: list[float], finish: str, ask: Sampling,
+               tt: ToolTemplate | None) -> Choice:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        for s in ask.stop:
+            if s in text:
+                text = text[: text.index(s)]
+        calls = None
+        if tt is not None:
+            content, parsed, _errors = tt.parse(tokens)
+            if parsed:
+                text, calls = content, tool_call_entries(parsed)
+        pieces = [self.tokenizer.decode([t], skip_special_tokens=False) for t in tokens] if ask.logprobs else []
+        reason = "tool_calls" if calls else finish
+        return Choice(text, tokens, lps, pieces, reason, calls)
+
+    def keep(self, e: Episode, ids: list[int], choices: list[Choice], versions: list[int], turn: Turn | None = None,
+             texts: list[tuple[str, list[int]]] | None = None) -> None:
+        calls = [Call(list(ids), c.token_ids, c.logprobs, v, FINISH_LENGTH if c.finish_reason == FINISH_LENGTH
+                      else FINISH_STOP) for c, v in zip(choices, versions)]
+        if not self.registry.record(e, calls, turn, texts):
+            raise self.registry.refuse(e, 410, "refused_ended", f"episode {e.id} ended while its call was sampled; "
+                                       "nothing of it was kept")
+

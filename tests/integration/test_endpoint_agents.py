@@ -1,0 +1,78 @@
+"""Agents written against the OpenAI API train through rlhfkit's endpoint on the tiny model: an
+`openai`-SDK agent file through `rlhfkit train rl --agent.func_path` (its reward rises, every
+episode is one trajectory with the agent's feedback masked), and an agent function through the
+Python API (RLTrainer.from_config(cfg, agent=fn)) with the reward left to the reward function."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytest.importorskip("openai")
+
+from rlhfkit.api.rl import RLTrainer  # noqa: E402
+from rlhfkit.cli.main import main  # noqa: E402
+from rlhfkit.config import RLConfig  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def ws(tiny_ws):
+    return tiny_ws("endpoint", [{"q": f"x{i % 10}y{i // 10}", "a": "7"} for i in range(64)], sevens=True)
+
+
+def flags(ws, out, **over):
+    f = {"actor.model_name_or_path": str(ws / "tiny"), "data.prompt_dataset": str(ws / "prompts.jsonl"),
+         "data.input_key": "q", "data.label_key": "a", "agent.func_path": str(FIXTURES / "openai_sdk_agent.py"),
+         "agent.max_turns": "2", "rollout.batch_size": "8", "rollout.n_samples_per_prompt": "4",
+         "rollout.max_new_tokens": "6", "agent.max_response_tokens": "60", "train.batch_size": "32",
+         "train.micro_batch_size": "16", "train.max_steps": "10", "train.num_episodes": "3",
+         "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant", "actor.autocast": "none",
+         "logger.progress_bar": "false", "train.num_threads": "1", "ckpt.output_dir": str(out)}
+    f.update(over)
+    return [x for k, v in f.items() for x in (f"--{k}", v)]
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_an_openai_sdk_agent_file_trains_through_the_cli_and_its_reward_rises(ws, tmp_path):
+    assert main(["train", "rl", *flags(ws, tmp_path)]) == 0
+    ms = [m for m in metrics(tmp_path) if "reward" in m]
+    assert len(ms) == 10 and (tmp_path / "final" / "model.safetensors").exists()
+    for m in ms:
+        assert m["endpoint/calls"] == 64 and m["endpoint/splits"] == 0  # 32 episodes x 2 calls, one trajectory each
+        assert m["reward"] == pytest.approx(m["reward_extra/sevens"] / 12, abs=1e-5)
+    rewards = [m["reward"] for m in ms]
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last > first + 0.2, f"reward {first:.3f} -> {last:.3f}"
+
+
+async def no_reward(client, prompt, label, **row):
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": prompt}])
+
+
+def test_an_agent_function_through_the_python_api_with_the_reward_functions_reward(ws, tmp_path):
+    argv = flags(ws, tmp_path, **{"train.max_steps": "2", "reward.remote_url": str(ws / "reward.py")})
+    i = argv.index("--agent.func_path")
+    del argv[i:i + 2]
+    trainer = RLTrainer.from_config(RLConfig.from_args(argv), agent=no_reward)
+    seen, generate = [], trainer.loop.source.generate
+
+    def spy(batch, upcoming=None):
+        trajs = generate(batch, upcoming)
+        seen.extend(trajs)
+        return trajs
+
+    trainer.loop.source.generate = spy
+    trainer.train()
+    ms = [m for m in metrics(tmp_path) if "reward" in m]
+    assert len(ms) == 2 and all(m["endpoint/calls"] == 32 for m in ms)
+    tok = trainer.tokenizer
+    for t in seen:  # the reward file's share of "7"s of the recorded reply, not of re-tokenized text
+        reply = tok.decode(t.response_ids.tolist(), skip_special_tokens=True)
+        assert t.info["agent_reward"] == pytest.approx(reply.count("7") / 8.0, abs=1e-6)

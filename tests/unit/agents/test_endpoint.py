@@ -1,0 +1,189 @@
+"""The OpenAI-compatible endpoint with the official `openai` SDK on the tiny model: chat and text
+completions, streaming, logprobs, n, stop, concurrent episodes batched into one engine call; the
+recorded ids are the engine's sampled ids (the same seed replayed) and the logprobs equal the
+trainer's forward; the runner turns a kept history into one trajectory and a rewritten one into
+segments. Hostile agents are in test_endpoint_hostile.py."""
+
+import asyncio
+
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+
+from rlhfkit.agents.endpoint import (
+    EndpointExecutor,
+    EndpointLimits,
+    EndpointServer,
+    Settings,
+)
+from rlhfkit.agents.executor import TokenBudget
+from rlhfkit.data.batch import collate
+from rlhfkit.models import response_logprobs, tiny_model_and_tokenizer
+from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.hf import HFEngine
+
+PARAMS = SamplingParams(max_new_tokens=6, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tok = tiny_model_and_tokenizer(seed=3)
+    return model, tok
+
+
+class CountingEngine(HFEngine):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.calls = []
+
+    def generate(self, prompts, params, generator=None, group_ids=None, seeds=None):
+        self.calls.append(len(prompts))
+        return super().generate(prompts, params, generator, group_ids, seeds)
+
+
+class P:
+    def __init__(self, tok, text, label=None, record=None):
+        self.text, self.raw, self.label, self.record = text, text, label, record or {}
+        self.ids = tok(text, add_special_tokens=False)["input_ids"]
+
+
+def serve(tok, engine, **kw):
+    server = EndpointServer(tok, Settings(PARAMS), **kw).start()
+    server.engine = engine
+    return server
+
+
+def client_of(server, e):
+    return openai.AsyncOpenAI(base_url=server.url(e), api_key=e.key, max_retries=0)
+
+
+def replay_seed(seed: int, k: int) -> int:
+    gen = torch.Generator().manual_seed(seed)
+    return [int(torch.randint(0, 2**62, (1,), generator=gen)) for _ in range(k + 1)][k]
+
+
+def test_chat_records_the_engines_own_samples_and_the_trainers_logprobs(tiny):
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    with serve(tok, engine) as server:
+        e = server.open_episode(0, seed=11, limits=EndpointLimits(per_call=6, total=40))
+
+        async def talk():
+            async with client_of(server, e) as c:
+                msgs = [{"role": "user", "content": "2+2?"}]
+                r = await c.chat.completions.create(model="policy", messages=msgs, logprobs=True, n=2)
+                msgs.append({"role": "assistant", "content": r.choices[1].message.content})
+                msgs.append({"role": "user", "content": "sure?"})
+                r2 = await c.chat.completions.create(model="policy", messages=msgs, max_tokens=3)
+                return r, r2
+
+        r, r2 = asyncio.run(talk())
+        calls = server.close_episode(e.id).calls
+    assert len(calls) == 3 and len(r.choices) == 2
+    prompt = tok.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True)
+    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    assert calls[0].prompt_ids == prompt_ids == r.model_extra["prompt_token_ids"]
+    # the engine's samples: the same call replayed with the episode's first seed
+    again = engine.generate([prompt_ids], SamplingParams(max_new_tokens=6, n=2), seeds=[replay_seed(11, 0)])
+    for j in range(2):
+        assert calls[j].sampled_ids == again[j].response_ids.tolist() == r.choices[j].model_extra["token_ids"]
+        assert r.choices[j].message.content == tok.decode(calls[j].sampled_ids, skip_special_tokens=True)
+        lps = [x.logprob for x in r.choices[j].logprobs.content]
+        torch.testing.assert_close(torch.tensor(lps), again[j].logprobs, atol=1e-6, rtol=0)
+    # the second call continues choice 1 token for token: its prompt = call 1's prompt + sampled ids + feedback
+    assert calls[2].prompt_ids[:len(prompt_ids) + len(calls[1].sampled_ids)] == prompt_ids + calls[1].sampled_ids
+    assert len(calls[2].sampled_ids) <= 3
+    # logprobs equal the trainer's forward over the recorded ids
+    from rlhfkit.agents.endpoint import stitch
+    trajs = stitch(calls[1:], 0, 0, {}).trajectories
+    assert len(trajs) == 1
+    batch = collate(trajs, pad_id=tok.pad_token_id)
+    logp, _ = response_logprobs(model, batch, temperature=1.0)
+    torch.testing.assert_close(trajs[0].logprobs[trajs[0].loss_mask], logp[0][batch.loss_mask[0]], atol=1e-4, rtol=0)
+
+
+def test_text_completions_stream_stop_and_token_id_prompts(tiny):
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    with serve(tok, engine) as server:
+        e = server.open_episode(0, seed=5, limits=EndpointLimits(per_call=6, total=60))
+        twin = server.open_episode(1, seed=5, limits=EndpointLimits(per_call=6, total=60))  # the same seed
+
+        async def talk():
+            async with client_of(server, e) as c, client_of(server, twin) as c2:
+                whole = await c.completions.create(model="policy", prompt="ab", max_tokens=6, logprobs=1)
+                chunks = [ch async for ch in await c.completions.create(model="policy", prompt=[5, 6, 7], max_tokens=6,
+                                                                        stream=True)]
+                stop_at = whole.choices[0].text[1:3]
+                cut = await c2.completions.create(model="policy", prompt="ab", max_tokens=6, stop=[stop_at])
+                return whole, chunks, cut, stop_at
+
+        whole, chunks, cut, stop_at = asyncio.run(talk())
+        calls = server.close_episode(e.id).calls + server.close_episode(twin.id).calls
+    assert whole.choices[0].logprobs.tokens == [tok.decode([t]) for t in calls[0].sampled_ids]
+    torch.testing.assert_close(torch.tensor(whole.choices[0].logprobs.token_logprobs), torch.tensor(calls[0].logprobs))
+    assert calls[1].prompt_ids == [5, 6, 7]
+    streamed = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert streamed == tok.decode(calls[1].sampled_ids, skip_special_tokens=True)
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] in ("stop", "length")
+    # stop: the reply stops before the string; the recorded tokens end with the one completing it
+    assert len(stop_at) == 2 and cut.choices[0].text == whole.choices[0].text[:1]
+    assert cut.choices[0].finish_reason == "stop"
+    assert stop_at in tok.decode(calls[2].sampled_ids) and stop_at not in tok.decode(calls[2].sampled_ids[:-1])
+
+
+def test_concurrent_episodes_are_batched_into_one_engine_call(tiny):
+    model, tok = tiny
+    engine = CountingEngine(model, tok)
+    with serve(tok, engine, batch_window=5.0) as server:
+        eps = [server.open_episode(i, seed=i, limits=EndpointLimits(per_call=4, total=8)) for i in range(4)]
+
+        async def one(e):
+            async with client_of(server, e) as c:
+                await c.chat.completions.create(model="p", messages=[{"role": "user", "content": f"q{e.group_id}"}])
+
+        async def all_():
+            await asyncio.gather(*(one(e) for e in eps))
+
+        asyncio.run(all_())
+        # every open episode asked: generated at once, not after the 5 s window
+        assert engine.calls == [4]
+        alone = [server.close_episode(e.id).calls[0] for e in eps]
+    for i, call in enumerate(alone):  # a sample does not depend on the batch it was generated in
+        solo = engine.generate([call.prompt_ids], SamplingParams(max_new_tokens=4), seeds=[replay_seed(i, 0)])[0]
+        assert call.sampled_ids == solo.response_ids.tolist()
+
+
+async def keeps_history(client, prompt, label, **row):
+    msgs = [{"role": "user", "content": prompt}]
+    for _ in range(2):
+        r = await client.chat.completions.create(model="policy", messages=msgs)
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "more"}]
+    return {"reward": float(row["weight"]), "extra_logs": {"turns": 2}}
+
+
+async def rewrites_history(client, prompt, label, **row):
+    r = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": prompt}])
+    summary = f"earlier you said {len(r.choices[0].message.content)} chars"
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": summary}])
+    return 1.0
+
+
+def test_runner_kept_history_is_one_trajectory_and_a_rewrite_splits(tiny):
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    prompts = [P(tok, "hi", record={"weight": 2}), P(tok, "yo", record={"weight": 3})]
+    budget = TokenBudget(5, 30, 2)
+    kept = EndpointExecutor(keeps_history)
+    trajs = kept.run(engine, tok, prompts, SamplingParams(max_new_tokens=5, n=2), budget, seeds=[1, 2])
+    assert len(trajs) == 4 and [t.group_id for t in trajs] == [0, 0, 1, 1]
+    assert [t.info["agent_reward"] for t in trajs] == [2.0, 2.0, 3.0, 3.0]
+    assert all(t.info["turns"] == 2 and t.loss_mask[0] and not t.loss_mask.all() for t in trajs)
+    m = kept.pop_metrics()
+    assert m["endpoint/splits"] == 0 and m["endpoint/calls"] == 8 and m["agent/episodes"] == 4
+    split = EndpointExecutor(rewrites_history)
+    trajs = split.run(engine, tok, prompts[:1], SamplingParams(max_new_tokens=5, n=1), budget, seeds=[1])
+    assert len(trajs) == 2 and split.pop_metrics()["endpoint/splits"] == 1
+    assert all(t.loss_mask.all() for t in trajs)  # each segment trains only what its call sampled
+    assert trajs[0].info["episode"] == trajs[1].info["episode"]

@@ -1,0 +1,135 @@
+"""Hostile agents against the endpoint, with the official `openai` SDK: a wrong key, another episode's
+key, calls after the episode ended, a flood of calls, 1M tokens asked, a spent budget, a huge body are
+refused and counted; agents that raise, hang past the timeout, never call or return no reward are
+dropped (counted, one log line) while the other episodes train; the server listens on loopback only
+and leaves no thread or port behind."""
+
+import asyncio
+import socket
+import threading
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from rlhfkit.agents.endpoint import EndpointExecutor, EndpointLimits, EndpointServer, Settings  # noqa: E402
+from rlhfkit.agents.executor import TokenBudget  # noqa: E402
+from rlhfkit.models import tiny_model_and_tokenizer  # noqa: E402
+from rlhfkit.rollout.base import SamplingParams  # noqa: E402
+from rlhfkit.rollout.hf import HFEngine  # noqa: E402
+
+ASK = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tok = tiny_model_and_tokenizer(seed=4)
+    return HFEngine(model, tok), tok
+
+
+class P:
+    def __init__(self, tok, text):
+        self.text, self.raw, self.label, self.record = text, text, None, {}
+        self.ids = tok(text, add_special_tokens=False)["input_ids"]
+
+
+def status_of(coro) -> int | None:
+    async def go():
+        try:
+            await coro
+        except openai.APIStatusError as exc:
+            return exc.status_code
+        return None
+    return asyncio.run(go())
+
+
+def client(server, e, key=None, url=None):
+    return openai.AsyncOpenAI(base_url=url or server.url(e), api_key=key or e.key, max_retries=0)
+
+
+def test_keys_episodes_and_ended_calls_are_refused_and_counted(tiny):
+    engine, tok = tiny
+    with EndpointServer(tok, Settings(SamplingParams(max_new_tokens=4))) as server:
+        server.engine = engine
+        assert server._socket.getsockname()[0] == "127.0.0.1"
+        a = server.open_episode(0, 1, EndpointLimits(per_call=4, total=8))
+        b = server.open_episode(1, 2, EndpointLimits(per_call=4, total=8))
+        chat = lambda c: c.chat.completions.create(model="p", messages=ASK)  # noqa: E731
+        assert status_of(chat(client(server, a, key="wrong"))) == 401
+        assert status_of(chat(client(server, a, key=b.key))) == 403  # b's key on a's URL
+        assert status_of(chat(client(server, a, url=server.base + "/v1"))) == 404  # no episode in the URL
+        assert status_of(chat(client(server, a))) is None
+        server.close_episode(a.id)
+        assert status_of(chat(client(server, a))) == 410
+        m = server.registry.pop_metrics()
+    assert m["endpoint/refused_auth"] == 1 and m["endpoint/refused_other_episode"] == 1
+    assert m["endpoint/refused_ended"] == 1 and m["endpoint/refused_unknown"] == 1 and m["endpoint/calls"] == 1
+    assert len(a.calls) == 1 and not b.calls
+
+
+def test_floods_huge_asks_spent_budgets_and_huge_bodies_are_refused(tiny):
+    engine, tok = tiny
+    with EndpointServer(tok, Settings(SamplingParams(max_new_tokens=4))) as server:
+        server.engine = engine
+        e = server.open_episode(0, 1, EndpointLimits(per_call=3, total=5, max_calls=3))
+        small = server.open_episode(1, 1, EndpointLimits(max_request_bytes=4000))
+
+        async def go():
+            async with client(server, e) as c:
+                big = await c.chat.completions.create(model="p", messages=ASK, max_tokens=1_000_000)
+                codes = []
+                for _ in range(3):
+                    try:
+                        await c.chat.completions.create(model="p", messages=ASK, max_tokens=1_000_000)
+                        codes.append(200)
+                    except openai.APIStatusError as exc:
+                        codes.append(exc.status_code)
+            try:
+                async with client(server, small) as c:
+                    await c.chat.completions.create(model="p", messages=[{"role": "user", "content": "x" * 5000}])
+            except openai.APIStatusError as exc:
+                codes.append(exc.status_code)
+            return big, codes
+
+        big, codes = asyncio.run(go())
+        m = server.registry.pop_metrics()
+    assert big.usage.completion_tokens <= 3  # 1M asked, the per-call budget given
+    sampled = sum(len(c.sampled_ids) for c in e.calls)
+    assert sampled <= 5
+    # call 2 samples what the budget has left (or is refused when nothing is), call 4 is over max_calls
+    assert codes[2] == 429 and m["endpoint/refused_flood"] == 1
+    assert codes[3] == 413 and m["endpoint/refused_too_large"] == 1 and not small.calls
+    assert m["endpoint/max_tokens_lowered"] >= 1
+
+
+def test_hostile_agents_are_dropped_and_the_rest_of_the_batch_trains(tiny, caplog):
+    engine, tok = tiny
+
+    async def mixed(client, prompt, label, **row):
+        kind = prompt
+        if kind == "raises":
+            raise ValueError("boom")
+        if kind == "hangs":
+            await asyncio.sleep(30)
+        if kind == "never":
+            return 1.0
+        r = await client.chat.completions.create(model="p", messages=[{"role": "user", "content": kind}])
+        if kind == "garbage":
+            return "not a number"
+        return float(len(r.choices[0].message.content))
+
+    before = {t.name for t in threading.enumerate()}
+    ex = EndpointExecutor(mixed, timeout=2.0)
+    prompts = [P(tok, k) for k in ("ok", "raises", "hangs", "never", "garbage", "ok2")]
+    with caplog.at_level("WARNING", logger="rlhfkit"):
+        trajs = ex.run(engine, tok, prompts, SamplingParams(max_new_tokens=4), TokenBudget(4, 8, 2), seeds=list(range(6)))
+    m = ex.pop_metrics()
+    assert sorted(t.group_id for t in trajs) == [0, 5]
+    assert m["agent/dropped_error"] == 1 and m["agent/dropped_timeout"] == 1
+    assert m["agent/dropped_no_calls"] == 1 and m["agent/dropped_bad_reward"] == 1
+    drops = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(drops) == 4 and all("\n" not in d for d in drops)
+    # the endpoint is gone: its threads ended and its port is closed
+    assert {t.name for t in threading.enumerate()} - before == set()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", ex.last_server.port), timeout=1).close()
