@@ -90,9 +90,12 @@ RLHFKIT_VARIANTS = {
     "rlhfkit": [],
     "rlhfkit-padded": ["--train.shared_prefix_enable", "false"],  # one prompt copy per sample (the old layout)
     "rlhfkit+filter": ["--algo.dynamic_filtering_enable", "true"],
-    # bf16 parameters with float32 masters: not in the default run (learns slower at this lr: RMSNorm weights
-    # near 1.0 move in bf16 steps of 2^-8; docs/performance.md)
+    # bf16 matrices with float32 masters (norms float32 under bf16 autocast): not in the default run (opt-in;
+    # docs/performance.md)
     "rlhfkit-bf16": ["--actor.dtype", "bfloat16"],
+    # the same with micro-batches cut by 2,048 tokens instead of 32 samples (larger matmuls for bf16)
+    "rlhfkit-bf16+tokens": ["--actor.dtype", "bfloat16", "--train.dynamic_batch_enable", "true",
+                            "--train.max_tokens_per_micro_batch", "2048"],
     "rlhfkit+compile": ["--train.compile_enable", "true"],  # decoder layers under torch.compile in the update
 }
 DEFAULT_RUN = ["rlhfkit", "rlhfkit-padded", "rlhfkit+filter", "trl"]

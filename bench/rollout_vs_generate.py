@@ -5,6 +5,12 @@ autocast. Prints generated tokens/s (stop tokens included, padding excluded) and
 engine with one sampling generator per prompt (`seeds=`, what the trainer uses) against one
 generator for the whole batch; and the decode FLOP limit of the same run: 2 x parameters FLOPs per
 generated token at the fp32 (or bf16) matmul rate of a 1024^2 probe, and the engine's time over it.
+The decode bandwidth limit of the same run: the bytes a decode step must read (every weight once, in
+the dtype the matmuls read: bf16 under autocast or with bf16 weights, plus the KV cache of every
+row) over the read bandwidth of a probe (the sum of a 512 MiB tensor), summed over the steps;
+printed as the engine's share of it (100% = at the limit). `--bf16-weights` adds the engine over a
+bf16 copy of the model with float32 norms (what `--actor.dtype bfloat16` decodes with: the
+trainer's module itself, refreshed after every optimizer step) under bf16 autocast.
 `--compile` adds the engine with `compile_decode=True` (and `compile_on_cpu=True` on the CPU, where the
 engine otherwise decodes eagerly); its first call, which compiles, untimed.
 
@@ -81,6 +87,41 @@ def matmul_gflops(dtype: torch.dtype, n: int = 1024, reps: int = 10) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
 
 
+def read_gbytes_per_s(mib: int = 512, reps: int = 5) -> float:
+    """Memory read bandwidth: the sum of a `mib` MiB float32 tensor (larger than the caches), best of `reps`."""
+    x = torch.ones(mib * 2**20 // 4)
+    x.sum()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return mib * 2**20 / best / 1e9
+
+
+def decode_bytes(model, rows: int, prompt_len: int, max_new: int, weight_bytes: int) -> float:
+    """Bytes the decode steps of one rollout read at least: each step every weight once (`weight_bytes`
+    per element; the embedding reads only its rows, counted once with the tied head) and the KV cache
+    of `rows` rows (bf16) at the step's length; all rows counted at every step (an upper bound of the
+    KV part: finished rows leave the batch)."""
+    c = model.config
+    kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 2
+    weights = sum(p.numel() for p in model.parameters()) * weight_bytes
+    kv = sum(rows * (prompt_len + t) * kv_per_token for t in range(max_new))
+    return max_new * weights + kv
+
+
+def bf16_weights_copy(model):
+    """A bf16 copy of `model` with float32 norms (models.precision.vectors_to_float32)."""
+    import copy
+
+    from rlhfkit.models.precision import vectors_to_float32
+
+    twin = copy.deepcopy(model).to(torch.bfloat16)
+    vectors_to_float32(twin)
+    return twin
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache-dir", type=Path, default=Path("~/.cache/rlhfkit/models"))
@@ -90,6 +131,7 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=16)
     ap.add_argument("--dtype", default="fp32,bf16", help="comma-separated: fp32, bf16")
     ap.add_argument("--compile", action="store_true", help="also the engine with compile_decode=True")
+    ap.add_argument("--bf16-weights", action="store_true", help="also the engine over a bf16 copy of the weights")
     ap.add_argument("--profile", action="store_true",
                     help="instead: torch.profiler's top ops of one rollout with per-prompt seeds (the trainer's)")
     args = ap.parse_args()
@@ -113,6 +155,15 @@ def main() -> None:
         profile(model, tok, prompts, params, dtypes[0][1])
         return
     n_params = sum(p.numel() for p in model.parameters())
+    bandwidth = read_gbytes_per_s()
+    prompt_len = sum(len(p) for p in prompts) / len(prompts)
+    rows = args.prompts * args.n
+    print(f"read bandwidth probe {bandwidth:.1f} GB/s; prompts {prompt_len:.0f} tokens on average")
+
+    def bandwidth_share(seconds: float, weight_bytes: int) -> str:
+        limit = decode_bytes(model, rows, prompt_len, args.max_new, weight_bytes) / (bandwidth * 1e9)
+        return f"decode bandwidth limit {limit:.2f}s: the engine at {limit / seconds:.0%} of it"
+
     for name, dtype in dtypes:
         e_tok, e_s = timed(lambda r: run_engine(model, tok, prompts, params, dtype, r), args.repeats)
         g_tok, g_s = timed(lambda r: run_generate(model, tok, prompts, params, dtype, r), args.repeats)
@@ -120,11 +171,19 @@ def main() -> None:
         e_rate, g_rate, s_rate = e_tok / e_s, g_tok / g_s, s_tok / s_s
         limit_s = 2 * n_params * s_tok / (matmul_gflops(dtype or torch.float32) * 1e9)
         print(f"{name:6s} HFEngine per-prompt seeds {s_rate:7.1f} tok/s ({s_tok} tok, {s_s:.2f}s) | "
-              f"vs one generator {s_rate / e_rate:.2f}x | decode FLOP limit {limit_s:.2f}s: {s_s / limit_s:.2f}x it")
+              f"vs one generator {s_rate / e_rate:.2f}x | decode FLOP limit {limit_s:.2f}s: {s_s / limit_s:.2f}x it | "
+              f"{bandwidth_share(s_s, 4 if dtype is None else 2)}")
         print(
             f"{name:6s} HFEngine {e_rate:7.1f} tok/s ({e_tok} tok, {e_s:.2f}s) | "
             f"model.generate {g_rate:7.1f} tok/s ({g_tok} tok, {g_s:.2f}s) | ratio {e_rate / g_rate:.2f}x"
         )
+        if args.bf16_weights and dtype is not None:
+            twin = bf16_weights_copy(model)
+            w_tok, w_s = timed(lambda r: run_engine_seeded(twin, tok, prompts, params, dtype, r), args.repeats)
+            print(f"{name:6s} HFEngine bf16 weights, per-prompt seeds {w_tok / w_s:7.1f} tok/s ({w_tok} tok, "
+                  f"{w_s:.2f}s) | vs model.generate {w_tok / w_s / g_rate:.2f}x | vs autocast over float32 "
+                  f"{s_s / w_s:.2f}x | {bandwidth_share(w_s, 2)}")
+            del twin
         if args.compile:
             t0 = time.perf_counter()
             run_engine_seeded(model, tok, prompts, params, dtype, 0, compile_decode=True)

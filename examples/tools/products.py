@@ -1,12 +1,20 @@
-"""Products of 3-digit numbers with a calculator tool: data, reward and a held-out check.
+"""Products of 3-digit numbers with a calculator tool: RL prompts, held-out prompts, SFT traces, reward.
 
-    python examples/tools/products.py data runs/products          # train.jsonl, heldout.jsonl
+    python examples/tools/products.py runs/products/data
+        # train.jsonl (RL prompts), heldout.jsonl (other problems), sft.jsonl (tool-call traces)
+    rlhfkit train sft ... --data.dataset runs/products/data/sft.jsonl       # a short warm start
     rlhfkit train rl ... --agent.tools builtin:calculator --reward.remote_url examples/tools/products.py
-    python examples/tools/products.py eval smollm2 runs/products/heldout.jsonl
+    rlhfkit eval ... --agent.tools builtin:calculator --eval.dataset runs/products/data/heldout.jsonl
 
-The model rarely knows 347*912 by heart; with the calculator it can copy the exact product. The
-reward (`reward_func`, OpenRLHF's contract) reads the text after the last tool result: 1 when it
-holds the product; 0.1 for an episode that got a tool result but answered wrong.
+(the full commands are in docs/agents.md). A 135M model does not know 347*912 by heart; with the
+calculator it can copy the exact product. The reward (`reward_func`, OpenRLHF's contract) reads
+the text after the last tool result: 1 when it holds the product; 0.1 for an episode that got a
+tool result but answered wrong; 0 otherwise.
+
+The SFT traces are whole conversations (question, the call, its result, the answer) written in
+rlhfkit's default tool format (`default_tools_messages`: the schemas in the system turn,
+Hermes-style `<tool_call>` blocks), the form the RL episodes are rendered in for chat templates
+that ignore `tools=` (SmolLM2's). Their problems are drawn apart from the RL and held-out ones.
 """
 
 import json
@@ -18,13 +26,31 @@ from pathlib import Path
 QUESTION = "What is {a} * {b}? Use the calculator tool, then give the product."
 
 
-def rows(n: int, seed: int) -> list[dict]:
+def problems(n: int, seed: int) -> list[tuple[int, int]]:
     r = random.Random(seed)
-    out = []
-    for _ in range(n):
-        a, b = r.randint(100, 999), r.randint(100, 999)
-        out.append({"messages": [{"role": "user", "content": QUESTION.format(a=a, b=b)}], "label": str(a * b)})
-    return out
+    return [(r.randint(100, 999), r.randint(100, 999)) for _ in range(n)]
+
+
+def prompt_rows(n: int, seed: int) -> list[dict]:
+    return [{"messages": [{"role": "user", "content": QUESTION.format(a=a, b=b)}], "label": str(a * b)}
+            for a, b in problems(n, seed)]
+
+
+def trace(a: int, b: int) -> list[dict]:
+    """One conversation that uses the tool: the question, the call, its result, the answer."""
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": f"{a} * {b}"}}}
+    return [{"role": "user", "content": QUESTION.format(a=a, b=b)},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "calculator", "content": str(a * b)},
+            {"role": "assistant", "content": f"{a} * {b} = {a * b}"}]
+
+
+def sft_rows(n: int, seed: int) -> list[dict]:
+    from rlhfkit.agents.tools import ToolSet, default_tools_messages
+    from rlhfkit.agents.tools.builtin import calculator
+
+    schemas = ToolSet([calculator]).schemas
+    return [{"messages": default_tools_messages(trace(a, b), schemas)} for a, b in problems(n, seed)]
 
 
 def correct(tail: str, label: str) -> bool:
@@ -41,40 +67,14 @@ def reward_func(queries, prompts, labels, **kwargs):
     return out
 
 
-def held_out(model: str, path: str, n_turns: int = 3) -> dict:
-    """Greedy episodes on `path`: accuracy and the share of tool calls that parsed."""
-    import torch
-
-    from rlhfkit.agents.executor import TokenBudget
-    from rlhfkit.agents.tools.agent import ToolExecutor
-    from rlhfkit.agents.tools.builtin import calculator
-    from rlhfkit.data.types import PromptItem
-    from rlhfkit.models.loading import load_policy
-    from rlhfkit.rollout.base import SamplingParams
-    from rlhfkit.rollout.hf import HFEngine
-
-    policy, tok = load_policy(model, "float32")
-    data = [json.loads(line) for line in Path(path).read_text().splitlines()]
-    prompts = [PromptItem(text="", ids=[], label=d["label"], raw=d["messages"]) for d in data]
-    ex = ToolExecutor([calculator])
-    engine = HFEngine(policy.eval(), tok, max_batch_size=16)
-    with torch.no_grad():
-        trajs = ex.run(engine, tok, prompts, SamplingParams(max_new_tokens=64, temperature=0.0),
-                       TokenBudget(64, 64 * n_turns + 256, n_turns), generator=torch.Generator().manual_seed(0))
-    m = ex.pop_metrics()
-    good = 0
-    for t, d in zip(trajs, data):
-        final = t.info["messages"][-1]
-        good += final["role"] == "assistant" and "tool_calls" not in final and correct(final["content"], d["label"])
-    return {"accuracy": good / len(data), "valid_call_rate": m["tools/valid_call_rate"],
-            "episodes_with_a_call": sum(t.info["tool_calls"] > 0 for t in trajs) / len(trajs)}
+def main(out: str) -> None:
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    files = {"train.jsonl": prompt_rows(512, 0), "heldout.jsonl": prompt_rows(64, 1), "sft.jsonl": sft_rows(64, 2)}
+    for name, rows in files.items():
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"wrote {', '.join(f'{len(r)} {n}' for n, r in files.items())} to {root}")
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "data":
-        out = Path(sys.argv[2])
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(512, 0)))
-        (out / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(32, 1)))
-    else:
-        print(json.dumps(held_out(sys.argv[2], sys.argv[3])))
+    main(sys.argv[1] if len(sys.argv) > 1 else "runs/products/data")

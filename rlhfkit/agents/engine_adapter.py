@@ -14,6 +14,10 @@ call, token-in token-out:
 - Each call belongs to one episode (the `EpisodeRecord` the runner set for the asyncio task that
   runs its `execute`); the episode's k-th call samples with its k-th seed, drawn from the
   episode's own seed, so an episode's tokens do not depend on the other episodes of the batch.
+- A call from another thread (an agent file that serves its own OpenAI-compatible API, as
+  OpenRLHF's server-executor example does, and calls the engine from its server's thread) has no
+  episode: it is generated on the runner's loop, seeded from the batch, and recorded with the
+  batch's other such calls; a result's action tokens are looked up there too.
 - Calls made while other episodes are busy are gathered and sent to the engine in ONE batched
   `engine.generate` (grouped by sampling parameters): the HF engine on CPU gains a lot from it.
 - Every generation is recorded in the episode (context ids, output ids, logprobs): the runner
@@ -144,6 +148,8 @@ class EngineAdapter:
         self.engine_error: BaseException | None = None  # an engine failure, re-raised as it is
         self._pending: list[_Request] = []
         self._flusher: asyncio.Task | None = None
+        self.home: asyncio.AbstractEventLoop | None = None  # the runner's loop (set per batch)
+        self.foreign: EpisodeRecord | None = None  # the calls made from other threads in this batch
 
     # ------------------------------------------------------------------ vLLM's face
     def generate(self, prompt: Any, sampling_params: Any, request_id: str | None = None, **kwargs: Any) -> _Call:
@@ -169,7 +175,16 @@ class EngineAdapter:
 
     # ------------------------------------------------------------------ internals
     async def _generate(self, prompt: Any, sp: Any, request_id: str) -> RequestOutput:
-        record = self.current("llm_engine.generate")
+        record = self.episode.get(None)
+        here = asyncio.get_running_loop()
+        if record is None and self.home is not None and here is not self.home and self.foreign is not None:
+            # a call from the agent file's own thread (e.g. a server it runs): generated on the runner's loop,
+            # recorded beside the episodes (result_to_trajectory finds its tokens there)
+            call = self._generate_for(self.foreign, prompt, sp, request_id)
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, self.home))
+        return await self._generate_for(self.current("llm_engine.generate"), prompt, sp, request_id)
+
+    async def _generate_for(self, record: EpisodeRecord, prompt: Any, sp: Any, request_id: str) -> RequestOutput:
         ids = self._prompt_ids(prompt)
         room = min(self.per_turn, record.max_length - len(ids))
         max_tokens = getattr(sp, "max_tokens", None)

@@ -35,6 +35,11 @@ logprob 0. `reward` is the episode reward, `scores` (default: reward) what dynam
 sees, `extra_logs` are logged; `truncated: True` (optional) marks it cut short. Exactly one
 result per `execute` call: put on the queue, or returned as a dict.
 
+OpenRLHF's 2026 `AgentExecutorBase` is the same class built with no arguments: a subclass whose own
+`execute(prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine)` returns the result
+(as OpenRLHF's server-executor example, which serves an OpenAI-compatible API from its own thread
+over `llm_engine.generate`) runs after its import lines name rlhfkit instead of openrlhf and vllm.
+
 Departures from OpenRLHF: instances are plain objects (drop `ray.kill(instance)` from copied
 code); engine calls are batched across episodes through a synchronous engine; each sample's
 calls are seeded from its own seed, so its tokens do not depend on the rest of the batch.
@@ -51,7 +56,7 @@ from typing import Any
 import torch
 
 from rlhfkit.agents.base import AgentInstanceBase, new_instance, to_float
-from rlhfkit.agents.engine_adapter import EngineAdapter, EpisodeRecord, vllm_params
+from rlhfkit.agents.engine_adapter import EngineAdapter, EpisodeRecord, Generation, vllm_params
 from rlhfkit.agents.episode import agent_episode
 from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
@@ -64,8 +69,14 @@ MAX_CONCURRENT_EPISODES = 128  # OpenRLHF's default bound on concurrent agent ta
 class AgentExecutorBase:
     """Base class of a mid-2025 OpenRLHF `AgentExecutor` (see the module docstring)."""
 
-    def __init__(self, agent_instance_cls: type, max_steps: int, max_length: int, llm_engine: Any,
-                 hf_tokenizer: Any, result_queue: Any):
+    def __init__(self, agent_instance_cls: type | None = None, max_steps: int | None = None,
+                 max_length: int | None = None, llm_engine: Any = None, hf_tokenizer: Any = None,
+                 result_queue: Any = None):
+        if agent_instance_cls is None and max_steps is None:  # OpenRLHF 2026: no arguments, execute() does it all
+            self.agent_instance_cls, self.max_steps, self.max_length = None, None, None
+            self.llm_engine, self.hf_tokenizer, self.result_queue = llm_engine, hf_tokenizer, result_queue
+            self.semaphore = asyncio.Semaphore(MAX_CONCURRENT_EPISODES)
+            return
         if not (inspect.isclass(agent_instance_cls) and issubclass(agent_instance_cls, AgentInstanceBase)):
             raise RewardError(f"AgentExecutorBase.__init__ takes an AgentInstanceBase subclass first, got "
                               f"{agent_instance_cls!r:.60}; call super().__init__(AgentInstance, max_steps, "
@@ -209,8 +220,11 @@ class ExecuteRunner:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             weakref.finalize(self, self._loop.close)
+        self.adapter.home = self._loop
+        self.adapter.foreign = EpisodeRecord(-1, records[0].seed, max(r.max_length for r in records), budget.max_turns)
         results = self._loop.run_until_complete(self._episodes(executor, jobs, records, params))
-        return [result_to_trajectory(r, rec, budget.total, engine.version, self.source)
+        shared = self.adapter.foreign.generations
+        return [result_to_trajectory(r, rec, budget.total, engine.version, self.source, shared)
                 for r, rec in zip(results, records)]
 
     def _executor(self, tokenizer, budget: TokenBudget, prompts: Sequence[Prompt]) -> Any:
@@ -268,7 +282,7 @@ class ExecuteRunner:
 
 
 def result_to_trajectory(result: Mapping, record: EpisodeRecord, total: int, version: int,
-                         source: str) -> Trajectory:
+                         source: str, shared: Sequence[Generation] = ()) -> Trajectory:
     """The Trajectory of one `execute` result (see the module docstring); `total` = response budget."""
     missing = [k for k in ("observation_tokens", "action_ranges", "reward") if k not in result]
     if missing:
@@ -279,7 +293,7 @@ def result_to_trajectory(result: Mapping, record: EpisodeRecord, total: int, ver
     mask, logprobs = [False] * (len(obs) - start), [0.0] * (len(obs) - start)
     for s, e in ranges:
         mask[s - start:e - start] = [True] * (e - s)
-        logprobs[s - start:e - start] = _engine_logprobs(record, obs, s, e, source)
+        logprobs[s - start:e - start] = _engine_logprobs([*record.generations, *shared], obs, s, e, source)
     cut = len(mask) > total
     origin = "execute() result has"
     reward = to_float(result["reward"], source, "reward", origin)
@@ -326,9 +340,10 @@ def _action_ranges(value: Any, length: int, source: str) -> list[tuple[int, int]
     return ranges
 
 
-def _engine_logprobs(record: EpisodeRecord, obs: list[int], s: int, e: int, source: str) -> list[float]:
-    """The rollout logprobs of obs[s:e] from this sample's engine calls (generated after obs[:s])."""
-    for g in record.generations:
+def _engine_logprobs(generations: Sequence[Generation], obs: list[int], s: int, e: int, source: str) -> list[float]:
+    """The rollout logprobs of obs[s:e] from this sample's engine calls (generated after obs[:s]) or the
+    batch's calls from other threads."""
+    for g in generations:
         if not g.used and g.tokens[:e - s] == obs[s:e] and len(g.tokens) >= e - s and g.context == obs[:s]:
             g.used = True
             return g.logprobs[:e - s]

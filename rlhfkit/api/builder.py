@@ -14,11 +14,13 @@ import torch
 
 from rlhfkit.agents import SingleTurnExecutor, load_agent_file
 from rlhfkit.agents.executor import TokenBudget
+from rlhfkit.agents.textenv import load_text_env
 from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.agents.tools.loader import load_tools
 from rlhfkit.agents.tools.run import ToolLimits
 from rlhfkit.config import RLConfig
-from rlhfkit.config.rl import BatchPlan, RewardConfig, lora_targets
+from rlhfkit.config.plan import RunPlan
+from rlhfkit.config.rl import RewardConfig, lora_targets
 from rlhfkit.core.advantages import ESTIMATORS, Whiten
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.distributed import fsdp
@@ -33,6 +35,7 @@ from rlhfkit.models.precision import (
     enable_gradient_checkpointing,
     model_device,
     resolve_device,
+    vectors_to_float32,
 )
 from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.rewards.resolve import resolve_reward
@@ -109,20 +112,24 @@ def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=No
     g = cfg.agent
     path = g.func_path
     if agent is not None:
-        if path is not None or tools is not None or g.tools is not None or environment_factory is not None:
+        if path is not None or tools is not None or g.tools is not None or environment_factory is not None \
+                or g.env is not None:
             raise ConfigError("agent= and --agent.func_path / tools are both set; choose one")
         if callable(getattr(agent, "run", None)):
             return agent
         from rlhfkit.agents.endpoint.runner import EndpointExecutor  # noqa: PLC0415 - the serve extra
 
         return EndpointExecutor(agent, source=getattr(agent, "__qualname__", "agent"), **endpoint_options(cfg))
-    if tools is not None or g.tools is not None or environment_factory is not None:
+    if tools is not None or g.tools is not None or environment_factory is not None or g.env is not None:
         if path is not None:
-            raise ConfigError("--agent.func_path and tools (--agent.tools or tools=) are both set; an agent file "
-                              "drives its own episodes: choose one")
+            raise ConfigError("--agent.func_path and tools or an environment (--agent.tools, --agent.env, tools=, "
+                              "environment_factory=) are both set; an agent file drives its own episodes: choose one")
+        if g.env is not None and environment_factory is not None:
+            raise ConfigError("--agent.env and environment_factory= are both set; choose one")
         limits = ToolLimits(g.tool_calls_per_episode, g.tool_timeout, g.tool_result_tokens)
         fns = list(tools) if tools is not None else load_tools(g.tools) if g.tools is not None else []
-        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=environment_factory)
+        env = load_text_env(g.env) if g.env is not None else environment_factory
+        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=env)
     if path is None:
         return SingleTurnExecutor()
     return load_agent_file(BUILTIN_AGENTS.get(path, path), endpoint=endpoint_options(cfg))
@@ -164,6 +171,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     device = run_device(cfg) if device is None else device
     torch.manual_seed(cfg.train.seed)
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    _bf16_matrices(policy, cfg)
     lora = cfg.ds.lora
     if lora.rank > 0:
         policy = add_lora(policy, lora.rank, lora.alpha, lora_targets(lora), lora.dropout)
@@ -171,6 +179,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     if cfg.algo.kl.init_coef > 0:
         if cfg.ref.model_name_or_path:
             ref, _ = load_policy(cfg.ref.model_name_or_path, cfg.actor.dtype)
+            _bf16_matrices(ref, cfg)
         elif lora.rank > 0:
             ref = policy  # the base weights: the experience stage disables the adapters for its pass
         else:
@@ -189,6 +198,13 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     if cfg.actor.gradient_checkpointing_enable:
         enable_gradient_checkpointing(policy)
     return policy, tokenizer, ref, critic
+
+
+def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
+    """bf16 parameters under bf16 autocast: the norms and biases back in float32 (they learn as under
+    autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay bf16."""
+    if cfg.actor.dtype == "bfloat16" and cfg.actor.autocast == "bfloat16":
+        vectors_to_float32(model)
 
 
 def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
@@ -214,7 +230,7 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
 
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
-    from rlhfkit.rollout.vllm import VLLMEngine, colocated_memory, free_gpu_share, require_vllm  # noqa: PLC0415
+    from rlhfkit.rollout.vllm import VLLMEngine, colocated_memory, free_gpu_share, require_vllm
 
     require_vllm()
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
@@ -233,16 +249,18 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
 def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running).
     `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back)."""
-    from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, worker_factory  # noqa: PLC0415
-    from rlhfkit.distributed.pool import RayEnginePool  # noqa: PLC0415
+    from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, worker_factory
+    from rlhfkit.distributed.pool import RayEnginePool
 
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
     t, d = cfg.train, cfg.distributed
     worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker, cfg.rollout.num_workers,
                              0 if d.num_gpus_per_worker is not None else cluster_gpus(d.address))[1]
+    lora = cfg.ds.lora
     make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
                           worker_gpus, delays,
-                          t.partial_rollout_tokens if t.partial_rollout_enable else 0)
+                          t.partial_rollout_tokens if t.partial_rollout_enable else 0,
+                          (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
 
 
@@ -272,11 +290,6 @@ def sampling_params(cfg: RLConfig) -> SamplingParams:
                           n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids))
 
 
-def total_rl_steps(cfg: RLConfig, rollouts_per_episode: int) -> int:
-    total = rollouts_per_episode * cfg.train.num_episodes
-    return total if cfg.train.max_steps is None else min(total, cfg.train.max_steps)
-
-
 def prompt_options(cfg: RLConfig, eval: bool = False) -> dict:
     """The keyword arguments of `load_prompts` / `check_prompts` besides the source and tokenizer:
     the --data.* keys and rendering, the split / config / data dir and max_samples of the training
@@ -296,10 +309,10 @@ def prompt_stream(cfg: RLConfig, prompts) -> PromptStream:
                         torch.Generator().manual_seed(t.seed))
 
 
-def build_learners(cfg: RLConfig, policy, critic, optimizer_steps: int) -> tuple[Learner, Learner | None]:
-    """The policy's Learner (and the critic's, None without one) over `optimizer_steps` steps."""
+def build_learners(cfg: RLConfig, policy, critic, counts: RunPlan) -> tuple[Learner, Learner | None]:
+    """The policy's Learner (and the critic's, None without one) over the run's optimizer steps."""
     actor = cfg.actor
-    schedule = dict(total_steps=optimizer_steps, warmup_steps=int(actor.lr_warmup_ratio * optimizer_steps),
+    schedule = dict(total_steps=counts.total_optimizer_steps, warmup_steps=counts.warmup_steps,
                     scheduler=actor.lr_scheduler, min_lr_ratio=actor.min_lr_ratio,
                     max_consecutive_skips=cfg.train.max_skipped_steps)
     learner = Learner(policy, actor.adam.lr, actor.adam.betas, actor.adam.eps, actor.adam.weight_decay,
@@ -323,12 +336,12 @@ def decoupled_update(cfg: RLConfig) -> bool:
     return cfg.algo.advantage.decoupled_enable or cfg.train.async_enable
 
 
-def build_experience(cfg: RLConfig, plan: BatchPlan, policy, ref, critic, batcher: MicroBatcher) -> ExperienceMaker:
+def build_experience(cfg: RLConfig, counts: RunPlan, policy, ref, critic, batcher: MicroBatcher) -> ExperienceMaker:
     adv, kl = cfg.algo.advantage, cfg.algo.kl
     return ExperienceMaker(
         policy, ref, critic, batcher, estimator=adv.estimator, gamma=adv.gamma, lam=adv.lambd,
         whiten=Whiten(adv.whiten), reward_clip=cfg.reward.clip_range, kl_estimator=kl.estimator,
-        kl_in_reward=not kl.use_loss, multi_step=plan.optimizer_steps_per_rollout > 1,
+        kl_in_reward=not kl.use_loss, multi_step=counts.optimizer_steps_per_rollout > 1,
         temperature=cfg.rollout.temperature or 1.0, autocast=cfg.actor.autocast, proximal=decoupled_update(cfg),
         ref_device=model_device(policy) if cfg.ref.offload else None)
 
@@ -363,13 +376,14 @@ def build_update(cfg: RLConfig, policy, learners: tuple[Learner, Learner | None]
     return PolicyUpdate(policy, learners[0], batcher, losses, **common)
 
 
-def build_scorer(cfg: RLConfig, reward_fn, tokenizer, max_len: int, teacher, policy) -> Scorer | TeacherScorer:
-    """The score stage: `reward_fn` (None: the agent's rewards), overlong shaping, normalisation;
-    with a teacher, on-policy distillation's token rewards on top."""
+def build_scorer(cfg: RLConfig, reward_fn, tokenizer, max_len: int, teacher, policy,
+                 env_weight: float | None = None) -> Scorer | TeacherScorer:
+    """The score stage: `reward_fn` (None: the agent's rewards; with `env_weight`, plus that times the
+    agent's), overlong shaping, normalisation; with a teacher, on-policy distillation's token rewards on top."""
     reward, algo = cfg.reward, cfg.algo
     overlong = None if reward.overlong_buffer_len is None else (reward.overlong_buffer_len,
                                                                  reward.overlong_penalty_factor)
-    scorer = Scorer(reward_fn, tokenizer, max_len, overlong, reward.normalize)
+    scorer = Scorer(reward_fn, tokenizer, max_len, overlong, reward.normalize, env_weight=env_weight)
     if teacher is None:
         return scorer
     return TeacherScorer(scorer, teacher, coef=algo.teacher_coef, topk=algo.teacher_topk,
@@ -388,29 +402,32 @@ def build_source(cfg: RLConfig, executor, engine, tokenizer, budget: TokenBudget
     """The rollout source: the executor on the engine; with --train.async_enable, one batch ahead (Prefetch)."""
     params = sampling_params(cfg)
     if cfg.train.async_enable:
-        from rlhfkit.distributed.async_loop import Prefetch  # noqa: PLC0415  (Ray: only for async runs)
+        from rlhfkit.distributed.async_loop import Prefetch  # Ray: only for async runs
 
         return Prefetch(executor, engine, tokenizer, params, budget, cfg.train.max_staleness)
     return Generate(executor, engine, tokenizer, params, budget)
 
 
-def build_loop(cfg: RLConfig, plan: BatchPlan, policy, tokenizer, engine, reward_fn, data: PromptStream, executor, *,
-               ref=None, critic=None, teacher=None, tracker=None, callbacks=(), dp: tuple[int, int] = (0, 1)) -> RLLoop:
+def build_loop(cfg: RLConfig, counts: RunPlan, policy, tokenizer, engine, reward_fn, data: PromptStream, executor,
+               *, ref=None, critic=None, teacher=None, tracker=None, callbacks=(),
+               dp: tuple[int, int] = (0, 1)) -> RLLoop:
     """The RL loop's stages from `cfg`, around already built models, engine, reward and prompt stream
-    (the update's epochs shuffle with the stream's generator, as one seeded order of draws); `teacher`:
-    on-policy distillation's (trainers.rl.opd), None without one."""
+    (the update's epochs shuffle with the stream's generator, as one seeded order of draws); `counts`:
+    the run's step counts (`config.plan.plan_run` on the stream's prompts); `teacher`: on-policy
+    distillation's (trainers.rl.opd), None without one."""
     multi = executor.provides_rewards or getattr(executor, "multi_turn", False)
     budget = token_budget(cfg, multi)
-    total_steps = total_rl_steps(cfg, data.rollouts_per_episode)
-    learners = build_learners(cfg, policy, critic, total_steps * plan.optimizer_steps_per_rollout)
+    learners = build_learners(cfg, policy, critic, counts)
     batcher = build_batcher(cfg, tokenizer)
-    experience = build_experience(cfg, plan, policy, ref, critic, batcher)
+    experience = build_experience(cfg, counts, policy, ref, critic, batcher)
     update = build_update(cfg, policy, learners, batcher, loss_settings(cfg, budget.total), data, critic, teacher, dp)
-    scorer = build_scorer(cfg, None if executor.provides_rewards else reward_fn, tokenizer, budget.total, teacher, policy)
+    own, weight = executor.provides_rewards, cfg.agent.env_reward_weight  # the environment's rewards (weighted)
+    scorer = build_scorer(cfg, reward_fn if not own or weight is not None else None, tokenizer, budget.total, teacher,
+                          policy, env_weight=weight if own else None)
     algo = cfg.algo
     group_filter = GroupFilter(algo.dynamic_filtering_enable, algo.dynamic_filtering_range,
                                algo.dynamic_filtering_max_rounds)
     source = build_source(cfg, executor, engine, tokenizer, budget)
     return RLLoop(data, source, engine, scorer, group_filter, experience, update, kl_controller(cfg),
-                  total_steps=total_steps, max_staleness=cfg.train.max_staleness, tokenizer=tokenizer, tracker=tracker,
-                  log_samples=cfg.logger.log_samples, callbacks=callbacks)
+                  total_steps=counts.total_rollouts, max_staleness=cfg.train.max_staleness, tokenizer=tokenizer,
+                  tracker=tracker, log_samples=cfg.logger.log_samples, callbacks=callbacks)

@@ -26,7 +26,8 @@ from rlhfkit.api import builder
 from rlhfkit.api import run_folder
 from rlhfkit.config import RLConfig
 from rlhfkit.config.opd import OPDConfig, validate_opd
-from rlhfkit.config.rl import validate
+from rlhfkit.config.plan import plan_run
+from rlhfkit.config.rl import BatchPlan, validate
 from rlhfkit.data.prompts import load_prompts, tokenize_prompts
 from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
@@ -52,6 +53,8 @@ def load_examples_fn(cfg: RLConfig, dataset, eval: bool = False) -> Callable:
 class RLTrainer:
     """An RL run: the loop, its run folder, loggers, checkpoints and evaluation. Build it with
     `from_config`; `train()` runs it, `save(path)` writes the policy as an HF folder."""
+
+    validate = staticmethod(validate)  # the config's checks, run once by from_config; its batch plan
 
     def __init__(self, cfg: RLConfig, loop: RLLoop, run_dir: Path, tracker, evaluator, checkpointer,
                  resume: tuple[Path, int] | None = None, skipped: int = 0, dp: tuple[int, int] = (0, 1),
@@ -99,7 +102,7 @@ class RLTrainer:
         agent: an agent function `async def agent(client, prompt, label, **row)` whose `client` is an
           `openai.AsyncOpenAI` pointed at the policy's OpenAI-compatible endpoint (docs/agents.md), or
           an executor object; None: --agent.func_path."""
-        validate(cfg)
+        plan = cls.validate(cfg)
         if cfg.distributed.backend == "ray":
             if make_engine is not None or callbacks:
                 raise ConfigError("--distributed.backend ray builds its engines and callbacks in the trainer actor; "
@@ -107,30 +110,30 @@ class RLTrainer:
             if tools is not None or environment_factory is not None or agent is not None:
                 raise ConfigError("--distributed.backend ray: give tools as --agent.tools FILE:fn1,fn2 and agents as "
                                   "--agent.func_path FILE (functions cannot be sent to the trainer actor here)")
-            return RayRLTrainer(cfg, dict(reward_fn=reward_fn, train_dataset=train_dataset,
-                                          eval_dataset=eval_dataset, reward_weights=reward_weights))
-        return cls.build(cfg, reward_fn, train_dataset, eval_dataset, reward_weights=reward_weights,
+            return RayRLTrainer(cfg, plan, dict(reward_fn=reward_fn, train_dataset=train_dataset,
+                                                eval_dataset=eval_dataset, reward_weights=reward_weights))
+        return cls.build(cfg, plan, reward_fn, train_dataset, eval_dataset, reward_weights=reward_weights,
                          callbacks=callbacks, make_engine=make_engine, tools=tools,
                          environment_factory=environment_factory, agent=agent)
 
     @classmethod
-    def build(cls, cfg: RLConfig, reward_fn=None, train_dataset=None, eval_dataset=None, *, reward_weights=None,
-              callbacks: Sequence[Callable] = (), make_engine: Callable | None = None, pool=None,
-              tools: Sequence[Callable] | None = None, environment_factory: Callable | None = None,
+    def build(cls, cfg: RLConfig, plan: BatchPlan, reward_fn=None, train_dataset=None, eval_dataset=None, *,
+              reward_weights=None, callbacks: Sequence[Callable] = (), make_engine: Callable | None = None,
+              pool=None, tools: Sequence[Callable] | None = None, environment_factory: Callable | None = None,
               agent: Any = None) -> RLTrainer:
-        """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool)."""
+        """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool), for a
+        config already validated into `plan`."""
         # --actor.autocast auto: probe the device once, here
         cfg = builder.resolve_fsdp_dtype(builder.resolve_autocast(cfg))
-        plan = validate(cfg)
         set_log_level(cfg.logger.log_level)
         train_dataset = train_dataset if train_dataset is not None else cfg.data.prompt_dataset
         if train_dataset is None:
             raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "
                               "file or a datasets folder)")
         eval_dataset = eval_dataset if eval_dataset is not None else cfg.eval.dataset
-        if eval_dataset is not None and (cfg.agent.func_path or cfg.agent.tools or tools or environment_factory or agent):
-            raise ConfigError("--eval.dataset is single-turn greedy evaluation; it does not run agents or tools yet "
-                              "(drop --eval.dataset, or --agent.func_path / --agent.tools)")
+        if eval_dataset is not None and agent is not None:
+            raise ConfigError("--eval.dataset does not run agent functions (agent=) yet; drop --eval.dataset "
+                              "(tools, environments and agent files are evaluated as episodes)")
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         if cfg.rollout.engine == "vllm":  # fail fast, before models load
@@ -139,10 +142,18 @@ class RLTrainer:
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
         run_dir = run_folder.prepare_run_dir(cfg, rank)
         executor = builder.build_executor(cfg, tools, environment_factory, agent)
+        # an environment's own rewards (an agent function's executor takes the reward function as its fallback)
+        own = executor.provides_rewards and not hasattr(executor, "fallback_reward_fn")
+        both = own and (reward_fn is not None or cfg.reward.remote_url is not None
+                        or cfg.reward.model_name_or_path is not None)
+        if both and cfg.agent.env_reward_weight is None:
+            raise ConfigError("the environment gives rewards and a reward function is set too (--reward.* or "
+                              "reward_fn=): set --agent.env_reward_weight W (reward = W x the environment's + the "
+                              "function's; 0: the function's alone), or drop the reward function")
         if reward_fn is not None:
             reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
                                        remote_options=builder.remote_options(cfg.reward))
-        elif not executor.provides_rewards or builder.agent_takes_reward_fn(executor, cfg):
+        elif not executor.provides_rewards or builder.agent_takes_reward_fn(executor, cfg) or both:
             reward_fn = builder.load_reward(cfg.reward, cfg.train.micro_batch_size, device,
                                                   cfg.algo.advantage.estimator)
         if reward_fn is not None and hasattr(executor, "fallback_reward_fn"):
@@ -160,15 +171,17 @@ class RLTrainer:
         examples = load_examples_fn(cfg, train_dataset)(tokenizer)
         prompts, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
         data = builder.prompt_stream(cfg, prompts)
+        counts = plan_run(cfg, plan, len(prompts))  # the run's step counts, once
         eval_items = []
         if eval_dataset is not None:
             eval_examples = load_examples_fn(cfg, eval_dataset, eval=True)(tokenizer)
             eval_items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
-        evaluator = run_folder.make_evaluator(cfg, eval_items, reward_fn)
+        # held-out episodes run on an executor of their own (its tool counters are not the rollout's)
+        eval_executor = builder.build_executor(cfg, tools, environment_factory) if eval_items else None
+        evaluator = run_folder.make_evaluator(cfg, eval_items, reward_fn, executor=eval_executor)
         checkpointer, resume = run_folder.setup_checkpoints(cfg, run_dir, (rank, world) if cfg.fsdp.enable else None)
-        tracker = run_folder.run_tracker(cfg, run_dir, builder.total_rl_steps(cfg, data.rollouts_per_episode),
-                                         resume[1] if resume else None)
-        loop = builder.build_loop(cfg, plan, policy, tokenizer, engine, reward_fn, data, executor, ref=ref,
+        tracker = run_folder.run_tracker(cfg, run_dir, counts.total_rollouts, resume[1] if resume else None)
+        loop = builder.build_loop(cfg, counts, policy, tokenizer, engine, reward_fn, data, executor, ref=ref,
                                   critic=critic, teacher=teacher, tracker=tracker,
                                   callbacks=[evaluator.periodic, checkpointer.periodic, *callbacks],
                                   dp=(rank, world))
@@ -208,21 +221,21 @@ class RLTrainer:
         return self.loop.save(path)
 
 
-def _train_in_actor(cfg: RLConfig, kwargs: dict) -> dict[str, float]:
+def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict) -> dict[str, float]:
     """A Ray trainer actor's whole run: rollout workers, build, train (the final model in <output_dir>/final)."""
     cfg = builder.resolve_autocast(cfg)  # before the rollout workers are made from it
-    return RLTrainer.build(cfg, **kwargs, pool=lambda policy: builder.build_pool(cfg, policy)).train()
+    return RLTrainer.build(cfg, plan, **kwargs, pool=lambda policy: builder.build_pool(cfg, policy)).train()
 
 
 class RayRLTrainer:
     """`RLTrainer.from_config` with --distributed.backend ray: `train()` runs the whole run in a trainer
     actor (rollout workers beside it) and returns its final metrics; `save(path)` copies `final/`."""
 
-    def __init__(self, cfg: RLConfig, kwargs: dict):
-        self.cfg, self.kwargs, self.final = cfg, kwargs, None
+    def __init__(self, cfg: RLConfig, plan: BatchPlan, kwargs: dict):
+        self.cfg, self.plan, self.kwargs, self.final = cfg, plan, kwargs, None
 
     def train(self) -> dict[str, float]:
-        from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, run_in_trainer_actor, start_ray  # noqa: PLC0415
+        from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, run_in_trainer_actor, start_ray
 
         # a bad output dir fails before Ray starts
         d, run_dir = self.cfg.distributed, run_folder.prepare_run_dir(self.cfg)
@@ -232,11 +245,11 @@ class RayRLTrainer:
                                                    self.cfg.rollout.num_workers, cluster_gpus(d.address))
             cfg = dataclasses.replace(self.cfg, distributed=dataclasses.replace(
                 d, num_gpus_trainer=trainer_gpus, num_gpus_per_worker=worker_gpus))  # the workers start in the actor
-            metrics = run_in_trainer_actor(_train_in_actor, (cfg, self.kwargs), self.cfg.train.num_threads,
-                                           trainer_gpus)
+            metrics = run_in_trainer_actor(_train_in_actor, (cfg, self.plan, self.kwargs),
+                                           self.cfg.train.num_threads, trainer_gpus)
         finally:
             if started:
-                import ray  # noqa: PLC0415
+                import ray
 
                 ray.shutdown()
         self.final = run_dir / "final"
@@ -259,6 +272,8 @@ class OPDTrainer(RLTrainer):
     per-token reward (trainers.rl.opd.TeacherScorer) to the task reward; without a reward function or
     --reward.* the task reward is 0."""
 
+    validate = staticmethod(validate_opd)  # train rl's checks and a teacher
+
     @classmethod
     def from_config(cls, cfg, reward_fn: Any = None, train_dataset: Any = None, eval_dataset: Any = None,
                     **kwargs) -> RLTrainer | RayRLTrainer:
@@ -266,7 +281,6 @@ class OPDTrainer(RLTrainer):
         if not isinstance(cfg, OPDConfig):
             raise ConfigError(f"OPDTrainer.from_config needs an OPDConfig (OPDConfig.from_args(flags)), got "
                               f"{type(cfg).__name__}")
-        validate_opd(cfg)
         if reward_fn is None and cfg.reward.remote_url is None and cfg.reward.model_name_or_path is None:
             reward_fn = no_task_reward
         return super().from_config(cfg, reward_fn, train_dataset, eval_dataset, **kwargs)

@@ -8,7 +8,7 @@ import json
 import logging
 from pathlib import Path
 
-from rlhfkit.api.builder import load_reward
+from rlhfkit.api.builder import load_reward, token_budget
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.distributed.fsdp_checkpoint import ShardedCheckpointer
 from rlhfkit.errors import ConfigError, one_line, os_error_fix
@@ -93,14 +93,18 @@ def setup_checkpoints(cfg: RLConfig, run_dir: Path,
     return ckpt, resume
 
 
-def make_evaluator(cfg: RLConfig, items=(), reward_fn=None, verifier=None) -> Evaluator:
+def make_evaluator(cfg: RLConfig, items=(), reward_fn=None, verifier=None, executor=None) -> Evaluator:
     """The --eval.* settings on `items` (PromptItems; none: evaluation does nothing). The training
     reward gives eval/reward and eval/accuracy; `verifier` (default: --eval.verifier loaded here, else
-    the training reward) gives eval/pass@k and eval/maj@k."""
+    the training reward) gives eval/pass@k and eval/maj@k. A multi-turn `executor` (an agent's or
+    tool-calling episodes; its own instance, not the trainer's) makes each sample an episode within
+    the agent's budgets (--agent.max_turns, --agent.max_response_tokens)."""
     e = cfg.eval
     if verifier is None:
         verifier = load_reward(e.verifier) if e.verifier else reward_fn
+    multi = executor is not None and (executor.provides_rewards or getattr(executor, "multi_turn", False))
     return Evaluator(items, cfg.rollout.max_new_tokens, e.steps,
                      score_fn=reward_score_fn(reward_fn) if reward_fn is not None else None,
                      n_samples=e.n_samples, temperature=e.temperature, ks=e.k,
-                     verifier=reward_verifier(verifier) if verifier is not None else None, seed=cfg.train.seed)
+                     verifier=reward_verifier(verifier) if verifier is not None else None, seed=cfg.train.seed,
+                     executor=executor if multi else None, budget=token_budget(cfg, True) if multi else None)

@@ -31,17 +31,12 @@ from typing import Any, ClassVar
 import torch
 
 from rlhfkit.api.run_folder import create_run_dir, extra_writers, setup_checkpoints
-from rlhfkit.config.kd import KDConfig, validate_kd
+from rlhfkit.config.kd import KDConfig
 from rlhfkit.config.parse import to_dict
-from rlhfkit.config.preference import (
-    DPOConfig,
-    KTOConfig,
-    RMConfig,
-    validate_dpo,
-    validate_rm,
-)
-from rlhfkit.config.prm import PRMConfig, validate_prm
-from rlhfkit.config.sft import SFTConfig, lora_targets, validate_sft
+from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
+from rlhfkit.config.prm import PRMConfig
+from rlhfkit.config.rl import lora_targets
+from rlhfkit.config.sft import SFTConfig
 from rlhfkit.data.records import Source
 from rlhfkit.data.steps import load_steps
 from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft, load_unpaired
@@ -66,8 +61,8 @@ __all__ = ["SFTConfig", "RMConfig", "DPOConfig", "KTOConfig", "PRMConfig", "KDCo
            "build_model", "load_data"]
 
 # One entry per kind: the validation, the dataset reader and the metrics drawn in curves.png.
-VALIDATE = {"sft": validate_sft, "rm": validate_rm, "dpo": validate_dpo,
-            "kto": lambda cfg: validate_dpo(cfg, "kto"), "prm": validate_prm, "kd": validate_kd}
+VALIDATE = {"sft": SFTConfig.check, "rm": RMConfig.check, "dpo": DPOConfig.check, "kto": KTOConfig.check,
+            "prm": PRMConfig.check, "kd": KDConfig.check}
 LOADERS = {"sft": load_sft, "rm": load_pairs, "dpo": load_pairs, "kto": load_unpaired, "prm": load_steps, "kd": load_sft}
 CURVES = {
     "sft": ["loss", "eval/loss", "lr"],

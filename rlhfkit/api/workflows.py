@@ -48,12 +48,12 @@ from rlhfkit.config.generate import (
 )
 from rlhfkit.config.parse import to_dict
 from rlhfkit.config.preference import DPOConfig, PolicyModelConfig, RefModelConfig
+from rlhfkit.config.rl import BaseLoggerConfig
 from rlhfkit.config.sft import (
     ModelConfig,
     SFTConfig,
     SupervisedCkptConfig,
     SupervisedDataConfig,
-    SupervisedLoggerConfig,
 )
 from rlhfkit.data.prompts import tokenize_prompts
 from rlhfkit.data.types import PromptItem, Trajectory
@@ -62,6 +62,7 @@ from rlhfkit.models import load_tokenizer
 from rlhfkit.models.loading import load_policy, resolve_model
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.tracking.progress import set_log_level
+from rlhfkit.trainers.evaluate import conversation_fields
 from rlhfkit.trainers.rl.generate import Generate
 from rlhfkit.trainers.rl.scoring import Scorer
 from rlhfkit.trainers.rl.stream import PromptBatch, PromptStream
@@ -167,13 +168,14 @@ def sample_rows(tokenizer, prompts: Sequence[PromptItem], trajs: Sequence[Trajec
     """One generations.jsonl line per trajectory: prompt (the rendered prompt text), label, response
     (decoded without special tokens), response_ids, finish_reason, logprob_sum (the sum of the
     response tokens' log-probabilities under the policy at --rollout.temperature), group (the prompt's
-    index in the batch); with --agent.tools also messages (the whole conversation: assistant turns
-    with their tool_calls, the tool results)."""
+    index in the batch); with --agent.tools / --agent.env also messages (the whole conversation:
+    assistant turns with their tool_calls, the tool results, the environment's turns) and
+    prompt_messages (how many of them are the prompt's)."""
     texts = tokenizer.batch_decode([t.response_ids.tolist() for t in trajs], skip_special_tokens=True)
     return [{"prompt": prompts[t.group_id].text, "label": prompts[t.group_id].label, "response": text,
              "response_ids": t.response_ids.tolist(), "finish_reason": t.finish_reason,
              "logprob_sum": float(t.logprobs[t.loss_mask].double().sum()), "group": t.group_id,
-             **({"messages": t.info["messages"]} if "messages" in t.info else {})}
+             **conversation_fields(t.info)}
             for t, text in zip(trajs, texts)]
 
 
@@ -307,7 +309,7 @@ class SamplingRounds:
         lg = self.cfg.logger
         return {"train": stage.train, "adam": stage.adam, "ds": stage.ds,
                 "ckpt": SupervisedCkptConfig(output_dir=str(round_dir)),
-                "logger": SupervisedLoggerConfig(progress_bar=lg.progress_bar, log_level=lg.log_level)}
+                "logger": BaseLoggerConfig(progress_bar=lg.progress_bar, log_level=lg.log_level)}
 
 
 def reward_stats(rows: Sequence[dict]) -> dict[str, float]:

@@ -9,19 +9,42 @@ Takes the flags of `rlhfkit train rl` (the model, the data keys and the --eval.*
 Draws --eval.n_samples completions per prompt (--rollout.max_new_tokens each) and reports
 eval/pass@k and eval/maj@k from --eval.verifier (default: the training reward,
 --reward.remote_url), plus eval/reward and eval/accuracy from --reward.remote_url when one is
-given. Writes <output_dir>/eval.json (metrics and settings) and <output_dir>/eval_samples.jsonl
-(one line per sample: prompt, label, response, correct, answer).
+given. With --agent.tools (or --agent.func_path) each sample is a whole episode of up to
+--agent.max_turns turns, scored as in training (an agent that gives its own rewards needs no
+reward flag); the tool counters are reported too (eval/tool_calls, eval/episodes_with_call,
+eval/tools/valid_call_rate, eval/tools/NAME/calls, ...). Writes <output_dir>/eval.json (metrics
+and settings) and <output_dir>/eval_samples.jsonl (one line per sample: prompt, label, response,
+correct, answer; with tools also the conversation as messages, which `rlhfkit view OUT --file
+eval_samples.jsonl` shows turn by turn).
+
+With --agent.func_path an agent function (`async def agent(client, prompt, label, **row)`, written
+against the OpenAI API), it runs --eval.n_samples episodes per prompt through rlhfkit's endpoint at
+--eval.temperature and reports eval/reward, the agent's mean reward (a dropped episode counts 0),
+and eval/dropped:
+
+  rlhfkit eval --actor.model_name_or_path runs/agent/final --agent.func_path agent.py \\
+      --eval.dataset heldout.jsonl --data.label_key label --ckpt.output_dir runs/eval
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 import torch
 
-from rlhfkit.api.builder import build_engine, load_reward, prompt_options, resolve_autocast, run_device
+from rlhfkit.api.builder import (
+    build_engine,
+    build_executor,
+    load_reward,
+    prompt_options,
+    resolve_autocast,
+    run_device,
+    sampling_params,
+    token_budget,
+)
 from rlhfkit.api.run_folder import create_run_dir, make_evaluator
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.data.prompts import check_prompts, load_prompts, tokenize_prompts
@@ -37,7 +60,10 @@ def run(argv: list[str]) -> int:
     if not e.dataset:
         raise ConfigError("--eval.dataset is required (a .jsonl/.json/.parquet file, a datasets folder or a hub "
                           "dataset name)")
-    if not (e.verifier or cfg.reward.remote_url):
+    executor = build_executor(cfg)  # an agent file or tools: episodes (a bad file fails before the model)
+    if hasattr(executor, "fallback_reward_fn"):  # an agent function through the endpoint
+        return run_agent_eval(cfg, executor)
+    if not (e.verifier or cfg.reward.remote_url or executor.provides_rewards):
         raise ConfigError("nothing to score with: pass --eval.verifier (builtin:math or a reward file) "
                           "and/or --reward.remote_url")
     options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}  # the first --eval.max_samples prompts
@@ -54,7 +80,7 @@ def run(argv: list[str]) -> int:
     engine = build_engine(policy, tokenizer, cfg)
     examples = load_prompts(e.dataset, tokenizer=tokenizer, **options)
     items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
-    evaluator = make_evaluator(cfg, items, reward_fn, verifier)
+    evaluator = make_evaluator(cfg, items, reward_fn, verifier, executor)
     metrics, rows = evaluator.evaluate(engine, tokenizer)
     (out / "eval.json").write_text(json.dumps(
         {"metrics": metrics, "prompts": len(evaluator.items), "skipped_prompts": skipped,
@@ -62,6 +88,40 @@ def run(argv: list[str]) -> int:
     (out / "eval_samples.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print(f"{cfg.actor.model_name_or_path} on {len(evaluator.items)} prompts x {e.n_samples} samples "
           f"(temperature {e.temperature}):")
+    for k, v in metrics.items():
+        print(f"  {k:<20} {v:.4f}")
+    print(f"wrote {out / 'eval.json'} and {out / 'eval_samples.jsonl'}")
+    return 0
+
+
+def run_agent_eval(cfg: RLConfig, executor) -> int:
+    """`rlhfkit eval --agent.func_path AGENT.py`: the agent function's mean reward on --eval.dataset."""
+    from rlhfkit.agents.endpoint.runner import evaluate_agent  # noqa: PLC0415 - the agents extra
+
+    e, d = cfg.eval, cfg.data
+    options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}
+    check_prompts(e.dataset, **options)
+    if cfg.reward.remote_url:
+        executor.fallback_reward_fn = load_reward(cfg.reward)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    device = run_device(cfg)
+    out = create_run_dir(Path(cfg.ckpt.output_dir), None, None)
+    t0 = time.perf_counter()
+    policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    policy.to(device)
+    engine = build_engine(policy, tokenizer, cfg)
+    items, skipped = tokenize_prompts(load_prompts(e.dataset, tokenizer=tokenizer, **options), tokenizer,
+                                      d.prompt_max_len, d.input_key)
+    params = dataclasses.replace(sampling_params(cfg), temperature=e.temperature, n=e.n_samples)
+    metrics, rows = evaluate_agent(executor, engine, tokenizer, items, params, token_budget(cfg, multi_turn=True),
+                                   seed=cfg.train.seed)
+    (out / "eval.json").write_text(json.dumps(
+        {"metrics": metrics, "prompts": len(items), "skipped_prompts": skipped,
+         "seconds": round(time.perf_counter() - t0, 1), "config": to_dict(cfg)}, indent=2))
+    (out / "eval_samples.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    print(f"{cfg.actor.model_name_or_path} with agent {cfg.agent.func_path} on {len(items)} prompts x "
+          f"{e.n_samples} episodes (temperature {e.temperature}):")
     for k, v in metrics.items():
         print(f"  {k:<20} {v:.4f}")
     print(f"wrote {out / 'eval.json'} and {out / 'eval_samples.jsonl'}")

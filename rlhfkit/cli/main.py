@@ -20,7 +20,7 @@ and writes a full HF model folder to OUT. --lora.base defaults to the base recor
 
 # Optional packages -> the extra of `pip install 'rlhfkit[EXTRA]'` that brings them.
 EXTRAS = {"ray": "ray", "vllm": "vllm", "fastapi": "serve", "uvicorn": "serve", "starlette": "serve",
-          "wandb": "wandb", "gguf": "gguf", "trl": "bench", "tinker": "tinker"}
+          "wandb": "wandb", "gguf": "gguf", "trl": "bench", "tinker": "tinker", "openai": "agents"}
 
 
 # ------------------------------------------------------------------ each command's --help
@@ -67,6 +67,14 @@ def serve_reward_help(cmd: Command) -> str:
 
     return flag_help.help_text(ServeRewardConfig, usage="usage: rlhfkit serve-reward --reward.remote_url "
                                "FILE.py [--port N] [flags]\n", intro=flag_help.section_doc(ServeRewardConfig))
+
+
+def serve_model_help(cmd: Command) -> str:
+    from rlhfkit.config import help as flag_help
+    from rlhfkit.config.serve_model import ServeModelConfig
+
+    doc = importlib.import_module(cmd.module).__doc__
+    return flag_help.help_text(ServeModelConfig, usage=f"usage: rlhfkit serve MODEL [flags]\n\n{doc}")
 
 
 def serve_training_help(cmd: Command) -> str:
@@ -131,6 +139,8 @@ COMMANDS: tuple[Command, ...] = (
             "--reward.remote_url FILE.py --port N", serve_reward_help),
     Command("serve-training", "rlhfkit.cli.serve_training", "Tinker's training API for the tinker SDK: "
             "rlhfkit serve-training --model NAME [--lora.rank R | --full]", serve_training_help),
+    Command("serve", "rlhfkit.cli.serve_model", "an OpenAI-compatible server of a model for any OpenAI client: "
+            "rlhfkit serve MODEL [--port N]", serve_model_help, shown="serve MODEL"),
     Command("plan", "rlhfkit.cli.plan_cmd", "the step counts and a memory estimate of a train rl run (same "
             "flags), no model loaded", rl_flags_help),
     Command("eval", "rlhfkit.cli.eval_cmd", "pass@k / maj@k of a model on --eval.dataset with a verifier (same "

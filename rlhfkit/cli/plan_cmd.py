@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from rlhfkit.api.builder import prompt_options
-from rlhfkit.config import RLConfig, validate
+from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
 from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings
 from rlhfkit.data.prompts import check_prompts
@@ -117,8 +117,8 @@ def format_memory(cfg: RLConfig, mcfg: dict, prompt_tokens: int) -> list[str]:
 
 def run(argv: list[str]) -> int:
     argv, own = split_plan_flags(argv)
-    cfg = RLConfig.from_args(argv)
-    batch = validate(cfg)
+    cfg = parse_config(RLConfig, argv, aliases=RL_ALIASES)
+    batch = validate(cfg)  # once: the checks of RLConfig.from_args and the batch plan
     num_prompts = count_prompts(cfg, own.get("num_prompts"))
     print(f"plan for {cfg.actor.model_name_or_path} ({cfg.algo.advantage.estimator}), "
           f"nothing loaded but config.json\n")

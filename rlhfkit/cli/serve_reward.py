@@ -11,7 +11,7 @@ from rlhfkit.api.builder import load_reward
 def run(argv: list[str]) -> int:
     cfg = parse_config(ServeRewardConfig, argv)
     validate_serve(cfg)
-    import uvicorn  # noqa: PLC0415
+    import uvicorn
 
     app = make_app(load_reward(cfg.reward.remote_url), token=cfg.auth_token, max_request_bytes=cfg.max_request_bytes)
     print(f"serving {cfg.reward.remote_url} at http://{cfg.host}:{cfg.port}/get_reward")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlhfkit.config.checks import check_device, check_input_template, check_micro_batches, one_of, require
 from rlhfkit.config.openrlhf import BATCH_INFERENCE_FLAGS
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
@@ -29,10 +30,8 @@ from rlhfkit.config.rl import (
     AdamConfig,
     CkptConfig,
     RLConfig,
-    check_device,
-    check_input_template,
 )
-from rlhfkit.config.sft import DSConfig, SupervisedTrainConfig, require
+from rlhfkit.config.sft import DSConfig, SupervisedTrainConfig
 
 REF_MODES = ("initial", "round")
 
@@ -169,17 +168,13 @@ ITERATIVE_DPO_RANGES = validate_table({**RL_RANGES, "iterative.rounds": ">= 1", 
                                        "dpo.model.beta": "> 0", "dpo.model.label_smoothing": "[0, 0.5)"})
 
 
-def _one_of(flag: str, value, valid: tuple) -> None:
-    require(value in valid, f"--{flag}: unknown value {value!r}; valid: {', '.join(map(str, valid))}")
-
-
 def validate_generate(cfg: GenerateConfig, ranges=GENERATE_RANGES) -> GenerateConfig:
     """The checks of the settings the sampling workflows read (train rl's batch arithmetic is not one)."""
     check_ranges(cfg, ranges)
-    _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
-    _one_of("actor.dtype", cfg.actor.dtype, DTYPES)
-    _one_of("actor.autocast", cfg.actor.autocast, (*AUTOCASTS, None))
-    _one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
+    one_of("rollout.engine", cfg.rollout.engine, ENGINES)
+    one_of("actor.dtype", cfg.actor.dtype, DTYPES)
+    one_of("actor.autocast", cfg.actor.autocast, (*AUTOCASTS, None))
+    one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
     check_device("--actor.device", cfg.actor.device)
     check_input_template(cfg.data.input_template)
     require(cfg.agent.func_path is None, "--agent.func_path: the sampling workflows generate single-turn "
@@ -191,9 +186,8 @@ def validate_generate(cfg: GenerateConfig, ranges=GENERATE_RANGES) -> GenerateCo
 
 def _validate_stage(stage, flag: str) -> None:
     t = stage.train
-    _one_of(f"{flag}.train.lr_scheduler", t.lr_scheduler, LR_SCHEDULERS)
-    require(t.batch_size % t.micro_batch_size == 0, f"--{flag}.train.batch_size ({t.batch_size}) must be a "
-            f"multiple of --{flag}.train.micro_batch_size ({t.micro_batch_size})")
+    one_of(f"{flag}.train.lr_scheduler", t.lr_scheduler, LR_SCHEDULERS)
+    check_micro_batches(f"{flag}.train", t.batch_size, t.micro_batch_size)
 
 
 def _one_model_per_round(stage, flag: str, rounds: int) -> None:
@@ -215,7 +209,7 @@ def validate_iterative_dpo(cfg: IterativeDPOConfig) -> IterativeDPOConfig:
     validate_generate(cfg, ITERATIVE_DPO_RANGES)
     _validate_stage(cfg.dpo, "dpo")
     _one_model_per_round(cfg.dpo, "dpo", cfg.iterative.rounds)
-    _one_of("iterative.ref", cfg.iterative.ref, REF_MODES)
+    one_of("iterative.ref", cfg.iterative.ref, REF_MODES)
     require(cfg.rollout.n_samples_per_prompt >= 2, "train iterative-dpo pairs the best and worst sample of a "
             f"prompt: set --rollout.n_samples_per_prompt 2 or more (got {cfg.rollout.n_samples_per_prompt})")
     require(not (cfg.dpo.model.ipo_enable and cfg.dpo.model.label_smoothing > 0),

@@ -43,11 +43,10 @@ CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
     (rl.RolloutConfig, "engine"): rl.ENGINES,
     (rl.DistributedConfig, "backend"): rl.BACKENDS,
     (rl.WandbConfig, "mode"): rl.WANDB_MODES,
-    (rl.LoggerConfig, "log_level"): rl.LOG_LEVELS,
+    (rl.BaseLoggerConfig, "log_level"): rl.LOG_LEVELS,
     (sft.ModelConfig, "dtype"): rl.DTYPES,
     (sft.ModelConfig, "autocast"): rl.DTYPES,
     (sft.SupervisedTrainConfig, "lr_scheduler"): rl.LR_SCHEDULERS,
-    (sft.SupervisedLoggerConfig, "log_level"): rl.LOG_LEVELS,
     (generate.IterativeSettings, "ref"): generate.REF_MODES,
 }
 

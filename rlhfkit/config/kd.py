@@ -7,23 +7,13 @@ the flags of `rlhfkit train kd`; OpenRLHF's `train_kd` flags (`--teacher_model`,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from rlhfkit.config.checks import require
 from rlhfkit.config.openrlhf import KD_ALIASES
-from rlhfkit.config.parse import parse_config
+from rlhfkit.config.parse import Alias
 from rlhfkit.config.ranges import validate_table
-from rlhfkit.config.rl import AdamConfig
-from rlhfkit.config.sft import (
-    OWN_ALIASES,
-    SUPERVISED_RANGES,
-    DSConfig,
-    ModelConfig,
-    SupervisedCkptConfig,
-    SupervisedDataConfig,
-    SupervisedLoggerConfig,
-    SupervisedTrainConfig,
-    require,
-    validate_common,
-)
+from rlhfkit.config.sft import SUPERVISED_RANGES, SupervisedCkptConfig, SupervisedConfig, validate_common
 
 
 @dataclass(frozen=True)
@@ -49,23 +39,17 @@ class KDSection:
 
 
 @dataclass(frozen=True)
-class KDConfig:
+class KDConfig(SupervisedConfig):
     """`rlhfkit train kd`: knowledge distillation from a teacher on prompts and responses."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/kd"))
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     kd: KDSection = field(default_factory=KDSection)
-    data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
-    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
-    adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=5e-6))
-    ds: DSConfig = field(default_factory=DSConfig)
-    ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/kd"))
-    logger: SupervisedLoggerConfig = field(default_factory=SupervisedLoggerConfig)
+    ALIASES: ClassVar[dict[str, str | Alias]] = KD_ALIASES
 
-    @classmethod
-    def from_args(cls, argv: list[str]) -> KDConfig:
-        """The validated config of `rlhfkit train kd ARGV` (flags, aliases, `--config FILE.yaml`)."""
-        return validate_kd(parse_config(cls, argv, aliases={**KD_ALIASES, **OWN_ALIASES}))
+    @staticmethod
+    def check(cfg: KDConfig) -> KDConfig:
+        return validate_kd(cfg)
 
 
 KD_RANGES = validate_table({**SUPERVISED_RANGES, "kd.coef": "[0, 1]", "kd.chunk_size": ">= 1"})

@@ -6,42 +6,34 @@ commands and validate."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from rlhfkit.config.checks import require
 from rlhfkit.config.openrlhf import DPO_ALIASES, KTO_ALIASES, RM_ALIASES
-from rlhfkit.config.parse import parse_config
+from rlhfkit.config.parse import Alias
 from rlhfkit.config.ranges import validate_table
 from rlhfkit.config.rl import AdamConfig
 from rlhfkit.config.sft import (
-    OWN_ALIASES,
     SUPERVISED_RANGES,
-    DSConfig,
     ModelConfig,
     SupervisedCkptConfig,
-    SupervisedDataConfig,
-    SupervisedLoggerConfig,
-    SupervisedTrainConfig,
+    SupervisedConfig,
     refuse_reward_template,
-    require,
     validate_common,
 )
 
 
 @dataclass(frozen=True)
-class RMConfig:
+class RMConfig(SupervisedConfig):
     """`rlhfkit train rm`: Bradley-Terry reward model."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
-    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=9e-6))
-    ds: DSConfig = field(default_factory=DSConfig)
     ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/rm"))
-    logger: SupervisedLoggerConfig = field(default_factory=SupervisedLoggerConfig)
+    ALIASES: ClassVar[dict[str, str | Alias]] = RM_ALIASES
 
-    @classmethod
-    def from_args(cls, argv: list[str]) -> RMConfig:
-        """The validated config of `rlhfkit train rm ARGV` (flags, aliases, `--config FILE.yaml`)."""
-        return validate_rm(parse_config(cls, argv, aliases={**RM_ALIASES, **OWN_ALIASES}))
+    @staticmethod
+    def check(cfg: RMConfig) -> RMConfig:
+        return validate_rm(cfg)
 
 
 @dataclass(frozen=True)
@@ -69,33 +61,39 @@ class RefModelConfig:
 
 
 @dataclass(frozen=True)
-class DPOConfig:
+class DPOConfig(SupervisedConfig):
     """`rlhfkit train dpo` (DPO / IPO / cDPO) and `rlhfkit train kto`."""
 
     model: PolicyModelConfig = field(default_factory=PolicyModelConfig)
-    ref: RefModelConfig = field(default_factory=RefModelConfig)
-    data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
-    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=5e-7))
-    ds: DSConfig = field(default_factory=DSConfig)
     ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/dpo"))
-    logger: SupervisedLoggerConfig = field(default_factory=SupervisedLoggerConfig)
+    ref: RefModelConfig = field(default_factory=RefModelConfig)
+    ALIASES: ClassVar[dict[str, str | Alias]] = DPO_ALIASES
+
+    @staticmethod
+    def check(cfg: DPOConfig) -> DPOConfig:
+        return validate_dpo(cfg, "dpo")
 
     @classmethod
-    def from_args(cls, argv: list[str], kind: str = "dpo") -> DPOConfig:
-        """The validated config of `rlhfkit train KIND ARGV`, KIND "dpo" or "kto" (validated as KTO)."""
-        aliases = KTO_ALIASES if kind == "kto" else DPO_ALIASES
-        return validate_dpo(parse_config(cls, argv, aliases={**aliases, **OWN_ALIASES}), kind)
+    def from_args(cls, argv: list[str], kind: str | None = None) -> DPOConfig:
+        """The validated config of `rlhfkit train KIND ARGV`; KIND "dpo" or "kto" (KTOConfig's aliases and
+        checks), default: this class's."""
+        if kind is None:
+            return super().from_args(argv)
+        require(kind in ("dpo", "kto"), f"DPOConfig.from_args: kind must be 'dpo' or 'kto' (got {kind!r})")
+        return (KTOConfig if kind == "kto" else DPOConfig).from_args(argv)
 
 
 @dataclass(frozen=True)
 class KTOConfig(DPOConfig):
     """`rlhfkit train kto`: DPOConfig's sections (KTO reads beta and the desirable / undesirable
-    weights), validated as KTO by default."""
+    weights), validated as KTO."""
 
-    @classmethod
-    def from_args(cls, argv: list[str], kind: str = "kto") -> KTOConfig:
-        return super().from_args(argv, kind)
+    ALIASES: ClassVar[dict[str, str | Alias]] = KTO_ALIASES
+
+    @staticmethod
+    def check(cfg: DPOConfig) -> DPOConfig:
+        return validate_dpo(cfg, "kto")
 
 
 def validate_rm(cfg: RMConfig) -> RMConfig:

@@ -5,20 +5,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from rlhfkit.config.checks import require
 from rlhfkit.config.openrlhf import PRM_ALIASES
-from rlhfkit.config.parse import parse_config
+from rlhfkit.config.parse import Alias
 from rlhfkit.config.rl import AdamConfig
 from rlhfkit.config.sft import (
-    OWN_ALIASES,
-    DSConfig,
-    ModelConfig,
     SupervisedCkptConfig,
+    SupervisedConfig,
     SupervisedDataConfig,
-    SupervisedLoggerConfig,
-    SupervisedTrainConfig,
     refuse_reward_template,
-    require,
     validate_common,
 )
 
@@ -38,21 +35,17 @@ class PRMDataConfig(SupervisedDataConfig):
 
 
 @dataclass(frozen=True)
-class PRMConfig:
+class PRMConfig(SupervisedConfig):
     """`rlhfkit train prm`: a process reward model trained on step labels."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
     data: PRMDataConfig = field(default_factory=PRMDataConfig)
-    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=1e-6))
-    ds: DSConfig = field(default_factory=DSConfig)
     ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/prm"))
-    logger: SupervisedLoggerConfig = field(default_factory=SupervisedLoggerConfig)
+    ALIASES: ClassVar[dict[str, str | Alias]] = PRM_ALIASES
 
-    @classmethod
-    def from_args(cls, argv: list[str]) -> PRMConfig:
-        """The validated config of `rlhfkit train prm ARGV` (flags, aliases, `--config FILE.yaml`)."""
-        return validate_prm(parse_config(cls, argv, aliases={**PRM_ALIASES, **OWN_ALIASES}))
+    @staticmethod
+    def check(cfg: PRMConfig) -> PRMConfig:
+        return validate_prm(cfg)
 
 
 def validate_prm(cfg: PRMConfig) -> PRMConfig:

@@ -4,16 +4,16 @@ derived batch arithmetic of OpenRLHF's PPO loop (`BatchPlan`)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rlhfkit.config.checks import (
+    check_device, check_input_template, check_micro_batches, divisor_hint, one_of, require,
+)
 from rlhfkit.config.ranges import ORDERED, check_ranges, validate_table
-from rlhfkit.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlhfkit.config.rl import RLConfig
-    from rlhfkit.config.rl_run_sections import LoraConfig
 
 # The names the trainer accepts; the math behind each lives in rlhfkit.core.
 ENGINES = ("hf", "vllm")
@@ -38,15 +38,6 @@ class BatchPlan:
     samples_per_rollout: int
     micro_batches_per_step: int
     optimizer_steps_per_rollout: int
-
-
-def _require(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
-
-
-def _one_of(name: str, value: str, valid: tuple[str, ...]) -> None:
-    _require(value in valid, f"--{name}: unknown value {value!r}; valid: {', '.join(valid)}")
 
 
 ADAM_RANGES = {"lr": "> 0", "betas": "[0, 1)", "eps": "> 0", "weight_decay": ">= 0"}
@@ -79,7 +70,7 @@ RL_RANGES = validate_table({
     "algo.teacher_coef": ">= 0", "algo.teacher_topk": ">= 0",
     "agent.max_turns": ">= 1", "agent.max_response_tokens": ">= 1", "agent.tool_calls_per_episode": ">= 1",
     "agent.tool_timeout": "> 0", "agent.tool_result_tokens": ">= 1", "agent.timeout": "> 0",
-    "agent.max_calls": ">= 1",
+    "agent.max_calls": ">= 1", "agent.env_reward_weight": ">= 0",
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_tokens_per_micro_batch": ">= 1",
     "train.max_epochs": ">= 1", "train.num_episodes": ">= 1", "train.max_steps": ">= 1", "train.seed": SEED_RANGE,
     "train.num_threads": ">= 1", "train.max_skipped_steps": ">= 0", "train.max_staleness": ">= 0",
@@ -98,50 +89,48 @@ def validate(cfg: RLConfig) -> BatchPlan:
     """Refuse settings that do not fit together; return the derived batch plan."""
     r, t, a = cfg.rollout, cfg.train, cfg.algo
     check_ranges(cfg, RL_RANGES)
-    _one_of("algo.advantage.estimator", a.advantage.estimator, ADVANTAGE_ESTIMATORS)
-    _one_of("algo.kl.estimator", a.kl.estimator, KL_ESTIMATORS)
-    _one_of("algo.teacher_kl_estimator", a.teacher_kl_estimator, KL_ESTIMATORS)
-    _one_of("actor.loss_agg_mode", cfg.actor.loss_agg_mode, LOSS_AGG_MODES)
-    _one_of("actor.policy_loss_type", cfg.actor.policy_loss_type, POLICY_LOSS_TYPES)
-    _one_of("actor.lr_scheduler", cfg.actor.lr_scheduler, LR_SCHEDULERS)
-    _one_of("actor.dtype", cfg.actor.dtype, DTYPES)
-    _one_of("algo.advantage.whiten", a.advantage.whiten, WHITEN_MODES)
-    _one_of("algo.advantage.is_correction_type", a.advantage.is_correction_type, IS_CORRECTION_TYPES)
-    _require(a.advantage.is_correction_threshold[0] >= 0,
-             f"--algo.advantage.is_correction_threshold: LOW must be >= 0 (a weight is a ratio of probabilities), "
-             f"got {a.advantage.is_correction_threshold[0]}")
+    one_of("algo.advantage.estimator", a.advantage.estimator, ADVANTAGE_ESTIMATORS)
+    one_of("algo.kl.estimator", a.kl.estimator, KL_ESTIMATORS)
+    one_of("algo.teacher_kl_estimator", a.teacher_kl_estimator, KL_ESTIMATORS)
+    one_of("actor.loss_agg_mode", cfg.actor.loss_agg_mode, LOSS_AGG_MODES)
+    one_of("actor.policy_loss_type", cfg.actor.policy_loss_type, POLICY_LOSS_TYPES)
+    one_of("actor.lr_scheduler", cfg.actor.lr_scheduler, LR_SCHEDULERS)
+    one_of("actor.dtype", cfg.actor.dtype, DTYPES)
+    one_of("algo.advantage.whiten", a.advantage.whiten, WHITEN_MODES)
+    one_of("algo.advantage.is_correction_type", a.advantage.is_correction_type, IS_CORRECTION_TYPES)
+    require(a.advantage.is_correction_threshold[0] >= 0,
+            f"--algo.advantage.is_correction_threshold: LOW must be >= 0 (a weight is a ratio of probabilities), "
+            f"got {a.advantage.is_correction_threshold[0]}")
     if cfg.actor.autocast is not None:
-        _one_of("actor.autocast", cfg.actor.autocast, AUTOCASTS)
+        one_of("actor.autocast", cfg.actor.autocast, AUTOCASTS)
     check_device("--actor.device", cfg.actor.device)
     if a.advantage.estimator in GROUP_ESTIMATORS:
-        _require(r.n_samples_per_prompt >= 2,
-                 f"--algo.advantage.estimator {a.advantage.estimator} compares samples of one prompt: "
-                 f"set --rollout.n_samples_per_prompt to 2 or more (got {r.n_samples_per_prompt})")
+        require(r.n_samples_per_prompt >= 2,
+                f"--algo.advantage.estimator {a.advantage.estimator} compares samples of one prompt: "
+                f"set --rollout.n_samples_per_prompt to 2 or more (got {r.n_samples_per_prompt})")
     if a.dynamic_filtering_enable:
-        _require(r.n_samples_per_prompt >= 2,
-                 "--algo.dynamic_filtering_enable needs --rollout.n_samples_per_prompt >= 2")
-    _require(t.batch_size % t.micro_batch_size == 0,
-             f"--train.batch_size ({t.batch_size}) must be a multiple of --train.micro_batch_size "
-             f"({t.micro_batch_size}); e.g. --train.micro_batch_size {_divisor_hint(t.batch_size, t.micro_batch_size)}")
+        require(r.n_samples_per_prompt >= 2,
+                "--algo.dynamic_filtering_enable needs --rollout.n_samples_per_prompt >= 2")
+    check_micro_batches("train", t.batch_size, t.micro_batch_size)
     samples = r.batch_size * r.n_samples_per_prompt
-    _require(samples % t.batch_size == 0,
-             f"one rollout makes {samples} samples (--rollout.batch_size {r.batch_size} x "
-             f"--rollout.n_samples_per_prompt {r.n_samples_per_prompt}), which --train.batch_size "
-             f"({t.batch_size}) must divide; e.g. --train.batch_size {_divisor_hint(samples, t.batch_size)}")
+    require(samples % t.batch_size == 0,
+            f"one rollout makes {samples} samples (--rollout.batch_size {r.batch_size} x "
+            f"--rollout.n_samples_per_prompt {r.n_samples_per_prompt}), which --train.batch_size "
+            f"({t.batch_size}) must divide; e.g. --train.batch_size {divisor_hint(samples, t.batch_size)}")
     w = cfg.reward
-    _one_of("reward.code.sandbox", w.code.sandbox, CODE_SANDBOXES)
-    _require(w.code.sandbox != "remote" or bool(w.code.remote_url),
-             "--reward.code.sandbox remote needs --reward.code.remote_url http://HOST:PORT")
+    one_of("reward.code.sandbox", w.code.sandbox, CODE_SANDBOXES)
+    require(w.code.sandbox != "remote" or bool(w.code.remote_url),
+            "--reward.code.sandbox remote needs --reward.code.remote_url http://HOST:PORT")
     if w.overlong_buffer_len is not None:
-        _require(0 < w.overlong_buffer_len <= r.max_new_tokens,
-                 f"--reward.overlong_buffer_len must be in [1, --rollout.max_new_tokens={r.max_new_tokens}]")
+        require(0 < w.overlong_buffer_len <= r.max_new_tokens,
+                f"--reward.overlong_buffer_len must be in [1, --rollout.max_new_tokens={r.max_new_tokens}]")
     check_input_template(cfg.data.input_template)
     _validate_eval(cfg)
     _validate_distributed(cfg)
     _validate_scale(cfg)
     _validate_lora(cfg)
-    _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
-    _one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
+    one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
+    one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
     return BatchPlan(
         samples_per_rollout=samples,
         micro_batches_per_step=t.batch_size // t.micro_batch_size,
@@ -149,35 +138,14 @@ def validate(cfg: RLConfig) -> BatchPlan:
     )
 
 
-DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
-
-
-def check_device(flag: str, name: str) -> None:
-    """`name` is auto, cpu, cuda or cuda:N (whether CUDA is there is checked where the models load)."""
-    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", name) is not None,
-             f"{flag} {name!r}: not a device; valid: {DEVICE_NAMES}")
-
-
-def check_input_template(template: str | None, flag: str = "--data.input_template") -> None:
-    """A format string with exactly one `{}` for the prompt (and literal braces doubled), or None."""
-    if template is None:
-        return
-    try:
-        template.format("")
-    except (IndexError, KeyError, ValueError) as exc:
-        raise ConfigError(f"{flag} {template!r} is not a format string with one '{{}}' for the prompt "
-                          f"({type(exc).__name__}: {exc}); double any literal braces as '{{{{' and '}}}}'") from None
-    _require("{}" in template, f"{flag} {template!r} has no '{{}}' where the prompt goes (e.g. 'Question: {{}}')")
-
-
 def _validate_eval(cfg: RLConfig) -> None:
     e = cfg.eval
-    _require(e.n_samples == 1 or e.temperature > 0,
-             f"--eval.n_samples {e.n_samples} with --eval.temperature 0 draws identical greedy samples; "
-             "set --eval.temperature (e.g. 0.7) or --eval.n_samples 1")
+    require(e.n_samples == 1 or e.temperature > 0,
+            f"--eval.n_samples {e.n_samples} with --eval.temperature 0 draws identical greedy samples; "
+            "set --eval.temperature (e.g. 0.7) or --eval.n_samples 1")
     bad = [k for k in e.k if not 1 <= k <= e.n_samples]
-    _require(not bad, f"--eval.k {','.join(map(str, e.k))}: every k must be in [1, --eval.n_samples "
-                      f"{e.n_samples}]; raise --eval.n_samples or drop {bad}")
+    require(not bad, f"--eval.k {','.join(map(str, e.k))}: every k must be in [1, --eval.n_samples "
+                     f"{e.n_samples}]; raise --eval.n_samples or drop {bad}")
 
 
 BACKENDS = ("local", "ray")
@@ -185,51 +153,37 @@ BACKENDS = ("local", "ray")
 
 def _validate_distributed(cfg: RLConfig) -> None:
     d, t, n = cfg.distributed, cfg.train, cfg.rollout.num_workers
-    _one_of("distributed.backend", d.backend, BACKENDS)
-    _require(d.backend == "ray" or (n == 1 and d.address is None),
-             "--rollout.num_workers > 1 and --distributed.address need --distributed.backend ray")
+    one_of("distributed.backend", d.backend, BACKENDS)
+    require(d.backend == "ray" or (n == 1 and d.address is None),
+            "--rollout.num_workers > 1 and --distributed.address need --distributed.backend ray")
     if t.async_enable:
-        _require(d.backend == "ray", "--train.async_enable overlaps generation on Ray rollout workers with "
-                                     "training: add --distributed.backend ray (the local backend is synchronous)")
-        _require(t.max_staleness >= 1, "--train.async_enable trains on samples one policy version old: "
-                                       f"set --train.max_staleness 1 or more (got {t.max_staleness})")
+        require(d.backend == "ray", "--train.async_enable overlaps generation on Ray rollout workers with "
+                                    "training: add --distributed.backend ray (the local backend is synchronous)")
+        require(t.max_staleness >= 1, "--train.async_enable trains on samples one policy version old: "
+                                      f"set --train.max_staleness 1 or more (got {t.max_staleness})")
     else:
-        _require(not t.partial_rollout_enable, "--train.partial_rollout_enable continues generations across the "
-                 "weight updates of async training: add --train.async_enable (and --distributed.backend ray)")
-        _require(t.max_staleness == 0, f"--train.max_staleness {t.max_staleness} without --train.async_enable: "
-                                       "a synchronous run trains on fresh samples only; add --train.async_enable")
+        require(not t.partial_rollout_enable, "--train.partial_rollout_enable continues generations across the "
+                "weight updates of async training: add --train.async_enable (and --distributed.backend ray)")
+        require(t.max_staleness == 0, f"--train.max_staleness {t.max_staleness} without --train.async_enable: "
+                                      "a synchronous run trains on fresh samples only; add --train.async_enable")
 
 
 def _validate_scale(cfg: RLConfig) -> None:
     """--rollout.engine, --vllm.*, --fsdp.* (whether vllm imports and torchrun runs is checked at build time)."""
-    _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
-    _require(cfg.rollout.engine == "hf" or cfg.distributed.backend == "local",
-             "--rollout.engine vllm runs in the trainer's process for now; Ray rollout workers hold HF engines "
-             "(drop --distributed.backend ray or use --rollout.engine hf)")
-    _require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
-             "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
-             "workers is not supported yet")
+    one_of("rollout.engine", cfg.rollout.engine, ENGINES)
+    require(cfg.rollout.engine == "hf" or cfg.distributed.backend == "local",
+            "--rollout.engine vllm runs in the trainer's process for now; Ray rollout workers hold HF engines "
+            "(drop --distributed.backend ray or use --rollout.engine hf)")
+    require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
+            "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
+            "workers is not supported yet")
 
 
 def _validate_lora(cfg: RLConfig) -> None:
-    """LoRA in RL runs in one process with the hf engine (which generates with the adapted weights)."""
+    """LoRA in RL runs with the hf engine, in one process (which generates with the adapted weights)
+    or on Ray rollout workers (which hold the same adapters)."""
     if cfg.ds.lora.rank == 0:
         return
-    for on, what in ((cfg.fsdp.enable, "--fsdp.enable"), (cfg.rollout.engine == "vllm", "--rollout.engine vllm"),
-                     (cfg.distributed.backend == "ray", "--distributed.backend ray"),
-                     (cfg.actor.ema_beta is not None, "--actor.ema_beta")):
-        _require(not on, f"--ds.lora.rank {cfg.ds.lora.rank} does not combine with {what} yet: drop one of them "
-                         "(LoRA in RL runs in one process with --rollout.engine hf)")
-
-
-def lora_targets(lora: LoraConfig) -> tuple[str, ...] | str:
-    """'all-linear' stays a string; 'q_proj,v_proj' becomes a tuple of names."""
-    if lora.target_modules.strip() == "all-linear":
-        return "all-linear"
-    return tuple(m.strip() for m in lora.target_modules.split(",") if m.strip())
-
-
-def _divisor_hint(total: int, wanted: int) -> int:
-    """The divisor of `total` nearest to `wanted` (for error messages)."""
-    divisors = [d for d in range(1, total + 1) if total % d == 0]
-    return min(divisors, key=lambda d: (abs(d - wanted), d))
+    for on, what in ((cfg.fsdp.enable, "--fsdp.enable"), (cfg.rollout.engine == "vllm", "--rollout.engine vllm")):
+        require(not on, f"--ds.lora.rank {cfg.ds.lora.rank} does not combine with {what} yet: drop one of them "
+                        "(LoRA in RL runs with --rollout.engine hf, in one process or on Ray rollout workers)")

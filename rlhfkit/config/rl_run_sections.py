@@ -87,8 +87,8 @@ class WandbConfig:
 
 
 @dataclass(frozen=True)
-class LoggerConfig:
-    """Console, TensorBoard, wandb and sample logs."""
+class BaseLoggerConfig:
+    """Console, TensorBoard and wandb logs."""
 
     wandb: WandbConfig = field(default_factory=WandbConfig)
     tensorboard_dir: str | None = None
@@ -96,10 +96,16 @@ class LoggerConfig:
     progress_bar: bool = True
     """Per-step console output: a progress bar on a terminal, one plain line per step otherwise
     (nohup, pipes, batch jobs); false = neither."""
-    log_samples: int = 4
-    """Completions per step written to samples.jsonl."""
     log_level: str = "info"
     """Print the `rlhfkit` logger's messages from this level up (notes: info; problems: warning)."""
+
+
+@dataclass(frozen=True)
+class LoggerConfig(BaseLoggerConfig):
+    """Console, TensorBoard, wandb and sample logs."""
+
+    log_samples: int = 4
+    """Completions per step written to samples.jsonl."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +189,13 @@ class LoraConfig:
     """Comma-separated module names (q_proj,v_proj) or all-linear."""
     dropout: float = 0.0
     """Dropout on the LoRA branch's input."""
+
+
+def lora_targets(lora: LoraConfig) -> tuple[str, ...] | str:
+    """'all-linear' stays a string; 'q_proj,v_proj' becomes a tuple of names."""
+    if lora.target_modules.strip() == "all-linear":
+        return "all-linear"
+    return tuple(m.strip() for m in lora.target_modules.split(",") if m.strip())
 
 
 @dataclass(frozen=True)

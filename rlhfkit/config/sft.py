@@ -10,14 +10,14 @@ are aliases. `SFTConfig.from_args(argv)` parses exactly the flags of `rlhfkit tr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from rlhfkit.config.checks import check_device, check_input_template, check_micro_batches, one_of, require
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
 from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, WANDB_MODES, AdamConfig,
-                               LoraConfig, WandbConfig, check_device, check_input_template)
-from rlhfkit.config.rl import lora_targets  # noqa: F401  (LoRA is defined with train rl's config; kept here)
-from rlhfkit.errors import ConfigError
+                               BaseLoggerConfig, LoraConfig)
 
 
 @dataclass(frozen=True)
@@ -146,22 +146,9 @@ class SupervisedCkptConfig:
 
 
 @dataclass(frozen=True)
-class SupervisedLoggerConfig:
-    """Console, TensorBoard and wandb logs."""
-
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-    tensorboard_dir: str | None = None
-    """TensorBoard log dir (default: <output_dir>/tensorboard)."""
-    progress_bar: bool = True
-    """Per-step console output: a progress bar on a terminal, one plain line per step otherwise
-    (nohup, pipes, batch jobs); false = neither."""
-    log_level: str = "info"
-    """Print the `rlhfkit` logger's messages from this level up (notes: info; problems: warning)."""
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """`rlhfkit train sft`: supervised fine-tuning on prompts and responses or whole conversations."""
+class SupervisedConfig:
+    """The sections every supervised command shares (`train sft|rm|dpo|kto|prm|kd`); a command's
+    config adds its own sections, changes a default, and names its aliases and checks."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
@@ -169,13 +156,32 @@ class SFTConfig:
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=5e-6))
     ds: DSConfig = field(default_factory=DSConfig)
     ckpt: SupervisedCkptConfig = field(default_factory=SupervisedCkptConfig)
-    logger: SupervisedLoggerConfig = field(default_factory=SupervisedLoggerConfig)
+    logger: BaseLoggerConfig = field(default_factory=BaseLoggerConfig)
+
+    ALIASES: ClassVar[dict[str, str | Alias]] = {}
+    """The command's OpenRLHF flags (config/openrlhf.py), besides OWN_ALIASES."""
+
+    @staticmethod
+    def check(cfg):
+        """The command's checks: `cfg`, or a ConfigError naming the flag."""
+        raise NotImplementedError
 
     @classmethod
-    def from_args(cls, argv: list[str]) -> SFTConfig:
-        """The validated config of `rlhfkit train sft ARGV` (dotted flags, OpenRLHF's flat aliases,
+    def from_args(cls, argv: list[str]):
+        """The validated config of the command's flags (dotted flags, OpenRLHF's flat aliases,
         `--config FILE.yaml`); ConfigError on an unknown flag or a bad value."""
-        return validate_sft(parse_config(cls, argv, aliases={**SFT_ALIASES, **OWN_ALIASES}))
+        return cls.check(parse_config(cls, list(argv), aliases={**cls.ALIASES, **OWN_ALIASES}))
+
+
+@dataclass(frozen=True)
+class SFTConfig(SupervisedConfig):
+    """`rlhfkit train sft`: supervised fine-tuning on prompts and responses or whole conversations."""
+
+    ALIASES: ClassVar[dict[str, str | Alias]] = SFT_ALIASES
+
+    @staticmethod
+    def check(cfg: SFTConfig) -> SFTConfig:
+        return validate_sft(cfg)
 
 
 # OpenRLHF's flags (flat and dotted names: mapped, noticed or refused; see config/openrlhf.py):
@@ -183,11 +189,6 @@ class SFTConfig:
 SUPERVISED_ALIASES: dict[str, Alias] = SUPERVISED_RULES
 # Short names of our own flags, shared by train sft|rm|dpo|kto (RL_ALIASES has train rl's).
 OWN_ALIASES: dict[str, str | Alias] = {"device": "model.device"}
-
-
-def require(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
 
 
 # The allowed range of every numeric flag shared by `train sft|rm|dpo|kto` (see config/ranges.py).
@@ -214,17 +215,13 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
     it may come from memory."""
     check_ranges(cfg, ranges)
     t = cfg.train
-    require(cfg.model.dtype in DTYPES, f"--model.dtype: unknown value {cfg.model.dtype!r}; valid: {', '.join(DTYPES)}")
+    one_of("model.dtype", cfg.model.dtype, DTYPES)
     require(cfg.model.autocast in (None, *DTYPES), f"--model.autocast must be one of {', '.join(DTYPES)} or none")
     check_device("--model.device", cfg.model.device)
-    require(cfg.logger.log_level in LOG_LEVELS, f"--logger.log_level: unknown value "
-            f"{cfg.logger.log_level!r}; valid: {', '.join(LOG_LEVELS)}")
-    require(cfg.logger.wandb.mode in WANDB_MODES, f"--logger.wandb.mode: unknown value "
-            f"{cfg.logger.wandb.mode!r}; valid: {', '.join(WANDB_MODES)}")
-    require(t.lr_scheduler in LR_SCHEDULERS,
-            f"--train.lr_scheduler: unknown value {t.lr_scheduler!r}; valid: {', '.join(LR_SCHEDULERS)}")
-    require(t.batch_size % t.micro_batch_size == 0,
-            f"--train.batch_size ({t.batch_size}) must be a multiple of --train.micro_batch_size ({t.micro_batch_size})")
+    one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
+    one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
+    one_of("train.lr_scheduler", t.lr_scheduler, LR_SCHEDULERS)
+    check_micro_batches("train", t.batch_size, t.micro_batch_size)
     check_input_template(cfg.data.input_template)
 
 

@@ -96,8 +96,8 @@ def shard_critic(critic: torch.nn.Module, world_size: int, mixed_precision: bool
 
 
 def _shard(model, layers, units, world_size: int, mixed_precision: bool, dummy_forward) -> torch.nn.Module:
-    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
@@ -125,7 +125,7 @@ def unsharded(model: torch.nn.Module):
     FSDP's default (reshard after forward) every layer was gathered again at every decoded token. On
     exit the units reshard and reshard after forward again (the root keeps FSDP's own setting: it does
     not). The rollout then holds the full parameters on every rank, as an unsharded model would."""
-    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
+    from torch.distributed.fsdp import FSDPModule
 
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not units:
@@ -160,7 +160,7 @@ class StreamedState:
         return True
 
     def parts(self, bucket_bytes: int):
-        from torch.distributed.tensor import DTensor  # noqa: PLC0415
+        from torch.distributed.tensor import DTensor
 
         part: dict[str, torch.Tensor] = {}
         size = 0
@@ -178,7 +178,7 @@ class StreamedState:
 def full_state_dict(model: torch.nn.Module, rank0_only: bool = True) -> dict[str, torch.Tensor]:
     """The unsharded state dict on CPU (a collective: every rank must call it). With rank0_only,
     ranks other than 0 get {}."""
-    from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+    from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
     )
@@ -193,7 +193,7 @@ def save_full(model: torch.nn.Module, tokenizer, path: str | Path, rank: int) ->
     state = full_state_dict(model, rank0_only=True)
     path = Path(path)
     if rank == 0:
-        from transformers import AutoModelForCausalLM  # noqa: PLC0415
+        from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
             plain = AutoModelForCausalLM.from_config(model.config)

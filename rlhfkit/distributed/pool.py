@@ -81,8 +81,8 @@ class RayEnginePool:
         return self._version
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int, wait: bool | None = None) -> None:
-        """Send `state` (empty: the policy's whole state dict) at `version` to every worker, via one ray.put."""
-        state = state or self.policy.state_dict()
+        """Send `state` (empty: the policy's state) at `version` to every worker, via one ray.put."""
+        state = state or policy_state(self.policy)
         self._state_ref = _put_state(state)
         self._version = version
         acks = [(i, self._send_weights(w)) for i, w in enumerate(self.workers)]
@@ -160,10 +160,19 @@ class RayEnginePool:
         if dead is not None and self.workers[slot] is not dead:
             return
         # the trainer is not updating while it gathers: its policy holds exactly version self._version
-        self._state_ref = _put_state(self.policy.state_dict())
+        self._state_ref = _put_state(policy_state(self.policy))
         self.workers[slot] = self.make_worker(slot)
         self.replaced += 1
         ray.get(self._send_weights(self.workers[slot]))
+
+
+def policy_state(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a worker needs to hold the policy: its whole state dict, or with LoRA (a peft model,
+    the workers wrapped alike) only the adapter weights, since the base never changes."""
+    state = policy.state_dict()
+    if getattr(policy, "peft_config", None):
+        return {k: v for k, v in state.items() if "lora_" in k}
+    return state
 
 
 def _put_state(state: Mapping[str, torch.Tensor]):

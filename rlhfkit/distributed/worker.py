@@ -23,6 +23,7 @@ from rlhfkit.models.precision import DTYPES
 
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import load_causal_lm, load_tokenizer
+from rlhfkit.models.lora import add_lora
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
 
@@ -37,11 +38,15 @@ class RolloutWorker:
         on a slow link lags behind the trainer's versions). Not a user flag.
       partial_tokens: tokens decoded between two loads of staged weights (0: a generation uses
         the weights it started with throughout).
+      lora: the trainer's LoRA adapters as ``add_lora``'s ``(rank, alpha, target_modules, dropout)``,
+        or None. The worker wraps its copy the same way, so it computes what the trainer's policy
+        computes (the base times x plus the adapters' low-rank product), and the pool then sends
+        only the adapter weights (the base is frozen and loaded from the same files).
     """
 
     def __init__(self, model_path: str, gguf_file: str | None, dtype: str, autocast: str | None,
                  max_batch_size: int | None, num_threads: int = 1, device: str | None = None,
-                 delay_s: float = 0.0, partial_tokens: int = 0):
+                 delay_s: float = 0.0, partial_tokens: int = 0, lora: tuple | None = None):
         torch.set_num_threads(num_threads)
         tokenizer = load_tokenizer(model_path, gguf_file=gguf_file)
         model = load_causal_lm(model_path, dtype=DTYPES[dtype], gguf_file=gguf_file)
@@ -49,6 +54,8 @@ class RolloutWorker:
             device = "cuda"
         if device is not None:
             model.to(device)
+        if lora is not None:
+            model = add_lora(model, *lora)
         model.requires_grad_(False)
         # version -1 until the pool sends the trainer's weights (it does so on creation)
         self.engine = HFEngine(model, tokenizer, max_batch_size=max_batch_size,

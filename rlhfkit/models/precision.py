@@ -20,6 +20,23 @@ def autocast_ctx(dtype_name: str | None, device_type: str = "cpu"):
     return contextlib.nullcontext()
 
 
+def vectors_to_float32(model: torch.nn.Module) -> int:
+    """Put `model`'s 1-D parameters (norm weights, biases) back in float32; returns how many moved.
+
+    For bf16 parameters computing under bf16 autocast: the matrices stay bf16 (held once per
+    optimizer step, read by every matmul without a cast), while a norm weight near 1.0, whose bf16
+    spacing is 2^-7, moves continuously as it does under autocast over float32 parameters instead of
+    only when its float32 master crosses a rounding boundary (~130 Adam steps at lr 3e-5). The norms'
+    float32 outputs are cast to bf16 by autocast at the next linear; without autocast a bf16 matmul
+    would refuse them, so call this only where the forward runs under bf16 autocast."""
+    moved = 0
+    for p in model.parameters():
+        if p.dim() < 2 and p.dtype in (torch.bfloat16, torch.float16):
+            p.data = p.data.float()
+            moved += 1
+    return moved
+
+
 def resolve_device(name: str, flag: str = "--actor.device") -> torch.device:
     """auto -> cuda when torch sees a CUDA device, else cpu; cpu, cuda, cuda:N as named. A CUDA
     device that is not there is a ConfigError naming `flag` (raised before any model loads)."""

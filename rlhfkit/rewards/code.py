@@ -51,6 +51,7 @@ from rlhfkit.errors import RewardError
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rewards.code_remote import RemoteSandbox
 from rlhfkit.rewards.code_sandbox import LOCAL_BACKENDS, CodeSandbox, RunResult
+from rlhfkit.rewards.code_values import CHILD_SOURCE, decode_value, encode_value
 
 __all__ = ["CodeSandbox", "RemoteSandbox", "RunResult", "CodeTests", "TestResult", "code_reward", "extract_code",
            "make_sandbox", "parse_tests", "run_tests"]
@@ -63,43 +64,19 @@ _MAX_MESSAGE = 1 << 22  # most bytes of one reply from the child
 # way) read from _RD, replies written to _WR after the bytes _PRE (locally: two pipes and no prefix;
 # remotely: stdin, and stdout with a newline and the run's token). Nothing it writes is trusted:
 # the parent decodes strictly.
-_SERVER = r'''
+_SERVER = CHILD_SOURCE + r'''
 import json as _json, os as _os, sys as _sys
 def _serve():
     rd = _os.fdopen(_RD, "rb", 0)
     wr = _os.fdopen(_WR, "wb", 0)
     refs = []
-    def enc(x):
-        t = type(x)
-        if x is None or t is bool or t is int or t is float or t is str:
-            return x
-        if t is list:
-            return [enc(v) for v in x]
-        if t is tuple:
-            return {"tuple": [enc(v) for v in x]}
-        if t is dict:
-            return {"dict": [[enc(k), enc(v)] for k, v in x.items()]}
-        if t is set or t is frozenset:
-            return {"set": [enc(v) for v in x]}
-        if t is bytes:
-            return {"bytes": x.hex()}
+    def keep(x):
         refs.append(x)
         return {"ref": len(refs) - 1}
+    def enc(x):
+        return encode_value(x, keep)
     def dec(x):
-        if type(x) is list:
-            return [dec(v) for v in x]
-        if type(x) is dict:
-            (k, v), = x.items()
-            if k == "tuple":
-                return tuple(dec(i) for i in v)
-            if k == "dict":
-                return {dec(a): dec(b) for a, b in v}
-            if k == "set":
-                return {dec(i) for i in v}
-            if k == "bytes":
-                return bytes.fromhex(v)
-            return refs[v]
-        return x
+        return decode_value(x, refs.__getitem__)
     def send(obj):
         wr.write(_PRE + _json.dumps(obj).encode() + b"\n")
     code = compile(_SOURCE, "solution.py", "exec")
@@ -226,49 +203,24 @@ def extract_code(response: str) -> str:
 
 
 # ---------------------------------------------------------------------- values across the boundary
+def _handle(x: Any) -> dict:
+    """The form of a non-plain argument: only an object of the solution can be passed back to it."""
+    if type(x) is RemoteObject:
+        return {"ref": x._ref}
+    raise TypeError(f"cannot pass a {type(x).__name__} to the solution")
+
+
 def _encode(x: Any) -> Any:
     """A value sent to the child: plain types, or a handle of an object living there."""
-    t = type(x)
-    if x is None or t in (bool, int, float, str):
-        return x
-    if t is list:
-        return [_encode(v) for v in x]
-    if t is tuple:
-        return {"tuple": [_encode(v) for v in x]}
-    if t is dict:
-        return {"dict": [[_encode(k), _encode(v)] for k, v in x.items()]}
-    if t in (set, frozenset):
-        return {"set": [_encode(v) for v in x]}
-    if t is bytes:
-        return {"bytes": x.hex()}
-    if t is RemoteObject:
-        return {"ref": x._ref}
-    raise TypeError(f"cannot pass a {t.__name__} to the solution")
+    return encode_value(x, _handle)
 
 
-def _decode(x: Any, conn: _Session, depth: int = 0) -> Any:
+def _decode(x: Any, conn: _Session) -> Any:
     """A value from the child, checked type by type (anything else is a ProtocolError)."""
-    if depth > 200:
-        raise ProtocolError("value nested too deeply")
-    t = type(x)
-    if x is None or t in (bool, int, float, str):
-        return x
-    if t is list:
-        return [_decode(v, conn, depth + 1) for v in x]
-    if t is dict and len(x) == 1:
-        (k, v), = x.items()
-        if k == "ref" and type(v) is int:
-            return RemoteObject(conn, v)
-        if k == "bytes" and type(v) is str:
-            return bytes.fromhex(v)
-        if type(v) is list:
-            if k == "tuple":
-                return tuple(_decode(i, conn, depth + 1) for i in v)
-            if k == "set":
-                return {_decode(i, conn, depth + 1) for i in v}
-            if k == "dict" and all(type(p) is list and len(p) == 2 for p in v):
-                return {_decode(a, conn, depth + 1): _decode(b, conn, depth + 1) for a, b in v}
-    raise ProtocolError(f"malformed value from the child: {str(x)[:80]}")
+    try:
+        return decode_value(x, lambda ref: RemoteObject(conn, ref))
+    except ValueError as exc:
+        raise ProtocolError(f"from the child: {exc}") from None
 
 
 class RemoteObject:

@@ -160,7 +160,7 @@ def latex_equal(candidate: str | None, label: Any) -> bool:
         return False
     if answers_equal(candidate, label):
         return True
-    from math_verify import parse, verify  # noqa: PLC0415  (imports sympy: slow, only when used)
+    from math_verify import parse, verify  # imports sympy: slow, only when used
 
     main = threading.current_thread() is threading.main_thread()
     timeout = 5 if main else None

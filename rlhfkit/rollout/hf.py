@@ -52,7 +52,6 @@ what `rlhfkit.models.response_logprobs` computes at the same temperature.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,16 +60,19 @@ import torch
 
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.logprobs import (
-    attention_implementation,
-    forward_parameters,
-    note_once,
-)
+from rlhfkit.models.logprobs import forward_parameters, note_once
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.static_cache import StaticBuffers, new_static_cache, static_cache_length
-from rlhfkit.rollout.static_cache import bucketed_rows as _bucketed
-from rlhfkit.rollout.static_cache import static_cache_support as _static_cache_support
-from rlhfkit.rollout.static_cache import static_layer_class as _static_layer_class  # noqa: F401 - tests
+from rlhfkit.rollout.decode_attention import decode_attention
+from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache
+from rlhfkit.rollout.prefix import prefill_shared, shared_prefix_length
+from rlhfkit.rollout.sampling import check_finite, check_params, chunk_uniforms, sample, seeded
+from rlhfkit.rollout.static_cache import (
+    StaticBuffers,
+    bucketed_rows,
+    new_static_cache,
+    static_cache_length,
+    static_cache_support,
+)
 
 # Decode steps between the loop's reads of which rows finished (a host sync), per device type; 1
 # elsewhere. On CUDA a read per step would stall the queue of (graph-replayed) steps at every token.
@@ -153,6 +155,9 @@ class HFEngine:
       compile_on_cpu: with `compile_decode`, compile on the CPU too (tests of the compiled path, benches).
       gather: `gather(model)` is a context every decoding call runs inside; FSDP passes
         `distributed.fsdp.unsharded` (the parameters gathered once per call, not per decoded token).
+      share_prefix: the tokens every prompt of a chunk starts with (a chat template's system prompt)
+        prefilled once for the chunk, their KV cache copied to each prompt's row (rollout.prefix);
+        only over a growing (full-attention) cache of a model that takes position ids.
     """
 
     def __init__(
@@ -167,8 +172,9 @@ class HFEngine:
         compile_decode: bool = False,
         compile_on_cpu: bool = False,
         gather=None,
+        share_prefix: bool = True,
     ):
-        self.model, self.gather = model, gather
+        self.model, self.gather, self.share_prefix = model, gather, share_prefix
         self._no_grad = torch.inference_mode if inference_mode and autocast_dtype is None else torch.no_grad
         if autocast_dtype == torch.float16 and self.device.type == "cpu":
             raise ConfigError("autocast_dtype=float16 on CPU is ~200x slower than fp32; use bfloat16 or None.")
@@ -183,11 +189,11 @@ class HFEngine:
         takes = forward_parameters(model)
         self._keep_last_logits = "logits_to_keep" in takes
         self._takes_positions = "position_ids" in takes  # else the model derives them (e.g. from the mask)
-        self._cached = _cache_support(model) is None
+        self._cached = cache_support(model) is None
         self._version = version
         self._compiled_step = None
         self.static_buffers = StaticBuffers()  # the compiled step's KV rows, reused by every chunk
-        if compile_decode and self._cached and _static_cache_support(model):
+        if compile_decode and self._cached and static_cache_support(model):
             from rlhfkit.models.compile import compile_decode_step
 
             self._compiled_step = compile_decode_step(model, on_cpu=compile_on_cpu)
@@ -251,11 +257,11 @@ class HFEngine:
         self.model.eval()
         try:
             gathered = self.gather(self.model) if self.gather is not None else contextlib.nullcontext()
-            with self._no_grad(), self._autocast(), _decode_attention(self.model), gathered:
+            with self._no_grad(), self._autocast(), decode_attention(self.model), gathered:
                 while budget > 0 and len(gen.done) < len(gen.chunks):
                     start, stop = gen.chunks[len(gen.done)]
                     if gen.state is None:
-                        gens = None if gen.seeds is None else [_seeded(x) for x in gen.seeds[start:stop]]
+                        gens = None if gen.seeds is None else [seeded(x) for x in gen.seeds[start:stop]]
                         gen.state = self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens)
                     budget -= self._decode(gen.state, gen.stop_ids, budget)
                     if gen.state.finished:
@@ -291,8 +297,13 @@ class HFEngine:
             cache = new_static_cache(self.model, length, self.static_buffers)
             attention_mask = torch.nn.functional.pad(attention_mask, (0, length - width))
         else:
-            cache = _new_cache(self.model, reserve=max_new) if self._cached else None
-        logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
+            cache = new_cache(self.model, reserve=max_new) if self._cached else None
+        shared = self._shared_prefix(prompts, cache)
+        if shared:  # [prefix | padding | own tokens]: the padding sits after the shared prefix
+            logits, attention_mask, position_ids = prefill_shared(self._forward, prompts, shared, cache, self.pad_id,
+                                                                  device)
+        else:
+            logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
         if cache is not None:
             cache.batch_repeat_interleave(n)
         batch = len(prompts) * n
@@ -314,6 +325,14 @@ class HFEngine:
             stopped=torch.zeros(batch, dtype=torch.bool, device=device),
             width=width if static else None)
 
+    def _shared_prefix(self, prompts: list[list[int]], cache) -> int:
+        """How many leading tokens of `prompts` to prefill once for all (rollout.prefix); 0 = none."""
+        if not self.share_prefix or cache is None or not self._takes_positions:
+            return 0
+        if not all(type(layer) is growing_layer_class() for layer in cache.layers):
+            return 0  # sliding-window layers keep their own cache
+        return shared_prefix_length(prompts)
+
     def _decode(self, s: DecodeState, stop_ids: torch.Tensor, budget: float) -> int:
         """Decode at most `budget` tokens per row of `s` (stops early when every row is done);
         returns the tokens decoded per row. The results stay on the device until the chunk ends."""
@@ -324,7 +343,7 @@ class HFEngine:
         while decoded < budget and not s.finished:
             step = s.step
             u = None if s.uniforms is None else s.uniforms[s.rows // n, step, s.rows % n]  # on the device
-            tok, lp = _sample(s.logits, params, s.generator, u)
+            tok, lp = sample(s.logits, params, s.generator, u)
             s.finite &= (torch.isfinite(lp) | ~s.alive).all()  # finished rows may still be in the batch
             s.tokens[s.rows, step] = torch.where(s.alive, tok, self.pad_id)
             s.logprobs[s.rows, step] = torch.where(s.alive, lp, 0.0)
@@ -338,13 +357,13 @@ class HFEngine:
                 self._finish(s)
                 break
             if (step + 1) % check_every == 0:  # the loop's only host sync
-                _check_finite(s.finite)
+                check_finite(s.finite)
                 keep = s.alive.nonzero().squeeze(-1)
                 if keep.numel() == 0:
                     self._finish(s)
                     break
                 if s.width is not None:  # the compiled step: a few batch sizes only
-                    keep = _bucketed(keep, s.alive)
+                    keep = bucketed_rows(keep, s.alive)
                 if keep.numel() < s.alive.numel():  # drop finished rows from the batch and the cache
                     s.active, s.rows, s.alive = s.active[keep.cpu()], s.rows[keep], s.alive[keep]
                     tok, s.next_pos, s.attention_mask = tok[keep], s.next_pos[keep], s.attention_mask[keep]
@@ -370,7 +389,7 @@ class HFEngine:
     @staticmethod
     def _finish(s: DecodeState) -> None:
         """The chunk is done: check the logprobs, bring its results to the CPU, free its cache."""
-        _check_finite(s.finite)
+        check_finite(s.finite)
         s.finished, s.cache, s.seqs, s.logits = True, None, None, None
         s.tokens, s.logprobs, s.versions = s.tokens.cpu(), s.logprobs.cpu(), s.versions.cpu()
         s.lengths, s.stopped = s.lengths.cpu(), s.stopped.cpu()
@@ -450,92 +469,6 @@ class HFEngine:
         )
 
 
-# ---------------------------------------------------------------------- sampling
-
-
-def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, u=None):
-    """logits [B, V] float32 -> (tokens [B], logprobs [B]).
-
-    The logprob is log_softmax(logits / T) at the token, before top-k/top-p truncation;
-    T = 0 is greedy, with the logprob taken at T = 1. `u` [B] (on the logits' device): the rows'
-    uniforms, else they are drawn from `generator` (and copied to the logits' device).
-    """
-    if params.temperature == 0:
-        tok = logits.argmax(dim=-1)
-        return tok, torch.log_softmax(logits, dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-    scaled = logits / params.temperature
-    logp = torch.log_softmax(scaled, dim=-1)
-    truncated = params.top_k > 0 or params.top_p < 1.0
-    probs = torch.softmax(_truncate(scaled, params.top_k, params.top_p), dim=-1) if truncated else logp.exp()
-    if u is None:
-        u = torch.rand(probs.shape[0], generator=generator, device=generator.device if generator is not None else "cpu")
-        u = u.to(probs.device)
-    tok = _inverse_cdf(probs, u)
-    return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-
-
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
-    """One token per row of `probs` [B, V] from uniforms `u` [B] in [0, 1) (on the same device): the first token whose
-    cumulative probability exceeds u * total; a zero-probability token is never picked. One
-    uniform per row instead of torch.multinomial's V exponentials: on this CPU multinomial over
-    [128, 49152] took ~130 ms per decode step, a third of it.
-
-    In two levels: sums of blocks of `block` tokens (float32) and their float64 cumulative sum
-    pick the block, then a float64 cumulative sum inside that block picks the token, kept on the
-    block's nonzero tokens where the two sums round apart. A float64 cumsum of the whole [B, V]
-    cost 7 ms per decode step (5% of a rollout); this reads the row once."""
-    rows, vocab = probs.shape
-    nblocks = -(-vocab // block)
-    padded = probs if nblocks * block == vocab else torch.nn.functional.pad(probs, (0, nblocks * block - vocab))
-    blocks = padded.view(rows, nblocks, block)
-    cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)  # [B, nblocks]
-    total = cdf[:, -1]  # NaN/inf anywhere reaches it (and the token's logprob, which the loop checks)
-    x = (u.double() * total).unsqueeze(-1)
-    b = torch.searchsorted(cdf, x, right=True).clamp(max=nblocks - 1)  # [B, 1]; a zero block is never picked
-    before = torch.where(b > 0, cdf.gather(-1, (b - 1).clamp(min=0)), 0.0)
-    inside = blocks[torch.arange(rows, device=probs.device), b.squeeze(-1)]  # [B, block]
-    j = torch.searchsorted(before + inside.double().cumsum(dim=-1), x, right=True)
-    index = torch.arange(block, device=probs.device)
-    first = torch.where(inside > 0, index, block).amin(dim=-1, keepdim=True)
-    last = torch.where(inside > 0, index, -1).amax(dim=-1, keepdim=True)
-    return (b * block + torch.minimum(torch.maximum(j, first), last)).squeeze(-1).clamp(0, vocab - 1)
-
-
-def _check_finite(finite: torch.Tensor) -> None:
-    """Raise where a sampled token's logprob was NaN/inf (`finite`: a bool scalar on the device)."""
-    if not bool(finite):
-        raise RuntimeError("probability tensor contains either inf, nan or element < 0 (no token can be sampled)")
-
-
-def _seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(int(seed))
-
-
-def chunk_uniforms(gens: list[torch.Generator], max_new: int, n: int) -> torch.Tensor:
-    """Every uniform a chunk's rows may use: [prompts, max_new, n] (CPU), entry [p, t, s] for sample s of
-    prompt p at decode step t, drawn from prompt p's generator in the order (t, s). A row's draws do not
-    depend on when its siblings finished or were dropped from the batch, and are the values the
-    per-step draws of n uniforms gave (torch.rand on a CPU generator fills its values in order), so the
-    samples are the same; drawn once per chunk and copied to the device once, the decode loop does not
-    wait for the device at every token to copy a step's uniforms."""
-    return torch.stack([torch.rand(max_new * n, generator=g).view(max_new, n) for g in gens])
-
-
-def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k and outside the top-p nucleus to -inf. [B, V] -> [B, V]."""
-    if top_k > 0 and top_k < scaled.shape[-1]:
-        kth = scaled.topk(top_k, dim=-1).values[:, -1:]
-        scaled = scaled.masked_fill(scaled < kth, -math.inf)
-    if top_p < 1.0:
-        sorted_logits, order = scaled.sort(dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Drop a token when the tokens ranked above it already reach top_p (the top one stays).
-        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, -math.inf)
-    return scaled
-
-
 # ---------------------------------------------------------------------- helpers
 
 
@@ -548,160 +481,3 @@ def eos_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
     if gen_eos is not None:
         ids.update(int(i) for i in ([gen_eos] if isinstance(gen_eos, int) else gen_eos))
     return tuple(sorted(ids))
-
-
-def _cache_support(model: torch.nn.Module) -> str | None:
-    """Why the engine cannot decode `model` with a transformers `DynamicCache` (noted once), or None."""
-    reason = None
-    if "past_key_values" not in forward_parameters(model):
-        reason = "its forward takes no past_key_values"
-    elif not getattr(model, "_supports_default_dynamic_cache", lambda: True)():
-        reason = "it does not use transformers' DynamicCache"
-    else:
-        from transformers import DynamicCache
-
-        try:
-            kinds = {type(layer) for layer in DynamicCache(config=model.config).layers}
-        except Exception as e:  # noqa: BLE001 - a config transformers lays out no cache for
-            kinds, reason = set(), f"transformers lays out no DynamicCache for it ({type(e).__name__})"
-        lacking = sorted(k.__name__ for k in kinds
-                         if not all(hasattr(k, m) for m in ("batch_repeat_interleave", "batch_select_indices")))
-        if lacking:
-            reason = f"its cache layers ({', '.join(lacking)}) cannot be copied per sample or have rows dropped"
-    if reason is not None:
-        note_once(f"{type(model).__name__}: {reason}; the HF engine decodes it without a KV cache (one prompt "
-                  "at a time, the whole sequence at each step)")
-    return reason
-
-
-def _new_cache(model: torch.nn.Module, reserve: int = 0):
-    """transformers' DynamicCache, its full-attention layers replaced by growing-buffer layers with room
-    for `reserve` more tokens (other layer kinds, e.g. sliding windows, are kept as they are)."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    cache = DynamicCache(config=model.config)
-    growing = _growing_layer_class()
-    cache.layers = [growing(reserve) if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    return cache
-
-
-@functools.cache
-def _growing_layer_class():
-    """The class is built on first use: transformers is imported lazily (CLI start-up stays light)."""
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        """A DynamicLayer whose keys and values are views of buffers with room to grow: a decode
-        step writes its token in place, where DynamicLayer concatenates (copies) the whole cache of
-        every layer at every step (18% of a SmolLM2 rollout on this CPU)."""
-
-        def __init__(self, reserve: int):
-            super().__init__()
-            self.reserve, self.length, self._k, self._v = reserve, 0, None, None
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            # Under autocast the attention casts keys and values to its dtype anyway: keep them in it,
-            # not in the float32 that RoPE's float32 cos/sin promote them to, so the cache is not cast
-            # whole at every step in every layer (the same numbers; 10% of a bf16 rollout here).
-            device = key_states.device.type
-            if torch.is_autocast_enabled(device):
-                dtype = torch.get_autocast_dtype(device)
-                key_states, value_states = key_states.to(dtype), value_states.to(dtype)
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            n = key_states.shape[-2]
-            if self._k is None or self.length + n > self._k.shape[-2]:
-                self._k, self._v = (self._grown(old, new, n) for old, new in ((self._k, key_states),
-                                                                             (self._v, value_states)))
-            self._k[..., self.length : self.length + n, :] = key_states
-            self._v[..., self.length : self.length + n, :] = value_states
-            self.length += n
-            return self._views()
-
-        def _grown(self, old, new, n):
-            buf = new.new_empty(*new.shape[:-2], self.length + n + self.reserve, new.shape[-1])
-            if old is not None:
-                buf[..., : self.length, :] = old[..., : self.length, :]
-            return buf
-
-        def _views(self):
-            self.keys, self.values = self._k[..., : self.length, :], self._v[..., : self.length, :]
-            return self.keys, self.values
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            if self.length:
-                self._k, self._v = self._k.repeat_interleave(repeats, 0), self._v.repeat_interleave(repeats, 0)
-                self._views()
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            if self.length:
-                self._k, self._v = self._k[indices], self._v[indices]
-                self._views()
-
-    return GrowingLayer
-
-
-DECODE_ATTENTION = "rlhfkit_cpu_decode"
-
-
-def _decode_attention(model: torch.nn.Module):
-    """On CPU, swap a model's SDPA attention for `_cpu_decode_attention` while the engine decodes."""
-    config = getattr(model, "config", None)
-    device = next(model.parameters()).device
-    if config is None or device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa":
-        return contextlib.nullcontext()
-    _register_decode_attention()
-    return attention_implementation(model, DECODE_ATTENTION)
-
-
-@functools.cache
-def _register_decode_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(DECODE_ATTENTION, _cpu_decode_attention)
-    AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)  # the boolean masks SDPA gets
-
-
-# Attention arguments that change the math beyond scores, mask and softmax: such calls go to SDPA
-# (which applies them or refuses them as it does without the engine).
-_NOT_PLAIN_ATTENTION = ("softcap", "s_aux", "sinks")
-
-
-def _cpu_decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention of one new token per row against the KV cache, as eager attention computes it
-    (scores, float32 softmax, weighted values) with the query heads grouped over their shared
-    key/value head instead of copying K/V per head. torch's CPU SDPA kernel took ~1.5 ms per
-    layer per decode step for SmolLM2's [128, 9, 1, 64] queries, this ~0.4 ms (17% of a rollout).
-    Prefill (more than one query position), dropout and attention with soft-capping or sinks go
-    to transformers' SDPA unchanged. Sliding windows are in the mask (and the cache)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    batch, heads, q_len, dim = query.shape
-    kv_heads = key.shape[1]
-    special = any(kwargs.get(name) is not None for name in _NOT_PLAIN_ATTENTION)
-    if q_len != 1 or dropout or heads % kv_heads or special:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    scale = dim**-0.5 if scaling is None else scaling
-    q = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # query head h reads key/value head h // group
-    scores = torch.matmul(q, key.transpose(-1, -2)) * scale  # [B, KV, group, L]
-    if attention_mask is not None:  # boolean [B, 1, 1, L] (True = attend) or additive float
-        mask = attention_mask[:, :, :, : key.shape[-2]]
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
-    # eager casts to the query's dtype and autocast then to its own: straight to the values' (the same)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(probs, value)  # [B, KV, group, Dv] (Dv may differ from the query's D)
-    return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
-
-
-def check_params(params: SamplingParams, prompts: Sequence[Sequence[int]], group_ids) -> None:
-    if params.n < 1 or params.max_new_tokens < 1:
-        raise ConfigError(f"SamplingParams needs n >= 1 and max_new_tokens >= 1, got {params}")
-    if params.temperature < 0 or not 0 < params.top_p <= 1:
-        raise ConfigError(f"SamplingParams needs temperature >= 0 and 0 < top_p <= 1, got {params}")
-    if any(len(p) == 0 for p in prompts):
-        raise ConfigError("every prompt needs at least one token (got an empty prompt)")
-    if group_ids is not None and len(group_ids) != len(prompts):
-        raise ConfigError(f"group_ids has {len(group_ids)} entries for {len(prompts)} prompts")

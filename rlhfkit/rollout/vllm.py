@@ -42,7 +42,7 @@ import torch
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import check_params
+from rlhfkit.rollout.sampling import check_params
 from rlhfkit.rollout.vllm_worker import (
     fill_bucket,
     pack_tensors,
@@ -223,7 +223,7 @@ class VLLMEngine:
             if enable_sleep and not torch.cuda.is_available():
                 raise ConfigError("--vllm.enable_sleep: vLLM's sleep mode needs CUDA GPUs; this machine has none "
                                   "(drop --vllm.enable_sleep on CPU)")
-            import vllm  # noqa: PLC0415  (optional extra)
+            import vllm  # optional extra
 
             llm = vllm.LLM(**llm_kwargs(model_path, dtype, seed, gpu_memory_utilization, enable_sleep,
                                         tensor_parallel_size, max_model_len))
@@ -243,7 +243,7 @@ class VLLMEngine:
                  generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
                  seeds: Sequence[int] | None = None) -> list[Trajectory]:
         """Sample `params.n` responses per prompt; sample s of prompt i is at index i*n + s."""
-        import vllm  # noqa: PLC0415
+        import vllm
 
         check_params(params, prompts, group_ids)
         self.wake_up()

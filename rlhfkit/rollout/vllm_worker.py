@@ -108,7 +108,7 @@ def share_cuda_tensor(t: torch.Tensor) -> list:
     """The CUDA IPC handle of a flat uint8 CUDA buffer (torch's `reduce_tensor`) as plain values
     (ints, bools, bytes) that vLLM's RPC carries: the arguments of `rebuild_cuda_tensor` less the
     classes, dtype and device, which `open_cuda_tensor` puts back. No pickle on either side."""
-    from torch.multiprocessing.reductions import reduce_tensor  # noqa: PLC0415
+    from torch.multiprocessing.reductions import reduce_tensor
 
     if not t.is_cuda or t.dtype != torch.uint8 or t.dim() != 1:
         raise ValueError(f"share_cuda_tensor takes a 1-d uint8 CUDA tensor, got {t.dtype} "
@@ -122,7 +122,7 @@ def share_cuda_tensor(t: torch.Tensor) -> list:
 def open_cuda_tensor(handle: list, device_index: int) -> torch.Tensor:
     """Map the GPU memory behind `share_cuda_tensor(t)` into this process (no copy). The device
     index is this process's for the same GPU (CUDA_VISIBLE_DEVICES may number it differently)."""
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor  # noqa: PLC0415
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
     size, stride, offset, *rest = handle
     return rebuild_cuda_tensor(torch.Tensor, torch.Size(size), tuple(stride), offset, torch.storage.TypedStorage,

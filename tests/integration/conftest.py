@@ -46,3 +46,34 @@ def tiny_ws(tmp_path_factory):
         return root
 
     return make
+
+
+def cli_flags(values: dict) -> list[str]:
+    """`{"section.name": value}` as command-line flags: `--section.name VALUE`; a None value leaves the flag
+    out, a tuple gives several values (`--actor.eps_clip_low_high 0.2 0.28`)."""
+    argv: list[str] = []
+    for name, value in values.items():
+        if value is not None:
+            argv += [f"--{name}", *(map(str, value) if isinstance(value, tuple) else [str(value)])]
+    return argv
+
+
+def rl_flags(ws, out, **over) -> list[str]:
+    """The flags of a tiny `train rl` run in the workspace `ws` (`tiny/`, `prompts.jsonl` with keys q and a,
+    `reward.py`) writing to `out`; `over` (dotted names) adds or replaces flags, None drops one."""
+    return cli_flags({"actor.model_name_or_path": ws / "tiny", "data.prompt_dataset": ws / "prompts.jsonl",
+                      "data.input_key": "q", "data.label_key": "a", "reward.remote_url": ws / "reward.py",
+                      "actor.autocast": "none", "logger.progress_bar": "false", "ckpt.output_dir": out, **over})
+
+
+def refuse(argv, capsys, needle):
+    """`rlhfkit ARGV` exits with code 2 and one line `error: ...` containing `needle`, no traceback; returns it."""
+    from rlhfkit.cli.main import main
+
+    rc = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert rc == 2, err
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+    return lines[0]

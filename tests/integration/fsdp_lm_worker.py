@@ -16,8 +16,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from rlhfkit.distributed import fsdp  # noqa: E402
-from rlhfkit.models import tiny_model_and_tokenizer  # noqa: E402
+from rlhfkit.distributed import fsdp  # noqa: E402 - after the checkout is on sys.path
+from rlhfkit.models import tiny_model_and_tokenizer  # noqa: E402 - after the checkout is on sys.path
 
 STEPS, LR = 3, 1e-2
 

@@ -3,18 +3,16 @@ tokens never count in the loss, and OpenRLHF-style agent files (both contracts) 
 environments run through the CLI."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from rlhfkit.api.rl import RLTrainer  # noqa: E402
-from rlhfkit.cli import train_rl  # noqa: E402
-from rlhfkit.cli.main import main  # noqa: E402
-from rlhfkit.config import RLConfig  # noqa: E402
-from rlhfkit.data.prompts import load_prompts  # noqa: E402
+from rlhfkit.api.rl import RLTrainer
+from rlhfkit.cli import train_rl
+from rlhfkit.cli.main import main
+from rlhfkit.config import RLConfig
+from rlhfkit.data.prompts import load_prompts
+from tests.integration.conftest import rl_flags
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "openrlhf_style_agent.py"
 FIXTURE_2025 = Path(__file__).resolve().parents[1] / "fixtures" / "openrlhf_2025_agent.py"
@@ -47,15 +45,11 @@ def ws(tiny_ws):
 
 
 def flags(ws, out, **over):
-    f = {"actor.model_name_or_path": str(ws / "tiny"), "data.prompt_dataset": str(ws / "prompts.jsonl"),
-         "data.input_key": "q", "data.label_key": "a", "agent.func_path": str(ws / "sevens.py"),
-         "agent.max_turns": "3", "rollout.batch_size": "8", "rollout.n_samples_per_prompt": "4",
-         "rollout.max_new_tokens": "6", "train.batch_size": "32", "train.micro_batch_size": "16",
-         "train.max_steps": "14", "train.num_episodes": "3", "actor.adam.lr": "1e-2",
-         "actor.lr_scheduler": "constant", "actor.autocast": "none", "logger.progress_bar": "false",
-         "ckpt.output_dir": str(out)}
-    f.update(over)
-    return [x for k, v in f.items() for x in (f"--{k}", v)]
+    return rl_flags(ws, out, **{
+        "reward.remote_url": None, "agent.func_path": ws / "sevens.py", "agent.max_turns": "3",
+        "rollout.batch_size": "8", "rollout.n_samples_per_prompt": "4", "rollout.max_new_tokens": "6",
+        "train.batch_size": "32", "train.micro_batch_size": "16", "train.max_steps": "14", "train.num_episodes": "3",
+        "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant", **over})
 
 
 def metrics(out):

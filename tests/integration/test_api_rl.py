@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 import rlhfkit
 from rlhfkit.config.rl import ActorConfig, CkptConfig, DataConfig, LoggerConfig, RLConfig, RolloutConfig, TrainConfig
 from rlhfkit.errors import RewardError
+from tests.integration.conftest import rl_flags
 
 VOLATILE = ("time/", "rollout_tokens_per_s")
 
@@ -24,15 +25,11 @@ def ws(tiny_ws):
 
 
 def flags(ws, out, **over):
-    f = {"actor.model_name_or_path": str(ws / "tiny"), "data.prompt_dataset": str(ws / "prompts.jsonl"),
-         "data.input_key": "q", "data.label_key": "a", "reward.remote_url": str(ws / "reward.py"),
-         "rollout.batch_size": "4", "rollout.n_samples_per_prompt": "4", "rollout.max_new_tokens": "6",
-         "rollout.temperature": "1.0", "train.batch_size": "8", "train.micro_batch_size": "4",
-         "train.max_steps": "2", "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant",
-         "actor.autocast": "none", "logger.progress_bar": "false", "train.num_threads": "1",
-         "ckpt.output_dir": str(out)}
-    f.update(over)
-    return [x for k, v in f.items() for x in (f"--{k}", v)]
+    return rl_flags(ws, out, **{
+        "rollout.batch_size": "4", "rollout.n_samples_per_prompt": "4", "rollout.max_new_tokens": "6",
+        "rollout.temperature": "1.0", "train.batch_size": "8", "train.micro_batch_size": "4",
+        "train.max_steps": "2", "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant",
+        "train.num_threads": "1", **over})
 
 
 def stable(out):

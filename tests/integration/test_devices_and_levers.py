@@ -266,3 +266,24 @@ def test_lora_in_rl_refuses_what_it_does_not_combine_with():
     with pytest.raises(ConfigError, match="--ds.lora.rank 8 does not combine with --rollout.engine vllm yet"):
         rlhfkit.RLConfig.from_args(["--ds.lora.rank", "8", "--rollout.engine", "vllm"])
     assert rlhfkit.RLConfig.from_args(["--target_modules", "q_proj", "v_proj"]).ds.lora.target_modules == "q_proj,v_proj"
+
+
+def test_lora_with_ema_keeps_the_ema_of_the_adapters(ws, tmp_path):
+    """--actor.ema_beta with LoRA: the EMA runs over the adapters (the only trained weights) and
+    ema/ is an adapter folder: ema = beta * ema + (1 - beta) * adapters after each step."""
+    from safetensors.torch import load_file
+
+    cfg = rlhfkit.RLConfig.from_args(rl_flags(ws, tmp_path / "lora_ema", lora_rank=4, lora_alpha=8,
+                                              **{"ds.lora.target_modules": "q_proj,v_proj", "actor.ema_beta": "0.5"}))
+    trainer = rlhfkit.RLTrainer.from_config(cfg)
+    learner = trainer.loop.update.learner
+    start = [p.detach().clone() for p in learner.params]
+    assert all(torch.equal(e, s) for e, s in zip(learner.ema, start))
+    trainer.train()
+    ema_dir, final_dir = tmp_path / "lora_ema" / "ema", tmp_path / "lora_ema" / "final"
+    assert (ema_dir / "adapter_config.json").exists() and (final_dir / "adapter_config.json").exists()
+    ema, final = (load_file(d / "adapter_model.safetensors") for d in (ema_dir, final_dir))
+    assert ema.keys() == final.keys() and all("lora_" in k for k in ema)
+    moved = [k for k in final if "lora_B" in k]
+    assert moved and all(not torch.equal(ema[k], final[k]) for k in moved)  # the EMA lags the adapters
+    assert all(float(ema[k].abs().max()) > 0 for k in moved)  # ... but follows them from their zero start

@@ -13,17 +13,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 ray = pytest.importorskip("ray")
 
-from rlhfkit.api.builder import build_pool  # noqa: E402
-from rlhfkit.api.rl import RLTrainer  # noqa: E402
-from rlhfkit.config import RLConfig  # noqa: E402
-from rlhfkit.cli.main import main  # noqa: E402
-from rlhfkit.data.prompts import load_prompts  # noqa: E402
-from tests.unit.distributed.test_partial_rollout_worker import mixed_logprobs  # noqa: E402
+from rlhfkit.api.builder import build_pool  # noqa: E402 - after the Ray settings and importorskip
+from rlhfkit.api.rl import RLTrainer  # noqa: E402 - after the Ray settings and importorskip
+from rlhfkit.config import RLConfig  # noqa: E402 - after the Ray settings and importorskip
+from rlhfkit.cli.main import main  # noqa: E402 - after the Ray settings and importorskip
+from rlhfkit.data.prompts import load_prompts  # noqa: E402 - after the Ray settings and importorskip
+from tests.integration.conftest import rl_flags  # noqa: E402 - after the Ray settings and importorskip
+from tests.unit.distributed.test_partial_rollout_worker import mixed_logprobs  # noqa: E402 - likewise
 
 # wall-clock quantities differ between any two runs; the engine/trainer logprob gap measures float
 # rounding (~1e-7), which differs between a worker's batch layout and the trainer's own engine
@@ -64,14 +64,10 @@ def cluster(tmp_path_factory):
 
 
 def flags(ws, out, **over):
-    f = {"actor.model_name_or_path": str(ws / "tiny"), "data.prompt_dataset": str(ws / "prompts.jsonl"),
-         "data.input_key": "q", "data.label_key": "a", "reward.remote_url": str(ws / "reward.py"),
-         "rollout.batch_size": "4", "rollout.n_samples_per_prompt": "4", "rollout.max_new_tokens": "8",
-         "train.batch_size": "16", "train.micro_batch_size": "8", "train.max_steps": "4", "train.num_threads": "1",
-         "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant", "actor.autocast": "none",
-         "logger.progress_bar": "false", "ckpt.output_dir": str(out)}
-    f.update(over)
-    return [x for k, v in f.items() if v is not None for x in (f"--{k}", v)]
+    return rl_flags(ws, out, **{
+        "rollout.batch_size": "4", "rollout.n_samples_per_prompt": "4", "rollout.max_new_tokens": "8",
+        "train.batch_size": "16", "train.micro_batch_size": "8", "train.max_steps": "4", "train.num_threads": "1",
+        "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant", **over})
 
 
 def rows_of(out):
@@ -106,7 +102,7 @@ def in_process_trainer(ws, out, argv_over, delays=None):
         return load_prompts(d.prompt_dataset, input_key=d.input_key, label_key=d.label_key, tokenizer=tok,
                             shuffle_seed=cfg.train.seed)
 
-    trainer = RLTrainer.build(cfg, train_dataset=load_examples,
+    trainer = RLTrainer.build(cfg, RLTrainer.validate(cfg), train_dataset=load_examples,
                               make_engine=lambda policy, tok: build_pool(cfg, policy, delays=delays))
     trained = []  # the prompt ids of every trajectory the trainer trains on
     loop, inner = trainer.loop, trainer.loop.experience
@@ -282,3 +278,21 @@ def test_an_error_in_the_trainer_actor_is_the_cli_one_line_error(ws, cluster, ca
     lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "raised KeyError" in lines[0], err
     assert "Traceback" not in err
+
+
+def test_lora_on_two_workers_equals_lora_in_one_process(ws, cluster):
+    """The workers wrap their policy copy in the same LoRA adapters and receive only the adapter
+    weights: the run equals the single-process LoRA run, metric for metric and weight for weight."""
+    lora = {"ds.lora.rank": "4", "ds.lora.alpha": "8", "ds.lora.target_modules": "all-linear"}
+    local, out = ws / "lora_local", ws / "lora_ray"
+    assert main(["train", "rl", *flags(ws, local, **lora)]) == 0
+    assert main(["train", "rl", *flags(ws, out, **lora, **{"distributed.backend": "ray",
+                                                             "rollout.num_workers": "2"})]) == 0
+    files = sorted(p.name for p in (local / "final").glob("*.safetensors"))
+    assert files and files == sorted(p.name for p in (out / "final").glob("*.safetensors"))
+    for name in files:
+        a, b = load_file(local / "final" / name), load_file(out / "final" / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = rows_of(local), rows_of(out)
+    assert len(ra) == 4 and ra == rb
+    assert rb[-1]["actor/grad_norm"] > 0

@@ -76,3 +76,26 @@ def test_an_agent_function_through_the_python_api_with_the_reward_functions_rewa
     for t in seen:  # the reward file's share of "7"s of the recorded reply, not of re-tokenized text
         reply = tok.decode(t.response_ids.tolist(), skip_special_tokens=True)
         assert t.info["agent_reward"] == pytest.approx(reply.count("7") / 8.0, abs=1e-6)
+
+
+def test_openrlhf_server_executor_form_trains_through_the_cli(ws, tmp_path):
+    """OpenRLHF's server-executor form (its own OpenAI-compatible server over llm_engine.generate, in
+    its own thread), only its import lines naming rlhfkit: two steps train, its reward is logged."""
+    argv = flags(ws, tmp_path, **{"agent.func_path": str(FIXTURES / "openrlhf_server_executor_agent.py"),
+                                  "train.max_steps": "2"})
+    assert main(["train", "rl", *argv]) == 0
+    ms = [m for m in metrics(tmp_path) if "reward" in m]
+    assert len(ms) == 2 and (tmp_path / "final" / "model.safetensors").exists()
+    for m in ms:
+        assert m["reward_extra/turns"] == 2.0
+        assert m["reward"] == pytest.approx(m["reward_extra/sevens"] / 12, abs=1e-5)
+
+
+def test_rlhfkit_eval_runs_an_agent_function_on_held_out_prompts(ws, tmp_path):
+    argv = flags(ws, tmp_path, **{"eval.dataset": str(ws / "prompts.jsonl"), "eval.max_samples": "4",
+                                  "eval.n_samples": "2", "eval.temperature": "1.0"})
+    assert main(["eval", *argv]) == 0
+    out = json.loads((tmp_path / "eval.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "eval_samples.jsonl").read_text().splitlines()]
+    assert out["prompts"] == 4 and len(rows) == 8 and out["metrics"]["eval/dropped"] == 0
+    assert out["metrics"]["eval/reward"] == pytest.approx(sum(r["reward"] for r in rows) / 8)

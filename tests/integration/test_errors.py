@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from rlhfkit.cli.main import main
+from tests.integration.conftest import refuse, rl_flags
 from rlhfkit.models import load_tokenizer, tiny_model_and_tokenizer
 from rlhfkit.models.reward import init_reward_model
 from rlhfkit.trainers import checkpoint as ck
@@ -106,26 +107,9 @@ def damaged_models(root):
 
 
 def flags(ws, out, **over):
-    f = {
-        "actor.model_name_or_path": ws / "tiny", "data.prompt_dataset": ws / "prompts.jsonl",
-        "data.input_key": "q", "data.label_key": "a", "reward.remote_url": ws / "reward.py",
+    return ["train", "rl", *rl_flags(ws, out, **{
         "rollout.batch_size": 8, "rollout.n_samples_per_prompt": 2, "rollout.max_new_tokens": 4,
-        "train.batch_size": 16, "train.micro_batch_size": 8, "train.max_steps": 1, "actor.autocast": "none",
-        "logger.progress_bar": "false", "ckpt.output_dir": out,
-    }
-    f.update(over)
-    return ["train", "rl"] + [x for k, v in f.items() if v is not None for x in (f"--{k}", str(v))]
-
-
-def refuse(argv, capsys, needle):
-    """Exit code 2, one line `error: ...` containing `needle`, no traceback."""
-    rc = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
-    assert rc == 2, err
-    assert len(lines) == 1 and needle in lines[0], err
-    assert "Traceback" not in err
-    return lines[0]
+        "train.batch_size": 16, "train.micro_batch_size": 8, "train.max_steps": 1, **over})]
 
 
 # (catalogue number, flag overrides, text the one-line message must contain)

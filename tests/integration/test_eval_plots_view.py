@@ -7,9 +7,8 @@ import os
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from rlhfkit.cli.main import main  # noqa: E402
+from rlhfkit.cli.main import main
+from tests.integration.conftest import rl_flags
 
 # Training reward: share of "7" characters (dense). Verifier: the response is exactly the label
 # (a task the tiny model does not learn): the two are kept apart, as reward hacking would show.
@@ -38,18 +37,12 @@ def ws(tiny_ws):
 
 
 def flags(ws, out, **over):
-    f = {
-        "actor.model_name_or_path": str(ws / "tiny"), "data.prompt_dataset": str(ws / "prompts.jsonl"),
-        "data.input_key": "q", "data.label_key": "a", "reward.remote_url": str(ws / "reward.py"),
+    return rl_flags(ws, out, **{
         "rollout.batch_size": "8", "rollout.n_samples_per_prompt": "4", "rollout.max_new_tokens": "4",
         "train.batch_size": "32", "train.micro_batch_size": "16", "train.max_steps": "4",
-        "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant", "actor.autocast": "none",
-        "logger.progress_bar": "false", "ckpt.output_dir": str(out),
-        "eval.dataset": str(ws / "test.jsonl"), "eval.steps": "2", "eval.n_samples": "4",
-        "eval.temperature": "1.0", "eval.k": "1,2,4", "eval.verifier": str(ws / "verifier.py"),
-    }
-    f.update(over)
-    return [x for k, v in f.items() for x in (f"--{k}", v)]
+        "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant",
+        "eval.dataset": ws / "test.jsonl", "eval.steps": "2", "eval.n_samples": "4",
+        "eval.temperature": "1.0", "eval.k": "1,2,4", "eval.verifier": ws / "verifier.py", **over})
 
 
 def test_train_eval_plots_wandb_view(ws, tmp_path, monkeypatch):

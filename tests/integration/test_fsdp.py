@@ -15,19 +15,20 @@ from safetensors.torch import load_file
 from rlhfkit.cli.main import main
 from rlhfkit.errors import ConfigError
 from rlhfkit.distributed import fsdp
+from tests.integration.conftest import rl_flags
 
 REWARD = "def reward_func(queries, prompts, labels, **kw):\n    return [len(set(q[len(p):])) / 8.0 for q, p in zip(queries, prompts)]\n"
 
 
 def flags(ws, out, **over):
-    f = {"actor.model_name_or_path": ws / "tiny", "data.prompt_dataset": ws / "prompts.jsonl", "data.input_key": "q",
-         "reward.remote_url": ws / "reward.py", "rollout.batch_size": 4, "rollout.n_samples_per_prompt": 4,
-         "rollout.max_new_tokens": 6, "train.batch_size": 8, "train.micro_batch_size": 2, "train.max_steps": 2,
-         "train.max_epochs": 2, "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant", "actor.autocast": "none",
-         "algo.kl.init_coef": 0.01, "algo.kl.use_loss": "true", "algo.kl.estimator": "k3",
-         "logger.progress_bar": "false", "ckpt.output_dir": out, "train.num_threads": 1}
-    f.update(over)
-    return [x for k, v in f.items() for x in (f"--{k}", str(v))]
+    return rl_flags(ws, out, **{
+        "data.label_key": None, "rollout.batch_size": 4, "rollout.n_samples_per_prompt": 4,
+        "rollout.max_new_tokens": 6, "train.batch_size": 8, "train.micro_batch_size": 2, "train.max_steps": 2,
+        "train.max_epochs": 2, "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant",
+        "algo.kl.init_coef": 0.01, "algo.kl.use_loss": "true", "algo.kl.estimator": "k3", "train.num_threads": 1,
+        **over})
+
+
 # DAPO's filter drops every group of an odd-numbered prompt (all scores 1.0)
 DAPO_REWARD = ("import re\n\ndef reward_func(queries, prompts, labels, **kw):\n"
                "    return [1.0 if int(re.search(r'x(\\d+)y', p).group(1)) % 2 else len(set(q[len(p):])) / 8.0\n"

@@ -9,6 +9,7 @@ import torch
 
 import rlhfkit
 from rlhfkit.api.builder import build_engine
+from tests.integration.conftest import rl_flags
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +37,11 @@ class HotterEngine:
 
 
 def flags(ws, out, **over):
-    f = {"actor.model_name_or_path": str(ws / "tiny"), "data.prompt_dataset": str(ws / "prompts.jsonl"),
-         "data.input_key": "q", "data.label_key": "a", "reward.remote_url": str(ws / "reward.py"),
-         "rollout.batch_size": "4", "rollout.n_samples_per_prompt": "4", "rollout.max_new_tokens": "6",
-         "rollout.temperature": "1.0", "train.batch_size": "16", "train.micro_batch_size": "8",
-         "train.max_steps": "2", "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant",
-         "actor.autocast": "none", "logger.progress_bar": "false", "train.num_threads": "1",
-         "ckpt.output_dir": str(out)}
-    f.update(over)
-    return [x for k, v in f.items() for x in (f"--{k}", *v.split(" "))]  # "LOW HIGH": two values
+    return rl_flags(ws, out, **{
+        "rollout.batch_size": "4", "rollout.n_samples_per_prompt": "4", "rollout.max_new_tokens": "6",
+        "rollout.temperature": "1.0", "train.batch_size": "16", "train.micro_batch_size": "8",
+        "train.max_steps": "2", "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant",
+        "train.num_threads": "1", **over})
 
 
 def run(ws, out, engine_temperature, **over):
@@ -70,7 +67,7 @@ def test_same_engine_and_trainer_show_no_gap(ws, tmp_path):
 @pytest.mark.parametrize("over", [
     {"algo.advantage.is_correction_enable": "true", "algo.advantage.is_correction_type": "tis"},
     {"algo.advantage.is_correction_enable": "true", "algo.advantage.is_correction_type": "icepop",
-     "algo.advantage.is_correction_threshold": "0.8 1.25"},
+     "algo.advantage.is_correction_threshold": ("0.8", "1.25")},
     {"enable_vllm_is_correction": "true", "vllm_is_correction_type": "seq-mask-tis"},  # OpenRLHF's names
     {"algo.advantage.decoupled_enable": "true"},
 ], ids=["tis", "icepop", "seq-mask-tis", "decoupled"])

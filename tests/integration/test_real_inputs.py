@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlhfkit.cli.main import main
+from tests.integration.conftest import refuse
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("prompts.jsonl", "prompts.parquet", "prompts_ds")
@@ -53,17 +54,6 @@ def rl_flags(ws, out, **over):
     }
     f.update(over)
     return [x for k, v in f.items() if v is not None for x in (f"--{k}", str(v))]
-
-
-def refuse(argv, capsys, needle):
-    """Exit code 2, one line `error: ...` containing `needle`, no traceback."""
-    rc = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
-    assert rc == 2, err
-    assert len(lines) == 1 and needle in lines[0], err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def test_the_tiny_tokenizer_has_a_chat_template(ws):

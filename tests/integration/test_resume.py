@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlhfkit.trainers.checkpoint import list_checkpoints
+from tests.integration.conftest import rl_flags
 
 REPO = Path(__file__).resolve().parents[2]
 # Runs the CLI, but SIGKILLs itself at the N-th fsync of a checkpoint write (mid-write); under torchrun
@@ -50,20 +51,14 @@ def ws(tiny_ws):
 def flags(ws, out, **over):
     # 24 prompts / 8 per rollout = 3 rollouts per episode: 6 steps cross an episode boundary.
     # Exercises: cosine schedule with warmup, EMA, adaptive KL, reward normalisation, critic (gae).
-    f = {
-        "actor.model_name_or_path": ws / "tiny", "data.prompt_dataset": ws / "prompts.jsonl",
-        "data.input_key": "q", "data.label_key": "a", "reward.remote_url": ws / "reward.py",
+    return ["train", "rl", *rl_flags(ws, out, **{
         "rollout.batch_size": 8, "rollout.n_samples_per_prompt": 2, "rollout.max_new_tokens": 8,
         "train.batch_size": 8, "train.micro_batch_size": 4, "train.max_epochs": 2, "train.max_steps": STEPS,
-        "train.num_episodes": 4, "train.num_threads": 1, "actor.adam.lr": 1e-2, "actor.autocast": "none",
+        "train.num_episodes": 4, "train.num_threads": 1, "actor.adam.lr": 1e-2,
         "actor.lr_scheduler": "cosine_with_min_lr", "actor.lr_warmup_ratio": 0.2, "actor.ema_beta": 0.9,
         "algo.advantage.estimator": "gae", "critic.adam.lr": 1e-2, "algo.kl.init_coef": 0.05,
         "algo.kl.target": 0.1, "algo.kl.horizon": 100, "reward.normalize": "true",
-        "logger.progress_bar": "false", "logger.log_samples": 2, "ckpt.save_steps": 1, "ckpt.max_num": 2,
-        "ckpt.load_enable": "true", "ckpt.output_dir": out,
-    }
-    f.update(over)
-    return ["train", "rl"] + [x for k, v in f.items() for x in (f"--{k}", str(v))]
+        "logger.log_samples": 2, "ckpt.save_steps": 1, "ckpt.max_num": 2, "ckpt.load_enable": "true", **over})]
 
 
 def launch(argv, script=None, n=None):

@@ -2,19 +2,15 @@
 parameters move, the saved folder reloads, and micro-batch 1 x accumulation equals one batch."""
 
 import json
-import os
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from rlhfkit.api.rl import RLTrainer  # noqa: E402
-from rlhfkit.cli import train_rl  # noqa: E402
-from rlhfkit.config import RLConfig  # noqa: E402
-from rlhfkit.cli.main import main  # noqa: E402
-
+from rlhfkit.api.rl import RLTrainer
+from rlhfkit.cli import train_rl
+from rlhfkit.cli.main import main
+from rlhfkit.config import RLConfig
 
 
 @pytest.fixture(scope="module")
@@ -179,13 +175,18 @@ def test_ema_folder_is_saved_beside_the_final_model(workspace, tmp_path, beta):
     assert any(not torch.equal(final[k], init[k]) for k in final)
 
 
-def test_bf16_parameters_train_through_float32_masters(workspace, tmp_path):
-    """--actor.dtype bfloat16: the run trains, the saved model is bf16, and the reward still rises."""
+@pytest.mark.parametrize("autocast", ["none", "bfloat16"])
+def test_bf16_parameters_train_through_float32_masters(workspace, tmp_path, autocast):
+    """--actor.dtype bfloat16: the run trains and the reward still rises; the saved model is bf16, but
+    under bf16 autocast its norm weights are float32 (models.precision.vectors_to_float32)."""
     out = tmp_path / "run"
-    assert main(["train", "rl", *base_flags(workspace, out, **{"actor.dtype": "bfloat16"})]) == 0
+    flags = base_flags(workspace, out, **{"actor.dtype": "bfloat16", "actor.autocast": autocast})
+    assert main(["train", "rl", *flags]) == 0
     final = load_file(out / "final" / "model.safetensors")
     init = load_file(workspace / "tiny" / "model.safetensors")
-    assert all(v.dtype == torch.bfloat16 for v in final.values())
+    vector = torch.float32 if autocast == "bfloat16" else torch.bfloat16
+    assert all(v.dtype == (torch.bfloat16 if v.dim() > 1 else vector) for v in final.values())
+    assert any(v.dim() == 1 for v in final.values())
     assert any(not torch.equal(final[k].float(), init[k].float()) for k in final)
     rewards = [m["reward"] for m in read_metrics(out)]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards

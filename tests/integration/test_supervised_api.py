@@ -41,7 +41,9 @@ def read_jsonl(path):
 
 def assert_same_run(cli, api, result):
     """Same metrics.jsonl values (but the wall time), weights, summary; `result` = last step + final eval."""
-    drop = lambda rows: [{k: v for k, v in r.items() if k != "time/step"} for r in rows]  # noqa: E731
+    def drop(rows):
+        return [{k: v for k, v in r.items() if k != "time/step"} for r in rows]
+
     rows = read_jsonl(cli / "metrics.jsonl")
     assert drop(read_jsonl(api / "metrics.jsonl")) == drop(rows)
     a, b = load_file(str(cli / "final" / "model.safetensors")), load_file(str(api / "final" / "model.safetensors"))

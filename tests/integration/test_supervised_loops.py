@@ -1,22 +1,19 @@
 """Real SFT / RM / DPO / KTO / LoRA runs on a tiny Llama, through the CLI, in seconds each."""
 
 import json
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from rlhfkit.cli.main import main  # noqa: E402
-from rlhfkit.config.parse import parse_config  # noqa: E402
-from rlhfkit.config.preference import DPOConfig  # noqa: E402
-from rlhfkit.config.sft import SUPERVISED_ALIASES, SFTConfig  # noqa: E402
-from rlhfkit.core.losses import dpo_loss, logprobs_from_logits  # noqa: E402
-from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft  # noqa: E402
-from rlhfkit.models import tiny_model_and_tokenizer  # noqa: E402
-from rlhfkit.trainers.supervised.preference import DPOLoop  # noqa: E402
-from rlhfkit.trainers.supervised.sft import SFTLoop  # noqa: E402
+from rlhfkit.cli.main import main
+from rlhfkit.config.parse import parse_config
+from rlhfkit.config.preference import DPOConfig
+from rlhfkit.config.sft import SUPERVISED_ALIASES, SFTConfig
+from rlhfkit.core.losses import dpo_loss, logprobs_from_logits
+from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft
+from rlhfkit.models import tiny_model_and_tokenizer
+from rlhfkit.trainers.supervised.preference import DPOLoop
+from rlhfkit.trainers.supervised.sft import SFTLoop
 
 FACTS = [("a", "cat"), ("b", "dog"), ("c", "owl"), ("d", "fox")]
 

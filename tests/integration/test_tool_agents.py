@@ -5,12 +5,12 @@ scripted engine that calls the tool, so the calls, their masked results and the 
 import json
 
 import pytest
-import torch
 
 from rlhfkit.api.rl import RLTrainer
 from rlhfkit.cli.main import main
 from rlhfkit.config import RLConfig
-from tests.unit.agents.conftest import ScriptedEngine, char_tokenizer
+from tests.integration.conftest import rl_flags
+from tests.unit.agents.conftest import ScriptedEngine, save_tiny_chat_model
 
 TOOLS = '''
 def multiply(a: int, b: int) -> int:
@@ -34,20 +34,28 @@ def reward_func(queries, prompts, labels, **kwargs):
 '''
 
 
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return a * b
+
+
+def calling_policy(ctx):
+    """Calls multiply on the question's factors, then answers with the tool's result."""
+    if ctx.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n"):
+        return ctx.split("<tool_response>\n")[-1].split("\n")[0] + "<|im_end|>"
+    a, b = ctx.rsplit("<|im_start|>user\n", 1)[1].split("?")[0].split("*")
+    return f'<tool_call>\n{{"name": "multiply", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call><|im_end|>'
+
+
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from rlhfkit.models.tiny import tiny_config
-
     root = tmp_path_factory.mktemp("tools")
-    tok = char_tokenizer()
-    config = tiny_config("llama")
-    config.vocab_size, config.pad_token_id, config.eos_token_id = len(tok), tok.pad_token_id, tok.eos_token_id
-    config.bos_token_id = None
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
+    save_tiny_chat_model(root / "tiny")
     rows = [{"q": [{"role": "user", "content": f"{a}*{b}?"}], "a": str(a * b)} for a in range(2, 6) for b in range(2, 6)]
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "tools.py").write_text(TOOLS)
@@ -56,15 +64,11 @@ def ws(tmp_path_factory):
 
 
 def flags(ws, out, **over):
-    f = {"actor.model_name_or_path": str(ws / "tiny"), "data.prompt_dataset": str(ws / "prompts.jsonl"),
-         "data.input_key": "q", "data.label_key": "a", "data.apply_chat_template": "true",
-         "agent.tools": f"{ws / 'tools.py'}:multiply", "reward.remote_url": str(ws / "reward.py"),
-         "agent.max_turns": "2", "rollout.batch_size": "4", "rollout.n_samples_per_prompt": "2",
-         "rollout.max_new_tokens": "60", "train.batch_size": "8", "train.micro_batch_size": "8",
-         "train.max_steps": "2", "actor.autocast": "none", "logger.progress_bar": "false",
-         "data.prompt_max_len": "2048", "ckpt.output_dir": str(out)}
-    f.update(over)
-    return [x for k, v in f.items() if v is not None for x in (f"--{k}", v)]
+    return rl_flags(ws, out, **{
+        "data.apply_chat_template": "true", "agent.tools": f"{ws / 'tools.py'}:multiply", "agent.max_turns": "2",
+        "rollout.batch_size": "4", "rollout.n_samples_per_prompt": "2", "rollout.max_new_tokens": "60",
+        "train.batch_size": "8", "train.micro_batch_size": "8", "train.max_steps": "2",
+        "data.prompt_max_len": "2048", **over})
 
 
 def test_train_rl_with_agent_tools_through_the_cli(ws, tmp_path):
@@ -76,24 +80,9 @@ def test_train_rl_with_agent_tools_through_the_cli(ws, tmp_path):
 
 
 def test_python_api_tools_run_in_episodes_and_their_results_never_count_in_the_loss(ws, tmp_path):
-    def multiply(a: int, b: int) -> int:
-        """Multiply two integers.
-
-        Args:
-            a: the first factor
-            b: the second factor
-        """
-        return a * b
-
-    def policy(ctx):
-        if ctx.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n"):
-            return ctx.split("<tool_response>\n")[-1].split("\n")[0] + "<|im_end|>"
-        a, b = ctx.rsplit("<|im_start|>user\n", 1)[1].split("?")[0].split("*")
-        return f'<tool_call>\n{{"name": "multiply", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call><|im_end|>'
-
     cfg = RLConfig.from_args(flags(ws, tmp_path, **{"agent.tools": None, "rollout.max_new_tokens": "100"}))
     seen = []
-    trainer = RLTrainer.from_config(cfg, tools=[multiply], make_engine=lambda policy_, tok: ScriptedEngine(tok, policy))
+    trainer = RLTrainer.from_config(cfg, tools=[multiply], make_engine=lambda policy_, tok: ScriptedEngine(tok, calling_policy))
     generate = trainer.loop.source.generate
 
     def spy(batch, upcoming=None):
@@ -166,3 +155,37 @@ def test_generate_runs_tool_episodes_and_saves_the_conversation(ws, tmp_path):
         first = r["messages"][0]
         assert first["role"] == "user" and first["content"] in r["prompt"] and "?" in first["content"]
         assert r["messages"][1]["role"] == "assistant"  # then the tool results of its calls, if any
+
+
+def test_eval_runs_tool_episodes_and_saves_the_conversations(ws, tmp_path):
+    argv = ["eval", "--actor.model_name_or_path", str(ws / "tiny"), "--eval.dataset", str(ws / "prompts.jsonl"),
+            "--data.input_key", "q", "--data.label_key", "a", "--data.apply_chat_template", "true",
+            "--eval.max_samples", "3", "--eval.n_samples", "2", "--eval.temperature", "1.0", "--eval.k", "1,2",
+            "--agent.tools", f"{ws / 'tools.py'}:multiply", "--agent.max_turns", "2", "--rollout.max_new_tokens", "16",
+            "--reward.remote_url", str(ws / "reward.py"), "--actor.autocast", "none",
+            "--ckpt.output_dir", str(tmp_path)]
+    assert main(argv) == 0
+    metrics = json.loads((tmp_path / "eval.json").read_text())["metrics"]
+    assert {"eval/tool_calls", "eval/episodes_with_call", "eval/tools/valid_call_rate", "eval/turns",
+            "eval/pass@2"} <= set(metrics)
+    rows = [json.loads(line) for line in (tmp_path / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(r["messages"][0]["role"] == "user" and "tool_calls" in r for r in rows)
+    assert main(["view", str(tmp_path), "--file", "eval_samples.jsonl"]) == 0
+    assert '"turns": [{"role": "assistant"' in (tmp_path / "eval_samples.html").read_text()
+
+
+def test_held_out_evaluation_during_training_runs_tool_episodes(ws, tmp_path):
+    cfg = RLConfig.from_args(flags(ws, tmp_path, **{"agent.tools": None, "rollout.max_new_tokens": "100",
+                                                    "train.max_steps": "1", "eval.dataset": str(ws / "prompts.jsonl"),
+                                                    "eval.max_samples": "4"}))
+    trainer = RLTrainer.from_config(cfg, tools=[multiply],
+                                    make_engine=lambda policy_, tok: ScriptedEngine(tok, calling_policy))
+    trainer.train()
+    evals = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [m for m in evals if "eval/accuracy" in m]
+    assert len(evals) == 2  # before and after training
+    assert all(m["eval/accuracy"] == 1.0 and m["eval/tool_calls"] == 1.0 for m in evals)
+    assert all(m["eval/tools/multiply/calls"] == 4.0 for m in evals)  # the eval's own counters, not the rollout's
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert samples and all([m["role"] for m in s["messages"]][-3:] == ["assistant", "tool", "assistant"]
+                           for s in samples)

@@ -17,8 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's rlhfkit
 
-from rlhfkit.rollout.base import SamplingParams  # noqa: E402
-from rlhfkit.rollout.vllm import VLLMEngine  # noqa: E402
+from rlhfkit.rollout.base import SamplingParams  # noqa: E402 - after the checkout is on sys.path
+from rlhfkit.rollout.vllm import VLLMEngine  # noqa: E402 - after the checkout is on sys.path
 
 PROMPTS = [[5, 6, 7, 8], [20, 21, 22], [40, 41, 42, 43, 44, 45]]
 

@@ -208,3 +208,22 @@ class EndpointExecutor:
             outcomes[i].reward = float(out.rewards[j])
             outcomes[i].score = float(out.scores[j])
             outcomes[i].extra_logs = {k: float(v[j]) for k, v in out.extra_logs.items()}
+
+
+def evaluate_agent(executor: EndpointExecutor, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt],
+                   params: SamplingParams, budget: TokenBudget, seed: int = 0) -> tuple[dict[str, float], list[dict]]:
+    """The agent's held-out reward: `params.n` episodes per prompt, a dropped episode counting 0.
+
+    Returns ({"eval/reward": mean reward, "eval/dropped": share dropped}, one row per finished
+    episode: prompt index, reward, the recorded reply text of its first segment)."""
+    seeds = torch.randint(0, 2**62, (len(prompts),), generator=torch.Generator().manual_seed(seed)).tolist()
+    trajs = executor.run(engine, tokenizer, prompts, params, budget, seeds=seeds)
+    first: dict[str, Trajectory] = {}
+    for t in trajs:
+        first.setdefault(t.info["episode"], t)
+    total = len(prompts) * params.n
+    rewards = [float(t.info["agent_reward"]) for t in first.values()]
+    rows = [{"prompt": t.group_id, "reward": float(t.info["agent_reward"]),
+             "response": tokenizer.decode(t.response_ids.tolist(), skip_special_tokens=False)} for t in first.values()]
+    executor.pop_metrics()
+    return {"eval/reward": sum(rewards) / max(total, 1), "eval/dropped": (total - len(rewards)) / max(total, 1)}, rows

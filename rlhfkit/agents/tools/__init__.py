@@ -25,6 +25,7 @@ from rlhfkit.agents.tools.render import (
     RERENDER,
     RETOKENIZED,
     ToolTemplate,
+    default_tools_messages,
     default_tools_prompt,
     template_uses_tools,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "ToolCall",
     "ToolSet",
     "ToolTemplate",
+    "default_tools_messages",
     "default_tools_prompt",
     "detect_parser",
     "parse_tool_calls",

@@ -12,7 +12,11 @@ keeps the tokens it sampled and the mismatches are counted (`tools/rerender`,
 `tools/retokenized`).
 
 With an `environment_factory` (TRL's contract, environment.py) each episode gets its own
-instance, whose methods are tools; one with `get_reward` gives the episode's reward.
+instance, whose methods are tools; one with `get_reward` gives the episode's reward. With a
+text environment (`rlhfkit.agents.textenv`: gymnasium-style classes, GEM, TextArena) each episode
+gets its own too: its first observation joins the prompt, and every turn without a tool call is
+its action; the observation `step` returns comes back as a user turn (rendered by the chat
+template, only the new tokens appended), its rewards are summed and `done` ends the episode.
 Otherwise rewards come from the trainer's reward function (`provides_rewards` False): it sees the
 whole episode (actions, calls and results) as the response; each trajectory's
 `info["messages"]` holds the conversation (assistant turns with their parsed `tool_calls`,
@@ -23,7 +27,9 @@ functions of TRL's contract get as their `completions`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +37,7 @@ from typing import Any
 import torch
 
 from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds, episode_trajectory
+from rlhfkit.agents.textenv import TextEnvFactory
 from rlhfkit.agents.tools.environment import (
     environment_reward,
     environment_tools,
@@ -62,7 +69,8 @@ class _Episode:
     done: bool = False
     truncated: bool = False
     env: Any = None  # the episode's environment (environment_factory), None without one
-    reward: float = 0.0  # its get_reward()
+    text_env: Any = None  # the episode's text environment (a TextEnv), None without one
+    reward: float = 0.0  # its get_reward(), or the sum of its text environment's rewards
 
     @property
     def finished(self) -> bool:
@@ -92,12 +100,15 @@ class ToolExecutor:
     def __init__(self, tools: ToolSet | Sequence = (), limits: ToolLimits | None = None, parser: str | dict | None = None,
                  environment_factory: Callable[[], Any] | None = None, **template_kwargs: Any):
         self.plain = dict(tools.functions) if isinstance(tools, ToolSet) else {f.__name__: f for f in tools}
-        self.factory = environment_factory
+        # a text environment (textenv.py) steps on the model's turns; TRL's contract offers methods as tools
+        self.text_env = environment_factory if isinstance(environment_factory, TextEnvFactory) else None
+        self.factory = None if self.text_env is not None else environment_factory
         # the schemas (the same for every episode): plain tools and a first environment's methods
-        env_tools = environment_tools(environment_factory()) if environment_factory is not None else {}
+        env_tools = environment_tools(self.factory()) if self.factory is not None else {}
         self.tools = ToolSet({**self.plain, **env_tools})
-        if not self.tools:
-            raise ConfigError("tool-calling episodes need tools (functions) or an environment_factory")
+        if not self.tools and self.text_env is None:
+            raise ConfigError("tool-calling episodes need tools (functions), an environment_factory or a text "
+                              "environment")
         self.limits, self.parser, self.template_kwargs = limits or ToolLimits(), parser, template_kwargs
         self.stats = ToolStats()
         self.checks = {"rerender": 0, "retokenized": 0, "turns": 0, "valid_calls": 0, "invalid_calls": 0}
@@ -105,8 +116,10 @@ class ToolExecutor:
 
     @property
     def provides_rewards(self) -> bool:
-        """An environment with `get_reward` gives the episodes' rewards; else the reward function."""
-        return self.factory is not None and callable(getattr(self.factory, "get_reward", None))
+        """A text environment, or an environment with `get_reward`, gives the episodes' rewards; else
+        the reward function."""
+        return self.text_env is not None or (self.factory is not None
+                                             and callable(getattr(self.factory, "get_reward", None)))
 
     def template(self, tokenizer) -> ToolTemplate:
         if self._template is None or self._template.tokenizer is not tokenizer:
@@ -140,13 +153,17 @@ class ToolExecutor:
         for i, p in enumerate(prompts):
             per = None if seeds is None else episode_seeds(seeds[i], params.n, budget.max_turns)
             for s in range(params.n):
-                msgs, env = prompt_messages(p), None
+                msgs, env, text_env = prompt_messages(p), None, None
                 if self.factory is not None:
                     env = self.factory()
                     msgs = with_observation(msgs, await reset_environment(env, getattr(p, "record", None)))
+                if self.text_env is not None:
+                    text_env = self.text_env()
+                    msgs = with_observation(msgs, await text_env.reset(getattr(p, "record", None)))
                 ids = tt.prompt_ids(msgs)  # the same for a prompt's samples unless reset() differs
                 episodes.append(_Episode(i, [dict(m) for m in msgs], [dict(m) for m in msgs], list(ids), len(msgs),
-                                         None if per is None else per[s], env=env))
+                                         None if per is None else per[s], env=env,
+                                         text_env=text_env))
         for _ in range(budget.max_turns):
             active = [e for e in episodes if not e.finished]
             if not active:
@@ -154,7 +171,7 @@ class ToolExecutor:
             await self._turn(active, engine, tt, runner, turn_params, budget, generator)
         for e in episodes:
             e.truncated = e.truncated or not e.done
-            if self.provides_rewards:
+            if e.env is not None and self.provides_rewards:
                 e.reward = await environment_reward(e.env)
         return [self._trajectory(e, engine.version) for e in episodes]
 
@@ -182,16 +199,26 @@ class ToolExecutor:
             e.turns += 1
             stopped = t.finish_reason == FINISH_STOP
             parsed.append((e, action, stopped, *tt.parse(action)))
-        replies = await asyncio.gather(*(self._reply(e, calls, errors, runner)
-                                         for e, _, _, _, calls, errors in parsed))
+        # one capture of what the tools print around all of the turn's calls: the runners' own
+        # captures interleave across episodes, and only the outermost restores sys.stdout for sure
+        with contextlib.redirect_stdout(io.StringIO()):
+            replies = await asyncio.gather(*(self._reply(e, calls, errors, runner, action, stopped)
+                                             for e, action, stopped, _, calls, errors in parsed))
         for (e, action, stopped, content, calls, errors), tool_msgs in zip(parsed, replies):
             self._append(e, tt, action, stopped, content, calls, tool_msgs, budget)
 
-    async def _reply(self, e: _Episode, calls, errors, runner: ToolRunner) -> list[dict]:
+    async def _reply(self, e: _Episode, calls, errors, runner: ToolRunner, action, stopped) -> list[dict]:
+        """The messages answering a turn: its tool results; for a turn without calls, the text
+        environment's next observation as a user turn (none: the episode is done)."""
         self.checks["valid_calls"] += len(calls)
         self.checks["invalid_calls"] += len(errors)
         if not calls and not errors:
-            return []
+            if e.text_env is None:
+                return []
+            written = action[:-1] if stopped and action else action
+            obs, reward, done = await e.text_env.step(runner.tokenizer.decode(written, skip_special_tokens=True))
+            e.reward += reward
+            return [] if done else [{"role": "user", "content": obs}]
         if e.env is not None:  # this episode's environment: its bound methods
             tools = ToolSet({**self.plain, **environment_tools(e.env)})
             runner = ToolRunner(tools, runner.limits, runner.tokenizer, runner.stats)
@@ -230,4 +257,5 @@ class ToolExecutor:
     def _trajectory(self, e: _Episode, version: int) -> Trajectory:
         return episode_trajectory(e, version, {"turns": e.turns, "tool_calls": e.calls, "messages": e.conversation,
                                                  "completion_messages": e.conversation[e.prompt_messages:],
+                                                 "prompt_messages": e.prompt_messages,
                                                  "agent_reward": e.reward, "agent_score": e.reward, "extra_logs": {}})

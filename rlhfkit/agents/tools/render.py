@@ -47,6 +47,48 @@ def default_tools_prompt(schemas: Sequence[dict]) -> str:
             "the answer, reply without a tool call.")
 
 
+def hermes_call(entry: dict) -> str:
+    """An OpenAI `tool_calls` entry (arguments as a dict or JSON text) as the default prompt's
+    `<tool_call>` block, so conversations given with `tool_calls` (few-shot examples, SFT
+    traces) render the way the model is asked to write its calls."""
+    fn = entry.get("function", entry)
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            pass  # kept as the text it is
+    return "<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>"
+
+
+def default_tools_messages(messages: Sequence[dict], schemas: Sequence[dict]) -> list[dict]:
+    """`messages` in rlhfkit's default tool format, for chat templates that ignore `tools=`: the
+    schemas join the system turn (`default_tools_prompt`), an assistant turn's `tool_calls` become
+    `<tool_call>` blocks after its content and tool results `<tool_response>` blocks of a user
+    turn. Plain messages any template renders: also the form of SFT traces for such models."""
+    out: list[dict] = []
+    for m in messages:
+        if m.get("role") == "tool":
+            block = f"<tool_response>\n{m.get('content', '')}\n</tool_response>"
+            if out and out[-1].get("role") == "user" and out[-1].get("_tool"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_tool": True})
+        elif m.get("role") == "assistant" and m.get("tool_calls"):
+            text = m.get("content") or ""
+            blocks = [hermes_call(c) for c in m["tool_calls"]]
+            out.append({**{k: v for k, v in m.items() if k != "tool_calls"},
+                        "content": "\n".join(([text] if text else []) + blocks)})
+        else:
+            out.append(dict(m))
+    tools_text = default_tools_prompt(schemas)
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0].get('content', '')}\n\n{tools_text}"
+    else:
+        out.insert(0, {"role": "system", "content": tools_text})
+    return [{k: v for k, v in m.items() if k != "_tool"} for m in out]
+
+
 def template_uses_tools(tokenizer) -> bool:
     """Whether the chat template renders `tools=` (the same text with and without them: no)."""
     msgs = [{"role": "user", "content": "x"}]
@@ -78,27 +120,8 @@ class ToolTemplate:
 
     # ------------------------------------------------------------------ rendering
     def messages(self, messages: Sequence[dict]) -> list[dict]:
-        """The messages as the template gets them: without native tools, the schemas join the
-        system turn and tool results become `<tool_response>` blocks of a user turn."""
-        msgs = [dict(m) for m in messages]
-        if self.native:
-            return msgs
-        out: list[dict] = []
-        for m in msgs:
-            if m.get("role") == "tool":
-                block = f"<tool_response>\n{m.get('content', '')}\n</tool_response>"
-                if out and out[-1].get("role") == "user" and out[-1].get("_tool"):
-                    out[-1]["content"] += "\n" + block
-                else:
-                    out.append({"role": "user", "content": block, "_tool": True})
-            else:
-                out.append({k: v for k, v in m.items() if k != "tool_calls"})
-        tools_text = default_tools_prompt(self.schemas)
-        if out and out[0].get("role") == "system":
-            out[0]["content"] = f"{out[0].get('content', '')}\n\n{tools_text}"
-        else:
-            out.insert(0, {"role": "system", "content": tools_text})
-        return [{k: v for k, v in m.items() if k != "_tool"} for m in out]
+        """The messages as the template gets them (without native tools: `default_tools_messages`)."""
+        return [dict(m) for m in messages] if self.native else default_tools_messages(messages, self.schemas)
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """The conversation's text through the chat template (with the tools)."""

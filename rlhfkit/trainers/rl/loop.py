@@ -28,6 +28,7 @@ from rlhfkit.errors import TrainingError
 from rlhfkit.models import save_hf_folder
 from rlhfkit.models.precision import model_device, peak_memory, synchronize
 from rlhfkit.rollout.base import GenerationEngine
+from rlhfkit.trainers.evaluate import conversation_fields
 from rlhfkit.trainers.rl.experience import Experience, ExperienceMaker
 from rlhfkit.trainers.rl.generate import RolloutSource
 from rlhfkit.trainers.rl.scoring import BatchFill, Collected, GroupFilter, Scorer
@@ -192,6 +193,7 @@ class RLLoop:
                 "reward": float(exp.rewards[i]),
                 "advantage": float(exp.advantages[i][m].mean()) if m.any() else 0.0,
                 "length": t.response_length,
+                **conversation_fields(t.info),  # tool-calling and text-environment episodes
             })
         self.tracker.log_samples(self.step + 1, rows)  # the step number its metrics are logged under
 

@@ -70,11 +70,14 @@ class Scorer:
     """Rewards of trajectories: `reward_fn` (None: the agent's episodes carry their rewards),
     `overlong` = (buffer_len, penalty_factor) of DAPO's overlong shaping against `max_len`
     response tokens (None: off), `normalize`: by the running mean and std of all rewards so far.
-    A `rewards.reward_model.ProcessRewardFn` gives per-step token rewards (and scalar rewards 0)."""
+    A `rewards.reward_model.ProcessRewardFn` gives per-step token rewards (and scalar rewards 0).
+    `env_weight` (with a `reward_fn`): the rewards and scores are the function's plus `env_weight`
+    times the episodes' own (an environment's; logged as reward_extra/env_reward)."""
 
     def __init__(self, reward_fn: Callable | None, tokenizer, max_len: int,
-                 overlong: tuple[int, float] | None = None, normalize: bool = False):
-        self.reward_fn, self.tokenizer, self.max_len = reward_fn, tokenizer, max_len
+                 overlong: tuple[int, float] | None = None, normalize: bool = False,
+                 env_weight: float | None = None):
+        self.reward_fn, self.tokenizer, self.max_len, self.env_weight = reward_fn, tokenizer, max_len, env_weight
         self.overlong, self.normalize = overlong, normalize
         self.moments = RunningMoments()
         if isinstance(reward_fn, ProcessRewardFn):
@@ -91,6 +94,10 @@ class Scorer:
         rewards, scores = out.rewards.float().clone(), out.scores.float()
         # nanmean: a function of a list that returned None for a sample logs NaN there (TRL's "not applicable")
         metrics = {f"reward_extra/{k}": float(v.float().nanmean()) for k, v in out.extra_logs.items()}
+        if self.env_weight is not None and self.reward_fn is not None:  # the environment's rewards, weighted
+            env = agent_rewards(trajs)
+            rewards, scores = rewards + self.env_weight * env.rewards, scores + self.env_weight * env.scores
+            metrics["reward_extra/env_reward"] = float(env.rewards.mean())
         metrics["reward"] = float(rewards.mean())
         if self.overlong is not None:
             penalty = overlong_penalty(lengths, self.max_len, *self.overlong)

@@ -1,5 +1,6 @@
 """A GenerationEngine that answers from a script (a function of the decoded context), for tests."""
 
+import pytest
 import torch
 
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
@@ -39,8 +40,6 @@ class ScriptedEngine:
                 ))
         return out
 
-
-import pytest
 
 
 @pytest.fixture
@@ -83,3 +82,18 @@ def char_tokenizer(chat_template: str = CHATML, specials: tuple[str, ...] = ("<|
 @pytest.fixture(scope="session")
 def chat_tok():
     return char_tokenizer()
+
+
+def save_tiny_chat_model(path):
+    """A tiny 2-layer Llama over `char_tokenizer()` saved as an HF folder (seeded weights)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.models.tiny import tiny_config
+
+    tok = char_tokenizer()
+    config = tiny_config("llama")
+    config.vocab_size, config.pad_token_id, config.eos_token_id = len(tok), tok.pad_token_id, tok.eos_token_id
+    config.bos_token_id = None
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tok.save_pretrained(path)

@@ -5,6 +5,7 @@ trainer's forward; the runner turns a kept history into one trajectory and a rew
 segments. Hostile agents are in test_endpoint_hostile.py."""
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -187,3 +188,47 @@ def test_runner_kept_history_is_one_trajectory_and_a_rewrite_splits(tiny):
     assert len(trajs) == 2 and split.pop_metrics()["endpoint/splits"] == 1
     assert all(t.loss_mask.all() for t in trajs)  # each segment trains only what its call sampled
     assert trajs[0].info["episode"] == trajs[1].info["episode"]
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call><|im_end|>'
+
+
+def calls_then_answers(context: str) -> str:
+    return "the sum is 7<|im_end|>" if "<tool_response>\n7" in context else CALL
+
+
+def test_tools_come_back_as_tool_calls_and_the_episode_stays_one_trajectory(scripted):
+    from tests.unit.agents.conftest import char_tokenizer
+
+    tok = char_tokenizer()
+    engine = scripted(tok, calls_then_answers)
+
+    async def agent(client, prompt, label, **row):
+        msgs = [{"role": "user", "content": prompt}]
+        first = await client.chat.completions.create(model="p", messages=msgs, tools=TOOLS, max_tokens=80)
+        msg = first.choices[0].message
+        assert first.choices[0].finish_reason == "tool_calls" and msg.content in (None, "")
+        [call] = msg.tool_calls
+        args = json.loads(call.function.arguments)
+        msgs += [msg.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
+        second = await client.chat.completions.create(model="p", messages=msgs, tools=TOOLS, max_tokens=80)
+        plain = await client.chat.completions.create(model="p", messages=msgs[:1], tools=TOOLS, tool_choice="none",
+                                                     max_tokens=80)
+        return {"reward": float(second.choices[0].message.content == "the sum is 7"),
+                "extra_logs": {"plain_has_no_calls": float(plain.choices[0].message.tool_calls is None)}}
+
+    ex = EndpointExecutor(agent)
+    trajs = ex.run(engine, tok, [P(tok, "3+4?")], SamplingParams(max_new_tokens=80), TokenBudget(80, 300, 3), seeds=[0])
+    assert ex.pop_metrics()["endpoint/splits"] == 1  # the tool_choice="none" call started from the first prompt
+    main, plain = trajs
+    assert main.info["agent_reward"] == 1.0 and main.info["extra_logs"]["plain_has_no_calls"] == 1.0
+    text = tok.decode(main.response_ids.tolist(), skip_special_tokens=False)
+    masked = tok.decode(main.response_ids[~main.loss_mask].tolist(), skip_special_tokens=False)
+    # the sampled call text is kept as sampled (the template alone would drop it); the tool result is masked
+    assert text.startswith(CALL) and "<tool_response>\n7\n</tool_response>" in masked
+    assert tok.decode(main.response_ids[main.loss_mask].tolist(), skip_special_tokens=False) == (
+        CALL + "the sum is 7<|im_end|>")
+    assert tok.decode(plain.response_ids.tolist(), skip_special_tokens=False) == CALL

@@ -133,3 +133,22 @@ def test_hostile_agents_are_dropped_and_the_rest_of_the_batch_trains(tiny, caplo
     assert {t.name for t in threading.enumerate()} - before == set()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", ex.last_server.port), timeout=1).close()
+
+
+def test_serve_mode_needs_its_key_honours_the_requests_temperature_and_records_nothing(tiny):
+    engine, tok = tiny
+    settings = Settings(SamplingParams(max_new_tokens=4), honor_sampling=True)
+    with EndpointServer(tok, settings, serve_key="k1", serve_limits=EndpointLimits(per_call=4, total=4)) as server:
+        server.engine = engine
+
+        def ask(key, **kw):
+            async def go():
+                async with openai.AsyncOpenAI(base_url=server.base + "/v1", api_key=key, max_retries=0) as c:
+                    return await c.chat.completions.create(model="p", messages=ASK, **kw)
+            return asyncio.run(go())
+
+        with pytest.raises(openai.AuthenticationError):
+            ask("wrong")
+        greedy = [ask("k1", temperature=0.0).choices[0].message.content for _ in range(2)]
+        assert greedy[0] == greedy[1]  # temperature 0 is the request's, and greedy
+        assert not server.registry.episodes

@@ -117,6 +117,25 @@ def test_template_that_ignores_tools_gets_the_default_system_turn(chat_tok, capl
                                       "</tool_response><|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_a_conversation_with_tool_calls_renders_as_the_calls_the_model_is_asked_to_write(chat_tok):
+    """Few-shot examples and SFT traces given as OpenAI messages: without native tools, an assistant
+    turn's tool_calls become the same <tool_call> blocks the parser reads back."""
+    tt = ToolTemplate(chat_tok, ToolSet([multiply]).schemas)
+    shot = [{"role": "user", "content": "2*3?"},
+            {"role": "assistant", "content": "Let me see.", "tool_calls": [
+                {"type": "function", "function": {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}},
+                {"type": "function", "function": {"name": "multiply", "arguments": {"a": 1, "b": 1}}}]},
+            {"role": "tool", "name": "multiply", "content": "6"}, {"role": "tool", "name": "multiply", "content": "1"},
+            {"role": "assistant", "content": "6"}, {"role": "user", "content": "4*5?"}]
+    text = tt.render(shot)
+    turn = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
+    assert turn == "Let me see.\n" + call("multiply", a=2, b=3) + "\n" + call("multiply", a=1, b=1)
+    content, calls, errors = tt.parse(ids(chat_tok, turn + "<|im_end|>"))
+    assert [c.arguments for c in calls] == [{"a": 2, "b": 3}, {"a": 1, "b": 1}] and not errors
+    assert "<|im_start|>user\n<tool_response>\n6\n</tool_response>\n<tool_response>\n1\n</tool_response>" in text
+    assert text.endswith("<|im_start|>user\n4*5?<|im_end|>\n<|im_start|>assistant\n")
+
+
 def ids(tok, text):
     return tok(text, add_special_tokens=False)["input_ids"]
 
@@ -280,3 +299,28 @@ def test_the_tokenizers_own_response_template_is_used_first():
     assert calls == [ToolCall("f", {"x": 1}, "call_0")]
     _, calls, _ = parse_tool_calls(call("f", x=1), tok)  # the Hermes form is not what this template reads
     assert calls == []
+
+
+def test_tools_printing_in_concurrent_episodes_leave_stdout_as_it_was(chat_tok, scripted):
+    """The calls of several episodes run together; their stdout captures interleave. After the
+    run, print() reaches the real stdout again (it once stayed swallowed by a capture)."""
+    import sys
+
+    def loud(x: int) -> int:
+        """Print and answer.
+
+        Args:
+            x: a number
+        """
+        time.sleep(0.01)
+        print("NOISE", x)
+        return x
+
+    def policy(ctx):
+        return "done<|im_end|>" if "</tool_response>" in ctx else call("loud", x=1) + "<|im_end|>"
+
+    before = sys.stdout
+    ex = ToolExecutor([loud])
+    ex.run(scripted(chat_tok, policy), chat_tok, [P("a"), P("b"), P("c")], SamplingParams(max_new_tokens=200),
+           TokenBudget(200, 800, 2))
+    assert sys.stdout is before and ex.pop_metrics()["tools/loud/calls"] == 3.0

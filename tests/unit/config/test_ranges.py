@@ -23,6 +23,7 @@ from rlhfkit.config.prm import PRMConfig, validate_prm
 from rlhfkit.config.ranges import ORDERED, allows, check_value, describe, parse_spec
 from rlhfkit.config.rl import RL_RANGES, RLConfig, validate
 from rlhfkit.config.serve import SERVE_RANGES, ServeRewardConfig, validate_serve
+from rlhfkit.config.serve_model import SERVE_MODEL_RANGES, ServeModelConfig, validate_serve_model
 from rlhfkit.config.serve_training import SERVE_TRAINING_RANGES, ServeTrainingConfig, validate_serve_training
 from rlhfkit.config.sft import SUPERVISED_RANGES, SFTConfig, validate_sft
 from rlhfkit.errors import ConfigError
@@ -42,6 +43,7 @@ ROOTS = {
     KDConfig: (KD_RANGES, validate_kd, ["--teacher.model_name_or_path", "t"]),
     OPDConfig: (RL_RANGES, validate_opd, ["--algo.teacher_model_name_or_path", "t"]),
     ServeTrainingConfig: (SERVE_TRAINING_RANGES, validate_serve_training, []),
+    ServeModelConfig: (SERVE_MODEL_RANGES, validate_serve_model, ["--model", "m"]),
 }
 OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag"}  # dataclasses of config/ that are not settings (results, alias rules, help rows)
 
@@ -100,7 +102,7 @@ def test_every_config_dataclass_is_a_command_config_or_inside_one():
     reachable = set()
 
     def walk(cls):
-        reachable.add(cls.__name__)
+        reachable.update(c.__name__ for c in cls.__mro__ if dataclasses.is_dataclass(c))  # a base's fields are its
         for f in dataclasses.fields(cls):
             tp = typing.get_type_hints(cls)[f.name]
             if dataclasses.is_dataclass(tp):

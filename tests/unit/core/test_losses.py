@@ -24,6 +24,11 @@ from rlhfkit.core import (
     value_loss,
 )
 
+
+def sig(x):
+    """The logistic function."""
+    return 1 / (1 + math.exp(-x))
+
 ATOL = dict(atol=1e-6, rtol=0)
 
 
@@ -337,7 +342,6 @@ def test_dpo_cdpo_ipo_match_direct_formulas():
 
     eps = 0.1
     loss, _ = dpo_loss(pc, pr, rc, rr, beta, label_smoothing=eps)
-    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
     direct = [-(1 - eps) * math.log(sig(beta * x)) - eps * math.log(sig(-beta * x)) for x in h.tolist()]
     assert loss.item() == pytest.approx(sum(direct) / 3, abs=1e-6)
 
@@ -360,7 +364,6 @@ def test_kto_loss_direct_formula_and_empty_sides():
     pc, rc = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])  # logratios 0.5, -1.0
     pr, rr = torch.tensor([-3.0]), torch.tensor([-2.0])  # logratio -1.0
     pk, rk = torch.tensor([-1.0, -2.0]), torch.tensor([-1.2, -2.4])  # KL = mean(0.2, 0.4) = 0.3
-    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
     chosen = [1 - sig(beta * (lr - 0.3)) for lr in (0.5, -1.0)]
     rejected = [1 - sig(beta * (0.3 - -1.0))]
     loss, m = kto_loss(pc, pr, pk, rc, rr, rk, beta, desirable_weight=2.0, undesirable_weight=0.5)

@@ -53,7 +53,10 @@ def test_multi_turn_chat_targets_every_assistant_turn_only(tmp_path, tok):
 def test_pairs_from_strings_and_from_conversations_agree(tmp_path, tok):
     fmt = TextFormat(tok, apply_chat_template=True)
     f1 = write(tmp_path / "p.jsonl", [{"prompt": "2+2?", "chosen": "4", "rejected": "5"}])
-    conv = lambda a: [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": a}]  # noqa: E731
+
+    def conv(a):
+        return [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": a}]
+
     f2 = write(tmp_path / "m.jsonl", [{"chosen": conv("4"), "rejected": conv("5")}])
     (a,), _ = load_pairs(f1, fmt)
     (b,), _ = load_pairs(f2, fmt, prompt_key=None)

@@ -14,6 +14,7 @@ import torch
 from rlhfkit.agents.executor import SingleTurnExecutor
 from rlhfkit.api import builder
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
+from rlhfkit.config.plan import plan_run
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.data.batch import collate, select_rows
 from rlhfkit.data.packing import pack, pack_shared_prefix
@@ -249,7 +250,8 @@ def test_one_ppo_step_with_critic_and_reference_and_one_sft_step(arch):
     prompts = [PromptItem(p, tok(p, add_special_tokens=False)["input_ids"], "") for p in PROMPTS[:2]]
     before = copy.deepcopy(model.state_dict())
     critic = Critic.from_causal_lm(model)
-    loop = builder.build_loop(cfg, validate(cfg), model, tok, HFEngine(model, tok), reward,
+    counts = plan_run(cfg, validate(cfg), len(prompts))
+    loop = builder.build_loop(cfg, counts, model, tok, HFEngine(model, tok), reward,
                               builder.prompt_stream(cfg, prompts), SingleTurnExecutor(),
                               ref=copy.deepcopy(model).eval(), critic=critic)
     history = loop.train()
@@ -284,29 +286,29 @@ def test_a_model_without_a_copyable_kv_cache_decodes_without_one(arch, caplog):
 
 def test_grouped_decode_attention_with_a_value_width_other_than_the_query_width():
     """(Multi-head latent attention has Dv != D.) Against eager attention's formula."""
-    from rlhfkit.rollout.hf import _cpu_decode_attention
+    from rlhfkit.rollout.decode_attention import cpu_decode_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(3, 4, 1, 8, generator=g), torch.randn(3, 2, 5, 8, generator=g), torch.randn(3, 2, 5, 6,
                                                                                                       generator=g)
     mask = torch.ones(3, 1, 1, 5, dtype=torch.bool)
     mask[0, ..., :2] = False
-    out, _ = _cpu_decode_attention(None, q, k, v, mask, scaling=0.3)
+    out, _ = cpu_decode_attention(None, q, k, v, mask, scaling=0.3)
     kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
     scores = (q @ kk.transpose(-1, -2) * 0.3).masked_fill(~mask, torch.finfo(torch.float32).min)
     torch.testing.assert_close(out, (scores.softmax(-1) @ vv).transpose(1, 2), atol=1e-6, rtol=1e-6)
 
 
 def test_soft_capped_attention_is_not_taken_by_the_grouped_decode(monkeypatch):
-    from rlhfkit.rollout import hf
+    from rlhfkit.rollout.decode_attention import cpu_decode_attention
 
     calls = []
     monkeypatch.setattr("transformers.integrations.sdpa_attention.sdpa_attention_forward",
                         lambda *a, **kw: calls.append(kw) or ("sdpa", None))
     q, k, v = torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4)
-    assert hf._cpu_decode_attention(None, q, k, v, None, softcap=50.0)[0] == "sdpa" and calls[0]["softcap"] == 50.0
-    assert hf._cpu_decode_attention(None, q, k, v, None, s_aux=torch.zeros(2))[0] == "sdpa"
-    assert hf._cpu_decode_attention(None, q, k, v, None, sliding_window=8)[0].shape == (1, 1, 2, 4)  # in the mask
+    assert cpu_decode_attention(None, q, k, v, None, softcap=50.0)[0] == "sdpa" and calls[0]["softcap"] == 50.0
+    assert cpu_decode_attention(None, q, k, v, None, s_aux=torch.zeros(2))[0] == "sdpa"
+    assert cpu_decode_attention(None, q, k, v, None, sliding_window=8)[0].shape == (1, 1, 2, 4)  # in the mask
 
 
 def test_a_lora_wrapped_model_keeps_the_fast_layouts_and_the_engines_cache():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlhfkit.models import tiny_model_and_tokenizer
+from rlhfkit.rollout import decode_attention, kv_cache, sampling
 from rlhfkit.rollout import hf as hf_module
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
@@ -21,14 +22,18 @@ def setup():
     return model, tok, [tok(t)["input_ids"] for t in ("What is 2+3?", "1+1=", "abc")]
 
 
+# the engine's own code: rollout/hf.py and the modules of its decode loop
+ENGINE_FILES = {m.__file__ for m in (hf_module, sampling, kv_cache, decode_attention)}
+
+
 def _counts(monkeypatch, engine, prompts, max_new: int) -> tuple[int, int]:
-    """(`.to(device)` calls made by rollout/hf.py's own code, torch.rand calls) during one seeded generate."""
+    """(`.to(device)` calls made by the engine's own code, torch.rand calls) during one seeded generate."""
     calls = {"to": 0, "rand": 0}
     to, rand = torch.Tensor.to, torch.rand
 
     def counting_to(self, *args, **kwargs):
         to_device = "device" in kwargs or any(isinstance(a, (torch.device, str)) for a in args)
-        if to_device and sys._getframe(1).f_code.co_filename == hf_module.__file__:  # not a dtype cast
+        if to_device and sys._getframe(1).f_code.co_filename in ENGINE_FILES:  # not a dtype cast
             calls["to"] += 1
         return to(self, *args, **kwargs)
 

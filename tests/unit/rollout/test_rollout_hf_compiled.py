@@ -13,29 +13,17 @@ import torch
 from rlhfkit.data.batch import collate
 from rlhfkit.models import response_logprobs, tiny_model_and_tokenizer
 from rlhfkit.models.compile import has_cxx
-from rlhfkit.rollout import hf
+from rlhfkit.rollout import hf, static_cache
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
+from tests.unit.rollout.conftest import STOP
 
-TEXTS = ["What is 2+3?", "1+1=", "Hello there, how are you?"]
-STOP = 13  # greedy continuations of TEXTS (tiny seed 0) hit it at steps 3, 0 and never
 
 PARAMS = [
     SamplingParams(max_new_tokens=10, temperature=0.0),
     SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(STOP,)),
     SamplingParams(max_new_tokens=8, temperature=1.0, n=3, stop_token_ids=(STOP,)),
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_model_and_tokenizer(seed=0)
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny):
-    _, tok = tiny
-    return [tok(t)["input_ids"] for t in TEXTS]
 
 
 def _same(a, b, logprob_tol=1e-5):  # batch shapes change float summation order
@@ -79,7 +67,7 @@ def test_static_cache_layers_hold_the_dynamic_cache_rows():
     from transformers.cache_utils import DynamicLayer
 
     g = torch.Generator().manual_seed(0)
-    static, ref = hf._static_layer_class()(max_cache_len=8), DynamicLayer()
+    static, ref = static_cache.static_layer_class()(max_cache_len=8), DynamicLayer()
     for (rows, n), act in [((2, 3), None), ((6, 1), ("repeat", 3)), ((6, 1), None), ((3, 1), ("select", [0, 2, 5]))]:
         if act is not None:
             for layer in (static, ref):
@@ -100,10 +88,10 @@ def test_static_cache_support_refuses_sliding_windows(caplog):
 
     config = tiny_config()
     model = type("M", (), {"config": config})()
-    assert hf._static_cache_support(model)
+    assert static_cache.static_cache_support(model)
     config.sliding_window, config.layer_types = 4, ["sliding_attention"] * config.num_hidden_layers
     with caplog.at_level(logging.INFO, logger="rlhfkit"):
-        assert not hf._static_cache_support(model)
+        assert not static_cache.static_cache_support(model)
     assert "decodes eagerly" in caplog.text
 
 
@@ -159,10 +147,10 @@ def test_one_compiled_step_per_model_no_recompile_for_new_engines_or_finished_ro
 def test_bucketed_rows_keep_a_power_of_two_of_at_least_two():
     alive = torch.tensor([False, True, False, False, True, False, True, False, False])
     keep = alive.nonzero().squeeze(-1)
-    assert hf._bucketed(keep, alive).tolist() == [0, 1, 4, 6]  # 3 decoding rows + 1 finished
+    assert static_cache.bucketed_rows(keep, alive).tolist() == [0, 1, 4, 6]  # 3 decoding rows + 1 finished
     one = torch.tensor([False, False, True])
-    assert hf._bucketed(one.nonzero().squeeze(-1), one).tolist() == [0, 2]
-    assert hf._bucketed(torch.tensor([0]), torch.tensor([True, False])).tolist() == [0, 1]  # no fewer: all
+    assert static_cache.bucketed_rows(one.nonzero().squeeze(-1), one).tolist() == [0, 2]
+    assert static_cache.bucketed_rows(torch.tensor([0]), torch.tensor([True, False])).tolist() == [0, 1]  # no fewer: all
 
 
 def test_compile_error_at_the_first_step_falls_back_with_one_line(tiny, prompts, monkeypatch, caplog):

@@ -12,23 +12,10 @@ from rlhfkit.data.batch import collate
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import response_logprobs, tiny_model_and_tokenizer
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
-from rlhfkit.rollout.hf import HFEngine, _truncate
+from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.rollout.sampling import truncate
+from tests.unit.rollout.conftest import STOP
 
-TEXTS = ["What is 2+3?", "1+1=", "Hello there, how are you?"]
-# Greedy continuations of TEXTS under tiny_model_and_tokenizer(seed=0) contain token 13 at
-# steps 3, 0 and never: a stop id that finishes rows at different steps.
-STOP = 13
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_model_and_tokenizer(seed=0)
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny):
-    _, tok = tiny
-    return [tok(t)["input_ids"] for t in TEXTS]
 
 
 def _shape_recorder(model, shapes, rows_only=False):
@@ -164,13 +151,16 @@ def test_top_k_1_and_tiny_top_p_equal_greedy(tiny, prompts):
 
 def test_truncate_by_hand():
     logits = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.2)]])
-    keep = lambda out: torch.isfinite(out)[0].tolist()  # noqa: E731
-    assert keep(_truncate(logits, top_k=2, top_p=1.0)) == [True, True, False]
-    assert keep(_truncate(logits, top_k=-1, top_p=0.7)) == [True, True, False]  # 0.5 < 0.7 <= 0.8
-    assert keep(_truncate(logits, top_k=0, top_p=0.85)) == [True, True, True]
-    assert keep(_truncate(logits, top_k=0, top_p=0.5)) == [True, False, False]
+
+    def keep(out):
+        return torch.isfinite(out)[0].tolist()
+
+    assert keep(truncate(logits, top_k=2, top_p=1.0)) == [True, True, False]
+    assert keep(truncate(logits, top_k=-1, top_p=0.7)) == [True, True, False]  # 0.5 < 0.7 <= 0.8
+    assert keep(truncate(logits, top_k=0, top_p=0.85)) == [True, True, True]
+    assert keep(truncate(logits, top_k=0, top_p=0.5)) == [True, False, False]
     shuffled = logits[:, [2, 0, 1]]
-    assert keep(_truncate(shuffled, top_k=0, top_p=0.7)) == [False, True, True]
+    assert keep(truncate(shuffled, top_k=0, top_p=0.7)) == [False, True, True]
 
 
 def test_groups_order_version_and_chunking(tiny, prompts):
@@ -255,10 +245,10 @@ def test_growing_cache_layer_equals_transformers_dynamic_layer():
     prefill, decode steps past its reserve, row expansion and row dropping."""
     from transformers.cache_utils import DynamicLayer
 
-    from rlhfkit.rollout.hf import _growing_layer_class
+    from rlhfkit.rollout.kv_cache import growing_layer_class
 
     g = torch.Generator().manual_seed(0)
-    ours, ref = _growing_layer_class()(reserve=2), DynamicLayer()
+    ours, ref = growing_layer_class()(reserve=2), DynamicLayer()
 
     def step(n, rows):
         k, v = torch.randn(rows, 3, n, 4, generator=g), torch.randn(rows, 3, n, 4, generator=g)
@@ -286,7 +276,7 @@ def test_cpu_decode_attention_equals_eager_attention_and_leaves_prefill_to_sdpa(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
-    from rlhfkit.rollout.hf import _cpu_decode_attention
+    from rlhfkit.rollout.decode_attention import cpu_decode_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(4, h, 1 if i == 0 else 7, 8, generator=g) for i, h in enumerate((6, 2, 2)))
@@ -296,7 +286,7 @@ def test_cpu_decode_attention_equals_eager_attention_and_leaves_prefill_to_sdpa(
     module = SimpleNamespace(num_key_value_groups=3, training=False, is_causal=True)
     want, _ = eager_attention_forward(module, q, k, v, additive, scaling=8**-0.5)
     for mask in (allowed, additive, None):
-        got, weights = _cpu_decode_attention(module, q, k, v, mask, scaling=8**-0.5)
+        got, weights = cpu_decode_attention(module, q, k, v, mask, scaling=8**-0.5)
         assert got.shape == (4, 1, 6, 8) and weights is None
         if mask is not None:
             torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
@@ -305,27 +295,27 @@ def test_cpu_decode_attention_equals_eager_attention_and_leaves_prefill_to_sdpa(
     # row 1 ignores its padded keys: changing them changes nothing
     k2 = k.clone()
     k2[1, :, :3] = 100.0
-    torch.testing.assert_close(_cpu_decode_attention(module, q, k2, v, allowed, scaling=8**-0.5)[0][1], want[1])
+    torch.testing.assert_close(cpu_decode_attention(module, q, k2, v, allowed, scaling=8**-0.5)[0][1], want[1])
     prefill_q = torch.randn(4, 6, 7, 8, generator=g)
     causal = torch.ones(7, 7, dtype=torch.bool).tril().expand(4, 1, 7, 7)
-    torch.testing.assert_close(_cpu_decode_attention(module, prefill_q, k, v, causal)[0],
+    torch.testing.assert_close(cpu_decode_attention(module, prefill_q, k, v, causal)[0],
                                sdpa_attention_forward(module, prefill_q, k, v, causal)[0], atol=0, rtol=0)
 
 
 def test_engine_decodes_with_the_grouped_attention_and_restores_sdpa(tiny, prompts):
-    from rlhfkit.rollout import hf
+    from rlhfkit.rollout import decode_attention as attention
 
     model, tok = tiny
     seen = []
-    real = hf._cpu_decode_attention
-    hf._register_decode_attention()
+    real = attention.cpu_decode_attention
+    attention.register_decode_attention()
     from transformers import AttentionInterface
 
-    AttentionInterface.register(hf.DECODE_ATTENTION, lambda m, q, *a, **kw: seen.append(q.shape[2]) or real(m, q, *a, **kw))
+    AttentionInterface.register(attention.DECODE_ATTENTION, lambda m, q, *a, **kw: seen.append(q.shape[2]) or real(m, q, *a, **kw))
     try:
         HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=3, temperature=0.0))
     finally:
-        AttentionInterface.register(hf.DECODE_ATTENTION, real)
+        AttentionInterface.register(attention.DECODE_ATTENTION, real)
     layers = model.config.num_hidden_layers
     assert seen.count(1) == 2 * layers and len(seen) == 3 * layers  # prefill, then 2 one-token steps
     assert model.config._attn_implementation == "sdpa"

@@ -10,7 +10,8 @@ from rlhfkit.agents.executor import episode_seeds
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import HFEngine, chunk_uniforms
+from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.rollout.sampling import chunk_uniforms
 
 TEXTS = ["What is 2+3?", "1+1=", "Hello there, how are you?", "abc", "7*7 is"]
 STOP = 13  # finishes some rows early (see test_rollout_hf_engine), so groups shrink at different steps
@@ -92,21 +93,21 @@ def test_episode_seeds_depend_on_the_prompt_seed_only():
 
 
 def test_inverse_cdf_by_hand_never_picks_a_zero_probability_token():
-    from rlhfkit.rollout.hf import _inverse_cdf
+    from rlhfkit.rollout.sampling import inverse_cdf
 
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5]]).expand(5, -1)
     u = torch.tensor([0.0, 0.49, 0.5, 0.75, 0.999999])
-    assert _inverse_cdf(probs, u).tolist() == [1, 1, 3, 3, 3]
+    assert inverse_cdf(probs, u).tolist() == [1, 1, 3, 3, 3]
     unnormalised = torch.tensor([[2.0, 0.0, 6.0]]).expand(3, -1)  # cdf 2, 2, 8: u*8 in [0,2) -> 0, else 2
-    assert _inverse_cdf(unnormalised, torch.tensor([0.2, 0.25, 0.9])).tolist() == [0, 2, 2]
+    assert inverse_cdf(unnormalised, torch.tensor([0.2, 0.25, 0.9])).tolist() == [0, 2, 2]
 
 
 def test_sampled_frequencies_follow_the_softmax():
     from rlhfkit.rollout.base import SamplingParams
-    from rlhfkit.rollout.hf import _sample
+    from rlhfkit.rollout.sampling import sample
 
     logits = torch.tensor([[1.0, 0.0, -1.0, 2.0, -30.0]]).expand(40000, -1)
-    tok, logp = _sample(logits, SamplingParams(temperature=0.7), torch.Generator().manual_seed(0))
+    tok, logp = sample(logits, SamplingParams(temperature=0.7), torch.Generator().manual_seed(0))
     want = torch.softmax(logits[0] / 0.7, dim=-1)
     freq = torch.bincount(tok, minlength=5).float() / tok.numel()
     assert (freq - want).abs().max() < 0.01  # 40k draws: standard error < 0.0025
@@ -116,11 +117,11 @@ def test_sampled_frequencies_follow_the_softmax():
 def test_inverse_cdf_in_blocks_equals_the_whole_row_cumsum():
     """Blocks of 4 over 10 tokens (the last block padded): the token picked is the one a float64
     cumulative sum over the whole row picks, for uniforms on and around every boundary."""
-    from rlhfkit.rollout.hf import _inverse_cdf
+    from rlhfkit.rollout.sampling import inverse_cdf
 
     probs = torch.tensor([0.1, 0.0, 0.2, 0.0, 0.0, 0.0, 0.0, 0.3, 0.0, 0.4])  # blocks [.3, .3, .4] (2nd: only token 7)
     u = torch.tensor([0.0, 0.05, 0.1, 0.2999, 0.3, 0.3001, 0.5999, 0.6, 0.6001, 0.999999])
-    picked = _inverse_cdf(probs.expand(len(u), -1), u, block=4)
+    picked = inverse_cdf(probs.expand(len(u), -1), u, block=4)
     whole = torch.searchsorted(probs.double().cumsum(0).expand(len(u), -1).contiguous(),
                                (u.double() * probs.double().sum()).unsqueeze(-1), right=True).squeeze(-1)
     assert picked.tolist() == whole.tolist() == [0, 0, 2, 2, 7, 7, 7, 9, 9, 9]
@@ -128,4 +129,4 @@ def test_inverse_cdf_in_blocks_equals_the_whole_row_cumsum():
     p = torch.softmax(torch.randn(64, 1000, generator=g) * 3, dim=-1)
     u = torch.rand(64, generator=g)
     whole = torch.searchsorted(p.double().cumsum(-1), (u.double() * p.double().sum(-1)).unsqueeze(-1), right=True)
-    assert torch.equal(_inverse_cdf(p, u, block=256), whole.squeeze(-1))
+    assert torch.equal(inverse_cdf(p, u, block=256), whole.squeeze(-1))

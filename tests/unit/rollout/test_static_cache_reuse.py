@@ -6,11 +6,9 @@ stand for the recordings."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import rlhfkit.models.compile as compile_module
-from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
 from rlhfkit.rollout.static_cache import (
@@ -37,11 +35,6 @@ def test_buffers_are_reused_for_fewer_rows_and_grown_only_when_needed():
     assert buffers.allocations == 1
     buffers.place(0, torch.ones(8, 2, 8, 3), torch.ones(8, 2, 8, 3))  # more rows: a new buffer
     assert buffers.allocations == 2
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_model_and_tokenizer(seed=0)
 
 
 def test_chunks_and_row_drops_reuse_one_buffer_per_layer(tiny, monkeypatch):

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from rlhfkit.cli.main import main
-from rlhfkit.tracking.viewer import read_samples, render_html, write_viewer
+from rlhfkit.tracking.viewer import conversation_turns, read_samples, render_html, write_viewer
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -61,3 +61,44 @@ def test_view_needs_a_run_folder(tmp_path, capsys):
     assert "samples.jsonl does not exist" in capsys.readouterr().err
     write_samples(tmp_path)
     assert write_viewer(tmp_path).name == "samples.html"
+
+
+EPISODE = [
+    {"role": "system", "content": "tools..."},
+    {"role": "user", "content": "What is 3*4?"},
+    {"role": "assistant", "content": "",
+     "tool_calls": [{"id": "call_0", "type": "function",
+                     "function": {"name": "multiply", "arguments": '{"a": 3, "b": 4}'}}]},
+    {"role": "tool", "tool_call_id": "call_0", "name": "multiply", "content": "12"},
+    {"role": "assistant", "content": "3*4 = 12 <b>"},
+]
+
+
+def test_an_episode_is_shown_as_turns_after_the_prompt():
+    turns = conversation_turns(EPISODE)
+    assert turns == [
+        {"role": "assistant", "name": None, "content": "", "calls": ['multiply({"a": 3, "b": 4})']},
+        {"role": "tool", "name": "multiply", "content": "12", "calls": []},
+        {"role": "assistant", "name": None, "content": "3*4 = 12 <b>", "calls": []},
+    ]
+    few_shot = [EPISODE[1], *EPISODE[2:], {"role": "user", "content": "And 5*5?"}, EPISODE[-1]]
+    assert [t["role"] for t in conversation_turns(few_shot)] == ["assistant"]  # the example is the prompt's
+    game = [EPISODE[1], EPISODE[-1], {"role": "user", "content": "lower"}, EPISODE[-1]]  # an environment's turn
+    assert [t["role"] for t in conversation_turns(game, prompt_messages=1)] == ["assistant", "user", "assistant"]
+    page = render_html([{"step": 1, "prompt": "p", "response": "r", "reward": 1.0, "messages": EPISODE}], "t")
+    assert '"calls": ["multiply(' in page and "3*4 = 12 <b>" in page  # the turns ride in the page's data
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it)")
+def test_chromium_shows_tool_calls_and_results_as_turns(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": 1, "prompt": "p", "response": "flat text", "reward": 1.0, "messages": EPISODE},
+            {"step": 1, "prompt": "q", "response": "no tools here", "reward": 0.0}]
+    (run / "eval_samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["view", str(run), "--file", "eval_samples.jsonl"]) == 0
+    dom = dump_dom(run / "eval_samples.html", "", tmp_path)
+    table = dom[dom.index('<tbody id="rows">'):dom.index("</tbody>")]  # the rendered rows, not the data
+    assert '<div class="turn tool"><b>tool multiply</b>' in table and "-&gt; multiply({" in table
+    assert "3*4 = 12 &lt;b&gt;" in table and "flat text" not in table and "no tools here" in table
+    assert shown(dump_dom(run / "eval_samples.html", "q=multiply", tmp_path)) == [(1, 1.0)]

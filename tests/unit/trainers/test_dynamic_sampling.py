@@ -9,6 +9,7 @@ import torch
 from rlhfkit.agents.executor import SingleTurnExecutor
 from rlhfkit.api import builder
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
+from rlhfkit.config.plan import plan_run
 from rlhfkit.data.types import PromptItem
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.rewards.base import RewardOutput
@@ -30,7 +31,8 @@ def make_loop(labels, *flags):
     model, tok = tiny_model_and_tokenizer(seed=0)
     prompts = [PromptItem(f"p{i}:", tok(f"p{i}:", add_special_tokens=False)["input_ids"], lbl)
                for i, lbl in enumerate(labels)]
-    return builder.build_loop(cfg, validate(cfg), model, tok, HFEngine(model, tok), scripted_reward,
+    counts = plan_run(cfg, validate(cfg), len(prompts))
+    return builder.build_loop(cfg, counts, model, tok, HFEngine(model, tok), scripted_reward,
                               builder.prompt_stream(cfg, prompts), SingleTurnExecutor())
 
 

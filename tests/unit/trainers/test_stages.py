@@ -144,6 +144,20 @@ def test_scorer_shapes_and_normalises_rewards_by_hand():
     assert calls["group_ids"].tolist() == [0, 0, 1] and calls["response_lengths"].tolist() == [4.0, 1.0, 3.0]
 
 
+def test_scorer_adds_the_weighted_environment_reward_to_the_functions():
+    def reward(queries, prompts, labels, **kw):
+        return RewardOutput(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0]))
+
+    trajs = [traj([5], [1], 0), traj([5], [2], 0)]
+    for t, env in zip(trajs, (0.5, -1.0)):  # what an environment's episodes carry
+        t.info = {"agent_reward": env, "agent_score": env, "extra_logs": {}, "turns": 2}
+    out = Scorer(reward, FakeTok(), max_len=4, env_weight=0.5)(items(1), trajs)
+    assert out.rewards.tolist() == [1.25, -0.5] and out.scores.tolist() == [1.25, -0.5]
+    assert out.metrics["reward_extra/env_reward"] == pytest.approx(-0.25) and out.metrics["reward"] == 0.375
+    alone = Scorer(reward, FakeTok(), max_len=4)(items(1), trajs)  # no weight: the function's alone
+    assert alone.rewards.tolist() == [1.0, 0.0] and "reward_extra/env_reward" not in alone.metrics
+
+
 def test_group_filter_keeps_groups_with_mean_score_strictly_inside():
     trajs = [traj([5], [1], g) for g in (0, 0, 1, 1)]
     scored = Scored(torch.tensor([1.0, 2, 3, 4]), torch.tensor([1.0, 1, 0, 1]), torch.arange(8.0).view(4, 2))
@@ -176,6 +190,7 @@ def test_train_step_times_each_stage():
     from rlhfkit.agents.executor import SingleTurnExecutor
     from rlhfkit.api import builder
     from rlhfkit.config import rl as rl_config
+    from rlhfkit.config.plan import plan_run
 
     cfg = rl_config.RLConfig.from_args([
         "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "3",
@@ -186,7 +201,8 @@ def test_train_step_times_each_stage():
         r = torch.tensor([1.0, 0.0] * (len(queries) // 2))
         return RewardOutput(r, r)
 
-    loop = builder.build_loop(cfg, rl_config.validate(cfg), model, tok, HFEngine(model, tok), reward,
+    counts = plan_run(cfg, rl_config.validate(cfg), 2)
+    loop = builder.build_loop(cfg, counts, model, tok, HFEngine(model, tok), reward,
                               builder.prompt_stream(cfg, items(2)), SingleTurnExecutor())
     metrics = loop.train_step(next(iter(loop.data.rollout_batches())))
     assert {k for k in metrics if k.startswith("time/")} == {
@@ -275,6 +291,7 @@ def test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries(mon
     from rlhfkit.agents.executor import SingleTurnExecutor
     from rlhfkit.api import builder
     from rlhfkit.config import rl as rl_config
+    from rlhfkit.config.plan import plan_run
     from rlhfkit.config import rl_checks
     from rlhfkit.core.advantages import ESTIMATORS, EstimatorSpec
 
@@ -292,7 +309,8 @@ def test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries(mon
         r = torch.tensor([1.0, 0.0] * (len(queries) // 2))
         return RewardOutput(r, r)
 
-    loop = builder.build_loop(cfg, rl_config.validate(cfg), model, tok, HFEngine(model, tok), reward,
+    counts = plan_run(cfg, rl_config.validate(cfg), 2)
+    loop = builder.build_loop(cfg, counts, model, tok, HFEngine(model, tok), reward,
                               builder.prompt_stream(cfg, items(2)), SingleTurnExecutor())
     made = []
     make = ExperienceMaker.__call__

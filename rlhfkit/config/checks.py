@@ -1,0 +1,53 @@
+"""The checks every config's `validate` shares: a condition with its message, a value among the
+accepted names, a batch size that its micro-batch size divides, a device name, a prompt template.
+Each refuses with a one-line ConfigError naming the flag (docs/errors.md)."""
+
+from __future__ import annotations
+
+import re
+
+from rlhfkit.errors import ConfigError
+
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+
+
+def require(cond: bool, msg: str) -> None:
+    """A ConfigError with `msg` unless `cond`."""
+    if not cond:
+        raise ConfigError(msg)
+
+
+def one_of(flag: str, value, valid: tuple) -> None:
+    """`value` of --`flag` is one of `valid`; else the error lists them."""
+    require(value in valid, f"--{flag}: unknown value {value!r}; valid: {', '.join(map(str, valid))}")
+
+
+def divisor_hint(total: int, wanted: int) -> int:
+    """The divisor of `total` nearest to `wanted` (for error messages)."""
+    divisors = [d for d in range(1, total + 1) if total % d == 0]
+    return min(divisors, key=lambda d: (abs(d - wanted), d))
+
+
+def check_micro_batches(section: str, batch_size: int, micro_batch_size: int) -> None:
+    """--`section`.batch_size is a whole number of --`section`.micro_batch_size micro-batches."""
+    require(batch_size % micro_batch_size == 0,
+            f"--{section}.batch_size ({batch_size}) must be a multiple of --{section}.micro_batch_size "
+            f"({micro_batch_size}); e.g. --{section}.micro_batch_size {divisor_hint(batch_size, micro_batch_size)}")
+
+
+def check_device(flag: str, name: str) -> None:
+    """`name` is auto, cpu, cuda or cuda:N (whether CUDA is there is checked where the models load)."""
+    require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", name) is not None,
+            f"{flag} {name!r}: not a device; valid: {DEVICE_NAMES}")
+
+
+def check_input_template(template: str | None, flag: str = "--data.input_template") -> None:
+    """A format string with exactly one `{}` for the prompt (and literal braces doubled), or None."""
+    if template is None:
+        return
+    try:
+        template.format("")
+    except (IndexError, KeyError, ValueError) as exc:
+        raise ConfigError(f"{flag} {template!r} is not a format string with one '{{}}' for the prompt "
+                          f"({type(exc).__name__}: {exc}); double any literal braces as '{{{{' and '}}}}'") from None
+    require("{}" in template, f"{flag} {template!r} has no '{{}}' where the prompt goes (e.g. 'Question: {{}}')")
