@@ -40,3 +40,22 @@ def hub_repo():
         return snapshot
 
     return make
+
+
+@pytest.fixture
+def huge_png():
+    """`huge_png(path, size=20000)`: a PNG whose header says size x size pixels (a few bytes on disk,
+    never decoded): an image too large to train on."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    def make(path, size: int = 20000):
+        ihdr = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)
+        path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 7))
+                         + chunk(b"IEND", b""))
+        return path
+
+    return make

@@ -32,7 +32,7 @@ from rlhfkit.agents.episode import agent_episode
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardOutput
-from rlhfkit.rollout.base import GenerationEngine, SamplingParams
+from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs
 
 
 class Prompt(Protocol):
@@ -66,9 +66,10 @@ class SingleTurnExecutor:
             seeds: Sequence[int] | None = None) -> list[Trajectory]:
         """len(prompts) * params.n trajectories, sample s of prompt i at i*n + s (group_id i).
         `seeds`: one per prompt (see GenerationEngine.generate), else `generator` seeds the call."""
+        kwargs = image_kwargs(prompts)  # a VisionEngine takes the prompts' images
         if seeds is not None:
-            return engine.generate([p.ids for p in prompts], params, seeds=seeds)
-        return engine.generate([p.ids for p in prompts], params, generator=generator)
+            return engine.generate([p.ids for p in prompts], params, seeds=seeds, **kwargs)
+        return engine.generate([p.ids for p in prompts], params, generator=generator, **kwargs)
 
 
 @dataclass

@@ -24,6 +24,7 @@ import torch
 
 from rlhfkit.api import builder
 from rlhfkit.api import run_folder
+from rlhfkit.api import vision as V
 from rlhfkit.config import RLConfig
 from rlhfkit.config.opd import OPDConfig, validate_opd
 from rlhfkit.config.plan import plan_run
@@ -58,10 +59,11 @@ class RLTrainer:
 
     def __init__(self, cfg: RLConfig, loop: RLLoop, run_dir: Path, tracker, evaluator, checkpointer,
                  resume: tuple[Path, int] | None = None, skipped: int = 0, dp: tuple[int, int] = (0, 1),
-                 reward_fn=None):
+                 reward_fn=None, processor=None):
         self.cfg, self.loop, self.run_dir, self.tracker = cfg, loop, run_dir, tracker
         self.evaluator, self.checkpointer, self.resume, self.skipped, self.dp = evaluator, checkpointer, resume, skipped, dp
         self.reward_fn = reward_fn
+        self.processor = processor  # a vision-language policy's processor (saved beside its weights), else None
 
     # the pieces a notebook looks at
     @property
@@ -134,6 +136,10 @@ class RLTrainer:
         if eval_dataset is not None and agent is not None:
             raise ConfigError("--eval.dataset does not run agent functions (agent=) yet; drop --eval.dataset "
                               "(tools, environments and agent files are evaluated as episodes)")
+        vision_folder = V.policy_folder(cfg)  # a vision-language policy: its data is checked before it loads
+        for data, is_eval in ((train_dataset, False), (eval_dataset, True)):
+            if data is not None and not callable(data):
+                V.check_data(cfg, data, vision_folder is not None, eval=is_eval)
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         if cfg.rollout.engine == "vllm":  # fail fast, before models load
@@ -159,21 +165,31 @@ class RLTrainer:
         if reward_fn is not None and hasattr(executor, "fallback_reward_fn"):
             executor.fallback_reward_fn = reward_fn  # scores the episodes whose agent function returns None
         policy, tokenizer, ref, critic = builder.build_models(cfg, device)
+        processor = V.processor_of(vision_folder) if vision_folder else None
+        if processor is not None:
+            V.prepare_policy(cfg, policy, ref)
         teacher = builder.build_teacher(cfg, tokenizer, device)
         state_fn = builder.shard_for_fsdp(cfg, policy, ref, critic, world) if cfg.fsdp.enable else None
         if make_engine is not None:
             engine = make_engine(policy, tokenizer)
         elif pool is not None:
             engine = pool(policy)
+        elif processor is not None:
+            engine = V.build_engine(policy, tokenizer, cfg)
         else:
             engine = builder.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
         d = cfg.data
-        examples = load_examples_fn(cfg, train_dataset)(tokenizer)
-        prompts, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
+        if processor is not None:
+            prompts, skipped = V.prompts(cfg, train_dataset, processor)
+        else:
+            examples = load_examples_fn(cfg, train_dataset)(tokenizer)
+            prompts, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
         data = builder.prompt_stream(cfg, prompts)
         counts = plan_run(cfg, plan, len(prompts))  # the run's step counts, once
         eval_items = []
-        if eval_dataset is not None:
+        if eval_dataset is not None and processor is not None:
+            eval_items, _ = V.prompts(cfg, eval_dataset, processor, eval=True)
+        elif eval_dataset is not None:
             eval_examples = load_examples_fn(cfg, eval_dataset, eval=True)(tokenizer)
             eval_items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
         # held-out episodes run on an executor of their own (its tool counters are not the rollout's)
@@ -185,7 +201,8 @@ class RLTrainer:
                                   critic=critic, teacher=teacher, tracker=tracker,
                                   callbacks=[evaluator.periodic, checkpointer.periodic, *callbacks],
                                   dp=(rank, world))
-        return cls(cfg, loop, run_dir, tracker, evaluator, checkpointer, resume, skipped, (rank, world), reward_fn)
+        return cls(cfg, loop, run_dir, tracker, evaluator, checkpointer, resume, skipped, (rank, world), reward_fn,
+                   processor)
 
     def train(self) -> dict[str, float]:
         """Resume (with --ckpt.load_enable), evaluate, train, evaluate, save `final/` (and `ema/`), close the
@@ -206,7 +223,7 @@ class RLTrainer:
             fsdp.save_full_ema(loop.policy, loop.update.learner, loop.tokenizer,
                                Path(self.cfg.ckpt.output_dir) / "ema", self.dp[0])
         else:
-            final = loop.save(self.run_dir / "final")
+            final = self.save(self.run_dir / "final")
             ema = loop.save_ema(self.run_dir / "ema")
             if ema is not None:
                 print(f"EMA of the policy (--actor.ema_beta {self.cfg.actor.ema_beta}) saved to {ema}")
@@ -217,8 +234,10 @@ class RLTrainer:
         return {**(history[-1] if history else {}), **final_eval}
 
     def save(self, path: str | Path) -> Path:
-        """The policy as an HF folder (safetensors + tokenizer) at `path`."""
-        return self.loop.save(path)
+        """The policy as an HF folder (safetensors + tokenizer, and a VLM's processor) at `path`."""
+        folder = self.loop.save(path)
+        V.save_processor(self.processor, folder)
+        return folder
 
 
 def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict) -> dict[str, float]:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from rlhfkit.api import vision as V
 from rlhfkit.api.run_folder import create_run_dir, extra_writers, setup_checkpoints
 from rlhfkit.config.kd import KDConfig
 from rlhfkit.config.parse import to_dict
@@ -106,11 +107,14 @@ def build_model(kind: str, cfg, device: torch.device | None = None) -> tuple[tor
 
 
 def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
-              eval_dataset: Source | None = None) -> tuple[list, list, int]:
+              eval_dataset: Source | None = None, processor=None) -> tuple[list, list, int]:
     """(train items, eval items, skipped). Train: `train_dataset`, else --data.dataset. Eval:
-    `eval_dataset`, else --data.eval_dataset, else the last --data.eval_split of the train items."""
+    `eval_dataset`, else --data.eval_dataset, else the last --data.eval_split of the train items.
+    `processor`: a vision-language model's (records carry images; api/vision.py)."""
     d = cfg.data
-    fmt = TextFormat(tokenizer, d.apply_chat_template, d.input_template)
+    source = d.dataset if train_dataset is None else train_dataset
+    fmt = (TextFormat(tokenizer, d.apply_chat_template, d.input_template) if processor is None
+           else V.supervised_format(cfg, processor, source))
     keys = {"sft": dict(input_key=d.input_key, output_key=d.output_key, reward_template=d.reward_template,
                         reward_key=d.reward_key),
             "rm": dict(prompt_key=d.prompt_key, chosen_key=d.chosen_key,
@@ -121,7 +125,6 @@ def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
     if kind == "prm":
         keys.update(placeholder=d.placeholder_token, reward_tokens=d.reward_tokens)
     load = LOADERS[kind]
-    source = d.dataset if train_dataset is None else train_dataset
     items, skipped = load(source, fmt, max_len=d.max_len, max_samples=d.max_samples,
                           seed=cfg.train.seed, split=d.dataset_split, config=d.dataset_config,
                           data_dir=d.data_dir, **keys)
@@ -151,7 +154,7 @@ class SupervisedTrainer:
 
     def __init__(self, cfg, algorithm, tracker: RunTracker, train_items: list, eval_items: list,
                  skipped: int = 0, checkpointer: Checkpointer | None = None,
-                 resume: tuple[Path, int] | None = None):
+                 resume: tuple[Path, int] | None = None, processor=None):
         self.cfg, self.algorithm, self.tracker = cfg, algorithm, tracker
         self.checkpointer, self.resume = checkpointer, resume
         self.state = SupervisedState(algorithm)
@@ -161,6 +164,7 @@ class SupervisedTrainer:
         self.train_items, self.eval_items = list(train_items), list(eval_items)
         self.skipped = skipped
         self.final_metrics: dict[str, float] = {}
+        self.processor = processor  # a vision-language model's (saved beside its weights), else None
 
     @classmethod
     def from_config(cls, cfg, train_dataset: Source | None = None,
@@ -181,11 +185,17 @@ class SupervisedTrainer:
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         device = resolve_device(cfg.model.device, "--model.device")  # before the run folder and the model
+        vision_folder = V.supervised_folder(cls.kind, cfg)  # a VLM: its images are checked before anything is written
+        for source, is_eval in ((train_dataset if train_dataset is not None else cfg.data.dataset, False),
+                                (eval_dataset if eval_dataset is not None else cfg.data.eval_dataset, True)):
+            if vision_folder and source is not None:
+                V.check_supervised_data(cls.kind, cfg, source, eval=is_eval)
         run_dir = create_run_dir(Path(cfg.ckpt.output_dir), cfg.logger.tensorboard_dir, to_dict(cfg))
         checkpointer, resume = setup_checkpoints(cfg, run_dir)
         model, tokenizer, ref = build_model(cls.kind, cfg, device)
+        processor = V.processor_of(vision_folder) if vision_folder else None
         items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset,
-                                               eval_dataset)
+                                               eval_dataset, processor)
         steps = planned_steps(len(items), cfg.train)
         tracker = RunTracker(run_dir, cfg.logger.tensorboard_dir, steps, cfg.logger.progress_bar,
                              purge_step=None if resume is None else resume[1] + 1,
@@ -194,7 +204,7 @@ class SupervisedTrainer:
         extra = {"ref": ref} if ref is not None else {}
         algorithm = cls.algorithm_class(cfg, model, tokenizer, items, eval_items, tracker=tracker,
                                         **extra)
-        return cls(cfg, algorithm, tracker, items, eval_items, skipped, checkpointer, resume)
+        return cls(cfg, algorithm, tracker, items, eval_items, skipped, checkpointer, resume, processor)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -234,7 +244,9 @@ class SupervisedTrainer:
 
     def _save(self, path: str | Path) -> tuple[Path, dict[str, float]]:
         """(the folder, metrics the saving computed for summary.json)."""
-        return self.algorithm.save(path), {}
+        folder = self.algorithm.save(path)
+        V.save_processor(self.processor, folder)
+        return folder, {}
 
 
 class SFTTrainer(SupervisedTrainer):

@@ -3,6 +3,11 @@
 Takes the flags (or --config) of `rlhfkit train rl`, plus two of its own:
   --plan.num_prompts N     the dataset size, when --data.prompt_dataset is not given
   --plan.prompt_tokens N   prompt length for the memory estimate (default --data.prompt_max_len)
+  --plan.image_tokens N    a vision-language model of variable resolution (Qwen2-VL): language-model
+                           tokens per image (default 256: a 448 x 448 image); fixed-size models use their own
+A vision-language model's estimate adds its vision tower and projector to the weights (and, unless
+--actor.freeze_visual_encoder, to the gradients, optimizer state and activations) and its image tokens
+(--data.max_images_per_prompt per prompt) to every prompt.
 Reads only the model's config.json (no weights, no tokenizer; of a hub model, only that file).
 Exit code 0; settings that do not fit together are errors (as in `train rl`), settings that fit
 but look unintended are warnings.
@@ -15,15 +20,18 @@ import os
 from pathlib import Path
 
 from rlhfkit.api.builder import prompt_options
+from rlhfkit.api.vision import data_options, policy_folder
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
 from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings
+from rlhfkit.data.images import check_vision_prompts
 from rlhfkit.data.prompts import check_prompts
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import DEFAULT_CACHE_DIR, SMOLLM2_NAME, read_config_json, resolve_model_file
-from rlhfkit.models.memory import SMOLLM2_CONFIG, GiB, count_params, memory_estimate
+from rlhfkit.models.memory import BYTES, SMOLLM2_CONFIG, GiB, count_params, memory_estimate
+from rlhfkit.models.vision import is_vision_config, tower_activation_bytes, vision_sizes
 
-PLAN_FLAGS = ("--plan.num_prompts", "--plan.prompt_tokens")
+PLAN_FLAGS = ("--plan.num_prompts", "--plan.prompt_tokens", "--plan.image_tokens")
 
 
 def split_plan_flags(argv: list[str]) -> tuple[list[str], dict[str, int]]:
@@ -68,6 +76,8 @@ def count_prompts(cfg: RLConfig, given: int | None) -> int | None:
         return given
     if not cfg.data.prompt_dataset:
         return None
+    if policy_folder(cfg) is not None:  # a vision-language model: its prompts, images decoded
+        return check_vision_prompts(cfg.data.prompt_dataset, **data_options(cfg))
     return check_prompts(cfg.data.prompt_dataset, **prompt_options(cfg))
 
 
@@ -96,16 +106,38 @@ def format_counts(cfg: RLConfig, plan: RunPlan) -> list[str]:
     return lines
 
 
-def format_memory(cfg: RLConfig, mcfg: dict, prompt_tokens: int) -> list[str]:
+def vision_terms(cfg: RLConfig, mcfg: dict, image_tokens: int | None) -> tuple[dict, dict, list[str]]:
+    """A vision-language model's (text config, memory_estimate's extra arguments, lines to print)."""
+    a, images = cfg.actor, cfg.data.max_images_per_prompt
+    sizes = vision_sizes(mcfg, image_tokens)
+    compute = BYTES[a.autocast or a.dtype]
+    frozen = sizes["tower"] if a.freeze_visual_encoder else 0
+    tower_act = 0 if frozen else tower_activation_bytes(sizes, cfg.train.micro_batch_size * images, compute)
+    per_image = ("fixed by the model" if sizes["fixed_tokens"] else
+                 "--plan.image_tokens" if image_tokens else "assumed: a 448 x 448 image; set --plan.image_tokens")
+    lines = [f"vision tower                   {sizes['tower'] / 1e6:.2f}M params "
+             f"({'frozen' if frozen else 'trained'}), projector {sizes['projector'] / 1e6:.2f}M",
+             f"image tokens per prompt        {images * sizes['image_tokens']}   ({images} "
+             f"--data.max_images_per_prompt x {sizes['image_tokens']} per image, {per_image})"]
+    extra = dict(params=sizes["total"], frozen=frozen, extra_activations=tower_act)
+    return {**sizes["text"], "image_tokens": images * sizes["image_tokens"]}, extra, lines
+
+
+def format_memory(cfg: RLConfig, mcfg: dict, prompt_tokens: int, image_tokens: int | None = None) -> list[str]:
     a, r = cfg.actor, cfg.rollout
     compute = a.autocast or a.dtype
+    extra, vision_lines = {}, []
+    if is_vision_config(mcfg):
+        mcfg, extra, vision_lines = vision_terms(cfg, mcfg, image_tokens)
+        prompt_tokens += mcfg["image_tokens"]
     est = memory_estimate(
         mcfg, param_dtype=a.dtype, compute_dtype=compute, micro_batch_size=cfg.train.micro_batch_size,
         decode_batch=min(r.max_batch_size, r.batch_size * r.n_samples_per_prompt), prompt_len=prompt_tokens,
         max_new_tokens=r.max_new_tokens, with_ref=cfg.algo.kl.init_coef > 0,
-        with_critic=ESTIMATORS[cfg.algo.advantage.estimator].needs_critic,
+        with_critic=ESTIMATORS[cfg.algo.advantage.estimator].needs_critic, **extra,
     )
-    lines = [f"parameters                     {count_params(mcfg) / 1e6:.1f}M ({a.dtype}, compute {compute})"]
+    params = extra.get("params") or count_params(mcfg)
+    lines = [f"parameters                     {params / 1e6:.1f}M ({a.dtype}, compute {compute})", *vision_lines]
     for k in ("weights", "gradients", "optimizer", "activations", "autocast", "kv_cache", "peak"):
         lines.append(f"{k:<30} {est[k] / GiB:8.3f} GiB")
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
@@ -133,7 +165,7 @@ def run(argv: list[str]) -> int:
           f"{'' if 'prompt_tokens' in own else ' = --data.prompt_max_len, an upper bound; set --plan.prompt_tokens'}"
           f" + {cfg.rollout.max_new_tokens} new):")
     if mcfg is not None:
-        print("\n".join(format_memory(cfg, mcfg, prompt_tokens)))
+        print("\n".join(format_memory(cfg, mcfg, prompt_tokens, own.get("image_tokens"))))
     warnings = plan_warnings(cfg, plan)
     for w in warnings:
         print(f"warning: {w}")

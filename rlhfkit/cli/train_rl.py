@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rlhfkit.api.builder import load_reward, prompt_options
 from rlhfkit.api.rl import OPDTrainer, RLTrainer
+from rlhfkit.api.vision import check_data, policy_folder
 from rlhfkit.config import RLConfig
 from rlhfkit.config.opd import OPDConfig
 from rlhfkit.data.prompts import check_prompts
@@ -23,9 +24,12 @@ def check_inputs(cfg: RLConfig) -> None:
     if not d.prompt_dataset:
         raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file, a datasets folder "
                           "or a hub dataset name)")
-    check_prompts(d.prompt_dataset, **prompt_options(cfg))
-    if cfg.eval.dataset:
-        check_prompts(cfg.eval.dataset, **prompt_options(cfg, eval=True))
+    vision = policy_folder(cfg) is not None  # a VLM: prompts and images; a text model: no images
+    for dataset, is_eval in ((d.prompt_dataset, False), (cfg.eval.dataset, True)):
+        if dataset:
+            check_data(cfg, dataset, vision, eval=is_eval)
+            if not vision:
+                check_prompts(dataset, **prompt_options(cfg, eval=is_eval))
     if cfg.eval.verifier:
         load_reward(cfg.eval.verifier)
 

@@ -86,7 +86,6 @@ DS_CKPT_PATH = "ignored: rlhfkit keeps checkpoints in <--ckpt.output_dir>/checkp
 CKPT_MEM = "ignored: rlhfkit keeps the newest --ckpt.max_num checkpoints (no size limit)"
 BEST_CKPT = "not supported yet: no best-checkpoint copy; the eval metrics are in metrics.jsonl"
 QLORA = "not supported yet: 4-bit base weights; the model is trained in its --model.dtype / --actor.dtype"
-TEXT_ONLY = "ignored: rlhfkit trains text-only models"
 VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is transformers' "
               "sequence-classification `score`)")
 MUON = "ignored: rlhfkit trains with AdamW, Muon's settings have no effect"
@@ -272,10 +271,9 @@ _rl("max_len data.max_len", notice(
     "rlhfkit has no total cap on prompt + response: with --rollout.max_new_tokens M given, prompts over "
     "max_len - M tokens are skipped; without it, M is set to max_len - --data.prompt_max_len",
     1, _max_len, weak=True))
-_rl("image_key data.image_key", notice(TEXT_ONLY, 1))
-_rl("freeze_visual_encoder actor.freeze_visual_encoder", notice(TEXT_ONLY))
-_rl("max_images_per_prompt data.max_images_per_prompt",
-    refuse("rlhfkit trains text-only models: drop it", harmless=("0",)))
+_rl("image_key data.image_key", to("data.image_key"))
+_rl("freeze_visual_encoder actor.freeze_visual_encoder", to("actor.freeze_visual_encoder", 0))
+_rl("max_images_per_prompt data.max_images_per_prompt", to("data.max_images_per_prompt"))
 _rl("rollout_batch_size rollout.batch_size", to("rollout.batch_size"))
 for _key in ("n_samples_per_prompt", "temperature", "top_p"):
     _rl(f"{_key} rollout.{_key}", to(f"rollout.{_key}"))

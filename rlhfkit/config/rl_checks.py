@@ -59,7 +59,7 @@ RL_RANGES = validate_table({
     "reward.timeout": "> 0",
     "reward.code.timeout": "> 0", "reward.code.cpu_seconds": ">= 1", "reward.code.memory_mb": ">= 64",
     "reward.code.workers": "[1, 64]",
-    "data.max_samples": ">= 1", "data.prompt_max_len": ">= 1",
+    "data.max_samples": ">= 1", "data.prompt_max_len": ">= 1", "data.max_images_per_prompt": ">= 1",
     "rollout.batch_size": ">= 1", "rollout.n_samples_per_prompt": ">= 1", "rollout.max_new_tokens": ">= 1",
     "rollout.temperature": ">= 0", "rollout.top_p": "(0, 1]", "rollout.top_k": "-1 or >= 1",
     "rollout.stop_token_ids": ">= 0", "rollout.max_batch_size": ">= 1", "rollout.num_workers": ">= 1",

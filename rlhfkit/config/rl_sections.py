@@ -87,6 +87,9 @@ class ActorConfig:
     ema_beta: float | None = None
     """Keep an EMA of the policy's weights, updated after each optimizer step and saved as an HF folder
     `ema/` beside `final/` at the end (OpenRLHF --enable_ema --ema_beta), e.g. 0.992."""
+    freeze_visual_encoder: bool = False
+    """A vision-language policy: its vision tower gets no gradients (it stays bit for bit as loaded; the
+    projector and the language model train); the reference shares the frozen tower's values."""
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,12 @@ class DataConfig:
     max_samples: int | None = None
     """Use at most this many prompts of the dataset (none: all)."""
     prompt_max_len: int = PROMPT_MAX_LEN
-    """Prompts longer than this many tokens are skipped (counted and logged)."""
+    """Prompts longer than this many tokens are skipped (counted and logged); image tokens count."""
+    image_key: str | None = None
+    """Record key of a prompt's images (paths, URLs, bytes or a datasets Image feature; one or a list) for a
+    vision-language model (docs/vision.md); none = `images`, else `image`, where the record has one."""
+    max_images_per_prompt: int = 1
+    """Most images one prompt may hold; a record with more is refused before the model loads."""
 
 
 @dataclass(frozen=True)

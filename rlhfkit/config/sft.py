@@ -89,6 +89,11 @@ class SupervisedDataConfig:
     """Samples longer than this many tokens (prompt + response) are skipped and counted."""
     max_samples: int | None = None
     """Use at most this many training records (none: all)."""
+    image_key: str | None = None
+    """A vision-language model: the record key of its images (paths, URLs, bytes or a datasets Image
+    feature; one or a list; docs/vision.md); none = `images`, else `image`, where the record has one."""
+    max_images_per_prompt: int = 1
+    """A vision-language model: most images one record may hold; more are refused before the model loads."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +199,7 @@ OWN_ALIASES: dict[str, str | Alias] = {"device": "model.device"}
 # The allowed range of every numeric flag shared by `train sft|rm|dpo|kto` (see config/ranges.py).
 SUPERVISED_RANGES = validate_table({
     "data.eval_split": "[0, 1)", "data.max_len": ">= 1", "data.max_samples": ">= 1",
+    "data.max_images_per_prompt": ">= 1",
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_epochs": ">= 1", "train.max_steps": ">= 1",
     "train.lr_warmup_ratio": "[0, 1]", "train.min_lr_ratio": "[0, 1]", "train.max_norm": ">= 0",
     "train.eval_steps": "-1 or >= 1", "train.seed": SEED_RANGE, "train.num_threads": ">= 1",

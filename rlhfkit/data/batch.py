@@ -7,6 +7,8 @@ Layout (right padding everywhere, so default position ids are correct):
   response_ids   [B, R]  response_b, then pad_id (R = longest response)
   loss_mask      [B, R]  bool, True = action token that counts
   response_mask  [B, R]  bool, True = a real response token (action or feedback)
+  vision         per row: the prompt's image tensors (data.images.VisionInputs) or None; None
+                 for a batch without images (rows of one prompt share one object)
 Response token j of row b sits at input position P_b + j; the logits that predict it are
 those at position P_b + j - 1. Every per-token loss tensor is response-aligned: [B, R].
 """
@@ -29,6 +31,7 @@ class TokenBatch:
     response_ids: torch.Tensor
     loss_mask: torch.Tensor
     response_mask: torch.Tensor
+    vision: list | None = None
 
     @property
     def batch_size(self) -> int:
@@ -72,7 +75,9 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TokenBatch:
         response_ids[i, :r] = t.response_ids
         loss_mask[i, :r] = t.loss_mask
         response_mask[i, :r] = True
-    return TokenBatch(input_ids, attention_mask, p_lens, response_ids, loss_mask, response_mask)
+    vision = [getattr(t, "vision", None) for t in trajectories]  # Trajectory or data.supervised.TokenSample
+    return TokenBatch(input_ids, attention_mask, p_lens, response_ids, loss_mask, response_mask,
+                      vision=vision if any(v is not None for v in vision) else None)
 
 
 def pad_response_values(values: Sequence[torch.Tensor], width: int, fill: float = 0.0) -> torch.Tensor:
@@ -97,4 +102,5 @@ def select_rows(batch: TokenBatch, rows: torch.Tensor) -> TokenBatch:
         response_ids=batch.response_ids[rows, :r_max],
         loss_mask=batch.loss_mask[rows, :r_max],
         response_mask=resp[:, :r_max],
+        vision=None if batch.vision is None else [batch.vision[int(i)] for i in rows],
     )

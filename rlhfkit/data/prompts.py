@@ -103,7 +103,7 @@ def load_prompts(
             "load_prompts: apply_chat_template=True needs a tokenizer with apply_chat_template; "
             f"got {type(tokenizer).__name__}"
         )
-    name, kept = _kept_records(source, input_key, label_key, apply_chat_template, input_template,
+    name, kept = kept_records(source, input_key, label_key, apply_chat_template, input_template,
                                max_samples, shuffle_seed, split, config, data_dir)
     examples = []
     for i, record in kept:
@@ -130,17 +130,17 @@ def check_prompts(
     rendered): the source, the keys of every record, the prompt type of every kept record (a
     string, or with `apply_chat_template` also a message list). Returns the number of prompts
     `load_prompts` would build. Raises as `load_prompts`."""
-    name, kept = _kept_records(source, input_key, label_key, apply_chat_template, input_template,
+    name, kept = kept_records(source, input_key, label_key, apply_chat_template, input_template,
                                max_samples, shuffle_seed, split, config, data_dir)
     for _, record in kept:
         _prompt_value(record, input_key, name, apply_chat_template)
     return len(kept)
 
 
-def _kept_records(
-    source: Source, input_key: str, label_key: str | None, apply_chat_template: bool,
-    input_template: str | None, max_samples: int | None, shuffle_seed: int | None, split: str,
-    config: str | None, data_dir: str | None,
+def kept_records(
+    source: Source, input_key: str, label_key: str | None, apply_chat_template: bool = False,
+    input_template: str | None = None, max_samples: int | None = None, shuffle_seed: int | None = None,
+    split: str = "train", config: str | None = None, data_dir: str | None = None,
 ) -> tuple[str, list[tuple[int, Record]]]:
     """(source name, [(index, record)]): every record checked for its keys, then shuffled and cut."""
     _check_arguments(apply_chat_template, input_template, max_samples)

@@ -27,7 +27,15 @@ from typing import Any
 
 import torch
 
-from rlhfkit.data.records import Record, Source, first_line, is_messages, read_records, require_key, source_name
+from rlhfkit.data.records import (
+    Record,
+    Source,
+    first_line,
+    is_messages,
+    read_records,
+    require_key,
+    source_name,
+)
 from rlhfkit.errors import ConfigError, DataError
 
 
@@ -38,12 +46,14 @@ class TokenSample:
     prompt_ids   LongTensor [P]
     response_ids LongTensor [R]   everything after the prompt
     loss_mask    BoolTensor [R]   True = a target token (assistant tokens; False on later user turns)
+    vision       the sample's image tensors (data.images.VisionInputs), None without images
     """
 
     prompt_ids: torch.Tensor
     response_ids: torch.Tensor
     loss_mask: torch.Tensor
     index: int = 0
+    vision: Any = None
 
 
 @dataclass
@@ -75,10 +85,12 @@ class TextFormat:
         if input_template is not None and "{}" not in input_template:
             raise ConfigError(f"--data.input_template {input_template!r} has no '{{}}' for the input")
         self.tokenizer, self.chat, self.template = tokenizer, apply_chat_template, input_template
+        self.renderer = tokenizer  # whose apply_chat_template renders the conversation (a VLM: its processor)
 
-    def encode(self, prompt: Any, response: Any, where: str, all_turns: bool) -> TokenSample:
+    def encode(self, prompt: Any, response: Any, where: str, all_turns: bool, record: dict | None = None) -> TokenSample:
         """prompt: a string or a message list; response: a string, or None when `prompt` is a
-        whole conversation. `all_turns`: every assistant turn is a target, else only the last."""
+        whole conversation. `all_turns`: every assistant turn is a target, else only the last.
+        `record`: the whole record (a format that reads more of it, e.g. its images)."""
         if self.chat:
             messages = _as_messages(prompt, where)
             if response is not None:
@@ -104,7 +116,7 @@ class TextFormat:
         if not messages:
             return ""
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+            return self.renderer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
         except Exception as exc:  # jinja / transformers raise many types
             raise DataError(f"{where}: the tokenizer's chat template failed ({type(exc).__name__}: "
                             f"{first_line(exc)}); fix the messages or the template") from exc
@@ -220,7 +232,7 @@ def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_k
         if reward_template is not None:
             prompt = render_reward(reward_template, _as_str(prompt, where), record.data[reward_key],
                                    f"{where}, key {reward_key!r}")
-        s = fmt.encode(prompt, response, f"{where}, key {input_key!r}", all_turns=True)
+        s = fmt.encode(prompt, response, f"{where}, key {input_key!r}", all_turns=True, record=record.data)
         s.index = i
         if sample_length(s) > max_len:
             skipped += 1
@@ -253,11 +265,11 @@ def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt
         for key in (chosen_key, rejected_key):
             value = record.data[key]
             if is_messages(value):
-                sides.append(fmt.encode(value, None, f"{where}, key {key!r}", all_turns=False))
+                sides.append(fmt.encode(value, None, f"{where}, key {key!r}", all_turns=False, record=record.data))
             else:  # a response string: the prompt comes from prompt_key
                 require_key(record, prompt_key or "prompt", "--data.prompt_key", p)
                 prompt = record.data[prompt_key or "prompt"]
-                sides.append(fmt.encode(prompt, value, f"{where}, key {key!r}", all_turns=False))
+                sides.append(fmt.encode(prompt, value, f"{where}, key {key!r}", all_turns=False, record=record.data))
         if max(sample_length(s) for s in sides) > max_len:
             skipped += 1
             continue

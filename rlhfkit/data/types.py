@@ -26,6 +26,8 @@ class PromptItem:
       raw     the dataset's prompt value before templating: a string or a list of
               {"role", "content"} messages (reward functions of TRL's contract see this)
       record  the whole dataset row (every column reaches the reward function by name)
+      vision  the processor's image tensors (data.images.VisionInputs) of a prompt with images,
+              else None; `ids` then hold each image's tokens
     """
 
     text: str
@@ -33,6 +35,7 @@ class PromptItem:
     label: Any = None
     raw: Any = None
     record: dict[str, Any] = field(default_factory=dict)
+    vision: Any = None
 
 
 @dataclass
@@ -59,6 +62,11 @@ class Trajectory:
     group_id: int = 0  # index of the prompt this sample answers (samples of one prompt share it)
     info: dict[str, Any] = field(default_factory=dict)
     versions: torch.Tensor | None = None
+
+    @property
+    def vision(self):
+        """The prompt's image tensors (data.images.VisionInputs, set by a vision engine), else None."""
+        return self.info.get("vision")
 
     @property
     def response_length(self) -> int:

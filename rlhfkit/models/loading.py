@@ -351,8 +351,14 @@ def resolve_model(name_or_path: str) -> tuple[str, str | None]:
 
 
 def load_policy(name_or_path: str, dtype: str):
+    """(model, tokenizer) of a causal LM, or of a vision-language model (models.vision) whose folder's
+    config has a vision_config."""
+    from rlhfkit.models.vision import is_vision_folder, load_vision_model
+
     path, gguf = resolve_model(name_or_path)
     tokenizer = load_tokenizer(path, gguf_file=gguf)
+    if gguf is None and is_vision_folder(path):
+        return load_vision_model(path, dtype=DTYPES[dtype]), tokenizer
     model = load_causal_lm(path, dtype=DTYPES[dtype], gguf_file=gguf)
     return model, tokenizer
 

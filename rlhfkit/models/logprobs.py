@@ -33,6 +33,7 @@ import torch
 from rlhfkit.core.lm_head import linear_logprobs_and_entropy
 from rlhfkit.core.losses import logprobs_and_entropy
 from rlhfkit.models.precision import to_device
+from rlhfkit.models.vision import vision_kwargs, vision_split
 
 log = logging.getLogger("rlhfkit")
 
@@ -127,6 +128,8 @@ def model_inputs(model: torch.nn.Module, batch) -> dict:
     inputs = {"input_ids": to_device(batch.input_ids, device), "attention_mask": mask, "use_cache": False}
     if getattr(batch, "position_ids", None) is not None:
         inputs["position_ids"] = to_device(batch.position_ids, device)
+    if getattr(batch, "vision", None) is not None:
+        inputs.update(vision_kwargs(model, batch, device))
     if mask is not None and mask.dim() == 4 and getattr(model.config, "_attn_implementation", "") == "eager":
         dtype = next(model.parameters()).dtype
         inputs["attention_mask"] = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
@@ -269,6 +272,14 @@ def _scatter(values: torch.Tensor | None, where: torch.Tensor) -> torch.Tensor |
     return values.new_zeros(where.shape).masked_scatter(where.to(values.device), values)
 
 
+def head_split(model: torch.nn.Module, batch):
+    """`split_backbone(model)`; for a batch with images, the VLM's base model (it takes the pixel
+    values) and its head (models.vision.vision_split)."""
+    if getattr(batch, "vision", None) is not None:
+        return vision_split(transformers_model(model))
+    return split_backbone(model)
+
+
 def response_logits(model: torch.nn.Module, batch, where: torch.Tensor | None = None) -> torch.Tensor:
     """Logits [B, R, V] that predict each response token of `batch` (a TokenBatch, or a
     data.packing PackedBatch / SharedPrefixBatch); with `where` (bool [B, R]) only those: [N, V].
@@ -276,7 +287,7 @@ def response_logits(model: torch.nn.Module, batch, where: torch.Tensor | None = 
     Llama-like models run backbone + LM head at the gathered positions only; any other
     model falls back to a full forward and a gather.
     """
-    parts = split_backbone(model)
+    parts = head_split(model, batch)
     if parts is None:
         batch = runnable_layout(model, batch)
         with attention_for(model, batch):
@@ -315,7 +326,7 @@ def response_logprobs(
     """
     where = head_positions(batch)
     labels = batch.response_ids[where]
-    parts = split_backbone(model)
+    parts = head_split(model, batch)
     head = parts[1] if parts is not None else None
     if head is not None and type(head) is torch.nn.Linear and head.bias is not None:
         note_once(f"{type(model).__name__}: its LM head has a bias; logprobs run the head module, not the fused head")

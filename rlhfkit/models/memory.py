@@ -95,18 +95,23 @@ def memory_estimate(
     max_new_tokens: int,
     with_ref: bool,
     with_critic: bool,
+    params: int | None = None,
+    frozen: int = 0,
+    extra_activations: int = 0,
 ) -> dict[str, int]:
     """Bytes per term (weights, gradients, optimizer, activations, kv_cache) and the peak,
     weights + optimizer + autocast + max(gradients + activations, kv_cache).
 
     The critic, when present, adds its weights, gradients, AdamW state and activations (without
-    the logits term: it has no LM head).
+    the logits term: it has no LM head). A vision-language model: `cfg` is its text config,
+    `params` all its parameters (default: count_params(cfg)), `frozen` the ones that get no gradients
+    (a frozen vision tower), `extra_activations` the vision tower's activations kept for backward.
     """
     pb, cb = BYTES[param_dtype], BYTES[compute_dtype]
-    p = count_params(cfg)
-    trainable = p + (critic_params(cfg) if with_critic else 0)
+    p = count_params(cfg) if params is None else params
+    trainable = p - frozen + (critic_params(cfg) if with_critic else 0)
     seq = prompt_len + max_new_tokens
-    act = activation_bytes(cfg, micro_batch_size, seq, max_new_tokens, cb)
+    act = activation_bytes(cfg, micro_batch_size, seq, max_new_tokens, cb) + extra_activations
     if with_critic:
         act += activation_bytes(cfg, micro_batch_size, seq, 0, cb)
     out = {

@@ -53,3 +53,10 @@ class GenerationEngine(Protocol):
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Load `state` (a model state dict, possibly partial) and set `version`."""
         ...
+
+
+def image_kwargs(prompts) -> dict:
+    """`{"vision": [...]}`: the prompts' image tensors (PromptItem.vision) for an engine that takes them
+    (rollout.vision.VisionEngine), or {} when no prompt holds images (every engine's generate)."""
+    images = [getattr(p, "vision", None) for p in prompts]
+    return {"vision": images} if any(v is not None for v in images) else {}

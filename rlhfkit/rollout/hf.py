@@ -192,6 +192,7 @@ class HFEngine:
         self._cached = cache_support(model) is None
         self._version = version
         self._compiled_step = None
+        self.banned_ids: torch.Tensor | None = None  # token ids never sampled (a VisionEngine's image tokens)
         self.static_buffers = StaticBuffers()  # the compiled step's KV rows, reused by every chunk
         if compile_decode and self._cached and static_cache_support(model):
             from rlhfkit.models.compile import compile_decode_step
@@ -262,7 +263,7 @@ class HFEngine:
                     start, stop = gen.chunks[len(gen.done)]
                     if gen.state is None:
                         gens = None if gen.seeds is None else [seeded(x) for x in gen.seeds[start:stop]]
-                        gen.state = self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens)
+                        gen.state = self._prefill_chunk(gen, start, stop, gens)
                     budget -= self._decode(gen.state, gen.stop_ids, budget)
                     if gen.state.finished:
                         gen.done.append(gen.state)
@@ -284,9 +285,14 @@ class HFEngine:
 
     # ------------------------------------------------------------------ decode loop
 
-    def _prefill(self, prompts: list[list[int]], params: SamplingParams, generator, gens=None) -> DecodeState:
+    def _prefill_chunk(self, gen: PartialGeneration, start: int, stop: int, gens) -> DecodeState:
+        """The prefill of `gen`'s prompts [start, stop) (an engine with more inputs per prompt adds them)."""
+        return self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens)
+
+    def _prefill(self, prompts: list[list[int]], params: SamplingParams, generator, gens=None,
+                 extra: dict | None = None) -> DecodeState:
         """Prefill `prompts` once and expand to n rows each: the state before the first token.
-        `gens`: one generator per prompt (rows of prompt i sample from gens[i]), or None."""
+        `gens`: one generator per prompt (rows of prompt i sample from gens[i]), or None. `extra`: more keyword arguments of the prefill's forward (e.g. pixel values)."""
         n, max_new = params.n, params.max_new_tokens
         input_ids, attention_mask = self._left_pad(prompts)
         device, width = input_ids.device, input_ids.shape[1]
@@ -298,12 +304,12 @@ class HFEngine:
             attention_mask = torch.nn.functional.pad(attention_mask, (0, length - width))
         else:
             cache = new_cache(self.model, reserve=max_new) if self._cached else None
-        shared = self._shared_prefix(prompts, cache)
+        shared = None if extra else self._shared_prefix(prompts, cache)
         if shared:  # [prefix | padding | own tokens]: the padding sits after the shared prefix
             logits, attention_mask, position_ids = prefill_shared(self._forward, prompts, shared, cache, self.pad_id,
                                                                   device)
         else:
-            logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
+            logits = self._forward(input_ids, attention_mask, position_ids, cache, extra=extra)  # [U, V]
         if cache is not None:
             cache.batch_repeat_interleave(n)
         batch = len(prompts) * n
@@ -343,7 +349,7 @@ class HFEngine:
         while decoded < budget and not s.finished:
             step = s.step
             u = None if s.uniforms is None else s.uniforms[s.rows // n, step, s.rows % n]  # on the device
-            tok, lp = sample(s.logits, params, s.generator, u)
+            tok, lp = sample(s.logits, params, s.generator, u, self.banned_ids)
             s.finite &= (torch.isfinite(lp) | ~s.alive).all()  # finished rows may still be in the batch
             s.tokens[s.rows, step] = torch.where(s.alive, tok, self.pad_id)
             s.logprobs[s.rows, step] = torch.where(s.alive, lp, 0.0)
@@ -394,16 +400,18 @@ class HFEngine:
         s.tokens, s.logprobs, s.versions = s.tokens.cpu(), s.logprobs.cpu(), s.versions.cpu()
         s.lengths, s.stopped = s.lengths.cpu(), s.stopped.cpu()
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache, compiled: bool = False) -> torch.Tensor:
+    def _forward(self, input_ids, attention_mask, position_ids, cache, compiled: bool = False,
+                 extra: dict | None = None) -> torch.Tensor:
         """One forward of the model (`compiled`: a decode step, through the compiled step when there is
         one; with `cache`, or over the whole sequence when it is None); float32 logits of the last
-        position [B, V]."""
+        position [B, V]. `extra`: more keyword arguments (they win over the ones made here)."""
         kwargs = {"logits_to_keep": 1} if self._keep_last_logits else {}
         if self._takes_positions:
             kwargs["position_ids"] = position_ids
         if cache is not None:
             kwargs["past_key_values"] = cache
         kwargs.update(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None)
+        kwargs.update(extra or {})
         step = self._compiled_step if compiled else None
         if step is None:
             return self.model(**kwargs).logits[:, -1].float()

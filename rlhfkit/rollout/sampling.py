@@ -13,20 +13,24 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.base import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, u=None):
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, u=None,
+           banned: torch.Tensor | None = None):
     """logits [B, V] float32 -> (tokens [B], logprobs [B]).
 
     The logprob is log_softmax(logits / T) at the token, before top-k/top-p truncation;
     T = 0 is greedy, with the logprob taken at T = 1. `u` [B] (on the logits' device): the rows'
-    uniforms, else they are drawn from `generator` (and copied to the logits' device).
+    uniforms, else they are drawn from `generator` (and copied to the logits' device). `banned`:
+    token ids never sampled (a truncation like top-k: the logprob is still the untruncated one).
     """
+    choose = logits if banned is None else logits.index_fill(-1, banned.to(logits.device), -math.inf)
     if params.temperature == 0:
-        tok = logits.argmax(dim=-1)
+        tok = choose.argmax(dim=-1)
         return tok, torch.log_softmax(logits, dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
     scaled = logits / params.temperature
     logp = torch.log_softmax(scaled, dim=-1)
-    truncated = params.top_k > 0 or params.top_p < 1.0
-    probs = torch.softmax(truncate(scaled, params.top_k, params.top_p), dim=-1) if truncated else logp.exp()
+    truncated = params.top_k > 0 or params.top_p < 1.0 or banned is not None
+    scaled_choice = scaled if banned is None else choose / params.temperature
+    probs = torch.softmax(truncate(scaled_choice, params.top_k, params.top_p), dim=-1) if truncated else logp.exp()
     if u is None:
         u = torch.rand(probs.shape[0], generator=generator, device=generator.device if generator is not None else "cpu")
         u = u.to(probs.device)

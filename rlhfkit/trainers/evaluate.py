@@ -35,7 +35,7 @@ from rlhfkit.agents.executor import TokenBudget, agent_rewards
 from rlhfkit.core.passk import pass_at_k
 from rlhfkit.data.types import PromptItem, Trajectory
 from rlhfkit.rewards.math import extract_answer, parse_number
-from rlhfkit.rollout.base import GenerationEngine, SamplingParams
+from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs
 
 # responses, their prompts (and keywords: completion_messages of tool episodes) -> metrics
 ScoreFn = Callable[..., dict[str, float]]
@@ -54,7 +54,7 @@ def sample_trajectories(
     generator = torch.Generator().manual_seed(seed)
     if executor is not None:
         return executor.run(engine, tokenizer, prompts, params, budget, generator=generator)
-    return engine.generate([p.ids for p in prompts], params, generator=generator)
+    return engine.generate([p.ids for p in prompts], params, generator=generator, **image_kwargs(prompts))
 
 
 def sample_responses(

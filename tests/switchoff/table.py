@@ -115,6 +115,14 @@ def kl_not_in_reward(original):
     return lambda *args, **kwargs: original(*args, **{**kwargs, "kl_in_reward": False})
 
 
+def freezes_nothing(original):
+    return lambda model, projector=False: 1  # says it froze a parameter
+
+
+def no_images(original):
+    return lambda model, batch, device: {}
+
+
 STAGES = "tests/unit/trainers/test_stages.py"
 KL = "tests/unit/trainers/test_kl_placement.py"
 OFFPOLICY = "tests/unit/trainers/test_offpolicy.py"
@@ -124,8 +132,15 @@ VLLM = "tests/unit/rollout/test_vllm_colocated.py"
 DYNAMIC = "tests/unit/trainers/test_dynamic_sampling.py"
 DEVICES = "tests/integration/test_devices_and_levers.py"
 AGENTS = "tests/integration/test_agent_loop.py"
+VISION = "tests/unit/rollout/test_vision_engine.py"
 
 SWITCH_OFFS = (
+    SwitchOff("vision tower frozen (--actor.freeze_visual_encoder)", "rlhfkit.models.vision:freeze_visual_encoder",
+              freezes_nothing, (f"{VISION}::test_freeze_visual_encoder_leaves_the_tower_bit_identical_and_trains_the_rest"
+                                "[qwen2_vl]",), "freezes nothing"),
+    SwitchOff("images in the training forward (vision-language models)", "rlhfkit.models.vision:vision_kwargs",
+              no_images, (f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[llava]",
+                          f"{VISION}::test_the_images_change_the_logprobs[gemma3]"), "no image tensors"),
     SwitchOff("weights loaded on sync (HF engine, partial rollouts)", "rlhfkit.rollout.hf:HFEngine.update_weights",
               version_bump_only, (f"{PARTIAL}::test_weights_staged_mid_generation_are_used_for_the_rest_of_it",),
               "stamps the version, loads nothing"),

@@ -8,6 +8,7 @@ import torch
 
 from rlhfkit.data.batch import TokenBatch, select_rows
 from rlhfkit.data.packing import micro_batches, pack_shared_prefix
+from rlhfkit.models.logprobs import note_once
 
 # Shortest row of the shared-prefix layout: a row holds one prompt and responses up to this many
 # tokens (or the longest sample). Its attention is dense over the row, so rows stay short.
@@ -28,8 +29,13 @@ class MicroBatcher:
     shared_prefix: bool = True
 
     def row_tokens(self, batch: TokenBatch) -> int | None:
-        """Row size of the shared-prefix layout, None when it is off."""
+        """Row size of the shared-prefix layout, None when it is off or the batch holds images (whose
+        tensors belong to padded rows: one logged line)."""
         if not self.shared_prefix:
+            return None
+        if batch.vision is not None:
+            note_once("prompts with images: the shared-prefix layout cannot hold their image tensors; their "
+                      "micro-batches run as padded rows (same numbers, more compute)")
             return None
         return max(SHARED_ROW_TOKENS, int(batch.attention_mask.sum(dim=1).max()))
 

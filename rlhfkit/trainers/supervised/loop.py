@@ -25,13 +25,19 @@ import torch
 from rlhfkit.data.batch import collate
 from rlhfkit.data.packing import pack
 from rlhfkit.errors import DataError
+from rlhfkit.models.logprobs import note_once
 from rlhfkit.trainers.learner import Learner
 
 MicroLoss = Callable[[list, list], tuple[torch.Tensor, dict[str, float]]]
 
 
 def make_batch(samples: Sequence, pad_id: int, packing: bool):
-    """A padded `TokenBatch`, or with `packing` a one-row `PackedBatch` (same response layout)."""
+    """A padded `TokenBatch`, or with `packing` a one-row `PackedBatch` (same response layout); samples
+    with images stay padded rows (a packed row cannot hold their image tensors; one logged line)."""
+    if packing and any(getattr(s, "vision", None) is not None for s in samples):
+        note_once("samples with images: --ds.packing_samples cannot hold their image tensors; they run as "
+                  "padded rows (same numbers, more compute)")
+        packing = False
     return pack(samples, pad_id) if packing else collate(samples, pad_id)
 
 

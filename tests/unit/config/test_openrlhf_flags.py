@@ -273,7 +273,6 @@ def test_notices_reach_the_cli(tmp_path, capsys, caplog):
     (["train", "rl", "--actor.optim", "muon"], "error: --actor.optim: rlhfkit trains with AdamW only"),
     (["train", "rl", "--prompt_data_probs", "0.5,0.5"], "error: --prompt_data_probs: rlhfkit reads one dataset"),
     (["train", "rl", "--param_dtype", "fp16"], "error: rlhfkit trains in float32 or bfloat16, not fp16"),
-    (["train", "rl", "--max_images_per_prompt", "2"], "error: --max_images_per_prompt: rlhfkit trains text-only"),
     (["train", "sft", "--pretrain_mode"], "error: --pretrain_mode: rlhfkit's SFT loss covers the response tokens"),
     (["train", "sft", "--tokenizer_chat_template", "{{x}}"], "error: --tokenizer_chat_template: rlhfkit uses"),
     (["train", "rm", "--margin_loss"], "error: --margin_loss: rlhfkit's reward-model loss has no margin term"),

@@ -1,0 +1,156 @@
+"""Vision-language models in the trainers: what `RLTrainer.from_config` (and, at the end, the SFT and
+DPO trainers') does differently when the model's config has a vision_config (docs/vision.md).
+
+Before any model loads, the prompt data is checked (`check_data`): with a VLM, every image opens and
+fits; with a text-only model, a record that holds images is refused. Then the policy's vision tower
+is frozen with --actor.freeze_visual_encoder (the reference shares it: the same frozen values),
+prompts are rendered and tokenized by the model's processor (image tokens expanded, pixel tensors
+kept per prompt), and the rollout runs on a `VisionEngine`. The final folder holds the processor
+beside the weights, so AutoProcessor loads it.
+
+Not supported with images yet (one-line errors): the vllm engine, Ray rollout workers, FSDP,
+LoRA, and estimators with a critic.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlhfkit.api.builder import prompt_options
+from rlhfkit.config import RLConfig
+from rlhfkit.core.advantages import ESTIMATORS
+from rlhfkit.data.images import (
+    check_vision_prompts,
+    load_vision_prompts,
+    refuse_images_for_text_model,
+)
+from rlhfkit.data.images import tokenize_vision_prompts as tokenize
+from rlhfkit.data.supervised_images import VisionTextFormat, check_supervised_images
+from rlhfkit.errors import ConfigError
+from rlhfkit.models.loading import resolve_model
+from rlhfkit.models.precision import DTYPES
+from rlhfkit.models.vision import (
+    base_model,
+    freeze_visual_encoder,
+    is_vision_folder,
+    load_processor,
+    vision_parts,
+)
+from rlhfkit.rollout.vision import VisionEngine
+
+PACKAGED_TEXT_MODELS = ("smollm2",)
+
+
+def policy_folder(cfg: RLConfig) -> str | None:
+    """The actor's model folder when it is a vision-language model, else None (nothing is converted)."""
+    name = cfg.actor.model_name_or_path
+    if name in PACKAGED_TEXT_MODELS or name.endswith(".gguf"):
+        return None
+    path, _ = resolve_model(name)
+    return path if is_vision_folder(path) else None
+
+
+def data_options(cfg: RLConfig, eval: bool = False) -> dict:
+    """The keyword arguments of data.images' loaders besides the source: `builder.prompt_options`' keys,
+    split, config, data dir, max_samples and seed (no template: the processor's chat template renders),
+    and the image settings."""
+    options = prompt_options(cfg, eval)
+    del options["apply_chat_template"], options["input_template"]
+    return {**options, "image_key": cfg.data.image_key, "max_images": cfg.data.max_images_per_prompt}
+
+
+def check_data(cfg: RLConfig, dataset, vision: bool, eval: bool = False) -> None:
+    """Before models load: a VLM's prompts and images (every image decoded), or no images for a text model."""
+    options = data_options(cfg, eval)
+    if vision:
+        refuse_unsupported(cfg)
+        check_vision_prompts(dataset, **options)
+        return
+    options.pop("max_images"), options.pop("label_key")
+    refuse_images_for_text_model(dataset, model=cfg.actor.model_name_or_path, **options)
+
+
+def refuse_unsupported(cfg: RLConfig) -> None:
+    """ConfigError for the settings that do not run with a vision-language policy yet."""
+    blocked = [
+        (cfg.rollout.engine == "vllm", "--rollout.engine vllm (use hf)"),
+        (cfg.distributed.backend == "ray", "--distributed.backend ray"),
+        (cfg.fsdp.enable, "--fsdp.enable"),
+        (cfg.ds.lora.rank > 0, "--ds.lora.rank > 0"),
+        (ESTIMATORS[cfg.algo.advantage.estimator].needs_critic,
+         f"--algo.advantage.estimator {cfg.algo.advantage.estimator} (it needs a critic; use a critic-free one)"),
+        (bool(cfg.agent.func_path or cfg.agent.tools), "agents and tools"),
+    ]
+    for hit, what in blocked:
+        if hit:
+            raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with {what} "
+                              "yet; see docs/vision.md")
+
+
+def prepare_policy(cfg: RLConfig, policy, ref) -> None:
+    """--actor.freeze_visual_encoder: no gradients to the policy's vision tower; the reference (a copy
+    on the same device) then holds the very same tower modules, not a second copy."""
+    if not cfg.actor.freeze_visual_encoder:
+        return
+    freeze_visual_encoder(policy)
+    if ref is not None and ref is not policy and not cfg.ref.offload:
+        for name, module in vision_parts(policy):
+            setattr(base_model(ref), name, module)
+
+
+def prompts(cfg: RLConfig, dataset, processor, eval: bool = False):
+    """(PromptItems with their image tensors, number skipped as too long)."""
+    examples = load_vision_prompts(dataset, processor, **data_options(cfg, eval))
+    return tokenize(examples, processor, cfg.data.prompt_max_len, cfg.data.input_key)
+
+
+def build_engine(policy, tokenizer, cfg: RLConfig) -> VisionEngine:
+    """The HF engine for images, sharing the policy module (weight sync is a version bump)."""
+    amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
+    return VisionEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp)
+
+
+def processor_of(folder: str):
+    return load_processor(folder)
+
+
+def save_processor(processor, folder: str | Path) -> None:
+    """The processor's files (image processor, chat template, tokenizer) into a saved model folder."""
+    if processor is not None:
+        processor.save_pretrained(str(folder))
+
+
+# ------------------------------------------------------------------ SFT and DPO
+SUPERVISED_KINDS = ("sft", "dpo")
+
+
+def supervised_folder(kind: str, cfg) -> str | None:
+    """The supervised model's folder when it is a vision-language model (ConfigError for a kind that
+    does not train one yet), else None."""
+    name = cfg.model.model_name_or_path
+    if name in PACKAGED_TEXT_MODELS or name.endswith(".gguf"):
+        return None
+    path, _ = resolve_model(name)
+    if not is_vision_folder(path):
+        return None
+    if kind not in SUPERVISED_KINDS:
+        raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft and "
+                          "train dpo do (docs/vision.md)")
+    if cfg.ds.lora.rank > 0:
+        raise ConfigError(f"a vision-language model ({name}) does not train with --ds.lora.rank > 0 yet")
+    return path
+
+
+def check_supervised_data(kind: str, cfg, source, eval: bool = False) -> None:
+    """Before models load: the images of a supervised dataset (every image decoded; counts)."""
+    d = cfg.data
+    keys = (d.input_key,) if kind == "sft" else (d.prompt_key, d.chosen_key, d.rejected_key)
+    where = ({"split": d.eval_dataset_split, "config": d.eval_dataset_config, "data_dir": d.eval_data_dir} if eval
+             else {"split": d.dataset_split, "config": d.dataset_config, "data_dir": d.data_dir,
+                   "max_samples": d.max_samples, "seed": cfg.train.seed})
+    check_supervised_images(source, keys, d.image_key, d.max_images_per_prompt, **where)
+
+
+def supervised_format(cfg, processor, source) -> VisionTextFormat:
+    base = Path(source).parent if isinstance(source, (str, Path)) and Path(source).is_file() else None
+    return VisionTextFormat(processor, cfg.data.image_key, cfg.data.max_images_per_prompt, base)

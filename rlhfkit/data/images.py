@@ -1,0 +1,301 @@
+"""Prompts with images: read, check and tokenize them through a vision-language model's processor.
+
+A record's images come from its image column (`image_key`; by default "images", else TRL's
+"image") and from inline content parts. A value is a path (absolute, or relative to the
+dataset file's folder, else to the working directory), an http(s) URL (fetched once and kept in
+a cache folder), raw bytes, a `{"bytes": ..., "path": ...}` dict (a `datasets` Image feature
+that is not decoded), or a PIL image (a decoded Image feature); a column holds one image or a list.
+
+The prompt (`input_key`) is a string or a message list; content parts `{"type": "image"}` are
+placeholders filled in order from the image column, parts `{"type": "image", "image": X}` carry
+their image inline (OpenRLHF's and TRL's message formats). When the prompt has no image part but
+the record has images, one placeholder per image is put at the start of the first user message
+(as TRL does for a prompt without placeholders). The processor's chat template renders the
+placeholders as the model's image tokens; the processor then expands them to each image's
+number of tokens and computes the pixel tensors (`VisionInputs`).
+
+Checks (`check_vision_prompts`, run before any model loads): every image opens (a missing file, a
+truncated or corrupt file, a URL that cannot be fetched), is at most MAX_IMAGE_PIXELS pixels (read
+from the header, before decoding), a record has at most `max_images` images, and placeholders and
+images match in number. Each failure is a DataError naming the source, the record and the image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.data.prompts import PromptExample, kept_records
+from rlhfkit.data.records import Record, Source, first_line, is_messages, source_name
+from rlhfkit.data.types import PromptItem
+from rlhfkit.errors import ConfigError, DataError
+
+IMAGE_KEYS = ("images", "image")  # the columns looked for when no image_key is given (OpenRLHF's, TRL's)
+MAX_IMAGE_PIXELS = 8192 * 8192  # larger images are refused before they are decoded
+URL_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class VisionInputs:
+    """The processor's image tensors of one prompt (e.g. `pixel_values` and Qwen2-VL's
+    `image_grid_thw`), dim 0 indexing its images or their patches; `num_images`. The n samples
+    of a prompt share one object (no copy)."""
+
+    tensors: dict
+    num_images: int
+
+
+@dataclass
+class VisionExample:
+    """A PromptExample (rendered text, label, raw record, index) with its opened images."""
+
+    example: PromptExample
+    images: list
+
+
+def image_column(data: dict, image_key: str | None) -> str | None:
+    """The image column of a record's `data`: `image_key` when given, else the first of IMAGE_KEYS it has."""
+    if image_key is not None:
+        return image_key
+    return next((k for k in IMAGE_KEYS if k in data), None)
+
+
+def record_has_images(record: Record, input_key: str, image_key: str | None) -> bool:
+    """Whether the record holds any image (in its image column or inline in its messages)."""
+    column = image_column(record.data, image_key)
+    return bool(column_values(record.data.get(column)) if column else []) or bool(
+        _inline_parts(record.data.get(input_key)))
+
+
+def column_values(value: Any) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _parts(message: dict) -> list:
+    content = message.get("content")
+    return content if isinstance(content, list) else []
+
+
+def _is_image_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "image"
+
+
+def _inline_parts(value: Any) -> list:
+    if not is_messages(value):
+        return []
+    return [p for m in value for p in _parts(m) if _is_image_part(p) and p.get("image") is not None]
+
+
+def open_image(value: Any, where: str, base_dir: Path | None = None, cache_dir: Path | None = None):
+    """An RGB PIL image from a path, URL, bytes, {"bytes", "path"} dict or PIL image; DataError
+    naming `where` when it cannot be read or has more than MAX_IMAGE_PIXELS pixels."""
+    from PIL import Image
+
+    if isinstance(value, dict):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, Image.Image):
+        return _checked(value, where, "image").convert("RGB")
+    if isinstance(value, (bytes, bytearray)):
+        return _decode(io.BytesIO(bytes(value)), where, f"{len(value)} bytes")
+    if not isinstance(value, (str, Path)):
+        raise DataError(f"{where}: an image must be a path, URL, bytes or PIL image, got {type(value).__name__}")
+    text = str(value)
+    if text.startswith(("http://", "https://")):
+        return _decode(io.BytesIO(_fetch(text, where, cache_dir)), where, text)
+    path = Path(text).expanduser()
+    candidates = [path] if path.is_absolute() or base_dir is None else [base_dir / path, path]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        raise DataError(f"{where}: image file {text!r} not found (looked in {', '.join(str(c) for c in candidates)})")
+    return _decode(found, where, text)
+
+
+def _checked(image, where: str, name: str):
+    w, h = image.size
+    if w * h > MAX_IMAGE_PIXELS:
+        raise DataError(f"{where}: image {name} is {w}x{h} pixels ({w * h:,}), more than the {MAX_IMAGE_PIXELS:,} "
+                        "allowed; resize it")
+    return image
+
+
+def _decode(file, where: str, name: str):
+    from PIL import Image
+
+    try:
+        with Image.open(file) as image:  # reads the header only: the size is checked before decoding
+            _checked(image, where, repr(name))
+            image.load()
+            return image.convert("RGB")
+    except DataError:
+        raise
+    except Image.DecompressionBombError as exc:  # PIL refuses to open far larger ones: their size is in its message
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        pixels = f"{int(found.group(1)):,} pixels" if found else "more pixels"
+        raise DataError(f"{where}: image {name!r} has {pixels}, more than the {MAX_IMAGE_PIXELS:,} allowed; "
+                        "resize it") from exc
+    except Exception as exc:
+        raise DataError(f"{where}: image {name!r} cannot be decoded ({type(exc).__name__}: {first_line(exc)}); "
+                        "the file is truncated or not an image") from exc
+
+
+def _fetch(url: str, where: str, cache_dir: Path | None) -> bytes:
+    """The bytes at `url`, from `cache_dir` when fetched before (kept there after the first fetch)."""
+    import urllib.request
+
+    cache = Path(cache_dir or Path.home() / ".cache" / "rlhfkit" / "images")
+    file = cache / hashlib.sha256(url.encode()).hexdigest()
+    if file.is_file():
+        return file.read_bytes()
+    try:
+        with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response:
+            data = response.read()
+    except Exception as exc:
+        raise DataError(f"{where}: image URL {url} cannot be fetched ({type(exc).__name__}: {first_line(exc)})") from exc
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_suffix(".part")
+    tmp.write_bytes(data)
+    tmp.replace(file)
+    return data
+
+
+def messages_with_images(value: Any, column: list, where: str) -> tuple[list[dict], list]:
+    """(messages, image values in order) of a prompt: a string becomes one user message; the
+    column's images fill the `{"type": "image"}` placeholders in order, inline images stay where they
+    are; placeholders are added at the start of the first user message when there are none."""
+    if isinstance(value, str):
+        messages = [{"role": "user", "content": [{"type": "text", "text": value}]}]
+    elif is_messages(value):
+        messages = [dict(m, content=list(m["content"]) if isinstance(m["content"], list) else
+                         [{"type": "text", "text": m["content"]}]) for m in value]
+    else:
+        raise DataError(f"{where}: expected a string or a list of {{'role', 'content'}} messages, "
+                        f"got {type(value).__name__}")
+    parts = [p for m in messages for p in m["content"] if _is_image_part(p)]
+    if not parts and column:
+        user = next((m for m in messages if m["role"] == "user"), messages[0])
+        user["content"] = [{"type": "image"} for _ in column] + user["content"]
+        parts = user["content"][: len(column)]
+    placeholders = [p for p in parts if p.get("image") is None]
+    if len(placeholders) != len(column):
+        raise DataError(f"{where}: the prompt has {len(placeholders)} image placeholder(s) {{'type': 'image'}} "
+                        f"for {len(column)} image(s) in the image column; give one placeholder per image")
+    fill = iter(column)
+    images = [p["image"] if p.get("image") is not None else next(fill) for p in parts]
+    for m in messages:  # the chat template sees bare placeholders
+        m["content"] = [{"type": "image"} if _is_image_part(p) else p for p in m["content"]]
+    return messages, images
+
+
+def _vision_records(source: Source, input_key: str, label_key: str | None, image_key: str | None,
+                    max_images: int, options: dict) -> tuple[str, list[tuple[int, Record, list[dict], list]]]:
+    """(source name, [(index, record, messages, image values)]) of the kept records, with the counts checked."""
+    if max_images < 1:
+        raise ConfigError(f"--data.max_images_per_prompt must be >= 1, got {max_images}")
+    name, kept = kept_records(source, input_key, label_key, apply_chat_template=True, **options)
+    out = []
+    for i, record in kept:
+        where = f"{name}, {record.where}"
+        column = image_column(record.data, image_key)
+        if image_key is not None and column not in record.data:
+            raise DataError(f"{where}: no image column {image_key!r} (--data.image_key); the record has "
+                            f"{', '.join(sorted(record.data))}")
+        messages, images = messages_with_images(record.data[input_key],
+                                                column_values(record.data.get(column)) if column else [], where)
+        if len(images) > max_images:
+            raise DataError(f"{where}: {len(images)} images, more than --data.max_images_per_prompt {max_images}; "
+                            "raise it or drop images from the record")
+        out.append((i, record, messages, images))
+    return name, out
+
+
+def _base_dir(source: Source) -> Path | None:
+    return Path(source).parent if isinstance(source, (str, Path)) and Path(source).is_file() else None
+
+
+def _opened(name: str, record: Record, images: list, base_dir: Path | None, cache_dir: Path | None) -> list:
+    return [open_image(v, f"{name}, {record.where}, image {k}", base_dir, cache_dir) for k, v in enumerate(images)]
+
+
+def check_vision_prompts(source: Source, input_key: str = "input", label_key: str | None = None,
+                         image_key: str | None = None, max_images: int = 1, cache_dir: Path | None = None,
+                         **options) -> int:
+    """Every check `load_vision_prompts` makes, without a processor: the records, their keys, the
+    number of images and placeholders, and every image opened and decoded. Returns the number of
+    prompts. `options`: load_prompts' max_samples, shuffle_seed, split, config, data_dir."""
+    name, kept = _vision_records(source, input_key, label_key, image_key, max_images, options)
+    for _, record, _, images in sorted(kept, key=lambda kept_one: kept_one[0]):  # the first bad one in file order
+        _opened(name, record, images, _base_dir(source), cache_dir)
+    return len(kept)
+
+
+def load_vision_prompts(source: Source, processor, input_key: str = "input", label_key: str | None = None,
+                        image_key: str | None = None, max_images: int = 1, cache_dir: Path | None = None,
+                        **options) -> list[VisionExample]:
+    """Read a prompt dataset with images: one VisionExample per kept record, its text rendered by
+    the processor's chat template (the image placeholders in place), its images opened."""
+    name, kept = _vision_records(source, input_key, label_key, image_key, max_images, options)
+    out = []
+    for i, record, messages, images in kept:
+        opened = _opened(name, record, images, _base_dir(source), cache_dir)
+        try:
+            text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # jinja / transformers raise many types
+            raise DataError(f"{name}, {record.where}: the processor's chat template failed ({type(exc).__name__}: "
+                            f"{first_line(exc)})") from exc
+        label = record.data[label_key] if label_key is not None else None
+        # raw: the record as given (a string prompt stays a string: TRL's reward contract then passes strings)
+        out.append(VisionExample(PromptExample(text=text, label=label, raw=dict(record.data), index=i), opened))
+    return out
+
+
+# Keys of a processor's output that are per token (the batch builds them), not image tensors.
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
+
+
+def encode(processor, text: str, images: list) -> tuple[list[int], VisionInputs | None]:
+    """(token ids with each image's tokens expanded, VisionInputs or None without images)."""
+    kwargs = {"images": [images]} if images else {}
+    out = processor(text=[text], return_tensors="pt", add_special_tokens=False, **kwargs)
+    ids = out["input_ids"][0].tolist()
+    if not images:
+        return ids, None
+    tensors = {k: v for k, v in out.items() if k not in TOKEN_KEYS}
+    return ids, VisionInputs(tensors, len(images))
+
+
+def tokenize_vision_prompts(examples: list[VisionExample], processor, max_len: int,
+                            input_key: str | None = None) -> tuple[list[PromptItem], int]:
+    """PromptItems (`vision` set) of the examples; prompts longer than `max_len` tokens, image
+    tokens included, are skipped and counted."""
+    items, skipped = [], 0
+    for vx in examples:
+        ex = vx.example
+        ids, vision = encode(processor, ex.text, vx.images)
+        if len(ids) > max_len:
+            skipped += 1
+            continue
+        record = dict(ex.raw)
+        items.append(PromptItem(ex.text, ids, ex.label, raw=record.get(input_key, ex.text), record=record,
+                                vision=vision))
+    if not items:
+        raise DataError(f"every prompt is longer than --data.prompt_max_len {max_len} tokens (image tokens "
+                        "included); raise it")
+    return items, skipped
+
+
+def refuse_images_for_text_model(source: Source, input_key: str, image_key: str | None, model: str,
+                                 **options) -> None:
+    """DataError when a record holds images but the model is text-only (checked before it loads)."""
+    name = source_name(source)
+    _, kept = kept_records(source, input_key, None, apply_chat_template=True, **options)
+    for _, record in sorted(kept, key=lambda kept_one: kept_one[0]):  # the first in file order
+        if record_has_images(record, input_key, image_key):
+            raise DataError(f"{name}, {record.where}: the record holds images but the model {model} is a text-only "
+                            "model (its config has no vision_config); use a vision-language model or drop the "
+                            "images")

@@ -1,0 +1,107 @@
+"""SFT and preference data with images, for a vision-language model (docs/vision.md).
+
+`VisionTextFormat` is `data.supervised.TextFormat` through the model's processor: the record's
+prompt (or conversation) gets its images as in RL prompts (`data.images.messages_with_images`: the
+image column fills the `{"type": "image"}` placeholders, inline parts carry their own, placeholders
+are added to the first user message when there are none), the conversation is rendered by the
+processor's chat template and cut into prompt and target turns as TextFormat cuts it, and each
+piece is tokenized by the processor with the images whose placeholders it holds (each image
+expanded to its tokens). The sample's `vision` holds the pixel tensors of all its images. In a
+preference pair both sides carry the prompt's images.
+
+`check_supervised_images` makes the image checks before any model loads: every image opens and
+fits, and no record holds more than `max_images`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhfkit.data.images import (
+    VisionInputs,
+    column_values,
+    encode,
+    image_column,
+    messages_with_images,
+    open_image,
+)
+from rlhfkit.data.records import Source, is_messages
+from rlhfkit.data.supervised import TextFormat, TokenSample, select_records
+from rlhfkit.errors import DataError
+
+
+class VisionTextFormat(TextFormat):
+    """TextFormat over a VLM processor (module docstring); always renders with the chat template.
+
+    image_key: the record's image column (None: `images`, else `image`); max_images: most images a
+    record may hold; base_dir: where relative image paths are looked up first (the data file's folder)."""
+
+    def __init__(self, processor, image_key: str | None = None, max_images: int = 1, base_dir: Path | None = None):
+        self.processor, self.tokenizer, self.renderer = processor, processor.tokenizer, processor
+        self.chat, self.template = True, None
+        self.image_key, self.max_images, self.base_dir = image_key, max_images, base_dir
+        self._queue: list = []
+        self._parts: list[VisionInputs] = []
+
+    def encode(self, prompt: Any, response: Any, where: str, all_turns: bool, record: dict | None = None) -> TokenSample:
+        images = record_images(record or {}, self.image_key)
+        messages, values = messages_with_images(prompt, images, where)
+        if len(values) > self.max_images:
+            raise DataError(f"{where}: {len(values)} images, more than --data.max_images_per_prompt "
+                            f"{self.max_images}; raise it or drop images from the record")
+        self._queue = [open_image(v, f"{where}, image {k}", self.base_dir) for k, v in enumerate(values)]
+        self._parts = []
+        sample = super().encode(messages, response, where, all_turns)
+        if self._queue:
+            raise DataError(f"{where}: the chat template rendered fewer image placeholders than the record's "
+                            f"{len(values)} images")
+        if values:
+            keys = sorted({k for part in self._parts for k in part.tensors})
+            tensors = {k: torch.cat([p.tensors[k] for p in self._parts if k in p.tensors]) for k in keys}
+            sample.vision = VisionInputs(tensors, len(values))
+        return sample
+
+    def _ids(self, text: str) -> list[int]:
+        """Token ids of one rendered piece; its image placeholders take the next images in order."""
+        if not text:
+            return []
+        count = text.count(self.processor.image_token)
+        images, self._queue = self._queue[:count], self._queue[count:]
+        ids, vision = encode(self.processor, text, images)
+        if vision is not None:
+            self._parts.append(vision)
+        return ids
+
+
+def record_images(record: dict, image_key: str | None) -> list:
+    """The image values of a record's image column (none when it has no such column)."""
+    column = image_column(record, image_key)
+    return column_values(record.get(column)) if column else []
+
+
+def check_supervised_images(source: Source, prompt_keys: tuple[str | None, ...], image_key: str | None,
+                            max_images: int, max_samples: int | None = None, seed: int | None = None,
+                            split: str = "train", config: str | None = None, data_dir: str | None = None) -> int:
+    """Before models load: every image of each kept record (its image column and inline parts of the
+    `prompt_keys` values) opens and fits, at most `max_images` per record. Returns the records checked."""
+    rows = select_records(source, {}, max_samples, seed, split, config, data_dir)
+    base = Path(source).parent if isinstance(source, (str, Path)) and Path(source).is_file() else None
+    for _, record, name in sorted(rows, key=lambda row: row[0]):
+        where = f"{name}, {record.where}"
+        column = image_column(record.data, image_key)
+        if image_key is not None and column not in record.data:
+            raise DataError(f"{where}: no image column {image_key!r} (--data.image_key); the record has "
+                            f"{', '.join(sorted(record.data))}")
+        values = column_values(record.data.get(column)) if column else []
+        inline = [p.get("image") for key in prompt_keys if key and is_messages(record.data.get(key))
+                  for m in record.data[key] if isinstance(m.get("content"), list)
+                  for p in m["content"] if isinstance(p, dict) and p.get("type") == "image" and p.get("image")]
+        if len(values) + len(inline) > max_images:
+            raise DataError(f"{where}: {len(values) + len(inline)} images, more than --data.max_images_per_prompt "
+                            f"{max_images}; raise it or drop images from the record")
+        for k, value in enumerate(values + inline):
+            open_image(value, f"{where}, image {k}", base)
+    return len(rows)

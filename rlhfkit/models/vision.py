@@ -1,0 +1,279 @@
+"""Vision-language models: detect, load, freeze the vision tower, and feed images to the forward.
+
+A model is a vision-language model (VLM) when its config has a `vision_config` (Qwen2-VL and
+Qwen2.5-VL, LLaVA, Gemma 3, Idefics3 / SmolVLM, ...). It loads with transformers'
+`AutoModelForImageTextToText` and `AutoProcessor`; the processor turns a prompt's text and images
+into token ids (each image placeholder expanded to the image's tokens) and the pixel tensors.
+
+Processors without a video backend: transformers' Qwen2-VL processor builds a video processor that
+needs torchvision. Where it cannot be built, the processor is assembled image-only from the
+folder's image processor (transformers' PIL implementation), tokenizer and chat template
+(`image_only_processor`); videos are then refused, images work as with the full processor.
+
+The forward of a batch with images (`vision_kwargs`): the per-prompt tensors of its rows
+(`data.images.VisionInputs`), concatenated row after row, plus the per-token type ids some models
+take (Qwen2-VL's `mm_token_type_ids`, from which it computes its M-RoPE positions; Gemma 3's
+`token_type_ids`, which open bidirectional attention among an image's tokens), derived from the
+input ids so that they follow any padding. The positions of a padded row are the model's own
+(Qwen2-VL computes its 3-D positions from the ids, the image grid and the attention mask).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from rlhfkit.errors import ConfigError, ModelError
+
+# Where transformers keeps the vision tower and the projector of each family's base model.
+TOWER_NAMES = ("visual", "vision_tower", "vision_model", "vision_encoder")
+PROJECTOR_NAMES = ("multi_modal_projector", "connector", "mm_projector", "merger")
+
+
+def is_vision_config(config) -> bool:
+    """Whether a transformers config (or config.json dict) describes a vision-language model."""
+    if isinstance(config, dict):
+        return config.get("vision_config") is not None
+    return getattr(config, "vision_config", None) is not None
+
+
+def is_vision_folder(path) -> bool:
+    """Whether the model folder `path` holds a vision-language model (its config.json has a vision_config)."""
+    from pathlib import Path
+
+    from rlhfkit.models.loading import read_config_json
+
+    return (Path(path) / "config.json").is_file() and is_vision_config(read_config_json(path))
+
+
+def is_vision_model(model: torch.nn.Module) -> bool:
+    return is_vision_config(getattr(model, "config", None))
+
+
+def image_only_processor(processor_cls: type) -> type:
+    """A subclass of `processor_cls` (a transformers processor taking a video processor) that takes
+    only `image_processor`, `tokenizer` and `chat_template`: built where the video processor
+    cannot be (it needs torchvision). Its __init__ sets what the class's own sets from the
+    tokenizer, then ProcessorMixin's."""
+    return _image_only(processor_cls)
+
+
+@functools.cache
+def _image_only(processor_cls: type) -> type:
+    from transformers.processing_utils import ProcessorMixin
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        for kind, default in (("image", "<|image_pad|>"), ("video", "<|video_pad|>")):
+            token = getattr(tokenizer, f"{kind}_token", None) or default
+            setattr(self, f"{kind}_token", token)
+            setattr(self, f"{kind}_token_id", tokenizer.convert_tokens_to_ids(token))
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
+
+    # The class keeps its name: a saved folder names the processor class transformers knows.
+    return type(processor_cls.__name__, (processor_cls,), {"__init__": __init__, "__module__": __name__})
+
+
+def _takes_video(processor_cls: type) -> bool:
+    return "video_processor" in inspect.signature(processor_cls.__init__).parameters
+
+
+def load_processor(path: str):
+    """The processor of the VLM folder `path` (AutoProcessor); image-only where its video processor
+    cannot be built (module docstring). ModelError naming the folder when neither loads."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+    from transformers.models.auto.processing_auto import processor_class_from_name
+
+    from rlhfkit.models.loading import load_errors
+
+    with load_errors("a processor", path):
+        try:
+            processor = AutoProcessor.from_pretrained(path)
+        except (ImportError, AttributeError, ValueError, OSError) as exc:
+            processor, failure = None, exc
+        if hasattr(processor, "image_processor"):
+            return processor
+        # transformers gave a bare tokenizer, or failed: a processor whose video part cannot be built
+        name = _processor_class_name(path)
+        cls = processor_class_from_name(name) if name else None
+        if cls is None or not _takes_video(cls):
+            if processor is None:
+                raise failure
+            raise ModelError(f"{path}: AutoProcessor found no image processor for this vision-language model; "
+                             "add its preprocessor_config.json / processor_config.json")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
+        template = getattr(tokenizer, "chat_template", None)
+        return image_only_processor(cls)(image_processor=image_processor, tokenizer=tokenizer,
+                                         chat_template=_chat_template(path) or template)
+
+
+def _processor_class_name(path: str) -> str | None:
+    import json
+    from pathlib import Path
+
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        f = Path(path) / name
+        if f.is_file():
+            cls = json.loads(f.read_text()).get("processor_class")
+            if cls:
+                return cls
+    return None
+
+
+def _chat_template(path: str) -> str | None:
+    from pathlib import Path
+
+    for name in ("chat_template.jinja", "chat_template.json"):
+        f = Path(path) / name
+        if f.is_file():
+            if name.endswith(".json"):
+                import json
+
+                return json.loads(f.read_text()).get("chat_template")
+            return f.read_text()
+    return None
+
+
+def load_vision_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A VLM from folder `path` with AutoModelForImageTextToText (ModelError naming the folder)."""
+    from pathlib import Path
+
+    from transformers import AutoModelForImageTextToText
+
+    from rlhfkit.models.loading import _all_weights_loaded, load_errors
+
+    with load_errors("a vision-language model", path):
+        loaded = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, output_loading_info=True)
+    return _all_weights_loaded(loaded, Path(path))
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The VLM's base model (vision tower + projector + language model; no LM head)."""
+    from rlhfkit.models.logprobs import transformers_model
+
+    inner = transformers_model(model)
+    return getattr(inner, "model", inner)
+
+
+def vision_parts(model: torch.nn.Module, projector: bool = False) -> list[tuple[str, torch.nn.Module]]:
+    """(name, module) of the vision tower, and of the projector with `projector`."""
+    base = base_model(model)
+    names = TOWER_NAMES + (PROJECTOR_NAMES if projector else ())
+    parts = [(n, getattr(base, n)) for n in names if isinstance(getattr(base, n, None), torch.nn.Module)]
+    if not parts:
+        raise ConfigError(f"{type(model).__name__}: no vision tower found (looked for {', '.join(TOWER_NAMES)})")
+    return parts
+
+
+def freeze_visual_encoder(model: torch.nn.Module, projector: bool = False) -> int:
+    """Stop gradients to the vision tower (and the projector with `projector`): OpenRLHF's
+    --freeze_visual_encoder. Qwen2-VL's merger (its projector) is part of its tower. Returns the
+    number of parameters frozen."""
+    frozen = 0
+    for _, module in vision_parts(model, projector):
+        for p in module.parameters():
+            if p.requires_grad:
+                p.requires_grad_(False)
+                frozen += p.numel()
+    return frozen
+
+
+def vision_split(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(base model, LM head) of a VLM whose logits are head(last hidden state): the base model
+    takes the pixel values (the language model alone would not). None where the config transforms
+    the logits after the head (the full forward runs)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    text = model.config.get_text_config(decoder=True)
+    if head is None or getattr(text, "final_logit_softcapping", None) not in (None, 1.0):
+        return None
+    return base_model(model), head
+
+
+def token_type_kwargs(model: torch.nn.Module, input_ids: torch.Tensor) -> dict:
+    """The per-token type ids the model takes beside its ids, derived from them: image tokens 1
+    (Qwen2-VL's `mm_token_type_ids`, video tokens 2; Gemma 3's `token_type_ids`). [B, L] each."""
+    from rlhfkit.models.logprobs import forward_parameters
+
+    config = model.config
+    image = getattr(config, "image_token_id", None)
+    image = getattr(config, "image_token_index", None) if image is None else image
+    takes = forward_parameters(model)
+    out = {}
+    if image is None:
+        return out
+    types = (input_ids == image).long()
+    video = getattr(config, "video_token_id", None)
+    if video is not None:
+        types = types + 2 * (input_ids == video).long()
+    for name in ("mm_token_type_ids", "token_type_ids"):
+        if name in takes:
+            out[name] = types
+    return out
+
+
+def vision_kwargs(model: torch.nn.Module, batch, device: torch.device) -> dict:
+    """The forward's image inputs of `batch` (a TokenBatch whose `vision` lists its rows'
+    VisionInputs or None): the rows' tensors concatenated in row order, and the token type ids."""
+    from rlhfkit.models.precision import to_device
+
+    rows = getattr(batch, "vision", None)
+    if rows is None:
+        return {}
+    out = {k: to_device(v, device) for k, v in concat_vision(rows).items()}
+    if out:
+        out.update(token_type_kwargs(model, to_device(batch.input_ids, device)))
+    return out
+
+
+def concat_vision(rows) -> dict[str, torch.Tensor]:
+    """The image tensors of several rows for one forward: each key's tensors (`row.tensors`, dim 0
+    indexing the row's images or their patches) concatenated in row order; rows without images
+    (None) add nothing. The model scatters the features into the image tokens in the same order."""
+    present = [r for r in rows if r is not None and r.tensors]
+    keys = sorted({k for r in present for k in r.tensors})
+    return {k: torch.cat([r.tensors[k] for r in present if k in r.tensors]) for k in keys}
+
+
+# ------------------------------------------------------------------ memory plan
+DEFAULT_IMAGE_TOKENS = 256  # a variable-resolution model (Qwen2-VL): a 448 x 448 image, 14-pixel patches merged 2x2
+
+
+def vision_sizes(config: dict, image_tokens: int | None = None) -> dict:
+    """Sizes of a vision-language model from its config.json `config`, nothing loaded: parameters
+    (`total`, `tower`, `projector`; exact, counted on the meta device), `image_tokens` (language-model
+    tokens per image: the config's fixed count, else `image_tokens`, else DEFAULT_IMAGE_TOKENS),
+    `patches` (vision-tower tokens per image), the tower's `width`, `intermediate`, `layers`, `heads`, and
+    `text`: the language model's whole config (defaults filled in) as a dict."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    hf_config = AutoConfig.for_model(config["model_type"], **fields)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(hf_config)
+    count = lambda parts: sum(p.numel() for _, m in parts for p in m.parameters())
+    tower = count(vision_parts(model))
+    projector = count(vision_parts(model, projector=True)) - tower
+    v = hf_config.vision_config
+    width = getattr(v, "embed_dim", None) or v.hidden_size
+    intermediate = getattr(v, "intermediate_size", None) or int(width * getattr(v, "mlp_ratio", 4))
+    merge = getattr(v, "spatial_merge_size", 1)
+    fixed = getattr(hf_config, "mm_tokens_per_image", None)
+    if fixed is None and getattr(v, "image_size", None) and "spatial_merge_size" not in v.to_dict():
+        fixed = (v.image_size // v.patch_size) ** 2
+    tokens = fixed or image_tokens or DEFAULT_IMAGE_TOKENS
+    patches = (v.image_size // v.patch_size) ** 2 if getattr(v, "image_size", None) else tokens * merge**2
+    return {"total": sum(p.numel() for p in model.parameters()), "tower": tower, "projector": projector,
+            "text": hf_config.get_text_config(decoder=True).to_dict(),
+            "image_tokens": tokens, "fixed_tokens": fixed is not None, "patches": patches, "width": width,
+            "intermediate": intermediate, "layers": getattr(v, "depth", None) or v.num_hidden_layers,
+            "heads": getattr(v, "num_heads", None) or v.num_attention_heads}
+
+
+def tower_activation_bytes(sizes: dict, images: int, compute_bytes: int) -> int:
+    """Activations the vision tower keeps for backward over `images` images: per layer and patch
+    ~ 6w + 4i values plus heads x patches attention probabilities (as models.memory's decoder term)."""
+    n = sizes["patches"]
+    per_patch_layer = 6 * sizes["width"] + 4 * sizes["intermediate"] + sizes["heads"] * n
+    return sizes["layers"] * images * n * per_patch_layer * compute_bytes

@@ -1,0 +1,112 @@
+"""`VisionEngine`: the HF engine for vision-language models, prompts with images.
+
+Each prompt is its own chunk: its prefill runs the model over the prompt's ids with its image
+tensors (`data.images.VisionInputs`: the vision tower encodes the images once, for all n samples),
+then the KV cache is copied to the n samples and they decode from it as in `HFEngine`, with the
+same samplers, per-prompt seeds, row dropping and version stamps. A prompt without images runs as
+in `HFEngine`.
+
+Positions: a model with 3-D rotary positions (Qwen2-VL's M-RoPE: time, height and width of each
+image token) gets them from its own `get_rope_index` at the prefill; its decode positions are
+then the text positions shifted by the prompt's rope delta (the highest 3-D position + 1 minus
+the prompt length), as transformers' generate computes them. They are passed explicitly, so the
+model's cached `rope_deltas` (which a training forward in between overwrites) are never read.
+
+Placeholder tokens are never sampled: a response holding one would be taken by the trainer's
+forward as a slot for image features (and fail, or be filled with an image). They are removed
+from the choice like a top-k truncation: the logprob of the sampled token stays the one over the
+whole vocabulary, which the trainer computes (a trained VLM gives them no probability anyway).
+
+The per-token type ids (`models.vision.token_type_kwargs`) go with the prefill only: every
+decoded token is text. Each trajectory carries its prompt's VisionInputs in `info["vision"]`
+(shared by its samples), from which the trainer's forward gets the same images.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from rlhfkit.data.types import Trajectory
+from rlhfkit.errors import ConfigError
+from rlhfkit.models.precision import to_device
+from rlhfkit.models.vision import base_model, token_type_kwargs
+from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.hf import DecodeState, HFEngine, PartialGeneration
+
+
+@dataclass
+class VisionGeneration(PartialGeneration):
+    """A PartialGeneration whose prompts carry their image tensors (None: a text-only prompt)."""
+
+    vision: list = field(default_factory=list)
+
+
+class VisionEngine(HFEngine):
+    """HFEngine over a transformers vision-language model; `generate(..., vision=[...])` takes one
+    VisionInputs (or None) per prompt. Arguments as HFEngine's. The model's image and video
+    placeholder tokens are never sampled (`banned_ids`; module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, **kwargs):
+        super().__init__(model, tokenizer, **kwargs)
+        ids = placeholder_ids(model.config)
+        self.banned_ids = torch.tensor(ids, dtype=torch.long) if ids else None
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
+                 seeds: Sequence[int] | None = None, vision: Sequence | None = None) -> list[Trajectory]:
+        """As HFEngine.generate; `vision[i]`: prompt i's image tensors or None."""
+        return self.resume(self.start(prompts, params, generator, group_ids, seeds, vision))
+
+    def start(self, prompts, params, generator=None, group_ids=None, seeds=None, vision=None) -> VisionGeneration:
+        gen = super().start(prompts, params, generator, group_ids, seeds)
+        vision = list(vision) if vision is not None else [None] * len(prompts)
+        if len(vision) != len(prompts):
+            raise ConfigError(f"vision has {len(vision)} entries for {len(prompts)} prompts")
+        chunks = [(i, i + 1) for i in range(len(prompts))]  # one prompt (its images) per prefill
+        return VisionGeneration(gen.prompts, gen.params, gen.stop_ids, gen.generator, gen.seeds, gen.group_ids,
+                                chunks, vision=vision)
+
+    def _prefill_chunk(self, gen: PartialGeneration, start: int, stop: int, gens) -> DecodeState:
+        vision = gen.vision[start] if isinstance(gen, VisionGeneration) else None
+        if vision is None:
+            return super()._prefill_chunk(gen, start, stop, gens)
+        device = self.device
+        ids = torch.tensor([gen.prompts[start]], dtype=torch.long, device=device)
+        mask = torch.ones_like(ids)
+        extra = {k: to_device(v, device) for k, v in vision.tensors.items()}
+        extra.update(token_type_kwargs(self.model, ids))
+        delta = 0
+        rope = getattr(base_model(self.model), "get_rope_index", None)
+        if rope is not None:
+            positions, deltas = rope(**_rope_arguments(rope, ids, mask, extra))
+            extra["position_ids"], delta = positions, int(deltas.reshape(-1)[0])
+        state = self._prefill([gen.prompts[start]], gen.params, gen.generator, gens, extra=extra)
+        state.next_pos = state.next_pos + delta
+        return state
+
+    def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
+        out = super()._trajectories(gen)
+        n = gen.params.n
+        for k, t in enumerate(out):
+            vision = gen.vision[k // n] if isinstance(gen, VisionGeneration) else None
+            if vision is not None:
+                t.info["vision"] = vision
+        return out
+
+
+def placeholder_ids(config) -> list[int]:
+    """The token ids that stand for image or video features in `config`'s model."""
+    names = ("image_token_id", "image_token_index", "video_token_id")
+    return sorted({int(v) for v in (getattr(config, n, None) for n in names) if v is not None})
+
+
+def _rope_arguments(rope, ids: torch.Tensor, mask: torch.Tensor, extra: dict) -> dict:
+    """The keyword arguments `rope` (a model's get_rope_index) takes, from the prefill's inputs."""
+    takes = inspect.signature(rope).parameters
+    args = {"input_ids": ids, "attention_mask": mask}
+    args.update({k: v for k, v in extra.items() if k in takes})
+    return {k: v for k, v in args.items() if k in takes}

@@ -1,0 +1,146 @@
+"""`rlhfkit train rl` and `RLTrainer` with a vision-language policy: OpenRLHF's jsonl + image folder
+through the CLI, TRL's image column of a datasets Dataset through the API, the saved folder loading
+back with its processor, the frozen tower, and bad images refused in one line with nothing written."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import rlhfkit
+from rlhfkit.data.synthetic_vision import COLOURS, QUESTION, write_colour_task
+from rlhfkit.errors import DataError
+from rlhfkit.models.tiny_vision import save_tiny_vision
+from rlhfkit.models.vision import load_processor
+
+# A random policy never names the colour: this reward varies within groups, so the updates move weights.
+VARIED_REWARD = """import torch
+
+
+def reward_func(queries, prompts, labels, **kwargs):
+    return torch.tensor([float(len(q) % 2) for q in queries])
+"""
+
+
+def varied_reward(queries, prompts, labels, **kwargs):
+    """VARIED_REWARD as a Python callable."""
+    return torch.tensor([float(len(q) % 2) for q in queries])
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vision")
+    save_tiny_vision(root / "vlm", "qwen2_vl")
+    save_tiny_vision(root / "gemma", "gemma3")
+    write_colour_task(root / "colours", n_train=16, n_test=6)
+    (root / "varied.py").write_text(VARIED_REWARD)
+    from rlhfkit.models.tiny import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    model.save_pretrained(root / "text")
+    tok.save_pretrained(root / "text")
+    return root
+
+
+def flags(ws, out, model="vlm", data="colours/train.jsonl", **over):
+    f = {"actor.model_name_or_path": str(ws / model), "data.prompt_dataset": str(ws / data),
+         "data.input_key": "prompt", "data.label_key": "label", "data.image_key": "images",
+         "reward.remote_url": str(ws / "varied.py"), "rollout.batch_size": "4",
+         "rollout.n_samples_per_prompt": "2", "rollout.max_new_tokens": "4", "train.batch_size": "8",
+         "train.micro_batch_size": "4", "train.max_steps": "2", "actor.adam.lr": "1e-2",
+         "actor.autocast": "none", "logger.progress_bar": "false", "train.num_threads": "1",
+         "ckpt.output_dir": str(out)}
+    f.update(over)
+    return [x for k, v in f.items() if v is not None for x in (f"--{k}", v)]
+
+
+def cli(args):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "rlhfkit.cli.main", "train", "rl", *args], env=env,
+                          capture_output=True, text=True, check=False)
+
+
+def tower(state: dict) -> dict:
+    return {k: v for k, v in state.items() if ".visual." in f".{k}"}
+
+
+def test_cli_on_openrlhf_jsonl_and_image_folder_with_a_frozen_tower(ws, tmp_path):
+    out = tmp_path / "run"
+    run = cli([*flags(ws, out, model="gemma"), "--freeze_visual_encoder", "--max_images_per_prompt", "1",
+               "--eval.dataset", str(ws / "colours" / "test.jsonl")])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "shared-prefix layout cannot hold their image tensors" in run.stderr + run.stdout
+    before, after = load_file(ws / "gemma" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    towers = [k for k in before if "vision_tower" in k]
+    assert towers and all(torch.equal(before[k], after[k]) for k in towers)
+    assert any(not torch.equal(before[k], after[k]) for k in before if "language_model" in k)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward" in r] == [1, 2] and "eval/accuracy" in rows[-1]
+    processor = load_processor(str(out / "final"))
+    assert type(processor).__name__ == "Gemma3Processor"
+
+
+def test_api_on_a_datasets_dataset_with_trls_image_column(ws, tmp_path):
+    import datasets
+    from PIL import Image
+
+    names = list(COLOURS)
+    rows = {"prompt": [QUESTION] * 8, "label": [names[i % 3] for i in range(8)],
+            "image": [Image.new("RGB", (40, 40), COLOURS[names[i % 3]]) for i in range(8)]}
+    ds = datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image())
+    cfg = rlhfkit.RLConfig.from_args(flags(ws, tmp_path / "api", **{"data.image_key": None, "reward.remote_url": None,
+                                                                    "data.prompt_dataset": None}))
+    trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=varied_reward, train_dataset=ds)
+    start = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    first = trainer.loop.data.prompts[0]
+    assert first.vision is not None and first.vision.tensors["image_grid_thw"].tolist() == [[1, 2, 2]]
+    trainer.train()
+    moved = [k for k, v in trainer.policy.state_dict().items() if not torch.equal(v, start[k])]
+    assert any(".visual." in f".{k}" for k in moved)  # not frozen: the tower trains too
+    folder = trainer.save(tmp_path / "saved")
+    assert (folder / "processor_config.json").is_file()
+
+
+def bad_dataset(ws, tmp_path, case, huge_png):
+    src = [json.loads(line) for line in (ws / "colours" / "train.jsonl").read_text().splitlines()]
+    rows = [dict(r, images=[str(ws / "colours" / r["images"][0])]) for r in src]
+    if case == "missing":
+        rows[2]["images"] = [str(tmp_path / "gone.png")]
+    elif case == "truncated":
+        data = (ws / "colours" / src[0]["images"][0]).read_bytes()
+        (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])
+        rows[2]["images"] = [str(tmp_path / "cut.png")]
+    elif case == "huge":
+        huge_png(tmp_path / "huge.png")
+        rows[2]["images"] = [str(tmp_path / "huge.png")]
+    elif case == "too_many":
+        rows[2]["images"] = rows[2]["images"] * 2
+        rows[2]["prompt"] = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}]}]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("case,model,needle", [
+    ("missing", "vlm", "bad.jsonl, line 3, image 0: image file"),
+    ("truncated", "vlm", "bad.jsonl, line 3, image 0: image"),
+    ("huge", "vlm", "has 400,000,000 pixels, more than the 67,108,864 allowed"),
+    ("too_many", "vlm", "bad.jsonl, line 3: 2 images, more than --data.max_images_per_prompt 1"),
+    ("text_only", "text", "bad.jsonl, line 1: the record holds images but the model"),
+])
+def test_bad_images_are_one_line_errors_and_nothing_is_written(ws, tmp_path, huge_png, case, model, needle):
+    path = bad_dataset(ws, tmp_path, case, huge_png)
+    out = tmp_path / "never"
+    run = cli(flags(ws, out, model=model, data=str(path)))
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], run.stderr
+    assert not out.exists()
+    cfg = rlhfkit.RLConfig.from_args(flags(ws, out, model=model, data=str(path)))
+    with pytest.raises(DataError, match=needle.split(", ", 1)[-1][:30]):
+        rlhfkit.RLTrainer.from_config(cfg)
+    assert not out.exists()

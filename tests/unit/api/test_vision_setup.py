@@ -1,0 +1,38 @@
+"""api/vision.py: the frozen tower shared by the reference, and the settings refused with images."""
+
+import copy
+
+import pytest
+
+from rlhfkit.api.vision import prepare_policy, refuse_unsupported
+from rlhfkit.config import RLConfig
+from rlhfkit.errors import ConfigError
+from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
+from rlhfkit.models.vision import vision_parts
+
+
+def config(*flags):
+    return RLConfig.from_args(["--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2",
+                               "--train.batch_size", "4", "--train.micro_batch_size", "2", *flags])
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_the_reference_shares_the_frozen_tower(freeze):
+    policy, _ = tiny_vision_model_and_processor("llava")
+    ref = copy.deepcopy(policy)
+    prepare_policy(config(*(["--actor.freeze_visual_encoder"] if freeze else [])), policy, ref)
+    (_, tower), (_, ref_tower) = vision_parts(policy)[0], vision_parts(ref)[0]
+    assert (ref_tower is tower) == freeze
+    assert all(not p.requires_grad for p in tower.parameters()) == freeze
+    assert any(p.requires_grad for p in policy.model.language_model.parameters())
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--rollout.engine", "vllm"], "--rollout.engine vllm"),
+    (["--ds.lora.rank", "4"], "--ds.lora.rank > 0"),
+    (["--algo.advantage.estimator", "gae"], "--algo.advantage.estimator gae (it needs a critic"),
+    (["--agent.func_path", "agent.py"], "agents and tools"),
+])
+def test_settings_that_do_not_run_with_images_are_one_line_errors(flags, needle):
+    with pytest.raises(ConfigError, match="does not run with " + needle.replace("(", r"\(")):
+        refuse_unsupported(config(*flags))

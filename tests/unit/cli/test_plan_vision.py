@@ -1,0 +1,59 @@
+"""`rlhfkit plan` with a vision-language model: every parameter counted (vision tower and projector
+included, exactly as the built model has them), the image tokens added to every prompt, and a
+frozen tower dropped from gradients, optimizer state and activations; by hand on tiny models."""
+
+import json
+
+import pytest
+
+from rlhfkit.cli.main import main
+from rlhfkit.cli.plan_cmd import format_memory
+from rlhfkit.config import RLConfig
+from rlhfkit.models.memory import GiB
+from rlhfkit.models.tiny_vision import save_tiny_vision, tiny_vision_model_and_processor
+from rlhfkit.models.vision import vision_parts
+
+
+def estimate(folder, *flags, image_tokens=None):
+    cfg = RLConfig.from_args(["--actor.model_name_or_path", str(folder), "--actor.autocast", "none",
+                              "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2",
+                              "--rollout.max_new_tokens", "6", "--train.batch_size", "4", "--train.micro_batch_size", "1", *flags])
+    lines = format_memory(cfg, json.loads((folder / "config.json").read_text()), 10, image_tokens)
+    return {line.split()[0]: line for line in lines}
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "gemma3"])
+def test_parameters_include_the_tower_and_a_frozen_tower_has_no_gradients(tmp_path, family):
+    save_tiny_vision(tmp_path, family)
+    model, _ = tiny_vision_model_and_processor(family)
+    total = sum(p.numel() for p in model.parameters())
+    tower = sum(p.numel() for _, m in vision_parts(model) for p in m.parameters())
+    trained, frozen = estimate(tmp_path), estimate(tmp_path, "--actor.freeze_visual_encoder")
+    assert f"{total / 1e6:.1f}M" in trained["parameters"] and f"{tower / 1e6:.2f}M params (trained)" in trained["vision"]
+    grads = lambda lines: float(lines["gradients"].split()[1])
+    assert grads(trained) == pytest.approx(total * 4 / GiB, abs=1e-3)
+    assert grads(frozen) == pytest.approx((total - tower) * 4 / GiB, abs=1e-3)
+
+
+def test_image_tokens_are_added_to_every_prompt(tmp_path):
+    """Qwen2-VL (2 layers, 2 KV heads of 8 dims, float32): the KV cache of 4 sequences of
+    10 + 64 image + 6 tokens is 2 x 2 x 2 x 8 x 4 x 80 x 4 bytes; 256 tokens per image by default."""
+    save_tiny_vision(tmp_path, "qwen2_vl")
+    lines = estimate(tmp_path, "--data.max_images_per_prompt", "2", image_tokens=32)
+    assert "image tokens per prompt        64   (2 --data.max_images_per_prompt x 32 per image" in lines["image"]
+    kv = 2 * 2 * 2 * 8 * 4 * (10 + 64 + 6) * 4
+    assert float(lines["kv_cache"].split()[1]) == pytest.approx(kv / GiB, abs=1e-3)
+    assert "x 256 per image, assumed" in estimate(tmp_path)["image"]
+    assert "x 4 per image, fixed by the model" in estimate(save_tiny_vision(tmp_path / "g", "gemma3"))["image"]
+
+
+def test_plan_command_counts_a_vision_dataset(tmp_path, capsys):
+    from rlhfkit.data.synthetic_vision import write_colour_task
+
+    save_tiny_vision(tmp_path / "vlm")
+    write_colour_task(tmp_path / "colours", n_train=12, n_test=3)
+    assert main(["plan", "--actor.model_name_or_path", str(tmp_path / "vlm"), "--data.prompt_dataset",
+                 str(tmp_path / "colours" / "train.jsonl"), "--data.input_key", "prompt", "--rollout.batch_size",
+                 "4", "--train.batch_size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "dataset prompts                12" in out and "vision tower" in out

@@ -1,0 +1,139 @@
+"""Prompts with images: the formats (OpenRLHF's jsonl + image folder, TRL's image / images columns, a
+datasets Image feature, inline parts, bytes), the placeholders, the tokenization through a processor,
+and the bad images refused with one line naming the record before any model loads."""
+
+import io
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from rlhfkit.data.images import (
+    check_vision_prompts,
+    load_vision_prompts,
+    messages_with_images,
+    open_image,
+    refuse_images_for_text_model,
+    tokenize_vision_prompts,
+)
+from rlhfkit.errors import DataError
+from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
+
+QUESTION = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which colour?"}]}]
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return tiny_vision_model_and_processor("qwen2_vl")[1]
+
+
+def png(path, colour=(200, 10, 10), size=(40, 40)):
+    Image.new("RGB", size, colour).save(path)
+    return path
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def openrlhf_dataset(tmp_path, images=("red.png",)):
+    (tmp_path / "imgs").mkdir(exist_ok=True)
+    png(tmp_path / "imgs" / "red.png")
+    png(tmp_path / "imgs" / "blue.png", (10, 10, 200))
+    rows = [{"prompt": QUESTION, "images": [f"imgs/{name}" for name in images], "label": "red"},
+            {"prompt": QUESTION, "images": ["imgs/blue.png"], "label": "blue"}]
+    return write_jsonl(tmp_path / "train.jsonl", rows)
+
+
+def test_openrlhf_jsonl_with_an_image_folder_tokenizes_each_image_into_its_tokens(tmp_path, processor):
+    path = openrlhf_dataset(tmp_path)
+    assert check_vision_prompts(path, "prompt", "label", "images", 1) == 2
+    examples = load_vision_prompts(path, processor, "prompt", "label", "images", 1)
+    items, skipped = tokenize_vision_prompts(examples, processor, 512, "prompt")
+    assert skipped == 0 and [i.label for i in items] == ["red", "blue"]
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    grid = items[0].vision.tensors["image_grid_thw"]
+    assert grid.tolist() == [[1, 2, 2]]  # 40x40 resized to 28x28: 2x2 patches, merged 2x2 into one token
+    assert items[0].ids.count(pad) == 1 and items[0].vision.num_images == 1
+    assert "<|vision_start|><|image_pad|><|vision_end|>Which colour?" in items[0].text
+    red, blue = (i.vision.tensors["pixel_values"] for i in items)
+    assert not torch.equal(red, blue)
+
+
+def test_trl_image_column_of_a_datasets_dataset_without_placeholders(processor):
+    import datasets
+
+    rows = {"prompt": ["Which colour?", "And this one?"],
+            "image": [Image.new("RGB", (40, 40), (200, 0, 0)), Image.new("RGB", (30, 50), (0, 0, 200))]}
+    ds = datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image())
+    examples = load_vision_prompts(ds, processor, "prompt")
+    assert [len(e.images) for e in examples] == [1, 1]
+    assert examples[0].example.text.startswith("user: <|vision_start|><|image_pad|><|vision_end|>Which colour?")
+    assert examples[1].images[0].size == (30, 50)
+
+
+def test_inline_image_parts_and_bytes():
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(buffer, format="PNG")
+    messages = [{"role": "user", "content": [{"type": "image", "image": buffer.getvalue()},
+                                             {"type": "text", "text": "a"}, {"type": "image"}]}]
+    out, images = messages_with_images(messages, ["b.png"], "rec")
+    assert images == [buffer.getvalue(), "b.png"]
+    assert out[0]["content"] == [{"type": "image"}, {"type": "text", "text": "a"}, {"type": "image"}]
+    assert open_image(images[0], "rec").getpixel((0, 0)) == (1, 2, 3)
+    assert open_image({"bytes": buffer.getvalue(), "path": None}, "rec").size == (8, 8)
+
+
+def test_a_prompt_without_images_has_no_vision_inputs(tmp_path, processor):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "just text", "images": []}])
+    items, _ = tokenize_vision_prompts(load_vision_prompts(path, processor, "prompt"), processor, 64, "prompt")
+    assert items[0].vision is None
+
+
+def truncated_png(path):
+    png(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("missing", "line 1, image 0: image file 'imgs/nope.png' not found"),
+    ("truncated", "line 1, image 0: image 'imgs/cut.png' cannot be decoded"),
+    ("huge", "line 1, image 0: image 'imgs/huge.png' has 400,000,000 pixels, more than the 67,108,864 allowed"),
+    ("large", "line 1, image 0: image 'imgs/huge.png' is 9000x9000 pixels (81,000,000), more than the 67,108,864"),
+    ("too_many", "line 1: 2 images, more than --data.max_images_per_prompt 1"),
+    ("placeholders", "line 2: the prompt has 1 image placeholder(s)"),
+])
+def test_bad_images_are_one_line_errors_naming_the_record(tmp_path, processor, huge_png, case, expected):
+    path = openrlhf_dataset(tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    if case == "missing":
+        rows[0]["images"] = ["imgs/nope.png"]
+    elif case == "truncated":
+        truncated_png(tmp_path / "imgs" / "cut.png")
+        rows[0]["images"] = ["imgs/cut.png"]
+    elif case in ("huge", "large"):
+        huge_png(tmp_path / "imgs" / "huge.png", 20000 if case == "huge" else 9000)
+        rows[0]["images"] = ["imgs/huge.png"]
+    elif case == "too_many":
+        rows[0]["images"] = ["imgs/red.png", "imgs/blue.png"]
+        rows[0]["prompt"] = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}]}]
+    else:
+        rows[1]["images"] = ["imgs/red.png", "imgs/blue.png"]
+    write_jsonl(path, rows)
+    for run in (lambda: check_vision_prompts(path, "prompt", "label", "images", 1),
+                lambda: load_vision_prompts(path, processor, "prompt", "label", "images", 1)):
+        with pytest.raises(DataError) as err:
+            run()
+        message = str(err.value)
+        assert "\n" not in message and message.startswith(str(path)) and expected in message
+
+
+def test_images_in_a_text_only_run_are_refused_naming_the_record(tmp_path):
+    path = openrlhf_dataset(tmp_path)
+    with pytest.raises(DataError, match=r"line 1: the record holds images but the model tiny is a text-only"):
+        refuse_images_for_text_model(path, "prompt", None, "tiny")
+    text = write_jsonl(tmp_path / "text.jsonl", [{"prompt": "2+2?"}])
+    refuse_images_for_text_model(text, "prompt", None, "tiny")  # no images: fine
