@@ -23,7 +23,6 @@ from rlhfkit.config.plan import RunPlan
 from rlhfkit.config.rl import RewardConfig, lora_targets
 from rlhfkit.core.advantages import ESTIMATORS, Whiten
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
-from rlhfkit.core.losses import POLICY_LOSSES
 from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import Critic
@@ -352,8 +351,11 @@ def loss_settings(cfg: RLConfig, max_len: int) -> LossSettings:
     actor, adv, kl = cfg.actor, cfg.algo.advantage, cfg.algo.kl
     eps_low, eps_high = actor.eps_clip_low_high
     is_low, is_high = adv.is_correction_threshold
-    return LossSettings(eps_low=eps_low, eps_high=eps_high, dual_clip=actor.dual_clip,
-                        ratio_level=POLICY_LOSSES[actor.policy_loss_type].ratio_level, agg=actor.loss_agg_mode,
+    return LossSettings(policy_loss=actor.policy_loss_type, eps_low=eps_low, eps_high=eps_high,
+                        dual_clip=actor.dual_clip, sapo_temperatures=actor.sapo_temperatures,
+                        clip_cov_ratio=actor.clip_cov_ratio, clip_cov_bounds=actor.clip_cov_bounds,
+                        kl_cov_ratio=actor.kl_cov_ratio, kl_cov_coef=actor.kl_cov_coef, vespo_k=actor.vespo_k,
+                        vespo_lambda=actor.vespo_lambda, agg=actor.loss_agg_mode,
                         entropy_coef=actor.entropy_coef, kl_loss=kl.use_loss, kl_estimator=kl.estimator,
                         value_clip=cfg.critic.value_clip, temperature=cfg.rollout.temperature or 1.0, max_len=max_len,
                         is_kind=adv.is_correction_type.replace("-", "_") if adv.is_correction_enable else None,

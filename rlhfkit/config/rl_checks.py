@@ -22,7 +22,7 @@ ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "rloo", "group
 GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "group_norm", "dr_grpo")
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3_stable")
 LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-POLICY_LOSS_TYPES = ("ppo", "gspo")
+POLICY_LOSS_TYPES = ("ppo", "gspo", "cispo", "sapo", "clip_cov", "kl_cov", "gmpo", "vespo")
 LR_SCHEDULERS = ("constant", "cosine", "cosine_with_min_lr")
 DTYPES = ("float32", "bfloat16")
 AUTOCASTS = (*DTYPES, "auto")
@@ -49,8 +49,10 @@ CODE_SANDBOXES = ("bwrap", "remote", "none")
 RL_RANGES = validate_table({
     **{f"actor.adam.{k}": v for k, v in ADAM_RANGES.items()},
     "actor.lr_warmup_ratio": "[0, 1]", "actor.min_lr_ratio": "[0, 1]", "actor.max_norm": ">= 0",
-    "actor.eps_clip_low_high": ("[0, 1)", ">= 0"), "actor.dual_clip": "> 1", "actor.entropy_coef": ">= 0", "actor.aux_loss_coef": ">= 0",
-    "actor.ema_beta": "[0, 1]",
+    "actor.eps_clip_low_high": ("[0, 1]", ">= 0"), "actor.dual_clip": "> 1", "actor.entropy_coef": ">= 0", "actor.aux_loss_coef": ">= 0",
+    "actor.ema_beta": "[0, 1]", "actor.sapo_temperatures": "> 0", "actor.clip_cov_ratio": "[0, 1]",
+    "actor.clip_cov_bounds": ORDERED, "actor.kl_cov_ratio": "[0, 1]", "actor.kl_cov_coef": ">= 0",
+    "actor.vespo_k": ">= 0", "actor.vespo_lambda": "> 0",
     **{f"critic.adam.{k}": v for k, v in ADAM_RANGES.items()},
     "critic.value_clip": "> 0", "critic.max_norm": ">= 0",
     "reward.request_timeout": "> 0", "reward.max_retries": ">= 0", "reward.request_batch_size": ">= 1",

@@ -60,7 +60,25 @@ class ActorConfig:
     """Dual-clip PPO (Ye et al. 2020): with a negative advantage A, the token's loss is at most
     -dual_clip * A; must be > 1 (none = off)."""
     policy_loss_type: str = "ppo"
-    """ppo (token-level ratio) or gspo (sequence-level ratio)."""
+    """The policy loss (docs/algorithms.md has each formula): ppo (clipped, one ratio per token), gspo
+    (clipped, one ratio per sequence), cispo (clipped detached weight on REINFORCE), sapo (soft gate),
+    clip_cov / kl_cov (entropy-preserving, on high-covariance tokens), gmpo (geometric mean of
+    log-clipped token ratios) or vespo (Gamma weight of the sequence ratio)."""
+    sapo_temperatures: tuple[float, float] = (1.0, 1.05)
+    """sapo: the gate's temperatures (tau where the advantage is positive, tau where it is not); TRL's
+    sapo_temperature_pos / _neg."""
+    clip_cov_ratio: float = 2e-4
+    """clip_cov: the share of a micro-batch's tokens whose gradient is cut (verl's clip_ratio)."""
+    clip_cov_bounds: tuple[float, float] = (1.0, 5.0)
+    """clip_cov: the covariance range (LOW, HIGH) of the tokens that may be cut (verl's clip_cov_lb / _ub)."""
+    kl_cov_ratio: float = 2e-4
+    """kl_cov: the share of a micro-batch's tokens, those of largest covariance, that get the KL penalty."""
+    kl_cov_coef: float = 1.0
+    """kl_cov: the penalty's coefficient on |logp - old logp| (verl's ppo_kl_coef)."""
+    vespo_k: tuple[float, float] = (2.0, 3.0)
+    """vespo: the Gamma weight's shape k (advantage >= 0, advantage < 0); TRL's vespo_k_pos / _neg."""
+    vespo_lambda: tuple[float, float] = (3.0, 2.0)
+    """vespo: the Gamma weight's rate lambda (advantage >= 0, advantage < 0); TRL's vespo_lambda_pos / _neg."""
     loss_agg_mode: str = "token_mean"
     """How per-token losses are averaged into one number (docs/algorithms.md); counts span the whole
     optimizer step."""

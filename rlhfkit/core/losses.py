@@ -5,6 +5,7 @@ detached tensors (never ``.item()``, so no device sync inside the math). The pol
 types are the table ``POLICY_LOSSES`` (name -> ``PolicyLossSpec``).
 """
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,9 +14,17 @@ import torch.nn.functional as F
 
 from rlhfkit.core.aggregate import aggregate_loss
 from rlhfkit.core.masks import masked_mean
+from rlhfkit.core.surrogates import LOG_RATIO_LIMIT as _LOG_RATIO_LIMIT
+from rlhfkit.core.surrogates import (
+    RATIO_LEVELS,
+    cispo_policy_loss,
+    clip_cov_loss,
+    gmpo_loss,
+    kl_cov_loss,
+    sapo_loss,
+    vespo_loss,
+)
 from rlhfkit.core.tables import lookup
-
-_LOG_RATIO_LIMIT = 20.0
 
 
 def _detach_all(metrics: dict) -> dict:
@@ -25,49 +34,42 @@ def _detach_all(metrics: dict) -> dict:
 # ---------------------------------------------------------------- policy loss
 
 
-def _token_ratio(log_ratio, loss_mask):
-    return torch.exp(log_ratio.clamp(min=-_LOG_RATIO_LIMIT, max=_LOG_RATIO_LIMIT))
-
-
-def _sequence_ratio(log_ratio, loss_mask):
-    seq = masked_mean(log_ratio, loss_mask, dim=-1)  # [B]
-    return torch.exp(seq).unsqueeze(-1).expand_as(log_ratio)
-
-
-RATIO_LEVELS = {"token": _token_ratio, "sequence": _sequence_ratio}
-
-
 @dataclass(frozen=True, kw_only=True)
 class PolicyLossSpec:
-    """How ``policy_loss`` computes one policy loss type (an entry of ``POLICY_LOSSES``).
+    """One policy loss type (an entry of ``POLICY_LOSSES``): the function and what it takes.
 
-    A trainer reads the spec and passes its fields to ``policy_loss``, e.g.
-    ``policy_loss(..., ratio_level=POLICY_LOSSES[name].ratio_level)``.
+    A trainer calls ``spec.loss(logp, old_logp, advantages, loss_mask, eps_low=..., eps_high=...,
+    agg=..., is_weights=..., num_tokens=..., num_seqs=..., max_len=..., **options)`` where
+    ``options`` holds a value for each name of ``spec.options`` (``ratio_level`` is
+    ``spec.ratio_level``; the others are the loss's own settings, each named as the keyword the
+    loss takes).
 
     Attributes:
         ratio_level: a key of ``RATIO_LEVELS``: one importance ratio per token, or one per
             sequence broadcast to its tokens.
+        loss: the loss function (``policy_loss`` or one of ``core.surrogates``).
+        options: the keywords of ``loss`` beyond the common ones that the trainer supplies.
         doc: one line for people: what the loss is and the paper it comes from.
     """
 
     ratio_level: str
+    loss: Callable[..., tuple[torch.Tensor, dict]] = field(default=None, compare=False)  # type: ignore[assignment]
+    options: tuple[str, ...] = ("ratio_level", "dual_clip")
     doc: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         lookup(RATIO_LEVELS, self.ratio_level, "ratio level")
+        if self.loss is None:
+            object.__setattr__(self, "loss", policy_loss)
+
+    def options_from(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The loss's own keyword arguments: ``ratio_level`` from the spec, the others from
+        ``values`` (a mapping that has every other name of ``options``)."""
+        return {k: self.ratio_level if k == "ratio_level" else values[k] for k in self.options}
 
 
-POLICY_LOSSES: dict[str, PolicyLossSpec] = {
-    "ppo": PolicyLossSpec(
-        ratio_level="token",
-        doc="PPO's clipped surrogate, one ratio per token (Schulman et al. 2017, arXiv:1707.06347)",
-    ),
-    "gspo": PolicyLossSpec(
-        ratio_level="sequence",
-        doc="GSPO: the clipped surrogate with one ratio per sequence, the geometric mean of its "
-        "token ratios (Zheng et al. 2025, arXiv:2507.18071)",
-    ),
-}
+def _spec(ratio_level: str, loss, options: tuple[str, ...], doc: str) -> PolicyLossSpec:
+    return PolicyLossSpec(ratio_level=ratio_level, loss=loss, options=options, doc=doc)
 
 
 def policy_loss(
@@ -141,6 +143,32 @@ def policy_loss(
     metrics["approx_kl"] = masked_mean(-log_ratio, loss_mask)
     metrics["ratio_mean"] = masked_mean(ratio, loss_mask)
     return loss, _detach_all(metrics)
+
+
+POLICY_LOSSES: dict[str, PolicyLossSpec] = {
+    "ppo": PolicyLossSpec(
+        ratio_level="token",
+        doc="PPO's clipped surrogate, one ratio per token (Schulman et al. 2017, arXiv:1707.06347)",
+    ),
+    "gspo": PolicyLossSpec(
+        ratio_level="sequence",
+        doc="GSPO: the clipped surrogate with one ratio per sequence, the geometric mean of its "
+        "token ratios (Zheng et al. 2025, arXiv:2507.18071)",
+    ),
+    "cispo": _spec("token", cispo_policy_loss, (), "CISPO: REINFORCE with the clipped importance weight "
+                   "detached, every token keeps a gradient (MiniMax 2025, MiniMax-M1, arXiv:2506.13585)"),
+    "sapo": _spec("token", sapo_loss, ("ratio_level", "sapo_temperatures"), "SAPO: a smooth sigmoid gate "
+                  "in place of the hard clip (Qwen team 2025, arXiv:2511.20347)"),
+    "clip_cov": _spec("token", clip_cov_loss, ("clip_cov_ratio", "clip_cov_bounds", "generator"),
+                      "Clip-Cov: the clipped surrogate with the gradient of a few high-covariance tokens cut "
+                      "(Cui et al. 2025, arXiv:2505.22617)"),
+    "kl_cov": _spec("token", kl_cov_loss, ("kl_cov_ratio", "kl_cov_coef"), "KL-Cov: the surrogate with a "
+                    "|log ratio| penalty on the highest-covariance tokens (Cui et al. 2025, arXiv:2505.22617)"),
+    "gmpo": _spec("sequence", gmpo_loss, (), "GMPO: one ratio per sequence, the geometric mean of token "
+                  "ratios clipped in log space (Zhao et al. 2025, arXiv:2507.20673)"),
+    "vespo": _spec("sequence", vespo_loss, ("vespo_k", "vespo_lambda"), "VESPO: REINFORCE weighted by a "
+                   "Gamma-shaped function of the sequence's ratio (arXiv:2602.10693, TRL's vespo)"),
+}
 
 
 # ---------------------------------------------------------------- IS correction
@@ -257,6 +285,7 @@ def decoupled_policy_loss(
     is_kind: str | None = None,
     is_low: float = 0.0,
     is_high: float = float("inf"),
+    loss: Callable[..., tuple[torch.Tensor, dict]] | None = None,
     **ppo: Any,
 ) -> tuple[torch.Tensor, dict]:
     """Decoupled PPO (Hilton et al. 2021, arXiv:2110.00641; AReaL, Fu et al. 2025,
@@ -279,15 +308,16 @@ def decoupled_policy_loss(
         prox_logp: ``[B, T]`` proximal policy logprobs (the trainer's before the update).
         behav_logp: ``[B, T]`` behaviour policy logprobs (the engine's, possibly versions old).
         advantages, loss_mask: ``[B, T]``; is_kind, is_low, is_high: see ``behaviour_weights``.
-        **ppo: the other arguments of ``policy_loss`` (clip range, aggregation, counts).
+        loss: the policy loss under the weights (a ``PolicyLossSpec.loss``); None = ``policy_loss``.
+        **ppo: the other arguments of ``loss`` (clip range, aggregation, counts, its options).
 
     Returns:
         ``(loss, metrics)``: ``policy_loss``'s metrics and ``behaviour_weights``' metrics, plus
         ``behav_weight_mean`` (masked mean of ``w``).
     """
     weights, metrics = behaviour_weights(prox_logp, behav_logp, loss_mask, is_kind, is_low, is_high)
-    loss, pm = policy_loss(logp, prox_logp, advantages, loss_mask, is_weights=weights, **ppo)
-    return loss, {**pm, **metrics, "behav_weight_mean": masked_mean(weights, loss_mask)}
+    value, pm = (loss or policy_loss)(logp, prox_logp, advantages, loss_mask, is_weights=weights, **ppo)
+    return value, {**pm, **metrics, "behav_weight_mean": masked_mean(weights, loss_mask)}
 
 
 # ---------------------------------------------------------------- value, entropy, logprobs
@@ -540,40 +570,6 @@ def kto_loss(
     losses = torch.cat([desirable_weight * chosen_losses, undesirable_weight * rejected_losses])
     metrics = {"chosen_rewards": beta * chosen_logratio, "rejected_rewards": beta * rejected_logratio, "kl": z}
     return losses.mean(), _detach_all(metrics)
-
-
-def cispo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    ratio_low: float,
-    ratio_high: float,
-    agg: str = "token_mean",
-    num_tokens: float | torch.Tensor | None = None,
-    num_seqs: float | torch.Tensor | None = None,
-    max_len: int | None = None,
-) -> tuple[torch.Tensor, dict]:
-    """CISPO (MiniMax 2025, arXiv:2506.13585): REINFORCE with a clipped, detached importance
-    weight, so every token keeps a gradient: per-token loss
-    ``-sg(clamp(exp(logp - old_logp), ratio_low, ratio_high)) * A * logp``.
-
-    Departure: the paper clips only from above (``ratio_low`` 0); here both bounds are the
-    caller's, as Tinker's ``cispo`` loss takes them.
-
-    Args:
-        logp, old_logp, advantages: ``[B, T]``; loss_mask ``[B, T]`` bool, True = counts.
-        ratio_low, ratio_high: bounds of the importance weight.
-        agg, num_tokens, num_seqs, max_len: see ``aggregate_loss``.
-
-    Returns:
-        ``(loss, metrics)`` with ``clip_frac`` and ``ratio_mean``.
-    """
-    ratio = torch.exp((logp - old_logp).clamp(min=-_LOG_RATIO_LIMIT, max=_LOG_RATIO_LIMIT))
-    weight = ratio.clamp(min=ratio_low, max=ratio_high).detach()
-    loss = aggregate_loss(-weight * advantages * logp, loss_mask, agg, num_tokens, num_seqs, max_len)
-    clipped = ((ratio < ratio_low) | (ratio > ratio_high)).float()
-    return loss, _detach_all({"clip_frac": masked_mean(clipped, loss_mask), "ratio_mean": masked_mean(ratio, loss_mask)})
 
 
 def dro_loss(

@@ -8,7 +8,8 @@ list of labels (`label_key`), one per placeholder, in order:
     {"input": "2+3=5 ки 5*2=11 ки", "label": [1.0, 0.3]}        P(good step) (soft, Math-Shepherd)
 
 The text is tokenized as it is (no template, no special tokens). A `StepSample` marks the
-placeholder positions (`step_mask`) and holds each one's target probability that the step is
+placeholder positions (`step_mask`: the last token of a placeholder the tokenizer splits into
+several, `Placeholder`) and holds each one's target probability that the step is
 good: 1.0 for the first reward token, 0.0 for the second, or the float label. The model is trained
 to predict the reward token at the placeholder, i.e. from the placeholder's own position (OpenRLHF
 reads the logits at the placeholder too). Differences from OpenRLHF: samples over `max_len` are
@@ -34,7 +35,7 @@ class StepSample:
     """One tokenized step-labelled text. L = its length.
 
     input_ids  LongTensor [L]
-    step_mask  BoolTensor [L]    True at each placeholder (a step's end)
+    step_mask  BoolTensor [L]    True at each placeholder's last token (a step's end)
     targets    FloatTensor [L]   P(good step) wanted at each placeholder; 0 elsewhere
     """
 
@@ -42,6 +43,46 @@ class StepSample:
     step_mask: torch.Tensor
     targets: torch.Tensor
     index: int = 0
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    """A step-end placeholder as token ids: `ids` are inserted at a step end (RL responses), `variants`
+    are the sequences matched in a text (a step's score is read at the last token of a match).
+
+    A placeholder the tokenizer splits (Math-Shepherd's "ки" is 2 tokens for SmolLM2's tokenizer) is
+    matched as a token sequence, both as written alone and after a space (BPE tokenizers merge the
+    space into the first token: " ки" is " к" + "и"); the spaced form is the one inserted when the
+    space merges, as Math-Shepherd writes "step ки".
+    """
+
+    ids: tuple[int, ...]
+    variants: tuple[tuple[int, ...], ...]
+
+    def ends(self, ids: Sequence[int]) -> list[int]:
+        """Positions of the last token of each match in `ids`, left to right, matches not overlapping
+        (the longest variant first where two start at one position)."""
+        out, t, n = [], 0, len(ids)
+        by_length = sorted(self.variants, key=len, reverse=True)
+        while t < n:
+            hit = next((v for v in by_length if tuple(ids[t : t + len(v)]) == v), None)
+            if hit is None:
+                t += 1
+                continue
+            out.append(t + len(hit) - 1)
+            t += len(hit)
+        return out
+
+
+def placeholder_of(tokenizer: Any, token: str, flag: str) -> Placeholder:
+    """`token` as a `Placeholder` for `tokenizer` (one or more tokens); ConfigError if it encodes to none."""
+    bare = tuple(tokenizer(token, add_special_tokens=False)["input_ids"])
+    if not bare:
+        raise ConfigError(f"{flag} {token!r} encodes to no token for this tokenizer; pick a visible token")
+    spaced = tuple(tokenizer(" " + token, add_special_tokens=False)["input_ids"])
+    variants = [bare] if spaced[-len(bare):] == bare or not spaced else [bare, spaced]
+    merged = len(spaced) == len(bare) and spaced != bare
+    return Placeholder(spaced if merged else bare, tuple(variants))
 
 
 def single_token_id(tokenizer: Any, token: str, flag: str) -> int:
@@ -71,14 +112,19 @@ def label_targets(labels: Any, reward_tokens: Sequence[str], where: str) -> list
     return out
 
 
-def encode_steps(tokenizer: Any, text: str, labels: Any, placeholder_id: int, reward_tokens: Sequence[str],
-                 where: str) -> StepSample:
-    """A `StepSample` of `text` with `labels` placed at its placeholder tokens, in order."""
+def encode_steps(tokenizer: Any, text: str, labels: Any, placeholder: Placeholder | int,
+                 reward_tokens: Sequence[str], where: str) -> StepSample:
+    """A `StepSample` of `text` with `labels` placed at its placeholders (at the last token of each), in
+    order. `placeholder`: a `Placeholder`, or the id of a one-token one."""
     if not isinstance(text, str):
         raise DataError(f"{where}: expected a string, got {type(text).__name__}")
+    if isinstance(placeholder, int):
+        placeholder = Placeholder((placeholder,), ((placeholder,),))
     targets = label_targets(labels, reward_tokens, where)
-    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-    mask = ids == placeholder_id
+    raw = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor(raw, dtype=torch.long)
+    mask = torch.zeros(ids.numel(), dtype=torch.bool)
+    mask[placeholder.ends(raw)] = True
     found = int(mask.sum())
     if found == 0:
         raise DataError(f"{where}: no placeholder token (--data.placeholder_token) in the tokenized input; "
@@ -99,7 +145,7 @@ def load_steps(source: Source, fmt: TextFormat, placeholder: str, reward_tokens:
     """Step-labelled samples and the number skipped for exceeding `max_len` tokens, tokenized by
     `fmt.tokenizer` (the text as it is). `source` as `data.supervised.load_sft` takes it."""
     tokenizer = fmt.tokenizer
-    placeholder_id = single_token_id(tokenizer, placeholder, "--data.placeholder_token")
+    placeholder_ids = placeholder_of(tokenizer, placeholder, "--data.placeholder_token")
     for flag_token in reward_tokens:
         single_token_id(tokenizer, flag_token, "--data.reward_tokens")
     keys = {"--data.input_key": input_key, "--data.label_key": label_key}
@@ -107,7 +153,7 @@ def load_steps(source: Source, fmt: TextFormat, placeholder: str, reward_tokens:
     samples, skipped = [], 0
     for i, record, name in rows:
         where = f"{name}, {record.where}"
-        s = encode_steps(tokenizer, record.data[input_key], record.data[label_key], placeholder_id,
+        s = encode_steps(tokenizer, record.data[input_key], record.data[label_key], placeholder_ids,
                          reward_tokens, where)
         s.index = i
         if s.input_ids.numel() > max_len:

@@ -16,14 +16,20 @@ follows (`detect_contract`); anything else is refused in one line naming both:
   gets the three lists positionally and, as keywords, the caller's other arguments and each
   dataset column as a list of B values (a column never replaces a standard argument of the same
   name): all of them if it takes **kwargs, else only those it names.
-* TRL (it has a parameter `completions`): called as TRL's GRPOTrainer calls a reward function,
+* TRL (any other function that names one of TRL's keywords `prompts`, `completions`,
+  `completion_ids`, `trainer_state`, `log_extra`, `log_metric` or takes **kwargs, all its parameters
+  passable by keyword: `def f(completion_ids, **kwargs)`, as TRL's `get_soft_overlong_punishment`
+  returns, is one): called as TRL's GRPOTrainer calls a reward function,
   `reward(prompts=raw_prompts, completions=..., completion_ids=..., **columns)`, where a
   completion is the response text, or `[{"role": "assistant", "content": text}]` when the
   sample's prompt is a list of messages (for a tool-calling episode, `completion_messages`: its
   assistant turns with their `tool_calls` and the `role: "tool"` results); columns named prompt /
   completion / completion_ids are
-  left out, as TRL does. Departures from TRL: no `trainer_state=` (rlhfkit has none), and
-  keywords the function neither names nor takes through **kwargs are dropped, not a TypeError.
+  left out, as TRL does. Its other parameters are dataset columns: one that the call cannot fill
+  (no default, not a column) is refused in one line naming the columns there are. Departures from
+  TRL: no `trainer_state=`, `log_extra=` or `log_metric=` (rlhfkit has none of TRL's trainer
+  objects; a function that needs one is refused), and keywords the function neither names nor takes
+  through **kwargs are dropped, not a TypeError.
 
 Either returns what `normalize_reward_output` accepts. A `None` in a returned list means "does not
 apply to this sample": a list of reward functions (`RewardSum`) skips it, as TRL does; a function
@@ -54,9 +60,12 @@ from rlhfkit.rewards.base import RewardOutput, normalize_reward_output
 OPENRLHF, TRL = "openrlhf", "trl"
 CONTRACTS = (
     "OpenRLHF's `reward_func(queries, prompts, labels, **kwargs)` (first parameter named "
-    "queries) or TRL's `reward(completions, **kwargs)` (a parameter named completions)"
+    "queries) or TRL's `reward(completions, **kwargs)` (keywords: any of prompts, completions, "
+    "completion_ids and dataset columns, plus **kwargs)"
 )
 TRL_SKIPPED_COLUMNS = frozenset({"prompt", "completion", "completion_ids"})
+TRL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
 
 
 def detect_contract(func: Callable[..., Any], source: str) -> str:
@@ -83,7 +92,11 @@ def detect_contract(func: Callable[..., Any], source: str) -> str:
                 "`def reward_func(queries, prompts, labels, **kwargs)`"
             ) from exc
         return OPENRLHF
-    if "completions" in names:
+    params = signature.parameters.values()
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    required_positional = [p.name for p in params
+                           if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is p.empty]
+    if (takes_kwargs or any(n in TRL_KEYWORDS for n in names)) and not required_positional:
         return TRL
     raise RewardError(
         f"reward function {source} with parameters {signature} fits neither contract; "
@@ -140,6 +153,7 @@ class CallableRewardFn:
         args, kw = build(queries, prompts, labels, kwargs)
         if not self._takes_all_kwargs:
             kw = {k: v for k, v in kw.items() if k in self._kwarg_names}
+        self._check_required(kw)
         calls = []
         try:
             for rows in chunks:
@@ -156,6 +170,20 @@ class CallableRewardFn:
             ) from exc
         parts = [self._check(out, len(rows)) for out, rows in zip(calls, chunks)]
         return _merge(parts, chunks, batch_size)
+
+    def _check_required(self, kw: dict[str, Any]) -> None:
+        """A TRL function's parameters without a default that the call does not fill: refused."""
+        if self.contract != TRL:
+            return
+        params = inspect.signature(self.func).parameters.values()
+        missing = [p.name for p in params if p.default is p.empty and p.name not in kw
+                   and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        if missing:
+            columns = sorted(set(kw) - {"prompts", "completions", "completion_ids"})
+            raise RewardError(
+                f"reward function {self.source} (TRL's contract) needs {', '.join(missing)}, which is neither "
+                f"a keyword rlhfkit passes (prompts, completions, completion_ids) nor a dataset column (the "
+                f"columns: {', '.join(columns) or 'none'}); give it a default or add the column")
 
     def _check(self, out: Any, n: int) -> tuple[RewardOutput, torch.Tensor]:
         """One chunk's result checked; None entries of a plain list become 0 and not-applicable."""

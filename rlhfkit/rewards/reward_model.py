@@ -19,7 +19,13 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.data.steps import StepSample, collate_steps, single_token_id
+from rlhfkit.data.steps import (
+    Placeholder,
+    StepSample,
+    collate_steps,
+    placeholder_of,
+    single_token_id,
+)
 from rlhfkit.errors import ConfigError, ModelError, RewardError
 from rlhfkit.models import load_tokenizer
 from rlhfkit.models.loading import load_policy
@@ -68,8 +74,10 @@ class RewardModelFn:
 
 # ---------------------------------------------------------------------------------- process reward models
 def prm_layout(response: Sequence[int], newline_ids: set[int], skip_ids: set[int],
-               placeholder: int) -> tuple[list[int], list[int], list[int]]:
-    """Cut a response into steps and place the PRM's placeholder at each step end.
+               placeholder: Placeholder | int) -> tuple[list[int], list[int], list[int]]:
+    """Cut a response into steps and place the PRM's placeholder (a `data.steps.Placeholder`, or the id
+    of a one-token one) at each step end; a placeholder of several tokens is inserted whole and its
+    position is its last token's.
 
     A step ends at a run of newline tokens (the placeholder goes before the run, as in
     Math-Shepherd's "... ки\\n"), at a placeholder the policy emitted itself, or at the last response
@@ -77,8 +85,11 @@ def prm_layout(response: Sequence[int], newline_ids: set[int], skip_ids: set[int
     step end open no empty step.
     Returns (the PRM's response tokens, the placeholders' positions in them, each step's last
     token position in `response` (where its reward lands))."""
+    if isinstance(placeholder, int):
+        placeholder = Placeholder((placeholder,), ((placeholder,),))
     content = [t for t, tok in enumerate(response) if tok not in skip_ids]
     last = content[-1] if content else -1
+    emitted = set(placeholder.ends(response[: last + 1]))  # placeholders the policy wrote itself
     out: list[int] = []
     marks: list[int] = []
     ends: list[int] = []
@@ -91,7 +102,7 @@ def prm_layout(response: Sequence[int], newline_ids: set[int], skip_ids: set[int
             while j + 1 <= last and response[j + 1] in newline_ids:
                 j += 1
             if open_step:
-                out.append(placeholder)
+                out.extend(placeholder.ids)
                 marks.append(len(out) - 1)
                 ends.append(j)
                 open_step = False
@@ -99,7 +110,7 @@ def prm_layout(response: Sequence[int], newline_ids: set[int], skip_ids: set[int
             t = j + 1
             continue
         out.append(tok)
-        if tok == placeholder:
+        if t in emitted:
             marks.append(len(out) - 1)
             ends.append(t)
             open_step = False
@@ -107,7 +118,7 @@ def prm_layout(response: Sequence[int], newline_ids: set[int], skip_ids: set[int
             open_step = True
         t += 1
     if open_step:
-        out.append(placeholder)
+        out.extend(placeholder.ids)
         marks.append(len(out) - 1)
         ends.append(last)
     return out, marks, ends
@@ -134,8 +145,7 @@ class ProcessRewardFn:
         if not offload:
             self.model.to(self.device)
         self.micro_batch_size = micro_batch_size
-        self.placeholder = single_token_id(self.tokenizer, settings["placeholder_token"],
-                                           "the PRM's placeholder")
+        self.placeholder = placeholder_of(self.tokenizer, settings["placeholder_token"], "the PRM's placeholder")
         self.reward_ids = [single_token_id(self.tokenizer, t, "the PRM's reward tokens")
                            for t in settings["reward_tokens"]]
         self.newline_ids = newline_token_ids(self.tokenizer)

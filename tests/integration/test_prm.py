@@ -99,6 +99,28 @@ def test_rl_with_a_prm_gets_step_rewards_and_trains(ws, prm_run, tmp_path, capsy
                    "process reward model gives per-token rewards, which --algo.advantage.estimator group_norm")
 
 
+def test_a_placeholder_of_several_tokens_trains_a_prm_that_scores_rl_steps(ws, tmp_path):
+    """"#%" is two tokens for the tiny tokenizer (as Math-Shepherd's "ки" is for SmolLM2's): `train prm`
+    reads each step's label at its last token and `train rl` inserts it whole at each step end."""
+    rows = [{"input": r["input"].replace(" #\n", " #%\n"), "label": r["label"]} for r in arithmetic_steps(48)]
+    write(tmp_path / "steps.jsonl", rows)
+    prm = tmp_path / "prm"
+    argv = ["train", "prm", "--model.model_name_or_path", str(ws / "tiny"), "--data.dataset",
+            str(tmp_path / "steps.jsonl"), "--placeholder_token", "#%", "--reward_tokens", "+", "-",
+            "--ckpt.output_dir", str(prm), "--logger.progress_bar", "false", "--train.num_threads", "1",
+            "--train.batch_size", "8", "--train.micro_batch_size", "8"]
+    assert main(argv) == 0  # a record whose placeholders and labels differ in number would stop it
+    config = json.loads((prm / "final" / "config.json").read_text())
+    assert config["process_reward"]["placeholder_token"] == "#%"
+    write(ws / "prompts.jsonl", [{"prompt": f"{i % 5}+{i // 5}="} for i in range(16)])
+    out = tmp_path / "rl"
+    assert main(rl_argv(ws, prm, out, "reinforce")) == 0
+    ms = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in ms if "reward_extra/prm_steps" in m]
+    assert len(steps) == 2 and all(m["reward_extra/prm_steps"] >= 1 for m in steps)
+    assert all(0 < m["reward_extra/prm_step_mean"] < 1 for m in steps)
+
+
 def test_bad_step_data_is_a_one_line_error(ws, tmp_path, capsys):
     rows = [{"input": "1+1=2 #\n", "label": ["+"]}, {"input": "1+1=3", "label": ["-"]}]
     write(tmp_path / "no_placeholder.jsonl", rows)

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.core.losses import cispo_loss, dro_loss, policy_loss, sft_loss
+from rlhfkit.core.losses import dro_loss, policy_loss, sft_loss
+from rlhfkit.core.surrogates import cispo_loss
 from rlhfkit.errors import DataError
 
 SUM = {"agg": "token_mean", "num_tokens": 1.0}

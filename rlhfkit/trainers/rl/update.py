@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from rlhfkit.core.aggregate import aggregate_loss
 from rlhfkit.core.kl import approx_kl
-from rlhfkit.core.losses import decoupled_policy_loss, policy_loss, value_loss
+from rlhfkit.core.losses import POLICY_LOSSES, decoupled_policy_loss, value_loss
 from rlhfkit.errors import TrainingError
 from rlhfkit.models import response_logprobs
 from rlhfkit.models.moe import moe_top_k, record_routing, routing_loss
@@ -32,20 +32,29 @@ _PER_STEP = ("policy_loss", "value_loss", "moe/aux_loss", "moe/load_max", "moe/l
 
 @dataclass(frozen=True)
 class LossSettings:
-    """The policy and value losses' settings (core.losses): clip range [1 - eps_low, 1 + eps_high],
-    dual clip, `ratio_level` (token: PPO; sequence: GSPO), aggregation mode, entropy bonus, the KL loss
-    term (`kl_estimator`, on when `kl_loss`), the critic's value clip, the sampling `temperature`
+    """The policy and value losses' settings (core.losses): the policy loss (`policy_loss`, a key of
+    core.POLICY_LOSSES), clip range [1 - eps_low, 1 + eps_high], aggregation mode, entropy bonus, the
+    KL loss term (`kl_estimator`, on when `kl_loss`), the critic's value clip, the sampling `temperature`
     logprobs are computed under and `max_len` (the response budget, for seq_mean_token_sum_norm).
+    The losses' own options (`dual_clip` of ppo / gspo, `sapo_temperatures`, `clip_cov_*`, `kl_cov_*`,
+    `vespo_*`) are fields named as the loss functions' keywords; a loss reads those its spec lists.
 
     Off-policy corrections (core.losses.decoupled_policy_loss, docs/algorithms.md): `is_kind` (a key
     of core.IS_KINDS, None = off) weighs each token's loss by pi_old / pi_rollout truncated to
     [`is_low`, `is_high`]; `decoupled` (AReaL's decoupled PPO) does so with the old logprobs as the
     proximal policy, untruncated unless `is_kind` is set. Both need the experience's rollout logprobs."""
 
+    policy_loss: str = "ppo"
     eps_low: float = 0.2
     eps_high: float = 0.2
     dual_clip: float | None = None
-    ratio_level: str = "token"
+    sapo_temperatures: tuple[float, float] = (1.0, 1.05)
+    clip_cov_ratio: float = 2e-4
+    clip_cov_bounds: tuple[float, float] = (1.0, 5.0)
+    kl_cov_ratio: float = 2e-4
+    kl_cov_coef: float = 1.0
+    vespo_k: tuple[float, float] = (2.0, 3.0)
+    vespo_lambda: tuple[float, float] = (3.0, 2.0)
     agg: str = "token_mean"
     entropy_coef: float = 0.0
     kl_loss: bool = False
@@ -62,6 +71,14 @@ class LossSettings:
     @property
     def corrected(self) -> bool:
         return self.is_kind is not None or self.decoupled
+
+    def policy_loss_call(self, generator: torch.Generator | None) -> tuple[Callable, dict]:
+        """The policy loss function and its keyword arguments beyond the tensors and the counts
+        (`generator`: the random draws of the losses that make them, e.g. clip_cov)."""
+        spec = POLICY_LOSSES[self.policy_loss]
+        values = {f.name: getattr(self, f.name) for f in fields(self)} | {"generator": generator}
+        return spec.loss, dict(eps_low=self.eps_low, eps_high=self.eps_high, agg=self.agg,
+                               **spec.options_from(values))
 
 
 class PolicyUpdate:
@@ -83,6 +100,8 @@ class PolicyUpdate:
         self.rank_max = rank_max
         self.device_type = next(policy.parameters()).device.type
         self.moe = moe_top_k(policy) is not None  # record its routers: load metrics and the aux loss
+        # The policy loss's own random draws (clip_cov), apart from the shuffle so ranks keep one order.
+        self.loss_gen = torch.Generator().manual_seed(shuffle_gen.initial_seed())
 
     def __call__(self, exp: Experience, kl_coef: float) -> dict[str, float]:
         """The update's metrics: per-step quantities averaged over optimizer steps, per-token ones
@@ -156,16 +175,15 @@ class PolicyUpdate:
             part = part.to(logp.device)
         old = part.old_logp if part.old_logp is not None else logp.detach()
         rollout = part.rollout_logp
-        ppo = dict(eps_low=c.eps_low, eps_high=c.eps_high, dual_clip=c.dual_clip, ratio_level=c.ratio_level,
-                   agg=c.agg, **counts)
+        loss_fn, kw = c.policy_loss_call(self.loss_gen)
         if c.corrected:
             if rollout is None:
                 raise TrainingError("the IS / decoupled correction needs the engine's logprobs of each token, and "
                                     "these trajectories carry none")
             loss, pm = decoupled_policy_loss(logp, old, rollout, part.advantages, mask, is_kind=c.is_kind,
-                                             is_low=c.is_low, is_high=c.is_high, **ppo)
+                                             is_low=c.is_low, is_high=c.is_high, loss=loss_fn, **kw, **counts)
         else:
-            loss, pm = policy_loss(logp, old, part.advantages, mask, **ppo)
+            loss, pm = loss_fn(logp, old, part.advantages, mask, **kw, **counts)
         ntok = mask.sum()
         out = {"train_tokens": float(mb.num_tokens), "policy_loss": loss.detach(),  # num_tokens: CPU-side
                "clip_frac": pm["clip_frac"] * ntok, "ppo_kl": pm["approx_kl"] * ntok,
@@ -202,11 +220,13 @@ class PolicyUpdate:
             self.critic_learner.backward(self.critic.response_values(mb).float().sum() * 0.0)
 
     def state_dict(self) -> dict:
-        return {"learner": self.learner.state_dict(),
+        return {"learner": self.learner.state_dict(), "loss_gen": self.loss_gen.get_state(),
                 "critic_learner": self.critic_learner.state_dict() if self.critic_learner is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.learner.load_state_dict(state["learner"])
+        if "loss_gen" in state:
+            self.loss_gen.set_state(state["loss_gen"])
         if self.critic_learner is not None:
             self.critic_learner.load_state_dict(state["critic_learner"])
 

@@ -154,7 +154,9 @@ def test_policy_loss_unknown_names():
 
 
 def test_policy_loss_table_gives_the_ratio_level():
-    assert {name: spec.ratio_level for name, spec in POLICY_LOSSES.items()} == {"ppo": "token", "gspo": "sequence"}
+    assert {name: spec.ratio_level for name, spec in POLICY_LOSSES.items()} == {
+        "ppo": "token", "gspo": "sequence", "cispo": "token", "sapo": "token", "clip_cov": "token",
+        "kl_cov": "token", "gmpo": "sequence", "vespo": "sequence"}
     assert all("arXiv:" in spec.doc for spec in POLICY_LOSSES.values())
     logp, old, adv, mask, _ = policy_batch()
     gspo, _ = policy_loss(logp, old, adv, mask, ratio_level=POLICY_LOSSES["gspo"].ratio_level)

@@ -5,10 +5,12 @@ import pytest
 import torch
 
 from rlhfkit.data.steps import (
+    Placeholder,
     collate_steps,
     encode_steps,
     label_targets,
     load_steps,
+    placeholder_of,
     single_token_id,
 )
 from rlhfkit.data.supervised import TextFormat, render_reward
@@ -61,7 +63,9 @@ def test_load_and_collate():
     assert b["step_mask"].tolist() == [[False, False, True, False, False], [False, True, False, False, True]]
     assert b["targets"][b["step_mask"]].tolist() == [1.0, 0.0, 1.0]
     assert b["input_ids"][0, 3:].tolist() == [TOK.pad_token_id] * 2
-    with pytest.raises(ConfigError, match="--data.placeholder_token"):
+    with pytest.raises(ConfigError, match="--data.placeholder_token '' encodes to no token"):
+        load_steps(rows, TextFormat(TOK), "", ("+", "-"))
+    with pytest.raises(DataError, match="record 0: no placeholder token"):  # "##" is two tokens, not in "ab#"
         load_steps(rows, TextFormat(TOK), "##", ("+", "-"))
 
 
@@ -81,3 +85,41 @@ def test_conditional_sft_puts_the_score_in_the_prompt():
     with pytest.raises(DataError, match="--data.reward_key"):
         load_sft([{"input": "q", "output": "a"}], TextFormat(TOK), reward_template="{input}{reward}")
     assert torch.equal(s.loss_mask, torch.tensor([True, True]))
+
+
+def test_a_placeholder_of_several_tokens_is_matched_as_a_sequence_and_scored_at_its_last_token():
+    ph = placeholder_of(TOK, "#%", "--data.placeholder_token")
+    assert ph.ids == tuple(TOK("#%", add_special_tokens=False)["input_ids"]) and len(ph.ids) == 2
+    # "1+1=2#%3#%": the placeholders end at characters 6 and 9; a lone "#" or "%" is no placeholder
+    s = encode_steps(TOK, "1+1=2#%3#%", ["+", "-"], ph, ("+", "-"), "record 0")
+    assert s.step_mask.nonzero().flatten().tolist() == [6, 9]
+    assert s.targets.tolist() == [0, 0, 0, 0, 0, 0, 1, 0, 0, 0]
+    with pytest.raises(DataError, match="1 placeholder tokens but 2 labels"):
+        encode_steps(TOK, "1#2%3#%", ["+", "-"], ph, ("+", "-"), "record 1")
+    samples, _ = load_steps([{"input": "ab#%c#%", "label": [1.0, 0.0]}], TextFormat(TOK), "#%", ("+", "-"))
+    assert samples[0].step_mask.nonzero().flatten().tolist() == [3, 6]
+
+
+def test_placeholder_matches_do_not_overlap_and_take_either_variant():
+    ph = Placeholder(ids=(7, 9), variants=((5, 9), (7, 9)))  # a bare form and a space-merged form
+    assert ph.ends([1, 5, 9, 7, 9, 9, 7]) == [2, 4]
+    assert Placeholder((4, 4), ((4, 4),)).ends([4, 4, 4, 4, 4]) == [1, 3]
+
+
+@pytest.mark.slow
+def test_math_shepherds_placeholder_in_smollm2s_tokenizer():
+    from transformers import AutoTokenizer
+
+    from rlhfkit.models.loading import materialize_smollm2
+
+    tok = AutoTokenizer.from_pretrained(materialize_smollm2())
+    ph = placeholder_of(tok, "ки", "--data.placeholder_token")
+    bare = tuple(tok("ки", add_special_tokens=False)["input_ids"])
+    spaced = tuple(tok(" ки", add_special_tokens=False)["input_ids"])
+    assert len(bare) == len(spaced) == 2 and ph.ids == spaced and set(ph.variants) == {bare, spaced}
+    text = "2+3=5 ки\n5*2=11 ки"
+    raw = tok(text, add_special_tokens=False)["input_ids"]
+    s = encode_steps(tok, text, ["+", "-"], ph, ("+", "-"), "record 0")
+    ends = s.step_mask.nonzero().flatten().tolist()
+    assert len(ends) == 2 and all(tuple(raw[e - 1 : e + 1]) == spaced for e in ends)
+    assert s.targets[ends].tolist() == [1.0, 0.0]

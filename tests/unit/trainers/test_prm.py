@@ -48,6 +48,21 @@ def test_layout_puts_the_placeholder_before_each_newline_run_and_at_the_end():
     assert prm_layout([tok.eos_token_id], nl, skip, ph) == ([], [], [])
 
 
+def test_layout_inserts_a_placeholder_of_several_tokens_whole():
+    from rlhfkit.data.steps import placeholder_of
+
+    _, tok = tiny_model_and_tokenizer(seed=0)
+    nl, ph = {tok.convert_tokens_to_ids("\n")}, placeholder_of(tok, "#%", "placeholder")
+    skip = {tok.eos_token_id, tok.pad_token_id}
+    out, marks, ends = prm_layout(ids(tok, "1+1=2\n2*3=7") + [tok.eos_token_id], nl, skip, ph)
+    assert tok.decode(out) == "1+1=2#%\n2*3=7#%"
+    assert marks == [6, 14] and ends == [5, 10]  # the mark is the placeholder's last token
+    two = [tok.convert_tokens_to_ids("\n")] * 2
+    # "#%" the policy wrote ends a step at its "%"; a lone "#" does not
+    out, marks, ends = prm_layout(ids(tok, "ab#%") + two + ids(tok, "c#d"), nl, skip, ph)
+    assert tok.decode(out) == "ab#%\n\nc#d#%" and marks == [3, 10] and ends == [3, 8]
+
+
 @pytest.fixture(scope="module")
 def prm_folder(tmp_path_factory):
     model, tok = tiny_model_and_tokenizer(seed=0)
