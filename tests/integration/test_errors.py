@@ -332,7 +332,7 @@ RANGES = [
     ("73-clip-range-reversed", ["--reward.clip_range", "1", "-1"], "--reward.clip_range must be two finite numbers "
                                                                     "LOW HIGH with LOW < HIGH (got 1.0 -1.0)"),
     ("73-eps-clip-low", ["--actor.eps_clip_low_high", "1.2", "0.2"], "--actor.eps_clip_low_high: value 1 must be in "
-                                                                      "[0, 1)"),
+                                                                      "[0, 1]"),
     ("73-value-clip-zero", ["--critic.value_clip", "0"], "--critic.value_clip must be > 0 or none (got 0.0)"),
     ("73-entropy-coef", ["--actor.entropy_coef", "-0.01"], "--actor.entropy_coef must be >= 0"),
     ("73-num-threads", ["--train.num_threads", "0"], "--train.num_threads must be >= 1 or none (got 0)"),
@@ -380,7 +380,7 @@ MODELS = [
     ("75-garbage-weights", {"actor.model_name_or_path": "{ws}/garbage_weights"},
      "model.safetensors is truncated or corrupt (SafetensorError: "),
     ("76-garbage-config", {"actor.model_name_or_path": "{ws}/garbage_config"},
-     "garbage_config: config.json is not valid JSON (Expecting property name enclosed in double quotes at line 1"),
+     "garbage_config/config.json is not valid JSON (Expecting property name enclosed in double quotes at line 1"),
     ("76-garbage-tokenizer", {"actor.model_name_or_path": "{ws}/garbage_tokenizer"},
      "cannot load a tokenizer from {ws}/garbage_tokenizer: tokenizer.json is not valid JSON"),
     ("77-foreign-weights", {"actor.model_name_or_path": "{ws}/foreign_weights"},
