@@ -50,7 +50,7 @@ from rlhfkit.config.parse import to_dict
 from rlhfkit.config.preference import DPOConfig, PolicyModelConfig, RefModelConfig
 from rlhfkit.config.rl import BaseLoggerConfig
 from rlhfkit.config.sft import (
-    ModelConfig,
+    SFTModelConfig,
     SFTConfig,
     SupervisedCkptConfig,
     SupervisedDataConfig,
@@ -347,7 +347,7 @@ class RejectionSampling(SamplingRounds):
             raise DataError(f"round {k}: no sample has a reward >= --rs.threshold {self.cfg.rs.threshold}; "
                             "lower it (rewards are in round_<k>/generations.jsonl)")
         s = self.cfg.sft
-        cfg = SFTConfig(model=ModelConfig(**self.stage_model(policy)),
+        cfg = SFTConfig(model=SFTModelConfig(**self.stage_model(policy)),
                         data=SupervisedDataConfig(max_len=s.data.max_len), **self.stage_common(s, round_dir))
         trainer = SFTTrainer.from_config(cfg, train_dataset=data)
         trainer.train()
