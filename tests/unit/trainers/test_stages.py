@@ -274,7 +274,8 @@ def test_update_moves_the_weights_towards_the_positive_advantage(tiny):
         update(exp, kl_coef=0.0)
     with torch.no_grad():
         logits = model(torch.tensor([[5, 6]])).logits[0, -1].log_softmax(-1)
-    assert logits[7] - logits[9] > exp.old_logp[0, 0] - exp.old_logp[1, 0]
+    gain = (logits[7] - logits[9]) - (exp.old_logp[0, 0] - exp.old_logp[1, 0])
+    assert gain > 1e-3, float(gain)  # a margin above float noise: without an optimizer step the gain is ~0
 
 
 def test_sync_weights_bumps_the_engine_version(tiny):
