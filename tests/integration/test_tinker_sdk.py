@@ -4,6 +4,7 @@ clients. Skipped when the SDK is not installed (`pip install 'rlhfkit[tinker]'`)
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -18,6 +19,10 @@ uvicorn = pytest.importorskip("uvicorn")
 from rlhfkit.models.tiny import tiny_model_and_tokenizer
 from rlhfkit.serving.tinker.app import make_app
 from rlhfkit.serving.tinker.host import ModelHost
+
+# The SDK's session heartbeat threads outlive each test's server and log a warning when it is gone;
+# they would land in later tests' captured logs.
+logging.getLogger("tinker").setLevel(logging.ERROR)
 
 KEY = "tml-test-key"
 NAME = "tiny-llama"
