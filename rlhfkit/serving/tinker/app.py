@@ -168,8 +168,6 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
     """The server's FastAPI app over `host` (see the module docstring)."""
     app = FastAPI(title="rlhfkit Tinker server")
     futures = Futures()
-    batcher = SampleBatcher(host)
-    sessions: set[str] = set()
     app.state.futures = futures
 
     @app.middleware("http")
@@ -183,6 +181,21 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
 
     async def body(request: Request) -> dict:
         return await read_json(request, max_request_bytes)
+
+    _client_routes(app, host, body, max_request_bytes)
+    _model_routes(app, host, futures, body)
+    _step_routes(app, host, futures, body, max_request_bytes)
+    _sampling_routes(app, host, futures, body, poll_s)
+
+    @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    async def unsupported(rest: str):
+        raise HTTPException(404, f"/api/v1/{rest} is not served by rlhfkit's Tinker server")
+
+    return app
+
+
+def _client_routes(app: FastAPI, host: ModelHost, body, max_request_bytes: int) -> None:
+    """Health, capabilities, the SDK's configuration, telemetry and sessions."""
 
     @app.get("/api/v1/healthz")
     async def healthz():
@@ -212,23 +225,26 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
     @app.post("/api/v1/create_session")
     async def create_session(request: Request):
         await body(request)
-        session_id = f"session-{uuid.uuid4().hex[:16]}"
-        sessions.add(session_id)
-        return {"type": "create_session", "session_id": session_id}
+        return {"type": "create_session", "session_id": f"session-{uuid.uuid4().hex[:16]}"}
 
     @app.post("/api/v1/session_heartbeat")
     async def heartbeat(request: Request):
         await body(request)
         return {"type": "session_heartbeat"}
 
-    def check_base(name: str | None) -> None:
-        if name is not None and name != host.name:
-            raise HTTPException(404, f"base_model {name!r}: this server serves {host.name!r} only")
+
+def _check_base(host: ModelHost, name: str | None) -> None:
+    if name is not None and name != host.name:
+        raise HTTPException(404, f"base_model {name!r}: this server serves {host.name!r} only")
+
+
+def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None:
+    """Training clients' models: create, describe, unload, save and load."""
 
     @app.post("/api/v1/create_model")
     async def create_model(request: Request):
         req = await body(request)
-        check_base(field(req, "base_model"))
+        _check_base(host, field(req, "base_model"))
         lora = req.get("lora_config") or {}
         if not isinstance(lora, dict):
             raise HTTPException(422, "field 'lora_config': expected an object")
@@ -252,6 +268,42 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
         model_id = field(await body(request), "model_id")
         return futures.submit(lambda: (host.unload(model_id), {"type": "unload_model", "model_id": model_id})[1],
                               model_id)
+
+    @app.post("/api/v1/save_weights")
+    async def save_weights(request: Request):
+        req = await body(request)
+        model_id, name = field(req, "model_id"), req.get("path") or f"step-{uuid.uuid4().hex[:8]}"
+        return futures.submit(lambda: {"type": "save_weights", "path": host.save_state(model_id, name)}, model_id)
+
+    @app.post("/api/v1/save_weights_for_sampler")
+    async def save_for_sampler(request: Request):
+        req = await body(request)
+        model_id, name = field(req, "model_id"), req.get("path")
+
+        def run():
+            uri = host.save_for_sampler(model_id, name or f"sampler-{uuid.uuid4().hex[:8]}")
+            if name is not None:
+                return {"type": "save_weights_for_sampler", "path": uri}
+            return {"type": "save_weights_for_sampler", "path": uri, "sampling_session_id": host.create_sampler(uri)}
+        return futures.submit(run, model_id)
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request):
+        req = await body(request)
+        path, optimizer = field(req, "path"), bool(req.get("optimizer", False))
+        model_id, create = req.get("model_id"), req.get("model_id") is None
+        if create:
+            _check_base(host, req.get("base_model"))
+            model_id = f"{field(req, 'session_id')}:train:{field(req, 'model_seq_id', int)}"
+
+        def run():
+            loaded = host.load_state(model_id, path, optimizer, create)
+            return {"type": "load_weights", "path": path, "model_id": loaded}
+        return futures.submit(run, model_id)
+
+
+def _step_routes(app: FastAPI, host: ModelHost, futures: Futures, body, max_request_bytes: int) -> None:
+    """The training steps: forward_backward and optim_step."""
 
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request):
@@ -278,42 +330,15 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
             raise HTTPException(422, "optim_step: only Adam is served here; send adam_params (AdamParams)")
         return futures.submit(lambda: {"metrics": host.optim_step(model_id, params)}, model_id)
 
-    @app.post("/api/v1/save_weights")
-    async def save_weights(request: Request):
-        req = await body(request)
-        model_id, name = field(req, "model_id"), req.get("path") or f"step-{uuid.uuid4().hex[:8]}"
-        return futures.submit(lambda: {"type": "save_weights", "path": host.save_state(model_id, name)}, model_id)
 
-    @app.post("/api/v1/save_weights_for_sampler")
-    async def save_for_sampler(request: Request):
-        req = await body(request)
-        model_id, name = field(req, "model_id"), req.get("path")
-
-        def run():
-            uri = host.save_for_sampler(model_id, name or f"sampler-{uuid.uuid4().hex[:8]}")
-            if name is not None:
-                return {"type": "save_weights_for_sampler", "path": uri}
-            return {"type": "save_weights_for_sampler", "path": uri, "sampling_session_id": host.create_sampler(uri)}
-        return futures.submit(run, model_id)
-
-    @app.post("/api/v1/load_weights")
-    async def load_weights(request: Request):
-        req = await body(request)
-        path, optimizer = field(req, "path"), bool(req.get("optimizer", False))
-        model_id, create = req.get("model_id"), req.get("model_id") is None
-        if create:
-            check_base(req.get("base_model"))
-            model_id = f"{field(req, 'session_id')}:train:{field(req, 'model_seq_id', int)}"
-
-        def run():
-            loaded = host.load_state(model_id, path, optimizer, create)
-            return {"type": "load_weights", "path": path, "model_id": loaded}
-        return futures.submit(run, model_id)
+def _sampling_routes(app: FastAPI, host: ModelHost, futures: Futures, body, poll_s: float) -> None:
+    """Sampling sessions, sampling (batched across concurrent requests) and the futures' results."""
+    batcher = SampleBatcher(host)
 
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request):
         req = await body(request)
-        check_base(req.get("base_model"))
+        _check_base(host, req.get("base_model"))
         model_path = req.get("model_path")
         session = await asyncio.wrap_future(futures.worker.submit(host.create_sampler, model_path))
         return {"type": "create_sampling_session", "sampling_session_id": session}
@@ -340,12 +365,6 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
     @app.post("/api/v1/retrieve_future")
     async def retrieve(request: Request):
         return await futures.retrieve(field(await body(request), "request_id"), poll_s)
-
-    @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
-    async def unsupported(rest: str):
-        raise HTTPException(404, f"/api/v1/{rest} is not served by rlhfkit's Tinker server")
-
-    return app
 
 
 def _prompt_tokens(req: dict) -> list[int]:
