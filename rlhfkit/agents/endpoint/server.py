@@ -194,25 +194,27 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
 
 
-def make_app(server: EndpointServer):
-    """The FastAPI app of `server`'s routes."""
-    app = FastAPI(title="rlhfkit agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
-    reg = server.registry
+class _Handlers:
+    """What the routes do: admit a call (an episode's key, or `rlhfkit serve`'s key), run it, and answer
+    refusals and failures as the OpenAI API does."""
 
-    def serve_episode(request: Request) -> Episode:
-        given = request.headers.get("authorization") or ""
-        if server.serve_key is None:
-            raise reg.refuse(None, 404, "refused_unknown", "this endpoint serves episodes at /e/<episode id>/v1; "
-                             "use the base URL the agent was given")
-        if not hmac.compare_digest(given.encode(), f"Bearer {server.serve_key}".encode()):
-            raise reg.refuse(None, 401, "refused_auth", "missing or wrong bearer key")
-        return Episode("serve", "", 0, secrets.randbits(62), server.serve_limits)
+    def __init__(self, server: EndpointServer):
+        self.server, self.reg = server, server.registry
 
-    async def run(request: Request, episode_id: str | None, chat: bool):
-        admitted = None
+    def serve_episode(self, request: Request) -> Episode:
+        given, key = request.headers.get("authorization") or "", self.server.serve_key
+        if key is None:
+            raise self.reg.refuse(None, 404, "refused_unknown", "this endpoint serves episodes at /e/<episode id>/v1; "
+                                  "use the base URL the agent was given")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise self.reg.refuse(None, 401, "refused_auth", "missing or wrong bearer key")
+        return Episode("serve", "", 0, secrets.randbits(62), self.server.serve_limits)
+
+    async def run(self, request: Request, episode_id: str | None, chat: bool):
+        reg, completions, admitted = self.reg, self.server.completions, None
         try:
-            e = serve_episode(request) if episode_id is None else reg.admit(episode_id,
-                                                                            request.headers.get("authorization"))
+            e = self.serve_episode(request) if episode_id is None else reg.admit(episode_id,
+                                                                                 request.headers.get("authorization"))
             admitted = e
             raw = await read_limited(request, e.limits.max_request_bytes)
             try:
@@ -221,7 +223,7 @@ def make_app(server: EndpointServer):
                 raise BadRequest(f"the body is not JSON ({exc})") from exc
             if not isinstance(body, dict):
                 raise BadRequest("the body must be a JSON object")
-            reply = await (server.completions.chat(e, body) if chat else server.completions.text(e, body))
+            reply = await (completions.chat(e, body) if chat else completions.text(e, body))
         except Refused as exc:
             return _error(exc.status, exc.message)
         except BadRequest as exc:
@@ -243,16 +245,22 @@ def make_app(server: EndpointServer):
             return StreamingResponse(iter(stream_events(reply, chat)), media_type="text/event-stream")
         return JSONResponse(reply)
 
-    def models(request: Request, episode_id: str | None):
+    def models(self, request: Request, episode_id: str | None):
         try:
             if episode_id is None:
-                serve_episode(request)
+                self.serve_episode(request)
             else:
-                reg.release(reg.admit(episode_id, request.headers.get("authorization")))
+                self.reg.release(self.reg.admit(episode_id, request.headers.get("authorization")))
         except Refused as exc:
             return _error(exc.status, exc.message)
-        name = server.settings.model_name
+        name = self.server.settings.model_name
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "rlhfkit"}]}
+
+
+def make_app(server: EndpointServer):
+    """The FastAPI app of `server`'s routes: an episode's own base URL /e/<id>/v1, and /v1 for `rlhfkit serve`."""
+    app = FastAPI(title="rlhfkit agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+    h = _Handlers(server)
 
     @app.get("/health")
     async def health() -> dict:
@@ -260,26 +268,26 @@ def make_app(server: EndpointServer):
 
     @app.post("/e/{episode_id}/v1/chat/completions")
     async def chat_e(episode_id: str, request: Request):
-        return await run(request, episode_id, chat=True)
+        return await h.run(request, episode_id, chat=True)
 
     @app.post("/e/{episode_id}/v1/completions")
     async def text_e(episode_id: str, request: Request):
-        return await run(request, episode_id, chat=False)
+        return await h.run(request, episode_id, chat=False)
 
     @app.get("/e/{episode_id}/v1/models")
     async def models_e(episode_id: str, request: Request):
-        return models(request, episode_id)
+        return h.models(request, episode_id)
 
     @app.post("/v1/chat/completions")
     async def chat_v1(request: Request):
-        return await run(request, None, chat=True)
+        return await h.run(request, None, chat=True)
 
     @app.post("/v1/completions")
     async def text_v1(request: Request):
-        return await run(request, None, chat=False)
+        return await h.run(request, None, chat=False)
 
     @app.get("/v1/models")
     async def models_v1(request: Request):
-        return models(request, None)
+        return h.models(request, None)
 
     return app
