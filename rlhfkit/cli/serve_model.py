@@ -17,6 +17,10 @@ import threading
 
 from rlhfkit.config.parse import parse_config
 from rlhfkit.config.serve_model import ServeModelConfig, validate_serve_model
+from rlhfkit.models.loading import load_policy
+from rlhfkit.models.precision import resolve_device
+from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.hf import HFEngine
 
 
 def run(argv: list[str]) -> int:
@@ -25,10 +29,6 @@ def run(argv: list[str]) -> int:
     cfg = parse_config(ServeModelConfig, argv)
     validate_serve_model(cfg)
     from rlhfkit.agents.endpoint import EndpointLimits, EndpointServer, Settings  # noqa: PLC0415 - the agents extra
-    from rlhfkit.models.loading import load_policy  # noqa: PLC0415
-    from rlhfkit.models.precision import resolve_device  # noqa: PLC0415
-    from rlhfkit.rollout.base import SamplingParams  # noqa: PLC0415
-    from rlhfkit.rollout.hf import HFEngine  # noqa: PLC0415
 
     device = resolve_device(cfg.device, "--device")
     policy, tokenizer = load_policy(cfg.model, cfg.dtype)
