@@ -17,6 +17,11 @@ step are what dynamic filtering sees (default: the summed reward). `sampling_par
 replaces the next turn's parameters: a `SamplingParams` or a dict of its fields (vLLM's
 `max_tokens` is read as `max_new_tokens`). `extra_logs` of the last step are logged.
 
+With a vision-language policy, `step` may return `environment_images`: a list of images (PIL
+images, paths, bytes) that the feedback shows, its text holding the model's image placeholder once
+per image (Qwen2-VL: `<|vision_start|><|image_pad|><|vision_end|>`), as OpenRLHF's
+`vlm_multiturn_agent.py` does; see executor.py.
+
 `__init__` may be `async def` (as in OpenRLHF's examples); the executor awaits it.
 """
 
@@ -60,6 +65,7 @@ class StepResult:
     done: bool
     sampling_params: Any  # the next turn's parameters (None: unchanged)
     extra_logs: dict[str, float]
+    images: list = dataclasses.field(default_factory=list)  # environment_images (a VLM policy's)
 
 
 async def new_instance(cls: type, *args: Any, **kwargs: Any) -> Any:
@@ -99,6 +105,9 @@ def check_step_result(result: Any, source: str, current: Any, merge=None) -> Ste
         raise RewardError(f"agent {source}: environment_feedback must be a str, got {type(feedback).__name__}")
     score = result.get("scores")
     logs = result.get("extra_logs") or {}
+    images = result.get("environment_images") or []
+    if not isinstance(images, (list, tuple)):
+        raise RewardError(f"agent {source}: environment_images must be a list of images, got {type(images).__name__}")
     return StepResult(
         reward=to_float(result["rewards"], source, "rewards"),
         score=None if score is None else to_float(score, source, "scores"),
@@ -106,6 +115,7 @@ def check_step_result(result: Any, source: str, current: Any, merge=None) -> Ste
         done=bool(result["done"]),
         sampling_params=(merge or merge_sampling_params)(current, result.get("sampling_params"), source),
         extra_logs={str(k): to_float(v, source, f"extra_logs[{k!r}]") for k, v in logs.items()},
+        images=list(images),
     )
 
 

@@ -11,6 +11,12 @@ response (actions + feedback) has at most `budget.total` tokens; an episode has 
 `budget.max_turns` actions. An episode that runs out before its agent says done is flagged
 truncated (finish_reason "length"); feedback that does not fit is cut at the budget.
 
+Images (a vision-language policy, `processor` set): the prompt's images and those each `step()`
+returns as `environment_images` (agents/images.py) are the episode's `vision`; every turn's
+engine call gets them with the episode's context, and the trajectory keeps them in
+`info["vision"]`, so the trainer's forward computes the logprobs over the same images. The
+feedback's image tokens are masked from the loss like the rest of the feedback.
+
 Departure from OpenRLHF's MultiTurnAgentExecutor: it generates each episode alone through an
 async vLLM engine; here the episodes of a turn are batched into one call of a synchronous engine
 (the HF engine on CPU gains a lot from batching). Sampling is seeded by the trainer's generator.
@@ -28,11 +34,13 @@ import torch
 
 from rlhfkit.agents.base import check_step_result, new_instance
 from rlhfkit.agents.engine_adapter import EngineAdapter
+from rlhfkit.agents.images import feedback_tokens, fit_feedback
 from rlhfkit.agents.episode import agent_episode
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs
+from rlhfkit.rollout.vision import merge_vision
 
 
 class Prompt(Protocol):
@@ -91,6 +99,7 @@ class _Episode:
     seeds: list[int] | None = None  # one sampling seed per turn (None: the call's generator)
     done: bool = False
     truncated: bool = False
+    vision: Any = None  # the images of the episode so far (VisionInputs), None without images
 
     @property
     def finished(self) -> bool:
@@ -109,6 +118,8 @@ class MultiTurnExecutor:
     def __init__(self, agent_instance_cls: type, source: str | None = None):
         self.agent_instance_cls = agent_instance_cls
         self.source = source or getattr(agent_instance_cls, "__qualname__", str(agent_instance_cls))
+        self.processor = None  # a vision-language policy's processor: it encodes the environment_images
+        self._placeholders: list[int] = []  # the engine's image placeholder ids (never in text feedback)
 
     def run(self, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt], params: SamplingParams,
             budget: TokenBudget | None = None, generator: torch.Generator | None = None,
@@ -120,6 +131,8 @@ class MultiTurnExecutor:
         prompts of the call. Runs its own event loop (asyncio.run): call it from synchronous code.
         """
         budget = budget or TokenBudget(params.max_new_tokens, params.max_new_tokens, 1)
+        banned = getattr(engine, "banned_ids", None)  # a VisionEngine's image placeholders
+        self._placeholders = [] if banned is None else banned.tolist()
         return asyncio.run(self._run(engine, tokenizer, prompts, params, budget, generator, seeds))
 
     async def _run(self, engine, tokenizer, prompts, params, budget, generator, seeds) -> list[Trajectory]:
@@ -147,8 +160,12 @@ class MultiTurnExecutor:
         text = out.get("observation", prompt.text) if isinstance(out, dict) else prompt.text
         if not isinstance(text, str):
             raise RewardError(f"agent {self.source}: reset() returned observation of type {type(text).__name__}")
+        vision = getattr(prompt, "vision", None)
+        if text != prompt.text and vision is not None:
+            raise RewardError(f"agent {self.source}: reset() changed the observation of a prompt with images; "
+                              "return it as it is (feedback may add text and images)")
         ids = list(prompt.ids) if text == prompt.text else tokenizer(text, add_special_tokens=False)["input_ids"]
-        return _Episode(group_id, ids, prompt.label, instance, text, params)
+        return _Episode(group_id, ids, prompt.label, instance, text, params, vision=vision)
 
     async def _turn(self, active: list[_Episode], engine, tokenizer, budget: TokenBudget, generator) -> None:
         """Generate one action for every active episode (batched by sampling params), then step all."""
@@ -159,10 +176,11 @@ class MultiTurnExecutor:
         actions: dict[int, Trajectory] = {}
         for p, group in batches.items():
             ids = [e.prompt_ids + e.response for e in group]
+            images = image_kwargs(group)  # a VisionEngine takes each episode's images so far
             if group[0].seeds is not None:  # turn k of an episode: its own seed
-                outs = engine.generate(ids, p, seeds=[e.seeds[e.turns] for e in group])
+                outs = engine.generate(ids, p, seeds=[e.seeds[e.turns] for e in group], **images)
             else:
-                outs = engine.generate(ids, p, generator=generator)
+                outs = engine.generate(ids, p, generator=generator, **images)
             actions.update({id(e): t for e, t in zip(group, outs)})
         states = []
         for e in active:
@@ -197,12 +215,14 @@ class MultiTurnExecutor:
         e.extra_logs = r.extra_logs
         e.done = r.done
         e.params = r.sampling_params or e.params
-        if r.feedback:
-            fb = tokenizer(r.feedback, add_special_tokens=False)["input_ids"]
+        if r.feedback or r.images:
+            fb, vision = feedback_tokens(self.processor, tokenizer, r.feedback, r.images, self._placeholders,
+                                         self.source)
             room = budget.total - len(e.response)
             if len(fb) > room and not e.done:
                 e.truncated = True
-            fb = fb[: max(room, 0)]
+            fb, vision = fit_feedback(fb, vision, room, self._placeholders)
+            e.vision = merge_vision(e.vision, vision)
             e.response += fb
             e.mask += [False] * len(fb)
             e.logprobs += [0.0] * len(fb)
@@ -223,8 +243,11 @@ class MultiTurnExecutor:
                                    hf_tokenizer, llm_engine.generate, self.source)
 
     def _trajectory(self, e: _Episode, version: int) -> Trajectory:
-        return episode_trajectory(e, version, {"agent_reward": e.reward, "agent_score": e.reward if e.score is None else e.score,
-                                                 "extra_logs": dict(e.extra_logs), "turns": e.turns})
+        info = {"agent_reward": e.reward, "agent_score": e.reward if e.score is None else e.score,
+                "extra_logs": dict(e.extra_logs), "turns": e.turns}
+        if e.vision is not None:
+            info["vision"] = e.vision  # the trainer's forward takes the episode's images from here
+        return episode_trajectory(e, version, info)
 
 
 def episode_seeds(seed: int, n: int, max_turns: int) -> list[list[int]]:

@@ -148,6 +148,8 @@ class RLTrainer:
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
         run_dir = run_folder.prepare_run_dir(cfg, rank)
         executor = builder.build_executor(cfg, tools, environment_factory, agent)
+        if vision_folder is not None:
+            V.check_executor(cfg, executor)
         # an environment's own rewards (an agent function's executor takes the reward function as its fallback)
         own = executor.provides_rewards and not hasattr(executor, "fallback_reward_fn")
         both = own and (reward_fn is not None or cfg.reward.remote_url is not None
@@ -196,6 +198,8 @@ class RLTrainer:
             raise ConfigError(f"--ckpt.keep_best {cfg.ckpt.keep_best} judges evaluations: give --eval.dataset")
         # held-out episodes run on an executor of their own (its tool counters are not the rollout's)
         eval_executor = builder.build_executor(cfg, tools, environment_factory) if eval_items else None
+        if processor is not None:
+            V.attach_processor(processor, executor, eval_executor)
         evaluator = run_folder.make_evaluator(cfg, eval_items, reward_fn, executor=eval_executor)
         checkpointer, resume = run_folder.setup_checkpoints(cfg, run_dir, (rank, world) if cfg.fsdp.enable else None)
         tracker = run_folder.run_tracker(cfg, run_dir, counts.total_rollouts, resume[1] if resume else None)

@@ -8,14 +8,19 @@ prompts are rendered and tokenized by the model's processor (image tokens expand
 kept per prompt), and the rollout runs on a `VisionEngine`. The final folder holds the processor
 beside the weights, so AutoProcessor loads it.
 
+Agent files whose `AgentInstance` episodes rlhfkit drives (`MultiTurnExecutor`) run with images:
+the executor gets the processor (`attach_processor`) to encode the images `step()` returns.
+
 Not supported with images yet (one-line errors): the vllm engine, Ray rollout workers, FSDP,
-LoRA, and estimators with a critic.
+LoRA, estimators with a critic, tool-calling and text-environment episodes, agent files with
+their own `execute()` and agent functions.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor
 from rlhfkit.api.builder import prompt_options
 from rlhfkit.config import RLConfig
 from rlhfkit.core.advantages import ESTIMATORS
@@ -79,12 +84,30 @@ def refuse_unsupported(cfg: RLConfig) -> None:
         (cfg.ds.lora.rank > 0, "--ds.lora.rank > 0"),
         (ESTIMATORS[cfg.algo.advantage.estimator].needs_critic,
          f"--algo.advantage.estimator {cfg.algo.advantage.estimator} (it needs a critic; use a critic-free one)"),
-        (bool(cfg.agent.func_path or cfg.agent.tools), "agents and tools"),
+        (cfg.agent.tools is not None or cfg.agent.env is not None,
+         "--agent.tools / --agent.env (tool-calling and text-environment episodes)"),
     ]
     for hit, what in blocked:
         if hit:
             raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with {what} "
                               "yet; see docs/vision.md")
+
+
+def check_executor(cfg: RLConfig, executor) -> None:
+    """ConfigError (before models load) for an executor that does not run with images yet: only
+    single-turn generation and `AgentInstance` episodes rlhfkit drives (MultiTurnExecutor) do."""
+    if isinstance(executor, (SingleTurnExecutor, MultiTurnExecutor)):
+        return
+    raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with "
+                      f"{type(executor).__name__} yet (an AgentExecutor with its own execute(), an agent function "
+                      "or tools); give an agent file with an AgentInstance; see docs/vision.md")
+
+
+def attach_processor(processor, *executors) -> None:
+    """Give the multi-turn executors the policy's processor: it encodes the environment_images."""
+    for executor in executors:
+        if isinstance(executor, MultiTurnExecutor):
+            executor.processor = processor
 
 
 def prepare_policy(cfg: RLConfig, policy, ref) -> None:

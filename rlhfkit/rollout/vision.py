@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlhfkit.data.images import VisionInputs
 from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.precision import to_device
-from rlhfkit.models.vision import base_model, token_type_kwargs
+from rlhfkit.models.vision import base_model, concat_vision, token_type_kwargs
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import DecodeState, HFEngine, PartialGeneration
 
@@ -102,6 +103,14 @@ def placeholder_ids(config) -> list[int]:
     """The token ids that stand for image or video features in `config`'s model."""
     names = ("image_token_id", "image_token_index", "video_token_id")
     return sorted({int(v) for v in (getattr(config, n, None) for n in names) if v is not None})
+
+
+def merge_vision(first: VisionInputs | None, second: VisionInputs | None) -> VisionInputs | None:
+    """The image tensors of a context holding `first`'s images and then `second`'s (either may be None):
+    each key's tensors concatenated, as one row of the trainer's forward takes them."""
+    if first is None or second is None:
+        return first if second is None else second
+    return VisionInputs(concat_vision([first, second]), first.num_images + second.num_images)
 
 
 def _rope_arguments(rope, ids: torch.Tensor, mask: torch.Tensor, extra: dict) -> dict:
