@@ -117,7 +117,7 @@ SUPERVISED = "rlhfkit.cli.train_supervised"
 WORKFLOWS = "rlhfkit.cli.workflows_cmd"
 COMMANDS: tuple[Command, ...] = (
     Command("demo", "rlhfkit.cli.demo", "GRPO on SmolLM2-135M-Instruct learns arithmetic in the asked format "
-            "(~3 min, 2-core CPU with bf16)", demo_help),
+            "(3-8 min, 2-core CPU with bf16)", demo_help),
     train("rl", "rlhfkit.cli.train_rl", "RL training (PPO, REINFORCE++, GRPO, Dr.GRPO, RLOO, ...)"),
     train("sft", SUPERVISED, "supervised fine-tuning (packing, LoRA)", args=("sft",)),
     train("rm", SUPERVISED, "Bradley-Terry reward model", args=("rm",)),

@@ -117,9 +117,9 @@ def test_usage_names_version_python_m_and_the_demo_time_of_the_readme(capsys):
     rc, out, _ = run([], capsys)
     assert rc == 0
     assert "python -m rlhfkit" in out and "  version " in out
-    assert "(~3 min, 2-core CPU with bf16)" in out
+    assert "(3-8 min, 2-core CPU with bf16)" in out
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "Whole demo 2 min" in readme  # the measured time the usage line rounds
+    assert "in 133 s (whole demo 2 min" in readme and "Whole demo 7 min" in readme  # the range the usage line gives
 
 
 # ------------------------------------------------------------------ the help code and the configs
