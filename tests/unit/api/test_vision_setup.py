@@ -4,7 +4,10 @@ import copy
 
 import pytest
 
-from rlhfkit.api.vision import prepare_policy, refuse_unsupported
+from rlhfkit.agents import AgentInstanceBase, MultiTurnExecutor, SingleTurnExecutor
+from rlhfkit.agents.execute import AgentExecutorBase, ExecuteRunner
+from rlhfkit.agents.tools.agent import ToolExecutor
+from rlhfkit.api.vision import check_executor, prepare_policy, refuse_unsupported
 from rlhfkit.config import RLConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
@@ -31,8 +34,28 @@ def test_the_reference_shares_the_frozen_tower(freeze):
     (["--rollout.engine", "vllm"], "--rollout.engine vllm"),
     (["--ds.lora.rank", "4"], "--ds.lora.rank > 0"),
     (["--algo.advantage.estimator", "gae"], "--algo.advantage.estimator gae (it needs a critic"),
-    (["--agent.func_path", "agent.py"], "agents and tools"),
+    (["--agent.tools", "tools.py:f"], "--agent.tools / --agent.env"),
 ])
 def test_settings_that_do_not_run_with_images_are_one_line_errors(flags, needle):
     with pytest.raises(ConfigError, match="does not run with " + needle.replace("(", r"\(")):
         refuse_unsupported(config(*flags))
+
+
+def add(a: int, b: int) -> int:
+    """Add two numbers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+def test_agent_files_run_with_images_but_other_executors_are_refused():
+    refuse_unsupported(config("--agent.func_path", "agent.py"))  # an agent file passes the config check
+    cfg = config()
+    check_executor(cfg, MultiTurnExecutor(AgentInstanceBase))
+    check_executor(cfg, SingleTurnExecutor())
+    for executor in (ExecuteRunner(AgentExecutorBase, "agent.py"), ToolExecutor([add])):
+        with pytest.raises(ConfigError, match=f"does not run with {type(executor).__name__} yet"):
+            check_executor(cfg, executor)
