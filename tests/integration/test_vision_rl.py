@@ -105,6 +105,46 @@ def test_api_on_a_datasets_dataset_with_trls_image_column(ws, tmp_path):
     assert (folder / "processor_config.json").is_file()
 
 
+# OpenRLHF's vlm_multiturn_agent.py form: the second observation is an image (its colour the label's).
+LOOK_AGENT = """import torch
+from PIL import Image
+
+from rlhfkit.agents import AgentInstanceBase
+
+COLOURS = {"red": (230, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 230)}
+
+
+class AgentInstance(AgentInstanceBase):
+    def __init__(self, *args, **kwargs):
+        self.turn = 0
+
+    async def step(self, states, **kwargs):
+        self.turn += 1
+        if self.turn == 1:
+            image = Image.new("RGB", (56, 56), COLOURS[states["label"]])
+            return {"rewards": torch.tensor(0.0), "environment_images": [image], "done": False,
+                    "environment_feedback": "\\nuser: <|vision_start|><|image_pad|><|vision_end|>?\\nassistant: "}
+        reward = float(len(states["action_text"]) % 2)
+        return {"rewards": torch.tensor(reward), "environment_feedback": "", "done": True,
+                "extra_logs": {"images_shown": 1.0}}
+"""
+
+
+def test_cli_trains_an_agent_whose_second_observation_is_an_image(ws, tmp_path):
+    (tmp_path / "look.py").write_text(LOOK_AGENT)
+    out = tmp_path / "run"
+    run = cli(flags(ws, out, **{"reward.remote_url": None, "agent.func_path": str(tmp_path / "look.py"),
+                                "agent.max_turns": "2", "agent.max_response_tokens": "40",
+                                "eval.dataset": str(ws / "colours" / "test.jsonl")}))
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2] and rows[-1]["eval/turns"] == 2.0  # held-out episodes too
+    assert all(r["reward_extra/turns"] == 2.0 and r["reward_extra/images_shown"] == 1.0 for r in steps), steps
+    before, after = load_file(ws / "vlm" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("model.layers."))
+
+
 def bad_dataset(ws, tmp_path, case, huge_png):
     src = [json.loads(line) for line in (ws / "colours" / "train.jsonl").read_text().splitlines()]
     rows = [dict(r, images=[str(ws / "colours" / r["images"][0])]) for r in src]
