@@ -51,6 +51,69 @@ def load_examples_fn(cfg: RLConfig, dataset, eval: bool = False) -> Callable:
     return load
 
 
+def _check_inputs(cfg: RLConfig, train_dataset, eval_dataset, agent, vision_folder) -> tuple[Any, Any]:
+    """The datasets to read (explicit arguments over the config's paths), checked before any model loads,
+    with the settings that must fail fast (threads, vLLM present)."""
+    train_dataset = train_dataset if train_dataset is not None else cfg.data.prompt_dataset
+    if train_dataset is None:
+        raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "
+                          "file or a datasets folder)")
+    eval_dataset = eval_dataset if eval_dataset is not None else cfg.eval.dataset
+    if eval_dataset is not None and agent is not None:
+        raise ConfigError("--eval.dataset does not run agent functions (agent=) yet; drop --eval.dataset "
+                          "(tools, environments and agent files are evaluated as episodes)")
+    for data, is_eval in ((train_dataset, False), (eval_dataset, True)):
+        if data is not None and not callable(data):
+            V.check_data(cfg, data, vision_folder is not None, eval=is_eval)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    if cfg.rollout.engine == "vllm":  # fail fast, before models load
+        require_vllm()
+    return train_dataset, eval_dataset
+
+
+def _reward_of(cfg: RLConfig, executor, reward_fn, reward_weights, device):
+    """The run's reward function: the one given (resolved), else the config's (--reward.*) unless the
+    environment scores its own episodes alone; an agent function's executor takes it as its fallback."""
+    # an environment's own rewards (an agent function's executor takes the reward function as its fallback)
+    own = executor.provides_rewards and not hasattr(executor, "fallback_reward_fn")
+    both = own and (reward_fn is not None or cfg.reward.remote_url is not None
+                    or cfg.reward.model_name_or_path is not None)
+    if both and cfg.agent.env_reward_weight is None:
+        raise ConfigError("the environment gives rewards and a reward function is set too (--reward.* or "
+                          "reward_fn=): set --agent.env_reward_weight W (reward = W x the environment's + the "
+                          "function's; 0: the function's alone), or drop the reward function")
+    if reward_fn is not None:
+        reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
+                                   remote_options=builder.remote_options(cfg.reward))
+    elif not executor.provides_rewards or builder.agent_takes_reward_fn(executor, cfg) or both:
+        reward_fn = builder.load_reward(cfg.reward, cfg.train.micro_batch_size, device, cfg.algo.advantage.estimator)
+    if reward_fn is not None and hasattr(executor, "fallback_reward_fn"):
+        executor.fallback_reward_fn = reward_fn  # scores the episodes whose agent function returns None
+    return reward_fn
+
+
+def _engine_of(cfg: RLConfig, policy, tokenizer, processor, make_engine, pool, state_fn):
+    """The rollout engine: the caller's `make_engine`, a Ray trainer actor's pool, the vision engine for a
+    vision-language policy, else the one --rollout.engine names."""
+    if make_engine is not None:
+        return make_engine(policy, tokenizer)
+    if pool is not None:
+        return pool(policy)
+    if processor is not None:
+        return V.build_engine(policy, tokenizer, cfg)
+    return builder.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
+
+
+def _prompt_items(cfg: RLConfig, dataset, tokenizer, processor, eval: bool = False) -> tuple[list, int]:
+    """The tokenized prompts of `dataset` (with their images for a vision-language policy) and how many
+    were skipped as longer than --data.prompt_max_len."""
+    if processor is not None:
+        return V.prompts(cfg, dataset, processor, eval=eval)
+    examples = load_examples_fn(cfg, dataset, eval=eval)(tokenizer)
+    return tokenize_prompts(examples, tokenizer, cfg.data.prompt_max_len, cfg.data.input_key)
+
+
 class RLTrainer:
     """An RL run: the loop, its run folder, loggers, checkpoints and evaluation. Build it with
     `from_config`; `train()` runs it, `save(path)` writes the policy as an HF folder."""
@@ -124,76 +187,32 @@ class RLTrainer:
               pool=None, tools: Sequence[Callable] | None = None, environment_factory: Callable | None = None,
               agent: Any = None) -> RLTrainer:
         """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool), for a
-        config already validated into `plan`."""
+        config already validated into `plan`: inputs checked, the executor and rewards, the models and
+        engine, the prompts, then the run folder's pieces and the loop."""
         # --actor.autocast auto: probe the device once, here
         cfg = builder.resolve_fsdp_dtype(builder.resolve_autocast(cfg))
         set_log_level(cfg.logger.log_level)
-        train_dataset = train_dataset if train_dataset is not None else cfg.data.prompt_dataset
-        if train_dataset is None:
-            raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "
-                              "file or a datasets folder)")
-        eval_dataset = eval_dataset if eval_dataset is not None else cfg.eval.dataset
-        if eval_dataset is not None and agent is not None:
-            raise ConfigError("--eval.dataset does not run agent functions (agent=) yet; drop --eval.dataset "
-                              "(tools, environments and agent files are evaluated as episodes)")
         vision_folder = V.policy_folder(cfg)  # a vision-language policy: its data is checked before it loads
-        for data, is_eval in ((train_dataset, False), (eval_dataset, True)):
-            if data is not None and not callable(data):
-                V.check_data(cfg, data, vision_folder is not None, eval=is_eval)
-        if cfg.train.num_threads:
-            torch.set_num_threads(cfg.train.num_threads)
-        if cfg.rollout.engine == "vllm":  # fail fast, before models load
-            require_vllm()
+        train_dataset, eval_dataset = _check_inputs(cfg, train_dataset, eval_dataset, agent, vision_folder)
         device = builder.run_device(cfg)  # a CUDA device that is not there fails here, before models load
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
         run_dir = run_folder.prepare_run_dir(cfg, rank)
         executor = builder.build_executor(cfg, tools, environment_factory, agent)
         if vision_folder is not None:
             V.check_executor(cfg, executor)
-        # an environment's own rewards (an agent function's executor takes the reward function as its fallback)
-        own = executor.provides_rewards and not hasattr(executor, "fallback_reward_fn")
-        both = own and (reward_fn is not None or cfg.reward.remote_url is not None
-                        or cfg.reward.model_name_or_path is not None)
-        if both and cfg.agent.env_reward_weight is None:
-            raise ConfigError("the environment gives rewards and a reward function is set too (--reward.* or "
-                              "reward_fn=): set --agent.env_reward_weight W (reward = W x the environment's + the "
-                              "function's; 0: the function's alone), or drop the reward function")
-        if reward_fn is not None:
-            reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
-                                       remote_options=builder.remote_options(cfg.reward))
-        elif not executor.provides_rewards or builder.agent_takes_reward_fn(executor, cfg) or both:
-            reward_fn = builder.load_reward(cfg.reward, cfg.train.micro_batch_size, device,
-                                                  cfg.algo.advantage.estimator)
-        if reward_fn is not None and hasattr(executor, "fallback_reward_fn"):
-            executor.fallback_reward_fn = reward_fn  # scores the episodes whose agent function returns None
+        reward_fn = _reward_of(cfg, executor, reward_fn, reward_weights, device)
         policy, tokenizer, ref, critic = builder.build_models(cfg, device)
         processor = V.processor_of(vision_folder) if vision_folder else None
         if processor is not None:
             V.prepare_policy(cfg, policy, ref)
         teacher = builder.build_teacher(cfg, tokenizer, device)
         state_fn = builder.shard_for_fsdp(cfg, policy, ref, critic, world) if cfg.fsdp.enable else None
-        if make_engine is not None:
-            engine = make_engine(policy, tokenizer)
-        elif pool is not None:
-            engine = pool(policy)
-        elif processor is not None:
-            engine = V.build_engine(policy, tokenizer, cfg)
-        else:
-            engine = builder.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
-        d = cfg.data
-        if processor is not None:
-            prompts, skipped = V.prompts(cfg, train_dataset, processor)
-        else:
-            examples = load_examples_fn(cfg, train_dataset)(tokenizer)
-            prompts, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
+        engine = _engine_of(cfg, policy, tokenizer, processor, make_engine, pool, state_fn)
+        prompts, skipped = _prompt_items(cfg, train_dataset, tokenizer, processor)
         data = builder.prompt_stream(cfg, prompts)
         counts = plan_run(cfg, plan, len(prompts))  # the run's step counts, once
-        eval_items = []
-        if eval_dataset is not None and processor is not None:
-            eval_items, _ = V.prompts(cfg, eval_dataset, processor, eval=True)
-        elif eval_dataset is not None:
-            eval_examples = load_examples_fn(cfg, eval_dataset, eval=True)(tokenizer)
-            eval_items, _ = tokenize_prompts(eval_examples, tokenizer, d.prompt_max_len, d.input_key)
+        eval_items = [] if eval_dataset is None else \
+            _prompt_items(cfg, eval_dataset, tokenizer, processor, eval=True)[0]
         if cfg.ckpt.keep_best and not eval_items:
             raise ConfigError(f"--ckpt.keep_best {cfg.ckpt.keep_best} judges evaluations: give --eval.dataset")
         # held-out episodes run on an executor of their own (its tool counters are not the rollout's)
