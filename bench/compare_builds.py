@@ -101,11 +101,14 @@ def same(a: Path, b: Path) -> str:
                 for line in (d / "metrics.jsonl").read_text().splitlines()]
 
     ra, rb = rows(a), rows(b)
-    metrics = len(ra) == len(rb) and all(x.get(k) == y.get(k) for x, y in zip(ra, rb) for k in set(x) & set(y))
+    differ = sorted({k for x, y in zip(ra, rb) for k in set(x) & set(y) if x[k] != y[k]})
+    metrics = len(ra) == len(rb) and not differ
     wa, wb = load_file(a / "final" / "model.safetensors"), load_file(b / "final" / "model.safetensors")
     weights = wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     only = sorted(set().union(*ra) ^ set().union(*rb))
     verdict = "identical" if metrics and weights else f"DIFFERENT (metrics equal: {metrics}, weights equal: {weights})"
+    if differ:
+        verdict += f"; values differ in {differ[:8]}" + (f" (+{len(differ) - 8} more)" if len(differ) > 8 else "")
     return verdict + (f"; metrics only one build logs: {only}" if only else "")
 
 

@@ -56,7 +56,7 @@ from rlhfkit.tracking.progress import set_log_level
 def run(argv: list[str]) -> int:
     cfg = resolve_autocast(RLConfig.from_args(argv))
     set_log_level(cfg.logger.log_level)
-    e, d = cfg.eval, cfg.data
+    e = cfg.eval
     if not e.dataset:
         raise ConfigError("--eval.dataset is required (a .jsonl/.json/.parquet file, a datasets folder or a hub "
                           "dataset name)")
@@ -70,58 +70,55 @@ def run(argv: list[str]) -> int:
     check_prompts(e.dataset, **options)  # fail fast, before the model
     reward_fn = load_reward(cfg.reward) if cfg.reward.remote_url else None
     verifier = load_reward(e.verifier) if e.verifier else None  # fail fast, before the model
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
-    device = run_device(cfg)  # a CUDA device that is not there fails before the model loads
-    out = create_run_dir(Path(cfg.ckpt.output_dir), None, None)  # a bad output path fails before the model loads
-    t0 = time.perf_counter()
-    policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
-    policy.to(device)
-    engine = build_engine(policy, tokenizer, cfg)
-    examples = load_prompts(e.dataset, tokenizer=tokenizer, **options)
-    items, skipped = tokenize_prompts(examples, tokenizer, d.prompt_max_len, d.input_key)
+    out, t0, engine, tokenizer, items, skipped = _load(cfg, options)
     evaluator = make_evaluator(cfg, items, reward_fn, verifier, executor)
     metrics, rows = evaluator.evaluate(engine, tokenizer)
-    (out / "eval.json").write_text(json.dumps(
-        {"metrics": metrics, "prompts": len(evaluator.items), "skipped_prompts": skipped,
-         "seconds": round(time.perf_counter() - t0, 1), "config": to_dict(cfg)}, indent=2))
-    (out / "eval_samples.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    print(f"{cfg.actor.model_name_or_path} on {len(evaluator.items)} prompts x {e.n_samples} samples "
-          f"(temperature {e.temperature}):")
-    for k, v in metrics.items():
-        print(f"  {k:<20} {v:.4f}")
-    print(f"wrote {out / 'eval.json'} and {out / 'eval_samples.jsonl'}")
-    return 0
+    return _report(cfg, out, t0, metrics, rows, len(evaluator.items), skipped,
+                   f"{cfg.actor.model_name_or_path} on {len(evaluator.items)} prompts x {e.n_samples} samples")
 
 
 def run_agent_eval(cfg: RLConfig, executor) -> int:
     """`rlhfkit eval --agent.func_path AGENT.py`: the agent function's mean reward on --eval.dataset."""
     from rlhfkit.agents.endpoint.runner import evaluate_agent  # noqa: PLC0415 - the agents extra
 
-    e, d = cfg.eval, cfg.data
+    e = cfg.eval
     options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}
     check_prompts(e.dataset, **options)
     if cfg.reward.remote_url:
         executor.fallback_reward_fn = load_reward(cfg.reward)
+    out, t0, engine, tokenizer, items, skipped = _load(cfg, options)
+    params = dataclasses.replace(sampling_params(cfg), temperature=e.temperature, n=e.n_samples)
+    metrics, rows = evaluate_agent(executor, engine, tokenizer, items, params, token_budget(cfg, multi_turn=True),
+                                   seed=cfg.train.seed)
+    return _report(cfg, out, t0, metrics, rows, len(items), skipped,
+                   f"{cfg.actor.model_name_or_path} with agent {cfg.agent.func_path} on {len(items)} prompts x "
+                   f"{e.n_samples} episodes")
+
+
+def _load(cfg: RLConfig, options: dict):
+    """The output folder (a bad path fails before the model loads), the start time, the policy's engine,
+    its tokenizer and the tokenized eval prompts (with how many were skipped as too long)."""
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
-    device = run_device(cfg)
+    device = run_device(cfg)  # a CUDA device that is not there fails before the model loads
     out = create_run_dir(Path(cfg.ckpt.output_dir), None, None)
     t0 = time.perf_counter()
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
     policy.to(device)
     engine = build_engine(policy, tokenizer, cfg)
-    items, skipped = tokenize_prompts(load_prompts(e.dataset, tokenizer=tokenizer, **options), tokenizer,
-                                      d.prompt_max_len, d.input_key)
-    params = dataclasses.replace(sampling_params(cfg), temperature=e.temperature, n=e.n_samples)
-    metrics, rows = evaluate_agent(executor, engine, tokenizer, items, params, token_budget(cfg, multi_turn=True),
-                                   seed=cfg.train.seed)
+    examples = load_prompts(cfg.eval.dataset, tokenizer=tokenizer, **options)
+    items, skipped = tokenize_prompts(examples, tokenizer, cfg.data.prompt_max_len, cfg.data.input_key)
+    return out, t0, engine, tokenizer, items, skipped
+
+
+def _report(cfg: RLConfig, out: Path, t0: float, metrics: dict, rows: list, prompts: int, skipped: int,
+            what: str) -> int:
+    """Writes eval.json (metrics and settings) and eval_samples.jsonl, and prints the metrics."""
     (out / "eval.json").write_text(json.dumps(
-        {"metrics": metrics, "prompts": len(items), "skipped_prompts": skipped,
+        {"metrics": metrics, "prompts": prompts, "skipped_prompts": skipped,
          "seconds": round(time.perf_counter() - t0, 1), "config": to_dict(cfg)}, indent=2))
     (out / "eval_samples.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    print(f"{cfg.actor.model_name_or_path} with agent {cfg.agent.func_path} on {len(items)} prompts x "
-          f"{e.n_samples} episodes (temperature {e.temperature}):")
+    print(f"{what} (temperature {cfg.eval.temperature}):")
     for k, v in metrics.items():
         print(f"  {k:<20} {v:.4f}")
     print(f"wrote {out / 'eval.json'} and {out / 'eval_samples.jsonl'}")

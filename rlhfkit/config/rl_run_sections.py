@@ -64,8 +64,8 @@ class CkptConfig:
     output_dir: str = "runs/rl"
     """Run folder: metrics, TensorBoard events, samples, plots and the final HF model."""
     save_steps: int = -1
-    """Write a checkpoint (model, optimizer, RNG, data position, ...) every N RL steps (-1: only the
-    final model)."""
+    """Write a checkpoint (model, optimizer and schedule, RNG, data order and position) every N steps
+    (RL steps; optimizer steps in the supervised commands; -1: only the final model)."""
     max_num: int = 3
     """Keep the newest N checkpoints in <output_dir>/checkpoints."""
     load_enable: bool = False
@@ -73,8 +73,8 @@ class CkptConfig:
     keep_best: str | None = None
     """METRIC[:max|min]: also keep the checkpoint of the evaluation with the best METRIC so far (e.g.
     eval/accuracy, or eval/loss:min; max by default) in <output_dir>/checkpoints/best, besides the
-    newest --ckpt.max_num; judged at every evaluation (--eval.steps and the final one), kept across
-    resumes; `rlhfkit export` turns it into a model folder."""
+    newest --ckpt.max_num; judged at every evaluation (the periodic ones and the final one), kept
+    across resumes; `rlhfkit export` turns it into a model folder."""
 
 
 @dataclass(frozen=True)

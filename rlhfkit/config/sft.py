@@ -19,7 +19,7 @@ from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
 from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, WANDB_MODES, AdamConfig,
-                               BaseLoggerConfig, LoraConfig)
+                               BaseLoggerConfig, CkptConfig, LoraConfig)
 
 
 log = logging.getLogger("rlhfkit")
@@ -160,24 +160,12 @@ class DSConfig:
 
 
 @dataclass(frozen=True)
-class SupervisedCkptConfig:
+class SupervisedCkptConfig(CkptConfig):
     """The run folder and checkpoints (as `train rl`'s)."""
 
     output_dir: str = "runs/sft"
     """Run folder: metrics.jsonl, TensorBoard events, config.json, checkpoints/ and the final model
     (final/)."""
-    save_steps: int = -1
-    """Write a checkpoint (model, optimizer and schedule, RNG, data order and position) every N
-    optimizer steps (-1: only the final model)."""
-    max_num: int = 3
-    """Keep the newest N checkpoints in <output_dir>/checkpoints."""
-    load_enable: bool = False
-    """Resume from the newest intact checkpoint in <output_dir>/checkpoints (start fresh if none)."""
-    keep_best: str | None = None
-    """METRIC[:max|min]: also keep the checkpoint of the evaluation with the best METRIC so far (e.g.
-    eval/accuracy, or eval/loss:min; max by default) in <output_dir>/checkpoints/best, besides the
-    newest --ckpt.max_num; judged at every evaluation (--train.eval_steps and the final one), kept across
-    resumes; `rlhfkit export` turns it into a model folder."""
 
 
 @dataclass(frozen=True)
