@@ -41,8 +41,11 @@ bubblewrap:
 	  else echo "note: bubblewrap not installed and not root: the code reward's sandbox will refuse to start"; fi; \
 	fi
 
+# The suite runs on one worker per core (pytest-xdist), at most 4: each test keeps to one thread.
+TEST_WORKERS ?= $(shell $(PY) -c "import os; n = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else range(os.cpu_count() or 1); print(min(4, len(n)))")
+
 test: $(STAMP) chromium bubblewrap
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # Regenerate the flag tables of docs/cli/ from the configs (a test checks they are current).
 docs: $(STAMP)

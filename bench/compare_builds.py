@@ -108,7 +108,10 @@ def same(a: Path, b: Path) -> str:
     only = sorted(set().union(*ra) ^ set().union(*rb))
     verdict = "identical" if metrics and weights else f"DIFFERENT (metrics equal: {metrics}, weights equal: {weights})"
     if differ:
-        verdict += f"; values differ in {differ[:8]}" + (f" (+{len(differ) - 8} more)" if len(differ) > 8 else "")
+        rel = max((abs(x[k] - y[k]) / max(abs(x[k]), abs(y[k]), 1e-12) for x, y in zip(ra, rb) for k in differ
+                   if isinstance(x.get(k), float) and isinstance(y.get(k), float)), default=0.0)
+        verdict += (f"; values differ in {differ[:8]}" + (f" (+{len(differ) - 8} more)" if len(differ) > 8 else "")
+                    + f", at most {rel:.1e} relative")
     return verdict + (f"; metrics only one build logs: {only}" if only else "")
 
 

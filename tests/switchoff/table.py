@@ -12,9 +12,8 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 
-import pytest
 
-STASH = pytest.StashKey[str]()  # the table's text, for the terminal summary (tests/switchoff/conftest.py)
+REPORT_KEY = "switch_offs"  # the user property of the test's report holding the table (tests/switchoff/conftest.py)
 
 
 @dataclasses.dataclass(frozen=True)

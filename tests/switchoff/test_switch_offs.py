@@ -3,13 +3,13 @@ no feature can be switched off without a test noticing. The table is printed in 
 summary and written to the test's folder as switch_offs.md."""
 
 from tests.switchoff.harness import check, table
-from tests.switchoff.table import STASH, SWITCH_OFFS
+from tests.switchoff.table import REPORT_KEY, SWITCH_OFFS
 
 
 def test_no_switch_off_survives(tmp_path, request):
     rows = check(SWITCH_OFFS, tmp_path)
     text = table(rows)
     (tmp_path / "switch_offs.md").write_text(text + "\n")
-    request.config.stash[STASH] = text
+    request.node.user_properties.append((REPORT_KEY, text))
     survived = [row["name"] for row in rows if row["survived"]]
     assert not survived, f"switch-offs no test noticed: {survived}\n{text}"
