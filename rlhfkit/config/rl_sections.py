@@ -170,9 +170,10 @@ class RewardConfig:
     overlong_penalty_factor: float = 1.0
     """DAPO overlong shaping: the penalty at the end of the budget (it grows linearly over the buffer)."""
     stop_properly_penalty_coef: float | None = None
-    """ProRL's penalty for responses that did not stop properly (cut at --rollout.max_new_tokens; an agent's
-    episode that ran out of tokens or turns before its environment said done): in [0, 1] their reward is
-    multiplied by it, below 0 it is their reward (e.g. -0.5). After the overlong penalty; none: off."""
+    """ProRL's penalty for responses that did not stop properly (finish reason length: cut at
+    --rollout.max_new_tokens; an agent's episode cut short by its token or turn budget, see docs/agents.md):
+    in [0, 1] their reward is multiplied by it, below 0 it is their reward (e.g. -0.5). Applied after the
+    overlong penalty; none: off."""
     normalize: bool = False
     """Normalise rewards by running mean and std (updated every rollout)."""
     clip_range: tuple[float, float] | None = None

@@ -122,3 +122,17 @@ def test_a_resumed_run_draws_the_mixed_prompts_of_the_uninterrupted_one(two):
     assert len(other.prompts) == len(whole.prompts) == 8 and other.digest() != whole.digest()
     with pytest.raises(CheckpointError, match="written with other prompts"):
         other.load_state_dict(state)
+
+
+def test_generate_reads_the_mix_and_takes_batch_inference_flags(two):
+    """`rlhfkit generate` (and train rs / iterative-dpo) reads its prompts as train rl does; OpenRLHF's
+    batch_inference --dataset a,b --dataset_probs is --data.prompt_dataset with --data.prompt_probs."""
+    from rlhfkit.api.workflows import load_prompt_items
+    from rlhfkit.config.generate import GenerateConfig
+
+    a, b = two
+    theirs = GenerateConfig.from_args(["--dataset", f"{a},{b}", "--dataset_probs", "0.7,0.3", "--train.seed", "0"])
+    assert theirs == GenerateConfig.from_args(["--data.prompt_dataset", f"{a},{b}", "--data.prompt_probs", "0.7,0.3",
+                                               "--train.seed", "0"])
+    items, _ = load_prompt_items(theirs, tiny_tokenizer())
+    assert sorted(p.text for p in items) == sorted(["a0", "a1", "a0", "a1", "b0", "b1", "a0", "b2"])
