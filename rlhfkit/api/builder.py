@@ -397,7 +397,8 @@ def build_update(cfg: RLConfig, policy, learners: tuple[Learner, Learner | None]
 def build_scorer(cfg: RLConfig, reward_fn, tokenizer, max_len: int, teacher, policy,
                  env_weight: float | None = None) -> Scorer | TeacherScorer:
     """The score stage: `reward_fn` (None: the agent's rewards; with `env_weight`, plus that times the
-    agent's), overlong shaping, the stop-properly penalty, normalisation; with a teacher, on-policy distillation's token rewards on top."""
+    agent's), overlong shaping, the stop-properly penalty, normalisation; with a teacher, on-policy
+    distillation's token rewards on top."""
     reward, algo = cfg.reward, cfg.algo
     overlong = None if reward.overlong_buffer_len is None else (reward.overlong_buffer_len,
                                                                  reward.overlong_penalty_factor)

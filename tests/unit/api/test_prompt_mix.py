@@ -106,8 +106,8 @@ def texts(batch):
 def test_a_resumed_run_draws_the_mixed_prompts_of_the_uninterrupted_one(two):
     a, b = two
     tok = tiny_tokenizer()
-    flags = ["--data.prompt_dataset", f"{a},{b}", "--data.prompt_probs", "0.7,0.3", "--rollout.batch_size", 2, "--train.batch_size", 16,
-             "--train.num_episodes", 2, "--train.seed", 0]
+    flags = ["--data.prompt_dataset", f"{a},{b}", "--data.prompt_probs", "0.7,0.3", "--rollout.batch_size", 2,
+             "--train.batch_size", 16, "--train.num_episodes", 2, "--train.seed", 0]
     whole = stream_of(cfg_of(*flags), tok)
     first = [whole.take(2) for _ in range(3)]
     state = whole.state_dict()
