@@ -23,6 +23,7 @@ from rlhfkit.config.plan import RunPlan
 from rlhfkit.config.rl import RewardConfig, lora_targets
 from rlhfkit.core.advantages import ESTIMATORS, Whiten
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
+from rlhfkit.data.records import as_source
 from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import Critic
@@ -302,6 +303,22 @@ def prompt_options(cfg: RLConfig, eval: bool = False) -> dict:
                 input_template=d.input_template, shuffle_seed=cfg.train.seed, **where)
 
 
+def prompt_source(cfg: RLConfig, dataset=None):
+    """The training prompts' source: `dataset` (None: --data.prompt_dataset), as a `Blend` when it is a
+    comma-separated list of datasets (concatenated) or --data.prompt_probs is set (mixed with those
+    probabilities, seeded by --train.seed; each dataset cut to --data.max_samples first), as OpenRLHF's
+    blending_datasets reads --prompt_data with --prompt_data_probs. A bad --data.prompt_probs is a
+    ConfigError here, before any model loads. A function of the tokenizer is returned as it is."""
+    d = cfg.data
+    dataset = d.prompt_dataset if dataset is None else dataset
+    if dataset is None or callable(dataset):
+        if d.prompt_probs is not None and dataset is not None:
+            raise ConfigError("--data.prompt_probs mixes the datasets of --data.prompt_dataset (or a train_dataset "
+                              "path); a prompt function cannot be mixed: drop --data.prompt_probs")
+        return dataset
+    return as_source(dataset, d.prompt_probs, cfg.train.seed, d.max_samples, "--data.prompt_probs")
+
+
 def prompt_stream(cfg: RLConfig, prompts) -> PromptStream:
     """The prompts in training order, with the run's seeded shuffle and sampling generators."""
     t = cfg.train
@@ -380,11 +397,13 @@ def build_update(cfg: RLConfig, policy, learners: tuple[Learner, Learner | None]
 def build_scorer(cfg: RLConfig, reward_fn, tokenizer, max_len: int, teacher, policy,
                  env_weight: float | None = None) -> Scorer | TeacherScorer:
     """The score stage: `reward_fn` (None: the agent's rewards; with `env_weight`, plus that times the
-    agent's), overlong shaping, normalisation; with a teacher, on-policy distillation's token rewards on top."""
+    agent's), overlong shaping, the stop-properly penalty, normalisation; with a teacher, on-policy
+    distillation's token rewards on top."""
     reward, algo = cfg.reward, cfg.algo
     overlong = None if reward.overlong_buffer_len is None else (reward.overlong_buffer_len,
                                                                  reward.overlong_penalty_factor)
-    scorer = Scorer(reward_fn, tokenizer, max_len, overlong, reward.normalize, env_weight=env_weight)
+    scorer = Scorer(reward_fn, tokenizer, max_len, overlong, reward.normalize, env_weight=env_weight,
+                    stop_coef=reward.stop_properly_penalty_coef)
     if teacher is None:
         return scorer
     return TeacherScorer(scorer, teacher, coef=algo.teacher_coef, topk=algo.teacher_topk,

@@ -54,7 +54,7 @@ def load_examples_fn(cfg: RLConfig, dataset, eval: bool = False) -> Callable:
 def _check_inputs(cfg: RLConfig, train_dataset, eval_dataset, agent, vision_folder) -> tuple[Any, Any]:
     """The datasets to read (explicit arguments over the config's paths), checked before any model loads,
     with the settings that must fail fast (threads, vLLM present)."""
-    train_dataset = train_dataset if train_dataset is not None else cfg.data.prompt_dataset
+    train_dataset = builder.prompt_source(cfg, train_dataset)  # several datasets: one Blend of them
     if train_dataset is None:
         raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "
                           "file or a datasets folder)")

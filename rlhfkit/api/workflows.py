@@ -111,7 +111,7 @@ def with_policy(cfg: GenerateConfig, path: str) -> GenerateConfig:
 def load_prompt_items(cfg: GenerateConfig, tokenizer, dataset: Any = None) -> tuple[list[PromptItem], int]:
     """(PromptItems, prompts skipped as longer than --data.prompt_max_len) of `dataset` (None:
     --data.prompt_dataset), read as `train rl` reads its prompts."""
-    source = dataset if dataset is not None else cfg.data.prompt_dataset
+    source = builder.prompt_source(cfg, dataset)  # several datasets (--data.prompt_probs): one Blend
     if source is None:
         raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file, a datasets folder or "
                           "a hub dataset name); from Python, pass train_dataset=")

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from rlhfkit.api.builder import prompt_options
+from rlhfkit.api.builder import prompt_options, prompt_source
 from rlhfkit.api.vision import data_options, policy_folder
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
 from rlhfkit.core.advantages import ESTIMATORS
@@ -77,8 +77,8 @@ def count_prompts(cfg: RLConfig, given: int | None) -> int | None:
     if not cfg.data.prompt_dataset:
         return None
     if policy_folder(cfg) is not None:  # a vision-language model: its prompts, images decoded
-        return check_vision_prompts(cfg.data.prompt_dataset, **data_options(cfg))
-    return check_prompts(cfg.data.prompt_dataset, **prompt_options(cfg))
+        return check_vision_prompts(prompt_source(cfg), **data_options(cfg))
+    return check_prompts(prompt_source(cfg), **prompt_options(cfg))
 
 
 def format_counts(cfg: RLConfig, plan: RunPlan) -> list[str]:

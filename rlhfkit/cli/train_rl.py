@@ -4,7 +4,7 @@ data and files before any model loads, then `rlhfkit.RLTrainer.from_config(cfg).
 
 from __future__ import annotations
 
-from rlhfkit.api.builder import load_reward, prompt_options
+from rlhfkit.api.builder import load_reward, prompt_options, prompt_source
 from rlhfkit.api.rl import OPDTrainer, RLTrainer
 from rlhfkit.api.vision import check_data, policy_folder
 from rlhfkit.config import RLConfig
@@ -25,7 +25,7 @@ def check_inputs(cfg: RLConfig) -> None:
         raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file, a datasets folder "
                           "or a hub dataset name)")
     vision = policy_folder(cfg) is not None  # a VLM: prompts and images; a text model: no images
-    for dataset, is_eval in ((d.prompt_dataset, False), (cfg.eval.dataset, True)):
+    for dataset, is_eval in ((prompt_source(cfg), False), (cfg.eval.dataset, True)):
         if dataset:
             check_data(cfg, dataset, vision, eval=is_eval)
             if not vision:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from rlhfkit.api.builder import load_reward, prompt_options
+from rlhfkit.api.builder import load_reward, prompt_options, prompt_source
 from rlhfkit.api.workflows import IterativeDPO, RejectionSampling, generate
 from rlhfkit.config.generate import GenerateConfig, IterativeDPOConfig, RSConfig
 from rlhfkit.data.prompts import check_prompts
@@ -20,7 +20,7 @@ def check_inputs(cfg: GenerateConfig) -> None:
     if not cfg.data.prompt_dataset:
         raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file, a datasets folder "
                           "or a hub dataset name)")
-    check_prompts(cfg.data.prompt_dataset, **prompt_options(cfg))
+    check_prompts(prompt_source(cfg), **prompt_options(cfg))
 
 
 def run_generate(argv: list[str]) -> int:

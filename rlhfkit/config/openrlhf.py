@@ -9,7 +9,7 @@ and `train_prm`, which releases up to 0.9.x had) in the releases 0.8.0 to 0.11.0
 - noticed: cluster layout, engine tuning, or a feature that is not built yet: accepted, its values
   consumed, a one-line warning says what rlhfkit does instead;
 - refused: changes the math in a way rlhfkit cannot honour: a one-line error naming what to use
-  (values that change nothing, such as `--prompt_data_probs 1`, are accepted).
+  (values that change nothing, such as `--actor.optim adam`, are accepted).
 
 `RL_FLAGS` and `SUPERVISED_FLAGS[command]` are the alias tables of `rlhfkit train rl` and
 `rlhfkit train sft|rm|dpo|kto|prm`; docs/migration.md is rendered from them (config/openrlhf_doc.py).
@@ -91,8 +91,6 @@ VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is tran
 MUON = "ignored: rlhfkit trains with AdamW, Muon's settings have no effect"
 MOE = "ignored: transformers picks the MoE experts' kernel"
 OPTIM = refuse("rlhfkit trains with AdamW only: drop it or pass adam", harmless=("adam",))
-PROBS = refuse("rlhfkit reads one dataset, unmixed: combine the datasets into one file first",
-               harmless=("1", "1.0"))
 
 
 def _dtype(model_field: str):
@@ -272,7 +270,7 @@ _rl("critic_pretrain critic.model_name_or_path",
     to("critic.model_name_or_path", note="defaults to the actor; OpenRLHF's to the reward model, if any"))
 _rl("agent_func_path train.agent_func_path", to("agent.func_path"))
 _rl("prompt_data data.prompt_dataset", to("data.prompt_dataset"))
-_rl("prompt_data_probs data.prompt_probs", PROBS)
+_rl("prompt_data_probs data.prompt_probs", to("data.prompt_probs", note="with comma-separated --data.prompt_dataset"))
 _rl("prompt_split data.prompt_split", to("data.prompt_split"))
 _rl("eval_split eval.split", to("eval.split"))
 _rl("eval_dataset eval.dataset", to("eval.dataset"))
@@ -372,8 +370,8 @@ _rl("reward_clip_range reward.clip_range", to("reward.clip_range", 2))
 _rl("overlong_buffer_len reward.overlong_buffer_len", to("reward.overlong_buffer_len"))
 _rl("overlong_penalty_factor reward.overlong_penalty_factor", to("reward.overlong_penalty_factor"))
 _rl("stop_properly_penalty_coef reward.stop_properly_penalty_coef",
-    refuse("rlhfkit does not rescale truncated responses' rewards: penalise them in the reward function "
-           "(response_lengths reaches --rollout.max_new_tokens) or use --reward.overlong_buffer_len"))
+    to("reward.stop_properly_penalty_coef", note="an agent's episode that ran out of tokens or turns counts as "
+                                                 "truncated; OpenRLHF's multi-turn episodes never do"))
 # importance-sampling correction of the sampler's mismatch
 _rl("enable_vllm_is_correction algo.advantage.is_correction_enable", to("algo.advantage.is_correction_enable", 0))
 _rl("vllm_is_correction_type algo.advantage.is_correction_type", to("algo.advantage.is_correction_type"))
@@ -532,7 +530,7 @@ BATCH_INFERENCE_FLAGS: dict[str, Alias] = {
     "eval_task": conv(_eval_task, "`--rollout.engine hf` (generate) or `vllm` (generate_vllm); rm is refused: "
                                   "`train rs` scores with --reward.model_name_or_path"),
     "dataset": to("data.prompt_dataset"),
-    "dataset_probs": PROBS,
+    "dataset_probs": to("data.prompt_probs", note="with comma-separated --dataset"),
     "output_key": notice("ignored: generations.jsonl's keys are prompt, label, response, logprob_sum", 1),
     "best_of_n": to("rollout.n_samples_per_prompt"),
     "greedy_sampling": conv(lambda vals, given: {"rollout.temperature": "0"}, "`--rollout.temperature 0`", 0),

@@ -57,6 +57,7 @@ RL_RANGES = validate_table({
     "critic.value_clip": "> 0", "critic.max_norm": ">= 0",
     "reward.request_timeout": "> 0", "reward.max_retries": ">= 0", "reward.request_batch_size": ">= 1",
     "reward.overlong_buffer_len": ">= 1", "reward.overlong_penalty_factor": ">= 0", "reward.clip_range": ORDERED,
+    "reward.stop_properly_penalty_coef": "< 0 or [0, 1]",
     "reward.timeout": "> 0",
     "reward.code.timeout": "> 0", "reward.code.cpu_seconds": ">= 1", "reward.code.memory_mb": ">= 64",
     "reward.code.workers": "[1, 64]",

@@ -169,6 +169,11 @@ class RewardConfig:
     """DAPO overlong reward shaping: penalise the last buffer_len tokens of the budget."""
     overlong_penalty_factor: float = 1.0
     """DAPO overlong shaping: the penalty at the end of the budget (it grows linearly over the buffer)."""
+    stop_properly_penalty_coef: float | None = None
+    """ProRL's penalty for responses that did not stop properly (finish reason length: cut at
+    --rollout.max_new_tokens; an agent's episode cut short by its token or turn budget, see docs/agents.md):
+    in [0, 1] their reward is multiplied by it, below 0 it is their reward (e.g. -0.5). Applied after the
+    overlong penalty; none: off."""
     normalize: bool = False
     """Normalise rewards by running mean and std (updated every rollout)."""
     clip_range: tuple[float, float] | None = None
@@ -186,7 +191,13 @@ class DataConfig:
 
     prompt_dataset: str | None = None
     """Prompts: a .jsonl / .json / .parquet file, a datasets folder (save_to_disk, or a folder of data
-    files), or a hub dataset name (org/name; org/name@dir for a data dir). A local path wins over a hub name."""
+    files), or a hub dataset name (org/name; org/name@dir for a data dir). A local path wins over a hub name.
+    Several, comma-separated (a.jsonl,b.jsonl): read as one, in order, or mixed by --data.prompt_probs."""
+    prompt_probs: str | None = None
+    """Mix the comma-separated datasets of --data.prompt_dataset with these comma-separated probabilities
+    (each > 0, summing to 1; e.g. 0.7,0.3): each next prompt comes from a dataset drawn with them, a dataset
+    that runs out starts again, until every one was read to its end (OpenRLHF's --prompt_data_probs, seeded
+    by --train.seed); none = concatenate them."""
     prompt_split: str = "train"
     """The split of a prompt dataset that has several (a hub dataset, a DatasetDict folder); files have none."""
     prompt_dataset_config: str | None = None
@@ -205,7 +216,8 @@ class DataConfig:
     """A format string with one {} around the prompt, e.g. "Question: {} Answer:" (without a chat
     template)."""
     max_samples: int | None = None
-    """Use at most this many prompts of the dataset (none: all)."""
+    """Use at most this many prompts of the dataset (none: all); of several datasets, at most this many of
+    each before they are mixed, and of the mix."""
     prompt_max_len: int = PROMPT_MAX_LEN
     """Prompts longer than this many tokens are skipped (counted and logged); image tokens count."""
     image_key: str | None = None

@@ -65,7 +65,7 @@ class SupervisedDataConfig:
     --data.dataset_probs); required unless the API is given a train_dataset."""
     dataset_probs: str | None = None
     """Mix the comma-separated datasets of --data.dataset with these comma-separated probabilities
-    (summing to 1): each next record comes from a dataset drawn with them, a dataset that runs out
+    (each > 0, summing to 1): each next record comes from a dataset drawn with them, a dataset that runs out
     starts again, until every one was read to its end (OpenRLHF's blending, datasets'
     interleave_datasets with all_exhausted, seeded by --train.seed); none = concatenate them."""
     dataset_split: str = "train"

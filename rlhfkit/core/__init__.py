@@ -36,7 +36,7 @@ from rlhfkit.core.losses import (
     value_loss,
 )
 from rlhfkit.core.masks import masked_mean, masked_sum, masked_whiten
-from rlhfkit.core.shaping import overlong_penalty
+from rlhfkit.core.shaping import overlong_penalty, stop_properly_penalty
 from rlhfkit.core.tables import lookup
 
 __all__ = [
@@ -78,6 +78,7 @@ __all__ = [
     "pairwise_loss",
     "policy_loss",
     "sft_loss",
+    "stop_properly_penalty",
     "token_rewards",
     "topk_reverse_kl",
     "value_loss",

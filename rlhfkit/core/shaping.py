@@ -1,4 +1,5 @@
-"""Reward shaping terms added to scalar rewards before advantage estimation."""
+"""Reward shaping of scalar rewards before advantage estimation: DAPO's overlong penalty, ProRL's
+stop-properly penalty."""
 
 import torch
 
@@ -31,3 +32,26 @@ def overlong_penalty(
     exceed = lengths - (max_new_tokens - buffer_len)
     penalty = -exceed.clamp(max=buffer_len) / buffer_len * factor
     return torch.where(exceed > 0, penalty, torch.zeros_like(penalty))
+
+
+def stop_properly_penalty(rewards: torch.Tensor, truncated: torch.Tensor, coef: float) -> torch.Tensor:
+    """ProRL v2's stop-properly penalty, as OpenRLHF applies it (`--reward.stop_properly_penalty_coef`).
+
+    A sample that did not stop properly (``truncated``: cut at the token budget, finish reason
+    "length") gets ``reward * coef`` when ``0 <= coef <= 1`` (0: no reward for an unfinished
+    answer), or the reward ``coef`` itself when ``coef < 0`` (a fixed penalty, e.g. -0.5);
+    the other samples keep theirs. Example (coef 0.5): rewards [1, 1, -0.4], truncated
+    [False, True, True] -> [1, 0.5, -0.2]; coef -0.5 -> [1, -0.5, -0.5].
+
+    Args:
+        rewards: ``[B]`` float rewards (after any overlong penalty, as OpenRLHF orders them).
+        truncated: ``[B]`` bool, True = the sample did not stop properly.
+        coef: ``<= 1``.
+
+    Returns:
+        ``[B]`` float, the penalised rewards.
+    """
+    if not coef <= 1:
+        raise ValueError(f"stop_properly_penalty: need coef <= 1 (in [0, 1] or negative), got {coef}")
+    penalised = torch.full_like(rewards, coef) if coef < 0 else rewards * coef
+    return torch.where(truncated, penalised, rewards)

@@ -61,20 +61,23 @@ class Blend:
     max_count: int | None = None
 
 
-def as_source(source: Source, probs: str | None = None, seed: int = 42, max_count: int | None = None) -> Source:
+def as_source(source: Source, probs: str | None = None, seed: int = 42, max_count: int | None = None,
+              flag: str = "--data.dataset_probs") -> Source:
     """`source` itself, or a `Blend` when it is OpenRLHF's comma-separated list of datasets (a string
-    with commas that is not an existing path) or `probs` (comma-separated, one per dataset) is given."""
+    with commas that is not an existing path) or `probs` (comma-separated, one per dataset) is given;
+    `flag` names `probs` in errors."""
     parts = [source]
     if isinstance(source, str) and "," in source and not Path(source).expanduser().exists():
         parts = [p.strip() for p in source.split(",") if p.strip()]
     if probs is None and len(parts) == 1:
         return source
-    weights = None if probs is None else parse_probs(probs, len(parts))
+    weights = None if probs is None else parse_probs(probs, len(parts), flag)
     return Blend(tuple(parts), weights, seed, max_count)
 
 
 def parse_probs(probs: str, n: int, flag: str = "--data.dataset_probs") -> tuple[float, ...]:
-    """OpenRLHF's comma-separated sampling probabilities: `n` numbers >= 0 that sum to 1."""
+    """OpenRLHF's comma-separated sampling probabilities: `n` numbers > 0 that sum to 1 (a dataset of
+    probability 0 would never be read to its end, which `Blend`'s interleaving waits for)."""
     try:
         weights = tuple(float(p) for p in str(probs).split(","))
     except ValueError:
@@ -82,8 +85,9 @@ def parse_probs(probs: str, n: int, flag: str = "--data.dataset_probs") -> tuple
     if len(weights) != n:
         raise ConfigError(f"{flag} {probs!r} has {len(weights)} probabilities for {n} dataset(s); give one "
                           "per comma-separated dataset")
-    if min(weights) < 0 or abs(sum(weights) - 1) > 1e-6:
-        raise ConfigError(f"{flag} {probs!r}: the probabilities must be >= 0 and sum to 1")
+    if min(weights) <= 0 or abs(sum(weights) - 1) > 1e-6:
+        raise ConfigError(f"{flag} {probs!r}: the probabilities must be > 0 and sum to 1 (drop a dataset "
+                          "instead of giving it 0)")
     return weights
 
 

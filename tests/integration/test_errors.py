@@ -159,6 +159,9 @@ BEFORE_MODELS = [
     ("65-no-workers", {"rollout.num_workers": 0, "distributed.backend": "ray"}, "--rollout.num_workers must be >= 1"),
     ("67-ray-address-unreachable", {"distributed.backend": "ray", "distributed.address": "127.0.0.1:1"},
      "--distributed.address 127.0.0.1:1: no Ray cluster answers there (ConnectionRefusedError"),
+    ("92-prompt-probs-do-not-fit", {"data.prompt_dataset": "{ws}/prompts.jsonl,{ws}/long.jsonl",
+                                    "data.prompt_probs": "0.5"},
+     "--data.prompt_probs '0.5' has 1 probabilities for 2 dataset(s); give one per comma-separated dataset"),
     ("90-unknown-is-correction-type", {"algo.advantage.is_correction_type": "mis"},
      "--algo.advantage.is_correction_type: unknown value 'mis'; valid: tis, icepop, seq-mask-tis, seq_mask_tis"),
 ]
@@ -261,6 +264,16 @@ def test_47_resume_with_other_data(ws, tmp_path, capsys):
     argv = flags(ws, out, **{"ckpt.load_enable": "true", "data.prompt_dataset": ws / "long.jsonl",
                              "train.max_steps": 2})
     refuse(argv, capsys, "the checkpoint was written with 16 prompts and --rollout.batch_size 8, this run has 11")
+
+
+def test_93_resume_with_other_prompts_of_as_many(ws, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(ws, out, capsys) == 0
+    rows = [json.loads(line) for line in (ws / "prompts.jsonl").read_text().splitlines()]
+    edited = tmp_path / "edited.jsonl"  # 16 prompts again, one of them changed
+    edited.write_text("".join(json.dumps({**r, "q": "edited:"} if i == 0 else r) + "\n" for i, r in enumerate(rows)))
+    argv = flags(ws, out, **{"ckpt.load_enable": "true", "data.prompt_dataset": edited, "train.max_steps": 2})
+    refuse(argv, capsys, "the checkpoint was written with other prompts (as many, in another order or with other")
 
 
 def test_48_resume_with_another_model(ws, tmp_path, capsys):

@@ -67,6 +67,14 @@ def zero_penalty(original):
     return lambda lengths, *args, **kwargs: torch.zeros(len(lengths))
 
 
+def no_stop_penalty(original):
+    return lambda rewards, truncated, coef: rewards
+
+
+def unweighted_blend(original):
+    return lambda sizes, probs, seed: original(sizes, None, seed)  # concatenated
+
+
 def keep_all_groups(original):
     import torch
 
@@ -132,6 +140,8 @@ DYNAMIC = "tests/unit/trainers/test_dynamic_sampling.py"
 DEVICES = "tests/integration/test_devices_and_levers.py"
 AGENTS = "tests/integration/test_agent_loop.py"
 VISION = "tests/unit/rollout/test_vision_engine.py"
+MIX = "tests/unit/api/test_prompt_mix.py"
+ORL_RL = "tests/integration/test_openrlhf_rl_options.py"
 
 SWITCH_OFFS = (
     SwitchOff("vision tower frozen (--actor.freeze_visual_encoder)", "rlhfkit.models.vision:freeze_visual_encoder",
@@ -172,8 +182,20 @@ SWITCH_OFFS = (
               ("tests/unit/core/test_filtering.py", f"{DYNAMIC}::test_dropped_groups_are_topped_up_from_new_prompts"),
               "keeps every group"),
     SwitchOff("overlong shaping", "rlhfkit.core.shaping:overlong_penalty", zero_penalty,
-              ("tests/unit/core/test_shaping.py", f"{DYNAMIC}::test_overlong_penalty_under_its_reward_flag"),
+              ("tests/unit/core/test_shaping.py::test_overlong_penalty_example",
+               f"{DYNAMIC}::test_overlong_penalty_under_its_reward_flag"),
               "penalty 0"),
+    SwitchOff("stop-properly penalty", "rlhfkit.core.shaping:stop_properly_penalty", no_stop_penalty,
+              ("tests/unit/core/test_shaping.py::test_stop_properly_penalty_by_hand",
+               f"{STAGES}::test_scorer_applies_the_stop_properly_penalty_after_the_overlong_one_by_hand",
+               f"{ORL_RL}::test_two_prompt_files_mixed_by_their_probabilities_and_truncated_samples_penalised"),
+              "rewards unchanged"),
+    SwitchOff("prompt mixing probabilities (--data.prompt_probs)", "rlhfkit.data.records:blend_order",
+              unweighted_blend, (f"{MIX}::test_the_mix_of_a_fixed_seed_by_hand",
+                                 f"{MIX}::test_the_proportions_over_many_draws_follow_the_probabilities",
+                                 f"{ORL_RL}::test_two_prompt_files_mixed_by_their_probabilities_and_truncated_samples_"
+                                 "penalised"),
+              "datasets concatenated"),
     SwitchOff("discounting (gamma)", "rlhfkit.core.advantages:compute_advantages", gamma_one,
               (f"{STAGES}::test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries",), "gamma 1"),
     SwitchOff("KL in the reward", "rlhfkit.trainers.rl.experience:make_experience", kl_not_in_reward,

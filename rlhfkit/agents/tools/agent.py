@@ -236,6 +236,8 @@ class ToolExecutor:
         e.conversation.append(turn)
         if not tool_msgs:
             e.done = True
+            # a final answer cut at the token budget did not stop (a text environment's `done` ends it as it is)
+            e.truncated = e.truncated or (not stopped and e.text_env is None)
             return
         e.messages += tool_msgs
         e.conversation += tool_msgs

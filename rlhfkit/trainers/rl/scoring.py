@@ -1,5 +1,5 @@
 """The score stage: trajectories -> rewards (reward function or agent), DAPO overlong shaping,
-running normalisation; and DAPO dynamic filtering of whole groups.
+ProRL's stop-properly penalty, running normalisation; and DAPO dynamic filtering of whole groups.
 
 `BatchFill` keeps the score -> filter rounds of one rollout batch: with dynamic filtering, new
 prompts replace dropped groups until the batch holds `want` groups (Yu et al. 2025,
@@ -16,7 +16,7 @@ import torch
 
 from rlhfkit.agents.executor import agent_rewards, drift_count
 from rlhfkit.core.filtering import keep_groups_in_range
-from rlhfkit.core.shaping import overlong_penalty
+from rlhfkit.core.shaping import overlong_penalty, stop_properly_penalty
 from rlhfkit.data.types import PromptItem, Trajectory
 from rlhfkit.rewards.reward_model import ProcessRewardFn
 from rlhfkit.trainers.rl.stream import PromptBatch
@@ -57,7 +57,7 @@ class Scored:
     scores          FloatTensor [B]     what dynamic filtering and accuracy look at (before shaping)
     token_rewards   FloatTensor [B, R] or None   per-token rewards at response positions (process
                                         rewards); None: scalar rewards only
-    metrics         dict                reward, reward_extra/<name>, overlong_penalty
+    metrics         dict                reward, reward_extra/<name>, overlong_penalty, stop_properly_penalised
     """
 
     rewards: torch.Tensor
@@ -69,16 +69,19 @@ class Scored:
 class Scorer:
     """Rewards of trajectories: `reward_fn` (None: the agent's episodes carry their rewards),
     `overlong` = (buffer_len, penalty_factor) of DAPO's overlong shaping against `max_len`
-    response tokens (None: off), `normalize`: by the running mean and std of all rewards so far.
+    response tokens (None: off), `stop_coef`: ProRL's stop-properly penalty of the trajectories that
+    did not stop (`Trajectory.truncated`: cut at the token budget; a multi-turn episode that ran out of
+    tokens or turns before its environment said done), applied after the overlong penalty as OpenRLHF
+    does (None: off), `normalize`: by the running mean and std of all rewards so far.
     A `rewards.reward_model.ProcessRewardFn` gives per-step token rewards (and scalar rewards 0).
     `env_weight` (with a `reward_fn`): the rewards and scores are the function's plus `env_weight`
     times the episodes' own (an environment's; logged as reward_extra/env_reward)."""
 
     def __init__(self, reward_fn: Callable | None, tokenizer, max_len: int,
                  overlong: tuple[int, float] | None = None, normalize: bool = False,
-                 env_weight: float | None = None):
+                 env_weight: float | None = None, stop_coef: float | None = None):
         self.reward_fn, self.tokenizer, self.max_len, self.env_weight = reward_fn, tokenizer, max_len, env_weight
-        self.overlong, self.normalize = overlong, normalize
+        self.overlong, self.normalize, self.stop_coef = overlong, normalize, stop_coef
         self.moments = RunningMoments()
         if isinstance(reward_fn, ProcessRewardFn):
             reward_fn.check_vocabulary(tokenizer)
@@ -103,6 +106,10 @@ class Scorer:
             penalty = overlong_penalty(lengths, self.max_len, *self.overlong)
             rewards = rewards + penalty
             metrics["overlong_penalty"] = float(penalty.mean())
+        if self.stop_coef is not None:
+            truncated = torch.tensor([t.truncated for t in trajs], dtype=torch.bool)
+            rewards = stop_properly_penalty(rewards, truncated, self.stop_coef)
+            metrics["stop_properly_penalised"] = float(truncated.sum())  # samples penalised (of this round)
         if self.normalize:
             self.moments.update(rewards)
             rewards = (rewards - self.moments.mean) / (self.moments.std + 1e-8)

@@ -13,6 +13,8 @@ trained once, in the uninterrupted run's order.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,6 +56,7 @@ class PromptStream:
         self.ahead: deque[PromptBatch] = deque()  # drawn by peek, not yet taken
         self.snapshot: dict | None = None  # the position before the first batch drawn ahead
         self.topups: list[int] = []  # sizes of top-ups drawn past the batches ahead (or, resumed, to skip)
+        self._digest: str | None = None
 
     @property
     def episode(self) -> int:
@@ -130,8 +133,19 @@ class PromptStream:
         the top-ups drawn past them skipped)."""
         state = dict(self.snapshot if self.snapshot is not None else self._position())
         state.update(num_prompts=len(self.prompts), rollout_batch_size=self.batch_size,
-                     shuffle_gen=self.shuffle_gen.get_state(), topups=list(self.topups))
+                     shuffle_gen=self.shuffle_gen.get_state(), topups=list(self.topups),
+                     prompts_digest=self.digest())
         return state
+
+    def digest(self) -> str:
+        """A fingerprint of the prompts' token ids, in dataset order (computed once): a resumed run
+        checks that it reads the same prompts (the same data, mix and seed), not only as many."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            for p in self.prompts:
+                h.update(array("q", [len(p.ids), *p.ids]).tobytes())
+            self._digest = h.hexdigest()
+        return self._digest
 
     def load_state_dict(self, state: dict) -> None:
         here = (len(self.prompts), self.batch_size)
@@ -141,6 +155,11 @@ class PromptStream:
                 f"the checkpoint was written with {there[0]} prompts and --rollout.batch_size {there[1]}, this run "
                 f"has {here[0]} and {here[1]}; resume with the same data and flags, or use a new --ckpt.output_dir"
             )
+        if state.get("prompts_digest", self.digest()) != self.digest():  # checkpoints before it have none
+            raise CheckpointError(
+                "the checkpoint was written with other prompts (as many, in another order or with other text: "
+                "another dataset, --data.prompt_probs or --train.seed); resume with the same data and flags, "
+                "or use a new --ckpt.output_dir")
         self._episode, self.order, self.index = state["episode"], state["order"], state["index"]
         self.sample_gen.set_state(state["sample_gen"])
         self.shuffle_gen.set_state(state["shuffle_gen"])

@@ -163,6 +163,17 @@ def test_episode_calls_a_tool_and_appends_only_masked_result_tokens(chat_tok, sc
     assert m["tools/valid_call_rate"] == 1.0
 
 
+def test_a_final_answer_cut_at_the_token_budget_is_truncated(chat_tok, scripted):
+    """No tool call ends the episode; an answer that had no room to stop did not stop properly."""
+    def policy(ctx):
+        done = "</tool_response><|im_end|>" in ctx
+        return "6 " * 60 + "<|im_end|>" if done else call("multiply", a=2, b=3) + "<|im_end|>"
+
+    [t] = ToolExecutor([multiply]).run(scripted(chat_tok, policy), chat_tok, [P("2*3?")],
+                                       SamplingParams(max_new_tokens=80), TokenBudget(80, 400, 4))
+    assert t.info["turns"] == 2 and t.info["tool_calls"] == 1 and t.truncated
+
+
 def test_failures_are_results_not_crashes(chat_tok, scripted):
     def hang(seconds: float) -> str:
         """Sleep.

@@ -141,6 +141,9 @@ def test_rm_packing_is_noticed_rather_than_refused(caplog):
      ["--critic.adam.lr", "1e-5", "--actor.lr_scheduler", "constant"]),
     (["--actor.optim", "adam", "--aux_loss_coef", "0", "--freezing_actor_steps", "-1"], []),  # no effect: accepted
     (["--aux_loss_coef", "0.01"], ["--actor.aux_loss_coef", "0.01"]),
+    (["--prompt_data", "a.jsonl,b.jsonl", "--prompt_data_probs", "0.7,0.3"],
+     ["--data.prompt_dataset", "a.jsonl,b.jsonl", "--data.prompt_probs", "0.7,0.3"]),
+    (["--stop_properly_penalty_coef", "-0.5"], ["--reward.stop_properly_penalty_coef", "-0.5"]),
 ])
 def test_mapped_flags_give_the_config_of_our_flags(theirs, ours):
     assert rl(*theirs) == rl(*ours)
@@ -277,11 +280,10 @@ def test_notices_reach_the_cli(tmp_path, capsys, caplog):
 
 # ------------------------------------------------------------------ refused: one line naming what to use
 @pytest.mark.parametrize("argv,needle", [
-    (["train", "rl", "--stop_properly_penalty_coef", "0.5"],
-     "error: --stop_properly_penalty_coef: rlhfkit does not rescale truncated responses' rewards"),
     (["train", "rl", "--freezing_actor_steps", "5"], "error: --freezing_actor_steps: rlhfkit updates the actor"),
     (["train", "rl", "--actor.optim", "muon"], "error: --actor.optim: rlhfkit trains with AdamW only"),
-    (["train", "rl", "--prompt_data_probs", "0.5,0.5"], "error: --prompt_data_probs: rlhfkit reads one dataset"),
+    (["train", "rl", "--stop_properly_penalty_coef", "1.5"],
+     "error: --reward.stop_properly_penalty_coef must be < 0 or in [0, 1]"),
     (["train", "rl", "--param_dtype", "fp16"], "error: rlhfkit trains in float32 or bfloat16, not fp16"),
 ])
 def test_refused_flags_are_one_line_cli_errors(argv, needle, capsys):
@@ -297,6 +299,7 @@ SAMPLES = {  # flags whose value must be of a given form (others: from their tar
     "max_len": ["2048"], "data.max_len": ["2048"], "adam_betas": ["0.9", "0.95"], "l2": ["0.01"],
     "max_norm": ["0.5"], "ema_beta": ["0.99"], "train.ema_beta": ["0.99"], "reward_clip_range": ["-5", "5"],
     "reward.clip_range": ["-5", "5"], "dual_clip": ["3"], "actor.dual_clip": ["3"],
+    "stop_properly_penalty_coef": ["0.5"], "reward.stop_properly_penalty_coef": ["0.5"],
 }
 COMPANIONS = {"async_train": ["--distributed.backend", "ray", "--train.max_staleness", "1"],
               "train.async_enable": ["--distributed.backend", "ray", "--train.max_staleness", "1"],

@@ -61,7 +61,8 @@ def test_max_samples_cuts_each_dataset_before_blending(two):
 
 @pytest.mark.parametrize("probs,needle", [
     ("0.5", "has 1 probabilities for 2 dataset(s)"),
-    ("0.5,0.6", "must be >= 0 and sum to 1"),
+    ("0.5,0.6", "must be > 0 and sum to 1"),
+    ("0,1", "must be > 0 and sum to 1"),
     ("half,half", "expected comma-separated numbers"),
 ])
 def test_bad_probabilities_are_config_errors(two, probs, needle):

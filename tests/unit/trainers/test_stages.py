@@ -144,6 +144,22 @@ def test_scorer_shapes_and_normalises_rewards_by_hand():
     assert calls["group_ids"].tolist() == [0, 0, 1] and calls["response_lengths"].tolist() == [4.0, 1.0, 3.0]
 
 
+def test_scorer_applies_the_stop_properly_penalty_after_the_overlong_one_by_hand():
+    def reward(queries, prompts, labels, **kw):
+        return RewardOutput(torch.tensor([1.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 0.0]))
+
+    trajs = [traj([5], [1, 2, 3, 4], 0), traj([5], [1], 0), traj([6], [1, 2, 3], 1)]
+    trajs[0].finish_reason = trajs[2].finish_reason = "length"  # cut at the budget: not stopped
+    # overlong (budget 4, buffer 2): penalties -1, 0, -0.5 -> 0, 1, -0.5; then x 0.5 where truncated
+    out = Scorer(reward, FakeTok(), max_len=4, overlong=(2, 1.0), stop_coef=0.5)(items(2), trajs)
+    assert out.rewards.tolist() == [0.0, 1.0, -0.25] and out.metrics["stop_properly_penalised"] == 2.0
+    assert out.scores.tolist() == [1.0, 1.0, 0.0]  # filtering looks at unshaped scores
+    fixed = Scorer(reward, FakeTok(), max_len=4, stop_coef=-0.5)(items(2), trajs)
+    assert fixed.rewards.tolist() == [-0.5, 1.0, -0.5]  # below 0: the truncated samples' reward is the coef
+    off = Scorer(reward, FakeTok(), max_len=4)(items(2), trajs)
+    assert off.rewards.tolist() == [1.0, 1.0, 0.0] and "stop_properly_penalised" not in off.metrics
+
+
 def test_scorer_adds_the_weighted_environment_reward_to_the_functions():
     def reward(queries, prompts, labels, **kw):
         return RewardOutput(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0]))
