@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -41,6 +42,8 @@ from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs
 from rlhfkit.rollout.vision import merge_vision
+
+log = logging.getLogger("rlhfkit")
 
 
 class Prompt(Protocol):
@@ -119,6 +122,8 @@ class MultiTurnExecutor:
         self.agent_instance_cls = agent_instance_cls
         self.source = source or getattr(agent_instance_cls, "__qualname__", str(agent_instance_cls))
         self.processor = None  # a vision-language policy's processor: it encodes the environment_images
+        self.max_images: int | None = None  # most images an episode may hold, the prompt's counted (None: any)
+        self._warned_images = False
         self._placeholders: list[int] = []  # the engine's image placeholder ids (never in text feedback)
 
     def run(self, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt], params: SamplingParams,
@@ -219,9 +224,16 @@ class MultiTurnExecutor:
             fb, vision = feedback_tokens(self.processor, tokenizer, r.feedback, r.images, self._placeholders,
                                          self.source)
             room = budget.total - len(e.response)
-            if len(fb) > room and not e.done:
+            image_room = None if self.max_images is None else self.max_images - _images(e.vision)
+            too_many = image_room is not None and _images(vision) > image_room
+            if too_many and not self._warned_images:
+                self._warned_images = True
+                log.warning("agent %s: an episode's images would pass --data.max_images_per_prompt %d (the prompt's "
+                            "counted): the feedback's images are dropped and the episode ends; raise the flag",
+                            self.source, self.max_images)
+            if not e.done and (len(fb) > room or too_many):
                 e.truncated = True
-            fb, vision = fit_feedback(fb, vision, room, self._placeholders)
+            fb, vision = fit_feedback(fb, vision, room, self._placeholders, image_room)
             e.vision = merge_vision(e.vision, vision)
             e.response += fb
             e.mask += [False] * len(fb)
@@ -300,3 +312,8 @@ def episode_trajectory(e: Any, version: int, info: dict) -> Trajectory:
         info=info,
         versions=torch.tensor(e.versions, dtype=torch.long),
     )
+
+
+def _images(vision: Any) -> int:
+    """How many images `vision` (VisionInputs or None) holds."""
+    return 0 if vision is None else vision.num_images

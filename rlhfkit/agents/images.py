@@ -7,8 +7,10 @@ expanded to its image's tokens) and returns the images' tensors; the executor ap
 to the episode (masked from the loss) and merges the tensors into the episode's, so that the next
 turn's prefill and the trainer's forward see every image of the episode in order. Feedback
 without images is tokenized as for a text policy, and refused when it holds a placeholder token
-(no image would fill it). `fit_feedback` cuts feedback to the response budget: a cut through
-feedback with images drops its images and their placeholder tokens (the episode ends there).
+(no image would fill it). `fit_feedback` cuts feedback to the response budget and the episode's
+image budget (--data.max_images_per_prompt, the prompt's images counted): a cut through feedback
+with images, or images past the limit, drop the feedback's images and their placeholder tokens
+(the episode ends there, truncated).
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ def feedback_tokens(processor: Any, tokenizer, feedback: str, images: Sequence, 
                           f"match ({first}); put the model's image placeholder in the feedback once per image") from exc
 
 
-def fit_feedback(ids: list[int], vision: VisionInputs | None, room: int,
-                 placeholders: Sequence[int]) -> tuple[list[int], VisionInputs | None]:
-    """`ids` and `vision` cut to `room` tokens: whole when they fit; else the first `room` tokens, and
-    feedback with images loses them and its placeholder tokens (no image may be cut in part)."""
+def fit_feedback(ids: list[int], vision: VisionInputs | None, room: int, placeholders: Sequence[int],
+                 image_room: int | None = None) -> tuple[list[int], VisionInputs | None]:
+    """`ids` and `vision` cut to `room` tokens and `image_room` images (None: any number): whole when
+    they fit; else the first `room` tokens, and feedback with images loses them and its placeholder
+    tokens (no image may be cut in part, nor some of the feedback's images kept)."""
     room = max(room, 0)
-    if len(ids) <= room:
+    images_fit = vision is None or image_room is None or vision.num_images <= image_room
+    if len(ids) <= room and images_fit:
         return ids, vision
     if vision is not None:
         banned = set(placeholders)

@@ -218,7 +218,7 @@ class RLTrainer:
         # held-out episodes run on an executor of their own (its tool counters are not the rollout's)
         eval_executor = builder.build_executor(cfg, tools, environment_factory) if eval_items else None
         if processor is not None:
-            V.attach_processor(processor, executor, eval_executor)
+            V.attach_processor(processor, cfg.data.max_images_per_prompt, executor, eval_executor)
         evaluator = run_folder.make_evaluator(cfg, eval_items, reward_fn, executor=eval_executor)
         checkpointer, resume = run_folder.setup_checkpoints(cfg, run_dir, (rank, world) if cfg.fsdp.enable else None)
         tracker = run_folder.run_tracker(cfg, run_dir, counts.total_rollouts, resume[1] if resume else None)

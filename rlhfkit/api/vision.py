@@ -103,11 +103,12 @@ def check_executor(cfg: RLConfig, executor) -> None:
                       "or tools); give an agent file with an AgentInstance; see docs/vision.md")
 
 
-def attach_processor(processor, *executors) -> None:
-    """Give the multi-turn executors the policy's processor: it encodes the environment_images."""
+def attach_processor(processor, max_images: int, *executors) -> None:
+    """Give the multi-turn executors the policy's processor (it encodes the environment_images) and the
+    most images an episode may hold (--data.max_images_per_prompt, the prompt's counted)."""
     for executor in executors:
         if isinstance(executor, MultiTurnExecutor):
-            executor.processor = processor
+            executor.processor, executor.max_images = processor, max_images
 
 
 def prepare_policy(cfg: RLConfig, policy, ref) -> None:

@@ -224,7 +224,8 @@ class DataConfig:
     """Record key of a prompt's images (paths, URLs, bytes or a datasets Image feature; one or a list) for a
     vision-language model (docs/vision.md); none = `images`, else `image`, where the record has one."""
     max_images_per_prompt: int = 1
-    """Most images one prompt may hold; a record with more is refused before the model loads."""
+    """Most images one prompt may hold; a record with more is refused before the model loads. In agent
+    episodes, the images of the whole episode (the prompt's and those the environment shows)."""
 
 
 @dataclass(frozen=True)

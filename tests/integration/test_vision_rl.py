@@ -135,6 +135,7 @@ def test_cli_trains_an_agent_whose_second_observation_is_an_image(ws, tmp_path):
     out = tmp_path / "run"
     run = cli(flags(ws, out, **{"reward.remote_url": None, "agent.func_path": str(tmp_path / "look.py"),
                                 "agent.max_turns": "2", "agent.max_response_tokens": "40",
+                                "data.max_images_per_prompt": "2",  # the prompt's image and the feedback's
                                 "eval.dataset": str(ws / "colours" / "test.jsonl")}))
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

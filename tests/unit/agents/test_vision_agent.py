@@ -123,3 +123,17 @@ def test_feedback_images_cut_by_the_budget_are_dropped_with_their_tokens(vlm):
     assert t.response_length == 12 and t.finish_reason == "length"
     assert t.info["vision"].num_images == 1  # the prompt's image alone
     assert not (t.response_ids == model.config.image_token_id).any()
+
+
+def test_feedback_images_past_the_image_limit_end_the_episode_without_them(vlm):
+    """--data.max_images_per_prompt bounds an episode's images, the prompt's counted: with a limit of 1
+    the prompt's image fills it, the feedback's image and its tokens are dropped and the episode ends
+    truncated; with 2 the feedback image is kept."""
+    model, proc = vlm
+    for limit, images, finish in ((1, 1, "length"), (2, 2, "stop")):
+        executor = MultiTurnExecutor(LookAgent)
+        executor.processor, executor.max_images = proc, limit
+        [t] = executor.run(VisionEngine(model, proc.tokenizer), proc.tokenizer, [prompt(proc, "red")],
+                           SamplingParams(max_new_tokens=5, temperature=1.0), TokenBudget(5, 60, 2), seeds=[7])
+        assert t.info["vision"].num_images == images and t.finish_reason == finish
+        assert (t.response_ids == model.config.image_token_id).any() == (images == 2)
