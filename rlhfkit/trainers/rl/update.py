@@ -111,6 +111,7 @@ class PolicyUpdate:
         layout = self.batcher.layout(exp.batch)
         with self.compiled.active() if self.compiled is not None else contextlib.nullcontext():
             n_opt = self.optimizer_steps(exp, layout, kl_coef, sums)
+        sums = read_once(sums)
         total_tokens = max(int(exp.batch.loss_mask.sum()) * self.max_epochs, 1)
         computed = sums.pop("train_tokens", 0.0)
         idle = sums.pop("idle_passes", None)
@@ -126,7 +127,8 @@ class PolicyUpdate:
         return out
 
     def optimizer_steps(self, exp: Experience, layout, kl_coef: float, sums: dict[str, float]) -> int:
-        """The update's optimizer steps; metric sums added to `sums`. Returns how many ran."""
+        """The update's optimizer steps; metric sums added to `sums` (the micro-batches' as float64 tensors on
+        the device, read once by the caller). Returns how many ran."""
         n_opt = 0
         for _ in range(self.max_epochs):
             perm = torch.randperm(len(exp), generator=self.shuffle_gen)
@@ -142,15 +144,13 @@ class PolicyUpdate:
                 idle = self.rank_max(len(cuts)) - len(cuts) if self.dp[1] > 1 else 0
                 # One autocast region per optimizer step: its cache keeps the bf16 copies of the
                 # weights for every micro-batch instead of casting them again in each.
-                step_sums: dict = {}  # the micro-batches' metric sums, on the device until the step's read
                 with autocast_ctx(self.autocast, self.device_type):
                     for rows in cuts:
-                        _add(step_sums, self.micro_step(exp, rows, layout, kl_coef, counts))
+                        _add(sums, self.micro_step(exp, rows, layout, kl_coef, counts))
                     if idle:
                         shortest = step_rows[exp.batch.attention_mask[step_rows].sum(dim=1).argmin()].view(1)
                         for _ in range(idle):
                             self.idle_pass(exp, shortest, layout)
-                _add(sums, read_once(step_sums))
                 if self.dp[1] > 1:
                     _add(sums, {"idle_passes": float(idle)})
                 _add(sums, self.learner.step(), "actor/")
@@ -161,7 +161,7 @@ class PolicyUpdate:
 
     def micro_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict:
         """Forward + backward of one micro-batch. Returns token-weighted metric sums: detached tensors
-        on the policy's device (no host sync per micro-batch; `read_once` reads a step's sums)."""
+        on the policy's device (no host sync per micro-batch; `read_once` reads the update's sums)."""
         c = self.losses
         part = exp.select(rows, layout)
         mb = part.batch
@@ -184,7 +184,7 @@ class PolicyUpdate:
                                              is_low=c.is_low, is_high=c.is_high, loss=loss_fn, **kw, **counts)
         else:
             loss, pm = loss_fn(logp, old, part.advantages, mask, **kw, **counts)
-        ntok = mask.sum()
+        ntok = mask.sum().double()  # the token-weighted sums in float64, the precision they are summed in
         out = {"train_tokens": float(mb.num_tokens), "policy_loss": loss.detach(),  # num_tokens: CPU-side
                "clip_frac": pm["clip_frac"] * ntok, "ppo_kl": pm["approx_kl"] * ntok,
                "entropy": (entropy.detach().float() * mask).sum()}
@@ -242,16 +242,18 @@ def _gap_metrics(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, p
     out = {"rollout/logprob_gap_mean": gap.sum(), "rollout/logprob_gap_max": gap.max()}
     if pm is not None:
         truncated = pm.get("is_clip_frac", pm.get("is_zeroed_frac"))
-        ntok = mask.sum()
+        ntok = mask.sum().double()
         out["rollout/is_clipped_frac"] = 0.0 if truncated is None else truncated * ntok
         out["rollout/behav_weight_mean"] = pm["behav_weight_mean"] * ntok
     return out
 
 
 def _add(sums: dict, metrics: dict, prefix: str = "") -> None:
-    """Add `metrics` (floats or tensors) into `sums` (maxima kept for `_MAXIMA`), without reading a tensor."""
+    """Add `metrics` (floats or tensors) into `sums` (maxima kept for `_MAXIMA`), without reading a tensor;
+    tensors are summed in float64, as Python floats would be, so a sum does not depend on where it is kept."""
     for k, v in metrics.items():
         key = prefix + k
+        v = v.detach().double() if torch.is_tensor(v) else v
         if key not in sums:
             sums[key] = v
         elif key in _MAXIMA:
@@ -262,12 +264,12 @@ def _add(sums: dict, metrics: dict, prefix: str = "") -> None:
 
 
 def read_once(sums: dict) -> dict[str, float]:
-    """`sums` as floats, its tensors read back in one transfer (the optimizer step's only read of the
+    """`sums` as floats, its tensors read back in one transfer (the update's only read of the
     micro-batches' metrics: on CUDA each read waits for the device)."""
     keys = [k for k, v in sums.items() if torch.is_tensor(v)]
     out = {k: float(v) for k, v in sums.items() if not torch.is_tensor(v)}
     if keys:
         device = sums[keys[0]].device
-        values = torch.stack([sums[k].detach().float().reshape(()).to(device) for k in keys]).tolist()
+        values = torch.stack([sums[k].detach().double().reshape(()).to(device) for k in keys]).tolist()
         out.update(zip(keys, values, strict=True))
     return out

@@ -1,6 +1,6 @@
-"""The update reads its metrics back once per optimizer step, not per micro-batch: a micro-step's
+"""The update reads its metrics back once per update, not per micro-batch: a micro-step's
 metric sums stay detached tensors on the policy's device (on CUDA every `float(tensor)` waits for the
-queued forward/backward), and `read_once` reads a step's sums in one transfer. Copies to CUDA go from
+queued forward/backward), and `read_once` reads the update's sums in one transfer. Copies to CUDA go from
 pinned memory without blocking (`models.precision.to_device`)."""
 
 import sys
@@ -67,7 +67,7 @@ def _update_reads(micro_batch: int, monkeypatch) -> tuple[int, int, dict]:
     return calls["all"], calls["micro"], metrics
 
 
-def test_one_read_per_optimizer_step_whatever_the_micro_batches(monkeypatch):
+def test_reads_do_not_grow_with_the_micro_batches(monkeypatch):
     one, one_micro, m1 = _update_reads(4, monkeypatch)  # 1 micro-batch per step
     four, four_micro, m4 = _update_reads(1, monkeypatch)  # 4 micro-batches per step
     assert one_micro == four_micro == 0  # nothing read inside a micro-step
