@@ -269,7 +269,7 @@ def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
     """FSDP2-shard the policy, reference and critic across `world` torchrun processes; returns the vLLM
     engine's weight source (the full state, gathered part by part on every rank's GPU)."""
     fsdp.check_fsdp_settings(world, cfg.train.batch_size)
-    for model in (policy, ref):
+    for model in (policy, ref if ref is not policy else None):  # with LoRA the reference is the policy
         if model is not None:
             fsdp.shard_model(model, world, cfg.fsdp.mixed_precision)
     if critic is not None:

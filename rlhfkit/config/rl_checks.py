@@ -183,10 +183,10 @@ def _validate_scale(cfg: RLConfig) -> None:
 
 
 def _validate_lora(cfg: RLConfig) -> None:
-    """LoRA in RL runs with the hf engine, in one process (which generates with the adapted weights)
-    or on Ray rollout workers (which hold the same adapters)."""
+    """LoRA in RL runs with the hf engine, in one process (which generates with the adapted weights),
+    sharded under FSDP or on Ray rollout workers (which hold the same adapters)."""
     if cfg.ds.lora.rank == 0:
         return
-    for on, what in ((cfg.fsdp.enable, "--fsdp.enable"), (cfg.rollout.engine == "vllm", "--rollout.engine vllm")):
-        require(not on, f"--ds.lora.rank {cfg.ds.lora.rank} does not combine with {what} yet: drop one of them "
-                        "(LoRA in RL runs with --rollout.engine hf, in one process or on Ray rollout workers)")
+    require(cfg.rollout.engine != "vllm", f"--ds.lora.rank {cfg.ds.lora.rank} does not combine with --rollout.engine "
+                                          "vllm yet: drop one of them (LoRA in RL runs with --rollout.engine hf, in "
+                                          "one process, under FSDP or on Ray rollout workers)")

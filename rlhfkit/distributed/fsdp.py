@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import save_hf_folder
+from rlhfkit.models.loading import save_errors
 
 
 def init_from_torchrun() -> tuple[int, int]:
@@ -67,7 +68,8 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool = False) -> torch.nn.Module:
     """Shard a causal LM in place across `world_size` ranks: one FSDP unit per decoder layer, the
-    backbone, the LM head and the root.
+    backbone, the LM head and the root. A LoRA policy (a peft model) is sharded through its base model
+    (the root): its adapters sit in the layers' linear modules and are sharded with their layer.
 
     Gradients are SUMMED across ranks (divide factor 1): rlhfkit's losses are already divided by
     the counts of the whole optimizer step, so summing the ranks' parts gives the full gradient.
@@ -76,13 +78,14 @@ def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool =
     # positions), so each is its own unit: their forward hooks then gather their weights. A tied head
     # shares the embedding's weight: backbone and head are then one unit (gathered from the backbone's
     # forward to the head's).
-    backbone, head = model.get_decoder(), model.get_output_embeddings()
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model's base
+    backbone, head = inner.get_decoder(), inner.get_output_embeddings()
     if head is not None and head.weight is backbone.get_input_embeddings().weight:
         units = [[backbone, head]]
     else:
         units = [backbone] + ([head] if head is not None else [])
-    return _shard(model, decoder_layers(model), units, world_size, mixed_precision,
-                  lambda ids: model(input_ids=ids))
+    _shard(inner, decoder_layers(inner), units, world_size, mixed_precision, lambda ids: model(input_ids=ids))
+    return model
 
 
 def shard_critic(critic: torch.nn.Module, world_size: int, mixed_precision: bool = False) -> torch.nn.Module:
@@ -131,14 +134,15 @@ def unsharded(model: torch.nn.Module):
     if not units:
         yield
         return
-    model.set_reshard_after_forward(False)
+    root = units[0]  # `model` itself, or a peft model's base model
+    root.set_reshard_after_forward(False)
     for unit in units:
         unit.unshard()
     try:
         yield
     finally:
-        model.set_reshard_after_forward(True)
-        model.set_reshard_after_forward(False, recurse=False)  # the root: FSDP's default
+        root.set_reshard_after_forward(True)
+        root.set_reshard_after_forward(False, recurse=False)  # the root: FSDP's default
         for unit in units:
             unit.reshard()
 
@@ -189,10 +193,16 @@ def full_state_dict(model: torch.nn.Module, rank0_only: bool = True) -> dict[str
 
 
 def save_full(model: torch.nn.Module, tokenizer, path: str | Path, rank: int) -> Path:
-    """Gather the full weights and write an HF folder from rank 0 (a collective)."""
+    """Gather the full weights and write an HF folder from rank 0 (a collective); a LoRA policy (a peft
+    model) writes its adapter folder, as in one process."""
     state = full_state_dict(model, rank0_only=True)
     path = Path(path)
-    if rank == 0:
+    if rank == 0 and hasattr(model, "peft_config"):
+        with save_errors(path):
+            path.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(path, state_dict=state, safe_serialization=True)  # peft keeps the adapters'
+            tokenizer.save_pretrained(path)
+    elif rank == 0:
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):

@@ -217,3 +217,20 @@ def _update_gap(a: dict, b: dict, init: dict) -> tuple[float, float]:
     """(|a - b|, |a - init|): L2 norms over all weights."""
     moved = sum(float(((a[k] - init[k]) ** 2).sum()) for k in b) ** 0.5
     return sum(float(((a[k] - b[k]) ** 2).sum()) for k in b) ** 0.5, moved
+
+
+def test_lora_under_fsdp_equals_lora_in_one_process(ws, tmp_path, monkeypatch):
+    """--ds.lora.rank with --fsdp.enable: the adapters are sharded with their layers, only they train (the
+    reference is the base: the adapters off), and the final folder is the adapter folder one process writes,
+    with the same adapter weights."""
+    lora = {"ds.lora.rank": 4, "ds.lora.alpha": 8}
+    single_and_fsdp(ws, tmp_path, monkeypatch, lora)
+    for a, b, c in assert_same_steps(tmp_path)[1:]:  # after the first step the adapters move off the base
+        assert a["kl_loss"] > 0 and b["kl_loss"] + c["kl_loss"] == pytest.approx(a["kl_loss"], rel=1e-4)
+    one = load_file(tmp_path / "single" / "final" / "adapter_model.safetensors")
+    two = load_file(tmp_path / "fsdp" / "final" / "adapter_model.safetensors")
+    assert one.keys() == two.keys() and all("lora_" in k for k in one)
+    lora_b = [k for k in one if "lora_B" in k]  # zero at the start: what the steps moved
+    assert max(float(one[k].abs().max()) for k in lora_b) > 1e-3
+    assert max(float((one[k] - two[k]).abs().max()) for k in one) < 3e-4
+    assert json.loads((tmp_path / "fsdp" / "final" / "adapter_config.json").read_text())["r"] == 4

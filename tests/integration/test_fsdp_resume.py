@@ -203,3 +203,22 @@ def test_a_sharded_checkpoint_of_two_ranks_exports_to_a_model_folder(reference, 
     assert main(["export", str(reference / "checkpoints" / step_dir_name(STEPS - 1)), str(tmp_path / "old")]) == 0
     older = AutoModelForCausalLM.from_pretrained(tmp_path / "old")
     assert not torch.equal(older(input_ids=ids).logits, final(input_ids=ids).logits)  # the step it names
+
+
+def test_lora_under_fsdp_resumes_bit_exact(ws, tmp_path):
+    """LoRA adapters sharded under FSDP (the same run with --ds.lora.rank 4): a resume from the step before
+    the last repeats the last step to the bit, in the adapters, their EMA and every logged value."""
+    lora = {"ds.lora.rank": 4, "ds.lora.alpha": 8}
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    rc, log = finish(launch(flags(ws, ref, **lora)))
+    assert rc == 0, log
+    resume_elsewhere(ref, out)
+    for folder in ("final", "ema"):
+        shutil.rmtree(out / folder)
+    rc, log = finish(launch(flags(ws, out, **lora)))
+    assert rc == 0, log
+    assert f"resumed from {out / 'checkpoints' / step_dir_name(STEPS - 1)}" in log
+    for folder in ("final", "ema"):
+        assert_same_tensors(ref / folder / "adapter_model.safetensors", out / folder / "adapter_model.safetensors")
+    for rank_dir in (".", "rank1"):
+        assert rows(out / rank_dir / "metrics.jsonl") == rows(ref / rank_dir / "metrics.jsonl"), rank_dir
