@@ -17,9 +17,9 @@ from rlhfkit.trainers.checkpoint import read_state
 from tests.integration import test_resume as rl_resume
 from tests.integration import test_supervised_resume as sup_resume
 from tests.integration.conftest import rl_flags
-from tests.integration.test_supervised_resume import ws  # noqa: F401  (the supervised runs' workspace fixture)
 
 STEPS, FROZEN = 5, 3
+ws = sup_resume.ws  # the supervised runs' workspace (a fixture: its data files, the kill script)
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +104,17 @@ def test_train_sft_with_muon_trains_other_weights_and_resumes_bit_for_bit(ws, tm
     assert main(sup_resume.argv(ws, "sft", out, **muon)) == 0
     assert f"(step {resumed} of {sup_resume.STEPS})" in capsys.readouterr().out
     sup_resume.assert_same_run(ref, out)
+
+
+def test_train_rs_sft_stage_trains_with_muon(tiny_ws, capsys):
+    root = tiny_ws("rs_muon", rows=[{"input": f"{a}+{b}=", "label": str(a + b)} for a in range(4) for b in range(4)])
+    (root / "digits.py").write_text("def reward_func(queries, prompts, labels, responses=None, **kw):\n"
+                                    "    return [sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses]\n")
+    out = root / "out"
+    assert main(["train", "rs", *rl_flags(root, out, **{
+        "data.input_key": "input", "data.label_key": "label", "reward.remote_url": root / "digits.py",
+        "rollout.max_new_tokens": 8, "rollout.batch_size": 16, "train.num_threads": 1, "rs.best_of_n": 2,
+        "rs.sft_enable": "true", "sft.train.optim": "muon", "sft.muon.lr": 0.05, "sft.train.batch_size": 4,
+        "sft.train.micro_batch_size": 2})]) == 0
+    steps = [json.loads(line) for line in (out / "round_1" / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0]["muon_lr"] == 0.05  # the stage's Muon, at its (constant-warmup-free) first step

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from rlhfkit.config.rl import MuonConfig
 from rlhfkit.errors import CheckpointError, ConfigError
 from rlhfkit.trainers.learner import Learner, muon_mask, muon_settings
-from rlhfkit.config.rl import MuonConfig
 
 MUON = dict(lr=0.02, momentum=0.95, ns_steps=5, nesterov=True)
 ADAM = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
