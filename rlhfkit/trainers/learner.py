@@ -72,6 +72,8 @@ MUON_EXCLUDED = ("embed", "lm_head")  # name parts of 2-D parameters that stay w
 def muon_settings(optim: str, muon) -> dict | None:
     """torch.optim.Muon's keyword arguments (lr, momentum, ns_steps, nesterov) from an `optim` choice
     ("adam" or "muon") and a MuonConfig-like section; None for plain AdamW."""
+    if optim == "muon" and muon is None:
+        raise ConfigError("the optimizer is muon but no Muon settings were given (a muon section)")
     return asdict(muon) if optim == "muon" else None
 
 

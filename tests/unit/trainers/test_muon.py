@@ -47,6 +47,8 @@ def test_only_hidden_matrices_go_to_muon():
     assert [n for (n, _), m in zip(named, muon_mask(named)) if m] == ["fc.weight"]
     assert muon_settings("adam", MuonConfig()) is None
     assert muon_settings("muon", MuonConfig(lr=0.1)) == {"lr": 0.1, "momentum": 0.95, "ns_steps": 5, "nesterov": True}
+    with pytest.raises(ConfigError, match="the optimizer is muon but no Muon settings were given"):
+        muon_settings("muon", None)
 
 
 def test_a_muon_step_is_torch_muon_on_the_matrices_plus_adamw_on_the_rest():
