@@ -154,3 +154,16 @@ def test_bf16_parameters_step_their_float32_masters_with_muon():
 def test_settings_muon_refuses_are_a_config_error():
     with pytest.raises(ConfigError, match=r"^critic: Muon refuses its settings \(ValueError: momentum should be >= 0"):
         Learner(Toy(), lr=1e-3, name="critic", muon=dict(MUON, momentum=-1.0))
+
+
+def test_a_non_finite_gradient_skips_both_optimizers():
+    model = Toy()
+    learner = Learner(model, **ADAM, muon=MUON)
+    train(learner, model, 1)
+    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+    buffer = learner.muon.state[model.fc.weight]["momentum_buffer"].clone()
+    learner.backward(loss_of(model, 1) * float("nan"))
+    assert learner.step()["skipped_steps"] == 1.0
+    assert all(torch.equal(v, snapshot[k]) for k, v in model.state_dict().items())
+    assert torch.equal(learner.muon.state[model.fc.weight]["momentum_buffer"], buffer)
+    assert learner.schedulers[0].last_epoch == learner.schedulers[1].last_epoch == 1
