@@ -52,7 +52,8 @@ CODE_SANDBOXES = ("bwrap", "remote", "none")
 RL_RANGES = validate_table({
     **{f"actor.adam.{k}": v for k, v in ADAM_RANGES.items()},
     **{f"{part}.muon.{k}": v for part in ("actor", "critic") for k, v in MUON_RANGES.items()},
-    "actor.freezing_steps": ">= 0", "actor.lr_warmup_ratio": "[0, 1]", "actor.min_lr_ratio": "[0, 1]", "actor.max_norm": ">= 0",
+    "actor.freezing_steps": ">= 0",
+    "actor.lr_warmup_ratio": "[0, 1]", "actor.min_lr_ratio": "[0, 1]", "actor.max_norm": ">= 0",
     "actor.eps_clip_low_high": ("[0, 1]", ">= 0"), "actor.dual_clip": "> 1", "actor.entropy_coef": ">= 0", "actor.aux_loss_coef": ">= 0",
     "actor.ema_beta": "[0, 1]", "actor.sapo_temperatures": "> 0", "actor.clip_cov_ratio": "[0, 1]",
     "actor.clip_cov_bounds": ORDERED, "actor.kl_cov_ratio": "[0, 1]", "actor.kl_cov_coef": ">= 0",
