@@ -43,7 +43,7 @@ from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rewards.reward_model import ProcessRewardFn, RewardModelFn
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine, eos_ids
-from rlhfkit.trainers.learner import Learner
+from rlhfkit.trainers.learner import Learner, muon_settings
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import ExperienceMaker
 from rlhfkit.trainers.rl.generate import Generate, RolloutSource
@@ -333,12 +333,13 @@ def build_learners(cfg: RLConfig, policy, critic, counts: RunPlan) -> tuple[Lear
                     scheduler=actor.lr_scheduler, min_lr_ratio=actor.min_lr_ratio,
                     max_consecutive_skips=cfg.train.max_skipped_steps)
     learner = Learner(policy, actor.adam.lr, actor.adam.betas, actor.adam.eps, actor.adam.weight_decay,
-                      max_norm=actor.max_norm, ema_beta=actor.ema_beta, **schedule)
+                      max_norm=actor.max_norm, ema_beta=actor.ema_beta, muon=muon_settings(actor.optim, actor.muon),
+                      **schedule)
     if critic is None:
         return learner, None
     c = cfg.critic.adam
     return learner, Learner(critic, c.lr, c.betas, c.eps, c.weight_decay, max_norm=cfg.critic.max_norm, name="critic",
-                            **schedule)
+                            muon=muon_settings(cfg.critic.optim, cfg.critic.muon), **schedule)
 
 
 def build_batcher(cfg: RLConfig, tokenizer) -> MicroBatcher:
@@ -450,4 +451,5 @@ def build_loop(cfg: RLConfig, counts: RunPlan, policy, tokenizer, engine, reward
     source = build_source(cfg, executor, engine, tokenizer, budget)
     return RLLoop(data, source, engine, scorer, group_filter, experience, update, kl_controller(cfg),
                   total_steps=counts.total_rollouts, max_staleness=cfg.train.max_staleness, tokenizer=tokenizer,
-                  tracker=tracker, log_samples=cfg.logger.log_samples, callbacks=callbacks)
+                  tracker=tracker, log_samples=cfg.logger.log_samples, callbacks=callbacks,
+                  actor_freezing_steps=cfg.actor.freezing_steps)

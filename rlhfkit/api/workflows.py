@@ -307,7 +307,7 @@ class SamplingRounds:
     def stage_common(self, stage, round_dir: Path) -> dict:
         """The sections of `train sft|dpo` a stage's --sft.* / --dpo.* give, the round folder as run folder."""
         lg = self.cfg.logger
-        return {"train": stage.train, "adam": stage.adam, "ds": stage.ds,
+        return {"train": stage.train, "adam": stage.adam, "muon": stage.muon, "ds": stage.ds,
                 "ckpt": SupervisedCkptConfig(output_dir=str(round_dir)),
                 "logger": BaseLoggerConfig(progress_bar=lg.progress_bar, log_level=lg.log_level)}
 

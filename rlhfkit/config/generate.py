@@ -24,11 +24,14 @@ from rlhfkit.config.rl import (
     ENGINES,
     LOG_LEVELS,
     LR_SCHEDULERS,
+    MUON_RANGES,
+    OPTIMS,
     RL_ALIASES,
     RL_RANGES,
     SEED_RANGE,
     AdamConfig,
     CkptConfig,
+    MuonConfig,
     RLConfig,
 )
 from rlhfkit.config.sft import DSConfig, SupervisedTrainConfig
@@ -64,6 +67,7 @@ class SFTStageConfig:
 
     train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=5e-6))
+    muon: MuonConfig = field(default_factory=MuonConfig)
     ds: DSConfig = field(default_factory=DSConfig)
     data: StageDataConfig = field(default_factory=StageDataConfig)
 
@@ -116,6 +120,7 @@ class DPOStageConfig:
     model: DPOLossConfig = field(default_factory=DPOLossConfig)
     train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=5e-7))
+    muon: MuonConfig = field(default_factory=MuonConfig)
     ds: DSConfig = field(default_factory=DSConfig)
     data: StageDataConfig = field(default_factory=StageDataConfig)
 
@@ -156,6 +161,7 @@ def _stage_ranges(prefix: str) -> dict[str, str]:
          "seed": SEED_RANGE, "num_threads": ">= 1"}
     return {**{f"{prefix}.train.{k}": v for k, v in t.items()},
             **{f"{prefix}.adam.{k}": v for k, v in ADAM_RANGES.items()},
+            **{f"{prefix}.muon.{k}": v for k, v in MUON_RANGES.items()},
             f"{prefix}.ds.lora.rank": ">= 0", f"{prefix}.ds.lora.alpha": "> 0", f"{prefix}.ds.lora.dropout": "[0, 1)",
             f"{prefix}.data.max_len": ">= 1"}
 
@@ -187,6 +193,7 @@ def validate_generate(cfg: GenerateConfig, ranges=GENERATE_RANGES) -> GenerateCo
 def _validate_stage(stage, flag: str) -> None:
     t = stage.train
     one_of(f"{flag}.train.lr_scheduler", t.lr_scheduler, LR_SCHEDULERS)
+    one_of(f"{flag}.train.optim", t.optim, OPTIMS)
     check_micro_batches(f"{flag}.train", t.batch_size, t.micro_batch_size)
 
 

@@ -88,9 +88,7 @@ CKPT_MEM = "ignored: rlhfkit keeps the newest --ckpt.max_num checkpoints (no siz
 QLORA = "not supported yet: 4-bit base weights; the model is trained in its --model.dtype / --actor.dtype"
 VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is transformers' "
               "sequence-classification `score`)")
-MUON = "ignored: rlhfkit trains with AdamW, Muon's settings have no effect"
 MOE = "ignored: transformers picks the MoE experts' kernel"
-OPTIM = refuse("rlhfkit trains with AdamW only: drop it or pass adam", harmless=("adam",))
 
 
 def _dtype(model_field: str):
@@ -147,6 +145,18 @@ def add_wandb_rules(add, default_project: str) -> None:
     add("wandb_group", conv(_wandb("logger.wandb.group"), "`--logger.wandb.group`, with --use_wandb"))
     add("logger.wandb.group", to("logger.wandb.group"))
     add("wandb_org logger.wandb.org", notice("ignored: set the wandb entity with WANDB_ENTITY", 1))
+
+
+def add_muon_rules(add, prefix: str, optim_field: str) -> None:
+    """OpenRLHF's optimizer choice and Muon flags: `--{prefix}optim` onto our `optim_field`, `--{prefix}muon.*`
+    onto ours of the same names (prefix "actor." / "critic." for train rl, "" for the supervised commands)."""
+    add(f"{prefix}optim", to(optim_field, note="adam or muon: Muon for the 2-D hidden matrices, AdamW for embeddings, "
+                                               "LM head, norms and biases, as OpenRLHF splits them"))
+    for key in ("lr", "momentum", "ns_steps"):
+        add(f"{prefix}muon.{key}", to(f"{prefix}muon.{key}"))
+    add(f"{prefix}muon.nesterov", to(f"{prefix}muon.nesterov", 0))
+    add(f"{prefix}muon.no_nesterov", conv(lambda vals, given: {f"{prefix}muon.nesterov": "false"},
+                                          f"`--{prefix}muon.nesterov false`", 0))
 
 
 def add_ckpt_rules(add) -> None:
@@ -330,9 +340,7 @@ for _part in ("actor", "critic"):
     for _key in ("adam.eps", "adam.weight_decay", "max_norm"):
         _rl(f"{_part}.{_key}", to(f"{_part}.{_key}"))
     _rl(f"{_part}.adam.betas", to(f"{_part}.adam.betas", 2))
-    _rl(f"{_part}.optim", OPTIM)
-    _rl(f"{_part}.muon.lr {_part}.muon.momentum {_part}.muon.ns_steps", notice(MUON, 1))
-    _rl(f"{_part}.muon.nesterov {_part}.muon.no_nesterov", notice(MUON))
+    add_muon_rules(_rl, f"{_part}.", f"{_part}.optim")
 _rl("critic.lr_scheduler critic.lr_warmup_ratio critic.min_lr_ratio",
     notice("ignored: rlhfkit's critic follows the actor's schedule (--actor.lr_scheduler, --actor.lr_warmup_ratio, "
            "--actor.min_lr_ratio)", 1))
@@ -357,8 +365,8 @@ _rl("entropy_loss_coef actor.entropy_coef", to("actor.entropy_coef"))
 _rl("aux_loss_coef actor.aux_loss_coef", to("actor.aux_loss_coef", note="mixture-of-experts policies"))
 _rl("ptx_coef", notice("ignored: it has no effect in OpenRLHF's releases that have it (no pretraining data)", 1))
 _rl("freezing_actor_steps critic.freezing_steps",
-    refuse("rlhfkit updates the actor from the first step (no critic warm-up yet): drop it",
-           harmless=("-1", "0")))
+    conv(lambda vals, given: {"actor.freezing_steps": str(max(0, int(float(vals[0]))))},
+         "`--actor.freezing_steps` (the critic's warm-up; -1 = 0 = off)"))
 _rl("save_value_network critic.save_value_network",
     notice("not supported yet: the final model is the policy (and its EMA); the critic is only in checkpoints"))
 # rewards
@@ -456,9 +464,7 @@ def _supervised_rules() -> dict[str, Alias]:
     add("l2 adam.weight_decay", to("adam.weight_decay"))
     add("adam_betas adam.betas", to("adam.betas", 2))
     add("adam.eps", to("adam.eps"))
-    add("optim", OPTIM)
-    add("muon.lr muon.momentum muon.ns_steps", notice(MUON, 1))
-    add("muon.nesterov muon.no_nesterov", notice(MUON))
+    add_muon_rules(add, "", "train.optim")
     add("aux_loss_coef model.aux_loss_coef", to("model.aux_loss_coef", note="mixture-of-experts models"))
     # the losses
     add("loss model.loss_type", notice("accepted: rlhfkit's reward-model loss is -log sigmoid(chosen - rejected), "

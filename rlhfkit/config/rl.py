@@ -19,8 +19,8 @@ from rlhfkit.config.openrlhf import RL_FLAGS
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.rl_checks import (
     ADAM_RANGES, ADVANTAGE_ESTIMATORS, AUTOCASTS, BACKENDS, CODE_SANDBOXES, DTYPES, ENGINES, GROUP_ESTIMATORS,
-    IS_CORRECTION_TYPES, KL_ESTIMATORS, LOG_LEVELS, LOSS_AGG_MODES, LR_SCHEDULERS, POLICY_LOSS_TYPES, RL_RANGES,
-    SEED_RANGE, WANDB_MODES, WHITEN_MODES, BatchPlan, validate,
+    IS_CORRECTION_TYPES, KL_ESTIMATORS, LOG_LEVELS, LOSS_AGG_MODES, LR_SCHEDULERS, MUON_RANGES, OPTIMS,
+    POLICY_LOSS_TYPES, RL_RANGES, SEED_RANGE, WANDB_MODES, WHITEN_MODES, BatchPlan, validate,
 )
 from rlhfkit.config.rl_run_sections import (
     BaseLoggerConfig, CkptConfig, DistributedConfig, EvalConfig, FSDPConfig, LoggerConfig, LoraConfig, RLDSConfig,
@@ -28,16 +28,18 @@ from rlhfkit.config.rl_run_sections import (
 )
 from rlhfkit.config.rl_sections import (
     ActorConfig, AdamConfig, AdvantageConfig, AgentConfig, AlgoConfig, CodeRewardConfig, CriticConfig, DataConfig,
-    KLConfig, RefConfig, RewardConfig, RolloutConfig,
+    KLConfig, MuonConfig, RefConfig, RewardConfig, RolloutConfig,
 )
 
 __all__ = [
     "ADAM_RANGES", "ADVANTAGE_ESTIMATORS", "AUTOCASTS", "BACKENDS", "CODE_SANDBOXES", "DEVICE_NAMES", "DTYPES",
     "ENGINES", "GROUP_ESTIMATORS", "IS_CORRECTION_TYPES", "KL_ESTIMATORS", "LOG_LEVELS", "LOSS_AGG_MODES",
-    "LR_SCHEDULERS", "POLICY_LOSS_TYPES", "RL_ALIASES", "RL_RANGES", "SEED_RANGE", "WANDB_MODES", "WHITEN_MODES",
+    "LR_SCHEDULERS", "MUON_RANGES", "OPTIMS", "POLICY_LOSS_TYPES", "RL_ALIASES", "RL_RANGES", "SEED_RANGE",
+    "WANDB_MODES", "WHITEN_MODES",
     "ActorConfig", "AdamConfig", "AdvantageConfig", "AgentConfig", "AlgoConfig", "BaseLoggerConfig", "BatchPlan",
     "CkptConfig", "CodeRewardConfig", "CriticConfig", "DataConfig", "DistributedConfig", "EvalConfig", "FSDPConfig",
-    "KLConfig", "LoggerConfig", "LoraConfig", "RLConfig", "RLDSConfig", "RefConfig", "RewardConfig", "RolloutConfig",
+    "KLConfig", "LoggerConfig", "LoraConfig", "MuonConfig", "RLConfig", "RLDSConfig", "RefConfig", "RewardConfig",
+    "RolloutConfig",
     "TrainConfig", "VLLMConfig", "WandbConfig", "check_device", "check_input_template", "lora_targets", "validate",
 ]
 

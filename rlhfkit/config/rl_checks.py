@@ -28,6 +28,8 @@ DTYPES = ("float32", "bfloat16")
 AUTOCASTS = (*DTYPES, "auto")
 WANDB_MODES = ("online", "offline", "disabled")
 WHITEN_MODES = ("true", "mean", "false")
+OPTIMS = ("adam", "muon")
+CRITIC_ESTIMATORS = ("gae",)  # the estimators that train a critic (core.advantages: needs_critic)
 IS_CORRECTION_TYPES = ("tis", "icepop", "seq-mask-tis", "seq_mask_tis")  # OpenRLHF's names; underscores too
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -42,12 +44,15 @@ class BatchPlan:
 
 
 ADAM_RANGES = {"lr": "> 0", "betas": "[0, 1)", "eps": "> 0", "weight_decay": ">= 0"}
+MUON_RANGES = {"lr": "> 0", "momentum": "[0, 1)", "ns_steps": "[1, 99]"}
 SEED_RANGE = "[0, 4294967295]"
 CODE_SANDBOXES = ("bwrap", "remote", "none")
 
 # The allowed range of every numeric flag of `train rl` (see config/ranges.py); checked first by `validate`.
 RL_RANGES = validate_table({
     **{f"actor.adam.{k}": v for k, v in ADAM_RANGES.items()},
+    **{f"{part}.muon.{k}": v for part in ("actor", "critic") for k, v in MUON_RANGES.items()},
+    "actor.freezing_steps": ">= 0",
     "actor.lr_warmup_ratio": "[0, 1]", "actor.min_lr_ratio": "[0, 1]", "actor.max_norm": ">= 0",
     "actor.eps_clip_low_high": ("[0, 1]", ">= 0"), "actor.dual_clip": "> 1", "actor.entropy_coef": ">= 0", "actor.aux_loss_coef": ">= 0",
     "actor.ema_beta": "[0, 1]", "actor.sapo_temperatures": "> 0", "actor.clip_cov_ratio": "[0, 1]",
@@ -131,6 +136,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _validate_distributed(cfg)
     _validate_scale(cfg)
     _validate_lora(cfg)
+    _validate_optim(cfg)
     one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
     one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
     return BatchPlan(
@@ -180,6 +186,19 @@ def _validate_scale(cfg: RLConfig) -> None:
     require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
             "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
             "workers is not supported yet")
+
+
+def _validate_optim(cfg: RLConfig) -> None:
+    """--actor.optim / --critic.optim, and the critic warm-up of --actor.freezing_steps."""
+    for part in ("actor", "critic"):
+        one_of(f"{part}.optim", getattr(cfg, part).optim, OPTIMS)
+        require(not (cfg.fsdp.enable and getattr(cfg, part).optim == "muon"),
+                f"--{part}.optim muon does not combine with --fsdp.enable yet (Newton-Schulz needs each whole "
+                f"matrix; FSDP shards them): use --{part}.optim adam or drop --fsdp.enable")
+    estimator = cfg.algo.advantage.estimator
+    require(cfg.actor.freezing_steps == 0 or estimator in CRITIC_ESTIMATORS,
+            f"--actor.freezing_steps {cfg.actor.freezing_steps} warms up the critic, and --algo.advantage.estimator "
+            f"{estimator} trains none: drop it, or use --algo.advantage.estimator gae")
 
 
 def _validate_lora(cfg: RLConfig) -> None:

@@ -24,6 +24,22 @@ class AdamConfig:
 
 
 @dataclass(frozen=True)
+class MuonConfig:
+    """Muon (torch.optim.Muon) for the hidden weight matrices, with the optimizer choice muon: every 2-D
+    parameter whose name contains neither embed nor lm_head; the embeddings, LM head, norms and biases
+    stay with AdamW (the adam section's settings), as OpenRLHF splits them. The weight decay is adam's."""
+
+    lr: float = 0.02
+    """Peak learning rate of the Muon matrices (the schedule scales it as it scales adam's)."""
+    momentum: float = 0.95
+    """Momentum of the gradient (its buffer: momentum x buffer + (1 - momentum) x gradient)."""
+    ns_steps: int = 5
+    """Newton-Schulz iterations that orthogonalise each matrix's update."""
+    nesterov: bool = True
+    """Nesterov momentum: orthogonalise gradient + momentum x (buffer - gradient) instead of the buffer."""
+
+
+@dataclass(frozen=True)
 class ActorConfig:
     """The policy being trained: model, dtypes, optimizer, schedule and policy loss."""
 
@@ -45,7 +61,14 @@ class ActorConfig:
     gradient_checkpointing_enable: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
     non-reentrant gradient checkpointing): the same gradients, less activation memory, one more forward per update."""
+    optim: str = "adam"
+    """Optimizer: adam (AdamW for every parameter) or muon (Muon for the hidden weight matrices, AdamW for
+    the rest; --actor.muon.*). Gradient clipping (--actor.max_norm) runs on the raw gradients first."""
     adam: AdamConfig = field(default_factory=AdamConfig)
+    muon: MuonConfig = field(default_factory=MuonConfig)
+    freezing_steps: int = 0
+    """Critic warm-up (PPO with --algo.advantage.estimator gae): for the first N RL steps only the critic
+    is updated, the actor stays as it is (its optimizer and schedule do not step); 0 = off."""
     lr_scheduler: str = "cosine_with_min_lr"
     """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
     lr_warmup_ratio: float = 0.0
@@ -101,7 +124,10 @@ class CriticConfig:
 
     model_name_or_path: str | None = None
     """Backbone of the critic for gae (a reward-model folder: its backbone and score head); defaults to the actor's."""
+    optim: str = "adam"
+    """The critic's optimizer: adam or muon (as --actor.optim; --critic.muon.*)."""
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=9e-6))
+    muon: MuonConfig = field(default_factory=MuonConfig)
     value_clip: float | None = 0.5
     """PPO's value clipping: the value loss also takes the new value clipped to old +- value_clip
     and keeps the larger loss (none = off)."""

@@ -18,8 +18,8 @@ from rlhfkit.config.checks import (check_device, check_input_template, check_kee
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
-from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, SEED_RANGE, WANDB_MODES, AdamConfig,
-                               BaseLoggerConfig, CkptConfig, LoraConfig)
+from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, MUON_RANGES, OPTIMS, SEED_RANGE,
+                               WANDB_MODES, AdamConfig, BaseLoggerConfig, CkptConfig, LoraConfig, MuonConfig)
 
 
 log = logging.getLogger("rlhfkit")
@@ -133,6 +133,9 @@ class SupervisedTrainConfig:
     """Passes over the training data."""
     max_steps: int | None = None
     """Stop after this many optimizer steps."""
+    optim: str = "adam"
+    """Optimizer: adam (AdamW for every parameter) or muon (Muon for the hidden weight matrices, AdamW with
+    the --adam.* settings for embeddings, LM head, norms and biases; --muon.*). Clipping runs first."""
     lr_scheduler: str = "cosine_with_min_lr"
     """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
     lr_warmup_ratio: float = 0.03
@@ -177,6 +180,7 @@ class SupervisedConfig:
     data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
     train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=5e-6))
+    muon: MuonConfig = field(default_factory=MuonConfig)
     ds: DSConfig = field(default_factory=DSConfig)
     ckpt: SupervisedCkptConfig = field(default_factory=SupervisedCkptConfig)
     logger: BaseLoggerConfig = field(default_factory=BaseLoggerConfig)
@@ -224,6 +228,7 @@ SUPERVISED_RANGES = validate_table({
     "train.eval_steps": "-1 or >= 1", "train.seed": SEED_RANGE, "train.num_threads": ">= 1", "model.aux_loss_coef": ">= 0",
     "ckpt.save_steps": "-1 or >= 1", "ckpt.max_num": ">= 1",
     **{f"adam.{k}": v for k, v in ADAM_RANGES.items()},
+    **{f"muon.{k}": v for k, v in MUON_RANGES.items()},
     "ds.lora.rank": ">= 0", "ds.lora.alpha": "> 0", "ds.lora.dropout": "[0, 1)",
 })
 
@@ -246,6 +251,7 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
     one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
     one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
     one_of("train.lr_scheduler", t.lr_scheduler, LR_SCHEDULERS)
+    one_of("train.optim", t.optim, OPTIMS)
     check_micro_batches("train", t.batch_size, t.micro_batch_size)
     check_input_template(cfg.data.input_template)
     check_keep_best(cfg.ckpt.keep_best)

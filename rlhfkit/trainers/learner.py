@@ -1,5 +1,13 @@
-"""The algorithm-blind learner: AdamW, warmup + cosine schedule, gradient accumulation,
-grad-norm clipping, skipped non-finite steps and an optional EMA of the parameters.
+"""The algorithm-blind learner: AdamW (or Muon for the hidden weight matrices and AdamW for the rest),
+warmup + cosine schedule, gradient accumulation, grad-norm clipping, skipped non-finite steps and an
+optional EMA of the parameters.
+
+With `muon` settings (OpenRLHF's --actor.optim muon) the parameters are split as OpenRLHF's DeepSpeed
+Muon splits them: every 2-D matrix whose name contains neither "embed" nor "lm_head" is stepped by
+torch.optim.Muon (momentum, Newton-Schulz orthogonalisation, the update scaled by sqrt(max(1, rows /
+cols))), everything else (embeddings, the LM head, norms, biases) by AdamW with the Adam settings. The
+weight decay applies to both; the schedule scales both learning rates by the same factor; gradient
+clipping runs on the raw gradients of all parameters before either optimizer.
 
 Parameters held in bfloat16 (`--actor.dtype bfloat16`) are trained as DeepSpeed's bf16 mode
 does: the optimizer owns float32 master copies, each micro-batch's bf16 gradient is added into
@@ -22,6 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from dataclasses import asdict
 
 import torch
 
@@ -57,8 +66,28 @@ def adam_kernel(params: list[torch.Tensor]) -> dict[str, bool]:
     return {"fused": True} if params and plain else {}
 
 
+MUON_EXCLUDED = ("embed", "lm_head")  # name parts of 2-D parameters that stay with AdamW (as OpenRLHF's split)
+
+
+def muon_settings(optim: str, muon) -> dict | None:
+    """torch.optim.Muon's keyword arguments (lr, momentum, ns_steps, nesterov) from an `optim` choice
+    ("adam" or "muon") and a MuonConfig-like section; None for plain AdamW."""
+    if optim == "muon" and muon is None:
+        raise ConfigError("the optimizer is muon but no Muon settings were given (a muon section)")
+    return asdict(muon) if optim == "muon" else None
+
+
+def muon_mask(named: list[tuple[str, torch.Tensor]]) -> list[bool]:
+    """Per parameter: True where Muon steps it (a 2-D matrix whose name has none of MUON_EXCLUDED)."""
+    return [p.ndim == 2 and not any(part in name for part in MUON_EXCLUDED) for name, p in named]
+
+
 class Learner:
-    """Owns the optimizer state of one trainable module."""
+    """Owns the optimizer state of one trainable module.
+
+    `muon`: torch.optim.Muon's lr, momentum, ns_steps and nesterov for the hidden weight matrices
+    (see the module docstring); None = AdamW for every parameter. `optimizer` is the AdamW (None when
+    Muon takes every parameter), `muon` the Muon (None without one)."""
 
     def __init__(
         self,
@@ -75,9 +104,11 @@ class Learner:
         ema_beta: float | None = None,
         max_consecutive_skips: int = 0,
         name: str = "actor",
+        muon: dict | None = None,
     ):
         self.module = module
-        self.params = [p for p in module.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
         # float32 masters for low-precision parameters (see the module docstring); else the params
         self.master = None
         if any(p.dtype in (torch.bfloat16, torch.float16) for p in self.params):
@@ -85,15 +116,22 @@ class Learner:
             for p, m in zip(self.params, self.master, strict=True):
                 p.register_post_accumulate_grad_hook(functools.partial(_accumulate_into, m))
         self.train_params = self.master if self.master is not None else self.params
-        try:  # the config's ranges refuse these first; this covers callers that build a Learner themselves
-            self.optimizer = torch.optim.AdamW(self.train_params, lr=lr, betas=betas, eps=eps,
-                                               weight_decay=weight_decay, **adam_kernel(self.train_params))
-        except ValueError as exc:
-            raise ConfigError(f"{name}: AdamW refuses its settings ({one_line(exc)}); the learning rate must be "
-                              "> 0, betas in [0, 1), eps > 0 and the weight decay >= 0") from exc
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(scheduler, total_steps, warmup_steps, min_lr_ratio)
-        )
+        to_muon = muon_mask(named) if muon is not None else [False] * len(named)
+        adam_params = [p for p, m in zip(self.train_params, to_muon, strict=True) if not m]
+        muon_params = [p for p, m in zip(self.train_params, to_muon, strict=True) if m]
+        self.optimizer = self.muon = None
+        if adam_params or not muon_params:
+            self.optimizer = _make(name, "AdamW", "the learning rate must be > 0, betas in [0, 1), eps > 0 and the "
+                                   "weight decay >= 0", lambda: torch.optim.AdamW(
+                                       adam_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                       **adam_kernel(adam_params)))
+        if muon_params:
+            self.muon = _make(name, "Muon", "its learning rate and momentum must be >= 0 and ns_steps < 100",
+                              lambda: torch.optim.Muon(muon_params, weight_decay=weight_decay, **muon))
+        self.optimizers = [o for o in (self.optimizer, self.muon) if o is not None]
+        factor = lr_lambda(scheduler, total_steps, warmup_steps, min_lr_ratio)
+        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in self.optimizers]
+        self.scheduler = self.schedulers[0]  # the AdamW's (Muon's alone when it takes every parameter)
         self.max_norm = max_norm
         self.ema_beta = ema_beta
         self.ema = [p.detach().clone() for p in self.train_params] if ema_beta is not None else None
@@ -114,9 +152,12 @@ class Learner:
             grads = [p.grad.detach().norm() for p in self.train_params if p.grad is not None]
             grad_norm = torch.stack(grads).norm() if grads else torch.zeros(())
         metrics = {"grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0]}
+        if self.muon is not None:
+            metrics["muon_lr"] = self.schedulers[-1].get_last_lr()[0]
         if torch.isfinite(grad_norm):
-            self.optimizer.step()
-            self.scheduler.step()
+            for optimizer, scheduler in zip(self.optimizers, self.schedulers, strict=True):
+                optimizer.step()
+                scheduler.step()
             self._copy_masters_to_params()
             if self.ema is not None:
                 ema_update(self.ema, [p.detach() for p in self.train_params], self.ema_beta)
@@ -129,7 +170,8 @@ class Learner:
                         "or gradient (%d in a row, %d in all)", self.name, self.steps + self.skipped_steps,
                         float(grad_norm), self.consecutive_skips, self.skipped_steps)
         metrics["skipped_steps"] = float(self.skipped_steps)
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         if self.master is not None:  # bf16 gradients left by a backward outside this learner's hooks
             for p in self.params:
                 p.grad = None
@@ -143,17 +185,30 @@ class Learner:
         return metrics
 
     def state_dict(self) -> dict:
-        """Optimizer, scheduler, EMA and counters (plain values and tensors; see trainers.checkpoint)."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        """Optimizer, scheduler, EMA and counters (plain values and tensors; see trainers.checkpoint);
+        with Muon its optimizer and scheduler under "muon"."""
+        muon = None if self.muon is None else {"optimizer": self.muon.state_dict(),
+                                               "scheduler": self.schedulers[-1].state_dict()}
+        return {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+                "scheduler": self.scheduler.state_dict(), "muon": muon,
                 "ema": self.ema, "master": self.master, "steps": self.steps, "skipped_steps": self.skipped_steps,
                 "consecutive_skips": self.consecutive_skips}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict()`; an "optimizer" or "ema" of None is left as it is (a sharded
         checkpoint restores those itself: distributed.fsdp_checkpoint)."""
-        if state["optimizer"] is not None:
+        muon = state.get("muon")
+        if (self.muon is None) != (muon is None):
+            written, here = ("muon", "adam") if muon is not None else ("adam", "muon")
+            raise CheckpointError(
+                f"{self.name}: the checkpoint was written with the {written} optimizer, this run uses {here}; resume "
+                f"with the optimizer it was written with (--actor.optim / --critic.optim / --train.optim {written})")
+        if state["optimizer"] is not None and self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if muon is not None:
+            self.muon.load_state_dict(muon["optimizer"])
+            self.schedulers[-1].load_state_dict(muon["scheduler"])
         if self.ema is not None and state["ema"] is not None:
             with torch.no_grad():
                 for e, v in zip(self.ema, state["ema"], strict=True):
@@ -176,6 +231,15 @@ class Learner:
             with torch.no_grad():
                 for p, m in zip(self.params, self.master, strict=True):
                     p.copy_(m)
+
+
+def _make(name: str, kind: str, rule: str, build):
+    """`build()`, an optimizer; the ValueError of settings it refuses as a one-line ConfigError. The
+    config's ranges refuse these first; this covers callers that build a Learner themselves."""
+    try:
+        return build()
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {kind} refuses its settings ({one_line(exc)}); {rule}") from exc
 
 
 def _accumulate_into(master: torch.Tensor, param: torch.Tensor) -> None:

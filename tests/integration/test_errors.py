@@ -162,6 +162,11 @@ BEFORE_MODELS = [
     ("92-prompt-probs-do-not-fit", {"data.prompt_dataset": "{ws}/prompts.jsonl,{ws}/long.jsonl",
                                     "data.prompt_probs": "0.5"},
      "--data.prompt_probs '0.5' has 1 probabilities for 2 dataset(s); give one per comma-separated dataset"),
+    ("94-warm-up-without-a-critic", {"actor.freezing_steps": 2},
+     "--actor.freezing_steps 2 warms up the critic, and --algo.advantage.estimator group_norm trains none: drop it, "
+     "or use --algo.advantage.estimator gae"),
+    ("95-muon-with-fsdp", {"actor.optim": "muon", "fsdp.enable": "true"},
+     "--actor.optim muon does not combine with --fsdp.enable yet"),
     ("90-unknown-is-correction-type", {"algo.advantage.is_correction_type": "mis"},
      "--algo.advantage.is_correction_type: unknown value 'mis'; valid: tis, icepop, seq-mask-tis, seq_mask_tis"),
 ]
@@ -293,6 +298,14 @@ def test_69_resume_with_another_parameter_dtype(ws, tmp_path, capsys):
     argv = flags(ws, out, **{"ckpt.load_enable": "true", "actor.dtype": "bfloat16", "train.max_steps": 2})
     refuse(argv, capsys, "actor: the checkpoint was written with float32 parameters, this run has bfloat16; resume "
                          "with the dtype it was written with (--actor.dtype float32)")
+
+
+def test_96_resume_with_another_optimizer(ws, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(ws, out, capsys) == 0
+    argv = flags(ws, out, **{"ckpt.load_enable": "true", "actor.optim": "muon", "train.max_steps": 2})
+    refuse(argv, capsys, "actor: the checkpoint was written with the adam optimizer, this run uses muon; resume "
+                         "with the optimizer it was written with (--actor.optim / --critic.optim / --train.optim adam)")
 
 
 def test_49_full_disk_while_saving_keeps_the_last_checkpoint(ws, tmp_path, capsys, monkeypatch):

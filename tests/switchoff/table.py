@@ -130,6 +130,14 @@ def no_images(original):
     return lambda model, batch, device: {}
 
 
+def adam_only(original):
+    return lambda named: [False] * len(named)  # no parameter goes to Muon
+
+
+def actor_always_trained(original):
+    return lambda self, exp, kl_coef, train_actor=True: original(self, exp, kl_coef)
+
+
 STAGES = "tests/unit/trainers/test_stages.py"
 KL = "tests/unit/trainers/test_kl_placement.py"
 OFFPOLICY = "tests/unit/trainers/test_offpolicy.py"
@@ -142,6 +150,8 @@ AGENTS = "tests/integration/test_agent_loop.py"
 VISION = "tests/unit/rollout/test_vision_engine.py"
 MIX = "tests/unit/api/test_prompt_mix.py"
 ORL_RL = "tests/integration/test_openrlhf_rl_options.py"
+MUON = "tests/unit/trainers/test_muon.py"
+WARMUP = "tests/unit/trainers/test_critic_warmup.py"
 
 SWITCH_OFFS = (
     SwitchOff("vision tower frozen (--actor.freeze_visual_encoder)", "rlhfkit.models.vision:freeze_visual_encoder",
@@ -196,6 +206,16 @@ SWITCH_OFFS = (
                                  f"{ORL_RL}::test_two_prompt_files_mixed_by_their_probabilities_and_truncated_samples_"
                                  "penalised"),
               "datasets concatenated"),
+    SwitchOff("Muon for the hidden matrices (--actor.optim muon, --train.optim muon)",
+              "rlhfkit.trainers.learner:muon_mask", adam_only,
+              (f"{MUON}::test_a_muon_step_is_torch_muon_on_the_matrices_plus_adamw_on_the_rest",
+               f"{MUON}::test_the_update_of_a_rank_one_gradient_by_hand",
+               f"{MUON}::test_switched_off_adam_and_muon_give_different_matrices_and_the_same_rest"),
+              "AdamW for every parameter"),
+    SwitchOff("critic warm-up (--actor.freezing_steps)", "rlhfkit.trainers.rl.update:PolicyUpdate.__call__",
+              actor_always_trained, (f"{WARMUP}::test_a_frozen_update_trains_the_critic_alone_then_the_actor_trains",
+                                     f"{WARMUP}::test_the_critic_trains_the_same_whether_the_actor_is_frozen_or_not"),
+              "the actor trains every step"),
     SwitchOff("discounting (gamma)", "rlhfkit.core.advantages:compute_advantages", gamma_one,
               (f"{STAGES}::test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries",), "gamma 1"),
     SwitchOff("KL in the reward", "rlhfkit.trainers.rl.experience:make_experience", kl_not_in_reward,

@@ -15,6 +15,7 @@ from a config): `RolloutSource` (trainers.rl.generate), `Scorer` and `GroupFilte
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from rlhfkit.trainers.rl.sync import sync_weights
 from rlhfkit.trainers.rl.update import PolicyUpdate
 
 Callback = Callable[["RLLoop", int, dict], None]
+log = logging.getLogger("rlhfkit")
 
 
 @dataclass
@@ -68,17 +70,20 @@ class RLLoop:
     KL coefficient's controller; total_steps: RL steps to run; max_staleness: most policy versions a
     trained sample may lag (0: synchronous); tokenizer: for completion logs; tracker: metrics and
     completion logs (None: not logged); log_samples: completions logged per step; callbacks:
-    `cb(loop, step, metrics)` after each step (evaluation, checkpoints)."""
+    `cb(loop, step, metrics)` after each step (evaluation, checkpoints); actor_freezing_steps: the
+    critic's warm-up, the first RL steps whose update trains the critic alone (OpenRLHF's
+    --critic.freezing_steps: the actor trains from step N + 1 on)."""
 
     def __init__(self, data: PromptStream, source: RolloutSource, engine: GenerationEngine, scorer: Scorer,
                  group_filter: GroupFilter, experience: ExperienceMaker, update: PolicyUpdate, kl_ctl, *,
                  total_steps: int, max_staleness: int = 0, tokenizer=None, tracker=None, log_samples: int = 0,
-                 callbacks: Sequence[Callback] = ()):
+                 callbacks: Sequence[Callback] = (), actor_freezing_steps: int = 0):
         self.data, self.source, self.engine = data, source, engine
         self.scorer, self.group_filter, self.experience, self.update = scorer, group_filter, experience, update
         self.kl_ctl, self.total_steps, self.max_staleness = kl_ctl, total_steps, max_staleness
         self.tokenizer, self.tracker, self.log_samples = tokenizer, tracker, log_samples
         self.callbacks = list(callbacks)
+        self.actor_freezing_steps = actor_freezing_steps
         self.step = 0
 
     @property
@@ -136,12 +141,18 @@ class RLLoop:
         metrics = dict(got.scored.metrics)
         metrics.update(self.check_staleness(got.trajs))
         metrics.update({"stale_dropped": 0.0, **self.source.pop_metrics()})
+        frozen = self.step < self.actor_freezing_steps
+        if self.actor_freezing_steps:
+            metrics["actor_frozen"] = float(frozen)
+        if frozen:
+            log.info("step %d: actor frozen, only the critic is updated (critic warm-up: --actor.freezing_steps %d)",
+                     self.step + 1, self.actor_freezing_steps)
         if got.trajs:
             kl_coef = self.kl_ctl.value
             with timer("experience"):
                 exp = self.experience(got.trajs, got.scored.rewards, kl_coef, got.scored.token_rewards)
             with timer("update"):
-                metrics.update(self.update(exp, kl_coef))
+                metrics.update(self.update(exp, kl_coef, train_actor=not frozen))
             metrics.update(experience_metrics(exp, got.trajs))
             self.kl_ctl.update(metrics.get("kl", 0.0), len(got.trajs))
             self.log_completions(got, exp)

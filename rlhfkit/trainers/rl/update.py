@@ -103,14 +103,17 @@ class PolicyUpdate:
         # The policy loss's own random draws (clip_cov), apart from the shuffle so ranks keep one order.
         self.loss_gen = torch.Generator().manual_seed(shuffle_gen.initial_seed())
 
-    def __call__(self, exp: Experience, kl_coef: float) -> dict[str, float]:
+    def __call__(self, exp: Experience, kl_coef: float, train_actor: bool = True) -> dict[str, float]:
         """The update's metrics: per-step quantities averaged over optimizer steps, per-token ones
-        over all tokens seen."""
+        over all tokens seen. Without `train_actor` (the critic's warm-up) only the critic is trained:
+        the policy runs no pass and its Learner does not step."""
+        if not train_actor and self.critic is None:
+            raise TrainingError("the actor is frozen for the critic's warm-up, and this run has no critic to train")
         sums: dict[str, float] = {}
         self.policy.train()
         layout = self.batcher.layout(exp.batch)
         with self.compiled.active() if self.compiled is not None else contextlib.nullcontext():
-            n_opt = self.optimizer_steps(exp, layout, kl_coef, sums)
+            n_opt = self.optimizer_steps(exp, layout, kl_coef, sums, train_actor)
         sums = read_once(sums)
         total_tokens = max(int(exp.batch.loss_mask.sum()) * self.max_epochs, 1)
         computed = sums.pop("train_tokens", 0.0)
@@ -126,9 +129,12 @@ class PolicyUpdate:
         out["response_tokens"] = float(exp.batch.response_mask.sum()) * self.max_epochs
         return out
 
-    def optimizer_steps(self, exp: Experience, layout, kl_coef: float, sums: dict[str, float]) -> int:
+    def optimizer_steps(self, exp: Experience, layout, kl_coef: float, sums: dict[str, float],
+                        train_actor: bool = True) -> int:
         """The update's optimizer steps; metric sums added to `sums` (the micro-batches' as float64 tensors on
         the device, read once by the caller). Returns how many ran."""
+        micro = self.micro_step if train_actor else self.critic_step
+        idle_pass = self.idle_pass if train_actor else self.critic_idle_pass
         n_opt = 0
         for _ in range(self.max_epochs):
             perm = torch.randperm(len(exp), generator=self.shuffle_gen)
@@ -146,14 +152,15 @@ class PolicyUpdate:
                 # weights for every micro-batch instead of casting them again in each.
                 with autocast_ctx(self.autocast, self.device_type):
                     for rows in cuts:
-                        _add(sums, self.micro_step(exp, rows, layout, kl_coef, counts))
+                        _add(sums, micro(exp, rows, layout, kl_coef, counts))
                     if idle:
                         shortest = step_rows[exp.batch.attention_mask[step_rows].sum(dim=1).argmin()].view(1)
                         for _ in range(idle):
-                            self.idle_pass(exp, shortest, layout)
+                            idle_pass(exp, shortest, layout)
                 if self.dp[1] > 1:
                     _add(sums, {"idle_passes": float(idle)})
-                _add(sums, self.learner.step(), "actor/")
+                if train_actor:
+                    _add(sums, self.learner.step(), "actor/")
                 if self.critic_learner is not None:
                     _add(sums, self.critic_learner.step(), "critic/")
                 n_opt += 1
@@ -204,11 +211,25 @@ class PolicyUpdate:
             out.update({k: v.to(logp.device) * w for k, v in moe_metrics.items()})
         self.learner.backward(loss)
         if self.critic is not None:
-            v = self.critic.response_values(mb).float()
-            vloss, _ = value_loss(v, part.values, part.returns, mask, clip=c.value_clip, agg=c.agg, **counts)
-            self.critic_learner.backward(vloss)
-            out["value_loss"] = vloss.detach()
+            out["value_loss"] = self.value_backward(mb, part, counts)
         return out
+
+    def critic_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict:
+        """`micro_step` of the critic alone (the actor frozen for the critic's warm-up)."""
+        part = exp.select(rows, layout)
+        return {"train_tokens": float(part.batch.num_tokens),
+                "value_loss": self.value_backward(part.batch, part, counts)}
+
+    def value_backward(self, mb, part, counts: dict) -> torch.Tensor:
+        """The critic's value loss on micro-batch `mb` against the targets of `part` (values, returns),
+        backward into the critic's Learner; returned detached."""
+        v = self.critic.response_values(mb).float()
+        if part.values.device != v.device:
+            part = part.to(v.device)
+        vloss, _ = value_loss(v, part.values, part.returns, to_device(mb.loss_mask, v.device),
+                              clip=self.losses.value_clip, agg=self.losses.agg, **counts)
+        self.critic_learner.backward(vloss)
+        return vloss.detach()
 
     def idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:
         """A forward/backward of the policy (and critic) on `rows` (the step's shortest row) whose
@@ -217,7 +238,12 @@ class PolicyUpdate:
         logp, _ = response_logprobs(self.policy, mb, temperature=self.losses.temperature)
         self.learner.backward(logp.float().sum() * 0.0)
         if self.critic is not None:
-            self.critic_learner.backward(self.critic.response_values(mb).float().sum() * 0.0)
+            self.critic_idle_pass(exp, rows, layout)
+
+    def critic_idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:
+        """`idle_pass` of the critic alone."""
+        mb = exp.select(rows, layout).batch
+        self.critic_learner.backward(self.critic.response_values(mb).float().sum() * 0.0)
 
     def state_dict(self) -> dict:
         return {"learner": self.learner.state_dict(), "loss_gen": self.loss_gen.get_state(),

@@ -48,7 +48,8 @@ class PRMLoop:
         self.eval_samples = list(eval_samples)
         self.reward_ids = [single_token_id(tokenizer, t, "--data.reward_tokens")
                            for t in cfg.data.reward_tokens]
-        self.learner = build_learner(model, cfg.adam, cfg.train, planned_steps(len(samples), cfg.train))
+        self.learner = build_learner(model, cfg.adam, cfg.train, planned_steps(len(samples), cfg.train),
+                                     cfg.muon)
         evaluate = self.evaluate if self.eval_samples else None
         self.loop = StepLoop(self.learner, samples, cfg.train, tracker, evaluate,
                              aux_loss_coef=cfg.model.aux_loss_coef)

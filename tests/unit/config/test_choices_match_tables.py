@@ -35,3 +35,9 @@ def test_is_correction_types_name_the_is_kinds_with_dashes_or_underscores():
 
 def test_whiten_modes_are_the_enum_values():
     assert rl.WHITEN_MODES == tuple(w.value for w in Whiten)
+
+
+def test_critic_estimators_are_the_specs_that_need_a_critic():
+    from rlhfkit.config.rl_checks import CRITIC_ESTIMATORS
+
+    assert CRITIC_ESTIMATORS == tuple(name for name, spec in ESTIMATORS.items() if spec.needs_critic)

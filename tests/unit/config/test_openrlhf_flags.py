@@ -140,6 +140,15 @@ def test_rm_packing_is_noticed_rather_than_refused(caplog):
     (["--critic_learning_rate", "1e-5", "--lr_scheduler", "constant"],
      ["--critic.adam.lr", "1e-5", "--actor.lr_scheduler", "constant"]),
     (["--actor.optim", "adam", "--aux_loss_coef", "0", "--freezing_actor_steps", "-1"], []),  # no effect: accepted
+    (["--actor.optim", "muon", "--actor.muon.lr", "0.01", "--actor.muon.momentum", "0.9", "--actor.muon.ns_steps",
+      "3", "--actor.muon.no_nesterov", "--critic.optim", "muon", "--critic.muon.nesterov"],
+     ["--actor.optim", "muon", "--actor.muon.lr", "0.01", "--actor.muon.momentum", "0.9", "--actor.muon.ns_steps",
+      "3", "--actor.muon.nesterov", "false", "--critic.optim", "muon"]),
+    (["--freezing_actor_steps", "4", "--advantage_estimator", "gae"],
+     ["--actor.freezing_steps", "4", "--algo.advantage.estimator", "gae"]),
+    (["--critic.freezing_steps", "2", "--algo.advantage.estimator", "gae"],
+     ["--actor.freezing_steps", "2", "--algo.advantage.estimator", "gae"]),
+    (["--critic.freezing_steps", "-1", "--actor.muon.no_nesterov", "false"], []),  # OpenRLHF's default: off
     (["--aux_loss_coef", "0.01"], ["--actor.aux_loss_coef", "0.01"]),
     (["--prompt_data", "a.jsonl,b.jsonl", "--prompt_data_probs", "0.7,0.3"],
      ["--data.prompt_dataset", "a.jsonl,b.jsonl", "--data.prompt_probs", "0.7,0.3"]),
@@ -192,6 +201,11 @@ def test_is_correction_flags_of_every_release_are_ours(theirs, ours, caplog):
     (RMConfig, ["--margin_loss", "--loss", "logexpsigmoid"], []),  # OpenRLHF's logexpsigmoid has no margin
     (DPOConfig, ["--nll_loss_coef", "0.2", "--aux_loss_coef", "0.01"], ["--model.nll_loss_coef", "0.2",
                                                                        "--model.aux_loss_coef", "0.01"]),
+    (SFTConfig, ["--optim", "muon", "--muon.lr", "0.01", "--muon.momentum", "0.9", "--muon.ns_steps", "3",
+                 "--muon.no_nesterov"],
+     ["--train.optim", "muon", "--muon.lr", "0.01", "--muon.momentum", "0.9", "--muon.ns_steps", "3",
+      "--muon.nesterov", "false"]),
+    (DPOConfig, ["--optim", "muon", "--muon.nesterov"], ["--train.optim", "muon"]),
     (KTOConfig, ["--desirable_loss_weight", "2", "--undesirable_loss_weight", "0.5", "--label_key", "ok",
                  "--model.beta", "0.2"],
      ["--model.desirable_weight", "2", "--model.undesirable_weight", "0.5", "--data.label_key", "ok",
@@ -246,7 +260,6 @@ def test_yaml_keys_may_be_openrlhf_flags(tmp_path, caplog):
     (["--normalize_reward"], "--normalize_reward: accepted: a reward model's score is always divided"),
     (["--micro_rollout_batch_size", "16"], "--micro_rollout_batch_size: ignored: experience passes use"),
     (["--enforce_eager", "--vllm_sync_backend", "nccl"], "--enforce_eager: ignored"),
-    (["--actor.muon.no_nesterov"], "Muon's settings have no effect"),
 ])
 def test_noticed_flags_are_accepted_with_a_one_line_notice(argv, notice, caplog):
     with caplog.at_level(logging.WARNING, logger="rlhfkit"):
@@ -280,8 +293,11 @@ def test_notices_reach_the_cli(tmp_path, capsys, caplog):
 
 # ------------------------------------------------------------------ refused: one line naming what to use
 @pytest.mark.parametrize("argv,needle", [
-    (["train", "rl", "--freezing_actor_steps", "5"], "error: --freezing_actor_steps: rlhfkit updates the actor"),
-    (["train", "rl", "--actor.optim", "muon"], "error: --actor.optim: rlhfkit trains with AdamW only"),
+    (["train", "rl", "--freezing_actor_steps", "5"], "error: --actor.freezing_steps 5 warms up the critic, and "
+                                                     "--algo.advantage.estimator group_norm trains none"),
+    (["train", "rl", "--actor.optim", "sgd"], "error: --actor.optim: unknown value 'sgd'; valid: adam, muon"),
+    (["train", "rl", "--critic.optim", "muon", "--fsdp.enable"],
+     "error: --critic.optim muon does not combine with --fsdp.enable yet"),
     (["train", "rl", "--stop_properly_penalty_coef", "1.5"],
      "error: --reward.stop_properly_penalty_coef must be < 0 or in [0, 1]"),
     (["train", "rl", "--param_dtype", "fp16"], "error: rlhfkit trains in float32 or bfloat16, not fp16"),
@@ -305,7 +321,9 @@ COMPANIONS = {"async_train": ["--distributed.backend", "ray", "--train.max_stale
               "train.async_enable": ["--distributed.backend", "ray", "--train.max_staleness", "1"],
               "partial_rollout": ["--distributed.backend", "ray", "--async_train", "--train.max_staleness", "1"],
               "train.partial_rollout_enable": ["--distributed.backend", "ray", "--async_train",
-                                               "--train.max_staleness", "1"]}
+                                               "--train.max_staleness", "1"],
+              "freezing_actor_steps": ["--algo.advantage.estimator", "gae"],  # the critic it warms up
+              "critic.freezing_steps": ["--algo.advantage.estimator", "gae"]}
 FROM_ARGS = {RLConfig: RLConfig.from_args, SFTConfig: SFTConfig.from_args, RMConfig: RMConfig.from_args,
              DPOConfig: DPOConfig.from_args, KTOConfig: KTOConfig.from_args, PRMConfig: PRMConfig.from_args,
              KDConfig: KDConfig.from_args}
