@@ -19,7 +19,7 @@ Each flag's number of values follows OpenRLHF's declaration (a switch, one value
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from rlhfkit.config.defaults import PROMPT_MAX_LEN
 from rlhfkit.config.openrlhf_names import OPENRLHF_COMMANDS
@@ -393,12 +393,20 @@ _rl("use_icepop", conv(lambda vals, given: {"algo.advantage.is_correction_type":
 
 # ------------------------------------------------------------------ train_sft|rm|dpo|kto
 def _supervised_rules() -> dict[str, Alias]:
+    """Every supervised command's OpenRLHF flags (one table: a command takes the rows of its own flags)."""
     rules: dict[str, Alias] = {}
 
     def add(names: str, rule: Alias) -> None:
         for name in names.split():
             rules[name] = rule
 
+    for group in (_supervised_runtime_rules, _supervised_data_rules, _supervised_training_rules):
+        group(add)
+    return rules
+
+
+def _supervised_runtime_rules(add: Callable[[str, Alias], None]) -> None:
+    """DeepSpeed, devices and kernels; checkpoints and logging."""
     add("zero_stage ds.zero_stage", notice(SUP_ZERO, 1))
     add("zpg ds.zpg grad_accum_dtype ds.grad_accum_dtype", notice(DEEPSPEED, 1))
     add("overlap_comm ds.overlap_comm deepcompile ds.deepcompile", notice(DEEPSPEED))
@@ -430,7 +438,10 @@ def _supervised_rules() -> dict[str, Alias]:
     add("eval_steps eval.steps", to("train.eval_steps"))
     add("use_tensorboard logger.tensorboard_dir", to("logger.tensorboard_dir"))
     add_wandb_rules(add, "openrlhf_train_sft")
-    # model and data
+
+
+def _supervised_data_rules(add: Callable[[str, Alias], None]) -> None:
+    """The model, the data and LoRA."""
     add("pretrain model.model_name_or_path", to("model.model_name_or_path"))
     add("ref_pretrain ref.model_name_or_path", to("ref.model_name_or_path"))
     add("dataset data.dataset", to("data.dataset"))
@@ -453,7 +464,10 @@ def _supervised_rules() -> dict[str, Alias]:
         add(f"lora_{key} ds.lora.{key}", to(f"ds.lora.{key}"))
     add("target_modules ds.lora.target_modules", Alias("mapped", "*", to="ds.lora.target_modules",
                                                        convert=_lora_targets, note="the names comma-separated"))
-    # training, optimizer, schedule
+
+
+def _supervised_training_rules(add: Callable[[str, Alias], None]) -> None:
+    """Batches, the optimizer and schedule, the losses, knowledge distillation."""
     add("train_batch_size train.batch_size", to("train.batch_size"))
     add("micro_train_batch_size train.micro_batch_size", to("train.micro_batch_size"))
     for key in ("max_epochs", "seed"):
@@ -487,7 +501,6 @@ def _supervised_rules() -> dict[str, Alias]:
     add("teacher_model", to("teacher.model_name_or_path"))
     add("kd_coef", to("kd.coef", note="the weight of KL(teacher || student); 1 - kd_coef weighs the SFT NLL"))
     add("teacher_offload", to("teacher.offload", 0))
-    return rules
 
 
 SUPERVISED_RULES = _supervised_rules()
