@@ -171,7 +171,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     stays on the CPU (the experience stage moves it for its pass)."""
     device = run_device(cfg) if device is None else device
     torch.manual_seed(cfg.train.seed)
-    policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype, cfg.ds.load_in_4bit)
     _bf16_matrices(policy, cfg)
     lora = cfg.ds.lora
     if lora.rank > 0:

@@ -84,10 +84,10 @@ def build_model(kind: str, cfg, device: torch.device | None = None) -> tuple[tor
     if kind == "rm":
         path, _ = resolve_model(m.model_name_or_path)
         tokenizer = load_tokenizer(path)
-        model = init_reward_model(path, tokenizer.pad_token_id, DTYPES[m.dtype],
-                                  seed=cfg.train.seed)
+        model = init_reward_model(path, tokenizer.pad_token_id, DTYPES[m.dtype], seed=cfg.train.seed,
+                                  load_in_4bit=cfg.ds.load_in_4bit)
     else:
-        model, tokenizer = load_policy(m.model_name_or_path, m.dtype)
+        model, tokenizer = load_policy(m.model_name_or_path, m.dtype, cfg.ds.load_in_4bit)
     set_chat_template(tokenizer, cfg.data)
     ref = None
     if kind in ("dpo", "kto"):

@@ -82,6 +82,7 @@ def refuse_unsupported(cfg: RLConfig) -> None:
         (cfg.distributed.backend == "ray", "--distributed.backend ray"),
         (cfg.fsdp.enable, "--fsdp.enable"),
         (cfg.ds.lora.rank > 0, "--ds.lora.rank > 0"),
+        (cfg.ds.load_in_4bit, "--ds.load_in_4bit"),
         (ESTIMATORS[cfg.algo.advantage.estimator].needs_critic,
          f"--algo.advantage.estimator {cfg.algo.advantage.estimator} (it needs a critic; use a critic-free one)"),
         (cfg.agent.tools is not None or cfg.agent.env is not None,

@@ -85,7 +85,6 @@ LOGGING_STEPS = "ignored: rlhfkit logs every step (metrics.jsonl, TensorBoard)"
 DS_CKPT = "ignored: rlhfkit writes no DeepSpeed checkpoints; its checkpoints are HF folders plus trainer state"
 DS_CKPT_PATH = "ignored: rlhfkit keeps checkpoints in <--ckpt.output_dir>/checkpoints"
 CKPT_MEM = "ignored: rlhfkit keeps the newest --ckpt.max_num checkpoints (no size limit)"
-QLORA = "not supported yet: 4-bit base weights; the model is trained in its --model.dtype / --actor.dtype"
 VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is transformers' "
               "sequence-classification `score`)")
 MOE = "ignored: transformers picks the MoE experts' kernel"
@@ -248,7 +247,7 @@ _rl("perf", notice("ignored: rlhfkit logs each stage's time every step (time/* i
 _rl("full_determinism train.full_determinism_enable", notice(DETERMINISM))
 _rl("disable_fast_tokenizer data.disable_fast_tokenizer", notice(FAST_TOKENIZER))
 _rl("dataloader_num_workers data.dataloader_num_workers", notice(WORKERS, 1))
-_rl("load_in_4bit ds.load_in_4bit", notice(QLORA))
+_rl("load_in_4bit ds.load_in_4bit", to("ds.load_in_4bit", 0, "QLoRA: with --ds.lora.rank > 0"))
 for _key in ("rank", "alpha", "dropout"):
     _rl(f"lora_{_key} ds.lora.{_key}", to(f"ds.lora.{_key}"))
 _rl("target_modules ds.lora.target_modules", Alias("mapped", "*", to="ds.lora.target_modules", convert=_lora_targets,
@@ -424,7 +423,7 @@ def _supervised_runtime_rules(add: Callable[[str, Alias], None]) -> None:
     add("full_determinism train.full_determinism_enable", notice(DETERMINISM))
     add("disable_fast_tokenizer data.disable_fast_tokenizer", notice(FAST_TOKENIZER))
     add("dataloader_num_workers data.dataloader_num_workers", notice(WORKERS, 1))
-    add("load_in_4bit ds.load_in_4bit", notice(QLORA))
+    add("load_in_4bit ds.load_in_4bit", to("ds.load_in_4bit", 0, "QLoRA: with --ds.lora.rank > 0"))
     add("bf16", conv(_dtype("model.dtype"), "`--model.dtype bfloat16` (bf16 parameters, float32 master "
                                             "weights as DeepSpeed keeps them)", 0))
     add("param_dtype ds.param_dtype", conv(_dtype("model.dtype"), "`--model.dtype bfloat16`; fp16 is refused"))

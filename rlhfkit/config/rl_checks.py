@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlhfkit.config.checks import (
-    check_keep_best,
+    check_keep_best, check_qlora,
     check_device, check_input_template, check_micro_batches, divisor_hint, one_of, require,
 )
 from rlhfkit.config.ranges import ORDERED, check_ranges, validate_table
@@ -204,6 +204,9 @@ def _validate_optim(cfg: RLConfig) -> None:
 def _validate_lora(cfg: RLConfig) -> None:
     """LoRA in RL runs with the hf engine, in one process (which generates with the adapted weights),
     sharded under FSDP or on Ray rollout workers (which hold the same adapters)."""
+    check_qlora(cfg.ds, cfg.fsdp.enable)
+    require(not (cfg.ds.load_in_4bit and cfg.distributed.backend == "ray"),
+            "--ds.load_in_4bit does not run on Ray rollout workers yet: drop --distributed.backend ray")
     if cfg.ds.lora.rank == 0:
         return
     require(cfg.rollout.engine != "vllm", f"--ds.lora.rank {cfg.ds.lora.rank} does not combine with --rollout.engine "

@@ -210,3 +210,8 @@ class RLDSConfig:
     copy of the weights); final/ is peft's adapter folder (`rlhfkit lora merge` folds it in)."""
 
     lora: LoraConfig = field(default_factory=LoraConfig)
+    load_in_4bit: bool = False
+    """QLoRA (Dettmers et al. 2023, arXiv:2305.14314): the base model's linear layers load as 4-bit NF4
+    weights (bitsandbytes, double quantization, computing in the model's dtype; `pip install
+    'rlhfkit[qlora]'`), with --ds.lora.rank > 0: only the adapters train. The LM head and the
+    embeddings stay in the model's dtype."""

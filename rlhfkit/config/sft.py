@@ -13,8 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rlhfkit.config.checks import (check_device, check_input_template, check_keep_best, check_micro_batches, one_of,
-                                   require)
+from rlhfkit.config.checks import (check_device, check_input_template, check_keep_best, check_micro_batches,
+                                   check_qlora, one_of, require)
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
@@ -160,6 +160,11 @@ class DSConfig:
     packing_samples: bool = False
     """Pack each micro-batch into one row (no padding; attention stays inside each sample)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
+    load_in_4bit: bool = False
+    """QLoRA (Dettmers et al. 2023, arXiv:2305.14314): the base model's linear layers load as 4-bit NF4
+    weights (bitsandbytes, double quantization, computing in the model's dtype; `pip install
+    'rlhfkit[qlora]'`), with --ds.lora.rank > 0: only the adapters train. The LM head and the
+    embeddings stay in the model's dtype."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +260,7 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
     check_micro_batches("train", t.batch_size, t.micro_batch_size)
     check_input_template(cfg.data.input_template)
     check_keep_best(cfg.ckpt.keep_best)
+    check_qlora(cfg.ds)
     if cfg.data.tokenizer_chat_template is not None and not cfg.data.apply_chat_template:
         log.warning("--data.tokenizer_chat_template is ignored without --data.apply_chat_template (as in OpenRLHF)")
 

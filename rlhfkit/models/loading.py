@@ -217,24 +217,46 @@ def load_causal_lm(
     path: str | os.PathLike,
     dtype: torch.dtype = torch.float32,
     gguf_file: str | None = None,
+    load_in_4bit: bool = False,
 ) -> torch.nn.Module:
     """Load a causal LM from an HF folder or hub name (`resolve_model_path`), or from `gguf_file`
     inside folder `path`.
 
     A GGUF checkpoint is dequantized to `dtype` and its quantizer dropped, so the returned
-    model trains and saves like any other. Raises ModelError naming the path when it is missing.
+    model trains and saves like any other. With `load_in_4bit` (QLoRA) the linear layers load as
+    bitsandbytes' 4-bit NF4 weights computing in `dtype` (frozen: LoRA adapters train over them).
+    Raises ModelError naming the path when it is missing.
     """
     from transformers import AutoModelForCausalLM
 
     folder, gguf_file = _resolve(path, gguf_file)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    if load_in_4bit:
+        kwargs["quantization_config"] = nf4_config(dtype, gguf_file)
     with load_errors("a causal LM", folder / (gguf_file or "")):
-        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
         model = _all_weights_loaded(AutoModelForCausalLM.from_pretrained(
             folder, dtype=dtype, output_loading_info=True, **kwargs), folder)
     quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:  # GGUF: weights are already dequantized; drop the quantizer
+    if quantizer is not None and not load_in_4bit:  # GGUF: weights are already dequantized; drop the quantizer
         quantizer.remove_quantization_config(model)
     return eager_if_softcapped(model)
+
+
+def nf4_config(dtype: torch.dtype, gguf_file: str | None = None, keep: tuple[str, ...] | None = None):
+    """transformers' BitsAndBytesConfig of QLoRA's base: 4-bit NF4 with double quantization, computing
+    in `dtype`; `keep`: modules left in `dtype` (None: transformers' choice, the LM head). ConfigError
+    when bitsandbytes is missing or the model is a GGUF file."""
+    if gguf_file:
+        raise ConfigError(f"--ds.load_in_4bit: {gguf_file} is a GGUF file; convert it to an HF folder first "
+                          "(rlhfkit does so for smollm2) and load that")
+    try:
+        import bitsandbytes  # noqa: F401 - only its presence is checked here; transformers uses it
+    except ImportError as exc:
+        raise ConfigError("--ds.load_in_4bit (QLoRA) needs bitsandbytes: pip install 'rlhfkit[qlora]'") from exc
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=dtype, llm_int8_skip_modules=list(keep) if keep else None)
 
 
 def eager_if_softcapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -350,16 +372,18 @@ def resolve_model(name_or_path: str) -> tuple[str, str | None]:
     return str(resolve_model_path(name_or_path)), None
 
 
-def load_policy(name_or_path: str, dtype: str):
-    """(model, tokenizer) of a causal LM, or of a vision-language model (models.vision) whose folder's
-    config has a vision_config."""
+def load_policy(name_or_path: str, dtype: str, load_in_4bit: bool = False):
+    """(model, tokenizer) of a causal LM (with `load_in_4bit`, its linear layers in 4-bit NF4), or of a
+    vision-language model (models.vision) whose folder's config has a vision_config."""
     from rlhfkit.models.vision import is_vision_folder, load_vision_model
 
     path, gguf = resolve_model(name_or_path)
     tokenizer = load_tokenizer(path, gguf_file=gguf)
     if gguf is None and is_vision_folder(path):
+        if load_in_4bit:
+            raise ConfigError(f"--ds.load_in_4bit does not load vision-language models ({name_or_path}) yet")
         return load_vision_model(path, dtype=DTYPES[dtype]), tokenizer
-    model = load_causal_lm(path, dtype=DTYPES[dtype], gguf_file=gguf)
+    model = load_causal_lm(path, dtype=DTYPES[dtype], gguf_file=gguf, load_in_4bit=load_in_4bit)
     return model, tokenizer
 
 

@@ -17,14 +17,14 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import ModelError
-from rlhfkit.models.loading import load_errors, resolve_model_file, resolve_model_path
+from rlhfkit.models.loading import load_errors, nf4_config, resolve_model_file, resolve_model_path
 
 
 def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.dtype = torch.float32,
-                      seed: int = 0) -> torch.nn.Module:
+                      seed: int = 0, load_in_4bit: bool = False) -> torch.nn.Module:
     """A reward model on the backbone of the causal LM in folder `path`; the new `score` head is
     initialised from `seed` (normal, std 1/sqrt(hidden+1), as OpenRLHF) without touching the
-    global RNG."""
+    global RNG. With `load_in_4bit` (QLoRA) the backbone's linear layers are 4-bit NF4, the head not."""
     from transformers import AutoModelForSequenceClassification
 
     folder = resolve_model_path(path)
@@ -34,8 +34,9 @@ def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.d
     try:
         torch.manual_seed(seed)
         with load_errors("a reward model backbone", folder):
+            quantized = {"quantization_config": nf4_config(dtype, keep=("score",))} if load_in_4bit else {}
             model = AutoModelForSequenceClassification.from_pretrained(
-                folder, num_labels=1, dtype=dtype, pad_token_id=pad_token_id)
+                folder, num_labels=1, dtype=dtype, pad_token_id=pad_token_id, **quantized)
         head = model.score
         torch.nn.init.normal_(head.weight, std=1.0 / (model.config.hidden_size + 1) ** 0.5)
         if getattr(head, "bias", None) is not None:

@@ -323,7 +323,9 @@ COMPANIONS = {"async_train": ["--distributed.backend", "ray", "--train.max_stale
               "train.partial_rollout_enable": ["--distributed.backend", "ray", "--async_train",
                                                "--train.max_staleness", "1"],
               "freezing_actor_steps": ["--algo.advantage.estimator", "gae"],  # the critic it warms up
-              "critic.freezing_steps": ["--algo.advantage.estimator", "gae"]}
+              "critic.freezing_steps": ["--algo.advantage.estimator", "gae"],
+              "load_in_4bit": ["--lora_rank", "4"],  # QLoRA: adapters over the 4-bit base
+              "ds.load_in_4bit": ["--lora_rank", "4"]}
 FROM_ARGS = {RLConfig: RLConfig.from_args, SFTConfig: SFTConfig.from_args, RMConfig: RMConfig.from_args,
              DPOConfig: DPOConfig.from_args, KTOConfig: KTOConfig.from_args, PRMConfig: PRMConfig.from_args,
              KDConfig: KDConfig.from_args}
