@@ -130,6 +130,10 @@ def no_images(original):
     return lambda model, batch, device: {}
 
 
+def no_images_counted(original):
+    return lambda vision: 0
+
+
 def adam_only(original):
     return lambda named: [False] * len(named)  # no parameter goes to Muon
 
@@ -231,5 +235,12 @@ SWITCH_OFFS = (
               never_equal, (f"{AGENTS}::test_builtin_environments_run[calculator]",), "never equal"),
     SwitchOff("PRM soft labels", "rlhfkit.data.steps:label_targets", hard_labels,
               ("tests/integration/test_prm.py::test_soft_labels_from_python",), "rounded to 0 / 1"),
+    SwitchOff("QLoRA's 4-bit base (--ds.load_in_4bit)", "rlhfkit.models.loading:nf4_config", noop,
+              ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",),
+              "no quantization config"),
+    SwitchOff("an episode's image limit (--data.max_images_per_prompt)", "rlhfkit.agents.executor:_images",
+              no_images_counted, ("tests/unit/agents/test_vision_agent.py::"
+                                  "test_feedback_images_past_the_image_limit_end_the_episode_without_them",),
+              "counts no image"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}
