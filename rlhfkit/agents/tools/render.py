@@ -37,12 +37,29 @@ _PROBE = {"type": "function", "function": {"name": "rlhfkit_probe", "description
 PROMPT_OK, RERENDER, RETOKENIZED = "ok", "rerender", "retokenized"
 
 
+_EXAMPLE_VALUES = {"string": "...", "integer": 0, "number": 0, "boolean": True, "array": [], "object": {}}
+
+
+def example_call(schema: dict) -> str:
+    """The call the default prompt shows: the tool's real name and its required arguments (all of
+    them when none is marked required) with a placeholder of each one's JSON type. A small model
+    copies the example it is shown; a made-up `TOOL_NAME` it would copy verbatim."""
+    fn = schema.get("function", schema)
+    params = fn.get("parameters") or {}
+    props = params.get("properties") or {}
+    names = [n for n in params.get("required", props) if n in props]
+    args = {n: _EXAMPLE_VALUES.get(props[n].get("type"), "...") for n in names}
+    return json.dumps({"name": fn.get("name"), "arguments": args})
+
+
 def default_tools_prompt(schemas: Sequence[dict]) -> str:
-    """rlhfkit's system text for templates that ignore `tools` (Hermes-style tool calls)."""
+    """rlhfkit's system text for templates that ignore `tools` (Hermes-style tool calls); the
+    example call is the first tool's (`example_call`)."""
     lines = "\n".join(json.dumps(s) for s in schemas)
+    example = example_call(schemas[0]) if schemas else '{"name": "...", "arguments": {}}'
     return ("You can call tools. They are described by these JSON function schemas:\n<tools>\n"
-            f"{lines}\n</tools>\nTo call a tool, write one block per call:\n<tool_call>\n"
-            '{"name": "TOOL_NAME", "arguments": {"ARG": VALUE}}\n</tool_call>\n'
+            f"{lines}\n</tools>\nTo call a tool, write one block per call, for example:\n<tool_call>\n"
+            f"{example}\n</tool_call>\n"
             "and end your turn. Each result comes back in a <tool_response> block. When you have "
             "the answer, reply without a tool call.")
 

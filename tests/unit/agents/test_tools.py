@@ -11,10 +11,13 @@ from rlhfkit.agents.tools import (
     ToolCall,
     ToolSet,
     ToolTemplate,
+    default_tools_prompt,
     parse_tool_calls,
     tool_schema,
 )
 from rlhfkit.agents.tools.agent import ToolExecutor
+from rlhfkit.agents.tools.builtin import calculator
+from rlhfkit.agents.tools.render import example_call
 from rlhfkit.agents.tools.run import ToolLimits, ToolRunner
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.base import SamplingParams
@@ -109,6 +112,9 @@ def test_template_that_ignores_tools_gets_the_default_system_turn(chat_tok, capl
     assert "ignores tools=" in caplog.text
     text = tt.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2*3?"}])
     assert text.startswith("<|im_start|>system\nBe brief.\n\nYou can call tools.")
+    # the example call is the first tool's own name and arguments, not a placeholder to copy
+    assert '<tool_call>\n{"name": "multiply", "arguments": {"a": 0, "b": 0}}\n</tool_call>' in text
+    assert "TOOL_NAME" not in text
     assert '"name": "multiply"' in text and text.endswith("<|im_start|>user\n2*3?<|im_end|>\n<|im_start|>assistant\n")
     # tool results: <tool_response> blocks of one user turn, after the turn's end
     action = chat_tok(call("multiply", a=2, b=3) + "<|im_end|>", add_special_tokens=False)["input_ids"]
@@ -130,7 +136,7 @@ def test_a_conversation_with_tool_calls_renders_as_the_calls_the_model_is_asked_
     text = tt.render(shot)
     turn = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
     assert turn == "Let me see.\n" + call("multiply", a=2, b=3) + "\n" + call("multiply", a=1, b=1)
-    content, calls, errors = tt.parse(ids(chat_tok, turn + "<|im_end|>"))
+    _content, calls, errors = tt.parse(ids(chat_tok, turn + "<|im_end|>"))
     assert [c.arguments for c in calls] == [{"a": 2, "b": 3}, {"a": 1, "b": 1}] and not errors
     assert "<|im_start|>user\n<tool_response>\n6\n</tool_response>\n<tool_response>\n1\n</tool_response>" in text
     assert text.endswith("<|im_start|>user\n4*5?<|im_end|>\n<|im_start|>assistant\n")
@@ -335,3 +341,15 @@ def test_tools_printing_in_concurrent_episodes_leave_stdout_as_it_was(chat_tok, 
     ex.run(scripted(chat_tok, policy), chat_tok, [P("a"), P("b"), P("c")], SamplingParams(max_new_tokens=200),
            TokenBudget(200, 800, 2))
     assert sys.stdout is before and ex.pop_metrics()["tools/loud/calls"] == 3.0
+
+
+def test_the_default_prompt_example_call_shows_required_arguments_with_typed_placeholders():
+    schema = {"type": "function", "function": {"name": "search", "parameters": {
+        "type": "object", "required": ["query", "k"],
+        "properties": {"query": {"type": "string"}, "k": {"type": "integer"}, "exact": {"type": "boolean"}}}}}
+    assert example_call(schema) == '{"name": "search", "arguments": {"query": "...", "k": 0}}'
+    no_required = {"name": "flip", "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}}}
+    assert example_call(no_required) == '{"name": "flip", "arguments": {"on": true}}'
+    assert example_call({"name": "now"}) == '{"name": "now", "arguments": {}}'
+    calc = ToolSet([calculator]).schemas
+    assert '{"name": "calculator", "arguments": {"expression": "..."}}' in default_tools_prompt(calc)
