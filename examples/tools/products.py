@@ -64,7 +64,8 @@ def reward_func(queries, prompts, labels, **kwargs):
         used = "</tool_response>" in response and "error:" not in response.split("</tool_response>")[-2]
         tail = response.split("</tool_response>")[-1]
         out.append(1.0 if correct(tail, str(label)) else (0.1 if used else 0.0))
-    return out
+    # scores: right or not (eval/accuracy is their mean); rewards: with the 0.1 for a tool result
+    return {"rewards": out, "scores": [float(r == 1.0) for r in out]}
 
 
 def main(out: str) -> None:
