@@ -98,10 +98,13 @@ def make_evaluator(cfg: RLConfig, items=(), reward_fn=None, verifier=None, execu
     reward gives eval/reward and eval/accuracy; `verifier` (default: --eval.verifier loaded here, else
     the training reward) gives eval/pass@k and eval/maj@k. A multi-turn `executor` (an agent's or
     tool-calling episodes; its own instance, not the trainer's) makes each sample an episode within
-    the agent's budgets (--agent.max_turns, --agent.max_response_tokens)."""
+    the agent's budgets (--agent.max_turns, --agent.max_response_tokens); an agent function's executor
+    scores with `reward_fn` the episodes whose function returns None, as in training."""
     e = cfg.eval
     if verifier is None:
         verifier = load_reward(e.verifier) if e.verifier else reward_fn
+    if getattr(executor, "fallback_reward_fn", False) is None:  # an agent function's: as in training
+        executor.fallback_reward_fn = reward_fn
     multi = executor is not None and (executor.provides_rewards or getattr(executor, "multi_turn", False))
     return Evaluator(items, cfg.rollout.max_new_tokens, e.steps,
                      score_fn=reward_score_fn(reward_fn) if reward_fn is not None else None,

@@ -20,7 +20,8 @@ eval_samples.jsonl` shows turn by turn).
 With --agent.func_path an agent function (`async def agent(client, prompt, label, **row)`, written
 against the OpenAI API), it runs --eval.n_samples episodes per prompt through rlhfkit's endpoint at
 --eval.temperature and reports eval/reward, the agent's mean reward (a dropped episode counts 0),
-and eval/dropped:
+eval/dropped, and eval/NAME for each value NAME the agent returns in extra_logs (its mean, likewise);
+each row of eval_samples.jsonl holds the episode's prompt, label, reward, extra_logs and reply:
 
   rlhfkit eval --actor.model_name_or_path runs/agent/final --agent.func_path agent.py \\
       --eval.dataset heldout.jsonl --data.label_key label --ckpt.output_dir runs/eval

@@ -187,7 +187,11 @@ class Evaluator:
 
     def evaluate(self, engine: GenerationEngine, tokenizer) -> tuple[dict[str, float], list[dict]]:
         """(metrics, one row per sample: prompt, label, response, sample, and correct/answer with a
-        verifier; with an executor also messages, the conversation after the prompt)."""
+        verifier; with an executor also messages, the conversation after the prompt). An agent
+        function's executor (the OpenAI-compatible endpoint) reports as `rlhfkit eval` does:
+        rlhfkit.agents.endpoint.runner.evaluate_agent (episodes it dropped count 0)."""
+        if hasattr(self.executor, "fallback_reward_fn"):
+            return self._agent_function_eval(engine, tokenizer)
         n = self.n_samples
         trajs = sample_trajectories(engine, self.items, self.max_new_tokens, n, self.temperature, self.seed,
                                     self.executor, self.budget, tokenizer)
@@ -225,6 +229,12 @@ class Evaluator:
                 row.update(correct=c, answer=a)
         return metrics, rows
 
+    def _agent_function_eval(self, engine: GenerationEngine, tokenizer) -> tuple[dict[str, float], list[dict]]:
+        from rlhfkit.agents.endpoint.runner import evaluate_agent  # noqa: PLC0415 - the agents extra
+
+        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, n=self.n_samples)
+        return evaluate_agent(self.executor, engine, tokenizer, self.items, params, self.budget, seed=self.seed)
+
     def __call__(self, trainer, step: int, tag: str | None = None) -> dict[str, float]:
         if not self.items:
             return {}
@@ -232,8 +242,8 @@ class Evaluator:
         metrics, rows = self.evaluate(trainer.engine, trainer.tokenizer)
         if trainer.tracker is not None:
             trainer.tracker.metrics.log(step, metrics)
-        shown = ", ".join(f"{k.split('/')[-1]} {v:.1%}" for k, v in metrics.items()
-                          if "accuracy" in k or "@" in k)
+        keys = [k for k in metrics if "accuracy" in k or "@" in k] or list(metrics)  # an agent function's: all
+        shown = ", ".join(f"{k.split('/')[-1]} {metrics[k]:.1%}" for k in keys)
         print(f"[eval {tag or f'step {step}'}] {shown} on {len(self.items)} held-out prompts "
               f"in {time.perf_counter() - t0:.0f}s")
         self.examples[tag or f"step {step}"] = rows[: 8 * self.n_samples : self.n_samples]

@@ -99,3 +99,15 @@ def test_rlhfkit_eval_runs_an_agent_function_on_held_out_prompts(ws, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "eval_samples.jsonl").read_text().splitlines()]
     assert out["prompts"] == 4 and len(rows) == 8 and out["metrics"]["eval/dropped"] == 0
     assert out["metrics"]["eval/reward"] == pytest.approx(sum(r["reward"] for r in rows) / 8)
+
+
+def test_held_out_evaluation_during_training_runs_the_agent_function(ws, tmp_path):
+    """--eval.dataset with an agent file: before and after training the agent's episodes are scored as
+    `rlhfkit eval` scores them (eval/reward = the mean of its rewards, its extra_logs averaged)."""
+    argv = flags(ws, tmp_path, **{"train.max_steps": "2", "eval.dataset": str(ws / "prompts.jsonl"),
+                                  "eval.max_samples": "4", "eval.steps": "2"})
+    assert main(["train", "rl", *argv]) == 0
+    evals = [m for m in metrics(tmp_path) if "eval/reward" in m]
+    assert [m["step"] for m in evals] == [0, 2]
+    for m in evals:
+        assert m["eval/dropped"] == 0 and m["eval/reward"] == pytest.approx(m["eval/sevens"] / 12, abs=1e-5)

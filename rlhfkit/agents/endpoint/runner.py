@@ -214,16 +214,25 @@ def evaluate_agent(executor: EndpointExecutor, engine: GenerationEngine, tokeniz
                    params: SamplingParams, budget: TokenBudget, seed: int = 0) -> tuple[dict[str, float], list[dict]]:
     """The agent's held-out reward: `params.n` episodes per prompt, a dropped episode counting 0.
 
-    Returns ({"eval/reward": mean reward, "eval/dropped": share dropped}, one row per finished
-    episode: prompt index, reward, the recorded reply text of its first segment)."""
+    Returns ({"eval/reward": mean reward, "eval/dropped": share dropped, "eval/NAME": the mean of each
+    extra_logs value the agent returned (a dropped episode, or one without it, counting 0)}, one row per
+    finished episode: prompt (its text or messages), label, reward, the agent's extra_logs, and the recorded
+    reply text of its first segment)."""
     seeds = torch.randint(0, 2**62, (len(prompts),), generator=torch.Generator().manual_seed(seed)).tolist()
     trajs = executor.run(engine, tokenizer, prompts, params, budget, seeds=seeds)
     first: dict[str, Trajectory] = {}
     for t in trajs:
         first.setdefault(t.info["episode"], t)
-    total = len(prompts) * params.n
-    rewards = [float(t.info["agent_reward"]) for t in first.values()]
-    rows = [{"prompt": t.group_id, "reward": float(t.info["agent_reward"]),
-             "response": tokenizer.decode(t.response_ids.tolist(), skip_special_tokens=False)} for t in first.values()]
+    total = max(len(prompts) * params.n, 1)
+    metrics = {"eval/reward": sum(float(t.info["agent_reward"]) for t in first.values()) / total,
+               "eval/dropped": (len(prompts) * params.n - len(first)) / total}
+    for name in sorted({k for t in first.values() for k in t.info["extra_logs"]} - {"reward", "dropped"}):
+        metrics[f"eval/{name}"] = sum(t.info["extra_logs"].get(name, 0.0) for t in first.values()) / total
+    rows = []
+    for t in first.values():  # episode order: prompt-major
+        p = prompts[t.group_id]
+        rows.append({"prompt": p.text if getattr(p, "raw", None) is None else p.raw, "label": p.label,
+                     "reward": float(t.info["agent_reward"]), "extra_logs": dict(t.info["extra_logs"]),
+                     "response": tokenizer.decode(t.response_ids.tolist(), skip_special_tokens=False)})
     executor.pop_metrics()
-    return {"eval/reward": sum(rewards) / max(total, 1), "eval/dropped": (total - len(rewards)) / max(total, 1)}, rows
+    return metrics, rows
