@@ -59,9 +59,6 @@ def _check_inputs(cfg: RLConfig, train_dataset, eval_dataset, agent, vision_fold
         raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "
                           "file or a datasets folder)")
     eval_dataset = eval_dataset if eval_dataset is not None else cfg.eval.dataset
-    if eval_dataset is not None and agent is not None:
-        raise ConfigError("--eval.dataset does not run agent functions (agent=) yet; drop --eval.dataset "
-                          "(tools, environments and agent files are evaluated as episodes)")
     for data, is_eval in ((train_dataset, False), (eval_dataset, True)):
         if data is not None and not callable(data):
             V.check_data(cfg, data, vision_folder is not None, eval=is_eval)
@@ -216,7 +213,7 @@ class RLTrainer:
         if cfg.ckpt.keep_best and not eval_items:
             raise ConfigError(f"--ckpt.keep_best {cfg.ckpt.keep_best} judges evaluations: give --eval.dataset")
         # held-out episodes run on an executor of their own (its tool counters are not the rollout's)
-        eval_executor = builder.build_executor(cfg, tools, environment_factory) if eval_items else None
+        eval_executor = builder.build_executor(cfg, tools, environment_factory, agent) if eval_items else None
         if processor is not None:
             V.attach_processor(processor, cfg.data.max_images_per_prompt, executor, eval_executor)
         evaluator = run_folder.make_evaluator(cfg, eval_items, reward_fn, executor=eval_executor)

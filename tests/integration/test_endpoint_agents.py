@@ -111,3 +111,16 @@ def test_held_out_evaluation_during_training_runs_the_agent_function(ws, tmp_pat
     assert [m["step"] for m in evals] == [0, 2]
     for m in evals:
         assert m["eval/dropped"] == 0 and m["eval/reward"] == pytest.approx(m["eval/sevens"] / 12, abs=1e-5)
+
+
+def test_held_out_evaluation_of_an_agent_function_given_in_python(ws, tmp_path):
+    """`RLTrainer.from_config(cfg, agent=fn)` with --eval.dataset: the held-out episodes run the same
+    function (its None rewards scored by the run's reward file), before and after training."""
+    argv = flags(ws, tmp_path, **{"train.max_steps": "1", "reward.remote_url": str(ws / "reward.py"),
+                                  "eval.dataset": str(ws / "prompts.jsonl"), "eval.max_samples": "4"})
+    i = argv.index("--agent.func_path")
+    del argv[i:i + 2]
+    out = RLTrainer.from_config(RLConfig.from_args(argv), agent=no_reward).train()
+    evals = [m for m in metrics(tmp_path) if "eval/reward" in m]
+    assert [m["step"] for m in evals] == [0, 1] and all(m["eval/dropped"] == 0 for m in evals)
+    assert out["eval/reward"] == evals[-1]["eval/reward"] and 0 <= out["eval/reward"] <= 1
