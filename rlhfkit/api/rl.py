@@ -51,7 +51,7 @@ def load_examples_fn(cfg: RLConfig, dataset, eval: bool = False) -> Callable:
     return load
 
 
-def _check_inputs(cfg: RLConfig, train_dataset, eval_dataset, agent, vision_folder) -> tuple[Any, Any]:
+def _check_inputs(cfg: RLConfig, train_dataset, eval_dataset, vision_folder) -> tuple[Any, Any]:
     """The datasets to read (explicit arguments over the config's paths), checked before any model loads,
     with the settings that must fail fast (threads, vLLM present)."""
     train_dataset = builder.prompt_source(cfg, train_dataset)  # several datasets: one Blend of them
@@ -190,7 +190,7 @@ class RLTrainer:
         cfg = builder.resolve_fsdp_dtype(builder.resolve_autocast(cfg))
         set_log_level(cfg.logger.log_level)
         vision_folder = V.policy_folder(cfg)  # a vision-language policy: its data is checked before it loads
-        train_dataset, eval_dataset = _check_inputs(cfg, train_dataset, eval_dataset, agent, vision_folder)
+        train_dataset, eval_dataset = _check_inputs(cfg, train_dataset, eval_dataset, vision_folder)
         device = builder.run_device(cfg)  # a CUDA device that is not there fails here, before models load
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
         run_dir = run_folder.prepare_run_dir(cfg, rank)

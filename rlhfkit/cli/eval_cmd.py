@@ -67,8 +67,7 @@ def run(argv: list[str]) -> int:
     if not (e.verifier or cfg.reward.remote_url or executor.provides_rewards):
         raise ConfigError("nothing to score with: pass --eval.verifier (builtin:math or a reward file) "
                           "and/or --reward.remote_url")
-    options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}  # the first --eval.max_samples prompts
-    check_prompts(e.dataset, **options)  # fail fast, before the model
+    options = _checked_options(cfg)
     reward_fn = load_reward(cfg.reward) if cfg.reward.remote_url else None
     verifier = load_reward(e.verifier) if e.verifier else None  # fail fast, before the model
     out, t0, engine, tokenizer, items, skipped = _load(cfg, options)
@@ -83,8 +82,7 @@ def run_agent_eval(cfg: RLConfig, executor) -> int:
     from rlhfkit.agents.endpoint.runner import evaluate_agent  # noqa: PLC0415 - the agents extra
 
     e = cfg.eval
-    options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}
-    check_prompts(e.dataset, **options)
+    options = _checked_options(cfg)
     if cfg.reward.remote_url:
         executor.fallback_reward_fn = load_reward(cfg.reward)
     out, t0, engine, tokenizer, items, skipped = _load(cfg, options)
@@ -94,6 +92,14 @@ def run_agent_eval(cfg: RLConfig, executor) -> int:
     return _report(cfg, out, t0, metrics, rows, len(items), skipped,
                    f"{cfg.actor.model_name_or_path} with agent {cfg.agent.func_path} on {len(items)} prompts x "
                    f"{e.n_samples} episodes")
+
+
+def _checked_options(cfg: RLConfig) -> dict:
+    """`load_prompts`' options for --eval.dataset (its first --eval.max_samples prompts, unshuffled), the
+    dataset checked with them: a bad file or key fails fast, before the model."""
+    options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}
+    check_prompts(cfg.eval.dataset, **options)
+    return options
 
 
 def _load(cfg: RLConfig, options: dict):

@@ -40,7 +40,6 @@ import torch.distributed as dist
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import save_hf_folder
-from rlhfkit.models.loading import save_errors
 
 
 def init_from_torchrun() -> tuple[int, int]:
@@ -198,10 +197,7 @@ def save_full(model: torch.nn.Module, tokenizer, path: str | Path, rank: int) ->
     state = full_state_dict(model, rank0_only=True)
     path = Path(path)
     if rank == 0 and hasattr(model, "peft_config"):
-        with save_errors(path):
-            path.mkdir(parents=True, exist_ok=True)
-            model.save_pretrained(path, state_dict=state, safe_serialization=True)  # peft keeps the adapters'
-            tokenizer.save_pretrained(path)
+        save_hf_folder(model, tokenizer, path, state_dict=state)  # peft keeps the adapters' weights of it
     elif rank == 0:
         from transformers import AutoModelForCausalLM
 

@@ -269,13 +269,16 @@ def eager_if_softcapped(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def save_hf_folder(model: torch.nn.Module, tokenizer, path: str | os.PathLike) -> Path:
+def save_hf_folder(model: torch.nn.Module, tokenizer, path: str | os.PathLike,
+                   state_dict: dict | None = None) -> Path:
     """Write `model` (safetensors; a peft model writes its adapter) and `tokenizer` into folder `path`,
-    which `from_pretrained` loads. Returns the folder."""
+    which `from_pretrained` loads; `state_dict`: the weights to write instead of the module's (a sharded
+    model's, gathered). Returns the folder."""
     path = Path(path)
     with save_errors(path):
         path.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(path, safe_serialization=True)
+        given = {} if state_dict is None else {"state_dict": state_dict}
+        model.save_pretrained(path, safe_serialization=True, **given)
         tokenizer.save_pretrained(path)
     return path
 

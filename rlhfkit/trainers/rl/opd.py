@@ -112,7 +112,8 @@ class TeacherLossUpdate(PolicyUpdate):
         out["opd/topk_kl"] = (kl.detach() * mask).sum()  # read with the step's other sums
         return out
 
-    def idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:
-        super().idle_pass(exp, rows, layout)
-        mb = exp.select(rows, layout).batch  # and the teacher term's second forward/backward of the policy
-        self.learner.backward(response_logits(self.policy, mb).float().sum() * 0.0)
+    def idle_pass(self, exp: Experience, rows: torch.Tensor, layout, train_actor: bool = True) -> None:
+        super().idle_pass(exp, rows, layout, train_actor)
+        if train_actor:  # and the teacher term's second forward/backward of the policy
+            mb = exp.select(rows, layout).batch
+            self.learner.backward(response_logits(self.policy, mb).float().sum() * 0.0)

@@ -134,7 +134,6 @@ class PolicyUpdate:
         """The update's optimizer steps; metric sums added to `sums` (the micro-batches' as float64 tensors on
         the device, read once by the caller). Returns how many ran."""
         micro = self.micro_step if train_actor else self.critic_step
-        idle_pass = self.idle_pass if train_actor else self.critic_idle_pass
         n_opt = 0
         for _ in range(self.max_epochs):
             perm = torch.randperm(len(exp), generator=self.shuffle_gen)
@@ -156,7 +155,7 @@ class PolicyUpdate:
                     if idle:
                         shortest = step_rows[exp.batch.attention_mask[step_rows].sum(dim=1).argmin()].view(1)
                         for _ in range(idle):
-                            idle_pass(exp, shortest, layout)
+                            self.idle_pass(exp, shortest, layout, train_actor)
                 if self.dp[1] > 1:
                     _add(sums, {"idle_passes": float(idle)})
                 if train_actor:
@@ -231,19 +230,16 @@ class PolicyUpdate:
         self.critic_learner.backward(vloss)
         return vloss.detach()
 
-    def idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:
-        """A forward/backward of the policy (and critic) on `rows` (the step's shortest row) whose
-        gradients are zero: the FSDP collectives of one micro-batch, without changing the step."""
+    def idle_pass(self, exp: Experience, rows: torch.Tensor, layout, train_actor: bool = True) -> None:
+        """A forward/backward of the policy (unless frozen: `train_actor` False) and critic on `rows` (the
+        step's shortest row) whose gradients are zero: the FSDP collectives of one micro-batch, without
+        changing the step."""
         mb = exp.select(rows, layout).batch
-        logp, _ = response_logprobs(self.policy, mb, temperature=self.losses.temperature)
-        self.learner.backward(logp.float().sum() * 0.0)
+        if train_actor:
+            logp, _ = response_logprobs(self.policy, mb, temperature=self.losses.temperature)
+            self.learner.backward(logp.float().sum() * 0.0)
         if self.critic is not None:
-            self.critic_idle_pass(exp, rows, layout)
-
-    def critic_idle_pass(self, exp: Experience, rows: torch.Tensor, layout) -> None:
-        """`idle_pass` of the critic alone."""
-        mb = exp.select(rows, layout).batch
-        self.critic_learner.backward(self.critic.response_values(mb).float().sum() * 0.0)
+            self.critic_learner.backward(self.critic.response_values(mb).float().sum() * 0.0)
 
     def state_dict(self) -> dict:
         return {"learner": self.learner.state_dict(), "loss_gen": self.loss_gen.get_state(),

@@ -67,7 +67,7 @@ def test_a_rank_with_fewer_micro_batches_pads_to_the_largest_count(setup, monkey
     model, tok, exp = setup
     update = make("policy", model, tok, dp=(0, 2), rank_max=lambda n: n + 3)  # another rank cut 3 more
     passes = []
-    monkeypatch.setattr(update, "idle_pass", lambda exp, rows, layout: passes.append(rows.tolist()))
+    monkeypatch.setattr(update, "idle_pass", lambda exp, rows, layout, train_actor=True: passes.append(rows.tolist()))
     out = update(exp, kl_coef=0.0)
     assert out["idle_passes"] == 3.0 and len(passes) == 3  # one optimizer step of 4 rows: 2 here, 2 there
     assert out["train_tokens"] > 0
