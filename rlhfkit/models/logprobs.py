@@ -175,11 +175,18 @@ def attention_for(model: torch.nn.Module, batch):
     the mask is always built on the CPU, and on a GPU SDPA's fused kernels are the fast path."""
     config = getattr(model, "config", None)
     mask = batch.attention_mask
-    checkpointing = model.training and getattr(model, "is_gradient_checkpointing", False)
+    checkpointing = model.training and activation_checkpointing(model)
     swap = (config is not None and getattr(config, "_attn_implementation", None) == "sdpa" and mask is not None
             and mask.dim() == 4 and mask.shape[-1] <= EAGER_ROW_TOKENS and not checkpointing
             and parameter_device_type(model) == "cpu")
     return attention_implementation(model, "eager") if swap else contextlib.nullcontext()
+
+
+def activation_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether gradient checkpointing is on: transformers >= 5.23 names it `is_activation_checkpointing`
+    (its old name `is_gradient_checkpointing` warns there), earlier releases only the old name."""
+    on = getattr(model, "is_activation_checkpointing", None)
+    return bool(getattr(model, "is_gradient_checkpointing", False) if on is None else on)
 
 
 def runnable_layout(model: torch.nn.Module, batch):

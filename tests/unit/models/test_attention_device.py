@@ -41,3 +41,24 @@ def test_the_decision_reads_the_parameters_device_type(monkeypatch):
     model = _model("cpu")
     monkeypatch.setattr(logprobs_module, "parameter_device_type", lambda m: "cuda")
     assert _attention_inside(model) == "sdpa"
+
+
+def test_checkpointing_is_read_without_transformers_deprecation_warning():
+    import warnings
+
+    from rlhfkit.models.lora import add_lora
+    from rlhfkit.models.precision import enable_gradient_checkpointing
+
+    model = _model("cpu")
+    model.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        assert not logprobs_module.activation_checkpointing(model)
+        enable_gradient_checkpointing(model)
+        assert logprobs_module.activation_checkpointing(model)
+        # the eager swap is off under checkpointing (the backward recomputes with the model's attention)
+        assert _attention_inside(model) == "sdpa"
+    peft_model = add_lora(model, rank=2, alpha=4, target_modules="all-linear")  # peft reads the old name itself
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        assert logprobs_module.activation_checkpointing(peft_model)
