@@ -3,7 +3,10 @@ for the official `tinker` SDK (`TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import secrets
+from pathlib import Path
 
 from rlhfkit.config.parse import parse_config
 from rlhfkit.config.serve_training import ServeTrainingConfig, validate_serve_training
@@ -27,19 +30,53 @@ def memory_lines(config: dict, dtype: str, full: bool) -> list[str]:
                                                                        "activations", "kv_cache", "peak")]
 
 
+def build_host(cfg: ServeTrainingConfig) -> ModelHost:
+    """Load the base model and print its memory estimate (in a Ray host actor: on the actor's node)."""
+    device = resolve_device(cfg.device, "--device")
+    path, _ = resolve_model(cfg.model)
+    model, tokenizer = load_policy(cfg.model, cfg.dtype)
+    print("\n".join(memory_lines(model.config.to_dict(), cfg.dtype, cfg.full)), flush=True)
+    return ModelHost(model.to(DTYPES[cfg.dtype]), tokenizer, cfg.model, cfg.output_dir, device, full=cfg.full,
+                     default_rank=cfg.lora.rank, tokenizer_id=path)
+
+
 def run(argv: list[str]) -> int:
     cfg = parse_config(ServeTrainingConfig, argv)
     validate_serve_training(cfg)
     import uvicorn
 
-    device = resolve_device(cfg.device, "--device")
-    path, _ = resolve_model(cfg.model)
-    model, tokenizer = load_policy(cfg.model, cfg.dtype)
-    print("\n".join(memory_lines(model.config.to_dict(), cfg.dtype, cfg.full)))
-    host = ModelHost(model.to(DTYPES[cfg.dtype]), tokenizer, cfg.model, cfg.output_dir, device, full=cfg.full,
-                     default_rank=cfg.lora.rank, tokenizer_id=path)
-    key = cfg.api_key or f"tml-{secrets.token_hex(16)}"
-    print(f"serving {cfg.model} ({'full fine-tuning' if cfg.full else 'LoRA'}, {device}) at http://{cfg.host}:{cfg.port}")
-    print(f"clients: export TINKER_BASE_URL=http://{cfg.host}:{cfg.port} TINKER_API_KEY={key}", flush=True)
-    uvicorn.run(make_app(host, key, cfg.max_request_bytes), host=cfg.host, port=cfg.port, log_level="warning")
+    with model_host(cfg) as host:
+        key = cfg.api_key or f"tml-{secrets.token_hex(16)}"
+        kind = "full fine-tuning" if cfg.full else "LoRA"
+        where = f"{host.device}, in a Ray actor" if cfg.distributed.backend == "ray" else str(host.device)
+        print(f"serving {cfg.model} ({kind}, {where}) at http://{cfg.host}:{cfg.port}")
+        print(f"clients: export TINKER_BASE_URL=http://{cfg.host}:{cfg.port} TINKER_API_KEY={key}", flush=True)
+        uvicorn.run(make_app(host, key, cfg.max_request_bytes), host=cfg.host, port=cfg.port, log_level="warning")
     return 0
+
+
+@contextlib.contextmanager
+def model_host(cfg: ServeTrainingConfig):
+    """The models' host: in this process, or (--distributed.backend ray) in a Ray actor, which this
+    process's Ray (a local cluster it starts, or the one at --distributed.address) places."""
+    if cfg.distributed.backend == "local":
+        yield build_host(cfg)
+        return
+    import ray  # the ray extra, needed only here
+
+    from rlhfkit.distributed.launch import cluster_gpus, start_ray
+    from rlhfkit.serving.tinker.remote import RemoteHost
+
+    d = cfg.distributed
+    started = start_ray(d.address, d.num_cpus or 1, Path(cfg.output_dir) / "ray")
+    try:
+        gpus = d.num_gpus if d.num_gpus is not None else (1.0 if cfg.device != "cpu" and cluster_gpus(d.address)
+                                                          else 0.0)
+        host = RemoteHost(functools.partial(build_host, cfg), num_gpus=gpus, num_threads=d.num_threads)
+        try:
+            yield host
+        finally:
+            host.close()
+    finally:
+        if started:
+            ray.shutdown()

@@ -17,6 +17,24 @@ class ServedLora:
 
 
 @dataclass(frozen=True)
+class ServedDistributed:
+    """Where the models live: in the server's process, or in a Ray actor on a cluster node."""
+
+    backend: str = "local"
+    """local (the models in the server's process) or ray (base model, adapters, optimizer states and
+    samplers in one Ray actor, on a node with a GPU when the cluster has one; the HTTP server stays
+    in this process)."""
+    address: str | None = None
+    """Ray cluster to join (e.g. HEAD_IP:6379 from `ray start --head`); none = start a local one."""
+    num_cpus: int | None = None
+    """Logical CPUs of a local Ray cluster; none = 1 (the host actor's)."""
+    num_gpus: float | None = None
+    """GPUs the host actor asks Ray for; none = 1 when the cluster has a GPU, else 0."""
+    num_threads: int | None = None
+    """torch threads of the host actor (Ray gives an actor one by default); none = the node's CPU count."""
+
+
+@dataclass(frozen=True)
 class ServeTrainingConfig:
     """`rlhfkit serve-training`: Tinker's training API for the official `tinker` SDK (`pip install 'rlhfkit[tinker]'`)."""
 
@@ -25,6 +43,7 @@ class ServeTrainingConfig:
     full: bool = False
     """Full fine-tuning: each training client trains its own copy of every weight (no LoRA)."""
     lora: ServedLora = field(default_factory=ServedLora)
+    distributed: ServedDistributed = field(default_factory=ServedDistributed)
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (CUDA when there is one)."""
     dtype: str = "float32"
@@ -41,11 +60,17 @@ class ServeTrainingConfig:
     """Refuse request bodies larger than this (HTTP 413)."""
 
 
-SERVE_TRAINING_RANGES = validate_table({"port": "[1, 65535]", "max_request_bytes": ">= 1", "lora.rank": ">= 1"})
+SERVE_TRAINING_RANGES = validate_table({"port": "[1, 65535]", "max_request_bytes": ">= 1", "lora.rank": ">= 1",
+                                        "distributed.num_cpus": ">= 1", "distributed.num_gpus": ">= 0",
+                                        "distributed.num_threads": ">= 1"})
 
 
 def validate_serve_training(cfg: ServeTrainingConfig) -> None:
     check_ranges(cfg, SERVE_TRAINING_RANGES)
+    if cfg.distributed.backend not in ("local", "ray"):
+        raise ConfigError(f"--distributed.backend {cfg.distributed.backend}: use local or ray")
+    if cfg.distributed.backend == "local" and cfg.distributed.address is not None:
+        raise ConfigError("--distributed.address joins a Ray cluster: add --distributed.backend ray")
     if cfg.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"--dtype {cfg.dtype}: use float32 or bfloat16")
     if cfg.api_key is not None and not cfg.api_key.startswith("tml-"):

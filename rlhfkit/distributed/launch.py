@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,9 +35,25 @@ def start_ray(address: str | None, num_cpus: int, temp_dir: Path) -> bool:
         ray.init(address=address, include_dashboard=False)
         return True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local cluster: no token to set up
-    temp_dir.mkdir(parents=True, exist_ok=True)
-    ray.init(num_cpus=num_cpus, _temp_dir=str(temp_dir.resolve()), include_dashboard=False)
+    ray.init(num_cpus=num_cpus, _temp_dir=ray_temp_dir(temp_dir), include_dashboard=False)
     return True
+
+
+# Ray puts its sockets at TEMP/session_<date>_<time>_<pid>/sockets/plasma_store (up to 64 characters
+# after TEMP), and a Unix socket path may hold at most 107 bytes.
+MAX_RAY_TEMP_CHARS = 107 - 64
+
+
+def ray_temp_dir(temp_dir: Path) -> str:
+    """`temp_dir` (created), or a short folder under the system's temp dir when Ray's socket paths
+    under it would pass the Unix limit (said in one line)."""
+    path = temp_dir.resolve()
+    if len(str(path)) <= MAX_RAY_TEMP_CHARS:
+        path.mkdir(parents=True, exist_ok=True)
+        return str(path)
+    short = tempfile.mkdtemp(prefix="rlhfkit-ray-")
+    print(f"note: Ray's files go to {short} ({path} is too long a path for Ray's sockets)", flush=True)
+    return short
 
 
 def cluster_gpus(address: str | None) -> int:

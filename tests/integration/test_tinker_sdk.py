@@ -35,11 +35,14 @@ def free_port() -> int:
 
 
 class Server:
-    """The app over a fresh ModelHost in a uvicorn thread; `stop()` ends it (a 'restart' is a new Server)."""
+    """The app over a fresh ModelHost (or the `host` given) in a uvicorn thread; `stop()` ends it (a
+    'restart' is a new Server)."""
 
-    def __init__(self, root, full: bool = False, max_request_bytes: int = 8 << 20, name: str = NAME):
-        model, tok = tiny_model_and_tokenizer(seed=0)
-        self.host = ModelHost(model, tok, name, root, torch.device("cpu"), full=full)
+    def __init__(self, root, full: bool = False, max_request_bytes: int = 8 << 20, name: str = NAME, host=None):
+        if host is None:
+            model, tok = tiny_model_and_tokenizer(seed=0)
+            host = ModelHost(model, tok, name, root, torch.device("cpu"), full=full)
+        self.host = host
         self.port = free_port()
         config = uvicorn.Config(make_app(self.host, KEY, max_request_bytes, poll_s=2.0), host="127.0.0.1",
                                 port=self.port, log_level="error")

@@ -19,7 +19,8 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field as dataclass_field
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -203,8 +204,8 @@ def _client_routes(app: FastAPI, host: ModelHost, body, max_request_bytes: int) 
 
     @app.get("/api/v1/get_server_capabilities")
     async def capabilities():
-        ctx = getattr(host.base.config, "max_position_embeddings", None)
-        return {"supported_models": [{"model_name": host.name, "max_context_length": ctx, "trainable": True,
+        return {"supported_models": [{"model_name": host.name, "max_context_length": host.max_context_length,
+                                      "trainable": True,
                                       "sampleable": True}]}
 
     @app.post("/api/v1/client/config")
@@ -345,9 +346,10 @@ def _sampling_routes(app: FastAPI, host: ModelHost, futures: Futures, body, poll
 
     @app.get("/api/v1/samplers/{sampler_id}")
     async def sampler(sampler_id: str):
-        if sampler_id not in host.samplers:
+        known, path = await asyncio.wrap_future(futures.worker.submit(host.sampler_path, sampler_id))
+        if not known:
             raise HTTPException(404, f"sampler {sampler_id!r}: no such sampling session")
-        return {"sampler_id": sampler_id, "base_model": host.name, "model_path": host.samplers[sampler_id]}
+        return {"sampler_id": sampler_id, "base_model": host.name, "model_path": path}
 
     @app.post("/api/v1/asample")
     async def asample(request: Request):

@@ -126,6 +126,14 @@ class ModelHost:
         if model is not None and model.rank is not None:
             model.module.delete_adapter(model_id)
 
+    @property
+    def max_context_length(self) -> int | None:
+        return getattr(self.base.config, "max_position_embeddings", None)
+
+    def sampler_path(self, session: str) -> tuple[bool, str | None]:
+        """(whether `session` is a sampling session here, the tinker:// path it samples or None for the base)."""
+        return session in self.samplers, self.samplers.get(session)
+
     def info(self, model_id: str) -> dict:
         model = self.get(model_id)
         arch = (getattr(self.base.config, "architectures", None) or [type(self.base).__name__])[0]
