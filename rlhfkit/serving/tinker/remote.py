@@ -15,6 +15,7 @@ off the server's machine onto the cluster's GPU, it does not shard a model over 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray
@@ -29,8 +30,7 @@ class HostActor:
     """A `ModelHost` built inside the actor: `make_host()` (a picklable function) loads the model."""
 
     def __init__(self, make_host, num_threads: int | None):
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        torch.set_num_threads(num_threads or os.cpu_count() or 1)  # Ray's default for a 1-CPU actor is one
         self.host = make_host()
 
     def describe(self) -> dict[str, Any]:
