@@ -398,6 +398,7 @@ class AgentConfig:
     the environment's + the function's (0: the function's alone). none: giving both is refused."""
     timeout: float = 300.0
     """Seconds one episode of an agent function (`async def agent(client, prompt, label, **row)`)
-    may run; past it the episode is cancelled and dropped from the batch."""
+    may run, besides the time its calls wait on the engine; past it the episode is cancelled and
+    dropped from the batch."""
     max_calls: int = 64
     """Most OpenAI-API calls one episode of an agent function may make (more get HTTP 429)."""

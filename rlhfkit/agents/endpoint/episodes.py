@@ -11,10 +11,12 @@ reset with `pop_metrics`; every refusal is logged once per episode and reason, i
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import secrets
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +83,9 @@ class Episode:
     sampled: int = 0
     open: bool = True
     logged: set = field(default_factory=set)
+    in_engine: int = 0  # calls between asking the engine and its answer (queued or generating)
+    engine_since: float = 0.0  # when the first of them asked (time.monotonic)
+    engine_s: float = 0.0  # seconds with a call in the engine, before that
     _seeds: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -191,6 +196,27 @@ class Registry:
     def release(self, e: Episode) -> None:
         with self.lock:
             e.in_flight -= 1
+
+    @contextlib.contextmanager
+    def in_engine(self, e: Episode):
+        """Around a call's wait for the engine (its queue and its generation): the time the episode
+        waited on the engine, which its --agent.timeout does not count."""
+        with self.lock:
+            if e.in_engine == 0:
+                e.engine_since = time.monotonic()
+            e.in_engine += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                e.in_engine -= 1
+                if e.in_engine == 0:
+                    e.engine_s += time.monotonic() - e.engine_since
+
+    def engine_seconds(self, e: Episode) -> float:
+        """Seconds so far in which at least one of the episode's calls waited on the engine."""
+        with self.lock:
+            return e.engine_s + (time.monotonic() - e.engine_since if e.in_engine else 0.0)
 
 
 def room(e: Episode, prompt_len: int, asked: Any, registry: Registry) -> int:

@@ -148,7 +148,8 @@ class Completions:
             temperature=ask.temperature if own and ask.temperature is not None else run.temperature,
             top_p=ask.top_p if own and ask.top_p is not None else run.top_p,
             top_k=ask.top_k if own and ask.top_k is not None else run.top_k)
-        trajs = await self.generate(ids, params, e.next_seed(), e)
+        with self.registry.in_engine(e):
+            trajs = await self.generate(ids, params, e.next_seed(), e)
         out = []
         for t in trajs:
             tokens, lps, finish = t.response_ids.tolist(), t.logprobs.tolist(), t.finish_reason

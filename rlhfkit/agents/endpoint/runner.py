@@ -12,7 +12,8 @@ reward function, which then scores the episode's last reply (`completion_message
 recorded conversation). What trains is what the endpoint recorded (segments.py), never text.
 
 An episode is dropped from the batch, counted (`agent/dropped_*`) and logged in one line, and the
-run goes on, when its function raises, runs past `timeout` seconds (it is cancelled), returns
+run goes on, when its function raises, runs past `timeout` seconds (it is cancelled; the time its
+calls wait on the engine, queued or generating, does not count), returns
 something that is not a reward, or never calls the endpoint. `group_id` of every segment is its
 prompt's; `info["episode"]` tells the group baseline which segments are one episode.
 
@@ -24,9 +25,11 @@ listening between batches); its episodes run concurrently on one event loop, at 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,15 +130,16 @@ class EndpointExecutor:
 
     async def _one(self, server: EndpointServer, prompt: Prompt, e: Episode, gate: asyncio.Semaphore) -> Outcome:
         async with gate:
-            client = self.make_client(server.url(e), e.key, self.timeout)
+            client = self.make_client(server.url(e), e.key, None)  # the episode's own clock below bounds it
             raw = getattr(prompt, "raw", None)
             row = {k: v for k, v in (getattr(prompt, "record", None) or {}).items() if k not in RESERVED}
             try:
-                returned = await asyncio.wait_for(
-                    self.agent_fn(client, prompt.text if raw is None else raw, prompt.label, **row), self.timeout)
+                returned = await self._within_timeout(
+                    server, e, self.agent_fn(client, prompt.text if raw is None else raw, prompt.label, **row))
                 return self._outcome(returned)
             except asyncio.TimeoutError:
-                return Outcome(dropped=f"timeout: ran past --agent.timeout {self.timeout:g} s")
+                return Outcome(dropped=f"timeout: ran past --agent.timeout {self.timeout:g} s (not counting "
+                                       "its waits on the engine)")
             except RewardError as exc:
                 return Outcome(dropped=f"bad_reward: {one_line(exc)}")
             except Exception as exc:  # noqa: BLE001 - the user's agent: any exception drops its episode
@@ -145,6 +149,26 @@ class EndpointExecutor:
                 close = getattr(client, "close", None)
                 if close is not None:
                     await close()
+
+    async def _within_timeout(self, server: EndpointServer, e: Episode, run: Awaitable) -> Any:
+        """`run`'s result, or asyncio.TimeoutError (run cancelled) once it has run `self.timeout`
+        seconds besides the time its calls waited on the engine: a busy or slow engine (other
+        episodes' turns, a long generation) never drops an episode; an agent that hangs does."""
+        task = asyncio.ensure_future(run)
+        start = time.monotonic()
+        try:
+            while True:
+                left = self.timeout - (time.monotonic() - start - server.registry.engine_seconds(e))
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                done, _ = await asyncio.wait({task}, timeout=left)
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
 
     def _outcome(self, returned: Any) -> Outcome:
         if returned is None:

@@ -152,3 +152,37 @@ def test_serve_mode_needs_its_key_honours_the_requests_temperature_and_records_n
         greedy = [ask("k1", temperature=0.0).choices[0].message.content for _ in range(2)]
         assert greedy[0] == greedy[1]  # temperature 0 is the request's, and greedy
         assert not server.registry.episodes
+
+
+class SlowEngine:
+    """The engine, each generate call held back `delay` seconds (a busy or slow engine)."""
+
+    def __init__(self, engine, delay: float):
+        self.engine, self.delay = engine, delay
+
+    def generate(self, *args, **kwargs):
+        import time
+
+        time.sleep(self.delay)
+        return self.engine.generate(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_the_timeout_does_not_count_waits_on_a_slow_engine_but_drops_an_agent_that_dawdles(tiny):
+    engine, tok = tiny
+
+    async def agent(client, prompt, label, **row):
+        for _ in range(2):  # each call waits 0.8 s on the engine: 1.6 s in all, past the 1 s timeout
+            await client.chat.completions.create(model="p", messages=ASK, max_tokens=2)
+        if prompt == "dawdles":
+            await asyncio.sleep(1.5)  # its own time: this counts
+        return 1.0
+
+    ex = EndpointExecutor(agent, timeout=1.0)
+    prompts = [P(tok, "waits"), P(tok, "dawdles")]
+    trajs = ex.run(SlowEngine(engine, 0.8), tok, prompts, SamplingParams(max_new_tokens=2), TokenBudget(2, 8, 2),
+                   seeds=[0, 1])
+    m = ex.pop_metrics()
+    assert {t.group_id for t in trajs} == {0} and m["agent/dropped_timeout"] == 1  # (two segments: one history)
