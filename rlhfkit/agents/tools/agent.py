@@ -18,7 +18,7 @@ mismatches are counted (`tools/rerender`, `tools/retokenized`). What a re-render
   segment trains only the tokens sampled in it. All segments carry the episode's info (its
   reward, its whole conversation) and `info["episode"]`, so the group baseline counts the
   episode once (the OpenAI-compatible endpoint's segments do the same); `tools/segments`
-  counts the splits. A "retokenized" turn keeps its tokens in both modes: the text is the
+  counts the segments beyond each episode's first. A "retokenized" turn keeps its tokens in both modes: the text is the
   one rendered, only its tokenization differs.
 
 With an `environment_factory` (TRL's contract, environment.py) each episode gets its own
@@ -300,7 +300,6 @@ class ToolExecutor:
                                    e.versions[:cut], e.group_id))
         e.spent += len(e.response)
         e.prompt_ids, e.response, e.mask, e.logprobs, e.versions = list(rendered), [], [], [], []
-        self.checks["segments"] += 1
 
     def _trajectories(self, e: _Episode, version: int) -> list[Trajectory]:
         """The episode's trajectory; in segment mode its segments, each with the episode's info and id."""
@@ -315,4 +314,5 @@ class ToolExecutor:
         parts = [*e.segments, e] if e.response or not e.segments else list(e.segments)
         for part in parts:  # the episode's truncation is every segment's (the stop-properly penalty's)
             part.truncated = e.truncated
+        self.checks["segments"] += len(parts) - 1
         return [episode_trajectory(part, version, dict(info)) for part in parts]
