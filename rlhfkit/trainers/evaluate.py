@@ -196,7 +196,8 @@ class Evaluator:
         n = self.n_samples
         trajs = sample_trajectories(engine, self.items, self.max_new_tokens, n, self.temperature, self.seed,
                                     self.executor, self.budget, tokenizer)
-        rows_of = episode_rows(trajs)  # an episode in segments is one sample, scored on its last segment
+        # an executor's episode in segments is one sample, scored on its last segment
+        rows_of = episode_rows(trajs) if self.executor is not None else None
         trajs = trajs if rows_of is None else [trajs[i] for i in rows_of[0]]
         responses = tokenizer.batch_decode([t.response_ids.tolist() for t in trajs], skip_special_tokens=True)
         items = [self.items[i // n] for i in range(len(responses))]

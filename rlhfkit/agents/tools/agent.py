@@ -16,10 +16,11 @@ mismatches are counted (`tools/rerender`, `tools/retokenized`). What a re-render
   segment, and the next turn samples from the freshly rendered conversation, whose tokens are
   the prompt of a new segment (as an inference server would serve the next turn). Each
   segment trains only the tokens sampled in it. All segments carry the episode's info (its
-  reward, its whole conversation) and `info["episode"]`, so the group baseline counts the
-  episode once (the OpenAI-compatible endpoint's segments do the same); `tools/segments`
-  counts the segments beyond each episode's first. A "retokenized" turn keeps its tokens in both modes: the text is the
-  one rendered, only its tokenization differs.
+  reward, its whole conversation) and `info["episode"]`, as the OpenAI-compatible endpoint's
+  segments do: the group baseline counts the episode once, a reward function scores it once
+  (on its last segment) and an evaluation counts it as one sample. `tools/segments` counts the
+  segments beyond each episode's first. A "retokenized" turn keeps its tokens in both modes:
+  its text is the one rendered, only its tokenization differs.
 
 With an `environment_factory` (TRL's contract, environment.py) each episode gets its own
 instance, whose methods are tools; one with `get_reward` gives the episode's reward. With a

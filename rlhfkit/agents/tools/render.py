@@ -16,7 +16,8 @@
   re-rendered the history (Qwen3 drops the `<think>` of turns before the last user message;
   some templates re-serialise tool calls) -- "rerender" -- or the model sampled a
   tokenization the tokenizer would not produce for the same text -- "retokenized". Both are
-  counted; the episode keeps the tokens it sampled (what the policy saw and is trained on).
+  counted; the episode keeps the tokens it sampled (what the policy saw and is trained on), or,
+  with `ToolExecutor(on_rerender="segment")`, goes on from the re-rendered tokens in a new segment.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from rlhfkit.agents.executor import TokenBudget, episode_rows
+from rlhfkit.agents.executor import TokenBudget
 from rlhfkit.agents.textenv import text_env
 from rlhfkit.agents.tools import ToolTemplate
 from rlhfkit.agents.tools.agent import ON_RERENDER, ToolExecutor
