@@ -91,3 +91,17 @@ def test_python_api_tools_train_each_segment_on_its_sampled_tokens(ws, tmp_path)
         assert tok.decode(second.response_ids.tolist()) == "42<|im_end|>"
         assert tok.decode(second.prompt_ids.tolist()).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n"
                                                                + NO_THINK)
+
+
+def test_eval_scores_each_episode_once_however_many_segments(ws, tmp_path):
+    argv = ["eval", "--actor.model_name_or_path", str(ws / "tiny"), "--eval.dataset", str(ws / "prompts.jsonl"),
+            "--data.input_key", "q", "--data.label_key", "a", "--data.apply_chat_template", "true",
+            "--eval.max_samples", "3", "--eval.n_samples", "2", "--eval.temperature", "1.0",
+            "--agent.env", f"{ws / 'envs.py'}:Hint", "--agent.max_turns", "2", "--agent.on_rerender", "segment",
+            "--agent.max_response_tokens", "600", "--rollout.max_new_tokens", "8", "--actor.autocast", "none",
+            "--ckpt.output_dir", str(tmp_path)]
+    assert main(argv) == 0
+    metrics = json.loads((tmp_path / "eval.json").read_text())["metrics"]
+    assert metrics["eval/tools/segments"] == 6.0 and metrics["eval/turns"] == 2.0  # 6 episodes, 2 segments each
+    rows = [json.loads(line) for line in (tmp_path / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and [r["sample"] for r in rows] == [0, 1] * 3
