@@ -11,6 +11,7 @@ import pytest
 from rlhfkit.api.rl import RLTrainer
 from rlhfkit.cli.main import main
 from rlhfkit.config import RLConfig
+from tests.integration.conftest import refuse
 from tests.unit.agents.conftest import ScriptedEngine, save_tiny_chat_model
 from tests.unit.agents.test_tool_templates import QWEN, TEMPLATES, multiply
 
@@ -105,3 +106,10 @@ def test_eval_scores_each_episode_once_however_many_segments(ws, tmp_path):
     assert metrics["eval/tools/segments"] == 6.0 and metrics["eval/turns"] == 2.0  # 6 episodes, 2 segments each
     rows = [json.loads(line) for line in (tmp_path / "eval_samples.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and [r["sample"] for r in rows] == [0, 1] * 3
+
+
+def test_the_flag_is_refused_in_one_line_where_it_does_nothing(ws, tmp_path, capsys):
+    refuse(["train", "rl", *flags(ws, tmp_path, **{"agent.env": None})], capsys,
+           "--agent.on_rerender segment applies to tool-calling and text-environment episodes")
+    refuse(["train", "rl", *flags(ws, tmp_path, **{"agent.on_rerender": "drop"})], capsys,
+           "--agent.on_rerender: unknown value 'drop'; valid: keep, segment")
