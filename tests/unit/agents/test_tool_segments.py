@@ -149,6 +149,39 @@ def test_tool_episodes_in_non_thinking_mode_split_too(qwen3, scripted):
     assert first.info["episode"] == second.info["episode"] and second.info["tool_calls"] == 1
 
 
+class Counter:
+    """TRL's environment_factory contract: a counter whose reward is whether it reached 10."""
+
+    def reset(self, **row):
+        self.n = 7
+
+    def increment(self, by: int) -> int:
+        """Add to the counter.
+
+        Args:
+            by: how much to add
+        """
+        self.n += by
+        return self.n
+
+    def get_reward(self) -> float:
+        return float(self.n == 10)
+
+
+def test_environment_factory_episodes_split_and_every_segment_gets_the_environments_reward(qwen3, scripted):
+    call = '<tool_call>\n{"name": "increment", "arguments": {"by": 3}}\n</tool_call><|im_end|>'
+
+    def policy(ctx):
+        return "done<|im_end|>" if "</tool_response>" in ctx else call
+
+    ex = ToolExecutor(environment_factory=Counter, on_rerender="segment", enable_thinking=False)
+    trajs = ex.run(scripted(qwen3, policy), qwen3, [P("count")], SamplingParams(max_new_tokens=80, n=2),
+                   TokenBudget(80, 400, 3))
+    assert [qwen3.decode(t.response_ids.tolist()) for t in trajs] == [call, "done<|im_end|>"] * 2
+    assert [t.info["agent_reward"] for t in trajs] == [1.0] * 4  # 7 + 3 == 10, on both segments
+    assert episode_ids(trajs).tolist() == [0, 0, 1, 1] and ex.pop_metrics()["tools/segments"] == 2.0
+
+
 class CountingReward:
     """A reward function that scores 1 when the response holds a 7, and records its batch sizes."""
 
