@@ -285,12 +285,12 @@ class ToolExecutor:
         e.logprobs += [0.0] * len(delta)
         e.versions += e.versions[-1:] * len(delta)
         if not e.truncated:
-            status = tt.prefix_check(e.messages, e.prompt_ids + e.response)
+            status, rendered = tt.rendered_check(e.messages, e.prompt_ids + e.response)
             self.checks["turns"] += 1
             if status != PROMPT_OK:
                 self.checks[status] += 1
             if status == RERENDER and self.on_rerender == "segment":
-                self._split(e, tt.prompt_ids(e.messages), len(delta))
+                self._split(e, rendered, len(delta))
 
     def _split(self, e: _Episode, rendered: list[int], feedback: int) -> None:
         """Finish the episode's current segment at its last sampled token (the `feedback` tokens just

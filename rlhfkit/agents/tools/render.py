@@ -185,8 +185,13 @@ class ToolTemplate:
         """PROMPT_OK when `messages` rendered afresh (with the generation prompt) tokenize to
         exactly `ids`; RERENDER when the text differs (the template re-rendered the history);
         RETOKENIZED when the text is the same but the sampled tokens are not its tokenization."""
+        return self.rendered_check(messages, ids)[0]
+
+    def rendered_check(self, messages: Sequence[dict], ids: Sequence[int]) -> tuple[str, list[int]]:
+        """(`prefix_check`'s answer, the token ids of `messages` rendered afresh)."""
         text = self.render(messages)
-        if self.encode(text) == list(ids):
-            return PROMPT_OK
+        rendered = self.encode(text)
+        if rendered == list(ids):
+            return PROMPT_OK, rendered
         sampled = self.tokenizer.decode(list(ids), skip_special_tokens=False)
-        return RETOKENIZED if sampled == text else RERENDER
+        return (RETOKENIZED if sampled == text else RERENDER), rendered
