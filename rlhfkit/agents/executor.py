@@ -283,6 +283,26 @@ def agent_rewards(trajectories: Sequence[Trajectory]) -> RewardOutput:
     )
 
 
+def episode_rows(trajectories: Sequence[Trajectory]) -> tuple[list[int], list[int]] | None:
+    """Where some trajectories are segments of one episode (`info["episode"]`: the OpenAI-compatible
+    endpoint's, tool episodes with --agent.on_rerender segment): (the row of each episode's last
+    segment, in the order of the episodes' first rows; each row's episode, an index into the first
+    list). Rows without an episode are their own. None when no row has one."""
+    if not any("episode" in t.info for t in trajectories):
+        return None
+    last: list[int] = []
+    inverse: list[int] = []
+    seen: dict[object, int] = {}
+    for i, t in enumerate(trajectories):
+        key = ("episode", t.info["episode"]) if "episode" in t.info else ("row", i)
+        if key not in seen:
+            seen[key] = len(last)
+            last.append(i)
+        last[seen[key]] = i
+        inverse.append(seen[key])
+    return last, inverse
+
+
 def drift_count(trajectories: Sequence[Trajectory], tokenizer) -> int:
     """How many conversations do not survive decode -> re-encode as the same token ids.
 

@@ -112,6 +112,11 @@ def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=No
     (functions), --agent.tools or an `environment_factory` class; else single-turn generation."""
     g = cfg.agent
     path = g.func_path
+    tool_episodes = tools is not None or g.tools is not None or environment_factory is not None or g.env is not None
+    if g.on_rerender != "keep" and (agent is not None or not tool_episodes):
+        raise ConfigError(f"--agent.on_rerender {g.on_rerender} applies to tool-calling and text-environment episodes "
+                          "(--agent.tools, --agent.env, tools=, environment_factory=); an agent file or function "
+                          "drives its own turns: drop the flag")
     if agent is not None:
         if path is not None or tools is not None or g.tools is not None or environment_factory is not None \
                 or g.env is not None:
@@ -121,7 +126,7 @@ def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=No
         from rlhfkit.agents.endpoint.runner import EndpointExecutor  # noqa: PLC0415 - the serve extra
 
         return EndpointExecutor(agent, source=getattr(agent, "__qualname__", "agent"), **endpoint_options(cfg))
-    if tools is not None or g.tools is not None or environment_factory is not None or g.env is not None:
+    if tool_episodes:
         if path is not None:
             raise ConfigError("--agent.func_path and tools or an environment (--agent.tools, --agent.env, tools=, "
                               "environment_factory=) are both set; an agent file drives its own episodes: choose one")
@@ -130,7 +135,7 @@ def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=No
         limits = ToolLimits(g.tool_calls_per_episode, g.tool_timeout, g.tool_result_tokens)
         fns = list(tools) if tools is not None else load_tools(g.tools) if g.tools is not None else []
         env = load_text_env(g.env) if g.env is not None else environment_factory
-        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=env)
+        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=env, on_rerender=g.on_rerender)
     if path is None:
         return SingleTurnExecutor()
     return load_agent_file(BUILTIN_AGENTS.get(path, path), endpoint=endpoint_options(cfg))

@@ -185,6 +185,8 @@ def validate_generate(cfg: GenerateConfig, ranges=GENERATE_RANGES) -> GenerateCo
     check_input_template(cfg.data.input_template)
     require(cfg.agent.func_path is None, "--agent.func_path: the sampling workflows generate single-turn "
                                          "responses; drop it")
+    require(cfg.agent.on_rerender == "keep", f"--agent.on_rerender {cfg.agent.on_rerender}: the sampling workflows "
+                                             "write one row per episode; drop it")
     require(cfg.distributed.backend == "local" and not cfg.fsdp.enable,
             "the sampling workflows run in one process: drop --distributed.backend ray / --fsdp.enable")
     return cfg

@@ -32,6 +32,7 @@ OPTIMS = ("adam", "muon")
 CRITIC_ESTIMATORS = ("gae",)  # the estimators that train a critic (core.advantages: needs_critic)
 IS_CORRECTION_TYPES = ("tis", "icepop", "seq-mask-tis", "seq_mask_tis")  # OpenRLHF's names; underscores too
 LOG_LEVELS = ("debug", "info", "warning", "error")
+ON_RERENDER = ("keep", "segment")  # agents.tools.agent.ON_RERENDER
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     if a.dynamic_filtering_enable:
         require(r.n_samples_per_prompt >= 2,
                 "--algo.dynamic_filtering_enable needs --rollout.n_samples_per_prompt >= 2")
+    one_of("agent.on_rerender", cfg.agent.on_rerender, ON_RERENDER)
     check_micro_batches("train", t.batch_size, t.micro_batch_size)
     samples = r.batch_size * r.n_samples_per_prompt
     require(samples % t.batch_size == 0,

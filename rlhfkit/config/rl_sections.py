@@ -392,6 +392,13 @@ class AgentConfig:
     FILE_OR_MODULE:Class (gymnasium-style: reset(seed=None), step(action) -> observation, reward,
     terminated, truncated, info). Its observations come back as user turns of the chat template,
     its rewards are the episode's (summed); the row's seed column seeds reset. With --agent.tools too."""
+    on_rerender: str = "keep"
+    """What tool-calling and text-environment episodes do when the chat template re-renders the
+    history so that it is no longer the tokens sampled (Qwen3 drops earlier turns' <think>): keep
+    (train the sampled tokens as one trajectory; counted in tools/rerender) or segment (the tokens
+    so far become one finished segment and the next turn samples from the re-rendered
+    conversation, a new segment; all segments share the episode's reward and count once in the
+    group baseline; counted in tools/segments)."""
     env_reward_weight: float | None = None
     """When the environment gives rewards (--agent.env, --agent.func_path, an environment_factory
     with get_reward) and a reward function is given too (--reward.*, reward_fn=): reward = this x

@@ -17,7 +17,8 @@ With an `executor` (a tool-calling `ToolExecutor` or an agent's `MultiTurnExecut
 is a whole episode: the response the reward functions score is the episode's text after the
 prompt (actions, tool calls and results), TRL-contract functions get the episode's messages as
 `completions`, and an executor that carries its own rewards (an agent file, an environment's
-`get_reward`) scores the episodes when no reward function is given. The executor's counters come
+`get_reward`) scores the episodes when no reward function is given. An episode trained in
+segments (--agent.on_rerender segment) is one sample, scored once on its last segment. The executor's counters come
 out as `eval/tools/...` (calls, errors, valid_call_rate), beside `eval/tool_calls` (calls per
 episode) and `eval/episodes_with_call`; each row holds the conversation (`messages`).
 """
@@ -31,7 +32,7 @@ from fractions import Fraction
 
 import torch
 
-from rlhfkit.agents.executor import TokenBudget, agent_rewards
+from rlhfkit.agents.executor import TokenBudget, agent_rewards, episode_rows
 from rlhfkit.core.passk import pass_at_k
 from rlhfkit.data.types import PromptItem, Trajectory
 from rlhfkit.rewards.math import extract_answer, parse_number
@@ -195,6 +196,9 @@ class Evaluator:
         n = self.n_samples
         trajs = sample_trajectories(engine, self.items, self.max_new_tokens, n, self.temperature, self.seed,
                                     self.executor, self.budget, tokenizer)
+        # an executor's episode in segments is one sample, scored on its last segment
+        rows_of = episode_rows(trajs) if self.executor is not None else None
+        trajs = trajs if rows_of is None else [trajs[i] for i in rows_of[0]]
         responses = tokenizer.batch_decode([t.response_ids.tolist() for t in trajs], skip_special_tokens=True)
         items = [self.items[i // n] for i in range(len(responses))]
         infos = [getattr(t, "info", None) or {} for t in trajs]

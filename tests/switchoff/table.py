@@ -238,6 +238,11 @@ SWITCH_OFFS = (
     SwitchOff("QLoRA's 4-bit base (--ds.load_in_4bit)", "rlhfkit.models.loading:nf4_config", noop,
               ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",),
               "no quantization config"),
+    SwitchOff("re-rendered episodes in segments (--agent.on_rerender segment)",
+              "rlhfkit.agents.tools.agent:ToolExecutor._split", noop,
+              ("tests/unit/agents/test_tool_segments.py::test_segment_splits_where_the_template_rerenders_the_history",
+               "tests/unit/agents/test_tool_segments.py::test_tool_episodes_in_non_thinking_mode_split_too"),
+              "no split: the sampled tokens kept"),
     SwitchOff("an episode's image limit (--data.max_images_per_prompt)", "rlhfkit.agents.executor:_images",
               no_images_counted, ("tests/unit/agents/test_vision_agent.py::"
                                   "test_feedback_images_past_the_image_limit_end_the_episode_without_them",),

@@ -7,9 +7,20 @@ malformed one) is the final answer: the episode is done. Otherwise the calls run
 (`ToolRunner`, with its limits), their results are rendered as `role: "tool"` messages and
 only the tokens the template puts after the turn are appended (loss_mask False, logprob 0);
 the next turn samples after them. Every turn the conversation, rendered afresh from its
-messages, is checked against the episode's tokens (`ToolTemplate.prefix_check`); the episode
-keeps the tokens it sampled and the mismatches are counted (`tools/rerender`,
-`tools/retokenized`).
+messages, is checked against the episode's tokens (`ToolTemplate.prefix_check`) and the
+mismatches are counted (`tools/rerender`, `tools/retokenized`). What a re-render does is
+`on_rerender`:
+
+- "keep": the episode keeps the tokens it sampled (what the policy saw): one trajectory;
+- "segment": the episode's tokens so far (up to its last sampled token) become a finished
+  segment, and the next turn samples from the freshly rendered conversation, whose tokens are
+  the prompt of a new segment (as an inference server would serve the next turn). Each
+  segment trains only the tokens sampled in it. All segments carry the episode's info (its
+  reward, its whole conversation) and `info["episode"]`, as the OpenAI-compatible endpoint's
+  segments do: the group baseline counts the episode once, a reward function scores it once
+  (on its last segment) and an evaluation counts it as one sample. `tools/segments` counts the
+  segments beyond each episode's first. A "retokenized" turn keeps its tokens in both modes:
+  its text is the one rendered, only its tokenization differs.
 
 With an `environment_factory` (TRL's contract, environment.py) each episode gets its own
 instance, whose methods are tools; one with `get_reward` gives the episode's reward. With a
@@ -44,12 +55,27 @@ from rlhfkit.agents.tools.environment import (
     reset_environment,
     with_observation,
 )
-from rlhfkit.agents.tools.render import PROMPT_OK, ToolTemplate
+from rlhfkit.agents.tools.render import PROMPT_OK, RERENDER, ToolTemplate
 from rlhfkit.agents.tools.run import ToolLimits, ToolRunner, ToolStats
 from rlhfkit.agents.tools.schema import ToolSet
 from rlhfkit.data.types import FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
+
+ON_RERENDER = ("keep", "segment")
+
+
+@dataclass
+class _Segment:
+    """A finished segment of an episode (what `episode_trajectory` reads)."""
+
+    prompt_ids: list[int]
+    response: list[int]
+    mask: list[bool]
+    logprobs: list[float]
+    versions: list[int]
+    group_id: int
+    truncated: bool = False
 
 
 @dataclass
@@ -71,6 +97,8 @@ class _Episode:
     env: Any = None  # the episode's environment (environment_factory), None without one
     text_env: Any = None  # the episode's text environment (a TextEnv), None without one
     reward: float = 0.0  # its get_reward(), or the sum of its text environment's rewards
+    segments: list[_Segment] = field(default_factory=list)  # finished before the current one (on_rerender)
+    spent: int = 0  # response tokens of the finished segments (the budget is the episode's)
 
     @property
     def finished(self) -> bool:
@@ -92,13 +120,19 @@ class ToolExecutor:
       tools: the episode's tools.
       limits: calls per episode, seconds per call, tokens per result.
       parser: the tool-call parser (`TOOL_PARSERS` name or response template); None: detected.
+      on_rerender: "keep" or "segment": what a re-rendered history does (see the module docstring).
       template_kwargs: extra chat-template variables (e.g. enable_thinking=False).
     """
 
     multi_turn = True
 
     def __init__(self, tools: ToolSet | Sequence = (), limits: ToolLimits | None = None, parser: str | dict | None = None,
-                 environment_factory: Callable[[], Any] | None = None, **template_kwargs: Any):
+                 environment_factory: Callable[[], Any] | None = None, on_rerender: str = "keep",
+                 **template_kwargs: Any):
+        if on_rerender not in ON_RERENDER:
+            raise ConfigError(f"--agent.on_rerender: unknown value {on_rerender!r}; valid: {', '.join(ON_RERENDER)}")
+        self.on_rerender = on_rerender
+        self.episodes = 0  # episodes run so far: their info["episode"] ids in segment mode
         self.plain = dict(tools.functions) if isinstance(tools, ToolSet) else {f.__name__: f for f in tools}
         # a text environment (textenv.py) steps on the model's turns; TRL's contract offers methods as tools
         self.text_env = environment_factory if isinstance(environment_factory, TextEnvFactory) else None
@@ -111,7 +145,7 @@ class ToolExecutor:
                               "environment")
         self.limits, self.parser, self.template_kwargs = limits or ToolLimits(), parser, template_kwargs
         self.stats = ToolStats()
-        self.checks = {"rerender": 0, "retokenized": 0, "turns": 0, "valid_calls": 0, "invalid_calls": 0}
+        self.checks = {"rerender": 0, "retokenized": 0, "segments": 0, "turns": 0, "valid_calls": 0, "invalid_calls": 0}
         self._template: ToolTemplate | None = None
 
     @property
@@ -131,7 +165,7 @@ class ToolExecutor:
         c = self.checks
         calls = c["valid_calls"] + c["invalid_calls"]
         out = {**self.stats.metrics(), "tools/rerender": float(c["rerender"]),
-               "tools/retokenized": float(c["retokenized"]),
+               "tools/retokenized": float(c["retokenized"]), "tools/segments": float(c["segments"]),
                "tools/valid_call_rate": c["valid_calls"] / calls if calls else 0.0}
         self.stats = ToolStats()
         self.checks = dict.fromkeys(c, 0)
@@ -173,12 +207,12 @@ class ToolExecutor:
             e.truncated = e.truncated or not e.done
             if e.env is not None and self.provides_rewards:
                 e.reward = await environment_reward(e.env)
-        return [self._trajectory(e, engine.version) for e in episodes]
+        return [t for e in episodes for t in self._trajectories(e, engine.version)]
 
     async def _turn(self, active, engine, tt: ToolTemplate, runner: ToolRunner, params, budget, generator) -> None:
         batches: dict[SamplingParams, list[_Episode]] = {}
         for e in active:
-            room = min(params.max_new_tokens, budget.per_turn, budget.total - len(e.response))
+            room = min(params.max_new_tokens, budget.per_turn, budget.total - e.spent - len(e.response))
             batches.setdefault(dataclasses.replace(params, max_new_tokens=max(room, 1)), []).append(e)
         outs: dict[int, Trajectory] = {}
         for p, group in batches.items():
@@ -242,7 +276,7 @@ class ToolExecutor:
         e.messages += tool_msgs
         e.conversation += tool_msgs
         delta = tt.delta(action, stopped, tool_msgs)
-        room = budget.total - len(e.response)
+        room = budget.total - e.spent - len(e.response)
         if len(delta) >= room:
             e.truncated = True
         delta = delta[:max(room, 0)]
@@ -251,13 +285,35 @@ class ToolExecutor:
         e.logprobs += [0.0] * len(delta)
         e.versions += e.versions[-1:] * len(delta)
         if not e.truncated:
-            status = tt.prefix_check(e.messages, e.prompt_ids + e.response)
+            status, rendered = tt.rendered_check(e.messages, e.prompt_ids + e.response)
             self.checks["turns"] += 1
             if status != PROMPT_OK:
                 self.checks[status] += 1
+            if status == RERENDER and self.on_rerender == "segment":
+                self._split(e, rendered, len(delta))
 
-    def _trajectory(self, e: _Episode, version: int) -> Trajectory:
-        return episode_trajectory(e, version, {"turns": e.turns, "tool_calls": e.calls, "messages": e.conversation,
-                                                 "completion_messages": e.conversation[e.prompt_messages:],
-                                                 "prompt_messages": e.prompt_messages,
-                                                 "agent_reward": e.reward, "agent_score": e.reward, "extra_logs": {}})
+    def _split(self, e: _Episode, rendered: list[int], feedback: int) -> None:
+        """Finish the episode's current segment at its last sampled token (the `feedback` tokens just
+        appended are left out: the next segment's prompt holds them as rendered) and start the next
+        one from `rendered`, the conversation's tokens as the template renders them now."""
+        cut = len(e.response) - feedback
+        e.segments.append(_Segment(e.prompt_ids, e.response[:cut], e.mask[:cut], e.logprobs[:cut],
+                                   e.versions[:cut], e.group_id))
+        e.spent += len(e.response)
+        e.prompt_ids, e.response, e.mask, e.logprobs, e.versions = list(rendered), [], [], [], []
+
+    def _trajectories(self, e: _Episode, version: int) -> list[Trajectory]:
+        """The episode's trajectory; in segment mode its segments, each with the episode's info and id."""
+        info = {"turns": e.turns, "tool_calls": e.calls, "messages": e.conversation,
+                "completion_messages": e.conversation[e.prompt_messages:], "prompt_messages": e.prompt_messages,
+                "agent_reward": e.reward, "agent_score": e.reward, "extra_logs": {}}
+        if self.on_rerender == "keep":
+            return [episode_trajectory(e, version, info)]
+        self.episodes += 1
+        info["episode"] = f"tools-{self.episodes}"
+        # a split just before the turns ran out leaves an empty last segment: nothing to train
+        parts = [*e.segments, e] if e.response or not e.segments else list(e.segments)
+        for part in parts:  # the episode's truncation is every segment's (the stop-properly penalty's)
+            part.truncated = e.truncated
+        self.checks["segments"] += len(parts) - 1
+        return [episode_trajectory(part, version, dict(info)) for part in parts]

@@ -16,7 +16,8 @@
   re-rendered the history (Qwen3 drops the `<think>` of turns before the last user message;
   some templates re-serialise tool calls) -- "rerender" -- or the model sampled a
   tokenization the tokenizer would not produce for the same text -- "retokenized". Both are
-  counted; the episode keeps the tokens it sampled (what the policy saw and is trained on).
+  counted; the episode keeps the tokens it sampled (what the policy saw and is trained on), or,
+  with `ToolExecutor(on_rerender="segment")`, goes on from the re-rendered tokens in a new segment.
 """
 
 from __future__ import annotations
@@ -184,8 +185,13 @@ class ToolTemplate:
         """PROMPT_OK when `messages` rendered afresh (with the generation prompt) tokenize to
         exactly `ids`; RERENDER when the text differs (the template re-rendered the history);
         RETOKENIZED when the text is the same but the sampled tokens are not its tokenization."""
+        return self.rendered_check(messages, ids)[0]
+
+    def rendered_check(self, messages: Sequence[dict], ids: Sequence[int]) -> tuple[str, list[int]]:
+        """(`prefix_check`'s answer, the token ids of `messages` rendered afresh)."""
         text = self.render(messages)
-        if self.encode(text) == list(ids):
-            return PROMPT_OK
+        rendered = self.encode(text)
+        if rendered == list(ids):
+            return PROMPT_OK, rendered
         sampled = self.tokenizer.decode(list(ids), skip_special_tokens=False)
-        return RETOKENIZED if sampled == text else RERENDER
+        return (RETOKENIZED if sampled == text else RERENDER), rendered

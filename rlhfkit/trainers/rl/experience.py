@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlhfkit.agents.executor import episode_rows
 from rlhfkit.core.advantages import Whiten, compute_advantages
 from rlhfkit.core.kl import approx_kl
 from rlhfkit.data.batch import TokenBatch, collate, pad_response_values, select_rows
@@ -161,14 +162,10 @@ def make_experience(
 
 def episode_ids(trajs: list[Trajectory]) -> torch.Tensor | None:
     """[N] episode of each trajectory when some are segments of one agent episode (info["episode"],
-    set by the endpoint's agent runner; rows without one are their own), else None."""
-    if not any("episode" in t.info for t in trajs):
-        return None
-    out, seen = [], {}
-    for t in trajs:
-        key = ("episode", t.info["episode"]) if "episode" in t.info else ("row", len(out))
-        out.append(seen.setdefault(key, len(seen)))
-    return torch.tensor(out, dtype=torch.long)
+    set by the endpoint's agent runner and by segmented tool episodes; rows without one are their own),
+    else None (agents.executor.episode_rows)."""
+    rows = episode_rows(trajs)
+    return None if rows is None else torch.tensor(rows[1], dtype=torch.long)
 
 
 class ExperienceMaker:

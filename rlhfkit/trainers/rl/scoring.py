@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlhfkit.agents.executor import agent_rewards, drift_count
+from rlhfkit.agents.executor import agent_rewards, drift_count, episode_rows
 from rlhfkit.core.filtering import keep_groups_in_range
 from rlhfkit.core.shaping import overlong_penalty, stop_properly_penalty
 from rlhfkit.data.types import PromptItem, Trajectory
+from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rewards.reward_model import ProcessRewardFn
 from rlhfkit.trainers.rl.stream import PromptBatch
 
@@ -93,7 +94,7 @@ class Scorer:
         if isinstance(self.reward_fn, ProcessRewardFn):  # per-step rewards on the step ends; scalar 0
             token_rewards, out = self.reward_fn.score_trajectories(trajs)
         else:
-            out = agent_rewards(trajs) if self.reward_fn is None else self.call_reward_fn(prompts, trajs, lengths)
+            out = agent_rewards(trajs) if self.reward_fn is None else self.score_episodes(prompts, trajs, lengths)
         rewards, scores = out.rewards.float().clone(), out.scores.float()
         # nanmean: a function of a list that returned None for a sample logs NaN there (TRL's "not applicable")
         metrics = {f"reward_extra/{k}": float(v.float().nanmean()) for k, v in out.extra_logs.items()}
@@ -114,6 +115,18 @@ class Scorer:
             self.moments.update(rewards)
             rewards = (rewards - self.moments.mean) / (self.moments.std + 1e-8)
         return Scored(rewards, scores, token_rewards, metrics)
+
+    def score_episodes(self, prompts: list[PromptItem], trajs: list[Trajectory], lengths: torch.Tensor):
+        """The reward function's output for every row, an episode of several segments scored once, on
+        its last segment (which holds its final turn; `completion_messages` the whole conversation),
+        and its output given to each of its segments."""
+        rows = episode_rows(trajs)
+        if rows is None:
+            return self.call_reward_fn(prompts, trajs, lengths)
+        last, inverse = rows
+        out = self.call_reward_fn(prompts, [trajs[i] for i in last], lengths[last])
+        idx = torch.tensor(inverse, dtype=torch.long)
+        return RewardOutput(out.rewards[idx], out.scores[idx], {k: v[idx] for k, v in out.extra_logs.items()})
 
     def call_reward_fn(self, prompts: list[PromptItem], trajs: list[Trajectory], lengths: torch.Tensor):
         """queries as OpenRLHF builds them (prompt + response with special tokens); `responses` is the

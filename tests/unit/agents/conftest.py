@@ -84,13 +84,13 @@ def chat_tok():
     return char_tokenizer()
 
 
-def save_tiny_chat_model(path):
-    """A tiny 2-layer Llama over `char_tokenizer()` saved as an HF folder (seeded weights)."""
+def save_tiny_chat_model(path, chat_template: str = CHATML, specials: tuple[str, ...] = ("<|im_start|>", "<|im_end|>")):
+    """A tiny 2-layer Llama over `char_tokenizer(chat_template, specials)` saved as an HF folder (seeded weights)."""
     from transformers import AutoModelForCausalLM
 
     from rlhfkit.models.tiny import tiny_config
 
-    tok = char_tokenizer()
+    tok = char_tokenizer(chat_template, specials)
     config = tiny_config("llama")
     config.vocab_size, config.pad_token_id, config.eos_token_id = len(tok), tok.pad_token_id, tok.eos_token_id
     config.bos_token_id = None
