@@ -70,6 +70,7 @@ class Experience:
     versions: torch.Tensor | None = None  # [N] the oldest policy version among each sample's tokens
     token_versions: torch.Tensor | None = None  # [N, R] the version that produced each token (-1 past the end)
     token_rewards: torch.Tensor | None = None  # [N, R] per-token (process) rewards that went into advantages
+    episodes: torch.Tensor | None = None  # [N] episode of each row when agent episodes were split into segments
 
     def __len__(self) -> int:
         return self.batch.batch_size
@@ -157,7 +158,8 @@ def make_experience(
         dense_rewards=token_rewards,
         episode_ids=episode_ids,
     )
-    return Experience(batch, group_ids, rewards, advantages, returns, old, ref, vals, kl, token_rewards=token_rewards)
+    return Experience(batch, group_ids, rewards, advantages, returns, old, ref, vals, kl, token_rewards=token_rewards,
+                      episodes=episode_ids)
 
 
 def episode_ids(trajs: list[Trajectory]) -> torch.Tensor | None:

@@ -136,9 +136,7 @@ class PolicyUpdate:
         micro = self.micro_step if train_actor else self.critic_step
         n_opt = 0
         for _ in range(self.max_epochs):
-            perm = torch.randperm(len(exp), generator=self.shuffle_gen)
-            for s in range(0, len(exp), self.batch_size):
-                step_rows = perm[s : s + self.batch_size]
+            for step_rows in self.step_rows(exp):
                 step_mask = exp.batch.loss_mask[step_rows]
                 counts = dict(num_tokens=int(step_mask.sum()), num_seqs=int(step_mask.any(dim=1).sum()),
                               max_len=self.losses.max_len)
@@ -164,6 +162,24 @@ class PolicyUpdate:
                     _add(sums, self.critic_learner.step(), "critic/")
                 n_opt += 1
         return n_opt
+
+    def step_rows(self, exp: Experience) -> list[torch.Tensor]:
+        """The rows of each optimizer step of one epoch: `batch_size` samples in a random order. An agent
+        episode split into segments (`exp.episodes`) is one sample: all its segments go into the same
+        step, so a rollout runs the planned optimizer steps however many segments its episodes made
+        (and with one row per episode the steps are the per-row ones)."""
+        if exp.episodes is None:
+            perm = torch.randperm(len(exp), generator=self.shuffle_gen)
+            return [perm[s : s + self.batch_size] for s in range(0, len(exp), self.batch_size)]
+        _, episode = torch.unique(exp.episodes, return_inverse=True)
+        n = int(episode.max()) + 1
+        perm = torch.randperm(n, generator=self.shuffle_gen)
+        place = torch.empty_like(perm)
+        place[perm] = torch.arange(n)
+        key = place[episode]  # each row's episode's place in the shuffled order
+        order = torch.argsort(key, stable=True)
+        bounds = torch.searchsorted(key[order], torch.arange(0, n + self.batch_size, self.batch_size)).tolist()
+        return [order[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
     def micro_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict:
         """Forward + backward of one micro-batch. Returns token-weighted metric sums: detached tensors
