@@ -96,13 +96,14 @@ class Scorer:
         else:
             out = agent_rewards(trajs) if self.reward_fn is None else self.score_episodes(prompts, trajs, lengths)
         rewards, scores = out.rewards.float().clone(), out.scores.float()
+        per_episode = _per_episode(trajs)  # the metrics count an episode in segments once
         # nanmean: a function of a list that returned None for a sample logs NaN there (TRL's "not applicable")
-        metrics = {f"reward_extra/{k}": float(v.float().nanmean()) for k, v in out.extra_logs.items()}
+        metrics = {f"reward_extra/{k}": float(per_episode(v).float().nanmean()) for k, v in out.extra_logs.items()}
         if self.env_weight is not None and self.reward_fn is not None:  # the environment's rewards, weighted
             env = agent_rewards(trajs)
             rewards, scores = rewards + self.env_weight * env.rewards, scores + self.env_weight * env.scores
-            metrics["reward_extra/env_reward"] = float(env.rewards.mean())
-        metrics["reward"] = float(rewards.mean())
+            metrics["reward_extra/env_reward"] = float(per_episode(env.rewards).mean())
+        metrics["reward"] = float(per_episode(rewards).mean())
         if self.overlong is not None:
             penalty = overlong_penalty(lengths, self.max_len, *self.overlong)
             rewards = rewards + penalty
@@ -239,3 +240,13 @@ def _cat_token_rewards(parts: list[Scored]) -> torch.Tensor | None:
             else torch.nn.functional.pad(p.token_rewards.float(), (0, width - p.token_rewards.shape[1]))
             for p in parts]
     return torch.cat(rows)
+
+
+def _per_episode(trajs: list[Trajectory]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Per-row values -> one value per episode (its last segment's; every segment carries the episode's
+    reward), or the rows themselves when no episode was split."""
+    rows = episode_rows(trajs)
+    if rows is None:
+        return lambda v: v
+    last = torch.tensor(rows[0], dtype=torch.long)
+    return lambda v: v[last]

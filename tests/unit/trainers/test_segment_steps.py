@@ -39,3 +39,19 @@ def test_segments_of_one_episode_share_an_optimizer_step_and_the_step_count_is_t
 
 def test_one_row_per_episode_gives_the_per_row_steps():
     assert steps(list(range(8)), batch_size=4, seed=3) == steps(None, batch_size=4, seed=3)
+
+
+def test_the_reward_metric_counts_an_episode_in_segments_once():
+    from rlhfkit.data.types import Trajectory
+    from rlhfkit.trainers.rl.scoring import Scorer
+
+    def traj(episode, reward):
+        info = {"agent_reward": reward, "agent_score": reward, "extra_logs": {"hit": reward}, "turns": 1,
+                "episode": episode}
+        return Trajectory(torch.tensor([1]), torch.tensor([2]), torch.tensor([True]), torch.tensor([0.0]), "stop",
+                          0, info=info)
+
+    # episode a: reward 1 in three segments; episode b: reward 0 in one. Per episode: 0.5 (per row: 0.75)
+    scored = Scorer(None, tokenizer=None, max_len=8)([], [traj("a", 1.0)] * 3 + [traj("b", 0.0)])
+    assert scored.metrics["reward"] == 0.5 and scored.metrics["reward_extra/hit"] == 0.5
+    assert scored.rewards.tolist() == [1.0, 1.0, 1.0, 0.0]  # every segment trains with its episode's reward
