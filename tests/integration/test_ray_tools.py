@@ -123,7 +123,7 @@ def flags(ws, out, **over):
         "agent.max_turns": "2", "reward.remote_url": str(ws / "reward.py"), "distributed.backend": "ray",
         "rollout.batch_size": "2", "rollout.n_samples_per_prompt": "2", "rollout.max_new_tokens": "80", "rollout.temperature": "0.5",
         "train.batch_size": "4", "train.micro_batch_size": "4", "train.max_steps": "2", "train.num_threads": "1",
-        "actor.autocast": "none", "actor.adam.lr": "1e-3", "algo.advantage.estimator": "reinforce",
+        "actor.autocast": "none", "actor.adam.lr": "1e-5", "algo.advantage.estimator": "reinforce",
         "algo.advantage.whiten": "false", "logger.progress_bar": "false",
         "data.prompt_max_len": "4096", "ckpt.output_dir": str(out), **over})]
 
