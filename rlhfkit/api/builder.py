@@ -135,7 +135,9 @@ def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=No
         limits = ToolLimits(g.tool_calls_per_episode, g.tool_timeout, g.tool_result_tokens)
         fns = list(tools) if tools is not None else load_tools(g.tools) if g.tools is not None else []
         env = load_text_env(g.env) if g.env is not None else environment_factory
-        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=env, on_rerender=g.on_rerender)
+        # async runs hide tool latency behind the other episodes' generation (agents.tools.overlap)
+        return ToolExecutor(fns, limits, g.tool_parser, environment_factory=env, on_rerender=g.on_rerender,
+                            overlap=cfg.train.async_enable)
     if path is None:
         return SingleTurnExecutor()
     return load_agent_file(BUILTIN_AGENTS.get(path, path), endpoint=endpoint_options(cfg))

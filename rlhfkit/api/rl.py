@@ -170,8 +170,9 @@ class RLTrainer:
                 raise ConfigError("--distributed.backend ray builds its engines and callbacks in the trainer actor; "
                                   "drop make_engine / callbacks")
             if tools is not None or environment_factory is not None or agent is not None:
-                raise ConfigError("--distributed.backend ray: give tools as --agent.tools FILE:fn1,fn2 and agents as "
-                                  "--agent.func_path FILE (functions cannot be sent to the trainer actor here)")
+                raise ConfigError("--distributed.backend ray: give tools as --agent.tools FILE:fn1,fn2, environments as "
+                                  "--agent.env FILE:Class and agents as --agent.func_path FILE (the trainer actor "
+                                  "loads them; Python objects cannot be sent to it here)")
             return RayRLTrainer(cfg, plan, dict(reward_fn=reward_fn, train_dataset=train_dataset,
                                                 eval_dataset=eval_dataset, reward_weights=reward_weights))
         return cls.build(cfg, plan, reward_fn, train_dataset, eval_dataset, reward_weights=reward_weights,

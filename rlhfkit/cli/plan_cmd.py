@@ -5,9 +5,10 @@ Takes the flags (or --config) of `rlhfkit train rl`, plus two of its own:
   --plan.prompt_tokens N   prompt length for the memory estimate (default --data.prompt_max_len)
   --plan.image_tokens N    a vision-language model of variable resolution (Qwen2-VL): language-model
                            tokens per image (default 256: a 448 x 448 image); fixed-size models use their own
-A vision-language model's estimate adds its vision tower and projector to the weights (and, unless
---actor.freeze_visual_encoder, to the gradients, optimizer state and activations) and its image tokens
-(--data.max_images_per_prompt per prompt) to every prompt.
+A multi-turn run's responses are its episodes' budget: actions and tool results or feedback
+(config.plan.response_tokens). A vision-language model's estimate adds its vision tower and
+projector to the weights (and, unless --actor.freeze_visual_encoder, to the gradients, optimizer
+state and activations) and its image tokens (--data.max_images_per_prompt per prompt) to every prompt.
 Reads only the model's config.json (no weights, no tokenizer; of a hub model, only that file).
 Exit code 0; settings that do not fit together are errors (as in `train rl`), settings that fit
 but look unintended are warnings.
@@ -23,7 +24,7 @@ from rlhfkit.api.builder import prompt_options, prompt_source
 from rlhfkit.api.vision import data_options, policy_folder
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
 from rlhfkit.core.advantages import ESTIMATORS
-from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings
+from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings, response_tokens
 from rlhfkit.data.images import check_vision_prompts
 from rlhfkit.data.prompts import check_prompts
 from rlhfkit.errors import ConfigError
@@ -133,7 +134,7 @@ def format_memory(cfg: RLConfig, mcfg: dict, prompt_tokens: int, image_tokens: i
     est = memory_estimate(
         mcfg, param_dtype=a.dtype, compute_dtype=compute, micro_batch_size=cfg.train.micro_batch_size,
         decode_batch=min(r.max_batch_size, r.batch_size * r.n_samples_per_prompt), prompt_len=prompt_tokens,
-        max_new_tokens=r.max_new_tokens, with_ref=cfg.algo.kl.init_coef > 0,
+        max_new_tokens=response_tokens(cfg)[0], with_ref=cfg.algo.kl.init_coef > 0,
         with_critic=ESTIMATORS[cfg.algo.advantage.estimator].needs_critic, **extra,
     )
     params = extra.get("params") or count_params(mcfg)
@@ -163,7 +164,7 @@ def run(argv: list[str]) -> int:
     prompt_tokens = own.get("prompt_tokens", cfg.data.prompt_max_len)
     print(f"\nmemory estimate ({source}; prompts of {prompt_tokens} tokens"
           f"{'' if 'prompt_tokens' in own else ' = --data.prompt_max_len, an upper bound; set --plan.prompt_tokens'}"
-          f" + {cfg.rollout.max_new_tokens} new):")
+          f" + {response_tokens(cfg)[1]}):")
     if mcfg is not None:
         print("\n".join(format_memory(cfg, mcfg, prompt_tokens, own.get("image_tokens"))))
     warnings = plan_warnings(cfg, plan)

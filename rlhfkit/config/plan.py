@@ -77,6 +77,25 @@ def plan_run(cfg: RLConfig, batch: BatchPlan, num_prompts: int) -> RunPlan:
     )
 
 
+def response_tokens(cfg: RLConfig) -> tuple[int, str]:
+    """The most tokens of one response (what the memory estimate decodes and trains on) and how they
+    add up. Single-turn: --rollout.max_new_tokens. Multi-turn (--agent.func_path, --agent.env,
+    --agent.tools): the episode's budget --agent.max_response_tokens (default max_new_tokens x
+    max_turns), which actions and feedback share; with tools alone, at most the actions
+    (max_turns x max_new_tokens) plus the tool results (--agent.tool_calls_per_episode x
+    --agent.tool_result_tokens; the template's few tokens around each result not counted)."""
+    r, g = cfg.rollout, cfg.agent
+    if g.func_path is None and g.env is None and g.tools is None:
+        return r.max_new_tokens, f"{r.max_new_tokens} new"
+    total = g.max_response_tokens or r.max_new_tokens * g.max_turns
+    if g.tools is None or g.env is not None:
+        return total, f"{total} response (actions + feedback, --agent.max_response_tokens)"
+    actions, results = g.max_turns * r.max_new_tokens, g.tool_calls_per_episode * g.tool_result_tokens
+    n = min(total, actions + results)
+    return n, (f"{n} response: {g.max_turns} turns x {r.max_new_tokens} + {g.tool_calls_per_episode} tool results x "
+               f"{g.tool_result_tokens} tokens, at most --agent.max_response_tokens {total}")
+
+
 def plan_warnings(cfg: RLConfig, plan: RunPlan) -> list[str]:
     """Settings that `validate` accepts but that probably do not do what was meant."""
     r, t, k = cfg.rollout, cfg.train, cfg.algo.kl

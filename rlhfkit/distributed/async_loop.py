@@ -15,6 +15,8 @@ the current version; `RLLoop.check_staleness` then refuses to train on anything 
 that was not drawn ahead (the first one; a dynamic-filtering top-up) is generated at once, fresh.
 Every executor call runs on the one background thread, one at a time (an agent executor's event
 loop and state are never used by two threads; the workers run one generation at a time anyway).
+The executor's counters (tools/*) are taken on that thread right after each of its runs and handed
+over with the batch they counted, so a step logs its own batch's tool calls, not the batch ahead's.
 
 The look-ahead is one batch, so a bound k >= 2 is reached only by a worker that lags (it holds
 weights older than the trainer's last sync); the loop logs the staleness reached
@@ -90,12 +92,14 @@ class Prefetch:
         self.ahead: tuple[PromptBatch, Future] | None = None
         self.dropped = 0  # groups dropped as too stale since the last pop_metrics()
         self.dropped_total = 0
+        self.counted: list[dict[str, float]] = []  # the executor's counters of the batches handed over
 
     def generate(self, batch: PromptBatch, upcoming: Upcoming | None = None) -> list[Trajectory]:
         """The trajectories of `batch` (generated now if it was not drawn ahead), then the batch
         `upcoming` draws is started; stale groups regenerated at the current version."""
         if self.ahead is not None and self.ahead[0] is batch:
-            trajs = self.ahead[1].result()
+            trajs, counted = self.ahead[1].result()
+            self.counted.append(counted)
             self.ahead = None
         else:
             trajs = self.fresh(batch)
@@ -108,11 +112,13 @@ class Prefetch:
 
     def fresh(self, batch: PromptBatch) -> list[Trajectory]:
         """`batch` generated at the current version (on the background thread, after what is queued there)."""
-        return self.thread.submit(self.fresh_source.generate, batch).result()
+        trajs, counted = self.thread.submit(_counted, self.fresh_source, batch).result()
+        self.counted.append(counted)
+        return trajs
 
-    def _generate_ahead(self, batch: PromptBatch) -> list[Trajectory]:
+    def _generate_ahead(self, batch: PromptBatch) -> tuple[list[Trajectory], dict[str, float]]:
         self.lagging.reset()
-        return self.ahead_source.generate(batch)
+        return _counted(self.ahead_source, batch)
 
     def regenerate_stale(self, batch: PromptBatch, trajs: list[Trajectory]) -> list[Trajectory]:
         """`trajs` with every group holding a sample staler than the bound regenerated now."""
@@ -131,5 +137,27 @@ class Prefetch:
         return sorted(kept + fresh, key=lambda t: t.group_id)  # stable: a group's samples keep their order
 
     def pop_metrics(self) -> dict[str, float]:
+        """Groups dropped as too stale and the executor's counters of the batches handed over since the
+        last call."""
         dropped, self.dropped = self.dropped, 0
-        return {"stale_dropped": float(dropped)}
+        counted, self.counted = self.counted, []
+        return {"stale_dropped": float(dropped), **merge_counters(counted)}
+
+
+def _counted(source: Generate, batch: PromptBatch) -> tuple[list[Trajectory], dict[str, float]]:
+    """`batch`'s trajectories from `source` and the executor's counters of that run (on the calling thread)."""
+    trajs = source.generate(batch)
+    return trajs, source.pop_metrics()
+
+
+def merge_counters(runs: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The counters of several executor runs of one step (a batch, its stale groups regenerated, its
+    dynamic-filtering top-ups) as one: rates and means (`*rate`, `*mean*`) averaged over the runs that
+    report them, every other counter summed."""
+    out: dict[str, float] = {}
+    seen: dict[str, int] = {}
+    for run in runs:
+        for k, v in run.items():
+            out[k] = out.get(k, 0.0) + v
+            seen[k] = seen.get(k, 0) + 1
+    return {k: v / seen[k] if k.endswith("rate") or "mean" in k else v for k, v in out.items()}

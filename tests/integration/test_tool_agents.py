@@ -189,3 +189,38 @@ def test_held_out_evaluation_during_training_runs_tool_episodes(ws, tmp_path):
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert samples and all([m["role"] for m in s["messages"]][-3:] == ["assistant", "tool", "assistant"]
                            for s in samples)
+
+
+class SeededCaller(ScriptedEngine):
+    """Calls the tool on an odd seed (then answers with its result), answers 0 at once on an even one:
+    the samples of a group differ or agree by their seeds. Counts the actions that call."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, calling_policy)
+        self.calling_actions = 0
+
+    def generate(self, prompts, params, generator=None, group_ids=None, seeds=None):
+        out = []
+        for p, s in zip(prompts, seeds):
+            self.policy = lambda ctx, s=s: calling_policy(ctx) if s % 2 or "</tool_response>" in ctx else "0<|im_end|>"
+            out += super().generate([p], params, seeds=[s])
+            self.calling_actions += "<tool_call>" in self.tokenizer.decode(out[-1].response_ids.tolist())
+        return out
+
+
+def test_dynamic_filtering_tops_tool_episodes_up_and_counts_every_rounds_calls(ws, tmp_path):
+    # groups whose 2 episodes both answer right (or both wrong) are dropped and new prompts' episodes
+    # top the batch up; the step's tool counters cover the calls of all of its rounds
+    cfg = RLConfig.from_args(flags(ws, tmp_path, **{"agent.tools": None, "rollout.max_new_tokens": "100",
+                                                    "algo.dynamic_filtering_enable": "true",
+                                                    "algo.dynamic_filtering_max_rounds": "3",
+                                                    "train.num_episodes": "3"}))
+    engines = []
+    trainer = RLTrainer.from_config(cfg, tools=[multiply],
+                                    make_engine=lambda policy_, tok: engines.append(SeededCaller(tok)) or engines[-1])
+    history = trainer.loop.train()
+    trainer.tracker.close()
+    assert len(history) == 2
+    assert sum(m["filtered_groups"] for m in history) >= 1 and max(m["dynamic_rounds"] for m in history) >= 2
+    assert sum(m["tools/calls"] for m in history) == engines[0].calling_actions > 0
+    assert all(m["tools/valid_call_rate"] == 1.0 for m in history)

@@ -33,6 +33,11 @@ whole episode (actions, calls and results) as the response; each trajectory's
 `info["messages"]` holds the conversation (assistant turns with their parsed `tool_calls`,
 the tool results) and `info["completion_messages"]` its part after the prompt, which reward
 functions of TRL's contract get as their `completions`.
+
+With `overlap` each episode runs on its own and a `TurnBatcher` (overlap.py) batches the turns
+that are waiting: a slow tool call no longer holds the other episodes' generation back (the
+samples are the same: every turn is sampled with its own seed). `tools/busy_s`, `tools/overlap_s`
+and `tools/generate_during_tools` measure the overlap reached.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from rlhfkit.agents.tools.environment import (
     reset_environment,
     with_observation,
 )
+from rlhfkit.agents.tools.overlap import OverlapClock, QuietStdout, TurnBatcher
 from rlhfkit.agents.tools.render import PROMPT_OK, RERENDER, ToolTemplate
 from rlhfkit.agents.tools.run import ToolLimits, ToolRunner, ToolStats
 from rlhfkit.agents.tools.schema import ToolSet
@@ -121,6 +127,8 @@ class ToolExecutor:
       limits: calls per episode, seconds per call, tokens per result.
       parser: the tool-call parser (`TOOL_PARSERS` name or response template); None: detected.
       on_rerender: "keep" or "segment": what a re-rendered history does (see the module docstring).
+      overlap: run each episode on its own, its turns batched with the others' waiting (TurnBatcher),
+        so tool latency overlaps the generation of other episodes; False: turn by turn.
       template_kwargs: extra chat-template variables (e.g. enable_thinking=False).
     """
 
@@ -128,7 +136,7 @@ class ToolExecutor:
 
     def __init__(self, tools: ToolSet | Sequence = (), limits: ToolLimits | None = None, parser: str | dict | None = None,
                  environment_factory: Callable[[], Any] | None = None, on_rerender: str = "keep",
-                 **template_kwargs: Any):
+                 overlap: bool = False, **template_kwargs: Any):
         if on_rerender not in ON_RERENDER:
             raise ConfigError(f"--agent.on_rerender: unknown value {on_rerender!r}; valid: {', '.join(ON_RERENDER)}")
         self.on_rerender = on_rerender
@@ -144,7 +152,8 @@ class ToolExecutor:
             raise ConfigError("tool-calling episodes need tools (functions), an environment_factory or a text "
                               "environment")
         self.limits, self.parser, self.template_kwargs = limits or ToolLimits(), parser, template_kwargs
-        self.stats = ToolStats()
+        self.overlap = overlap
+        self.stats, self.clock = ToolStats(), OverlapClock()
         self.checks = {"rerender": 0, "retokenized": 0, "segments": 0, "turns": 0, "valid_calls": 0, "invalid_calls": 0}
         self._template: ToolTemplate | None = None
 
@@ -164,10 +173,11 @@ class ToolExecutor:
         """Tool and template counters since the last call."""
         c = self.checks
         calls = c["valid_calls"] + c["invalid_calls"]
-        out = {**self.stats.metrics(), "tools/rerender": float(c["rerender"]),
-               "tools/retokenized": float(c["retokenized"]), "tools/segments": float(c["segments"]),
+        out = {**self.stats.metrics(), **self.clock.metrics(), "tools/calls": float(calls),
+               "tools/rerender": float(c["rerender"]), "tools/retokenized": float(c["retokenized"]),
+               "tools/segments": float(c["segments"]),
                "tools/valid_call_rate": c["valid_calls"] / calls if calls else 0.0}
-        self.stats = ToolStats()
+        self.stats, self.clock = ToolStats(), OverlapClock()
         self.checks = dict.fromkeys(c, 0)
         return out
 
@@ -198,7 +208,11 @@ class ToolExecutor:
                 episodes.append(_Episode(i, [dict(m) for m in msgs], [dict(m) for m in msgs], list(ids), len(msgs),
                                          None if per is None else per[s], env=env,
                                          text_env=text_env))
-        for _ in range(budget.max_turns):
+        if self.overlap:
+            batcher, quiet = TurnBatcher(engine, self.clock, generator), QuietStdout()
+            await asyncio.gather(*(self._episode(e, batcher, quiet, tt, runner, turn_params, budget)
+                                   for e in episodes))
+        for _ in range(0 if self.overlap else budget.max_turns):
             active = [e for e in episodes if not e.finished]
             if not active:
                 break
@@ -210,36 +224,49 @@ class ToolExecutor:
         return [t for e in episodes for t in self._trajectories(e, engine.version)]
 
     async def _turn(self, active, engine, tt: ToolTemplate, runner: ToolRunner, params, budget, generator) -> None:
+        """One turn of every episode in `active`: their actions in one engine call per sampling params,
+        then all of their calls at once."""
         batches: dict[SamplingParams, list[_Episode]] = {}
         for e in active:
-            room = min(params.max_new_tokens, budget.per_turn, budget.total - e.spent - len(e.response))
-            batches.setdefault(dataclasses.replace(params, max_new_tokens=max(room, 1)), []).append(e)
+            batches.setdefault(_turn_params(e, params, budget), []).append(e)
         outs: dict[int, Trajectory] = {}
         for p, group in batches.items():
             ids = [e.prompt_ids + e.response for e in group]
+            self.clock.enter("generate")
             if group[0].seeds is not None:
                 got = engine.generate(ids, p, seeds=[e.seeds[e.turns] for e in group])
             else:
                 got = engine.generate(ids, p, generator=generator)
+            self.clock.leave("generate")
             outs.update({id(e): t for e, t in zip(group, got)})
-        parsed = []
-        for e in active:
-            t = outs[id(e)]
-            action = t.response_ids.tolist()
-            e.response += action
-            e.mask += [True] * len(action)
-            e.logprobs += t.logprobs.tolist()
-            e.versions += [t.version] * len(action)
-            e.turns += 1
-            stopped = t.finish_reason == FINISH_STOP
-            parsed.append((e, action, stopped, *tt.parse(action)))
+        parsed = [_take_action(e, outs[id(e)], tt) for e in active]
         # one capture of what the tools print around all of the turn's calls: the runners' own
         # captures interleave across episodes, and only the outermost restores sys.stdout for sure
         with contextlib.redirect_stdout(io.StringIO()):
-            replies = await asyncio.gather(*(self._reply(e, calls, errors, runner, action, stopped)
+            replies = await asyncio.gather(*(self._timed_reply(e, calls, errors, runner, action, stopped)
                                              for e, action, stopped, _, calls, errors in parsed))
         for (e, action, stopped, content, calls, errors), tool_msgs in zip(parsed, replies):
             self._append(e, tt, action, stopped, content, calls, tool_msgs, budget)
+
+    async def _episode(self, e: _Episode, batcher: TurnBatcher, quiet: QuietStdout, tt: ToolTemplate,
+                       runner: ToolRunner, params, budget) -> None:
+        """One episode on its own (overlap): each turn asks `batcher` for its action, then runs its calls."""
+        for _ in range(budget.max_turns):
+            if e.finished:
+                return
+            seed = None if e.seeds is None else e.seeds[e.turns]
+            t = await batcher.generate(e.prompt_ids + e.response, _turn_params(e, params, budget), seed)
+            _, action, stopped, content, calls, errors = _take_action(e, t, tt)
+            with quiet:
+                tool_msgs = await batcher.tool(self._reply(e, calls, errors, runner, action, stopped))
+            self._append(e, tt, action, stopped, content, calls, tool_msgs, budget)
+
+    async def _timed_reply(self, e: _Episode, calls, errors, runner: ToolRunner, action, stopped) -> list[dict]:
+        self.clock.enter("tool")
+        try:
+            return await self._reply(e, calls, errors, runner, action, stopped)
+        finally:
+            self.clock.leave("tool")
 
     async def _reply(self, e: _Episode, calls, errors, runner: ToolRunner, action, stopped) -> list[dict]:
         """The messages answering a turn: its tool results; for a turn without calls, the text
@@ -317,3 +344,20 @@ class ToolExecutor:
             part.truncated = e.truncated
         self.checks["segments"] += len(parts) - 1
         return [episode_trajectory(part, version, dict(info)) for part in parts]
+
+
+def _turn_params(e: _Episode, params: SamplingParams, budget: TokenBudget) -> SamplingParams:
+    """`params` with the new-token budget of `e`'s next action (what the turn and the episode allow)."""
+    room = min(params.max_new_tokens, budget.per_turn, budget.total - e.spent - len(e.response))
+    return dataclasses.replace(params, max_new_tokens=max(room, 1))
+
+
+def _take_action(e: _Episode, t: Trajectory, tt: ToolTemplate) -> tuple:
+    """Append the action `t` sampled to `e`: (e, action ids, stopped, content, calls, parse errors)."""
+    action = t.response_ids.tolist()
+    e.response += action
+    e.mask += [True] * len(action)
+    e.logprobs += t.logprobs.tolist()
+    e.versions += [t.version] * len(action)
+    e.turns += 1
+    return (e, action, t.finish_reason == FINISH_STOP, *tt.parse(action))
