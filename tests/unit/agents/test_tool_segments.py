@@ -199,7 +199,9 @@ def test_a_reward_function_scores_an_episode_once_and_every_segment_gets_it(qwen
     fn = CountingReward()
     scored = Scorer(fn, qwen3, max_len=400)([P("Play.")], trajs)
     assert fn.sizes == [2]  # two episodes, three segments: scored on each episode's last segment
-    assert scored.rewards.tolist() == [1.0, 1.0, 0.0] and scored.metrics["reward_extra/seen"] == pytest.approx(1 / 3)
+    assert scored.rewards.tolist() == [1.0, 1.0, 0.0]
+    # the metrics count each episode once: seen 0 and 1 (per row it would be 0, 0, 1), reward 1 and 0
+    assert scored.metrics["reward_extra/seen"] == pytest.approx(0.5) and scored.metrics["reward"] == 0.5
 
 
 def test_eval_counts_an_episode_in_segments_as_one_sample(qwen3, scripted):
