@@ -1,8 +1,9 @@
 """A verifiers environment (Prime Intellect's `verifiers`, a SingleTurnEnv with a two-function rubric,
 built here from a small in-memory dataset) trains the tiny model through rlhfkit's endpoint: loaded by
 name through `rlhfkit train rl --agent.func_path verifiers:ENV_ID` on its own dataset, and given as an
-object to `RLTrainer.from_config(cfg, agent=env)` on the user's prompts. The reward is the rubric's
-weighted sum, recomputed here from the recorded replies; its functions' scores are logged."""
+object to `RLTrainer.from_config(cfg, agent=env)` on the user's prompts, and scored by `rlhfkit eval`.
+The reward is the rubric's weighted sum, recomputed here from the recorded replies; its functions'
+scores are logged."""
 
 import json
 import os
@@ -117,3 +118,16 @@ def test_a_verifiers_environment_object_trains_from_python_on_the_users_prompts(
         assert t.info["extra_logs"]["sevens"] == pytest.approx(reply.count("7") / 8.0, abs=1e-6)
     prompts = {tok.decode(t.prompt_ids.tolist()) for t in seen}
     assert all("digits" in p for p in prompts) and any("a3b" in p for p in prompts)  # system prompt + user's prompt
+
+
+def test_rlhfkit_eval_scores_a_verifiers_environment_on_held_out_prompts(ws, tmp_path, env_module):
+    argv = flags(ws, tmp_path, **{"data.apply_chat_template": None, "eval.dataset": str(ws / "prompts.jsonl"),
+                                  "data.input_key": "q", "data.label_key": "a", "eval.max_samples": "4",
+                                  "eval.n_samples": "2", "eval.temperature": "1.0"})
+    assert main(["eval", *argv]) == 0
+    out = json.loads((tmp_path / "eval.json").read_text())["metrics"]
+    rows = [json.loads(line) for line in (tmp_path / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and out["eval/dropped"] == 0
+    assert out["eval/reward"] == pytest.approx(out["eval/sevens"] + 0.5 * out["eval/short"], abs=1e-6)
+    for r in rows:  # each episode's reward: the rubric's weighted sum of its functions' scores
+        assert r["reward"] == pytest.approx(r["extra_logs"]["sevens"] + 0.5 * r["extra_logs"]["short"], abs=1e-6)

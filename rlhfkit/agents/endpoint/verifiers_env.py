@@ -18,7 +18,8 @@ few-shot turns and one user message; a message list gets the system prompt when 
 --data.apply_chat_template (its prompts are message lists).
 
 Rubrics with group reward functions (scored over all of a prompt's rollouts at once) are refused: every
-episode here runs on a client of its own and is scored alone.
+episode here runs on a client of its own and is scored alone. The environments are verifiers' classic
+ones (`vf.Environment`: SingleTurnEnv, MultiTurnEnv, ToolEnv, ...), not those of its `verifiers.v1` stack.
 """
 
 from __future__ import annotations
@@ -46,9 +47,13 @@ def load_verifiers_env(spec: str):
         raise ConfigError("--agent.func_path verifiers:ENV_ID: name the environment (e.g. verifiers:gsm8k)")
     vf = _verifiers()
     try:
-        return vf.load_environment(env_id)
+        env = vf.load_environment(env_id)
     except (ValueError, RuntimeError) as exc:
         raise ConfigError(f"--agent.func_path {spec}: {exc}") from exc
+    if not is_verifiers_env(env):
+        raise ConfigError(f"--agent.func_path {spec}: load_environment returned {type(env).__name__}, not a "
+                          "vf.Environment (verifiers' classic API; its verifiers.v1 environments are not supported)")
+    return env
 
 
 def _verifiers():
