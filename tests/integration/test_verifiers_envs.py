@@ -1,7 +1,8 @@
 """A verifiers environment (Prime Intellect's `verifiers`, a SingleTurnEnv with a two-function rubric,
 built here from a small in-memory dataset) trains the tiny model through rlhfkit's endpoint: loaded by
 name through `rlhfkit train rl --agent.func_path verifiers:ENV_ID` on its own dataset, and given as an
-object to `RLTrainer.from_config(cfg, agent=env)` on the user's prompts, and scored by `rlhfkit eval`.
+object to `RLTrainer.from_config(cfg, agent=env)` on the user's prompts, and scored by `rlhfkit eval`; a
+MultiTurnEnv's episodes are one trajectory each, its feedback masked.
 The reward is the rubric's weighted sum, recomputed here from the recorded replies; its functions'
 scores are logged."""
 
@@ -47,6 +48,19 @@ def load_environment(n: int = 16):
                                                                                    weights=[1.0, 0.5]))
 '''
 WEIGHTS = {"sevens": 1.0, "short": 0.5}
+
+
+class AgainEnv(vf.MultiTurnEnv):
+    """Two model turns; between them the environment answers "again"."""
+
+    async def env_response(self, messages, state, **kwargs):
+        return [{"role": "user", "content": "again"}]
+
+
+def last_reply_sevens(completion, answer, **kwargs):
+    last = completion[-1] if completion else None
+    content = getattr(last, "content", None) if not isinstance(last, dict) else last.get("content")
+    return (content or "").count(answer) / 8.0 if isinstance(content, str) else 0.0
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +145,23 @@ def test_rlhfkit_eval_scores_a_verifiers_environment_on_held_out_prompts(ws, tmp
     assert out["eval/reward"] == pytest.approx(out["eval/sevens"] + 0.5 * out["eval/short"], abs=1e-6)
     for r in rows:  # each episode's reward: the rubric's weighted sum of its functions' scores
         assert r["reward"] == pytest.approx(r["extra_logs"]["sevens"] + 0.5 * r["extra_logs"]["short"], abs=1e-6)
+
+
+def test_a_multi_turn_verifiers_environment_is_one_trajectory_per_episode_with_its_feedback_masked(ws, tmp_path):
+    from datasets import Dataset
+
+    data = Dataset.from_list([{"question": f"x{i}y", "answer": "7"} for i in range(8)])
+    env = AgainEnv(dataset=data, max_turns=2, rubric=vf.Rubric(funcs=[last_reply_sevens]))
+    argv = flags(ws, tmp_path, **{"agent.func_path": None, "agent.max_turns": "2",
+                                  "agent.max_response_tokens": "40"})
+    trainer = RLTrainer.from_config(RLConfig.from_args(argv), agent=env)
+    seen = spy_on_trajectories(trainer)
+    trainer.train()
+    ms = metrics(tmp_path)
+    assert len(ms) == 2 and all(m["endpoint/splits"] == 0 for m in ms) and len(seen) == 16
+    # two calls an episode (one where verifiers ended the rollout on an empty first reply)
+    assert sum(m["endpoint/calls"] for m in ms) == sum(t.info["turns"] for t in seen) > 24
+    tok = trainer.tokenizer
+    for t in (t for t in seen if t.info["turns"] == 2):  # the second call continued the first: one trajectory,
+        masked = tok.decode(t.response_ids[~t.loss_mask].tolist())  # the environment's "again" in it, masked
+        assert "again" in masked and "again" not in tok.decode(t.response_ids[t.loss_mask].tolist())
