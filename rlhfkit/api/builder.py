@@ -107,8 +107,8 @@ def agent_takes_reward_fn(executor, cfg: RLConfig) -> bool:
 
 
 def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=None):
-    """The agent of --agent.func_path (a file or builtin:NAME) or `agent` (an agent function for the
-    OpenAI-compatible endpoint, or an executor object with `run`); tool-calling episodes with `tools`
+    """The agent of --agent.func_path (a file, builtin:NAME or verifiers:ENV_ID) or `agent` (an agent function
+    for the OpenAI-compatible endpoint, a verifiers Environment, or an executor object with `run`); tool-calling episodes with `tools`
     (functions), --agent.tools or an `environment_factory` class; else single-turn generation."""
     g = cfg.agent
     path = g.func_path
@@ -123,8 +123,11 @@ def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=No
             raise ConfigError("agent= and --agent.func_path / tools are both set; choose one")
         if callable(getattr(agent, "run", None)):
             return agent
+        from rlhfkit.agents.endpoint import verifiers_env  # noqa: PLC0415 - the serve extra
         from rlhfkit.agents.endpoint.runner import EndpointExecutor  # noqa: PLC0415 - the serve extra
 
+        if verifiers_env.is_verifiers_env(agent):
+            return verifiers_env.VerifiersExecutor(agent, **endpoint_options(cfg))
         return EndpointExecutor(agent, source=getattr(agent, "__qualname__", "agent"), **endpoint_options(cfg))
     if tool_episodes:
         if path is not None:
@@ -140,6 +143,10 @@ def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=No
                             overlap=cfg.train.async_enable)
     if path is None:
         return SingleTurnExecutor()
+    if path.startswith("verifiers:"):
+        from rlhfkit.agents.endpoint import verifiers_env  # noqa: PLC0415 - the serve and verifiers extras
+
+        return verifiers_env.VerifiersExecutor(verifiers_env.load_verifiers_env(path), **endpoint_options(cfg))
     return load_agent_file(BUILTIN_AGENTS.get(path, path), endpoint=endpoint_options(cfg))
 
 

@@ -51,9 +51,12 @@ def load_examples_fn(cfg: RLConfig, dataset, eval: bool = False) -> Callable:
     return load
 
 
-def _check_inputs(cfg: RLConfig, train_dataset, eval_dataset, vision_folder) -> tuple[Any, Any]:
-    """The datasets to read (explicit arguments over the config's paths), checked before any model loads,
-    with the settings that must fail fast (threads, vLLM present)."""
+def _check_inputs(cfg: RLConfig, train_dataset, eval_dataset, vision_folder, executor=None) -> tuple[Any, Any]:
+    """The datasets to read (explicit arguments over the config's paths, then the prompts of an executor
+    with its own dataset: a verifiers environment's), checked before any model loads, with the settings
+    that must fail fast (threads, vLLM present)."""
+    if train_dataset is None and cfg.data.prompt_dataset is None and hasattr(executor, "own_dataset"):
+        train_dataset = executor.own_dataset(cfg.data.input_key)
     train_dataset = builder.prompt_source(cfg, train_dataset)  # several datasets: one Blend of them
     if train_dataset is None:
         raise ConfigError("no prompts: pass train_dataset= or --data.prompt_dataset (a .jsonl/.json/.parquet "
@@ -191,11 +194,11 @@ class RLTrainer:
         cfg = builder.resolve_fsdp_dtype(builder.resolve_autocast(cfg))
         set_log_level(cfg.logger.log_level)
         vision_folder = V.policy_folder(cfg)  # a vision-language policy: its data is checked before it loads
-        train_dataset, eval_dataset = _check_inputs(cfg, train_dataset, eval_dataset, vision_folder)
+        executor = builder.build_executor(cfg, tools, environment_factory, agent)
+        train_dataset, eval_dataset = _check_inputs(cfg, train_dataset, eval_dataset, vision_folder, executor)
         device = builder.run_device(cfg)  # a CUDA device that is not there fails here, before models load
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
         run_dir = run_folder.prepare_run_dir(cfg, rank)
-        executor = builder.build_executor(cfg, tools, environment_factory, agent)
         if vision_folder is not None:
             V.check_executor(cfg, executor)
         reward_fn = _reward_of(cfg, executor, reward_fn, reward_weights, device)

@@ -21,9 +21,10 @@ def check_inputs(cfg: RLConfig) -> None:
     """Fail fast, before models load, on a missing dataset or key, a prompt of the wrong type (the checks
     of the real load, with the same flags), or a broken verifier file."""
     d = cfg.data
-    if not d.prompt_dataset:
+    own = (cfg.agent.func_path or "").startswith("verifiers:")  # the environment's own dataset
+    if not d.prompt_dataset and not own:
         raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file, a datasets folder "
-                          "or a hub dataset name)")
+                          "or a hub dataset name; with --agent.func_path verifiers:ENV_ID the environment's own)")
     vision = policy_folder(cfg) is not None  # a VLM: prompts and images; a text model: no images
     for dataset, is_eval in ((prompt_source(cfg), False), (cfg.eval.dataset, True)):
         if dataset:

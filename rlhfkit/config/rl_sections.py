@@ -366,8 +366,9 @@ class AgentConfig:
     """Multi-turn agents: an environment that acts on the model's actions and gives rewards."""
 
     func_path: str | None = None
-    """An agent file (AgentInstance / AgentExecutor, OpenRLHF's contract) or builtin:calculator,
-    builtin:guess; rewards then come from the agent's step()."""
+    """An agent file (AgentInstance / AgentExecutor, OpenRLHF's contract, or an `async def agent(client,
+    prompt, label, **row)`), builtin:calculator, builtin:guess, or verifiers:ENV_ID (a verifiers environment,
+    its rubric the reward; without --data.prompt_dataset its own dataset); rewards then come from the agent."""
     max_turns: int = 4
     """Most actions per episode."""
     max_response_tokens: int | None = None
