@@ -299,6 +299,12 @@ def token_budget(cfg: RLConfig, multi_turn: bool) -> TokenBudget:
     return TokenBudget(r.max_new_tokens, g.max_response_tokens or r.max_new_tokens * g.max_turns, g.max_turns)
 
 
+def executor_budget(cfg: RLConfig, executor) -> TokenBudget:
+    """The token budget of `executor`'s samples: an episode's (--agent.*) for agents, tools and
+    environments (multi-turn, or giving their own rewards), else one response's."""
+    return token_budget(cfg, executor.provides_rewards or getattr(executor, "multi_turn", False))
+
+
 def sampling_params(cfg: RLConfig) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
@@ -450,8 +456,7 @@ def build_loop(cfg: RLConfig, counts: RunPlan, policy, tokenizer, engine, reward
     (the update's epochs shuffle with the stream's generator, as one seeded order of draws); `counts`:
     the run's step counts (`config.plan.plan_run` on the stream's prompts); `teacher`: on-policy
     distillation's (trainers.rl.opd), None without one."""
-    multi = executor.provides_rewards or getattr(executor, "multi_turn", False)
-    budget = token_budget(cfg, multi)
+    budget = executor_budget(cfg, executor)
     learners = build_learners(cfg, policy, critic, counts)
     batcher = build_batcher(cfg, tokenizer)
     experience = build_experience(cfg, counts, policy, ref, critic, batcher)

@@ -23,6 +23,7 @@ overwrites one checkpoint folder; here every round's folder is kept.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import json
@@ -36,6 +37,7 @@ import torch
 
 from rlhfkit.api import builder
 from rlhfkit.api import run_folder
+from rlhfkit.agents.executor import episode_rows
 from rlhfkit.api.rl import load_examples_fn
 from rlhfkit.api.supervised import DPOTrainer, SFTTrainer
 from rlhfkit.config.generate import (
@@ -144,9 +146,10 @@ class Sampler:
         if cfg.rollout.engine == "hf":
             self.policy.to(device)
         self.engine = builder.build_engine(self.policy, self.tokenizer, cfg)
-        executor = builder.build_executor(cfg)  # with --agent.tools: tool-calling episodes (--agent.max_turns)
+        executor = builder.build_executor(cfg)  # with --agent.*: tool or agent episodes (--agent.max_turns)
+        self.agent_rewards = bool(getattr(executor, "provides_rewards", False))
         self.stage = Generate(executor, self.engine, self.tokenizer, builder.sampling_params(cfg),
-                              builder.token_budget(cfg, multi_turn=getattr(executor, "multi_turn", False)))
+                              builder.executor_budget(cfg, executor))
 
     def __call__(self, batch: PromptBatch) -> list[Trajectory]:
         """`batch.prompts[i]`'s samples carry group_id i, in prompt order."""
@@ -164,19 +167,41 @@ class Sampler:
             torch.cuda.empty_cache()
 
 
-def sample_rows(tokenizer, prompts: Sequence[PromptItem], trajs: Sequence[Trajectory]) -> list[dict]:
+def sample_rows(tokenizer, prompts: Sequence[PromptItem], trajs: Sequence[Trajectory],
+                agent_rewards: bool = False) -> list[dict]:
     """One generations.jsonl line per trajectory: prompt (the rendered prompt text), label, response
     (decoded without special tokens), response_ids, finish_reason, logprob_sum (the sum of the
     response tokens' log-probabilities under the policy at --rollout.temperature), group (the prompt's
-    index in the batch); with --agent.tools / --agent.env also messages (the whole conversation:
-    assistant turns with their tool_calls, the tool results, the environment's turns) and
-    prompt_messages (how many of them are the prompt's)."""
+    index in the batch); with --agent.tools / --agent.env / an agent also messages (the whole
+    conversation: assistant turns with their tool_calls, the tool results, the environment's turns)
+    and prompt_messages (how many of them are the prompt's); with `agent_rewards` (an agent or an
+    environment that gives rewards) also reward and score. An episode in segments (an agent that
+    rewrote its history, --agent.on_rerender segment) is one line: its last segment's, with
+    `segments`, every segment's response in order."""
     texts = tokenizer.batch_decode([t.response_ids.tolist() for t in trajs], skip_special_tokens=True)
-    return [{"prompt": prompts[t.group_id].text, "label": prompts[t.group_id].label, "response": text,
-             "response_ids": t.response_ids.tolist(), "finish_reason": t.finish_reason,
-             "logprob_sum": float(t.logprobs[t.loss_mask].double().sum()), "group": t.group_id,
-             **conversation_fields(t.info)}
-            for t, text in zip(trajs, texts)]
+    rows = episode_rows(trajs)
+    if rows is not None:
+        parts: dict[int, list[str]] = collections.defaultdict(list)
+        for text, k in zip(texts, rows[1]):
+            parts[k].append(text)
+        trajs, texts = [trajs[i] for i in rows[0]], [texts[i] for i in rows[0]]
+    out = [{"prompt": prompts[t.group_id].text, "label": prompts[t.group_id].label, "response": text,
+            "response_ids": t.response_ids.tolist(), "finish_reason": t.finish_reason,
+            "logprob_sum": float(t.logprobs[t.loss_mask].double().sum()), "group": t.group_id,
+            **conversation_fields(t.info), **(_agent_fields(t.info) if agent_rewards else {})}
+           for t, text in zip(trajs, texts)]
+    if rows is not None:
+        for k, row in enumerate(out):
+            if len(parts[k]) > 1:
+                row["segments"] = parts[k]
+    return out
+
+
+def _agent_fields(info: dict) -> dict:
+    """reward and score of an episode whose agent gave them; {} otherwise."""
+    if "agent_reward" not in info:
+        return {}
+    return {"reward": float(info["agent_reward"]), "score": float(info["agent_score"])}
 
 
 def write_jsonl(path: Path, rows: Sequence[dict], append: bool = False) -> Path:
@@ -203,7 +228,7 @@ def generate(cfg: GenerateConfig, train_dataset: Any = None) -> Path:
     step = cfg.rollout.batch_size
     for start in range(0, len(prompts), step):
         batch = PromptBatch(prompts[start:start + step], seeds[start:start + step])
-        rows = sample_rows(sampler.tokenizer, batch.prompts, sampler(batch))
+        rows = sample_rows(sampler.tokenizer, batch.prompts, sampler(batch), sampler.agent_rewards)
         for r in rows:
             r["group"] += start
         write_jsonl(out, rows, append=True)

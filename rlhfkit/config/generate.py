@@ -183,10 +183,6 @@ def validate_generate(cfg: GenerateConfig, ranges=GENERATE_RANGES) -> GenerateCo
     one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
     check_device("--actor.device", cfg.actor.device)
     check_input_template(cfg.data.input_template)
-    require(cfg.agent.func_path is None, "--agent.func_path: the sampling workflows generate single-turn "
-                                         "responses; drop it")
-    require(cfg.agent.on_rerender == "keep", f"--agent.on_rerender {cfg.agent.on_rerender}: the sampling workflows "
-                                             "write one row per episode; drop it")
     require(cfg.distributed.backend == "local" and not cfg.fsdp.enable,
             "the sampling workflows run in one process: drop --distributed.backend ray / --fsdp.enable")
     return cfg
@@ -205,8 +201,17 @@ def _one_model_per_round(stage, flag: str, rounds: int) -> None:
             "rounds: the next round cannot sample with an adapter folder yet; drop LoRA or run one round")
 
 
+def _scored_samples(cfg: GenerateConfig, command: str) -> None:
+    """The rounds score each sample with the reward function and train on it as one row."""
+    require(cfg.agent.func_path is None, f"--agent.func_path: {command} scores and trains on single-turn or tool "
+                                         "episodes; drop it (rlhfkit generate runs agents)")
+    require(cfg.agent.on_rerender == "keep", f"--agent.on_rerender {cfg.agent.on_rerender}: {command} trains on one "
+                                             "row per episode; drop it")
+
+
 def validate_rs(cfg: RSConfig) -> RSConfig:
     validate_generate(cfg, RS_RANGES)
+    _scored_samples(cfg, "train rs")
     _validate_stage(cfg.sft, "sft")
     require(cfg.rs.rounds == 1 or cfg.rs.sft_enable, f"--rs.rounds {cfg.rs.rounds} without --rs.sft_enable "
             "samples the same policy every round; add --rs.sft_enable true or set --rs.rounds 1")
@@ -216,6 +221,7 @@ def validate_rs(cfg: RSConfig) -> RSConfig:
 
 def validate_iterative_dpo(cfg: IterativeDPOConfig) -> IterativeDPOConfig:
     validate_generate(cfg, ITERATIVE_DPO_RANGES)
+    _scored_samples(cfg, "train iterative-dpo")
     _validate_stage(cfg.dpo, "dpo")
     _one_model_per_round(cfg.dpo, "dpo", cfg.iterative.rounds)
     one_of("iterative.ref", cfg.iterative.ref, REF_MODES)

@@ -124,3 +124,30 @@ def test_held_out_evaluation_of_an_agent_function_given_in_python(ws, tmp_path):
     evals = [m for m in metrics(tmp_path) if "eval/reward" in m]
     assert [m["step"] for m in evals] == [0, 1] and all(m["eval/dropped"] == 0 for m in evals)
     assert out["eval/reward"] == evals[-1]["eval/reward"] and 0 <= out["eval/reward"] <= 1
+
+
+REWRITING_AGENT = '''
+async def agent(client, prompt, label, **row):
+    first = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": prompt}])
+    # a fresh history: the second call does not extend the first, so the episode is two segments
+    second = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "again"}])
+    return float((first.choices[0].message.content or "").count("7") + (second.choices[0].message.content or "").count("7"))
+'''
+
+
+def test_generate_runs_agent_functions_one_row_per_episode_with_its_reward(ws, tmp_path):
+    (tmp_path / "rewriting.py").write_text(REWRITING_AGENT)
+    for name, agent, turns in (("sdk", str(FIXTURES / "openai_sdk_agent.py"), 2), ("rewrite", "rewriting.py", None)):
+        out = tmp_path / name
+        argv = flags(ws, out, **{"agent.func_path": str(tmp_path / agent) if turns is None else agent,
+                                 "data.max_samples": "3", "rollout.n_samples_per_prompt": "2"})
+        assert main(["generate", *argv]) == 0
+        rows = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+        assert len(rows) == 6 and sorted(r["group"] for r in rows) == [0, 0, 1, 1, 2, 2]  # one row per episode
+        assert all(isinstance(r["reward"], float) and r["response_ids"] for r in rows)
+        if turns is not None:  # one trajectory per episode: both replies and the agent's feedback between them
+            assert all("segments" not in r and "sevens. again" in r["response"] for r in rows)
+        else:  # two segments, both replies kept, the row's response the last one's
+            assert all(len(r["segments"]) == 2 and r["segments"][-1] == r["response"] for r in rows)
+    refused = main(["train", "rs", *flags(ws, tmp_path / "rs", **{"reward.remote_url": str(ws / "reward.py")})])
+    assert refused == 2

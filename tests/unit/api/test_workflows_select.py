@@ -52,8 +52,8 @@ def test_defaults_and_openrlhf_aliases():
     (RSConfig, ["--sft.train.batch_size", "6", "--sft.train.micro_batch_size", "4"], "--sft.train.batch_size (6)"),
     (RSConfig, ["--rs.rounds", "2", "--rs.sft_enable", "--sft.ds.lora.rank", "4"], "--sft.ds.lora.rank 4 with 2"),
     (IterativeDPOConfig, ["--dpo.model.ipo_enable", "--dpo.model.label_smoothing", "0.1"], "are exclusive"),
-    (GenerateConfig, ["--agent.func_path", "builtin:guess"], "--agent.func_path"),
-    (GenerateConfig, ["--agent.on_rerender", "segment"], "--agent.on_rerender segment: the sampling workflows"),
+    (RSConfig, ["--agent.func_path", "builtin:guess"], "--agent.func_path: train rs scores and trains"),
+    (IterativeDPOConfig, ["--agent.on_rerender", "segment"], "--agent.on_rerender segment: train iterative-dpo trains"),
     (GenerateConfig, ["--eval_task", "bogus"], "--eval_task 'bogus'"),
 ])
 def test_refused_settings(cls, flags, message):
