@@ -7,7 +7,12 @@ import pytest
 from rlhfkit.agents import AgentInstanceBase, MultiTurnExecutor, SingleTurnExecutor
 from rlhfkit.agents.execute import AgentExecutorBase, ExecuteRunner
 from rlhfkit.agents.tools.agent import ToolExecutor
-from rlhfkit.api.vision import check_executor, prepare_policy, refuse_unsupported
+from rlhfkit.api.vision import (
+    attach_processor,
+    check_executor,
+    prepare_policy,
+    refuse_unsupported,
+)
 from rlhfkit.config import RLConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
@@ -34,7 +39,6 @@ def test_the_reference_shares_the_frozen_tower(freeze):
     (["--rollout.engine", "vllm"], "--rollout.engine vllm"),
     (["--ds.lora.rank", "4"], "--ds.lora.rank > 0"),
     (["--algo.advantage.estimator", "gae"], "--algo.advantage.estimator gae (it needs a critic"),
-    (["--agent.tools", "tools.py:f"], "--agent.tools / --agent.env"),
 ])
 def test_settings_that_do_not_run_with_images_are_one_line_errors(flags, needle):
     with pytest.raises(ConfigError, match="does not run with " + needle.replace("(", r"\(")):
@@ -51,11 +55,21 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-def test_agent_files_run_with_images_but_other_executors_are_refused():
+def test_agent_files_and_tools_run_with_images_but_other_executors_are_refused():
     refuse_unsupported(config("--agent.func_path", "agent.py"))  # an agent file passes the config check
+    refuse_unsupported(config("--agent.tools", "tools.py:f"))
+    refuse_unsupported(config("--agent.env", "gem:game:GuessTheNumber-v0"))
     cfg = config()
     check_executor(cfg, MultiTurnExecutor(AgentInstanceBase))
     check_executor(cfg, SingleTurnExecutor())
-    for executor in (ExecuteRunner(AgentExecutorBase, "agent.py"), ToolExecutor([add])):
-        with pytest.raises(ConfigError, match=f"does not run with {type(executor).__name__} yet"):
-            check_executor(cfg, executor)
+    check_executor(cfg, ToolExecutor([add]))
+    executor = ExecuteRunner(AgentExecutorBase, "agent.py")
+    with pytest.raises(ConfigError, match=f"does not run with {type(executor).__name__} yet"):
+        check_executor(cfg, executor)
+
+
+def test_the_processor_reaches_the_multi_turn_and_the_tool_executors():
+    _, processor = tiny_vision_model_and_processor("llava")
+    agent, tools = MultiTurnExecutor(AgentInstanceBase), ToolExecutor([add])
+    attach_processor(processor, 3, agent, tools, None)
+    assert agent.processor is processor and agent.max_images == 3 and tools.processor is processor
