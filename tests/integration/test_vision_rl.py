@@ -185,3 +185,58 @@ def test_bad_images_are_one_line_errors_and_nothing_is_written(ws, tmp_path, hug
     with pytest.raises(DataError, match=needle.split(", ", 1)[-1][:30]):
         rlhfkit.RLTrainer.from_config(cfg)
     assert not out.exists()
+
+
+TOOLS = '''def add(a: int, b: int) -> int:
+    """Add two numbers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+'''
+
+ENV = '''class Colours:
+    """Asks again after each answer (reward: the parity of the answer's characters); ends after the second."""
+
+    def reset(self, seed=None):
+        self.turn = 0
+        return "Look closely."
+
+    def step(self, action):
+        self.turn += 1
+        return "Try again.", float(sum(map(ord, action)) % 2), self.turn >= 2, False, {}
+'''
+
+PARITY_REWARD = """def reward_func(queries, prompts, labels, **kwargs):
+    return [float(sum(map(ord, q[len(p):])) % 2) for q, p in zip(queries, prompts)]
+"""
+
+
+@pytest.mark.parametrize("agent", ["tools", "env"])
+def test_cli_trains_tool_calling_and_text_environment_episodes_with_images(ws, tmp_path, agent):
+    """The rollout's logprobs match the trainer's forward in the loop (rollout/logprob_gap_max), which
+    they do only when the forward gets the prompt's images; the tool schemas make the prompts long."""
+    (tmp_path / "tools.py").write_text(TOOLS)
+    (tmp_path / "envs.py").write_text(ENV)
+    (tmp_path / "parity.py").write_text(PARITY_REWARD)
+    out = tmp_path / "run"
+    over = {"agent.tools": f"{tmp_path / 'tools.py'}:add", "reward.remote_url": str(tmp_path / "parity.py")} \
+        if agent == "tools" else {"agent.env": f"{tmp_path / 'envs.py'}:Colours", "reward.remote_url": None}
+    run = cli(flags(ws, out, **over, **{"agent.max_turns": "2", "agent.max_response_tokens": "40",
+                                        "data.prompt_max_len": "2048",
+                                        "logger.log_samples": "2"}))
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all("tools/valid_call_rate" in r for r in steps)
+    assert all(r["rollout/logprob_gap_max"] < 1e-4 for r in steps), steps
+    per_sample = steps[0]["sample_tokens"] / 8
+    assert per_sample > 400 if agent == "tools" else per_sample < 200  # the tool schemas joined the prompt
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["messages"][0]["content"][0] == {"type": "image"} for s in samples)
+    if agent == "env":
+        assert all("Try again." in s["response"] for s in samples)  # the observation after the first answer
+    before, after = load_file(ws / "vlm" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("model.layers."))
