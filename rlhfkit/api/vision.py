@@ -13,8 +13,12 @@ the executor gets the processor (`attach_processor`) to encode the images `step(
 tool-calling and text-environment episodes (`ToolExecutor`): its processor renders and encodes the
 prompts with their images and the tool schemas.
 
+LoRA (--ds.lora.rank) adapts the language model and the projector, and the tower unless it is frozen
+(api/builder.py); the final adapter folder holds the processor.
+
 Not supported with images yet (one-line errors): the vllm engine, Ray rollout workers, FSDP,
-LoRA, estimators with a critic, agent files with their own `execute()` and agent functions.
+QLoRA, estimators with a critic, agent files with their own `execute()` and agent functions; LoRA
+in the SFT and DPO trainers.
 """
 
 from __future__ import annotations
@@ -83,7 +87,6 @@ def refuse_unsupported(cfg: RLConfig) -> None:
         (cfg.rollout.engine == "vllm", "--rollout.engine vllm (use hf)"),
         (cfg.distributed.backend == "ray", "--distributed.backend ray"),
         (cfg.fsdp.enable, "--fsdp.enable"),
-        (cfg.ds.lora.rank > 0, "--ds.lora.rank > 0"),
         (cfg.ds.load_in_4bit, "--ds.load_in_4bit"),
         (ESTIMATORS[cfg.algo.advantage.estimator].needs_critic,
          f"--algo.advantage.estimator {cfg.algo.advantage.estimator} (it needs a critic; use a critic-free one)"),

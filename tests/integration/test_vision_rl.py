@@ -240,3 +240,42 @@ def test_cli_trains_tool_calling_and_text_environment_episodes_with_images(ws, t
         assert all("Try again." in s["response"] for s in samples)  # the observation after the first answer
     before, after = load_file(ws / "vlm" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("model.layers."))
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_lora_trains_only_the_adapters_and_merges_into_a_vlm_folder(ws, tmp_path, freeze):
+    """--ds.lora.rank with a VLM: only adapter weights move, the tower holds adapters unless it is frozen,
+    the rollout's logprobs are the trainer's (rollout/logprob_gap_max); `lora merge` of final/ and
+    `export` of a checkpoint give HF folders with the processor whose model computes what the adapted
+    policy does."""
+    from transformers import AutoModelForImageTextToText
+
+    from rlhfkit.api.export import export_checkpoint
+    from rlhfkit.data.batch import collate
+    from rlhfkit.models.logprobs import response_logprobs
+    from rlhfkit.models.lora import merge_lora
+    from rlhfkit.rollout.base import SamplingParams
+
+    over = {"ds.lora.rank": "4", "ds.lora.alpha": "8", "actor.adam.lr": "5e-2", "algo.kl.init_coef": "0.01",
+            "actor.freeze_visual_encoder": "true" if freeze else "false", "ckpt.save_steps": "2"}
+    cfg = rlhfkit.RLConfig.from_args(flags(ws, tmp_path / "run", **over))
+    trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=varied_reward)
+    start = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    assert any("lora_" in k and ".visual." in k for k in start) != freeze  # no adapters in a frozen tower
+    metrics = trainer.train()
+    moved = {k for k, v in trainer.policy.state_dict().items() if not torch.equal(v, start[k])}
+    assert moved and all("lora_" in k for k in moved), sorted(moved)[:5]
+    assert metrics["rollout/logprob_gap_max"] < 1e-4
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_config.json").is_file() and (final / "processor_config.json").is_file()
+    prompt = trainer.loop.data.prompts[0]
+    [traj] = trainer.loop.engine.generate([prompt.ids], SamplingParams(max_new_tokens=4), seeds=[1],
+                                          vision=[prompt.vision])
+    batch = collate([traj], trainer.loop.tokenizer.pad_token_id)
+    with torch.no_grad():
+        ours, _ = response_logprobs(trainer.policy, batch)
+    for folder in (merge_lora(final, None, tmp_path / "merged"), export_checkpoint(tmp_path / "run", tmp_path / "x")):
+        assert type(load_processor(str(folder))).__name__ == "Qwen2VLProcessor"
+        with torch.no_grad():
+            theirs, _ = response_logprobs(AutoModelForImageTextToText.from_pretrained(folder).eval(), batch)
+        torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)

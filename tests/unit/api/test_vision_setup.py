@@ -37,7 +37,6 @@ def test_the_reference_shares_the_frozen_tower(freeze):
 
 @pytest.mark.parametrize("flags,needle", [
     (["--rollout.engine", "vllm"], "--rollout.engine vllm"),
-    (["--ds.lora.rank", "4"], "--ds.lora.rank > 0"),
     (["--algo.advantage.estimator", "gae"], "--algo.advantage.estimator gae (it needs a critic"),
 ])
 def test_settings_that_do_not_run_with_images_are_one_line_errors(flags, needle):
@@ -58,6 +57,7 @@ def add(a: int, b: int) -> int:
 def test_agent_files_and_tools_run_with_images_but_other_executors_are_refused():
     refuse_unsupported(config("--agent.func_path", "agent.py"))  # an agent file passes the config check
     refuse_unsupported(config("--agent.tools", "tools.py:f"))
+    refuse_unsupported(config("--ds.lora.rank", "4"))
     refuse_unsupported(config("--agent.env", "gem:game:GuessTheNumber-v0"))
     cfg = config()
     check_executor(cfg, MultiTurnExecutor(AgentInstanceBase))
