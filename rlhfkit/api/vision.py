@@ -16,8 +16,10 @@ prompts with their images and the tool schemas.
 LoRA (--ds.lora.rank) adapts the language model and the projector, and the tower unless it is frozen
 (api/builder.py); the final adapter folder holds the processor.
 
+Estimators with a critic (gae) build it from the VLM: its values see the images (models/critic.py).
+
 Not supported with images yet (one-line errors): the vllm engine, Ray rollout workers, FSDP,
-QLoRA, estimators with a critic, agent files with their own `execute()` and agent functions; LoRA
+QLoRA, agent files with their own `execute()` and agent functions; LoRA
 in the SFT and DPO trainers.
 """
 
@@ -29,7 +31,6 @@ from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor
 from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.api.builder import prompt_options
 from rlhfkit.config import RLConfig
-from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.data.images import (
     check_vision_prompts,
     load_vision_prompts,
@@ -88,8 +89,6 @@ def refuse_unsupported(cfg: RLConfig) -> None:
         (cfg.distributed.backend == "ray", "--distributed.backend ray"),
         (cfg.fsdp.enable, "--fsdp.enable"),
         (cfg.ds.load_in_4bit, "--ds.load_in_4bit"),
-        (ESTIMATORS[cfg.algo.advantage.estimator].needs_critic,
-         f"--algo.advantage.estimator {cfg.algo.advantage.estimator} (it needs a critic; use a critic-free one)"),
     ]
     for hit, what in blocked:
         if hit:
@@ -119,12 +118,15 @@ def attach_processor(processor, max_images: int, *executors) -> None:
             executor.processor = processor
 
 
-def prepare_policy(cfg: RLConfig, policy, ref) -> None:
-    """--actor.freeze_visual_encoder: no gradients to the policy's vision tower; the reference (a copy
-    on the same device) then holds the very same tower modules, not a second copy."""
+def prepare_policy(cfg: RLConfig, policy, ref, critic=None) -> None:
+    """--actor.freeze_visual_encoder: no gradients to the policy's vision tower, nor to the critic's
+    (its own copy, built from the VLM: models.critic); the reference (a copy on the same device) then
+    holds the very same tower modules as the policy, not a second copy."""
     if not cfg.actor.freeze_visual_encoder:
         return
     freeze_visual_encoder(policy)
+    if critic is not None:
+        freeze_visual_encoder(critic.backbone)
     if ref is not None and ref is not policy and not cfg.ref.offload:
         for name, module in vision_parts(policy):
             setattr(base_model(ref), name, module)

@@ -279,3 +279,37 @@ def test_lora_trains_only_the_adapters_and_merges_into_a_vlm_folder(ws, tmp_path
         with torch.no_grad():
             theirs, _ = response_logprobs(AutoModelForImageTextToText.from_pretrained(folder).eval(), batch)
         torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
+
+
+def test_gae_builds_the_critic_from_the_vlm_and_its_values_see_the_images(ws, tmp_path):
+    """--algo.advantage.estimator gae with a VLM: the critic's backbone is the VLM's base model with its
+    tower (frozen with the policy's under --actor.freeze_visual_encoder), its values of the same tokens
+    change with the image, and two PPO steps train it (value_loss, critic weights moved)."""
+    from rlhfkit.data.batch import collate
+    from rlhfkit.data.images import VisionInputs
+    from rlhfkit.rollout.base import SamplingParams
+
+    over = {"algo.advantage.estimator": "gae", "critic.adam.lr": "1e-2", "actor.freeze_visual_encoder": "true"}
+    cfg = rlhfkit.RLConfig.from_args(flags(ws, tmp_path / "run", **over))
+    trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=varied_reward)
+    critic = trainer.loop.update.critic
+    assert type(critic.backbone).__name__ == "Qwen2VLModel"
+    assert not any(p.requires_grad for p in critic.backbone.visual.parameters())
+    start = {k: v.clone() for k, v in critic.state_dict().items()}
+    prompt = trainer.loop.data.prompts[0]
+    [traj] = trainer.loop.engine.generate([prompt.ids], SamplingParams(max_new_tokens=4), seeds=[1],
+                                          vision=[prompt.vision])
+    torch.nn.init.normal_(critic.value_head.weight)  # the zero head gives 0 whatever it sees
+    values, pixels = [], prompt.vision.tensors["pixel_values"]
+    for vision in (prompt.vision, VisionInputs({**prompt.vision.tensors, "pixel_values": -pixels}, 1)):
+        traj.info["vision"] = vision  # the same tokens, the image's pixels or their negation
+        with torch.no_grad():
+            values.append(critic.response_values(collate([traj], trainer.loop.tokenizer.pad_token_id)))
+    assert (values[0] - values[1]).abs().max() > 1e-4
+    with torch.no_grad():
+        critic.value_head.weight.zero_()
+    metrics = trainer.train()
+    assert "value_loss" in metrics and metrics["rollout/logprob_gap_max"] < 1e-4
+    moved = [k for k, v in critic.state_dict().items() if not torch.equal(v, start[k])]
+    assert any(k.startswith("backbone.language_model.") for k in moved)
+    assert not any(k.startswith("backbone.visual.") for k in moved)
