@@ -30,6 +30,17 @@ from rlhfkit.models.vision import (
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
+def critic_backbone(lm: nn.Module) -> nn.Module:
+    """The module of `lm` a value head goes on: a vision-language model's base model (tower, projector
+    and language model: the images reach the values), else the causal LM's decoder."""
+    if is_vision_model(lm):
+        return base_model(lm)
+    decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else None
+    if decoder is None or decoder is lm:
+        raise ModelError(f"{type(lm).__name__} has no separate decoder backbone to put a value head on.")
+    return decoder
+
+
 class Critic(nn.Module):
     """values = value_head(backbone(input_ids).last_hidden_state), one scalar per position.
 
@@ -63,14 +74,8 @@ class Critic(nn.Module):
             lm = load_vision_model(str(path_or_model), dtype=dtype)
         else:
             lm = load_causal_lm(path_or_model, dtype=dtype)
-        if is_vision_model(lm):
-            backbone = base_model(lm)
-            return cls(copy.deepcopy(backbone) if lm is path_or_model else backbone)
-        decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else None
-        if decoder is None or decoder is lm:
-            raise ModelError(f"{type(lm).__name__} has no separate decoder backbone to put a value head on.")
-        backbone = copy.deepcopy(decoder) if lm is path_or_model else decoder
-        return cls(backbone)
+        backbone = critic_backbone(lm)
+        return cls(copy.deepcopy(backbone) if lm is path_or_model else backbone)
 
     @classmethod
     def from_reward_model(cls, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Critic:
