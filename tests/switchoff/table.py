@@ -262,7 +262,7 @@ SWITCH_OFFS = (
                                   "test_feedback_images_past_the_image_limit_end_the_episode_without_them",),
               "counts no image"),
     SwitchOff("images in agent episodes' engine calls (tools, environments)", "rlhfkit.agents.tools.agent:image_kwargs",
-              no_prompt_images, (f"{VISION_TOOLS}::test_a_tool_call_episode_with_images_matches_the_trainers_forward",),
+              no_prompt_images, (f"{VISION_TOOLS}::test_a_tool_call_episode_with_images_matches_the_trainers_forward[False]",),
               "engine calls without the images"),
     SwitchOff("LoRA kept out of a frozen vision tower", "rlhfkit.models.vision:language_lora_targets", names_as_given,
               (f"{VISION_LORA}::test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out",),

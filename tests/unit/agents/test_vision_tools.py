@@ -70,12 +70,12 @@ def image_prompt(processor, colour=(30, 200, 30)):
     return PromptItem(text, ids, None, raw="colour?", vision=vision, images=[image])
 
 
-def tool_episodes(vlm, drop_images=False, n=2):
+def tool_episodes(vlm, drop_images=False, n=2, overlap=False):
     model, proc = vlm
     tok = proc.tokenizer
     engine = FirstTurnCalls(VisionEngine(model, tok), tok(CALL, add_special_tokens=False)["input_ids"] +
                             [tok.eos_token_id], tok.pad_token_id, drop_images)
-    executor = ToolExecutor([add])
+    executor = ToolExecutor([add], overlap=overlap)
     executor.processor = proc
     prompt = image_prompt(proc)
     trajs = executor.run(engine, tok, [prompt], SamplingParams(max_new_tokens=6, temperature=1.0, n=n),
@@ -94,11 +94,13 @@ def forward_gap(model, proc, trajs) -> torch.Tensor:
     return (logp - rollout)[padded.loss_mask].abs()
 
 
-def test_a_tool_call_episode_with_images_matches_the_trainers_forward(vlm):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_tool_call_episode_with_images_matches_the_trainers_forward(vlm, overlap):
+    """Turn by turn, and with each episode on its own (overlap: a TurnBatcher batches the turns)."""
     model, proc = vlm
-    trajs, prompt, engine, executor = tool_episodes(vlm)
+    trajs, prompt, engine, executor = tool_episodes(vlm, overlap=overlap)
     image = model.config.image_token_id
-    assert [v is not None and v[0] is prompt.vision for v in engine.calls] == [True, True]  # every turn's call
+    assert engine.calls and all(v is not None and all(x is prompt.vision for x in v) for v in engine.calls)
     for t in trajs:
         assert t.info["tool_calls"] == 1 and t.info["turns"] == 2 and t.info["vision"] is prompt.vision
         rendered = proc.tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
