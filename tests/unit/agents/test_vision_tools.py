@@ -148,3 +148,30 @@ def test_a_text_environment_episode_with_images_matches_the_trainers_forward(vlm
         assert t.info["turns"] == 2 and t.info["agent_reward"] == 1.0 and t.info["vision"] is prompt.vision
         assert "Try again." in proc.tokenizer.decode(t.response_ids[~t.loss_mask])
     assert forward_gap(model, proc, trajs).max() < 2e-5
+
+
+def test_a_segment_after_a_rerender_keeps_the_prompts_images(vlm, monkeypatch):
+    """--agent.on_rerender segment: a re-rendered history (forced here: every check says RERENDER)
+    starts a new segment from the conversation as rendered and encoded by the processor; its prompt
+    holds the image's tokens, its trajectory the prompt's image tensors, its logprobs the forward's."""
+    from rlhfkit.agents.tools import render
+
+    model, proc = vlm
+    tok = proc.tokenizer
+    engine = FirstTurnCalls(VisionEngine(model, tok), tok(CALL, add_special_tokens=False)["input_ids"] +
+                            [tok.eos_token_id], tok.pad_token_id)
+    executor = ToolExecutor([add], on_rerender="segment")
+    executor.processor = proc
+    check = render.ToolTemplate.rendered_check
+    monkeypatch.setattr(render.ToolTemplate, "rendered_check",
+                        lambda self, *a, **k: (render.RERENDER, check(self, *a, **k)[1]))
+    prompt = image_prompt(proc)
+    trajs = executor.run(engine, tok, [prompt], SamplingParams(max_new_tokens=6, temperature=1.0),
+                         TokenBudget(per_turn=80, total=160, max_turns=2), seeds=[7])
+    assert len(trajs) == 2 and all(t.info["vision"] is prompt.vision for t in trajs)
+    first, second = trajs
+    image = model.config.image_token_id
+    assert int((second.prompt_ids == image).sum()) == 4 and second.loss_mask.all()
+    tail = tok.decode(second.prompt_ids, skip_special_tokens=False)
+    assert "<tool_response>\n5\n</tool_response>" in tail  # the tool result, rendered into the new prompt
+    assert forward_gap(model, proc, trajs).max() < 2e-5
