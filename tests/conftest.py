@@ -59,3 +59,21 @@ def huge_png():
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def json_vlm():
+    """A factory of tiny random VLMs (`rlhfkit.models.tiny_vision`) whose tokenizer also holds `{}[]`
+    (the character-level alphabet lacks them), so a tool call's JSON can be written: (model, processor)."""
+
+    def make(family: str = "qwen2_vl", seed: int = 0):
+        from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
+
+        model, processor = tiny_vision_model_and_processor(family, seed)
+        processor.tokenizer.add_tokens(list("{}[]"))
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model.resize_token_embeddings(len(processor.tokenizer), mean_resizing=False)
+        return model, processor
+
+    return make

@@ -39,6 +39,7 @@ from rlhfkit.models.precision import (
     vectors_to_float32,
 )
 from rlhfkit.models.reward import is_reward_model_folder, prm_settings
+from rlhfkit.models.vision import is_vision_model, language_lora_targets
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rewards.reward_model import ProcessRewardFn, RewardModelFn
 from rlhfkit.rollout.base import SamplingParams
@@ -179,7 +180,8 @@ def resolve_fsdp_dtype(cfg: RLConfig) -> RLConfig:
 
 
 def build_models(cfg: RLConfig, device: torch.device | None = None):
-    """Policy (with LoRA adapters when --ds.lora.rank > 0), tokenizer, frozen reference (only if the KL
+    """Policy (with LoRA adapters when --ds.lora.rank > 0: a VLM's outside its vision tower with
+    --actor.freeze_visual_encoder, models.vision.language_lora_targets), tokenizer, frozen reference (only if the KL
     coefficient > 0; with LoRA the policy itself, run with its adapters disabled) and critic (only for an
     estimator that needs one), on `device` (default: --actor.device); with --ref.offload the reference
     stays on the CPU (the experience stage moves it for its pass)."""
@@ -189,7 +191,10 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     _bf16_matrices(policy, cfg)
     lora = cfg.ds.lora
     if lora.rank > 0:
-        policy = add_lora(policy, lora.rank, lora.alpha, lora_targets(lora), lora.dropout)
+        targets = lora_targets(lora)
+        if is_vision_model(policy) and cfg.actor.freeze_visual_encoder:  # no adapters in the frozen tower
+            targets = language_lora_targets(policy, targets)
+        policy = add_lora(policy, lora.rank, lora.alpha, targets, lora.dropout)
     ref = None
     if cfg.algo.kl.init_coef > 0:
         if cfg.ref.model_name_or_path:

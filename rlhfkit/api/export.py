@@ -12,7 +12,8 @@ folder itself or a run folder (then its `latest`). What is in it decides how OUT
                                                        filled from every rank's shards (in one process)
 
 OUT holds safetensors weights, config.json and the tokenizer; `from_pretrained` loads it without
-peft or torch.distributed. A reward model (train rm) stays a sequence-classification model.
+peft or torch.distributed. A reward model (train rm) stays a sequence-classification model; a
+vision-language model's LoRA run gets its base's processor beside the weights.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from rlhfkit.errors import CheckpointError
 from rlhfkit.models.loading import load_errors, load_tokenizer, resolve_model, save_hf_folder
+from rlhfkit.models.vision import is_vision_folder, load_processor, load_vision_model
 from rlhfkit.trainers.checkpoint import ADAPTER_SUFFIX, LATEST, MANIFEST, SHARDS, verify
 
 __all__ = ["export_checkpoint", "resolve_checkpoint"]
@@ -114,7 +116,10 @@ def _merged_lora(folder: Path, name: str, out: Path, base: str | None) -> Path:
                               f"(unexpected {unexpected[:3]}); pass the run's base model with --base")
     merged = peft_model.merge_and_unload()
     tokenizer = load_tokenizer(card if (card / "tokenizer_config.json").is_file() else base_path)
-    return save_hf_folder(merged, tokenizer, out)
+    save_hf_folder(merged, tokenizer, out)
+    if gguf is None and is_vision_folder(base_path):  # a vision-language policy: its base's processor too
+        load_processor(str(base_path)).save_pretrained(str(out))
+    return out
 
 
 def _base_model(path: Path, gguf: str | None, task_type, dtype: torch.dtype) -> torch.nn.Module:
@@ -124,4 +129,6 @@ def _base_model(path: Path, gguf: str | None, task_type, dtype: torch.dtype) -> 
 
     if str(task_type).endswith("SEQ_CLS"):
         return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
+    if gguf is None and is_vision_folder(path):
+        return load_vision_model(str(path), dtype=dtype)
     return load_causal_lm(path, dtype=dtype, gguf_file=gguf)

@@ -205,7 +205,7 @@ class RLTrainer:
         policy, tokenizer, ref, critic = builder.build_models(cfg, device)
         processor = V.processor_of(vision_folder) if vision_folder else None
         if processor is not None:
-            V.prepare_policy(cfg, policy, ref)
+            V.prepare_policy(cfg, policy, ref, critic)
         teacher = builder.build_teacher(cfg, tokenizer, device)
         state_fn = builder.shard_for_fsdp(cfg, policy, ref, critic, world) if cfg.fsdp.enable else None
         engine = _engine_of(cfg, policy, tokenizer, processor, make_engine, pool, state_fn)

@@ -9,11 +9,18 @@ kept per prompt), and the rollout runs on a `VisionEngine`. The final folder hol
 beside the weights, so AutoProcessor loads it.
 
 Agent files whose `AgentInstance` episodes rlhfkit drives (`MultiTurnExecutor`) run with images:
-the executor gets the processor (`attach_processor`) to encode the images `step()` returns.
+the executor gets the processor (`attach_processor`) to encode the images `step()` returns. So do
+tool-calling and text-environment episodes (`ToolExecutor`): its processor renders and encodes the
+prompts with their images and the tool schemas.
+
+LoRA (--ds.lora.rank) adapts the language model and the projector, and the tower unless it is frozen
+(api/builder.py); the final adapter folder holds the processor.
+
+Estimators with a critic (gae) build it from the VLM: its values see the images (models/critic.py).
 
 Not supported with images yet (one-line errors): the vllm engine, Ray rollout workers, FSDP,
-LoRA, estimators with a critic, tool-calling and text-environment episodes, agent files with
-their own `execute()` and agent functions.
+QLoRA, agent files with their own `execute()` and agent functions; LoRA
+in the SFT and DPO trainers.
 """
 
 from __future__ import annotations
@@ -21,9 +28,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor
+from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.api.builder import prompt_options
 from rlhfkit.config import RLConfig
-from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.data.images import (
     check_vision_prompts,
     load_vision_prompts,
@@ -81,12 +88,7 @@ def refuse_unsupported(cfg: RLConfig) -> None:
         (cfg.rollout.engine == "vllm", "--rollout.engine vllm (use hf)"),
         (cfg.distributed.backend == "ray", "--distributed.backend ray"),
         (cfg.fsdp.enable, "--fsdp.enable"),
-        (cfg.ds.lora.rank > 0, "--ds.lora.rank > 0"),
         (cfg.ds.load_in_4bit, "--ds.load_in_4bit"),
-        (ESTIMATORS[cfg.algo.advantage.estimator].needs_critic,
-         f"--algo.advantage.estimator {cfg.algo.advantage.estimator} (it needs a critic; use a critic-free one)"),
-        (cfg.agent.tools is not None or cfg.agent.env is not None,
-         "--agent.tools / --agent.env (tool-calling and text-environment episodes)"),
     ]
     for hit, what in blocked:
         if hit:
@@ -96,28 +98,35 @@ def refuse_unsupported(cfg: RLConfig) -> None:
 
 def check_executor(cfg: RLConfig, executor) -> None:
     """ConfigError (before models load) for an executor that does not run with images yet: only
-    single-turn generation and `AgentInstance` episodes rlhfkit drives (MultiTurnExecutor) do."""
-    if isinstance(executor, (SingleTurnExecutor, MultiTurnExecutor)):
+    single-turn generation, `AgentInstance` episodes rlhfkit drives (MultiTurnExecutor) and tool-calling
+    or text-environment episodes (ToolExecutor) do."""
+    if isinstance(executor, (SingleTurnExecutor, MultiTurnExecutor, ToolExecutor)):
         return
     raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with "
-                      f"{type(executor).__name__} yet (an AgentExecutor with its own execute(), an agent function "
-                      "or tools); give an agent file with an AgentInstance; see docs/vision.md")
+                      f"{type(executor).__name__} yet (an AgentExecutor with its own execute() or an agent "
+                      "function); give an agent file with an AgentInstance, or tools; see docs/vision.md")
 
 
 def attach_processor(processor, max_images: int, *executors) -> None:
     """Give the multi-turn executors the policy's processor (it encodes the environment_images) and the
-    most images an episode may hold (--data.max_images_per_prompt, the prompt's counted)."""
+    most images an episode may hold (--data.max_images_per_prompt, the prompt's counted); the tool
+    executors the processor (it renders and encodes the prompts with their images and the tools)."""
     for executor in executors:
         if isinstance(executor, MultiTurnExecutor):
             executor.processor, executor.max_images = processor, max_images
+        elif isinstance(executor, ToolExecutor):
+            executor.processor = processor
 
 
-def prepare_policy(cfg: RLConfig, policy, ref) -> None:
-    """--actor.freeze_visual_encoder: no gradients to the policy's vision tower; the reference (a copy
-    on the same device) then holds the very same tower modules, not a second copy."""
+def prepare_policy(cfg: RLConfig, policy, ref, critic=None) -> None:
+    """--actor.freeze_visual_encoder: no gradients to the policy's vision tower, nor to the critic's
+    (its own copy, built from the VLM: models.critic); the reference (a copy on the same device) then
+    holds the very same tower modules as the policy, not a second copy."""
     if not cfg.actor.freeze_visual_encoder:
         return
     freeze_visual_encoder(policy)
+    if critic is not None:
+        freeze_visual_encoder(critic.backbone)
     if ref is not None and ref is not policy and not cfg.ref.offload:
         for name, module in vision_parts(policy):
             setattr(base_model(ref), name, module)

@@ -115,7 +115,8 @@ class ActorConfig:
     `ema/` beside `final/` at the end (OpenRLHF --enable_ema --ema_beta), e.g. 0.992."""
     freeze_visual_encoder: bool = False
     """A vision-language policy: its vision tower gets no gradients (it stays bit for bit as loaded; the
-    projector and the language model train); the reference shares the frozen tower's values."""
+    projector and the language model train); the reference shares the frozen tower's values; the
+    critic's tower (gae) is frozen too; with LoRA the tower holds no adapters."""
 
 
 @dataclass(frozen=True)

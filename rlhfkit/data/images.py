@@ -192,6 +192,19 @@ def messages_with_images(value: Any, column: list, where: str) -> tuple[list[dic
     return messages, images
 
 
+def image_messages(value: Any, num_images: int, where: str) -> list[dict]:
+    """The messages of a prompt (`value`: a string or a message list, as `PromptItem.raw`) holding
+    `num_images` images, as `load_vision_prompts` renders them: a bare `{"type": "image"}` part per
+    image (inline ones in place, the image column's at the start of the first user message when
+    there is no placeholder). Messages without an image part keep a plain string content."""
+    column = [None] * (num_images - len(_inline_parts(value)))
+    messages, _ = messages_with_images(value, column, where)
+    for m in messages:
+        if not any(_is_image_part(p) for p in m["content"]):
+            m["content"] = "".join(p.get("text", "") for p in m["content"])
+    return messages
+
+
 def _vision_records(source: Source, input_key: str, label_key: str | None, image_key: str | None,
                     max_images: int, options: dict) -> tuple[str, list[tuple[int, Record, list[dict], list]]]:
     """(source name, [(index, record, messages, image values)]) of the kept records, with the counts checked."""
@@ -282,7 +295,7 @@ def tokenize_vision_prompts(examples: list[VisionExample], processor, max_len: i
             continue
         record = dict(ex.raw)
         items.append(PromptItem(ex.text, ids, ex.label, raw=record.get(input_key, ex.text), record=record,
-                                vision=vision))
+                                vision=vision, images=vx.images or None))
     if not items:
         raise DataError(f"every prompt is longer than --data.prompt_max_len {max_len} tokens (image tokens "
                         "included); raise it")

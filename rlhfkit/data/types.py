@@ -28,6 +28,8 @@ class PromptItem:
       record  the whole dataset row (every column reaches the reward function by name)
       vision  the processor's image tensors (data.images.VisionInputs) of a prompt with images,
               else None; `ids` then hold each image's tokens
+      images  its opened images (PIL), for an executor that renders the prompt again through the
+              processor (tool calling: the tool schemas join it), else None
     """
 
     text: str
@@ -36,6 +38,7 @@ class PromptItem:
     raw: Any = None
     record: dict[str, Any] = field(default_factory=dict)
     vision: Any = None
+    images: list | None = None
 
 
 @dataclass

@@ -2,6 +2,10 @@
 
 Saved as an HF base-model folder (config.json + model.safetensors, loadable with
 `AutoModel.from_pretrained`) plus `value_head.safetensors`.
+
+A vision-language model's critic keeps the VLM's whole base model (vision tower, projector and
+language model; models.vision.base_model) as its backbone, so its values see the images: the
+batch's image tensors reach its forward as they reach the policy's (models.logprobs.model_inputs).
 """
 
 from __future__ import annotations
@@ -16,8 +20,25 @@ from torch import nn
 from rlhfkit.errors import ModelError
 from rlhfkit.models.loading import load_causal_lm, load_errors, save_errors
 from rlhfkit.models.logprobs import backbone_response_hidden
+from rlhfkit.models.vision import (
+    base_model,
+    is_vision_folder,
+    is_vision_model,
+    load_vision_model,
+)
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+def critic_backbone(lm: nn.Module) -> nn.Module:
+    """The module of `lm` a value head goes on: a vision-language model's base model (tower, projector
+    and language model: the images reach the values), else the causal LM's decoder."""
+    if is_vision_model(lm):
+        return base_model(lm)
+    decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else None
+    if decoder is None or decoder is lm:
+        raise ModelError(f"{type(lm).__name__} has no separate decoder backbone to put a value head on.")
+    return decoder
 
 
 class Critic(nn.Module):
@@ -30,7 +51,7 @@ class Critic(nn.Module):
     def __init__(self, backbone: nn.Module):
         super().__init__()
         self.backbone = backbone
-        hidden = backbone.config.hidden_size
+        hidden = backbone.config.get_text_config(decoder=True).hidden_size  # a VLM's: its language model's
         param = next(backbone.parameters())
         self.value_head = nn.Linear(hidden, 1, device=param.device, dtype=param.dtype)
         nn.init.zeros_(self.value_head.weight)
@@ -42,19 +63,19 @@ class Critic(nn.Module):
 
     @classmethod
     def from_causal_lm(cls, path_or_model: str | os.PathLike | nn.Module, dtype: torch.dtype = torch.float32) -> Critic:
-        """Build a critic on the backbone of a causal LM (a local folder, .gguf file or a module).
+        """Build a critic on the backbone of a causal LM (a local folder, .gguf file or a module); of
+        a vision-language model, on its base model (the images reach the values; module docstring).
 
         A module is deep-copied: the critic never shares weights with the policy passed in.
         """
         if isinstance(path_or_model, nn.Module):
             lm = path_or_model
+        elif is_vision_folder(path_or_model):
+            lm = load_vision_model(str(path_or_model), dtype=dtype)
         else:
             lm = load_causal_lm(path_or_model, dtype=dtype)
-        decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else None
-        if decoder is None or decoder is lm:
-            raise ModelError(f"{type(lm).__name__} has no separate decoder backbone to put a value head on.")
-        backbone = copy.deepcopy(decoder) if lm is path_or_model else decoder
-        return cls(backbone)
+        backbone = critic_backbone(lm)
+        return cls(copy.deepcopy(backbone) if lm is path_or_model else backbone)
 
     @classmethod
     def from_reward_model(cls, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Critic:

@@ -98,9 +98,13 @@ def adapter_base(path: str | os.PathLike) -> str:
 def merge_lora(adapter_path: str | os.PathLike, base_path: str | os.PathLike | None, output_dir: str | os.PathLike,
                dtype: torch.dtype = torch.float32) -> Path:
     """Fold the adapter at `adapter_path` into its base (default: the one it records) and save a
-    full HF folder (safetensors + the adapter folder's tokenizer) to `output_dir`."""
+    full HF folder (safetensors + the adapter folder's tokenizer) to `output_dir`; a vision-language
+    base loads as one (models.vision) and its processor (the adapter folder's, else the base's) is
+    saved beside the weights."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlhfkit.models import vision
 
     adapter = Path(adapter_path).expanduser()
     if not is_adapter_folder(adapter):
@@ -108,11 +112,19 @@ def merge_lora(adapter_path: str | os.PathLike, base_path: str | os.PathLike | N
     base = resolve_model_path(base_path or adapter_base(adapter))
     if not (base / "config.json").is_file():
         raise ModelError(f"base model {base} not found (recorded in {adapter / ADAPTER_CONFIG}); pass --lora.base")
-    with load_errors("the base model", base):
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    is_vlm = vision.is_vision_folder(base)
+    if is_vlm:
+        model = vision.load_vision_model(str(base), dtype=dtype)
+    else:
+        with load_errors("the base model", base):
+            model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
     with load_errors("a LoRA adapter", adapter):
         merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     tok_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base
     with load_errors("a tokenizer", tok_dir):
         tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    return save_hf_folder(merged, tokenizer, output_dir)
+    out = save_hf_folder(merged, tokenizer, output_dir)
+    if is_vlm:
+        has_own = any((adapter / f).is_file() for f in ("processor_config.json", "preprocessor_config.json"))
+        vision.load_processor(str(adapter if has_own else base)).save_pretrained(str(out))
+    return out

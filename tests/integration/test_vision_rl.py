@@ -185,3 +185,131 @@ def test_bad_images_are_one_line_errors_and_nothing_is_written(ws, tmp_path, hug
     with pytest.raises(DataError, match=needle.split(", ", 1)[-1][:30]):
         rlhfkit.RLTrainer.from_config(cfg)
     assert not out.exists()
+
+
+TOOLS = '''def add(a: int, b: int) -> int:
+    """Add two numbers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+'''
+
+ENV = '''class Colours:
+    """Asks again after each answer (reward: the parity of the answer's characters); ends after the second."""
+
+    def reset(self, seed=None):
+        self.turn = 0
+        return "Look closely."
+
+    def step(self, action):
+        self.turn += 1
+        return "Try again.", float(sum(map(ord, action)) % 2), self.turn >= 2, False, {}
+'''
+
+PARITY_REWARD = """def reward_func(queries, prompts, labels, **kwargs):
+    return [float(sum(map(ord, q[len(p):])) % 2) for q, p in zip(queries, prompts)]
+"""
+
+
+@pytest.mark.parametrize("agent", ["tools", "env"])
+def test_cli_trains_tool_calling_and_text_environment_episodes_with_images(ws, tmp_path, agent):
+    """The rollout's logprobs match the trainer's forward in the loop (rollout/logprob_gap_max), which
+    they do only when the forward gets the prompt's images; the tool schemas make the prompts long."""
+    (tmp_path / "tools.py").write_text(TOOLS)
+    (tmp_path / "envs.py").write_text(ENV)
+    (tmp_path / "parity.py").write_text(PARITY_REWARD)
+    out = tmp_path / "run"
+    over = {"agent.tools": f"{tmp_path / 'tools.py'}:add", "reward.remote_url": str(tmp_path / "parity.py")} \
+        if agent == "tools" else {"agent.env": f"{tmp_path / 'envs.py'}:Colours", "reward.remote_url": None}
+    run = cli(flags(ws, out, **over, **{"agent.max_turns": "2", "agent.max_response_tokens": "40",
+                                        "data.prompt_max_len": "2048",
+                                        "logger.log_samples": "2"}))
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all("tools/valid_call_rate" in r for r in steps)
+    assert all(r["rollout/logprob_gap_max"] < 1e-4 for r in steps), steps
+    per_sample = steps[0]["sample_tokens"] / 8
+    assert per_sample > 400 if agent == "tools" else per_sample < 200  # the tool schemas joined the prompt
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["messages"][0]["content"][0] == {"type": "image"} for s in samples)
+    if agent == "env":
+        assert all("Try again." in s["response"] for s in samples)  # the observation after the first answer
+    before, after = load_file(ws / "vlm" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("model.layers."))
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_lora_trains_only_the_adapters_and_merges_into_a_vlm_folder(ws, tmp_path, freeze):
+    """--ds.lora.rank with a VLM: only adapter weights move, the tower holds adapters unless it is frozen,
+    the rollout's logprobs are the trainer's (rollout/logprob_gap_max); `lora merge` of final/ and
+    `export` of a checkpoint give HF folders with the processor whose model computes what the adapted
+    policy does."""
+    from transformers import AutoModelForImageTextToText
+
+    from rlhfkit.api.export import export_checkpoint
+    from rlhfkit.data.batch import collate
+    from rlhfkit.models.logprobs import response_logprobs
+    from rlhfkit.models.lora import merge_lora
+    from rlhfkit.rollout.base import SamplingParams
+
+    over = {"ds.lora.rank": "4", "ds.lora.alpha": "8", "actor.adam.lr": "5e-2", "algo.kl.init_coef": "0.01",
+            "actor.freeze_visual_encoder": "true" if freeze else "false", "ckpt.save_steps": "2"}
+    cfg = rlhfkit.RLConfig.from_args(flags(ws, tmp_path / "run", **over))
+    trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=varied_reward)
+    start = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    assert any("lora_" in k and ".visual." in k for k in start) != freeze  # no adapters in a frozen tower
+    metrics = trainer.train()
+    moved = {k for k, v in trainer.policy.state_dict().items() if not torch.equal(v, start[k])}
+    assert moved and all("lora_" in k for k in moved), sorted(moved)[:5]
+    assert metrics["rollout/logprob_gap_max"] < 1e-4
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_config.json").is_file() and (final / "processor_config.json").is_file()
+    prompt = trainer.loop.data.prompts[0]
+    [traj] = trainer.loop.engine.generate([prompt.ids], SamplingParams(max_new_tokens=4), seeds=[1],
+                                          vision=[prompt.vision])
+    batch = collate([traj], trainer.loop.tokenizer.pad_token_id)
+    with torch.no_grad():
+        ours, _ = response_logprobs(trainer.policy, batch)
+    for folder in (merge_lora(final, None, tmp_path / "merged"), export_checkpoint(tmp_path / "run", tmp_path / "x")):
+        assert type(load_processor(str(folder))).__name__ == "Qwen2VLProcessor"
+        with torch.no_grad():
+            theirs, _ = response_logprobs(AutoModelForImageTextToText.from_pretrained(folder).eval(), batch)
+        torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
+
+
+def test_gae_builds_the_critic_from_the_vlm_and_its_values_see_the_images(ws, tmp_path):
+    """--algo.advantage.estimator gae with a VLM: the critic's backbone is the VLM's base model with its
+    tower (frozen with the policy's under --actor.freeze_visual_encoder), its values of the same tokens
+    change with the image, and two PPO steps train it (value_loss, critic weights moved)."""
+    from rlhfkit.data.batch import collate
+    from rlhfkit.data.images import VisionInputs
+    from rlhfkit.rollout.base import SamplingParams
+
+    over = {"algo.advantage.estimator": "gae", "critic.adam.lr": "1e-2", "actor.freeze_visual_encoder": "true"}
+    cfg = rlhfkit.RLConfig.from_args(flags(ws, tmp_path / "run", **over))
+    trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=varied_reward)
+    critic = trainer.loop.update.critic
+    assert type(critic.backbone).__name__ == "Qwen2VLModel"
+    assert not any(p.requires_grad for p in critic.backbone.visual.parameters())
+    start = {k: v.clone() for k, v in critic.state_dict().items()}
+    prompt = trainer.loop.data.prompts[0]
+    [traj] = trainer.loop.engine.generate([prompt.ids], SamplingParams(max_new_tokens=4), seeds=[1],
+                                          vision=[prompt.vision])
+    torch.nn.init.normal_(critic.value_head.weight)  # the zero head gives 0 whatever it sees
+    values, pixels = [], prompt.vision.tensors["pixel_values"]
+    for vision in (prompt.vision, VisionInputs({**prompt.vision.tensors, "pixel_values": -pixels}, 1)):
+        traj.info["vision"] = vision  # the same tokens, the image's pixels or their negation
+        with torch.no_grad():
+            values.append(critic.response_values(collate([traj], trainer.loop.tokenizer.pad_token_id)))
+    assert (values[0] - values[1]).abs().max() > 1e-4
+    with torch.no_grad():
+        critic.value_head.weight.zero_()
+    metrics = trainer.train()
+    assert "value_loss" in metrics and metrics["rollout/logprob_gap_max"] < 1e-4
+    moved = [k for k, v in critic.state_dict().items() if not torch.equal(v, start[k])]
+    assert any(k.startswith("backbone.language_model.") for k in moved)
+    assert not any(k.startswith("backbone.visual.") for k in moved)

@@ -134,6 +134,18 @@ def no_images_counted(original):
     return lambda vision: 0
 
 
+def no_prompt_images(original):
+    return lambda prompts: {}
+
+
+def names_as_given(original):
+    return lambda model, targets: targets  # peft matches the names anywhere, the tower included
+
+
+def text_decoder(original):
+    return lambda model: model.get_decoder()  # the language model alone: no image reaches it
+
+
 def adam_only(original):
     return lambda named: [False] * len(named)  # no parameter goes to Muon
 
@@ -152,6 +164,8 @@ DYNAMIC = "tests/unit/trainers/test_dynamic_sampling.py"
 DEVICES = "tests/integration/test_devices_and_levers.py"
 AGENTS = "tests/integration/test_agent_loop.py"
 VISION = "tests/unit/rollout/test_vision_engine.py"
+VISION_TOOLS = "tests/unit/agents/test_vision_tools.py"
+VISION_LORA = "tests/unit/models/test_vision_lora.py"
 MIX = "tests/unit/api/test_prompt_mix.py"
 ORL_RL = "tests/integration/test_openrlhf_rl_options.py"
 MUON = "tests/unit/trainers/test_muon.py"
@@ -247,5 +261,14 @@ SWITCH_OFFS = (
               no_images_counted, ("tests/unit/agents/test_vision_agent.py::"
                                   "test_feedback_images_past_the_image_limit_end_the_episode_without_them",),
               "counts no image"),
+    SwitchOff("images in agent episodes' engine calls (tools, environments)", "rlhfkit.agents.tools.agent:image_kwargs",
+              no_prompt_images, (f"{VISION_TOOLS}::test_a_tool_call_episode_with_images_matches_the_trainers_forward[False]",),
+              "engine calls without the images"),
+    SwitchOff("LoRA kept out of a frozen vision tower", "rlhfkit.models.vision:language_lora_targets", names_as_given,
+              (f"{VISION_LORA}::test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out",),
+              "the target names as given"),
+    SwitchOff("the critic of a VLM sees the images", "rlhfkit.models.critic:critic_backbone", text_decoder,
+              ("tests/unit/api/test_vision_setup.py::test_the_reference_shares_the_frozen_tower[True]",),
+              "the language model alone"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}

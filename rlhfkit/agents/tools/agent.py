@@ -38,6 +38,15 @@ With `overlap` each episode runs on its own and a `TurnBatcher` (overlap.py) bat
 that are waiting: a slow tool call no longer holds the other episodes' generation back (the
 samples are the same: every turn is sampled with its own seed). `tools/busy_s`, `tools/overlap_s`
 and `tools/generate_during_tools` measure the overlap reached.
+
+Images (a vision-language policy, `processor` set): a prompt with images is rendered with the
+tools by the processor's chat template (its image parts as the model's placeholders) and encoded
+by the processor with the prompt's images, so its image tokens are the processor's; the episode
+keeps the prompt's image tensors, which every turn's engine call gets with the episode's context
+(in both schedules) and its trajectories (every segment: each one's prompt holds the prompt's
+images) keep in `info["vision"]` for the trainer's forward. Tool results and observations are
+text: their tokens are appended as for a text policy (image placeholder tokens dropped from them:
+no image would fill them), and the turn check encodes through the processor.
 """
 
 from __future__ import annotations
@@ -64,9 +73,10 @@ from rlhfkit.agents.tools.overlap import OverlapClock, QuietStdout, TurnBatcher
 from rlhfkit.agents.tools.render import PROMPT_OK, RERENDER, ToolTemplate
 from rlhfkit.agents.tools.run import ToolLimits, ToolRunner, ToolStats
 from rlhfkit.agents.tools.schema import ToolSet
+from rlhfkit.data.images import encode, image_messages
 from rlhfkit.data.types import FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
-from rlhfkit.rollout.base import GenerationEngine, SamplingParams
+from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs
 
 ON_RERENDER = ("keep", "segment")
 
@@ -105,6 +115,8 @@ class _Episode:
     reward: float = 0.0  # its get_reward(), or the sum of its text environment's rewards
     segments: list[_Segment] = field(default_factory=list)  # finished before the current one (on_rerender)
     spent: int = 0  # response tokens of the finished segments (the budget is the episode's)
+    vision: Any = None  # the prompt's image tensors (VisionInputs), None without images
+    images: list | None = None  # the prompt's opened images (the turn check encodes with them)
 
     @property
     def finished(self) -> bool:
@@ -112,8 +124,12 @@ class _Episode:
 
 
 def prompt_messages(prompt: Prompt) -> list[dict]:
-    """The prompt as messages: its raw message list, else its text as one user turn."""
+    """The prompt as messages: its raw message list, else its text as one user turn; a prompt with
+    images gets one `{"type": "image"}` part per image (`data.images.image_messages`)."""
     raw = getattr(prompt, "raw", None)
+    vision = getattr(prompt, "vision", None)
+    if vision is not None:
+        return image_messages(prompt.text if raw is None else raw, vision.num_images, "tool-calling prompt")
     if isinstance(raw, (list, tuple)) and raw and all(isinstance(m, dict) for m in raw):
         return [dict(m) for m in raw]
     return [{"role": "user", "content": raw if isinstance(raw, str) else prompt.text}]
@@ -156,6 +172,8 @@ class ToolExecutor:
         self.stats, self.clock = ToolStats(), OverlapClock()
         self.checks = {"rerender": 0, "retokenized": 0, "segments": 0, "turns": 0, "valid_calls": 0, "invalid_calls": 0}
         self._template: ToolTemplate | None = None
+        self.processor = None  # a vision-language policy's processor: it renders and encodes prompts with images
+        self._placeholders: set[int] = set()  # the engine's image placeholder ids (dropped from text deltas)
 
     @property
     def provides_rewards(self) -> bool:
@@ -165,8 +183,12 @@ class ToolExecutor:
                                              and callable(getattr(self.factory, "get_reward", None)))
 
     def template(self, tokenizer) -> ToolTemplate:
-        if self._template is None or self._template.tokenizer is not tokenizer:
-            self._template = ToolTemplate(tokenizer, self.tools.schemas, self.parser, **self.template_kwargs)
+        """The tools' ToolTemplate over `tokenizer` (rendered by the processor when one is set)."""
+        renderer = self.processor if self.processor is not None else tokenizer
+        t = self._template
+        if t is None or t.tokenizer is not tokenizer or t.renderer is not renderer:
+            self._template = ToolTemplate(tokenizer, self.tools.schemas, self.parser, renderer=self.processor,
+                                          **self.template_kwargs)
         return self._template
 
     def pop_metrics(self) -> dict[str, float]:
@@ -187,13 +209,15 @@ class ToolExecutor:
         """Episodes for each prompt x params.n samples, in the SingleTurnExecutor's order (the
         seeds as in MultiTurnExecutor.run). Runs its own event loop: call it from synchronous code."""
         budget = budget or TokenBudget(params.max_new_tokens, params.max_new_tokens * 4, 4)
+        banned = getattr(engine, "banned_ids", None)  # a VisionEngine's image placeholders
+        self._placeholders = set() if banned is None else set(banned.tolist())
         return asyncio.run(self._run(engine, tokenizer, prompts, params, budget, generator, seeds))
 
     async def _run(self, engine, tokenizer, prompts, params, budget, generator, seeds) -> list[Trajectory]:
         tt = self.template(tokenizer)
         runner = ToolRunner(self.tools, self.limits, tokenizer, self.stats)
         turn_params = dataclasses.replace(params, n=1)
-        episodes = []
+        episodes, rendered = [], {}  # rendered: (prompt, text) -> ids, the same for a prompt's samples
         for i, p in enumerate(prompts):
             per = None if seeds is None else episode_seeds(seeds[i], params.n, budget.max_turns)
             for s in range(params.n):
@@ -204,10 +228,12 @@ class ToolExecutor:
                 if self.text_env is not None:
                     text_env = self.text_env()
                     msgs = with_observation(msgs, await text_env.reset(getattr(p, "record", None)))
-                ids = tt.prompt_ids(msgs)  # the same for a prompt's samples unless reset() differs
-                episodes.append(_Episode(i, [dict(m) for m in msgs], [dict(m) for m in msgs], list(ids), len(msgs),
-                                         None if per is None else per[s], env=env,
-                                         text_env=text_env))
+                text = tt.render(msgs)  # the same for a prompt's samples unless reset() differs
+                if (i, text) not in rendered:
+                    rendered[i, text] = self._prompt_ids(tt, text, p)
+                episodes.append(_Episode(i, [dict(m) for m in msgs], [dict(m) for m in msgs], rendered[i, text],
+                                         len(msgs), None if per is None else per[s], env=env, text_env=text_env,
+                                         vision=getattr(p, "vision", None), images=getattr(p, "images", None)))
         if self.overlap:
             batcher, quiet = TurnBatcher(engine, self.clock, generator), QuietStdout()
             await asyncio.gather(*(self._episode(e, batcher, quiet, tt, runner, turn_params, budget)
@@ -223,6 +249,16 @@ class ToolExecutor:
                 e.reward = await environment_reward(e.env)
         return [t for e in episodes for t in self._trajectories(e, engine.version)]
 
+    def _prompt_ids(self, tt: ToolTemplate, text: str, prompt: Prompt) -> list[int]:
+        """The token ids of a rendered prompt: the processor's with the prompt's images (each image's
+        tokens expanded) for a prompt with images, else the tokenizer's."""
+        if getattr(prompt, "vision", None) is None:
+            return tt.encode(text)
+        if self.processor is None or not getattr(prompt, "images", None):
+            raise ConfigError("a tool-calling prompt with images needs the policy's processor and the prompt's "
+                              "images (PromptItem.images, as data.images.tokenize_vision_prompts makes them)")
+        return encode(self.processor, text, prompt.images)[0]
+
     async def _turn(self, active, engine, tt: ToolTemplate, runner: ToolRunner, params, budget, generator) -> None:
         """One turn of every episode in `active`: their actions in one engine call per sampling params,
         then all of their calls at once."""
@@ -232,11 +268,12 @@ class ToolExecutor:
         outs: dict[int, Trajectory] = {}
         for p, group in batches.items():
             ids = [e.prompt_ids + e.response for e in group]
+            images = image_kwargs(group)  # a VisionEngine takes each episode's prompt images
             self.clock.enter("generate")
             if group[0].seeds is not None:
-                got = engine.generate(ids, p, seeds=[e.seeds[e.turns] for e in group])
+                got = engine.generate(ids, p, seeds=[e.seeds[e.turns] for e in group], **images)
             else:
-                got = engine.generate(ids, p, generator=generator)
+                got = engine.generate(ids, p, generator=generator, **images)
             self.clock.leave("generate")
             outs.update({id(e): t for e, t in zip(group, got)})
         parsed = [_take_action(e, outs[id(e)], tt) for e in active]
@@ -255,7 +292,7 @@ class ToolExecutor:
             if e.finished:
                 return
             seed = None if e.seeds is None else e.seeds[e.turns]
-            t = await batcher.generate(e.prompt_ids + e.response, _turn_params(e, params, budget), seed)
+            t = await batcher.generate(e.prompt_ids + e.response, _turn_params(e, params, budget), seed, e.vision)
             _, action, stopped, content, calls, errors = _take_action(e, t, tt)
             with quiet:
                 tool_msgs = await batcher.tool(self._reply(e, calls, errors, runner, action, stopped))
@@ -302,7 +339,7 @@ class ToolExecutor:
             return
         e.messages += tool_msgs
         e.conversation += tool_msgs
-        delta = tt.delta(action, stopped, tool_msgs)
+        delta = [t for t in tt.delta(action, stopped, tool_msgs) if t not in self._placeholders]
         room = budget.total - e.spent - len(e.response)
         if len(delta) >= room:
             e.truncated = True
@@ -312,7 +349,8 @@ class ToolExecutor:
         e.logprobs += [0.0] * len(delta)
         e.versions += e.versions[-1:] * len(delta)
         if not e.truncated:
-            status, rendered = tt.rendered_check(e.messages, e.prompt_ids + e.response)
+            encoder = None if e.images is None else lambda text: encode(self.processor, text, e.images)[0]
+            status, rendered = tt.rendered_check(e.messages, e.prompt_ids + e.response, encoder)
             self.checks["turns"] += 1
             if status != PROMPT_OK:
                 self.checks[status] += 1
@@ -334,6 +372,8 @@ class ToolExecutor:
         info = {"turns": e.turns, "tool_calls": e.calls, "messages": e.conversation,
                 "completion_messages": e.conversation[e.prompt_messages:], "prompt_messages": e.prompt_messages,
                 "agent_reward": e.reward, "agent_score": e.reward, "extra_logs": {}}
+        if e.vision is not None:
+            info["vision"] = e.vision  # the trainer's forward takes the prompt's images from here
         if self.on_rerender == "keep":
             return [episode_trajectory(e, version, info)]
         self.episodes += 1

@@ -78,12 +78,16 @@ async def environment_reward(instance: Any) -> float:
 
 
 def with_observation(messages: list[dict], text: str | None) -> list[dict]:
-    """`text` appended to the last user turn (a new user turn when there is none)."""
+    """`text` appended to the last user turn (a new user turn when there is none); to a turn of content
+    parts (a prompt with images) as a text part."""
     if not text:
         return messages
     out = [dict(m) for m in messages]
     for m in reversed(out):
         if m.get("role") == "user" and isinstance(m.get("content"), str):
             m["content"] = f"{m['content']}\n\n{text}"
+            return out
+        if m.get("role") == "user" and isinstance(m.get("content"), list):
+            m["content"] = [*m["content"], {"type": "text", "text": f"\n\n{text}"}]
             return out
     return out + [{"role": "user", "content": text}]

@@ -23,11 +23,12 @@ import sys
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from rlhfkit.data.types import Trajectory
-from rlhfkit.rollout.base import GenerationEngine, SamplingParams
+from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs
 
 
 @dataclass
@@ -77,6 +78,7 @@ class _Turn:
     params: SamplingParams
     seed: int | None
     done: asyncio.Future
+    vision: Any = None  # the episode's image tensors (a vision-language policy), None without images
 
 
 class TurnBatcher:
@@ -96,9 +98,11 @@ class TurnBatcher:
         self.changed = asyncio.Event()  # a turn arrived or a tool call ended
         self.running: asyncio.Task | None = None
 
-    async def generate(self, ids: list[int], params: SamplingParams, seed: int | None) -> Trajectory:
-        """One turn of one episode (prompt + response so far -> its next action)."""
-        turn = _Turn(ids, params, seed, asyncio.get_running_loop().create_future())
+    async def generate(self, ids: list[int], params: SamplingParams, seed: int | None,
+                       vision: Any = None) -> Trajectory:
+        """One turn of one episode (prompt + response so far -> its next action); `vision`: the episode's
+        image tensors (data.images.VisionInputs) for a VisionEngine, None without images."""
+        turn = _Turn(ids, params, seed, asyncio.get_running_loop().create_future(), vision)
         self.waiting.append(turn)
         self.poke()
         if self.running is None:
@@ -148,6 +152,7 @@ class TurnBatcher:
         for (params, seeded), group in groups.items():
             ids = [t.ids for t in group]
             kwargs = {"seeds": [t.seed for t in group]} if seeded else {"generator": self.generator}
+            kwargs.update(image_kwargs(group))  # a VisionEngine takes each episode's images
             self.clock.enter("generate")
             try:
                 outs = await asyncio.to_thread(self.engine.generate, ids, params, **kwargs)

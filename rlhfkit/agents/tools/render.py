@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlhfkit.agents.tools.parse import parse_tool_calls, template_text
@@ -122,14 +122,18 @@ class ToolTemplate:
       schemas: the tools' OpenAI function schemas (`ToolSet.schemas`); empty: no tools.
       parser: the tool-call parser (a `TOOL_PARSERS` name or a response template), None: detected.
       template_kwargs: extra variables of the template (e.g. enable_thinking=False for Qwen3).
+      renderer: whose chat template renders the messages: a vision-language model's processor (its
+        template renders `{"type": "image"}` parts as the model's image placeholders); None: the tokenizer.
+        The tokenizer still encodes the rendered text and decodes the sampled turns.
     """
 
     def __init__(self, tokenizer, schemas: Sequence[dict] = (), parser: str | dict | None = None,
-                 **template_kwargs: Any):
-        if not template_text(tokenizer):
+                 renderer: Any = None, **template_kwargs: Any):
+        self.renderer = renderer if renderer is not None else tokenizer
+        if not template_text(self.renderer):
             raise ConfigError("tool calling needs a tokenizer with a chat template; this one has none")
         self.tokenizer, self.schemas, self.kwargs = tokenizer, list(schemas), template_kwargs
-        self.native = not self.schemas or template_uses_tools(tokenizer)
+        self.native = not self.schemas or template_uses_tools(self.renderer)
         # the default prompt teaches the Hermes format: parse it unless told otherwise
         self.parser = parser if (parser is not None or self.native) else "hermes"
         if not self.native:
@@ -144,8 +148,8 @@ class ToolTemplate:
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """The conversation's text through the chat template (with the tools)."""
         tools = self.schemas if (self.native and self.schemas) else None
-        return self.tokenizer.apply_chat_template(self.messages(messages), tools=tools, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **self.kwargs)
+        return self.renderer.apply_chat_template(self.messages(messages), tools=tools, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt, **self.kwargs)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -181,16 +185,19 @@ class ToolTemplate:
         text = self.tokenizer.decode(list(action_ids), skip_special_tokens=False)
         return parse_tool_calls(text, self.tokenizer, self.parser, prefix=prefix, tools=self.schemas or None)
 
-    def prefix_check(self, messages: Sequence[dict], ids: Sequence[int]) -> str:
+    def prefix_check(self, messages: Sequence[dict], ids: Sequence[int],
+                     encode: Callable[[str], list[int]] | None = None) -> str:
         """PROMPT_OK when `messages` rendered afresh (with the generation prompt) tokenize to
         exactly `ids`; RERENDER when the text differs (the template re-rendered the history);
-        RETOKENIZED when the text is the same but the sampled tokens are not its tokenization."""
-        return self.rendered_check(messages, ids)[0]
+        RETOKENIZED when the text is the same but the sampled tokens are not its tokenization.
+        `encode`: text to ids when it is not the tokenizer's (a processor expanding image tokens)."""
+        return self.rendered_check(messages, ids, encode)[0]
 
-    def rendered_check(self, messages: Sequence[dict], ids: Sequence[int]) -> tuple[str, list[int]]:
-        """(`prefix_check`'s answer, the token ids of `messages` rendered afresh)."""
+    def rendered_check(self, messages: Sequence[dict], ids: Sequence[int],
+                       encode: Callable[[str], list[int]] | None = None) -> tuple[str, list[int]]:
+        """(`prefix_check`'s answer, the token ids of `messages` rendered afresh, by `encode` when given)."""
         text = self.render(messages)
-        rendered = self.encode(text)
+        rendered = (encode or self.encode)(text)
         if rendered == list(ids):
             return PROMPT_OK, rendered
         sampled = self.tokenizer.decode(list(ids), skip_special_tokens=False)

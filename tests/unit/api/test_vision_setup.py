@@ -1,4 +1,5 @@
-"""api/vision.py: the frozen tower shared by the reference, and the settings refused with images."""
+"""api/vision.py: the frozen tower shared by the reference (and frozen in the critic), and the settings
+refused with images."""
 
 import copy
 
@@ -7,9 +8,15 @@ import pytest
 from rlhfkit.agents import AgentInstanceBase, MultiTurnExecutor, SingleTurnExecutor
 from rlhfkit.agents.execute import AgentExecutorBase, ExecuteRunner
 from rlhfkit.agents.tools.agent import ToolExecutor
-from rlhfkit.api.vision import check_executor, prepare_policy, refuse_unsupported
+from rlhfkit.api.vision import (
+    attach_processor,
+    check_executor,
+    prepare_policy,
+    refuse_unsupported,
+)
 from rlhfkit.config import RLConfig
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.critic import Critic
 from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
 from rlhfkit.models.vision import vision_parts
 
@@ -22,19 +29,18 @@ def config(*flags):
 @pytest.mark.parametrize("freeze", [True, False])
 def test_the_reference_shares_the_frozen_tower(freeze):
     policy, _ = tiny_vision_model_and_processor("llava")
-    ref = copy.deepcopy(policy)
-    prepare_policy(config(*(["--actor.freeze_visual_encoder"] if freeze else [])), policy, ref)
+    ref, critic = copy.deepcopy(policy), Critic.from_causal_lm(policy)
+    prepare_policy(config(*(["--actor.freeze_visual_encoder"] if freeze else [])), policy, ref, critic)
     (_, tower), (_, ref_tower) = vision_parts(policy)[0], vision_parts(ref)[0]
     assert (ref_tower is tower) == freeze
     assert all(not p.requires_grad for p in tower.parameters()) == freeze
+    critic_tower = critic.backbone.vision_tower  # the critic's own copy, frozen with the policy's
+    assert critic_tower is not tower and all(not p.requires_grad for p in critic_tower.parameters()) == freeze
     assert any(p.requires_grad for p in policy.model.language_model.parameters())
 
 
 @pytest.mark.parametrize("flags,needle", [
     (["--rollout.engine", "vllm"], "--rollout.engine vllm"),
-    (["--ds.lora.rank", "4"], "--ds.lora.rank > 0"),
-    (["--algo.advantage.estimator", "gae"], "--algo.advantage.estimator gae (it needs a critic"),
-    (["--agent.tools", "tools.py:f"], "--agent.tools / --agent.env"),
 ])
 def test_settings_that_do_not_run_with_images_are_one_line_errors(flags, needle):
     with pytest.raises(ConfigError, match="does not run with " + needle.replace("(", r"\(")):
@@ -51,11 +57,23 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-def test_agent_files_run_with_images_but_other_executors_are_refused():
+def test_agent_files_and_tools_run_with_images_but_other_executors_are_refused():
     refuse_unsupported(config("--agent.func_path", "agent.py"))  # an agent file passes the config check
+    refuse_unsupported(config("--agent.tools", "tools.py:f"))
+    refuse_unsupported(config("--ds.lora.rank", "4"))
+    refuse_unsupported(config("--algo.advantage.estimator", "gae"))
+    refuse_unsupported(config("--agent.env", "gem:game:GuessTheNumber-v0"))
     cfg = config()
     check_executor(cfg, MultiTurnExecutor(AgentInstanceBase))
     check_executor(cfg, SingleTurnExecutor())
-    for executor in (ExecuteRunner(AgentExecutorBase, "agent.py"), ToolExecutor([add])):
-        with pytest.raises(ConfigError, match=f"does not run with {type(executor).__name__} yet"):
-            check_executor(cfg, executor)
+    check_executor(cfg, ToolExecutor([add]))
+    executor = ExecuteRunner(AgentExecutorBase, "agent.py")
+    with pytest.raises(ConfigError, match=f"does not run with {type(executor).__name__} yet"):
+        check_executor(cfg, executor)
+
+
+def test_the_processor_reaches_the_multi_turn_and_the_tool_executors():
+    _, processor = tiny_vision_model_and_processor("llava")
+    agent, tools = MultiTurnExecutor(AgentInstanceBase), ToolExecutor([add])
+    attach_processor(processor, 3, agent, tools, None)
+    assert agent.processor is processor and agent.max_images == 3 and tools.processor is processor
