@@ -170,8 +170,6 @@ def supervised_folder(kind: str, cfg) -> str | None:
     if kind not in SUPERVISED_KINDS:
         raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft and "
                           "train dpo do (docs/vision.md)")
-    if cfg.ds.lora.rank > 0:
-        raise ConfigError(f"a vision-language model ({name}) does not train with --ds.lora.rank > 0 yet")
     return path
 
 

@@ -63,3 +63,25 @@ def test_a_missing_image_is_one_line_and_nothing_is_written(ws, tmp_path):
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert "bad.jsonl, line 6, image 0: image file" in lines[0] and "gone.png" in lines[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kind,data", [("sft", "train.jsonl"), ("dpo", "pairs.jsonl")])
+def test_lora_sft_and_dpo_of_a_vlm_save_an_adapter_that_merges_into_a_vlm_folder(ws, tmp_path, kind, data):
+    out = tmp_path / kind
+    done = run(kind, ws, out, ws / "colours" / data, "--ds.lora.rank", "4", "--ds.lora.alpha", "8")
+    assert done.returncode == 0, done.stderr[-2000:]
+    adapter = load_file(out / "final" / "adapter_model.safetensors")
+    assert any(k.endswith("lora_B.weight") and bool(v.abs().sum() > 0) for k, v in adapter.items())  # trained
+    assert type(load_processor(str(out / "final"))).__name__ == "LlavaProcessor"
+    if kind != "sft":
+        return
+    merged = tmp_path / "merged"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "rlhfkit.cli.main", "lora", "merge", "--lora.adapter",
+                           str(out / "final"), "--ckpt.output_dir", str(merged)], env=env, capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = load_file(ws / "vlm" / "model.safetensors"), load_file(merged / "model.safetensors")
+    assert before.keys() == after.keys()  # the VLM's own layout, tower included
+    assert any(not torch.equal(before[k], after[k]) for k in before if "language_model" in k)
+    assert type(load_processor(str(merged))).__name__ == "LlavaProcessor"
