@@ -90,7 +90,7 @@ def main() -> None:
     generated = sum(t.response_length for turn in results[True] for t in turn)
     print(f"{args.shape} {args.dtype}: {args.episodes} episodes x {args.turns} turns, prompt {args.prompt}, "
           f"{args.max_new} new + {args.feedback} feedback tokens per turn; threads {torch.get_num_threads()}")
-    print("| | tokens/s | seconds (best of %d) | prefilled tokens |" % args.repeats)
+    print(f"| | tokens/s | seconds (best of {args.repeats}) | prefilled tokens |")
     print("|---|---|---|---|")
     for keep, name in ((True, "kept across turns"), (False, "full prefill every turn")):
         print(f"| {name} | {generated / best[keep]:.1f} | {best[keep]:.2f} | {prefilled[keep]:,} |")
