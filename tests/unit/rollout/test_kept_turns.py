@@ -173,3 +173,14 @@ def test_turn_caches_by_hand():
     assert caches.take("a", [1, 9, 3, 4], 4) is None and "a" not in caches.kept  # not a prefix: dropped
     caches.put("a", entry)
     assert caches.take("a", [1, 2, 3, 4], 4) is entry and caches.kept == {}
+
+
+def test_the_flag_reaches_the_engine(tiny):
+    from rlhfkit.api.builder import build_engine
+    from rlhfkit.config import RLConfig
+
+    model, tok = tiny
+    on = RLConfig.from_args(["--actor.model_name_or_path", "tiny"])
+    off = RLConfig.from_args(["--actor.model_name_or_path", "tiny", "--rollout.keep_kv_across_turns", "false"])
+    assert on.rollout.keep_kv_across_turns and build_engine(model, tok, on).keeps_turns
+    assert not build_engine(model, tok, off).keeps_turns
