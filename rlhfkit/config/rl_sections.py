@@ -287,9 +287,10 @@ class RolloutConfig:
     keep_kv_across_turns: bool = True
     """hf engine, multi-turn episodes (agents, tools, text environments): keep an episode's KV cache
     from one turn to the next, so a turn prefills only its new tokens (feedback, tool results), not
-    the whole history; the same tokens and logprobs as without (docs/agents.md). Full-attention
-    models that take position ids, without --rollout.compile_decode; freed as episodes finish and at
-    every weight sync."""
+    the whole history. In fp32 the same tokens as without and logprobs equal up to float rounding;
+    under bf16 autocast the history is rounded differently, so a near-tie may go the other way
+    (docs/performance.md). Full-attention models that take position ids, without
+    --rollout.compile_decode; freed as episodes finish and at every weight sync."""
 
 
 @dataclass(frozen=True)
