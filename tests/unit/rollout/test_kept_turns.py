@@ -66,6 +66,21 @@ def test_kept_turns_equal_the_full_prefill_and_prefill_only_the_new_tokens(arch)
     assert plain_engine.prefilled_tokens == full and kept_engine.turns.reused_tokens == full - expected
 
 
+def test_rows_that_stop_between_stop_checks_keep_only_what_they_ran(tiny, prompts, monkeypatch):
+    """As on CUDA (a stop check every few steps): a finished row decodes on until the check; the tokens
+    after its stop are not its own and must not be kept."""
+    from rlhfkit.rollout import hf
+
+    monkeypatch.setitem(hf.STOP_CHECK_EVERY, "cpu", 4)
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    kept, expected = play(engine, tok, prompts, GREEDY)
+    plain, _ = play(HFEngine(model, tok, keep_turns=False), tok, prompts, GREEDY)
+    assert_same(kept, plain)
+    assert any(0 < t.response_length < GREEDY.max_new_tokens - 1 for turn in kept for t in turn)
+    assert engine.prefilled_tokens == expected
+
+
 def test_sampled_turns_with_per_prompt_seeds_equal_the_full_prefill(tiny, prompts):
     model, tok = tiny
     seeds = [5, 6, 7]
