@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 from rlhfkit.agents import AgentInstanceBase, MultiTurnExecutor, TokenBudget
@@ -68,7 +69,8 @@ def test_agent_episodes_are_the_same_with_kept_turns_and_prefill_less():
     assert kept.turns.reused_tokens > 0 and kept.prefilled_tokens == plain.prefilled_tokens - kept.turns.reused_tokens
 
 
-def test_text_environment_episodes_are_the_same_with_kept_turns(chat_tok):
+@pytest.mark.parametrize("overlap", [False, True], ids=["turn_by_turn", "overlap"])
+def test_text_environment_episodes_are_the_same_with_kept_turns(chat_tok, overlap):
     from transformers import AutoModelForCausalLM
 
     from rlhfkit.models.tiny import tiny_config
@@ -82,8 +84,8 @@ def test_text_environment_episodes_are_the_same_with_kept_turns(chat_tok):
     runs = {}
     for keep in (True, False):
         engine = HFEngine(model, chat_tok, keep_turns=keep)
-        trajs = ToolExecutor(environment_factory=text_env(_Talk)).run(engine, chat_tok, [prompt, prompt], PARAMS,
-                                                                      TokenBudget(5, 200, 3), seeds=[3, 4])
+        executor = ToolExecutor(environment_factory=text_env(_Talk), overlap=overlap)
+        trajs = executor.run(engine, chat_tok, [prompt, prompt], PARAMS, TokenBudget(5, 200, 3), seeds=[3, 4])
         runs[keep] = trajs, engine
     _same(runs[True][0], runs[False][0])
     assert all(t.info["turns"] == 3 for t in runs[True][0])
