@@ -3,7 +3,9 @@
 `SingleTurnExecutor` is one `engine.generate` call (today's RL rollout). `MultiTurnExecutor`
 runs one `AgentInstance` per sample; each turn, the unfinished episodes are generated together
 in one engine call on their own token context (prompt ids + every action and feedback token so
-far), then their `step()` coroutines run concurrently. The feedback text is tokenized once and
+far), then their `step()` coroutines run concurrently. The episodes are named to an engine that
+keeps an episode's KV cache across its turns (rollout.base.turn_kwargs; the HF engine), which then
+prefills only each turn's new tokens; it frees them as episodes finish and when the rollout ends. The feedback text is tokenized once and
 appended with loss_mask False (logprob 0); the trajectory is never re-tokenized from text.
 
 Budgets: an action has at most `budget.per_turn` new tokens (and what the total allows); a
@@ -40,7 +42,7 @@ from rlhfkit.agents.episode import agent_episode
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardOutput
-from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs
+from rlhfkit.rollout.base import GenerationEngine, SamplingParams, end_episodes, image_kwargs, turn_kwargs
 from rlhfkit.rollout.vision import merge_vision
 
 log = logging.getLogger("rlhfkit")
@@ -149,11 +151,15 @@ class MultiTurnExecutor:
                 e = await self._reset(i, p, tokenizer, turn_params)
                 e.seeds = None if per_episode is None else per_episode[s]
                 episodes.append(e)
-        for _ in range(budget.max_turns):
-            active = [e for e in episodes if not e.finished]
-            if not active:
-                break
-            await self._turn(active, engine, tokenizer, budget, generator)
+        try:
+            for _ in range(budget.max_turns):
+                active = [e for e in episodes if not e.finished]
+                if not active:
+                    break
+                await self._turn(active, engine, tokenizer, budget, generator)
+                end_episodes(engine, [id(e) for e in active if e.finished])
+        finally:  # nothing an engine kept for these episodes outlives the rollout
+            end_episodes(engine, [id(e) for e in episodes])
         for e in episodes:
             e.truncated = e.truncated or not e.done  # out of turns before the agent said done
         return [self._trajectory(e, engine.version) for e in episodes]
@@ -182,6 +188,7 @@ class MultiTurnExecutor:
         for p, group in batches.items():
             ids = [e.prompt_ids + e.response for e in group]
             images = image_kwargs(group)  # a VisionEngine takes each episode's images so far
+            images.update(turn_kwargs(engine, [id(e) for e in group]))  # the HF engine keeps their KV caches
             if group[0].seeds is not None:  # turn k of an episode: its own seed
                 outs = engine.generate(ids, p, seeds=[e.seeds[e.turns] for e in group], **images)
             else:

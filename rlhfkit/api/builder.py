@@ -246,7 +246,8 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
     return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
                     inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode,
-                    gather=fsdp.unsharded if cfg.fsdp.enable else None)
+                    gather=fsdp.unsharded if cfg.fsdp.enable else None,
+                    keep_turns=cfg.rollout.keep_kv_across_turns)
 
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):

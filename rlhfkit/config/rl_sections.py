@@ -284,6 +284,13 @@ class RolloutConfig:
     model (CUDA graphs on CUDA, untested on a GPU so far). Off on the CPU, with one logged line: there the
     compiled step measured 1.05x the eager loop on SmolLM2 after a first compile of 40-90 s
     (docs/performance.md). Falls back to the eager loop with one logged line where it cannot be built."""
+    keep_kv_across_turns: bool = True
+    """hf engine, multi-turn episodes (agents, tools, text environments): keep an episode's KV cache
+    from one turn to the next, so a turn prefills only its new tokens (feedback, tool results), not
+    the whole history. In fp32 the same tokens as without and logprobs equal up to float rounding;
+    under bf16 autocast the history is rounded differently, so a near-tie may go the other way
+    (docs/performance.md). Full-attention models that take position ids, without
+    --rollout.compile_decode; freed as episodes finish and at every weight sync."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -53,6 +53,25 @@ class GenerationEngine(Protocol):
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Load `state` (a model state dict, possibly partial) and set `version`."""
         ...
+
+
+# An optional hint on top of the protocol: an engine whose `keeps_turns` is True takes
+# `generate(..., episode_keys=[one hashable per prompt])` (the prompts are turns of these episodes:
+# it may keep each episode's KV cache for its next turn, whose prompt extends this one) and
+# `end_episodes(keys)` (those episodes are finished: free what it kept). Engines without the attribute
+# never see either; vLLM keeps prefixes by content on its own (automatic prefix caching).
+
+
+def turn_kwargs(engine, keys: Sequence[Hashable]) -> dict:
+    """`{"episode_keys": keys}` for an engine that keeps an episode's KV cache across its turns
+    (rollout.hf.HFEngine), else {} (every engine's generate)."""
+    return {"episode_keys": list(keys)} if getattr(engine, "keeps_turns", False) else {}
+
+
+def end_episodes(engine, keys: Sequence[Hashable]) -> None:
+    """Tell an engine that keeps episodes' KV caches across turns that the episodes `keys` are finished."""
+    if keys and getattr(engine, "keeps_turns", False):
+        engine.end_episodes(list(keys))
 
 
 def image_kwargs(prompts) -> dict:

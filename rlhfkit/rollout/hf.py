@@ -73,6 +73,7 @@ from rlhfkit.rollout.static_cache import (
     static_cache_length,
     static_cache_support,
 )
+from rlhfkit.rollout.turns import TurnCaches, prefill_kept, row_entry
 
 # Decode steps between the loop's reads of which rows finished (a host sync), per device type; 1
 # elsewhere. On CUDA a read per step would stall the queue of (graph-replayed) steps at every token.
@@ -113,6 +114,9 @@ class DecodeState:
     width: int | None = None
     step: int = 0
     finished: bool = False
+    keep: list[tuple[object, list[int]]] | None = None  # per row: its episode key and prompt (kept turns)
+    prefill_width: int = 0  # the cache columns of the prefill (the row's response tokens follow)
+    kv_version: int = 0  # the weights that computed the cache (rows are kept only under them)
 
 
 @dataclass
@@ -129,6 +133,7 @@ class PartialGeneration:
     chunks: list[tuple[int, int]]
     done: list[DecodeState] = field(default_factory=list)
     state: DecodeState | None = None
+    episode_keys: list | None = None
 
 
 class HFEngine:
@@ -158,6 +163,10 @@ class HFEngine:
       share_prefix: the tokens every prompt of a chunk starts with (a chat template's system prompt)
         prefilled once for the chunk, their KV cache copied to each prompt's row (rollout.prefix);
         only over a growing (full-attention) cache of a model that takes position ids.
+      keep_turns: keep an episode's KV cache across its turns when `generate` gets `episode_keys`
+        (rollout.turns): its next turn prefills only its new tokens. Under the same conditions as
+        `share_prefix`, with n = 1 and without `compile_decode`; the kept caches hold at most
+        `max_batch_tokens` tokens, and a weight update drops them.
     """
 
     def __init__(
@@ -173,6 +182,7 @@ class HFEngine:
         compile_on_cpu: bool = False,
         gather=None,
         share_prefix: bool = True,
+        keep_turns: bool = True,
     ):
         self.model, self.gather, self.share_prefix = model, gather, share_prefix
         self._no_grad = torch.inference_mode if inference_mode and autocast_dtype is None else torch.no_grad
@@ -194,10 +204,14 @@ class HFEngine:
         self._compiled_step = None
         self.banned_ids: torch.Tensor | None = None  # token ids never sampled (a VisionEngine's image tokens)
         self.static_buffers = StaticBuffers()  # the compiled step's KV rows, reused by every chunk
+        self.turns = TurnCaches(max_batch_tokens)  # episodes' kept caches (rollout.turns)
+        self.prefilled_tokens = 0  # prompt tokens run through prefill forwards (those of kept turns not counted)
         if compile_decode and self._cached and static_cache_support(model):
             from rlhfkit.models.compile import compile_decode_step
 
             self._compiled_step = compile_decode_step(model, on_cpu=compile_on_cpu)
+        # the hint of GenerationEngine.generate's callers (rollout.base.turn_kwargs)
+        self.keeps_turns = keep_turns and self._cached and self._takes_positions and self._compiled_step is None
 
     # ------------------------------------------------------------------ protocol
 
@@ -217,6 +231,11 @@ class HFEngine:
             if result.unexpected_keys:
                 raise ConfigError(f"update_weights got keys the model lacks: {result.unexpected_keys[:5]}")
         self._version = version
+        self.turns.clear()  # even with no state: a shared module's weights changed in place
+
+    def end_episodes(self, keys: Sequence) -> None:
+        """Free the kept caches of the episodes `keys` (they are finished)."""
+        self.turns.end(keys)
 
     def generate(
         self,
@@ -225,27 +244,35 @@ class HFEngine:
         generator: torch.Generator | None = None,
         group_ids: Sequence[int] | None = None,
         seeds: Sequence[int] | None = None,
+        episode_keys: Sequence | None = None,
     ) -> list[Trajectory]:
         """Sample `params.n` responses per prompt; sample s of prompt i is at index i*n + s.
 
         With `seeds` (one per prompt), prompt i's samples are drawn from its own generator
         seeded with seeds[i] (n uniforms per prompt per token, one per sample), so they do not depend on
         which other prompts share the call or in what order: any sharding of the prompts over
-        engines gives the same samples. Otherwise one `generator` samples the whole batch."""
-        return self.resume(self.start(prompts, params, generator, group_ids, seeds))
+        engines gives the same samples. Otherwise one `generator` samples the whole batch.
+
+        `episode_keys` (one hashable per prompt, n = 1): the prompts are turns of these episodes; each
+        row's KV cache is kept for the episode's next turn, and a kept one starts this turn's prefill
+        where it still holds (rollout.turns). `end_episodes` frees them."""
+        return self.resume(self.start(prompts, params, generator, group_ids, seeds, episode_keys))
 
     # ------------------------------------------------------------------ interruptible generation
     def start(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
               generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
-              seeds: Sequence[int] | None = None) -> PartialGeneration:
+              seeds: Sequence[int] | None = None, episode_keys: Sequence | None = None) -> PartialGeneration:
         """A generation not run yet (arguments as `generate`); `resume` runs it, in slices if asked."""
         check_params(params, prompts, group_ids)
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ConfigError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
+        for name, values in (("seeds", seeds), ("episode_keys", episode_keys)):
+            if values is not None and len(values) != len(prompts):
+                raise ConfigError(f"{name} has {len(values)} entries for {len(prompts)} prompts")
+        keys = list(episode_keys) if episode_keys is not None and self.keeps_turns and params.n == 1 else None
         stop_ids = torch.tensor(sorted(set(self.eos_ids) | set(params.stop_token_ids)), dtype=torch.long)
         return PartialGeneration([list(p) for p in prompts], params, stop_ids, generator,
                                  None if seeds is None else list(seeds),
-                                 None if group_ids is None else list(group_ids), list(self._chunks(prompts, params)))
+                                 None if group_ids is None else list(group_ids), list(self._chunks(prompts, params)),
+                                 episode_keys=keys)
 
     def resume(self, gen: PartialGeneration, max_new_tokens_this_call: int | None = None) -> list[Trajectory] | None:
         """Decode at most `max_new_tokens_this_call` more tokens of `gen` (None: to the end); the
@@ -287,12 +314,15 @@ class HFEngine:
 
     def _prefill_chunk(self, gen: PartialGeneration, start: int, stop: int, gens) -> DecodeState:
         """The prefill of `gen`'s prompts [start, stop) (an engine with more inputs per prompt adds them)."""
-        return self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens)
+        keys = None if gen.episode_keys is None else gen.episode_keys[start:stop]
+        return self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens, keys=keys)
 
     def _prefill(self, prompts: list[list[int]], params: SamplingParams, generator, gens=None,
-                 extra: dict | None = None) -> DecodeState:
+                 extra: dict | None = None, keys: list | None = None) -> DecodeState:
         """Prefill `prompts` once and expand to n rows each: the state before the first token.
-        `gens`: one generator per prompt (rows of prompt i sample from gens[i]), or None. `extra`: more keyword arguments of the prefill's forward (e.g. pixel values)."""
+        `gens`: one generator per prompt (rows of prompt i sample from gens[i]), or None. `extra`: more
+        keyword arguments of the prefill's forward (e.g. pixel values). `keys`: the prompts' episode
+        keys (n = 1): kept caches start their prefill, and their rows are kept when they finish."""
         n, max_new = params.n, params.max_new_tokens
         input_ids, attention_mask = self._left_pad(prompts)
         device, width = input_ids.device, input_ids.shape[1]
@@ -304,12 +334,22 @@ class HFEngine:
             attention_mask = torch.nn.functional.pad(attention_mask, (0, length - width))
         else:
             cache = new_cache(self.model, reserve=max_new) if self._cached else None
-        shared = None if extra else self._shared_prefix(prompts, cache)
-        if shared:  # [prefix | padding | own tokens]: the padding sits after the shared prefix
+        keep = [(k, p) for k, p in zip(keys, prompts)] if keys and not extra and self._growing(cache) else None
+        kept = None if keep is None else [self.turns.take(k, p, self._version) for k, p in keep]
+        if kept is not None and any(e is not None for e in kept):  # [padding | kept | padding | new tokens]
+            logits, attention_mask, position_ids = prefill_kept(self._forward, prompts, kept, cache, self.pad_id,
+                                                                device)
+            reused = sum(len(e.tokens) for e in kept if e is not None)
+            self.turns.reused_tokens += reused
+            self.prefilled_tokens -= reused
+        elif shared := (None if extra else self._shared_prefix(prompts, cache)):
+            # [prefix | padding | own tokens]: the padding sits after the shared prefix
             logits, attention_mask, position_ids = prefill_shared(self._forward, prompts, shared, cache, self.pad_id,
                                                                   device)
+            self.prefilled_tokens -= shared * (len(prompts) - 1)
         else:
             logits = self._forward(input_ids, attention_mask, position_ids, cache, extra=extra)  # [U, V]
+        self.prefilled_tokens += sum(len(p) for p in prompts)
         if cache is not None:
             cache.batch_repeat_interleave(n)
         batch = len(prompts) * n
@@ -329,15 +369,18 @@ class HFEngine:
             versions=torch.zeros((batch, max_new), dtype=torch.long, device=device),
             lengths=torch.zeros(batch, dtype=torch.long, device=device),
             stopped=torch.zeros(batch, dtype=torch.bool, device=device),
-            width=width if static else None)
+            width=width if static else None, keep=keep, prefill_width=attention_mask.shape[1],
+            kv_version=self._version)
+
+    def _growing(self, cache) -> bool:
+        """Whether `cache` is growing full-attention layers only, of a model that takes position ids:
+        what laying rows out with padding inside them needs (sliding-window layers keep their own cache)."""
+        return (cache is not None and self._takes_positions
+                and all(type(layer) is growing_layer_class() for layer in cache.layers))
 
     def _shared_prefix(self, prompts: list[list[int]], cache) -> int:
         """How many leading tokens of `prompts` to prefill once for all (rollout.prefix); 0 = none."""
-        if not self.share_prefix or cache is None or not self._takes_positions:
-            return 0
-        if not all(type(layer) is growing_layer_class() for layer in cache.layers):
-            return 0  # sliding-window layers keep their own cache
-        return shared_prefix_length(prompts)
+        return shared_prefix_length(prompts) if self.share_prefix and self._growing(cache) else 0
 
     def _decode(self, s: DecodeState, stop_ids: torch.Tensor, budget: float) -> int:
         """Decode at most `budget` tokens per row of `s` (stops early when every row is done);
@@ -345,6 +388,8 @@ class HFEngine:
         params, max_new, n = s.params, s.params.max_new_tokens, s.params.n
         stop_ids = stop_ids.to(s.alive.device)
         check_every = STOP_CHECK_EVERY.get(s.alive.device.type, 1)
+        if s.keep is not None and s.kv_version != self._version:
+            s.keep = None  # the weights changed since the prefill: its rows' caches mix two versions
         decoded = 0
         while decoded < budget and not s.finished:
             step = s.step
@@ -360,17 +405,20 @@ class HFEngine:
             s.alive &= ~hit
             s.step, decoded = step + 1, decoded + 1
             if step == max_new - 1:
+                self._keep_rows(s)
                 self._finish(s)
                 break
             if (step + 1) % check_every == 0:  # the loop's only host sync
                 check_finite(s.finite)
                 keep = s.alive.nonzero().squeeze(-1)
                 if keep.numel() == 0:
+                    self._keep_rows(s)
                     self._finish(s)
                     break
                 if s.width is not None:  # the compiled step: a few batch sizes only
                     keep = bucketed_rows(keep, s.alive)
                 if keep.numel() < s.alive.numel():  # drop finished rows from the batch and the cache
+                    self._keep_rows(s, (~s.alive).nonzero().squeeze(-1))
                     s.active, s.rows, s.alive = s.active[keep.cpu()], s.rows[keep], s.alive[keep]
                     tok, s.next_pos, s.attention_mask = tok[keep], s.next_pos[keep], s.attention_mask[keep]
                     if s.cache is not None:
@@ -391,6 +439,21 @@ class HFEngine:
             s.logits_version = self._version
             s.next_pos = s.next_pos + 1
         return decoded
+
+    def _keep_rows(self, s: DecodeState, positions: torch.Tensor | None = None) -> None:
+        """Keep, for their episodes' next turns, the caches of the batch rows at `positions` (all when
+        None) that finished or stop now: the real columns of the prefill and the response tokens the
+        row ran through the model (all but its last). No-op for a chunk without episode keys."""
+        if s.keep is None:
+            return
+        lengths = s.lengths[s.rows].tolist()  # at a stop check: the host reads the device anyway
+        for pos in range(len(s.active)) if positions is None else positions.tolist():
+            row, length = int(s.active[pos]), lengths[pos]
+            key, prompt = s.keep[row]
+            real = s.attention_mask[pos, : s.prefill_width].nonzero().squeeze(-1)
+            fed = torch.arange(s.prefill_width, s.prefill_width + length - 1, device=real.device)
+            tokens = prompt + s.tokens[row, : length - 1].tolist()
+            self.turns.put(key, row_entry(s.cache, pos, torch.cat([real, fed]), tokens, s.kv_version))
 
     @staticmethod
     def _finish(s: DecodeState) -> None:

@@ -43,6 +43,16 @@ def prefill_shared(forward: Callable, prompts: Sequence[Sequence[int]], shared: 
     forward(prefix, torch.ones_like(prefix), torch.arange(shared, device=device).unsqueeze(0), cache)
     cache.batch_repeat_interleave(len(prompts))
     own = [list(p[shared:]) for p in prompts]
+    return prefill_after(forward, own, torch.ones((len(own), shared), dtype=torch.long, device=device), cache,
+                         pad_id, device)
+
+
+def prefill_after(forward: Callable, own: Sequence[Sequence[int]], cache_mask: torch.Tensor, cache, pad_id: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prefill each row's `own` tokens, left-padded, after the keys and values `cache` already holds
+    (`cache_mask` [U, C]: which of its C columns are real tokens). Returns (logits [U, V],
+    attention_mask [U, C + W], position_ids [U, C + W]), W the longest own part; the positions count
+    real tokens only, so each token has the position it has in the plain left-padded layout."""
     width = max(len(p) for p in own)
     ids = torch.full((len(own), width), pad_id, dtype=torch.long)
     own_mask = torch.zeros((len(own), width), dtype=torch.long)
@@ -50,7 +60,7 @@ def prefill_shared(forward: Callable, prompts: Sequence[Sequence[int]], shared: 
         ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         own_mask[i, width - len(p):] = 1
     ids, own_mask = ids.to(device), own_mask.to(device)
-    mask = torch.cat([own_mask.new_ones((len(own), shared)), own_mask], dim=1)
+    mask = torch.cat([cache_mask, own_mask], dim=1)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = forward(ids, mask, positions[:, shared:], cache)
+    logits = forward(ids, mask, positions[:, cache_mask.shape[1]:], cache)
     return logits, mask, positions

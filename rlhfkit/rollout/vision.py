@@ -53,6 +53,7 @@ class VisionEngine(HFEngine):
 
     def __init__(self, model: torch.nn.Module, tokenizer, **kwargs):
         super().__init__(model, tokenizer, **kwargs)
+        self.keeps_turns = False  # a prompt's images are prefilled with it: no turn's cache is kept
         ids = placeholder_ids(model.config)
         self.banned_ids = torch.tensor(ids, dtype=torch.long) if ids else None
 

@@ -67,6 +67,10 @@ def zero_penalty(original):
     return lambda lengths, *args, **kwargs: torch.zeros(len(lengths))
 
 
+def nothing_kept(original):
+    return lambda self, key, prompt, version: None  # every turn prefilled in full
+
+
 def no_stop_penalty(original):
     return lambda rewards, truncated, coef: rewards
 
@@ -270,5 +274,12 @@ SWITCH_OFFS = (
     SwitchOff("the critic of a VLM sees the images", "rlhfkit.models.critic:critic_backbone", text_decoder,
               ("tests/unit/api/test_vision_setup.py::test_the_reference_shares_the_frozen_tower[True]",),
               "the language model alone"),
+    SwitchOff("an episode's KV cache kept across turns (--rollout.keep_kv_across_turns)",
+              "rlhfkit.rollout.turns:TurnCaches.take", nothing_kept,
+              ("tests/unit/rollout/test_kept_turns.py::"
+               "test_kept_turns_equal_the_full_prefill_and_prefill_only_the_new_tokens[llama]",
+               "tests/unit/agents/test_executor_kept_turns.py::"
+               "test_agent_episodes_are_the_same_with_kept_turns_and_prefill_less"),
+              "no kept cache used: every turn prefilled in full"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}

@@ -6,7 +6,8 @@ together in one engine call; every action is parsed for tool calls. A turn with 
 malformed one) is the final answer: the episode is done. Otherwise the calls run in parallel
 (`ToolRunner`, with its limits), their results are rendered as `role: "tool"` messages and
 only the tokens the template puts after the turn are appended (loss_mask False, logprob 0);
-the next turn samples after them. Every turn the conversation, rendered afresh from its
+the next turn samples after them (an engine that keeps an episode's KV cache across turns, the HF
+engine, prefills only those new tokens). Every turn the conversation, rendered afresh from its
 messages, is checked against the episode's tokens (`ToolTemplate.prefix_check`) and the
 mismatches are counted (`tools/rerender`, `tools/retokenized`). What a re-render does is
 `on_rerender`:
@@ -76,7 +77,7 @@ from rlhfkit.agents.tools.schema import ToolSet
 from rlhfkit.data.images import encode, image_messages
 from rlhfkit.data.types import FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
-from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs
+from rlhfkit.rollout.base import GenerationEngine, SamplingParams, end_episodes, image_kwargs, turn_kwargs
 
 ON_RERENDER = ("keep", "segment")
 
@@ -234,15 +235,19 @@ class ToolExecutor:
                 episodes.append(_Episode(i, [dict(m) for m in msgs], [dict(m) for m in msgs], rendered[i, text],
                                          len(msgs), None if per is None else per[s], env=env, text_env=text_env,
                                          vision=getattr(p, "vision", None), images=getattr(p, "images", None)))
-        if self.overlap:
-            batcher, quiet = TurnBatcher(engine, self.clock, generator), QuietStdout()
-            await asyncio.gather(*(self._episode(e, batcher, quiet, tt, runner, turn_params, budget)
-                                   for e in episodes))
-        for _ in range(0 if self.overlap else budget.max_turns):
-            active = [e for e in episodes if not e.finished]
-            if not active:
-                break
-            await self._turn(active, engine, tt, runner, turn_params, budget, generator)
+        try:
+            if self.overlap:  # the kept caches are freed once all are done (generate runs in a thread)
+                batcher, quiet = TurnBatcher(engine, self.clock, generator), QuietStdout()
+                await asyncio.gather(*(self._episode(e, batcher, quiet, tt, runner, turn_params, budget)
+                                       for e in episodes))
+            for _ in range(0 if self.overlap else budget.max_turns):
+                active = [e for e in episodes if not e.finished]
+                if not active:
+                    break
+                await self._turn(active, engine, tt, runner, turn_params, budget, generator)
+                end_episodes(engine, [id(e) for e in active if e.finished])
+        finally:  # nothing an engine kept for these episodes outlives the rollout
+            end_episodes(engine, [id(e) for e in episodes])
         for e in episodes:
             e.truncated = e.truncated or not e.done
             if e.env is not None and self.provides_rewards:
@@ -270,10 +275,11 @@ class ToolExecutor:
             ids = [e.prompt_ids + e.response for e in group]
             images = image_kwargs(group)  # a VisionEngine takes each episode's prompt images
             self.clock.enter("generate")
+            turns = turn_kwargs(engine, [id(e) for e in group])  # the HF engine keeps their KV caches
             if group[0].seeds is not None:
-                got = engine.generate(ids, p, seeds=[e.seeds[e.turns] for e in group], **images)
+                got = engine.generate(ids, p, seeds=[e.seeds[e.turns] for e in group], **images, **turns)
             else:
-                got = engine.generate(ids, p, generator=generator, **images)
+                got = engine.generate(ids, p, generator=generator, **images, **turns)
             self.clock.leave("generate")
             outs.update({id(e): t for e, t in zip(group, got)})
         parsed = [_take_action(e, outs[id(e)], tt) for e in active]
@@ -292,7 +298,8 @@ class ToolExecutor:
             if e.finished:
                 return
             seed = None if e.seeds is None else e.seeds[e.turns]
-            t = await batcher.generate(e.prompt_ids + e.response, _turn_params(e, params, budget), seed, e.vision)
+            t = await batcher.generate(e.prompt_ids + e.response, _turn_params(e, params, budget), seed, e.vision,
+                                       id(e))
             _, action, stopped, content, calls, errors = _take_action(e, t, tt)
             with quiet:
                 tool_msgs = await batcher.tool(self._reply(e, calls, errors, runner, action, stopped))

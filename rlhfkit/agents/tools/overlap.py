@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from rlhfkit.data.types import Trajectory
-from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs
+from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs, turn_kwargs
 
 
 @dataclass
@@ -79,6 +79,7 @@ class _Turn:
     seed: int | None
     done: asyncio.Future
     vision: Any = None  # the episode's image tensors (a vision-language policy), None without images
+    key: object = None  # the episode's name to an engine that keeps its KV cache across turns
 
 
 class TurnBatcher:
@@ -99,10 +100,11 @@ class TurnBatcher:
         self.running: asyncio.Task | None = None
 
     async def generate(self, ids: list[int], params: SamplingParams, seed: int | None,
-                       vision: Any = None) -> Trajectory:
+                       vision: Any = None, key=None) -> Trajectory:
         """One turn of one episode (prompt + response so far -> its next action); `vision`: the episode's
-        image tensors (data.images.VisionInputs) for a VisionEngine, None without images."""
-        turn = _Turn(ids, params, seed, asyncio.get_running_loop().create_future(), vision)
+        image tensors (data.images.VisionInputs) for a VisionEngine, None without images; `key` names the
+        episode (rollout.base.turn_kwargs)."""
+        turn = _Turn(ids, params, seed, asyncio.get_running_loop().create_future(), vision, key)
         self.waiting.append(turn)
         self.poke()
         if self.running is None:
@@ -153,6 +155,8 @@ class TurnBatcher:
             ids = [t.ids for t in group]
             kwargs = {"seeds": [t.seed for t in group]} if seeded else {"generator": self.generator}
             kwargs.update(image_kwargs(group))  # a VisionEngine takes each episode's images
+            if all(t.key is not None for t in group):
+                kwargs.update(turn_kwargs(self.engine, [t.key for t in group]))
             self.clock.enter("generate")
             try:
                 outs = await asyncio.to_thread(self.engine.generate, ids, params, **kwargs)
