@@ -8,19 +8,20 @@ prompts are rendered and tokenized by the model's processor (image tokens expand
 kept per prompt), and the rollout runs on a `VisionEngine`. The final folder holds the processor
 beside the weights, so AutoProcessor loads it.
 
-Agent files whose `AgentInstance` episodes rlhfkit drives (`MultiTurnExecutor`) run with images:
-the executor gets the processor (`attach_processor`) to encode the images `step()` returns.
+Agent files whose `AgentInstance` episodes rlhfkit drives (`MultiTurnExecutor`) and agent
+functions (the OpenAI-compatible endpoint) run with images: the executor gets the processor
+(`attach_processor`) to encode the images `step()` returns or the agent's requests send.
 
 Not supported with images yet (one-line errors): the vllm engine, Ray rollout workers, FSDP,
 LoRA, estimators with a critic, tool-calling and text-environment episodes, agent files with
-their own `execute()` and agent functions.
+their own `execute()`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor
+from rlhfkit.agents import SingleTurnExecutor
 from rlhfkit.api.builder import prompt_options
 from rlhfkit.config import RLConfig
 from rlhfkit.core.advantages import ESTIMATORS
@@ -96,19 +97,21 @@ def refuse_unsupported(cfg: RLConfig) -> None:
 
 def check_executor(cfg: RLConfig, executor) -> None:
     """ConfigError (before models load) for an executor that does not run with images yet: only
-    single-turn generation and `AgentInstance` episodes rlhfkit drives (MultiTurnExecutor) do."""
-    if isinstance(executor, (SingleTurnExecutor, MultiTurnExecutor)):
+    single-turn generation and executors that take the processor (`processor`: AgentInstance
+    episodes rlhfkit drives, agent functions on the endpoint) do."""
+    if isinstance(executor, SingleTurnExecutor) or hasattr(executor, "processor"):
         return
     raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with "
-                      f"{type(executor).__name__} yet (an AgentExecutor with its own execute(), an agent function "
-                      "or tools); give an agent file with an AgentInstance; see docs/vision.md")
+                      f"{type(executor).__name__} yet (an AgentExecutor with its own execute(), or tools); give an "
+                      "agent file with an AgentInstance or an agent function; see docs/vision.md")
 
 
 def attach_processor(processor, max_images: int, *executors) -> None:
-    """Give the multi-turn executors the policy's processor (it encodes the environment_images) and the
-    most images an episode may hold (--data.max_images_per_prompt, the prompt's counted)."""
+    """Give the executors that take one (MultiTurnExecutor, EndpointExecutor) the policy's processor (it
+    encodes the environment_images, the agent's image parts) and the most images an episode may hold
+    (--data.max_images_per_prompt)."""
     for executor in executors:
-        if isinstance(executor, MultiTurnExecutor):
+        if hasattr(executor, "processor"):
             executor.processor, executor.max_images = processor, max_images
 
 
