@@ -51,11 +51,18 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-def test_agent_files_run_with_images_but_other_executors_are_refused():
+def test_agent_files_and_functions_run_with_images_but_other_executors_are_refused():
     refuse_unsupported(config("--agent.func_path", "agent.py"))  # an agent file passes the config check
     cfg = config()
     check_executor(cfg, MultiTurnExecutor(AgentInstanceBase))
     check_executor(cfg, SingleTurnExecutor())
+    pytest.importorskip("fastapi")
+    from rlhfkit.agents.endpoint import EndpointExecutor
+
+    async def agent(client, prompt, label, **row):
+        return 1.0
+
+    check_executor(cfg, EndpointExecutor(agent))  # the OpenAI-compatible endpoint's image_url parts
     for executor in (ExecuteRunner(AgentExecutorBase, "agent.py"), ToolExecutor([add])):
         with pytest.raises(ConfigError, match=f"does not run with {type(executor).__name__} yet"):
             check_executor(cfg, executor)
