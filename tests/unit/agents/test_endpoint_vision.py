@@ -1,7 +1,7 @@
 """The OpenAI-compatible endpoint with a vision-language policy (the tiny random Qwen2-VL), driven by
 the official `openai` SDK: image_url parts with data: URLs reach the engine and are recorded with
 each call; an agent that sends an image in each of two calls gives one trajectory with both images,
-whose recorded logprobs equal the trainer's forward over them; a rewritten history splits into
+whose recorded logprobs equal the trainer's forward over them (LLaVA and Gemma 3 too); a rewritten history splits into
 segments with their own images; http URLs, bad data, too many images are refused (400) and counted."""
 
 import asyncio
@@ -14,13 +14,18 @@ from PIL import Image
 
 openai = pytest.importorskip("openai")
 
-from rlhfkit.agents.endpoint import EndpointExecutor, EndpointLimits, EndpointServer, Settings  # noqa: E402
-from rlhfkit.agents.executor import TokenBudget  # noqa: E402
-from rlhfkit.data.batch import collate  # noqa: E402
-from rlhfkit.models.logprobs import response_logprobs  # noqa: E402
-from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor  # noqa: E402
-from rlhfkit.rollout.base import SamplingParams  # noqa: E402
-from rlhfkit.rollout.vision import VisionEngine  # noqa: E402
+from rlhfkit.agents.endpoint import (
+    EndpointExecutor,
+    EndpointLimits,
+    EndpointServer,
+    Settings,
+)
+from rlhfkit.agents.executor import TokenBudget
+from rlhfkit.data.batch import collate
+from rlhfkit.models.logprobs import response_logprobs
+from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
+from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.vision import VisionEngine
 
 PARAMS = SamplingParams(max_new_tokens=5, temperature=1.0)
 RED, BLUE = (230, 30, 30), (30, 30, 230)
@@ -67,7 +72,7 @@ def two_images(second=BLUE):
 
 
 def run(vlm, agent, max_images=3, prompts=("colour?",), n=1):
-    model, proc, engine = vlm
+    _, proc, engine = vlm
     executor = EndpointExecutor(agent)
     executor.processor, executor.max_images = proc, max_images
     trajs = executor.run(engine, proc.tokenizer, [P(p) for p in prompts], SamplingParams(max_new_tokens=5,
@@ -101,6 +106,17 @@ def test_two_calls_with_an_image_each_are_one_trajectory_whose_logprobs_are_the_
     # switch-off: the same trajectories without their images give other logprobs
     bare = [type(t)(**{**t.__dict__, "info": {k: v for k, v in t.info.items() if k != "vision"}}) for t in trajs]
     assert (forward(vlm, bare)[mask] - rollout[mask]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ["llava", "gemma3"])
+def test_other_families_record_the_trainers_logprobs_over_both_images(family):
+    """LLaVA (a fixed number of tokens per image) and Gemma 3 (image tokens attend both ways)."""
+    model, proc = tiny_vision_model_and_processor(family, seed=0)
+    family_vlm = (model, proc, VisionEngine(model, proc.tokenizer))
+    [t], _ = run(family_vlm, two_images())
+    assert t.info["vision"].num_images == 2 and not t.loss_mask.all() and t.loss_mask[-1]
+    logp = forward(family_vlm, [t])[0, : t.response_length]
+    torch.testing.assert_close(logp[t.loss_mask], t.logprobs[t.loss_mask], rtol=0, atol=2e-5)
 
 
 def test_the_second_image_reaches_the_engine(vlm):
@@ -167,7 +183,7 @@ def status_of(coro) -> tuple[int | None, str]:
     ([{"type": "input_audio", "input_audio": {}}], "give text or image_url parts", "bad_request"),
 ])
 def test_bad_image_parts_are_refused_with_400_and_counted(vlm, content, needle, counter):
-    model, proc, engine = vlm
+    _, proc, engine = vlm
     with EndpointServer(proc.tokenizer, Settings(PARAMS, processor=proc, max_images=2)) as server:
         server.engine = engine
         e = server.open_episode(0, seed=1, limits=EndpointLimits())
@@ -180,7 +196,7 @@ def test_bad_image_parts_are_refused_with_400_and_counted(vlm, content, needle, 
 
 
 def test_an_image_to_a_text_policy_and_tools_to_a_vision_policy_are_refused(vlm):
-    model, proc, engine = vlm
+    _, proc, engine = vlm
     ask = [{"role": "user", "content": [image(data_url(RED, 28))]}]
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
     for settings, extra, needle in ((Settings(PARAMS), {}, "image_url parts need a vision-language one"),
