@@ -207,3 +207,37 @@ def test_an_image_to_a_text_policy_and_tools_to_a_vision_policy_are_refused(vlm)
             client = openai.AsyncOpenAI(base_url=server.url(e), api_key=e.key, max_retries=0)
             status, message = status_of(client.chat.completions.create(model="policy", messages=ask, **extra))
             assert status == 400 and needle in message, message
+
+
+def test_too_large_images_and_bodies_are_refused(vlm, huge_png, tmp_path):
+    """An image whose header says 20000x20000 pixels (never decoded): 400; a body past the limit: 413."""
+    _, proc, engine = vlm
+    huge = "data:image/png;base64," + base64.b64encode(huge_png(tmp_path / "huge.png").read_bytes()).decode()
+    buf = io.BytesIO()
+    noise = torch.randint(0, 256, (48 * 48 * 3,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    Image.frombytes("RGB", (48, 48), noise.numpy().tobytes()).save(buf, "PNG")  # ~7 KiB: past the 4 KiB limit
+    big = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    with EndpointServer(proc.tokenizer, Settings(PARAMS, processor=proc)) as server:
+        server.engine = engine
+        e = server.open_episode(0, seed=1, limits=EndpointLimits(max_request_bytes=4096))
+        for url, status, needle in ((huge, 400, "more than the 67,108,864 allowed"), (big, 413, "")):
+            client = openai.AsyncOpenAI(base_url=server.url(e), api_key=e.key, max_retries=0)
+            got, message = status_of(client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": [image(url)]}]))
+            assert got == status and needle in message, message
+        metrics = server.registry.pop_metrics()
+        assert metrics["endpoint/refused_image"] == 1.0 and metrics["endpoint/refused_too_large"] == 1.0
+
+
+def test_an_episodes_distinct_images_are_counted_across_its_calls():
+    """Limit 2: calls sending (a, b) then (a, b) again are served; a third image c is refused."""
+    from rlhfkit.agents.endpoint.episodes import Refused, Registry
+
+    reg = Registry()
+    e = reg.open(0, seed=0, limits=EndpointLimits())
+    reg.take_images(e, ["a", "b"], 2)
+    reg.take_images(e, ["a", "b", "a"], 2)
+    with pytest.raises(Refused, match="3 distinct images, more than --data.max_images_per_prompt 2"):
+        reg.take_images(e, ["b", "c"], 2)
+    reg.take_images(e, ["a", "b", "c"], None)  # no limit
+    assert reg.pop_metrics() == {"endpoint/refused_images": 1.0} and e.image_keys == {"a", "b", "c"}
