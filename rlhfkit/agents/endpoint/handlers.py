@@ -85,12 +85,8 @@ class Completions:
     async def chat(self, e: Episode, body: dict) -> dict:
         ask = sampling(body, chat=True)
         if self.vision is None:
-            messages = template_messages(body.get("messages"))
             tt = self.template(body.get("tools"))
-            normed = [normal(m) for m in messages]
-            found = self.continued(e, normed)
-            ids = tt.prompt_ids(messages) if found is None else (
-                found[0].prompt_ids + found[1] + tt.delta(found[1], found[2], messages[found[3]:]))
+            ids, normed = self.text_prompt(e, tt, body)
             images, vision = (), None
         else:
             tt = None
@@ -119,6 +115,17 @@ class Completions:
                 if normed[k] == reply:
                     return turn, turn.sampled[c], turn.stopped[c], k + 1
         return None
+
+    def text_prompt(self, e: Episode, tt: ToolTemplate, body: dict) -> tuple[list[int], list[tuple]]:
+        """A text policy's chat prompt: (ids, normalised messages), rendered by the chat template or
+        continuing an earlier call."""
+        messages = template_messages(body.get("messages"))
+        normed = [normal(m) for m in messages]
+        found = self.continued(e, normed)
+        if found is None:
+            return tt.prompt_ids(messages), normed
+        turn, sampled, stopped, start = found
+        return turn.prompt_ids + sampled + tt.delta(sampled, stopped, messages[start:]), normed
 
     def vision_prompt(self, e: Episode, body: dict) -> tuple[list[int], list[tuple], tuple[str, ...], Any]:
         """A vision-language policy's chat prompt: (ids, normalised messages, image keys, VisionInputs

@@ -14,6 +14,7 @@ batched into one engine call: the batcher waits until every open episode has a c
 `batch_window` seconds pass without a new one, then generates them together (grouped by sampling
 parameters) in a worker thread while the server goes on taking requests. Each episode's k-th call
 samples with the k-th seed drawn from the episode's seed, so its tokens do not depend on the others.
+A call with images (a vision-language policy) hands its image tensors to the engine with its prompt.
 
 The server runs in its own thread with its own event loop (uvicorn); `close` stops it, and both
 threads end (no port or thread outlives it). It listens on 127.0.0.1 only.
