@@ -108,6 +108,28 @@ def test_two_calls_with_an_image_each_are_one_trajectory_whose_logprobs_are_the_
     assert (forward(vlm, bare)[mask] - rollout[mask]).abs().max() > 1e-3
 
 
+def test_n_samples_of_an_image_call_share_its_images_and_the_chosen_one_goes_on(vlm):
+    """n=2 on the first call: two segments with the first image; the second call continues choice 1,
+    whose segment then holds both images."""
+
+    async def agent(client, prompt, label, **row):
+        msgs = [{"role": "user", "content": [image(data_url(RED, 56)), text(prompt)]}]
+        r = await client.chat.completions.create(model="policy", messages=msgs, n=2)
+        msgs += [{"role": "assistant", "content": r.choices[1].message.content},
+                 {"role": "user", "content": [image(data_url(BLUE, 28))]}]
+        await client.chat.completions.create(model="policy", messages=msgs)
+        return 1.0
+
+    trajs, metrics = run(vlm, agent)
+    assert len(trajs) == 2 and metrics["endpoint/splits"] == 1
+    assert [t.info["vision"].num_images for t in trajs] == [1, 2] and trajs[0].loss_mask.all()
+    assert torch.equal(trajs[0].prompt_ids, trajs[1].prompt_ids)
+    logp = forward(vlm, trajs)
+    for i, t in enumerate(trajs):
+        torch.testing.assert_close(logp[i, : t.response_length][t.loss_mask], t.logprobs[t.loss_mask], rtol=0,
+                                   atol=2e-5)
+
+
 @pytest.mark.parametrize("family", ["llava", "gemma3"])
 def test_other_families_record_the_trainers_logprobs_over_both_images(family):
     """LLaVA (a fixed number of tokens per image) and Gemma 3 (image tokens attend both ways)."""
