@@ -8,27 +8,26 @@ prompts are rendered and tokenized by the model's processor (image tokens expand
 kept per prompt), and the rollout runs on a `VisionEngine`. The final folder holds the processor
 beside the weights, so AutoProcessor loads it.
 
-Agent files whose `AgentInstance` episodes rlhfkit drives (`MultiTurnExecutor`) run with images:
-the executor gets the processor (`attach_processor`) to encode the images `step()` returns. So do
+Agent files whose `AgentInstance` episodes rlhfkit drives (`MultiTurnExecutor`) and agent
+functions (the OpenAI-compatible endpoint) run with images: the executor gets the processor
+(`attach_processor`) to encode the images `step()` returns or the agent's requests send. So do
 tool-calling and text-environment episodes (`ToolExecutor`): its processor renders and encodes the
 prompts with their images and the tool schemas.
 
 LoRA (--ds.lora.rank) adapts the language model and the projector, and the tower unless it is frozen
-(api/builder.py); the final adapter folder holds the processor.
+(api/builder.py); the final adapter folder holds the processor (in the SFT and DPO trainers too).
 
 Estimators with a critic (gae) build it from the VLM: its values see the images (models/critic.py).
 
 Not supported with images yet (one-line errors): the vllm engine, Ray rollout workers, FSDP,
-QLoRA, agent files with their own `execute()` and agent functions; LoRA
-in the SFT and DPO trainers.
+QLoRA, agent files with their own `execute()`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlhfkit.agents import MultiTurnExecutor, SingleTurnExecutor
-from rlhfkit.agents.tools.agent import ToolExecutor
+from rlhfkit.agents import SingleTurnExecutor
 from rlhfkit.api.builder import prompt_options
 from rlhfkit.config import RLConfig
 from rlhfkit.data.images import (
@@ -98,24 +97,24 @@ def refuse_unsupported(cfg: RLConfig) -> None:
 
 def check_executor(cfg: RLConfig, executor) -> None:
     """ConfigError (before models load) for an executor that does not run with images yet: only
-    single-turn generation, `AgentInstance` episodes rlhfkit drives (MultiTurnExecutor) and tool-calling
-    or text-environment episodes (ToolExecutor) do."""
-    if isinstance(executor, (SingleTurnExecutor, MultiTurnExecutor, ToolExecutor)):
+    single-turn generation and the executors that take the processor (`processor`): `AgentInstance`
+    episodes rlhfkit drives (MultiTurnExecutor), tool-calling and text-environment episodes
+    (ToolExecutor) and agent functions on the endpoint (EndpointExecutor)."""
+    if isinstance(executor, SingleTurnExecutor) or hasattr(executor, "processor"):
         return
     raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with "
-                      f"{type(executor).__name__} yet (an AgentExecutor with its own execute() or an agent "
-                      "function); give an agent file with an AgentInstance, or tools; see docs/vision.md")
+                      f"{type(executor).__name__} yet (an AgentExecutor with its own execute()); give an agent "
+                      "file with an AgentInstance, an agent function or tools; see docs/vision.md")
 
 
 def attach_processor(processor, max_images: int, *executors) -> None:
-    """Give the multi-turn executors the policy's processor (it encodes the environment_images) and the
-    most images an episode may hold (--data.max_images_per_prompt, the prompt's counted); the tool
-    executors the processor (it renders and encodes the prompts with their images and the tools)."""
+    """Give the executors that take one (MultiTurnExecutor, ToolExecutor, EndpointExecutor) the policy's
+    processor (it encodes the environment_images, renders and encodes tool episodes' prompts with their
+    images, the agent's image parts) and the most images an episode may hold (--data.max_images_per_prompt,
+    the prompt's counted)."""
     for executor in executors:
-        if isinstance(executor, MultiTurnExecutor):
+        if hasattr(executor, "processor"):
             executor.processor, executor.max_images = processor, max_images
-        elif isinstance(executor, ToolExecutor):
-            executor.processor = processor
 
 
 def prepare_policy(cfg: RLConfig, policy, ref, critic=None) -> None:

@@ -313,3 +313,48 @@ def test_gae_builds_the_critic_from_the_vlm_and_its_values_see_the_images(ws, tm
     moved = [k for k, v in critic.state_dict().items() if not torch.equal(v, start[k])]
     assert any(k.startswith("backbone.language_model.") for k in moved)
     assert not any(k.startswith("backbone.visual.") for k in moved)
+
+
+# An agent function that sends images the OpenAI way (image_url parts with data: URLs), one per call.
+IMAGE_URL_AGENT = """import base64
+import io
+
+from PIL import Image
+
+COLOURS = {"red": (230, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 230)}
+
+
+def data_url(colour, size):
+    buf = io.BytesIO()
+    Image.new("RGB", (size, size), colour).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+async def agent(client, prompt, label, **row):
+    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(COLOURS[label], 56)}},
+                                         {"type": "text", "text": prompt}]}]
+    first = await client.chat.completions.create(model="policy", messages=msgs, max_tokens=4)
+    msgs += [{"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": [{"type": "text", "text": "and this? "},
+                                          {"type": "image_url", "image_url": {"url": data_url(COLOURS[label], 28)}}]}]
+    second = await client.chat.completions.create(model="policy", messages=msgs, max_tokens=4)
+    return {"reward": float(len(second.choices[0].message.content) % 2), "extra_logs": {"images_sent": 2.0}}
+"""
+
+
+def test_cli_trains_an_agent_function_that_sends_image_url_parts(ws, tmp_path):
+    (tmp_path / "eyes.py").write_text(IMAGE_URL_AGENT)
+    names = list(COLOURS)
+    (tmp_path / "ask.jsonl").write_text("".join(json.dumps({"prompt": QUESTION, "label": names[i % 3]}) + "\n"
+                                                for i in range(8)))
+    out = tmp_path / "run"
+    run = cli(flags(ws, out, **{"reward.remote_url": None, "agent.func_path": str(tmp_path / "eyes.py"),
+                                "data.prompt_dataset": str(tmp_path / "ask.jsonl"), "data.image_key": None,
+                                "agent.max_response_tokens": "40", "data.max_images_per_prompt": "2"}))
+    assert run.returncode == 0, run.stderr[-2000:]
+    steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2], steps
+    assert all(r["reward_extra/images_sent"] == 2.0 and r["endpoint/calls"] == 16.0 for r in steps), steps
+    assert all(r.get("endpoint/splits", 0.0) == 0.0 and "agent/dropped_error" not in r for r in steps), steps
+    before, after = load_file(ws / "vlm" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("model.layers."))

@@ -4,9 +4,10 @@ Each episode has its own base URL (`/e/<episode id>/v1`) and its own key (the `a
 client sends as `Authorization: Bearer KEY`), both random. A request is refused, and counted, when
 its key is missing or wrong (401), when the key is another episode's (403), when the episode has
 ended (410), when the episode made more calls than `max_calls` or has `max_in_flight` calls
-waiting (429), when its response budget is spent or its prompt does not fit the episode's context
-(400). `max_tokens` above the per-call budget is lowered to it (counted). Counters are read and
-reset with `pop_metrics`; every refusal is logged once per episode and reason, in one line.
+waiting (429), when its response budget is spent, its prompt does not fit the episode's context
+or it sends more distinct images than a vision-language policy allows (400). `max_tokens` above
+the per-call budget is lowered to it (counted). Counters are read and reset with `pop_metrics`;
+every refusal is logged once per episode and reason, in one line.
 """
 
 from __future__ import annotations
@@ -57,13 +58,16 @@ class Refused(Exception):
 class Turn:
     """A chat call the episode made, for continuing its conversation token for token: the
     messages it sent (normalised), the reply per choice (normalised), the prompt ids and per choice
-    the sampled ids and whether sampling ended on a stop token."""
+    the sampled ids and whether sampling ended on a stop token; the keys and tensors of its
+    prompt's images (a vision-language policy)."""
 
     messages: list[tuple]
     replies: list[tuple]
     prompt_ids: list[int]
     sampled: list[list[int]]
     stopped: list[bool]
+    images: tuple[str, ...] = ()
+    vision: Any = None
 
 
 @dataclass
@@ -86,6 +90,7 @@ class Episode:
     in_engine: int = 0  # calls between asking the engine and its answer (queued or generating)
     engine_since: float = 0.0  # when the first of them asked (time.monotonic)
     engine_s: float = 0.0  # seconds with a call in the engine, before that
+    image_keys: set = field(default_factory=set)  # the distinct images its calls sent (vision.ImageParts keys)
     _seeds: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -192,6 +197,15 @@ class Registry:
                 e.turns.append(turn)
             e.texts += texts or []
             return True
+
+    def take_images(self, e: Episode, keys: list[str], most: int | None) -> None:
+        """Count a call's images among the episode's distinct images; `Refused` past `most` (None: any number)."""
+        with self.lock:
+            seen = e.image_keys | set(keys)
+            if most is not None and len(seen) > most:
+                raise self._refuse(e, 400, "refused_images", f"episode {e.id} would send {len(seen)} distinct images, "
+                                   f"more than --data.max_images_per_prompt {most}")
+            e.image_keys = seen
 
     def release(self, e: Episode) -> None:
         with self.lock:

@@ -8,6 +8,11 @@ one trajectory. Any other chat request is rendered through the chat template (wi
 and tokenized. A text prompt that starts with an earlier prompt + its sampled text likewise reuses
 those ids; a prompt given as token ids is used as it is.
 
+With a vision-language policy (`Settings.processor`) chat messages may hold image_url parts
+(vision.py): the processor's chat template renders them, the call's image tensors go to the
+engine with its prompt and are recorded with it; a continuing call gets the new messages' tokens
+and images after the earlier call's. Text prompts may not hold the model's image tokens.
+
 Sampling: with `honor_sampling` False (training) the run's temperature, top_p and top_k are used
 whatever the request asks, so the recorded logprobs are the ones the trainer computes; `n`,
 `max_tokens` (within the budgets) and `stop` are the request's. `stop` strings cut the sampled
@@ -23,6 +28,7 @@ from typing import Any
 
 from rlhfkit.agents.endpoint.episodes import Episode, Registry, Turn, room
 from rlhfkit.agents.endpoint.segments import Call
+from rlhfkit.agents.endpoint.vision import ImageParts, RefusedImage, VisionTemplate
 from rlhfkit.agents.endpoint.wire import (
     BadRequest,
     Choice,
@@ -38,26 +44,30 @@ from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.stops import stop_position
 
-Generate = Callable[[list[int], SamplingParams, int, object], Awaitable[list[Trajectory]]]
+Generate = Callable[[list[int], SamplingParams, int, object, Any], Awaitable[list[Trajectory]]]
 
 
 @dataclass
 class Settings:
     """What the endpoint samples with: the run's `params` (temperature, top_p, top_k, stop ids),
-    whether a request's own temperature/top_p/top_k win (`honor_sampling`), the tool-call parser and
-    the model name replies carry."""
+    whether a request's own temperature/top_p/top_k win (`honor_sampling`), the tool-call parser,
+    the model name replies carry; a vision-language policy's processor (chat messages may then hold
+    image_url parts, vision.py) and the most distinct images an episode may send (None: any)."""
 
     params: SamplingParams
     honor_sampling: bool = False
     tool_parser: str | None = None
     model_name: str = "policy"
+    processor: Any = None
+    max_images: int | None = None
 
 
 class Completions:
-    """Serves chat and text completions for episodes over `generate(ids, params, seed, episode)`."""
+    """Serves chat and text completions for episodes over `generate(ids, params, seed, episode, vision)`."""
 
     def __init__(self, tokenizer, settings: Settings, registry: Registry, generate: Generate):
         self.tokenizer, self.settings, self.registry, self.generate = tokenizer, settings, registry, generate
+        self.vision = VisionTemplate(settings.processor) if settings.processor is not None else None
         self._templates: dict[str, ToolTemplate] = {}
 
     def template(self, tools: Any) -> ToolTemplate:
@@ -74,32 +84,70 @@ class Completions:
     # ------------------------------------------------------------------ chat
     async def chat(self, e: Episode, body: dict) -> dict:
         ask = sampling(body, chat=True)
-        messages = template_messages(body.get("messages"))
-        tt = self.template(body.get("tools"))
-        normed = [normal(m) for m in messages]
-        ids = self.continued(e, tt, messages, normed) or tt.prompt_ids(messages)
-        parse = bool(body.get("tools")) and body.get("tool_choice") != "none"
-        samples = await self.sample(e, ids, ask)
+        if self.vision is None:
+            tt = self.template(body.get("tools"))
+            ids, normed = self.text_prompt(e, tt, body)
+            images, vision = (), None
+        else:
+            tt = None
+            ids, normed, images, vision = self.vision_prompt(e, body)
+        parse = tt is not None and bool(body.get("tools")) and body.get("tool_choice") != "none"
+        samples = await self.sample(e, ids, ask, vision)
         choices = [self.choice(tokens, lps, finish, ask, tt if parse else None) for tokens, lps, finish, _ in samples]
         replies = [normal({"role": "assistant", "content": c.text, "tool_calls": [
             {"function": {"name": t["function"]["name"], "arguments": json.loads(t["function"]["arguments"])}}
             for t in c.tool_calls or ()]}) for c in choices]
         turn = Turn(normed, replies, ids, [c.token_ids for c in choices],
-                    [c.finish_reason != FINISH_LENGTH and self.ends_on_stop_id(c.token_ids) for c in choices])
+                    [c.finish_reason != FINISH_LENGTH and self.ends_on_stop_id(c.token_ids) for c in choices],
+                    images, vision)
         self.keep(e, ids, choices, [s[3] for s in samples], turn=turn)
         return completion_body(True, self.settings.model_name, ids, choices, ask.logprobs)
 
-    def continued(self, e: Episode, tt: ToolTemplate, messages: list[dict], normed: list[tuple]) -> list[int] | None:
-        """The prompt ids of a request that continues one of the episode's earlier chat calls, else None."""
+    def continued(self, e: Episode, normed: list[tuple]) -> tuple[Turn, list[int], bool, int] | None:
+        """For a request that continues one of the episode's earlier chat calls (its messages, then
+        the reply the endpoint gave, then new ones): (that call's turn, the reply's sampled ids,
+        whether sampling stopped on a stop token, where the new messages start); else None."""
         for turn in reversed(e.turns):
             k = len(turn.messages)
             if len(normed) <= k + 1 or normed[:k] != turn.messages:
                 continue
             for c, reply in enumerate(turn.replies):
                 if normed[k] == reply:
-                    sampled = turn.sampled[c]
-                    return turn.prompt_ids + sampled + tt.delta(sampled, turn.stopped[c], messages[k + 1:])
+                    return turn, turn.sampled[c], turn.stopped[c], k + 1
         return None
+
+    def text_prompt(self, e: Episode, tt: ToolTemplate, body: dict) -> tuple[list[int], list[tuple]]:
+        """A text policy's chat prompt: (ids, normalised messages), rendered by the chat template or
+        continuing an earlier call."""
+        messages = template_messages(body.get("messages"))
+        normed = [normal(m) for m in messages]
+        found = self.continued(e, normed)
+        if found is None:
+            return tt.prompt_ids(messages), normed
+        turn, sampled, stopped, start = found
+        return turn.prompt_ids + sampled + tt.delta(sampled, stopped, messages[start:]), normed
+
+    def vision_prompt(self, e: Episode, body: dict) -> tuple[list[int], list[tuple], tuple[str, ...], Any]:
+        """A vision-language policy's chat prompt: (ids, normalised messages, image keys, VisionInputs
+        or None), rendered by the processor, or continuing an earlier call with the new images after its own."""
+        if body.get("tools"):
+            raise BadRequest("tools: tool calling is not served to a vision-language policy yet; send messages only")
+        parts = ImageParts(placeholders=self.vision.placeholder_texts)
+        try:
+            messages = template_messages(body.get("messages"), parts.content)
+        except RefusedImage as exc:
+            raise self.registry.refuse(e, 400, exc.counter, str(exc)) from exc
+        self.registry.take_images(e, parts.keys, self.settings.max_images)
+        normed = [normal(m) for m in messages]
+        found = self.continued(e, normed)
+        if found is None:
+            ids, vision = self.vision.prompt(messages, parts.images)
+        else:
+            turn, sampled, stopped, start = found
+            delta, vision = self.vision.delta(sampled, stopped, messages[start:], parts.images[len(turn.images):],
+                                              turn.vision)
+            ids = turn.prompt_ids + sampled + delta
+        return ids, normed, tuple(parts.keys), vision
 
     def ends_on_stop_id(self, ids: list[int]) -> bool:
         stops = set(self.settings.params.stop_token_ids) | {self.tokenizer.eos_token_id}
@@ -119,6 +167,8 @@ class Completions:
             ids = list(prompt)
         else:
             raise BadRequest("prompt: give one non-empty string or one list of token ids")
+        if self.vision is not None and set(ids) & self.vision.placeholder_ids:
+            raise BadRequest("prompt: holds the model's image token; send images as image_url parts of chat messages")
         samples = await self.sample(e, ids, ask)
         choices = [self.choice(tokens, lps, finish, ask, None) for tokens, lps, finish, _ in samples]
         prefix = self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -138,8 +188,10 @@ class Completions:
         return best[1] + (self.encode(rest) if rest else [])
 
     # ------------------------------------------------------------------ sampling and recording
-    async def sample(self, e: Episode, ids: list[int], ask: Sampling) -> list[tuple[list[int], list[float], str, int]]:
-        """(tokens, logprobs, finish reason, version) of each of the `ask.n` samples."""
+    async def sample(self, e: Episode, ids: list[int], ask: Sampling,
+                     vision: Any = None) -> list[tuple[list[int], list[float], str, int]]:
+        """(tokens, logprobs, finish reason, version) of each of the `ask.n` samples (`vision`: the
+        prompt's image tensors, for a vision engine)."""
         new = room(e, len(ids), ask.max_tokens, self.registry)
         run = self.settings.params
         own = self.settings.honor_sampling
@@ -149,7 +201,7 @@ class Completions:
             top_p=ask.top_p if own and ask.top_p is not None else run.top_p,
             top_k=ask.top_k if own and ask.top_k is not None else run.top_k)
         with self.registry.in_engine(e):
-            trajs = await self.generate(ids, params, e.next_seed(), e)
+            trajs = await self.generate(ids, params, e.next_seed(), e, vision)
         out = []
         for t in trajs:
             tokens, lps, finish = t.response_ids.tolist(), t.logprobs.tolist(), t.finish_reason
@@ -176,8 +228,9 @@ class Completions:
 
     def keep(self, e: Episode, ids: list[int], choices: list[Choice], versions: list[int], turn: Turn | None = None,
              texts: list[tuple[str, list[int]]] | None = None) -> None:
+        images, vision = (turn.images, turn.vision) if turn is not None else ((), None)
         calls = [Call(list(ids), c.token_ids, c.logprobs, v, FINISH_LENGTH if c.finish_reason == FINISH_LENGTH
-                      else FINISH_STOP) for c, v in zip(choices, versions)]
+                      else FINISH_STOP, images, vision) for c, v in zip(choices, versions)]
         if not self.registry.record(e, calls, turn, texts):
             raise self.registry.refuse(e, 410, "refused_ended", f"episode {e.id} ended while its call was sampled; "
                                        "nothing of it was kept")

@@ -17,6 +17,11 @@ calls wait on the engine, queued or generating, does not count), returns
 something that is not a reward, or never calls the endpoint. `group_id` of every segment is its
 prompt's; `info["episode"]` tells the group baseline which segments are one episode.
 
+With a vision-language policy (`processor` set, as `attach_processor` does), the agent's chat
+messages may hold image_url parts with data: URLs (vision.py); each segment's trajectory carries
+its images in `info["vision"]`. An episode may send at most `max_images` distinct images
+(--data.max_images_per_prompt) and requests of at most VISION_REQUEST_BYTES.
+
 The endpoint starts for each rollout batch and stops when its episodes are done (nothing is left
 listening between batches); its episodes run concurrently on one event loop, at most
 `max_concurrent` at a time.
@@ -47,6 +52,7 @@ from rlhfkit.rollout.base import GenerationEngine, SamplingParams
 
 log = logging.getLogger("rlhfkit")
 RESERVED = ("client", "prompt", "label")
+VISION_REQUEST_BYTES = 16 << 20  # the largest request body with images (base64 images are large)
 
 
 @dataclass
@@ -96,6 +102,8 @@ class EndpointExecutor:
         self.honor_sampling = honor_sampling
         self.max_concurrent, self.max_context, self.make_client = max_concurrent, max_context, make_client
         self.metrics: dict[str, float] = {}
+        self.processor = None  # a vision-language policy's processor: requests may then send images
+        self.max_images: int | None = None  # most distinct images an episode may send (None: any)
         self.last_server: EndpointServer | None = None  # the server of the last batch (closed), for tests
 
     def pop_metrics(self) -> dict[str, float]:
@@ -110,10 +118,11 @@ class EndpointExecutor:
         budget = budget or TokenBudget(params.max_new_tokens, params.max_new_tokens, 1)
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompts),), generator=generator).tolist()
+        body = VISION_REQUEST_BYTES if self.processor is not None else EndpointLimits.max_request_bytes
         limits = EndpointLimits(per_call=budget.per_turn, total=budget.total, max_calls=self.max_calls,
-                                context=self.max_context)
+                                max_request_bytes=body, context=self.max_context)
         settings = Settings(params, self.honor_sampling, self.tool_parser,
-                            getattr(tokenizer, "name_or_path", None) or "policy")
+                            getattr(tokenizer, "name_or_path", None) or "policy", self.processor, self.max_images)
         with EndpointServer(tokenizer, settings) as server:
             server.engine = engine
             self.last_server = server

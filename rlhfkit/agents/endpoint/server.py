@@ -14,6 +14,7 @@ batched into one engine call: the batcher waits until every open episode has a c
 `batch_window` seconds pass without a new one, then generates them together (grouped by sampling
 parameters) in a worker thread while the server goes on taking requests. Each episode's k-th call
 samples with the k-th seed drawn from the episode's seed, so its tokens do not depend on the others.
+A call with images (a vision-language policy) hands its image tensors to the engine with its prompt.
 
 The server runs in its own thread with its own event loop (uvicorn); `close` stops it, and both
 threads end (no port or thread outlives it). It listens on 127.0.0.1 only.
@@ -51,14 +52,15 @@ class Batcher:
 
     def __init__(self, server: EndpointServer, window: float):
         self.server, self.window = server, window
-        self.pending: list[tuple[list[int], SamplingParams, int, asyncio.Future, object]] = []
+        self.pending: list[tuple[list[int], SamplingParams, int, asyncio.Future, object, object]] = []
         self.last = 0.0
         self.task: asyncio.Task | None = None
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlhfkit-endpoint-engine")
 
-    async def submit(self, ids: list[int], params: SamplingParams, seed: int, who: object) -> list[Trajectory]:
+    async def submit(self, ids: list[int], params: SamplingParams, seed: int, who: object,
+                     vision: object = None) -> list[Trajectory]:
         future = asyncio.get_running_loop().create_future()
-        self.pending.append((ids, params, seed, future, who))
+        self.pending.append((ids, params, seed, future, who, vision))
         self.last = time.monotonic()
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self.flush())
@@ -84,7 +86,7 @@ class Batcher:
                     continue
                 try:
                     trajs = await loop.run_in_executor(self.pool, self._generate, [it[0] for it in live], params,
-                                                       [it[2] for it in live])
+                                                       [it[2] for it in live], [it[5] for it in live])
                 except Exception as exc:  # noqa: BLE001 - NaN weights and the like: the run reports them
                     self.server.engine_error = self.server.engine_error or exc
                     for it in live:
@@ -95,11 +97,12 @@ class Batcher:
                     if not it[3].done():
                         it[3].set_result(trajs[j * params.n:(j + 1) * params.n])
 
-    def _generate(self, prompts, params, seeds) -> list[Trajectory]:
+    def _generate(self, prompts, params, seeds, vision) -> list[Trajectory]:
         engine = self.server.engine
         if engine is None:
             raise RuntimeError("the endpoint has no engine")
-        return engine.generate(prompts, params, seeds=seeds)
+        images = {"vision": vision} if any(v is not None for v in vision) else {}  # a VisionEngine takes them
+        return engine.generate(prompts, params, seeds=seeds, **images)
 
 
 class EndpointServer:
@@ -131,8 +134,8 @@ class EndpointServer:
         self._socket: socket.socket | None = None
         self.port = 0
 
-    async def _generate(self, ids, params, seed, who):
-        return await self.batcher.submit(ids, params, seed, who)
+    async def _generate(self, ids, params, seed, who, vision=None):
+        return await self.batcher.submit(ids, params, seed, who, vision)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> EndpointServer:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +82,8 @@ def content_text(content: Any) -> str:
         parts = []
         for p in content:
             if not isinstance(p, dict) or p.get("type") not in _TEXT_PARTS:
-                raise BadRequest("messages: only text content parts are served (this endpoint trains text models)")
+                raise BadRequest("messages: only text content parts are served to a text-only policy (image_url "
+                                 "parts need a vision-language one)")
             parts.append(str(p.get("text", "")))
         return "".join(parts)
     raise BadRequest(f"messages: content of type {type(content).__name__}; give a string or a list of text parts")
@@ -98,15 +99,16 @@ def _arguments(raw: Any) -> dict:
     return out if isinstance(out, dict) else {"_raw": raw}
 
 
-def template_messages(messages: Any) -> list[dict]:
-    """Messages as a chat template takes them: text content, tool-call arguments as dicts."""
+def template_messages(messages: Any, content: Callable[[Any], Any] = content_text) -> list[dict]:
+    """Messages as a chat template takes them: their content through `content` (text; with a
+    vision-language policy, text and image parts: vision.ImageParts), tool-call arguments as dicts."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages: give a non-empty list of {role, content} objects")
     out = []
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest("messages: each message is an object with a role")
-        msg = {"role": m["role"], "content": content_text(m.get("content"))}
+        msg = {"role": m["role"], "content": content(m.get("content"))}
         if m.get("tool_calls"):
             msg["tool_calls"] = [{"id": c.get("id", ""), "type": "function",
                                   "function": {"name": c.get("function", {}).get("name", ""),
@@ -124,7 +126,10 @@ def normal(message: dict) -> tuple:
     continues an earlier call's): role, content, tool calls (name and arguments), tool_call_id."""
     calls = tuple((c["function"]["name"], json.dumps(c["function"]["arguments"], sort_keys=True))
                   for c in message.get("tool_calls") or ())
-    return message["role"], message.get("content") or "", calls, message.get("tool_call_id")
+    content = message.get("content") or ""
+    if isinstance(content, list):  # text and image parts (an image by its key)
+        content = tuple((p["type"], p.get("text", p.get("sha256"))) for p in content)
+    return message["role"], content, calls, message.get("tool_call_id")
 
 
 def tool_call_entries(calls: Sequence[Any]) -> list[dict]:

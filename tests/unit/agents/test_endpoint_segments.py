@@ -69,3 +69,20 @@ def test_episode_ids_come_from_the_trajectories_info():
     b = stitch(calls[:1], 0, 0, {"episode": "y"}).trajectories
     assert episode_ids(a + b).tolist() == [0, 0, 1]
     assert episode_ids(stitch(calls, 0, 0, {}).trajectories) is None
+
+
+def test_a_call_extends_a_segment_only_when_its_images_start_with_the_segments():
+    """Images by key: ("a",) then ("a", "b") extends, and the trajectory carries the last call's
+    images; ("b",) with the same ids does not (Qwen2-VL's image tokens are one id for any image)."""
+    one, two, other = object(), object(), object()  # stand-ins for the calls' VisionInputs
+    calls = [Call([1, 9], [3], [-0.1], 0, FINISH_STOP, ("a",), one),
+             Call([1, 9, 3, 9], [4], [-0.2], 0, FINISH_STOP, ("a", "b"), two),
+             Call([1, 9, 3, 9, 4], [5], [-0.3], 0, FINISH_STOP, ("b",), other)]
+    out = stitch(calls, group_id=0, version=0, info={"episode": "e"})
+    assert out.splits == 1
+    first, second = out.trajectories
+    assert first.response_ids.tolist() == [3, 9, 4] and first.loss_mask.tolist() == [True, False, True]
+    assert first.info == {"episode": "e", "vision": two}
+    assert second.prompt_ids.tolist() == [1, 9, 3, 9, 4] and second.info == {"episode": "e", "vision": other}
+    text = stitch([Call([1], [2], [-1.0], 0, FINISH_STOP)], 0, 0, {})
+    assert "vision" not in text.trajectories[0].info  # no images: nothing added

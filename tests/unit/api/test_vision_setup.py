@@ -57,7 +57,7 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-def test_agent_files_and_tools_run_with_images_but_other_executors_are_refused():
+def test_agent_files_tools_and_functions_run_with_images_but_other_executors_are_refused():
     refuse_unsupported(config("--agent.func_path", "agent.py"))  # an agent file passes the config check
     refuse_unsupported(config("--agent.tools", "tools.py:f"))
     refuse_unsupported(config("--ds.lora.rank", "4"))
@@ -67,6 +67,13 @@ def test_agent_files_and_tools_run_with_images_but_other_executors_are_refused()
     check_executor(cfg, MultiTurnExecutor(AgentInstanceBase))
     check_executor(cfg, SingleTurnExecutor())
     check_executor(cfg, ToolExecutor([add]))
+    pytest.importorskip("fastapi")
+    from rlhfkit.agents.endpoint import EndpointExecutor
+
+    async def agent(client, prompt, label, **row):
+        return 1.0
+
+    check_executor(cfg, EndpointExecutor(agent))  # the OpenAI-compatible endpoint's image_url parts
     executor = ExecuteRunner(AgentExecutorBase, "agent.py")
     with pytest.raises(ConfigError, match=f"does not run with {type(executor).__name__} yet"):
         check_executor(cfg, executor)

@@ -1,0 +1,265 @@
+"""The OpenAI-compatible endpoint with a vision-language policy (the tiny random Qwen2-VL), driven by
+the official `openai` SDK: image_url parts with data: URLs reach the engine and are recorded with
+each call; an agent that sends an image in each of two calls gives one trajectory with both images,
+whose recorded logprobs equal the trainer's forward over them (LLaVA and Gemma 3 too); a rewritten history splits into
+segments with their own images; http URLs, bad data, too many images are refused (400) and counted."""
+
+import asyncio
+import base64
+import io
+
+import pytest
+import torch
+from PIL import Image
+
+openai = pytest.importorskip("openai")
+
+from rlhfkit.agents.endpoint import (
+    EndpointExecutor,
+    EndpointLimits,
+    EndpointServer,
+    Settings,
+)
+from rlhfkit.agents.executor import TokenBudget
+from rlhfkit.data.batch import collate
+from rlhfkit.models.logprobs import response_logprobs
+from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
+from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.vision import VisionEngine
+
+PARAMS = SamplingParams(max_new_tokens=5, temperature=1.0)
+RED, BLUE = (230, 30, 30), (30, 30, 230)
+
+
+def data_url(colour, size: int, fmt: str = "PNG") -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (size, size), colour).save(buf, fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def image(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def text(t: str) -> dict:
+    return {"type": "text", "text": t}
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    torch.set_num_threads(1)
+    model, proc = tiny_vision_model_and_processor("qwen2_vl", seed=0)
+    return model, proc, VisionEngine(model, proc.tokenizer)
+
+
+class P:
+    def __init__(self, text, label=None):
+        self.text, self.raw, self.label, self.record = text, text, label, {}
+
+
+def two_images(second=BLUE):
+    """An agent that shows a 56x56 red image, then (its history kept) a 28x28 image of `second`."""
+
+    async def agent(client, prompt, label, **row):
+        msgs = [{"role": "user", "content": [image(data_url(RED, 56)), text(prompt)]}]
+        r = await client.chat.completions.create(model="policy", messages=msgs)
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+                 {"role": "user", "content": [text("and "), image(data_url(second, 28, "JPEG"))]}]
+        await client.chat.completions.create(model="policy", messages=msgs)
+        return 1.0
+
+    return agent
+
+
+def run(vlm, agent, max_images=3, prompts=("colour?",), n=1):
+    _, proc, engine = vlm
+    executor = EndpointExecutor(agent)
+    executor.processor, executor.max_images = proc, max_images
+    trajs = executor.run(engine, proc.tokenizer, [P(p) for p in prompts], SamplingParams(max_new_tokens=5,
+                         temperature=1.0, n=n), TokenBudget(5, 60, 2), seeds=[7] * len(prompts))
+    return trajs, executor.pop_metrics()
+
+
+def forward(vlm, trajs):
+    model, proc, _ = vlm
+    logp, _ = response_logprobs(model, collate(trajs, proc.tokenizer.pad_token_id), temperature=1.0)
+    return logp
+
+
+def test_two_calls_with_an_image_each_are_one_trajectory_whose_logprobs_are_the_trainers(vlm):
+    model, proc, _ = vlm
+    trajs, metrics = run(vlm, two_images(), prompts=("colour?", "which?"), n=2)
+    assert len(trajs) == 4 and metrics["endpoint/splits"] == 0 and metrics["endpoint/calls"] == 8
+    pad = model.config.image_token_id
+    for t in trajs:
+        vision = t.info["vision"]
+        assert vision.num_images == 2 and vision.tensors["image_grid_thw"].tolist() == [[1, 4, 4], [1, 2, 2]]
+        assert (t.prompt_ids == pad).sum() == 4  # 56x56: 16 patches merged 2x2
+        assert (t.response_ids[~t.loss_mask] == pad).sum() == 1  # the second image, in the masked gap
+        assert not (t.response_ids[t.loss_mask] == pad).any() and t.loss_mask[-1]
+    logp = forward(vlm, trajs)
+    rollout = torch.zeros_like(logp)
+    for i, t in enumerate(trajs):
+        rollout[i, : t.response_length] = t.logprobs
+    mask = collate(trajs, proc.tokenizer.pad_token_id).loss_mask
+    torch.testing.assert_close(logp[mask], rollout[mask], rtol=0, atol=2e-5)
+    # switch-off: the same trajectories without their images give other logprobs
+    bare = [type(t)(**{**t.__dict__, "info": {k: v for k, v in t.info.items() if k != "vision"}}) for t in trajs]
+    assert (forward(vlm, bare)[mask] - rollout[mask]).abs().max() > 1e-3
+
+
+def test_n_samples_of_an_image_call_share_its_images_and_the_chosen_one_goes_on(vlm):
+    """n=2 on the first call: two segments with the first image; the second call continues choice 1,
+    whose segment then holds both images."""
+
+    async def agent(client, prompt, label, **row):
+        msgs = [{"role": "user", "content": [image(data_url(RED, 56)), text(prompt)]}]
+        r = await client.chat.completions.create(model="policy", messages=msgs, n=2)
+        msgs += [{"role": "assistant", "content": r.choices[1].message.content},
+                 {"role": "user", "content": [image(data_url(BLUE, 28))]}]
+        await client.chat.completions.create(model="policy", messages=msgs)
+        return 1.0
+
+    trajs, metrics = run(vlm, agent)
+    assert len(trajs) == 2 and metrics["endpoint/splits"] == 1
+    assert [t.info["vision"].num_images for t in trajs] == [1, 2] and trajs[0].loss_mask.all()
+    assert torch.equal(trajs[0].prompt_ids, trajs[1].prompt_ids)
+    logp = forward(vlm, trajs)
+    for i, t in enumerate(trajs):
+        torch.testing.assert_close(logp[i, : t.response_length][t.loss_mask], t.logprobs[t.loss_mask], rtol=0,
+                                   atol=2e-5)
+
+
+@pytest.mark.parametrize("family", ["llava", "gemma3"])
+def test_other_families_record_the_trainers_logprobs_over_both_images(family):
+    """LLaVA (a fixed number of tokens per image) and Gemma 3 (image tokens attend both ways)."""
+    model, proc = tiny_vision_model_and_processor(family, seed=0)
+    family_vlm = (model, proc, VisionEngine(model, proc.tokenizer))
+    [t], _ = run(family_vlm, two_images())
+    assert t.info["vision"].num_images == 2 and not t.loss_mask.all() and t.loss_mask[-1]
+    logp = forward(family_vlm, [t])[0, : t.response_length]
+    torch.testing.assert_close(logp[t.loss_mask], t.logprobs[t.loss_mask], rtol=0, atol=2e-5)
+
+
+def test_the_second_image_reaches_the_engine(vlm):
+    """Same seeds, the second image blue or red: the first call samples the same, the second does not."""
+    [blue], _ = run(vlm, two_images(BLUE))
+    [red], _ = run(vlm, two_images(RED))
+    first = int((~blue.loss_mask).nonzero()[0])
+    assert torch.equal(blue.response_ids[:first], red.response_ids[:first])
+    assert torch.equal(blue.logprobs[:first], red.logprobs[:first])
+    end = int((~blue.loss_mask).nonzero()[-1]) + 1
+    assert torch.equal(blue.response_ids[:end], red.response_ids[:end])  # the same tokens, other image tensors
+    assert not torch.equal(blue.info["vision"].tensors["pixel_values"], red.info["vision"].tensors["pixel_values"])
+    assert (blue.logprobs[end:] - red.logprobs[end:]).abs().max() > 1e-4
+
+
+def test_a_call_with_other_images_so_far_starts_a_segment_with_its_own_images(vlm):
+    """The second call sends the first's conversation with its image swapped: its token ids extend
+    the first call's (Qwen2-VL's image tokens are one id whatever the image), its images do not,
+    so it starts a segment of its own, with its own image."""
+
+    async def agent(client, prompt, label, **row):
+        msgs = [{"role": "user", "content": [image(data_url(RED, 56)), text(prompt)]}]
+        r = await client.chat.completions.create(model="policy", messages=msgs)
+        msgs[0]["content"][0] = image(data_url(BLUE, 56))
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "more"}]
+        await client.chat.completions.create(model="policy", messages=msgs)
+        return 0.5
+
+    trajs, metrics = run(vlm, agent)
+    assert len(trajs) == 2 and metrics["endpoint/splits"] == 1
+    red, blue = trajs
+    red_ids = torch.cat([red.prompt_ids, red.response_ids])
+    assert torch.equal(blue.prompt_ids[: len(red_ids)], red_ids)  # the ids alone would extend the red segment
+    assert red.loss_mask.all() and blue.loss_mask.all()  # each trains what its call sampled
+    assert red.info["vision"].num_images == blue.info["vision"].num_images == 1
+    assert not torch.equal(red.info["vision"].tensors["pixel_values"], blue.info["vision"].tensors["pixel_values"])
+    logp = forward(vlm, trajs)
+    for i, t in enumerate(trajs):
+        torch.testing.assert_close(logp[i, : t.response_length][t.loss_mask], t.logprobs[t.loss_mask], rtol=0,
+                                   atol=2e-5)
+
+
+def status_of(coro) -> tuple[int | None, str]:
+    async def go():
+        try:
+            await coro
+        except openai.APIStatusError as exc:
+            return exc.status_code, str(exc)
+        return None, ""
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("content, needle, counter", [
+    ([image("http://example.com/cat.png"), text("hi")], "fetches no images from the network", "refused_image_url"),
+    ([image("https://example.com/cat.png")], "fetches no images from the network", "refused_image_url"),
+    ([image("data:image/png;base64,!!!")], "not valid base64", "refused_image"),
+    ([image("data:image/png;base64," + base64.b64encode(b"not a png").decode())], "cannot be decoded",
+     "refused_image"),
+    ([image("file:///etc/passwd")], "give a data:image/<format>;base64", "refused_image"),
+    ([image(data_url(RED, 28)), image(data_url(BLUE, 28)), image(data_url((0, 0, 0), 28))],
+     "3 distinct images, more than --data.max_images_per_prompt 2", "refused_images"),
+    ([text("see <|image_pad|>")], "text holds the model's image token", "bad_request"),
+    ([{"type": "input_audio", "input_audio": {}}], "give text or image_url parts", "bad_request"),
+])
+def test_bad_image_parts_are_refused_with_400_and_counted(vlm, content, needle, counter):
+    _, proc, engine = vlm
+    with EndpointServer(proc.tokenizer, Settings(PARAMS, processor=proc, max_images=2)) as server:
+        server.engine = engine
+        e = server.open_episode(0, seed=1, limits=EndpointLimits())
+        client = openai.AsyncOpenAI(base_url=server.url(e), api_key=e.key, max_retries=0)
+        status, message = status_of(client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": content}]))
+        metrics = server.registry.pop_metrics()
+        assert status == 400 and needle in message, message
+        assert metrics[f"endpoint/{counter}"] == 1.0 and not e.calls
+
+
+def test_an_image_to_a_text_policy_and_tools_to_a_vision_policy_are_refused(vlm):
+    _, proc, engine = vlm
+    ask = [{"role": "user", "content": [image(data_url(RED, 28))]}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    for settings, extra, needle in ((Settings(PARAMS), {}, "image_url parts need a vision-language one"),
+                                    (Settings(PARAMS, processor=proc), {"tools": tools}, "not served to a vision")):
+        with EndpointServer(proc.tokenizer, settings) as server:
+            server.engine = engine
+            e = server.open_episode(0, seed=1, limits=EndpointLimits())
+            client = openai.AsyncOpenAI(base_url=server.url(e), api_key=e.key, max_retries=0)
+            status, message = status_of(client.chat.completions.create(model="policy", messages=ask, **extra))
+            assert status == 400 and needle in message, message
+
+
+def test_too_large_images_and_bodies_are_refused(vlm, huge_png, tmp_path):
+    """An image whose header says 20000x20000 pixels (never decoded): 400; a body past the limit: 413."""
+    _, proc, engine = vlm
+    huge = "data:image/png;base64," + base64.b64encode(huge_png(tmp_path / "huge.png").read_bytes()).decode()
+    buf = io.BytesIO()
+    noise = torch.randint(0, 256, (48 * 48 * 3,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    Image.frombytes("RGB", (48, 48), noise.numpy().tobytes()).save(buf, "PNG")  # ~7 KiB: past the 4 KiB limit
+    big = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    with EndpointServer(proc.tokenizer, Settings(PARAMS, processor=proc)) as server:
+        server.engine = engine
+        e = server.open_episode(0, seed=1, limits=EndpointLimits(max_request_bytes=4096))
+        for url, status, needle in ((huge, 400, "more than the 67,108,864 allowed"), (big, 413, "")):
+            client = openai.AsyncOpenAI(base_url=server.url(e), api_key=e.key, max_retries=0)
+            got, message = status_of(client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": [image(url)]}]))
+            assert got == status and needle in message, message
+        metrics = server.registry.pop_metrics()
+        assert metrics["endpoint/refused_image"] == 1.0 and metrics["endpoint/refused_too_large"] == 1.0
+
+
+def test_an_episodes_distinct_images_are_counted_across_its_calls():
+    """Limit 2: calls sending (a, b) then (a, b) again are served; a third image c is refused."""
+    from rlhfkit.agents.endpoint.episodes import Refused, Registry
+
+    reg = Registry()
+    e = reg.open(0, seed=0, limits=EndpointLimits())
+    reg.take_images(e, ["a", "b"], 2)
+    reg.take_images(e, ["a", "b", "a"], 2)
+    with pytest.raises(Refused, match="3 distinct images, more than --data.max_images_per_prompt 2"):
+        reg.take_images(e, ["b", "c"], 2)
+    reg.take_images(e, ["a", "b", "c"], None)  # no limit
+    assert reg.pop_metrics() == {"endpoint/refused_images": 1.0} and e.image_keys == {"a", "b", "c"}
