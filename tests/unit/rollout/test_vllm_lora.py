@@ -11,7 +11,13 @@ import torch
 
 from rlhfkit.errors import ModelError
 from rlhfkit.models import response_logprobs, tiny_model_and_tokenizer
-from rlhfkit.models.lora import MergedLoraSource, MergedLoraState, add_lora, hf_name, merged_weight
+from rlhfkit.models.lora import (
+    MergedLoraSource,
+    MergedLoraState,
+    add_lora,
+    hf_name,
+    merged_weight,
+)
 from rlhfkit.rollout import vllm as V
 from tests.unit.rollout.test_vllm_colocated import FakeLLM, FakeModel
 
@@ -74,7 +80,7 @@ def test_peft_names_map_to_the_base_models():
 
 def test_the_first_sync_loads_the_peft_merge_tensor_by_tensor():
     policy = lora_policy()
-    engine, model, source = engine_for(policy)
+    engine, model, _ = engine_for(policy)
     engine.update_weights({}, 1)
     assert_equal_states(model.params, peft_merged(policy))
     assert len(model.handed) == 1 and engine.version == 1  # CPU tensors: one bytes RPC
@@ -82,7 +88,7 @@ def test_the_first_sync_loads_the_peft_merge_tensor_by_tensor():
 
 def test_after_an_optimizer_step_the_next_sync_carries_the_new_merge():
     policy = lora_policy(targets=("q_proj", "v_proj"))
-    engine, model, source = engine_for(policy)
+    engine, model, _ = engine_for(policy)
     engine.update_weights({}, 1)
     first = peft_merged(policy)
     one_step(policy)
@@ -98,7 +104,7 @@ def test_after_an_optimizer_step_the_next_sync_carries_the_new_merge():
 
 def test_the_bytes_of_a_full_and_an_adapted_only_sync():
     policy = lora_policy(targets=("q_proj", "v_proj"))
-    engine, model, source = engine_for(policy)
+    engine, _, source = engine_for(policy)
     engine.update_weights({}, 1)
     engine.update_weights({}, 2)
     full = sum(p.numel() * 4 for p in peft_merged(policy).values())
@@ -120,9 +126,10 @@ def test_the_sync_leaves_the_trainers_peft_model_as_it_was():
     with policy.disable_adapter():
         base_lp = response_logprobs(policy, ids)[0]
     assert not torch.allclose(response_logprobs(policy, ids)[0], base_lp)  # the adapters still act
-    lora_a = [p for n, p in policy.named_parameters() if "lora_A" in n][0].detach().clone()
+    lora_a = next(p for n, p in policy.named_parameters() if "lora_A" in n)
+    start = lora_a.detach().clone()
     one_step(policy)  # and still train
-    assert not torch.equal(lora_a, [p for n, p in policy.named_parameters() if "lora_A" in n][0])
+    assert not torch.equal(start, lora_a)
 
 
 def collate_ids():
