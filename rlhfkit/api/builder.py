@@ -29,7 +29,7 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
 from rlhfkit.models.loading import load_policy, load_teacher, resolve_model
-from rlhfkit.models.lora import add_lora
+from rlhfkit.models.lora import MergedLoraSource, add_lora
 from rlhfkit.models.precision import (
     DTYPES,
     choose_autocast,
@@ -240,9 +240,13 @@ def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
 def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
     """--rollout.engine hf: an HFEngine sharing the policy module (weight sync is a version bump,
     no copy). vllm: a VLLMEngine on the actor's HF folder that pulls `state_fn()` (default: the
-    policy's state dict) at every weight sync."""
+    policy's state dict) at every weight sync; with LoRA the adapters merged into their layers under
+    the base model's names (the first sync in full, later ones the adapted layers only)."""
     if cfg.rollout.engine == "vllm":
-        return build_vllm_engine(policy, tokenizer, cfg, state_fn or policy.state_dict)
+        state_fn = state_fn or policy.state_dict
+        if hasattr(policy, "peft_config"):  # a LoRA policy (--ds.lora.rank > 0)
+            state_fn = MergedLoraSource(policy, state_fn)
+        return build_vllm_engine(policy, tokenizer, cfg, state_fn)
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
     return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
                     inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode,

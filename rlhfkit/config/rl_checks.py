@@ -205,12 +205,11 @@ def _validate_optim(cfg: RLConfig) -> None:
 
 def _validate_lora(cfg: RLConfig) -> None:
     """LoRA in RL runs with the hf engine, in one process (which generates with the adapted weights),
-    sharded under FSDP or on Ray rollout workers (which hold the same adapters)."""
+    sharded under FSDP or on Ray rollout workers (which hold the same adapters), and with the vllm
+    engine (which loads the adapters merged into their layers at every weight sync)."""
     check_qlora(cfg.ds, cfg.fsdp.enable)
     require(not (cfg.ds.load_in_4bit and cfg.distributed.backend == "ray"),
             "--ds.load_in_4bit does not run on Ray rollout workers yet: drop --distributed.backend ray")
-    if cfg.ds.lora.rank == 0:
-        return
-    require(cfg.rollout.engine != "vllm", f"--ds.lora.rank {cfg.ds.lora.rank} does not combine with --rollout.engine "
-                                          "vllm yet: drop one of them (LoRA in RL runs with --rollout.engine hf, in "
-                                          "one process, under FSDP or on Ray rollout workers)")
+    require(not (cfg.ds.load_in_4bit and cfg.rollout.engine == "vllm"),
+            "--ds.load_in_4bit does not combine with --rollout.engine vllm yet (a 4-bit base does not merge into "
+            "the weights vLLM loads): drop one of them")

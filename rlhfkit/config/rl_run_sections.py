@@ -207,7 +207,9 @@ def lora_targets(lora: LoraConfig) -> tuple[str, ...] | str:
 class RLDSConfig:
     """LoRA adapters on the policy (OpenRLHF's DeepSpeed section): only the adapters train; the
     reference of the KL term is the base model (the policy with its adapters disabled, no second
-    copy of the weights); final/ is peft's adapter folder (`rlhfkit lora merge` folds it in)."""
+    copy of the weights); with --rollout.engine vllm each weight sync sends the adapters merged into
+    their layers (the first in full, later ones the adapted modules); final/ is peft's adapter folder
+    (`rlhfkit lora merge` folds it in)."""
 
     lora: LoraConfig = field(default_factory=LoraConfig)
     load_in_4bit: bool = False

@@ -128,3 +128,123 @@ def merge_lora(adapter_path: str | os.PathLike, base_path: str | os.PathLike | N
         has_own = any((adapter / f).is_file() for f in ("processor_config.json", "preprocessor_config.json"))
         vision.load_processor(str(adapter if has_own else base)).save_pretrained(str(out))
     return out
+
+
+# ------------------------------------------------------------------ merged weights for a rollout engine
+PEFT_PREFIX = "base_model.model."  # what peft puts before the base model's parameter names
+
+
+def lora_layers(peft_model: torch.nn.Module) -> dict[str, tuple[float, bool]]:
+    """Every LoRA-adapted linear of `peft_model`'s active adapter: its module name (as in the peft
+    state dict) -> (scaling = alpha / rank, fan_in_fan_out). ModelError for an adapted layer a
+    plain `W + scaling * B @ A` does not fold (DoRA, embeddings, quantized bases)."""
+    from peft.tuners.lora import Linear
+
+    name = peft_model.active_adapter
+    out = {}
+    for prefix, module in peft_model.named_modules():
+        if name not in getattr(module, "lora_A", {}):
+            continue
+        # peft's Linear wraps a plain nn.Linear (4-bit and embedding layers have classes of their own);
+        # a variant (DoRA, ...) merges otherwise
+        if not isinstance(module, Linear) or name in getattr(module, "lora_variant", {}):
+            raise ModelError(f"{prefix}: only LoRA on plain linear layers folds into merged weights for "
+                             "--rollout.engine vllm (not DoRA, embeddings or 4-bit bases)")
+        out[prefix] = (float(module.scaling[name]), bool(module.fan_in_fan_out))
+    return out
+
+
+def hf_name(peft_key: str) -> str:
+    """The base model's parameter name of a peft state-dict key (an adapted layer's base weight
+    `...q_proj.base_layer.weight` -> `...q_proj.weight`)."""
+    return peft_key.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+
+
+def merged_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float,
+                  fan_in_fan_out: bool) -> torch.Tensor:
+    """W + scaling * B @ A (transposed for a fan-in-fan-out layer), in float32, in W's dtype: a new
+    tensor (W is not touched)."""
+    delta = (b.float() @ a.float()) * scaling
+    return (weight.float() + (delta.T if fan_in_fan_out else delta)).to(weight.dtype)
+
+
+def merged_items(items, layers: dict[str, tuple[float, bool]], adapter: str, adapted_only: bool = False):
+    """(HF name, tensor) of a peft state dict `items` with every adapted linear merged: yielded as
+    soon as its base weight, A and B have all come by (a streamed state gathers them in turn). The
+    other weights pass under their base names; with `adapted_only`, only those of the modules that
+    hold an adapted linear (an attention block's q/k/v/o: vLLM fuses q, k, v into one layer, and its
+    in-place reload processes a fused layer it got only a part of from uninitialised memory).
+    Other adapters' weights never pass."""
+    roles = {}
+    for prefix in layers:
+        roles[f"{prefix}.base_layer.weight"] = (prefix, "w")
+        roles[f"{prefix}.lora_A.{adapter}.weight"] = (prefix, "a")
+        roles[f"{prefix}.lora_B.{adapter}.weight"] = (prefix, "b")
+    holders = {prefix.rpartition(".")[0] for prefix in layers}
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in items:
+        if key not in roles:
+            sibling = key.replace(".base_layer.", ".").rsplit(".", 2)[0] in holders
+            if ".lora_" not in key and (sibling or not adapted_only):
+                yield hf_name(key), tensor
+            continue
+        prefix, role = roles[key]
+        parts = pending.setdefault(prefix, {})
+        parts[role] = tensor.detach()
+        if len(parts) == 3:
+            del pending[prefix]
+            yield hf_name(f"{prefix}.weight"), merged_weight(parts["w"], parts["a"], parts["b"], *layers[prefix])
+    if pending:
+        raise ModelError(f"the policy's state has no base weight, A or B for LoRA layers {sorted(pending)[:3]}")
+
+
+class MergedLoraState:
+    """The weights a rollout engine without peft samples the adapted policy with, computed from
+    `source` (the peft model's state dict, or a streamed state with `parts(bucket_bytes)`) without
+    changing the peft model: for every LoRA-adapted linear W + scaling * B @ A under the base
+    model's name; the other weights as they are, or (`adapted_only`) only the adapted layers'
+    neighbours (`merged_items`). `parts(bucket_bytes)`
+    yields dicts of about `bucket_bytes` each; `sent_bytes` counts what they held, and `on_done`
+    (when given) is called with it once the last part is out."""
+
+    def __init__(self, peft_model: torch.nn.Module, source, adapted_only: bool = False, on_done=None):
+        self.layers, self.adapter = lora_layers(peft_model), peft_model.active_adapter
+        self.source, self.adapted_only, self.on_done, self.sent_bytes = source, adapted_only, on_done, 0
+
+    def __bool__(self) -> bool:
+        return True
+
+    def parts(self, bucket_bytes: int):
+        src = self.source.parts(bucket_bytes) if hasattr(self.source, "parts") else [self.source]
+        items = (kv for part in src for kv in part.items())
+        part: dict[str, torch.Tensor] = {}
+        size = 0
+        for name, tensor in merged_items(items, self.layers, self.adapter, self.adapted_only):
+            nbytes = tensor.numel() * tensor.element_size()
+            if part and size + nbytes > bucket_bytes:
+                yield part
+                part, size = {}, 0
+            part[name] = tensor
+            size += nbytes
+            self.sent_bytes += nbytes
+        if part:
+            yield part
+        if self.on_done is not None:
+            self.on_done(self.sent_bytes)
+
+
+class MergedLoraSource:
+    """A rollout engine's weight source for a LoRA policy (`state_fn` of `VLLMEngine`): each call
+    returns the `MergedLoraState` of `state_fn()`; the first in full (the engine may hold other
+    base weights than the policy's), every later one only the modules with adapted layers, since
+    the base weights are frozen. `sent_bytes`: the bytes of each sync, in order, once it is loaded."""
+
+    def __init__(self, peft_model: torch.nn.Module, state_fn):
+        self.model, self.state_fn = peft_model, state_fn
+        self.calls, self.sent_bytes = 0, []
+
+    def __call__(self) -> MergedLoraState:
+        state = MergedLoraState(self.model, self.state_fn(), adapted_only=self.calls > 0,
+                                on_done=self.sent_bytes.append)
+        self.calls += 1
+        return state

@@ -202,8 +202,10 @@ class VLLMEngine:
       eos_ids: stop token ids always in force (the tokenizer's and generation config's EOS).
       dtype: "float32", "bfloat16" or "auto".
       seed: vLLM's engine seed (requests carry their own seeds from the trainer's generator).
-      state_fn: returns the trainer's current (full, HF-named) state dict; `update_weights({}, v)`
-        loads it. None: an empty state only stamps the version.
+      state_fn: returns the trainer's current HF-named state dict, or an object with
+        `parts(bucket_bytes)` (FSDP's `StreamedState`; a LoRA policy's `models.lora.MergedLoraState`:
+        the adapters merged into their layers); `update_weights({}, v)` loads it. None: an empty
+        state only stamps the version.
       auto_sleep: with enable_sleep, sleep after every generate (a weight update then wakes the
         weights, the next generate the KV cache).
       bucket_bytes: the most bytes of one CUDA IPC bucket (a tensor larger than that goes alone).

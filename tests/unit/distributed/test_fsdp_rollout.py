@@ -111,3 +111,27 @@ def test_the_fsdp_weight_source_is_streamed():
     source = shard_for_fsdp(RLConfig.from_args(["--fsdp.enable", "true"]),
                             model, None, None, 1)
     assert isinstance(source(), fsdp.StreamedState)
+
+
+def test_a_sharded_lora_policy_streams_its_merged_weights():
+    """FSDP + LoRA + vLLM: the streamed state of the sharded peft model, merged part by part (a
+    layer's base weight, A and B gathered in different parts), equals peft's merge of an unsharded
+    copy; the sharded model keeps its adapters."""
+    import copy
+
+    from rlhfkit.models.lora import MergedLoraState, add_lora
+
+    model, _ = tiny_model_and_tokenizer(seed=0)
+    policy = add_lora(model, 4, 8, "all-linear")
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    want = copy.deepcopy(policy).merge_and_unload().state_dict()
+    fsdp.shard_model(policy, 1)
+    merged = MergedLoraState(policy, fsdp.StreamedState(policy))
+    parts = list(merged.parts(bucket_bytes=64 * 64 * 4))
+    got = {k: v for part in parts for k, v in part.items()}
+    assert len(parts) >= 3 and got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert any("lora_A" in n for n, _ in policy.named_parameters())
