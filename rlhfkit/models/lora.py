@@ -233,6 +233,19 @@ class MergedLoraState:
             self.on_done(self.sent_bytes)
 
 
+def check_tied_head(peft_model: torch.nn.Module) -> None:
+    """ModelError for LoRA on the output head of a model whose head is its input embeddings (tied):
+    vLLM reads the head from the embeddings, so the merged head would never be sampled with."""
+    config = getattr(peft_model, "config", None)
+    head = peft_model.get_output_embeddings() if hasattr(peft_model, "get_output_embeddings") else None
+    if not getattr(config, "tie_word_embeddings", False) or head is None:
+        return
+    if any(getattr(m, "base_layer", None) is head or (m is head and hasattr(m, "lora_A"))
+           for m in peft_model.modules()):
+        raise ModelError("LoRA on the output head of a model with tied embeddings does not reach vLLM (it reads "
+                         "the head from the input embeddings): drop lm_head from --ds.lora.target_modules")
+
+
 class MergedLoraSource:
     """A rollout engine's weight source for a LoRA policy (`state_fn` of `VLLMEngine`): each call
     returns the `MergedLoraState` of `state_fn()`; the first in full (the engine may hold other
@@ -242,6 +255,8 @@ class MergedLoraSource:
     def __init__(self, peft_model: torch.nn.Module, state_fn):
         self.model, self.state_fn = peft_model, state_fn
         self.calls, self.sent_bytes = 0, []
+        check_tied_head(peft_model)
+
 
     def __call__(self) -> MergedLoraState:
         state = MergedLoraState(self.model, self.state_fn(), adapted_only=self.calls > 0,

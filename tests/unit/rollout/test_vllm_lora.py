@@ -169,3 +169,13 @@ def test_a_lora_variant_is_refused_in_one_line():
     with pytest.raises(ModelError, match="q_proj: only LoRA on plain linear layers") as e:
         MergedLoraState(dora, dora.state_dict())
     assert "\n" not in str(e.value)
+
+
+def test_lora_on_a_tied_output_head_is_refused_for_the_vllm_engine():
+    from rlhfkit.models.lora import MergedLoraSource, add_lora
+
+    model, _ = tiny_model_and_tokenizer(seed=0)
+    model.config.tie_word_embeddings = True
+    MergedLoraSource(add_lora(copy.deepcopy(model), 2, 4, ("q_proj",)), dict)  # the head untouched: fine
+    with pytest.raises(ModelError, match="tied embeddings does not reach vLLM"):
+        MergedLoraSource(add_lora(model, 2, 4, ("q_proj", "lm_head")), dict)
