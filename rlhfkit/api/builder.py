@@ -391,7 +391,8 @@ def build_experience(cfg: RLConfig, counts: RunPlan, policy, ref, critic, batche
         whiten=Whiten(adv.whiten), reward_clip=cfg.reward.clip_range, kl_estimator=kl.estimator,
         kl_in_reward=not kl.use_loss, multi_step=counts.optimizer_steps_per_rollout > 1,
         temperature=cfg.rollout.temperature or 1.0, autocast=cfg.actor.autocast, proximal=decoupled_update(cfg),
-        ref_device=model_device(policy) if cfg.ref.offload else None)
+        ref_device=model_device(policy) if cfg.ref.offload else None,
+        mask_truncated=cfg.actor.mask_truncated_completions)
 
 
 def loss_settings(cfg: RLConfig, max_len: int) -> LossSettings:

@@ -82,6 +82,10 @@ class ActorConfig:
     dual_clip: float | None = None
     """Dual-clip PPO (Ye et al. 2020): with a negative advantage A, the token's loss is at most
     -dual_clip * A; must be > 1 (none = off)."""
+    mask_truncated_completions: bool = False
+    """Samples cut at the token budget (finish reason length) train on nothing: their tokens leave
+    the loss, while their rewards still count in their group's baseline (TRL's
+    mask_truncated_completions; DAPO's overlong filtering)."""
     policy_loss_type: str = "ppo"
     """The policy loss (docs/algorithms.md has each formula): ppo (clipped, one ratio per token), gspo
     (clipped, one ratio per sequence), cispo (clipped detached weight on REINFORCE), sapo (soft gate),

@@ -80,5 +80,9 @@ _FIELDS = ("loss_type", "importance_sampling_level", "epsilon", "epsilon_high", 
 
 
 def grpo_config_flags(config: Any) -> list[str]:
-    """`trl_loss_flags` of a TRL `GRPOConfig` (read by attribute; missing ones take TRL's defaults)."""
-    return trl_loss_flags(**{k: getattr(config, k) for k in _FIELDS if hasattr(config, k)})
+    """`trl_loss_flags` of a TRL `GRPOConfig` (read by attribute; missing ones take TRL's defaults),
+    and `mask_truncated_completions`."""
+    flags = trl_loss_flags(**{k: getattr(config, k) for k in _FIELDS if hasattr(config, k)})
+    if getattr(config, "mask_truncated_completions", False):
+        flags += ["--actor.mask_truncated_completions", "true"]
+    return flags

@@ -191,12 +191,13 @@ class ExperienceMaker:
                  batcher: MicroBatcher, *, estimator: str, gamma: float, lam: float, whiten: Whiten,
                  reward_clip: tuple[float, float] | None, kl_estimator: str, kl_in_reward: bool, multi_step: bool,
                  temperature: float, autocast: str | None, proximal: bool = False,
-                 ref_device: torch.device | None = None):
+                 ref_device: torch.device | None = None, mask_truncated: bool = False):
         self.policy, self.ref, self.critic, self.batcher = policy, ref, critic, batcher
         self.ref_device = ref_device
         self.estimator, self.gamma, self.lam, self.whiten, self.reward_clip = estimator, gamma, lam, whiten, reward_clip
         self.kl_estimator, self.kl_in_reward, self.multi_step = kl_estimator, kl_in_reward, multi_step
         self.temperature, self.autocast, self.proximal = temperature, autocast, proximal
+        self.mask_truncated = mask_truncated
 
     def __call__(self, trajs: list[Trajectory], rewards: torch.Tensor, kl_coef: float,
                  token_rewards: torch.Tensor | None = None) -> Experience:
@@ -222,9 +223,14 @@ class ExperienceMaker:
             )
         per_token = [t.versions if t.versions is not None else torch.full((t.response_length,), t.version)
                      for t in trajs]
-        return dataclasses.replace(exp, rollout_logp=pad_response_values([t.logprobs for t in trajs], r),
-                                   versions=torch.tensor([t.version for t in trajs], dtype=torch.long),
-                                   token_versions=pad_response_values(per_token, r, fill=-1.0).long())
+        exp = dataclasses.replace(exp, rollout_logp=pad_response_values([t.logprobs for t in trajs], r),
+                                  versions=torch.tensor([t.version for t in trajs], dtype=torch.long),
+                                  token_versions=pad_response_values(per_token, r, fill=-1.0).long())
+        if self.mask_truncated:  # after the advantages: a truncated sample still counts in its group's baseline
+            cut = torch.tensor([t.truncated for t in trajs], dtype=torch.bool)
+            exp = dataclasses.replace(exp, batch=dataclasses.replace(
+                exp.batch, loss_mask=exp.batch.loss_mask & ~cut.unsqueeze(1)))
+        return exp
 
     def logp_of(self, model: torch.nn.Module) -> Callable[[TokenBatch], torch.Tensor]:
         def fn(mb: TokenBatch) -> torch.Tensor:

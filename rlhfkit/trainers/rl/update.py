@@ -138,7 +138,8 @@ class PolicyUpdate:
         for _ in range(self.max_epochs):
             for step_rows in self.step_rows(exp):
                 step_mask = exp.batch.loss_mask[step_rows]
-                counts = dict(num_tokens=int(step_mask.sum()), num_seqs=int(step_mask.any(dim=1).sum()),
+                # at least 1: a step whose samples all train on nothing (all truncated and masked) adds 0, not 0/0
+                counts = dict(num_tokens=max(int(step_mask.sum()), 1), num_seqs=max(int(step_mask.any(dim=1).sum()), 1),
                               max_len=self.losses.max_len)
                 mine = self.batcher.rank_share(step_rows, exp.group_ids, *self.dp)  # counts stay the whole step's
                 cuts = self.batcher.cut(exp.batch, exp.group_ids, mine) if len(mine) else []
