@@ -14,6 +14,8 @@ from safetensors.torch import load_file
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 ray = pytest.importorskip("ray")
+# about 2 minutes (the fixture teaches the model to call the tool): run by hand with -m slow
+pytestmark = pytest.mark.slow
 
 from rlhfkit.agents.tools.render import ToolTemplate  # noqa: E402 - after the Ray settings and importorskip
 from rlhfkit.agents.tools.schema import ToolSet  # noqa: E402 - likewise
