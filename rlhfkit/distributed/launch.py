@@ -10,6 +10,7 @@ an actor asking for none would train or decode on the CPU of a GPU machine.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -52,7 +53,7 @@ def ray_temp_dir(temp_dir: Path) -> str:
         path.mkdir(parents=True, exist_ok=True)
         return str(path)
     short = tempfile.mkdtemp(prefix="rlhfkit-ray-")
-    print(f"note: Ray's files go to {short} ({path} is too long a path for Ray's sockets)", flush=True)
+    logging.getLogger("rlhfkit").warning("Ray's files go to %s (%s is too long a path for Ray's sockets)", short, path)
     return short
 
 
