@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install docs clean chromium bubblewrap
+.PHONY: demo test switch-offs install docs clean chromium bubblewrap
 
 # [dev] = the library + the extras the tests use (ray, serve, wandb, gguf) + pytest and the linters.
 $(STAMP): pyproject.toml constraints.txt
@@ -46,6 +46,10 @@ TEST_WORKERS ?= $(shell $(PY) -c "import os; n = os.sched_getaffinity(0) if hasa
 
 test: $(STAMP) chromium bubblewrap
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+
+# Every feature of tests/switchoff/table.py switched off in turn: its tests must then fail (a few minutes).
+switch-offs: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m slow tests/switchoff
 
 # Regenerate the flag tables of docs/cli/ from the configs (a test checks they are current).
 docs: $(STAMP)

@@ -138,6 +138,7 @@ KILLS = [
 ]
 
 
+@pytest.mark.slow  # 35 s; the one-process kill mid-write stays in the default run (test_resume.py)
 def test_sigkill_mid_checkpoint_write_then_resume_is_bit_exact(ws, reference, tmp_path):
     out = tmp_path / "run"
     argv = flags(ws, out)

@@ -192,6 +192,7 @@ def test_bf16_parameters_train_through_float32_masters(workspace, tmp_path, auto
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
 
 
+@pytest.mark.slow  # about 80 s, most of it torch.compile; run with -m slow
 def test_compiled_layers_give_the_eager_gradients_and_leave_the_rollout_eager(workspace, tmp_path):
     """--train.compile_enable: the first optimizer step's gradients equal the eager run's (inductor
     reorders float sums only); outside the update the layers are plain modules again."""

@@ -2,10 +2,14 @@
 no feature can be switched off without a test noticing. The table is printed in the terminal
 summary and written to the test's folder as switch_offs.md."""
 
+import pytest
+
 from tests.switchoff.harness import check, table
 from tests.switchoff.table import REPORT_KEY, SWITCH_OFFS
 
 
+# slow: some 30 pytest processes, over three minutes on two cores; CI runs it after the default suite
+@pytest.mark.slow
 def test_no_switch_off_survives(tmp_path, request):
     rows = check(SWITCH_OFFS, tmp_path)
     text = table(rows)
