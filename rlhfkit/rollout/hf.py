@@ -117,6 +117,7 @@ class DecodeState:
     keep: list[tuple[object, list[int]]] | None = None  # per row: its episode key and prompt (kept turns)
     prefill_width: int = 0  # the cache columns of the prefill (the row's response tokens follow)
     kv_version: int = 0  # the weights that computed the cache (rows are kept only under them)
+    first: int = 0  # the generation's index of the chunk's first prompt (row r is prompt first + r // n)
 
 
 @dataclass
@@ -167,6 +168,10 @@ class HFEngine:
         (rollout.turns): its next turn prefills only its new tokens. Under the same conditions as
         `share_prefix`, with n = 1 and without `compile_decode`; the kept caches hold at most
         `max_batch_tokens` tokens, and a weight update drops them.
+      row_hook: called before every forward with, for each row of its batch, the index of the prompt
+        (in the generation's prompts) the row belongs to: a model whose rows differ (per-row LoRA
+        adapters, models.lora_rows) sets itself up for that batch. Turns off `share_prefix` and
+        `keep_turns` (their forwards mix rows of several prompts); not with `compile_decode`.
     """
 
     def __init__(
@@ -183,8 +188,12 @@ class HFEngine:
         gather=None,
         share_prefix: bool = True,
         keep_turns: bool = True,
+        row_hook=None,
     ):
-        self.model, self.gather, self.share_prefix = model, gather, share_prefix
+        if row_hook is not None and compile_decode:
+            raise ConfigError("HFEngine: row_hook (per-row model setup) does not run under compile_decode")
+        self.model, self.gather, self.share_prefix = model, gather, share_prefix and row_hook is None
+        self.row_hook = row_hook
         self._no_grad = torch.inference_mode if inference_mode and autocast_dtype is None else torch.no_grad
         if autocast_dtype == torch.float16 and self.device.type == "cpu":
             raise ConfigError("autocast_dtype=float16 on CPU is ~200x slower than fp32; use bfloat16 or None.")
@@ -211,7 +220,7 @@ class HFEngine:
 
             self._compiled_step = compile_decode_step(model, on_cpu=compile_on_cpu)
         # the hint of GenerationEngine.generate's callers (rollout.base.turn_kwargs)
-        self.keeps_turns = keep_turns and self._cached and self._takes_positions and self._compiled_step is None
+        self.keeps_turns = keep_turns and row_hook is None and self._cached and self._takes_positions and self._compiled_step is None
 
     # ------------------------------------------------------------------ protocol
 
@@ -315,7 +324,11 @@ class HFEngine:
     def _prefill_chunk(self, gen: PartialGeneration, start: int, stop: int, gens) -> DecodeState:
         """The prefill of `gen`'s prompts [start, stop) (an engine with more inputs per prompt adds them)."""
         keys = None if gen.episode_keys is None else gen.episode_keys[start:stop]
-        return self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens, keys=keys)
+        if self.row_hook is not None:
+            self.row_hook(list(range(start, stop)))
+        state = self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens, keys=keys)
+        state.first = start
+        return state
 
     def _prefill(self, prompts: list[list[int]], params: SamplingParams, generator, gens=None,
                  extra: dict | None = None, keys: list | None = None) -> DecodeState:
@@ -430,6 +443,8 @@ class HFEngine:
             else:
                 mask = s.attention_mask
                 s.attention_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            if self.row_hook is not None:
+                self.row_hook((s.first + s.active // n).tolist())
             if s.cache is not None:
                 s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache, compiled=True)
             else:
