@@ -220,7 +220,8 @@ class HFEngine:
 
             self._compiled_step = compile_decode_step(model, on_cpu=compile_on_cpu)
         # the hint of GenerationEngine.generate's callers (rollout.base.turn_kwargs)
-        self.keeps_turns = keep_turns and row_hook is None and self._cached and self._takes_positions and self._compiled_step is None
+        self.keeps_turns = (keep_turns and row_hook is None and self._cached and self._takes_positions
+                            and self._compiled_step is None)
 
     # ------------------------------------------------------------------ protocol
 

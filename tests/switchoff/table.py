@@ -158,6 +158,13 @@ def actor_always_trained(original):
     return lambda self, exp, kl_coef, train_actor=True: original(self, exp, kl_coef)
 
 
+def oldest_alone(original):
+    def take(self):
+        with self.lock:
+            return [self.pending.pop(0)] if self.pending else []
+    return take
+
+
 STAGES = "tests/unit/trainers/test_stages.py"
 KL = "tests/unit/trainers/test_kl_placement.py"
 OFFPOLICY = "tests/unit/trainers/test_offpolicy.py"
@@ -281,5 +288,11 @@ SWITCH_OFFS = (
                "tests/unit/agents/test_executor_kept_turns.py::"
                "test_agent_episodes_are_the_same_with_kept_turns_and_prefill_less"),
               "no kept cache used: every turn prefilled in full"),
+    SwitchOff("Tinker server: waiting requests of several clients batched",
+              "rlhfkit.serving.tinker.queue:RequestQueue._take", oldest_alone, ("tests/unit/serving/test_tinker_queue.py::"
+                             "test_waiting_requests_group_and_each_client_keeps_its_order",
+                             "tests/integration/test_tinker_sdk.py::"
+                             "test_concurrent_clients_run_in_shared_calls_with_their_own_results"),
+              "each request runs alone, in arrival order"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}

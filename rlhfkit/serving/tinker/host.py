@@ -261,7 +261,8 @@ class ModelHost:
         with self._adapters(module, [m.model_id if m.rank is not None else None for m in models], trained):
             module.train(bool(trained))
             with torch.set_grad_enabled(bool(trained)):
-                logps = self._batch_logprobs(module, [d.tokens for d in data], [d.inputs["target_tokens"] for d in data])
+                targets = [d.inputs["target_tokens"] for d in data]
+                logps = self._batch_logprobs(module, [d.tokens for d in data], targets)
                 losses = []
                 for (i, j), d, logp in zip(batch, data, logps):
                     spec, req = lookup_loss(requests[i].loss_fn), requests[i]
