@@ -2,9 +2,11 @@
 (a LoRA adapter on the shared base, or with `full=True` a full copy), each with its own
 `Learner` (AdamW) and checkpoints, and sampling sessions over saved weights.
 
-Every method runs on the server's one worker thread, one request at a time in arrival order, so
-a request sees exactly the adapter it names (`set_adapter` before each) and a failing request,
-checked before any forward, leaves every model as it was. Checkpoints are folders under `root`:
+Every method runs on the server's one worker thread, one call at a time. `forward_backward_many`
+and `sample` take the requests of several clients that waited together (the app's queue): their
+rows share forwards, each through its own client's adapter (models.lora_rows), or the adapter made
+active when a forward has one; a failing request, checked before any forward, fails alone and
+leaves every model as it was. Checkpoints are folders under `root`:
 
     root/MODEL_ID/weights/NAME/          adapter folder (or HF folder), learner.pt, meta.json
     root/MODEL_ID/sampler_weights/NAME/  adapter folder (or HF folder), meta.json
