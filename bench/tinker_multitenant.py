@@ -112,15 +112,17 @@ def run(name: str, args) -> None:
                 clear(host)
                 if r:
                     times[key].append(t)
+            if r:
+                print(f"  {name} round {r}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         tokens = CLIENTS * args.data * args.tokens
         print(f"{name}: forward_backward of {CLIENTS} clients x {args.data} x {args.tokens} tokens: "
               f"batched {med['fb batched']:.3f} s, one by one {med['fb alone']:.3f} s "
               f"({tokens / med['fb batched']:.0f} vs {tokens / med['fb alone']:.0f} tokens/s): "
-              f"x{med['fb alone'] / med['fb batched']:.2f}")
+              f"x{med['fb alone'] / med['fb batched']:.2f}", flush=True)
         print(f"{name}: sample of {CLIENTS} clients x {args.samples} samples x {args.new} tokens: "
               f"batched {med['sample batched']:.3f} s, one by one {med['sample alone']:.3f} s: "
-              f"x{med['sample alone'] / med['sample batched']:.2f}")
+              f"x{med['sample alone'] / med['sample batched']:.2f}", flush=True)
 
 
 def main() -> None:
@@ -132,7 +134,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4, help="samples per sample request")
     parser.add_argument("--new", type=int, default=32, help="new tokens per sample")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     for name in args.models:
         run(name, args)
 
