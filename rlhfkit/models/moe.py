@@ -269,6 +269,7 @@ def replay_routing(model: torch.nn.Module, codes: torch.Tensor) -> Iterator[Repl
     if len(routers) != codes.shape[2]:
         raise TrainingError(f"routing replay: the batch records {codes.shape[2]} MoE layers and "
                             f"{type(model).__name__} has {len(routers)} routers")
+    split_backbone(model)  # its one-time probe forwards run now, unreplayed
     device = next(model.parameters()).device
     flat = codes.to(device).reshape(-1, *codes.shape[2:])
     zero = torch.zeros((), dtype=torch.float64, device=device)

@@ -233,3 +233,52 @@ def test_the_router_gets_the_gradient_of_the_recomputed_weights_by_hand(arch):
         want = (c[:, None] * dw_dlogits).T @ h  # [2, H]
     assert float(router.weight.grad.abs().max()) > 1e-4
     torch.testing.assert_close(router.weight.grad, want, rtol=1e-4, atol=1e-6)
+
+
+def rl_step(arch, replay: bool, checkpointing: bool = False):
+    """One RL step (2 epochs: the old-logprob pass runs) of the nudged policy on the tied engine's samples;
+    returns its metrics and the policy's parameters after it."""
+    from rlhfkit.agents.executor import SingleTurnExecutor
+    from rlhfkit.api import builder
+    from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
+    from rlhfkit.config.plan import plan_run
+    from rlhfkit.data.types import PromptItem
+    from rlhfkit.models.precision import enable_gradient_checkpointing
+    from rlhfkit.rewards.base import RewardOutput
+
+    def reward(queries, prompts, labels, **kw):
+        scores = torch.tensor([float(q.count("7")) for q in queries])
+        return RewardOutput(scores, scores)
+
+    model, tok = moe_model(arch)
+    policy = nudged(tied(model))
+    if checkpointing:
+        enable_gradient_checkpointing(policy)
+    argv = ["--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "8",
+            "--rollout.temperature", "1.0", "--train.batch_size", "4", "--train.micro_batch_size", "2",
+            "--train.max_epochs", "2", "--actor.autocast", "none", "--algo.advantage.estimator", "group_norm",
+            "--train.num_episodes", "1", "--actor.routing_replay", str(replay).lower()]
+    cfg = parse_config(RLConfig, argv, aliases=RL_ALIASES)
+    prompts = [PromptItem(p, tok(p, add_special_tokens=False)["input_ids"], "") for p in PROMPTS[:2]]
+    engine = HFEngine(model, tok, record_experts=cfg.actor.routing_replay)  # the tied model samples
+    loop = builder.build_loop(cfg, plan_run(cfg, validate(cfg), len(prompts)), policy, tok, engine, reward,
+                              builder.prompt_stream(cfg, prompts), SingleTurnExecutor())
+    (metrics,) = loop.train()
+    return metrics, {k: v.detach().clone() for k, v in policy.named_parameters()}
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHITECTURES)
+def test_an_rl_step_replays_the_engines_experts_in_the_old_logprob_pass_and_the_update(arch):
+    plain, _ = rl_step(arch, replay=False)
+    metrics, _ = rl_step(arch, replay=True)
+    assert plain["rollout/logprob_gap_max"] > 1e-2 and metrics["rollout/logprob_gap_max"] < 1e-5  # old vs rollout
+    assert "moe/replay_tokens" not in plain
+    assert metrics["moe/replay_tokens"] == pytest.approx(1.0) and metrics["moe/routing_mismatch"] > 0.0
+
+
+def test_gradient_checkpointing_recomputes_the_replayed_routing_in_backward():
+    """The backward's recomputation routes as the forward did: the same update with and without checkpointing."""
+    _, plain = rl_step("mixtral", replay=True)
+    _, checkpointed = rl_step("mixtral", replay=True, checkpointing=True)
+    for name, value in plain.items():
+        torch.testing.assert_close(checkpointed[name], value, rtol=1e-4, atol=1e-6)
