@@ -324,7 +324,8 @@ class HFEngine:
                 t = self._trajectory(gen.prompts[i], st.tokens[row], st.logprobs[row], st.lengths[row],
                                      st.stopped[row], group, st.versions[row])
                 if st.experts is not None:  # prompt + response tokens (the last never ran: missing)
-                    t.experts = torch.cat([st.prompt_experts[row // gen.params.n], st.experts[row, : t.response_length]])
+                    prompt = st.prompt_experts[row // gen.params.n]
+                    t.experts = torch.cat([prompt, st.experts[row, : t.response_length]])
                 out.append(t)
         return out
 

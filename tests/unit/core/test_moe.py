@@ -1,12 +1,21 @@
 """The router's load-balancing loss: values and gradients worked by hand on a 2-expert toy, and the
-same number as transformers' `aux_loss` (OpenRLHF's) on a tiny Mixtral."""
+same number as transformers' `aux_loss` (OpenRLHF's) on a tiny Mixtral; routing replay's index math."""
 
 import math
 
 import pytest
 import torch
 
-from rlhfkit.core.moe import load_balancing_loss
+from rlhfkit.core.moe import (
+    changed_choices,
+    expert_code_dtype,
+    load_balancing_loss,
+    merge_recorded,
+    missing_code,
+    replay_indices,
+    replayed_weights,
+    skip_code,
+)
 
 
 def sig(x):
@@ -59,15 +68,6 @@ def test_it_is_transformers_aux_loss_on_a_tiny_moe_model(arch):
 
 
 # ------------------------------------------------------------------ routing replay: the index math
-from rlhfkit.core.moe import (  # noqa: E402
-    changed_choices,
-    expert_code_dtype,
-    merge_recorded,
-    missing_code,
-    replay_indices,
-    replayed_weights,
-    skip_code,
-)
 
 
 def test_expert_codes_are_uint8_up_to_254_experts_and_int16_above():

@@ -17,7 +17,12 @@ from rlhfkit.data.batch import collate
 from rlhfkit.data.packing import pack, pack_shared_prefix
 from rlhfkit.errors import TrainingError
 from rlhfkit.models import response_logprobs
-from rlhfkit.models.moe import record_routing, replay_routing, replayable_routers, replayed
+from rlhfkit.models.moe import (
+    record_routing,
+    replay_routing,
+    replayable_routers,
+    replayed,
+)
 from rlhfkit.models.tiny import MOE_ARCHITECTURES, tiny_model_and_tokenizer
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
@@ -145,12 +150,11 @@ def test_replayed_experts_that_do_not_fit_the_forward_are_refused():
     model, tok = tiny_model_and_tokenizer(seed=0, arch="qwen3_moe")
     trajs = rollout(model, tok)
     batch = collate(trajs, tok.pad_token_id)
-    with pytest.raises(TrainingError, match="routes .* tokens and the recorded experts cover"):
-        with replay_routing(model, batch.experts[:, :-1]):
-            response_logprobs(model, batch)
-    with pytest.raises(TrainingError, match="records 1 MoE layers"):
-        with replay_routing(model, batch.experts[:, :, :1]):
-            pass
+    with (pytest.raises(TrainingError, match="routes .* tokens and the recorded experts cover"),
+          replay_routing(model, batch.experts[:, :-1])):
+        response_logprobs(model, batch)
+    with pytest.raises(TrainingError, match="records 1 MoE layers"), replay_routing(model, batch.experts[:, :, :1]):
+        pass
 
 
 class _Feedback(AgentInstanceBase):
@@ -211,7 +215,8 @@ def _two_expert_block(arch):
 @pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
 def test_the_router_gets_the_gradient_of_the_recomputed_weights_by_hand(arch):
     """out_n = w_n * E_e(h_n) (+ a shared expert) with e the replayed expert and w_n its weight:
-    softmax: w = p_e, d w / d W = p_e (onehot_e - p) h^T;  sigmoid: w = s_e scale, d w / d W_e = scale s_e (1 - s_e) h^T.
+    softmax: w = p_e,         d w / d W = p_e (onehot_e - p) h^T;
+    sigmoid: w = s_e scale,   d w / d W = scale s_e (1 - s_e) onehot_e h^T.
     With L = sum(g * out): d L / d W = sum_n (g_n . E_e(h_n)) d w_n / d W."""
     model, block, router, h, codes = _two_expert_block(arch)
     g = torch.randn(6, h.shape[1], generator=torch.Generator().manual_seed(2))
