@@ -300,6 +300,5 @@ def note_unrecorded(experts: torch.Tensor | None) -> None:
     core.moe.missing_code): the routers choose those tokens' experts themselves."""
     if experts is None or bool((experts[..., 0, 0] == missing_code(experts.dtype)).any()):
         note_once("--actor.routing_replay: the engine recorded no experts for some tokens (the vllm engine, "
-                  "compiled decode steps, an agent's feedback after its last turn or trajectories from other "
-                  "sources); the trainer's routers choose those tokens' experts (moe/replay_tokens: the share "
-                  "replayed)")
+                  "compiled decode steps, trajectories from other sources); the trainer's routers choose those "
+                  "tokens' experts (moe/replay_tokens: the share replayed)")

@@ -287,3 +287,19 @@ def test_gradient_checkpointing_recomputes_the_replayed_routing_in_backward():
     _, checkpointed = rl_step("mixtral", replay=True, checkpointing=True)
     for name, value in plain.items():
         torch.testing.assert_close(checkpointed[name], value, rtol=1e-4, atol=1e-6)
+
+
+def test_a_rollout_worker_records_the_experts_across_partial_rollout_slices(tmp_path):
+    """A Ray rollout worker's engine (here in this process) records them too, through generations resumed in
+    slices of 3 tokens; the trainer's replay then gives the worker's logprobs."""
+    from rlhfkit.distributed.worker import RolloutWorker
+
+    model, tok = moe_model("mixtral")
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    worker = RolloutWorker(str(tmp_path), None, "float32", None, None, partial_tokens=3, record_experts=True)
+    worker.update_weights(model.state_dict(), 0)
+    trajs = worker.generate([tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS], PARAMS, seeds=[1, 2, 3])
+    assert all(bool((t.experts[:-1] < 4).all()) for t in trajs)
+    worst, metrics = gap(model, trajs, collate(trajs, tok.pad_token_id), replay=True)
+    assert worst < 2e-5 and metrics["moe/replay_tokens"] == 1.0
