@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rlhfkit.agents import AgentInstanceBase, MultiTurnExecutor, TokenBudget
+from rlhfkit.agents import MultiTurnExecutor, TokenBudget
 from rlhfkit.core.moe import missing_code, skip_code
 from rlhfkit.data.batch import collate
 from rlhfkit.data.packing import pack, pack_shared_prefix
@@ -26,6 +26,7 @@ from rlhfkit.models.moe import (
 from rlhfkit.models.tiny import MOE_ARCHITECTURES, tiny_model_and_tokenizer
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
+from tests.unit.agents.test_executor_kept_turns import FeedbackAgent, TextPrompt
 
 PROMPTS = ["hello world, this is a long shared preamble: 2+3=", "hello world, this is a long shared preamble: 7*6=",
            "the cat sat on"]  # the first two share a prefix the engine prefills once
@@ -157,23 +158,6 @@ def test_replayed_experts_that_do_not_fit_the_forward_are_refused():
         pass
 
 
-class _Feedback(AgentInstanceBase):
-    """Feedback after every action, done after 3 turns."""
-
-    def __init__(self, *args, **kwargs):
-        self.turn = 0
-
-    async def step(self, states, **kwargs):
-        self.turn += 1
-        return {"rewards": 0.0, "environment_feedback": f"\nok {len(states['action_text']) % 4 * 'x'}:",
-                "done": self.turn >= 3}
-
-
-class _Prompt:
-    def __init__(self, tok, text):
-        self.text, self.label, self.ids = text, None, tok(text, add_special_tokens=False)["input_ids"]
-
-
 @pytest.mark.parametrize("keep_turns", [True, False], ids=["kept_turns", "full_prefills"])
 def test_agent_episodes_carry_the_experts_of_every_turn(keep_turns):
     """Multi-turn episodes: each token keeps the experts of the forward that first computed it (a kept turn's
@@ -181,8 +165,8 @@ def test_agent_episodes_carry_the_experts_of_every_turn(keep_turns):
     the episodes: replay undoes the flips on every action token."""
     model, tok = tiny_model_and_tokenizer(seed=0, arch="qwen3_moe")
     engine = HFEngine(tied(model), tok, keep_turns=keep_turns, record_experts=True)
-    prompts = [_Prompt(tok, "What is 2+3?"), _Prompt(tok, "Hello there, how are you?")]
-    trajs = MultiTurnExecutor(_Feedback).run(engine, tok, prompts, SamplingParams(max_new_tokens=5, temperature=1.0,
+    prompts = [TextPrompt(tok, "What is 2+3?"), TextPrompt(tok, "Hello there, how are you?")]
+    trajs = MultiTurnExecutor(FeedbackAgent).run(engine, tok, prompts, SamplingParams(max_new_tokens=5, temperature=1.0,
                                                                                   n=2), TokenBudget(5, 60, 3),
                                              seeds=[1, 2])
     assert all(t.info["turns"] == 3 for t in trajs)
