@@ -35,7 +35,7 @@ class TextPrompt:
         self.text, self.label, self.ids = text, None, tok(text, add_special_tokens=False)["input_ids"]
 
 
-class _Talk:
+class TalkEnv:
     """A text environment that answers every action, for 3 turns."""
 
     def reset(self, seed=None):
@@ -84,7 +84,7 @@ def test_text_environment_episodes_are_the_same_with_kept_turns(chat_tok, overla
     runs = {}
     for keep in (True, False):
         engine = HFEngine(model, chat_tok, keep_turns=keep)
-        executor = ToolExecutor(environment_factory=text_env(_Talk), overlap=overlap)
+        executor = ToolExecutor(environment_factory=text_env(TalkEnv), overlap=overlap)
         trajs = executor.run(engine, chat_tok, [prompt, prompt], PARAMS, TokenBudget(5, 200, 3), seeds=[3, 4])
         runs[keep] = trajs, engine
     _same(runs[True][0], runs[False][0])

@@ -182,6 +182,36 @@ def test_agent_episodes_carry_the_experts_of_every_turn(keep_turns):
     assert without > 1e-2 and with_replay < 1e-5 and metrics["moe/replay_tokens"] == 1.0
 
 
+def test_tool_executor_episodes_carry_the_experts_of_every_turn():
+    """A text environment's episodes through the tool executor (its turns batched as they come): the same
+    bookkeeping as the multi-turn executor's, and the tie test on them."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.agents.textenv import text_env
+    from rlhfkit.agents.tools.agent import ToolExecutor
+    from rlhfkit.models.tiny import tiny_config
+    from tests.unit.agents.conftest import char_tokenizer
+    from tests.unit.agents.test_executor_kept_turns import TalkEnv
+
+    tok = char_tokenizer()
+    config = tiny_config("qwen3_moe", layers=3)
+    config.vocab_size, config.pad_token_id, config.eos_token_id, config.bos_token_id = len(tok), tok.pad_token_id, \
+        None, None
+    torch.manual_seed(0)
+    model = tied(AutoModelForCausalLM.from_config(config).eval())
+    prompt = type("P", (), {"text": "Play.", "raw": "Play.", "label": None, "ids": [], "record": None})()
+    executor = ToolExecutor(environment_factory=text_env(TalkEnv), overlap=True)
+    trajs = executor.run(HFEngine(model, tok, record_experts=True), tok, [prompt, prompt],
+                         SamplingParams(max_new_tokens=5, temperature=1.0), TokenBudget(5, 200, 3), seeds=[3, 4])
+    assert all(t.info["turns"] == 3 for t in trajs)
+    for t in trajs:
+        assert bool((t.experts[: t.prompt_ids.numel() + int(t.loss_mask.nonzero()[-1])] < 4).all())
+    batch = collate(trajs, tok.pad_token_id)
+    without, _ = gap(nudged(model), trajs, batch, replay=False)
+    with_replay, metrics = gap(nudged(model), trajs, batch, replay=True)
+    assert without > 1e-2 and with_replay < 1e-5 and metrics["moe/replay_tokens"] == 1.0
+
+
 def _two_expert_block(arch):
     """A 2-expert, top-1 MoE block without normalisation (so its weight is the router's probability) and a
     batch of 6 token states, each replayed onto the expert its router did NOT choose."""
