@@ -20,7 +20,7 @@ from rlhfkit.core.kl import approx_kl
 from rlhfkit.data.batch import TokenBatch, collate, pad_response_values, select_rows
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import response_logprobs
-from rlhfkit.models.moe import note_unrecorded, replayed
+from rlhfkit.models.moe import moe_top_k, note_unrecorded, replayed
 from rlhfkit.models.precision import autocast_ctx, on_device, to_device
 from rlhfkit.trainers.rl.batching import MicroBatcher
 
@@ -200,7 +200,8 @@ class ExperienceMaker:
         self.estimator, self.gamma, self.lam, self.whiten, self.reward_clip = estimator, gamma, lam, whiten, reward_clip
         self.kl_estimator, self.kl_in_reward, self.multi_step = kl_estimator, kl_in_reward, multi_step
         self.temperature, self.autocast, self.proximal = temperature, autocast, proximal
-        self.mask_truncated, self.routing_replay = mask_truncated, routing_replay
+        self.mask_truncated = mask_truncated
+        self.routing_replay = routing_replay and moe_top_k(policy) is not None  # a dense policy: nothing to replay
 
     def __call__(self, trajs: list[Trajectory], rewards: torch.Tensor, kl_coef: float,
                  token_rewards: torch.Tensor | None = None) -> Experience:

@@ -147,6 +147,14 @@ def test_tokens_without_recorded_experts_keep_the_routers_own_choice():
     assert worst < 2e-5 and 0.0 < metrics["moe/replay_tokens"] < 1.0
 
 
+def test_a_dense_model_records_and_replays_nothing():
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    engine = HFEngine(model, tok, record_experts=True)
+    assert engine.recorder is None
+    assert all(t.experts is None for t in engine.generate([[5, 6, 7]], PARAMS))
+    assert replayable_routers(model) == []
+
+
 def test_replayed_experts_that_do_not_fit_the_forward_are_refused():
     model, tok = tiny_model_and_tokenizer(seed=0, arch="qwen3_moe")
     trajs = rollout(model, tok)
