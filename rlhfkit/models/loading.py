@@ -239,7 +239,7 @@ def load_causal_lm(
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None and not load_in_4bit:  # GGUF: weights are already dequantized; drop the quantizer
         quantizer.remove_quantization_config(model)
-    return eager_if_softcapped(model)
+    return eager_if_softcapped(keep_4bit_layout(model) if load_in_4bit else model)
 
 
 def nf4_config(dtype: torch.dtype, gguf_file: str | None = None, keep: tuple[str, ...] | None = None):
@@ -257,6 +257,20 @@ def nf4_config(dtype: torch.dtype, gguf_file: str | None = None, keep: tuple[str
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=dtype, llm_int8_skip_modules=list(keep) if keep else None)
+
+
+def keep_4bit_layout(model: torch.nn.Module) -> torch.nn.Module:
+    """Keep bitsandbytes' 4-bit weights in their one layout on the CPU. On a CPU with AVX512-BF16,
+    bitsandbytes 0.50 repacks a 4-bit layer's weight in place at its first no-grad forward (a bf16
+    layout for its CPU kernel); from then on no gradient flows back through the layer to its input
+    (the LoRA adapters below it get a wrong gradient), and every `state_dict()` unpacks it with its
+    scales quantized again, so the frozen base moves (measured on the tiny model: weights up to
+    1.2e-3, logits up to 0.017 after one `state_dict()`). Turned off, a layer dequantizes its weight
+    and multiplies in its compute dtype in every forward, as on a GPU. Returns `model`."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+    return model
 
 
 def eager_if_softcapped(model: torch.nn.Module) -> torch.nn.Module:
