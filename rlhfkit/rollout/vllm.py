@@ -78,6 +78,8 @@ def require_vllm() -> None:
 # The share of the GPU a vLLM engine takes by default: it runs in the trainer's process, on the GPU
 # that already holds the policy (and reference, critic, optimizer state between updates).
 COLOCATED_MEMORY_SHARE = 0.5
+# An engine on GPUs of its own (a Ray rollout worker with whole GPUs): vLLM's own default share.
+OWN_GPU_MEMORY_SHARE = 0.9
 
 
 def colocated_memory(utilization: float | None, enable_sleep: bool | None, cuda: bool,

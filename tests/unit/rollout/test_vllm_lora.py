@@ -166,7 +166,7 @@ def test_a_lora_variant_is_refused_in_one_line():
 
     model, _ = tiny_model_and_tokenizer(seed=0)
     dora = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
-    with pytest.raises(ModelError, match="q_proj: only LoRA on plain linear layers") as e:
+    with pytest.raises(ModelError, match="q_proj: only LoRA on plain or 4-bit linear layers") as e:
         MergedLoraState(dora, dora.state_dict())
     assert "\n" not in str(e.value)
 
