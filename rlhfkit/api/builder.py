@@ -29,7 +29,7 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
 from rlhfkit.models.loading import load_policy, load_teacher, resolve_model
-from rlhfkit.models.lora import add_lora, engine_state_fn
+from rlhfkit.models.lora import add_lora, engine_state_fn, is_4bit
 from rlhfkit.models.precision import (
     DTYPES,
     choose_autocast,
@@ -242,9 +242,13 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
     no copy). vllm: a VLLMEngine on the actor's HF folder that pulls `state_fn()` (default: the
     policy's state dict) at every weight sync; with LoRA the adapters merged into their layers under
     the base model's names (the first sync in full, later ones the adapted layers only), with QLoRA
-    merged into the dequantized 4-bit base (models.lora.engine_state_fn)."""
+    merged into the dequantized 4-bit base (models.lora.engine_state_fn), which is sent before the first
+    rollout too (vLLM loads the folder's float weights, which a 4-bit base is not)."""
     if cfg.rollout.engine == "vllm":
-        return build_vllm_engine(policy, tokenizer, cfg, engine_state_fn(policy, state_fn))
+        engine = build_vllm_engine(policy, tokenizer, cfg, engine_state_fn(policy, state_fn))
+        if is_4bit(policy):
+            engine.update_weights({}, engine.version)
+        return engine
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
     return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
                     inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode,
