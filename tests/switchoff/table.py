@@ -51,6 +51,12 @@ def identity_model(original):
     return lambda model, *args, **kwargs: model
 
 
+def quantized_state(original):
+    def parts(self, bucket_bytes):
+        yield self.model.state_dict()
+    return parts
+
+
 def no_optimizer_step(original):
     def step(self):
         self.optimizer.step = lambda *args, **kwargs: None  # the clip, scheduler and EMA still run
@@ -270,6 +276,19 @@ SWITCH_OFFS = (
     SwitchOff("QLoRA's 4-bit base (--ds.load_in_4bit)", "rlhfkit.models.loading:nf4_config", noop,
               ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",),
               "no quantization config"),
+    SwitchOff("QLoRA's one 4-bit layout on the CPU (no AVX512-BF16 repacking)",
+              "rlhfkit.models.loading:keep_4bit_layout", identity_model,
+              ("tests/unit/models/test_qlora_layout.py::"
+               "test_the_gradient_reaches_a_4bit_layers_input_after_a_no_grad_forward",
+               "tests/unit/models/test_qlora_layout.py::test_state_dict_leaves_the_frozen_4bit_base_as_it_was"),
+              "the model as loaded"),
+    SwitchOff("QLoRA's base dequantized for the vLLM engine", "rlhfkit.models.lora:DequantizedState.parts",
+              quantized_state,
+              ("tests/unit/rollout/test_vllm_qlora.py::test_the_first_sync_loads_the_dequantized_base_with_the_"
+               "adapters_merged",
+               "tests/unit/rollout/test_vllm_qlora.py::test_the_synced_float_model_computes_what_the_trainers_"
+               "4bit_policy_computes"),
+              "the 4-bit state as it is"),
     SwitchOff("re-rendered episodes in segments (--agent.on_rerender segment)",
               "rlhfkit.agents.tools.agent:ToolExecutor._split", noop,
               ("tests/unit/agents/test_tool_segments.py::test_segment_splits_where_the_template_rerenders_the_history",
