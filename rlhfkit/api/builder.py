@@ -287,9 +287,10 @@ def vllm_worker_settings(cfg: RLConfig, policy, tokenizer, gpus: float) -> dict:
     v = cfg.vllm
     own = OWN_GPU_MEMORY_SHARE if gpus >= 1 else COLOCATED_MEMORY_SHARE
     sleep = bool(v.enable_sleep)
-    return dict(eos_ids=eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype, seed=cfg.train.seed,
-                gpu_memory_utilization=own if v.gpu_memory_utilization is None else v.gpu_memory_utilization,
-                enable_sleep=sleep, auto_sleep=sleep, tensor_parallel_size=v.tensor_parallel_size)
+    return {"eos_ids": eos_ids(policy, tokenizer), "dtype": cfg.actor.autocast or cfg.actor.dtype,
+            "seed": cfg.train.seed, "enable_sleep": sleep, "auto_sleep": sleep,
+            "gpu_memory_utilization": own if v.gpu_memory_utilization is None else v.gpu_memory_utilization,
+            "tensor_parallel_size": v.tensor_parallel_size}
 
 
 def worker_gpu_multiple(cfg: RLConfig) -> int:

@@ -97,6 +97,7 @@ def test_two_vllm_engine_actors_train_as_one_vllm_engine_in_the_trainers_process
         init = events[0]
         assert init["event"] == "init" and init["model"] == str(ws / "tiny")
         assert (init["tensor_parallel_size"], init["enable_sleep_mode"], init["seed"]) == (1, False, 42)
+        assert init["gpu_memory_utilization"] == 0.5  # no GPUs of its own (a CPU machine)
     # each step the 16 requests (4 prompts x 4 samples) split 8 / 8 over the two engines, the same requests
     (local_events,) = one.values()
     asked = [e["prompts"] for e in local_events if e["event"] == "generate"]

@@ -278,16 +278,16 @@ SWITCH_OFFS = (
               "no quantization config"),
     SwitchOff("QLoRA's one 4-bit layout on the CPU (no AVX512-BF16 repacking)",
               "rlhfkit.models.loading:keep_4bit_layout", identity_model,
-              ("tests/unit/models/test_qlora_layout.py::"
-               "test_the_gradient_reaches_a_4bit_layers_input_after_a_no_grad_forward",
+              (("tests/unit/models/test_qlora_layout.py::"
+                "test_the_gradient_reaches_a_4bit_layers_input_after_a_no_grad_forward"),
                "tests/unit/models/test_qlora_layout.py::test_state_dict_leaves_the_frozen_4bit_base_as_it_was"),
               "the model as loaded"),
     SwitchOff("QLoRA's base dequantized for the vLLM engine", "rlhfkit.models.lora:DequantizedState.parts",
               quantized_state,
-              ("tests/unit/rollout/test_vllm_qlora.py::test_the_first_sync_loads_the_dequantized_base_with_the_"
-               "adapters_merged",
-               "tests/unit/rollout/test_vllm_qlora.py::test_the_synced_float_model_computes_what_the_trainers_"
-               "4bit_policy_computes"),
+              (("tests/unit/rollout/test_vllm_qlora.py::test_the_first_sync_loads_the_dequantized_base_with_the_"
+                "adapters_merged"),
+               ("tests/unit/rollout/test_vllm_qlora.py::test_the_synced_float_model_computes_what_the_trainers_"
+                "4bit_policy_computes")),
               "the 4-bit state as it is"),
     SwitchOff("re-rendered episodes in segments (--agent.on_rerender segment)",
               "rlhfkit.agents.tools.agent:ToolExecutor._split", noop,
