@@ -3,7 +3,10 @@
 `add_lora` freezes the base weights and injects trainable rank-`rank` adapters into the named
 modules; saving writes peft's `adapter_config.json` + `adapter_model.safetensors` (the base
 folder is recorded in it). `merge_lora` folds an adapter into its base and writes a plain HF
-folder that `AutoModelForCausalLM.from_pretrained` loads without peft.
+folder that `AutoModelForCausalLM.from_pretrained` loads without peft. For a rollout engine without
+peft (vLLM), `MergedLoraSource` computes the merged weights at every sync without touching the peft
+model; over a 4-bit base (QLoRA, Dettmers et al. 2023, arXiv:2305.14314) it merges into the
+dequantized weights (`DequantizedState`), the weight the trainer's 4-bit layers multiply by.
 """
 
 from __future__ import annotations

