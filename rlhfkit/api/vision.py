@@ -61,18 +61,21 @@ def policy_folder(cfg: RLConfig) -> str | None:
     return path if is_vision_folder(path) else None
 
 
-def data_options(cfg: RLConfig, eval: bool = False) -> dict:
+def data_options(cfg: RLConfig, eval: bool = False, shuffle: bool = True) -> dict:
     """The keyword arguments of data.images' loaders besides the source: `builder.prompt_options`' keys,
     split, config, data dir, max_samples and seed (no template: the processor's chat template renders),
-    and the image settings."""
+    and the image settings. `shuffle` False: the records in file order (`rlhfkit eval`'s first
+    --eval.max_samples)."""
     options = prompt_options(cfg, eval)
     del options["apply_chat_template"], options["input_template"]
+    if not shuffle:
+        options["shuffle_seed"] = None
     return {**options, "image_key": cfg.data.image_key, "max_images": cfg.data.max_images_per_prompt}
 
 
-def check_data(cfg: RLConfig, dataset, vision: bool, eval: bool = False) -> None:
+def check_data(cfg: RLConfig, dataset, vision: bool, eval: bool = False, shuffle: bool = True) -> None:
     """Before models load: a VLM's prompts and images (every image decoded), or no images for a text model."""
-    options = data_options(cfg, eval)
+    options = data_options(cfg, eval, shuffle)
     if vision:
         refuse_unsupported(cfg)
         check_vision_prompts(dataset, **options)
@@ -131,9 +134,9 @@ def prepare_policy(cfg: RLConfig, policy, ref, critic=None) -> None:
             setattr(base_model(ref), name, module)
 
 
-def prompts(cfg: RLConfig, dataset, processor, eval: bool = False):
+def prompts(cfg: RLConfig, dataset, processor, eval: bool = False, shuffle: bool = True):
     """(PromptItems with their image tensors, number skipped as too long)."""
-    examples = load_vision_prompts(dataset, processor, **data_options(cfg, eval))
+    examples = load_vision_prompts(dataset, processor, **data_options(cfg, eval, shuffle))
     return tokenize(examples, processor, cfg.data.prompt_max_len, cfg.data.input_key)
 
 
