@@ -52,7 +52,8 @@ class Settings:
     """What the endpoint samples with: the run's `params` (temperature, top_p, top_k, stop ids),
     whether a request's own temperature/top_p/top_k win (`honor_sampling`), the tool-call parser,
     the model name replies carry; a vision-language policy's processor (chat messages may then hold
-    image_url parts, vision.py) and the most distinct images an episode may send (None: any)."""
+    image_url parts, vision.py) and the most distinct images an episode may send (None: any), with the
+    flag that sets it (named in refusals)."""
 
     params: SamplingParams
     honor_sampling: bool = False
@@ -60,6 +61,7 @@ class Settings:
     model_name: str = "policy"
     processor: Any = None
     max_images: int | None = None
+    images_flag: str = "--data.max_images_per_prompt"
 
 
 class Completions:
@@ -137,7 +139,7 @@ class Completions:
             messages = template_messages(body.get("messages"), parts.content)
         except RefusedImage as exc:
             raise self.registry.refuse(e, 400, exc.counter, str(exc)) from exc
-        self.registry.take_images(e, parts.keys, self.settings.max_images)
+        self.registry.take_images(e, parts.keys, self.settings.max_images, self.settings.images_flag)
         normed = [normal(m) for m in messages]
         found = self.continued(e, normed)
         if found is None:
