@@ -12,10 +12,11 @@ from rlhfkit.agents.textenv import text_env
 from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.data.batch import collate
 from rlhfkit.data.images import encode
-from rlhfkit.data.types import PromptItem, Trajectory
+from rlhfkit.data.types import PromptItem
 from rlhfkit.models.logprobs import response_logprobs
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.vision import VisionEngine
+from tests.unit.agents.conftest import FirstTurnCalls
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 
@@ -28,32 +29,6 @@ def add(a: int, b: int) -> int:
         b: the second
     """
     return a + b
-
-
-class FirstTurnCalls:
-    """A VisionEngine whose first call writes CALL and stops (teacher-forced: its logprobs are the model's
-    over it with the prompt's images); later calls sample, without the image tensors when `drop_images`."""
-
-    def __init__(self, engine: VisionEngine, call_ids: list[int], pad_id: int, drop_images: bool = False):
-        self.engine, self.call_ids, self.drop_images, self.calls = engine, call_ids, drop_images, []
-        self.pad_id = pad_id
-        self.banned_ids, self.version = engine.banned_ids, engine.version
-
-    def generate(self, prompts, params, generator=None, group_ids=None, seeds=None, vision=None):
-        self.calls.append(vision)
-        if len(self.calls) > 1:
-            return self.engine.generate(prompts, params, generator, seeds=seeds,
-                                        vision=None if self.drop_images else vision)
-        n = len(self.call_ids)
-        out = [Trajectory(torch.tensor(p), torch.tensor(self.call_ids), torch.ones(n, dtype=torch.bool),
-                          torch.zeros(n), "stop", self.version, info={} if vision is None else {"vision": vision[k]})
-               for k, p in enumerate(prompts)]
-        with torch.no_grad():
-            logp, _ = response_logprobs(self.engine.model, collate(out, self.pad_id),
-                                        temperature=params.temperature)
-        for t, row in zip(out, logp):
-            t.logprobs = row[:n].clone()
-        return out
 
 
 @pytest.fixture(scope="module")
