@@ -12,7 +12,9 @@ Agent files whose `AgentInstance` episodes rlhfkit drives (`MultiTurnExecutor`) 
 functions (the OpenAI-compatible endpoint) run with images: the executor gets the processor
 (`attach_processor`) to encode the images `step()` returns or the agent's requests send. So do
 tool-calling and text-environment episodes (`ToolExecutor`): its processor renders and encodes the
-prompts with their images and the tool schemas.
+prompts with their images and the tool schemas; and agent files whose `AgentExecutor` has its own
+`execute` (OpenRLHF 2026's form, `ExecuteRunner`): it gets the processor as `hf_tokenizer` and the
+prompt's images, and `llm_engine.generate` takes `multi_modal_data` images.
 
 LoRA (--ds.lora.rank) adapts the language model and the projector, and the tower unless it is frozen
 (api/builder.py); the final adapter folder holds the processor (in the SFT and DPO trainers too).
@@ -20,14 +22,14 @@ LoRA (--ds.lora.rank) adapts the language model and the projector, and the tower
 Estimators with a critic (gae) build it from the VLM: its values see the images (models/critic.py).
 
 Not supported with images yet (one-line errors): the vllm engine, Ray rollout workers, FSDP,
-QLoRA, agent files with their own `execute()`.
+QLoRA, agent files of OpenRLHF's mid-2025 `execute(prompt, label, sampling_params)` contract.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlhfkit.agents import SingleTurnExecutor
+from rlhfkit.agents import ExecuteRunner, SingleTurnExecutor
 from rlhfkit.api.builder import prompt_options
 from rlhfkit.config import RLConfig
 from rlhfkit.data.images import (
@@ -99,15 +101,23 @@ def refuse_unsupported(cfg: RLConfig) -> None:
 
 
 def check_executor(cfg: RLConfig, executor) -> None:
-    """ConfigError (before models load) for an executor that does not run with images yet: only
-    single-turn generation and the executors that take the processor (`processor`): `AgentInstance`
-    episodes rlhfkit drives (MultiTurnExecutor), tool-calling and text-environment episodes
-    (ToolExecutor) and agent functions on the endpoint (EndpointExecutor)."""
+    """ConfigError (before models load) for an executor that does not run with images: only single-turn
+    generation and the executors that take the processor (`processor`) do: `AgentInstance` episodes
+    rlhfkit drives (MultiTurnExecutor), tool-calling and text-environment episodes (ToolExecutor), agent
+    functions on the endpoint (EndpointExecutor) and OpenRLHF 2026's `AgentExecutor` with its own
+    `execute(..., images=None)` (ExecuteRunner with an instance); not the mid-2025 contract's
+    `execute(prompt, label, sampling_params)`, which takes no images."""
+    if isinstance(executor, ExecuteRunner) and executor.instance is None:
+        raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with an "
+                          "AgentExecutor of OpenRLHF's mid-2025 contract (built with five arguments; its "
+                          "execute(prompt, label, sampling_params) takes no images); write OpenRLHF 2026's form: "
+                          "an AgentExecutorBase built with no arguments whose execute(prompt, label, sampling_params, "
+                          "max_length, hf_tokenizer, llm_engine, images=None) returns the result; see docs/vision.md")
     if isinstance(executor, SingleTurnExecutor) or hasattr(executor, "processor"):
         return
     raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with "
-                      f"{type(executor).__name__} yet (an AgentExecutor with its own execute()); give an agent "
-                      "file with an AgentInstance, an agent function or tools; see docs/vision.md")
+                      f"{type(executor).__name__} yet; give an agent file with an AgentInstance or an AgentExecutor, "
+                      "an agent function or tools; see docs/vision.md")
 
 
 def attach_processor(processor, max_images: int, *executors) -> None:

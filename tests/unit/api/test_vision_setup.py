@@ -74,9 +74,15 @@ def test_agent_files_tools_and_functions_run_with_images_but_other_executors_are
         return 1.0
 
     check_executor(cfg, EndpointExecutor(agent))  # the OpenAI-compatible endpoint's image_url parts
-    executor = ExecuteRunner(AgentExecutorBase, "agent.py")
-    with pytest.raises(ConfigError, match=f"does not run with {type(executor).__name__} yet"):
-        check_executor(cfg, executor)
+    check_executor(cfg, ExecuteRunner(AgentExecutorBase, "agent.py", instance=AgentExecutorBase()))  # OpenRLHF 2026
+    with pytest.raises(ConfigError, match="mid-2025 contract .* takes no images"):
+        check_executor(cfg, ExecuteRunner(AgentExecutorBase, "agent.py"))  # execute(prompt, label, sampling_params)
+
+    class Other:
+        provides_rewards = True
+
+    with pytest.raises(ConfigError, match="does not run with Other yet"):
+        check_executor(cfg, Other())
 
 
 def test_the_processor_reaches_the_multi_turn_and_the_tool_executors():
