@@ -27,6 +27,10 @@ call, token-in token-out:
   episode's `max_length`; `stop` strings cut the output after the generation (the tokens up to
   the one that completes the string are what sampling would have produced had it stopped
   there). `min_tokens` above 1 is refused: the engine cannot hold back its stop tokens.
+- With a vision-language policy a call may carry images as vLLM takes them,
+  `generate(ids, sampling_params, multi_modal_data={"image": [...]})`: `images` (an ImageEncoder)
+  turns them into the prompt's image tensors, checked against the image tokens of its ids; the
+  recorded generation keeps them (their keys and tensors) for the trajectory's trainer forward.
 """
 
 from __future__ import annotations

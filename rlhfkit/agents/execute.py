@@ -40,6 +40,12 @@ OpenRLHF's 2026 `AgentExecutorBase` is the same class built with no arguments: a
 (as OpenRLHF's server-executor example, which serves an OpenAI-compatible API from its own thread
 over `llm_engine.generate`) runs after its import lines name rlhfkit instead of openrlhf and vllm.
 
+With a vision-language policy (`processor` set, as api.vision.attach_processor does), the 2026
+form's `execute` gets what OpenRLHF gives it: `hf_tokenizer` stands for the processor
+(`ProcessorTokenizer`) and `images` are the prompt's (opened); `llm_engine.generate` takes
+`multi_modal_data={"image": [...]}` (engine_adapter.py). The trajectory's images are those of the
+engine call of its last kept action (`_kept_images`). The mid-2025 form takes no images.
+
 Departures from OpenRLHF: instances are plain objects (drop `ray.kill(instance)` from copied
 code); engine calls are batched across episodes through a synchronous engine; each sample's
 calls are seeded from its own seed, so its tokens do not depend on the rest of the batch.

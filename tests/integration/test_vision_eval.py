@@ -1,11 +1,13 @@
 """`rlhfkit eval` with a vision-language policy (a tiny random Qwen2-VL, sharpened): a plain image dataset (prompts
-with images, a verifier) and an agent function that sends the row's image as an image_url part. The
+with images, a verifier), an agent function that sends the row's image as an image_url part, and an agent
+file with its own execute() that shows the prompt's image and a screenshot. The
 same prompts with red or with blue images give other answers at the same seeds: the images reach the
 engine (a text-only evaluation would answer both alike)."""
 
 import base64
 import json
 import os
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -87,5 +89,18 @@ def test_eval_of_an_agent_function_that_sends_image_url_parts(ws, tmp_path):
         assert result["prompts"] == 4 and len(rows) == 8 and m["eval/dropped"] == 0.0
         assert m["eval/reward"] == pytest.approx(sum(r["reward"] for r in rows) / 8)
         assert m["eval/chars"] == pytest.approx(sum(r["extra_logs"]["chars"] for r in rows) / 8)
+    red, blue = ([r["response"] for r in rows] for _, rows in runs.values())
+    assert red != blue
+
+
+def test_eval_of_an_agent_file_with_its_own_execute_and_images(ws, tmp_path):
+    """OpenRLHF 2026's form (tests/fixtures): the prompt's image and a screenshot, two calls per episode."""
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "openrlhf_vlm_execute_agent.py"
+    over = {"agent.func_path": fixture, "agent.max_turns": 2, "agent.max_response_tokens": 80,
+            "data.max_images_per_prompt": 2}
+    runs = {c: evaluate(ws, tmp_path / c, c, **over) for c in ("red", "blue")}
+    for result, rows in runs.values():
+        m = result["metrics"]
+        assert len(rows) == 8 and m["eval/turns"] == 2.0 and "eval/pass@1" in m  # the agent's score decides
     red, blue = ([r["response"] for r in rows] for _, rows in runs.values())
     assert red != blue
