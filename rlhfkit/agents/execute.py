@@ -321,7 +321,8 @@ class ExecuteRunner:
 
 
 def result_to_trajectory(result: Mapping, record: EpisodeRecord, total: int, version: int,
-                         source: str, shared: Sequence[Generation] = (), placeholders: Sequence[int] = ()) -> Trajectory:
+                         source: str, shared: Sequence[Generation] = (),
+                         placeholders: Sequence[int] = ()) -> Trajectory:
     """The Trajectory of one `execute` result (see the module docstring); `total` = response budget;
     `placeholders`: the engine's image token ids (a vision-language policy's)."""
     missing = [k for k in ("observation_tokens", "action_ranges", "reward") if k not in result]
@@ -341,7 +342,8 @@ def result_to_trajectory(result: Mapping, record: EpisodeRecord, total: int, ver
     reward = to_float(result["reward"], source, "reward", origin)
     score = result.get("scores")
     logs = result.get("extra_logs") or {}
-    info = {"agent_reward": reward, "agent_score": reward if score is None else to_float(score, source, "scores", origin),
+    info = {"agent_reward": reward,
+            "agent_score": reward if score is None else to_float(score, source, "scores", origin),
             "extra_logs": {str(k): to_float(v, source, f"extra_logs[{k!r}]", origin) for k, v in logs.items()},
             "turns": len(ranges)}
     if vision is not None:

@@ -4,7 +4,6 @@ file with its own execute() that shows the prompt's image and a screenshot. The
 same prompts with red or with blue images give other answers at the same seeds: the images reach the
 engine (a text-only evaluation would answer both alike)."""
 
-import base64
 import json
 import os
 from pathlib import Path

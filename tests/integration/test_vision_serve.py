@@ -57,7 +57,8 @@ def served(tmp_path_factory, sharp_vlm):
 
 def greedy(policy, processor, *colours):
     """The HF engine's greedy reply (token ids, logprobs) to the question about these images."""
-    messages = [{"role": "user", "content": [*({"type": "image"} for _ in colours), {"type": "text", "text": QUESTION}]}]
+    parts = [*({"type": "image"} for _ in colours), {"type": "text", "text": QUESTION}]
+    messages = [{"role": "user", "content": parts}]
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids, vision = encode(processor, text, [png(c) for c in colours])
     [t] = VisionEngine(policy, processor.tokenizer).generate([ids], SamplingParams(max_new_tokens=6, temperature=0.0),
@@ -88,7 +89,8 @@ def test_another_image_gives_other_logprobs(served):
 
 
 @pytest.mark.parametrize("content, needle", [
-    ([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}], "fetches no images from the network"),
+    ([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}],
+     "fetches no images from the network"),
     ([{"type": "image_url", "image_url": {"url": data_url(c)}} for c in (RED, BLUE, (0, 0, 0))],
      "the request would send 3 distinct images, more than --max_images 2"),
 ])

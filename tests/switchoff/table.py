@@ -311,9 +311,10 @@ SWITCH_OFFS = (
               served_as_text, ("tests/integration/test_vision_serve.py::"
                                "test_the_reply_is_the_hf_engines_greedy_reply_for_the_same_images[colours0]",),
               "served as a text model"),
-    SwitchOff("tools in an agent function's requests with images", "rlhfkit.agents.endpoint.handlers:Completions.template",
-              tools_ignored, ("tests/unit/agents/test_endpoint_vision.py::"
-                              "test_tools_in_requests_with_images_are_rendered_parsed_and_recorded_as_the_trainer_computes",),
+    SwitchOff("tools in an agent function's requests with images",
+              "rlhfkit.agents.endpoint.handlers:Completions.template", tools_ignored,
+              ("tests/unit/agents/test_endpoint_vision.py::"
+               "test_tools_in_requests_with_images_are_rendered_parsed_and_recorded_as_the_trainer_computes",),
               "the request's tools ignored"),
     SwitchOff("images of an agent file's own engine calls (`execute()`, multi_modal_data)",
               "rlhfkit.agents.images:ImageEncoder.__call__", no_call_images,

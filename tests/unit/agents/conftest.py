@@ -71,6 +71,18 @@ class FirstTurnCalls:
         return out
 
 
+def forward_gap(model, proc, trajs) -> torch.Tensor:
+    """|rollout logprob - trainer's forward logprob| of every action token [N] (a vision-language
+    model's forward takes each trajectory's images from info["vision"])."""
+    padded = collate(trajs, proc.tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, padded, temperature=1.0)
+    rollout = torch.zeros_like(logp)
+    for i, t in enumerate(trajs):
+        rollout[i, : t.response_length] = t.logprobs
+    return (logp - rollout)[padded.loss_mask].abs()
+
+
 @pytest.fixture
 def scripted():
     return ScriptedEngine

@@ -14,14 +14,13 @@ from PIL import Image
 from rlhfkit.agents import AgentExecutorBase, AgentInstanceBase, ExecuteRunner, MultiTurnAgentExecutor, TokenBudget
 from rlhfkit.agents.loader import load_agent_file
 from rlhfkit.api.vision import attach_processor
-from rlhfkit.data.batch import collate
 from rlhfkit.data.images import encode
 from rlhfkit.data.types import PromptItem
 from rlhfkit.errors import RewardError
-from rlhfkit.models.logprobs import response_logprobs
 from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.vision import VisionEngine
+from tests.unit.agents.conftest import forward_gap
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "openrlhf_vlm_execute_agent.py"
 RED, BLUE = (230, 30, 30), (30, 30, 230)
@@ -50,16 +49,9 @@ def run(vlm, runner, colour=RED, n=2, total=100):
                       SamplingParams(max_new_tokens=5, temperature=1.0, n=n), TokenBudget(5, total, 2), seeds=[7])
 
 
-def forward_gap(vlm, trajs) -> torch.Tensor:
-    """|rollout logprob - trainer's forward logprob| of every action token."""
+def gap(vlm, trajs) -> torch.Tensor:
     model, processor, _ = vlm
-    padded = collate(trajs, processor.tokenizer.pad_token_id)
-    with torch.no_grad():
-        logp, _ = response_logprobs(model, padded, temperature=1.0)
-    rollout = torch.zeros_like(logp)
-    for i, t in enumerate(trajs):
-        rollout[i, : t.response_length] = t.logprobs
-    return (logp - rollout)[padded.loss_mask].abs()
+    return forward_gap(model, processor, trajs)
 
 
 def without_images(trajs):
@@ -77,8 +69,8 @@ def test_an_openrlhf_execute_with_images_records_the_trainers_logprobs(vlm):
         assert int((t.prompt_ids == pad).sum()) == 4  # 56x56: the processor's expansion
         assert int((t.response_ids[~t.loss_mask] == pad).sum()) == 1  # the screenshot, in the masked feedback
         assert t.loss_mask[-1] and t.info["turns"] == 2
-    assert forward_gap(vlm, trajs).max() < 2e-5
-    assert forward_gap(vlm, without_images(trajs)).max() > 1e-3  # the switch-off: the images matter
+    assert gap(vlm, trajs).max() < 2e-5
+    assert gap(vlm, without_images(trajs)).max() > 1e-3  # the switch-off: the images matter
 
 
 def test_a_cut_through_feedback_with_an_image_ends_the_trajectory_after_the_last_action_before_it(vlm):
@@ -89,7 +81,7 @@ def test_a_cut_through_feedback_with_an_image_ends_the_trajectory_after_the_last
     for t in trajs:
         assert t.finish_reason == "length" and t.info["vision"].num_images == 1 and t.loss_mask.all()
         assert not (t.response_ids == model.config.image_token_id).any()
-    assert forward_gap(vlm, trajs).max() < 2e-5
+    assert gap(vlm, trajs).max() < 2e-5
 
 
 def test_the_prompts_image_reaches_the_engine(vlm):
@@ -125,7 +117,7 @@ def test_a_multi_turn_executor_wrapping_the_base_execute_shows_the_environment_i
     for t in trajs:
         assert t.info["vision"].num_images == 2 and t.info["agent_reward"] == 1.0
         assert t.info["extra_logs"] == {"image_processor": 1.0}
-    assert forward_gap(vlm, trajs).max() < 2e-5
+    assert gap(vlm, trajs).max() < 2e-5
 
 
 class Swapped(AgentExecutorBase):

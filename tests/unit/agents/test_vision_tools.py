@@ -4,19 +4,16 @@ processor and its image tokens expanded by it, the prompt's image tensors go wit
 call and into the trainer's forward, tool results are masked text; rollout logprobs equal the forward."""
 
 import pytest
-import torch
 from PIL import Image
 
 from rlhfkit.agents import TokenBudget
 from rlhfkit.agents.textenv import text_env
 from rlhfkit.agents.tools.agent import ToolExecutor
-from rlhfkit.data.batch import collate
 from rlhfkit.data.images import encode
 from rlhfkit.data.types import PromptItem
-from rlhfkit.models.logprobs import response_logprobs
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.vision import VisionEngine
-from tests.unit.agents.conftest import FirstTurnCalls
+from tests.unit.agents.conftest import FirstTurnCalls, forward_gap
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 
@@ -56,17 +53,6 @@ def tool_episodes(vlm, drop_images=False, n=2, overlap=False):
     trajs = executor.run(engine, tok, [prompt], SamplingParams(max_new_tokens=6, temperature=1.0, n=n),
                          TokenBudget(per_turn=80, total=160, max_turns=2), seeds=[7])
     return trajs, prompt, engine, executor
-
-
-def forward_gap(model, proc, trajs) -> torch.Tensor:
-    """|rollout logprob - trainer's forward logprob| of every action token [N]."""
-    padded = collate(trajs, proc.tokenizer.pad_token_id)
-    with torch.no_grad():
-        logp, _ = response_logprobs(model, padded, temperature=1.0)
-    rollout = torch.zeros_like(logp)
-    for i, t in enumerate(trajs):
-        rollout[i, : t.response_length] = t.logprobs
-    return (logp - rollout)[padded.loss_mask].abs()
 
 
 @pytest.mark.parametrize("overlap", [False, True])
