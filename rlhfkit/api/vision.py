@@ -44,6 +44,7 @@ from rlhfkit.models.loading import resolve_model
 from rlhfkit.models.precision import DTYPES
 from rlhfkit.models.vision import (
     base_model,
+    check_torchvision,
     freeze_visual_encoder,
     is_vision_folder,
     load_processor,
@@ -60,7 +61,10 @@ def policy_folder(cfg: RLConfig) -> str | None:
     if name in PACKAGED_TEXT_MODELS or name.endswith(".gguf"):
         return None
     path, _ = resolve_model(name)
-    return path if is_vision_folder(path) else None
+    if not is_vision_folder(path):
+        return None
+    check_torchvision()
+    return path
 
 
 def data_options(cfg: RLConfig, eval: bool = False, shuffle: bool = True) -> dict:
@@ -153,7 +157,8 @@ def prompts(cfg: RLConfig, dataset, processor, eval: bool = False, shuffle: bool
 def build_engine(policy, tokenizer, cfg: RLConfig) -> VisionEngine:
     """The HF engine for images, sharing the policy module (weight sync is a version bump)."""
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
-    return VisionEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp)
+    return VisionEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
+                        record_experts=cfg.actor.routing_replay)
 
 
 def processor_of(folder: str):
@@ -179,6 +184,7 @@ def supervised_folder(kind: str, cfg) -> str | None:
     path, _ = resolve_model(name)
     if not is_vision_folder(path):
         return None
+    check_torchvision()
     if kind not in SUPERVISED_KINDS:
         raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft and "
                           "train dpo do (docs/vision.md)")
