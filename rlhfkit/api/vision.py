@@ -1,5 +1,5 @@
-"""Vision-language models in the trainers: what `RLTrainer.from_config` (and, at the end, the SFT and
-DPO trainers') does differently when the model's config has a vision_config (docs/vision.md).
+"""Vision-language models in the trainers: what `RLTrainer.from_config` (and, at the end, the SFT, DPO
+and KTO trainers') does differently when the model's config has a vision_config (docs/vision.md).
 
 Before any model loads, the prompt data is checked (`check_data`): with a VLM, every image opens and
 fits; with a text-only model, a record that holds images is refused. Then the policy's vision tower
@@ -17,7 +17,7 @@ prompts with their images and the tool schemas; and agent files whose `AgentExec
 prompt's images, and `llm_engine.generate` takes `multi_modal_data` images.
 
 LoRA (--ds.lora.rank) adapts the language model and the projector, and the tower unless it is frozen
-(api/builder.py); the final adapter folder holds the processor (in the SFT and DPO trainers too).
+(api/builder.py); the final adapter folder holds the processor (in the SFT, DPO and KTO trainers too).
 
 Estimators with a critic (gae) build it from the VLM: its values see the images (models/critic.py).
 
@@ -171,8 +171,8 @@ def save_processor(processor, folder: str | Path) -> None:
         processor.save_pretrained(str(folder))
 
 
-# ------------------------------------------------------------------ SFT and DPO
-SUPERVISED_KINDS = ("sft", "dpo")
+# ------------------------------------------------------------------ SFT, DPO and KTO
+SUPERVISED_KINDS = ("sft", "dpo", "kto")
 
 
 def supervised_folder(kind: str, cfg) -> str | None:
@@ -186,15 +186,16 @@ def supervised_folder(kind: str, cfg) -> str | None:
         return None
     check_torchvision()
     if kind not in SUPERVISED_KINDS:
-        raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft and "
-                          "train dpo do (docs/vision.md)")
+        raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft, "
+                          "train dpo and train kto do (docs/vision.md)")
     return path
 
 
 def check_supervised_data(kind: str, cfg, source, eval: bool = False) -> None:
     """Before models load: the images of a supervised dataset (every image decoded; counts)."""
     d = cfg.data
-    keys = (d.input_key,) if kind == "sft" else (d.prompt_key, d.chosen_key, d.rejected_key)
+    keys = {"sft": (d.input_key,), "kto": (d.prompt_key or "prompt",)}.get(kind, (d.prompt_key, d.chosen_key,
+                                                                                  d.rejected_key))
     where = ({"split": d.eval_dataset_split, "config": d.eval_dataset_config, "data_dir": d.eval_data_dir} if eval
              else {"split": d.dataset_split, "config": d.dataset_config, "data_dir": d.data_dir,
                    "max_samples": d.max_samples, "seed": cfg.train.seed})
