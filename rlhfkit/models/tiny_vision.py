@@ -27,7 +27,7 @@ import torch
 from rlhfkit.models.tiny import BOS, EOS, PAD, tiny_tokenizer
 from rlhfkit.models.vision import image_only_processor
 
-FAMILIES = ("qwen2_vl", "llava", "gemma3")
+FAMILIES = ("qwen2_vl", "llava", "gemma3", "qwen2_5_vl", "qwen3_vl", "smolvlm", "idefics3", "qwen3_5")
 
 # A chat template that renders {"type": "image"} content parts as the family's image placeholder
 # and text parts as their text (string contents as they are), one turn per message closed by EOS.
@@ -52,29 +52,68 @@ def _text_ids(tok) -> dict:
     return {"vocab_size": len(tok), "pad_token_id": pad, "bos_token_id": bos, "eos_token_id": eos}
 
 
-def _qwen2_vl():
-    from transformers import (
-        Qwen2VLConfig,
-        Qwen2VLForConditionalGeneration,
-        Qwen2VLImageProcessorPil,
-        Qwen2VLProcessor,
-    )
+def _qwen_processor(processor_cls, patch_size: int = 14):
+    """(processor, {image_token_id, video_token_id, vision_start_token_id, vision_end_token_id}) of a
+    Qwen-VL family: the character tokenizer with Qwen's vision tokens, the PIL image processor making
+    images of 28 to 56 pixels (2 to 4 patches a side, merged 2x2), image-only (no video processor)."""
+    from transformers import Qwen2VLImageProcessorPil
 
     tok = tiny_tokenizer()
     start, pad, end, video = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
     tok.add_special_tokens({"additional_special_tokens": [start, pad, end, video]})
-    ip = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=56 * 56, patch_size=14, merge_size=2,
-                                  temporal_patch_size=2)
-    processor = image_only_processor(Qwen2VLProcessor)(image_processor=ip, tokenizer=tok,
-                                                       chat_template=_TEMPLATE.replace("IMAGE", start + pad + end))
-    ids = _ids(tok, pad, video, start, end)
+    side = 2 * patch_size
+    ip = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=4 * side * side, patch_size=patch_size,
+                                  merge_size=2, temporal_patch_size=2)
+    processor = image_only_processor(processor_cls)(image_processor=ip, tokenizer=tok,
+                                                    chat_template=_TEMPLATE.replace("IMAGE", start + pad + end))
+    ids = dict(zip(("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"),
+                   _ids(tok, pad, video, start, end)))
+    return processor, ids
+
+
+def _qwen_vision(patch_size: int = 14, **more) -> dict:
+    """A 1-layer Qwen-VL vision tower of width 32 whose merger projects to the language model's width."""
+    return {"depth": 1, "hidden_size": 32, "num_heads": 2, "patch_size": patch_size, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "in_channels": 3, **more}
+
+
+def _qwen2_vl():
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+
+    processor, ids = _qwen_processor(Qwen2VLProcessor)
     config = Qwen2VLConfig(
-        text_config={**_TEXT, **_text_ids(tok), "rope_parameters": {
+        text_config={**_TEXT, **_text_ids(processor.tokenizer), "rope_parameters": {
             "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}},
-        vision_config={"depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2,
-                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3},
-        image_token_id=ids[0], video_token_id=ids[1], vision_start_token_id=ids[2], vision_end_token_id=ids[3])
+        vision_config=_qwen_vision(embed_dim=32, mlp_ratio=2), **ids)
     return Qwen2VLForConditionalGeneration, config, processor
+
+
+def _qwen2_5_vl():
+    """Qwen2.5-VL: Qwen2-VL's M-RoPE, a tower with window attention (windows of one merged 2x2 patch
+    group, so that a 2x2-group image is reordered into 4 windows) and RMSNorm / gated MLPs."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+
+    processor, ids = _qwen_processor(Qwen2_5_VLProcessor)
+    config = Qwen2_5_VLConfig(
+        text_config={**_TEXT, **_text_ids(processor.tokenizer), "rope_parameters": {
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}},
+        vision_config=_qwen_vision(intermediate_size=64, out_hidden_size=32, window_size=28,
+                                   fullatt_block_indexes=[]), **ids)
+    return Qwen2_5_VLForConditionalGeneration, config, processor
+
+
+def _qwen3_vl():
+    """Qwen3-VL: 16-pixel patches, interleaved M-RoPE, and deepstack: the tower's layer 0 features are
+    added to the image tokens' hidden states after the language model's first layer."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+
+    processor, ids = _qwen_processor(Qwen3VLProcessor, patch_size=16)
+    config = Qwen3VLConfig(
+        text_config={**_TEXT, **_text_ids(processor.tokenizer), "head_dim": 8, "rope_parameters": {
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True}},
+        vision_config=_qwen_vision(16, intermediate_size=64, out_hidden_size=32, num_position_embeddings=16,
+                                   deepstack_visual_indexes=[0]), **ids)
+    return Qwen3VLForConditionalGeneration, config, processor
 
 
 def _llava():
@@ -132,7 +171,65 @@ def _gemma3():
     return Gemma3ForConditionalGeneration, config, processor
 
 
-_BUILDERS = {"qwen2_vl": _qwen2_vl, "llava": _llava, "gemma3": _gemma3}
+def _qwen3_5():
+    """Qwen3.5: Qwen3-VL's tower (no deepstack) under a hybrid language model: a Gated DeltaNet
+    (linear attention, a recurrent state and a causal convolution) layer, then a full-attention
+    layer with partial rotary positions (half of each head)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor
+
+    processor, ids = _qwen_processor(Qwen3VLProcessor, patch_size=16)
+    config = Qwen3_5Config(
+        text_config={**_TEXT, **_text_ids(processor.tokenizer), "head_dim": 16,
+                     "layer_types": ["linear_attention", "full_attention"], "linear_conv_kernel_dim": 4,
+                     "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
+                     "linear_num_value_heads": 4, "rope_parameters": {
+                         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                         "mrope_interleaved": True, "partial_rotary_factor": 0.5}},
+        vision_config=_qwen_vision(16, intermediate_size=64, out_hidden_size=32, num_position_embeddings=16), **ids)
+    return Qwen3_5ForConditionalGeneration, config, processor
+
+
+def _idefics_processor(processor_cls, image_processor_cls, **settings):
+    """(processor, image token id) of an Idefics3-style processor: the character tokenizer with its image
+    tokens; images resized to 56 pixels on their longest side and split into 28-pixel sub-images (a
+    56 x 56 image: 2 x 2 sub-images and the whole image shrunk to 28 x 28, a 56 x 28 one: 1 x 2 and
+    the whole), each 4 image tokens (28-pixel frames of 7-pixel patches, pixel-shuffled by 2)."""
+    fake, image, glob = "<fake_token_around_image>", "<image>", "<global-img>"
+    tok = tiny_tokenizer()
+    rows = [f"<row_{r}_col_{c}>" for r in range(1, 3) for c in range(1, 3)]
+    tok.add_special_tokens({"additional_special_tokens": [fake, image, glob, "<end_of_utterance>", *rows]})
+    ip = image_processor_cls(size={"longest_edge": 56}, max_image_size={"longest_edge": 28}, do_image_splitting=True)
+    processor = processor_cls(image_processor=ip, tokenizer=tok, image_seq_len=4,
+                              chat_template=_TEMPLATE.replace("IMAGE", image), **settings)
+    return processor, _ids(tok, image)[0]
+
+
+def _idefics_config(config_cls, tok, image_token_id):
+    return config_cls(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 28, "patch_size": 7},
+        text_config={"model_type": "llama", **_TEXT, **_text_ids(tok)}, scale_factor=2, image_token_id=image_token_id)
+
+
+def _smolvlm():
+    """SmolVLM: a SigLIP tower over each sub-image, pixel shuffle and a linear connector, a Llama
+    language model; its processor built image-only (its video processor needs torchvision)."""
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMImageProcessorPil, SmolVLMProcessor
+
+    processor, image = _idefics_processor(image_only_processor(SmolVLMProcessor), SmolVLMImageProcessorPil)
+    return SmolVLMForConditionalGeneration, _idefics_config(SmolVLMConfig, processor.tokenizer, image), processor
+
+
+def _idefics3():
+    """Idefics3: SmolVLM's architecture (SmolVLM is built on it) with its own processor (images only)."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil, Idefics3Processor
+
+    processor, image = _idefics_processor(Idefics3Processor, Idefics3ImageProcessorPil)
+    return Idefics3ForConditionalGeneration, _idefics_config(Idefics3Config, processor.tokenizer, image), processor
+
+
+_BUILDERS = {"qwen2_vl": _qwen2_vl, "llava": _llava, "gemma3": _gemma3, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl,
+             "smolvlm": _smolvlm, "idefics3": _idefics3, "qwen3_5": _qwen3_5}
 
 
 def tiny_vision_model_and_processor(family: str = "qwen2_vl", seed: int = 0):

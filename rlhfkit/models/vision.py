@@ -73,10 +73,11 @@ def is_vision_model(model: torch.nn.Module) -> bool:
 
 
 def image_only_processor(processor_cls: type) -> type:
-    """A subclass of `processor_cls` (a transformers processor taking a video processor) that takes
-    only `image_processor`, `tokenizer` and `chat_template`: built where the video processor
-    cannot be (it needs torchvision). Its __init__ sets what the class's own sets from the
-    tokenizer, then ProcessorMixin's."""
+    """A subclass of `processor_cls` (a transformers processor taking a video processor, and maybe an
+    audio feature extractor) that takes only `image_processor`, `tokenizer` and `chat_template` (and the
+    class's own settings, e.g. SmolVLM's `image_seq_len`): built where the video processor cannot be
+    (it needs torchvision). Its __init__ is the class's own, given None for the parts it lacks, which
+    ProcessorMixin then leaves out."""
     return _image_only(processor_cls)
 
 
@@ -84,15 +85,32 @@ def image_only_processor(processor_cls: type) -> type:
 def _image_only(processor_cls: type) -> type:
     from transformers.processing_utils import ProcessorMixin
 
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        for kind, default in (("image", "<|image_pad|>"), ("video", "<|video_pad|>")):
-            token = getattr(tokenizer, f"{kind}_token", None) or default
-            setattr(self, f"{kind}_token", token)
-            setattr(self, f"{kind}_token_id", tokenizer.convert_tokens_to_ids(token))
-        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
+    kept = ("image_processor", "tokenizer")
+    parts = processor_cls.get_attributes()
+    absent = {name: None for name in parts if name not in kept}
 
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        processor_cls.__init__(self, image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template,
+                               **absent, **kwargs)
+
+    class WithoutAbsentParts(ProcessorMixin):
+        """Next after `processor_cls` in the MRO: hands ProcessorMixin its parts without the absent ones."""
+
+        def __init__(self, *args, **kwargs):
+            kwargs.update(zip(parts, args))  # the class passes its parts by position or by name
+            ProcessorMixin.__init__(self, **{k: v for k, v in kwargs.items() if k not in absent})
+
+    methods = {"__init__": __init__, "__module__": __name__}
+    owner = next(c for c in processor_cls.__mro__ if "apply_chat_template" in vars(c))
+    if owner.__name__ in _VIDEO_DEFAULTS_ONLY:  # its own rendering reads the video processor's defaults
+        methods["apply_chat_template"] = ProcessorMixin.apply_chat_template
     # The class keeps its name: a saved folder names the processor class transformers knows.
-    return type(processor_cls.__name__, (processor_cls,), {"__init__": __init__, "__module__": __name__})
+    return type(processor_cls.__name__, (processor_cls, WithoutAbsentParts), methods)
+
+
+# Processors whose apply_chat_template differs from ProcessorMixin's only by the video processor's defaults it
+# passes on (frames, fps): their image-only class renders with ProcessorMixin's.
+_VIDEO_DEFAULTS_ONLY = ("SmolVLMProcessor",)
 
 
 def _takes_video(processor_cls: type) -> bool:
@@ -273,10 +291,25 @@ def vision_kwargs(model: torch.nn.Module, batch, device: torch.device) -> dict:
 def concat_vision(rows) -> dict[str, torch.Tensor]:
     """The image tensors of several rows for one forward: each key's tensors (`row.tensors`, dim 0
     indexing the row's images or their patches) concatenated in row order; rows without images
-    (None) add nothing. The model scatters the features into the image tokens in the same order."""
+    (None) add nothing. The model scatters the features into the image tokens in the same order.
+    Tensors laid out per prompt (Idefics3 / SmolVLM: [1, sub-images, C, H, W] and the pixel mask)
+    whose rows differ in size past dim 0 are padded with zeros to the largest first, as the model's
+    processor pads a batch of prompts (the model drops all-zero sub-images)."""
     present = [r for r in rows if r is not None and r.tensors]
     keys = sorted({k for r in present for k in r.tensors})
-    return {k: torch.cat([r.tensors[k] for r in present if k in r.tensors]) for k in keys}
+    return {k: _cat_padded([r.tensors[k] for r in present if k in r.tensors]) for k in keys}
+
+
+def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
+    shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
+    padded = []
+    for t in tensors:
+        if list(t.shape[1:]) != shape:
+            out = t.new_zeros(t.shape[0], *shape)
+            out[(slice(None), *(slice(0, n) for n in t.shape[1:]))] = t
+            t = out
+        padded.append(t)
+    return torch.cat(padded)
 
 
 # ------------------------------------------------------------------ memory plan
