@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.models.tiny import BOS, EOS, PAD, tiny_tokenizer
+from rlhfkit.models.tiny import ALPHABET, BOS, EOS, PAD, SPECIAL_TOKENS, UNK, tiny_tokenizer
 from rlhfkit.models.vision import image_only_processor
 
-FAMILIES = ("qwen2_vl", "llava", "gemma3", "qwen2_5_vl", "qwen3_vl", "smolvlm", "idefics3", "qwen3_5")
+FAMILIES = ("qwen2_vl", "llava", "gemma3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "smolvlm", "idefics3", "qwen3_5", "gemma4", "internvl")
 
 # A chat template that renders {"type": "image"} content parts as the family's image placeholder
 # and text parts as their text (string contents as they are), one turn per message closed by EOS.
@@ -52,13 +52,13 @@ def _text_ids(tok) -> dict:
     return {"vocab_size": len(tok), "pad_token_id": pad, "bos_token_id": bos, "eos_token_id": eos}
 
 
-def _qwen_processor(processor_cls, patch_size: int = 14):
+def _qwen_processor(processor_cls, patch_size: int = 14, tok=None):
     """(processor, {image_token_id, video_token_id, vision_start_token_id, vision_end_token_id}) of a
-    Qwen-VL family: the character tokenizer with Qwen's vision tokens, the PIL image processor making
-    images of 28 to 56 pixels (2 to 4 patches a side, merged 2x2), image-only (no video processor)."""
+    Qwen-VL family: the character tokenizer (or `tok`) with Qwen's vision tokens, the PIL image processor
+    making images of 28 to 56 pixels (2 to 4 patches a side, merged 2x2), image-only (no video processor)."""
     from transformers import Qwen2VLImageProcessorPil
 
-    tok = tiny_tokenizer()
+    tok = tok or tiny_tokenizer()
     start, pad, end, video = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
     tok.add_special_tokens({"additional_special_tokens": [start, pad, end, video]})
     side = 2 * patch_size
@@ -102,18 +102,21 @@ def _qwen2_5_vl():
     return Qwen2_5_VLForConditionalGeneration, config, processor
 
 
-def _qwen3_vl():
+def _qwen3_vl(moe: bool = False):
     """Qwen3-VL: 16-pixel patches, interleaved M-RoPE, and deepstack: the tower's layer 0 features are
-    added to the image tokens' hidden states after the language model's first layer."""
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+    added to the image tokens' hidden states after the language model's first layer. `moe`: Qwen3-VL-MoE,
+    its MLPs mixtures of 4 experts (2 per token)."""
+    import transformers
 
-    processor, ids = _qwen_processor(Qwen3VLProcessor, patch_size=16)
-    config = Qwen3VLConfig(
-        text_config={**_TEXT, **_text_ids(processor.tokenizer), "head_dim": 8, "rope_parameters": {
+    name = "Qwen3VLMoe" if moe else "Qwen3VL"
+    processor, ids = _qwen_processor(transformers.Qwen3VLProcessor, patch_size=16)
+    experts = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32} if moe else {}
+    config = getattr(transformers, f"{name}Config")(
+        text_config={**_TEXT, **_text_ids(processor.tokenizer), **experts, "head_dim": 8, "rope_parameters": {
             "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True}},
         vision_config=_qwen_vision(16, intermediate_size=64, out_hidden_size=32, num_position_embeddings=16,
                                    deepstack_visual_indexes=[0]), **ids)
-    return Qwen3VLForConditionalGeneration, config, processor
+    return getattr(transformers, f"{name}ForConditionalGeneration"), config, processor
 
 
 def _llava():
@@ -141,21 +144,27 @@ def _llava():
     return LlavaForConditionalGeneration, config, processor
 
 
+def _tokenizer_with(specials: dict):
+    """The character tokenizer with `specials` (name -> token, e.g. {"image_token": "<image_soft_token>"}) as
+    named special tokens: the tokenizer has `tok.image_token` and `tok.image_token_id`, as Gemma's processors read."""
+    from transformers import PreTrainedTokenizerFast
+
+    base = tiny_tokenizer()
+    base.add_special_tokens({"additional_special_tokens": list(specials.values())})
+    return PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, pad_token=PAD, bos_token=BOS, eos_token=EOS,
+                                   unk_token="<unk>", extra_special_tokens=specials)
+
+
 def _gemma3():
     from transformers import (
         Gemma3Config,
         Gemma3ForConditionalGeneration,
         Gemma3ImageProcessorPil,
         Gemma3Processor,
-        PreTrainedTokenizerFast,
     )
 
     boi, soft, eoi = "<start_of_image>", "<image_soft_token>", "<end_of_image>"
-    base = tiny_tokenizer()
-    base.add_special_tokens({"additional_special_tokens": [boi, soft, eoi]})
-    tok = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, pad_token=PAD, bos_token=BOS,
-                                  eos_token=EOS, unk_token="<unk>",
-                                  extra_special_tokens={"boi_token": boi, "image_token": soft, "eoi_token": eoi})
+    tok = _tokenizer_with({"boi_token": boi, "image_token": soft, "eoi_token": eoi})
     size, tokens_per_image = 28, 4
     ip = Gemma3ImageProcessorPil(size={"height": size, "width": size})
     processor = Gemma3Processor(image_processor=ip, tokenizer=tok, image_seq_length=tokens_per_image,
@@ -171,13 +180,25 @@ def _gemma3():
     return Gemma3ForConditionalGeneration, config, processor
 
 
+def _byte_level_tokenizer():
+    """The character tokenizer as Qwen3.5's own tokenizer class (byte-level BPE, no merges: one token a
+    character), which transformers loads a qwen3_5 folder's tokenizer with whatever class it names."""
+    from transformers import Qwen3_5Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte = bytes_to_unicode()
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    vocab.update({byte[ord(ch)]: len(SPECIAL_TOKENS) + i for i, ch in enumerate(ALPHABET)})  # ASCII: one byte each
+    return Qwen3_5Tokenizer(vocab=vocab, merges=[], unk_token=UNK, bos_token=BOS, eos_token=EOS, pad_token=PAD)
+
+
 def _qwen3_5():
     """Qwen3.5: Qwen3-VL's tower (no deepstack) under a hybrid language model: a Gated DeltaNet
     (linear attention, a recurrent state and a causal convolution) layer, then a full-attention
     layer with partial rotary positions (half of each head)."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor
 
-    processor, ids = _qwen_processor(Qwen3VLProcessor, patch_size=16)
+    processor, ids = _qwen_processor(Qwen3VLProcessor, patch_size=16, tok=_byte_level_tokenizer())
     config = Qwen3_5Config(
         text_config={**_TEXT, **_text_ids(processor.tokenizer), "head_dim": 16,
                      "layer_types": ["linear_attention", "full_attention"], "linear_conv_kernel_dim": 4,
@@ -187,6 +208,54 @@ def _qwen3_5():
                          "mrope_interleaved": True, "partial_rotary_factor": 0.5}},
         vision_config=_qwen_vision(16, intermediate_size=64, out_hidden_size=32, num_position_embeddings=16), **ids)
     return Qwen3_5ForConditionalGeneration, config, processor
+
+
+def _gemma4():
+    """Gemma 4: a vision tower over 4-pixel patches with 2-D rotary positions, pooled 2x2 into soft
+    tokens (a variable number per image: its aspect ratio kept within 70 tokens), a language model with
+    per-layer input embeddings, sliding and full layers, image tokens attending to each other both ways
+    in the sliding layers; the processor built image-only (no audio feature extractor, no video)."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4ImageProcessorPil, Gemma4Processor
+
+    specials = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>",
+                "boa_token": "<start_of_audio>", "audio_token": "<audio_soft_token>", "eoa_token": "<end_of_audio>"}
+    tok = _tokenizer_with(specials)
+    ip = Gemma4ImageProcessorPil(patch_size=4, pooling_kernel_size=2, max_soft_tokens=70)
+    processor = image_only_processor(Gemma4Processor)(image_processor=ip, tokenizer=tok, image_seq_length=70,
+                                                      chat_template=_TEMPLATE.replace("IMAGE", specials["image_token"]))
+    ids = dict(zip(("boi_token_id", "image_token_id", "eoi_token_id", "boa_token_id", "audio_token_id",
+                    "eoa_token_index", "video_token_id"),
+                   _ids(tok, *specials.values(), processor.video_token)))
+    config = Gemma4Config(
+        text_config={**_TEXT, **_text_ids(tok), "head_dim": 8, "global_head_dim": 8, "sliding_window": 8,
+                     "layer_types": ["sliding_attention", "full_attention"], "hidden_size_per_layer_input": 8,
+                     "vocab_size_per_layer_input": len(tok), "use_bidirectional_attention": "vision"},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "num_key_value_heads": 2, "head_dim": 16, "patch_size": 4, "pooling_kernel_size": 2,
+                       "position_embedding_size": 64},
+        audio_config=None, **ids)
+    return Gemma4ForConditionalGeneration, config, processor
+
+
+def _internvl():
+    """InternVL: each image cut into 28-pixel tiles (up to 4, with a thumbnail of the whole when there are
+    several), an InternViT tower over 7-pixel patches, pixel shuffle (16 patches -> 4 tokens a tile) and an
+    MLP projector, a Qwen2 language model; the processor built image-only (no video processor)."""
+    from transformers import GotOcr2ImageProcessorPil, InternVLConfig, InternVLForConditionalGeneration, InternVLProcessor
+
+    specials = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                "video_token": "<video>"}
+    tok = _tokenizer_with(specials)
+    ip = GotOcr2ImageProcessorPil(size={"height": 28, "width": 28}, crop_to_patches=True, min_patches=1, max_patches=4)
+    processor = image_only_processor(InternVLProcessor)(
+        image_processor=ip, tokenizer=tok, image_seq_length=4,
+        chat_template=_TEMPLATE.replace("IMAGE", specials["context_image_token"]))
+    config = InternVLConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": [28, 28], "patch_size": [7, 7]},
+        text_config={"model_type": "qwen2", **_TEXT, **_text_ids(tok)}, image_seq_length=4, downsample_ratio=0.5,
+        image_token_id=_ids(tok, specials["context_image_token"])[0])
+    return InternVLForConditionalGeneration, config, processor
 
 
 def _idefics_processor(processor_cls, image_processor_cls, **settings):
@@ -229,7 +298,9 @@ def _idefics3():
 
 
 _BUILDERS = {"qwen2_vl": _qwen2_vl, "llava": _llava, "gemma3": _gemma3, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl,
-             "smolvlm": _smolvlm, "idefics3": _idefics3, "qwen3_5": _qwen3_5}
+             "qwen3_vl_moe": lambda: _qwen3_vl(moe=True),
+             "smolvlm": _smolvlm, "idefics3": _idefics3, "qwen3_5": _qwen3_5, "gemma4": _gemma4,
+             "internvl": _internvl}
 
 
 def tiny_vision_model_and_processor(family: str = "qwen2_vl", seed: int = 0):

@@ -29,7 +29,7 @@ from rlhfkit.errors import ConfigError, ModelError
 
 # Where transformers keeps the vision tower and the projector of each family's base model.
 TOWER_NAMES = ("visual", "vision_tower", "vision_model", "vision_encoder")
-PROJECTOR_NAMES = ("multi_modal_projector", "connector", "mm_projector", "merger")
+PROJECTOR_NAMES = ("multi_modal_projector", "connector", "mm_projector", "merger", "embed_vision")
 
 
 def is_vision_config(config) -> bool:
@@ -88,10 +88,17 @@ def _image_only(processor_cls: type) -> type:
     kept = ("image_processor", "tokenizer")
     parts = processor_cls.get_attributes()
     absent = {name: None for name in parts if name not in kept}
+    own = inspect.signature(processor_cls.__init__)
+    signature = own.replace(parameters=[p for name, p in own.parameters.items() if name not in absent])
 
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        processor_cls.__init__(self, image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template,
-                               **absent, **kwargs)
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        named = {k: v for k, v in bound.arguments.items() if k != "self"}
+        named.update(named.pop(next((n for n, p in signature.parameters.items() if p.kind == p.VAR_KEYWORD), ""), {}))
+        processor_cls.__init__(self, **named, **absent)
+
+    # Its own settings (e.g. InternVL's image_seq_length) stay in the signature: ProcessorMixin saves those.
+    __init__.__signature__ = signature
 
     class WithoutAbsentParts(ProcessorMixin):
         """Next after `processor_cls` in the MRO: hands ProcessorMixin its parts without the absent ones."""
@@ -144,8 +151,12 @@ def load_processor(path: str):
         tokenizer = AutoTokenizer.from_pretrained(path)
         image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
         template = getattr(tokenizer, "chat_template", None)
-        return image_only_processor(cls)(image_processor=image_processor, tokenizer=tokenizer,
-                                         chat_template=_chat_template(path) or template)
+        image_only = image_only_processor(cls)
+        takes = inspect.signature(image_only.__init__).parameters
+        settings = {k: v for k, v in _processor_config(path).items()
+                    if k in takes and k not in ("self", "image_processor", "tokenizer", "chat_template")}
+        return image_only(image_processor=image_processor, tokenizer=tokenizer,
+                          chat_template=_chat_template(path) or template, **settings)
 
 
 def _processor_class_name(path: str) -> str | None:
@@ -159,6 +170,15 @@ def _processor_class_name(path: str) -> str | None:
             if cls:
                 return cls
     return None
+
+
+def _processor_config(path: str) -> dict:
+    """The processor's own settings saved in the folder's processor_config.json ({} without one)."""
+    import json
+    from pathlib import Path
+
+    f = Path(path) / "processor_config.json"
+    return json.loads(f.read_text()) if f.is_file() else {}
 
 
 def _chat_template(path: str) -> str | None:
@@ -334,17 +354,36 @@ def vision_sizes(config: dict, image_tokens: int | None = None) -> dict:
     v = hf_config.vision_config
     width = getattr(v, "embed_dim", None) or v.hidden_size
     intermediate = getattr(v, "intermediate_size", None) or int(width * getattr(v, "mlp_ratio", 4))
-    merge = getattr(v, "spatial_merge_size", 1)
-    fixed = getattr(hf_config, "mm_tokens_per_image", None)
-    if fixed is None and getattr(v, "image_size", None) and "spatial_merge_size" not in v.to_dict():
-        fixed = (v.image_size // v.patch_size) ** 2
+    fixed, merge = image_layout(hf_config)
     tokens = fixed or image_tokens or DEFAULT_IMAGE_TOKENS
-    patches = (v.image_size // v.patch_size) ** 2 if getattr(v, "image_size", None) else tokens * merge**2
     return {"total": sum(p.numel() for p in model.parameters()), "tower": tower, "projector": projector,
             "text": hf_config.get_text_config(decoder=True).to_dict(),
-            "image_tokens": tokens, "fixed_tokens": fixed is not None, "patches": patches, "width": width,
-            "intermediate": intermediate, "layers": getattr(v, "depth", None) or v.num_hidden_layers,
+            "image_tokens": tokens, "fixed_tokens": fixed is not None, "patches": round(tokens * merge),
+            "width": width, "intermediate": intermediate, "layers": getattr(v, "depth", None) or v.num_hidden_layers,
             "heads": getattr(v, "num_heads", None) or v.num_attention_heads}
+
+
+def image_layout(hf_config) -> tuple[int | None, float]:
+    """(language-model tokens per image when the config fixes them, else None; vision-tower patches per
+    language-model token). Fixed: LLaVA (one token per patch of its square image), Gemma 3
+    (`mm_tokens_per_image`, pooled from the patches). Variable: Qwen-VL (patches merged
+    spatial_merge_size^2 to a token), Idefics3 / SmolVLM (a tile per sub-image, pixel-shuffled
+    scale_factor^2), InternVL (tiles, downsampled by downsample_ratio a side), Gemma 4 (pooled
+    pooling_kernel_size^2, as many tokens as the image's aspect ratio gives)."""
+    v = hf_config.vision_config
+    side = lambda x: x[0] if isinstance(x, (list, tuple)) else x
+    size, patch = side(getattr(v, "image_size", None)), side(getattr(v, "patch_size", None))
+    grid = (size // patch) ** 2 if size and patch else None
+    for merge in (getattr(v, "spatial_merge_size", None) and v.spatial_merge_size ** 2,
+                  getattr(hf_config, "scale_factor", None) and hf_config.scale_factor ** 2,
+                  getattr(hf_config, "downsample_ratio", None) and 1 / hf_config.downsample_ratio ** 2,
+                  getattr(v, "pooling_kernel_size", None) and v.pooling_kernel_size ** 2):
+        if merge:
+            return None, merge
+    fixed = getattr(hf_config, "mm_tokens_per_image", None)
+    if fixed is not None:
+        return fixed, grid / fixed if grid else 1
+    return grid, 1
 
 
 def tower_activation_bytes(sizes: dict, images: int, compute_bytes: int) -> int:

@@ -10,7 +10,7 @@ from rlhfkit.cli.main import main
 from rlhfkit.cli.plan_cmd import format_memory
 from rlhfkit.config import RLConfig
 from rlhfkit.models.memory import GiB
-from rlhfkit.models.tiny_vision import save_tiny_vision, tiny_vision_model_and_processor
+from rlhfkit.models.tiny_vision import FAMILIES, save_tiny_vision, tiny_vision_model_and_processor
 from rlhfkit.models.vision import vision_parts
 
 
@@ -22,7 +22,7 @@ def estimate(folder, *flags, image_tokens=None):
     return {line.split()[0]: line for line in lines}
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "gemma3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_parameters_include_the_tower_and_a_frozen_tower_has_no_gradients(tmp_path, family):
     save_tiny_vision(tmp_path, family)
     model, _ = tiny_vision_model_and_processor(family)
