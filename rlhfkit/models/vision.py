@@ -25,7 +25,7 @@ import inspect
 
 import torch
 
-from rlhfkit.errors import ConfigError, ModelError
+from rlhfkit.errors import ConfigError, ModelError, one_line
 
 # Where transformers keeps the vision tower and the projector of each family's base model.
 TOWER_NAMES = ("visual", "vision_tower", "vision_model", "vision_encoder")
@@ -128,7 +128,7 @@ def load_processor(path: str):
     """The processor of the VLM folder `path` (AutoProcessor); image-only where its video processor
     cannot be built (module docstring). ModelError naming the folder when neither loads."""
     check_torchvision()
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+    from transformers import AutoProcessor
     from transformers.models.auto.processing_auto import processor_class_from_name
 
     from rlhfkit.models.loading import load_errors
@@ -148,15 +148,28 @@ def load_processor(path: str):
                 raise failure
             raise ModelError(f"{path}: AutoProcessor found no image processor for this vision-language model; "
                              "add its preprocessor_config.json / processor_config.json")
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
-        template = getattr(tokenizer, "chat_template", None)
-        image_only = image_only_processor(cls)
-        takes = inspect.signature(image_only.__init__).parameters
-        settings = {k: v for k, v in _processor_config(path).items()
-                    if k in takes and k not in ("self", "image_processor", "tokenizer", "chat_template")}
+        return _image_only_from_folder(path, cls)
+
+
+def _image_only_from_folder(path: str, cls: type):
+    """`image_only_processor(cls)` of the folder's tokenizer, PIL image processor, chat template and the
+    processor's own settings; ModelError naming the package when one it needs is missing (SmolVLM's: num2words)."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
+    template = getattr(tokenizer, "chat_template", None)
+    image_only = image_only_processor(cls)
+    takes = inspect.signature(image_only.__init__).parameters
+    settings = {k: v for k, v in _processor_config(path).items()
+                if k in takes and k not in ("self", "image_processor", "tokenizer", "chat_template")}
+    try:
         return image_only(image_processor=image_processor, tokenizer=tokenizer,
                           chat_template=_chat_template(path) or template, **settings)
+    except ImportError as exc:
+        raise ModelError(f"cannot load the processor of {path}: transformers' {cls.__name__} needs a package that is "
+                         f"not installed ({one_line(exc)}); install it (pip install 'rlhfkit[vision]' brings "
+                         "the ones rlhfkit's vision-language families need)") from exc
 
 
 def _processor_class_name(path: str) -> str | None:

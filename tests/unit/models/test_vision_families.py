@@ -90,3 +90,18 @@ def test_qwen3_5_decodes_without_a_cache():
     (the equality tests then check that every step gets the images and 3-D positions)."""
     model, _ = tiny_vision_model_and_processor("qwen3_5")
     assert "LinearAttentionLayer" in cache_support(model)
+
+
+def test_smolvlm_without_num2words_is_one_line_naming_the_package(tmp_path, monkeypatch):
+    """transformers' SmolVLM processor refuses to build without num2words (it writes video prompts with it);
+    the error says which package to install, not that the folder is broken."""
+    import transformers.models.smolvlm.processing_smolvlm as smolvlm
+
+    from rlhfkit.errors import ModelError
+
+    folder = save_tiny_vision(tmp_path, "smolvlm")
+    monkeypatch.setattr(smolvlm, "num2words", None)
+    with pytest.raises(ModelError, match=r"SmolVLMProcessor needs a package that is not installed .*num2words.*"
+                                         r"pip install 'rlhfkit\[vision\]'") as err:
+        load_processor(str(folder))
+    assert "\n" not in str(err.value)
