@@ -115,8 +115,8 @@ def vision_terms(cfg: RLConfig, mcfg: dict, image_tokens: int | None) -> tuple[d
     compute = BYTES[a.autocast or a.dtype]
     frozen = sizes["tower"] if a.freeze_visual_encoder else 0
     tower_act = 0 if frozen else tower_activation_bytes(sizes, cfg.train.micro_batch_size * images, compute)
-    per_image = ("fixed by the model" if sizes["fixed_tokens"] else
-                 "--plan.image_tokens" if image_tokens else "assumed: a 448 x 448 Qwen2-VL image; set --plan.image_tokens")
+    per_image = ("fixed by the model" if sizes["fixed_tokens"] else "--plan.image_tokens" if image_tokens
+                 else "assumed: a 448 x 448 Qwen2-VL image; set --plan.image_tokens")
     lines = [f"vision tower                   {sizes['tower'] / 1e6:.2f}M params "
              f"({'frozen' if frozen else 'trained'}), projector {sizes['projector'] / 1e6:.2f}M",
              f"image tokens per prompt        {images * sizes['image_tokens']}   ({images} "

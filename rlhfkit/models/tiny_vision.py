@@ -1,20 +1,30 @@
 """Tiny random vision-language models and their processors, built in code, for tests and demos.
 
 `tiny_vision_model_and_processor(family)` builds a 2-layer language model with a 1-layer vision
-tower of one of three families, with random weights and the family's own processor (image
-processor, tokenizer with the family's image tokens, chat template), nothing read from a hub or
-from disk:
+tower of one of FAMILIES, with random weights and the family's own processor (image processor,
+tokenizer with the family's image tokens, chat template), nothing read from a hub or from disk:
 
-  qwen2_vl  Qwen2-VL: a ViT over 14-pixel patches merged 2x2, images of any size as a variable
-            number of tokens, M-RoPE (3-D positions: time, height, width) in the language model
-  llava     LLaVA: a CLIP vision tower, an MLP projector, a Llama language model; one image is a
-            fixed number of tokens
-  gemma3    Gemma 3: a SigLIP vision tower, pooled to a fixed number of soft tokens, a Gemma 3
-            text model with sliding and full layers; image tokens attend to each other both ways
+  qwen2_vl      Qwen2-VL: a ViT over 14-pixel patches merged 2x2, images of any size as a variable
+                number of tokens, M-RoPE (3-D positions: time, height, width) in the language model
+  qwen2_5_vl    Qwen2.5-VL: the same with window attention in the tower
+  qwen3_vl      Qwen3-VL: 16-pixel patches, interleaved M-RoPE, deepstack features fed to the
+                language model's first layer; qwen3_vl_moe: with mixture-of-experts MLPs
+  qwen3_5       Qwen3.5: Qwen3-VL's tower, a Gated DeltaNet (linear attention) layer and a
+                full-attention layer with partial rotary positions
+  llava         LLaVA: a CLIP vision tower, an MLP projector, a Llama language model; one image is a
+                fixed number of tokens
+  gemma3        Gemma 3: a SigLIP vision tower, pooled to a fixed number of soft tokens, a Gemma 3
+                text model with sliding and full layers; image tokens attend to each other both ways
+  gemma4        Gemma 4: a variable number of pooled soft tokens per image, per-layer input
+                embeddings, bidirectional attention within an image in the sliding layers
+  smolvlm       SmolVLM (and idefics3, its base): each image split into sub-images plus the whole,
+                a SigLIP tower per sub-image, pixel shuffle, a Llama language model
+  internvl      InternVL: each image cut into tiles plus a thumbnail, pixel shuffle, a Qwen2 model
 
-The tokenizer is models.tiny's character-level tokenizer with the family's image tokens added.
+The tokenizer is models.tiny's character-level tokenizer with the family's image tokens added
+(Qwen3.5's as its own byte-level tokenizer class, which transformers loads its folders with).
 Images are made small (28 to 56 pixels a side) so that a forward runs in milliseconds on a CPU.
-The Qwen2-VL processor is built image-only (no video processor, see models.vision).
+Processors whose video (or audio) part needs torchvision are built image-only (models.vision).
 
 `python -m rlhfkit.models.tiny_vision OUT [--family F] [--seed S]` writes one as an HF folder
 (weights, config, processor) that `rlhfkit train rl|sft|dpo --actor.model_name_or_path OUT` loads.
@@ -27,7 +37,8 @@ import torch
 from rlhfkit.models.tiny import ALPHABET, BOS, EOS, PAD, SPECIAL_TOKENS, UNK, tiny_tokenizer
 from rlhfkit.models.vision import image_only_processor
 
-FAMILIES = ("qwen2_vl", "llava", "gemma3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "smolvlm", "idefics3", "qwen3_5", "gemma4", "internvl")
+FAMILIES = ("qwen2_vl", "llava", "gemma3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "smolvlm", "idefics3", "qwen3_5",
+            "gemma4", "internvl")
 
 # A chat template that renders {"type": "image"} content parts as the family's image placeholder
 # and text parts as their text (string contents as they are), one turn per message closed by EOS.
@@ -241,7 +252,12 @@ def _internvl():
     """InternVL: each image cut into 28-pixel tiles (up to 4, with a thumbnail of the whole when there are
     several), an InternViT tower over 7-pixel patches, pixel shuffle (16 patches -> 4 tokens a tile) and an
     MLP projector, a Qwen2 language model; the processor built image-only (no video processor)."""
-    from transformers import GotOcr2ImageProcessorPil, InternVLConfig, InternVLForConditionalGeneration, InternVLProcessor
+    from transformers import (
+        GotOcr2ImageProcessorPil,
+        InternVLConfig,
+        InternVLForConditionalGeneration,
+        InternVLProcessor,
+    )
 
     specials = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
                 "video_token": "<video>"}
@@ -283,7 +299,12 @@ def _idefics_config(config_cls, tok, image_token_id):
 def _smolvlm():
     """SmolVLM: a SigLIP tower over each sub-image, pixel shuffle and a linear connector, a Llama
     language model; its processor built image-only (its video processor needs torchvision)."""
-    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMImageProcessorPil, SmolVLMProcessor
+    from transformers import (
+        SmolVLMConfig,
+        SmolVLMForConditionalGeneration,
+        SmolVLMImageProcessorPil,
+        SmolVLMProcessor,
+    )
 
     processor, image = _idefics_processor(image_only_processor(SmolVLMProcessor), SmolVLMImageProcessorPil)
     return SmolVLMForConditionalGeneration, _idefics_config(SmolVLMConfig, processor.tokenizer, image), processor
@@ -291,16 +312,20 @@ def _smolvlm():
 
 def _idefics3():
     """Idefics3: SmolVLM's architecture (SmolVLM is built on it) with its own processor (images only)."""
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil, Idefics3Processor
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessorPil,
+        Idefics3Processor,
+    )
 
     processor, image = _idefics_processor(Idefics3Processor, Idefics3ImageProcessorPil)
     return Idefics3ForConditionalGeneration, _idefics_config(Idefics3Config, processor.tokenizer, image), processor
 
 
-_BUILDERS = {"qwen2_vl": _qwen2_vl, "llava": _llava, "gemma3": _gemma3, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl,
-             "qwen3_vl_moe": lambda: _qwen3_vl(moe=True),
-             "smolvlm": _smolvlm, "idefics3": _idefics3, "qwen3_5": _qwen3_5, "gemma4": _gemma4,
-             "internvl": _internvl}
+_BUILDERS = {"qwen2_vl": _qwen2_vl, "llava": _llava, "gemma3": _gemma3, "qwen2_5_vl": _qwen2_5_vl,
+             "qwen3_vl": _qwen3_vl, "qwen3_vl_moe": lambda: _qwen3_vl(moe=True), "smolvlm": _smolvlm,
+             "idefics3": _idefics3, "qwen3_5": _qwen3_5, "gemma4": _gemma4, "internvl": _internvl}
 
 
 def tiny_vision_model_and_processor(family: str = "qwen2_vl", seed: int = 0):

@@ -18,8 +18,11 @@ from the choice like a top-k truncation: the logprob of the sampled token stays 
 whole vocabulary, which the trainer computes (a trained VLM gives them no probability anyway).
 
 The per-token type ids (`models.vision.token_type_kwargs`) go with the prefill only: every
-decoded token is text. Each trajectory carries its prompt's VisionInputs in `info["vision"]`
-(shared by its samples), from which the trainer's forward gets the same images.
+decoded token is text. A model decoded without a cache (its layers' cache cannot be copied per
+sample: Qwen3.5's Gated DeltaNet) runs the whole sequences at every step, and each step gets what
+the prefill got: the images once per row, the token types and the 3-D positions of the sequences.
+Each trajectory carries its prompt's VisionInputs in `info["vision"]` (shared by its samples), from
+which the trainer's forward gets the same images.
 """
 
 from __future__ import annotations
@@ -89,7 +92,8 @@ class VisionEngine(HFEngine):
         the rope delta of the decode positions)."""
         device = self.device
         rows = ids.shape[0]
-        extra = {k: to_device(v, device) for k, v in concat_vision([vision] * rows).items()}
+        tensors = vision.tensors if rows == 1 else concat_vision([vision] * rows)
+        extra = {k: to_device(v, device) for k, v in tensors.items()}
         extra.update(token_type_kwargs(self.model, ids))
         rope = getattr(base_model(self.model), "get_rope_index", None)
         if rope is None:
