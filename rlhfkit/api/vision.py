@@ -144,7 +144,8 @@ def prompts(cfg: RLConfig, dataset, processor, eval: bool = False):
 def build_engine(policy, tokenizer, cfg: RLConfig) -> VisionEngine:
     """The HF engine for images, sharing the policy module (weight sync is a version bump)."""
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
-    return VisionEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp)
+    return VisionEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
+                        record_experts=cfg.actor.routing_replay)
 
 
 def processor_of(folder: str):

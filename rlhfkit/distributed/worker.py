@@ -42,11 +42,14 @@ class RolloutWorker:
         or None. The worker wraps its copy the same way, so it computes what the trainer's policy
         computes (the base times x plus the adapters' low-rank product), and the pool then sends
         only the adapter weights (the base is frozen and loaded from the same files).
+      record_experts: a mixture-of-experts policy's routing is recorded on each trajectory (routing
+        replay, HFEngine's record_experts); the trajectories carry it back to the trainer.
     """
 
     def __init__(self, model_path: str, gguf_file: str | None, dtype: str, autocast: str | None,
                  max_batch_size: int | None, num_threads: int = 1, device: str | None = None,
-                 delay_s: float = 0.0, partial_tokens: int = 0, lora: tuple | None = None):
+                 delay_s: float = 0.0, partial_tokens: int = 0, lora: tuple | None = None,
+                 record_experts: bool = False):
         torch.set_num_threads(num_threads)
         tokenizer = load_tokenizer(model_path, gguf_file=gguf_file)
         model = load_causal_lm(model_path, dtype=DTYPES[dtype], gguf_file=gguf_file)
@@ -59,7 +62,8 @@ class RolloutWorker:
         model.requires_grad_(False)
         # version -1 until the pool sends the trainer's weights (it does so on creation)
         self.engine = HFEngine(model, tokenizer, max_batch_size=max_batch_size,
-                               autocast_dtype=DTYPES[autocast] if autocast else None, version=-1)
+                               autocast_dtype=DTYPES[autocast] if autocast else None, version=-1,
+                               record_experts=record_experts)
         self.delay_s, self.partial_tokens = delay_s, partial_tokens
         self._staged_cv = threading.Condition()
         self._staged: tuple[Mapping[str, torch.Tensor], int] | None = None
