@@ -158,6 +158,18 @@ def no_call_images(original):
     return lambda self, ids, data, placeholders: (None, ())  # the engine call without its images
 
 
+def text_model_steps(original):
+    from rlhfkit.rollout.hf import HFEngine
+
+    return lambda self, s: HFEngine._uncached_logits(self, s)  # the ids alone: no image, plain positions
+
+
+def concatenated(original):
+    import torch
+
+    return lambda tensors: torch.cat(tensors)  # rows of per-prompt tensors as they are: no padding
+
+
 def names_as_given(original):
     return lambda model, targets: targets  # peft matches the names anywhere, the tower included
 
@@ -300,6 +312,17 @@ SWITCH_OFFS = (
     SwitchOff("images in agent episodes' engine calls (tools, environments)", "rlhfkit.agents.tools.agent:image_kwargs",
               no_prompt_images, (f"{VISION_TOOLS}::test_a_tool_call_episode_with_images_matches_the_trainers_forward[False]",),
               "engine calls without the images"),
+    SwitchOff("images at every step of a VLM decoded without a KV cache (Qwen3.5)",
+              "rlhfkit.rollout.vision:VisionEngine._uncached_logits", text_model_steps,
+              (f"{VISION}::test_greedy_rollout_equals_generate_with_the_same_images[qwen3_5]",
+               f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[qwen3_5]"),
+              "steps over the ids alone"),
+    SwitchOff("per-prompt image tensors padded across rows (SmolVLM / Idefics3 sub-images)",
+              "rlhfkit.models.vision:_cat_padded", concatenated,
+              ("tests/unit/models/test_vision_families.py::"
+               "test_smolvlm_rows_with_different_sub_image_counts_are_padded_as_its_processor_pads_them",
+               f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[smolvlm]"),
+              "concatenated unpadded"),
     SwitchOff("LoRA kept out of a frozen vision tower", "rlhfkit.models.vision:language_lora_targets", names_as_given,
               (f"{VISION_LORA}::test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out",),
               "the target names as given"),
