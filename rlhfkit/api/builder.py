@@ -285,7 +285,8 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
                           worker_gpus, delays,
                           t.partial_rollout_tokens if t.partial_rollout_enable else 0,
-                          (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None)
+                          (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None,
+                          frozen_tower=cfg.actor.freeze_visual_encoder)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
 
 

@@ -85,7 +85,6 @@ def refuse_unsupported(cfg: RLConfig) -> None:
     """ConfigError for the settings that do not run with a vision-language policy yet."""
     blocked = [
         (cfg.rollout.engine == "vllm", "--rollout.engine vllm (use hf)"),
-        (cfg.distributed.backend == "ray", "--distributed.backend ray"),
         (cfg.fsdp.enable, "--fsdp.enable"),
         (cfg.ds.load_in_4bit, "--ds.load_in_4bit"),
     ]

@@ -142,6 +142,14 @@ def no_prompt_images(original):
     return lambda prompts: {}
 
 
+def no_images_sent(original):
+    return lambda vision: {}  # the engine gets the prompts' ids alone
+
+
+def images_not_put_back(original):
+    return lambda trajs, vision, n: trajs
+
+
 def names_as_given(original):
     return lambda model, targets: targets  # peft matches the names anywhere, the tower included
 
@@ -170,6 +178,7 @@ AGENTS = "tests/integration/test_agent_loop.py"
 VISION = "tests/unit/rollout/test_vision_engine.py"
 VISION_TOOLS = "tests/unit/agents/test_vision_tools.py"
 VISION_LORA = "tests/unit/models/test_vision_lora.py"
+VISION_WORKER = "tests/unit/distributed/test_vision_worker.py"
 MIX = "tests/unit/api/test_prompt_mix.py"
 ORL_RL = "tests/integration/test_openrlhf_rl_options.py"
 MUON = "tests/unit/trainers/test_muon.py"
@@ -268,6 +277,13 @@ SWITCH_OFFS = (
     SwitchOff("images in agent episodes' engine calls (tools, environments)", "rlhfkit.agents.tools.agent:image_kwargs",
               no_prompt_images, (f"{VISION_TOOLS}::test_a_tool_call_episode_with_images_matches_the_trainers_forward[False]",),
               "engine calls without the images"),
+    SwitchOff("images on Ray rollout workers (vision-language models)", "rlhfkit.distributed.worker:engine_images",
+              no_images_sent, (f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[0]",
+                               f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[2]"),
+              "the engine gets no image tensors"),
+    SwitchOff("images put back on the Ray pool's trajectories", "rlhfkit.distributed.pool:with_images",
+              images_not_put_back, (f"{VISION_WORKER}::test_pool_helpers_shard_the_images_and_put_the_trainers_back",),
+              "trajectories without images"),
     SwitchOff("LoRA kept out of a frozen vision tower", "rlhfkit.models.vision:language_lora_targets", names_as_given,
               (f"{VISION_LORA}::test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out",),
               "the target names as given"),
