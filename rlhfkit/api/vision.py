@@ -37,6 +37,7 @@ from rlhfkit.data.images import (
 )
 from rlhfkit.data.images import tokenize_vision_prompts as tokenize
 from rlhfkit.data.supervised_images import VisionTextFormat, check_supervised_images
+from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import resolve_model
 from rlhfkit.models.precision import DTYPES
@@ -85,7 +86,6 @@ def refuse_unsupported(cfg: RLConfig) -> None:
     """ConfigError for the settings that do not run with a vision-language policy yet."""
     blocked = [
         (cfg.rollout.engine == "vllm", "--rollout.engine vllm (use hf)"),
-        (cfg.fsdp.enable, "--fsdp.enable"),
         (cfg.ds.load_in_4bit, "--ds.load_in_4bit"),
     ]
     for hit, what in blocked:
@@ -119,13 +119,14 @@ def attach_processor(processor, max_images: int, *executors) -> None:
 def prepare_policy(cfg: RLConfig, policy, ref, critic=None) -> None:
     """--actor.freeze_visual_encoder: no gradients to the policy's vision tower, nor to the critic's
     (its own copy, built from the VLM: models.critic); the reference (a copy on the same device) then
-    holds the very same tower modules as the policy, not a second copy."""
+    holds the very same tower modules as the policy, not a second copy (under FSDP it keeps its own:
+    each model is sharded on its own, distributed.fsdp)."""
     if not cfg.actor.freeze_visual_encoder:
         return
     freeze_visual_encoder(policy)
     if critic is not None:
         freeze_visual_encoder(critic.backbone)
-    if ref is not None and ref is not policy and not cfg.ref.offload:
+    if ref is not None and ref is not policy and not cfg.ref.offload and not cfg.fsdp.enable:
         for name, module in vision_parts(policy):
             setattr(base_model(ref), name, module)
 
@@ -137,18 +138,21 @@ def prompts(cfg: RLConfig, dataset, processor, eval: bool = False):
 
 
 def build_engine(policy, tokenizer, cfg: RLConfig) -> VisionEngine:
-    """The HF engine for images, sharing the policy module (weight sync is a version bump)."""
+    """The HF engine for images, sharing the policy module (weight sync is a version bump); under FSDP
+    it decodes through the policy's gathered parameters, as builder.build_engine's does."""
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
-    return VisionEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp)
+    return VisionEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
+                        inference_mode=not cfg.fsdp.enable, gather=fsdp.unsharded if cfg.fsdp.enable else None)
 
 
 def processor_of(folder: str):
     return load_processor(folder)
 
 
-def save_processor(processor, folder: str | Path) -> None:
-    """The processor's files (image processor, chat template, tokenizer) into a saved model folder."""
-    if processor is not None:
+def save_processor(processor, folder: str | Path | None, rank: int = 0) -> None:
+    """The processor's files (image processor, chat template, tokenizer) into a saved model folder (by
+    rank 0 alone under FSDP; nothing when `folder` is None: no model was saved there)."""
+    if processor is not None and folder is not None and rank == 0:
         processor.save_pretrained(str(folder))
 
 

@@ -149,6 +149,14 @@ def load_vision_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn
     return _all_weights_loaded(loaded, Path(path))
 
 
+def plain_model_class(config):
+    """The transformers auto class that builds a model of `config`: AutoModelForImageTextToText for a
+    vision-language model, else AutoModelForCausalLM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
+
+
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The VLM's base model (vision tower + projector + language model; no LM head)."""
     from rlhfkit.models.logprobs import transformers_model

@@ -150,6 +150,10 @@ def images_not_put_back(original):
     return lambda trajs, vision, n: trajs
 
 
+def language_layers_only(original):
+    return lambda base: list(base.language_model.layers)  # the tower's blocks go with the base model's unit
+
+
 def names_as_given(original):
     return lambda model, targets: targets  # peft matches the names anywhere, the tower included
 
@@ -284,6 +288,10 @@ SWITCH_OFFS = (
     SwitchOff("images put back on the Ray pool's trajectories", "rlhfkit.distributed.pool:with_images",
               images_not_put_back, (f"{VISION_WORKER}::test_pool_helpers_shard_the_images_and_put_the_trainers_back",),
               "trajectories without images"),
+    SwitchOff("vision tower sharded block by block (--fsdp.enable)", "rlhfkit.distributed.fsdp:vision_blocks",
+              language_layers_only, ("tests/unit/distributed/test_fsdp_vision.py::"
+                                     "test_sharded_vlm_samples_and_scores_as_the_unsharded_one[qwen2_vl]",),
+              "the language model's layers only"),
     SwitchOff("LoRA kept out of a frozen vision tower", "rlhfkit.models.vision:language_lora_targets", names_as_given,
               (f"{VISION_LORA}::test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out",),
               "the target names as given"),
