@@ -86,7 +86,6 @@ def refuse_unsupported(cfg: RLConfig) -> None:
     """ConfigError for the settings that do not run with a vision-language policy yet."""
     blocked = [
         (cfg.rollout.engine == "vllm", "--rollout.engine vllm (use hf)"),
-        (cfg.ds.load_in_4bit, "--ds.load_in_4bit"),
     ]
     for hit, what in blocked:
         if hit:

@@ -154,6 +154,10 @@ def language_layers_only(original):
     return lambda base: list(base.language_model.layers)  # the tower's blocks go with the base model's unit
 
 
+def head_only(original):
+    return lambda path: ("lm_head",)  # the tower and projector quantized too
+
+
 def names_as_given(original):
     return lambda model, targets: targets  # peft matches the names anywhere, the tower included
 
@@ -267,8 +271,17 @@ SWITCH_OFFS = (
     SwitchOff("PRM soft labels", "rlhfkit.data.steps:label_targets", hard_labels,
               ("tests/integration/test_prm.py::test_soft_labels_from_python",), "rounded to 0 / 1"),
     SwitchOff("QLoRA's 4-bit base (--ds.load_in_4bit)", "rlhfkit.models.loading:nf4_config", noop,
-              ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",),
+              ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",
+               "tests/integration/test_vision_qlora.py::test_sft_and_dpo_train_adapters_over_a_4bit_language_model[sft]"),
               "no quantization config"),
+    SwitchOff("a VLM's vision tower and projector kept out of 4-bit (QLoRA)",
+              "rlhfkit.models.vision:unquantized_parts", head_only,
+              ("tests/integration/test_vision_qlora.py::test_rl_samples_and_trains_with_the_same_4bit_weights_and_images",),
+              "only the LM head kept"),
+    SwitchOff("bitsandbytes' CPU repacking of the 4-bit base kept off (QLoRA)", "rlhfkit.models.loading:keep_4bit_layout",
+              identity_model, ("tests/integration/test_vision_qlora.py::"
+                               "test_rl_samples_and_trains_with_the_same_4bit_weights_and_images",),
+              "the model unchanged"),
     SwitchOff("re-rendered episodes in segments (--agent.on_rerender segment)",
               "rlhfkit.agents.tools.agent:ToolExecutor._split", noop,
               ("tests/unit/agents/test_tool_segments.py::test_segment_splits_where_the_template_rerenders_the_history",
