@@ -101,7 +101,7 @@ def _engine_of(cfg: RLConfig, policy, tokenizer, processor, make_engine, pool, s
     if pool is not None:
         return pool(policy)
     if processor is not None:
-        return V.build_engine(policy, tokenizer, cfg)
+        return V.build_engine(policy, tokenizer, cfg, processor, state_fn)
     return builder.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
 
 

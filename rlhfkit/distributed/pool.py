@@ -12,8 +12,8 @@ pool does not wait, and a worker's trajectories carry the version it actually us
 
 Images (a vision-language policy): `generate(..., vision=[...])` takes each prompt's image tensors
 (`data.images.VisionInputs`, as the trainer's processor made them); a shard's are put in the object
-store once (`ray.put`, reused when its prompts are re-issued) and its worker prefills them with the
-prompts. They are shipped as the tensors, not as the decoded images to encode again on the worker:
+store once (`ray.put`, reused when its prompts are re-issued; without the decoded images a
+VisionInputs may keep for the vLLM engine) and its worker prefills them with the prompts. They are shipped as the tensors, not as the decoded images to encode again on the worker:
 exactly what the trainer's forward sees, and the images an agent's environment returned mid-episode
 have no decoded copy here. The trajectories come back without them and `gather` puts the trainer's
 own VisionInputs on each (`info["vision"]`, shared by a prompt's samples, as in one process), so
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ray
 import torch
@@ -155,8 +155,8 @@ class RayEnginePool:
     # ------------------------------------------------------------------ helpers
     def _generate_on(self, shard: Shard, params: SamplingParams, fresh: bool):
         patience = None if fresh or self.wait_for_weights else self.patience_s
-        if shard.vision is not None and shard.vision_ref is None:
-            shard.vision_ref = ray.put(shard.vision)  # once: a re-issued shard sends the same reference
+        if shard.vision is not None and shard.vision_ref is None:  # once: a re-issued shard sends the same reference
+            shard.vision_ref = ray.put([v if v is None else replace(v, images=()) for v in shard.vision])
         return shard.actor.generate.options(concurrency_group="generate").remote(
             shard.prompts, params, shard.seeds, shard.group_ids, self._version, patience, shard.vision_ref)
 

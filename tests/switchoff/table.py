@@ -158,6 +158,10 @@ def head_only(original):
     return lambda path: ("lm_head",)  # the tower and projector quantized too
 
 
+def text_request(original):
+    return lambda ids, vision, image_token_id: {"prompt_token_ids": [int(t) for t in ids]}  # no images sent
+
+
 def names_as_given(original):
     return lambda model, targets: targets  # peft matches the names anywhere, the tower included
 
@@ -305,6 +309,9 @@ SWITCH_OFFS = (
               language_layers_only, ("tests/unit/distributed/test_fsdp_vision.py::"
                                      "test_sharded_vlm_samples_and_scores_as_the_unsharded_one[qwen2_vl]",),
               "the language model's layers only"),
+    SwitchOff("images in vLLM requests (vision-language models)", "rlhfkit.rollout.vllm:vllm_request", text_request,
+              ("tests/unit/rollout/test_vllm_vision.py::test_requests_hold_one_placeholder_per_image_and_the_images_"
+               "and_trajectories_the_tensors[llava-sizes2]",), "the ids alone, no images"),
     SwitchOff("LoRA kept out of a frozen vision tower", "rlhfkit.models.vision:language_lora_targets", names_as_given,
               (f"{VISION_LORA}::test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out",),
               "the target names as given"),
