@@ -35,10 +35,10 @@ from rlhfkit.api.builder import prompt_options
 from rlhfkit.config import RLConfig
 from rlhfkit.data.images import (
     check_vision_prompts,
+    encode,
     load_vision_prompts,
     refuse_images_for_text_model,
 )
-from rlhfkit.data.images import encode
 from rlhfkit.data.images import tokenize_vision_prompts as tokenize
 from rlhfkit.data.supervised_images import VisionTextFormat, check_supervised_images
 from rlhfkit.distributed import fsdp

@@ -49,7 +49,12 @@ import torch.distributed as dist
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import save_hf_folder
-from rlhfkit.models.vision import base_model, is_vision_model, plain_model_class, vision_parts
+from rlhfkit.models.vision import (
+    base_model,
+    is_vision_model,
+    plain_model_class,
+    vision_parts,
+)
 
 
 def init_from_torchrun() -> tuple[int, int]:

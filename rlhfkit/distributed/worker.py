@@ -29,7 +29,11 @@ from rlhfkit.data.types import Trajectory
 from rlhfkit.models import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import add_lora
 from rlhfkit.models.precision import DTYPES
-from rlhfkit.models.vision import is_vision_folder, language_lora_targets, load_vision_model
+from rlhfkit.models.vision import (
+    is_vision_folder,
+    language_lora_targets,
+    load_vision_model,
+)
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
 from rlhfkit.rollout.vision import VisionEngine

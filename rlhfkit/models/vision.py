@@ -145,7 +145,12 @@ def load_vision_model(path: str, dtype: torch.dtype = torch.float32, load_in_4bi
 
     from transformers import AutoModelForImageTextToText
 
-    from rlhfkit.models.loading import _all_weights_loaded, keep_4bit_layout, load_errors, nf4_config
+    from rlhfkit.models.loading import (
+        _all_weights_loaded,
+        keep_4bit_layout,
+        load_errors,
+        nf4_config,
+    )
 
     kwargs = {}
     with load_errors("a vision-language model", path):

@@ -13,36 +13,23 @@ from safetensors.torch import load_file
 
 from rlhfkit.api.export import export_checkpoint
 from rlhfkit.cli.main import main
-from rlhfkit.data.synthetic_vision import write_colour_task
-from rlhfkit.models.tiny_vision import save_tiny_vision
 from rlhfkit.models.vision import load_processor
-from tests.integration.conftest import cli_flags
+from tests.integration.conftest import colour_workspace, vision_rl_flags
 from tests.integration.test_fsdp import assert_same_steps, metrics, torchrun_rl
-from tests.integration.test_vision_rl import VARIED_REWARD
 
 STEPS = 3
 
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vision_fsdp")
-    save_tiny_vision(root / "vlm", "qwen2_vl")
-    write_colour_task(root / "colours", n_train=16, n_test=4)
-    (root / "varied.py").write_text(VARIED_REWARD)
-    return root
+    return colour_workspace(tmp_path_factory.mktemp("vision_fsdp"))
 
 
 def flags(ws, out, **over):
-    return cli_flags({
-        "actor.model_name_or_path": ws / "vlm", "data.prompt_dataset": ws / "colours" / "train.jsonl",
-        "data.input_key": "prompt", "data.label_key": "label", "data.image_key": "images",
-        "reward.remote_url": ws / "varied.py", "rollout.batch_size": 4, "rollout.n_samples_per_prompt": 2,
-        "rollout.max_new_tokens": 4, "train.batch_size": 8, "train.micro_batch_size": 2, "train.max_steps": STEPS,
-        "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant", "actor.autocast": "none",
-        "algo.kl.init_coef": 0.01, "algo.kl.use_loss": "true", "algo.kl.estimator": "k3",
-        "algo.advantage.estimator": "gae", "critic.adam.lr": "1e-2", "actor.ema_beta": 0.9,
-        "actor.freeze_visual_encoder": "true", "ckpt.save_steps": 2, "logger.progress_bar": "false",
-        "train.num_threads": 1, "ckpt.output_dir": out, **over})
+    return vision_rl_flags(ws, out, **{
+        "train.micro_batch_size": 2, "train.max_steps": STEPS, "algo.kl.init_coef": 0.01, "algo.kl.use_loss": "true",
+        "algo.kl.estimator": "k3", "algo.advantage.estimator": "gae", "critic.adam.lr": "1e-2", "actor.ema_beta": 0.9,
+        "actor.freeze_visual_encoder": "true", "ckpt.save_steps": 2, **over})
 
 
 @pytest.fixture(scope="module")

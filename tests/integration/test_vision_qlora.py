@@ -22,6 +22,7 @@ from rlhfkit.models.vision import load_processor, vision_parts
 from rlhfkit.rollout.base import SamplingParams
 from tests.integration.test_vision_rl import flags as rl_flags
 from tests.integration.test_vision_rl import varied_reward
+from tests.integration.test_vision_supervised import colour_pairs
 
 bnb = pytest.importorskip("bitsandbytes")
 
@@ -31,11 +32,7 @@ def ws(tmp_path_factory):
     root = tmp_path_factory.mktemp("vision_qlora")
     save_tiny_vision(root / "vlm", "qwen2_vl")
     save_tiny_vision(root / "llava", "llava")
-    colours = write_colour_task(root / "colours", n_train=16, n_test=4)
-    rows = [json.loads(line) for line in (colours / "train.jsonl").read_text().splitlines()]
-    others = {"red": "blue", "green": "red", "blue": "green"}
-    pairs = [dict(r, chosen=r["label"], rejected=others[r["label"]]) for r in rows]
-    (colours / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    colour_pairs(write_colour_task(root / "colours", n_train=16, n_test=4))
     return root
 
 
@@ -60,7 +57,7 @@ def test_rl_samples_and_trains_with_the_same_4bit_weights_and_images(ws, tmp_pat
     policy = trainer.policy
     linears, frozen = four_bit(policy)
     assert len(linears) == 2 * 7  # q k v o gate up down of the 2 language-model layers
-    tower = [m for _, m in vision_parts(policy)][0]
+    tower = next(m for _, m in vision_parts(policy))
     assert not any(isinstance(m, bnb.nn.Linear4bit) for m in tower.modules())  # the tower stays float
     assert any(isinstance(m, torch.nn.Linear) for m in tower.modules())
     start = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}

@@ -13,42 +13,21 @@ from safetensors.torch import load_file
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-ray = pytest.importorskip("ray")
+pytest.importorskip("ray")
 
-from rlhfkit.cli.main import main  # noqa: E402 - after the Ray settings and importorskip
-from rlhfkit.data.synthetic_vision import write_colour_task  # noqa: E402 - likewise
-from rlhfkit.models.tiny_vision import save_tiny_vision  # noqa: E402 - likewise
-from tests.integration.conftest import cli_flags  # noqa: E402 - likewise
-from tests.integration.test_distributed_ray import rows_of  # noqa: E402 - likewise
-from tests.integration.test_vision_rl import VARIED_REWARD  # noqa: E402 - likewise
+from rlhfkit.cli.main import main
+from tests.integration import test_distributed_ray
+from tests.integration.conftest import colour_workspace, vision_rl_flags
+from tests.integration.test_distributed_ray import rows_of
 
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vision_ray")
-    save_tiny_vision(root / "vlm", "qwen2_vl")
-    write_colour_task(root / "colours", n_train=16, n_test=4)
-    (root / "varied.py").write_text(VARIED_REWARD)
-    return root
+    return colour_workspace(tmp_path_factory.mktemp("vision_ray"))
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    ray.init(num_cpus=4, _temp_dir=str(tmp_path_factory.mktemp("ray")), include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
-def flags(ws, out, **over):
-    return cli_flags({
-        "actor.model_name_or_path": ws / "vlm", "data.prompt_dataset": ws / "colours" / "train.jsonl",
-        "data.input_key": "prompt", "data.label_key": "label", "data.image_key": "images",
-        "reward.remote_url": ws / "varied.py", "rollout.batch_size": 4, "rollout.n_samples_per_prompt": 2,
-        "rollout.max_new_tokens": 4, "train.batch_size": 8, "train.micro_batch_size": 4, "train.max_steps": 2,
-        "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant", "actor.autocast": "none",
-        "logger.progress_bar": "false", "train.num_threads": 1, "ckpt.output_dir": out, **over})
-
-
+flags = vision_rl_flags
+cluster = test_distributed_ray.cluster  # a local Ray cluster for this module
 RAY = {"distributed.backend": "ray", "rollout.num_workers": 2}
 
 
