@@ -252,7 +252,7 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None, images: dict |
     return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
                     inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode,
                     gather=fsdp.unsharded if cfg.fsdp.enable else None,
-                    keep_turns=cfg.rollout.keep_kv_across_turns)
+                    keep_turns=cfg.rollout.keep_kv_across_turns, record_experts=cfg.actor.routing_replay)
 
 
 def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn, **images):
@@ -287,7 +287,7 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
                           worker_gpus, delays,
                           t.partial_rollout_tokens if t.partial_rollout_enable else 0,
                           (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None,
-                          frozen_tower=cfg.actor.freeze_visual_encoder)
+                          record_experts=cfg.actor.routing_replay, frozen_tower=cfg.actor.freeze_visual_encoder)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
 
 
@@ -394,7 +394,7 @@ def build_experience(cfg: RLConfig, counts: RunPlan, policy, ref, critic, batche
         kl_in_reward=not kl.use_loss, multi_step=counts.optimizer_steps_per_rollout > 1,
         temperature=cfg.rollout.temperature or 1.0, autocast=cfg.actor.autocast, proximal=decoupled_update(cfg),
         ref_device=model_device(policy) if cfg.ref.offload else None,
-        mask_truncated=cfg.actor.mask_truncated_completions)
+        mask_truncated=cfg.actor.mask_truncated_completions, routing_replay=cfg.actor.routing_replay)
 
 
 def loss_settings(cfg: RLConfig, max_len: int) -> LossSettings:
@@ -421,7 +421,8 @@ def build_update(cfg: RLConfig, policy, learners: tuple[Learner, Learner | None]
     common = dict(batch_size=train.batch_size, max_epochs=train.max_epochs, shuffle_gen=data.shuffle_gen,
                   autocast=cfg.actor.autocast, critic=critic, critic_learner=learners[1], dp=dp,
                   rank_max=fsdp.max_over_ranks if dp[1] > 1 else None,
-                  compiled=CompiledLayers(policy) if train.compile_enable else None)
+                  compiled=CompiledLayers(policy) if train.compile_enable else None,
+                  routing_replay=cfg.actor.routing_replay)
     if teacher is not None and algo.teacher_topk > 0:
         return TeacherLossUpdate(policy, learners[0], batcher, losses, teacher=teacher, teacher_coef=algo.teacher_coef,
                                  teacher_topk=algo.teacher_topk, teacher_offload=algo.teacher_offload, **common)

@@ -47,6 +47,7 @@ from rlhfkit.models.loading import resolve_model
 from rlhfkit.models.precision import DTYPES
 from rlhfkit.models.vision import (
     base_model,
+    check_torchvision,
     freeze_visual_encoder,
     is_vision_folder,
     load_processor,
@@ -64,7 +65,10 @@ def policy_folder(cfg: RLConfig) -> str | None:
     if name in PACKAGED_TEXT_MODELS or name.endswith(".gguf"):
         return None
     path, _ = resolve_model(name)
-    return path if is_vision_folder(path) else None
+    if not is_vision_folder(path):
+        return None
+    check_torchvision()
+    return path
 
 
 def data_options(cfg: RLConfig, eval: bool = False) -> dict:
@@ -139,7 +143,8 @@ def build_engine(policy, tokenizer, cfg: RLConfig, processor, state_fn=None):
                                  images=vllm_image_settings(cfg, processor, policy.config))
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
     return VisionEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
-                        inference_mode=not cfg.fsdp.enable, gather=fsdp.unsharded if cfg.fsdp.enable else None)
+                        inference_mode=not cfg.fsdp.enable, gather=fsdp.unsharded if cfg.fsdp.enable else None,
+                        record_experts=cfg.actor.routing_replay)
 
 
 def vllm_image_settings(cfg: RLConfig, processor, config) -> dict:
@@ -194,6 +199,7 @@ def supervised_folder(kind: str, cfg) -> str | None:
     path, _ = resolve_model(name)
     if not is_vision_folder(path):
         return None
+    check_torchvision()
     if kind not in SUPERVISED_KINDS:
         raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft and "
                           "train dpo do (docs/vision.md)")

@@ -53,6 +53,8 @@ class RolloutWorker:
         or None. The worker wraps its copy the same way, so it computes what the trainer's policy
         computes (the base times x plus the adapters' low-rank product), and the pool then sends
         only the adapter weights (the base is frozen and loaded from the same files).
+      record_experts: a mixture-of-experts policy's routing is recorded on each trajectory (routing
+        replay, HFEngine's record_experts); the trajectories carry it back to the trainer.
       frozen_tower: a vision-language policy trained with --actor.freeze_visual_encoder: with
         `lora`, the adapters go outside the vision tower, as on the trainer's policy.
     """
@@ -60,7 +62,7 @@ class RolloutWorker:
     def __init__(self, model_path: str, gguf_file: str | None, dtype: str, autocast: str | None,
                  max_batch_size: int | None, num_threads: int = 1, device: str | None = None,
                  delay_s: float = 0.0, partial_tokens: int = 0, lora: tuple | None = None,
-                 frozen_tower: bool = False):
+                 record_experts: bool = False, frozen_tower: bool = False):
         torch.set_num_threads(num_threads)
         tokenizer = load_tokenizer(model_path, gguf_file=gguf_file)
         vision = gguf_file is None and is_vision_folder(model_path)
@@ -77,8 +79,9 @@ class RolloutWorker:
             model = add_lora(model, rank, alpha, targets, dropout)
         model.requires_grad_(False)
         # version -1 until the pool sends the trainer's weights (it does so on creation)
-        self.engine = (VisionEngine if vision else HFEngine)(model, tokenizer, max_batch_size=max_batch_size,
-                               autocast_dtype=DTYPES[autocast] if autocast else None, version=-1)
+        self.engine = (VisionEngine if vision else HFEngine)(
+            model, tokenizer, max_batch_size=max_batch_size, autocast_dtype=DTYPES[autocast] if autocast else None,
+            version=-1, record_experts=record_experts)
         self.delay_s, self.partial_tokens = delay_s, partial_tokens
         self._staged_cv = threading.Condition()
         self._staged: tuple[Mapping[str, torch.Tensor], int] | None = None

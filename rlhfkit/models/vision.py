@@ -48,6 +48,26 @@ def is_vision_folder(path) -> bool:
     return (Path(path) / "config.json").is_file() and is_vision_config(read_config_json(path))
 
 
+def check_torchvision() -> None:
+    """ConfigError when a torchvision is installed that does not import beside this torch (PyPI's
+    torchvision wheels for Linux are CUDA builds: beside a CPU torch their operators fail to register).
+    transformers imports it for every vision-language model and processor, so nothing would load;
+    without torchvision at all the processor is built image-only (module docstring)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        return
+    try:
+        import torchvision  # noqa: F401  (only whether it imports)
+    except Exception as exc:  # noqa: BLE001  (a broken build raises RuntimeError, OSError, ImportError, ...)
+        raise ConfigError(
+            f"torchvision is installed but does not import beside torch {torch.__version__} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}): it was built for another "
+            "torch (PyPI's Linux wheels are CUDA builds). Install the build matching your torch (for a CPU torch: "
+            "pip install torchvision --index-url https://download.pytorch.org/whl/cpu) or uninstall it; "
+            "vision-language models run without it (images only)") from exc
+
+
 def is_vision_model(model: torch.nn.Module) -> bool:
     return is_vision_config(getattr(model, "config", None))
 
@@ -82,6 +102,7 @@ def _takes_video(processor_cls: type) -> bool:
 def load_processor(path: str):
     """The processor of the VLM folder `path` (AutoProcessor); image-only where its video processor
     cannot be built (module docstring). ModelError naming the folder when neither loads."""
+    check_torchvision()
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
     from transformers.models.auto.processing_auto import processor_class_from_name
 
@@ -143,6 +164,7 @@ def load_vision_model(path: str, dtype: torch.dtype = torch.float32, load_in_4bi
     (`unquantized_parts`)."""
     from pathlib import Path
 
+    check_torchvision()
     from transformers import AutoModelForImageTextToText
 
     from rlhfkit.models.loading import (

@@ -178,6 +178,18 @@ def actor_always_trained(original):
     return lambda self, exp, kl_coef, train_actor=True: original(self, exp, kl_coef)
 
 
+def replays_nothing(original):
+    import torch
+
+    from rlhfkit.models.moe import ReplayCounts
+
+    @contextlib.contextmanager
+    def replay_routing(model, codes):
+        zero = torch.zeros((), dtype=torch.float64)
+        yield ReplayCounts(zero.clone(), zero.clone(), zero.clone())  # no router hooked: each keeps its own top-k
+    return replay_routing
+
+
 STAGES = "tests/unit/trainers/test_stages.py"
 KL = "tests/unit/trainers/test_kl_placement.py"
 OFFPOLICY = "tests/unit/trainers/test_offpolicy.py"
@@ -195,6 +207,8 @@ MIX = "tests/unit/api/test_prompt_mix.py"
 ORL_RL = "tests/integration/test_openrlhf_rl_options.py"
 MUON = "tests/unit/trainers/test_muon.py"
 WARMUP = "tests/unit/trainers/test_critic_warmup.py"
+REPLAY = "tests/unit/models/test_routing_replay.py"
+FLIPPED = "test_replay_undoes_a_router_choice_that_flipped_between_rollout_and_training"
 
 SWITCH_OFFS = (
     SwitchOff("vision tower frozen (--actor.freeze_visual_encoder)", "rlhfkit.models.vision:freeze_visual_encoder",
@@ -325,5 +339,13 @@ SWITCH_OFFS = (
                "tests/unit/agents/test_executor_kept_turns.py::"
                "test_agent_episodes_are_the_same_with_kept_turns_and_prefill_less"),
               "no kept cache used: every turn prefilled in full"),
+    SwitchOff("MoE routing replay (--actor.routing_replay)", "rlhfkit.models.moe:replay_routing", replays_nothing,
+              (f"{REPLAY}::{FLIPPED}[qwen3_moe-padded]", f"{REPLAY}::{FLIPPED}[mixtral-packed]",
+               f"{REPLAY}::{FLIPPED}[deepseek_v3-shared_prefix]",
+               f"{REPLAY}::test_the_router_gets_the_gradient_of_the_recomputed_weights_by_hand[qwen3_moe]",
+               f"{REPLAY}::test_agent_episodes_carry_the_experts_of_every_turn[kept_turns]",
+               f"{REPLAY}::test_an_rl_step_replays_the_engines_experts_in_the_old_logprob_pass_and_the_update[mixtral]",
+               "tests/integration/test_routing_replay.py::test_routing_replay_shrinks_the_rollout_trainer_logprob_gap"),
+              "no router hooked: each keeps its own top-k"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}
