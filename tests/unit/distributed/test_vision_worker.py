@@ -83,3 +83,30 @@ def test_a_frozen_tower_is_not_sent_at_weight_syncs():
     left = set(model.state_dict()) - set(sent)
     assert left and all(k.startswith("model.visual.") for k in left)
     assert any(k.startswith("model.language_model.") for k in sent) and "lm_head.weight" in sent
+
+
+def test_a_lora_worker_with_a_frozen_tower_wraps_the_trainers_adapters_and_samples_as_it_does(tmp_path):
+    """LLaVA's CLIP tower has q_proj / v_proj layers too: peft's name matching would adapt them."""
+    pytest.importorskip("ray")
+    from rlhfkit.distributed.pool import policy_state
+    from rlhfkit.models.lora import add_lora
+    from rlhfkit.models.vision import language_lora_targets
+
+    folder = save_tiny_vision(tmp_path / "llava", "llava")
+    model, processor = tiny_vision_model_and_processor("llava", seed=0)
+    policy = add_lora(model, 4, 8, language_lora_targets(model, ("q_proj", "v_proj")), 0.0)
+    with torch.no_grad():  # adapters that moved off zero, as after training
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.5)
+    worker = RolloutWorker(str(folder), None, "float32", None, None, lora=(4, 8, ("q_proj", "v_proj"), 0.0),
+                           frozen_tower=True)
+    assert not any("lora_" in n for n, _ in worker.engine.model.named_parameters() if "vision_tower" in n)
+    worker.update_weights(policy_state(policy), 1)  # adapter weights only; an unknown key would raise
+    batch = image_prompts(processor)
+    ids, vision = [p for p, _ in batch], [v for _, v in batch]
+    got = worker.generate(ids, PARAMS, seeds=[5, 6], vision=vision)
+    want = VisionEngine(policy, processor.tokenizer).generate(ids, PARAMS, seeds=[5, 6], vision=vision)
+    assert [t.response_ids.tolist() for t in got] == [t.response_ids.tolist() for t in want]
+    torch.testing.assert_close(torch.cat([t.logprobs for t in got]), torch.cat([t.logprobs for t in want]),
+                               rtol=0, atol=2e-5)
