@@ -1,5 +1,5 @@
-"""Vision-language models in the trainers: what `RLTrainer.from_config` (and, at the end, the SFT and
-DPO trainers') does differently when the model's config has a vision_config (docs/vision.md).
+"""Vision-language models in the trainers: what `RLTrainer.from_config` (and, at the end, the SFT, DPO
+and KTO trainers') does differently when the model's config has a vision_config (docs/vision.md).
 
 Before any model loads, the prompt data is checked (`check_data`): with a VLM, every image opens and
 fits; with a text-only model, a record that holds images is refused. Then the policy's vision tower
@@ -12,24 +12,27 @@ Agent files whose `AgentInstance` episodes rlhfkit drives (`MultiTurnExecutor`) 
 functions (the OpenAI-compatible endpoint) run with images: the executor gets the processor
 (`attach_processor`) to encode the images `step()` returns or the agent's requests send. So do
 tool-calling and text-environment episodes (`ToolExecutor`): its processor renders and encodes the
-prompts with their images and the tool schemas.
+prompts with their images and the tool schemas; and agent files whose `AgentExecutor` has its own
+`execute` (OpenRLHF 2026's form, `ExecuteRunner`): it gets the processor as `hf_tokenizer` and the
+prompt's images, and `llm_engine.generate` takes `multi_modal_data` images.
 
 LoRA (--ds.lora.rank) adapts the language model and the projector, and the tower unless it is frozen
-(api/builder.py); the final adapter folder holds the processor (in the SFT and DPO trainers too).
+(api/builder.py); the final adapter folder holds the processor (in the SFT, DPO and KTO trainers too).
 
 Estimators with a critic (gae) build it from the VLM: its values see the images (models/critic.py).
 
 Ray rollout workers (distributed/), FSDP (distributed/fsdp.py), QLoRA (models/vision.py) and the vLLM
 engine (rollout/vllm.py: each prompt's decoded images as vLLM's multi-modal data) run with images.
-Not supported with images yet (one-line errors): agent files with their own `execute()`, and the vLLM
-engine for a family whose processor wraps its image tokens in others (Gemma 3).
+Not supported with images yet (one-line errors): agent files of OpenRLHF's mid-2025
+`execute(prompt, label, sampling_params)` contract, and the vLLM engine for a family whose processor
+wraps its image tokens in others (Gemma 3).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlhfkit.agents import SingleTurnExecutor
+from rlhfkit.agents import ExecuteRunner, SingleTurnExecutor
 from rlhfkit.api.builder import build_engine as build_text_engine
 from rlhfkit.api.builder import prompt_options
 from rlhfkit.config import RLConfig
@@ -71,18 +74,21 @@ def policy_folder(cfg: RLConfig) -> str | None:
     return path
 
 
-def data_options(cfg: RLConfig, eval: bool = False) -> dict:
+def data_options(cfg: RLConfig, eval: bool = False, shuffle: bool = True) -> dict:
     """The keyword arguments of data.images' loaders besides the source: `builder.prompt_options`' keys,
     split, config, data dir, max_samples and seed (no template: the processor's chat template renders),
-    and the image settings."""
+    and the image settings. `shuffle` False: the records in file order (`rlhfkit eval`'s first
+    --eval.max_samples)."""
     options = prompt_options(cfg, eval)
     del options["apply_chat_template"], options["input_template"]
+    if not shuffle:
+        options["shuffle_seed"] = None
     return {**options, "image_key": cfg.data.image_key, "max_images": cfg.data.max_images_per_prompt}
 
 
-def check_data(cfg: RLConfig, dataset, vision: bool, eval: bool = False) -> None:
+def check_data(cfg: RLConfig, dataset, vision: bool, eval: bool = False, shuffle: bool = True) -> None:
     """Before models load: a VLM's prompts and images (every image decoded), or no images for a text model."""
-    options = data_options(cfg, eval)
+    options = data_options(cfg, eval, shuffle)
     if vision:
         check_vision_prompts(dataset, **options)
         return
@@ -91,15 +97,23 @@ def check_data(cfg: RLConfig, dataset, vision: bool, eval: bool = False) -> None
 
 
 def check_executor(cfg: RLConfig, executor) -> None:
-    """ConfigError (before models load) for an executor that does not run with images yet: only
-    single-turn generation and the executors that take the processor (`processor`): `AgentInstance`
-    episodes rlhfkit drives (MultiTurnExecutor), tool-calling and text-environment episodes
-    (ToolExecutor) and agent functions on the endpoint (EndpointExecutor)."""
+    """ConfigError (before models load) for an executor that does not run with images: only single-turn
+    generation and the executors that take the processor (`processor`) do: `AgentInstance` episodes
+    rlhfkit drives (MultiTurnExecutor), tool-calling and text-environment episodes (ToolExecutor), agent
+    functions on the endpoint (EndpointExecutor) and OpenRLHF 2026's `AgentExecutor` with its own
+    `execute(..., images=None)` (ExecuteRunner with an instance); not the mid-2025 contract's
+    `execute(prompt, label, sampling_params)`, which takes no images."""
+    if isinstance(executor, ExecuteRunner) and executor.instance is None:
+        raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with an "
+                          "AgentExecutor of OpenRLHF's mid-2025 contract (built with five arguments; its "
+                          "execute(prompt, label, sampling_params) takes no images); write OpenRLHF 2026's form: "
+                          "an AgentExecutorBase built with no arguments whose execute(prompt, label, sampling_params, "
+                          "max_length, hf_tokenizer, llm_engine, images=None) returns the result; see docs/vision.md")
     if isinstance(executor, SingleTurnExecutor) or hasattr(executor, "processor"):
         return
     raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with "
-                      f"{type(executor).__name__} yet (an AgentExecutor with its own execute()); give an agent "
-                      "file with an AgentInstance, an agent function or tools; see docs/vision.md")
+                      f"{type(executor).__name__} yet; give an agent file with an AgentInstance or an AgentExecutor, "
+                      "an agent function or tools; see docs/vision.md")
 
 
 def attach_processor(processor, max_images: int, *executors) -> None:
@@ -127,9 +141,9 @@ def prepare_policy(cfg: RLConfig, policy, ref, critic=None) -> None:
             setattr(base_model(ref), name, module)
 
 
-def prompts(cfg: RLConfig, dataset, processor, eval: bool = False):
+def prompts(cfg: RLConfig, dataset, processor, eval: bool = False, shuffle: bool = True):
     """(PromptItems with their image tensors, number skipped as too long)."""
-    examples = load_vision_prompts(dataset, processor, **data_options(cfg, eval))
+    examples = load_vision_prompts(dataset, processor, **data_options(cfg, eval, shuffle))
     return tokenize(examples, processor, cfg.data.prompt_max_len, cfg.data.input_key)
 
 
@@ -186,8 +200,8 @@ def save_processor(processor, folder: str | Path | None, rank: int = 0) -> None:
         processor.save_pretrained(str(folder))
 
 
-# ------------------------------------------------------------------ SFT and DPO
-SUPERVISED_KINDS = ("sft", "dpo")
+# ------------------------------------------------------------------ SFT, DPO and KTO
+SUPERVISED_KINDS = ("sft", "dpo", "kto")
 
 
 def supervised_folder(kind: str, cfg) -> str | None:
@@ -201,15 +215,16 @@ def supervised_folder(kind: str, cfg) -> str | None:
         return None
     check_torchvision()
     if kind not in SUPERVISED_KINDS:
-        raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft and "
-                          "train dpo do (docs/vision.md)")
+        raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft, "
+                          "train dpo and train kto do (docs/vision.md)")
     return path
 
 
 def check_supervised_data(kind: str, cfg, source, eval: bool = False) -> None:
     """Before models load: the images of a supervised dataset (every image decoded; counts)."""
     d = cfg.data
-    keys = (d.input_key,) if kind == "sft" else (d.prompt_key, d.chosen_key, d.rejected_key)
+    keys = {"sft": (d.input_key,), "kto": (d.prompt_key or "prompt",)}.get(kind, (d.prompt_key, d.chosen_key,
+                                                                                  d.rejected_key))
     where = ({"split": d.eval_dataset_split, "config": d.eval_dataset_config, "data_dir": d.eval_data_dir} if eval
              else {"split": d.dataset_split, "config": d.dataset_config, "data_dir": d.data_dir,
                    "max_samples": d.max_samples, "seed": cfg.train.seed})

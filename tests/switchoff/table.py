@@ -162,6 +162,22 @@ def text_request(original):
     return lambda ids, vision, image_token_id: {"prompt_token_ids": [int(t) for t in ids]}  # no images sent
 
 
+def no_processor_given(original):
+    return lambda processor, max_images, *executors: None  # the executors keep processor None
+
+
+def served_as_text(original):
+    return lambda model: None  # the folder served as a text model
+
+
+def tools_ignored(original):
+    return lambda self, tools: original(self, None)  # the template without the request's tools
+
+
+def no_call_images(original):
+    return lambda self, ids, data, placeholders: (None, ())  # the engine call without its images
+
+
 def names_as_given(original):
     return lambda model, targets: targets  # peft matches the names anywhere, the tower included
 
@@ -203,6 +219,8 @@ VISION = "tests/unit/rollout/test_vision_engine.py"
 VISION_TOOLS = "tests/unit/agents/test_vision_tools.py"
 VISION_LORA = "tests/unit/models/test_vision_lora.py"
 VISION_WORKER = "tests/unit/distributed/test_vision_worker.py"
+VISION_EVAL = "tests/integration/test_vision_eval.py"
+VISION_EXECUTE = "tests/unit/agents/test_vision_execute.py"
 MIX = "tests/unit/api/test_prompt_mix.py"
 ORL_RL = "tests/integration/test_openrlhf_rl_options.py"
 MUON = "tests/unit/trainers/test_muon.py"
@@ -339,6 +357,27 @@ SWITCH_OFFS = (
                "tests/unit/agents/test_executor_kept_turns.py::"
                "test_agent_episodes_are_the_same_with_kept_turns_and_prefill_less"),
               "no kept cache used: every turn prefilled in full"),
+    SwitchOff("images in `rlhfkit eval`'s samples (vision-language models)", "rlhfkit.trainers.evaluate:image_kwargs",
+              no_prompt_images, (f"{VISION_EVAL}::test_eval_of_a_plain_image_dataset_with_a_verifier_sees_the_images",),
+              "engine calls without the images"),
+    SwitchOff("the processor reaches agents' executors (vision-language models)",
+              "rlhfkit.api.vision:attach_processor", no_processor_given,
+              (f"{VISION_EVAL}::test_eval_of_an_agent_function_that_sends_image_url_parts",
+               f"{VISION_EXECUTE}::test_an_openrlhf_execute_with_images_records_the_trainers_logprobs"),
+              "no executor gets it"),
+    SwitchOff("`rlhfkit serve` of a vision-language model", "rlhfkit.cli.serve_model:served_processor",
+              served_as_text, ("tests/integration/test_vision_serve.py::"
+                               "test_the_reply_is_the_hf_engines_greedy_reply_for_the_same_images[colours0]",),
+              "served as a text model"),
+    SwitchOff("tools in an agent function's requests with images",
+              "rlhfkit.agents.endpoint.handlers:Completions.template", tools_ignored,
+              ("tests/unit/agents/test_endpoint_vision.py::"
+               "test_tools_in_requests_with_images_are_rendered_parsed_and_recorded_as_the_trainer_computes",),
+              "the request's tools ignored"),
+    SwitchOff("images of an agent file's own engine calls (`execute()`, multi_modal_data)",
+              "rlhfkit.agents.images:ImageEncoder.__call__", no_call_images,
+              (f"{VISION_EXECUTE}::test_an_openrlhf_execute_with_images_records_the_trainers_logprobs",),
+              "engine calls without the images"),
     SwitchOff("MoE routing replay (--actor.routing_replay)", "rlhfkit.models.moe:replay_routing", replays_nothing,
               (f"{REPLAY}::{FLIPPED}[qwen3_moe-padded]", f"{REPLAY}::{FLIPPED}[mixtral-packed]",
                f"{REPLAY}::{FLIPPED}[deepseek_v3-shared_prefix]",

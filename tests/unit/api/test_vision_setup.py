@@ -69,9 +69,15 @@ def test_agent_files_tools_and_functions_run_with_images_but_other_executors_are
         return 1.0
 
     check_executor(cfg, EndpointExecutor(agent))  # the OpenAI-compatible endpoint's image_url parts
-    executor = ExecuteRunner(AgentExecutorBase, "agent.py")
-    with pytest.raises(ConfigError, match=f"does not run with {type(executor).__name__} yet"):
-        check_executor(cfg, executor)
+    check_executor(cfg, ExecuteRunner(AgentExecutorBase, "agent.py", instance=AgentExecutorBase()))  # OpenRLHF 2026
+    with pytest.raises(ConfigError, match="mid-2025 contract .* takes no images"):
+        check_executor(cfg, ExecuteRunner(AgentExecutorBase, "agent.py"))  # execute(prompt, label, sampling_params)
+
+    class Other:
+        provides_rewards = True
+
+    with pytest.raises(ConfigError, match="does not run with Other yet"):
+        check_executor(cfg, Other())
 
 
 def test_the_processor_reaches_the_multi_turn_and_the_tool_executors():
@@ -79,3 +85,17 @@ def test_the_processor_reaches_the_multi_turn_and_the_tool_executors():
     agent, tools = MultiTurnExecutor(AgentInstanceBase), ToolExecutor([add])
     attach_processor(processor, 3, agent, tools, None)
     assert agent.processor is processor and agent.max_images == 3 and tools.processor is processor
+
+
+def test_sft_dpo_and_kto_train_a_vlm_and_the_other_supervised_kinds_are_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from rlhfkit.api.vision import supervised_folder
+    from rlhfkit.models.tiny_vision import save_tiny_vision
+
+    folder = str(save_tiny_vision(tmp_path / "vlm", "llava"))
+    cfg = SimpleNamespace(model=SimpleNamespace(model_name_or_path=folder))
+    assert [supervised_folder(kind, cfg) for kind in ("sft", "dpo", "kto")] == [folder] * 3
+    for kind in ("rm", "prm", "kd"):
+        with pytest.raises(ConfigError, match=f"train {kind} does not train a vision-language model .* train kto do"):
+            supervised_folder(kind, cfg)
