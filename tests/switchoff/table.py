@@ -142,6 +142,26 @@ def no_prompt_images(original):
     return lambda prompts: {}
 
 
+def no_images_sent(original):
+    return lambda vision: {}  # the engine gets the prompts' ids alone
+
+
+def images_not_put_back(original):
+    return lambda trajs, vision, n: trajs
+
+
+def language_layers_only(original):
+    return lambda base: list(base.language_model.layers)  # the tower's blocks go with the base model's unit
+
+
+def head_only(original):
+    return lambda path: ("lm_head",)  # the tower and projector quantized too
+
+
+def text_request(original):
+    return lambda ids, vision, image_token_id: {"prompt_token_ids": [int(t) for t in ids]}  # no images sent
+
+
 def no_processor_given(original):
     return lambda processor, max_images, *executors: None  # the executors keep processor None
 
@@ -210,6 +230,7 @@ AGENTS = "tests/integration/test_agent_loop.py"
 VISION = "tests/unit/rollout/test_vision_engine.py"
 VISION_TOOLS = "tests/unit/agents/test_vision_tools.py"
 VISION_LORA = "tests/unit/models/test_vision_lora.py"
+VISION_WORKER = "tests/unit/distributed/test_vision_worker.py"
 VISION_EVAL = "tests/integration/test_vision_eval.py"
 VISION_EXECUTE = "tests/unit/agents/test_vision_execute.py"
 MIX = "tests/unit/api/test_prompt_mix.py"
@@ -298,8 +319,17 @@ SWITCH_OFFS = (
     SwitchOff("PRM soft labels", "rlhfkit.data.steps:label_targets", hard_labels,
               ("tests/integration/test_prm.py::test_soft_labels_from_python",), "rounded to 0 / 1"),
     SwitchOff("QLoRA's 4-bit base (--ds.load_in_4bit)", "rlhfkit.models.loading:nf4_config", noop,
-              ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",),
+              ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",
+               "tests/integration/test_vision_qlora.py::test_sft_and_dpo_train_adapters_over_a_4bit_language_model[sft]"),
               "no quantization config"),
+    SwitchOff("a VLM's vision tower and projector kept out of 4-bit (QLoRA)",
+              "rlhfkit.models.vision:unquantized_parts", head_only,
+              ("tests/integration/test_vision_qlora.py::test_rl_samples_and_trains_with_the_same_4bit_weights_and_images",),
+              "only the LM head kept"),
+    SwitchOff("bitsandbytes' CPU repacking of the 4-bit base kept off (QLoRA)", "rlhfkit.models.loading:keep_4bit_layout",
+              identity_model, ("tests/integration/test_vision_qlora.py::"
+                               "test_rl_samples_and_trains_with_the_same_4bit_weights_and_images",),
+              "the model unchanged"),
     SwitchOff("re-rendered episodes in segments (--agent.on_rerender segment)",
               "rlhfkit.agents.tools.agent:ToolExecutor._split", noop,
               ("tests/unit/agents/test_tool_segments.py::test_segment_splits_where_the_template_rerenders_the_history",
@@ -323,6 +353,20 @@ SWITCH_OFFS = (
                "test_smolvlm_rows_with_different_sub_image_counts_are_padded_as_its_processor_pads_them",
                f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[smolvlm]"),
               "concatenated unpadded"),
+    SwitchOff("images on Ray rollout workers (vision-language models)", "rlhfkit.distributed.worker:engine_images",
+              no_images_sent, (f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[0]",
+                               f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[2]"),
+              "the engine gets no image tensors"),
+    SwitchOff("images put back on the Ray pool's trajectories", "rlhfkit.distributed.pool:with_images",
+              images_not_put_back, (f"{VISION_WORKER}::test_pool_helpers_shard_the_images_and_put_the_trainers_back",),
+              "trajectories without images"),
+    SwitchOff("vision tower sharded block by block (--fsdp.enable)", "rlhfkit.distributed.fsdp:vision_blocks",
+              language_layers_only, ("tests/unit/distributed/test_fsdp_vision.py::"
+                                     "test_sharded_vlm_samples_and_scores_as_the_unsharded_one[qwen2_vl]",),
+              "the language model's layers only"),
+    SwitchOff("images in vLLM requests (vision-language models)", "rlhfkit.rollout.vllm:vllm_request", text_request,
+              ("tests/unit/rollout/test_vllm_vision.py::test_requests_hold_one_placeholder_per_image_and_the_images_"
+               "and_trajectories_the_tensors[llava-sizes2]",), "the ids alone, no images"),
     SwitchOff("LoRA kept out of a frozen vision tower", "rlhfkit.models.vision:language_lora_targets", names_as_given,
               (f"{VISION_LORA}::test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out",),
               "the target names as given"),
