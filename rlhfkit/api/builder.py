@@ -237,15 +237,16 @@ def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
     return teacher if a.teacher_offload else teacher.to(device)
 
 
-def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
+def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None, images: dict | None = None):
     """--rollout.engine hf: an HFEngine sharing the policy module (weight sync is a version bump,
     no copy). vllm: a VLLMEngine on the actor's HF folder that pulls `state_fn()` (default: the
     policy's state dict) at every weight sync; with LoRA the adapters merged into their layers under
     the base model's names (the first sync in full, later ones the adapted layers only), with QLoRA
     merged into the dequantized 4-bit base (models.lora.engine_state_fn), which is sent before the first
-    rollout too (vLLM loads the folder's float weights, which a 4-bit base is not)."""
+    rollout too (vLLM loads the folder's float weights, which a 4-bit base is not); `images`: a
+    vision-language policy's VLLMEngine settings (api/vision.py)."""
     if cfg.rollout.engine == "vllm":
-        engine = build_vllm_engine(policy, tokenizer, cfg, engine_state_fn(policy, state_fn))
+        engine = build_vllm_engine(policy, tokenizer, cfg, engine_state_fn(policy, state_fn), **(images or {}))
         if is_4bit(policy):
             engine.update_weights({}, engine.version)
         return engine
@@ -256,7 +257,7 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
                     keep_turns=cfg.rollout.keep_kv_across_turns, record_experts=cfg.actor.routing_replay)
 
 
-def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
+def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn, **images):
     from rlhfkit.rollout.vllm import VLLMEngine, colocated_memory, free_gpu_share, require_vllm
 
     require_vllm()
@@ -266,7 +267,7 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
     return VLLMEngine(vllm_folder(cfg), eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
                       seed=cfg.train.seed, gpu_memory_utilization=share,
                       enable_sleep=sleep, tensor_parallel_size=v.tensor_parallel_size,
-                      state_fn=state_fn, auto_sleep=sleep)
+                      state_fn=state_fn, auto_sleep=sleep, **images)
 
 
 def vllm_folder(cfg: RLConfig) -> str:
@@ -317,7 +318,8 @@ def build_pool(cfg: RLConfig, policy, tokenizer=None, delays: dict[int, float] |
                           cfg.rollout.max_batch_size, worker_gpus, delays,
                           t.partial_rollout_tokens if t.partial_rollout_enable else 0,
                           (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None,
-                          record_experts=cfg.actor.routing_replay, load_in_4bit=cfg.ds.load_in_4bit,
+                          record_experts=cfg.actor.routing_replay, frozen_tower=cfg.actor.freeze_visual_encoder,
+                          load_in_4bit=cfg.ds.load_in_4bit,
                           vllm=vllm_worker_settings(cfg, policy, tokenizer, worker_gpus) if vllm else None)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable,
                          state_fn=(lambda full: engine_state(policy, full)) if vllm else None)

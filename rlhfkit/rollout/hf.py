@@ -119,6 +119,7 @@ class DecodeState:
     keep: list[tuple[object, list[int]]] | None = None  # per row: its episode key and prompt (kept turns)
     prefill_width: int = 0  # the cache columns of the prefill (the row's response tokens follow)
     kv_version: int = 0  # the weights that computed the cache (rows are kept only under them)
+    inputs: object = None  # an engine's inputs of the chunk beyond its ids (a VisionEngine's image tensors)
     prompt_experts: list | None = None  # with record_experts: per prompt its tokens' experts [P, layers, k]
     experts: torch.Tensor | None = None  # and per row each response token's [B, max_new, layers, k]
 
@@ -462,8 +463,7 @@ class HFEngine:
                 s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache, compiled=True)
             else:
                 s.seqs = torch.cat([s.seqs, tok.unsqueeze(-1)], dim=1)
-                s.logits = self._forward(s.seqs, s.attention_mask, (s.attention_mask.cumsum(-1) - 1).clamp(min=0),
-                                         None)
+                s.logits = self._uncached_logits(s)
             if s.experts is not None:  # the fed token's experts (the last column of the forward)
                 fed = self.routed.pop()
                 if fed is not None:
@@ -486,6 +486,10 @@ class HFEngine:
             fed = torch.arange(s.prefill_width, s.prefill_width + length - 1, device=real.device)
             tokens = prompt + s.tokens[row, : length - 1].tolist()
             self.turns.put(key, row_entry(s.cache, pos, torch.cat([real, fed]), tokens, s.kv_version))
+
+    def _uncached_logits(self, s: DecodeState) -> torch.Tensor:
+        """The next-token logits of a model decoded without a cache: a forward over the whole sequences `s.seqs`."""
+        return self._forward(s.seqs, s.attention_mask, (s.attention_mask.cumsum(-1) - 1).clamp(min=0), None)
 
     @staticmethod
     def _finish(s: DecodeState) -> None:
