@@ -36,7 +36,8 @@ def qlora_policy(tiny_folder, targets="all-linear"):
 def effective_weights(policy, names) -> dict[str, torch.Tensor]:
     """The weights the trainer computes with, under the base model's `names`, computed without rlhfkit:
     bitsandbytes' dequantized 4-bit weight plus peft's delta weight of an adapted layer; the 4-bit weight
-    alone for the other linears; the rest (embeddings, norms, head) from the policy's state dict."""
+    alone for the other linears; the rest (embeddings, norms, head, an adapted layer's bias) from the
+    policy's state dict."""
     from peft.tuners.lora.bnb import Linear4bit as LoraLinear4bit
 
     out = {}
@@ -48,8 +49,8 @@ def effective_weights(policy, names) -> dict[str, torch.Tensor]:
                 module.get_delta_weight("default")
         elif isinstance(module, bnb.nn.Linear4bit) and not name.endswith(".base_layer"):
             out[f"{hf}.weight"] = bnb.functional.dequantize_4bit(module.weight.data, module.weight.quant_state)
-    state = policy.state_dict()
-    return {name: out[name] if name in out else state[PEFT_PREFIX + name] for name in names}
+    state = {k.removeprefix(PEFT_PREFIX).replace(".base_layer.", "."): v for k, v in policy.state_dict().items()}
+    return {name: out[name] if name in out else state[name] for name in names}
 
 
 def float_names(tiny_folder) -> list[str]:
@@ -102,3 +103,26 @@ def test_the_sync_leaves_the_4bit_layers_of_the_trainer_as_they_were(tiny_folder
     engine.update_weights({}, 1)
     assert sum(isinstance(m, bnb.nn.Linear4bit) for m in policy.modules()) == 2 * 7
     assert all(torch.equal(p, packed[n]) for n, p in policy.named_parameters() if n in packed)
+
+
+def test_a_vision_language_policys_sync_dequantizes_the_language_model_and_sends_the_tower_as_it_is(tmp_path):
+    from rlhfkit.models.tiny_vision import save_tiny_vision
+    from rlhfkit.models.vision import load_vision_model
+
+    save_tiny_vision(tmp_path, "qwen2_vl")
+    torch.manual_seed(0)
+    policy = add_lora(load_vision_model(str(tmp_path), load_in_4bit=True), rank=4, alpha=8,
+                      target_modules=("q_proj", "v_proj"))
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    float_state = load_vision_model(str(tmp_path)).state_dict()
+    model = FakeModel(float_state)
+    engine = V.VLLMEngine(str(tmp_path), [2], llm=FakeLLM(model), state_fn=engine_state_fn(policy))
+    engine.update_weights({}, 1)
+    want = effective_weights(policy, list(float_state))
+    assert_equal_states(model.params, want)
+    tower = [k for k in want if ".visual." in k]
+    assert tower and all(torch.equal(want[k], float_state[k]) for k in tower)  # the float tower, as loaded
+    assert any(not torch.equal(want[k], float_state[k]) for k in want if "language_model" in k)
