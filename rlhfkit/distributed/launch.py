@@ -76,12 +76,12 @@ def gpu_shares(trainer: float | None, worker: float | None, num_workers: int, gp
     gets that many shares. ConfigError where such a worker would get more than one GPU but not a whole
     number of them (Ray gives more than one GPU only in whole GPUs)."""
     share = math.floor(min(1.0, gpus / (num_workers * per_worker + 1)) * 10_000) / 10_000
-    trainer, worker = (share if trainer is None else trainer), (share * per_worker if worker is None else worker)
-    if worker > 1 and worker != int(worker):
+    if worker is None and 1 < share * per_worker != int(share * per_worker):
         raise ConfigError(f"a rollout worker with --vllm.tensor_parallel_size {per_worker} needs {per_worker} whole "
-                          f"GPUs, and {gpus} GPUs for {num_workers} workers and the trainer give it {worker:g}: "
-                          "add GPUs, lower --rollout.num_workers or set --distributed.num_gpus_per_worker")
-    return trainer, worker
+                          f"GPUs, and {gpus} GPUs for {num_workers} workers and the trainer give it "
+                          f"{share * per_worker:g}: add GPUs, lower --rollout.num_workers or set "
+                          "--distributed.num_gpus_per_worker")
+    return (share if trainer is None else trainer), (share * per_worker if worker is None else worker)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
