@@ -62,10 +62,17 @@ from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.logprobs import forward_parameters, note_once
 from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.bf16_decode import Bf16Decoder, bf16_decode_support
 from rlhfkit.rollout.decode_attention import decode_attention
 from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache
 from rlhfkit.rollout.prefix import prefill_shared, shared_prefix_length
-from rlhfkit.rollout.sampling import check_finite, check_params, chunk_uniforms, sample, seeded
+from rlhfkit.rollout.sampling import (
+    check_finite,
+    check_params,
+    chunk_uniforms,
+    sample,
+    seeded,
+)
 from rlhfkit.rollout.static_cache import (
     StaticBuffers,
     bucketed_rows,
@@ -167,6 +174,9 @@ class HFEngine:
         (rollout.turns): its next turn prefills only its new tokens. Under the same conditions as
         `share_prefix`, with n = 1 and without `compile_decode`; the kept caches hold at most
         `max_batch_tokens` tokens, and a weight update drops them.
+      bf16_decode: with bfloat16 autocast on the CPU, decode steps over a bf16 copy of the weights
+        (q/k/v and gate/up stacked, packed for oneDNN), made once per weight version and freed when
+        a generation ends (rollout.bf16_decode); Llama-family models only, else the model's forward.
     """
 
     def __init__(
@@ -183,6 +193,7 @@ class HFEngine:
         gather=None,
         share_prefix: bool = True,
         keep_turns: bool = True,
+        bf16_decode: bool = True,
     ):
         self.model, self.gather, self.share_prefix = model, gather, share_prefix
         self._no_grad = torch.inference_mode if inference_mode and autocast_dtype is None else torch.no_grad
@@ -210,6 +221,13 @@ class HFEngine:
             from rlhfkit.models.compile import compile_decode_step
 
             self._compiled_step = compile_decode_step(model, on_cpu=compile_on_cpu)
+        self._bf16 = None  # the decode step over a bf16 copy of the weights (rollout.bf16_decode)
+        if bf16_decode and autocast_dtype == torch.bfloat16 and self._cached and self._compiled_step is None:
+            reason = bf16_decode_support(model)
+            if reason is None:
+                self._bf16 = Bf16Decoder(model)
+            else:
+                note_once(f"the HF engine's bf16 decode step is off for {type(model).__name__}: {reason}")
         # the hint of GenerationEngine.generate's callers (rollout.base.turn_kwargs)
         self.keeps_turns = keep_turns and self._cached and self._takes_positions and self._compiled_step is None
 
@@ -286,6 +304,8 @@ class HFEngine:
         try:
             gathered = self.gather(self.model) if self.gather is not None else contextlib.nullcontext()
             with self._no_grad(), self._autocast(), decode_attention(self.model), gathered:
+                if self._bf16 is not None and self.device.type == "cpu":
+                    self._bf16.refresh()  # a copy of the weights of this call (rebuilt if they changed)
                 while budget > 0 and len(gen.done) < len(gen.chunks):
                     start, stop = gen.chunks[len(gen.done)]
                     if gen.state is None:
@@ -297,7 +317,11 @@ class HFEngine:
                         gen.state = None
         finally:
             self.model.train(was_training)
-        return self._trajectories(gen) if len(gen.done) == len(gen.chunks) else None
+        if len(gen.done) < len(gen.chunks):
+            return None
+        if self._bf16 is not None:  # the weights change before the next generation: no copy held meanwhile
+            self._bf16.release()
+        return self._trajectories(gen)
 
     def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
         # Built outside inference mode: trajectories hold ordinary tensors a loss may save for backward.
@@ -475,6 +499,8 @@ class HFEngine:
             kwargs["past_key_values"] = cache
         kwargs.update(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None)
         kwargs.update(extra or {})
+        if self._bf16 is not None and self._bf16.ready and not extra and self._growing(cache):
+            return self._bf16.forward(input_ids, attention_mask, position_ids, cache)
         step = self._compiled_step if compiled else None
         if step is None:
             return self.model(**kwargs).logits[:, -1].float()
