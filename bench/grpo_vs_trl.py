@@ -92,8 +92,6 @@ RLHFKIT_VARIANTS = {
     "rlhfkit+filter": ["--algo.dynamic_filtering_enable", "true"],
     # bf16 matrices with float32 masters (norms and the residual stream float32 under bf16 autocast)
     "rlhfkit-bf16": ["--actor.dtype", "bfloat16"],
-    # float32 parameters under bf16 autocast (every weight cast to bf16 once per optimizer step and per rollout)
-    "rlhfkit-fp32params": ["--actor.dtype", "float32"],
     # the same with micro-batches cut by 2,048 tokens instead of 32 samples (larger matmuls for bf16)
     "rlhfkit-bf16+tokens": ["--actor.dtype", "bfloat16", "--train.dynamic_batch_enable", "true",
                             "--train.max_tokens_per_micro_batch", "2048"],

@@ -47,8 +47,6 @@ DEMO_FLAGS = [
     "--actor.adam.lr", "3e-5",
     "--actor.lr_scheduler", "constant",
     "--actor.autocast", "bfloat16",
-    # bf16 matrices written once per optimizer step from float32 masters; norms and residual stream float32
-    "--actor.dtype", "bfloat16",
     "--eval.steps", "10",
     "--ckpt.output_dir", "runs/demo",
 ]
@@ -83,12 +81,10 @@ def chat_examples(records: list[dict], tokenizer) -> list[PromptExample]:
 def run(argv: list[str]) -> int:
     t0 = time.perf_counter()
     flags = DEMO_FLAGS + list(argv)
-    chosen = any(a.startswith(("--actor.autocast", "--actor.dtype", "--bf16")) for a in argv)
-    if not chosen and bf16_matmul_speedup() < 1.0:
+    if not any(a.startswith(("--actor.autocast", "--bf16")) for a in argv) and bf16_matmul_speedup() < 1.0:
         # bf16 is the demo's compute dtype where the CPU runs it natively; elsewhere it is 10-100x slower
-        print("this CPU runs bf16 matmuls slower than float32: the demo computes in float32 (--actor.autocast none "
-              "--actor.dtype float32)")
-        flags += ["--actor.autocast", "none", "--actor.dtype", "float32"]
+        print("this CPU runs bf16 matmuls slower than float32: the demo computes in float32 (--actor.autocast none)")
+        flags += ["--actor.autocast", "none"]
     cfg = RLConfig.from_args(flags)
     run_dir = prepare_run_dir(cfg)
     print(f"rlhfkit demo: GRPO on SmolLM2-135M-Instruct, arithmetic; run folder {run_dir}")

@@ -39,7 +39,7 @@ def vectors_to_float32(model: torch.nn.Module) -> int:
 
 def _float32_output(module, args, output):
     """Forward hook of `float32_residual`: the embedding's low-precision output as float32 under autocast
-    (outside it a bf16 linear layer would refuse a float32 input: the forward then stays in bf16)."""
+    (outside it a bf16 linear layer would refuse a float32 input: the output is left as it is)."""
     low = output.dtype in (torch.bfloat16, torch.float16)
     return output.float() if low and torch.is_autocast_enabled(output.device.type) else output
 
@@ -50,8 +50,8 @@ def float32_residual(model: torch.nn.Module) -> bool:
     over float32 parameters (where the embedding reads float32 weights). In bf16, a residual of size
     ~1 absorbs any update below 2^-8 of it at every one of the layers' adds, forward and backward.
     The norms take the float32 sum (their weights are float32: `vectors_to_float32`) and the linear
-    layers get its bf16 cast from autocast; outside autocast the forward stays bf16. Returns whether the
-    hook was added (False: already there or no input embedding)."""
+    layers get its bf16 cast from autocast (outside autocast the hook leaves the embedding's output
+    alone). Returns whether the hook was added (False: already there or no input embedding)."""
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if embed is None or getattr(embed, "_rlhfkit_float32_output", False):
         return False

@@ -29,13 +29,10 @@ def test_the_probe_returns_a_positive_ratio():
 
 
 def test_demo_falls_back_to_float32_where_bf16_is_slow(monkeypatch, capsys):
-    slow = demo_config(monkeypatch, 0.02).actor
-    assert (slow.autocast, slow.dtype) == (None, "float32")
+    assert demo_config(monkeypatch, 0.02).actor.autocast is None
     assert "computes in float32" in capsys.readouterr().out
-    fast = demo_config(monkeypatch, 1.7).actor  # bf16 matrices over float32 masters, computing in bf16
-    assert (fast.autocast, fast.dtype) == ("bfloat16", "bfloat16")
+    assert demo_config(monkeypatch, 1.7).actor.autocast == "bfloat16"
 
 
 def test_an_explicit_autocast_flag_wins(monkeypatch):
     assert demo_config(monkeypatch, 0.02, ["--actor.autocast", "bfloat16"]).actor.autocast == "bfloat16"
-    assert demo_config(monkeypatch, 1.7, ["--actor.dtype", "float32"]).actor.dtype == "float32"

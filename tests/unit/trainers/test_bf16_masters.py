@@ -96,9 +96,7 @@ def test_the_residual_stream_stays_float32_under_autocast(tiny):
             assert float32_residual(model) and not float32_residual(model)  # added once
         with torch.autocast("cpu", dtype=torch.bfloat16):
             hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
-        dtypes[residual] = {h.dtype for h in hidden}
-        out = model(input_ids=ids).logits  # outside autocast the forward stays bf16 (a float32 input would fail)
-        assert out.dtype == torch.bfloat16
+        dtypes[residual] = {h.dtype for h in hidden[:-1]}  # the last one is the final norm's output
     assert dtypes == {False: {torch.bfloat16}, True: {torch.float32}}
 
 
