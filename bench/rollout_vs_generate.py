@@ -27,9 +27,6 @@ import contextlib
 import time
 from pathlib import Path
 
-import rlhfkit  # noqa: F401 - before torch: its allocator settings (rlhfkit/__init__.py) apply to this process
-
-# isort: split
 import torch
 
 from rlhfkit.models import load_causal_lm, load_tokenizer, materialize_smollm2

@@ -9,15 +9,8 @@ The public API (imported on first use, so `import rlhfkit` stays cheap):
 from __future__ import annotations
 
 import importlib
-import os
 from importlib.metadata import PackageNotFoundError, version
 
-# torch's CPU allocator asks for transparent huge pages on its allocations of 2 MB and more (read once, when
-# torch makes its first tensor: so only where rlhfkit is imported before torch allocates). Without them a
-# fresh large tensor (a weight's bf16 copy, an activation, a dense gradient) is page-faulted in 4 KB pages
-# at every allocation: a 56 MB cast took 27 ms instead of 7 on this project's CPU (docs/performance.md).
-# THP_MEM_ALLOC_ENABLE=0 in the environment keeps torch's default.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 try:
     __version__ = version("rlhfkit")
