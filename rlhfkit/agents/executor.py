@@ -37,8 +37,9 @@ import torch
 
 from rlhfkit.agents.base import check_step_result, new_instance
 from rlhfkit.agents.engine_adapter import EngineAdapter
-from rlhfkit.agents.images import feedback_tokens, fit_feedback
 from rlhfkit.agents.episode import agent_episode
+from rlhfkit.agents.images import EpisodeImages, feedback_tokens, fit_feedback
+from rlhfkit.core.moe import merge_recorded
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rewards.base import RewardOutput
@@ -105,6 +106,7 @@ class _Episode:
     done: bool = False
     truncated: bool = False
     vision: Any = None  # the images of the episode so far (VisionInputs), None without images
+    experts: torch.Tensor | None = None  # the engine's recorded experts of prompt + response so far (routing replay)
 
     @property
     def finished(self) -> bool:
@@ -201,6 +203,8 @@ class MultiTurnExecutor:
             e.mask += [True] * t.response_length
             e.logprobs += t.logprobs.tolist()
             e.versions += [t.version] * t.response_length
+            if t.experts is not None:  # this turn's call covered the episode so far and its action
+                e.experts = merge_recorded(e.experts, t.experts, t.experts.shape[0], t.experts.dtype)
             e.turns += 1
             action_text = tokenizer.decode(t.response_ids.tolist(), skip_special_tokens=True)
             states.append({"observation_text": e.text, "action_text": action_text, "label": e.label,
@@ -254,12 +258,18 @@ class MultiTurnExecutor:
                       llm_engine: Any, images: Any = None) -> dict:
         """OpenRLHF 2026's per-sample entry point, for a subclass whose own `execute` calls this one:
         one episode through `llm_engine.generate` (episode.py, at most --agent.max_turns actions);
-        returns the result dict. Such a subclass runs through `ExecuteRunner` (see loader.py)."""
-        if images:
-            raise RewardError(f"agent {self.source}: execute() got images; rlhfkit trains text models only")
-        max_steps = llm_engine.current("execute").max_steps if isinstance(llm_engine, EngineAdapter) else 2**31
+        returns the result dict. Such a subclass runs through `ExecuteRunner` (see loader.py). With a
+        vision-language policy `hf_tokenizer` holds its processor (execute.ProcessorTokenizer) and
+        `images` are the prompt's: the episode's images go with every engine call."""
+        adapter = llm_engine if isinstance(llm_engine, EngineAdapter) else None
+        max_steps = adapter.current("execute").max_steps if adapter is not None else 2**31
+        processor = getattr(hf_tokenizer, "processor", None)  # a VLM policy's
+        side = None
+        if processor is not None:
+            most = adapter.images.max_images if adapter is not None and adapter.images is not None else None
+            side = EpisodeImages(processor, adapter.placeholders() if adapter is not None else [], most)
         return await agent_episode(self.agent_instance_cls, prompt, label, sampling_params, max_steps, max_length,
-                                   hf_tokenizer, llm_engine.generate, self.source)
+                                   hf_tokenizer, llm_engine.generate, self.source, side, images)
 
     def _trajectory(self, e: _Episode, version: int) -> Trajectory:
         info = {"agent_reward": e.reward, "agent_score": e.reward if e.score is None else e.score,
@@ -326,8 +336,12 @@ def drift_count(trajectories: Sequence[Trajectory], tokenizer) -> int:
 
 def episode_trajectory(e: Any, version: int, info: dict) -> Trajectory:
     """A multi-turn episode's trajectory (`e`: prompt_ids, response, mask, logprobs, truncated, versions,
-    group_id); `version` (the engine's) stamps it when it generated no token, else the oldest version among
-    its turns (turns may straddle weight updates in async runs)."""
+    group_id, and `experts` when the engine recorded them); `version` (the engine's) stamps it when it
+    generated no token, else the oldest version among its turns (turns may straddle weight updates in
+    async runs)."""
+    experts = getattr(e, "experts", None)
+    if experts is not None:  # the feedback after the last action was never run through the model: missing
+        experts = merge_recorded(experts, None, len(e.prompt_ids) + len(e.response), experts.dtype)
     return Trajectory(
         prompt_ids=torch.tensor(e.prompt_ids, dtype=torch.long),
         response_ids=torch.tensor(e.response, dtype=torch.long),
@@ -338,6 +352,7 @@ def episode_trajectory(e: Any, version: int, info: dict) -> Trajectory:
         group_id=e.group_id,
         info=info,
         versions=torch.tensor(e.versions, dtype=torch.long),
+        experts=experts,
     )
 
 

@@ -240,30 +240,26 @@ def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
     return teacher if a.teacher_offload else teacher.to(device)
 
 
-def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
+def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None, images: dict | None = None):
     """--rollout.engine hf: an HFEngine sharing the policy module (weight sync is a version bump,
     no copy). vllm: a VLLMEngine on the actor's HF folder that pulls `state_fn()` (default: the
     policy's state dict) at every weight sync; with LoRA the adapters merged into their layers under
-    the base model's names (the first sync in full, later ones the adapted layers only)."""
+    the base model's names (the first sync in full, later ones the adapted layers only); `images`: a
+    vision-language policy's VLLMEngine settings (api/vision.py)."""
     if cfg.rollout.engine == "vllm":
         state_fn = state_fn or policy.state_dict
         if hasattr(policy, "peft_config"):  # a LoRA policy (--ds.lora.rank > 0)
             state_fn = MergedLoraSource(policy, state_fn)
-        return build_vllm_engine(policy, tokenizer, cfg, state_fn)
+        return build_vllm_engine(policy, tokenizer, cfg, state_fn, **(images or {}))
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
     return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
                     inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode,
                     gather=fsdp.unsharded if cfg.fsdp.enable else None,
-                    keep_turns=cfg.rollout.keep_kv_across_turns)
+                    keep_turns=cfg.rollout.keep_kv_across_turns, record_experts=cfg.actor.routing_replay)
 
 
-def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
-    from rlhfkit.rollout.vllm import (
-        VLLMEngine,
-        colocated_memory,
-        free_gpu_share,
-        require_vllm,
-    )
+def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn, **images):
+    from rlhfkit.rollout.vllm import VLLMEngine, colocated_memory, free_gpu_share, require_vllm
 
     require_vllm()
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
@@ -276,7 +272,7 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
     return VLLMEngine(path, eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
                       seed=cfg.train.seed, gpu_memory_utilization=share,
                       enable_sleep=sleep, tensor_parallel_size=v.tensor_parallel_size,
-                      state_fn=state_fn, auto_sleep=sleep)
+                      state_fn=state_fn, auto_sleep=sleep, **images)
 
 
 def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
@@ -293,7 +289,8 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
     make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
                           worker_gpus, delays,
                           t.partial_rollout_tokens if t.partial_rollout_enable else 0,
-                          (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None)
+                          (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None,
+                          record_experts=cfg.actor.routing_replay, frozen_tower=cfg.actor.freeze_visual_encoder)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
 
 
@@ -400,7 +397,7 @@ def build_experience(cfg: RLConfig, counts: RunPlan, policy, ref, critic, batche
         kl_in_reward=not kl.use_loss, multi_step=counts.optimizer_steps_per_rollout > 1,
         temperature=cfg.rollout.temperature or 1.0, autocast=cfg.actor.autocast, proximal=decoupled_update(cfg),
         ref_device=model_device(policy) if cfg.ref.offload else None,
-        mask_truncated=cfg.actor.mask_truncated_completions)
+        mask_truncated=cfg.actor.mask_truncated_completions, routing_replay=cfg.actor.routing_replay)
 
 
 def loss_settings(cfg: RLConfig, max_len: int) -> LossSettings:
@@ -427,7 +424,8 @@ def build_update(cfg: RLConfig, policy, learners: tuple[Learner, Learner | None]
     common = dict(batch_size=train.batch_size, max_epochs=train.max_epochs, shuffle_gen=data.shuffle_gen,
                   autocast=cfg.actor.autocast, critic=critic, critic_learner=learners[1], dp=dp,
                   rank_max=fsdp.max_over_ranks if dp[1] > 1 else None,
-                  compiled=CompiledLayers(policy) if train.compile_enable else None)
+                  compiled=CompiledLayers(policy) if train.compile_enable else None,
+                  routing_replay=cfg.actor.routing_replay)
     if teacher is not None and algo.teacher_topk > 0:
         return TeacherLossUpdate(policy, learners[0], batcher, losses, teacher=teacher, teacher_coef=algo.teacher_coef,
                                  teacher_topk=algo.teacher_topk, teacher_offload=algo.teacher_offload, **common)

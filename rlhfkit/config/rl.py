@@ -82,4 +82,5 @@ RL_ALIASES: dict[str, str | Alias] = {
     "algo.overlong_penalty_factor": "reward.overlong_penalty_factor",
     "distributed.fsdp": "fsdp.enable",
     "device": "actor.device",
+    "use-rollout-routing-replay": "actor.routing_replay",  # slime's name (R3)
 }

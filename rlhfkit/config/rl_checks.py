@@ -139,6 +139,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     _validate_scale(cfg)
     _validate_lora(cfg)
     _validate_optim(cfg)
+    _validate_routing_replay(cfg)
     one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
     one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
     return BatchPlan(
@@ -201,6 +202,13 @@ def _validate_optim(cfg: RLConfig) -> None:
     require(cfg.actor.freezing_steps == 0 or estimator in CRITIC_ESTIMATORS,
             f"--actor.freezing_steps {cfg.actor.freezing_steps} warms up the critic, and --algo.advantage.estimator "
             f"{estimator} trains none: drop it, or use --algo.advantage.estimator gae")
+
+
+def _validate_routing_replay(cfg: RLConfig) -> None:
+    """--actor.routing_replay hooks the routers of eager forwards."""
+    require(not (cfg.actor.routing_replay and cfg.train.compile_enable),
+            "--actor.routing_replay does not combine with --train.compile_enable yet (the compiled layers do not "
+            "run the replay's router hooks): drop one of them")
 
 
 def _validate_lora(cfg: RLConfig) -> None:

@@ -114,6 +114,12 @@ class ActorConfig:
     aux_loss_coef: float = 0.0
     """Mixture-of-experts policies: add this times the routers' load-balancing loss (Switch / Mixtral's,
     transformers' aux_loss) to each micro-batch's loss; the experts' load is logged (moe/*) either way."""
+    routing_replay: bool = False
+    """Mixture-of-experts policies: routing replay (R3, Ma et al. 2025): the hf engine records which experts
+    each router chose for every token, and the old-logprob and update forwards route each token to those
+    experts, the weights recomputed from the router's logits (its gradient kept); tokens without recorded
+    experts (the vllm engine, compiled decode steps) keep the router's own choice, said once in the log.
+    Logs moe/replay_tokens and moe/routing_mismatch (docs/moe.md). slime's --use-rollout-routing-replay."""
     ema_beta: float | None = None
     """Keep an EMA of the policy's weights, updated after each optimizer step and saved as an HF folder
     `ema/` beside `final/` at the end (OpenRLHF --enable_ema --ema_beta), e.g. 0.992."""

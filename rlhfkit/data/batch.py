@@ -9,6 +9,9 @@ Layout (right padding everywhere, so default position ids are correct):
   response_mask  [B, R]  bool, True = a real response token (action or feedback)
   vision         per row: the prompt's image tensors (data.images.VisionInputs) or None; None
                  for a batch without images (rows of one prompt share one object)
+  experts        [B, L, layers, k] the engine's recorded experts of each token (routing replay, codes
+                 of core.moe: skip_code on padding and on the tokens after the last action's
+                 predecessor, whose routing reaches no trained logprob); None when not recorded
 Response token j of row b sits at input position P_b + j; the logits that predict it are
 those at position P_b + j - 1. Every per-token loss tensor is response-aligned: [B, R].
 """
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlhfkit.core.moe import missing_code, skip_code
 from rlhfkit.data.types import Trajectory
 
 
@@ -32,6 +36,7 @@ class TokenBatch:
     loss_mask: torch.Tensor
     response_mask: torch.Tensor
     vision: list | None = None
+    experts: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -77,7 +82,30 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TokenBatch:
         response_mask[i, :r] = True
     vision = [getattr(t, "vision", None) for t in trajectories]  # Trajectory or data.supervised.TokenSample
     return TokenBatch(input_ids, attention_mask, p_lens, response_ids, loss_mask, response_mask,
-                      vision=vision if any(v is not None for v in vision) else None)
+                      vision=vision if any(v is not None for v in vision) else None,
+                      experts=collate_experts(trajectories, seq_len))
+
+
+def routed_length(sample) -> int:
+    """How many leading tokens of `sample` (prompt_ids [P], loss_mask [R]) have a routing that reaches a
+    trained logprob: those before the last action token (which is predicted at position P + j - 1)."""
+    actions = sample.loss_mask.nonzero()
+    return 0 if actions.numel() == 0 else int(sample.prompt_ids.numel()) + int(actions[-1])
+
+
+def collate_experts(samples: Sequence, width: int) -> torch.Tensor | None:
+    """[B, width, layers, k] the samples' recorded experts (their `experts` [P + R, layers, k]) over their
+    routed tokens (`routed_length`; missing_code where a sample carries none), skip_code elsewhere; None
+    when no sample carries any."""
+    recorded = [getattr(s, "experts", None) for s in samples]
+    sample = next((e for e in recorded if e is not None), None)
+    if sample is None:
+        return None
+    out = torch.full((len(samples), width, *sample.shape[1:]), skip_code(sample.dtype), dtype=sample.dtype)
+    for i, (s, e) in enumerate(zip(samples, recorded)):
+        n = routed_length(s)
+        out[i, :n] = missing_code(sample.dtype) if e is None else e[:n]
+    return out
 
 
 def pad_response_values(values: Sequence[torch.Tensor], width: int, fill: float = 0.0) -> torch.Tensor:
@@ -103,4 +131,5 @@ def select_rows(batch: TokenBatch, rows: torch.Tensor) -> TokenBatch:
         loss_mask=batch.loss_mask[rows, :r_max],
         response_mask=resp[:, :r_max],
         vision=None if batch.vision is None else [batch.vision[int(i)] for i in rows],
+        experts=None if batch.experts is None else batch.experts[rows, :seq_len],
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlhfkit.core.moe import skip_code
 from rlhfkit.data.batch import TokenBatch, collate, select_rows
 
 
@@ -25,6 +26,7 @@ class PackedBatch:
     position_ids   [1, L]   0..len_b-1 for each sample b
     starts         [B]      offset of sample b in the row
     prompt_lengths [B], response_ids [B, R], loss_mask [B, R], response_mask [B, R]
+    experts        [1, L, layers, k] or None  the recorded experts of each token (data.batch)
     """
 
     input_ids: torch.Tensor
@@ -35,6 +37,7 @@ class PackedBatch:
     loss_mask: torch.Tensor
     response_mask: torch.Tensor
     attention_mask: None = None
+    experts: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -58,8 +61,10 @@ class PackedBatch:
         """The same samples as `collate` lays them out (one right-padded row each): the layout
         for a model that cannot separate the samples of a packed row."""
         lengths = self.prompt_lengths + self.response_mask.sum(dim=1)
-        rows = [self.input_ids[0, s : s + n] for s, n in zip(self.starts.tolist(), lengths.tolist())]
-        return _padded_batch(rows, self)
+        spans = list(zip(self.starts.tolist(), lengths.tolist()))
+        rows = [self.input_ids[0, s : s + n] for s, n in spans]
+        experts = None if self.experts is None else [self.experts[0, s : s + n] for s, n in spans]
+        return _padded_batch(rows, self, experts)
 
 
 def pack(samples: Sequence, pad_id: int) -> PackedBatch:
@@ -69,6 +74,9 @@ def pack(samples: Sequence, pad_id: int) -> PackedBatch:
     lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
     starts = torch.cumsum(lengths, 0) - lengths
     positions = torch.cat([torch.arange(n) for n in lengths.tolist()])
+    experts = padded.experts
+    if experts is not None:  # each sample's row of the padded layout, end to end
+        experts = torch.cat([experts[b, :n] for b, n in enumerate(lengths.tolist())]).unsqueeze(0)
     return PackedBatch(
         input_ids=torch.cat(rows).unsqueeze(0),
         position_ids=positions.unsqueeze(0),
@@ -77,6 +85,7 @@ def pack(samples: Sequence, pad_id: int) -> PackedBatch:
         response_ids=padded.response_ids,
         loss_mask=padded.loss_mask,
         response_mask=padded.response_mask,
+        experts=experts,
     )
 
 
@@ -99,6 +108,8 @@ class SharedPrefixBatch:
     flat_index     [B, R]        index into the K*L flattened hidden states of the position whose
                                  output predicts response token j of sample b
     prompt_lengths [B], response_ids [B, R], loss_mask [B, R], response_mask [B, R]: as `collate`
+    experts        [K, L, layers, k] or None  the recorded experts of each token (data.batch); samples
+                                 share a prompt only when its recorded experts are the same
     """
 
     input_ids: torch.Tensor
@@ -110,6 +121,7 @@ class SharedPrefixBatch:
     loss_mask: torch.Tensor
     response_mask: torch.Tensor
     num_tokens: int  # real tokens: every row's prompt once + its responses
+    experts: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -122,22 +134,33 @@ class SharedPrefixBatch:
         """The same samples as `collate` lays them out (a prompt copy per sample): the layout for
         a model that cannot take the 4-D mask."""
         flat = self.input_ids.reshape(-1)
-        rows = []
+        codes = None if self.experts is None else self.experts.reshape(-1, *self.experts.shape[2:])
+        rows, experts = [], []
         for b, (p, r) in enumerate(zip(self.prompt_lengths.tolist(), self.response_mask.sum(dim=1).tolist())):
             end = int(self.flat_index[b, 0])  # token 0 is predicted by the prompt's last position
             rows.append(torch.cat([flat[end - p + 1 : end + 1], self.response_ids[b, :r]]))
-        return _padded_batch(rows, self)
+            if codes is not None:  # response token j sits where token j + 1 is predicted; the last one routes nothing
+                last = torch.full((min(r, 1), *codes.shape[1:]), skip_code(codes.dtype), dtype=codes.dtype)
+                experts.append(torch.cat([codes[end - p + 1 : end + 1], codes[self.flat_index[b, 1:r]], last]))
+        return _padded_batch(rows, self, experts if codes is not None else None)
 
 
-def _padded_batch(rows: list[torch.Tensor], batch) -> TokenBatch:
-    """A TokenBatch of `rows` (prompt + response tokens per sample) with `batch`'s response tensors."""
+def _padded_batch(rows: list[torch.Tensor], batch, experts: list[torch.Tensor] | None = None) -> TokenBatch:
+    """A TokenBatch of `rows` (prompt + response tokens per sample) with `batch`'s response tensors
+    (and `experts`: each row's recorded experts, or None)."""
     width = max(len(r) for r in rows)
     input_ids = torch.zeros((len(rows), width), dtype=torch.long)  # padding is masked out: any id will do
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
     for b, r in enumerate(rows):
         input_ids[b, : len(r)], attention_mask[b, : len(r)] = r, 1
+    codes = None
+    if experts is not None:
+        codes = torch.full((len(rows), width, *experts[0].shape[1:]), skip_code(experts[0].dtype),
+                           dtype=experts[0].dtype)
+        for b, e in enumerate(experts):
+            codes[b, : len(e)] = e
     return TokenBatch(input_ids, attention_mask, batch.prompt_lengths, batch.response_ids, batch.loss_mask,
-                      batch.response_mask)
+                      batch.response_mask, experts=codes)
 
 
 def shared_prefix_rows(prompt_lengths: Sequence[int], response_lengths: Sequence[int], keys: Sequence,
@@ -197,11 +220,16 @@ def pack_shared_prefix(batch: TokenBatch, rows: torch.Tensor, pad_id: int, max_r
     r_lens = sub.response_mask.sum(dim=1).tolist()
     prompts = [sub.input_ids[b, :p] for b, p in enumerate(p_lens)]
     keys = [tuple(x.tolist()) for x in prompts]
+    codes = sub.experts
+    if codes is not None:  # samples share a prompt only where the engine routed it the same way
+        keys = [(key, codes[b, :p].numpy().tobytes()) for b, (key, p) in enumerate(zip(keys, p_lens))]
     layout = shared_prefix_rows(p_lens, r_lens, keys, max_row_tokens)
     width = max(p_lens[m[0]] + sum(r_lens[b] for b in m) for m in layout)
     if by_length:
         layout = rows_by_length(p_lens, r_lens, keys, width)
     k = len(layout)
+    experts = None if codes is None else torch.full((k, width, *codes.shape[2:]), skip_code(codes.dtype),
+                                                    dtype=codes.dtype)
     input_ids = torch.full((k, width), pad_id, dtype=torch.long)
     position_ids = torch.zeros((k, width), dtype=torch.long)
     segment = torch.full((k, width), -1, dtype=torch.long)  # a prompt or a response; -1 = padding
@@ -214,12 +242,16 @@ def pack_shared_prefix(batch: TokenBatch, rows: torch.Tensor, pad_id: int, max_r
             p, prompt_seg = p_lens[first], seg
             input_ids[row, at : at + p], position_ids[row, at : at + p] = prompts[first], torch.arange(p)
             segment[row, at : at + p], owner[row, at : at + p] = prompt_seg, prompt_seg
+            if experts is not None:
+                experts[row, at : at + p] = codes[first, :p]
             end, at, seg = at + p - 1, at + p, seg + 1  # end: the prompt's last position
             for b in (b for b in members if keys[b] == key):
                 r = r_lens[b]
                 input_ids[row, at : at + r] = sub.response_ids[b, :r]
                 position_ids[row, at : at + r] = torch.arange(p, p + r)
                 segment[row, at : at + r], owner[row, at : at + r] = seg, prompt_seg
+                if experts is not None:
+                    experts[row, at : at + r] = codes[b, p : p + r]
                 # token 0 is predicted by the prompt's last position, token j by response token j - 1
                 pos = torch.cat([torch.tensor([end]), torch.arange(at, at + r - 1)]) if r else torch.tensor([end])
                 flat_index[b, : pos.numel()] = row * width + pos
@@ -230,7 +262,8 @@ def pack_shared_prefix(batch: TokenBatch, rows: torch.Tensor, pad_id: int, max_r
     mask = causal & (q >= 0) & (kv >= 0) & ((kv == q) | (kv == owner.unsqueeze(2)))
     mask |= torch.eye(width, dtype=torch.bool)  # a padding position attends to itself: no all-masked row (NaN)
     return SharedPrefixBatch(input_ids, position_ids, mask.unsqueeze(1), flat_index, sub.prompt_lengths,
-                             sub.response_ids, sub.loss_mask, sub.response_mask, int((segment >= 0).sum()))
+                             sub.response_ids, sub.loss_mask, sub.response_mask, int((segment >= 0).sum()),
+                             experts)
 
 
 def micro_batches(

@@ -54,6 +54,11 @@ class Trajectory:
       versions     LongTensor [R] or None  the policy version that produced each token (feedback
                                     tokens: the version of the action before them); None: all
                                     `version`. `version` is then the oldest of them.
+      experts      [P + R, L, k] uint8/int16 or None  a mixture-of-experts policy's routing in the
+                                    engine (--actor.routing_replay): the k experts each of its L MoE
+                                    layers chose for each prompt and response token, as the codes of
+                                    core.moe (missing_code where the engine did not compute the token);
+                                    None: not recorded.
     """
 
     prompt_ids: torch.Tensor
@@ -65,6 +70,7 @@ class Trajectory:
     group_id: int = 0  # index of the prompt this sample answers (samples of one prompt share it)
     info: dict[str, Any] = field(default_factory=dict)
     versions: torch.Tensor | None = None
+    experts: torch.Tensor | None = None
 
     @property
     def vision(self):

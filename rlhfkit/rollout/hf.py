@@ -61,18 +61,14 @@ import torch
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.logprobs import forward_parameters, note_once
+from rlhfkit.models.moe import ExpertRecorder, routing_shape
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.bf16_decode import Bf16Decoder, bf16_decode_support
 from rlhfkit.rollout.decode_attention import decode_attention
 from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache
 from rlhfkit.rollout.prefix import prefill_shared, shared_prefix_length
-from rlhfkit.rollout.sampling import (
-    check_finite,
-    check_params,
-    chunk_uniforms,
-    sample,
-    seeded,
-)
+from rlhfkit.rollout.routing import missing_codes, prompt_codes
+from rlhfkit.rollout.sampling import check_finite, check_params, chunk_uniforms, sample, seeded
 from rlhfkit.rollout.static_cache import (
     StaticBuffers,
     bucketed_rows,
@@ -124,6 +120,9 @@ class DecodeState:
     keep: list[tuple[object, list[int]]] | None = None  # per row: its episode key and prompt (kept turns)
     prefill_width: int = 0  # the cache columns of the prefill (the row's response tokens follow)
     kv_version: int = 0  # the weights that computed the cache (rows are kept only under them)
+    inputs: object = None  # an engine's inputs of the chunk beyond its ids (a VisionEngine's image tensors)
+    prompt_experts: list | None = None  # with record_experts: per prompt its tokens' experts [P, layers, k]
+    experts: torch.Tensor | None = None  # and per row each response token's [B, max_new, layers, k]
 
 
 @dataclass
@@ -177,6 +176,11 @@ class HFEngine:
       bf16_decode: with bfloat16 autocast on the CPU, decode steps over a bf16 copy of the weights
         (q/k/v and gate/up stacked, packed for oneDNN), made once per weight version and freed when
         a generation ends (rollout.bf16_decode); Llama-family models only, else the model's forward.
+      record_experts: a mixture-of-experts model's routing is recorded (routing replay): each
+        trajectory's `experts` holds the experts every MoE layer chose for each prompt and response
+        token the engine ran through the model, in the forward that first computed it (a kept turn's
+        tokens and each response's last token, never run: missing). Not recorded by the compiled
+        decode step (its tokens missing, one logged line).
     """
 
     def __init__(
@@ -194,8 +198,14 @@ class HFEngine:
         share_prefix: bool = True,
         keep_turns: bool = True,
         bf16_decode: bool = True,
+        record_experts: bool = False,
     ):
         self.model, self.gather, self.share_prefix = model, gather, share_prefix
+        self.recorder = ExpertRecorder(model) if record_experts and routing_shape(model) else None
+        if record_experts and self.recorder is None:
+            note_once(f"routing replay: {type(model).__name__} has no routers returning (logits, weights, experts); "
+                      "nothing is recorded or replayed")
+        self.routed: list = []  # the recorded experts of the forwards since the last read (with `recorder`)
         self._no_grad = torch.inference_mode if inference_mode and autocast_dtype is None else torch.no_grad
         if autocast_dtype == torch.float16 and self.device.type == "cpu":
             raise ConfigError("autocast_dtype=float16 on CPU is ~200x slower than fp32; use bfloat16 or None.")
@@ -330,8 +340,12 @@ class HFEngine:
             for row in range(st.tokens.shape[0]):
                 i = start + row // gen.params.n
                 group = gen.group_ids[i] if gen.group_ids is not None else i
-                out.append(self._trajectory(gen.prompts[i], st.tokens[row], st.logprobs[row], st.lengths[row],
-                                            st.stopped[row], group, st.versions[row]))
+                t = self._trajectory(gen.prompts[i], st.tokens[row], st.logprobs[row], st.lengths[row],
+                                     st.stopped[row], group, st.versions[row])
+                if st.experts is not None:  # prompt + response tokens (the last never ran: missing)
+                    prompt = st.prompt_experts[row // gen.params.n]
+                    t.experts = torch.cat([prompt, st.experts[row, : t.response_length]])
+                out.append(t)
         return out
 
     # ------------------------------------------------------------------ decode loop
@@ -360,20 +374,24 @@ class HFEngine:
             cache = new_cache(self.model, reserve=max_new) if self._cached else None
         keep = [(k, p) for k, p in zip(keys, prompts)] if keys and not extra and self._growing(cache) else None
         kept = None if keep is None else [self.turns.take(k, p, self._version) for k, p in keep]
+        before = [0] * len(prompts)  # per prompt, its tokens prefilled before (kept or shared) its own forward
         if kept is not None and any(e is not None for e in kept):  # [padding | kept | padding | new tokens]
             logits, attention_mask, position_ids = prefill_kept(self._forward, prompts, kept, cache, self.pad_id,
                                                                 device)
-            reused = sum(len(e.tokens) for e in kept if e is not None)
-            self.turns.reused_tokens += reused
-            self.prefilled_tokens -= reused
+            before = [len(e.tokens) if e is not None else 0 for e in kept]
+            self.turns.reused_tokens += sum(before)
+            self.prefilled_tokens -= sum(before)
         elif shared := (None if extra else self._shared_prefix(prompts, cache)):
             # [prefix | padding | own tokens]: the padding sits after the shared prefix
             logits, attention_mask, position_ids = prefill_shared(self._forward, prompts, shared, cache, self.pad_id,
                                                                   device)
+            before = [shared] * len(prompts)
             self.prefilled_tokens -= shared * (len(prompts) - 1)
         else:
             logits = self._forward(input_ids, attention_mask, position_ids, cache, extra=extra)  # [U, V]
         self.prefilled_tokens += sum(len(p) for p in prompts)
+        calls, self.routed = self.routed, []  # the prefill's recorded forwards
+        prompt_experts = None if self.recorder is None else prompt_codes(prompts, before, calls, self._missing)
         if cache is not None:
             cache.batch_repeat_interleave(n)
         batch = len(prompts) * n
@@ -394,7 +412,12 @@ class HFEngine:
             lengths=torch.zeros(batch, dtype=torch.long, device=device),
             stopped=torch.zeros(batch, dtype=torch.bool, device=device),
             width=width if static else None, keep=keep, prefill_width=attention_mask.shape[1],
-            kv_version=self._version)
+            kv_version=self._version, prompt_experts=prompt_experts,
+            experts=None if prompt_experts is None else self._missing((batch, max_new), device))
+
+    def _missing(self, shape: tuple, device: torch.device) -> torch.Tensor:
+        """Expert codes [*shape, layers, k] of tokens the engine did not compute (record_experts)."""
+        return missing_codes(shape, self.recorder, device)
 
     def _growing(self, cache) -> bool:
         """Whether `cache` is growing full-attention layers only, of a model that takes position ids:
@@ -458,8 +481,11 @@ class HFEngine:
                 s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache, compiled=True)
             else:
                 s.seqs = torch.cat([s.seqs, tok.unsqueeze(-1)], dim=1)
-                s.logits = self._forward(s.seqs, s.attention_mask, (s.attention_mask.cumsum(-1) - 1).clamp(min=0),
-                                         None)
+                s.logits = self._uncached_logits(s)
+            if s.experts is not None:  # the fed token's experts (the last column of the forward)
+                fed = self.routed.pop()
+                if fed is not None:
+                    s.experts[s.rows, step] = fed[:, -1]
             s.logits_version = self._version
             s.next_pos = s.next_pos + 1
         return decoded
@@ -479,6 +505,10 @@ class HFEngine:
             tokens = prompt + s.tokens[row, : length - 1].tolist()
             self.turns.put(key, row_entry(s.cache, pos, torch.cat([real, fed]), tokens, s.kv_version))
 
+    def _uncached_logits(self, s: DecodeState) -> torch.Tensor:
+        """The next-token logits of a model decoded without a cache: a forward over the whole sequences `s.seqs`."""
+        return self._forward(s.seqs, s.attention_mask, (s.attention_mask.cumsum(-1) - 1).clamp(min=0), None)
+
     @staticmethod
     def _finish(s: DecodeState) -> None:
         """The chunk is done: check the logprobs, bring its results to the CPU, free its cache."""
@@ -486,6 +516,8 @@ class HFEngine:
         s.finished, s.cache, s.seqs, s.logits = True, None, None, None
         s.tokens, s.logprobs, s.versions = s.tokens.cpu(), s.logprobs.cpu(), s.versions.cpu()
         s.lengths, s.stopped = s.lengths.cpu(), s.stopped.cpu()
+        if s.experts is not None:
+            s.experts, s.prompt_experts = s.experts.cpu(), [e.cpu() for e in s.prompt_experts]
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, compiled: bool = False,
                  extra: dict | None = None) -> torch.Tensor:
@@ -499,11 +531,16 @@ class HFEngine:
             kwargs["past_key_values"] = cache
         kwargs.update(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None)
         kwargs.update(extra or {})
-        if self._bf16 is not None and self._bf16.ready and not extra and self._growing(cache):
+        if self._bf16 is not None and self._bf16.ready and not extra and self._growing(cache) and self.recorder is None:
             return self._bf16.forward(input_ids, attention_mask, position_ids, cache)
         step = self._compiled_step if compiled else None
         if step is None:
-            return self.model(**kwargs).logits[:, -1].float()
+            with self._recording(input_ids.shape[0]):
+                return self.model(**kwargs).logits[:, -1].float()
+        if self.recorder is not None:
+            note_once("routing replay: the compiled decode step (--rollout.compile_decode) records no experts; the "
+                      "trainer's routers choose the experts of the tokens it decodes")
+            self.routed.append(None)
         try:
             out = step(self.model, **kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure to build the compiled step: decode eagerly
@@ -515,6 +552,10 @@ class HFEngine:
             self._compiled_step = None
             out = self.model(**kwargs)
         return out.logits[:, -1].float()
+
+    def _recording(self, rows: int):
+        """The routers' choices of one forward over `rows` rows appended to `self.routed` (record_experts)."""
+        return contextlib.nullcontext() if self.recorder is None else self.recorder.recording(rows, self.routed)
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)

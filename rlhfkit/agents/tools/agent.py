@@ -74,6 +74,7 @@ from rlhfkit.agents.tools.overlap import OverlapClock, QuietStdout, TurnBatcher
 from rlhfkit.agents.tools.render import PROMPT_OK, RERENDER, ToolTemplate
 from rlhfkit.agents.tools.run import ToolLimits, ToolRunner, ToolStats
 from rlhfkit.agents.tools.schema import ToolSet
+from rlhfkit.core.moe import merge_recorded
 from rlhfkit.data.images import encode, image_messages
 from rlhfkit.data.types import FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
@@ -93,6 +94,7 @@ class _Segment:
     versions: list[int]
     group_id: int
     truncated: bool = False
+    experts: torch.Tensor | None = None
 
 
 @dataclass
@@ -107,6 +109,7 @@ class _Episode:
     mask: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    experts: torch.Tensor | None = None  # the engine's recorded experts of prompt + response (routing replay)
     turns: int = 0
     calls: int = 0
     done: bool = False
@@ -369,10 +372,12 @@ class ToolExecutor:
         appended are left out: the next segment's prompt holds them as rendered) and start the next
         one from `rendered`, the conversation's tokens as the template renders them now."""
         cut = len(e.response) - feedback
+        experts = None if e.experts is None else e.experts[: len(e.prompt_ids) + cut]
         e.segments.append(_Segment(e.prompt_ids, e.response[:cut], e.mask[:cut], e.logprobs[:cut],
-                                   e.versions[:cut], e.group_id))
+                                   e.versions[:cut], e.group_id, experts=experts))
         e.spent += len(e.response)
         e.prompt_ids, e.response, e.mask, e.logprobs, e.versions = list(rendered), [], [], [], []
+        e.experts = None
 
     def _trajectories(self, e: _Episode, version: int) -> list[Trajectory]:
         """The episode's trajectory; in segment mode its segments, each with the episode's info and id."""
@@ -406,5 +411,7 @@ def _take_action(e: _Episode, t: Trajectory, tt: ToolTemplate) -> tuple:
     e.mask += [True] * len(action)
     e.logprobs += t.logprobs.tolist()
     e.versions += [t.version] * len(action)
+    if t.experts is not None:  # the turn's call covered the episode so far and its action
+        e.experts = merge_recorded(e.experts, t.experts, t.experts.shape[0], t.experts.dtype)
     e.turns += 1
     return (e, action, t.finish_reason == FINISH_STOP, *tt.parse(action))

@@ -20,6 +20,7 @@ from rlhfkit.core.kl import approx_kl
 from rlhfkit.data.batch import TokenBatch, collate, pad_response_values, select_rows
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import response_logprobs
+from rlhfkit.models.moe import moe_top_k, note_unrecorded, replayed
 from rlhfkit.models.precision import autocast_ctx, on_device, to_device
 from rlhfkit.trainers.rl.batching import MicroBatcher
 
@@ -184,25 +185,32 @@ class ExperienceMaker:
     weights before the update, apart from the engine's behaviour logprobs). `ref` may be the policy
     itself (a peft LoRA model): its reference pass runs with the adapters disabled (the base weights,
     no second copy). `ref_device`: with --ref.offload the reference waits on the CPU and moves to this
-    device for the experience stage (None: it stays where it is). Experience tensors stay on the CPU;
-    the forwards run on the models' device."""
+    device for the experience stage (None: it stays where it is). `routing_replay`: a mixture-of-experts
+    policy's old-logprob pass (and the reference's when it is the policy itself) routes each token to the
+    experts the engine recorded for it (models.moe.replay_routing); the batch keeps them for the update.
+    Experience tensors stay on the CPU; the forwards run on the models' device."""
 
     def __init__(self, policy: torch.nn.Module, ref: torch.nn.Module | None, critic: torch.nn.Module | None,
                  batcher: MicroBatcher, *, estimator: str, gamma: float, lam: float, whiten: Whiten,
                  reward_clip: tuple[float, float] | None, kl_estimator: str, kl_in_reward: bool, multi_step: bool,
                  temperature: float, autocast: str | None, proximal: bool = False,
-                 ref_device: torch.device | None = None, mask_truncated: bool = False):
+                 ref_device: torch.device | None = None, mask_truncated: bool = False, routing_replay: bool = False):
         self.policy, self.ref, self.critic, self.batcher = policy, ref, critic, batcher
         self.ref_device = ref_device
         self.estimator, self.gamma, self.lam, self.whiten, self.reward_clip = estimator, gamma, lam, whiten, reward_clip
         self.kl_estimator, self.kl_in_reward, self.multi_step = kl_estimator, kl_in_reward, multi_step
         self.temperature, self.autocast, self.proximal = temperature, autocast, proximal
         self.mask_truncated = mask_truncated
+        self.routing_replay = routing_replay and moe_top_k(policy) is not None  # a dense policy: nothing to replay
 
     def __call__(self, trajs: list[Trajectory], rewards: torch.Tensor, kl_coef: float,
                  token_rewards: torch.Tensor | None = None) -> Experience:
         """`trajs` [N] with `rewards` [N] (and `token_rewards` [N, R'] or None); `kl_coef` of this step."""
         batch = collate(trajs, self.batcher.pad_id)
+        if self.routing_replay:
+            note_unrecorded(batch.experts)
+        elif batch.experts is not None:
+            batch = dataclasses.replace(batch, experts=None)
         group_ids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
         r = batch.response_ids.shape[1]
         if token_rewards is not None:
@@ -232,16 +240,18 @@ class ExperienceMaker:
                 exp.batch, loss_mask=exp.batch.loss_mask & ~cut.unsqueeze(1)))
         return exp
 
-    def logp_of(self, model: torch.nn.Module) -> Callable[[TokenBatch], torch.Tensor]:
+    def logp_of(self, model: torch.nn.Module, replay: bool = True) -> Callable[[TokenBatch], torch.Tensor]:
+        """The logprob pass of `model`; with `replay` and --actor.routing_replay, under the recorded routing."""
         def fn(mb: TokenBatch) -> torch.Tensor:
-            return response_logprobs(model, mb, temperature=self.temperature)[0].to(mb.input_ids.device)
+            with replayed(model, mb, replay and self.routing_replay) as (run, _):
+                return response_logprobs(model, run, temperature=self.temperature)[0].to(mb.input_ids.device)
         return fn
 
     def ref_logp(self, mb: TokenBatch) -> torch.Tensor:
         """The reference's logprobs [B, R]; the policy itself as reference: with its adapters disabled."""
         base = self.policy.disable_adapter() if self.ref is self.policy else contextlib.nullcontext()
         with base:
-            return self.logp_of(self.ref)(mb)
+            return self.logp_of(self.ref, replay=self.ref is self.policy)(mb)
 
     def values(self, mb: TokenBatch) -> torch.Tensor:
         return self.critic.response_values(mb).to(mb.input_ids.device)

@@ -20,14 +20,15 @@ from rlhfkit.core.kl import approx_kl
 from rlhfkit.core.losses import POLICY_LOSSES, decoupled_policy_loss, value_loss
 from rlhfkit.errors import TrainingError
 from rlhfkit.models import response_logprobs
-from rlhfkit.models.moe import moe_top_k, record_routing, routing_loss
+from rlhfkit.models.moe import moe_top_k, record_routing, replayed, routing_loss
 from rlhfkit.models.precision import autocast_ctx, to_device
 from rlhfkit.trainers.learner import Learner
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import Experience
 
 # summed over the micro-batches of one optimizer step (the moe/ ones weighted by each micro-batch's share of it)
-_PER_STEP = ("policy_loss", "value_loss", "moe/aux_loss", "moe/load_max", "moe/load_min")
+_PER_STEP = ("policy_loss", "value_loss", "moe/aux_loss", "moe/load_max", "moe/load_min", "moe/replay_tokens",
+             "moe/routing_mismatch")
 
 
 @dataclass(frozen=True)
@@ -85,12 +86,15 @@ class PolicyUpdate:
     """Trains `policy` (and `critic`) on experience. `batch_size`: samples per optimizer step;
     `max_epochs`: passes per rollout batch, each in an order drawn from `shuffle_gen`; `dp`:
     (rank, world size) under FSDP, with `rank_max(n)`: the largest `n` over the ranks (a collective;
-    distributed.fsdp.max_over_ranks); `compiled`: models.compile.CompiledLayers swapped in for the update."""
+    distributed.fsdp.max_over_ranks); `compiled`: models.compile.CompiledLayers swapped in for the update;
+    `routing_replay`: a mixture-of-experts policy's forward and backward route each token to the experts the
+    engine recorded for it (models.moe.replay_routing; moe/replay_tokens and moe/routing_mismatch logged)."""
 
     def __init__(self, policy: torch.nn.Module, learner: Learner, batcher: MicroBatcher, losses: LossSettings, *,
                  batch_size: int, max_epochs: int, shuffle_gen: torch.Generator, autocast: str | None,
                  critic: torch.nn.Module | None = None, critic_learner: Learner | None = None,
-                 dp: tuple[int, int] = (0, 1), rank_max: Callable[[int], int] | None = None, compiled=None):
+                 dp: tuple[int, int] = (0, 1), rank_max: Callable[[int], int] | None = None, compiled=None,
+                 routing_replay: bool = False):
         if dp[1] > 1 and rank_max is None:
             raise TrainingError(f"{dp[1]} ranks share the update: PolicyUpdate needs rank_max "
                                 "(distributed.fsdp.max_over_ranks) to agree on the micro-batch count")
@@ -100,6 +104,7 @@ class PolicyUpdate:
         self.rank_max = rank_max
         self.device_type = next(policy.parameters()).device.type
         self.moe = moe_top_k(policy) is not None  # record its routers: load metrics and the aux loss
+        self.routing_replay = routing_replay and self.moe
         # The policy loss's own random draws (clip_cov), apart from the shuffle so ranks keep one order.
         self.loss_gen = torch.Generator().manual_seed(shuffle_gen.initial_seed())
 
@@ -184,10 +189,25 @@ class PolicyUpdate:
 
     def micro_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict:
         """Forward + backward of one micro-batch. Returns token-weighted metric sums: detached tensors
-        on the policy's device (no host sync per micro-batch; `read_once` reads the update's sums)."""
-        c = self.losses
+        on the policy's device (no host sync per micro-batch; `read_once` reads the update's sums). With
+        routing replay the backward runs inside the replay too (checkpointing routes again there)."""
         part = exp.select(rows, layout)
-        mb = part.batch
+        share = len(rows) / max(counts["num_seqs"], 1)  # the micro-batch's share of the step's rows (moe/ metrics)
+        with replayed(self.policy, part.batch, self.routing_replay) as (mb, replay):
+            loss, out = self.policy_loss(part, mb, kl_coef, counts, share)
+            if replay is not None:
+                out.update({k: v * share for k, v in replay.metrics().items()})
+            elif self.routing_replay:  # a batch without recorded experts: nothing replayed
+                out["moe/replay_tokens"] = 0.0
+            self.learner.backward(loss)
+        if self.critic is not None:
+            out["value_loss"] = self.value_backward(mb, part, counts)
+        return out
+
+    def policy_loss(self, part, mb, kl_coef: float, counts: dict, share: float) -> tuple[torch.Tensor, dict]:
+        """The policy's loss on micro-batch `mb` (the layout of `part`, the micro-batch's experience) and
+        its metric sums; `share`: the micro-batch's share of the step's rows (the aux loss's weight)."""
+        c = self.losses
         mask = mb.loss_mask
         with record_routing(self.policy) if self.moe else contextlib.nullcontext() as routing:
             logp, entropy = response_logprobs(self.policy, mb, temperature=c.temperature, with_entropy=True,
@@ -221,14 +241,10 @@ class PolicyUpdate:
             out["kl_loss"] = (kl.detach() * mask).sum()
         if routing is not None:  # OpenRLHF adds the aux loss per micro-batch: here its share of the step's rows
             aux, moe_metrics = routing_loss(routing)
-            w = len(rows) / max(counts["num_seqs"], 1)
             if c.aux_loss_coef:
-                loss = loss + c.aux_loss_coef * w * aux.to(loss.device)
-            out.update({k: v.to(logp.device) * w for k, v in moe_metrics.items()})
-        self.learner.backward(loss)
-        if self.critic is not None:
-            out["value_loss"] = self.value_backward(mb, part, counts)
-        return out
+                loss = loss + c.aux_loss_coef * share * aux.to(loss.device)
+            out.update({k: v.to(logp.device) * share for k, v in moe_metrics.items()})
+        return loss, out
 
     def critic_step(self, exp: Experience, rows: torch.Tensor, layout, kl_coef: float, counts: dict) -> dict:
         """`micro_step` of the critic alone (the actor frozen for the critic's warm-up)."""

@@ -167,7 +167,8 @@ class KTOLoop(DPOLoop):
     def micro_loss(self, items: list, step_items: list) -> tuple[torch.Tensor, dict[str, float]]:
         b, w, m = len(items), len(items) / len(step_items), self.cfg.model
         samples = [it.sample for it in items]
-        kl = [TokenSample(samples[i].prompt_ids, samples[(i + 1) % b].response_ids, samples[(i + 1) % b].loss_mask)
+        kl = [TokenSample(samples[i].prompt_ids, samples[(i + 1) % b].response_ids, samples[(i + 1) % b].loss_mask,
+                          vision=samples[i].vision)  # the prompt's images (a VLM's)
               for i in range(b)]
         pi = self.seq_logp(self.model, samples + kl)
         good = torch.tensor([it.desirable for it in items], device=pi.device)

@@ -18,7 +18,7 @@ from rlhfkit.rollout.hf import HFEngine
 PARAMS = SamplingParams(max_new_tokens=5, temperature=1.0)
 
 
-class _Feedback(AgentInstanceBase):
+class FeedbackAgent(AgentInstanceBase):
     """Feedback of a length that depends on the action, done after 3 turns."""
 
     def __init__(self, *args, **kwargs):
@@ -30,12 +30,12 @@ class _Feedback(AgentInstanceBase):
                 "done": self.turn >= 3}
 
 
-class _P:
+class TextPrompt:
     def __init__(self, tok, text):
         self.text, self.label, self.ids = text, None, tok(text, add_special_tokens=False)["input_ids"]
 
 
-class _Talk:
+class TalkEnv:
     """A text environment that answers every action, for 3 turns."""
 
     def reset(self, seed=None):
@@ -55,11 +55,11 @@ def _same(a, b):
 
 def test_agent_episodes_are_the_same_with_kept_turns_and_prefill_less():
     model, tok = tiny_model_and_tokenizer(seed=0)
-    prompts = [_P(tok, "What is 2+3?"), _P(tok, "Hello there, how are you?")]
+    prompts = [TextPrompt(tok, "What is 2+3?"), TextPrompt(tok, "Hello there, how are you?")]
     runs = {}
     for keep in (True, False):
         engine = HFEngine(model, tok, keep_turns=keep)
-        trajs = MultiTurnExecutor(_Feedback).run(engine, tok, prompts, replace(PARAMS, n=2),
+        trajs = MultiTurnExecutor(FeedbackAgent).run(engine, tok, prompts, replace(PARAMS, n=2),
                                                  TokenBudget(5, 60, 3), seeds=[1, 2])
         runs[keep] = trajs, engine
     _same(runs[True][0], runs[False][0])
@@ -84,7 +84,7 @@ def test_text_environment_episodes_are_the_same_with_kept_turns(chat_tok, overla
     runs = {}
     for keep in (True, False):
         engine = HFEngine(model, chat_tok, keep_turns=keep)
-        executor = ToolExecutor(environment_factory=text_env(_Talk), overlap=overlap)
+        executor = ToolExecutor(environment_factory=text_env(TalkEnv), overlap=overlap)
         trajs = executor.run(engine, chat_tok, [prompt, prompt], PARAMS, TokenBudget(5, 200, 3), seeds=[3, 4])
         runs[keep] = trajs, engine
     _same(runs[True][0], runs[False][0])

@@ -99,3 +99,11 @@ def test_partial_rollout_is_openrlhfs_flag_and_needs_async():
     with pytest.raises(ConfigError, match="--train.partial_rollout_enable continues generations across the weight "
                                           "updates of async training: add --train.async_enable"):
         validate(parse_config(RLConfig, ["--train.partial_rollout_enable", "true"]))
+
+
+def test_routing_replay_flag_its_slime_name_and_the_compiled_layers_refused():
+    assert not RLConfig.from_args([]).actor.routing_replay
+    assert RLConfig.from_args(["--actor.routing_replay"]).actor.routing_replay
+    assert RLConfig.from_args(["--use-rollout-routing-replay"]).actor.routing_replay  # slime's R3 switch
+    with pytest.raises(ConfigError, match="--actor.routing_replay does not combine with --train.compile_enable"):
+        RLConfig.from_args(["--actor.routing_replay", "--train.compile_enable", "true"])

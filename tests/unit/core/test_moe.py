@@ -1,12 +1,21 @@
 """The router's load-balancing loss: values and gradients worked by hand on a 2-expert toy, and the
-same number as transformers' `aux_loss` (OpenRLHF's) on a tiny Mixtral."""
+same number as transformers' `aux_loss` (OpenRLHF's) on a tiny Mixtral; routing replay's index math."""
 
 import math
 
 import pytest
 import torch
 
-from rlhfkit.core.moe import load_balancing_loss
+from rlhfkit.core.moe import (
+    changed_choices,
+    expert_code_dtype,
+    load_balancing_loss,
+    merge_recorded,
+    missing_code,
+    replay_indices,
+    replayed_weights,
+    skip_code,
+)
 
 
 def sig(x):
@@ -56,3 +65,57 @@ def test_it_is_transformers_aux_loss_on_a_tiny_moe_model(arch):
     out = model(input_ids=ids, attention_mask=am, output_router_logits=True)
     ours, _ = load_balancing_loss(out.router_logits, model.config.num_experts_per_tok, am.bool().reshape(-1))
     torch.testing.assert_close(ours, out.aux_loss.float(), rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ routing replay: the index math
+
+
+def test_expert_codes_are_uint8_up_to_254_experts_and_int16_above():
+    assert expert_code_dtype(128) == torch.uint8 and expert_code_dtype(254) == torch.uint8
+    assert expert_code_dtype(256) == torch.int16  # DeepSeek-V3's routed experts
+    assert (missing_code(torch.uint8), skip_code(torch.uint8)) == (255, 254)
+    assert (missing_code(torch.int16), skip_code(torch.int16)) == (32767, 32766)
+
+
+def test_replay_takes_the_recorded_experts_and_the_routers_own_elsewhere():
+    own = torch.tensor([[0, 1], [2, 3], [1, 2]])
+    codes = torch.tensor([[3, 2], [255, 255], [254, 254]], dtype=torch.uint8)  # recorded, missing, skipped
+    idx, replayed, counted = replay_indices(own, codes)
+    assert idx.tolist() == [[3, 2], [2, 3], [1, 2]] and idx.dtype == torch.long
+    assert replayed.tolist() == [True, False, False] and counted.tolist() == [True, True, False]
+
+
+def test_replayed_softmax_weights_by_hand():
+    """logits (ln 1, ln 2, ln 3, ln 4): p = (.1, .2, .3, .4); experts (0, 2): (.1, .3), normalised (.25, .75)."""
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0]]).log()
+    idx = torch.tensor([[0, 2]])
+    torch.testing.assert_close(replayed_weights(logits, idx, "softmax", False), torch.tensor([[0.1, 0.3]]))
+    torch.testing.assert_close(replayed_weights(logits, idx, "softmax", True), torch.tensor([[0.25, 0.75]]))
+
+
+def test_replayed_sigmoid_weights_by_hand():
+    """logits (0, ln 3): sigmoid (1/2, 3/4); experts (1, 0) normalised: (.6, .4), times the scale 2.5."""
+    logits = torch.tensor([[0.0, math.log(3.0)]])
+    idx = torch.tensor([[1, 0]])
+    torch.testing.assert_close(replayed_weights(logits, idx, "sigmoid", False), torch.tensor([[0.75, 0.5]]))
+    torch.testing.assert_close(replayed_weights(logits, idx, "sigmoid", True, 2.5), torch.tensor([[1.5, 1.0]]))
+    with pytest.raises(ValueError, match="softmax or sigmoid"):
+        replayed_weights(logits, idx, "relu", True)
+
+
+def test_a_changed_choice_is_a_different_set_of_experts():
+    own = torch.tensor([[0, 1], [1, 0], [0, 2]])
+    recorded = torch.tensor([[1, 0], [1, 0], [0, 3]], dtype=torch.uint8)
+    assert changed_choices(own, recorded).tolist() == [False, False, True]
+
+
+def test_merged_codes_keep_each_tokens_first_recorded_experts():
+    """An episode's turns: turn 1 recorded tokens 0-1 (its last action token 2 never ran: missing); turn 2's
+    call recorded tokens 1-4 (token 0 kept in the cache: missing there; token 1 computed again, routed
+    otherwise: the first record stays) and the feedback token 5 after it never ran."""
+    m, u8 = missing_code(torch.uint8), torch.uint8
+    first = torch.tensor([[[0]], [[1]], [[m]]], dtype=u8)
+    later = torch.tensor([[[m]], [[3]], [[2]], [[3]], [[1]]], dtype=u8)
+    merged = merge_recorded(first, later, 6, u8)
+    assert merged.reshape(-1).tolist() == [0, 1, 2, 3, 1, m]  # the trailing token: never computed
+    assert merge_recorded(first, None, 2, u8).reshape(-1).tolist() == [0, 1]
