@@ -14,8 +14,9 @@ output), but their linear maps read a copy of the weights made once per weight v
   linear's input at every call);
 - packed for oneDNN's bf16 kernels (`torch.ops.mkldnn._reorder_linear_weight`) where torch has
   them: a plain bf16 matmul re-lays the weight out at every call, which at a few rows costs more
-  than the product. The packed product gives the same numbers as `F.linear` on the bf16 weight
-  (tested).
+  than the product. The packed product gave the same numbers as `F.linear` on the bf16 weight
+  (tested); products of other shapes (a stacked matrix, another row count) may round differently in
+  the last bf16 bit, so a near-tie may sample another token than the model's forward would.
 
 The copy is made when a generation starts and freed when it ends (the trainer's update does not hold
 it); between the slices of a partial generation it is rebuilt when any parameter changed (an

@@ -176,7 +176,7 @@ class HFEngine:
       bf16_decode: with bfloat16 autocast on the CPU, prefills and decode steps over a bf16 copy of
         the weights (q/k/v and gate/up stacked, packed for oneDNN), made when a generation starts
         (again if the weights change between its slices) and freed when it ends (rollout.bf16_decode);
-        Llama and Qwen2 models only, else the model's forward. The same tokens and logprobs.
+        Llama and Qwen2 models only, else the model's forward. The same ops, up to bf16 rounding.
       record_experts: a mixture-of-experts model's routing is recorded (routing replay): each
         trajectory's `experts` holds the experts every MoE layer chose for each prompt and response
         token the engine ran through the model, in the forward that first computed it (a kept turn's

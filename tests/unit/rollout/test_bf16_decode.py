@@ -1,6 +1,6 @@
 """The HF engine's bf16 forward over a copy of the weights (rollout.bf16_decode): under bf16
-autocast it samples the tokens, with the logprobs, that the model's own forward under autocast
-gives; its copy follows the weights (an optimizer step, a loaded state) and is freed after a
+autocast it samples the tokens, with the logprobs (within bf16 rounding), that the model's own
+forward under autocast gives; its copy follows the weights (an optimizer step, a loaded state) and is freed after a
 generation; models it does not fit decode through their forward."""
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ def _generate(model, tok, prompts, params, fast: bool):
 
 
 def _assert_same(fast, plain):
+    """The same tokens; logprobs within bf16's rounding (bit-identical on this project's CPU: oneDNN's
+    packed and plain bf16 products may block their sums differently elsewhere)."""
     for a, b in zip(fast, plain, strict=True):
         assert torch.equal(a.response_ids, b.response_ids)
-        torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
+        torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=2e-3)
 
 
 @pytest.fixture
