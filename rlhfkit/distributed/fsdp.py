@@ -82,13 +82,15 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def vision_blocks(base: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks of a vision-language base model (models.vision.base_model) that are FSDP units: its
-    language model's decoder layers and its vision towers' blocks (each tower's first ModuleList named
-    `blocks` or `layers`)."""
-    layers = getattr(getattr(base, "language_model", None), "layers", None)
+    language model's decoder layers (`language_model.layers`; SmolVLM / Idefics3: `text_model.layers`)
+    and its vision towers' blocks (each tower's first ModuleList named `blocks`, `layers` or `layer`)."""
+    language = getattr(base, "language_model", None) or getattr(base, "text_model", None)
+    layers = getattr(language, "layers", None)
     if layers is None:
-        raise ConfigError(f"--fsdp.enable: {type(base).__name__} has no language_model.layers to shard")
+        raise ConfigError(f"--fsdp.enable: {type(base).__name__} has no language_model.layers (nor "
+                          "text_model.layers) to shard")
     blocks = [next((list(m) for n, m in tower.named_modules() if isinstance(m, torch.nn.ModuleList)
-                    and n.rsplit(".", 1)[-1] in ("blocks", "layers")), []) for _, tower in vision_parts(base)]
+                    and n.rsplit(".", 1)[-1] in ("blocks", "layers", "layer")), []) for _, tower in vision_parts(base)]
     return list(layers) + [b for tower in blocks for b in tower]
 
 

@@ -1,4 +1,4 @@
-"""FSDP2 with vision-language models, in one process (a 1-rank gloo group), on the three tiny families:
+"""FSDP2 with vision-language models, in one process (a 1-rank gloo group), on the tiny families:
 each decoder layer of the language model and each block of the vision tower is its own unit, and the
 sharded model samples (the vision engine over the gathered parameters) and scores (the trainer's
 forward with the images) what the unsharded model does."""
@@ -39,8 +39,10 @@ def test_sharded_vlm_samples_and_scores_as_the_unsharded_one(family):
     fsdp.shard_model(model, 1)
     base = base_model(model)
     towers = [m for _, m in vision_parts(model)]
-    blocks = [m for t in towers for n, m in t.named_modules() if n.rsplit(".", 2)[-2:-1] in (["layers"], ["blocks"])]
-    assert blocks and all(isinstance(m, FSDPModule) for m in [*blocks, *base.language_model.layers])
+    blocks = [m for t in towers for n, m in t.named_modules()
+              if n.rsplit(".", 2)[-2:-1] in (["layers"], ["blocks"], ["layer"])]  # InternVL: encoder.layer
+    language = getattr(base, "language_model", None) or base.text_model  # SmolVLM / Idefics3: text_model
+    assert blocks and all(isinstance(m, FSDPModule) for m in [*blocks, *language.layers])
     assert not any(isinstance(m, FSDPModule) for m in towers)  # their other parameters go with the base model
     trajs = _generate(model, processor, fsdp.unsharded)
     want = _generate(plain, processor, None)
