@@ -34,6 +34,7 @@ from rlhfkit.models.precision import (
     DTYPES,
     choose_autocast,
     enable_gradient_checkpointing,
+    float32_residual,
     model_device,
     resolve_device,
     vectors_to_float32,
@@ -222,9 +223,11 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
 
 def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
     """bf16 parameters under bf16 autocast: the norms and biases back in float32 (they learn as under
-    autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay bf16."""
+    autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay bf16, the
+    residual stream float32 (models.precision.float32_residual)."""
     if cfg.actor.dtype == "bfloat16" and cfg.actor.autocast == "bfloat16":
         vectors_to_float32(model)
+        float32_residual(model)
 
 
 def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):

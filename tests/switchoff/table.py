@@ -77,6 +77,14 @@ def nothing_kept(original):
     return lambda self, key, prompt, version: None  # every turn prefilled in full
 
 
+def never_rebuilt(original):
+    return lambda self: (0,)  # the same stamp whatever the weights: the copy is never rebuilt
+
+
+def no_residual_upcast(original):
+    return lambda model: True  # says it added the hook, adds nothing
+
+
 def no_stop_penalty(original):
     return lambda rewards, truncated, coef: rewards
 
@@ -426,5 +434,14 @@ SWITCH_OFFS = (
                f"{REPLAY}::test_an_rl_step_replays_the_engines_experts_in_the_old_logprob_pass_and_the_update[mixtral]",
                "tests/integration/test_routing_replay.py::test_routing_replay_shrinks_the_rollout_trainer_logprob_gap"),
               "no router hooked: each keeps its own top-k"),
+    SwitchOff("the HF engine's bf16 copy of the weights follows them", "rlhfkit.rollout.bf16_decode:Bf16Decoder._stamp",
+              never_rebuilt, ("tests/unit/rollout/test_bf16_decode.py::"
+                              "test_the_copy_follows_the_weights_and_is_freed_after_a_generation",),
+              "the copy built once, never rebuilt"),
+    SwitchOff("a float32 residual stream over bf16 parameters (--actor.dtype bfloat16)",
+              "rlhfkit.models.precision:float32_residual", no_residual_upcast,
+              ("tests/unit/trainers/test_bf16_masters.py::test_the_residual_stream_stays_float32_under_autocast",
+               "tests/unit/api/test_bf16_params_setup.py::test_bf16_parameters_get_float32_norms_and_residual"),
+              "no hook: the residual stream is bf16"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}
