@@ -24,8 +24,8 @@ Estimators with a critic (gae) build it from the VLM: its values see the images 
 Ray rollout workers (distributed/), FSDP (distributed/fsdp.py), QLoRA (models/vision.py) and the vLLM
 engine (rollout/vllm.py: each prompt's decoded images as vLLM's multi-modal data) run with images.
 Not supported with images yet (one-line errors): agent files of OpenRLHF's mid-2025
-`execute(prompt, label, sampling_params)` contract, and the vLLM engine for a family whose processor
-wraps its image tokens in others (Gemma 3).
+`execute(prompt, label, sampling_params)` contract, the vLLM engine for a family whose processor
+wraps its image tokens in others (Gemma 3), and vLLM engines on Ray rollout workers (`check_engine`).
 """
 
 from __future__ import annotations
@@ -114,6 +114,16 @@ def check_executor(cfg: RLConfig, executor) -> None:
     raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with "
                       f"{type(executor).__name__} yet; give an agent file with an AgentInstance or an AgentExecutor, "
                       "an agent function or tools; see docs/vision.md")
+
+
+def check_engine(cfg: RLConfig) -> None:
+    """ConfigError (before models load) for vLLM engines on Ray rollout workers: they are not given a
+    vision-language policy's image settings yet (the vLLM engine in the trainer's process and HF
+    engines on Ray workers run with images)."""
+    if cfg.rollout.engine == "vllm" and cfg.distributed.backend == "ray":
+        raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run on vLLM engines in "
+                          "Ray rollout workers yet: use --rollout.engine hf with --distributed.backend ray, or the "
+                          "vllm engine in the trainer's process (--distributed.backend local)")
 
 
 def attach_processor(processor, max_images: int, *executors) -> None:

@@ -6,7 +6,8 @@ order. Because sampling is seeded per prompt, the samples do not depend on the n
 or on which worker a prompt lands: the pool gives the single-process engine's samples.
 
 Weights go trainer -> workers through the object store: `update_weights` puts the policy's state
-dict once per version (`ray.put`) and sends the reference, with the version, to every worker.
+dict once per version (`ray.put`) and sends the reference, with the version, to every worker (HF
+workers with LoRA: the adapter weights; vLLM workers: the weights vLLM loads, `engine_state`).
 Synchronous pools wait until every worker holds the version before sampling; an asynchronous
 pool does not wait, and a worker's trajectories carry the version it actually used.
 
@@ -36,6 +37,7 @@ import torch
 from ray.exceptions import RayActorError
 
 from rlhfkit.data.types import Trajectory
+from rlhfkit.models.lora import MergedLoraSource
 from rlhfkit.rollout.base import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -75,16 +77,20 @@ class RayEnginePool:
       patience_s: asynchronous mode: how long a worker waits for the newest announced version
         before generating with the weights it has (its samples then carry the older version).
       version: the initial policy version (sent to the workers at once).
+      state_fn: `full -> state` a worker loads: with `full` everything a new worker needs, else what a
+        weight update changes (may be less); default `policy_state` of the policy either way.
     """
 
     def __init__(self, policy: torch.nn.Module, make_worker: Callable[[int], object], num_workers: int,
-                 wait_for_weights: bool = True, patience_s: float = 2.0, version: int = 0):
+                 wait_for_weights: bool = True, patience_s: float = 2.0, version: int = 0,
+                 state_fn: Callable[[bool], Mapping[str, torch.Tensor]] | None = None):
         self.policy, self.make_worker = policy, make_worker
+        self.state_fn = state_fn or (lambda full: policy_state(policy))
         self.wait_for_weights, self.patience_s = wait_for_weights, patience_s
         self.workers = [make_worker(i) for i in range(num_workers)]
         self.replaced = 0  # workers replaced after dying
         self._version, self._state_ref = version, None
-        self.update_weights({}, version, wait=True)
+        self.update_weights(self.state_fn(True), version, wait=True)
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -92,8 +98,8 @@ class RayEnginePool:
         return self._version
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int, wait: bool | None = None) -> None:
-        """Send `state` (empty: the policy's state) at `version` to every worker, via one ray.put."""
-        state = state or policy_state(self.policy)
+        """Send `state` (empty: `state_fn`'s update) at `version` to every worker, via one ray.put."""
+        state = state or self.state_fn(False)
         self._state_ref = _put_state(state)
         self._version = version
         acks = [(i, self._send_weights(w)) for i, w in enumerate(self.workers)]
@@ -176,7 +182,7 @@ class RayEnginePool:
         if dead is not None and self.workers[slot] is not dead:
             return
         # the trainer is not updating while it gathers: its policy holds exactly version self._version
-        self._state_ref = _put_state(policy_state(self.policy))
+        self._state_ref = _put_state(self.state_fn(True))
         self.workers[slot] = self.make_worker(slot)
         self.replaced += 1
         ray.get(self._send_weights(self.workers[slot]))
@@ -210,6 +216,15 @@ def with_images(trajs: list[Trajectory], vision: list | None, n: int) -> list[Tr
             if vision[k // n] is not None:
                 t.info["vision"] = vision[k // n]
     return trajs
+
+
+def engine_state(policy: torch.nn.Module, full: bool) -> dict[str, torch.Tensor]:
+    """What a vLLM rollout worker loads (an engine without peft or bitsandbytes): the policy's state
+    dict, or for a LoRA policy the adapters merged into their layers (QLoRA: into the dequantized
+    4-bit base; `models.lora.MergedLoraSource`), everything with `full`, else the adapted modules."""
+    if not hasattr(policy, "peft_config"):
+        return policy.state_dict()
+    return MergedLoraSource(policy).state(full).as_dict()
 
 
 def _put_state(state: Mapping[str, torch.Tensor]):

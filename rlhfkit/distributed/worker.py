@@ -1,5 +1,6 @@
-"""`RolloutWorker`: one Ray actor holding its own copy of the policy and an `HFEngine` (a
-`VisionEngine` when the model folder holds a vision-language model).
+"""`RolloutWorker`: one Ray actor holding a generation engine: its own copy of the policy behind an
+`HFEngine` (a `VisionEngine` when the model folder holds a vision-language model), or a `VLLMEngine`
+(vLLM loads the model folder itself; OpenRLHF's vLLM engine actors).
 
 Two concurrency groups: `generate` calls run one at a time in submission order; `update_weights`
 runs beside them, so a weight transfer never waits for a generation to finish. A received state
@@ -9,7 +10,8 @@ stamped with their version. With partial rollouts (`partial_tokens` > 0) a gener
 slices of that many tokens and loads newly staged weights between slices: it continues from its
 tokens and KV cache with the new weights (HFEngine.start/resume), each token stamped with the
 version that produced it. In synchronous mode the pool waits for every worker to acknowledge
-a version before it asks for samples, so that version is exactly the trainer's.
+a version before it asks for samples, so that version is exactly the trainer's. A state staged while
+an older one waits is merged over it (a later sync may carry only the layers that changed).
 
 Vision-language models: `generate` takes each prompt's image tensors (`vision`, the trainer's
 `data.images.VisionInputs`, shipped through the object store) and prefills them with the prompt. The
@@ -36,25 +38,32 @@ from rlhfkit.models.vision import (
 )
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.rollout.vllm import VLLMEngine
 from rlhfkit.rollout.vision import VisionEngine
 
 WORKER_GROUPS = {"generate": 1, "weights": 1}
 
 
 class RolloutWorker:
-    """A policy copy loaded from `model_path` (+ `gguf_file`) behind an HFEngine, on one torch thread.
+    """A generation engine in a Ray actor, on one torch thread: an HFEngine over a policy copy loaded from
+    `model_path` (+ `gguf_file`), or with `vllm` a VLLMEngine on the model folder.
 
     Args:
       delay_s: test-only slow-worker hook: seconds to sleep before staging new weights (a worker
         on a slow link lags behind the trainer's versions). Not a user flag.
       partial_tokens: tokens decoded between two loads of staged weights (0: a generation uses
-        the weights it started with throughout).
+        the weights it started with throughout; HF engine only).
       lora: the trainer's LoRA adapters as ``add_lora``'s ``(rank, alpha, target_modules, dropout)``,
         or None. The worker wraps its copy the same way, so it computes what the trainer's policy
         computes (the base times x plus the adapters' low-rank product), and the pool then sends
         only the adapter weights (the base is frozen and loaded from the same files).
       record_experts: a mixture-of-experts policy's routing is recorded on each trajectory (routing
         replay, HFEngine's record_experts); the trajectories carry it back to the trainer.
+      load_in_4bit: QLoRA: the copy's linear layers load as the same 4-bit NF4 weights as the trainer's
+        (bitsandbytes quantizes the same files the same way), the adapters over them as with `lora`.
+      vllm: VLLMEngine's keyword arguments (eos_ids, dtype, seed, gpu_memory_utilization, ...): the
+        worker holds a vLLM engine instead, which loads `model_path` and then what the pool sends
+        (the full weights, with LoRA merged into their layers) through its own load path.
       frozen_tower: a vision-language policy trained with --actor.freeze_visual_encoder: with
         `lora`, the adapters go outside the vision tower, as on the trainer's policy.
     """
@@ -62,26 +71,17 @@ class RolloutWorker:
     def __init__(self, model_path: str, gguf_file: str | None, dtype: str, autocast: str | None,
                  max_batch_size: int | None, num_threads: int = 1, device: str | None = None,
                  delay_s: float = 0.0, partial_tokens: int = 0, lora: tuple | None = None,
-                 record_experts: bool = False, frozen_tower: bool = False):
+                 record_experts: bool = False, frozen_tower: bool = False, load_in_4bit: bool = False,
+                 vllm: dict | None = None):
         torch.set_num_threads(num_threads)
-        tokenizer = load_tokenizer(model_path, gguf_file=gguf_file)
-        vision = gguf_file is None and is_vision_folder(model_path)
-        model = (load_vision_model(model_path, dtype=DTYPES[dtype]) if vision
-                 else load_causal_lm(model_path, dtype=DTYPES[dtype], gguf_file=gguf_file))
-        if device is None and torch.cuda.is_available():
-            device = "cuda"
-        if device is not None:
-            model.to(device)
-        if lora is not None:
-            rank, alpha, targets, dropout = lora
-            if vision and frozen_tower:  # as api.builder.build_models: no adapters in the frozen tower
-                targets = language_lora_targets(model, targets)
-            model = add_lora(model, rank, alpha, targets, dropout)
-        model.requires_grad_(False)
-        # version -1 until the pool sends the trainer's weights (it does so on creation)
-        self.engine = (VisionEngine if vision else HFEngine)(
-            model, tokenizer, max_batch_size=max_batch_size, autocast_dtype=DTYPES[autocast] if autocast else None,
-            version=-1, record_experts=record_experts)
+        if vllm is not None:
+            if partial_tokens:
+                raise ValueError("partial rollouts continue HF engine generations; a vLLM worker cannot")
+            # version -1 until the pool sends the trainer's weights (it does so on creation)
+            self.engine = VLLMEngine(model_path, version=-1, **vllm)
+        else:
+            self.engine = _hf_engine(model_path, gguf_file, dtype, autocast, max_batch_size, device, lora,
+                                     record_experts, frozen_tower, load_in_4bit)
         self.delay_s, self.partial_tokens = delay_s, partial_tokens
         self._staged_cv = threading.Condition()
         self._staged: tuple[Mapping[str, torch.Tensor], int] | None = None
@@ -91,8 +91,10 @@ class RolloutWorker:
         if self.delay_s:
             time.sleep(self.delay_s)
         with self._staged_cv:
-            if self._staged is None or self._staged[1] < version:
+            if self._staged is None:
                 self._staged = (state, version)
+            elif self._staged[1] < version:  # not loaded yet: the newer tensors over it
+                self._staged = ({**self._staged[0], **state}, version)
             self._staged_cv.notify_all()
         return version
 
@@ -136,3 +138,28 @@ def without_images(trajs: list[Trajectory]) -> list[Trajectory]:
     for t in trajs:
         t.info.pop("vision", None)
     return trajs
+
+
+def _hf_engine(model_path: str, gguf_file: str | None, dtype: str, autocast: str | None, max_batch_size: int | None,
+               device: str | None, lora: tuple | None, record_experts: bool, frozen_tower: bool,
+               load_in_4bit: bool) -> HFEngine:
+    """An HFEngine (a VisionEngine for a vision-language folder) over a frozen policy copy, LoRA-wrapped
+    as the trainer's, on `device` (None: CUDA when present)."""
+    tokenizer = load_tokenizer(model_path, gguf_file=gguf_file)
+    vision = gguf_file is None and is_vision_folder(model_path)
+    model = (load_vision_model(model_path, dtype=DTYPES[dtype], load_in_4bit=load_in_4bit) if vision
+             else load_causal_lm(model_path, dtype=DTYPES[dtype], gguf_file=gguf_file, load_in_4bit=load_in_4bit))
+    if device is None and torch.cuda.is_available():
+        device = "cuda"
+    if device is not None:
+        model.to(device)
+    if lora is not None:
+        rank, alpha, targets, dropout = lora
+        if vision and frozen_tower:  # as api.builder.build_models: no adapters in the frozen tower
+            targets = language_lora_targets(model, targets)
+        model = add_lora(model, rank, alpha, targets, dropout)
+    model.requires_grad_(False)
+    # version -1 until the pool sends the trainer's weights (it does so on creation)
+    return (VisionEngine if vision else HFEngine)(
+        model, tokenizer, max_batch_size=max_batch_size, autocast_dtype=DTYPES[autocast] if autocast else None,
+        version=-1, record_experts=record_experts)

@@ -244,11 +244,14 @@ def load_causal_lm(
 
 def keep_4bit_layout(model: torch.nn.Module) -> torch.nn.Module:
     """Switch off bitsandbytes' CPU kernel for eval-mode forwards (CPUs with avx512_bf16) in `model`'s
-    4-bit layers: at the first no-grad forward in eval mode (the rollout's) it repacks the frozen base
-    in place with bf16 scales (the base then no longer is the one loaded, and saves rounded), needs
-    layers of at least 64 inputs and 32 outputs, and a layer with a bias (Qwen2's q, k, v) then fails
-    in training (an in-place add on a tensor that requires grad). Every forward then dequantizes the NF4
-    weights as training does. Returns `model`."""
+    4-bit layers (none: nothing to do). At the first no-grad forward in eval mode (the rollout's)
+    bitsandbytes 0.50 repacks the frozen base in place with bf16 scales: from then on no gradient flows
+    back through the layer to its input (the LoRA adapters below it get a wrong gradient), every
+    `state_dict()` unpacks it with its scales quantized again, so the frozen base moves (measured on the
+    tiny model: weights up to 1.2e-3, logits up to 0.017 after one `state_dict()`); it needs layers of
+    at least 64 inputs and 32 outputs, and a layer with a bias (Qwen2's q, k, v) then fails in training
+    (an in-place add on a tensor that requires grad). Every forward then dequantizes the NF4 weights
+    and multiplies in the compute dtype, as training does and as on a GPU. Returns `model`."""
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import ModelError
-from rlhfkit.models.loading import load_errors, nf4_config, resolve_model_file, resolve_model_path
+from rlhfkit.models.loading import keep_4bit_layout, load_errors, nf4_config, resolve_model_file, resolve_model_path
 
 
 def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.dtype = torch.float32,
@@ -44,7 +44,7 @@ def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.d
     finally:
         torch.random.set_rng_state(rng)
     model.config.pad_token_id = pad_token_id
-    return model
+    return keep_4bit_layout(model) if load_in_4bit else model
 
 
 def load_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

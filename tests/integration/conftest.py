@@ -2,6 +2,8 @@
 prompts and, when asked, the "sevens" reward file."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,22 @@ def reward_func(queries, prompts, labels, **kwargs):
     r = torch.tensor([sum(c == "7" for c in s) / 8.0 for s in responses])
     return {"rewards": r, "scores": r.clamp(0, 1), "extra_logs": {"sevens": r * 8}}
 '''
+
+
+# A `vllm` package that stands in for vLLM in other processes (tests/fakes/vllm: an HF model behind the
+# real weight-sync extension); never imported into the test process, where vLLM must stay absent.
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+
+
+def fake_vllm_env(log: Path) -> dict[str, str]:
+    """Environment variables of a process whose `import vllm` is the fake, which logs to `log`."""
+    paths = [str(FAKES), str(FAKES.parents[1]), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in paths if p), "FAKE_VLLM_LOG": str(log)}
+
+
+def fake_vllm_events(log: Path) -> list[dict]:
+    """The fake engines' records (init, generate, load), in the order they were written."""
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
 @pytest.fixture(autouse=True)

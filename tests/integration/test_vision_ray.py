@@ -57,3 +57,18 @@ def test_async_run_trains_on_images_generated_ahead(ws, cluster):
     assert steps[0]["rollout/logprob_gap_max"] < 1e-4  # batch 1: generated at the trainer's version
     start, final = load_file(ws / "vlm" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
     assert any(not torch.equal(start[k], final[k]) for k in start if k.startswith("visual."))
+
+
+def test_qlora_on_two_workers_samples_with_the_same_4bit_language_model_and_images(ws, cluster):
+    """--ds.load_in_4bit: each worker loads the language model's linear layers as the trainer's 4-bit NF4
+    weights (tower, projector and head float) under the same adapters: the single-process run's adapters
+    bit for bit, and the workers' logprobs are the trainer's forward over the same images."""
+    pytest.importorskip("bitsandbytes")
+    qlora = {"ds.lora.rank": "4", "ds.lora.alpha": "8", "ds.load_in_4bit": "true", "actor.freeze_visual_encoder": "true"}
+    assert main(["train", "rl", *flags(ws, ws / "qlora_local", **qlora)]) == 0
+    assert main(["train", "rl", *flags(ws, ws / "qlora_ray", **qlora, **RAY)]) == 0
+    a, b = (load_file(ws / run / "final" / "adapter_model.safetensors") for run in ("qlora_local", "qlora_ray"))
+    assert a and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    full = [json.loads(line) for line in (ws / "qlora_ray" / "metrics.jsonl").read_text().splitlines()]
+    gaps = [r["rollout/logprob_gap_max"] for r in full if "rollout/logprob_gap_max" in r]
+    assert len(gaps) == 2 and max(gaps) < 1e-4, gaps

@@ -51,6 +51,12 @@ def identity_model(original):
     return lambda model, *args, **kwargs: model
 
 
+def quantized_state(original):
+    def parts(self, bucket_bytes):
+        yield self.model.state_dict()
+    return parts
+
+
 def no_optimizer_step(original):
     def step(self):
         self.optimizer.step = lambda *args, **kwargs: None  # the clip, scheduler and EMA still run
@@ -335,9 +341,20 @@ SWITCH_OFFS = (
               ("tests/integration/test_vision_qlora.py::test_rl_samples_and_trains_with_the_same_4bit_weights_and_images",),
               "only the LM head kept"),
     SwitchOff("bitsandbytes' CPU repacking of the 4-bit base kept off (QLoRA)", "rlhfkit.models.loading:keep_4bit_layout",
-              identity_model, ("tests/integration/test_vision_qlora.py::"
-                               "test_rl_samples_and_trains_with_the_same_4bit_weights_and_images",),
+              identity_model, (("tests/integration/test_vision_qlora.py::"
+                                "test_rl_samples_and_trains_with_the_same_4bit_weights_and_images"),
+                               ("tests/unit/models/test_qlora_layout.py::"
+                                "test_the_gradient_reaches_a_4bit_layers_input_after_a_no_grad_forward"),
+                               ("tests/unit/models/test_qlora_layout.py::"
+                                "test_state_dict_leaves_the_frozen_4bit_base_as_it_was")),
               "the model unchanged"),
+    SwitchOff("QLoRA's base dequantized for the vLLM engine", "rlhfkit.models.lora:DequantizedState.parts",
+              quantized_state,
+              (("tests/unit/rollout/test_vllm_qlora.py::test_the_first_sync_loads_the_dequantized_base_with_the_"
+                "adapters_merged"),
+               ("tests/unit/rollout/test_vllm_qlora.py::test_the_synced_float_model_computes_what_the_trainers_"
+                "4bit_policy_computes")),
+              "the 4-bit state as it is"),
     SwitchOff("re-rendered episodes in segments (--agent.on_rerender segment)",
               "rlhfkit.agents.tools.agent:ToolExecutor._split", noop,
               ("tests/unit/agents/test_tool_segments.py::test_segment_splits_where_the_template_rerenders_the_history",

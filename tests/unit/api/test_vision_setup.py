@@ -10,6 +10,7 @@ from rlhfkit.agents.execute import AgentExecutorBase, ExecuteRunner
 from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.api.vision import (
     attach_processor,
+    check_engine,
     check_executor,
     prepare_policy,
 )
@@ -99,3 +100,11 @@ def test_sft_dpo_and_kto_train_a_vlm_and_the_other_supervised_kinds_are_refused(
     for kind in ("rm", "prm", "kd"):
         with pytest.raises(ConfigError, match=f"train {kind} does not train a vision-language model .* train kto do"):
             supervised_folder(kind, cfg)
+
+
+def test_vllm_engines_on_ray_workers_are_refused_for_a_vision_language_policy_in_one_line():
+    check_engine(config("--rollout.engine", "vllm"))  # in the trainer's process
+    check_engine(config("--distributed.backend", "ray", "--rollout.num_workers", "2"))  # HF engines on workers
+    with pytest.raises(ConfigError, match="does not run on vLLM engines in Ray rollout workers yet") as e:
+        check_engine(config("--distributed.backend", "ray", "--rollout.num_workers", "2", "--rollout.engine", "vllm"))
+    assert "\n" not in str(e.value)
