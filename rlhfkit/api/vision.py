@@ -172,12 +172,12 @@ def save_processor(processor, folder: str | Path) -> None:
 
 
 # ------------------------------------------------------------------ SFT, DPO and KTO
-SUPERVISED_KINDS = ("sft", "dpo", "kto")
+SUPERVISED_KINDS = ("sft", "rm", "dpo", "kto")
 
 
 def supervised_folder(kind: str, cfg) -> str | None:
     """The supervised model's folder when it is a vision-language model (ConfigError for a kind that
-    does not train one yet), else None."""
+    does not train one yet, and for QLoRA), else None."""
     name = cfg.model.model_name_or_path
     if name in PACKAGED_TEXT_MODELS or name.endswith(".gguf"):
         return None
@@ -187,7 +187,9 @@ def supervised_folder(kind: str, cfg) -> str | None:
     check_torchvision()
     if kind not in SUPERVISED_KINDS:
         raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft, "
-                          "train dpo and train kto do (docs/vision.md)")
+                          "train rm, train dpo and train kto do (docs/vision.md)")
+    if cfg.ds.load_in_4bit:
+        raise ConfigError(f"--ds.load_in_4bit does not load vision-language models ({name}) yet; drop it")
     return path
 
 
