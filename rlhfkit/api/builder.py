@@ -28,7 +28,12 @@ from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
-from rlhfkit.models.loading import load_policy, load_teacher, resolve_model, resolve_model_path
+from rlhfkit.models.loading import (
+    load_policy,
+    load_teacher,
+    resolve_model,
+    resolve_model_path,
+)
 from rlhfkit.models.lora import MergedLoraSource, add_lora
 from rlhfkit.models.precision import (
     DTYPES,
@@ -42,7 +47,11 @@ from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.models.vision import is_vision_model, language_lora_targets
 from rlhfkit.models.vision_reward import is_vision_reward_folder
 from rlhfkit.rewards.resolve import resolve_reward
-from rlhfkit.rewards.reward_model import ProcessRewardFn, RewardModelFn, VisionRewardModelFn
+from rlhfkit.rewards.reward_model import (
+    ProcessRewardFn,
+    RewardModelFn,
+    VisionRewardModelFn,
+)
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine, eos_ids
 from rlhfkit.trainers.learner import Learner, muon_settings

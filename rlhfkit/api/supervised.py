@@ -51,7 +51,12 @@ from rlhfkit.models.precision import (
     resolve_device,
 )
 from rlhfkit.models.reward import init_reward_model
-from rlhfkit.models.vision import freeze_visual_encoder, is_vision_folder, is_vision_model, language_lora_targets
+from rlhfkit.models.vision import (
+    freeze_visual_encoder,
+    is_vision_folder,
+    is_vision_model,
+    language_lora_targets,
+)
 from rlhfkit.models.vision_reward import init_vision_reward_model
 from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.tracking.run import RunTracker

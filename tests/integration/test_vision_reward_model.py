@@ -18,16 +18,19 @@ from safetensors.torch import load_file
 
 from rlhfkit.api.supervised import RMConfig, RMTrainer, SFTConfig, SFTTrainer
 from rlhfkit.data.batch import collate
-from rlhfkit.data.synthetic_vision import QUESTION, write_colour_task
+from rlhfkit.data.synthetic_vision import COLOURS, QUESTION, write_colour_task
 from rlhfkit.models.reward import batch_scores, load_reward_model, normalization
 from rlhfkit.models.tiny_vision import save_tiny_vision
-from rlhfkit.models.vision import base_model, load_processor, load_vision_model, vision_parts
+from rlhfkit.models.vision import (
+    base_model,
+    load_processor,
+    load_vision_model,
+    vision_parts,
+)
 from rlhfkit.models.vision_reward import HEAD_WEIGHTS
 from rlhfkit.rewards.reward_model import VisionRewardModelFn
 
-NEXT = {"red": "blue", "blue": "green", "green": "red"}
 MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
-RGB = {"red": (220, 40, 40), "green": (40, 190, 60), "blue": (40, 60, 220)}
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +38,7 @@ def ws(tmp_path_factory):
     root = tmp_path_factory.mktemp("vision_rm")
     for family in ("qwen2_vl", "gemma3"):
         save_tiny_vision(root / family, family)
-    colours = write_colour_task(root / "colours", n_train=24, n_test=12)
-    for split in ("train", "test"):
-        rows = [json.loads(line) for line in (colours / f"{split}.jsonl").read_text().splitlines()]
-        pairs = [dict(r, chosen=r["label"], rejected=NEXT[r["label"]]) for r in rows]
-        (colours / f"pairs_{split}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    write_colour_task(root / "colours", n_train=24, n_test=12)  # pairs.jsonl, test_pairs.jsonl among them
     return root
 
 
@@ -51,19 +50,19 @@ def supervised_flags(ws, family: str, out, *extra) -> list[str]:
 
 
 def rm_flags(ws, family: str, out, *extra) -> list[str]:
-    return supervised_flags(ws, family, out, "--data.dataset", str(ws / "colours" / "pairs_train.jsonl"),
+    return supervised_flags(ws, family, out, "--data.dataset", str(ws / "colours" / "pairs.jsonl"),
                             "--data.prompt_key", "prompt", *extra)
 
 
 @pytest.fixture(scope="module")
 def trained(ws):
-    """family -> (RMTrainer after train(), its final metrics): 6 epochs of 3 steps on the 24 train pairs."""
+    """family -> (RMTrainer after train(), its final metrics): 4 epochs of 6 steps on the 48 train pairs."""
     done = {}
 
     def train(family):
         if family not in done:
-            cfg = RMConfig.from_args(rm_flags(ws, family, ws / f"rm_{family}", "--train.max_epochs", "6",
-                                              "--data.eval_dataset", str(ws / "colours" / "pairs_test.jsonl")))
+            cfg = RMConfig.from_args(rm_flags(ws, family, ws / f"rm_{family}", "--train.max_epochs", "4",
+                                              "--data.eval_dataset", str(ws / "colours" / "test_pairs.jsonl")))
             trainer = RMTrainer.from_config(cfg)
             done[family] = trainer, trainer.train()
         return done[family]
@@ -77,7 +76,7 @@ def test_training_ranks_the_held_out_pairs_by_the_images_colour(trained, family)
     rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
     assert losses[-1] < losses[0]
-    assert metrics["eval/accuracy"] > 2 / 3 + 0.01  # 11 or 12 of 12: beyond what the text alone allows
+    assert metrics["eval/accuracy"] >= 0.75  # of 24 held-out pairs; the text alone ranks at most 12 right
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "gemma3"])
@@ -95,16 +94,17 @@ def test_the_saved_reward_model_reloads_with_the_trained_scores(trained, family)
 
 
 def test_changing_the_image_changes_the_score_and_ranks_the_answer_naming_its_colour_first(trained):
-    """Through the reward function RL uses: for each colour's image, the answer naming it scores above the
-    next colour's (the cycle no image-blind scorer ranks right), and one answer's score moves with the image."""
+    """Through the reward function RL uses: for each colour's image, the answer naming it scores above the two
+    others (no image-blind scorer ranks all three images' answers right), and one answer's score moves with
+    the image."""
     trainer, _ = trained("qwen2_vl")
     fn = VisionRewardModelFn(trainer.run_dir / "final")
-    for colour, rgb in RGB.items():
+    for colour, rgb in COLOURS.items():
         image = [Image.new("RGB", (40, 40), rgb)]
-        out = fn(["q"] * 2, ["p"] * 2, [None] * 2, raw_prompts=[MESSAGES] * 2, responses=[colour, NEXT[colour]],
-                 prompt_images=[image, image])
-        assert out.rewards[0] > out.rewards[1], (colour, out.rewards)
-    images = [[Image.new("RGB", (40, 40), rgb)] for rgb in RGB.values()]
+        out = fn(["q"] * 3, ["p"] * 3, [None] * 3, raw_prompts=[MESSAGES] * 3, responses=list(COLOURS),
+                 prompt_images=[image] * 3)
+        assert list(COLOURS)[int(out.rewards.argmax())] == colour, (colour, out.rewards)
+    images = [[Image.new("RGB", (40, 40), rgb)] for rgb in COLOURS.values()]
     out = fn(["q"] * 3, ["p"] * 3, [None] * 3, raw_prompts=[MESSAGES] * 3, responses=["red"] * 3,
              prompt_images=images)
     assert float(out.rewards.max() - out.rewards.min()) > 0.1
@@ -173,7 +173,7 @@ def tower_of(model) -> dict:
 @pytest.mark.parametrize("kind,freeze", [("rm", True), ("rm", False), ("sft", True)])
 def test_freeze_visual_encoder_keeps_the_tower_as_loaded_and_trains_the_rest(ws, tmp_path, kind, freeze):
     original = base_model(load_vision_model(str(ws / "qwen2_vl")))
-    data = (["--data.dataset", str(ws / "colours" / "pairs_train.jsonl"), "--data.prompt_key", "prompt"]
+    data = (["--data.dataset", str(ws / "colours" / "pairs.jsonl"), "--data.prompt_key", "prompt"]
             if kind == "rm" else ["--data.dataset", str(ws / "colours" / "train.jsonl"), "--data.input_key",
                                   "prompt", "--data.output_key", "label"])
     argv = supervised_flags(ws, "qwen2_vl", tmp_path / kind, *data, "--train.max_steps", "2",

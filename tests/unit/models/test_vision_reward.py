@@ -15,7 +15,12 @@ from rlhfkit.data.supervised import TokenSample
 from rlhfkit.errors import ModelError
 from rlhfkit.models.critic import Critic
 from rlhfkit.models.lora import add_lora
-from rlhfkit.models.reward import batch_scores, is_reward_model_folder, load_reward_model, normalization
+from rlhfkit.models.reward import (
+    batch_scores,
+    is_reward_model_folder,
+    load_reward_model,
+    normalization,
+)
 from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
 from rlhfkit.models.vision import base_model, language_lora_targets
 from rlhfkit.models.vision_reward import (

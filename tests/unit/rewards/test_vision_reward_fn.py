@@ -11,7 +11,11 @@ from rlhfkit.data.types import PromptItem
 from rlhfkit.errors import RewardError
 from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
 from rlhfkit.models.vision import base_model
-from rlhfkit.models.vision_reward import HEAD_WEIGHTS, VisionRewardModel, save_vision_reward_model
+from rlhfkit.models.vision_reward import (
+    HEAD_WEIGHTS,
+    VisionRewardModel,
+    save_vision_reward_model,
+)
 from rlhfkit.rewards.reward_model import VisionRewardModelFn, prompt_images
 
 RED, BLUE = Image.new("RGB", (28, 28), (220, 40, 40)), Image.new("RGB", (42, 28), (40, 60, 220))
