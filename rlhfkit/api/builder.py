@@ -39,6 +39,7 @@ from rlhfkit.models.precision import (
     DTYPES,
     choose_autocast,
     enable_gradient_checkpointing,
+    float32_residual,
     model_device,
     resolve_device,
     vectors_to_float32,
@@ -234,9 +235,11 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
 
 def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
     """bf16 parameters under bf16 autocast: the norms and biases back in float32 (they learn as under
-    autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay bf16."""
+    autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay bf16, the
+    residual stream float32 (models.precision.float32_residual)."""
     if cfg.actor.dtype == "bfloat16" and cfg.actor.autocast == "bfloat16":
         vectors_to_float32(model)
+        float32_residual(model)
 
 
 def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
@@ -249,16 +252,17 @@ def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
     return teacher if a.teacher_offload else teacher.to(device)
 
 
-def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
+def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None, images: dict | None = None):
     """--rollout.engine hf: an HFEngine sharing the policy module (weight sync is a version bump,
     no copy). vllm: a VLLMEngine on the actor's HF folder that pulls `state_fn()` (default: the
     policy's state dict) at every weight sync; with LoRA the adapters merged into their layers under
-    the base model's names (the first sync in full, later ones the adapted layers only)."""
+    the base model's names (the first sync in full, later ones the adapted layers only); `images`: a
+    vision-language policy's VLLMEngine settings (api/vision.py)."""
     if cfg.rollout.engine == "vllm":
         state_fn = state_fn or policy.state_dict
         if hasattr(policy, "peft_config"):  # a LoRA policy (--ds.lora.rank > 0)
             state_fn = MergedLoraSource(policy, state_fn)
-        return build_vllm_engine(policy, tokenizer, cfg, state_fn)
+        return build_vllm_engine(policy, tokenizer, cfg, state_fn, **(images or {}))
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
     return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
                     inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode,
@@ -266,7 +270,7 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
                     keep_turns=cfg.rollout.keep_kv_across_turns, record_experts=cfg.actor.routing_replay)
 
 
-def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
+def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn, **images):
     from rlhfkit.rollout.vllm import VLLMEngine, colocated_memory, free_gpu_share, require_vllm
 
     require_vllm()
@@ -280,7 +284,7 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
     return VLLMEngine(path, eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
                       seed=cfg.train.seed, gpu_memory_utilization=share,
                       enable_sleep=sleep, tensor_parallel_size=v.tensor_parallel_size,
-                      state_fn=state_fn, auto_sleep=sleep)
+                      state_fn=state_fn, auto_sleep=sleep, **images)
 
 
 def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
@@ -298,7 +302,7 @@ def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
                           worker_gpus, delays,
                           t.partial_rollout_tokens if t.partial_rollout_enable else 0,
                           (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None,
-                          record_experts=cfg.actor.routing_replay)
+                          record_experts=cfg.actor.routing_replay, frozen_tower=cfg.actor.freeze_visual_encoder)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
 
 

@@ -101,7 +101,7 @@ def _engine_of(cfg: RLConfig, policy, tokenizer, processor, make_engine, pool, s
     if pool is not None:
         return pool(policy)
     if processor is not None:
-        return V.build_engine(policy, tokenizer, cfg)
+        return V.build_engine(policy, tokenizer, cfg, processor, state_fn)
     return builder.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
 
 
@@ -247,8 +247,10 @@ class RLTrainer:
         self.checkpointer.consider_best(loop, final_eval)
         if self.cfg.fsdp.enable:  # gathered on rank 0, written to <output_dir>/final
             final = fsdp.save_full(loop.policy, loop.tokenizer, Path(self.cfg.ckpt.output_dir) / "final", self.dp[0])
-            fsdp.save_full_ema(loop.policy, loop.update.learner, loop.tokenizer,
-                               Path(self.cfg.ckpt.output_dir) / "ema", self.dp[0])
+            ema = fsdp.save_full_ema(loop.policy, loop.update.learner, loop.tokenizer,
+                                     Path(self.cfg.ckpt.output_dir) / "ema", self.dp[0])
+            for folder in (final, ema):
+                V.save_processor(self.processor, folder, self.dp[0])
         else:
             final = self.save(self.run_dir / "final")
             ema = loop.save_ema(self.run_dir / "ema")

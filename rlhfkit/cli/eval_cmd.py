@@ -125,7 +125,7 @@ def _load(cfg: RLConfig, options: dict, vision: str | None = None, executor=None
         processor = V.processor_of(vision)
         V.attach_processor(processor, cfg.data.max_images_per_prompt, executor)
         items, skipped = V.prompts(cfg, cfg.eval.dataset, processor, eval=True, shuffle=False)
-        return out, t0, V.build_engine(policy, tokenizer, cfg), tokenizer, items, skipped
+        return out, t0, V.build_engine(policy, tokenizer, cfg, processor), tokenizer, items, skipped
     engine = build_engine(policy, tokenizer, cfg)
     examples = load_prompts(cfg.eval.dataset, tokenizer=tokenizer, **options)
     items, skipped = tokenize_prompts(examples, tokenizer, cfg.data.prompt_max_len, cfg.data.input_key)

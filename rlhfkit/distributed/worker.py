@@ -1,4 +1,5 @@
-"""`RolloutWorker`: one Ray actor holding its own copy of the policy and an `HFEngine`.
+"""`RolloutWorker`: one Ray actor holding its own copy of the policy and an `HFEngine` (a
+`VisionEngine` when the model folder holds a vision-language model).
 
 Two concurrency groups: `generate` calls run one at a time in submission order; `update_weights`
 runs beside them, so a weight transfer never waits for a generation to finish. A received state
@@ -9,6 +10,11 @@ slices of that many tokens and loads newly staged weights between slices: it con
 tokens and KV cache with the new weights (HFEngine.start/resume), each token stamped with the
 version that produced it. In synchronous mode the pool waits for every worker to acknowledge
 a version before it asks for samples, so that version is exactly the trainer's.
+
+Vision-language models: `generate` takes each prompt's image tensors (`vision`, the trainer's
+`data.images.VisionInputs`, shipped through the object store) and prefills them with the prompt. The
+trajectories go back without them: the pool puts the trainer's own copy back on each
+(`RayEnginePool.gather`), so the tensors cross the object store once, one way.
 """
 
 from __future__ import annotations
@@ -19,13 +25,18 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from rlhfkit.models.precision import DTYPES
-
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import add_lora
+from rlhfkit.models.precision import DTYPES
+from rlhfkit.models.vision import (
+    is_vision_folder,
+    language_lora_targets,
+    load_vision_model,
+)
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.rollout.vision import VisionEngine
 
 WORKER_GROUPS = {"generate": 1, "weights": 1}
 
@@ -44,26 +55,33 @@ class RolloutWorker:
         only the adapter weights (the base is frozen and loaded from the same files).
       record_experts: a mixture-of-experts policy's routing is recorded on each trajectory (routing
         replay, HFEngine's record_experts); the trajectories carry it back to the trainer.
+      frozen_tower: a vision-language policy trained with --actor.freeze_visual_encoder: with
+        `lora`, the adapters go outside the vision tower, as on the trainer's policy.
     """
 
     def __init__(self, model_path: str, gguf_file: str | None, dtype: str, autocast: str | None,
                  max_batch_size: int | None, num_threads: int = 1, device: str | None = None,
                  delay_s: float = 0.0, partial_tokens: int = 0, lora: tuple | None = None,
-                 record_experts: bool = False):
+                 record_experts: bool = False, frozen_tower: bool = False):
         torch.set_num_threads(num_threads)
         tokenizer = load_tokenizer(model_path, gguf_file=gguf_file)
-        model = load_causal_lm(model_path, dtype=DTYPES[dtype], gguf_file=gguf_file)
+        vision = gguf_file is None and is_vision_folder(model_path)
+        model = (load_vision_model(model_path, dtype=DTYPES[dtype]) if vision
+                 else load_causal_lm(model_path, dtype=DTYPES[dtype], gguf_file=gguf_file))
         if device is None and torch.cuda.is_available():
             device = "cuda"
         if device is not None:
             model.to(device)
         if lora is not None:
-            model = add_lora(model, *lora)
+            rank, alpha, targets, dropout = lora
+            if vision and frozen_tower:  # as api.builder.build_models: no adapters in the frozen tower
+                targets = language_lora_targets(model, targets)
+            model = add_lora(model, rank, alpha, targets, dropout)
         model.requires_grad_(False)
         # version -1 until the pool sends the trainer's weights (it does so on creation)
-        self.engine = HFEngine(model, tokenizer, max_batch_size=max_batch_size,
-                               autocast_dtype=DTYPES[autocast] if autocast else None, version=-1,
-                               record_experts=record_experts)
+        self.engine = (VisionEngine if vision else HFEngine)(
+            model, tokenizer, max_batch_size=max_batch_size, autocast_dtype=DTYPES[autocast] if autocast else None,
+            version=-1, record_experts=record_experts)
         self.delay_s, self.partial_tokens = delay_s, partial_tokens
         self._staged_cv = threading.Condition()
         self._staged: tuple[Mapping[str, torch.Tensor], int] | None = None
@@ -80,19 +98,22 @@ class RolloutWorker:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int],
                  group_ids: Sequence[int] | None = None, want_version: int | None = None,
-                 patience_s: float | None = 0.0) -> list[Trajectory]:
+                 patience_s: float | None = 0.0, vision: Sequence | None = None) -> list[Trajectory]:
         """Generate with the newest weights received; with `want_version`, first wait up to
-        `patience_s` seconds (None: as long as it takes) for that version to arrive."""
+        `patience_s` seconds (None: as long as it takes) for that version to arrive. `vision`: each
+        prompt's image tensors (VisionInputs or None) for a vision-language policy; the trajectories
+        come back without them (module docstring)."""
         if want_version is not None:
             with self._staged_cv:
                 self._staged_cv.wait_for(lambda: self._newest() >= want_version, timeout=patience_s)
         self._load_staged()
+        images = engine_images(vision)
         if not self.partial_tokens:
-            return self.engine.generate(prompts, params, seeds=seeds, group_ids=group_ids)
-        gen = self.engine.start(prompts, params, seeds=seeds, group_ids=group_ids)
+            return without_images(self.engine.generate(prompts, params, seeds=seeds, group_ids=group_ids, **images))
+        gen = self.engine.start(prompts, params, seeds=seeds, group_ids=group_ids, **images)
         while (out := self.engine.resume(gen, self.partial_tokens)) is None:
             self._load_staged()  # weights that arrived meanwhile: the rest of the generation uses them
-        return out
+        return without_images(out)
 
     def _newest(self) -> int:
         return max(self.engine.version, self._staged[1] if self._staged is not None else -1)
@@ -102,3 +123,16 @@ class RolloutWorker:
             staged, self._staged = self._staged, None
         if staged is not None and staged[1] > self.engine.version:
             self.engine.update_weights(staged[0], staged[1])
+
+
+def engine_images(vision: Sequence | None) -> dict:
+    """The engine's keyword arguments for the prompts' image tensors: `{"vision": [...]}`, or {} when
+    no prompt holds images (a text engine takes none)."""
+    return {"vision": list(vision)} if vision is not None and any(v is not None for v in vision) else {}
+
+
+def without_images(trajs: list[Trajectory]) -> list[Trajectory]:
+    """`trajs` with their image tensors taken off (`info["vision"]`): the pool puts the trainer's back."""
+    for t in trajs:
+        t.info.pop("vision", None)
+    return trajs

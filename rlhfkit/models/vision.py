@@ -208,18 +208,49 @@ def _chat_template(path: str) -> str | None:
     return None
 
 
-def load_vision_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A VLM from folder `path` with AutoModelForImageTextToText (ModelError naming the folder)."""
+def load_vision_model(path: str, dtype: torch.dtype = torch.float32, load_in_4bit: bool = False) -> torch.nn.Module:
+    """A VLM from folder `path` with AutoModelForImageTextToText (ModelError naming the folder). With
+    `load_in_4bit` (QLoRA) the language model's linear layers load as bitsandbytes' 4-bit NF4 weights
+    computing in `dtype`; the vision tower, the projector and the LM head stay in `dtype`
+    (`unquantized_parts`)."""
     from pathlib import Path
 
     check_torchvision()
     from transformers import AutoModelForImageTextToText
 
-    from rlhfkit.models.loading import _all_weights_loaded, load_errors
+    from rlhfkit.models.loading import (
+        _all_weights_loaded,
+        keep_4bit_layout,
+        load_errors,
+        nf4_config,
+    )
 
+    kwargs = {}
     with load_errors("a vision-language model", path):
-        loaded = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, output_loading_info=True)
-    return _all_weights_loaded(loaded, Path(path))
+        if load_in_4bit:
+            kwargs["quantization_config"] = nf4_config(dtype, keep=unquantized_parts(path))
+        loaded = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, output_loading_info=True, **kwargs)
+    return keep_4bit_layout(_all_weights_loaded(loaded, Path(path)))
+
+
+def unquantized_parts(path: str) -> tuple[str, ...]:
+    """The full module names of the VLM in folder `path` that QLoRA leaves unquantized: the vision tower,
+    the projector and the LM head (read from its config, built on the meta device)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(path))
+    names = {id(m): n for n, m in model.named_modules()}
+    parts = [m for _, m in vision_parts(model, projector=True)] + [model.get_output_embeddings()]
+    return tuple(names[id(m)] for m in parts if m is not None)
+
+
+def plain_model_class(config):
+    """The transformers auto class that builds a model of `config`: AutoModelForImageTextToText for a
+    vision-language model, else AutoModelForCausalLM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:

@@ -63,6 +63,7 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.models.logprobs import forward_parameters, note_once
 from rlhfkit.models.moe import ExpertRecorder, routing_shape
 from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.bf16_decode import Bf16Decoder, bf16_decode_support
 from rlhfkit.rollout.decode_attention import decode_attention
 from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache
 from rlhfkit.rollout.prefix import prefill_shared, shared_prefix_length
@@ -172,6 +173,10 @@ class HFEngine:
         (rollout.turns): its next turn prefills only its new tokens. Under the same conditions as
         `share_prefix`, with n = 1 and without `compile_decode`; the kept caches hold at most
         `max_batch_tokens` tokens, and a weight update drops them.
+      bf16_decode: with bfloat16 autocast on the CPU, prefills and decode steps over a bf16 copy of
+        the weights (q/k/v and gate/up stacked, packed for oneDNN), made when a generation starts
+        (again if the weights change between its slices) and freed when it ends (rollout.bf16_decode);
+        Llama and Qwen2 models only, else the model's forward. The same ops, up to bf16 rounding.
       record_experts: a mixture-of-experts model's routing is recorded (routing replay): each
         trajectory's `experts` holds the experts every MoE layer chose for each prompt and response
         token the engine ran through the model, in the forward that first computed it (a kept turn's
@@ -193,6 +198,7 @@ class HFEngine:
         gather=None,
         share_prefix: bool = True,
         keep_turns: bool = True,
+        bf16_decode: bool = True,
         record_experts: bool = False,
     ):
         self.model, self.gather, self.share_prefix = model, gather, share_prefix
@@ -226,6 +232,13 @@ class HFEngine:
             from rlhfkit.models.compile import compile_decode_step
 
             self._compiled_step = compile_decode_step(model, on_cpu=compile_on_cpu)
+        self._bf16 = None  # the decode step over a bf16 copy of the weights (rollout.bf16_decode)
+        if bf16_decode and autocast_dtype == torch.bfloat16 and self._cached and self._compiled_step is None:
+            reason = bf16_decode_support(model)
+            if reason is None:
+                self._bf16 = Bf16Decoder(model)
+            else:
+                note_once(f"the HF engine's bf16 decode step is off for {type(model).__name__}: {reason}")
         # the hint of GenerationEngine.generate's callers (rollout.base.turn_kwargs)
         self.keeps_turns = keep_turns and self._cached and self._takes_positions and self._compiled_step is None
 
@@ -302,6 +315,8 @@ class HFEngine:
         try:
             gathered = self.gather(self.model) if self.gather is not None else contextlib.nullcontext()
             with self._no_grad(), self._autocast(), decode_attention(self.model), gathered:
+                if self._bf16 is not None and self.device.type == "cpu":
+                    self._bf16.refresh()  # a copy of the weights of this call (rebuilt if they changed)
                 while budget > 0 and len(gen.done) < len(gen.chunks):
                     start, stop = gen.chunks[len(gen.done)]
                     if gen.state is None:
@@ -313,7 +328,11 @@ class HFEngine:
                         gen.state = None
         finally:
             self.model.train(was_training)
-        return self._trajectories(gen) if len(gen.done) == len(gen.chunks) else None
+        if len(gen.done) < len(gen.chunks):
+            return None
+        if self._bf16 is not None:  # the weights change before the next generation: no copy held meanwhile
+            self._bf16.release()
+        return self._trajectories(gen)
 
     def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
         # Built outside inference mode: trajectories hold ordinary tensors a loss may save for backward.
@@ -513,6 +532,8 @@ class HFEngine:
             kwargs["past_key_values"] = cache
         kwargs.update(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None)
         kwargs.update(extra or {})
+        if self._bf16 is not None and self._bf16.ready and not extra and self._growing(cache) and self.recorder is None:
+            return self._bf16.forward(input_ids, attention_mask, position_ids, cache)
         step = self._compiled_step if compiled else None
         if step is None:
             with self._recording(input_ids.shape[0]):

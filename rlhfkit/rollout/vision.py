@@ -131,7 +131,8 @@ def merge_vision(first: VisionInputs | None, second: VisionInputs | None) -> Vis
     each key's tensors concatenated, as one row of the trainer's forward takes them."""
     if first is None or second is None:
         return first if second is None else second
-    return VisionInputs(concat_vision([first, second]), first.num_images + second.num_images)
+    return VisionInputs(concat_vision([first, second]), first.num_images + second.num_images,
+                        first.images + second.images)
 
 
 def _rope_arguments(rope, ids: torch.Tensor, mask: torch.Tensor, extra: dict) -> dict:

@@ -20,16 +20,20 @@ from rlhfkit.models.vision import load_processor
 def ws(tmp_path_factory):
     root = tmp_path_factory.mktemp("vision_sup")
     save_tiny_vision(root / "vlm", "llava")
-    colours = write_colour_task(root / "colours", n_train=16, n_test=4)
+    colour_pairs(write_colour_task(root / "colours", n_train=16, n_test=4))
+    return root
+
+
+def colour_pairs(colours):
+    """pairs.jsonl beside the colour task's train.jsonl (each prompt, its label chosen, another colour
+    rejected) and kto.jsonl (each image with its colour, desirable, or another one, undesirable)."""
     rows = [json.loads(line) for line in (colours / "train.jsonl").read_text().splitlines()]
     others = {"red": "blue", "green": "red", "blue": "green"}
     pairs = [dict(r, chosen=r["label"], rejected=others[r["label"]]) for r in rows]
     (colours / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    # KTO: each image with its colour (desirable) or another one (undesirable)
     unpaired = [dict(r, output=r["label"] if i % 2 else others[r["label"]], desirable=bool(i % 2))
                 for i, r in enumerate(rows)]
     (colours / "kto.jsonl").write_text("".join(json.dumps(u) + "\n" for u in unpaired))
-    return root
 
 
 def run(kind, ws, out, data, *extra):

@@ -71,6 +71,14 @@ def nothing_kept(original):
     return lambda self, key, prompt, version: None  # every turn prefilled in full
 
 
+def never_rebuilt(original):
+    return lambda self: (0,)  # the same stamp whatever the weights: the copy is never rebuilt
+
+
+def no_residual_upcast(original):
+    return lambda model: True  # says it added the hook, adds nothing
+
+
 def no_stop_penalty(original):
     return lambda rewards, truncated, coef: rewards
 
@@ -152,6 +160,26 @@ def no_prompt_images(original):
     return lambda prompts: {}
 
 
+def no_images_sent(original):
+    return lambda vision: {}  # the engine gets the prompts' ids alone
+
+
+def images_not_put_back(original):
+    return lambda trajs, vision, n: trajs
+
+
+def language_layers_only(original):
+    return lambda base: list(base.language_model.layers)  # the tower's blocks go with the base model's unit
+
+
+def head_only(original):
+    return lambda path: ("lm_head",)  # the tower and projector quantized too
+
+
+def text_request(original):
+    return lambda ids, vision, image_token_id: {"prompt_token_ids": [int(t) for t in ids]}  # no images sent
+
+
 def no_processor_given(original):
     return lambda processor, max_images, *executors: None  # the executors keep processor None
 
@@ -220,6 +248,7 @@ AGENTS = "tests/integration/test_agent_loop.py"
 VISION = "tests/unit/rollout/test_vision_engine.py"
 VISION_TOOLS = "tests/unit/agents/test_vision_tools.py"
 VISION_LORA = "tests/unit/models/test_vision_lora.py"
+VISION_WORKER = "tests/unit/distributed/test_vision_worker.py"
 VISION_EVAL = "tests/integration/test_vision_eval.py"
 VISION_EXECUTE = "tests/unit/agents/test_vision_execute.py"
 VISION_RM = "tests/integration/test_vision_reward_model.py"
@@ -325,8 +354,17 @@ SWITCH_OFFS = (
     SwitchOff("PRM soft labels", "rlhfkit.data.steps:label_targets", hard_labels,
               ("tests/integration/test_prm.py::test_soft_labels_from_python",), "rounded to 0 / 1"),
     SwitchOff("QLoRA's 4-bit base (--ds.load_in_4bit)", "rlhfkit.models.loading:nf4_config", noop,
-              ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",),
+              ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",
+               "tests/integration/test_vision_qlora.py::test_sft_and_dpo_train_adapters_over_a_4bit_language_model[sft]"),
               "no quantization config"),
+    SwitchOff("a VLM's vision tower and projector kept out of 4-bit (QLoRA)",
+              "rlhfkit.models.vision:unquantized_parts", head_only,
+              ("tests/integration/test_vision_qlora.py::test_rl_samples_and_trains_with_the_same_4bit_weights_and_images",),
+              "only the LM head kept"),
+    SwitchOff("bitsandbytes' CPU repacking of the 4-bit base kept off (QLoRA)", "rlhfkit.models.loading:keep_4bit_layout",
+              identity_model, ("tests/integration/test_vision_qlora.py::"
+                               "test_rl_samples_and_trains_with_the_same_4bit_weights_and_images",),
+              "the model unchanged"),
     SwitchOff("re-rendered episodes in segments (--agent.on_rerender segment)",
               "rlhfkit.agents.tools.agent:ToolExecutor._split", noop,
               ("tests/unit/agents/test_tool_segments.py::test_segment_splits_where_the_template_rerenders_the_history",
@@ -350,6 +388,20 @@ SWITCH_OFFS = (
                "test_smolvlm_rows_with_different_sub_image_counts_are_padded_as_its_processor_pads_them",
                f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[smolvlm]"),
               "concatenated unpadded"),
+    SwitchOff("images on Ray rollout workers (vision-language models)", "rlhfkit.distributed.worker:engine_images",
+              no_images_sent, (f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[0]",
+                               f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[2]"),
+              "the engine gets no image tensors"),
+    SwitchOff("images put back on the Ray pool's trajectories", "rlhfkit.distributed.pool:with_images",
+              images_not_put_back, (f"{VISION_WORKER}::test_pool_helpers_shard_the_images_and_put_the_trainers_back",),
+              "trajectories without images"),
+    SwitchOff("vision tower sharded block by block (--fsdp.enable)", "rlhfkit.distributed.fsdp:vision_blocks",
+              language_layers_only, ("tests/unit/distributed/test_fsdp_vision.py::"
+                                     "test_sharded_vlm_samples_and_scores_as_the_unsharded_one[qwen2_vl]",),
+              "the language model's layers only"),
+    SwitchOff("images in vLLM requests (vision-language models)", "rlhfkit.rollout.vllm:vllm_request", text_request,
+              ("tests/unit/rollout/test_vllm_vision.py::test_requests_hold_one_placeholder_per_image_and_the_images_"
+               "and_trajectories_the_tensors[llava-sizes2]",), "the ids alone, no images"),
     SwitchOff("LoRA kept out of a frozen vision tower", "rlhfkit.models.vision:language_lora_targets", names_as_given,
               (f"{VISION_LORA}::test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out",),
               "the target names as given"),
@@ -392,5 +444,14 @@ SWITCH_OFFS = (
                f"{REPLAY}::test_an_rl_step_replays_the_engines_experts_in_the_old_logprob_pass_and_the_update[mixtral]",
                "tests/integration/test_routing_replay.py::test_routing_replay_shrinks_the_rollout_trainer_logprob_gap"),
               "no router hooked: each keeps its own top-k"),
+    SwitchOff("the HF engine's bf16 copy of the weights follows them", "rlhfkit.rollout.bf16_decode:Bf16Decoder._stamp",
+              never_rebuilt, ("tests/unit/rollout/test_bf16_decode.py::"
+                              "test_the_copy_follows_the_weights_and_is_freed_after_a_generation",),
+              "the copy built once, never rebuilt"),
+    SwitchOff("a float32 residual stream over bf16 parameters (--actor.dtype bfloat16)",
+              "rlhfkit.models.precision:float32_residual", no_residual_upcast,
+              ("tests/unit/trainers/test_bf16_masters.py::test_the_residual_stream_stays_float32_under_autocast",
+               "tests/unit/api/test_bf16_params_setup.py::test_bf16_parameters_get_float32_norms_and_residual"),
+              "no hook: the residual stream is bf16"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}

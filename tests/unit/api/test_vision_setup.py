@@ -1,5 +1,5 @@
-"""api/vision.py: the frozen tower shared by the reference (and frozen in the critic), and the settings
-refused with images."""
+"""api/vision.py: the frozen tower shared by the reference (and frozen in the critic; under FSDP the
+reference keeps its own), and the executors refused with images."""
 
 import copy
 
@@ -12,7 +12,6 @@ from rlhfkit.api.vision import (
     attach_processor,
     check_executor,
     prepare_policy,
-    refuse_unsupported,
 )
 from rlhfkit.config import RLConfig
 from rlhfkit.errors import ConfigError
@@ -39,12 +38,13 @@ def test_the_reference_shares_the_frozen_tower(freeze):
     assert any(p.requires_grad for p in policy.model.language_model.parameters())
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (["--rollout.engine", "vllm"], "--rollout.engine vllm"),
-])
-def test_settings_that_do_not_run_with_images_are_one_line_errors(flags, needle):
-    with pytest.raises(ConfigError, match="does not run with " + needle.replace("(", r"\(")):
-        refuse_unsupported(config(*flags))
+def test_under_fsdp_the_reference_keeps_its_own_frozen_tower():
+    """Each model is sharded on its own: a module shared by two would be sharded twice."""
+    policy, _ = tiny_vision_model_and_processor("llava", seed=0)
+    ref = copy.deepcopy(policy)
+    prepare_policy(config("--actor.freeze_visual_encoder", "--fsdp.enable", "true"), policy, ref)
+    (_, tower), (_, ref_tower) = vision_parts(policy)[0], vision_parts(ref)[0]
+    assert ref_tower is not tower and not any(p.requires_grad for p in tower.parameters())
 
 
 def add(a: int, b: int) -> int:
@@ -58,11 +58,6 @@ def add(a: int, b: int) -> int:
 
 
 def test_agent_files_tools_and_functions_run_with_images_but_other_executors_are_refused():
-    refuse_unsupported(config("--agent.func_path", "agent.py"))  # an agent file passes the config check
-    refuse_unsupported(config("--agent.tools", "tools.py:f"))
-    refuse_unsupported(config("--ds.lora.rank", "4"))
-    refuse_unsupported(config("--algo.advantage.estimator", "gae"))
-    refuse_unsupported(config("--agent.env", "gem:game:GuessTheNumber-v0"))
     cfg = config()
     check_executor(cfg, MultiTurnExecutor(AgentInstanceBase))
     check_executor(cfg, SingleTurnExecutor())
