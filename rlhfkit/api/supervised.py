@@ -94,7 +94,8 @@ def build_model(kind: str, cfg, device: torch.device | None = None) -> tuple[tor
         path, _ = resolve_model(m.model_name_or_path)
         tokenizer = load_tokenizer(path)
         if is_vision_folder(path):  # the VLM's base model with a score head (models/vision_reward.py)
-            model = init_vision_reward_model(path, DTYPES[m.dtype], seed=cfg.train.seed)
+            model = init_vision_reward_model(path, DTYPES[m.dtype], seed=cfg.train.seed,
+                                             load_in_4bit=cfg.ds.load_in_4bit)
         else:
             model = init_reward_model(path, tokenizer.pad_token_id, DTYPES[m.dtype], seed=cfg.train.seed,
                                       load_in_4bit=cfg.ds.load_in_4bit)

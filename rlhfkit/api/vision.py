@@ -206,7 +206,7 @@ SUPERVISED_KINDS = ("sft", "rm", "dpo", "kto")
 
 def supervised_folder(kind: str, cfg) -> str | None:
     """The supervised model's folder when it is a vision-language model (ConfigError for a kind that
-    does not train one yet, and for QLoRA), else None."""
+    does not train one yet), else None."""
     name = cfg.model.model_name_or_path
     if name in PACKAGED_TEXT_MODELS or name.endswith(".gguf"):
         return None
@@ -217,8 +217,6 @@ def supervised_folder(kind: str, cfg) -> str | None:
     if kind not in SUPERVISED_KINDS:
         raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft, "
                           "train rm, train dpo and train kto do (docs/vision.md)")
-    if cfg.ds.load_in_4bit:
-        raise ConfigError(f"--ds.load_in_4bit does not load vision-language models ({name}) yet; drop it")
     return path
 
 

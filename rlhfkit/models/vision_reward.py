@@ -79,13 +79,15 @@ class VisionRewardModel(nn.Module):
         return SequenceClassifierOutput(logits=self.score(hidden[rows, last]))
 
 
-def init_vision_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
-                             seed: int = 0) -> VisionRewardModel:
+def init_vision_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, seed: int = 0,
+                             load_in_4bit: bool = False) -> VisionRewardModel:
     """A reward model on the base model of the VLM in folder `path` (its LM head dropped); the new `score`
     head is drawn from `seed` (normal, std 1/sqrt(hidden+1), as OpenRLHF's and `init_reward_model`'s)
-    without touching the global RNG."""
-    base = base_model(load_vision_model(str(path), dtype=dtype))
+    without touching the global RNG. With `load_in_4bit` (QLoRA) the language model's linear layers are
+    4-bit NF4 (models.vision.load_vision_model), the tower, projector and head not."""
+    base = base_model(load_vision_model(str(path), dtype=dtype, load_in_4bit=load_in_4bit))
     model = VisionRewardModel(base)
+    model.is_loaded_in_4bit = load_in_4bit  # what peft reads to wrap 4-bit layers with its 4-bit LoRA layers
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(model.score.weight.shape, generator=generator) / (model.score.in_features + 1) ** 0.5
     with torch.no_grad():
@@ -104,10 +106,36 @@ def is_vision_reward_folder(path: str | os.PathLike) -> bool:
         return False
 
 
+def dequantized(model: nn.Module) -> nn.Module:
+    """`model` with each bitsandbytes 4-bit linear layer (QLoRA's base, adapters merged) replaced by a float
+    `nn.Linear` of its dequantized weight, and no quantization config: a folder any loader reads. In place."""
+    for name, module in list(model.named_modules()):
+        state = getattr(getattr(module, "weight", None), "quant_state", None)
+        if state is None:
+            continue
+        from bitsandbytes.functional import dequantize_4bit
+
+        weight = dequantize_4bit(module.weight.data, state).to(state.dtype)
+        linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
+                           device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+            if module.bias is not None:
+                linear.bias.copy_(module.bias)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, linear)
+    for config in (model.config, getattr(model.config, "text_config", None)):
+        if config is not None and hasattr(config, "quantization_config"):
+            del config.quantization_config
+    return model
+
+
 def save_vision_reward_model(model: VisionRewardModel, path: str | os.PathLike) -> Path:
-    """Write `model` as the folder of the module docstring (the processor is saved by the caller)."""
+    """Write `model` as the folder of the module docstring (the processor is saved by the caller); a QLoRA
+    model's 4-bit layers are written dequantized (`dequantized`)."""
     from safetensors.torch import save_file
 
+    dequantized(model.model)
     folder = Path(path)
     with save_errors(folder):
         folder.mkdir(parents=True, exist_ok=True)

@@ -110,3 +110,27 @@ def test_sft_and_dpo_train_adapters_over_a_4bit_language_model(ws, tmp_path, kin
     assert any("lora_B" in n for n in moved)
     assert any("vision_tower" in n for n in moved)  # adapters in the (float) tower train through the images
     assert type(load_processor(str(tmp_path / kind / "final"))).__name__ == "LlavaProcessor"
+
+
+def test_a_reward_model_over_images_trains_adapters_and_its_float_head_over_a_4bit_language_model(ws, tmp_path):
+    from rlhfkit.api.supervised import RMTrainer
+    from rlhfkit.config.preference import RMConfig
+    from rlhfkit.models.vision_reward import HEAD_CONFIG
+
+    argv = supervised_args(ws, tmp_path / "rm", "rm")
+    argv[argv.index("--model.model_name_or_path") + 1] = str(ws / "vlm")
+    trainer = RMTrainer.from_config(RMConfig.from_args(argv))
+    linears, frozen = four_bit(trainer.model)
+    assert len(linears) == 2 * 7
+    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert any("score" in n and p.dtype == torch.float32 for n, p in start.items())  # the new head, float
+    assert all("lora_" in n or "score" in n for n in start)
+    assert torch.isfinite(torch.tensor(trainer.train()["loss"]))
+    final = tmp_path / "rm" / "final"
+    assert (final / HEAD_CONFIG).is_file()
+    from rlhfkit.models.reward import batch_scores, load_reward_model
+
+    samples = [s for p in trainer.train_items[:2] for s in (p.chosen, p.rejected)]
+    with torch.no_grad():  # the merged folder reloads with the scores the trainer ends with
+        torch.testing.assert_close(batch_scores(load_reward_model(final), collate(samples, trainer.tokenizer.pad_token_id)),
+                                   trainer.algorithm.scores(samples), rtol=0, atol=1e-4)

@@ -94,11 +94,8 @@ def test_sft_rm_dpo_and_kto_train_a_vlm_and_the_other_supervised_kinds_are_refus
     from rlhfkit.models.tiny_vision import save_tiny_vision
 
     folder = str(save_tiny_vision(tmp_path / "vlm", "llava"))
-    cfg = SimpleNamespace(model=SimpleNamespace(model_name_or_path=folder), ds=SimpleNamespace(load_in_4bit=False))
+    cfg = SimpleNamespace(model=SimpleNamespace(model_name_or_path=folder))
     assert [supervised_folder(kind, cfg) for kind in ("sft", "rm", "dpo", "kto")] == [folder] * 4
     for kind in ("prm", "kd"):
         with pytest.raises(ConfigError, match=f"train {kind} does not train a vision-language model .* train kto do"):
             supervised_folder(kind, cfg)
-    cfg.ds.load_in_4bit = True
-    with pytest.raises(ConfigError, match="--ds.load_in_4bit does not load vision-language models"):
-        supervised_folder("rm", cfg)
