@@ -263,7 +263,7 @@ SWITCH_OFFS = (
     SwitchOff("vision tower frozen (--actor.freeze_visual_encoder)", "rlhfkit.models.vision:freeze_visual_encoder",
               freezes_nothing, (f"{VISION}::test_freeze_visual_encoder_leaves_the_tower_bit_identical_and_trains_the_rest"
                                 "[qwen2_vl]",), "freezes nothing"),
-    SwitchOff("vision tower frozen in train sft|rm|dpo|kto (--model.freeze_visual_encoder)",
+    SwitchOff("vision tower frozen in train sft, rm, dpo and kto (--model.freeze_visual_encoder)",
               "rlhfkit.models.vision:freeze_visual_encoder", freezes_nothing,
               (f"{VISION_RM}::test_freeze_visual_encoder_keeps_the_tower_as_loaded_and_trains_the_rest[rm-True]",
                f"{VISION_RM}::test_freeze_visual_encoder_keeps_the_tower_as_loaded_and_trains_the_rest[sft-True]"),
