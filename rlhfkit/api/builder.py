@@ -75,8 +75,9 @@ def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, de
                 estimator: str = "gae"):
     """A reward file, builtin:NAME, http(s) reward server URL(s), or a reward-model folder
     (--reward.model_name_or_path, scoring on `device`; with --reward.offload kept on the CPU between
-    its passes; a reward model over images scores each sample with its prompt's images) -> a RewardFn. A local function must return within --reward.timeout seconds; a server
-    request within --reward.request_timeout. A process reward model's folder gives a ProcessRewardFn
+    its passes; a reward model over images scores each sample with its prompt's images) -> a RewardFn.
+    A local function must return within --reward.timeout seconds; a server request within
+    --reward.request_timeout. A process reward model's folder gives a ProcessRewardFn
     (per-step token rewards), which only the advantage `estimator`s without a group baseline take."""
     r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=reward)
     url, model_path = r.remote_url, r.model_name_or_path
