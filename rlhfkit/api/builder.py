@@ -28,7 +28,12 @@ from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
-from rlhfkit.models.loading import load_policy, load_teacher, resolve_model
+from rlhfkit.models.loading import (
+    load_policy,
+    load_teacher,
+    resolve_model,
+    resolve_model_path,
+)
 from rlhfkit.models.lora import add_lora, engine_state_fn, is_4bit
 from rlhfkit.models.precision import (
     DTYPES,
@@ -41,8 +46,13 @@ from rlhfkit.models.precision import (
 )
 from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.models.vision import is_vision_model, language_lora_targets
+from rlhfkit.models.vision_reward import is_vision_reward_folder
 from rlhfkit.rewards.resolve import resolve_reward
-from rlhfkit.rewards.reward_model import ProcessRewardFn, RewardModelFn
+from rlhfkit.rewards.reward_model import (
+    ProcessRewardFn,
+    RewardModelFn,
+    VisionRewardModelFn,
+)
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine, eos_ids
 from rlhfkit.trainers.learner import Learner, muon_settings
@@ -65,8 +75,9 @@ def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, de
                 estimator: str = "gae"):
     """A reward file, builtin:NAME, http(s) reward server URL(s), or a reward-model folder
     (--reward.model_name_or_path, scoring on `device`; with --reward.offload kept on the CPU between
-    its passes) -> a RewardFn. A local function must return within --reward.timeout seconds; a server
-    request within --reward.request_timeout. A process reward model's folder gives a ProcessRewardFn
+    its passes; a reward model over images scores each sample with its prompt's images) -> a RewardFn.
+    A local function must return within --reward.timeout seconds; a server request within
+    --reward.request_timeout. A process reward model's folder gives a ProcessRewardFn
     (per-step token rewards), which only the advantage `estimator`s without a group baseline take."""
     r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=reward)
     url, model_path = r.remote_url, r.model_name_or_path
@@ -78,7 +89,9 @@ def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, de
                               f"{estimator} does not take; use gae or reinforce")
         return ProcessRewardFn(model_path, micro_batch_size=micro_batch_size, device=device, offload=r.offload)
     if model_path is not None:
-        return RewardModelFn(model_path, micro_batch_size=micro_batch_size, device=device, offload=r.offload)
+        over_images = is_vision_reward_folder(resolve_model_path(model_path))  # models/vision_reward.py
+        fn = VisionRewardModelFn if over_images else RewardModelFn
+        return fn(model_path, micro_batch_size=micro_batch_size, device=device, offload=r.offload)
     if url is None:
         raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func), builtin:math, "
                           "http://HOST:PORT/get_reward, --reward.model_name_or_path RM_FOLDER, "

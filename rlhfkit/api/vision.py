@@ -211,7 +211,7 @@ def save_processor(processor, folder: str | Path | None, rank: int = 0) -> None:
 
 
 # ------------------------------------------------------------------ SFT, DPO and KTO
-SUPERVISED_KINDS = ("sft", "dpo", "kto")
+SUPERVISED_KINDS = ("sft", "rm", "dpo", "kto")
 
 
 def supervised_folder(kind: str, cfg) -> str | None:
@@ -226,7 +226,7 @@ def supervised_folder(kind: str, cfg) -> str | None:
     check_torchvision()
     if kind not in SUPERVISED_KINDS:
         raise ConfigError(f"train {kind} does not train a vision-language model ({name}) yet; train sft, "
-                          "train dpo and train kto do (docs/vision.md)")
+                          "train rm, train dpo and train kto do (docs/vision.md)")
     return path
 
 

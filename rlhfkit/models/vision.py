@@ -284,23 +284,27 @@ def freeze_visual_encoder(model: torch.nn.Module, projector: bool = False) -> in
     return frozen
 
 
-def language_lora_targets(model: torch.nn.Module, targets: tuple[str, ...] | str) -> list[str]:
-    """The full names of the linear layers LoRA `targets` (module names, or "all-linear") picks in a VLM
-    outside its vision tower: the language model's and the projector's, not the LM head (as peft's
-    all-linear leaves it out). With a frozen tower (--actor.freeze_visual_encoder) the adapters go there
-    only; peft's own matching would also put them in the tower (its layers share names such as q_proj)."""
-    tower = tuple(f"{name}." for name, _ in vision_parts(model))
+def language_lora_targets(model: torch.nn.Module, targets: tuple[str, ...] | str, tower: bool = False) -> list[str]:
+    """The full names of the linear layers LoRA `targets` (module names, or "all-linear") picks in a VLM's
+    base model outside its vision tower: the language model's and the projector's, not the LM head (as peft's
+    all-linear leaves it out) nor a reward model's score head (models.vision_reward; its own head trains
+    whole). With a frozen tower (--actor.freeze_visual_encoder) the adapters go there only; peft's own
+    matching would also put them in the tower (its layers share names such as q_proj). `tower`: the
+    tower's layers of those names too (a reward model over images whose tower trains)."""
+    towers = () if tower else tuple(f"{name}." for name, _ in vision_parts(model))
     prefix = next((n for n, m in model.named_modules() if m is base_model(model)), "")
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     picked = []
     for name, module in model.named_modules():
-        inner = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
-        if not isinstance(module, torch.nn.Linear) or module is head or inner.startswith(tower):
+        inside = not prefix or name.startswith(prefix + ".")
+        inner = name[len(prefix) + 1:] if prefix and inside else name
+        if not isinstance(module, torch.nn.Linear) or module is head or not inside or inner.startswith(towers):
             continue
         if targets == "all-linear" or name.rsplit(".", 1)[-1] in targets:
             picked.append(name)
     if not picked:
-        raise ConfigError(f"--ds.lora.target_modules {targets}: no linear layer of that name outside the vision tower "
+        where = "in the base model" if tower else "outside the vision tower"
+        raise ConfigError(f"--ds.lora.target_modules {targets}: no linear layer of that name {where} "
                           f"of {type(model).__name__}")
     return picked
 

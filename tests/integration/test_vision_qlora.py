@@ -2,7 +2,8 @@
 layers load as bitsandbytes' 4-bit NF4 weights (the vision tower, projector and LM head stay float),
 only the LoRA adapters train and the 4-bit base stays as loaded, in `train rl` (the rollout samples with
 the 4-bit weights the trainer differentiates, over the same images: the logprob gap stays at float
-noise) and in `train sft` / `train dpo`. Skipped where bitsandbytes is not installed."""
+noise), in `train sft` / `train dpo` and in `train rm` (a reward model over images). Skipped where
+bitsandbytes is not installed."""
 
 import json
 
@@ -10,15 +11,17 @@ import pytest
 import torch
 
 from rlhfkit.api.rl import RLTrainer
-from rlhfkit.api.supervised import DPOTrainer, SFTTrainer
+from rlhfkit.api.supervised import DPOTrainer, RMTrainer, SFTTrainer
 from rlhfkit.config import RLConfig
-from rlhfkit.config.preference import DPOConfig
+from rlhfkit.config.preference import DPOConfig, RMConfig
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.data.batch import collate
 from rlhfkit.data.synthetic_vision import write_colour_task
 from rlhfkit.models.logprobs import response_logprobs
+from rlhfkit.models.reward import batch_scores, load_reward_model
 from rlhfkit.models.tiny_vision import save_tiny_vision
 from rlhfkit.models.vision import load_processor, vision_parts
+from rlhfkit.models.vision_reward import HEAD_CONFIG
 from rlhfkit.rollout.base import SamplingParams
 from tests.integration.test_vision_rl import flags as rl_flags
 from tests.integration.test_vision_rl import varied_reward
@@ -110,3 +113,21 @@ def test_sft_and_dpo_train_adapters_over_a_4bit_language_model(ws, tmp_path, kin
     assert any("lora_B" in n for n in moved)
     assert any("vision_tower" in n for n in moved)  # adapters in the (float) tower train through the images
     assert type(load_processor(str(tmp_path / kind / "final"))).__name__ == "LlavaProcessor"
+
+
+def test_a_reward_model_over_images_trains_adapters_and_its_float_head_over_a_4bit_language_model(ws, tmp_path):
+    argv = supervised_args(ws, tmp_path / "rm", "rm")
+    argv[argv.index("--model.model_name_or_path") + 1] = str(ws / "vlm")
+    trainer = RMTrainer.from_config(RMConfig.from_args(argv))
+    linears, frozen = four_bit(trainer.model)
+    assert len(linears) == 2 * 7
+    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert any("score" in n and p.dtype == torch.float32 for n, p in start.items())  # the new head, float
+    assert all("lora_" in n or "score" in n for n in start)
+    assert torch.isfinite(torch.tensor(trainer.train()["loss"]))
+    final = tmp_path / "rm" / "final"
+    assert (final / HEAD_CONFIG).is_file()
+    samples = [s for p in trainer.train_items[:2] for s in (p.chosen, p.rejected)]
+    with torch.no_grad():  # the merged folder reloads with the scores the trainer ends with
+        reloaded = batch_scores(load_reward_model(final), collate(samples, trainer.tokenizer.pad_token_id))
+        torch.testing.assert_close(reloaded, trainer.algorithm.scores(samples), rtol=0, atol=1e-4)

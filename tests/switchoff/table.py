@@ -148,6 +148,16 @@ def no_images(original):
     return lambda model, batch, device: {}
 
 
+def scores_without_images(original):
+    def batch_scores(model, batch):
+        return original(model, dataclasses.replace(batch, vision=None))  # the ids alone (image tokens unfilled)
+    return batch_scores
+
+
+def no_images_for_rewards(original):
+    return lambda prompts: {}
+
+
 def no_images_counted(original):
     return lambda vision: 0
 
@@ -205,7 +215,7 @@ def concatenated(original):
 
 
 def names_as_given(original):
-    return lambda model, targets: targets  # peft matches the names anywhere, the tower included
+    return lambda model, targets, tower=False: targets  # peft matches the names anywhere, the tower included
 
 
 def text_decoder(original):
@@ -247,6 +257,7 @@ VISION_LORA = "tests/unit/models/test_vision_lora.py"
 VISION_WORKER = "tests/unit/distributed/test_vision_worker.py"
 VISION_EVAL = "tests/integration/test_vision_eval.py"
 VISION_EXECUTE = "tests/unit/agents/test_vision_execute.py"
+VISION_RM = "tests/integration/test_vision_reward_model.py"
 MIX = "tests/unit/api/test_prompt_mix.py"
 ORL_RL = "tests/integration/test_openrlhf_rl_options.py"
 MUON = "tests/unit/trainers/test_muon.py"
@@ -258,6 +269,22 @@ SWITCH_OFFS = (
     SwitchOff("vision tower frozen (--actor.freeze_visual_encoder)", "rlhfkit.models.vision:freeze_visual_encoder",
               freezes_nothing, (f"{VISION}::test_freeze_visual_encoder_leaves_the_tower_bit_identical_and_trains_the_rest"
                                 "[qwen2_vl]",), "freezes nothing"),
+    SwitchOff("vision tower frozen in train sft, rm, dpo and kto (--model.freeze_visual_encoder)",
+              "rlhfkit.models.vision:freeze_visual_encoder", freezes_nothing,
+              (f"{VISION_RM}::test_freeze_visual_encoder_keeps_the_tower_as_loaded_and_trains_the_rest[rm-True]",
+               f"{VISION_RM}::test_freeze_visual_encoder_keeps_the_tower_as_loaded_and_trains_the_rest[sft-True]"),
+              "freezes nothing"),
+    SwitchOff("images in a reward model over images' scores (train rm, --reward.model_name_or_path)",
+              "rlhfkit.models.reward:batch_scores", scores_without_images,
+              ("tests/unit/models/test_vision_reward.py::"
+               "test_the_score_is_the_head_on_the_base_models_hidden_state_at_the_last_token[qwen2_vl]",
+               "tests/unit/rewards/test_vision_reward_fn.py::test_changing_the_image_changes_the_score",
+               f"{VISION_RM}::test_training_ranks_the_held_out_pairs_by_the_images_colour[gemma3]"),
+              "scored from the ids alone"),
+    SwitchOff("the prompt's images reach RL's reward functions (a reward model over images)",
+              "rlhfkit.rewards.reward_model:prompt_images", no_images_for_rewards,
+              (f"{VISION_RM}::test_an_rl_step_is_rewarded_with_the_reward_models_scores_of_each_prompts_image",),
+              "no prompt_images= passed"),
     SwitchOff("images in the training forward (vision-language models)", "rlhfkit.models.vision:vision_kwargs",
               no_images, (f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[llava]",
                           f"{VISION}::test_the_images_change_the_logprobs[gemma3]"), "no image tensors"),

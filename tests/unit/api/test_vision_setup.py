@@ -88,7 +88,7 @@ def test_the_processor_reaches_the_multi_turn_and_the_tool_executors():
     assert agent.processor is processor and agent.max_images == 3 and tools.processor is processor
 
 
-def test_sft_dpo_and_kto_train_a_vlm_and_the_other_supervised_kinds_are_refused(tmp_path):
+def test_sft_rm_dpo_and_kto_train_a_vlm_and_the_other_supervised_kinds_are_refused(tmp_path):
     from types import SimpleNamespace
 
     from rlhfkit.api.vision import supervised_folder
@@ -96,8 +96,8 @@ def test_sft_dpo_and_kto_train_a_vlm_and_the_other_supervised_kinds_are_refused(
 
     folder = str(save_tiny_vision(tmp_path / "vlm", "llava"))
     cfg = SimpleNamespace(model=SimpleNamespace(model_name_or_path=folder))
-    assert [supervised_folder(kind, cfg) for kind in ("sft", "dpo", "kto")] == [folder] * 3
-    for kind in ("rm", "prm", "kd"):
+    assert [supervised_folder(kind, cfg) for kind in ("sft", "rm", "dpo", "kto")] == [folder] * 4
+    for kind in ("prm", "kd"):
         with pytest.raises(ConfigError, match=f"train {kind} does not train a vision-language model .* train kto do"):
             supervised_folder(kind, cfg)
 
