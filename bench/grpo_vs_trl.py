@@ -90,8 +90,7 @@ RLHFKIT_VARIANTS = {
     "rlhfkit": [],
     "rlhfkit-padded": ["--train.shared_prefix_enable", "false"],  # one prompt copy per sample (the old layout)
     "rlhfkit+filter": ["--algo.dynamic_filtering_enable", "true"],
-    # bf16 matrices with float32 masters (norms float32 under bf16 autocast): not in the default run (opt-in;
-    # docs/performance.md)
+    # bf16 matrices with float32 masters (norms and the residual stream float32 under bf16 autocast)
     "rlhfkit-bf16": ["--actor.dtype", "bfloat16"],
     # the same with micro-batches cut by 2,048 tokens instead of 32 samples (larger matmuls for bf16)
     "rlhfkit-bf16+tokens": ["--actor.dtype", "bfloat16", "--train.dynamic_batch_enable", "true",
@@ -109,7 +108,9 @@ def rlhfkit_flags(steps: int, which: str, s: Setting) -> list[str]:
         "--algo.dynamic_filtering_enable", "false", "--rollout.batch_size", str(s.prompts),
         "--rollout.n_samples_per_prompt", str(s.samples), "--rollout.max_new_tokens", str(s.max_new),
         "--train.batch_size", str(s.batch), "--train.micro_batch_size", str(s.micro),
-        "--actor.autocast", "bfloat16" if s.dtype == "bf16" else "none", *RLHFKIT_VARIANTS[which]]
+        "--actor.autocast", "bfloat16" if s.dtype == "bf16" else "none",
+        *([] if s.dtype == "bf16" else ["--actor.dtype", "float32"]),  # fp32: float32 parameters, no autocast
+        *(RLHFKIT_VARIANTS[which] if s.dtype == "bf16" or "dtype" not in " ".join(RLHFKIT_VARIANTS[which]) else [])]
 
 
 def run_rlhfkit(steps: int, which: str, s: Setting) -> dict:
@@ -138,6 +139,8 @@ def run_rlhfkit(steps: int, which: str, s: Setting) -> dict:
         "step_times": steps_s,
         "rewards": [m["reward"] for m in history],
         "rollout_tok_s": statistics.median(m["rollout_tokens_per_s"] for m in history),
+        # |rollout - trainer| logprob gap per token (each step's mean), the mean over the steps
+        "logprob_gap": statistics.mean(m.get("rollout/logprob_gap_mean", float("nan")) for m in history),
         "train_tok_s": total["train_tokens"] / update_s,
         "sample_tok_s": total["sample_tokens"] / update_s,
         "train_gflops": flops / update_s / 1e9,
@@ -188,18 +191,22 @@ def run_trl(steps: int, s: Setting) -> dict:
     return {"step_times": times, "rewards": rewards}
 
 
-def matmul_gflops(dtype_name: str, n: int = 1024, reps: int = 20) -> float:
+def matmul_gflops(dtype_name: str, n: int = 1024, seconds: float = 0.3, rounds: int = 3) -> float:
+    """A 1024^2 matmul's GFLOP/s in `dtype_name` (fp32, bf16): the best of `rounds` timed loops of about
+    `seconds` each (a CPU without native bf16 runs a bf16 matmul ~100x slower: a loop then holds one)."""
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    reps = reps if dtype_name == "fp32" else 2  # bf16 runs ~100x slower on a CPU without native bf16
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+    a @ b
+    best = 0.0
+    for _ in range(rounds):
+        reps, t0 = 0, time.perf_counter()
+        while reps == 0 or time.perf_counter() - t0 < seconds:
+            a @ b
+            reps += 1
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9)
+    return best
 
 
 def child(which: str, steps: int, s: Setting) -> None:
@@ -235,7 +242,8 @@ def report(s: Setting, results: dict[str, dict], flops: dict[str, float]) -> Non
             print(f"{w}/TRL: {speed:.2f}x faster per step, {mem:.2f}x the peak memory")
         stages = ", ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
         achieved = r["train_gflops"]
-        print(f"{w}: median s per stage: {stages}; rollout {r['rollout_tok_s']:.0f} tok/s; update "
+        print(f"{w}: median s per stage: {stages}; rollout {r['rollout_tok_s']:.0f} tok/s, logprob gap to the "
+              f"trainer {r.get('logprob_gap', float('nan')):.5f} per token; update "
               f"{r['train_tok_s']:.0f} computed tok/s ({r['sample_tok_s']:.0f} prompt+response tok/s per sample) = "
               f"{achieved:.1f} GFLOP/s = {achieved / flops['fp32']:.0%} of fp32 matmul ({flops['fp32']:.0f} GFLOP/s), "
               f"{achieved / flops['bf16']:.0%} of bf16 ({flops['bf16']:.1f})")

@@ -8,7 +8,9 @@ generated token at the fp32 (or bf16) matmul rate of a 1024^2 probe, and the eng
 The decode bandwidth limit of the same run: the bytes a decode step must read (every weight once, in
 the dtype the matmuls read: bf16 under autocast or with bf16 weights, plus the KV cache of every
 row) over the read bandwidth of a probe (the sum of a 512 MiB tensor), summed over the steps;
-printed as the engine's share of it (100% = at the limit). `--bf16-weights` adds the engine over a
+printed as the engine's share of it (100% = at the limit). In bf16 the engine decodes over its bf16
+copy of the weights (rollout.bf16_decode); a row without it (the model's forward under autocast) is
+timed in the same run. `--bf16-weights` adds the engine over a
 bf16 copy of the model with float32 norms (what `--actor.dtype bfloat16` decodes with: the
 trainer's module itself, refreshed after every optimizer step) under bf16 autocast.
 `--compile` adds the engine with `compile_decode=True` (and `compile_on_cpu=True` on the CPU, where the
@@ -41,8 +43,9 @@ def run_engine(model, tok, prompts, params, dtype, seed, compile_decode=False):
     return sum(t.response_length for t in trajs)
 
 
-def run_engine_seeded(model, tok, prompts, params, dtype, seed, compile_decode=False):
-    engine = HFEngine(model, tok, autocast_dtype=dtype, compile_decode=compile_decode, compile_on_cpu=compile_decode)
+def run_engine_seeded(model, tok, prompts, params, dtype, seed, compile_decode=False, bf16_decode=True):
+    engine = HFEngine(model, tok, autocast_dtype=dtype, compile_decode=compile_decode, compile_on_cpu=compile_decode,
+                      bf16_decode=bf16_decode)
     seeds = torch.randint(0, 2**62, (len(prompts),), generator=torch.Generator().manual_seed(seed)).tolist()
     trajs = engine.generate(prompts, params, seeds=seeds)
     return sum(t.response_length for t in trajs)
@@ -177,6 +180,12 @@ def main() -> None:
             f"{name:6s} HFEngine {e_rate:7.1f} tok/s ({e_tok} tok, {e_s:.2f}s) | "
             f"model.generate {g_rate:7.1f} tok/s ({g_tok} tok, {g_s:.2f}s) | ratio {e_rate / g_rate:.2f}x"
         )
+        if dtype is not None:  # the engine's forwards through the model under autocast (no bf16 copy)
+            f_tok, f_s = timed(lambda r: run_engine_seeded(model, tok, prompts, params, dtype, r, bf16_decode=False),
+                               args.repeats)
+            print(f"{name:6s} HFEngine without its bf16 copy (the model's forward under autocast), per-prompt seeds "
+                  f"{f_tok / f_s:7.1f} tok/s ({f_tok} tok, {f_s:.2f}s) | the bf16 copy {f_s / s_s:.2f}x faster | "
+                  f"{bandwidth_share(f_s, 2)}")
         if args.bf16_weights and dtype is not None:
             twin = bf16_weights_copy(model)
             w_tok, w_s = timed(lambda r: run_engine_seeded(twin, tok, prompts, params, dtype, r), args.repeats)

@@ -77,3 +77,21 @@ def json_vlm():
         return model, processor
 
     return make
+
+
+@pytest.fixture(scope="session")
+def sharp_vlm():
+    """A factory of tiny random Qwen2-VLs whose output layer and image projector are scaled by `scale`:
+    a random model's next-token distribution is nearly flat and its images move it little, so samples
+    at the same seeds hardly ever tell two images apart; scaled, they do. (model, processor)."""
+
+    def make(scale: float = 30.0, seed: int = 0):
+        from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
+
+        model, processor = tiny_vision_model_and_processor("qwen2_vl", seed)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(scale)
+            model.model.visual.merger.mlp[2].weight.mul_(scale)
+        return model, processor
+
+    return make

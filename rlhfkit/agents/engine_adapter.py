@@ -27,6 +27,10 @@ call, token-in token-out:
   episode's `max_length`; `stop` strings cut the output after the generation (the tokens up to
   the one that completes the string are what sampling would have produced had it stopped
   there). `min_tokens` above 1 is refused: the engine cannot hold back its stop tokens.
+- With a vision-language policy a call may carry images as vLLM takes them,
+  `generate(ids, sampling_params, multi_modal_data={"image": [...]})`: `images` (an ImageEncoder)
+  turns them into the prompt's image tensors, checked against the image tokens of its ids; the
+  recorded generation keeps them (their keys and tensors) for the trajectory's trainer forward.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.agents.images import ImageEncoder
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import RewardError
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
@@ -95,12 +100,15 @@ class RequestOutput:
 
 @dataclass
 class Generation:
-    """One recorded sample: the context it was generated after, its tokens and their logprobs."""
+    """One recorded sample: the context it was generated after, its tokens and their logprobs; the
+    context's images (their keys and tensors) with a vision-language policy."""
 
     context: list[int]
     tokens: list[int]
     logprobs: list[float]
     used: bool = False
+    image_keys: tuple[str, ...] = ()
+    vision: Any = None
 
 
 @dataclass
@@ -129,6 +137,7 @@ class _Request:
     params: SamplingParams
     seed: int
     future: asyncio.Future
+    vision: Any = None
 
 
 class EngineAdapter:
@@ -138,7 +147,8 @@ class EngineAdapter:
       tokenizer: decodes outputs (`text`) and encodes string prompts.
       per_turn: most new tokens of one call (--rollout.max_new_tokens).
       source: the agent file, for error messages.
-    `engine` is set by the runner before each rollout batch.
+    `engine` is set by the runner before each rollout batch; with a vision-language policy so is
+    `images` (an `ImageEncoder`: a call's `multi_modal_data` images become the prompt's image tensors).
     """
 
     def __init__(self, tokenizer, per_turn: int, source: str):
@@ -150,12 +160,23 @@ class EngineAdapter:
         self._flusher: asyncio.Task | None = None
         self.home: asyncio.AbstractEventLoop | None = None  # the runner's loop (set per batch)
         self.foreign: EpisodeRecord | None = None  # the calls made from other threads in this batch
+        self.images: ImageEncoder | None = None  # a vision-language policy's (set per batch)
 
     # ------------------------------------------------------------------ vLLM's face
-    def generate(self, prompt: Any, sampling_params: Any, request_id: str | None = None, **kwargs: Any) -> _Call:
+    def generate(self, prompt: Any, sampling_params: Any, request_id: str | None = None,
+                 multi_modal_data: Any = None, **kwargs: Any) -> _Call:
         """Token ids in (`{"prompt_token_ids": ids}`, a list of ids, or a string), a RequestOutput out;
-        await it or iterate it with `async for` (one, final output)."""
-        return _Call(lambda: self._generate(prompt, sampling_params, request_id or "0"))
+        await it or iterate it with `async for` (one, final output). Images as vLLM takes them:
+        `multi_modal_data={"image": [...]}` (or that key of the prompt dict), the ids holding each
+        image's tokens expanded (ImageEncoder)."""
+        if isinstance(prompt, dict) and multi_modal_data is None:
+            multi_modal_data = prompt.get("multi_modal_data")
+        return _Call(lambda: self._generate(prompt, sampling_params, request_id or "0", multi_modal_data))
+
+    def placeholders(self) -> list[int]:
+        """The engine's image placeholder ids (a VisionEngine's `banned_ids`; none for a text engine)."""
+        banned = getattr(self.engine, "banned_ids", None)
+        return [] if banned is None else [int(t) for t in banned.tolist()]
 
     async def get_tokenizer(self, *args: Any, **kwargs: Any):
         return self.tokenizer
@@ -174,18 +195,26 @@ class EngineAdapter:
         self._pending, self._flusher = [], None
 
     # ------------------------------------------------------------------ internals
-    async def _generate(self, prompt: Any, sp: Any, request_id: str) -> RequestOutput:
+    async def _generate(self, prompt: Any, sp: Any, request_id: str, data: Any = None) -> RequestOutput:
         record = self.episode.get(None)
         here = asyncio.get_running_loop()
         if record is None and self.home is not None and here is not self.home and self.foreign is not None:
             # a call from the agent file's own thread (e.g. a server it runs): generated on the runner's loop,
             # recorded beside the episodes (result_to_trajectory finds its tokens there)
-            call = self._generate_for(self.foreign, prompt, sp, request_id)
+            call = self._generate_for(self.foreign, prompt, sp, request_id, data)
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, self.home))
-        return await self._generate_for(self.current("llm_engine.generate"), prompt, sp, request_id)
+        return await self._generate_for(self.current("llm_engine.generate"), prompt, sp, request_id, data)
 
-    async def _generate_for(self, record: EpisodeRecord, prompt: Any, sp: Any, request_id: str) -> RequestOutput:
+    async def _generate_for(self, record: EpisodeRecord, prompt: Any, sp: Any, request_id: str,
+                            data: Any = None) -> RequestOutput:
         ids = self._prompt_ids(prompt)
+        if self.images is not None:
+            vision, keys = self.images(ids, data, self.placeholders())
+        elif data:
+            raise RewardError(f"agent {self.source}: llm_engine.generate got multi_modal_data, which needs a "
+                              "vision-language policy")
+        else:
+            vision, keys = None, ()
         room = min(self.per_turn, record.max_length - len(ids))
         max_tokens = getattr(sp, "max_tokens", None)
         room = room if max_tokens is None else min(room, int(max_tokens))
@@ -194,12 +223,12 @@ class EngineAdapter:
             samples = [([], [], FINISH_LENGTH)] * params.n
         else:
             future = asyncio.get_running_loop().create_future()
-            self._pending.append(_Request(ids, params, record.next_seed(), future))
+            self._pending.append(_Request(ids, params, record.next_seed(), future, vision))
             if self._flusher is None:
                 self._flusher = asyncio.get_running_loop().create_task(self._flush_when_idle())
             trajs: list[Trajectory] = await future
             samples = [(t.response_ids.tolist(), t.logprobs.tolist(), t.finish_reason) for t in trajs]
-        outputs = [self._output(i, ids, *s, sp, record) for i, s in enumerate(samples)]
+        outputs = [self._output(i, ids, *s, sp, record, (keys, vision)) for i, s in enumerate(samples)]
         return RequestOutput(request_id, ids, outputs)
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
@@ -236,8 +265,9 @@ class EngineAdapter:
         for r in batch:
             groups.setdefault(r.params, []).append(r)
         for params, reqs in groups.items():
+            images = {"vision": [r.vision for r in reqs]} if any(r.vision is not None for r in reqs) else {}
             try:
-                trajs = self.engine.generate([r.ids for r in reqs], params, seeds=[r.seed for r in reqs])
+                trajs = self.engine.generate([r.ids for r in reqs], params, seeds=[r.seed for r in reqs], **images)
             except Exception as exc:  # noqa: BLE001 - NaN weights and the like: the trainer reports them
                 self.engine_error = exc
                 for r in reqs:
@@ -247,7 +277,7 @@ class EngineAdapter:
                 r.future.set_result(trajs[j * params.n:(j + 1) * params.n])
 
     def _output(self, index: int, context: list[int], tokens: list[int], logprobs: list[float], finish: str,
-                sp: Any, record: EpisodeRecord) -> CompletionOutput:
+                sp: Any, record: EpisodeRecord, images: tuple = ((), None)) -> CompletionOutput:
         skip = bool(getattr(sp, "skip_special_tokens", True))
         text = self.tokenizer.decode(tokens, skip_special_tokens=skip)
         stop_reason = None
@@ -261,7 +291,7 @@ class EngineAdapter:
             text = text[: at + len(stop_reason)] if getattr(sp, "include_stop_str_in_output", False) else text[:at]
         elif finish == FINISH_STOP and tokens:
             stop_reason = tokens[-1]
-        record.generations.append(Generation(list(context), list(tokens), list(logprobs)))
+        record.generations.append(Generation(list(context), list(tokens), list(logprobs), False, *images))
         wanted = getattr(sp, "logprobs", None) is not None
         return CompletionOutput(
             index=index, text=text, token_ids=list(tokens),

@@ -40,6 +40,12 @@ OpenRLHF's 2026 `AgentExecutorBase` is the same class built with no arguments: a
 (as OpenRLHF's server-executor example, which serves an OpenAI-compatible API from its own thread
 over `llm_engine.generate`) runs after its import lines name rlhfkit instead of openrlhf and vllm.
 
+With a vision-language policy (`processor` set, as api.vision.attach_processor does), the 2026
+form's `execute` gets what OpenRLHF gives it: `hf_tokenizer` stands for the processor
+(`ProcessorTokenizer`) and `images` are the prompt's (opened); `llm_engine.generate` takes
+`multi_modal_data={"image": [...]}` (engine_adapter.py). The trajectory's images are those of the
+engine call of its last kept action (`_kept_images`). The mid-2025 form takes no images.
+
 Departures from OpenRLHF: instances are plain objects (drop `ray.kill(instance)` from copied
 code); engine calls are batched across episodes through a synchronous engine; each sample's
 calls are seeded from its own seed, so its tokens do not depend on the rest of the batch.
@@ -57,6 +63,7 @@ import torch
 
 from rlhfkit.agents.base import AgentInstanceBase, new_instance, to_float
 from rlhfkit.agents.engine_adapter import EngineAdapter, EpisodeRecord, Generation, vllm_params
+from rlhfkit.agents.images import ImageEncoder
 from rlhfkit.agents.episode import agent_episode
 from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
@@ -104,10 +111,11 @@ class AgentExecutorBase:
     def source(self) -> str:
         return getattr(self.llm_engine, "source", type(self).__qualname__)
 
-    async def generate(self, prompt_ids: list[int], sampling_params: Any):
-        """One engine call on token ids; the final RequestOutput."""
+    async def generate(self, prompt_ids: list[int], sampling_params: Any, multi_modal_data: Any = None):
+        """One engine call on token ids (and images, as vLLM takes them); the final RequestOutput."""
         final = None
-        async for out in self.llm_engine.generate({"prompt_token_ids": prompt_ids}, sampling_params):
+        images = {} if multi_modal_data is None else {"multi_modal_data": multi_modal_data}
+        async for out in self.llm_engine.generate({"prompt_token_ids": prompt_ids}, sampling_params, **images):
             final = out
         return final
 
@@ -118,6 +126,30 @@ class AgentExecutorBase:
             result = await agent_episode(self.agent_instance_cls.cls, prompt, label, sampling_params, self.max_steps,
                                          self.max_length, self.hf_tokenizer, self.generate, self.source)
             await self.result_queue.put(result)
+
+
+class ProcessorTokenizer:
+    """A vision-language policy's processor as the `hf_tokenizer` OpenRLHF hands an `execute` (its
+    AutoProcessor, which agent files detect by `image_processor`): a call with `images`, the chat
+    template and the processor's own attributes are the processor's; a call without images and every
+    other attribute (encode, decode, eos_token_id, ...) the tokenizer's, so text code runs as before."""
+
+    def __init__(self, processor: Any):
+        self.processor, self.tokenizer = processor, processor.tokenizer
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return (self.processor if kwargs.get("images") is not None else self.tokenizer)(*args, **kwargs)
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        return self.processor.apply_chat_template(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("processor", "tokenizer"):
+            raise AttributeError(name)
+        try:
+            return getattr(self.processor, name)
+        except AttributeError:
+            return getattr(self.tokenizer, name)
 
 
 class ResultQueue:
@@ -194,6 +226,8 @@ class ExecuteRunner:
         self.executor: Any = None
         self.adapter: EngineAdapter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.processor = None  # a vision-language policy's: execute gets it as hf_tokenizer, with the prompt's images
+        self.max_images: int | None = None  # most images one engine call may carry (None: any)
 
     def run(self, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt], params: SamplingParams,
             budget: TokenBudget | None = None, generator: torch.Generator | None = None,
@@ -212,6 +246,8 @@ class ExecuteRunner:
         if self.adapter is None or self.adapter.tokenizer is not tokenizer:
             self.adapter = EngineAdapter(tokenizer, budget.per_turn, self.source)
         self.adapter.engine, self.adapter.per_turn, self.adapter.engine_error = engine, budget.per_turn, None
+        self.adapter.images = None if self.processor is None else ImageEncoder(self.processor, self.source,
+                                                                               self.max_images)
         records, jobs = [], []
         for i, p in enumerate(prompts):
             for (seed,) in episode_seeds(seeds[i], params.n, 1):
@@ -223,8 +259,8 @@ class ExecuteRunner:
         self.adapter.home = self._loop
         self.adapter.foreign = EpisodeRecord(-1, records[0].seed, max(r.max_length for r in records), budget.max_turns)
         results = self._loop.run_until_complete(self._episodes(executor, jobs, records, params))
-        shared = self.adapter.foreign.generations
-        return [result_to_trajectory(r, rec, budget.total, engine.version, self.source, shared)
+        shared, placeholders = self.adapter.foreign.generations, self.adapter.placeholders()
+        return [result_to_trajectory(r, rec, budget.total, engine.version, self.source, shared, placeholders)
                 for r, rec in zip(results, records)]
 
     def _executor(self, tokenizer, budget: TokenBudget, prompts: Sequence[Prompt]) -> Any:
@@ -257,12 +293,15 @@ class ExecuteRunner:
 
     async def _one(self, executor, prompt: Prompt, record: EpisodeRecord, sampling_params) -> Mapping:
         self.adapter.episode.set(record)  # this task's context: engine calls and puts are this sample's
+        images = getattr(prompt, "images", None)
         try:
             if self.instance is None:
                 returned = await executor.execute(prompt.text, prompt.label, sampling_params)
-            else:
+            else:  # OpenRLHF 2026: a VLM's processor as hf_tokenizer, the prompt's images (as it passes them)
+                hf_tokenizer = self.adapter.tokenizer if self.processor is None else ProcessorTokenizer(self.processor)
                 returned = await executor.execute(prompt.text, prompt.label, sampling_params, record.max_length,
-                                                  self.adapter.tokenizer, self.adapter)
+                                                  hf_tokenizer, self.adapter, **({"images": list(images)} if images
+                                                                                 else {}))
         except RewardError:
             raise
         except Exception as exc:  # the user's code: any exception, in one line
@@ -282,8 +321,10 @@ class ExecuteRunner:
 
 
 def result_to_trajectory(result: Mapping, record: EpisodeRecord, total: int, version: int,
-                         source: str, shared: Sequence[Generation] = ()) -> Trajectory:
-    """The Trajectory of one `execute` result (see the module docstring); `total` = response budget."""
+                         source: str, shared: Sequence[Generation] = (),
+                         placeholders: Sequence[int] = ()) -> Trajectory:
+    """The Trajectory of one `execute` result (see the module docstring); `total` = response budget;
+    `placeholders`: the engine's image token ids (a vision-language policy's)."""
     missing = [k for k in ("observation_tokens", "action_ranges", "reward") if k not in result]
     if missing:
         raise RewardError(f"agent {source}: the execute() result lacks {missing} (keys: {sorted(result)})")
@@ -291,27 +332,52 @@ def result_to_trajectory(result: Mapping, record: EpisodeRecord, total: int, ver
     ranges = _action_ranges(result["action_ranges"], len(obs), source)
     start = ranges[0][0]
     mask, logprobs = [False] * (len(obs) - start), [0.0] * (len(obs) - start)
-    for s, e in ranges:
+    gens = [_generation([*record.generations, *shared], obs, s, e, source) for s, e in ranges]
+    for (s, e), g in zip(ranges, gens):
         mask[s - start:e - start] = [True] * (e - s)
-        logprobs[s - start:e - start] = _engine_logprobs([*record.generations, *shared], obs, s, e, source)
+        logprobs[s - start:e - start] = g.logprobs[:e - s]
     cut = len(mask) > total
+    end, vision = _kept_images(obs, start + total, ranges, gens, placeholders, source)
     origin = "execute() result has"
     reward = to_float(result["reward"], source, "reward", origin)
     score = result.get("scores")
     logs = result.get("extra_logs") or {}
+    info = {"agent_reward": reward,
+            "agent_score": reward if score is None else to_float(score, source, "scores", origin),
+            "extra_logs": {str(k): to_float(v, source, f"extra_logs[{k!r}]", origin) for k, v in logs.items()},
+            "turns": len(ranges)}
+    if vision is not None:
+        info["vision"] = vision  # the trainer's forward takes the images from here
     return Trajectory(
         prompt_ids=torch.tensor(obs[:start], dtype=torch.long),
-        response_ids=torch.tensor(obs[start:start + total], dtype=torch.long),
-        loss_mask=torch.tensor(mask[:total], dtype=torch.bool),
-        logprobs=torch.tensor(logprobs[:total], dtype=torch.float32),
+        response_ids=torch.tensor(obs[start:end], dtype=torch.long),
+        loss_mask=torch.tensor(mask[:end - start], dtype=torch.bool),
+        logprobs=torch.tensor(logprobs[:end - start], dtype=torch.float32),
         finish_reason=FINISH_LENGTH if cut or result.get("truncated") else FINISH_STOP,
         version=version,
         group_id=record.group_id,
-        info={"agent_reward": reward,
-              "agent_score": reward if score is None else to_float(score, source, "scores", origin),
-              "extra_logs": {str(k): to_float(v, source, f"extra_logs[{k!r}]", origin) for k, v in logs.items()},
-              "turns": len(ranges)},
+        info=info,
     )
+
+
+def _kept_images(obs: list[int], end: int, ranges: list[tuple[int, int]], gens: list[Generation],
+                 placeholders: Sequence[int], source: str) -> tuple[int, Any]:
+    """(where the trajectory's tokens end, the images of its trainer's forward): the images of the
+    engine call of its last action kept under `end` (each earlier call's images come first in it, else
+    RewardError). Feedback after that action holding image tokens no call saw is left out (it is
+    masked and follows every trained token, so nothing trained changes)."""
+    end = min(end, len(obs))
+    used = [(r, g) for r, g in zip(ranges, gens) if r[0] < end]
+    (_, last_end), last = used[-1]
+    for (s, _), g in used:
+        if g.image_keys != last.image_keys[:len(g.image_keys)]:
+            raise RewardError(f"agent {source}: the action at token {s} was generated with other images than the "
+                              "last action; a trajectory's calls must show its images in order, adding new ones "
+                              "at the end")
+    banned = set(placeholders)
+    if banned and any(t in banned for t in obs[last_end:end]):
+        end = last_end
+    return end, last.vision
 
 
 def _token_list(value: Any, source: str) -> list[int]:
@@ -340,13 +406,13 @@ def _action_ranges(value: Any, length: int, source: str) -> list[tuple[int, int]
     return ranges
 
 
-def _engine_logprobs(generations: Sequence[Generation], obs: list[int], s: int, e: int, source: str) -> list[float]:
-    """The rollout logprobs of obs[s:e] from this sample's engine calls (generated after obs[:s]) or the
-    batch's calls from other threads."""
+def _generation(generations: Sequence[Generation], obs: list[int], s: int, e: int, source: str) -> Generation:
+    """The engine call that generated obs[s:e] (after obs[:s]): one of this sample's, or of the batch's
+    calls from other threads; its logprobs are the tokens' rollout logprobs."""
     for g in generations:
         if not g.used and g.tokens[:e - s] == obs[s:e] and len(g.tokens) >= e - s and g.context == obs[:s]:
             g.used = True
-            return g.logprobs[:e - s]
+            return g
     raise RewardError(f"agent {source}: action range ({s}, {e}) holds tokens the engine did not generate right "
                       f"after observation_tokens[:{s}] in this execute() call; put the engine's token_ids (never "
                       "re-tokenized text) after exactly the tokens they were generated from")

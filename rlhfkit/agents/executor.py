@@ -38,7 +38,7 @@ import torch
 from rlhfkit.agents.base import check_step_result, new_instance
 from rlhfkit.agents.engine_adapter import EngineAdapter
 from rlhfkit.agents.episode import agent_episode
-from rlhfkit.agents.images import feedback_tokens, fit_feedback
+from rlhfkit.agents.images import EpisodeImages, feedback_tokens, fit_feedback
 from rlhfkit.core.moe import merge_recorded
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError, RewardError
@@ -258,12 +258,18 @@ class MultiTurnExecutor:
                       llm_engine: Any, images: Any = None) -> dict:
         """OpenRLHF 2026's per-sample entry point, for a subclass whose own `execute` calls this one:
         one episode through `llm_engine.generate` (episode.py, at most --agent.max_turns actions);
-        returns the result dict. Such a subclass runs through `ExecuteRunner` (see loader.py)."""
-        if images:
-            raise RewardError(f"agent {self.source}: execute() got images; rlhfkit trains text models only")
-        max_steps = llm_engine.current("execute").max_steps if isinstance(llm_engine, EngineAdapter) else 2**31
+        returns the result dict. Such a subclass runs through `ExecuteRunner` (see loader.py). With a
+        vision-language policy `hf_tokenizer` holds its processor (execute.ProcessorTokenizer) and
+        `images` are the prompt's: the episode's images go with every engine call."""
+        adapter = llm_engine if isinstance(llm_engine, EngineAdapter) else None
+        max_steps = adapter.current("execute").max_steps if adapter is not None else 2**31
+        processor = getattr(hf_tokenizer, "processor", None)  # a VLM policy's
+        side = None
+        if processor is not None:
+            most = adapter.images.max_images if adapter is not None and adapter.images is not None else None
+            side = EpisodeImages(processor, adapter.placeholders() if adapter is not None else [], most)
         return await agent_episode(self.agent_instance_cls, prompt, label, sampling_params, max_steps, max_length,
-                                   hf_tokenizer, llm_engine.generate, self.source)
+                                   hf_tokenizer, llm_engine.generate, self.source, side, images)
 
     def _trajectory(self, e: _Episode, version: int) -> Trajectory:
         info = {"agent_reward": e.reward, "agent_score": e.reward if e.score is None else e.score,

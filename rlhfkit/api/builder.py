@@ -28,20 +28,31 @@ from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import Critic
 from rlhfkit.models.compile import CompiledLayers
-from rlhfkit.models.loading import load_policy, load_teacher, resolve_model
-from rlhfkit.models.lora import MergedLoraSource, add_lora
+from rlhfkit.models.loading import (
+    load_policy,
+    load_teacher,
+    resolve_model,
+    resolve_model_path,
+)
+from rlhfkit.models.lora import add_lora, engine_state_fn, is_4bit
 from rlhfkit.models.precision import (
     DTYPES,
     choose_autocast,
     enable_gradient_checkpointing,
+    float32_residual,
     model_device,
     resolve_device,
     vectors_to_float32,
 )
 from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.models.vision import is_vision_model, language_lora_targets
+from rlhfkit.models.vision_reward import is_vision_reward_folder
 from rlhfkit.rewards.resolve import resolve_reward
-from rlhfkit.rewards.reward_model import ProcessRewardFn, RewardModelFn
+from rlhfkit.rewards.reward_model import (
+    ProcessRewardFn,
+    RewardModelFn,
+    VisionRewardModelFn,
+)
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine, eos_ids
 from rlhfkit.trainers.learner import Learner, muon_settings
@@ -64,8 +75,9 @@ def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, de
                 estimator: str = "gae"):
     """A reward file, builtin:NAME, http(s) reward server URL(s), or a reward-model folder
     (--reward.model_name_or_path, scoring on `device`; with --reward.offload kept on the CPU between
-    its passes) -> a RewardFn. A local function must return within --reward.timeout seconds; a server
-    request within --reward.request_timeout. A process reward model's folder gives a ProcessRewardFn
+    its passes; a reward model over images scores each sample with its prompt's images) -> a RewardFn.
+    A local function must return within --reward.timeout seconds; a server request within
+    --reward.request_timeout. A process reward model's folder gives a ProcessRewardFn
     (per-step token rewards), which only the advantage `estimator`s without a group baseline take."""
     r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=reward)
     url, model_path = r.remote_url, r.model_name_or_path
@@ -77,7 +89,9 @@ def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, de
                               f"{estimator} does not take; use gae or reinforce")
         return ProcessRewardFn(model_path, micro_batch_size=micro_batch_size, device=device, offload=r.offload)
     if model_path is not None:
-        return RewardModelFn(model_path, micro_batch_size=micro_batch_size, device=device, offload=r.offload)
+        over_images = is_vision_reward_folder(resolve_model_path(model_path))  # models/vision_reward.py
+        fn = VisionRewardModelFn if over_images else RewardModelFn
+        return fn(model_path, micro_batch_size=micro_batch_size, device=device, offload=r.offload)
     if url is None:
         raise ConfigError("no reward: pass --reward.remote_url FILE.py (a reward_func), builtin:math, "
                           "http://HOST:PORT/get_reward, --reward.model_name_or_path RM_FOLDER, "
@@ -222,9 +236,11 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
 
 def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
     """bf16 parameters under bf16 autocast: the norms and biases back in float32 (they learn as under
-    autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay bf16."""
+    autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay bf16, the
+    residual stream float32 (models.precision.float32_residual)."""
     if cfg.actor.dtype == "bfloat16" and cfg.actor.autocast == "bfloat16":
         vectors_to_float32(model)
+        float32_residual(model)
 
 
 def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
@@ -237,16 +253,19 @@ def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):
     return teacher if a.teacher_offload else teacher.to(device)
 
 
-def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
+def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None, images: dict | None = None):
     """--rollout.engine hf: an HFEngine sharing the policy module (weight sync is a version bump,
     no copy). vllm: a VLLMEngine on the actor's HF folder that pulls `state_fn()` (default: the
     policy's state dict) at every weight sync; with LoRA the adapters merged into their layers under
-    the base model's names (the first sync in full, later ones the adapted layers only)."""
+    the base model's names (the first sync in full, later ones the adapted layers only), with QLoRA
+    merged into the dequantized 4-bit base (models.lora.engine_state_fn), which is sent before the first
+    rollout too (vLLM loads the folder's float weights, which a 4-bit base is not); `images`: a
+    vision-language policy's VLLMEngine settings (api/vision.py)."""
     if cfg.rollout.engine == "vllm":
-        state_fn = state_fn or policy.state_dict
-        if hasattr(policy, "peft_config"):  # a LoRA policy (--ds.lora.rank > 0)
-            state_fn = MergedLoraSource(policy, state_fn)
-        return build_vllm_engine(policy, tokenizer, cfg, state_fn)
+        engine = build_vllm_engine(policy, tokenizer, cfg, engine_state_fn(policy, state_fn), **(images or {}))
+        if is_4bit(policy):
+            engine.update_weights({}, engine.version)
+        return engine
     amp = DTYPES[cfg.actor.autocast] if cfg.actor.autocast else None
     return HFEngine(policy, tokenizer, max_batch_size=cfg.rollout.max_batch_size, autocast_dtype=amp,
                     inference_mode=not cfg.fsdp.enable, compile_decode=cfg.rollout.compile_decode,
@@ -254,40 +273,72 @@ def build_engine(policy, tokenizer, cfg: RLConfig, state_fn=None):
                     keep_turns=cfg.rollout.keep_kv_across_turns, record_experts=cfg.actor.routing_replay)
 
 
-def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn):
+def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn, **images):
     from rlhfkit.rollout.vllm import VLLMEngine, colocated_memory, free_gpu_share, require_vllm
 
     require_vllm()
+    v = cfg.vllm
+    share, sleep = colocated_memory(v.gpu_memory_utilization, v.enable_sleep, torch.cuda.is_available(),
+                                    free_gpu_share())
+    return VLLMEngine(vllm_folder(cfg), eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
+                      seed=cfg.train.seed, gpu_memory_utilization=share,
+                      enable_sleep=sleep, tensor_parallel_size=v.tensor_parallel_size,
+                      state_fn=state_fn, auto_sleep=sleep, **images)
+
+
+def vllm_folder(cfg: RLConfig) -> str:
+    """The actor's HF folder, which vLLM loads; a GGUF file is refused in one line."""
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
     if gguf is not None:
         raise ConfigError(f"--rollout.engine vllm needs an HF model folder, not the GGUF file {gguf}; convert it "
                           "once (e.g. --actor.model_name_or_path smollm2 does) or use --rollout.engine hf")
+    return path
+
+
+def vllm_worker_settings(cfg: RLConfig, policy, tokenizer, gpus: float) -> dict:
+    """The VLLMEngine keyword arguments of a Ray rollout worker holding `gpus` GPUs: unset
+    --vllm.gpu_memory_utilization is vLLM's own default (0.9) where the engine has whole GPUs to itself,
+    else the colocated share; sleep mode only when asked for (the engine's GPUs are not the trainer's)."""
+    from rlhfkit.rollout.vllm import COLOCATED_MEMORY_SHARE, OWN_GPU_MEMORY_SHARE
+
     v = cfg.vllm
-    share, sleep = colocated_memory(v.gpu_memory_utilization, v.enable_sleep, torch.cuda.is_available(),
-                                    free_gpu_share())
-    return VLLMEngine(path, eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
-                      seed=cfg.train.seed, gpu_memory_utilization=share,
-                      enable_sleep=sleep, tensor_parallel_size=v.tensor_parallel_size,
-                      state_fn=state_fn, auto_sleep=sleep)
+    own = OWN_GPU_MEMORY_SHARE if gpus >= 1 else COLOCATED_MEMORY_SHARE
+    sleep = bool(v.enable_sleep)
+    return {"eos_ids": eos_ids(policy, tokenizer), "dtype": cfg.actor.autocast or cfg.actor.dtype,
+            "seed": cfg.train.seed, "enable_sleep": sleep, "auto_sleep": sleep,
+            "gpu_memory_utilization": own if v.gpu_memory_utilization is None else v.gpu_memory_utilization,
+            "tensor_parallel_size": v.tensor_parallel_size}
 
 
-def build_pool(cfg: RLConfig, policy, delays: dict[int, float] | None = None):
-    """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running).
+def worker_gpu_multiple(cfg: RLConfig) -> int:
+    """GPUs a rollout worker runs on, in units of one actor's share: a vLLM engine's tensor parallelism."""
+    return cfg.vllm.tensor_parallel_size if cfg.rollout.engine == "vllm" else 1
+
+
+def build_pool(cfg: RLConfig, policy, tokenizer=None, delays: dict[int, float] | None = None):
+    """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running), each an
+    HF engine over a policy copy or (--rollout.engine vllm, `tokenizer` needed) a vLLM engine sent the
+    weights vLLM loads (`distributed.pool.engine_state`).
     `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back)."""
     from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, worker_factory
-    from rlhfkit.distributed.pool import RayEnginePool
+    from rlhfkit.distributed.pool import RayEnginePool, engine_state
 
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
     t, d = cfg.train, cfg.distributed
     worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker, cfg.rollout.num_workers,
-                             0 if d.num_gpus_per_worker is not None else cluster_gpus(d.address))[1]
+                             0 if d.num_gpus_per_worker is not None else cluster_gpus(d.address),
+                             worker_gpu_multiple(cfg))[1]
+    vllm = cfg.rollout.engine == "vllm"
     lora = cfg.ds.lora
-    make = worker_factory(path, gguf, cfg.actor.dtype, cfg.actor.autocast, cfg.rollout.max_batch_size,
-                          worker_gpus, delays,
+    make = worker_factory(vllm_folder(cfg) if vllm else path, gguf, cfg.actor.dtype, cfg.actor.autocast,
+                          cfg.rollout.max_batch_size, worker_gpus, delays,
                           t.partial_rollout_tokens if t.partial_rollout_enable else 0,
                           (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None,
-                          record_experts=cfg.actor.routing_replay)
-    return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable)
+                          record_experts=cfg.actor.routing_replay, frozen_tower=cfg.actor.freeze_visual_encoder,
+                          load_in_4bit=cfg.ds.load_in_4bit,
+                          vllm=vllm_worker_settings(cfg, policy, tokenizer, worker_gpus) if vllm else None)
+    return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable,
+                         state_fn=(lambda full: engine_state(policy, full)) if vllm else None)
 
 
 def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):

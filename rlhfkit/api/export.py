@@ -9,7 +9,8 @@ folder itself or a run folder (then its `latest`). What is in it decides how OUT
   model.safetensors          (a LoRA run)              the base of model.adapter/'s config with the
                                                        adapters loaded, merged into its weights
   shards/                    (an FSDP run, any ranks)   the run's model (its config.json, or --base)
-                                                       filled from every rank's shards (in one process)
+                                                       filled from every rank's shards (in one process);
+                                                       a vision-language model with its processor
 
 OUT holds safetensors weights, config.json and the tokenizer; `from_pretrained` loads it without
 peft or torch.distributed. A reward model (train rm) stays a sequence-classification model; a
@@ -26,7 +27,7 @@ import torch
 
 from rlhfkit.errors import CheckpointError
 from rlhfkit.models.loading import load_errors, load_tokenizer, resolve_model, save_hf_folder
-from rlhfkit.models.vision import is_vision_folder, load_processor, load_vision_model
+from rlhfkit.models.vision import is_vision_folder, load_processor, load_vision_model, plain_model_class
 from rlhfkit.trainers.checkpoint import ADAPTER_SUFFIX, LATEST, MANIFEST, SHARDS, verify
 
 __all__ = ["export_checkpoint", "resolve_checkpoint"]
@@ -68,16 +69,19 @@ the run's config.json). Returns `out`."""
 
 
 def _from_shards(folder: Path, name: str, out: Path, base: str | None) -> Path:
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from rlhfkit.distributed.fsdp_checkpoint import read_full_module
 
-    path, _ = resolve_model(base or run_model(folder))
+    path, gguf = resolve_model(base or run_model(folder))
     with load_errors("the model config", path):
         config = AutoConfig.from_pretrained(path)
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
+        model = plain_model_class(config).from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
     read_full_module(folder, name, model)
-    return save_hf_folder(model, load_tokenizer(path), out)
+    save_hf_folder(model, load_tokenizer(path), out)
+    if gguf is None and is_vision_folder(path):  # a vision-language policy: its processor too
+        load_processor(str(path)).save_pretrained(str(out))
+    return out
 
 
 def run_model(folder: Path) -> str:

@@ -99,9 +99,9 @@ def _engine_of(cfg: RLConfig, policy, tokenizer, processor, make_engine, pool, s
     if make_engine is not None:
         return make_engine(policy, tokenizer)
     if pool is not None:
-        return pool(policy)
+        return pool(policy, tokenizer)
     if processor is not None:
-        return V.build_engine(policy, tokenizer, cfg)
+        return V.build_engine(policy, tokenizer, cfg, processor, state_fn)
     return builder.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
 
 
@@ -201,6 +201,7 @@ class RLTrainer:
         run_dir = run_folder.prepare_run_dir(cfg, rank)
         if vision_folder is not None:
             V.check_executor(cfg, executor)
+            V.check_engine(cfg)
         reward_fn = _reward_of(cfg, executor, reward_fn, reward_weights, device)
         policy, tokenizer, ref, critic = builder.build_models(cfg, device)
         processor = V.processor_of(vision_folder) if vision_folder else None
@@ -247,8 +248,10 @@ class RLTrainer:
         self.checkpointer.consider_best(loop, final_eval)
         if self.cfg.fsdp.enable:  # gathered on rank 0, written to <output_dir>/final
             final = fsdp.save_full(loop.policy, loop.tokenizer, Path(self.cfg.ckpt.output_dir) / "final", self.dp[0])
-            fsdp.save_full_ema(loop.policy, loop.update.learner, loop.tokenizer,
-                               Path(self.cfg.ckpt.output_dir) / "ema", self.dp[0])
+            ema = fsdp.save_full_ema(loop.policy, loop.update.learner, loop.tokenizer,
+                                     Path(self.cfg.ckpt.output_dir) / "ema", self.dp[0])
+            for folder in (final, ema):
+                V.save_processor(self.processor, folder, self.dp[0])
         else:
             final = self.save(self.run_dir / "final")
             ema = loop.save_ema(self.run_dir / "ema")
@@ -270,7 +273,7 @@ class RLTrainer:
 def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict) -> dict[str, float]:
     """A Ray trainer actor's whole run: rollout workers, build, train (the final model in <output_dir>/final)."""
     cfg = builder.resolve_autocast(cfg)  # before the rollout workers are made from it
-    return RLTrainer.build(cfg, plan, **kwargs, pool=lambda policy: builder.build_pool(cfg, policy)).train()
+    return RLTrainer.build(cfg, plan, **kwargs, pool=lambda policy, tok: builder.build_pool(cfg, policy, tok)).train()
 
 
 class RayRLTrainer:
@@ -288,7 +291,8 @@ class RayRLTrainer:
         started = start_ray(d.address, d.num_cpus or self.cfg.rollout.num_workers + 1, run_dir / "ray")
         try:
             trainer_gpus, worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker,
-                                                   self.cfg.rollout.num_workers, cluster_gpus(d.address))
+                                                   self.cfg.rollout.num_workers, cluster_gpus(d.address),
+                                                   builder.worker_gpu_multiple(self.cfg))
             cfg = dataclasses.replace(self.cfg, distributed=dataclasses.replace(
                 d, num_gpus_trainer=trainer_gpus, num_gpus_per_worker=worker_gpus))  # the workers start in the actor
             metrics = run_in_trainer_actor(_train_in_actor, (cfg, self.plan, self.kwargs),

@@ -51,6 +51,13 @@ from rlhfkit.models.precision import (
     resolve_device,
 )
 from rlhfkit.models.reward import init_reward_model
+from rlhfkit.models.vision import (
+    freeze_visual_encoder,
+    is_vision_folder,
+    is_vision_model,
+    language_lora_targets,
+)
+from rlhfkit.models.vision_reward import init_vision_reward_model
 from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.tracking.run import RunTracker
 from rlhfkit.trainers.checkpoint import Checkpointer
@@ -77,18 +84,27 @@ CURVES = {
 
 def build_model(kind: str, cfg, device: torch.device | None = None) -> tuple[torch.nn.Module, Any, torch.nn.Module | None]:
     """(model, tokenizer, reference or None) on `device` (default: --model.device); LoRA adapters
-    when --ds.lora.rank > 0; gradient checkpointing with --model.gradient_checkpointing_enable."""
+    when --ds.lora.rank > 0; gradient checkpointing with --model.gradient_checkpointing_enable. A
+    vision-language model: `train rm` builds a reward model over images on its base model
+    (models/vision_reward.py); --model.freeze_visual_encoder freezes its tower (no adapters there)."""
     device = resolve_device(cfg.model.device, "--model.device") if device is None else device
     torch.manual_seed(cfg.train.seed)
     m, lora = cfg.model, cfg.ds.lora
     if kind == "rm":
         path, _ = resolve_model(m.model_name_or_path)
         tokenizer = load_tokenizer(path)
-        model = init_reward_model(path, tokenizer.pad_token_id, DTYPES[m.dtype], seed=cfg.train.seed,
-                                  load_in_4bit=cfg.ds.load_in_4bit)
+        if is_vision_folder(path):  # the VLM's base model with a score head (models/vision_reward.py)
+            model = init_vision_reward_model(path, DTYPES[m.dtype], seed=cfg.train.seed,
+                                             load_in_4bit=cfg.ds.load_in_4bit)
+        else:
+            model = init_reward_model(path, tokenizer.pad_token_id, DTYPES[m.dtype], seed=cfg.train.seed,
+                                      load_in_4bit=cfg.ds.load_in_4bit)
     else:
         model, tokenizer = load_policy(m.model_name_or_path, m.dtype, cfg.ds.load_in_4bit)
     set_chat_template(tokenizer, cfg.data)
+    vision = is_vision_model(model)
+    if vision and m.freeze_visual_encoder:  # before the reference is copied: it keeps the same tower
+        freeze_visual_encoder(model)
     ref = None
     if kind in ("dpo", "kto"):
         ref_path = cfg.ref.model_name_or_path
@@ -97,7 +113,10 @@ def build_model(kind: str, cfg, device: torch.device | None = None) -> tuple[tor
     elif kind == "kd":  # the teacher, frozen; with --teacher.offload it waits on the CPU
         ref = load_teacher(cfg.teacher.model_name_or_path, m.dtype, tokenizer)
     if lora.rank > 0:
-        model = add_lora(model, lora.rank, lora.alpha, lora_targets(lora), lora.dropout,
+        targets = lora_targets(lora)
+        if vision and (m.freeze_visual_encoder or kind == "rm"):  # named layers: peft matches no custom head
+            targets = language_lora_targets(model, targets, tower=not m.freeze_visual_encoder)
+        model = add_lora(model, lora.rank, lora.alpha, targets, lora.dropout,
                          task_type="SEQ_CLS" if kind == "rm" else "CAUSAL_LM")
     if m.gradient_checkpointing_enable:
         enable_gradient_checkpointing(model)
@@ -288,11 +307,14 @@ class RMTrainer(SupervisedTrainer):
     kind, config_class, algorithm_class = "rm", RMConfig, preference.RMLoop
 
     def _save(self, path: str | Path) -> tuple[Path, dict[str, float]]:
-        """A full sequence-classification folder (LoRA merged) whose config holds the mean / std of
-        the scores on the eval pairs (the train pairs without any), which RL uses to normalise."""
+        """A full sequence-classification folder (LoRA merged; over images, the folder of
+        models/vision_reward.py with the processor) whose config holds the mean / std of the scores on
+        the eval pairs (the train pairs without any), which RL uses to normalise."""
         mean, std = self.algorithm.reward_stats(self.eval_items or self.train_items)
         stats = {"reward_mean": mean, "reward_std": std}
-        return self.algorithm.save(path, mean=mean, std=std), stats
+        folder = self.algorithm.save(path, mean=mean, std=std)
+        V.save_processor(self.processor, folder)  # a reward model over images: its processor beside it
+        return folder, stats
 
 
 class DPOTrainer(SupervisedTrainer):

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from rlhfkit.api import vision as V
 from rlhfkit.api.builder import (
     build_engine,
     build_executor,
@@ -62,30 +63,33 @@ def run(argv: list[str]) -> int:
         raise ConfigError("--eval.dataset is required (a .jsonl/.json/.parquet file, a datasets folder or a hub "
                           "dataset name)")
     executor = build_executor(cfg)  # an agent file or tools: episodes (a bad file fails before the model)
+    vision = V.policy_folder(cfg)  # a vision-language policy: its prompts' images are checked before it loads
+    if vision is not None:
+        V.check_executor(cfg, executor)
     if hasattr(executor, "fallback_reward_fn"):  # an agent function through the endpoint
-        return run_agent_eval(cfg, executor)
+        return run_agent_eval(cfg, executor, vision)
     if not (e.verifier or cfg.reward.remote_url or executor.provides_rewards):
         raise ConfigError("nothing to score with: pass --eval.verifier (builtin:math or a reward file) "
                           "and/or --reward.remote_url")
-    options = _checked_options(cfg)
+    options = _checked_options(cfg, vision)
     reward_fn = load_reward(cfg.reward) if cfg.reward.remote_url else None
     verifier = load_reward(e.verifier) if e.verifier else None  # fail fast, before the model
-    out, t0, engine, tokenizer, items, skipped = _load(cfg, options)
+    out, t0, engine, tokenizer, items, skipped = _load(cfg, options, vision, executor)
     evaluator = make_evaluator(cfg, items, reward_fn, verifier, executor)
     metrics, rows = evaluator.evaluate(engine, tokenizer)
     return _report(cfg, out, t0, metrics, rows, len(evaluator.items), skipped,
                    f"{cfg.actor.model_name_or_path} on {len(evaluator.items)} prompts x {e.n_samples} samples")
 
 
-def run_agent_eval(cfg: RLConfig, executor) -> int:
+def run_agent_eval(cfg: RLConfig, executor, vision: str | None = None) -> int:
     """`rlhfkit eval --agent.func_path AGENT.py`: the agent function's mean reward on --eval.dataset."""
     from rlhfkit.agents.endpoint.runner import evaluate_agent  # noqa: PLC0415 - the agents extra
 
     e = cfg.eval
-    options = _checked_options(cfg)
+    options = _checked_options(cfg, vision)
     if cfg.reward.remote_url:
         executor.fallback_reward_fn = load_reward(cfg.reward)
-    out, t0, engine, tokenizer, items, skipped = _load(cfg, options)
+    out, t0, engine, tokenizer, items, skipped = _load(cfg, options, vision, executor)
     params = dataclasses.replace(sampling_params(cfg), temperature=e.temperature, n=e.n_samples)
     metrics, rows = evaluate_agent(executor, engine, tokenizer, items, params, token_budget(cfg, multi_turn=True),
                                    seed=cfg.train.seed)
@@ -94,17 +98,22 @@ def run_agent_eval(cfg: RLConfig, executor) -> int:
                    f"{e.n_samples} episodes")
 
 
-def _checked_options(cfg: RLConfig) -> dict:
+def _checked_options(cfg: RLConfig, vision: str | None = None) -> dict:
     """`load_prompts`' options for --eval.dataset (its first --eval.max_samples prompts, unshuffled), the
-    dataset checked with them: a bad file or key fails fast, before the model."""
+    dataset checked with them: a bad file or key fails fast, before the model. A vision-language policy's
+    prompts are checked with their images (every image decoded); a text policy's may hold none."""
+    V.check_data(cfg, cfg.eval.dataset, vision is not None, eval=True, shuffle=False)
     options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}
-    check_prompts(cfg.eval.dataset, **options)
+    if vision is None:
+        check_prompts(cfg.eval.dataset, **options)
     return options
 
 
-def _load(cfg: RLConfig, options: dict):
+def _load(cfg: RLConfig, options: dict, vision: str | None = None, executor=None):
     """The output folder (a bad path fails before the model loads), the start time, the policy's engine,
-    its tokenizer and the tokenized eval prompts (with how many were skipped as too long)."""
+    its tokenizer and the tokenized eval prompts (with how many were skipped as too long). A
+    vision-language policy (`vision`: its folder) runs on the vision engine, its prompts rendered and
+    encoded by its processor with their images, which `executor` gets too (as in `train rl`)."""
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     device = run_device(cfg)  # a CUDA device that is not there fails before the model loads
@@ -112,6 +121,11 @@ def _load(cfg: RLConfig, options: dict):
     t0 = time.perf_counter()
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
     policy.to(device)
+    if vision is not None:
+        processor = V.processor_of(vision)
+        V.attach_processor(processor, cfg.data.max_images_per_prompt, executor)
+        items, skipped = V.prompts(cfg, cfg.eval.dataset, processor, eval=True, shuffle=False)
+        return out, t0, V.build_engine(policy, tokenizer, cfg, processor), tokenizer, items, skipped
     engine = build_engine(policy, tokenizer, cfg)
     examples = load_prompts(cfg.eval.dataset, tokenizer=tokenizer, **options)
     items, skipped = tokenize_prompts(examples, tokenizer, cfg.data.prompt_max_len, cfg.data.input_key)

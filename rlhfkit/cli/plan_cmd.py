@@ -3,8 +3,9 @@
 Takes the flags (or --config) of `rlhfkit train rl`, plus two of its own:
   --plan.num_prompts N     the dataset size, when --data.prompt_dataset is not given
   --plan.prompt_tokens N   prompt length for the memory estimate (default --data.prompt_max_len)
-  --plan.image_tokens N    a vision-language model of variable resolution (Qwen2-VL): language-model
-                           tokens per image (default 256: a 448 x 448 image); fixed-size models use their own
+  --plan.image_tokens N    a vision-language model whose images take a variable number of tokens (Qwen-VL,
+                           SmolVLM / Idefics3 and InternVL tiles, Gemma 4): language-model tokens per image
+                           (default 256: a 448 x 448 Qwen2-VL image); fixed-size models use their own
 A multi-turn run's responses are its episodes' budget: actions and tool results or feedback
 (config.plan.response_tokens). A vision-language model's estimate adds its vision tower and
 projector to the weights (and, unless --actor.freeze_visual_encoder, to the gradients, optimizer
@@ -114,8 +115,8 @@ def vision_terms(cfg: RLConfig, mcfg: dict, image_tokens: int | None) -> tuple[d
     compute = BYTES[a.autocast or a.dtype]
     frozen = sizes["tower"] if a.freeze_visual_encoder else 0
     tower_act = 0 if frozen else tower_activation_bytes(sizes, cfg.train.micro_batch_size * images, compute)
-    per_image = ("fixed by the model" if sizes["fixed_tokens"] else
-                 "--plan.image_tokens" if image_tokens else "assumed: a 448 x 448 image; set --plan.image_tokens")
+    per_image = ("fixed by the model" if sizes["fixed_tokens"] else "--plan.image_tokens" if image_tokens
+                 else "assumed: a 448 x 448 Qwen2-VL image; set --plan.image_tokens")
     lines = [f"vision tower                   {sizes['tower'] / 1e6:.2f}M params "
              f"({'frozen' if frozen else 'trained'}), projector {sizes['projector'] / 1e6:.2f}M",
              f"image tokens per prompt        {images * sizes['image_tokens']}   ({images} "

@@ -61,8 +61,9 @@ GPUS = ("ignored: rlhfkit runs one process per device; shard the policy over GPU
         "--fsdp.enable true, or add Ray rollout workers (--rollout.num_workers); see docs/scaling.md")
 COLOCATE = ("ignored: by default every model shares one process and device (the hf engine generates with "
             "the policy's own weights); see docs/scaling.md")
-VLLM_ENGINES = ("ignored: rlhfkit generates with --rollout.engine hf (default) or vllm (one engine in the "
-                "trainer's process, --vllm.tensor_parallel_size GPUs)")
+VLLM_ENGINES = ("with --distributed.backend ray: the rollout worker actors, --rollout.num_workers (each a vLLM "
+                "engine with --rollout.engine vllm, on --vllm.tensor_parallel_size GPUs); otherwise ignored: one "
+                "engine in the trainer's process")
 VLLM_SYNC = "ignored: rlhfkit's vllm engine receives weights through vLLM's collective_rpc"
 ZERO = ("ignored: DeepSpeed is not used; to shard the policy over GPUs (ZeRO-3's role) run under torchrun with "
         "--fsdp.enable true (docs/scaling.md), otherwise one process holds the whole model")
@@ -200,6 +201,12 @@ def _rl(names: str, rule: Alias) -> None:
         RL_FLAGS[name] = rule
 
 
+def _num_engines(vals, given):
+    """OpenRLHF's vLLM engine actors: Ray rollout workers where the run has them."""
+    backend = _given(given, "distributed.backend")
+    return {"rollout.num_workers": vals[0]} if backend and backend[0] == "ray" else {}
+
+
 # layout, engines, DeepSpeed
 _rl("ref_num_nodes ref_num_gpus_per_node reward_num_nodes reward_num_gpus_per_node actor_num_nodes "
     "actor_num_gpus_per_node critic_num_nodes critic_num_gpus_per_node ref.num_nodes ref.num_gpus_per_node "
@@ -207,7 +214,7 @@ _rl("ref_num_nodes ref_num_gpus_per_node reward_num_nodes reward_num_gpus_per_no
     "critic.num_gpus_per_node", notice(GPUS, 1))
 _rl("colocate_actor_ref colocate_critic_reward colocate_all_models train.colocate_actor_ref "
     "train.colocate_critic_reward train.colocate_all", notice(COLOCATE))
-_rl("vllm_num_engines vllm.num_engines", notice(VLLM_ENGINES, 1))
+_rl("vllm_num_engines vllm.num_engines", notice(VLLM_ENGINES, 1, convert=_num_engines, weak=True))
 _rl("vllm_tensor_parallel_size vllm.tensor_parallel_size", to("vllm.tensor_parallel_size"))
 _rl("vllm_sync_backend vllm.sync_backend", notice(VLLM_SYNC, 1))
 _rl("vllm_sync_with_ray vllm.sync_with_ray", notice(VLLM_SYNC))

@@ -183,9 +183,9 @@ def _validate_distributed(cfg: RLConfig) -> None:
 def _validate_scale(cfg: RLConfig) -> None:
     """--rollout.engine, --vllm.*, --fsdp.* (whether vllm imports and torchrun runs is checked at build time)."""
     one_of("rollout.engine", cfg.rollout.engine, ENGINES)
-    require(cfg.rollout.engine == "hf" or cfg.distributed.backend == "local",
-            "--rollout.engine vllm runs in the trainer's process for now; Ray rollout workers hold HF engines "
-            "(drop --distributed.backend ray or use --rollout.engine hf)")
+    require(not (cfg.rollout.engine == "vllm" and cfg.train.partial_rollout_enable),
+            "--train.partial_rollout_enable continues HF engine generations across weight updates; a vLLM engine "
+            "finishes each generation with the weights it started with: drop it or use --rollout.engine hf")
     require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
             "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
             "workers is not supported yet")
@@ -213,11 +213,8 @@ def _validate_routing_replay(cfg: RLConfig) -> None:
 
 def _validate_lora(cfg: RLConfig) -> None:
     """LoRA in RL runs with the hf engine, in one process (which generates with the adapted weights),
-    sharded under FSDP or on Ray rollout workers (which hold the same adapters), and with the vllm
-    engine (which loads the adapters merged into their layers at every weight sync)."""
+    sharded under FSDP or on Ray rollout workers (which hold the same adapters, over the same 4-bit base
+    with QLoRA), and with the vllm engine, in the trainer's process or on Ray rollout workers (which
+    load the adapters merged into their layers at every weight sync; with QLoRA into the dequantized
+    4-bit base)."""
     check_qlora(cfg.ds, cfg.fsdp.enable)
-    require(not (cfg.ds.load_in_4bit and cfg.distributed.backend == "ray"),
-            "--ds.load_in_4bit does not run on Ray rollout workers yet: drop --distributed.backend ray")
-    require(not (cfg.ds.load_in_4bit and cfg.rollout.engine == "vllm"),
-            "--ds.load_in_4bit does not combine with --rollout.engine vllm yet (a 4-bit base does not merge into "
-            "the weights vLLM loads): drop one of them")

@@ -162,13 +162,15 @@ class VLLMConfig:
     """The vLLM engine (--rollout.engine vllm, GPU)."""
 
     gpu_memory_utilization: float | None = None
-    """Share of GPU memory vLLM may take (weights + KV cache); none = 0.5: vLLM runs in the trainer's
-    process on the trainer's GPU, which already holds the policy (more than the free share is refused)."""
+    """Share of GPU memory vLLM may take (weights + KV cache); none = 0.5 in the trainer's process (on the
+    trainer's GPU, which already holds the policy; more than the free share is refused), 0.9 in a Ray
+    rollout worker with whole GPUs of its own (0.5 on a shared one)."""
     enable_sleep: bool | None = None
     """Colocation: free vLLM's KV cache and weights while the trainer updates; none = on where CUDA is
-    present (the update then gets the GPU back), off elsewhere (vLLM's sleep mode needs CUDA)."""
+    present (the update then gets the GPU back), off elsewhere (vLLM's sleep mode needs CUDA) and in Ray
+    rollout workers."""
     tensor_parallel_size: int = 1
-    """GPUs per vLLM engine."""
+    """GPUs per vLLM engine (a Ray rollout worker holding one asks Ray for that many)."""
 
 
 @dataclass(frozen=True)

@@ -286,7 +286,8 @@ class RolloutConfig:
     max_batch_size: int = 128
     """Largest number of sequences decoded together (memory bound)."""
     num_workers: int = 1
-    """Rollout worker actors with --distributed.backend ray (each holds a policy copy + an engine)."""
+    """Rollout worker actors with --distributed.backend ray (each an engine: a policy copy behind the HF
+    engine, or a vLLM engine; OpenRLHF's --vllm_num_engines on the ray backend)."""
     engine: str = "hf"
     """Generation engine: hf (transformers, CPU or GPU) or vllm (`pip install 'rlhfkit[vllm]'`; see docs/scaling.md)."""
     compile_decode: bool = False

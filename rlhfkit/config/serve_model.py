@@ -29,12 +29,15 @@ class ServeModelConfig:
     """Most new tokens of one reply."""
     max_context: int = 4096
     """Most tokens of a prompt + its reply."""
-    max_request_bytes: int = 1 << 20
-    """Refuse request bodies larger than this (HTTP 413)."""
+    max_request_bytes: int | None = None
+    """Refuse request bodies larger than this (HTTP 413); none: 1 MiB, 16 MiB for a vision-language model
+    (images come base64-encoded in the body)."""
+    max_images: int = 8
+    """A vision-language model: most distinct images one request may send (HTTP 400 beyond)."""
 
 
 SERVE_MODEL_RANGES = validate_table({"port": "[0, 65535]", "max_tokens": ">= 1", "max_context": ">= 1",
-                                     "max_request_bytes": ">= 1"})
+                                     "max_request_bytes": ">= 1", "max_images": ">= 1"})
 
 
 def validate_serve_model(cfg: ServeModelConfig) -> None:

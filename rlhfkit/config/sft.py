@@ -44,6 +44,10 @@ class ModelConfig:
     aux_loss_coef: float = 0.0
     """Mixture-of-experts models: add this times the routers' load-balancing loss (Switch / Mixtral's,
     transformers' aux_loss) to each micro-batch's loss; the experts' load is logged (moe/*) either way."""
+    freeze_visual_encoder: bool = False
+    """A vision-language model (train sft|rm|dpo|kto): its vision tower gets no gradients (it stays bit for
+    bit as loaded; the projector and the language model train); with LoRA the tower holds no adapters.
+    `train rl`'s --actor.freeze_visual_encoder. Text models: ignored."""
 
 
 @dataclass(frozen=True)
@@ -221,7 +225,8 @@ class SFTConfig(SupervisedConfig):
 # SFT_ALIASES are train_sft's, SUPERVISED_ALIASES those of all of train_sft|rm|dpo|kto.
 SUPERVISED_ALIASES: dict[str, Alias] = SUPERVISED_RULES
 # Short names of our own flags, shared by train sft|rm|dpo|kto (RL_ALIASES has train rl's).
-OWN_ALIASES: dict[str, str | Alias] = {"device": "model.device"}
+OWN_ALIASES: dict[str, str | Alias] = {"device": "model.device",
+                                       "freeze_visual_encoder": Alias("mapped", 0, to="model.freeze_visual_encoder")}
 
 
 # The allowed range of every numeric flag shared by `train sft|rm|dpo|kto` (see config/ranges.py).

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +42,13 @@ URL_TIMEOUT_S = 30
 @dataclass(frozen=True)
 class VisionInputs:
     """The processor's image tensors of one prompt (e.g. `pixel_values` and Qwen2-VL's
-    `image_grid_thw`), dim 0 indexing its images or their patches; `num_images`. The n samples
-    of a prompt share one object (no copy)."""
+    `image_grid_thw`), dim 0 indexing its images or their patches; `num_images`; `images`: the
+    decoded images they were computed from, in order (the vLLM engine sends these; () where not
+    kept). The n samples of a prompt share one object (no copy)."""
 
     tensors: dict
     num_images: int
+    images: tuple = field(default=(), compare=False, repr=False)
 
 
 @dataclass
@@ -279,7 +281,7 @@ def encode(processor, text: str, images: list) -> tuple[list[int], VisionInputs 
     if not images:
         return ids, None
     tensors = {k: v for k, v in out.items() if k not in TOKEN_KEYS}
-    return ids, VisionInputs(tensors, len(images))
+    return ids, VisionInputs(tensors, len(images), tuple(images))
 
 
 def tokenize_vision_prompts(examples: list[VisionExample], processor, max_len: int,

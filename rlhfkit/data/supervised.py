@@ -321,7 +321,8 @@ def load_unpaired(source: Source, fmt: TextFormat, prompt_key: str = "prompt", o
         label = record.data[label_key]
         if not isinstance(label, bool):
             raise DataError(f"{where}, key {label_key!r}: expected true or false, got {label!r}")
-        s = fmt.encode(record.data[prompt_key], record.data[output_key], where, all_turns=False)
+        s = fmt.encode(record.data[prompt_key], record.data[output_key], where, all_turns=False,
+                       record=record.data)  # (its images, with a vision-language model's format)
         if sample_length(s) > max_len:
             skipped += 1
             continue

@@ -8,8 +8,10 @@ name as the label. Images are squares of one of COLOURS, each channel shifted by
 `python -m rlhfkit.data.synthetic_vision OUT [--train N] [--test N] [--seed S]` writes
 OUT/train.jsonl, OUT/test.jsonl, OUT/images/*.png, OUT/format.jsonl (the training images, each
 labelled with a colour drawn at random: a supervised warm start on it teaches the answer format,
-not the task) and OUT/reward.py (reward 1 when the response starts with the label, OpenRLHF's
-reward_func contract).
+not the task), OUT/pairs.jsonl and OUT/test_pairs.jsonl (preference pairs for `train rm` and `train dpo`: two
+per train or test record, `chosen` the image's colour and `rejected` each of the other two, so that a scorer
+blind to the images ranks at most half of them right: each colour word is as often rejected as chosen)
+and OUT/reward.py (reward 1 when the response starts with the label, OpenRLHF's reward_func contract).
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ def write_colour_task(out: str | Path, n_train: int = 240, n_test: int = 60, see
         for record, rgb, side in rows:
             Image.new("RGB", (side, side), rgb).save(out / record["images"][0])
         (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r, _, _ in rows))
+        pairs = [dict(r, chosen=r["label"], rejected=other) for r, _, _ in rows for other in COLOURS
+                 if other != r["label"]]
+        (out / ("pairs.jsonl" if split == "train" else "test_pairs.jsonl")).write_text(
+            "".join(json.dumps(p) + "\n" for p in pairs))
         if split == "train":  # the answer format without the task: each image with a colour drawn at random
             rng = random.Random(seed + 7)
             fmt = [dict(r, label=rng.choice(list(COLOURS))) for r, _, _ in rows]

@@ -65,11 +65,11 @@ class LaggingPool:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
-                 seeds: Sequence[int] | None = None) -> list[Trajectory]:
+                 seeds: Sequence[int] | None = None, vision: Sequence | None = None) -> list[Trajectory]:
         if seeds is None:
             gen = generator if generator is not None else torch.Generator().manual_seed(0)
             seeds = torch.randint(0, 2**62, (len(prompts),), generator=gen).tolist()
-        out = self.pool.gather(self.pool.submit(prompts, params, seeds, group_ids))
+        out = self.pool.gather(self.pool.submit(prompts, params, seeds, group_ids, vision=vision))
         self.oldest = min([t.version for t in out] + ([self.oldest] if self.oldest is not None else []))
         return out
 

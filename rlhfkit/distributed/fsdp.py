@@ -17,7 +17,16 @@ What each process does (every rank runs the same RL loop on the same data):
   equals the single-process step on the same global batch (tests/integration/test_fsdp.py).
 - A critic (gae) is sharded the same way and trained data-parallel beside the policy; an EMA of the
   policy (--actor.ema_beta) is kept shard by shard.
-- Saving gathers the full state dict on rank 0, which writes the HF folder (and `ema/`).
+- A vision-language model (models/vision.py) is sharded alike: each decoder layer of its language
+  model and each block of its vision tower is a unit, so are the base model (embeddings, the tower's
+  patch embedding and merger, the projector, the final norm), the LM head and the root. The tower is
+  not a unit of its own: fully_shard changes a unit's class, and transformers then finds no
+  output-capture settings for it (LLaVA reads the tower's hidden states through them). The forward gets
+  each row's image tensors as in one process, and a frozen tower (--actor.freeze_visual_encoder) is
+  sharded frozen. The reference keeps its own (sharded) copy of a frozen tower instead of sharing
+  the policy's modules: a module is sharded once, into one model.
+- Saving gathers the full state dict on rank 0, which writes the HF folder (and `ema/`); a
+  vision-language model's folder gets its processor too (api/rl.py).
 - Periodic checkpoints (--ckpt.save_steps) are sharded: each rank writes its shards of the weights,
   Adam moments and EMA and its trainer state, through torch.distributed.checkpoint; --ckpt.load_enable
   resumes from the latest complete one, under any number of ranks (distributed.fsdp_checkpoint).
@@ -40,6 +49,12 @@ import torch.distributed as dist
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import save_hf_folder
+from rlhfkit.models.vision import (
+    base_model,
+    is_vision_model,
+    plain_model_class,
+    vision_parts,
+)
 
 
 def init_from_torchrun() -> tuple[int, int]:
@@ -65,10 +80,26 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
+def vision_blocks(base: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks of a vision-language base model (models.vision.base_model) that are FSDP units: its
+    language model's decoder layers (`language_model.layers`; SmolVLM / Idefics3: `text_model.layers`)
+    and its vision towers' blocks (each tower's first ModuleList named `blocks`, `layers` or `layer`)."""
+    language = getattr(base, "language_model", None) or getattr(base, "text_model", None)
+    layers = getattr(language, "layers", None)
+    if layers is None:
+        raise ConfigError(f"--fsdp.enable: {type(base).__name__} has no language_model.layers (nor "
+                          "text_model.layers) to shard")
+    blocks = [next((list(m) for n, m in tower.named_modules() if isinstance(m, torch.nn.ModuleList)
+                    and n.rsplit(".", 1)[-1] in ("blocks", "layers", "layer")), []) for _, tower in vision_parts(base)]
+    return list(layers) + [b for tower in blocks for b in tower]
+
+
 def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool = False) -> torch.nn.Module:
     """Shard a causal LM in place across `world_size` ranks: one FSDP unit per decoder layer, the
-    backbone, the LM head and the root. A LoRA policy (a peft model) is sharded through its base model
-    (the root): its adapters sit in the layers' linear modules and are sharded with their layer.
+    backbone, the LM head and the root (a vision-language model: its base model is the backbone, and
+    each block of its vision tower is a unit too, `vision_blocks`). A LoRA policy (a
+    peft model) is sharded through its base model (the root): its adapters sit in the layers' linear
+    modules and are sharded with their layer.
 
     Gradients are SUMMED across ranks (divide factor 1): rlhfkit's losses are already divided by
     the counts of the whole optimizer step, so summing the ranks' parts gives the full gradient.
@@ -78,22 +109,31 @@ def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool =
     # shares the embedding's weight: backbone and head are then one unit (gathered from the backbone's
     # forward to the head's).
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model's base
-    backbone, head = inner.get_decoder(), inner.get_output_embeddings()
+    head = inner.get_output_embeddings()
+    if is_vision_model(inner):  # models.logprobs calls the base model (it takes the images), then the head
+        backbone = base_model(inner)
+        layers = vision_blocks(backbone)
+    else:
+        backbone, layers = inner.get_decoder(), decoder_layers(inner)
     if head is not None and head.weight is backbone.get_input_embeddings().weight:
         units = [[backbone, head]]
     else:
         units = [backbone] + ([head] if head is not None else [])
-    _shard(inner, decoder_layers(inner), units, world_size, mixed_precision, lambda ids: model(input_ids=ids))
+    _shard(inner, layers, units, world_size, mixed_precision, lambda ids: model(input_ids=ids))
     return model
 
 
 def shard_critic(critic: torch.nn.Module, world_size: int, mixed_precision: bool = False) -> torch.nn.Module:
     """Shard a models.critic.Critic like a causal LM: one unit per decoder layer of its backbone, the
-    backbone (embeddings, final norm), the value head (called directly by `response_values`), the root."""
-    layers = getattr(critic.backbone, "layers", None)
-    if layers is None:
+    backbone (embeddings, final norm), the value head (called directly by `response_values`), the root;
+    a vision-language backbone (a VLM's base model) with its tower's blocks as units too."""
+    if is_vision_model(critic.backbone):
+        layers = vision_blocks(critic.backbone)
+    else:
+        layers = list(getattr(critic.backbone, "layers", None) or [])
+    if not layers:
         raise ConfigError(f"--fsdp.enable: the critic's {type(critic.backbone).__name__} has no layers to shard")
-    return _shard(critic, list(layers), [critic.backbone, critic.value_head], world_size, mixed_precision,
+    return _shard(critic, layers, [critic.backbone, critic.value_head], world_size, mixed_precision,
                   lambda ids: critic(ids, torch.ones_like(ids)))
 
 
@@ -199,10 +239,8 @@ def save_full(model: torch.nn.Module, tokenizer, path: str | Path, rank: int) ->
     if rank == 0 and hasattr(model, "peft_config"):
         save_hf_folder(model, tokenizer, path, state_dict=state)  # peft keeps the adapters' weights of it
     elif rank == 0:
-        from transformers import AutoModelForCausalLM
-
         with torch.device("meta"):
-            plain = AutoModelForCausalLM.from_config(model.config)
+            plain = plain_model_class(model.config).from_config(model.config)
         plain.load_state_dict(state, strict=True, assign=True)
         plain.tie_weights()  # assign=True unties a tied head; tie it again so the folder has one copy
         plain.generation_config = model.generation_config

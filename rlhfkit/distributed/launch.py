@@ -5,7 +5,9 @@ Placement: every rollout worker is one actor asking for 1 CPU and `num_gpus` GPU
 actor asks for 1 CPU and its own GPUs. Ray places them on any node of the cluster with free
 resources (a local cluster: this machine; `ray start` on several machines: spread by Ray). Ray shows
 an actor only the GPUs it asked for, so unset GPU counts default to the GPUs present (`gpu_shares`):
-an actor asking for none would train or decode on the CPU of a GPU machine.
+an actor asking for none would train or decode on the CPU of a GPU machine. A vLLM engine actor
+counts as `--vllm.tensor_parallel_size` GPUs (vLLM runs its tensor-parallel ranks on the GPUs Ray
+shows the actor).
 """
 
 from __future__ import annotations
@@ -65,12 +67,21 @@ def cluster_gpus(address: str | None) -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
-def gpu_shares(trainer: float | None, worker: float | None, num_workers: int, gpus: int) -> tuple[float, float]:
+def gpu_shares(trainer: float | None, worker: float | None, num_workers: int, gpus: int,
+               per_worker: int = 1) -> tuple[float, float]:
     """(GPUs of the trainer actor, GPUs of each rollout worker actor): the given values, and for an
     unset one an equal share of the `gpus` present among the trainer and the `num_workers` workers, at
-    most 1 each (rounded down to Ray's 1e-4 resource precision, so the shares fit on the GPUs)."""
-    share = math.floor(min(1.0, gpus / (num_workers + 1)) * 10_000) / 10_000
-    return (share if trainer is None else trainer), (share if worker is None else worker)
+    most 1 each (rounded down to Ray's 1e-4 resource precision, so the shares fit on the GPUs); a worker
+    that runs on `per_worker` GPUs (a vLLM engine's tensor parallelism) counts `per_worker` times and
+    gets that many shares. ConfigError where such a worker would get more than one GPU but not a whole
+    number of them (Ray gives more than one GPU only in whole GPUs)."""
+    share = math.floor(min(1.0, gpus / (num_workers * per_worker + 1)) * 10_000) / 10_000
+    if worker is None and 1 < share * per_worker != int(share * per_worker):
+        raise ConfigError(f"a rollout worker with --vllm.tensor_parallel_size {per_worker} needs {per_worker} whole "
+                          f"GPUs, and {gpus} GPUs for {num_workers} workers and the trainer give it "
+                          f"{share * per_worker:g}: add GPUs, lower --rollout.num_workers or set "
+                          "--distributed.num_gpus_per_worker")
+    return (share if trainer is None else trainer), (share * per_worker if worker is None else worker)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -89,17 +100,20 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
 def worker_factory(model_path: str, gguf_file: str | None, dtype: str, autocast: str | None,
                    max_batch_size: int | None, num_gpus: float = 0.0,
                    delays: dict[int, float] | None = None, partial_tokens: int = 0,
-                   lora: tuple | None = None, record_experts: bool = False) -> Callable[[int], object]:
+                   lora: tuple | None = None, record_experts: bool = False, frozen_tower: bool = False,
+                   load_in_4bit: bool = False, vllm: dict | None = None) -> Callable[[int], object]:
     """slot -> a new RolloutWorker actor (1 CPU, `num_gpus` GPUs, one torch thread).
     `delays`: test-only slow-worker hook, slot -> seconds each weight update is held back;
     `partial_tokens`: partial rollouts; `lora`: the policy's LoRA settings; `record_experts`: routing
-    replay (see RolloutWorker)."""
+    replay; `frozen_tower`: a vision-language policy's frozen tower; `load_in_4bit`: QLoRA's 4-bit
+    base; `vllm`: a vLLM engine's settings (see RolloutWorker)."""
     cls = ray.remote(concurrency_groups=WORKER_GROUPS)(RolloutWorker)
 
     def make(slot: int):
         return cls.options(num_cpus=1, num_gpus=num_gpus).remote(
             model_path, gguf_file, dtype, autocast, max_batch_size, delay_s=(delays or {}).get(slot, 0.0),
-            partial_tokens=partial_tokens, lora=lora, record_experts=record_experts)
+            partial_tokens=partial_tokens, lora=lora, record_experts=record_experts, frozen_tower=frozen_tower,
+            load_in_4bit=load_in_4bit, vllm=vllm)
 
     return make
 

@@ -6,9 +6,19 @@ order. Because sampling is seeded per prompt, the samples do not depend on the n
 or on which worker a prompt lands: the pool gives the single-process engine's samples.
 
 Weights go trainer -> workers through the object store: `update_weights` puts the policy's state
-dict once per version (`ray.put`) and sends the reference, with the version, to every worker.
+dict once per version (`ray.put`) and sends the reference, with the version, to every worker (HF
+workers with LoRA: the adapter weights; vLLM workers: the weights vLLM loads, `engine_state`).
 Synchronous pools wait until every worker holds the version before sampling; an asynchronous
 pool does not wait, and a worker's trajectories carry the version it actually used.
+
+Images (a vision-language policy): `generate(..., vision=[...])` takes each prompt's image tensors
+(`data.images.VisionInputs`, as the trainer's processor made them); a shard's are put in the object
+store once (`ray.put`, reused when its prompts are re-issued; without the decoded images a
+VisionInputs may keep for the vLLM engine) and its worker prefills them with the prompts. They are shipped as the tensors, not as the decoded images to encode again on the worker:
+exactly what the trainer's forward sees, and the images an agent's environment returned mid-episode
+have no decoded copy here. The trajectories come back without them and `gather` puts the trainer's
+own VisionInputs on each (`info["vision"]`, shared by a prompt's samples, as in one process), so
+they cross the object store once, one way.
 
 Fault tolerance: a worker that dies (RayActorError) is replaced by a new actor loaded with the
 current weights and version, and the shards it held are re-issued to it with the same prompts and
@@ -20,13 +30,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ray
 import torch
 from ray.exceptions import RayActorError
 
 from rlhfkit.data.types import Trajectory
+from rlhfkit.models.lora import MergedLoraSource
 from rlhfkit.rollout.base import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -42,6 +53,8 @@ class Shard:
     seeds: list[int]
     group_ids: list[int]
     ref: object
+    vision: list | None = None  # the prompts' VisionInputs (or None each); None: no prompt holds images
+    vision_ref: object = None  # `vision` in the object store
 
 
 @dataclass
@@ -64,16 +77,20 @@ class RayEnginePool:
       patience_s: asynchronous mode: how long a worker waits for the newest announced version
         before generating with the weights it has (its samples then carry the older version).
       version: the initial policy version (sent to the workers at once).
+      state_fn: `full -> state` a worker loads: with `full` everything a new worker needs, else what a
+        weight update changes (may be less); default `policy_state` of the policy either way.
     """
 
     def __init__(self, policy: torch.nn.Module, make_worker: Callable[[int], object], num_workers: int,
-                 wait_for_weights: bool = True, patience_s: float = 2.0, version: int = 0):
+                 wait_for_weights: bool = True, patience_s: float = 2.0, version: int = 0,
+                 state_fn: Callable[[bool], Mapping[str, torch.Tensor]] | None = None):
         self.policy, self.make_worker = policy, make_worker
+        self.state_fn = state_fn or (lambda full: policy_state(policy))
         self.wait_for_weights, self.patience_s = wait_for_weights, patience_s
         self.workers = [make_worker(i) for i in range(num_workers)]
         self.replaced = 0  # workers replaced after dying
         self._version, self._state_ref = version, None
-        self.update_weights({}, version, wait=True)
+        self.update_weights(self.state_fn(True), version, wait=True)
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -81,8 +98,8 @@ class RayEnginePool:
         return self._version
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int, wait: bool | None = None) -> None:
-        """Send `state` (empty: the policy's state) at `version` to every worker, via one ray.put."""
-        state = state or policy_state(self.policy)
+        """Send `state` (empty: `state_fn`'s update) at `version` to every worker, via one ray.put."""
+        state = state or self.state_fn(False)
         self._state_ref = _put_state(state)
         self._version = version
         acks = [(i, self._send_weights(w)) for i, w in enumerate(self.workers)]
@@ -91,28 +108,31 @@ class RayEnginePool:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
-                 seeds: Sequence[int] | None = None) -> list[Trajectory]:
+                 seeds: Sequence[int] | None = None, vision: Sequence | None = None) -> list[Trajectory]:
         """Shard, generate and gather in prompt order. Without `seeds`, one per prompt is drawn from
-        `generator` (a fresh one seeded 0 when None)."""
+        `generator` (a fresh one seeded 0 when None). `vision`: each prompt's image tensors or None."""
         if seeds is None:
             gen = generator if generator is not None else torch.Generator().manual_seed(0)
             seeds = torch.randint(0, 2**62, (len(prompts),), generator=gen).tolist()
-        return self.gather(self.submit(prompts, params, seeds, group_ids, fresh=True))
+        return self.gather(self.submit(prompts, params, seeds, group_ids, fresh=True, vision=vision))
 
     # ------------------------------------------------------------------ submit / gather
     def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int],
-               group_ids: Sequence[int] | None = None, fresh: bool = False) -> Pending:
+               group_ids: Sequence[int] | None = None, fresh: bool = False,
+               vision: Sequence | None = None) -> Pending:
         """Start generating (non-blocking); `gather` the result. `fresh`: every worker waits for the
-        current version however long it takes (otherwise an async worker waits `patience_s` at most)."""
-        if len(seeds) != len(prompts):
-            raise ValueError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
+        current version however long it takes (otherwise an async worker waits `patience_s` at most).
+        `vision`: each prompt's image tensors (VisionInputs) or None."""
+        if len(seeds) != len(prompts) or (vision is not None and len(vision) != len(prompts)):
+            raise ValueError(f"seeds / vision have {len(seeds)} / {len(vision or seeds)} entries for {len(prompts)} "
+                             "prompts")
         groups = list(group_ids) if group_ids is not None else list(range(len(prompts)))
         shards = []
         for slot, (a, b) in enumerate(split_even(len(prompts), len(self.workers))):
             if a == b:
                 continue
             shard = Shard(slot, self.workers[slot], [list(p) for p in prompts[a:b]], [int(s) for s in seeds[a:b]],
-                          groups[a:b], None)
+                          groups[a:b], None, vision=shard_images(vision, a, b))
             shard.ref = self._generate_on(shard, params, fresh)
             shards.append(shard)
         return Pending(shards, params, fresh)
@@ -123,7 +143,7 @@ class RayEnginePool:
         for shard in pending.shards:
             while True:
                 try:
-                    out += ray.get(shard.ref)
+                    out += with_images(ray.get(shard.ref), shard.vision, pending.params.n)
                     break
                 except RayActorError as exc:
                     log.warning("rollout worker %d died (%s); replacing it and re-issuing its %d prompts",
@@ -141,8 +161,10 @@ class RayEnginePool:
     # ------------------------------------------------------------------ helpers
     def _generate_on(self, shard: Shard, params: SamplingParams, fresh: bool):
         patience = None if fresh or self.wait_for_weights else self.patience_s
+        if shard.vision is not None and shard.vision_ref is None:  # once: a re-issued shard sends the same reference
+            shard.vision_ref = ray.put([v if v is None else replace(v, images=()) for v in shard.vision])
         return shard.actor.generate.options(concurrency_group="generate").remote(
-            shard.prompts, params, shard.seeds, shard.group_ids, self._version, patience)
+            shard.prompts, params, shard.seeds, shard.group_ids, self._version, patience, shard.vision_ref)
 
     def _send_weights(self, worker):
         return worker.update_weights.options(concurrency_group="weights").remote(self._state_ref, self._version)
@@ -160,7 +182,7 @@ class RayEnginePool:
         if dead is not None and self.workers[slot] is not dead:
             return
         # the trainer is not updating while it gathers: its policy holds exactly version self._version
-        self._state_ref = _put_state(policy_state(self.policy))
+        self._state_ref = _put_state(self.state_fn(True))
         self.workers[slot] = self.make_worker(slot)
         self.replaced += 1
         ray.get(self._send_weights(self.workers[slot]))
@@ -168,11 +190,41 @@ class RayEnginePool:
 
 def policy_state(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     """What a worker needs to hold the policy: its whole state dict, or with LoRA (a peft model,
-    the workers wrapped alike) only the adapter weights, since the base never changes."""
+    the workers wrapped alike) only the adapter weights, since the base never changes; frozen
+    parameters (a vision tower under --actor.freeze_visual_encoder) are left out too: they stay as
+    the workers loaded them from the same files."""
     state = policy.state_dict()
     if getattr(policy, "peft_config", None):
         return {k: v for k, v in state.items() if "lora_" in k}
-    return state
+    frozen = {name for name, p in policy.named_parameters() if not p.requires_grad}
+    return {k: v for k, v in state.items() if k not in frozen}
+
+
+def shard_images(vision: Sequence | None, start: int, stop: int) -> list | None:
+    """The image tensors of prompts [start, stop), or None when none of them holds images."""
+    if vision is None:
+        return None
+    part = list(vision[start:stop])
+    return part if any(v is not None for v in part) else None
+
+
+def with_images(trajs: list[Trajectory], vision: list | None, n: int) -> list[Trajectory]:
+    """A shard's trajectories (prompt i's `n` samples at i*n ... i*n + n - 1) with their prompt's image
+    tensors put back (`info["vision"]`, the trainer's own VisionInputs, one object per prompt)."""
+    if vision is not None:
+        for k, t in enumerate(trajs):
+            if vision[k // n] is not None:
+                t.info["vision"] = vision[k // n]
+    return trajs
+
+
+def engine_state(policy: torch.nn.Module, full: bool) -> dict[str, torch.Tensor]:
+    """What a vLLM rollout worker loads (an engine without peft or bitsandbytes): the policy's state
+    dict, or for a LoRA policy the adapters merged into their layers (QLoRA: into the dequantized
+    4-bit base; `models.lora.MergedLoraSource`), everything with `full`, else the adapted modules."""
+    if not hasattr(policy, "peft_config"):
+        return policy.state_dict()
+    return MergedLoraSource(policy).state(full).as_dict()
 
 
 def _put_state(state: Mapping[str, torch.Tensor]):

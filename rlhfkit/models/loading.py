@@ -239,7 +239,23 @@ def load_causal_lm(
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None and not load_in_4bit:  # GGUF: weights are already dequantized; drop the quantizer
         quantizer.remove_quantization_config(model)
-    return eager_if_softcapped(model)
+    return eager_if_softcapped(keep_4bit_layout(model))
+
+
+def keep_4bit_layout(model: torch.nn.Module) -> torch.nn.Module:
+    """Switch off bitsandbytes' CPU kernel for eval-mode forwards (CPUs with avx512_bf16) in `model`'s
+    4-bit layers (none: nothing to do). At the first no-grad forward in eval mode (the rollout's)
+    bitsandbytes 0.50 repacks the frozen base in place with bf16 scales: from then on no gradient flows
+    back through the layer to its input (the LoRA adapters below it get a wrong gradient), every
+    `state_dict()` unpacks it with its scales quantized again, so the frozen base moves (measured on the
+    tiny model: weights up to 1.2e-3, logits up to 0.017 after one `state_dict()`); it needs layers of
+    at least 64 inputs and 32 outputs, and a layer with a bias (Qwen2's q, k, v) then fails in training
+    (an in-place add on a tensor that requires grad). Every forward then dequantizes the NF4 weights
+    and multiplies in the compute dtype, as training does and as on a GPU. Returns `model`."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+    return model
 
 
 def nf4_config(dtype: torch.dtype, gguf_file: str | None = None, keep: tuple[str, ...] | None = None):
@@ -377,15 +393,14 @@ def resolve_model(name_or_path: str) -> tuple[str, str | None]:
 
 def load_policy(name_or_path: str, dtype: str, load_in_4bit: bool = False):
     """(model, tokenizer) of a causal LM (with `load_in_4bit`, its linear layers in 4-bit NF4), or of a
-    vision-language model (models.vision) whose folder's config has a vision_config."""
+    vision-language model (models.vision) whose folder's config has a vision_config (with `load_in_4bit`,
+    its language model's linear layers in 4-bit NF4)."""
     from rlhfkit.models.vision import is_vision_folder, load_vision_model
 
     path, gguf = resolve_model(name_or_path)
     tokenizer = load_tokenizer(path, gguf_file=gguf)
     if gguf is None and is_vision_folder(path):
-        if load_in_4bit:
-            raise ConfigError(f"--ds.load_in_4bit does not load vision-language models ({name_or_path}) yet")
-        return load_vision_model(path, dtype=DTYPES[dtype]), tokenizer
+        return load_vision_model(path, dtype=DTYPES[dtype], load_in_4bit=load_in_4bit), tokenizer
     model = load_causal_lm(path, dtype=DTYPES[dtype], gguf_file=gguf, load_in_4bit=load_in_4bit)
     return model, tokenizer
 

@@ -3,7 +3,10 @@
 `add_lora` freezes the base weights and injects trainable rank-`rank` adapters into the named
 modules; saving writes peft's `adapter_config.json` + `adapter_model.safetensors` (the base
 folder is recorded in it). `merge_lora` folds an adapter into its base and writes a plain HF
-folder that `AutoModelForCausalLM.from_pretrained` loads without peft.
+folder that `AutoModelForCausalLM.from_pretrained` loads without peft. For a rollout engine without
+peft (vLLM), `MergedLoraSource` computes the merged weights at every sync without touching the peft
+model; over a 4-bit base (QLoRA, Dettmers et al. 2023, arXiv:2305.14314) it merges into the
+dequantized weights (`DequantizedState`), the weight the trainer's 4-bit layers multiply by.
 """
 
 from __future__ import annotations
@@ -137,21 +140,32 @@ PEFT_PREFIX = "base_model.model."  # what peft puts before the base model's para
 def lora_layers(peft_model: torch.nn.Module) -> dict[str, tuple[float, bool]]:
     """Every LoRA-adapted linear of `peft_model`'s active adapter: its module name (as in the peft
     state dict) -> (scaling = alpha / rank, fan_in_fan_out). ModelError for an adapted layer a
-    plain `W + scaling * B @ A` does not fold (DoRA, embeddings, quantized bases)."""
-    from peft.tuners.lora import Linear
-
+    plain `W + scaling * B @ A` does not fold (DoRA, embeddings, 8-bit bases)."""
     name = peft_model.active_adapter
     out = {}
     for prefix, module in peft_model.named_modules():
         if name not in getattr(module, "lora_A", {}):
             continue
-        # peft's Linear wraps a plain nn.Linear (4-bit and embedding layers have classes of their own);
-        # a variant (DoRA, ...) merges otherwise
-        if not isinstance(module, Linear) or name in getattr(module, "lora_variant", {}):
-            raise ModelError(f"{prefix}: only LoRA on plain linear layers folds into merged weights for "
-                             "--rollout.engine vllm (not DoRA, embeddings or 4-bit bases)")
+        # peft wraps a plain nn.Linear or a 4-bit one (whose weight is dequantized first: DequantizedState)
+        # in classes of their own, as it does embeddings and 8-bit layers; a variant (DoRA, ...) merges otherwise
+        if not _foldable(module) or name in getattr(module, "lora_variant", {}):
+            raise ModelError(f"{prefix}: only LoRA on plain or 4-bit linear layers folds into merged weights for "
+                             "--rollout.engine vllm (not DoRA, embeddings or 8-bit bases)")
         out[prefix] = (float(module.scaling[name]), bool(module.fan_in_fan_out))
     return out
+
+
+def _foldable(module: torch.nn.Module) -> bool:
+    """A peft LoRA layer over a plain linear, or over bitsandbytes' 4-bit linear (when installed)."""
+    from peft.tuners.lora import Linear
+
+    if isinstance(module, Linear):
+        return True
+    try:
+        from peft.tuners.lora.bnb import Linear4bit
+    except ImportError:  # no bitsandbytes: no 4-bit layers either
+        return False
+    return isinstance(module, Linear4bit)
 
 
 def hf_name(peft_key: str) -> str:
@@ -232,6 +246,47 @@ class MergedLoraState:
         if self.on_done is not None:
             self.on_done(self.sent_bytes)
 
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        """Every part in one dict (what a Ray rollout worker is sent)."""
+        return {name: t for part in self.parts(2**62) for name, t in part.items()}
+
+
+def is_4bit(model: torch.nn.Module) -> bool:
+    """Whether `model` (or the base model a peft model wraps) holds bitsandbytes' 4-bit layers (QLoRA)."""
+    return bool(getattr(model, "is_loaded_in_4bit", False))
+
+
+def dequantized_items(model: torch.nn.Module):
+    """(name, tensor) of `model`'s state dict as an engine without bitsandbytes takes it: every 4-bit
+    linear's weight dequantized (bitsandbytes' `dequantize_4bit`: the weight the layer multiplies by, in
+    its compute dtype), the tensors of its quantization state left out, the rest as they are."""
+    import bitsandbytes as bnb
+
+    quantized = {f"{prefix}.weight": m.weight for prefix, m in model.named_modules()
+                 if isinstance(m, bnb.nn.Linear4bit)}
+    for key, tensor in model.state_dict().items():
+        if key in quantized:
+            weight = quantized[key]
+            yield key, bnb.functional.dequantize_4bit(weight.data, weight.quant_state)
+        elif key.rpartition(".weight.")[0] + ".weight" not in quantized:  # not a 4-bit weight's state
+            yield key, tensor
+
+
+class DequantizedState:
+    """A 4-bit (QLoRA) model's state for a rollout engine without bitsandbytes (`dequantized_items`),
+    one tensor per part, dequantized as it is asked for: a full-precision copy of the whole model never
+    exists at once. `MergedLoraState` folds the adapters into the dequantized weights."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def __bool__(self) -> bool:
+        return True
+
+    def parts(self, bucket_bytes: int):
+        for key, tensor in dequantized_items(self.model):
+            yield {key: tensor}
+
 
 def check_tied_head(peft_model: torch.nn.Module) -> None:
     """ModelError for LoRA on the output head of a model whose head is its input embeddings (tied):
@@ -248,18 +303,32 @@ def check_tied_head(peft_model: torch.nn.Module) -> None:
 
 class MergedLoraSource:
     """A rollout engine's weight source for a LoRA policy (`state_fn` of `VLLMEngine`): each call
-    returns the `MergedLoraState` of `state_fn()`; the first in full (the engine may hold other
-    base weights than the policy's), every later one only the modules with adapted layers, since
-    the base weights are frozen. `sent_bytes`: the bytes of each sync, in order, once it is loaded."""
+    returns the `MergedLoraState` of `state_fn()` (default: the peft model's state dict, or for a 4-bit
+    base its `DequantizedState`); the first in full (the engine may hold other base weights than the
+    policy's), every later one only the modules with adapted layers, since the base weights are frozen.
+    `sent_bytes`: the bytes of each sync, in order, once it is loaded."""
 
-    def __init__(self, peft_model: torch.nn.Module, state_fn):
-        self.model, self.state_fn = peft_model, state_fn
+    def __init__(self, peft_model: torch.nn.Module, state_fn=None):
+        default = (lambda: DequantizedState(peft_model)) if is_4bit(peft_model) else peft_model.state_dict
+        self.model, self.state_fn = peft_model, state_fn or default
         self.calls, self.sent_bytes = 0, []
         check_tied_head(peft_model)
 
-
     def __call__(self) -> MergedLoraState:
-        state = MergedLoraState(self.model, self.state_fn(), adapted_only=self.calls > 0,
-                                on_done=self.sent_bytes.append)
+        state = self.state(full=self.calls == 0)
         self.calls += 1
         return state
+
+    def state(self, full: bool) -> MergedLoraState:
+        """The merged state of `state_fn()`: every weight with `full`, else the adapted modules only."""
+        return MergedLoraState(self.model, self.state_fn(), adapted_only=not full, on_done=self.sent_bytes.append)
+
+
+def engine_state_fn(policy: torch.nn.Module, state_fn=None):
+    """What a rollout engine without peft or bitsandbytes (vLLM) loads at every weight sync: `state_fn()`
+    (default: the policy's state dict); for a LoRA policy the adapters merged into their layers
+    (`MergedLoraSource`), over the dequantized 4-bit base for QLoRA (the effective weight the trainer
+    computes with, `W_deq + scaling * B @ A`)."""
+    if not hasattr(policy, "peft_config"):
+        return state_fn or policy.state_dict
+    return MergedLoraSource(policy, state_fn)

@@ -37,6 +37,34 @@ def vectors_to_float32(model: torch.nn.Module) -> int:
     return moved
 
 
+def _float32_output(module, args, output):
+    """Forward hook of `float32_residual`: the embedding's low-precision output as float32 under autocast
+    (outside it a bf16 linear layer would refuse a float32 input: the output is left as it is)."""
+    low = output.dtype in (torch.bfloat16, torch.float16)
+    return output.float() if low and torch.is_autocast_enabled(output.device.type) else output
+
+
+def float32_residual(model: torch.nn.Module) -> bool:
+    """Keep the residual stream of `model` (bf16 parameters) in float32: its input embedding's output is
+    upcast, so each layer adds its bf16 attention and MLP outputs to a float32 sum, as under autocast
+    over float32 parameters (where the embedding reads float32 weights). In bf16, a residual of size
+    ~1 absorbs any update below 2^-8 of it at every one of the layers' adds, forward and backward.
+    The norms take the float32 sum (their weights are float32: `vectors_to_float32`) and the linear
+    layers get its bf16 cast from autocast (outside autocast the hook leaves the embedding's output
+    alone). Returns whether the hook was added (False: already there or no input embedding)."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embed is None or getattr(embed, "_rlhfkit_float32_output", False):
+        return False
+    embed.register_forward_hook(_float32_output)
+    embed._rlhfkit_float32_output = True
+    return True
+
+
+def is_float32_residual_hook(hook) -> bool:
+    """Whether `hook` is the forward hook `float32_residual` adds (other hooks change a forward's ops)."""
+    return hook is _float32_output
+
+
 def resolve_device(name: str, flag: str = "--actor.device") -> torch.device:
     """auto -> cuda when torch sees a CUDA device, else cpu; cpu, cuda, cuda:N as named. A CUDA
     device that is not there is a ConfigError naming `flag` (raised before any model loads)."""

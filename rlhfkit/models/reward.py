@@ -1,5 +1,7 @@
 """Reward models: a causal-LM backbone with a scalar `score` head read at the last token; and
-process reward models (a causal LM read at step ends, see the end of this file).
+process reward models (a causal LM read at step ends, see the end of this file). A reward model over
+images (a vision-language model's base model with a `score` head) has its own folder layout:
+models/vision_reward.py; `load_reward_model` and `reward_scores` take both.
 
 A reward model is an HF `*ForSequenceClassification` with `num_labels=1` (for Llama,
 `LlamaForSequenceClassification`: `model` backbone + bias-free `score` Linear). HF reads the
@@ -17,7 +19,10 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import ModelError
-from rlhfkit.models.loading import load_errors, nf4_config, resolve_model_file, resolve_model_path
+from rlhfkit.models.loading import keep_4bit_layout, load_errors, nf4_config, resolve_model_file, resolve_model_path
+from rlhfkit.models.precision import model_device
+from rlhfkit.models.vision import vision_kwargs
+from rlhfkit.models.vision_reward import HEAD_CONFIG, is_vision_reward_folder, load_vision_reward_model
 
 
 def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.dtype = torch.float32,
@@ -44,17 +49,21 @@ def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.d
     finally:
         torch.random.set_rng_state(rng)
     model.config.pad_token_id = pad_token_id
-    return model
+    return keep_4bit_layout(model) if load_in_4bit else model
 
 
 def load_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A reward model saved by `rlhfkit train rm` (any HF sequence-classification folder)."""
+    """A reward model saved by `rlhfkit train rm`: any HF sequence-classification folder, or a reward
+    model over images (models/vision_reward.py)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     folder = resolve_model_path(path)
+    if is_vision_reward_folder(folder):
+        return load_vision_reward_model(folder, dtype)
     if not is_reward_model_folder(folder):
         raise ModelError(f"{folder} is not a reward-model folder (its config.json names no "
-                         "*ForSequenceClassification architecture); train one with `rlhfkit train rm`")
+                         f"*ForSequenceClassification architecture and it has no {HEAD_CONFIG}); train one with "
+                         "`rlhfkit train rm`")
     with load_errors("a reward model", folder):
         config = AutoConfig.from_pretrained(folder)
         if config.num_labels != 1:
@@ -63,8 +72,11 @@ def load_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float3
 
 
 def is_reward_model_folder(path: str | os.PathLike) -> bool:
+    """Whether `path` holds a reward model: a sequence-classification folder or a reward model over images."""
     import json
 
+    if is_vision_reward_folder(path):
+        return True
     cfg = Path(path).expanduser() / "config.json"
     if not cfg.is_file():
         return False
@@ -75,10 +87,20 @@ def is_reward_model_folder(path: str | os.PathLike) -> bool:
         return False
 
 
-def reward_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """input_ids, attention_mask [B, L] right-padded -> scores [B] float32 (raw, not normalised)."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+def reward_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  **images: torch.Tensor) -> torch.Tensor:
+    """input_ids, attention_mask [B, L] right-padded -> scores [B] float32 (raw, not normalised);
+    `images`: a reward model over images' image tensors (models.vision.vision_kwargs)."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **images)
     return out.logits.squeeze(-1).float()
+
+
+def batch_scores(model: torch.nn.Module, batch) -> torch.Tensor:
+    """Scores [B] float32 of the rows of a padded `data.batch.TokenBatch` (prompt + response each), with
+    their images when the batch carries them; computed on the model's device."""
+    device = model_device(model)
+    return reward_scores(model, batch.input_ids.to(device), batch.attention_mask.to(device),
+                         **vision_kwargs(model, batch, device))
 
 
 def normalization(model: torch.nn.Module) -> tuple[float, float]:

@@ -1,20 +1,30 @@
 """Tiny random vision-language models and their processors, built in code, for tests and demos.
 
 `tiny_vision_model_and_processor(family)` builds a 2-layer language model with a 1-layer vision
-tower of one of three families, with random weights and the family's own processor (image
-processor, tokenizer with the family's image tokens, chat template), nothing read from a hub or
-from disk:
+tower of one of FAMILIES, with random weights and the family's own processor (image processor,
+tokenizer with the family's image tokens, chat template), nothing read from a hub or from disk:
 
-  qwen2_vl  Qwen2-VL: a ViT over 14-pixel patches merged 2x2, images of any size as a variable
-            number of tokens, M-RoPE (3-D positions: time, height, width) in the language model
-  llava     LLaVA: a CLIP vision tower, an MLP projector, a Llama language model; one image is a
-            fixed number of tokens
-  gemma3    Gemma 3: a SigLIP vision tower, pooled to a fixed number of soft tokens, a Gemma 3
-            text model with sliding and full layers; image tokens attend to each other both ways
+  qwen2_vl      Qwen2-VL: a ViT over 14-pixel patches merged 2x2, images of any size as a variable
+                number of tokens, M-RoPE (3-D positions: time, height, width) in the language model
+  qwen2_5_vl    Qwen2.5-VL: the same with window attention in the tower
+  qwen3_vl      Qwen3-VL: 16-pixel patches, interleaved M-RoPE, deepstack features fed to the
+                language model's first layer; qwen3_vl_moe: with mixture-of-experts MLPs
+  qwen3_5       Qwen3.5: Qwen3-VL's tower, a Gated DeltaNet (linear attention) layer and a
+                full-attention layer with partial rotary positions
+  llava         LLaVA: a CLIP vision tower, an MLP projector, a Llama language model; one image is a
+                fixed number of tokens
+  gemma3        Gemma 3: a SigLIP vision tower, pooled to a fixed number of soft tokens, a Gemma 3
+                text model with sliding and full layers; image tokens attend to each other both ways
+  gemma4        Gemma 4: a variable number of pooled soft tokens per image, per-layer input
+                embeddings, bidirectional attention within an image in the sliding layers
+  smolvlm       SmolVLM (and idefics3, its base): each image split into sub-images plus the whole,
+                a SigLIP tower per sub-image, pixel shuffle, a Llama language model
+  internvl      InternVL: each image cut into tiles plus a thumbnail, pixel shuffle, a Qwen2 model
 
-The tokenizer is models.tiny's character-level tokenizer with the family's image tokens added.
+The tokenizer is models.tiny's character-level tokenizer with the family's image tokens added
+(Qwen3.5's as its own byte-level tokenizer class, which transformers loads its folders with).
 Images are made small (28 to 56 pixels a side) so that a forward runs in milliseconds on a CPU.
-The Qwen2-VL processor is built image-only (no video processor, see models.vision).
+Processors whose video (or audio) part needs torchvision are built image-only (models.vision).
 
 `python -m rlhfkit.models.tiny_vision OUT [--family F] [--seed S]` writes one as an HF folder
 (weights, config, processor) that `rlhfkit train rl|sft|dpo --actor.model_name_or_path OUT` loads.
@@ -24,10 +34,11 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.models.tiny import BOS, EOS, PAD, tiny_tokenizer
+from rlhfkit.models.tiny import ALPHABET, BOS, EOS, PAD, SPECIAL_TOKENS, UNK, tiny_tokenizer
 from rlhfkit.models.vision import image_only_processor
 
-FAMILIES = ("qwen2_vl", "llava", "gemma3")
+FAMILIES = ("qwen2_vl", "llava", "gemma3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "smolvlm", "idefics3", "qwen3_5",
+            "gemma4", "internvl")
 
 # A chat template that renders {"type": "image"} content parts as the family's image placeholder
 # and text parts as their text (string contents as they are), one turn per message closed by EOS.
@@ -52,29 +63,71 @@ def _text_ids(tok) -> dict:
     return {"vocab_size": len(tok), "pad_token_id": pad, "bos_token_id": bos, "eos_token_id": eos}
 
 
-def _qwen2_vl():
-    from transformers import (
-        Qwen2VLConfig,
-        Qwen2VLForConditionalGeneration,
-        Qwen2VLImageProcessorPil,
-        Qwen2VLProcessor,
-    )
+def _qwen_processor(processor_cls, patch_size: int = 14, tok=None):
+    """(processor, {image_token_id, video_token_id, vision_start_token_id, vision_end_token_id}) of a
+    Qwen-VL family: the character tokenizer (or `tok`) with Qwen's vision tokens, the PIL image processor
+    making images of 28 to 56 pixels (2 to 4 patches a side, merged 2x2), image-only (no video processor)."""
+    from transformers import Qwen2VLImageProcessorPil
 
-    tok = tiny_tokenizer()
+    tok = tok or tiny_tokenizer()
     start, pad, end, video = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
     tok.add_special_tokens({"additional_special_tokens": [start, pad, end, video]})
-    ip = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=56 * 56, patch_size=14, merge_size=2,
-                                  temporal_patch_size=2)
-    processor = image_only_processor(Qwen2VLProcessor)(image_processor=ip, tokenizer=tok,
-                                                       chat_template=_TEMPLATE.replace("IMAGE", start + pad + end))
-    ids = _ids(tok, pad, video, start, end)
+    side = 2 * patch_size
+    ip = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=4 * side * side, patch_size=patch_size,
+                                  merge_size=2, temporal_patch_size=2)
+    processor = image_only_processor(processor_cls)(image_processor=ip, tokenizer=tok,
+                                                    chat_template=_TEMPLATE.replace("IMAGE", start + pad + end))
+    ids = dict(zip(("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"),
+                   _ids(tok, pad, video, start, end)))
+    return processor, ids
+
+
+def _qwen_vision(patch_size: int = 14, **more) -> dict:
+    """A 1-layer Qwen-VL vision tower of width 32 whose merger projects to the language model's width."""
+    return {"depth": 1, "hidden_size": 32, "num_heads": 2, "patch_size": patch_size, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "in_channels": 3, **more}
+
+
+def _qwen2_vl():
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+
+    processor, ids = _qwen_processor(Qwen2VLProcessor)
     config = Qwen2VLConfig(
-        text_config={**_TEXT, **_text_ids(tok), "rope_parameters": {
+        text_config={**_TEXT, **_text_ids(processor.tokenizer), "rope_parameters": {
             "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}},
-        vision_config={"depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2,
-                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3},
-        image_token_id=ids[0], video_token_id=ids[1], vision_start_token_id=ids[2], vision_end_token_id=ids[3])
+        vision_config=_qwen_vision(embed_dim=32, mlp_ratio=2), **ids)
     return Qwen2VLForConditionalGeneration, config, processor
+
+
+def _qwen2_5_vl():
+    """Qwen2.5-VL: Qwen2-VL's M-RoPE, a tower with window attention (windows of one merged 2x2 patch
+    group, so that a 2x2-group image is reordered into 4 windows) and RMSNorm / gated MLPs."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+
+    processor, ids = _qwen_processor(Qwen2_5_VLProcessor)
+    config = Qwen2_5_VLConfig(
+        text_config={**_TEXT, **_text_ids(processor.tokenizer), "rope_parameters": {
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}},
+        vision_config=_qwen_vision(intermediate_size=64, out_hidden_size=32, window_size=28,
+                                   fullatt_block_indexes=[]), **ids)
+    return Qwen2_5_VLForConditionalGeneration, config, processor
+
+
+def _qwen3_vl(moe: bool = False):
+    """Qwen3-VL: 16-pixel patches, interleaved M-RoPE, and deepstack: the tower's layer 0 features are
+    added to the image tokens' hidden states after the language model's first layer. `moe`: Qwen3-VL-MoE,
+    its MLPs mixtures of 4 experts (2 per token)."""
+    import transformers
+
+    name = "Qwen3VLMoe" if moe else "Qwen3VL"
+    processor, ids = _qwen_processor(transformers.Qwen3VLProcessor, patch_size=16)
+    experts = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32} if moe else {}
+    config = getattr(transformers, f"{name}Config")(
+        text_config={**_TEXT, **_text_ids(processor.tokenizer), **experts, "head_dim": 8, "rope_parameters": {
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True}},
+        vision_config=_qwen_vision(16, intermediate_size=64, out_hidden_size=32, num_position_embeddings=16,
+                                   deepstack_visual_indexes=[0]), **ids)
+    return getattr(transformers, f"{name}ForConditionalGeneration"), config, processor
 
 
 def _llava():
@@ -102,21 +155,27 @@ def _llava():
     return LlavaForConditionalGeneration, config, processor
 
 
+def _tokenizer_with(specials: dict):
+    """The character tokenizer with `specials` (name -> token, e.g. {"image_token": "<image_soft_token>"}) as
+    named special tokens: the tokenizer has `tok.image_token` and `tok.image_token_id`, as Gemma's processors read."""
+    from transformers import PreTrainedTokenizerFast
+
+    base = tiny_tokenizer()
+    base.add_special_tokens({"additional_special_tokens": list(specials.values())})
+    return PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, pad_token=PAD, bos_token=BOS, eos_token=EOS,
+                                   unk_token="<unk>", extra_special_tokens=specials)
+
+
 def _gemma3():
     from transformers import (
         Gemma3Config,
         Gemma3ForConditionalGeneration,
         Gemma3ImageProcessorPil,
         Gemma3Processor,
-        PreTrainedTokenizerFast,
     )
 
     boi, soft, eoi = "<start_of_image>", "<image_soft_token>", "<end_of_image>"
-    base = tiny_tokenizer()
-    base.add_special_tokens({"additional_special_tokens": [boi, soft, eoi]})
-    tok = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, pad_token=PAD, bos_token=BOS,
-                                  eos_token=EOS, unk_token="<unk>",
-                                  extra_special_tokens={"boi_token": boi, "image_token": soft, "eoi_token": eoi})
+    tok = _tokenizer_with({"boi_token": boi, "image_token": soft, "eoi_token": eoi})
     size, tokens_per_image = 28, 4
     ip = Gemma3ImageProcessorPil(size={"height": size, "width": size})
     processor = Gemma3Processor(image_processor=ip, tokenizer=tok, image_seq_length=tokens_per_image,
@@ -132,7 +191,141 @@ def _gemma3():
     return Gemma3ForConditionalGeneration, config, processor
 
 
-_BUILDERS = {"qwen2_vl": _qwen2_vl, "llava": _llava, "gemma3": _gemma3}
+def _byte_level_tokenizer():
+    """The character tokenizer as Qwen3.5's own tokenizer class (byte-level BPE, no merges: one token a
+    character), which transformers loads a qwen3_5 folder's tokenizer with whatever class it names."""
+    from transformers import Qwen3_5Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte = bytes_to_unicode()
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    vocab.update({byte[ord(ch)]: len(SPECIAL_TOKENS) + i for i, ch in enumerate(ALPHABET)})  # ASCII: one byte each
+    return Qwen3_5Tokenizer(vocab=vocab, merges=[], unk_token=UNK, bos_token=BOS, eos_token=EOS, pad_token=PAD)
+
+
+def _qwen3_5():
+    """Qwen3.5: Qwen3-VL's tower (no deepstack) under a hybrid language model: a Gated DeltaNet
+    (linear attention, a recurrent state and a causal convolution) layer, then a full-attention
+    layer with partial rotary positions (half of each head)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor
+
+    processor, ids = _qwen_processor(Qwen3VLProcessor, patch_size=16, tok=_byte_level_tokenizer())
+    config = Qwen3_5Config(
+        text_config={**_TEXT, **_text_ids(processor.tokenizer), "head_dim": 16,
+                     "layer_types": ["linear_attention", "full_attention"], "linear_conv_kernel_dim": 4,
+                     "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
+                     "linear_num_value_heads": 4, "rope_parameters": {
+                         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                         "mrope_interleaved": True, "partial_rotary_factor": 0.5}},
+        vision_config=_qwen_vision(16, intermediate_size=64, out_hidden_size=32, num_position_embeddings=16), **ids)
+    return Qwen3_5ForConditionalGeneration, config, processor
+
+
+def _gemma4():
+    """Gemma 4: a vision tower over 4-pixel patches with 2-D rotary positions, pooled 2x2 into soft
+    tokens (a variable number per image: its aspect ratio kept within 70 tokens), a language model with
+    per-layer input embeddings, sliding and full layers, image tokens attending to each other both ways
+    in the sliding layers; the processor built image-only (no audio feature extractor, no video)."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4ImageProcessorPil, Gemma4Processor
+
+    specials = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>",
+                "boa_token": "<start_of_audio>", "audio_token": "<audio_soft_token>", "eoa_token": "<end_of_audio>"}
+    tok = _tokenizer_with(specials)
+    ip = Gemma4ImageProcessorPil(patch_size=4, pooling_kernel_size=2, max_soft_tokens=70)
+    processor = image_only_processor(Gemma4Processor)(image_processor=ip, tokenizer=tok, image_seq_length=70,
+                                                      chat_template=_TEMPLATE.replace("IMAGE", specials["image_token"]))
+    ids = dict(zip(("boi_token_id", "image_token_id", "eoi_token_id", "boa_token_id", "audio_token_id",
+                    "eoa_token_index", "video_token_id"),
+                   _ids(tok, *specials.values(), processor.video_token)))
+    config = Gemma4Config(
+        text_config={**_TEXT, **_text_ids(tok), "head_dim": 8, "global_head_dim": 8, "sliding_window": 8,
+                     "layer_types": ["sliding_attention", "full_attention"], "hidden_size_per_layer_input": 8,
+                     "vocab_size_per_layer_input": len(tok), "use_bidirectional_attention": "vision"},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "num_key_value_heads": 2, "head_dim": 16, "patch_size": 4, "pooling_kernel_size": 2,
+                       "position_embedding_size": 64},
+        audio_config=None, **ids)
+    return Gemma4ForConditionalGeneration, config, processor
+
+
+def _internvl():
+    """InternVL: each image cut into 28-pixel tiles (up to 4, with a thumbnail of the whole when there are
+    several), an InternViT tower over 7-pixel patches, pixel shuffle (16 patches -> 4 tokens a tile) and an
+    MLP projector, a Qwen2 language model; the processor built image-only (no video processor)."""
+    from transformers import (
+        GotOcr2ImageProcessorPil,
+        InternVLConfig,
+        InternVLForConditionalGeneration,
+        InternVLProcessor,
+    )
+
+    specials = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                "video_token": "<video>"}
+    tok = _tokenizer_with(specials)
+    ip = GotOcr2ImageProcessorPil(size={"height": 28, "width": 28}, crop_to_patches=True, min_patches=1, max_patches=4)
+    processor = image_only_processor(InternVLProcessor)(
+        image_processor=ip, tokenizer=tok, image_seq_length=4,
+        chat_template=_TEMPLATE.replace("IMAGE", specials["context_image_token"]))
+    config = InternVLConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": [28, 28], "patch_size": [7, 7]},
+        text_config={"model_type": "qwen2", **_TEXT, **_text_ids(tok)}, image_seq_length=4, downsample_ratio=0.5,
+        image_token_id=_ids(tok, specials["context_image_token"])[0])
+    return InternVLForConditionalGeneration, config, processor
+
+
+def _idefics_processor(processor_cls, image_processor_cls, **settings):
+    """(processor, image token id) of an Idefics3-style processor: the character tokenizer with its image
+    tokens; images resized to 56 pixels on their longest side and split into 28-pixel sub-images (a
+    56 x 56 image: 2 x 2 sub-images and the whole image shrunk to 28 x 28, a 56 x 28 one: 1 x 2 and
+    the whole), each 4 image tokens (28-pixel frames of 7-pixel patches, pixel-shuffled by 2)."""
+    fake, image, glob = "<fake_token_around_image>", "<image>", "<global-img>"
+    tok = tiny_tokenizer()
+    rows = [f"<row_{r}_col_{c}>" for r in range(1, 3) for c in range(1, 3)]
+    tok.add_special_tokens({"additional_special_tokens": [fake, image, glob, "<end_of_utterance>", *rows]})
+    ip = image_processor_cls(size={"longest_edge": 56}, max_image_size={"longest_edge": 28}, do_image_splitting=True)
+    processor = processor_cls(image_processor=ip, tokenizer=tok, image_seq_len=4,
+                              chat_template=_TEMPLATE.replace("IMAGE", image), **settings)
+    return processor, _ids(tok, image)[0]
+
+
+def _idefics_config(config_cls, tok, image_token_id):
+    return config_cls(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 28, "patch_size": 7},
+        text_config={"model_type": "llama", **_TEXT, **_text_ids(tok)}, scale_factor=2, image_token_id=image_token_id)
+
+
+def _smolvlm():
+    """SmolVLM: a SigLIP tower over each sub-image, pixel shuffle and a linear connector, a Llama
+    language model; its processor built image-only (its video processor needs torchvision)."""
+    from transformers import (
+        SmolVLMConfig,
+        SmolVLMForConditionalGeneration,
+        SmolVLMImageProcessorPil,
+        SmolVLMProcessor,
+    )
+
+    processor, image = _idefics_processor(image_only_processor(SmolVLMProcessor), SmolVLMImageProcessorPil)
+    return SmolVLMForConditionalGeneration, _idefics_config(SmolVLMConfig, processor.tokenizer, image), processor
+
+
+def _idefics3():
+    """Idefics3: SmolVLM's architecture (SmolVLM is built on it) with its own processor (images only)."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessorPil,
+        Idefics3Processor,
+    )
+
+    processor, image = _idefics_processor(Idefics3Processor, Idefics3ImageProcessorPil)
+    return Idefics3ForConditionalGeneration, _idefics_config(Idefics3Config, processor.tokenizer, image), processor
+
+
+_BUILDERS = {"qwen2_vl": _qwen2_vl, "llava": _llava, "gemma3": _gemma3, "qwen2_5_vl": _qwen2_5_vl,
+             "qwen3_vl": _qwen3_vl, "qwen3_vl_moe": lambda: _qwen3_vl(moe=True), "smolvlm": _smolvlm,
+             "idefics3": _idefics3, "qwen3_5": _qwen3_5, "gemma4": _gemma4, "internvl": _internvl}
 
 
 def tiny_vision_model_and_processor(family: str = "qwen2_vl", seed: int = 0):

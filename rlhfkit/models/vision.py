@@ -25,11 +25,11 @@ import inspect
 
 import torch
 
-from rlhfkit.errors import ConfigError, ModelError
+from rlhfkit.errors import ConfigError, ModelError, one_line
 
 # Where transformers keeps the vision tower and the projector of each family's base model.
 TOWER_NAMES = ("visual", "vision_tower", "vision_model", "vision_encoder")
-PROJECTOR_NAMES = ("multi_modal_projector", "connector", "mm_projector", "merger")
+PROJECTOR_NAMES = ("multi_modal_projector", "connector", "mm_projector", "merger", "embed_vision")
 
 
 def is_vision_config(config) -> bool:
@@ -73,10 +73,11 @@ def is_vision_model(model: torch.nn.Module) -> bool:
 
 
 def image_only_processor(processor_cls: type) -> type:
-    """A subclass of `processor_cls` (a transformers processor taking a video processor) that takes
-    only `image_processor`, `tokenizer` and `chat_template`: built where the video processor
-    cannot be (it needs torchvision). Its __init__ sets what the class's own sets from the
-    tokenizer, then ProcessorMixin's."""
+    """A subclass of `processor_cls` (a transformers processor taking a video processor, and maybe an
+    audio feature extractor) that takes only `image_processor`, `tokenizer` and `chat_template` (and the
+    class's own settings, e.g. SmolVLM's `image_seq_len`): built where the video processor cannot be
+    (it needs torchvision). Its __init__ is the class's own, given None for the parts it lacks, which
+    ProcessorMixin then leaves out."""
     return _image_only(processor_cls)
 
 
@@ -84,15 +85,39 @@ def image_only_processor(processor_cls: type) -> type:
 def _image_only(processor_cls: type) -> type:
     from transformers.processing_utils import ProcessorMixin
 
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        for kind, default in (("image", "<|image_pad|>"), ("video", "<|video_pad|>")):
-            token = getattr(tokenizer, f"{kind}_token", None) or default
-            setattr(self, f"{kind}_token", token)
-            setattr(self, f"{kind}_token_id", tokenizer.convert_tokens_to_ids(token))
-        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
+    kept = ("image_processor", "tokenizer")
+    parts = processor_cls.get_attributes()
+    absent = {name: None for name in parts if name not in kept}
+    own = inspect.signature(processor_cls.__init__)
+    signature = own.replace(parameters=[p for name, p in own.parameters.items() if name not in absent])
 
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        named = {k: v for k, v in bound.arguments.items() if k != "self"}
+        named.update(named.pop(next((n for n, p in signature.parameters.items() if p.kind == p.VAR_KEYWORD), ""), {}))
+        processor_cls.__init__(self, **named, **absent)
+
+    # Its own settings (e.g. InternVL's image_seq_length) stay in the signature: ProcessorMixin saves those.
+    __init__.__signature__ = signature
+
+    class WithoutAbsentParts(ProcessorMixin):
+        """Next after `processor_cls` in the MRO: hands ProcessorMixin its parts without the absent ones."""
+
+        def __init__(self, *args, **kwargs):
+            kwargs.update(zip(parts, args))  # the class passes its parts by position or by name
+            ProcessorMixin.__init__(self, **{k: v for k, v in kwargs.items() if k not in absent})
+
+    methods = {"__init__": __init__, "__module__": __name__}
+    owner = next(c for c in processor_cls.__mro__ if "apply_chat_template" in vars(c))
+    if owner.__name__ in _VIDEO_DEFAULTS_ONLY:  # its own rendering reads the video processor's defaults
+        methods["apply_chat_template"] = ProcessorMixin.apply_chat_template
     # The class keeps its name: a saved folder names the processor class transformers knows.
-    return type(processor_cls.__name__, (processor_cls,), {"__init__": __init__, "__module__": __name__})
+    return type(processor_cls.__name__, (processor_cls, WithoutAbsentParts), methods)
+
+
+# Processors whose apply_chat_template differs from ProcessorMixin's only by the video processor's defaults it
+# passes on (frames, fps): their image-only class renders with ProcessorMixin's.
+_VIDEO_DEFAULTS_ONLY = ("SmolVLMProcessor",)
 
 
 def _takes_video(processor_cls: type) -> bool:
@@ -103,7 +128,7 @@ def load_processor(path: str):
     """The processor of the VLM folder `path` (AutoProcessor); image-only where its video processor
     cannot be built (module docstring). ModelError naming the folder when neither loads."""
     check_torchvision()
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+    from transformers import AutoProcessor
     from transformers.models.auto.processing_auto import processor_class_from_name
 
     from rlhfkit.models.loading import load_errors
@@ -123,11 +148,28 @@ def load_processor(path: str):
                 raise failure
             raise ModelError(f"{path}: AutoProcessor found no image processor for this vision-language model; "
                              "add its preprocessor_config.json / processor_config.json")
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
-        template = getattr(tokenizer, "chat_template", None)
-        return image_only_processor(cls)(image_processor=image_processor, tokenizer=tokenizer,
-                                         chat_template=_chat_template(path) or template)
+        return _image_only_from_folder(path, cls)
+
+
+def _image_only_from_folder(path: str, cls: type):
+    """`image_only_processor(cls)` of the folder's tokenizer, PIL image processor, chat template and the
+    processor's own settings; ModelError naming the package when one it needs is missing (SmolVLM's: num2words)."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
+    template = getattr(tokenizer, "chat_template", None)
+    image_only = image_only_processor(cls)
+    takes = inspect.signature(image_only.__init__).parameters
+    settings = {k: v for k, v in _processor_config(path).items()
+                if k in takes and k not in ("self", "image_processor", "tokenizer", "chat_template")}
+    try:
+        return image_only(image_processor=image_processor, tokenizer=tokenizer,
+                          chat_template=_chat_template(path) or template, **settings)
+    except ImportError as exc:
+        raise ModelError(f"cannot load the processor of {path}: transformers' {cls.__name__} needs a package that is "
+                         f"not installed ({one_line(exc)}); install it (pip install 'rlhfkit[vision]' brings "
+                         "the ones rlhfkit's vision-language families need)") from exc
 
 
 def _processor_class_name(path: str) -> str | None:
@@ -141,6 +183,15 @@ def _processor_class_name(path: str) -> str | None:
             if cls:
                 return cls
     return None
+
+
+def _processor_config(path: str) -> dict:
+    """The processor's own settings saved in the folder's processor_config.json ({} without one)."""
+    import json
+    from pathlib import Path
+
+    f = Path(path) / "processor_config.json"
+    return json.loads(f.read_text()) if f.is_file() else {}
 
 
 def _chat_template(path: str) -> str | None:
@@ -157,18 +208,49 @@ def _chat_template(path: str) -> str | None:
     return None
 
 
-def load_vision_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A VLM from folder `path` with AutoModelForImageTextToText (ModelError naming the folder)."""
+def load_vision_model(path: str, dtype: torch.dtype = torch.float32, load_in_4bit: bool = False) -> torch.nn.Module:
+    """A VLM from folder `path` with AutoModelForImageTextToText (ModelError naming the folder). With
+    `load_in_4bit` (QLoRA) the language model's linear layers load as bitsandbytes' 4-bit NF4 weights
+    computing in `dtype`; the vision tower, the projector and the LM head stay in `dtype`
+    (`unquantized_parts`)."""
     from pathlib import Path
 
     check_torchvision()
     from transformers import AutoModelForImageTextToText
 
-    from rlhfkit.models.loading import _all_weights_loaded, load_errors
+    from rlhfkit.models.loading import (
+        _all_weights_loaded,
+        keep_4bit_layout,
+        load_errors,
+        nf4_config,
+    )
 
+    kwargs = {}
     with load_errors("a vision-language model", path):
-        loaded = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, output_loading_info=True)
-    return _all_weights_loaded(loaded, Path(path))
+        if load_in_4bit:
+            kwargs["quantization_config"] = nf4_config(dtype, keep=unquantized_parts(path))
+        loaded = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, output_loading_info=True, **kwargs)
+    return keep_4bit_layout(_all_weights_loaded(loaded, Path(path)))
+
+
+def unquantized_parts(path: str) -> tuple[str, ...]:
+    """The full module names of the VLM in folder `path` that QLoRA leaves unquantized: the vision tower,
+    the projector and the LM head (read from its config, built on the meta device)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(path))
+    names = {id(m): n for n, m in model.named_modules()}
+    parts = [m for _, m in vision_parts(model, projector=True)] + [model.get_output_embeddings()]
+    return tuple(names[id(m)] for m in parts if m is not None)
+
+
+def plain_model_class(config):
+    """The transformers auto class that builds a model of `config`: AutoModelForImageTextToText for a
+    vision-language model, else AutoModelForCausalLM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -202,23 +284,27 @@ def freeze_visual_encoder(model: torch.nn.Module, projector: bool = False) -> in
     return frozen
 
 
-def language_lora_targets(model: torch.nn.Module, targets: tuple[str, ...] | str) -> list[str]:
-    """The full names of the linear layers LoRA `targets` (module names, or "all-linear") picks in a VLM
-    outside its vision tower: the language model's and the projector's, not the LM head (as peft's
-    all-linear leaves it out). With a frozen tower (--actor.freeze_visual_encoder) the adapters go there
-    only; peft's own matching would also put them in the tower (its layers share names such as q_proj)."""
-    tower = tuple(f"{name}." for name, _ in vision_parts(model))
+def language_lora_targets(model: torch.nn.Module, targets: tuple[str, ...] | str, tower: bool = False) -> list[str]:
+    """The full names of the linear layers LoRA `targets` (module names, or "all-linear") picks in a VLM's
+    base model outside its vision tower: the language model's and the projector's, not the LM head (as peft's
+    all-linear leaves it out) nor a reward model's score head (models.vision_reward; its own head trains
+    whole). With a frozen tower (--actor.freeze_visual_encoder) the adapters go there only; peft's own
+    matching would also put them in the tower (its layers share names such as q_proj). `tower`: the
+    tower's layers of those names too (a reward model over images whose tower trains)."""
+    towers = () if tower else tuple(f"{name}." for name, _ in vision_parts(model))
     prefix = next((n for n, m in model.named_modules() if m is base_model(model)), "")
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     picked = []
     for name, module in model.named_modules():
-        inner = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
-        if not isinstance(module, torch.nn.Linear) or module is head or inner.startswith(tower):
+        inside = not prefix or name.startswith(prefix + ".")
+        inner = name[len(prefix) + 1:] if prefix and inside else name
+        if not isinstance(module, torch.nn.Linear) or module is head or not inside or inner.startswith(towers):
             continue
         if targets == "all-linear" or name.rsplit(".", 1)[-1] in targets:
             picked.append(name)
     if not picked:
-        raise ConfigError(f"--ds.lora.target_modules {targets}: no linear layer of that name outside the vision tower "
+        where = "in the base model" if tower else "outside the vision tower"
+        raise ConfigError(f"--ds.lora.target_modules {targets}: no linear layer of that name {where} "
                           f"of {type(model).__name__}")
     return picked
 
@@ -273,10 +359,25 @@ def vision_kwargs(model: torch.nn.Module, batch, device: torch.device) -> dict:
 def concat_vision(rows) -> dict[str, torch.Tensor]:
     """The image tensors of several rows for one forward: each key's tensors (`row.tensors`, dim 0
     indexing the row's images or their patches) concatenated in row order; rows without images
-    (None) add nothing. The model scatters the features into the image tokens in the same order."""
+    (None) add nothing. The model scatters the features into the image tokens in the same order.
+    Tensors laid out per prompt (Idefics3 / SmolVLM: [1, sub-images, C, H, W] and the pixel mask)
+    whose rows differ in size past dim 0 are padded with zeros to the largest first, as the model's
+    processor pads a batch of prompts (the model drops all-zero sub-images)."""
     present = [r for r in rows if r is not None and r.tensors]
     keys = sorted({k for r in present for k in r.tensors})
-    return {k: torch.cat([r.tensors[k] for r in present if k in r.tensors]) for k in keys}
+    return {k: _cat_padded([r.tensors[k] for r in present if k in r.tensors]) for k in keys}
+
+
+def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
+    shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
+    padded = []
+    for t in tensors:
+        if list(t.shape[1:]) != shape:
+            out = t.new_zeros(t.shape[0], *shape)
+            out[(slice(None), *(slice(0, n) for n in t.shape[1:]))] = t
+            t = out
+        padded.append(t)
+    return torch.cat(padded)
 
 
 # ------------------------------------------------------------------ memory plan
@@ -301,17 +402,36 @@ def vision_sizes(config: dict, image_tokens: int | None = None) -> dict:
     v = hf_config.vision_config
     width = getattr(v, "embed_dim", None) or v.hidden_size
     intermediate = getattr(v, "intermediate_size", None) or int(width * getattr(v, "mlp_ratio", 4))
-    merge = getattr(v, "spatial_merge_size", 1)
-    fixed = getattr(hf_config, "mm_tokens_per_image", None)
-    if fixed is None and getattr(v, "image_size", None) and "spatial_merge_size" not in v.to_dict():
-        fixed = (v.image_size // v.patch_size) ** 2
+    fixed, merge = image_layout(hf_config)
     tokens = fixed or image_tokens or DEFAULT_IMAGE_TOKENS
-    patches = (v.image_size // v.patch_size) ** 2 if getattr(v, "image_size", None) else tokens * merge**2
     return {"total": sum(p.numel() for p in model.parameters()), "tower": tower, "projector": projector,
             "text": hf_config.get_text_config(decoder=True).to_dict(),
-            "image_tokens": tokens, "fixed_tokens": fixed is not None, "patches": patches, "width": width,
-            "intermediate": intermediate, "layers": getattr(v, "depth", None) or v.num_hidden_layers,
+            "image_tokens": tokens, "fixed_tokens": fixed is not None, "patches": round(tokens * merge),
+            "width": width, "intermediate": intermediate, "layers": getattr(v, "depth", None) or v.num_hidden_layers,
             "heads": getattr(v, "num_heads", None) or v.num_attention_heads}
+
+
+def image_layout(hf_config) -> tuple[int | None, float]:
+    """(language-model tokens per image when the config fixes them, else None; vision-tower patches per
+    language-model token). Fixed: LLaVA (one token per patch of its square image), Gemma 3
+    (`mm_tokens_per_image`, pooled from the patches). Variable: Qwen-VL (patches merged
+    spatial_merge_size^2 to a token), Idefics3 / SmolVLM (a tile per sub-image, pixel-shuffled
+    scale_factor^2), InternVL (tiles, downsampled by downsample_ratio a side), Gemma 4 (pooled
+    pooling_kernel_size^2, as many tokens as the image's aspect ratio gives)."""
+    v = hf_config.vision_config
+    side = lambda x: x[0] if isinstance(x, (list, tuple)) else x
+    size, patch = side(getattr(v, "image_size", None)), side(getattr(v, "patch_size", None))
+    grid = (size // patch) ** 2 if size and patch else None
+    for merge in (getattr(v, "spatial_merge_size", None) and v.spatial_merge_size ** 2,
+                  getattr(hf_config, "scale_factor", None) and hf_config.scale_factor ** 2,
+                  getattr(hf_config, "downsample_ratio", None) and 1 / hf_config.downsample_ratio ** 2,
+                  getattr(v, "pooling_kernel_size", None) and v.pooling_kernel_size ** 2):
+        if merge:
+            return None, merge
+    fixed = getattr(hf_config, "mm_tokens_per_image", None)
+    if fixed is not None:
+        return fixed, grid / fixed if grid else 1
+    return grid, 1
 
 
 def tower_activation_bytes(sizes: dict, images: int, compute_bytes: int) -> int:

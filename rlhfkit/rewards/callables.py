@@ -9,7 +9,8 @@ reward functions all go through `CallableRewardFn(func, source, name)`. The trai
               raw_prompts=[B str | list[{"role", "content"}]], records=[B dict])
 
 where `raw_prompts[i]` is the dataset's prompt before templating and `records[i]` the dataset row
-(all its columns) of sample i's prompt. The function's parameter names say which contract it
+(all its columns) of sample i's prompt; prompts with images add `prompt_images=[B list[PIL image] | None]`
+(rewards.reward_model.prompt_images). The function's parameter names say which contract it
 follows (`detect_contract`); anything else is refused in one line naming both:
 
 * OpenRLHF (its first parameter is `queries`): `reward_func(queries, prompts, labels, **kwargs)`

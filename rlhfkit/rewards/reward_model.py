@@ -6,6 +6,9 @@ share the policy's vocabulary, as in OpenRLHF), scored at the last token, and no
 the `mean` / `std` that `rlhfkit train rm` stored in the RM's config:
 reward = (score - mean) / std. The raw score is logged as `reward_extra/rm_score`.
 
+`VisionRewardModelFn`: a reward model over images (models/vision_reward.py); each sample is the prompt's
+messages with its images (`prompt_images`) and the response, rendered by the RM's own processor.
+
 `ProcessRewardFn`: a process reward model (`rlhfkit train prm`, trained by trainers/supervised/prm.py).
 The policy's response is cut into steps (`prm_layout`), the PRM reads prompt + response with its
 placeholder at each step end, and P(good step) is a token reward on the step's last token
@@ -19,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from rlhfkit.data.batch import collate
+from rlhfkit.data.images import image_messages
 from rlhfkit.data.steps import (
     Placeholder,
     StepSample,
@@ -26,17 +31,21 @@ from rlhfkit.data.steps import (
     placeholder_of,
     single_token_id,
 )
+from rlhfkit.data.supervised import TokenSample
+from rlhfkit.data.supervised_images import VisionTextFormat
 from rlhfkit.errors import ConfigError, ModelError, RewardError
 from rlhfkit.models import load_tokenizer
-from rlhfkit.models.loading import load_policy
+from rlhfkit.models.loading import load_policy, resolve_model_path
 from rlhfkit.models.precision import model_device, on_device
 from rlhfkit.models.reward import (
+    batch_scores,
     load_reward_model,
     normalization,
     prm_settings,
     reward_scores,
     step_logits,
 )
+from rlhfkit.models.vision import load_processor
 from rlhfkit.rewards.base import RewardOutput
 
 
@@ -70,6 +79,65 @@ class RewardModelFn:
         attention = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
         device = model_device(self.model)
         return reward_scores(self.model, input_ids.to(device), attention.to(device))
+
+
+# ---------------------------------------------------------------------------------- reward models over images
+IMAGE_COLUMN = "images"  # the column of the record VisionRewardModelFn hands its format (the prompt's images)
+
+
+def prompt_images(prompts: Sequence) -> dict:
+    """The reward call's `prompt_images=` keyword: each prompt's opened images (`PromptItem.images`, in
+    placeholder order; None for a prompt without) when any prompt has images, else nothing."""
+    images = [getattr(p, "images", None) for p in prompts]
+    return {"prompt_images": images} if any(images) else {}
+
+
+class VisionRewardModelFn:
+    """reward_func(queries, prompts, labels, **kwargs) backed by a reward model over images
+    (models/vision_reward.py, `rlhfkit train rm` on a vision-language model).
+
+    Each sample is laid out as the reward model read its training pairs: the prompt's messages
+    (`raw_prompts`, with one image placeholder per image of `prompt_images`, as the policy's prompt was
+    rendered) and the response's text (`responses`) as the assistant's turn, rendered and tokenized by
+    the reward model's own processor (data.supervised_images.VisionTextFormat: its chat template, each image
+    expanded to its tokens), so it need not share the policy's processor. The score is read at the last
+    token and normalised with the `mean` / `std` of its config; the raw score is logged as
+    `reward_extra/rm_score`. Images an environment returns during an agent episode are not shown to it."""
+
+    def __init__(self, path: str | Path, micro_batch_size: int = 8, normalize: bool = True,
+                 device: torch.device | str = "cpu", offload: bool = False):
+        """`device`: where it scores; `offload`: kept on the CPU between calls, moved to `device` for each."""
+        self.model = load_reward_model(path).eval().requires_grad_(False)
+        self.processor = load_processor(str(resolve_model_path(path)))
+        self.device, self.offload = torch.device(device), offload
+        if not offload:
+            self.model.to(self.device)
+        self.micro_batch_size, self.where = micro_batch_size, f"reward model {path}"
+        self.mean, self.std = normalization(self.model) if normalize else (0.0, 1.0)
+
+    def sample(self, raw_prompt, response: str, images: list | None, where: str) -> TokenSample:
+        """The reward model's tokens of one prompt (a string or messages; `images`: its opened images, in
+        placeholder order) and its response text, with the image tensors."""
+        images = list(images or [])
+        fmt = VisionTextFormat(self.processor, IMAGE_COLUMN, max(1, len(images)))
+        messages = image_messages(raw_prompt, len(images), where)
+        return fmt.encode(messages, response, where, all_turns=False, record={IMAGE_COLUMN: images})
+
+    @torch.no_grad()
+    def __call__(self, queries: list[str], prompts: list[str], labels: list, **kwargs) -> RewardOutput:
+        raw, responses = kwargs.get("raw_prompts"), kwargs.get("responses")
+        if raw is None or responses is None:
+            raise RewardError(f"{self.where} scores a prompt's messages and images with the response: it needs "
+                              "the trainer's raw_prompts= and responses= (it cannot be served over HTTP)")
+        images = kwargs.get("prompt_images") or [None] * len(raw)
+        samples = [self.sample(p, r, im, f"{self.where}, sample {i}")
+                   for i, (p, r, im) in enumerate(zip(raw, responses, images))]
+        pad = self.processor.tokenizer.pad_token_id
+        with on_device(self.model, self.device if self.offload else None):
+            scores = torch.cat([batch_scores(self.model, collate(samples[i : i + self.micro_batch_size], pad)).cpu()
+                                for i in range(0, len(samples), self.micro_batch_size)])
+        rewards = (scores - self.mean) / self.std
+        return RewardOutput(rewards=rewards, scores=rewards.clone(), extra_logs={"rm_score": scores})
 
 
 # ---------------------------------------------------------------------------------- process reward models

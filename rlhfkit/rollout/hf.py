@@ -63,6 +63,7 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.models.logprobs import forward_parameters, note_once
 from rlhfkit.models.moe import ExpertRecorder, routing_shape
 from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.bf16_decode import Bf16Decoder, bf16_decode_support
 from rlhfkit.rollout.decode_attention import decode_attention
 from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache
 from rlhfkit.rollout.prefix import prefill_shared, shared_prefix_length
@@ -120,6 +121,7 @@ class DecodeState:
     prefill_width: int = 0  # the cache columns of the prefill (the row's response tokens follow)
     kv_version: int = 0  # the weights that computed the cache (rows are kept only under them)
     first: int = 0  # the generation's index of the chunk's first prompt (row r is prompt first + r // n)
+    inputs: object = None  # an engine's inputs of the chunk beyond its ids (a VisionEngine's image tensors)
     prompt_experts: list | None = None  # with record_experts: per prompt its tokens' experts [P, layers, k]
     experts: torch.Tensor | None = None  # and per row each response token's [B, max_new, layers, k]
 
@@ -174,8 +176,13 @@ class HFEngine:
         `max_batch_tokens` tokens, and a weight update drops them.
       row_hook: called before every forward with, for each row of its batch, the index of the prompt
         (in the generation's prompts) the row belongs to: a model whose rows differ (per-row LoRA
-        adapters, models.lora_rows) sets itself up for that batch. Turns off `share_prefix` and
-        `keep_turns` (their forwards mix rows of several prompts); not with `compile_decode`.
+        adapters, models.lora_rows) sets itself up for that batch. Turns off `share_prefix`,
+        `keep_turns` and `bf16_decode` (their forwards mix rows or skip the model's modules); not with
+        `compile_decode`.
+      bf16_decode: with bfloat16 autocast on the CPU, prefills and decode steps over a bf16 copy of
+        the weights (q/k/v and gate/up stacked, packed for oneDNN), made when a generation starts
+        (again if the weights change between its slices) and freed when it ends (rollout.bf16_decode);
+        Llama and Qwen2 models only, else the model's forward. The same ops, up to bf16 rounding.
       record_experts: a mixture-of-experts model's routing is recorded (routing replay): each
         trajectory's `experts` holds the experts every MoE layer chose for each prompt and response
         token the engine ran through the model, in the forward that first computed it (a kept turn's
@@ -198,6 +205,7 @@ class HFEngine:
         share_prefix: bool = True,
         keep_turns: bool = True,
         row_hook=None,
+        bf16_decode: bool = True,
         record_experts: bool = False,
     ):
         if row_hook is not None and compile_decode:
@@ -234,6 +242,14 @@ class HFEngine:
             from rlhfkit.models.compile import compile_decode_step
 
             self._compiled_step = compile_decode_step(model, on_cpu=compile_on_cpu)
+        self._bf16 = None  # the decode step over a bf16 copy of the weights (rollout.bf16_decode)
+        if (bf16_decode and row_hook is None and autocast_dtype == torch.bfloat16 and self._cached
+                and self._compiled_step is None):
+            reason = bf16_decode_support(model)
+            if reason is None:
+                self._bf16 = Bf16Decoder(model)
+            else:
+                note_once(f"the HF engine's bf16 decode step is off for {type(model).__name__}: {reason}")
         # the hint of GenerationEngine.generate's callers (rollout.base.turn_kwargs)
         self.keeps_turns = (keep_turns and row_hook is None and self._cached and self._takes_positions
                             and self._compiled_step is None)
@@ -311,6 +327,8 @@ class HFEngine:
         try:
             gathered = self.gather(self.model) if self.gather is not None else contextlib.nullcontext()
             with self._no_grad(), self._autocast(), decode_attention(self.model), gathered:
+                if self._bf16 is not None and self.device.type == "cpu":
+                    self._bf16.refresh()  # a copy of the weights of this call (rebuilt if they changed)
                 while budget > 0 and len(gen.done) < len(gen.chunks):
                     start, stop = gen.chunks[len(gen.done)]
                     if gen.state is None:
@@ -322,7 +340,11 @@ class HFEngine:
                         gen.state = None
         finally:
             self.model.train(was_training)
-        return self._trajectories(gen) if len(gen.done) == len(gen.chunks) else None
+        if len(gen.done) < len(gen.chunks):
+            return None
+        if self._bf16 is not None:  # the weights change before the next generation: no copy held meanwhile
+            self._bf16.release()
+        return self._trajectories(gen)
 
     def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
         # Built outside inference mode: trajectories hold ordinary tensors a loss may save for backward.
@@ -478,8 +500,7 @@ class HFEngine:
                 s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache, compiled=True)
             else:
                 s.seqs = torch.cat([s.seqs, tok.unsqueeze(-1)], dim=1)
-                s.logits = self._forward(s.seqs, s.attention_mask, (s.attention_mask.cumsum(-1) - 1).clamp(min=0),
-                                         None)
+                s.logits = self._uncached_logits(s)
             if s.experts is not None:  # the fed token's experts (the last column of the forward)
                 fed = self.routed.pop()
                 if fed is not None:
@@ -503,6 +524,10 @@ class HFEngine:
             tokens = prompt + s.tokens[row, : length - 1].tolist()
             self.turns.put(key, row_entry(s.cache, pos, torch.cat([real, fed]), tokens, s.kv_version))
 
+    def _uncached_logits(self, s: DecodeState) -> torch.Tensor:
+        """The next-token logits of a model decoded without a cache: a forward over the whole sequences `s.seqs`."""
+        return self._forward(s.seqs, s.attention_mask, (s.attention_mask.cumsum(-1) - 1).clamp(min=0), None)
+
     @staticmethod
     def _finish(s: DecodeState) -> None:
         """The chunk is done: check the logprobs, bring its results to the CPU, free its cache."""
@@ -525,6 +550,8 @@ class HFEngine:
             kwargs["past_key_values"] = cache
         kwargs.update(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None)
         kwargs.update(extra or {})
+        if self._bf16 is not None and self._bf16.ready and not extra and self._growing(cache) and self.recorder is None:
+            return self._bf16.forward(input_ids, attention_mask, position_ids, cache)
         step = self._compiled_step if compiled else None
         if step is None:
             with self._recording(input_ids.shape[0]):

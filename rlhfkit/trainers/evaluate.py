@@ -36,6 +36,7 @@ from rlhfkit.agents.executor import TokenBudget, agent_rewards, episode_rows
 from rlhfkit.core.passk import pass_at_k
 from rlhfkit.data.types import PromptItem, Trajectory
 from rlhfkit.rewards.math import extract_answer, parse_number
+from rlhfkit.rewards.reward_model import prompt_images
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams, image_kwargs
 
 # responses, their prompts (and keywords: completion_messages of tool episodes) -> metrics
@@ -108,7 +109,7 @@ def _call_reward(reward_fn, responses: list[str], prompts: Sequence[PromptItem],
     texts = [p.text for p in prompts]
     return reward_fn([t + r for t, r in zip(texts, responses)], texts, [p.label for p in prompts],
                      responses=responses, raw_prompts=[p.text if p.raw is None else p.raw for p in prompts],
-                     records=[p.record for p in prompts], **extra)
+                     records=[p.record for p in prompts], **prompt_images(prompts), **extra)
 
 
 def conversation_fields(info: dict) -> dict:

@@ -2,6 +2,8 @@
 prompts and, when asked, the "sevens" reward file."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,22 @@ def reward_func(queries, prompts, labels, **kwargs):
     r = torch.tensor([sum(c == "7" for c in s) / 8.0 for s in responses])
     return {"rewards": r, "scores": r.clamp(0, 1), "extra_logs": {"sevens": r * 8}}
 '''
+
+
+# A `vllm` package that stands in for vLLM in other processes (tests/fakes/vllm: an HF model behind the
+# real weight-sync extension); never imported into the test process, where vLLM must stay absent.
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+
+
+def fake_vllm_env(log: Path) -> dict[str, str]:
+    """Environment variables of a process whose `import vllm` is the fake, which logs to `log`."""
+    paths = [str(FAKES), str(FAKES.parents[1]), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in paths if p), "FAKE_VLLM_LOG": str(log)}
+
+
+def fake_vllm_events(log: Path) -> list[dict]:
+    """The fake engines' records (init, generate, load), in the order they were written."""
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
 @pytest.fixture(autouse=True)
@@ -77,3 +95,28 @@ def refuse(argv, capsys, needle):
     assert len(lines) == 1 and needle in lines[0], err
     assert "Traceback" not in err
     return lines[0]
+
+
+def colour_workspace(root):
+    """`root` with a tiny random Qwen2-VL in `vlm/`, the colour task (16 training images) in `colours/` and
+    `varied.py` (a reward that varies within groups); returns `root`."""
+    from rlhfkit.data.synthetic_vision import write_colour_task
+    from rlhfkit.models.tiny_vision import save_tiny_vision
+    from tests.integration.test_vision_rl import VARIED_REWARD
+
+    save_tiny_vision(root / "vlm", "qwen2_vl")
+    write_colour_task(root / "colours", n_train=16, n_test=4)
+    (root / "varied.py").write_text(VARIED_REWARD)
+    return root
+
+
+def vision_rl_flags(ws, out, **over) -> list[str]:
+    """The flags of a tiny `train rl` run of the colour task in a `colour_workspace` `ws` writing to `out`
+    (2 steps of 4 prompts x 2 samples); `over` (dotted names) adds or replaces flags."""
+    return cli_flags({
+        "actor.model_name_or_path": ws / "vlm", "data.prompt_dataset": ws / "colours" / "train.jsonl",
+        "data.input_key": "prompt", "data.label_key": "label", "data.image_key": "images",
+        "reward.remote_url": ws / "varied.py", "rollout.batch_size": 4, "rollout.n_samples_per_prompt": 2,
+        "rollout.max_new_tokens": 4, "train.batch_size": 8, "train.micro_batch_size": 4, "train.max_steps": 2,
+        "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant", "actor.autocast": "none",
+        "logger.progress_bar": "false", "train.num_threads": 1, "ckpt.output_dir": out, **over})

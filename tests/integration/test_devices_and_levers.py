@@ -264,11 +264,10 @@ def test_lora_in_rl_trains_the_adapters_only_against_the_base_model(ws, tmp_path
     torch.testing.assert_close(response_logprobs(merged, batch)[0], policy_logp, atol=1e-5, rtol=1e-5)
 
 
-def test_lora_in_rl_refuses_what_it_does_not_combine_with():
+def test_lora_in_rl_combines_with_the_vllm_engine_and_qlora_too():
     assert rlhfkit.RLConfig.from_args(["--ds.lora.rank", "8", "--rollout.engine", "vllm"]).ds.lora.rank == 8
-    with pytest.raises(ConfigError, match="--ds.load_in_4bit does not combine with --rollout.engine vllm") as e:
-        rlhfkit.RLConfig.from_args(["--ds.lora.rank", "8", "--ds.load_in_4bit", "true", "--rollout.engine", "vllm"])
-    assert "\n" not in str(e.value)
+    cfg = rlhfkit.RLConfig.from_args(["--ds.lora.rank", "8", "--ds.load_in_4bit", "true", "--rollout.engine", "vllm"])
+    assert cfg.ds.load_in_4bit and cfg.rollout.engine == "vllm"  # synced dequantized (test_vllm_qlora.py)
     assert rlhfkit.RLConfig.from_args(["--target_modules", "q_proj", "v_proj"]).ds.lora.target_modules == "q_proj,v_proj"
 
 

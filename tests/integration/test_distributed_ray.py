@@ -296,3 +296,22 @@ def test_lora_on_two_workers_equals_lora_in_one_process(ws, cluster):
     ra, rb = rows_of(local), rows_of(out)
     assert len(ra) == 4 and ra == rb
     assert rb[-1]["actor/grad_norm"] > 0
+
+
+def test_qlora_on_two_workers_equals_qlora_in_one_process(ws, cluster):
+    """--ds.load_in_4bit: each worker loads the same 4-bit NF4 base as the trainer (bitsandbytes quantizes
+    the same files the same way) under the same adapters, and receives the adapter weights: the run equals
+    the single-process QLoRA run, and the workers' logprobs are the trainer's forward on the 4-bit layers."""
+    pytest.importorskip("bitsandbytes")
+    qlora = {"ds.lora.rank": "4", "ds.lora.alpha": "8", "ds.load_in_4bit": "true", "train.max_steps": "3"}
+    local, out = ws / "qlora_local", ws / "qlora_ray"
+    assert main(["train", "rl", *flags(ws, local, **qlora)]) == 0
+    assert main(["train", "rl", *flags(ws, out, **qlora, **{"distributed.backend": "ray",
+                                                              "rollout.num_workers": "2"})]) == 0
+    a, b = (load_file(p / "final" / "adapter_model.safetensors") for p in (local, out))
+    assert a and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = rows_of(local), rows_of(out)
+    assert len(ra) == 3 and ra == rb
+    gaps = [r["rollout/logprob_gap_mean"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if "rollout/logprob_gap_mean" in r]
+    assert len(gaps) == 3 and max(gaps) < 1e-4, gaps

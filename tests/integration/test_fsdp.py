@@ -49,9 +49,14 @@ WITH_CRITIC_AND_EMA = {"actor.ema_beta": 0.9, "algo.advantage.estimator": "gae",
 
 def run_fsdp(ws, out, **over) -> subprocess.CompletedProcess:
     """`train rl --fsdp.enable true` in 2 torchrun processes (gloo on the CPU) writing to `out`."""
+    return torchrun_rl(flags(ws, out, **over))
+
+
+def torchrun_rl(argv: list[str]) -> subprocess.CompletedProcess:
+    """`train rl ARGV --fsdp.enable true` in 2 torchrun processes (gloo on the CPU)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           "-m", "rlhfkit.cli.main", "train", "rl", *flags(ws, out, **over), "--fsdp.enable", "true"]
+           "-m", "rlhfkit.cli.main", "train", "rl", *argv, "--fsdp.enable", "true"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=os.getcwd())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc

@@ -1,9 +1,13 @@
 """QLoRA (--ds.load_in_4bit with --ds.lora.rank): the base model's linear layers load as bitsandbytes'
 4-bit NF4 weights, only the LoRA adapters train over them, in `train sft`, `train rm` and `train rl` (where the
 rollout samples with the same 4-bit weights the trainer differentiates: the logprob gap stays at
-float noise) and OpenRLHF's --load_in_4bit maps onto it. Skipped where bitsandbytes is not installed."""
+float noise; with --rollout.engine vllm, a fake vLLM in a subprocess, with the dequantized base and the
+adapters merged) and OpenRLHF's --load_in_4bit maps onto it. Skipped where bitsandbytes is not installed."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,7 +19,7 @@ from rlhfkit.config import RLConfig
 from rlhfkit.config.preference import RMConfig
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.errors import ConfigError
-from tests.integration.conftest import rl_flags
+from tests.integration.conftest import fake_vllm_env, fake_vllm_events, rl_flags
 
 bnb = pytest.importorskip("bitsandbytes")
 
@@ -69,6 +73,30 @@ def test_rl_samples_and_trains_with_the_same_4bit_weights(ws, tmp_path):
     for m in steps:  # the engine's logprobs are the trainer's: both run the 4-bit layers
         assert m["rollout/logprob_gap_mean"] < 1e-4, m["rollout/logprob_gap_mean"]
     assert (out / "final" / "adapter_config.json").is_file()
+
+
+def test_rl_with_the_vllm_engine_samples_with_the_dequantized_base_and_merged_adapters(ws, tmp_path):
+    """`train rl --rollout.engine vllm --ds.load_in_4bit` in a subprocess whose `vllm` is the fake (an HF
+    model behind the real weight-sync extension): vLLM loads the folder's float weights, so the dequantized
+    4-bit base is sent before the first rollout, then the adapted modules after every step; the engine's
+    logprobs are the trainer's forward on the 4-bit layers from the first step on."""
+    out, log = tmp_path / "rl_vllm", tmp_path / "vllm.jsonl"
+    argv = rl_flags(ws, out, **{"ds.lora.rank": 4, "ds.lora.alpha": 8, "ds.load_in_4bit": "true",
+                                "ds.lora.target_modules": "q_proj,v_proj", "rollout.engine": "vllm",
+                                "actor.adam.lr": "1e-2", "train.max_steps": 3, "rollout.batch_size": 4,
+                                "rollout.n_samples_per_prompt": 4, "rollout.max_new_tokens": 8,
+                                "train.batch_size": 16, "train.micro_batch_size": 8, "train.num_threads": 1})
+    done = subprocess.run([sys.executable, "-m", "rlhfkit", "train", "rl", *argv], capture_output=True, text=True,
+                          env={**os.environ, **fake_vllm_env(log)}, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = [(e["event"], e.get("tensors")) for e in fake_vllm_events(log) if e["event"] != "init"]
+    # the whole dequantized model first; after each step the attention blocks (q, v adapted; k, o with them)
+    assert events == [("load", 21), ("generate", None)] + [("load", 8), ("generate", None)] * 2 + [("load", 8)]
+    steps = [m for m in lines(out / "metrics.jsonl") if "reward" in m]
+    assert len(steps) == 3
+    for m in steps:
+        assert m["rollout/logprob_gap_mean"] < 1e-4, m["rollout/logprob_gap_mean"]
+    assert steps[-1]["actor/grad_norm"] > 0
 
 
 def test_qlora_needs_lora_and_openrlhfs_flag_maps_onto_it(ws, tmp_path):

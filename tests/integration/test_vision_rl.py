@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,20 +131,34 @@ class AgentInstance(AgentInstanceBase):
 """
 
 
-def test_cli_trains_an_agent_whose_second_observation_is_an_image(ws, tmp_path):
-    (tmp_path / "look.py").write_text(LOOK_AGENT)
-    out = tmp_path / "run"
-    run = cli(flags(ws, out, **{"reward.remote_url": None, "agent.func_path": str(tmp_path / "look.py"),
-                                "agent.max_turns": "2", "agent.max_response_tokens": "40",
+def train_agent_file(ws, out, path, response_tokens: str) -> list[dict]:
+    """`train rl` with the agent file at `path` (2 turns, room for the prompt's image and one more, held-out
+    episodes too): the metrics of its steps, after checking it ran, evaluated and moved the language model."""
+    run = cli(flags(ws, out, **{"reward.remote_url": None, "agent.func_path": str(path),
+                                "agent.max_turns": "2", "agent.max_response_tokens": response_tokens,
                                 "data.max_images_per_prompt": "2",  # the prompt's image and the feedback's
                                 "eval.dataset": str(ws / "colours" / "test.jsonl")}))
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2] and rows[-1]["eval/turns"] == 2.0  # held-out episodes too
-    assert all(r["reward_extra/turns"] == 2.0 and r["reward_extra/images_shown"] == 1.0 for r in steps), steps
     before, after = load_file(ws / "vlm" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("model.layers."))
+    return steps
+
+
+def test_cli_trains_an_agent_whose_second_observation_is_an_image(ws, tmp_path):
+    (tmp_path / "look.py").write_text(LOOK_AGENT)
+    steps = train_agent_file(ws, tmp_path / "run", tmp_path / "look.py", "40")
+    assert all(r["reward_extra/turns"] == 2.0 and r["reward_extra/images_shown"] == 1.0 for r in steps), steps
+
+
+def test_cli_trains_an_openrlhf_agent_executor_with_its_own_execute_and_images(ws, tmp_path):
+    """OpenRLHF 2026's form: execute() tokenizes the prompt with its image through hf_tokenizer (the processor),
+    generates with multi_modal_data, shows a screenshot and generates again (tests/fixtures)."""
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "openrlhf_vlm_execute_agent.py"
+    steps = train_agent_file(ws, tmp_path / "run", fixture, "80")
+    assert all(r["reward_extra/images_seen"] == 2.0 and r["reward_extra/turns"] == 2.0 for r in steps), steps
 
 
 def bad_dataset(ws, tmp_path, case, huge_png):

@@ -1,4 +1,4 @@
-"""`rlhfkit train sft` and `train dpo` on image data with a tiny vision-language model: both train
+"""`rlhfkit train sft`, `train dpo` and `train kto` on image data with a tiny vision-language model: all train
 through the images (the vision tower's weights move), save the processor beside the weights, and a
 bad image is one line with no run folder written."""
 
@@ -20,17 +20,26 @@ from rlhfkit.models.vision import load_processor
 def ws(tmp_path_factory):
     root = tmp_path_factory.mktemp("vision_sup")
     save_tiny_vision(root / "vlm", "llava")
-    colours = write_colour_task(root / "colours", n_train=16, n_test=4)
+    colour_pairs(write_colour_task(root / "colours", n_train=16, n_test=4))
+    return root
+
+
+def colour_pairs(colours):
+    """pairs.jsonl beside the colour task's train.jsonl (each prompt, its label chosen, another colour
+    rejected) and kto.jsonl (each image with its colour, desirable, or another one, undesirable)."""
     rows = [json.loads(line) for line in (colours / "train.jsonl").read_text().splitlines()]
     others = {"red": "blue", "green": "red", "blue": "green"}
     pairs = [dict(r, chosen=r["label"], rejected=others[r["label"]]) for r in rows]
     (colours / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    return root
+    unpaired = [dict(r, output=r["label"] if i % 2 else others[r["label"]], desirable=bool(i % 2))
+                for i, r in enumerate(rows)]
+    (colours / "kto.jsonl").write_text("".join(json.dumps(u) + "\n" for u in unpaired))
 
 
 def run(kind, ws, out, data, *extra):
-    keys = (["--data.input_key", "prompt", "--data.output_key", "label"] if kind == "sft"
-            else ["--data.prompt_key", "prompt"])
+    keys = {"sft": ["--data.input_key", "prompt", "--data.output_key", "label"],
+            "kto": ["--data.prompt_key", "prompt", "--data.output_key", "output", "--data.label_key", "desirable"]
+            }.get(kind, ["--data.prompt_key", "prompt"])
     args = ["--model.model_name_or_path", str(ws / "vlm"), "--data.dataset", str(data), *keys,
             "--data.image_key", "images", "--train.batch_size", "8", "--train.micro_batch_size", "4",
             "--train.max_steps", "2", "--adam.lr", "1e-2", "--model.autocast", "none", "--logger.progress_bar",
@@ -40,8 +49,8 @@ def run(kind, ws, out, data, *extra):
                           capture_output=True, text=True, check=False)
 
 
-@pytest.mark.parametrize("kind,data", [("sft", "train.jsonl"), ("dpo", "pairs.jsonl")])
-def test_sft_and_dpo_train_through_the_images(ws, tmp_path, kind, data):
+@pytest.mark.parametrize("kind,data", [("sft", "train.jsonl"), ("dpo", "pairs.jsonl"), ("kto", "kto.jsonl")])
+def test_sft_dpo_and_kto_train_through_the_images(ws, tmp_path, kind, data):
     out = tmp_path / kind
     done = run(kind, ws, out, ws / "colours" / data, "--ds.packing_samples", "true")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -51,6 +51,12 @@ def identity_model(original):
     return lambda model, *args, **kwargs: model
 
 
+def quantized_state(original):
+    def parts(self, bucket_bytes):
+        yield self.model.state_dict()
+    return parts
+
+
 def no_optimizer_step(original):
     def step(self):
         self.optimizer.step = lambda *args, **kwargs: None  # the clip, scheduler and EMA still run
@@ -69,6 +75,14 @@ def zero_penalty(original):
 
 def nothing_kept(original):
     return lambda self, key, prompt, version: None  # every turn prefilled in full
+
+
+def never_rebuilt(original):
+    return lambda self: (0,)  # the same stamp whatever the weights: the copy is never rebuilt
+
+
+def no_residual_upcast(original):
+    return lambda model: True  # says it added the hook, adds nothing
 
 
 def no_stop_penalty(original):
@@ -134,6 +148,16 @@ def no_images(original):
     return lambda model, batch, device: {}
 
 
+def scores_without_images(original):
+    def batch_scores(model, batch):
+        return original(model, dataclasses.replace(batch, vision=None))  # the ids alone (image tokens unfilled)
+    return batch_scores
+
+
+def no_images_for_rewards(original):
+    return lambda prompts: {}
+
+
 def no_images_counted(original):
     return lambda vision: 0
 
@@ -142,8 +166,56 @@ def no_prompt_images(original):
     return lambda prompts: {}
 
 
+def no_images_sent(original):
+    return lambda vision: {}  # the engine gets the prompts' ids alone
+
+
+def images_not_put_back(original):
+    return lambda trajs, vision, n: trajs
+
+
+def language_layers_only(original):
+    return lambda base: list(base.language_model.layers)  # the tower's blocks go with the base model's unit
+
+
+def head_only(original):
+    return lambda path: ("lm_head",)  # the tower and projector quantized too
+
+
+def text_request(original):
+    return lambda ids, vision, image_token_id: {"prompt_token_ids": [int(t) for t in ids]}  # no images sent
+
+
+def no_processor_given(original):
+    return lambda processor, max_images, *executors: None  # the executors keep processor None
+
+
+def served_as_text(original):
+    return lambda model: None  # the folder served as a text model
+
+
+def tools_ignored(original):
+    return lambda self, tools: original(self, None)  # the template without the request's tools
+
+
+def no_call_images(original):
+    return lambda self, ids, data, placeholders: (None, ())  # the engine call without its images
+
+
+def text_model_steps(original):
+    from rlhfkit.rollout.hf import HFEngine
+
+    return lambda self, s: HFEngine._uncached_logits(self, s)  # the ids alone: no image, plain positions
+
+
+def concatenated(original):
+    import torch
+
+    return lambda tensors: torch.cat(tensors)  # rows of per-prompt tensors as they are: no padding
+
+
 def names_as_given(original):
-    return lambda model, targets: targets  # peft matches the names anywhere, the tower included
+    return lambda model, targets, tower=False: targets  # peft matches the names anywhere, the tower included
 
 
 def text_decoder(original):
@@ -189,6 +261,10 @@ AGENTS = "tests/integration/test_agent_loop.py"
 VISION = "tests/unit/rollout/test_vision_engine.py"
 VISION_TOOLS = "tests/unit/agents/test_vision_tools.py"
 VISION_LORA = "tests/unit/models/test_vision_lora.py"
+VISION_WORKER = "tests/unit/distributed/test_vision_worker.py"
+VISION_EVAL = "tests/integration/test_vision_eval.py"
+VISION_EXECUTE = "tests/unit/agents/test_vision_execute.py"
+VISION_RM = "tests/integration/test_vision_reward_model.py"
 MIX = "tests/unit/api/test_prompt_mix.py"
 ORL_RL = "tests/integration/test_openrlhf_rl_options.py"
 MUON = "tests/unit/trainers/test_muon.py"
@@ -200,6 +276,22 @@ SWITCH_OFFS = (
     SwitchOff("vision tower frozen (--actor.freeze_visual_encoder)", "rlhfkit.models.vision:freeze_visual_encoder",
               freezes_nothing, (f"{VISION}::test_freeze_visual_encoder_leaves_the_tower_bit_identical_and_trains_the_rest"
                                 "[qwen2_vl]",), "freezes nothing"),
+    SwitchOff("vision tower frozen in train sft, rm, dpo and kto (--model.freeze_visual_encoder)",
+              "rlhfkit.models.vision:freeze_visual_encoder", freezes_nothing,
+              (f"{VISION_RM}::test_freeze_visual_encoder_keeps_the_tower_as_loaded_and_trains_the_rest[rm-True]",
+               f"{VISION_RM}::test_freeze_visual_encoder_keeps_the_tower_as_loaded_and_trains_the_rest[sft-True]"),
+              "freezes nothing"),
+    SwitchOff("images in a reward model over images' scores (train rm, --reward.model_name_or_path)",
+              "rlhfkit.models.reward:batch_scores", scores_without_images,
+              ("tests/unit/models/test_vision_reward.py::"
+               "test_the_score_is_the_head_on_the_base_models_hidden_state_at_the_last_token[qwen2_vl]",
+               "tests/unit/rewards/test_vision_reward_fn.py::test_changing_the_image_changes_the_score",
+               f"{VISION_RM}::test_training_ranks_the_held_out_pairs_by_the_images_colour[gemma3]"),
+              "scored from the ids alone"),
+    SwitchOff("the prompt's images reach RL's reward functions (a reward model over images)",
+              "rlhfkit.rewards.reward_model:prompt_images", no_images_for_rewards,
+              (f"{VISION_RM}::test_an_rl_step_is_rewarded_with_the_reward_models_scores_of_each_prompts_image",),
+              "no prompt_images= passed"),
     SwitchOff("images in the training forward (vision-language models)", "rlhfkit.models.vision:vision_kwargs",
               no_images, (f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[llava]",
                           f"{VISION}::test_the_images_change_the_logprobs[gemma3]"), "no image tensors"),
@@ -275,8 +367,28 @@ SWITCH_OFFS = (
     SwitchOff("PRM soft labels", "rlhfkit.data.steps:label_targets", hard_labels,
               ("tests/integration/test_prm.py::test_soft_labels_from_python",), "rounded to 0 / 1"),
     SwitchOff("QLoRA's 4-bit base (--ds.load_in_4bit)", "rlhfkit.models.loading:nf4_config", noop,
-              ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",),
+              ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",
+               "tests/integration/test_vision_qlora.py::test_sft_and_dpo_train_adapters_over_a_4bit_language_model[sft]"),
               "no quantization config"),
+    SwitchOff("a VLM's vision tower and projector kept out of 4-bit (QLoRA)",
+              "rlhfkit.models.vision:unquantized_parts", head_only,
+              ("tests/integration/test_vision_qlora.py::test_rl_samples_and_trains_with_the_same_4bit_weights_and_images",),
+              "only the LM head kept"),
+    SwitchOff("bitsandbytes' CPU repacking of the 4-bit base kept off (QLoRA)", "rlhfkit.models.loading:keep_4bit_layout",
+              identity_model, (("tests/integration/test_vision_qlora.py::"
+                                "test_rl_samples_and_trains_with_the_same_4bit_weights_and_images"),
+                               ("tests/unit/models/test_qlora_layout.py::"
+                                "test_the_gradient_reaches_a_4bit_layers_input_after_a_no_grad_forward"),
+                               ("tests/unit/models/test_qlora_layout.py::"
+                                "test_state_dict_leaves_the_frozen_4bit_base_as_it_was")),
+              "the model unchanged"),
+    SwitchOff("QLoRA's base dequantized for the vLLM engine", "rlhfkit.models.lora:DequantizedState.parts",
+              quantized_state,
+              (("tests/unit/rollout/test_vllm_qlora.py::test_the_first_sync_loads_the_dequantized_base_with_the_"
+                "adapters_merged"),
+               ("tests/unit/rollout/test_vllm_qlora.py::test_the_synced_float_model_computes_what_the_trainers_"
+                "4bit_policy_computes")),
+              "the 4-bit state as it is"),
     SwitchOff("re-rendered episodes in segments (--agent.on_rerender segment)",
               "rlhfkit.agents.tools.agent:ToolExecutor._split", noop,
               ("tests/unit/agents/test_tool_segments.py::test_segment_splits_where_the_template_rerenders_the_history",
@@ -289,6 +401,31 @@ SWITCH_OFFS = (
     SwitchOff("images in agent episodes' engine calls (tools, environments)", "rlhfkit.agents.tools.agent:image_kwargs",
               no_prompt_images, (f"{VISION_TOOLS}::test_a_tool_call_episode_with_images_matches_the_trainers_forward[False]",),
               "engine calls without the images"),
+    SwitchOff("images at every step of a VLM decoded without a KV cache (Qwen3.5)",
+              "rlhfkit.rollout.vision:VisionEngine._uncached_logits", text_model_steps,
+              (f"{VISION}::test_greedy_rollout_equals_generate_with_the_same_images[qwen3_5]",
+               f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[qwen3_5]"),
+              "steps over the ids alone"),
+    SwitchOff("per-prompt image tensors padded across rows (SmolVLM / Idefics3 sub-images)",
+              "rlhfkit.models.vision:_cat_padded", concatenated,
+              ("tests/unit/models/test_vision_families.py::"
+               "test_smolvlm_rows_with_different_sub_image_counts_are_padded_as_its_processor_pads_them",
+               f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[smolvlm]"),
+              "concatenated unpadded"),
+    SwitchOff("images on Ray rollout workers (vision-language models)", "rlhfkit.distributed.worker:engine_images",
+              no_images_sent, (f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[0]",
+                               f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[2]"),
+              "the engine gets no image tensors"),
+    SwitchOff("images put back on the Ray pool's trajectories", "rlhfkit.distributed.pool:with_images",
+              images_not_put_back, (f"{VISION_WORKER}::test_pool_helpers_shard_the_images_and_put_the_trainers_back",),
+              "trajectories without images"),
+    SwitchOff("vision tower sharded block by block (--fsdp.enable)", "rlhfkit.distributed.fsdp:vision_blocks",
+              language_layers_only, ("tests/unit/distributed/test_fsdp_vision.py::"
+                                     "test_sharded_vlm_samples_and_scores_as_the_unsharded_one[qwen2_vl]",),
+              "the language model's layers only"),
+    SwitchOff("images in vLLM requests (vision-language models)", "rlhfkit.rollout.vllm:vllm_request", text_request,
+              ("tests/unit/rollout/test_vllm_vision.py::test_requests_hold_one_placeholder_per_image_and_the_images_"
+               "and_trajectories_the_tensors[llava-sizes2]",), "the ids alone, no images"),
     SwitchOff("LoRA kept out of a frozen vision tower", "rlhfkit.models.vision:language_lora_targets", names_as_given,
               (f"{VISION_LORA}::test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out",),
               "the target names as given"),
@@ -302,6 +439,27 @@ SWITCH_OFFS = (
                "tests/unit/agents/test_executor_kept_turns.py::"
                "test_agent_episodes_are_the_same_with_kept_turns_and_prefill_less"),
               "no kept cache used: every turn prefilled in full"),
+    SwitchOff("images in `rlhfkit eval`'s samples (vision-language models)", "rlhfkit.trainers.evaluate:image_kwargs",
+              no_prompt_images, (f"{VISION_EVAL}::test_eval_of_a_plain_image_dataset_with_a_verifier_sees_the_images",),
+              "engine calls without the images"),
+    SwitchOff("the processor reaches agents' executors (vision-language models)",
+              "rlhfkit.api.vision:attach_processor", no_processor_given,
+              (f"{VISION_EVAL}::test_eval_of_an_agent_function_that_sends_image_url_parts",
+               f"{VISION_EXECUTE}::test_an_openrlhf_execute_with_images_records_the_trainers_logprobs"),
+              "no executor gets it"),
+    SwitchOff("`rlhfkit serve` of a vision-language model", "rlhfkit.cli.serve_model:served_processor",
+              served_as_text, ("tests/integration/test_vision_serve.py::"
+                               "test_the_reply_is_the_hf_engines_greedy_reply_for_the_same_images[colours0]",),
+              "served as a text model"),
+    SwitchOff("tools in an agent function's requests with images",
+              "rlhfkit.agents.endpoint.handlers:Completions.template", tools_ignored,
+              ("tests/unit/agents/test_endpoint_vision.py::"
+               "test_tools_in_requests_with_images_are_rendered_parsed_and_recorded_as_the_trainer_computes",),
+              "the request's tools ignored"),
+    SwitchOff("images of an agent file's own engine calls (`execute()`, multi_modal_data)",
+              "rlhfkit.agents.images:ImageEncoder.__call__", no_call_images,
+              (f"{VISION_EXECUTE}::test_an_openrlhf_execute_with_images_records_the_trainers_logprobs",),
+              "engine calls without the images"),
     SwitchOff("MoE routing replay (--actor.routing_replay)", "rlhfkit.models.moe:replay_routing", replays_nothing,
               (f"{REPLAY}::{FLIPPED}[qwen3_moe-padded]", f"{REPLAY}::{FLIPPED}[mixtral-packed]",
                f"{REPLAY}::{FLIPPED}[deepseek_v3-shared_prefix]",
@@ -310,6 +468,15 @@ SWITCH_OFFS = (
                f"{REPLAY}::test_an_rl_step_replays_the_engines_experts_in_the_old_logprob_pass_and_the_update[mixtral]",
                "tests/integration/test_routing_replay.py::test_routing_replay_shrinks_the_rollout_trainer_logprob_gap"),
               "no router hooked: each keeps its own top-k"),
+    SwitchOff("the HF engine's bf16 copy of the weights follows them", "rlhfkit.rollout.bf16_decode:Bf16Decoder._stamp",
+              never_rebuilt, ("tests/unit/rollout/test_bf16_decode.py::"
+                              "test_the_copy_follows_the_weights_and_is_freed_after_a_generation",),
+              "the copy built once, never rebuilt"),
+    SwitchOff("a float32 residual stream over bf16 parameters (--actor.dtype bfloat16)",
+              "rlhfkit.models.precision:float32_residual", no_residual_upcast,
+              ("tests/unit/trainers/test_bf16_masters.py::test_the_residual_stream_stays_float32_under_autocast",
+               "tests/unit/api/test_bf16_params_setup.py::test_bf16_parameters_get_float32_norms_and_residual"),
+              "no hook: the residual stream is bf16"),
     SwitchOff("Tinker server: waiting requests of several clients batched",
               "rlhfkit.serving.tinker.queue:RequestQueue._take", oldest_alone,
               ("tests/unit/serving/test_tinker_queue.py::test_waiting_requests_group_and_each_client_keeps_its_order",

@@ -27,6 +27,8 @@ import torch
 from rlhfkit.agents.endpoint.segments import Call
 
 log = logging.getLogger("rlhfkit")
+SERVE_ID = "serve"  # the one-request episode of `rlhfkit serve`'s /v1 routes (nothing recorded)
+VISION_REQUEST_BYTES = 16 << 20  # the largest request body with images (base64 images are large)
 
 
 @dataclass(frozen=True)
@@ -198,13 +200,16 @@ class Registry:
             e.texts += texts or []
             return True
 
-    def take_images(self, e: Episode, keys: list[str], most: int | None) -> None:
-        """Count a call's images among the episode's distinct images; `Refused` past `most` (None: any number)."""
+    def take_images(self, e: Episode, keys: list[str], most: int | None,
+                    flag: str = "--data.max_images_per_prompt") -> None:
+        """Count a call's images among the episode's distinct images; `Refused` past `most` (None: any number),
+        naming the `flag` that sets it."""
         with self.lock:
             seen = e.image_keys | set(keys)
             if most is not None and len(seen) > most:
-                raise self._refuse(e, 400, "refused_images", f"episode {e.id} would send {len(seen)} distinct images, "
-                                   f"more than --data.max_images_per_prompt {most}")
+                who = "the request" if e.id == SERVE_ID else f"episode {e.id}"
+                raise self._refuse(e, 400, "refused_images", f"{who} would send {len(seen)} distinct images, "
+                                   f"more than {flag} {most}")
             e.image_keys = seen
 
     def release(self, e: Episode) -> None:

@@ -9,9 +9,10 @@ and tokenized. A text prompt that starts with an earlier prompt + its sampled te
 those ids; a prompt given as token ids is used as it is.
 
 With a vision-language policy (`Settings.processor`) chat messages may hold image_url parts
-(vision.py): the processor's chat template renders them, the call's image tensors go to the
-engine with its prompt and are recorded with it; a continuing call gets the new messages' tokens
-and images after the earlier call's. Text prompts may not hold the model's image tokens.
+(vision.py): the processor's chat template renders them (with the request's `tools`, as for a text
+policy; tool calls are parsed from the reply alike), the call's image tensors go to the engine with
+its prompt and are recorded with it; a continuing call gets the new messages' tokens and images
+after the earlier call's. Text prompts may not hold the model's image tokens, tool messages no images.
 
 Sampling: with `honor_sampling` False (training) the run's temperature, top_p and top_k are used
 whatever the request asks, so the recorded logprobs are the ones the trainer computes; `n`,
@@ -52,7 +53,8 @@ class Settings:
     """What the endpoint samples with: the run's `params` (temperature, top_p, top_k, stop ids),
     whether a request's own temperature/top_p/top_k win (`honor_sampling`), the tool-call parser,
     the model name replies carry; a vision-language policy's processor (chat messages may then hold
-    image_url parts, vision.py) and the most distinct images an episode may send (None: any)."""
+    image_url parts, vision.py) and the most distinct images an episode may send (None: any), with the
+    flag that sets it (named in refusals)."""
 
     params: SamplingParams
     honor_sampling: bool = False
@@ -60,6 +62,7 @@ class Settings:
     model_name: str = "policy"
     processor: Any = None
     max_images: int | None = None
+    images_flag: str = "--data.max_images_per_prompt"
 
 
 class Completions:
@@ -71,11 +74,13 @@ class Completions:
         self._templates: dict[str, ToolTemplate] = {}
 
     def template(self, tools: Any) -> ToolTemplate:
+        """The chat template with these tools (rendered by a vision-language policy's processor)."""
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             raise BadRequest("tools: give a list of {type: function, function: {...}} objects")
         key = json.dumps(tools or [], sort_keys=True)
         if key not in self._templates:
-            self._templates[key] = ToolTemplate(self.tokenizer, tools or (), self.settings.tool_parser)
+            self._templates[key] = ToolTemplate(self.tokenizer, tools or (), self.settings.tool_parser,
+                                                renderer=self.settings.processor)
         return self._templates[key]
 
     def encode(self, text: str) -> list[int]:
@@ -84,14 +89,13 @@ class Completions:
     # ------------------------------------------------------------------ chat
     async def chat(self, e: Episode, body: dict) -> dict:
         ask = sampling(body, chat=True)
+        tt = self.template(body.get("tools"))
         if self.vision is None:
-            tt = self.template(body.get("tools"))
             ids, normed = self.text_prompt(e, tt, body)
             images, vision = (), None
         else:
-            tt = None
-            ids, normed, images, vision = self.vision_prompt(e, body)
-        parse = tt is not None and bool(body.get("tools")) and body.get("tool_choice") != "none"
+            ids, normed, images, vision = self.vision_prompt(e, tt, body)
+        parse = bool(body.get("tools")) and body.get("tool_choice") != "none"
         samples = await self.sample(e, ids, ask, vision)
         choices = [self.choice(tokens, lps, finish, ask, tt if parse else None) for tokens, lps, finish, _ in samples]
         replies = [normal({"role": "assistant", "content": c.text, "tool_calls": [
@@ -127,25 +131,28 @@ class Completions:
         turn, sampled, stopped, start = found
         return turn.prompt_ids + sampled + tt.delta(sampled, stopped, messages[start:]), normed
 
-    def vision_prompt(self, e: Episode, body: dict) -> tuple[list[int], list[tuple], tuple[str, ...], Any]:
+    def vision_prompt(self, e: Episode, tt: ToolTemplate,
+                      body: dict) -> tuple[list[int], list[tuple], tuple[str, ...], Any]:
         """A vision-language policy's chat prompt: (ids, normalised messages, image keys, VisionInputs
-        or None), rendered by the processor, or continuing an earlier call with the new images after its own."""
-        if body.get("tools"):
-            raise BadRequest("tools: tool calling is not served to a vision-language policy yet; send messages only")
+        or None), rendered by the processor with the tools of `tt`, or continuing an earlier call with the
+        new images after its own."""
         parts = ImageParts(placeholders=self.vision.placeholder_texts)
         try:
             messages = template_messages(body.get("messages"), parts.content)
         except RefusedImage as exc:
             raise self.registry.refuse(e, 400, exc.counter, str(exc)) from exc
-        self.registry.take_images(e, parts.keys, self.settings.max_images)
+        if any(m["role"] == "tool" and isinstance(m["content"], list) for m in messages):
+            raise BadRequest("messages: a tool message holds images; tool results are text, send images in a "
+                             "user message")
+        self.registry.take_images(e, parts.keys, self.settings.max_images, self.settings.images_flag)
         normed = [normal(m) for m in messages]
         found = self.continued(e, normed)
         if found is None:
-            ids, vision = self.vision.prompt(messages, parts.images)
+            ids, vision = self.vision.prompt(tt, messages, parts.images)
         else:
             turn, sampled, stopped, start = found
-            delta, vision = self.vision.delta(sampled, stopped, messages[start:], parts.images[len(turn.images):],
-                                              turn.vision)
+            delta, vision = self.vision.delta(tt, sampled, stopped, messages[start:],
+                                              parts.images[len(turn.images):], turn.vision)
             ids = turn.prompt_ids + sampled + delta
         return ids, normed, tuple(parts.keys), vision
 

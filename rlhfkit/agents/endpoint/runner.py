@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from rlhfkit.agents.base import to_float
-from rlhfkit.agents.endpoint.episodes import EndpointLimits, Episode
+from rlhfkit.agents.endpoint.episodes import VISION_REQUEST_BYTES, EndpointLimits, Episode
 from rlhfkit.agents.endpoint.handlers import Settings
 from rlhfkit.agents.endpoint.segments import stitch
 from rlhfkit.agents.endpoint.server import EndpointServer
@@ -52,7 +52,6 @@ from rlhfkit.rollout.base import GenerationEngine, SamplingParams
 
 log = logging.getLogger("rlhfkit")
 RESERVED = ("client", "prompt", "label")
-VISION_REQUEST_BYTES = 16 << 20  # the largest request body with images (base64 images are large)
 
 
 @dataclass

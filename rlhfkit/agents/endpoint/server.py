@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from rlhfkit.agents.endpoint.episodes import EndpointLimits, Episode, Refused, Registry
+from rlhfkit.agents.endpoint.episodes import SERVE_ID, EndpointLimits, Episode, Refused, Registry
 from rlhfkit.agents.endpoint.handlers import Completions, Settings
 from rlhfkit.agents.endpoint.wire import BadRequest, stream_events
 from rlhfkit.data.types import Trajectory
@@ -211,7 +211,7 @@ class _Handlers:
                                   "use the base URL the agent was given")
         if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
             raise self.reg.refuse(None, 401, "refused_auth", "missing or wrong bearer key")
-        return Episode("serve", "", 0, secrets.randbits(62), self.server.serve_limits)
+        return Episode(SERVE_ID, "", 0, secrets.randbits(62), self.server.serve_limits)
 
     async def run(self, request: Request, episode_id: str | None, chat: bool):
         reg, completions, admitted = self.reg, self.server.completions, None
@@ -242,7 +242,7 @@ class _Handlers:
             reg.count("server_error")
             return _error(500, f"generation failed: {one_line(exc)}", "server_error")
         finally:
-            if admitted is not None and admitted.id != "serve":
+            if admitted is not None and admitted.id != SERVE_ID:
                 reg.release(admitted)
         if body.get("stream"):
             return StreamingResponse(iter(stream_events(reply, chat)), media_type="text/event-stream")

@@ -111,18 +111,18 @@ def bare(messages: list[dict]) -> list[dict]:
 
 class VisionTemplate:
     """The processor's chat template over messages with image parts: a whole prompt, or the tokens
-    (and images) that follow a sampled turn for new messages, images expanded by the processor."""
+    (and images) that follow a sampled turn for new messages, images expanded by the processor. The
+    text is rendered by a `ToolTemplate` whose renderer is the processor (with the request's tools)."""
 
     def __init__(self, processor):
         self.processor = processor
-        self.text = ToolTemplate(processor)  # its render and delta_text, through the processor's template
         tok = processor.tokenizer
         names = [getattr(processor, n, None) for n in ("image_token", "video_token")]
         self.placeholder_texts = tuple(t for t in names if isinstance(t, str) and t)
         self.placeholder_ids = {int(tok.convert_tokens_to_ids(t)) for t in self.placeholder_texts}
 
-    def prompt(self, messages: list[dict], images: list) -> tuple[list[int], VisionInputs | None]:
-        return self.encode(self.text.render(bare(messages)), images)
+    def prompt(self, tt: ToolTemplate, messages: list[dict], images: list) -> tuple[list[int], VisionInputs | None]:
+        return self.encode(tt.render(bare(messages)), images)
 
     def encode(self, text: str, images: list) -> tuple[list[int], VisionInputs | None]:
         try:
@@ -132,11 +132,11 @@ class VisionTemplate:
             raise BadRequest(f"messages: the text and its {len(images)} image(s) do not match ({first}); do not "
                              "write the model's image tokens in text, send image_url parts") from exc
 
-    def delta(self, action_ids: list[int], stopped: bool, new_messages: list[dict], images: list,
+    def delta(self, tt: ToolTemplate, action_ids: list[int], stopped: bool, new_messages: list[dict], images: list,
               vision: VisionInputs | None) -> tuple[list[int], VisionInputs | None]:
         """(ids after the sampled turn `action_ids`, the images of the whole context): as
         ToolTemplate.delta, the new messages' images expanded and put after the earlier `vision`."""
-        text = self.text.delta_text(bare(new_messages))
+        text = tt.delta_text(bare(new_messages))
         if stopped and action_ids:
             end = self.processor.tokenizer.decode([action_ids[-1]], skip_special_tokens=False)
             if end and text.startswith(end):

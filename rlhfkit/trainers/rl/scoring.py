@@ -19,7 +19,7 @@ from rlhfkit.core.filtering import keep_groups_in_range
 from rlhfkit.core.shaping import overlong_penalty, stop_properly_penalty
 from rlhfkit.data.types import PromptItem, Trajectory
 from rlhfkit.rewards.base import RewardOutput
-from rlhfkit.rewards.reward_model import ProcessRewardFn
+from rlhfkit.rewards.reward_model import ProcessRewardFn, prompt_images
 from rlhfkit.trainers.rl.stream import PromptBatch
 
 
@@ -131,7 +131,8 @@ class Scorer:
 
     def call_reward_fn(self, prompts: list[PromptItem], trajs: list[Trajectory], lengths: torch.Tensor):
         """queries as OpenRLHF builds them (prompt + response with special tokens); `responses` is the
-        generated text alone, without special tokens; the dataset's raw prompts and rows ride along."""
+        generated text alone, without special tokens; the dataset's raw prompts and rows ride along, and
+        the prompts' opened images (`prompt_images`) where a prompt has any."""
         ids = [t.response_ids.tolist() for t in trajs]
         raw = self.tokenizer.batch_decode(ids, skip_special_tokens=False)
         responses = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
@@ -139,6 +140,7 @@ class Scorer:
         texts = [p.text for p in mine]
         conversations = [t.info.get("completion_messages") for t in trajs]  # tool-calling episodes
         extra = {"completion_messages": conversations} if any(c is not None for c in conversations) else {}
+        extra.update(prompt_images(mine))
         return self.reward_fn(
             [p + r for p, r in zip(texts, raw)], texts, [p.label for p in mine], responses=responses,
             response_lengths=lengths, group_ids=torch.tensor([t.group_id for t in trajs]), completion_ids=ids,

@@ -20,7 +20,8 @@ from rlhfkit.data.batch import collate
 from rlhfkit.data.supervised import TokenSample
 from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.models.precision import autocast_ctx, model_device
-from rlhfkit.models.reward import reward_scores
+from rlhfkit.models.reward import batch_scores
+from rlhfkit.models.vision_reward import VisionRewardModel, save_vision_reward_model
 from rlhfkit.trainers.supervised.loop import (
     StepLoop,
     build_learner,
@@ -67,10 +68,10 @@ class RMLoop(_PreferenceLoop):
     last token; the margin (each pair's, `PairSample.margin`) with --model.margin_loss_enable."""
 
     def scores(self, samples: Sequence[TokenSample]) -> torch.Tensor:
+        """Scores [N] of prompt + response samples (with their images, a reward model over images)."""
         batch = collate(samples, self.tokenizer.pad_token_id)
-        device = model_device(self.model)
-        with autocast_ctx(self.cfg.model.autocast, device.type):
-            return reward_scores(self.model, batch.input_ids.to(device), batch.attention_mask.to(device))
+        with autocast_ctx(self.cfg.model.autocast, model_device(self.model).type):
+            return batch_scores(self.model, batch)
 
     def micro_loss(self, pairs: list, step_pairs: list) -> tuple[torch.Tensor, dict[str, float]]:
         b, w = len(pairs), len(pairs) / len(step_pairs)
@@ -96,10 +97,15 @@ class RMLoop(_PreferenceLoop):
         return float(s.mean()), float(s.std(unbiased=False).clamp(min=1e-6))
 
     def save(self, path: str | Path, mean: float = 0.0, std: float = 1.0) -> Path:
-        """A full sequence-classification folder (LoRA merged) with `mean`/`std` in its config."""
+        """A full sequence-classification folder (LoRA merged) with `mean`/`std` in its config; a reward
+        model over images: the folder of models/vision_reward.py (and the tokenizer)."""
         if hasattr(self.model, "merge_and_unload"):
             self.model = self.model.merge_and_unload()
         self.model.config.mean, self.model.config.std = mean, std
+        if isinstance(self.model, VisionRewardModel):
+            folder = save_vision_reward_model(self.model, path)
+            self.tokenizer.save_pretrained(folder)
+            return folder
         return super().save(path)
 
 
@@ -167,7 +173,8 @@ class KTOLoop(DPOLoop):
     def micro_loss(self, items: list, step_items: list) -> tuple[torch.Tensor, dict[str, float]]:
         b, w, m = len(items), len(items) / len(step_items), self.cfg.model
         samples = [it.sample for it in items]
-        kl = [TokenSample(samples[i].prompt_ids, samples[(i + 1) % b].response_ids, samples[(i + 1) % b].loss_mask)
+        kl = [TokenSample(samples[i].prompt_ids, samples[(i + 1) % b].response_ids, samples[(i + 1) % b].loss_mask,
+                          vision=samples[i].vision)  # the prompt's images (a VLM's)
               for i in range(b)]
         pi = self.seq_logp(self.model, samples + kl)
         good = torch.tensor([it.desirable for it in items], device=pi.device)

@@ -1,9 +1,12 @@
-"""A GenerationEngine that answers from a script (a function of the decoded context), for tests."""
+"""GenerationEngines for tests: one that answers from a script (a function of the decoded context), and
+a vision engine whose first call writes a given action (a tool call) with the model's own logprobs."""
 
 import pytest
 import torch
 
+from rlhfkit.data.batch import collate
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
+from rlhfkit.models.logprobs import response_logprobs
 
 
 class ScriptedEngine:
@@ -40,6 +43,44 @@ class ScriptedEngine:
                 ))
         return out
 
+
+class FirstTurnCalls:
+    """A VisionEngine whose first call writes `call_ids` and stops (teacher-forced: its logprobs are the
+    model's over them with the prompt's images); later calls sample, without the image tensors when
+    `drop_images`."""
+
+    def __init__(self, engine, call_ids: list[int], pad_id: int, drop_images: bool = False):
+        self.engine, self.call_ids, self.drop_images, self.calls = engine, call_ids, drop_images, []
+        self.pad_id = pad_id
+        self.banned_ids, self.version = engine.banned_ids, engine.version
+
+    def generate(self, prompts, params, generator=None, group_ids=None, seeds=None, vision=None):
+        self.calls.append(vision)
+        if len(self.calls) > 1:
+            return self.engine.generate(prompts, params, generator, seeds=seeds,
+                                        vision=None if self.drop_images else vision)
+        n = len(self.call_ids)
+        out = [Trajectory(torch.tensor(p), torch.tensor(self.call_ids), torch.ones(n, dtype=torch.bool),
+                          torch.zeros(n), "stop", self.version, info={} if vision is None else {"vision": vision[k]})
+               for k, p in enumerate(prompts)]
+        with torch.no_grad():
+            logp, _ = response_logprobs(self.engine.model, collate(out, self.pad_id),
+                                        temperature=params.temperature)
+        for t, row in zip(out, logp):
+            t.logprobs = row[:n].clone()
+        return out
+
+
+def forward_gap(model, proc, trajs) -> torch.Tensor:
+    """|rollout logprob - trainer's forward logprob| of every action token [N] (a vision-language
+    model's forward takes each trajectory's images from info["vision"])."""
+    padded = collate(trajs, proc.tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, padded, temperature=1.0)
+    rollout = torch.zeros_like(logp)
+    for i, t in enumerate(trajs):
+        rollout[i, : t.response_length] = t.logprobs
+    return (logp - rollout)[padded.loss_mask].abs()
 
 
 @pytest.fixture

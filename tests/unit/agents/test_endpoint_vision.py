@@ -2,11 +2,13 @@
 the official `openai` SDK: image_url parts with data: URLs reach the engine and are recorded with
 each call; an agent that sends an image in each of two calls gives one trajectory with both images,
 whose recorded logprobs equal the trainer's forward over them (LLaVA and Gemma 3 too); a rewritten history splits into
-segments with their own images; http URLs, bad data, too many images are refused (400) and counted."""
+segments with their own images; requests with `tools` are rendered with the schemas and their tool calls parsed;
+http URLs, bad data, too many images are refused (400) and counted."""
 
 import asyncio
 import base64
 import io
+import json
 
 import pytest
 import torch
@@ -26,6 +28,7 @@ from rlhfkit.models.logprobs import response_logprobs
 from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.vision import VisionEngine
+from tests.unit.agents.conftest import FirstTurnCalls
 
 PARAMS = SamplingParams(max_new_tokens=5, temperature=1.0)
 RED, BLUE = (230, 30, 30), (30, 30, 230)
@@ -71,12 +74,12 @@ def two_images(second=BLUE):
     return agent
 
 
-def run(vlm, agent, max_images=3, prompts=("colour?",), n=1):
+def run(vlm, agent, max_images=3, prompts=("colour?",), n=1, budget=TokenBudget(5, 60, 2)):
     _, proc, engine = vlm
     executor = EndpointExecutor(agent)
     executor.processor, executor.max_images = proc, max_images
     trajs = executor.run(engine, proc.tokenizer, [P(p) for p in prompts], SamplingParams(max_new_tokens=5,
-                         temperature=1.0, n=n), TokenBudget(5, 60, 2), seeds=[7] * len(prompts))
+                         temperature=1.0, n=n), budget, seeds=[7] * len(prompts))
     return trajs, executor.pop_metrics()
 
 
@@ -217,18 +220,68 @@ def test_bad_image_parts_are_refused_with_400_and_counted(vlm, content, needle, 
         assert metrics[f"endpoint/{counter}"] == 1.0 and not e.calls
 
 
-def test_an_image_to_a_text_policy_and_tools_to_a_vision_policy_are_refused(vlm):
+def test_an_image_to_a_text_policy_and_images_in_a_tool_message_are_refused(vlm):
     _, proc, engine = vlm
     ask = [{"role": "user", "content": [image(data_url(RED, 28))]}]
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
-    for settings, extra, needle in ((Settings(PARAMS), {}, "image_url parts need a vision-language one"),
-                                    (Settings(PARAMS, processor=proc), {"tools": tools}, "not served to a vision")):
+    to_tool = [{"role": "user", "content": "add"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": [image(data_url(RED, 28))]}]
+    for settings, messages, needle in ((Settings(PARAMS), ask, "image_url parts need a vision-language one"),
+                                       (Settings(PARAMS, processor=proc), to_tool, "a tool message holds images")):
         with EndpointServer(proc.tokenizer, settings) as server:
             server.engine = engine
             e = server.open_episode(0, seed=1, limits=EndpointLimits())
             client = openai.AsyncOpenAI(base_url=server.url(e), api_key=e.key, max_retries=0)
-            status, message = status_of(client.chat.completions.create(model="policy", messages=ask, **extra))
+            status, message = status_of(client.chat.completions.create(model="policy", messages=messages,
+                                                                       tools=TOOLS))
             assert status == 400 and needle in message, message
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Add two numbers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}]
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
+def tool_agent(seen: list):
+    """Shows an image with the `add` tool, answers the call it gets with the tool's result, asks again."""
+
+    async def agent(client, prompt, label, **row):
+        msgs = [{"role": "user", "content": [image(data_url(RED, 56)), text(prompt)]}]
+        r = await client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS)
+        m = r.choices[0].message
+        seen.append((r.choices[0].finish_reason, [(c.function.name, json.loads(c.function.arguments))
+                                                  for c in m.tool_calls or ()]))
+        msgs += [m.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "5"}]
+        await client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS)
+        return 1.0
+
+    return agent
+
+
+def test_tools_in_requests_with_images_are_rendered_parsed_and_recorded_as_the_trainer_computes(json_vlm):
+    """The first call writes a tool call (teacher-forced with the model's own logprobs over the image):
+    the reply carries it parsed; the tool result and the second call make one trajectory whose prompt
+    holds the tool schemas and the processor's image tokens, whose logprobs are the trainer's forward."""
+    model, proc = json_vlm("qwen2_vl")
+    tok = proc.tokenizer
+    engine = FirstTurnCalls(VisionEngine(model, tok), tok(CALL, add_special_tokens=False)["input_ids"] +
+                            [tok.eos_token_id], tok.pad_token_id)
+    seen: list = []
+    [t], metrics = run((model, proc, engine), tool_agent(seen), budget=TokenBudget(5, 80, 2))
+    assert seen == [("tool_calls", [("add", {"a": 2, "b": 3})])]
+    assert metrics["endpoint/calls"] == 2 and metrics.get("endpoint/splits", 0.0) == 0.0
+    assert engine.calls[1] is not None and t.info["vision"].num_images == 1  # the second call had the image too
+    rendered = tok.decode(t.prompt_ids, skip_special_tokens=False)
+    assert "<tools>" in rendered and '"name": "add"' in rendered  # the schemas joined the prompt
+    assert int((t.prompt_ids == model.config.image_token_id).sum()) == 4  # 56x56: the processor's expansion
+    assert "<tool_response>\n5\n</tool_response>" in tok.decode(t.response_ids[~t.loss_mask])
+    assert t.loss_mask[-1]  # the second call's reply trains
+    logp = forward((model, proc, engine), [t])[0, : t.response_length]
+    torch.testing.assert_close(logp[t.loss_mask], t.logprobs[t.loss_mask], rtol=0, atol=2e-5)
+    bare = type(t)(**{**t.__dict__, "info": {k: v for k, v in t.info.items() if k != "vision"}})
+    assert (forward((model, proc, engine), [bare])[0, : t.response_length] - t.logprobs)[t.loss_mask].abs().max() > 1e-3
 
 
 def test_too_large_images_and_bodies_are_refused(vlm, huge_png, tmp_path):

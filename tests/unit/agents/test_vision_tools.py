@@ -4,18 +4,16 @@ processor and its image tokens expanded by it, the prompt's image tensors go wit
 call and into the trainer's forward, tool results are masked text; rollout logprobs equal the forward."""
 
 import pytest
-import torch
 from PIL import Image
 
 from rlhfkit.agents import TokenBudget
 from rlhfkit.agents.textenv import text_env
 from rlhfkit.agents.tools.agent import ToolExecutor
-from rlhfkit.data.batch import collate
 from rlhfkit.data.images import encode
-from rlhfkit.data.types import PromptItem, Trajectory
-from rlhfkit.models.logprobs import response_logprobs
+from rlhfkit.data.types import PromptItem
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.vision import VisionEngine
+from tests.unit.agents.conftest import FirstTurnCalls, forward_gap
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 
@@ -28,32 +26,6 @@ def add(a: int, b: int) -> int:
         b: the second
     """
     return a + b
-
-
-class FirstTurnCalls:
-    """A VisionEngine whose first call writes CALL and stops (teacher-forced: its logprobs are the model's
-    over it with the prompt's images); later calls sample, without the image tensors when `drop_images`."""
-
-    def __init__(self, engine: VisionEngine, call_ids: list[int], pad_id: int, drop_images: bool = False):
-        self.engine, self.call_ids, self.drop_images, self.calls = engine, call_ids, drop_images, []
-        self.pad_id = pad_id
-        self.banned_ids, self.version = engine.banned_ids, engine.version
-
-    def generate(self, prompts, params, generator=None, group_ids=None, seeds=None, vision=None):
-        self.calls.append(vision)
-        if len(self.calls) > 1:
-            return self.engine.generate(prompts, params, generator, seeds=seeds,
-                                        vision=None if self.drop_images else vision)
-        n = len(self.call_ids)
-        out = [Trajectory(torch.tensor(p), torch.tensor(self.call_ids), torch.ones(n, dtype=torch.bool),
-                          torch.zeros(n), "stop", self.version, info={} if vision is None else {"vision": vision[k]})
-               for k, p in enumerate(prompts)]
-        with torch.no_grad():
-            logp, _ = response_logprobs(self.engine.model, collate(out, self.pad_id),
-                                        temperature=params.temperature)
-        for t, row in zip(out, logp):
-            t.logprobs = row[:n].clone()
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +53,6 @@ def tool_episodes(vlm, drop_images=False, n=2, overlap=False):
     trajs = executor.run(engine, tok, [prompt], SamplingParams(max_new_tokens=6, temperature=1.0, n=n),
                          TokenBudget(per_turn=80, total=160, max_turns=2), seeds=[7])
     return trajs, prompt, engine, executor
-
-
-def forward_gap(model, proc, trajs) -> torch.Tensor:
-    """|rollout logprob - trainer's forward logprob| of every action token [N]."""
-    padded = collate(trajs, proc.tokenizer.pad_token_id)
-    with torch.no_grad():
-        logp, _ = response_logprobs(model, padded, temperature=1.0)
-    rollout = torch.zeros_like(logp)
-    for i, t in enumerate(trajs):
-        rollout[i, : t.response_length] = t.logprobs
-    return (logp - rollout)[padded.loss_mask].abs()
 
 
 @pytest.mark.parametrize("overlap", [False, True])

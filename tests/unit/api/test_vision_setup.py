@@ -1,5 +1,5 @@
-"""api/vision.py: the frozen tower shared by the reference (and frozen in the critic), and the settings
-refused with images."""
+"""api/vision.py: the frozen tower shared by the reference (and frozen in the critic; under FSDP the
+reference keeps its own), and the executors refused with images."""
 
 import copy
 
@@ -10,9 +10,9 @@ from rlhfkit.agents.execute import AgentExecutorBase, ExecuteRunner
 from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.api.vision import (
     attach_processor,
+    check_engine,
     check_executor,
     prepare_policy,
-    refuse_unsupported,
 )
 from rlhfkit.config import RLConfig
 from rlhfkit.errors import ConfigError
@@ -39,12 +39,13 @@ def test_the_reference_shares_the_frozen_tower(freeze):
     assert any(p.requires_grad for p in policy.model.language_model.parameters())
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (["--rollout.engine", "vllm"], "--rollout.engine vllm"),
-])
-def test_settings_that_do_not_run_with_images_are_one_line_errors(flags, needle):
-    with pytest.raises(ConfigError, match="does not run with " + needle.replace("(", r"\(")):
-        refuse_unsupported(config(*flags))
+def test_under_fsdp_the_reference_keeps_its_own_frozen_tower():
+    """Each model is sharded on its own: a module shared by two would be sharded twice."""
+    policy, _ = tiny_vision_model_and_processor("llava", seed=0)
+    ref = copy.deepcopy(policy)
+    prepare_policy(config("--actor.freeze_visual_encoder", "--fsdp.enable", "true"), policy, ref)
+    (_, tower), (_, ref_tower) = vision_parts(policy)[0], vision_parts(ref)[0]
+    assert ref_tower is not tower and not any(p.requires_grad for p in tower.parameters())
 
 
 def add(a: int, b: int) -> int:
@@ -58,11 +59,6 @@ def add(a: int, b: int) -> int:
 
 
 def test_agent_files_tools_and_functions_run_with_images_but_other_executors_are_refused():
-    refuse_unsupported(config("--agent.func_path", "agent.py"))  # an agent file passes the config check
-    refuse_unsupported(config("--agent.tools", "tools.py:f"))
-    refuse_unsupported(config("--ds.lora.rank", "4"))
-    refuse_unsupported(config("--algo.advantage.estimator", "gae"))
-    refuse_unsupported(config("--agent.env", "gem:game:GuessTheNumber-v0"))
     cfg = config()
     check_executor(cfg, MultiTurnExecutor(AgentInstanceBase))
     check_executor(cfg, SingleTurnExecutor())
@@ -74,9 +70,15 @@ def test_agent_files_tools_and_functions_run_with_images_but_other_executors_are
         return 1.0
 
     check_executor(cfg, EndpointExecutor(agent))  # the OpenAI-compatible endpoint's image_url parts
-    executor = ExecuteRunner(AgentExecutorBase, "agent.py")
-    with pytest.raises(ConfigError, match=f"does not run with {type(executor).__name__} yet"):
-        check_executor(cfg, executor)
+    check_executor(cfg, ExecuteRunner(AgentExecutorBase, "agent.py", instance=AgentExecutorBase()))  # OpenRLHF 2026
+    with pytest.raises(ConfigError, match="mid-2025 contract .* takes no images"):
+        check_executor(cfg, ExecuteRunner(AgentExecutorBase, "agent.py"))  # execute(prompt, label, sampling_params)
+
+    class Other:
+        provides_rewards = True
+
+    with pytest.raises(ConfigError, match="does not run with Other yet"):
+        check_executor(cfg, Other())
 
 
 def test_the_processor_reaches_the_multi_turn_and_the_tool_executors():
@@ -84,3 +86,25 @@ def test_the_processor_reaches_the_multi_turn_and_the_tool_executors():
     agent, tools = MultiTurnExecutor(AgentInstanceBase), ToolExecutor([add])
     attach_processor(processor, 3, agent, tools, None)
     assert agent.processor is processor and agent.max_images == 3 and tools.processor is processor
+
+
+def test_sft_rm_dpo_and_kto_train_a_vlm_and_the_other_supervised_kinds_are_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from rlhfkit.api.vision import supervised_folder
+    from rlhfkit.models.tiny_vision import save_tiny_vision
+
+    folder = str(save_tiny_vision(tmp_path / "vlm", "llava"))
+    cfg = SimpleNamespace(model=SimpleNamespace(model_name_or_path=folder))
+    assert [supervised_folder(kind, cfg) for kind in ("sft", "rm", "dpo", "kto")] == [folder] * 4
+    for kind in ("prm", "kd"):
+        with pytest.raises(ConfigError, match=f"train {kind} does not train a vision-language model .* train kto do"):
+            supervised_folder(kind, cfg)
+
+
+def test_vllm_engines_on_ray_workers_are_refused_for_a_vision_language_policy_in_one_line():
+    check_engine(config("--rollout.engine", "vllm"))  # in the trainer's process
+    check_engine(config("--distributed.backend", "ray", "--rollout.num_workers", "2"))  # HF engines on workers
+    with pytest.raises(ConfigError, match="does not run on vLLM engines in Ray rollout workers yet") as e:
+        check_engine(config("--distributed.backend", "ray", "--rollout.num_workers", "2", "--rollout.engine", "vllm"))
+    assert "\n" not in str(e.value)

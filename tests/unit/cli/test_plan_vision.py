@@ -10,8 +10,8 @@ from rlhfkit.cli.main import main
 from rlhfkit.cli.plan_cmd import format_memory
 from rlhfkit.config import RLConfig
 from rlhfkit.models.memory import GiB
-from rlhfkit.models.tiny_vision import save_tiny_vision, tiny_vision_model_and_processor
-from rlhfkit.models.vision import vision_parts
+from rlhfkit.models.tiny_vision import FAMILIES, save_tiny_vision, tiny_vision_model_and_processor
+from rlhfkit.models.vision import vision_parts, vision_sizes
 
 
 def estimate(folder, *flags, image_tokens=None):
@@ -22,7 +22,7 @@ def estimate(folder, *flags, image_tokens=None):
     return {line.split()[0]: line for line in lines}
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "gemma3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_parameters_include_the_tower_and_a_frozen_tower_has_no_gradients(tmp_path, family):
     save_tiny_vision(tmp_path, family)
     model, _ = tiny_vision_model_and_processor(family)
@@ -57,3 +57,18 @@ def test_plan_command_counts_a_vision_dataset(tmp_path, capsys):
                  "4", "--train.batch_size", "8"]) == 0
     out = capsys.readouterr().out
     assert "dataset prompts                12" in out and "vision tower" in out
+
+
+@pytest.mark.parametrize("family,tokens,patches,fixed", [
+    ("llava", 4, 4, True),  # a 28-pixel image of 14-pixel patches, a token each
+    ("gemma3", 4, 16, True),  # mm_tokens_per_image 4, pooled from 28 / 7 = 4 x 4 patches
+    ("qwen2_5_vl", 10, 40, False),  # merged 2 x 2 (spatial_merge_size)
+    ("qwen3_5", 10, 40, False),
+    ("smolvlm", 10, 40, False),  # pixel-shuffled 2 x 2 (scale_factor), as many sub-images as the image gives
+    ("internvl", 10, 40, False),  # downsample_ratio 0.5 a side, as many tiles as the image gives
+    ("gemma4", 10, 40, False),  # pooled 2 x 2 (pooling_kernel_size), as many as the aspect ratio gives
+])
+def test_image_tokens_and_tower_patches_follow_each_familys_layout(tmp_path, family, tokens, patches, fixed):
+    """10 tokens per image asked for (--plan.image_tokens): fixed-size families keep their own count."""
+    sizes = vision_sizes(json.loads((save_tiny_vision(tmp_path, family) / "config.json").read_text()), 10)
+    assert (sizes["image_tokens"], sizes["patches"], sizes["fixed_tokens"]) == (tokens, patches, fixed)

@@ -101,6 +101,17 @@ def test_partial_rollout_is_openrlhfs_flag_and_needs_async():
         validate(parse_config(RLConfig, ["--train.partial_rollout_enable", "true"]))
 
 
+def test_the_vllm_engine_and_qlora_run_on_ray_workers_and_partial_rollouts_stay_with_hf_engines():
+    ray = ["--distributed.backend", "ray", "--rollout.num_workers", "2", "--rollout.engine", "vllm"]
+    validate(parse_config(RLConfig, ray))
+    validate(parse_config(RLConfig, [*ray, "--ds.load_in_4bit", "true", "--ds.lora.rank", "4"]))
+    validate(parse_config(RLConfig, [*ray, "--train.async_enable", "true", "--train.max_staleness", "1"]))
+    with pytest.raises(ConfigError, match="--train.partial_rollout_enable continues HF engine generations") as e:
+        validate(parse_config(RLConfig, [*ray, "--train.async_enable", "true", "--train.max_staleness", "1",
+                                         "--train.partial_rollout_enable", "true"]))
+    assert "\n" not in str(e.value)
+
+
 def test_routing_replay_flag_its_slime_name_and_the_compiled_layers_refused():
     assert not RLConfig.from_args([]).actor.routing_replay
     assert RLConfig.from_args(["--actor.routing_replay"]).actor.routing_replay

@@ -254,7 +254,7 @@ def test_yaml_keys_may_be_openrlhf_flags(tmp_path, caplog):
     (["--zero_stage", "3"], "--zero_stage: ignored: DeepSpeed is not used; to shard the policy over GPUs"),
     (["--ds.zero_stage", "3"], "run under torchrun with --fsdp.enable true"),
     (["--colocate_all_models"], "--colocate_all_models: ignored: by default every model shares one process"),
-    (["--vllm_num_engines", "4"], "--vllm_num_engines: ignored: rlhfkit generates with --rollout.engine hf"),
+    (["--vllm_num_engines", "4"], "--vllm_num_engines: with --distributed.backend ray: the rollout worker actors"),
     (["--gradient_checkpointing_use_reentrant"], "--gradient_checkpointing_use_reentrant: ignored"),
     (["--adam_offload"], "not supported yet"),
     (["--normalize_reward"], "--normalize_reward: accepted: a reward model's score is always divided"),
@@ -269,6 +269,15 @@ def test_noticed_flags_are_accepted_with_a_one_line_notice(argv, notice, caplog)
     assert any(notice in m for m in messages), messages
     assert all("\n" not in m for m in messages)
     assert len(messages) == sum(a.startswith("--") for a in argv)  # one line per flag
+
+
+def test_vllm_num_engines_is_the_number_of_ray_rollout_workers_on_the_ray_backend():
+    ray = ("--distributed.backend", "ray", "--rollout.engine", "vllm")
+    assert rl(*ray, "--vllm_num_engines", "4", "--vllm_tensor_parallel_size", "2") == \
+        rl(*ray, "--rollout.num_workers", "4", "--vllm.tensor_parallel_size", "2")
+    assert rl(*ray, "--vllm.num_engines", "3").rollout.num_workers == 3
+    assert rl(*ray, "--vllm_num_engines", "4", "--rollout.num_workers", "2").rollout.num_workers == 2  # ours wins
+    assert rl("--vllm_num_engines", "4").rollout.num_workers == 1  # one process: one engine
 
 
 def test_a_switch_set_false_is_silent(caplog):

@@ -13,11 +13,11 @@ from rlhfkit.data.supervised import load_pairs, load_sft
 from rlhfkit.data.supervised_images import VisionTextFormat, check_supervised_images
 from rlhfkit.errors import DataError
 from rlhfkit.models.logprobs import response_logprobs
-from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
+from rlhfkit.models.tiny_vision import FAMILIES, tiny_vision_model_and_processor
 from rlhfkit.models.vision import token_type_kwargs
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "gemma3"])
+@pytest.fixture(scope="module", params=FAMILIES)
 def vlm(request):
     return tiny_vision_model_and_processor(request.param)
 

@@ -59,3 +59,23 @@ def test_ray_files_go_to_a_short_folder_when_the_run_folder_is_too_long_for_its_
     # Ray's longest socket path under it (64 characters more) fits the 107-byte Unix limit
     assert len(got) + 64 <= 107 and os.path.isdir(got) and not deep.exists()
     assert "too long a path for Ray's sockets" in caplog.text
+
+
+@pytest.mark.parametrize("gpus,workers,tp,want", [
+    (0, 2, 2, (0.0, 0.0)),    # CPU machine: nothing asked
+    (8, 2, 2, (1.0, 2.0)),    # 2 engines x 2 GPUs + the trainer's 1 fit: whole GPUs
+    (8, 4, 1, (1.0, 1.0)),    # OpenRLHF's one GPU per vLLM engine
+    (1, 1, 1, (0.5, 0.5)),    # one GPU shared by the trainer and one engine
+])
+def test_a_vllm_engine_worker_asks_for_its_tensor_parallel_gpus(gpus, workers, tp, want):
+    assert gpu_shares(None, None, workers, gpus, per_worker=tp) == want
+
+
+def test_a_tensor_parallel_engine_without_whole_gpus_is_refused_in_one_line():
+    from rlhfkit.errors import ConfigError
+
+    # 4 GPUs for 2 engines of 2 and the trainer: 4/5 of a GPU per unit, 1.6 GPUs per engine
+    with pytest.raises(ConfigError, match="--vllm.tensor_parallel_size 2 needs 2 whole GPUs") as e:
+        gpu_shares(None, None, 2, 4, per_worker=2)
+    assert "\n" not in str(e.value)
+    assert gpu_shares(0.0, 2.0, 2, 4, per_worker=2) == (0.0, 2.0)  # given counts are kept

@@ -1,23 +1,44 @@
 """models.vision.language_lora_targets: LoRA's layers of a VLM outside its vision tower (the tiny
-families: 2 language layers of 7 linear layers each; LLaVA's projector has 2 more, Qwen2-VL's merger
-sits inside its tower), where peft's own name matching would also pick the tower's layers."""
+families: 2 language layers of 7 linear layers each, q/k/v/o and gate/up/down; the projector's linear
+layers outside the tower: LLaVA's and InternVL's 2, SmolVLM's / Idefics3's connector 1, Gemma 4's
+embed_vision 1; Qwen-VL's merger sits inside its tower), where peft's own name matching would also pick
+the tower's layers."""
 
 import pytest
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.lora import add_lora
-from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
-from rlhfkit.models.vision import language_lora_targets
+from rlhfkit.models.tiny_vision import FAMILIES, tiny_vision_model_and_processor
+from rlhfkit.models.vision import TOWER_NAMES, language_lora_targets
+
+# family -> (linear layers outside the tower, of which in the projector, the language model's name, its layers
+# with q_proj / v_proj). Qwen3-VL-MoE: its experts are fused 3-D weights, no Linear: 2 x 4 attention layers.
+# Qwen3.5: layer 0 is a Gated DeltaNet (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj: 5) + MLP 3,
+# layer 1 attention 4 + MLP 3. Gemma 4: 14 + per-layer inputs (a gate and a projection a layer: 4, the model's
+# projection: 1) + embed_vision 1.
+LAYOUT = {"qwen2_vl": (14, 0, "language_model", (0, 1)), "llava": (16, 2, "language_model", (0, 1)),
+          "gemma3": (14, 0, "language_model", (0, 1)), "qwen2_5_vl": (14, 0, "language_model", (0, 1)),
+          "qwen3_vl": (14, 0, "language_model", (0, 1)), "qwen3_vl_moe": (8, 0, "language_model", (0, 1)),
+          "smolvlm": (15, 1, "text_model", (0, 1)), "idefics3": (15, 1, "text_model", (0, 1)),
+          "qwen3_5": (15, 0, "language_model", (1,)), "gemma4": (20, 1, "language_model", (0, 1)),
+          "internvl": (16, 2, "language_model", (0, 1))}
+PROJECTORS = ("multi_modal_projector", "connector", "embed_vision")
 
 
-@pytest.mark.parametrize("family,count,projector", [("qwen2_vl", 14, 0), ("llava", 16, 2), ("gemma3", 14, 0)])
-def test_all_linear_is_the_language_model_and_the_projector(family, count, projector):
+def test_every_tiny_family_is_laid_out_here():
+    assert set(LAYOUT) == set(FAMILIES)
+
+
+@pytest.mark.parametrize("family", list(LAYOUT))
+def test_all_linear_is_the_language_model_and_the_projector(family):
+    count, projector, lm, attention = LAYOUT[family]
     model, _ = tiny_vision_model_and_processor(family)
     names = language_lora_targets(model, "all-linear")
-    assert len(names) == count and sum("multi_modal_projector" in n for n in names) == projector
-    assert all("language_model.layers." in n for n in names if "projector" not in n)
+    assert len(names) == count and sum(any(p in n for p in PROJECTORS) for n in names) == projector
+    assert all(f"model.{lm}." in n for n in names if not any(p in n for p in PROJECTORS))
+    assert not any(f".{t}." in n for n in names for t in TOWER_NAMES)
     assert language_lora_targets(model, ("q_proj", "v_proj")) == [
-        f"model.language_model.layers.{i}.self_attn.{m}" for i in (0, 1) for m in ("q_proj", "v_proj")]
+        f"model.{lm}.layers.{i}.self_attn.{m}" for i in attention for m in ("q_proj", "v_proj")]
 
 
 def test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out():

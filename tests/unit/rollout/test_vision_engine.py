@@ -28,7 +28,7 @@ def vlm(request):
     return tiny_vision_model_and_processor(request.param, seed=0)
 
 
-def prompts(processor, sizes=((40, 40), (56, 30), (30, 56))):
+def prompts(processor, sizes=((40, 40), (56, 28), (28, 56))):
     """(ids, VisionInputs) of one prompt per colour, each with one image of its size."""
     out = []
     for colour, size in zip(COLOURS, sizes):

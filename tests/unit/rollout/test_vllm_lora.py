@@ -90,15 +90,21 @@ def test_after_an_optimizer_step_the_next_sync_carries_the_new_merge():
     policy = lora_policy(targets=("q_proj", "v_proj"))
     engine, model, _ = engine_for(policy)
     engine.update_weights({}, 1)
-    first = peft_merged(policy)
+    a_step_syncs_the_attention_blocks(engine, model, policy, peft_merged)
+
+
+def a_step_syncs_the_attention_blocks(engine, model, policy, weights):
+    """After an optimizer step on q/v adapters the next sync loads `weights(policy)` (the new merge) and
+    sends only the attention blocks (q, v adapted; k, o with them: vLLM fuses q/k/v), no norms, MLP,
+    embeddings."""
+    first = weights(policy)
     one_step(policy)
-    second = peft_merged(policy)
+    second = weights(policy)
     changed = {k for k in second if not torch.equal(first[k], second[k])}
     assert changed and all(".q_proj." in k or ".v_proj." in k for k in changed)
     engine.update_weights({}, 2)
     assert_equal_states(model.params, second)
     sent = {name for name, _ in model.handed[-1]}
-    # only the attention blocks (q, v adapted; k, o with them: vLLM fuses q/k/v), no norms, MLP, embeddings
     assert sent == {f"model.layers.{i}.self_attn.{m}_proj.weight" for i in range(2) for m in "qkvo"}
 
 
@@ -166,7 +172,7 @@ def test_a_lora_variant_is_refused_in_one_line():
 
     model, _ = tiny_model_and_tokenizer(seed=0)
     dora = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
-    with pytest.raises(ModelError, match="q_proj: only LoRA on plain linear layers") as e:
+    with pytest.raises(ModelError, match="q_proj: only LoRA on plain or 4-bit linear layers") as e:
         MergedLoraState(dora, dora.state_dict())
     assert "\n" not in str(e.value)
 

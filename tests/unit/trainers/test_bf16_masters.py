@@ -1,8 +1,9 @@
-"""bf16 parameters with float32 masters (trainers.learner) and float32 norms
-(models.precision.vectors_to_float32), under bf16 autocast, learn as float32 parameters under bf16
-autocast do: on a tiny Llama the losses of 20 AdamW steps agree within 0.01 and the masters end
-within 5% of the distance the float32 run moved; the norm weights the forward reads move as the
-float32 run's do, where in bf16 they would not move at all at this learning rate."""
+"""bf16 parameters with float32 masters (trainers.learner), float32 norms
+(models.precision.vectors_to_float32) and a float32 residual stream (models.precision.float32_residual),
+under bf16 autocast, learn as float32 parameters under bf16 autocast do: on a tiny Llama the losses
+of 20 AdamW steps agree within 0.01 and the masters end within 5% of the distance the float32 run
+moved; the norm weights the forward reads move as the float32 run's do, where in bf16 they would not
+move at all at this learning rate; the residual stream is float32."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from rlhfkit.models import tiny_model_and_tokenizer
-from rlhfkit.models.precision import vectors_to_float32
+from rlhfkit.models.precision import float32_residual, vectors_to_float32
 from rlhfkit.trainers.learner import Learner
 
 
@@ -28,12 +29,15 @@ def _ids(model):
 
 def _train(model, mode: str, lr: float, steps: int):
     """`steps` AdamW steps of next-token cross-entropy on a fixed batch, bf16 autocast. mode: fp32
-    (float32 parameters), bf16 (bf16 parameters), bf16+norms (bf16 matrices, float32 vectors)."""
+    (float32 parameters), bf16 (bf16 parameters), bf16+norms (bf16 matrices, float32 vectors),
+    bf16+norms+residual (the same with the residual stream in float32)."""
     model = copy.deepcopy(model).train()
     if mode != "fp32":
         model.to(torch.bfloat16)
-    if mode == "bf16+norms":
+    if mode.startswith("bf16+norms"):
         assert vectors_to_float32(model) > 0
+    if mode == "bf16+norms+residual":
+        assert float32_residual(model)
     learner = Learner(model, lr=lr, betas=(0.9, 0.95), max_norm=1.0)
     ids, losses = _ids(model), []
     for _ in range(steps):
@@ -78,3 +82,28 @@ def test_norm_weights_move_in_the_forward_only_in_float32(tiny):
         assert step.abs().max() > 5e-4
         assert torch.equal(runs["bf16"][n].detach().float(), init[n])  # rounded back to where it started
         assert (runs["bf16+norms"][n].detach() - init[n] - step).norm() < 0.1 * step.norm()
+
+
+def test_the_residual_stream_stays_float32_under_autocast(tiny):
+    """bf16 matrices under autocast: with `float32_residual` every hidden state (the sum the layers add
+    into) is float32, as over float32 parameters; without it the embedding's bf16 output makes it bf16."""
+    ids = _ids(tiny)[:2]
+    dtypes = {}
+    for residual in (False, True):
+        model = copy.deepcopy(tiny).to(torch.bfloat16)
+        vectors_to_float32(model)
+        if residual:
+            assert float32_residual(model) and not float32_residual(model)  # added once
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+        dtypes[residual] = {h.dtype for h in hidden[:-1]}  # the last one is the final norm's output
+    assert dtypes == {False: {torch.bfloat16}, True: {torch.float32}}
+
+
+def test_bf16_masters_with_a_float32_residual_learn_as_float32_parameters(tiny):
+    init = _flat(tiny.parameters())
+    _, ref, ref_losses = _train(tiny, "fp32", lr=1e-3, steps=20)
+    _, bf16, losses = _train(tiny, "bf16+norms+residual", lr=1e-3, steps=20)
+    assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 0.01
+    moved = (_flat(ref.train_params) - init).norm()
+    assert (_flat(bf16.train_params) - _flat(ref.train_params)).norm() < 0.05 * moved

@@ -1,0 +1,98 @@
+"""A stand-in for the `vllm` package, for tests in processes that cannot have vLLM (no GPU, no vllm
+wheel here): put `tests/fakes` (and the repository root) on a process's PYTHONPATH, e.g. through Ray's
+`runtime_env`, and `import vllm` finds this.
+
+`LLM` is the unit tests' `FakeLLM` (its `collective_rpc` runs the real `WeightSyncExtension` on one
+worker; sleep / wake / prefix-cache calls are recorded) over the model folder loaded with transformers:
+weight syncs go through the extension's load path into that model, and `generate` samples real tokens
+from it with rlhfkit's HFEngine, one request at a time with the request's own seed, returning vLLM's
+output shape (token ids, a {token: Logprob} per token, finish reason). What it does not model: vLLM's
+kernels, paged KV cache, scheduling, tensor parallelism, GPUs.
+
+With FAKE_VLLM_LOG set, every engine appends JSON lines to that file: `init` (its keyword arguments),
+`generate` (the prompts it got) and `load` (how many tensors, and a digest of the model's weights after
+the load), each with the process id, so a test can tell which engine got which prompts and weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from types import SimpleNamespace
+
+import torch
+
+from rlhfkit.data.types import FINISH_STOP
+from rlhfkit.models import load_causal_lm, load_tokenizer
+from rlhfkit.models.precision import DTYPES
+from rlhfkit.rollout.base import SamplingParams as EngineParams
+from rlhfkit.rollout.hf import HFEngine
+from tests.unit.rollout.test_vllm_colocated import FakeLLM
+
+
+def record(event: str, **fields) -> None:
+    path = os.environ.get("FAKE_VLLM_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n")
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over the model's state dict, name by name (the tests compute it on the trainer's side)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class SamplingParams(SimpleNamespace):
+    """vLLM's SamplingParams: its keyword arguments as attributes."""
+
+
+class Logprob(SimpleNamespace):
+    """vLLM's Logprob: `.logprob`."""
+
+
+class HFModel:
+    """What vLLM's model runner holds, over an HF model: `load_weights` takes HF-named tensors."""
+
+    def __init__(self, hf: torch.nn.Module):
+        self.hf = hf
+
+    def parameters(self):
+        return self.hf.parameters()
+
+    def load_weights(self, weights) -> None:
+        state = dict(weights)
+        result = self.hf.load_state_dict(state, strict=False)
+        if result.unexpected_keys:
+            raise KeyError(f"load_weights got names the model lacks: {result.unexpected_keys[:3]}")
+        record("load", tensors=len(state), digest=weights_digest(self.hf))
+
+
+class LLM(FakeLLM):
+    def __init__(self, model: str, dtype: str = "auto", logprobs_mode: str = "raw_logprobs", **kwargs):
+        if logprobs_mode != "processed_logprobs":
+            raise ValueError("rlhfkit's engine asks for processed_logprobs")
+        plain = {k: v for k, v in kwargs.items() if isinstance(v, (int, float, str))}
+        record("init", model=model, dtype=dtype, **plain)
+        hf = load_causal_lm(model, dtype=DTYPES.get(dtype, torch.float32)).eval()
+        super().__init__(HFModel(hf))
+        self.engine = HFEngine(hf, load_tokenizer(model))
+
+    def generate(self, requests, sampling_params, use_tqdm=False):
+        self.calls.append(("generate", len(requests)))
+        record("generate", prompts=[r["prompt_token_ids"] for r in requests])
+        return [self._one(r["prompt_token_ids"], sp) for r, sp in zip(requests, sampling_params)]
+
+    def _one(self, prompt, sp):
+        params = EngineParams(max_new_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p,
+                              top_k=sp.top_k, n=1, stop_token_ids=tuple(sp.stop_token_ids))
+        t = self.engine.generate([prompt], params, seeds=None if sp.seed is None else [sp.seed])[0]
+        ids = t.response_ids.tolist()
+        logprobs = [{i: Logprob(logprob=float(lp))} for i, lp in zip(ids, t.logprobs)]
+        out = SimpleNamespace(token_ids=ids, logprobs=logprobs,
+                              finish_reason="stop" if t.finish_reason == FINISH_STOP else "length")
+        return SimpleNamespace(outputs=[out])

@@ -1,0 +1,107 @@
+"""What each tiny vision-language family brings beyond the equality tests of test_vision_engine.py: its
+processor saved and loaded back (image-only where its video processor needs torchvision) encodes as the
+one built in code; SmolVLM's sub-images of several prompts padded as its processor pads them; the tiny
+models exercise what the families are known for (Qwen2.5-VL's window attention, Qwen3-VL's deepstack
+features, Qwen3.5's linear-attention layers that decode without a cache)."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from rlhfkit.data.images import encode
+from rlhfkit.models.tiny_vision import FAMILIES, save_tiny_vision, tiny_vision_model_and_processor
+from rlhfkit.models.vision import concat_vision, load_processor
+from rlhfkit.rollout.kv_cache import cache_support
+
+
+def noise(width: int, height: int, seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def text(processor, images: int = 1) -> str:
+    parts = [{"type": "image"}] * images + [{"type": "text", "text": "colour?"}]
+    return processor.apply_chat_template([{"role": "user", "content": parts}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_saved_processor_encodes_as_the_one_built_in_code(tmp_path, family):
+    """The image-only processors keep their own settings (SmolVLM's image_seq_len, InternVL's and Gemma 4's
+    image_seq_length) in processor_config.json: loaded without them, an image would get the default
+    number of tokens (169, 256, 280) and the model would refuse the prompt."""
+    _, built = tiny_vision_model_and_processor(family)
+    loaded = load_processor(str(save_tiny_vision(tmp_path, family)))
+    assert type(loaded).__name__ == type(built).__name__
+    images = [noise(56, 28), noise(40, 40, 1)]
+    ids, vision = encode(built, text(built, 2), images)
+    ids_back, vision_back = encode(loaded, text(loaded, 2), images)
+    assert ids_back == ids and vision_back.tensors.keys() == vision.tensors.keys()
+    assert all(torch.equal(vision_back.tensors[k], v) for k, v in vision.tensors.items())
+
+
+def test_smolvlm_rows_with_different_sub_image_counts_are_padded_as_its_processor_pads_them():
+    """A 56 x 28 image is 1 x 2 sub-images and the whole (3 frames), a 40 x 40 one 2 x 2 and the whole (5):
+    the rows' [1, frames, 3, 28, 28] tensors are zero-padded to 5 frames, as the processor batches them."""
+    _, processor = tiny_vision_model_and_processor("smolvlm")
+    wide, square = noise(56, 28), noise(40, 40, 1)
+    _, a = encode(processor, text(processor), [wide])
+    _, b = encode(processor, text(processor), [square])
+    assert a.tensors["pixel_values"].shape[1] == 3 and b.tensors["pixel_values"].shape[1] == 5
+    both = processor(text=[text(processor)] * 2, images=[[wide], [square]], return_tensors="pt", padding=True)
+    merged = concat_vision([a, None, b])
+    assert merged.keys() == {"pixel_values", "pixel_attention_mask"}
+    assert all(torch.equal(merged[k], both[k]) for k in merged)
+    assert not merged["pixel_values"][0, 3:].any()  # the padding frames the model drops
+
+
+def test_qwen2_5_vl_tower_runs_window_attention():
+    """Windows of one merged 2 x 2 patch group: a 56 x 56 image's 16 patches attend in 4 windows, and the
+    tower's output differs from one window over the whole image."""
+    model, processor = tiny_vision_model_and_processor("qwen2_5_vl")
+    _, vision = encode(processor, text(processor), [noise(56, 56)])
+    tower = model.model.visual
+    with torch.no_grad():
+        windowed = tower(vision.tensors["pixel_values"], grid_thw=vision.tensors["image_grid_thw"]).pooler_output
+        tower.window_size = 112
+        whole = tower(vision.tensors["pixel_values"], grid_thw=vision.tensors["image_grid_thw"]).pooler_output
+    assert (windowed - whole).abs().max() > 1e-5
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe"])
+def test_qwen3_vl_deepstack_features_reach_the_language_model(family):
+    """The tower's layer-0 features (deepstack) are added after the language model's first layer: zeroing
+    their merger changes the logits of the tokens after the image."""
+    model, processor = tiny_vision_model_and_processor(family)
+    ids, vision = encode(processor, text(processor), [noise(56, 56)])
+    inputs = {"input_ids": torch.tensor([ids]), **vision.tensors,
+              "mm_token_type_ids": (torch.tensor([ids]) == model.config.image_token_id).long()}
+    with torch.no_grad():
+        full = model(**inputs).logits
+        for p in model.model.visual.deepstack_merger_list.parameters():
+            p.zero_()
+        without = model(**inputs).logits
+    assert (full - without).abs().max() > 1e-5
+
+
+def test_qwen3_5_decodes_without_a_cache():
+    """Its Gated DeltaNet layers' cache cannot be copied per sample: the engine decodes it without a cache
+    (the equality tests then check that every step gets the images and 3-D positions)."""
+    model, _ = tiny_vision_model_and_processor("qwen3_5")
+    assert "LinearAttentionLayer" in cache_support(model)
+
+
+def test_smolvlm_without_num2words_is_one_line_naming_the_package(tmp_path, monkeypatch):
+    """transformers' SmolVLM processor refuses to build without num2words (it writes video prompts with it);
+    the error says which package to install, not that the folder is broken."""
+    import transformers.models.smolvlm.processing_smolvlm as smolvlm
+
+    from rlhfkit.errors import ModelError
+
+    folder = save_tiny_vision(tmp_path, "smolvlm")
+    monkeypatch.setattr(smolvlm, "num2words", None)
+    with pytest.raises(ModelError, match=r"SmolVLMProcessor needs a package that is not installed .*num2words.*"
+                                         r"pip install 'rlhfkit\[vision\]'") as err:
+        load_processor(str(folder))
+    assert "\n" not in str(err.value)
