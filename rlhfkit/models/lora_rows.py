@@ -16,6 +16,7 @@ forward (`set_rows`), e.g. by a decode loop whose batch loses its finished rows.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Self
 
 import torch
 
@@ -61,7 +62,7 @@ class RowAdapters:
         """The adapter of each row of the next forwards' batch (None: the base alone)."""
         self.rows, self.batch = runs(names), len(names)
 
-    def __enter__(self) -> RowAdapters:
+    def __enter__(self) -> Self:
         for module in self.layers:
             self._forwards.append(module.__dict__.get("forward"))
             module.forward = _RowForward(module, self)
