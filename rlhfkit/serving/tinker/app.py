@@ -29,8 +29,10 @@ from fastapi.responses import JSONResponse, Response
 from rlhfkit.errors import RlhfkitError, one_line
 from rlhfkit.serving.tinker.host import ModelHost
 from rlhfkit.serving.tinker.queue import RequestQueue
+from rlhfkit.serving.tinker.scoring import check_topk
 from rlhfkit.serving.tinker.wire import (
     FwdBwdRequest,
+    SampleOptions,
     forward_backward_output,
     parse_forward_backward,
     sample_response,
@@ -89,7 +91,7 @@ class SampleRequest:
     prompt: list[int]
     n: int
     params: dict
-    prompt_logprobs: bool
+    options: SampleOptions
 
     def group(self) -> tuple:
         """Requests with the same key run in one engine call: the same n and parameters but the seed
@@ -109,7 +111,7 @@ def runners(host: ModelHost) -> dict[str, Callable[[list], list]]:
     def sample(requests: list[SampleRequest]) -> list:
         first = requests[0]
         outs = host.sample([r.session for r in requests], [r.prompt for r in requests], first.n, first.params,
-                           [r.params.get("seed") for r in requests], [r.prompt_logprobs for r in requests])
+                           [r.params.get("seed") for r in requests], [r.options for r in requests])
         return [out if isinstance(out, Exception) else sample_response(*out) for out in outs]
 
     return {"fwdbwd": forward_backward, "sample": sample}
@@ -339,13 +341,31 @@ def _sampling_routes(app: FastAPI, host: ModelHost, futures: Futures, body, poll
         if not 1 <= n <= 256:
             raise HTTPException(422, f"num_samples {n}: give 1..256")
 
-        sample = SampleRequest(session, prompt, n, params, bool(req.get("prompt_logprobs")))
+        sample = SampleRequest(session, prompt, n, params, _sample_options(req))
         return futures.submit(None, owner=session, group=sample.group(), payload=sample,
                               sample_sequence_ids=[uuid.uuid4().hex for _ in range(n)])
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve(request: Request):
         return await futures.retrieve(field(await body(request), "request_id"), poll_s)
+
+
+# SampleRequest fields this server does not serve, and the value that asks for nothing.
+UNSERVED_SAMPLE_FIELDS = {"target_prompt_logprobs": None, "prompt_alt_tokens_k": 0, "prompt_logprobs_last_n": None}
+
+
+def _sample_options(req: dict) -> SampleOptions:
+    """The logprobs a sample request asks for (422 in one line for a field this server refuses)."""
+    for name, nothing in UNSERVED_SAMPLE_FIELDS.items():
+        if req.get(name, nothing) != nothing:
+            raise HTTPException(422, f"sample: {name} is not served by rlhfkit's Tinker server; served are "
+                                     "include_prompt_logprobs, topk_prompt_logprobs and topk_sample_logprobs")
+    try:
+        return SampleOptions(bool(req.get("prompt_logprobs")),
+                             check_topk(req.get("topk_prompt_logprobs", 0), "topk_prompt_logprobs"),
+                             check_topk(req.get("topk_sample_logprobs", 0), "topk_sample_logprobs"))
+    except RlhfkitError as exc:
+        raise HTTPException(422, one_line(exc)) from exc
 
 
 def _prompt_tokens(req: dict) -> list[int]:

@@ -40,7 +40,14 @@ from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
 from rlhfkit.rollout.stops import cut_at_stop_strings, split_stops
 from rlhfkit.serving.tinker.losses import lookup_loss
-from rlhfkit.serving.tinker.wire import FwdBwdRequest, Sequence, WireDatum
+from rlhfkit.serving.tinker.scoring import score
+from rlhfkit.serving.tinker.wire import (
+    FwdBwdRequest,
+    SampleOptions,
+    Sequence,
+    TopK,
+    WireDatum,
+)
 from rlhfkit.trainers.learner import Learner
 
 LORA_ALPHA = 32
@@ -170,9 +177,6 @@ class ModelHost:
             ids = np.concatenate([np.asarray(d.tokens), d.inputs["target_tokens"].reshape(-1)])
             if ids.min() < 0 or ids.max() >= vocab:
                 raise DataError(f"data[{i}]: a token id outside [0, {vocab}) (the model's vocabulary)")
-
-    def _logprobs(self, module: torch.nn.Module, tokens: list[int], targets: np.ndarray) -> torch.Tensor:
-        return self._batch_logprobs(module, [tokens], [targets])[0]
 
     def _batch_logprobs(self, module: torch.nn.Module, tokens: list[list[int]],
                         targets: list[np.ndarray]) -> list[torch.Tensor]:
@@ -405,12 +409,14 @@ class ModelHost:
             raise DataError(f"prompt: needs at least one token, each in [0, {vocab})")
 
     def sample(self, sessions: list[str], prompts: list[list[int]], n: int, params: dict, seeds: list[int | None],
-               prompt_logprobs: list[bool]) -> list[tuple[list[Sequence], list[float] | None] | RlhfkitError]:
+               options: list[SampleOptions]) -> list[tuple[list[Sequence], list[float] | None, TopK | None]
+                                                     | RlhfkitError]:
         """`n` samples of each prompt, prompt i with sampling session sessions[i]'s weights; the
         prompts of one module in one engine call (LoRA samplers and the base: the shared peft model,
         each row with its own adapter, models.lora_rows). Prompt i's samples depend only on it, its
         weights and seeds[i] (a random seed where None), so a request gives the same answer alone or
-        batched with others. Per prompt its (sequences, prompt logprobs or None), or the
+        batched with others. Per prompt its (sequences, prompt logprobs or None, prompt top-k or
+        None), the top-k logprobs options[i] asks for computed by serving.tinker.scoring, or the
         RlhfkitError that refused it (an unknown session, a bad token), which fails it alone."""
         out: list = [None] * len(prompts)
         groups: dict[int, tuple[torch.nn.Module, list[tuple[int, str | None]]]] = {}
@@ -434,9 +440,12 @@ class ModelHost:
             trajs = self._generate(module, names, [prompts[i] for i in idx], sp, [seeds[i] for i in idx])
             for k, (i, name) in enumerate(rows):
                 seqs = [cut_at_stop_strings(t, stop_texts, self.tokenizer) for t in trajs[k * n:(k + 1) * n]]
-                lp = self._prompt_logprobs(module, name, prompts[i]) if prompt_logprobs[i] else None
-                out[i] = ([Sequence(t.response_ids.tolist(), t.logprobs.tolist(), "length" if t.truncated else "stop")
-                           for t in seqs], lp)
+                tokens = [t.response_ids.tolist() for t in seqs]
+                got = score(self._score_forward(module, name), prompts[i], tokens, options[i], sp.temperature,
+                            self.batch_tokens)
+                out[i] = ([Sequence(ids, t.logprobs.tolist(), "length" if t.truncated else "stop",
+                                    got.sample_topk[s] if got.sample_topk is not None else None)
+                           for s, (ids, t) in enumerate(zip(tokens, seqs))], got.prompt_logprobs, got.prompt_topk)
         return out
 
     def _generate(self, module: torch.nn.Module, names: list[str | None], prompts: list[list[int]],
@@ -458,14 +467,17 @@ class ModelHost:
         module.set_adapter(name)
         return contextlib.nullcontext()
 
-    def _prompt_logprobs(self, module: torch.nn.Module, name: str | None, prompt: list[int]) -> list[float]:
-        """NaN for the first token (nothing before it), then log p(prompt[i] | prompt[:i])."""
-        if len(prompt) < 2:
-            return [float("nan")]
-        module.eval()
-        with torch.no_grad(), self._one_adapter(module, name):
-            lp = self._logprobs(module, prompt[:-1], np.asarray(prompt[1:]))
-        return [float("nan")] + lp.tolist()
+    def _score_forward(self, module: torch.nn.Module, name: str | None):
+        """`forward(rows) -> logits [b, W, V]` of `module` with adapter `name` over right-padded
+        token rows, without gradients (serving.tinker.scoring)."""
+        def forward(rows: list[list[int]]) -> torch.Tensor:
+            ids = torch.zeros((len(rows), max(len(r) for r in rows)), dtype=torch.long)
+            for r, row in enumerate(rows):
+                ids[r, :len(row)] = torch.as_tensor(row, dtype=torch.long)
+            module.eval()
+            with torch.no_grad(), self._one_adapter(module, name):
+                return module(input_ids=ids.to(self.device)).logits
+        return forward
 
     def _stops(self, stop) -> tuple[tuple[int, ...], tuple[str, ...]]:
         if not stop:
