@@ -14,6 +14,8 @@ they are read; a route the SDK has that this server does not serve gets a 404 na
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hmac
 import json
 import uuid
@@ -33,6 +35,7 @@ from rlhfkit.serving.tinker.scoring import check_topk
 from rlhfkit.serving.tinker.wire import (
     FwdBwdRequest,
     SampleOptions,
+    WireImage,
     forward_backward_output,
     parse_forward_backward,
     sample_response,
@@ -368,17 +371,34 @@ def _sample_options(req: dict) -> SampleOptions:
         raise HTTPException(422, one_line(exc)) from exc
 
 
-def _prompt_tokens(req: dict) -> list[int]:
+def _prompt_tokens(req: dict) -> list:
+    """The prompt's tokens, each image chunk a WireImage in its place (422 for a chunk not served)."""
     prompt = req.get("prompt")
     chunks = prompt.get("chunks") if isinstance(prompt, dict) else None
     if not isinstance(chunks, list):
         raise HTTPException(422, "field 'prompt': expected a ModelInput with chunks")
-    tokens: list[int] = []
+    tokens: list = []
     for chunk in chunks:
-        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
-            raise HTTPException(422, "prompt: only encoded_text chunks are served (a text model)")
+        kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else None
+        if kind == "image":
+            tokens.append(_image_chunk(chunk))
+            continue
+        if kind != "encoded_text":
+            raise HTTPException(422, f"prompt: a {kind} chunk; served are encoded_text and image chunks (an image "
+                                     "by reference, image_asset_pointer, is not fetched: send its bytes)")
         ids = chunk.get("tokens")
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise HTTPException(422, "prompt: a chunk's tokens must be a list of ints")
         tokens += ids
     return tokens
+
+
+def _image_chunk(chunk: dict) -> WireImage:
+    expected = chunk.get("expected_tokens")
+    try:
+        data = base64.b64decode(chunk.get("data") or "", validate=True)
+    except (binascii.Error, TypeError) as exc:
+        raise HTTPException(422, f"prompt: an image chunk's data is not base64 ({exc})") from exc
+    if not isinstance(chunk.get("format"), str) or not (expected is None or isinstance(expected, int)):
+        raise HTTPException(422, "prompt: an image chunk needs format (png or jpeg) and an integer expected_tokens")
+    return WireImage(data, chunk["format"], expected)

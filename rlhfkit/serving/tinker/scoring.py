@@ -72,7 +72,7 @@ def score(forward: Callable[[list[list[int]]], torch.Tensor], prompt: list[int],
     if options.topk_sample > 0:
         rows = [prompt + s[:-1] for s in samples]
     else:
-        rows = [prompt[:-1]] if want_prompt and len(prompt) > 1 else []
+        rows = [prompt] if want_prompt and len(prompt) > 1 else []  # whole: an image may end the prompt
     out = Scores(sample_topk=[] if options.topk_sample > 0 else None)
     prompt_logp = torch.zeros((0, 1))
     t = temperature if temperature > 0 else 1.0

@@ -20,11 +20,24 @@ def _pb():
 
 
 @dataclass
-class WireDatum:
-    """One datum: input tokens [T] and its loss inputs (name -> array)."""
+class WireImage:
+    """One image chunk of a ModelInput as the client sent it: the encoded image, its format and the
+    number of tokens the client counts for it (None: not given); serving.tinker.images expands it."""
 
-    tokens: list[int]
+    data: bytes
+    format: str
+    expected_tokens: int | None = None
+
+
+@dataclass
+class WireDatum:
+    """One datum: input tokens [T] and its loss inputs (name -> array). A datum with images holds
+    a WireImage in `tokens` where each image chunk sits until the host expands it to the image's
+    tokens (setting `vision`, its images' tensors)."""
+
+    tokens: list
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    vision: object = None
 
 
 @dataclass
@@ -65,14 +78,23 @@ def tensor_to_numpy(msg, name: str) -> np.ndarray:
         raise DataError(f"loss_fn_inputs[{name!r}]: its bytes do not fit shape {list(shape)} ({exc})") from exc
 
 
-def _datum_tokens(datum_msg) -> list[int]:
-    tokens: list[int] = []
+def _datum_tokens(datum_msg) -> list:
+    """The datum's tokens, each image chunk a WireImage in its place."""
+    tokens: list = []
     for chunk in datum_msg.model_input:
-        kind = chunk.WhichOneof("chunk") if hasattr(chunk, "WhichOneof") else None
-        if kind not in (None, "encoded_text"):
-            raise DataError(f"model_input: a {kind} chunk; this server trains text models only "
-                            "(EncodedTextChunk)")
-        tokens += np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist()
+        kind = chunk.WhichOneof("chunk")
+        if kind == "image":
+            image = chunk.image
+            if image.HasField("override_dimensions"):
+                raise DataError("model_input: an image chunk with override_dimensions; this server takes images "
+                                "at their own size")
+            expected = int(image.expected_tokens) if image.HasField("expected_tokens") else None
+            tokens.append(WireImage(bytes(image.data), image.format, expected))
+        elif kind == "encoded_text":
+            tokens += np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist()
+        else:
+            raise DataError(f"model_input: a {kind} chunk; this server takes text (EncodedTextChunk) and image "
+                            "(ImageChunk) chunks")
     return tokens
 
 
