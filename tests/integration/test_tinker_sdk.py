@@ -237,6 +237,23 @@ def test_hostile_clients_are_refused_and_others_unaffected(tmp_path, monkeypatch
         srv.stop()
 
 
+def test_dimuon_is_refused_when_the_client_is_created(server):
+    """Tinker's Dimuon optimizer is not served (docs/tinker.md): a client asking for it is refused at
+    creation, not trained with AdamW in its place."""
+    svc = server.client()
+    with pytest.raises(Exception, match="Dimuon is not served by rlhfkit's Tinker server"):
+        svc.create_lora_training_client(base_model=NAME, rank=4,
+                                        optimizer=tinker.types.DimuonOptimizerConfig()).result()
+    assert not server.host.models
+    tc = svc.create_lora_training_client(base_model=NAME, rank=4).result()
+    path = tc.save_state("adam").result().path
+    with pytest.raises(Exception, match="Dimuon is not served"):
+        svc.create_training_client_from_state(path, optimizer=tinker.types.DimuonOptimizerConfig()).result()
+    with pytest.raises(Exception, match="Dimuon is not served"):
+        tc.optim_step(tinker.types.DimuonParams(learning_rate=1e-3)).result()
+    assert len(server.host.models) == 1
+
+
 def accumulated_grads(server, tc) -> list[torch.Tensor]:
     model = server.host.get(tc.model_id)
     grads = [p.grad.clone() for p in model.learner.params]

@@ -227,6 +227,20 @@ def _check_base(host: ModelHost, name: str | None) -> None:
         raise HTTPException(404, f"base_model {name!r}: this server serves {host.name!r} only")
 
 
+# Why Tinker's other optimizer is refused (docs/tinker.md, after the losses).
+DIMUON_REFUSED = ("Dimuon is not served by rlhfkit's Tinker server (its update is not published: the SDK names only "
+                  "its hyperparameters, and rlhfkit's Muon is another update); use AdamW, the default "
+                  "(AdamOptimizerConfig, AdamParams)")
+
+
+def _check_optimizer(config) -> None:
+    """422 for an optimizer_config (create_model, load_weights) that is not AdamW's."""
+    kind = config.get("type", "adamw") if isinstance(config, dict) else config
+    if kind not in (None, "adamw"):
+        raise HTTPException(422, f"optimizer_config {kind!r}: " + (DIMUON_REFUSED if kind == "dimuon" else
+                                                                 "only AdamW (AdamOptimizerConfig) is served"))
+
+
 def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None:
     """Training clients' models: create, describe, unload, save and load."""
 
@@ -234,6 +248,7 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
     async def create_model(request: Request):
         req = await body(request)
         _check_base(host, field(req, "base_model"))
+        _check_optimizer(req.get("optimizer_config"))
         lora = req.get("lora_config") or {}
         if not isinstance(lora, dict):
             raise HTTPException(422, "field 'lora_config': expected an object")
@@ -280,6 +295,7 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
     async def load_weights(request: Request):
         req = await body(request)
         path, optimizer = field(req, "path"), bool(req.get("optimizer", False))
+        _check_optimizer(req.get("optimizer_config"))
         model_id, create = req.get("model_id"), req.get("model_id") is None
         if create:
             _check_base(host, req.get("base_model"))
@@ -313,7 +329,10 @@ def _step_routes(app: FastAPI, host: ModelHost, futures: Futures, body, max_requ
         model_id = field(req, "model_id")
         params = req.get("adam_params")
         if not isinstance(params, dict):
-            raise HTTPException(422, "optim_step: only Adam is served here; send adam_params (AdamParams)")
+            other = req.get("optimizer_params")
+            kind = other.get("type") if isinstance(other, dict) else None
+            raise HTTPException(422, "optim_step: " + (DIMUON_REFUSED if kind == "dimuon" else
+                                                       "only AdamW is served here; send AdamParams"))
         return futures.submit(lambda: {"metrics": host.optim_step(model_id, params)}, model_id)
 
 
