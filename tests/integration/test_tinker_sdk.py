@@ -61,12 +61,18 @@ class Server:
         self.thread.join(timeout=10)
 
 
-@pytest.fixture
-def server(tmp_path, monkeypatch):
+def served(tmp_path, monkeypatch, **kwargs):
+    """A Server over `tmp_path / "ckpt"` (`kwargs`: Server's), stopped after the test (yield from it
+    in a fixture)."""
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    srv = Server(tmp_path / "ckpt")
+    srv = Server(tmp_path / "ckpt", **kwargs)
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    yield from served(tmp_path, monkeypatch)
 
 
 def datum(tokens: list[int], weights: list[float] | None = None):

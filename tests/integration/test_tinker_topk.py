@@ -13,15 +13,12 @@ pytest.importorskip("uvicorn")
 
 from rlhfkit.models.tiny import tiny_model_and_tokenizer
 from rlhfkit.serving.tinker.scoring import MAX_TOPK
-from tests.integration.test_tinker_sdk import NAME, PROMPT, Server, held_queue, sl_steps
+from tests.integration.test_tinker_sdk import NAME, PROMPT, held_queue, served, sl_steps
 
 
 @pytest.fixture
 def server(tmp_path, monkeypatch):
-    monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    srv = Server(tmp_path / "ckpt")
-    yield srv
-    srv.stop()
+    yield from served(tmp_path, monkeypatch)
 
 
 def reference_logp(tokens: list[int], temperature: float = 1.0) -> torch.Tensor:

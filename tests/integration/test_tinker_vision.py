@@ -22,7 +22,7 @@ from rlhfkit.data.supervised_images import VisionTextFormat
 from rlhfkit.models import response_logprobs
 from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
 from rlhfkit.serving.tinker.host import ModelHost
-from tests.integration.test_tinker_sdk import KEY, Server, held_queue
+from tests.integration.test_tinker_sdk import KEY, held_queue, served
 
 NAME = "tiny-qwen2-vl"
 T = tinker.types
@@ -50,13 +50,10 @@ def vlm():
 
 
 @pytest.fixture
-def server(tmp_path, monkeypatch, vlm):
-    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+def server(tmp_path, monkeypatch):
     model, processor = tiny_vision_model_and_processor("qwen2_vl", seed=0)  # the server's own copy
     host = ModelHost(model, processor.tokenizer, NAME, tmp_path / "ckpt", torch.device("cpu"), processor=processor)
-    srv = Server(tmp_path / "ckpt", host=host)
-    yield srv
-    srv.stop()
+    yield from served(tmp_path, monkeypatch, host=host)
 
 
 def chunks(ids: list[int], image: bytes, processor, image_token: int) -> list:
