@@ -198,3 +198,20 @@ def test_pooled_calls_get_their_own_rows_or_the_error():
         assert results[i].scores.tolist() == [2 * i, 20 + 2 * i]
     call("bad", ["boom"])
     assert isinstance(results["bad"], RewardError) and pooled.passes == 2
+
+
+def test_eval_scores_samples_with_a_reward_model(rm, tiny_ws, tmp_path):
+    """`rlhfkit eval --reward.model_name_or_path RM`: eval/reward is the mean of the reward model's scores of the
+    samples, as train rl's reward would be."""
+    rows = [{"q": f"{i} plus {i}:", "a": str(2 * i)} for i in range(3)]
+    ws = tiny_ws("rm_eval", rows)
+    out = tmp_path / "ev"
+    argv = rl_flags(ws, out, **{"reward.remote_url": None, "reward.model_name_or_path": rm,
+                                "eval.dataset": ws / "prompts.jsonl", "rollout.max_new_tokens": 4})
+    assert main(["eval", *argv]) == 0
+    metrics = json.loads((out / "eval.json").read_text())["metrics"]
+    samples = [json.loads(x) for x in (out / "eval_samples.jsonl").read_text().splitlines()]
+    local = RewardModelFn(rm)([s["prompt"] + s["response"] for s in samples], [s["prompt"] for s in samples],
+                              [None] * len(samples))
+    assert metrics["eval/reward"] == pytest.approx(float(local.rewards.mean()), rel=1e-5, abs=1e-6)
+    assert metrics["eval/pass@1"] == pytest.approx(float((local.scores > 0.5).float().mean()))
