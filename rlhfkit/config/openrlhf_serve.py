@@ -36,7 +36,7 @@ def _rules() -> dict[str, Alias]:
     add("max_len data.max_len", to("data.max_len"))
     add("batch_size", to("batch_size", note="queries per forward pass; requests that arrive together share passes"))
     add("port", to("port"))
-    add("host", to("host", note="rlhfkit binds 127.0.0.1 unless told (OpenRLHF: 0.0.0.0)"))
+    add("host", to("host", note="default 127.0.0.1; OpenRLHF's is 0.0.0.0"))
     add("bf16", conv(_dtype, "`--dtype bfloat16`", 0))
     add("param_dtype ds.param_dtype", conv(_dtype, "`--dtype bfloat16`; fp16 is refused (rlhfkit's default: "
                                                    "float32)"))

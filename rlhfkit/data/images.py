@@ -132,6 +132,13 @@ def data_url_bytes(url: str, where: str) -> bytes:
         raise DataError(f"{where}: the data URL is not valid base64 ({exc})") from exc
 
 
+def image_data_url(image) -> str:
+    """A PIL image as a `data:image/png;base64,...` URL (lossless: it decodes to the same pixels)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
 def _checked(image, where: str, name: str):
     w, h = image.size
     if w * h > MAX_IMAGE_PIXELS:

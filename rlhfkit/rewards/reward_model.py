@@ -260,8 +260,8 @@ class ProcessRewardFn:
         marked = [_marked(row, len(p), marks) for row, p, (_, marks, _) in zip(rows, prompts, laid)]
         batch = collate_steps(marked, self.tokenizer.pad_token_id)
         device = model_device(self.model)
-        z = step_logits(self.model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                        batch["step_mask"].to(device), self.reward_ids)
+        z = step_logits(self.model, batch.input_ids.to(device), batch.attention_mask.to(device),
+                        batch.step_mask.to(device), self.reward_ids)
         good = torch.softmax(z, dim=-1)[:, 0].cpu()
         out = list(good.split([len(ends) for _, _, ends in laid]))
         for b, (_, _, ends) in enumerate(laid):

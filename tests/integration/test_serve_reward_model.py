@@ -122,7 +122,7 @@ def test_concurrent_requests_share_forward_passes_of_batch_size_queries(rm):
         hook.remove()
     local = RewardModelFn(rm, normalize=False)(queries, [""] * 8, [None] * 8)
     torch.testing.assert_close(out.rewards, local.rewards, rtol=1e-5, atol=1e-6)
-    assert fn.passes < 4
+    assert 1 <= fn.passes < 4
     assert max(sizes) == 3 and sum(sizes) == 8
 
 
