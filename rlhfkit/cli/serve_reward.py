@@ -17,7 +17,11 @@ from __future__ import annotations
 import torch
 
 from rlhfkit.api.builder import load_reward
-from rlhfkit.config.serve import IMAGE_REQUEST_BYTES, TEXT_REQUEST_BYTES, ServeRewardConfig
+from rlhfkit.config.serve import (
+    IMAGE_REQUEST_BYTES,
+    TEXT_REQUEST_BYTES,
+    ServeRewardConfig,
+)
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import resolve_model_path
 from rlhfkit.models.precision import resolve_device
@@ -62,8 +66,8 @@ def served_reward_model(cfg: ServeRewardConfig) -> RewardModelFn | VisionRewardM
                           "--reward.model_name_or_path`")
     device = resolve_device(cfg.device, "--device")
     model = load_reward_model(path, getattr(torch, cfg.dtype))
-    options = dict(micro_batch_size=cfg.batch_size, normalize=cfg.reward.normalize_enable, device=device,
-                   model=model)
+    options = {"micro_batch_size": cfg.batch_size, "normalize": cfg.reward.normalize_enable, "device": device,
+               "model": model}
     if is_vision_reward_folder(resolve_model_path(path)):
         return VisionRewardModelFn(path, **options)
     return RewardModelFn(path, max_len=cfg.data.max_len, **options)

@@ -97,7 +97,8 @@ def render() -> str:
     classes = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "kto": KTOConfig, "prm": PRMConfig, "kd": KDConfig}
     lines = ["### OpenRLHF's flags, one by one", "",
              "Every flag of OpenRLHF's training commands and of its reward server (`serve_rm`) in the releases "
-             "0.8.0 to 0.11.0, flat and dotted, is read by the matching rlhfkit command: **mapped** (same meaning, through our flag), "
+             "0.8.0 to 0.11.0, flat and dotted, is read by the matching rlhfkit command: "
+             "**mapped** (same meaning, through our flag), "
              "**noticed** (accepted; its value is consumed and a one-line warning says what rlhfkit does "
              "instead) or **refused** (a one-line error naming what to use).", "",
              "| OpenRLHF command | rlhfkit command | flags | mapped | noticed | refused |", "|---|---|---|---|---|---|"]

@@ -4,17 +4,29 @@ commands' tables in config/openrlhf.py; docs/migration.md lists them (config/ope
 
 from __future__ import annotations
 
-from rlhfkit.config.openrlhf import ATTN, FAST_TOKENIZER, MODELSCOPE, MOE, VALUE_HEAD, conv, notice, to
+from rlhfkit.config.openrlhf import (
+    ATTN,
+    FAST_TOKENIZER,
+    MODELSCOPE,
+    MOE,
+    VALUE_HEAD,
+    conv,
+    notice,
+    to,
+)
 from rlhfkit.config.parse import Alias
 from rlhfkit.errors import ConfigError
 
-OPENRLHF_SERVE_RM = """
-    reward_pretrain normalize_reward value_head_prefix max_len port host load_in_4bit bf16 flash_attn
-    attn_implementation param_dtype disable_fast_tokenizer packing_samples batch_size use_ms
-    reward.model_name_or_path reward.normalize_enable ds.value_head_prefix data.max_len ds.load_in_4bit
-    ds.param_dtype ds.attn_implementation ds.experts_implementation data.disable_fast_tokenizer
-    ds.packing_samples
-""".split()
+OPENRLHF_SERVE_RM = [
+    # flat names (0.8.0 to 0.10.1)
+    "reward_pretrain", "normalize_reward", "value_head_prefix", "max_len", "port", "host", "load_in_4bit", "bf16",
+    "flash_attn", "attn_implementation", "param_dtype", "disable_fast_tokenizer", "packing_samples", "batch_size",
+    "use_ms",
+    # dotted names (0.10.2 and later; port, host, batch_size and use_ms kept their names)
+    "reward.model_name_or_path", "reward.normalize_enable", "ds.value_head_prefix", "data.max_len", "ds.load_in_4bit",
+    "ds.param_dtype", "ds.attn_implementation", "ds.experts_implementation", "data.disable_fast_tokenizer",
+    "ds.packing_samples",
+]
 
 
 def _dtype(vals, given):

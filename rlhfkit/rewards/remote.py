@@ -5,11 +5,12 @@ and receive {"rewards": [B], "scores": [B] (optional), "extra_logs": {...} (opti
 bare list of B numbers. When the prompts carry images (the `prompt_images=` of a vision-language
 policy's batch), each request also holds what a reward model over images reads (rewards/server.py):
 "raw_prompts" (each prompt's messages, image parts as bare `{"type": "image"}` placeholders),
-"responses" and "images" (each prompt's images as PNG data: URLs, in placeholder order). A batch is cut into requests of at most `batch_size` queries, dealt
-round-robin to the URLs (sharding), and sent concurrently. A request that fails (connection
-refused, timeout, 5xx) is retried `max_retries` times with exponential backoff; a server that
-stays down or answers garbage (not JSON, 4xx, wrong length, NaN) stops the run with a
-`RewardError` naming the URL.
+"responses" and "images" (each prompt's images as PNG data: URLs, in placeholder order).
+
+A batch is cut into requests of at most `batch_size` queries, dealt round-robin to the URLs
+(sharding), and sent concurrently. A request that fails (connection refused, timeout, 5xx) is
+retried `max_retries` times with exponential backoff; a server that stays down or answers garbage
+(not JSON, 4xx, wrong length, NaN) stops the run with a `RewardError` naming the URL.
 """
 
 from __future__ import annotations

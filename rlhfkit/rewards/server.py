@@ -51,6 +51,8 @@ def make_app(reward_fn: RewardFn, token: str | None = None, max_request_bytes: i
         body = await read_limited(request, max_request_bytes)
         data = _json(body)
         queries, prompts, labels = _parse(data)
+        if not queries:
+            return {"rewards": [], "scores": [], "extra_logs": {}}
         extra = _image_fields(data, len(queries)) if read_images else {}
         try:
             out = await run_in_threadpool(reward_fn, queries, prompts, labels, **extra)

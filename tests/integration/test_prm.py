@@ -202,7 +202,8 @@ def test_packed_training_follows_the_padded_run(ws, tmp_path):
     for packing in ("false", "true"):
         out = tmp_path / packing
         argv = prm_argv(ws, out, "--train.batch_size", "8", "--train.micro_batch_size", "4", "--train.max_steps", "3",
-                        "--adam.lr", "3e-3", "--model.autocast", "none", "--data.dataset", str(tmp_path / "steps.jsonl"),
+                        "--adam.lr", "3e-3", "--model.autocast", "none",
+                        "--data.dataset", str(tmp_path / "steps.jsonl"),
                         *(["--packing_samples"] if packing == "true" else []))
         assert main(argv) == 0
         losses[packing] = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]

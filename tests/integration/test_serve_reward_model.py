@@ -62,6 +62,7 @@ def test_served_scores_are_the_in_process_scores(rm, normalize):
     server = serve("--reward.model_name_or_path", rm, "--reward.normalize_enable", normalize)
     try:
         out = post(server, QUERIES, PROMPTS)
+        assert post(server, []) == {"rewards": [], "scores": [], "extra_logs": {}}
     finally:
         server.stop()
     assert set(out) == {"rewards", "scores", "extra_logs"}
@@ -131,7 +132,8 @@ def test_an_rl_step_against_the_server_is_the_in_process_reward_models_step(rm, 
     common = {"rollout.batch_size": 4, "rollout.n_samples_per_prompt": 2, "rollout.max_new_tokens": 5,
               "train.batch_size": 8, "train.micro_batch_size": 4, "train.max_steps": 1, "train.num_threads": 1}
     local = tmp_path / "local"
-    assert main(["train", "rl", *rl_flags(ws, local, **{"reward.remote_url": None, "reward.model_name_or_path": rm}, **common)]) == 0
+    in_process = {"reward.remote_url": None, "reward.model_name_or_path": rm}
+    assert main(["train", "rl", *rl_flags(ws, local, **in_process, **common)]) == 0
     server = serve("--reward.model_name_or_path", rm, "--reward.normalize_enable")
     remote = tmp_path / "remote"
     try:

@@ -8,35 +8,27 @@ import json
 import httpx
 import pytest
 import torch
-from PIL import Image
 
 from rlhfkit.cli.main import main
 from rlhfkit.cli.serve_reward import build_app
 from rlhfkit.config.serve import ServeRewardConfig
 from rlhfkit.data.images import image_data_url
-from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
-from rlhfkit.models.vision import base_model
-from rlhfkit.models.vision_reward import VisionRewardModel, save_vision_reward_model
 from rlhfkit.rewards.remote import RemoteRewardFn
 from rlhfkit.rewards.reward_model import VisionRewardModelFn
 from tests.integration.conftest import colour_workspace, vision_rl_flags
 from tests.unit.rewards.test_remote_reward import Server
-
-RED, BLUE = Image.new("RGB", (28, 28), (220, 40, 40)), Image.new("RGB", (42, 28), (40, 60, 220))
-QUESTION = "Which colour?"
-MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+from tests.unit.rewards.test_vision_reward_fn import (
+    BLUE,
+    MESSAGES,
+    QUESTION,
+    RED,
+    save_tiny_vision_rm,
+)
 
 
 @pytest.fixture(scope="module")
 def rm(tmp_path_factory):
-    vlm, processor = tiny_vision_model_and_processor("qwen2_vl")
-    model = VisionRewardModel(base_model(vlm))
-    with torch.no_grad():
-        model.score.weight.copy_(torch.randn(model.score.weight.shape, generator=torch.Generator().manual_seed(1)))
-    model.config.mean, model.config.std = 0.5, 2.0
-    out = save_vision_reward_model(model, tmp_path_factory.mktemp("served_vrm") / "rm")
-    processor.save_pretrained(out)
-    return out
+    return save_tiny_vision_rm(tmp_path_factory.mktemp("served_vrm") / "rm")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +45,7 @@ def test_the_rl_clients_requests_are_scored_as_in_process(rm, server):
     raw = [MESSAGES, QUESTION, MESSAGES, [{"role": "user", "content": "no image here"}]]
     responses = ["red", "blue", "red", "none"]
     images = [[RED], [BLUE], [BLUE], None]
-    kwargs = dict(raw_prompts=raw, responses=responses, prompt_images=images)
+    kwargs = {"raw_prompts": raw, "responses": responses, "prompt_images": images}
     n = len(raw)
     local = VisionRewardModelFn(rm, micro_batch_size=3)(["q"] * n, ["p"] * n, [None] * n, **kwargs)
     served = RemoteRewardFn([server.url], batch_size=3, max_retries=0)(["q"] * n, ["p"] * n, [None] * n, **kwargs)

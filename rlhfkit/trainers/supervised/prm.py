@@ -18,7 +18,13 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.data.steps import StepBatch, StepSample, collate_steps, pack_steps, single_token_id
+from rlhfkit.data.steps import (
+    StepBatch,
+    StepSample,
+    collate_steps,
+    pack_steps,
+    single_token_id,
+)
 from rlhfkit.models import save_hf_folder
 from rlhfkit.models.logprobs import runnable_layout
 from rlhfkit.models.precision import autocast_ctx, model_device
