@@ -46,9 +46,10 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check_paths import CAPS, CHECKS, SHAPE_OF  # bench/ is not a package
+
+REPO = Path(__file__).resolve().parent.parent
 
 RESULT = "GPU_CHECK_RESULT "
 SMOLLM2_135M = ("LlamaConfig", {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,

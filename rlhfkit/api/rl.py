@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.api import builder
-from rlhfkit.api import run_folder
+from rlhfkit.api import builder, run_folder
 from rlhfkit.api import vision as V
 from rlhfkit.config import RLConfig
 from rlhfkit.config.opd import OPDConfig, validate_opd

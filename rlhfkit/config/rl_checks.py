@@ -8,8 +8,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlhfkit.config.checks import (
-    check_keep_best, check_qlora,
-    check_device, check_input_template, check_micro_batches, divisor_hint, one_of, require,
+    check_device,
+    check_input_template,
+    check_keep_best,
+    check_micro_batches,
+    check_qlora,
+    divisor_hint,
+    one_of,
+    require,
 )
 from rlhfkit.config.ranges import ORDERED, check_ranges, validate_table
 

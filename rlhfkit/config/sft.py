@@ -13,14 +13,33 @@ import logging
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rlhfkit.config.checks import (check_device, check_input_template, check_keep_best, check_micro_batches,
-                                   check_qlora, one_of, require)
+from rlhfkit.config.checks import (
+    check_device,
+    check_input_template,
+    check_keep_best,
+    check_micro_batches,
+    check_qlora,
+    one_of,
+    require,
+)
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
-from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, MUON_RANGES, OPTIMS, SEED_RANGE,
-                               WANDB_MODES, AdamConfig, BaseLoggerConfig, CkptConfig, LoraConfig, MuonConfig)
-
+from rlhfkit.config.rl import (
+    ADAM_RANGES,
+    DTYPES,
+    LOG_LEVELS,
+    LR_SCHEDULERS,
+    MUON_RANGES,
+    OPTIMS,
+    SEED_RANGE,
+    WANDB_MODES,
+    AdamConfig,
+    BaseLoggerConfig,
+    CkptConfig,
+    LoraConfig,
+    MuonConfig,
+)
 
 log = logging.getLogger("rlhfkit")
 

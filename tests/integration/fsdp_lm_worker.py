@@ -8,7 +8,6 @@ shards are float32 computing in bf16 (mixed_precision).
 """
 
 import json
-
 import sys
 from pathlib import Path
 

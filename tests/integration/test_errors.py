@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import save_file
 
 from rlhfkit.cli.main import main
-from tests.integration.conftest import refuse, rl_flags
 from rlhfkit.models import load_tokenizer, tiny_model_and_tokenizer
 from rlhfkit.models.reward import init_reward_model
 from rlhfkit.trainers import checkpoint as ck
+from tests.integration.conftest import refuse, rl_flags
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

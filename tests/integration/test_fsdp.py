@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from rlhfkit.cli.main import main
-from rlhfkit.errors import ConfigError
 from rlhfkit.distributed import fsdp
+from rlhfkit.errors import ConfigError
 from tests.integration.conftest import rl_flags
 
 REWARD = "def reward_func(queries, prompts, labels, **kw):\n    return [len(set(q[len(p):])) / 8.0 for q, p in zip(queries, prompts)]\n"

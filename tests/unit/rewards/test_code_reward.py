@@ -9,11 +9,19 @@ import pytest
 from rlhfkit.api.builder import load_reward
 from rlhfkit.config.rl import CodeRewardConfig, RewardConfig, RLConfig
 from rlhfkit.errors import ConfigError, RewardError
-from rlhfkit.rewards.code import (CodeReward, CodeSandbox, CodeTests, code_reward, extract_code,
-                                  normalize_output, parse_tests, run_tests, split_asserts)
 from rlhfkit.rewards import code_sandbox
+from rlhfkit.rewards.code import (
+    CodeReward,
+    CodeSandbox,
+    CodeTests,
+    code_reward,
+    extract_code,
+    normalize_output,
+    parse_tests,
+    run_tests,
+    split_asserts,
+)
 from rlhfkit.rewards.resolve import resolve_reward
-
 
 # Tests that run code under the default backend: skipped only where bwrap is not installed (where it
 # is but cannot start, CodeSandbox's RewardError fails them).

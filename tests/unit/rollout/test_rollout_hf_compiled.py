@@ -18,7 +18,6 @@ from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
 from tests.unit.rollout.conftest import STOP
 
-
 PARAMS = [
     SamplingParams(max_new_tokens=10, temperature=0.0),
     SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(STOP,)),

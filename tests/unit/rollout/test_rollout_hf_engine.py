@@ -17,7 +17,6 @@ from rlhfkit.rollout.sampling import truncate
 from tests.unit.rollout.conftest import STOP
 
 
-
 def _shape_recorder(model, shapes, rows_only=False):
     def hook(module, args, kwargs):
         shape = tuple(kwargs["input_ids"].shape)

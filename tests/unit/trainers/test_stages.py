@@ -308,8 +308,8 @@ def test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries(mon
     from rlhfkit.agents.executor import SingleTurnExecutor
     from rlhfkit.api import builder
     from rlhfkit.config import rl as rl_config
-    from rlhfkit.config.plan import plan_run
     from rlhfkit.config import rl_checks
+    from rlhfkit.config.plan import plan_run
     from rlhfkit.core.advantages import ESTIMATORS, EstimatorSpec
 
     monkeypatch.setitem(ESTIMATORS, "mean_discounted",
