@@ -53,7 +53,8 @@ ROOTS = {
     ServeTrainingConfig: (SERVE_TRAINING_RANGES, validate_serve_training, []),
     ServeModelConfig: (SERVE_MODEL_RANGES, validate_serve_model, ["--model", "m"]),
 }
-OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag"}  # dataclasses of config/ that are not settings (results, alias rules, help rows)
+# dataclasses of config/ that are not settings (results, alias rules, help rows)
+OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag"}
 
 
 def _number_type(tp):
