@@ -17,11 +17,7 @@ from __future__ import annotations
 import torch
 
 from rlhfkit.api.builder import load_reward
-from rlhfkit.config.serve import (
-    IMAGE_REQUEST_BYTES,
-    TEXT_REQUEST_BYTES,
-    ServeRewardConfig,
-)
+from rlhfkit.config.serve import IMAGE_REQUEST_BYTES, TEXT_REQUEST_BYTES, ServeRewardConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import resolve_model_path
 from rlhfkit.models.precision import resolve_device

@@ -37,7 +37,7 @@ def build_host(cfg: ServeTrainingConfig) -> ModelHost:
     model, tokenizer = load_policy(cfg.model, cfg.dtype)
     print("\n".join(memory_lines(model.config.to_dict(), cfg.dtype, cfg.full)), flush=True)
     return ModelHost(model.to(DTYPES[cfg.dtype]), tokenizer, cfg.model, cfg.output_dir, device, full=cfg.full,
-                     default_rank=cfg.lora.rank, tokenizer_id=path)
+                     default_rank=cfg.lora.rank, tokenizer_id=path, batch_tokens=cfg.max_batch_tokens)
 
 
 def run(argv: list[str]) -> int:

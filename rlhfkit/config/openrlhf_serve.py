@@ -4,16 +4,7 @@ commands' tables in config/openrlhf.py; docs/migration.md lists them (config/ope
 
 from __future__ import annotations
 
-from rlhfkit.config.openrlhf import (
-    ATTN,
-    FAST_TOKENIZER,
-    MODELSCOPE,
-    MOE,
-    VALUE_HEAD,
-    conv,
-    notice,
-    to,
-)
+from rlhfkit.config.openrlhf import ATTN, FAST_TOKENIZER, MODELSCOPE, MOE, VALUE_HEAD, conv, notice, to
 from rlhfkit.config.parse import Alias
 from rlhfkit.errors import ConfigError
 

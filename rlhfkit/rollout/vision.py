@@ -39,7 +39,8 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.models.precision import to_device
 from rlhfkit.models.vision import base_model, concat_vision, token_type_kwargs
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import DecodeState, HFEngine, PartialGeneration
+from rlhfkit.rollout.decode_state import DecodeState, PartialGeneration
+from rlhfkit.rollout.hf import HFEngine
 
 
 @dataclass
