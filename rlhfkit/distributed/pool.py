@@ -14,7 +14,8 @@ pool does not wait, and a worker's trajectories carry the version it actually us
 Images (a vision-language policy): `generate(..., vision=[...])` takes each prompt's image tensors
 (`data.images.VisionInputs`, as the trainer's processor made them); a shard's are put in the object
 store once (`ray.put`, reused when its prompts are re-issued; without the decoded images a
-VisionInputs may keep for the vLLM engine) and its worker prefills them with the prompts. They are shipped as the tensors, not as the decoded images to encode again on the worker:
+VisionInputs may keep for the vLLM engine) and its worker prefills them with the prompts. They are shipped as the
+tensors, not as the decoded images to encode again on the worker:
 exactly what the trainer's forward sees, and the images an agent's environment returned mid-episode
 have no decoded copy here. The trajectories come back without them and `gather` puts the trainer's
 own VisionInputs on each (`info["vision"]`, shared by a prompt's samples, as in one process), so
