@@ -91,7 +91,7 @@ class Futures:
 @dataclass
 class SampleRequest:
     session: str
-    prompt: list[int]
+    prompt: list  # token ids, a WireImage where an image chunk sits
     n: int
     params: dict
     options: SampleOptions
@@ -235,7 +235,7 @@ DIMUON_REFUSED = ("Dimuon is not served by rlhfkit's Tinker server (its update i
 
 def _check_optimizer(config) -> None:
     """422 for an optimizer_config (create_model, load_weights) that is not AdamW's."""
-    kind = config.get("type", "adamw") if isinstance(config, dict) else config
+    kind = config.get("type") if isinstance(config, dict) else None
     if kind not in (None, "adamw"):
         raise HTTPException(422, f"optimizer_config {kind!r}: " + (DIMUON_REFUSED if kind == "dimuon" else
                                                                  "only AdamW (AdamOptimizerConfig) is served"))

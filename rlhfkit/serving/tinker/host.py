@@ -41,10 +41,7 @@ from rlhfkit.models.vision import is_vision_model, language_lora_targets, vision
 from rlhfkit.serving.tinker.images import ImageInputs
 from rlhfkit.serving.tinker.losses import lookup_loss
 from rlhfkit.serving.tinker.sampling import SamplingMixin
-from rlhfkit.serving.tinker.wire import (
-    FwdBwdRequest,
-    WireDatum,
-)
+from rlhfkit.serving.tinker.wire import FwdBwdRequest, WireDatum
 from rlhfkit.trainers.learner import Learner
 
 LORA_ALPHA = 32
