@@ -183,9 +183,10 @@ def vllm_request(ids: Sequence[int], vision, image_prompt: ImagePrompt | None) -
                           "images; build it through RLTrainer (a vision-language policy's folder)")
     prompt_ids, found = vllm_prompt_ids(ids, image_prompt)
     if found != vision.num_images:
-        raise ConfigError(f"a prompt holds {found} image span(s) for {vision.num_images} image(s): vLLM would not "
-                          "match its images to their placeholders (images side by side in a chat turn whose processor "
-                          "writes their tokens as one run?); put text between the images")
+        raise ConfigError(f"a prompt holds {found} image placeholder(s) for {vision.num_images} image(s): vLLM would "
+                          "not match its images to their placeholders (images side by side in a chat turn whose "
+                          "processor writes their tokens as one run, or an agent's feedback cut short without its "
+                          "images); put text between the images, or use --rollout.engine hf")
     return {"prompt_token_ids": prompt_ids, "multi_modal_data": {"image": list(vision.images)}}
 
 

@@ -72,7 +72,8 @@ def image_prompt_of(config, tokenizer) -> ImagePrompt | None:
 
 
 def vllm_prompt_ids(ids: Sequence[int], prompt: ImagePrompt) -> tuple[list[int], int]:
-    """(`ids` with each image's tokens replaced by vLLM's placeholder, how many images were found)."""
+    """(`ids` with each image's tokens replaced by vLLM's placeholder, how many placeholders vLLM finds in them:
+    one per image unless the ids hold a stray one, e.g. an agent's feedback cut short without its images)."""
     if prompt.boi_id is None:
         out = collapse_image_runs(ids, prompt.image_token_id)
         return out, out.count(prompt.image_token_id)
@@ -91,8 +92,8 @@ def collapse_image_runs(ids: Sequence[int], image_token_id: int) -> list[int]:
 
 def unwrap_images(ids: Sequence[int], prompt: ImagePrompt) -> tuple[list[int], int]:
     """Gemma 3: each span BOI soft+ EOI cut to BOI and two newlines taken off the newline tokens on either side
-    (module docstring); (the ids, the number of spans). ConfigError where a span lacks its newlines."""
-    rest, out, i, found = [int(t) for t in ids], [], 0, 0
+    (module docstring); (the ids, the number of BOI tokens in them). ConfigError where a span lacks its newlines."""
+    rest, out, i = [int(t) for t in ids], [], 0
     while i < len(rest):
         end = span_end(rest, i, prompt)
         if end is None:
@@ -104,11 +105,11 @@ def unwrap_images(ids: Sequence[int], prompt: ImagePrompt) -> tuple[list[int], i
             start -= 1
         out[start:] = fewer_newlines(out[start:], prompt.newline_ids)
         out.append(int(prompt.boi_id))
-        found, i, stop = found + 1, end, end
+        i = stop = end
         while stop < len(rest) and rest[stop] in prompt.newline_ids:
             stop += 1
         rest[i:stop] = fewer_newlines(rest[i:stop], prompt.newline_ids)
-    return out, found
+    return out, out.count(prompt.boi_id)
 
 
 def span_end(ids: list[int], i: int, prompt: ImagePrompt) -> int | None:

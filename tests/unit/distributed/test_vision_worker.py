@@ -1,7 +1,9 @@
 """A rollout worker with a vision-language policy, in this process (no Ray): it builds a VisionEngine
 from the model folder, generates from the prompts' image tensors the samples the trainer's own engine
 draws, returns them without the tensors, and the pool's helpers cut the tensors into shards and put the
-trainer's copies back on the trajectories; a frozen tower is not sent at weight syncs."""
+trainer's copies back on the trajectories; a frozen tower is not sent at weight syncs. A worker holding a
+vLLM engine (a fake `vllm.LLM`) gets the image settings and the prompts' decoded images alone, and samples
+as the in-process vLLM engine does."""
 
 from __future__ import annotations
 

@@ -196,7 +196,7 @@ def test_gemma3_spans_become_start_of_image_with_their_newlines_taken_off_by_han
     assert vllm_prompt_ids([1, 12, 5, 6, 6, 7, 13, 5, 6, 7, 12, 2], gemma) == ([1, 10, 5, 5, 10, 2], 2)
     # "a" + image + "b": \n\n on both sides, nothing left of them
     assert vllm_prompt_ids([1, 11, 5, 6, 7, 11, 2], gemma) == ([1, 5, 2], 1)
-    assert vllm_prompt_ids([1, 5, 2], gemma) == ([1, 5, 2], 0)  # a lone <start_of_image>: no span
+    assert vllm_prompt_ids([1, 5, 2], gemma) == ([1, 5, 2], 1)  # a lone <start_of_image>: vLLM takes it for an image
     # "a\n\n\n" + image: five newlines, split by the tokenizer as 4 + 1, go back as three: one token
     assert vllm_prompt_ids([1, 13, 10, 5, 6, 7, 11, 2], gemma) == ([1, 12, 5, 2], 1)
     longer = ImagePrompt(6, boi_id=5, eoi_id=7, newline_ids=(10, 11, 12, 13, 14, 15))  # tokens of 1 to 6
@@ -233,7 +233,7 @@ def test_a_prompt_with_images_without_its_decoded_images_or_a_placeholder_each_i
         engine.generate([ids], SamplingParams(max_new_tokens=2), seeds=[0], vision=[vision])
     (_, ids, vision), = chat_prompts(processor, ((40, 40), (40, 40)), colours=((1, 2, 3),))
     engine = V.VLLMEngine("/m", [2], llm=ExpandingLLM(model, processor), **settings)
-    with pytest.raises(ConfigError, match="holds 1 image span"):  # LLaVA's two runs side by side make one
+    with pytest.raises(ConfigError, match="holds 1 image placeholder"):  # LLaVA's two runs side by side make one
         engine.generate([ids], SamplingParams(max_new_tokens=2), seeds=[0], vision=[vision])
 
 
