@@ -123,8 +123,8 @@ def agent_takes_reward_fn(executor, cfg: RLConfig) -> bool:
 
 def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=None):
     """The agent of --agent.func_path (a file, builtin:NAME or verifiers:ENV_ID) or `agent` (an agent function
-    for the OpenAI-compatible endpoint, a verifiers Environment, or an executor object with `run`); tool-calling episodes with `tools`
-    (functions), --agent.tools or an `environment_factory` class; else single-turn generation."""
+    for the OpenAI-compatible endpoint, a verifiers Environment, or an executor object with `run`); tool-calling
+    episodes with `tools` (functions), --agent.tools or an `environment_factory` class; else single-turn generation."""
     g = cfg.agent
     path = g.func_path
     tool_episodes = tools is not None or g.tools is not None or environment_factory is not None or g.env is not None

@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.api import builder
-from rlhfkit.api import run_folder
+from rlhfkit.api import builder, run_folder
 from rlhfkit.api import vision as V
 from rlhfkit.config import RLConfig
 from rlhfkit.config.opd import OPDConfig, validate_opd
@@ -125,7 +124,8 @@ class RLTrainer:
                  resume: tuple[Path, int] | None = None, skipped: int = 0, dp: tuple[int, int] = (0, 1),
                  reward_fn=None, processor=None):
         self.cfg, self.loop, self.run_dir, self.tracker = cfg, loop, run_dir, tracker
-        self.evaluator, self.checkpointer, self.resume, self.skipped, self.dp = evaluator, checkpointer, resume, skipped, dp
+        self.evaluator, self.checkpointer, self.resume = evaluator, checkpointer, resume
+        self.skipped, self.dp = skipped, dp
         self.reward_fn = reward_fn
         self.processor = processor  # a vision-language policy's processor (saved beside its weights), else None
 
@@ -174,9 +174,9 @@ class RLTrainer:
                 raise ConfigError("--distributed.backend ray builds its engines and callbacks in the trainer actor; "
                                   "drop make_engine / callbacks")
             if tools is not None or environment_factory is not None or agent is not None:
-                raise ConfigError("--distributed.backend ray: give tools as --agent.tools FILE:fn1,fn2, environments as "
-                                  "--agent.env FILE:Class and agents as --agent.func_path FILE (the trainer actor "
-                                  "loads them; Python objects cannot be sent to it here)")
+                raise ConfigError("--distributed.backend ray: give tools as --agent.tools FILE:fn1,fn2, "
+                                  "environments as --agent.env FILE:Class and agents as --agent.func_path FILE "
+                                  "(the trainer actor loads them; Python objects cannot be sent to it here)")
             return RayRLTrainer(cfg, plan, dict(reward_fn=reward_fn, train_dataset=train_dataset,
                                                 eval_dataset=eval_dataset, reward_weights=reward_weights))
         return cls.build(cfg, plan, reward_fn, train_dataset, eval_dataset, reward_weights=reward_weights,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from rlhfkit.api.builder import load_reward
 from rlhfkit.config.parse import parse_config
 from rlhfkit.config.serve import ServeRewardConfig, validate_serve
 from rlhfkit.rewards.server import make_app
-from rlhfkit.api.builder import load_reward
 
 
 def run(argv: list[str]) -> int:

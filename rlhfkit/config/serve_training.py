@@ -36,7 +36,8 @@ class ServedDistributed:
 
 @dataclass(frozen=True)
 class ServeTrainingConfig:
-    """`rlhfkit serve-training`: Tinker's training API for the official `tinker` SDK (`pip install 'rlhfkit[tinker]'`)."""
+    """`rlhfkit serve-training`: Tinker's training API for the official `tinker` SDK
+    (`pip install 'rlhfkit[tinker]'`)."""
 
     model: str = "smollm2"
     """The base model: an HF folder, a hub name (org/name) or smollm2. Clients name it as base_model."""

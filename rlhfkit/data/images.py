@@ -158,7 +158,8 @@ def _fetch(url: str, where: str, cache_dir: Path | None) -> bytes:
         with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response:
             data = response.read()
     except Exception as exc:
-        raise DataError(f"{where}: image URL {url} cannot be fetched ({type(exc).__name__}: {first_line(exc)})") from exc
+        raise DataError(f"{where}: image URL {url} cannot be fetched "
+                        f"({type(exc).__name__}: {first_line(exc)})") from exc
     cache.mkdir(parents=True, exist_ok=True)
     tmp = file.with_suffix(".part")
     tmp.write_bytes(data)

@@ -40,8 +40,8 @@ from rlhfkit.models.vision import (
 )
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
-from rlhfkit.rollout.vllm import VLLMEngine
 from rlhfkit.rollout.vision import VisionEngine
+from rlhfkit.rollout.vllm import VLLMEngine
 
 WORKER_GROUPS = {"generate": 1, "weights": 1}
 

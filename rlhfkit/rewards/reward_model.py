@@ -1,8 +1,8 @@
 """Reward functions backed by a trained model (`train rl --reward.model_name_or_path`).
 
-`RewardModelFn`: a sequence-classification reward model (`rlhfkit train rm`). It follows the reward-function contract of rewards/base.py: `queries` (prompt + response
-text, special tokens kept) are tokenized with the reward model's own tokenizer (the RM may not
-share the policy's vocabulary, as in OpenRLHF), scored at the last token, and normalised with
+`RewardModelFn`: a sequence-classification reward model (`rlhfkit train rm`). It follows the reward-function contract of
+rewards/base.py: `queries` (prompt + response text, special tokens kept) are tokenized with the reward model's own
+tokenizer (the RM may not share the policy's vocabulary, as in OpenRLHF), scored at the last token, and normalised with
 the `mean` / `std` that `rlhfkit train rm` stored in the RM's config:
 reward = (score - mean) / std. The raw score is logged as `reward_extra/rm_score`.
 

@@ -122,7 +122,8 @@ def test_rl_loop_reward_rises_and_sampled_logprobs_equal_forward(server):
     for step in range(14):
         params = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=step)
         sc = tc.save_weights_and_get_sampling_client(f"step{step}")
-        seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=8, sampling_params=params).result().sequences
+        seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=8,
+                         sampling_params=params).result().sequences
         r = np.array([np.mean(np.asarray(s.tokens) < LOW) for s in seqs])
         rewards.append(r.mean())
         if step == 0:  # the sampler's logprobs are the trainer's forward on the same tokens
@@ -153,7 +154,8 @@ def test_prompt_logprobs_and_stop(server):
     text = tok.decode(long.tokens)
     stop = text[2:4]
     cut = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=1,
-                    sampling_params=tinker.types.SamplingParams(max_tokens=12, seed=5, stop=[stop])).result().sequences[0]
+                    sampling_params=tinker.types.SamplingParams(max_tokens=12, seed=5, stop=[stop]))
+    cut = cut.result().sequences[0]
     assert len(tok.encode(stop, add_special_tokens=False)) == 2
     assert stop in tok.decode(cut.tokens) and stop not in tok.decode(cut.tokens[:-1])
     assert list(cut.tokens) == list(long.tokens[:len(cut.tokens)]) and cut.stop_reason == "stop"
@@ -251,7 +253,8 @@ def test_custom_loss_gradient_equals_the_builtin_one(server):
     tc = server.client().create_lora_training_client(base_model=NAME, rank=8, seed=3).result()
     sc = tc.save_weights_and_get_sampling_client("s0").result()
     params = tinker.types.SamplingParams(max_tokens=5, temperature=1.0, seed=1)
-    seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=2, sampling_params=params).result().sequences
+    seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=2,
+                     sampling_params=params).result().sequences
     data = [rl_datum(PROMPT, s, a) for s, a in zip(seqs, (1.0, -0.5))]
     tc.forward_backward(data, "importance_sampling").result()
     builtin = accumulated_grads(server, tc)
@@ -276,7 +279,8 @@ def test_gspo_and_dro_through_the_sdk(server):
     tc = server.client().create_lora_training_client(base_model=NAME, rank=8, seed=4).result()
     sc = tc.save_weights_and_get_sampling_client("s0").result()
     params = tinker.types.SamplingParams(max_tokens=5, temperature=1.0, seed=2)
-    seq = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=1, sampling_params=params).result().sequences[0]
+    seq = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=1,
+                    sampling_params=params).result().sequences[0]
     d = rl_datum(PROMPT, seq, 1.0)
     n_prompt = len(PROMPT) - 1
     mask = np.asarray([0.0] * n_prompt + [1.0] * len(seq.tokens), dtype=np.float32)

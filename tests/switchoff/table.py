@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 
-
 REPORT_KEY = "switch_offs"  # the user property of the test's report holding the table (tests/switchoff/conftest.py)
 
 
@@ -278,8 +277,9 @@ FLIPPED = "test_replay_undoes_a_router_choice_that_flipped_between_rollout_and_t
 
 SWITCH_OFFS = (
     SwitchOff("vision tower frozen (--actor.freeze_visual_encoder)", "rlhfkit.models.vision:freeze_visual_encoder",
-              freezes_nothing, (f"{VISION}::test_freeze_visual_encoder_leaves_the_tower_bit_identical_and_trains_the_rest"
-                                "[qwen2_vl]",), "freezes nothing"),
+              freezes_nothing,
+              (f"{VISION}::test_freeze_visual_encoder_leaves_the_tower_bit_identical_and_trains_the_rest[qwen2_vl]",),
+              "freezes nothing"),
     SwitchOff("vision tower frozen in train sft, rm, dpo and kto (--model.freeze_visual_encoder)",
               "rlhfkit.models.vision:freeze_visual_encoder", freezes_nothing,
               (f"{VISION_RM}::test_freeze_visual_encoder_keeps_the_tower_as_loaded_and_trains_the_rest[rm-True]",
@@ -319,7 +319,8 @@ SWITCH_OFFS = (
               (f"{STAGES}::test_update_moves_the_weights_towards_the_positive_advantage",
                "tests/gpu/test_device_vs_cpu.py::test_one_rl_step_matches_the_cpu[cpu]"), "optimizer.step a no-op"),
     SwitchOff("token-budget micro-batches (dynamic batch)", "rlhfkit.trainers.rl.batching:MicroBatcher.cut",
-              no_token_budget, ("tests/unit/trainers/test_token_budget.py::test_micro_batches_are_cut_by_the_token_budget",),
+              no_token_budget,
+              ("tests/unit/trainers/test_token_budget.py::test_micro_batches_are_cut_by_the_token_budget",),
               "max_tokens ignored"),
     SwitchOff("EMA of the policy", "rlhfkit.core.ema:ema_update", noop,
               ("tests/unit/core/test_ema.py::test_ema_one_step_by_hand",
@@ -378,7 +379,8 @@ SWITCH_OFFS = (
               "rlhfkit.models.vision:unquantized_parts", head_only,
               ("tests/integration/test_vision_qlora.py::test_rl_samples_and_trains_with_the_same_4bit_weights_and_images",),
               "only the LM head kept"),
-    SwitchOff("bitsandbytes' CPU repacking of the 4-bit base kept off (QLoRA)", "rlhfkit.models.loading:keep_4bit_layout",
+    SwitchOff("bitsandbytes' CPU repacking of the 4-bit base kept off (QLoRA)",
+              "rlhfkit.models.loading:keep_4bit_layout",
               identity_model, (("tests/integration/test_vision_qlora.py::"
                                 "test_rl_samples_and_trains_with_the_same_4bit_weights_and_images"),
                                ("tests/unit/models/test_qlora_layout.py::"
@@ -403,7 +405,8 @@ SWITCH_OFFS = (
                                   "test_feedback_images_past_the_image_limit_end_the_episode_without_them",),
               "counts no image"),
     SwitchOff("images in agent episodes' engine calls (tools, environments)", "rlhfkit.agents.tools.agent:image_kwargs",
-              no_prompt_images, (f"{VISION_TOOLS}::test_a_tool_call_episode_with_images_matches_the_trainers_forward[False]",),
+              no_prompt_images,
+              (f"{VISION_TOOLS}::test_a_tool_call_episode_with_images_matches_the_trainers_forward[False]",),
               "engine calls without the images"),
     SwitchOff("images at every step of a VLM decoded without a KV cache (Qwen3.5)",
               "rlhfkit.rollout.vision:VisionEngine._uncached_logits", text_model_steps,

@@ -360,7 +360,8 @@ class ModelHost:
             _load_full(model.module, folder)
         if optimizer:
             if not (folder / "learner.pt").is_file():
-                raise CheckpointError(f"path {uri!r}: a sampler checkpoint has no optimizer state; save_state writes it")
+                raise CheckpointError(f"path {uri!r}: a sampler checkpoint has no optimizer state; "
+                                      "save_state writes it")
             model.learner.load_state_dict(torch.load(folder / "learner.pt", weights_only=True))
         return model_id
 

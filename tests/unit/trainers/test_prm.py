@@ -1,5 +1,5 @@
-"""Process reward models (trainers/supervised/prm.py, rewards/reward_model.py): the loss, the step layout of an RL response and the
-token rewards at the step ends, with values worked out by hand."""
+"""Process reward models (trainers/supervised/prm.py, rewards/reward_model.py): the loss, the step layout of an RL
+response and the token rewards at the step ends, with values worked out by hand."""
 
 import math
 
