@@ -115,6 +115,24 @@ def hard_labels(original):
     return lambda *args, **kwargs: [float(round(x)) for x in original(*args, **kwargs)]
 
 
+def packing_off(original):
+    return lambda samples, pad_id, packing: original(samples, pad_id, False)
+
+
+def unpooled(original):
+    def call(self, queries, prompts, labels, **kwargs):
+        return self.reward_fn(queries, prompts, labels, **kwargs)
+    return call
+
+
+def untruncated(original):
+    return lambda self, text: self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def unit_normalization(original):
+    return lambda model: (0.0, 1.0)
+
+
 def engine_keeps_its_version(original):
     return lambda engine: engine.version
 
@@ -273,6 +291,7 @@ ORL_RL = "tests/integration/test_openrlhf_rl_options.py"
 MUON = "tests/unit/trainers/test_muon.py"
 WARMUP = "tests/unit/trainers/test_critic_warmup.py"
 REPLAY = "tests/unit/models/test_routing_replay.py"
+SERVED_RM = "tests/integration/test_serve_reward_model.py"
 FLIPPED = "test_replay_undoes_a_router_choice_that_flipped_between_rollout_and_training"
 
 SWITCH_OFFS = (
@@ -371,6 +390,25 @@ SWITCH_OFFS = (
               never_equal, (f"{AGENTS}::test_builtin_environments_run[calculator]",), "never equal"),
     SwitchOff("PRM soft labels", "rlhfkit.data.steps:label_targets", hard_labels,
               ("tests/integration/test_prm.py::test_soft_labels_from_python",), "rounded to 0 / 1"),
+    SwitchOff("packed micro-batches in `train prm` (--ds.packing_samples)",
+              "rlhfkit.trainers.supervised.prm:step_batch", packing_off,
+              ("tests/unit/trainers/test_prm.py::test_packed_loss_and_gradients_equal_padded",), "padded rows"),
+    SwitchOff("concurrent requests sharing a served reward model's passes (`serve-reward`)",
+              "rlhfkit.rewards.server:PooledReward.__call__", unpooled,
+              (f"{SERVED_RM}::test_concurrent_requests_share_forward_passes_of_batch_size_queries",
+               f"{SERVED_RM}::test_pooled_calls_get_their_own_rows_or_the_error"),
+              "each request its own call"),
+    SwitchOff("a served reward model's query truncation (`serve-reward --data.max_len`)",
+              "rlhfkit.rewards.reward_model:RewardModelFn.tokens", untruncated,
+              (f"{SERVED_RM}::test_max_len_scores_the_first_tokens_of_a_long_query",
+               f"{SERVED_RM}::test_a_left_truncating_tokenizer_keeps_the_last_tokens"), "whole queries"),
+    SwitchOff("a served reward model's normalisation (`serve-reward --reward.normalize_enable`)",
+              "rlhfkit.models.reward:normalization", unit_normalization,
+              (f"{SERVED_RM}::test_served_scores_are_the_in_process_scores[True]",), "mean 0, std 1"),
+    SwitchOff("images in requests to a served reward model over images (`--reward.remote_url http://...`)",
+              "rlhfkit.rewards.remote:image_fields", lambda original: lambda kwargs: {},
+              ("tests/integration/test_serve_vision_reward_model.py::"
+               "test_the_rl_clients_requests_are_scored_as_in_process",), "requests without the images"),
     SwitchOff("QLoRA's 4-bit base (--ds.load_in_4bit)", "rlhfkit.models.loading:nf4_config", noop,
               ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",
                "tests/integration/test_vision_qlora.py::test_sft_and_dpo_train_adapters_over_a_4bit_language_model[sft]"),
