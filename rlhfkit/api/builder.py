@@ -315,10 +315,12 @@ def worker_gpu_multiple(cfg: RLConfig) -> int:
     return cfg.vllm.tensor_parallel_size if cfg.rollout.engine == "vllm" else 1
 
 
-def build_pool(cfg: RLConfig, policy, tokenizer=None, delays: dict[int, float] | None = None):
+def build_pool(cfg: RLConfig, policy, tokenizer=None, delays: dict[int, float] | None = None,
+               images: dict | None = None):
     """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running), each an
     HF engine over a policy copy or (--rollout.engine vllm, `tokenizer` needed) a vLLM engine sent the
-    weights vLLM loads (`distributed.pool.engine_state`).
+    weights vLLM loads (`distributed.pool.engine_state`) and, with `images` (a vision-language policy's
+    VLLMEngine settings, api/vision.py), the prompts' decoded images.
     `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back)."""
     from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, worker_factory
     from rlhfkit.distributed.pool import RayEnginePool, engine_state
@@ -336,9 +338,10 @@ def build_pool(cfg: RLConfig, policy, tokenizer=None, delays: dict[int, float] |
                           (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None,
                           record_experts=cfg.actor.routing_replay, frozen_tower=cfg.actor.freeze_visual_encoder,
                           load_in_4bit=cfg.ds.load_in_4bit,
-                          vllm=vllm_worker_settings(cfg, policy, tokenizer, worker_gpus) if vllm else None)
+                          vllm={**vllm_worker_settings(cfg, policy, tokenizer, worker_gpus), **(images or {})}
+                          if vllm else None)
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable,
-                         state_fn=(lambda full: engine_state(policy, full)) if vllm else None)
+                         state_fn=(lambda full: engine_state(policy, full)) if vllm else None, decoded_images=vllm)
 
 
 def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):

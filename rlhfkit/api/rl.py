@@ -97,8 +97,9 @@ def _engine_of(cfg: RLConfig, policy, tokenizer, processor, make_engine, pool, s
     vision-language policy, else the one --rollout.engine names."""
     if make_engine is not None:
         return make_engine(policy, tokenizer)
-    if pool is not None:
-        return pool(policy, tokenizer)
+    if pool is not None:  # a vision-language policy's vLLM engines get its image settings
+        vllm_images = processor is not None and cfg.rollout.engine == "vllm"
+        return pool(policy, tokenizer, V.vllm_image_settings(cfg, processor, policy.config) if vllm_images else None)
     if processor is not None:
         return V.build_engine(policy, tokenizer, cfg, processor, state_fn)
     return builder.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
@@ -187,9 +188,9 @@ class RLTrainer:
               reward_weights=None, callbacks: Sequence[Callable] = (), make_engine: Callable | None = None,
               pool=None, tools: Sequence[Callable] | None = None, environment_factory: Callable | None = None,
               agent: Any = None) -> RLTrainer:
-        """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool), for a
-        config already validated into `plan`: inputs checked, the executor and rewards, the models and
-        engine, the prompts, then the run folder's pieces and the loop."""
+        """`from_config` in this process (in a Ray trainer actor, `pool(policy, tokenizer, images)` makes its
+        RayEnginePool), for a config already validated into `plan`: inputs checked, the executor and rewards,
+        the models and engine, the prompts, then the run folder's pieces and the loop."""
         # --actor.autocast auto: probe the device once, here
         cfg = builder.resolve_fsdp_dtype(builder.resolve_autocast(cfg))
         set_log_level(cfg.logger.log_level)
@@ -201,7 +202,7 @@ class RLTrainer:
         run_dir = run_folder.prepare_run_dir(cfg, rank)
         if vision_folder is not None:
             V.check_executor(cfg, executor)
-            V.check_engine(cfg)
+            V.check_engine(cfg, vision_folder)
         reward_fn = _reward_of(cfg, executor, reward_fn, reward_weights, device)
         policy, tokenizer, ref, critic = builder.build_models(cfg, device)
         processor = V.processor_of(vision_folder) if vision_folder else None
@@ -273,7 +274,11 @@ class RLTrainer:
 def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict) -> dict[str, float]:
     """A Ray trainer actor's whole run: rollout workers, build, train (the final model in <output_dir>/final)."""
     cfg = builder.resolve_autocast(cfg)  # before the rollout workers are made from it
-    return RLTrainer.build(cfg, plan, **kwargs, pool=lambda policy, tok: builder.build_pool(cfg, policy, tok)).train()
+
+    def pool(policy, tokenizer, images):  # `images`: a vision-language policy's vLLM image settings, or None
+        return builder.build_pool(cfg, policy, tokenizer, images=images)
+
+    return RLTrainer.build(cfg, plan, **kwargs, pool=pool).train()
 
 
 class RayRLTrainer:

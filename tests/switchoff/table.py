@@ -200,7 +200,11 @@ def head_only(original):
 
 
 def text_request(original):
-    return lambda ids, vision, image_token_id: {"prompt_token_ids": [int(t) for t in ids]}  # no images sent
+    return lambda ids, vision, image_prompt: {"prompt_token_ids": [int(t) for t in ids]}  # no images sent
+
+
+def spans_kept(original):
+    return lambda ids, prompt: ([int(t) for t in ids], sum(int(t) == prompt.boi_id for t in ids))  # sent expanded
 
 
 def no_processor_given(original):
@@ -466,7 +470,10 @@ SWITCH_OFFS = (
               "the language model's layers only"),
     SwitchOff("images in vLLM requests (vision-language models)", "rlhfkit.rollout.vllm:vllm_request", text_request,
               ("tests/unit/rollout/test_vllm_vision.py::test_requests_hold_one_placeholder_per_image_and_the_images_"
-               "and_trajectories_the_tensors[llava-sizes2]",), "the ids alone, no images"),
+               "and_trajectories_the_tensors[llava]",), "the ids alone, no images"),
+    SwitchOff("Gemma 3's image spans as vLLM's placeholders", "rlhfkit.rollout.vllm_images:unwrap_images", spans_kept,
+              ("tests/unit/rollout/test_vllm_vision.py::test_requests_hold_one_placeholder_per_image_and_the_images_"
+               "and_trajectories_the_tensors[gemma3-2images-newlines]",), "the HF processor's spans sent as they are"),
     SwitchOff("LoRA kept out of a frozen vision tower", "rlhfkit.models.vision:language_lora_targets", names_as_given,
               (f"{VISION_LORA}::test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out",),
               "the target names as given"),
