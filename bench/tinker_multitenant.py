@@ -26,7 +26,7 @@ import torch
 from rlhfkit.models.memory import SMOLLM2_CONFIG
 from rlhfkit.models.tiny import tiny_model_and_tokenizer, tiny_tokenizer
 from rlhfkit.serving.tinker.host import ModelHost
-from rlhfkit.serving.tinker.wire import FwdBwdRequest, WireDatum
+from rlhfkit.serving.tinker.wire import FwdBwdRequest, SampleOptions, WireDatum
 
 CLIENTS = 4
 
@@ -103,11 +103,11 @@ def run(name: str, args) -> None:
                 host.forward_backward_many([r])
 
         def sample_batched():
-            host.sample(sessions, prompts, args.samples, params, seeds, [False] * CLIENTS)
+            host.sample(sessions, prompts, args.samples, params, seeds, [SampleOptions()] * CLIENTS)
 
         def sample_alone():
             for k in range(CLIENTS):
-                host.sample([sessions[k]], [prompts[k]], args.samples, params, [seeds[k]], [False])
+                host.sample([sessions[k]], [prompts[k]], args.samples, params, [seeds[k]], [SampleOptions()])
 
         times: dict[str, list[float]] = {k: [] for k in ("fb batched", "fb alone", "sample batched", "sample alone")}
         for r in range(args.rounds + 1):  # round 0 warms up, untimed

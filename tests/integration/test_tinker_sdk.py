@@ -61,12 +61,18 @@ class Server:
         self.thread.join(timeout=10)
 
 
-@pytest.fixture
-def server(tmp_path, monkeypatch):
+def served(tmp_path, monkeypatch, **kwargs):
+    """A Server over `tmp_path / "ckpt"` (`kwargs`: Server's), stopped after the test (yield from it
+    in a fixture)."""
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    srv = Server(tmp_path / "ckpt")
+    srv = Server(tmp_path / "ckpt", **kwargs)
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    yield from served(tmp_path, monkeypatch)
 
 
 def datum(tokens: list[int], weights: list[float] | None = None):
@@ -237,6 +243,23 @@ def test_hostile_clients_are_refused_and_others_unaffected(tmp_path, monkeypatch
         assert loss_of(good) < before
     finally:
         srv.stop()
+
+
+def test_dimuon_is_refused_when_the_client_is_created(server):
+    """Tinker's Dimuon optimizer is not served (docs/tinker.md): a client asking for it is refused at
+    creation, not trained with AdamW in its place."""
+    svc = server.client()
+    with pytest.raises(Exception, match="Dimuon is not served by rlhfkit's Tinker server"):
+        svc.create_lora_training_client(base_model=NAME, rank=4,
+                                        optimizer=tinker.types.DimuonOptimizerConfig()).result()
+    assert not server.host.models
+    tc = svc.create_lora_training_client(base_model=NAME, rank=4).result()
+    path = tc.save_state("adam").result().path
+    with pytest.raises(Exception, match="Dimuon is not served"):
+        svc.create_training_client_from_state(path, optimizer=tinker.types.DimuonOptimizerConfig()).result()
+    with pytest.raises(Exception, match="Dimuon is not served"):
+        tc.optim_step(tinker.types.DimuonParams(learning_rate=1e-3)).result()
+    assert len(server.host.models) == 1
 
 
 def accumulated_grads(server, tc) -> list[torch.Tensor]:

@@ -14,6 +14,8 @@ they are read; a route the SDK has that this server does not serve gets a 404 na
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hmac
 import json
 import uuid
@@ -29,8 +31,11 @@ from fastapi.responses import JSONResponse, Response
 from rlhfkit.errors import RlhfkitError, one_line
 from rlhfkit.serving.tinker.host import ModelHost
 from rlhfkit.serving.tinker.queue import RequestQueue
+from rlhfkit.serving.tinker.scoring import check_topk
 from rlhfkit.serving.tinker.wire import (
     FwdBwdRequest,
+    SampleOptions,
+    WireImage,
     forward_backward_output,
     parse_forward_backward,
     sample_response,
@@ -86,10 +91,10 @@ class Futures:
 @dataclass
 class SampleRequest:
     session: str
-    prompt: list[int]
+    prompt: list  # token ids, a WireImage where an image chunk sits
     n: int
     params: dict
-    prompt_logprobs: bool
+    options: SampleOptions
 
     def group(self) -> tuple:
         """Requests with the same key run in one engine call: the same n and parameters but the seed
@@ -109,7 +114,7 @@ def runners(host: ModelHost) -> dict[str, Callable[[list], list]]:
     def sample(requests: list[SampleRequest]) -> list:
         first = requests[0]
         outs = host.sample([r.session for r in requests], [r.prompt for r in requests], first.n, first.params,
-                           [r.params.get("seed") for r in requests], [r.prompt_logprobs for r in requests])
+                           [r.params.get("seed") for r in requests], [r.options for r in requests])
         return [out if isinstance(out, Exception) else sample_response(*out) for out in outs]
 
     return {"fwdbwd": forward_backward, "sample": sample}
@@ -222,6 +227,20 @@ def _check_base(host: ModelHost, name: str | None) -> None:
         raise HTTPException(404, f"base_model {name!r}: this server serves {host.name!r} only")
 
 
+# Why Tinker's other optimizer is refused (docs/tinker.md, after the losses).
+DIMUON_REFUSED = ("Dimuon is not served by rlhfkit's Tinker server (its update is not published: the SDK names only "
+                  "its hyperparameters, and rlhfkit's Muon is another update); use AdamW, the default "
+                  "(AdamOptimizerConfig, AdamParams)")
+
+
+def _check_optimizer(config) -> None:
+    """422 for an optimizer_config (create_model, load_weights) that is not AdamW's."""
+    kind = config.get("type") if isinstance(config, dict) else None
+    if kind not in (None, "adamw"):
+        raise HTTPException(422, f"optimizer_config {kind!r}: " + (DIMUON_REFUSED if kind == "dimuon" else
+                                                                 "only AdamW (AdamOptimizerConfig) is served"))
+
+
 def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None:
     """Training clients' models: create, describe, unload, save and load."""
 
@@ -229,6 +248,7 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
     async def create_model(request: Request):
         req = await body(request)
         _check_base(host, field(req, "base_model"))
+        _check_optimizer(req.get("optimizer_config"))
         lora = req.get("lora_config") or {}
         if not isinstance(lora, dict):
             raise HTTPException(422, "field 'lora_config': expected an object")
@@ -275,6 +295,7 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
     async def load_weights(request: Request):
         req = await body(request)
         path, optimizer = field(req, "path"), bool(req.get("optimizer", False))
+        _check_optimizer(req.get("optimizer_config"))
         model_id, create = req.get("model_id"), req.get("model_id") is None
         if create:
             _check_base(host, req.get("base_model"))
@@ -308,7 +329,10 @@ def _step_routes(app: FastAPI, host: ModelHost, futures: Futures, body, max_requ
         model_id = field(req, "model_id")
         params = req.get("adam_params")
         if not isinstance(params, dict):
-            raise HTTPException(422, "optim_step: only Adam is served here; send adam_params (AdamParams)")
+            other = req.get("optimizer_params")
+            kind = other.get("type") if isinstance(other, dict) else None
+            raise HTTPException(422, "optim_step: " + (DIMUON_REFUSED if kind == "dimuon" else
+                                                       "only AdamW is served here; send AdamParams"))
         return futures.submit(lambda: {"metrics": host.optim_step(model_id, params)}, model_id)
 
 
@@ -339,7 +363,7 @@ def _sampling_routes(app: FastAPI, host: ModelHost, futures: Futures, body, poll
         if not 1 <= n <= 256:
             raise HTTPException(422, f"num_samples {n}: give 1..256")
 
-        sample = SampleRequest(session, prompt, n, params, bool(req.get("prompt_logprobs")))
+        sample = SampleRequest(session, prompt, n, params, _sample_options(req))
         return futures.submit(None, owner=session, group=sample.group(), payload=sample,
                               sample_sequence_ids=[uuid.uuid4().hex for _ in range(n)])
 
@@ -348,17 +372,52 @@ def _sampling_routes(app: FastAPI, host: ModelHost, futures: Futures, body, poll
         return await futures.retrieve(field(await body(request), "request_id"), poll_s)
 
 
-def _prompt_tokens(req: dict) -> list[int]:
+# SampleRequest fields this server does not serve, and the value that asks for nothing.
+UNSERVED_SAMPLE_FIELDS = {"target_prompt_logprobs": None, "prompt_alt_tokens_k": 0, "prompt_logprobs_last_n": None}
+
+
+def _sample_options(req: dict) -> SampleOptions:
+    """The logprobs a sample request asks for (422 in one line for a field this server refuses)."""
+    for name, nothing in UNSERVED_SAMPLE_FIELDS.items():
+        if req.get(name, nothing) != nothing:
+            raise HTTPException(422, f"sample: {name} is not served by rlhfkit's Tinker server; served are "
+                                     "include_prompt_logprobs, topk_prompt_logprobs and topk_sample_logprobs")
+    try:
+        return SampleOptions(bool(req.get("prompt_logprobs")),
+                             check_topk(req.get("topk_prompt_logprobs", 0), "topk_prompt_logprobs"),
+                             check_topk(req.get("topk_sample_logprobs", 0), "topk_sample_logprobs"))
+    except RlhfkitError as exc:
+        raise HTTPException(422, one_line(exc)) from exc
+
+
+def _prompt_tokens(req: dict) -> list:
+    """The prompt's tokens, each image chunk a WireImage in its place (422 for a chunk not served)."""
     prompt = req.get("prompt")
     chunks = prompt.get("chunks") if isinstance(prompt, dict) else None
     if not isinstance(chunks, list):
         raise HTTPException(422, "field 'prompt': expected a ModelInput with chunks")
-    tokens: list[int] = []
+    tokens: list = []
     for chunk in chunks:
-        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
-            raise HTTPException(422, "prompt: only encoded_text chunks are served (a text model)")
+        kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else None
+        if kind == "image":
+            tokens.append(_image_chunk(chunk))
+            continue
+        if kind != "encoded_text":
+            raise HTTPException(422, f"prompt: a {kind} chunk; served are encoded_text and image chunks (an image "
+                                     "by reference, image_asset_pointer, is not fetched: send its bytes)")
         ids = chunk.get("tokens")
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise HTTPException(422, "prompt: a chunk's tokens must be a list of ints")
         tokens += ids
     return tokens
+
+
+def _image_chunk(chunk: dict) -> WireImage:
+    expected = chunk.get("expected_tokens")
+    try:
+        data = base64.b64decode(chunk.get("data") or "", validate=True)
+    except (binascii.Error, TypeError) as exc:
+        raise HTTPException(422, f"prompt: an image chunk's data is not base64 ({exc})") from exc
+    if not isinstance(chunk.get("format"), str) or not (expected is None or isinstance(expected, int)):
+        raise HTTPException(422, "prompt: an image chunk needs format (png or jpeg) and an integer expected_tokens")
+    return WireImage(data, chunk["format"], expected)

@@ -23,6 +23,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -36,11 +37,11 @@ from rlhfkit.models.lora import (
     save_adapter,
 )
 from rlhfkit.models.lora_rows import RowAdapters
-from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import HFEngine
-from rlhfkit.rollout.stops import cut_at_stop_strings, split_stops
+from rlhfkit.models.vision import is_vision_model, language_lora_targets, vision_kwargs
+from rlhfkit.serving.tinker.images import ImageInputs
 from rlhfkit.serving.tinker.losses import lookup_loss
-from rlhfkit.serving.tinker.wire import FwdBwdRequest, Sequence, WireDatum
+from rlhfkit.serving.tinker.sampling import SamplingMixin
+from rlhfkit.serving.tinker.wire import FwdBwdRequest, WireDatum
 from rlhfkit.trainers.learner import Learner
 
 LORA_ALPHA = 32
@@ -70,15 +71,18 @@ def lora_targets(present: set[str], attn: bool, mlp: bool) -> tuple[str, ...]:
     return targets
 
 
-class ModelHost:
+class ModelHost(SamplingMixin):
     """Holds the base model, the training models and the sampling sessions (see the module docstring)."""
 
     def __init__(self, base: torch.nn.Module, tokenizer, name: str, root: str | Path, device: torch.device,
                  full: bool = False, default_rank: int = 32, tokenizer_id: str | None = None,
-                 batch_tokens: int = 4096):
+                 batch_tokens: int = 4096, processor=None):
         self.base = base.to(device)
         self.tokenizer_id = tokenizer_id or name
         self.linear = linear_names(base)  # read before peft wraps the linear layers
+        # a VLM's LoRA layers: the language model's (full names), never the vision tower's
+        self.language_linears = language_lora_targets(base, "all-linear") if is_vision_model(base) else None
+        self.images = ImageInputs(processor if is_vision_model(base) else None, base.config)
         self.tokenizer = tokenizer
         self.name = name
         self.root = Path(root)
@@ -107,6 +111,8 @@ class ModelHost:
             else:
                 rank = rank or self.default_rank
                 targets = lora_targets(self.linear, attn, mlp)
+                if self.language_linears is not None:
+                    targets = tuple(n for n in self.language_linears if n.rsplit(".", 1)[-1] in targets)
                 if self.peft is None:
                     self.peft = add_lora(self.base, rank, LORA_ALPHA, targets, adapter_name=model_id)
                 else:
@@ -137,7 +143,7 @@ class ModelHost:
 
     @property
     def max_context_length(self) -> int | None:
-        return getattr(self.base.config, "max_position_embeddings", None)
+        return getattr(self.base.config.get_text_config(decoder=True), "max_position_embeddings", None)
 
     def sampler_path(self, session: str) -> tuple[bool, str | None]:
         """(whether `session` is a sampling session here, the tinker:// path it samples or None for the base)."""
@@ -171,22 +177,26 @@ class ModelHost:
             if ids.min() < 0 or ids.max() >= vocab:
                 raise DataError(f"data[{i}]: a token id outside [0, {vocab}) (the model's vocabulary)")
 
-    def _logprobs(self, module: torch.nn.Module, tokens: list[int], targets: np.ndarray) -> torch.Tensor:
-        return self._batch_logprobs(module, [tokens], [targets])[0]
-
-    def _batch_logprobs(self, module: torch.nn.Module, tokens: list[list[int]],
-                        targets: list[np.ndarray]) -> list[torch.Tensor]:
-        """Each row's logprobs of its targets [T_i], from one forward over the rows right-padded to
-        the longest (a causal LM's real tokens never see the pads after them)."""
-        width = max(len(t) for t in tokens)
-        ids = torch.zeros((len(tokens), width), dtype=torch.long)
-        labels = torch.zeros((len(tokens), width), dtype=torch.long)
-        for r, (row, target) in enumerate(zip(tokens, targets)):
+    def logits(self, module: torch.nn.Module, rows: list[list[int]], visions: list | None = None) -> torch.Tensor:
+        """`module`'s logits [B, W, V] over the token rows right-padded to the longest (a causal LM's
+        real tokens never see the pads after them), each row with its images' tensors (`visions[r]`:
+        a VisionInputs or None; models.vision.vision_kwargs)."""
+        ids = torch.zeros((len(rows), max(len(r) for r in rows)), dtype=torch.long)
+        for r, row in enumerate(rows):
             ids[r, :len(row)] = torch.as_tensor(row, dtype=torch.long)
-            labels[r, :len(row)] = torch.as_tensor(target.reshape(-1), dtype=torch.long)
-        logits = module(input_ids=ids.to(self.device)).logits
+        extra = {}
+        if visions is not None and any(v is not None for v in visions):
+            extra = vision_kwargs(module, SimpleNamespace(vision=visions, input_ids=ids), self.device)
+        return module(input_ids=ids.to(self.device), **extra).logits
+
+    def _batch_logprobs(self, module: torch.nn.Module, data: list[WireDatum]) -> list[torch.Tensor]:
+        """Each datum's logprobs of its targets [T_i], from one forward over the data (`logits`)."""
+        labels = torch.zeros((len(data), max(len(d.tokens) for d in data)), dtype=torch.long)
+        for r, d in enumerate(data):
+            labels[r, :len(d.tokens)] = torch.as_tensor(d.inputs["target_tokens"].reshape(-1), dtype=torch.long)
+        logits = self.logits(module, [d.tokens for d in data], [d.vision for d in data])
         logp = logprobs_from_logits(logits, labels.to(self.device))
-        return [logp[r, :len(row)] for r, row in enumerate(tokens)]
+        return [logp[r, :len(d.tokens)] for r, d in enumerate(data)]
 
     def forward_backward(self, model_id: str, loss_fn: str, config: dict, data: list[WireDatum],
                          forward_only: bool) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
@@ -229,6 +239,8 @@ class ModelHost:
         """DataError for a request that cannot run: an unknown model or loss, a malformed datum, or a
         loss config or input the loss refuses (tried on zero logprobs, before any forward)."""
         spec = lookup_loss(req.loss_fn)
+        for i, d in enumerate(req.data):  # image chunks -> their tokens and pixel tensors
+            d.tokens, d.vision = self.images.expand(d.tokens, f"data[{i}]")
         self._check(req.data, spec.inputs)
         self._model(req.model_id)
         with torch.no_grad():
@@ -263,8 +275,7 @@ class ModelHost:
         with self._adapters(module, [m.model_id if m.rank is not None else None for m in models], trained):
             module.train(bool(trained))
             with torch.set_grad_enabled(bool(trained)):
-                targets = [d.inputs["target_tokens"] for d in data]
-                logps = self._batch_logprobs(module, [d.tokens for d in data], targets)
+                logps = self._batch_logprobs(module, data)
                 losses = []
                 for (i, j), d, logp in zip(batch, data, logps):
                     spec, req = lookup_loss(requests[i].loss_fn), requests[i]
@@ -399,82 +410,6 @@ class ModelHost:
             load_adapter_weights(self.peft, name, folder)
             self._sampler_adapters[str(folder)] = name
         return self.peft, name
-
-    def check_prompt(self, prompt: list[int]) -> None:
-        vocab = self.base.get_input_embeddings().num_embeddings
-        if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
-            raise DataError(f"prompt: needs at least one token, each in [0, {vocab})")
-
-    def sample(self, sessions: list[str], prompts: list[list[int]], n: int, params: dict, seeds: list[int | None],
-               prompt_logprobs: list[bool]) -> list[tuple[list[Sequence], list[float] | None] | RlhfkitError]:
-        """`n` samples of each prompt, prompt i with sampling session sessions[i]'s weights; the
-        prompts of one module in one engine call (LoRA samplers and the base: the shared peft model,
-        each row with its own adapter, models.lora_rows). Prompt i's samples depend only on it, its
-        weights and seeds[i] (a random seed where None), so a request gives the same answer alone or
-        batched with others. Per prompt its (sequences, prompt logprobs or None), or the
-        RlhfkitError that refused it (an unknown session, a bad token), which fails it alone."""
-        out: list = [None] * len(prompts)
-        groups: dict[int, tuple[torch.nn.Module, list[tuple[int, str | None]]]] = {}
-        for i, (session, prompt) in enumerate(zip(sessions, prompts)):
-            try:
-                self.check_prompt(prompt)
-                module, name = self._sampling_target(session)
-            except RlhfkitError as exc:
-                out[i] = exc
-                continue
-            groups.setdefault(id(module), (module, []))[1].append((i, name))
-        stop_ids, stop_texts = self._stops(params.get("stop"))
-        sp = SamplingParams(max_new_tokens=int(params.get("max_tokens") or 16),
-                            temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
-                            top_k=int(params.get("top_k", -1)), n=n, stop_token_ids=stop_ids)
-        seeds = [seed if seed is not None else int(uuid.uuid4().int % (1 << 62)) for seed in seeds]
-        for module, rows in groups.values():
-            first = {name: k for k, name in enumerate(dict.fromkeys(name for _, name in rows))}
-            rows.sort(key=lambda row: first[row[1]])  # each adapter's rows together: one LoRA matmul each
-            idx, names = [i for i, _ in rows], [name for _, name in rows]
-            trajs = self._generate(module, names, [prompts[i] for i in idx], sp, [seeds[i] for i in idx])
-            for k, (i, name) in enumerate(rows):
-                seqs = [cut_at_stop_strings(t, stop_texts, self.tokenizer) for t in trajs[k * n:(k + 1) * n]]
-                lp = self._prompt_logprobs(module, name, prompts[i]) if prompt_logprobs[i] else None
-                out[i] = ([Sequence(t.response_ids.tolist(), t.logprobs.tolist(), "length" if t.truncated else "stop")
-                           for t in seqs], lp)
-        return out
-
-    def _generate(self, module: torch.nn.Module, names: list[str | None], prompts: list[list[int]],
-                  sp: SamplingParams, seeds: list[int]):
-        """One engine call over `prompts`, prompt i's rows with adapter names[i] of the peft model."""
-        if module is self.peft and len(set(names)) > 1:
-            with RowAdapters(module) as rows:
-                engine = HFEngine(module, self.tokenizer, row_hook=lambda r: rows.set_rows([names[i] for i in r]))
-                return engine.generate(prompts, sp, seeds=seeds)
-        with self._one_adapter(module, names[0]):
-            return HFEngine(module, self.tokenizer).generate(prompts, sp, seeds=seeds)
-
-    def _one_adapter(self, module: torch.nn.Module, name: str | None):
-        """The context of a forward of `module` with adapter `name` (None: the base under the peft model)."""
-        if module is not self.peft:
-            return contextlib.nullcontext()
-        if name is None:
-            return module.disable_adapter()
-        module.set_adapter(name)
-        return contextlib.nullcontext()
-
-    def _prompt_logprobs(self, module: torch.nn.Module, name: str | None, prompt: list[int]) -> list[float]:
-        """NaN for the first token (nothing before it), then log p(prompt[i] | prompt[:i])."""
-        if len(prompt) < 2:
-            return [float("nan")]
-        module.eval()
-        with torch.no_grad(), self._one_adapter(module, name):
-            lp = self._logprobs(module, prompt[:-1], np.asarray(prompt[1:]))
-        return [float("nan")] + lp.tolist()
-
-    def _stops(self, stop) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        if not stop:
-            return (), ()
-        try:
-            return split_stops([stop] if isinstance(stop, (str, int)) else list(stop), self.tokenizer)
-        except (TypeError, ValueError) as exc:
-            raise DataError(f"sampling_params.stop: {exc}") from exc
 
 
 def _load_full(module: torch.nn.Module, folder: Path) -> None:

@@ -14,7 +14,7 @@ from rlhfkit.errors import DataError
 from rlhfkit.models.tiny import tiny_model_and_tokenizer
 from rlhfkit.rollout.hf import HFEngine
 from rlhfkit.serving.tinker.host import ModelHost
-from rlhfkit.serving.tinker.wire import FwdBwdRequest, WireDatum
+from rlhfkit.serving.tinker.wire import FwdBwdRequest, SampleOptions, WireDatum
 
 
 def ce(tokens: list[int]) -> WireDatum:
@@ -131,7 +131,7 @@ def test_samples_of_several_adapters_in_one_engine_call_equal_each_alone(host, m
     sessions = [host.create_sampler(host.save_for_sampler(mid, "s0")) for mid in "ab"] + [host.create_sampler(None)]
     rows = [sessions[0], sessions[1], sessions[2], sessions[0], sessions[1]]  # a, b, the base, a, b
     seeds = [100 + i for i in range(len(PROMPTS))]
-    want_lp = [i == 1 for i in range(len(PROMPTS))]
+    want_lp = [SampleOptions(prompt_logprobs=i == 1) for i in range(len(PROMPTS))]
     engine_calls: list[int] = []
     generate = HFEngine.generate
     monkeypatch.setattr(HFEngine, "generate", lambda self, prompts, *a, **k: (engine_calls.append(len(prompts)),
@@ -141,7 +141,7 @@ def test_samples_of_several_adapters_in_one_engine_call_equal_each_alone(host, m
     engine_calls.clear()
     for i in range(len(PROMPTS)):
         (alone,) = host.sample([rows[i]], [PROMPTS[i]], 3, PARAMS, [seeds[i]], [want_lp[i]])
-        seqs, lp = batched[i]
+        seqs, lp, _ = batched[i]
         assert [s.tokens for s in seqs] == [s.tokens for s in alone[0]]
         for s, a in zip(seqs, alone[0], strict=True):
             np.testing.assert_allclose(s.logprobs, a.logprobs, atol=1e-5)
@@ -150,14 +150,14 @@ def test_samples_of_several_adapters_in_one_engine_call_equal_each_alone(host, m
             np.testing.assert_allclose(lp[1:], alone[1][1:], atol=1e-5)
     assert engine_calls == [1] * len(PROMPTS)
     # the adapters matter: a's prompt sampled with b's weights gives other logprobs
-    (other,) = host.sample([sessions[1]], [PROMPTS[0]], 3, PARAMS, [seeds[0]], [False])
+    (other,) = host.sample([sessions[1]], [PROMPTS[0]], 3, PARAMS, [seeds[0]], [SampleOptions()])
     assert not np.allclose(other[0][0].logprobs[:1], batched[0][0][0].logprobs[:1], atol=1e-4)
 
 
 def test_a_bad_prompt_or_session_fails_alone(host):
     session = host.create_sampler(None)
     out = host.sample([session, "sampler-nope", session], [[3, 4], [3, 4], [3, 9999]], 1, PARAMS, [1, 2, 3],
-                      [False] * 3)
+                      [SampleOptions()] * 3)
     assert len(out[0][0]) == 1 and len(out[0][0][0].tokens) >= 1
     assert isinstance(out[1], DataError) and "no such sampling session" in str(out[1])
     assert isinstance(out[2], DataError) and "prompt" in str(out[2])
