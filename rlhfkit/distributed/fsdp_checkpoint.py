@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from rlhfkit.distributed.fsdp import max_over_ranks
+from rlhfkit.distributed.fsdp import max_over_ranks, whole_4bit_weights
 from rlhfkit.errors import CheckpointError
 from rlhfkit.trainers.checkpoint import (
     BEST,
@@ -116,7 +116,7 @@ class ShardedCheckpointer(Checkpointer):
     def load(self, trainer, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import HuggingFaceStorageReader
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         from torch.distributed.checkpoint.state_dict import (
             set_model_state_dict as set_model,
         )
@@ -142,7 +142,11 @@ class ShardedCheckpointer(Checkpointer):
             model_state = shards[name]
             for tied, first in tied_names(get_model_state_dict(module)).items():
                 model_state[tied] = model_state[first]  # stored once (see sharded_state)
-            set_model(module, model_state)
+            missing, unexpected = set_model(module, model_state, options=StateDictOptions(strict=False))
+            missing = set(missing) - held_4bit_names(module)  # not in the checkpoint (see sharded_state)
+            if missing or unexpected:
+                raise CheckpointError(f"checkpoint {path}: {name} misses {sorted(missing)[:3]}, has unexpected "
+                                      f"{sorted(unexpected)[:3]}; resume with the model of the run that wrote it")
         for module_name, learner in trainer.checkpoint_learners().values():
             module = modules[module_name][0]
             groups = state["param_groups"][module_name]
@@ -157,14 +161,16 @@ class ShardedCheckpointer(Checkpointer):
 
 def sharded_state(trainer) -> tuple[dict, dict]:
     """(this rank's DTensor shards by DCP key, each optimizer's param_groups) of `trainer`: the modules'
-    state dicts, each learner's optimizer state (initialised when empty, as DCP's helpers do) and EMA."""
+    state dicts, each learner's optimizer state (initialised when empty, as DCP's helpers do) and EMA.
+    A QLoRA base's 4-bit weights are left out (`without_4bit_base`)."""
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
     )
 
     modules = trainer.checkpoint_modules()
-    shards = {name: untied(get_model_state_dict(module)) for name, (module, _) in modules.items()}
+    shards = {name: without_4bit_base(untied(get_model_state_dict(module)), module)
+              for name, (module, _) in modules.items()}
     groups = {}
     for module_name, learner in trainer.checkpoint_learners().values():
         module = modules[module_name][0]
@@ -173,6 +179,24 @@ def sharded_state(trainer) -> tuple[dict, dict]:
         if learner.ema is not None:
             shards[f"ema.{module_name}"] = {fqn: e for e, (fqn, _) in zip(learner.ema, _trained(module), strict=True)}
     return shards, groups
+
+
+def held_4bit_names(module: torch.nn.Module) -> set[str]:
+    """The state-dict names of `module`'s frozen 4-bit weights, which every rank holds whole
+    (distributed.fsdp.whole_4bit_weights; none without QLoRA)."""
+    whole = whole_4bit_weights(module)
+    return {n for n, p in module.named_parameters() if p in whole} if whole else set()
+
+
+def without_4bit_base(state: dict, module: torch.nn.Module) -> dict:
+    """`state` (of `module`) without its QLoRA base's 4-bit weights and their quantization state (bitsandbytes
+    names it `<weight>.absmax`, `<weight>.quant_map`, ...): they are frozen, every rank holds them whole, and a
+    resumed run loads them again from its model, as the run did at its start. A sharded checkpoint then holds
+    what training changed (the adapters, their Adam moments and EMA) and the float frozen weights."""
+    names = held_4bit_names(module)
+    if not names:
+        return state
+    return {k: v for k, v in state.items() if k not in names and k.split(".weight.")[0] + ".weight" not in names}
 
 
 def tied_names(state: dict) -> dict[str, str]:
