@@ -40,6 +40,7 @@ from safetensors import SafetensorError
 from rlhfkit.distributed.fsdp import max_over_ranks, whole_4bit_weights
 from rlhfkit.errors import CheckpointError
 from rlhfkit.trainers.checkpoint import (
+    ADAPTER_SUFFIX,
     BEST,
     SHARDS,
     Checkpointer,
@@ -51,6 +52,7 @@ from rlhfkit.trainers.checkpoint import (
     set_rng_state,
     step_dir_name,
     write_error,
+    write_model_card,
     write_state,
 )
 
@@ -111,6 +113,9 @@ class ShardedCheckpointer(Checkpointer):
         folder = tmp / rank_dir_name(self.rank)
         folder.mkdir()
         write_state(folder, {"trainer": state, "rng": rng_state(), "param_groups": groups})
+        if self.rank == 0:  # a LoRA policy's adapter config and tokenizer, for `rlhfkit export`
+            for name, (module, tokenizer) in trainer.checkpoint_modules().items():
+                write_model_card(tmp / f"{name}{ADAPTER_SUFFIX}", module, tokenizer)
 
     # ------------------------------------------------------------------ load
     def load(self, trainer, path: Path) -> None:
@@ -251,19 +256,20 @@ def _agree(failure: BaseException | None) -> BaseException | None:
     return OSError("another rank could not write its part of the checkpoint") if failed else None
 
 
-def read_full_module(path: Path, name: str, module: torch.nn.Module) -> None:
+def read_full_module(path: Path, name: str, module: torch.nn.Module, only: Callable[[str], bool] | None = None) -> None:
     """Fill the plain (unsharded) `module` in place with the weights of module `name` of the FSDP
-    checkpoint `path`, in one process without a process group (DCP reads every rank's shards)."""
+    checkpoint `path`, in one process without a process group (DCP reads every rank's shards); `only`:
+    the weights whose names it accepts (a LoRA model's adapters), the others left as they are."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
-    state = {name: untied(module.state_dict())}
+    state = {name: {k: v for k, v in untied(module.state_dict()).items() if only is None or only(k)}}
     try:
         dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)), no_dist=True)
     except (RuntimeError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"checkpoint {path}: its shards of {name!r} do not fit the run's "
                               f"base model ({' '.join(str(exc).split())[:300]})") from exc
     missing, unexpected = module.load_state_dict(state[name], strict=False)
-    untied_missing = [k for k in missing if k in untied(module.state_dict())]
+    untied_missing = [k for k in missing if k in state[name]]
     if untied_missing or unexpected:
         raise CheckpointError(f"checkpoint {path}: shards missing {untied_missing[:3]}, unexpected {unexpected[:3]}")

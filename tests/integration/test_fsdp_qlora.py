@@ -14,7 +14,15 @@ from safetensors.torch import load_file
 from rlhfkit.cli.main import main
 from rlhfkit.trainers.checkpoint import step_dir_name
 from tests.integration.test_fsdp import REWARD, assert_same_steps, single_and_fsdp
-from tests.integration.test_fsdp_resume import STEPS, assert_same_tensors, finish, launch, resume_elsewhere, rows
+from tests.integration.test_fsdp_resume import (
+    STEPS,
+    assert_export_is_the_merged_final,
+    assert_same_tensors,
+    finish,
+    launch,
+    resume_elsewhere,
+    rows,
+)
 from tests.integration.test_fsdp_resume import flags as resume_flags
 from tests.integration.test_fsdp_resume import ws as resume_ws  # noqa: F401 - the resume run's workspace
 
@@ -63,7 +71,8 @@ def test_qlora_under_fsdp_equals_qlora_in_one_process(ws, tmp_path, monkeypatch)
 def test_qlora_under_fsdp_resumes_bit_exact(resume_ws, tmp_path):  # noqa: F811
     """test_fsdp_resume's run (a critic, the policy's EMA, adaptive KL, a checkpoint every step) with QLoRA: a
     resume from the step before the last repeats the last step to the bit, in the adapters, their EMA and every
-    logged value; the checkpoints hold the adapters and the float weights, not the frozen 4-bit base."""
+    logged value; the checkpoints hold the adapters and the float weights, not the frozen 4-bit base, and
+    `rlhfkit export` of one folds its adapters into the float base as `rlhfkit lora merge` does with final/."""
     ref, out = tmp_path / "ref", tmp_path / "out"
     rc, log = finish(launch(resume_flags(resume_ws, ref, **QLORA)))
     assert rc == 0, log
@@ -81,3 +90,4 @@ def test_qlora_under_fsdp_resumes_bit_exact(resume_ws, tmp_path):  # noqa: F811
         assert_same_tensors(ref / folder / "adapter_model.safetensors", out / folder / "adapter_model.safetensors")
     for rank_dir in (".", "rank1"):
         assert rows(out / rank_dir / "metrics.jsonl") == rows(ref / rank_dir / "metrics.jsonl"), rank_dir
+    assert_export_is_the_merged_final(resume_ws, ref, tmp_path)

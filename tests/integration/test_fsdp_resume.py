@@ -224,3 +224,18 @@ def test_lora_under_fsdp_resumes_bit_exact(ws, tmp_path):
         assert_same_tensors(ref / folder / "adapter_model.safetensors", out / folder / "adapter_model.safetensors")
     for rank_dir in (".", "rank1"):
         assert rows(out / rank_dir / "metrics.jsonl") == rows(ref / rank_dir / "metrics.jsonl"), rank_dir
+    assert_export_is_the_merged_final(ws, ref, tmp_path)
+
+
+def assert_export_is_the_merged_final(ws: Path, ref: Path, tmp_path: Path) -> None:
+    """`rlhfkit export` of a LoRA run's last sharded checkpoint (its adapter card beside the shards: the adapters
+    read from every rank's shards over the base) writes the weights `rlhfkit lora merge` makes of final/."""
+    from rlhfkit.cli.main import main
+
+    exported, merged = tmp_path / "exported", tmp_path / "merged"
+    assert main(["export", str(ref / "checkpoints" / step_dir_name(STEPS)), str(exported)]) == 0
+    assert main(["lora", "merge", "--lora.adapter", str(ref / "final"), "--ckpt.output_dir", str(merged)]) == 0
+    assert_same_tensors(exported / "model.safetensors", merged / "model.safetensors")
+    q = "model.layers.0.self_attn.q_proj.weight"
+    moved = load_file(str(exported / "model.safetensors"))[q] - load_file(str(ws / "tiny" / "model.safetensors"))[q]
+    assert float(moved.abs().max()) > 1e-3  # the trained adapters are in it
