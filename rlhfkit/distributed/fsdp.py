@@ -37,6 +37,8 @@ What each process does (every rank runs the same RL loop on the same data):
   rank with fewer runs passes that add nothing to the gradients (trainers.rl.update `idle_pass`).
 - bf16 parameters with float32 masters (--actor.dtype bfloat16) are, under FSDP2, float32 sharded
   parameters (the masters) computing in bf16 with float32 gradient reduction: --fsdp.mixed_precision.
+- QLoRA (--ds.load_in_4bit): every rank holds the frozen 4-bit base whole (`whole_4bit_weights`, left out
+  of FSDP), the adapters are sharded and reduced as under LoRA (tests/integration/test_fsdp_qlora.py).
 """
 
 from __future__ import annotations
