@@ -6,7 +6,6 @@ folder, and a resume from a sharded checkpoint repeats the run to the bit. Skipp
 installed."""
 
 import json
-import shutil
 
 import pytest
 from safetensors.torch import load_file
@@ -15,16 +14,7 @@ from rlhfkit.cli.main import main
 from rlhfkit.trainers.checkpoint import step_dir_name
 from tests.integration.conftest import colour_workspace, vision_rl_flags
 from tests.integration.test_fsdp import REWARD, assert_same_steps, metrics, single_and_fsdp, torchrun_rl
-from tests.integration.test_fsdp_resume import (
-    STEPS,
-    assert_export_is_the_merged_final,
-    assert_same_tensors,
-    finish,
-    launch,
-    resume_elsewhere,
-    rows,
-)
-from tests.integration.test_fsdp_resume import flags as resume_flags
+from tests.integration.test_fsdp_resume import STEPS, lora_run_resumes_bit_exact
 from tests.integration.test_fsdp_resume import ws as resume_ws  # noqa: F401 - the resume run's workspace
 
 pytest.importorskip("bitsandbytes")
@@ -74,24 +64,11 @@ def test_qlora_under_fsdp_resumes_bit_exact(resume_ws, tmp_path):  # noqa: F811
     resume from the step before the last repeats the last step to the bit, in the adapters, their EMA and every
     logged value; the checkpoints hold the adapters and the float weights, not the frozen 4-bit base, and
     `rlhfkit export` of one folds its adapters into the float base as `rlhfkit lora merge` does with final/."""
-    ref, out = tmp_path / "ref", tmp_path / "out"
-    rc, log = finish(launch(resume_flags(resume_ws, ref, **QLORA)))
-    assert rc == 0, log
+    ref = lora_run_resumes_bit_exact(resume_ws, tmp_path, QLORA)
     shards = [load_file(f) for f in (ref / "checkpoints" / step_dir_name(STEPS) / "shards").glob("*.safetensors")]
     names = {k for s in shards for k in s}
     assert any("lora_A" in k for k in names) and any("embed_tokens" in k for k in names)
     assert not any("base_layer" in k for k in names)  # the 4-bit weights are loaded from the model again
-    resume_elsewhere(ref, out)
-    for folder in ("final", "ema"):
-        shutil.rmtree(out / folder)
-    rc, log = finish(launch(resume_flags(resume_ws, out, **QLORA)))
-    assert rc == 0, log
-    assert f"resumed from {out / 'checkpoints' / step_dir_name(STEPS - 1)}" in log
-    for folder in ("final", "ema"):
-        assert_same_tensors(ref / folder / "adapter_model.safetensors", out / folder / "adapter_model.safetensors")
-    for rank_dir in (".", "rank1"):
-        assert rows(out / rank_dir / "metrics.jsonl") == rows(ref / rank_dir / "metrics.jsonl"), rank_dir
-    assert_export_is_the_merged_final(resume_ws, ref, tmp_path)
 
 
 def test_a_vision_language_qlora_policy_under_fsdp_equals_one_process(tmp_path, monkeypatch):

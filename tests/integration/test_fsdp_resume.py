@@ -210,7 +210,13 @@ def test_a_sharded_checkpoint_of_two_ranks_exports_to_a_model_folder(reference, 
 def test_lora_under_fsdp_resumes_bit_exact(ws, tmp_path):
     """LoRA adapters sharded under FSDP (the same run with --ds.lora.rank 4): a resume from the step before
     the last repeats the last step to the bit, in the adapters, their EMA and every logged value."""
-    lora = {"ds.lora.rank": 4, "ds.lora.alpha": 8}
+    lora_run_resumes_bit_exact(ws, tmp_path, {"ds.lora.rank": 4, "ds.lora.alpha": 8})
+
+
+def lora_run_resumes_bit_exact(ws, tmp_path: Path, lora: dict) -> Path:
+    """The run with the LoRA flags `lora` (in tmp_path/ref) and a copy of it resumed from the step before the
+    last: the adapters, their EMA and both ranks' metrics are the uninterrupted run's, bit for bit, and the last
+    checkpoint exports to the merged final/ (`assert_export_is_the_merged_final`). Returns the run's folder."""
     ref, out = tmp_path / "ref", tmp_path / "out"
     rc, log = finish(launch(flags(ws, ref, **lora)))
     assert rc == 0, log
@@ -225,6 +231,7 @@ def test_lora_under_fsdp_resumes_bit_exact(ws, tmp_path):
     for rank_dir in (".", "rank1"):
         assert rows(out / rank_dir / "metrics.jsonl") == rows(ref / rank_dir / "metrics.jsonl"), rank_dir
     assert_export_is_the_merged_final(ws, ref, tmp_path)
+    return ref
 
 
 def assert_export_is_the_merged_final(ws: Path, ref: Path, tmp_path: Path) -> None:
