@@ -109,7 +109,7 @@ class RemoteRewardFn:
                 last = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 continue
             if resp.status_code != 200:
-                raise RewardError(f"reward server {url} answered HTTP {resp.status_code}: {resp.text[:200]}")
+                raise RewardError(f"reward server {url} answered HTTP {resp.status_code}: {_detail(resp)}")
             try:
                 body = resp.json()
             except json.JSONDecodeError:
@@ -144,6 +144,15 @@ def step_fields(body: dict, response_ids: list[list[int]] | None, url: str
             raise RewardError(f"{where} answered step_ends[{i}] = {e!r:.80}: it must be {len(s)} increasing token "
                               f"indices in the response's {len(r)} tokens, one per step")
     return scores, [torch.tensor(e, dtype=torch.long) for e in ends]
+
+
+def _detail(resp: httpx.Response) -> str:
+    """What a refusal says: its JSON "detail" when it is a string (FastAPI's), else the body's start."""
+    try:
+        detail = resp.json().get("detail")
+    except (json.JSONDecodeError, AttributeError):
+        detail = None
+    return (detail if isinstance(detail, str) else resp.text)[:400]
 
 
 def _numbers(xs: Any) -> bool:
