@@ -116,3 +116,38 @@ def test_malformed_step_answers_are_one_line_errors(prm_answers, name, message):
     with pytest.raises(RewardError, match=f"reward server {base}/{name} {message}") as e:
         RemoteRewardFn([f"{base}/{name}"], max_retries=0).with_vocab("abc")(*CALL, **IDS)
     assert "\n" not in str(e.value)
+
+
+def test_the_scorer_places_a_servers_steps_or_refuses_them():
+    """A reward function whose output holds step scores and ends (as RemoteRewardFn's of a PRM server): token
+    rewards at the ends and a scalar 0 when the run takes them; refused when it does not, and for episodes cut
+    into segments."""
+    from rlhfkit.data.types import PromptItem, Trajectory
+    from rlhfkit.models import tiny_model_and_tokenizer
+    from rlhfkit.trainers.rl.scoring import Scorer
+
+    _, tok = tiny_model_and_tokenizer(seed=0)
+    seen = {}
+
+    def served(queries, prompts, labels, **kwargs):
+        seen.update(kwargs)
+        return RewardOutput(torch.tensor([0.25, 0.0]), torch.tensor([0.25, 0.0]), {},
+                            [torch.tensor([0.5, 0.25]), torch.tensor([])],
+                            [torch.tensor([0, 2]), torch.tensor([], dtype=torch.long)])
+
+    def traj(n, group, **info):
+        t = Trajectory(torch.tensor([5, 6]), torch.arange(7, 7 + n), torch.ones(n, dtype=torch.bool), torch.zeros(n),
+                       "stop", group)
+        t.info.update(info)
+        return t
+
+    prompts = [PromptItem("a", [5, 6]), PromptItem("b", [5, 6])]
+    scored = Scorer(served, tok, max_len=8, step_rewards=True)(prompts, [traj(3, 0), traj(4, 1)])
+    assert scored.token_rewards.tolist() == [[0.5, 0.0, 0.25, 0.0], [0.0] * 4]
+    assert scored.rewards.tolist() == [0.0, 0.0] and scored.scores.tolist() == [0.25, 0.0]
+    assert seen["prompt_ids"] == [[5, 6], [5, 6]] and seen["completion_ids"] == [[7, 8, 9], [7, 8, 9, 10]]
+    with pytest.raises(RewardError, match="must take per-token rewards \\(gae or reinforce\\)"):
+        Scorer(served, tok, max_len=8)(prompts, [traj(3, 0), traj(4, 1)])
+    with pytest.raises(RewardError, match="for episodes cut into segments"):
+        Scorer(served, tok, max_len=8, step_rewards=True)(
+            prompts, [traj(3, 0, episode=1), traj(3, 0, episode=1), traj(4, 1)])  # two episodes: two rows scored
