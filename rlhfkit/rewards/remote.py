@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -116,7 +117,8 @@ class RemoteRewardFn:
                 raise RewardError(f"reward server {url} answered non-JSON: {resp.text[:200]!r}") from None
             out = normalize_reward_output(body, n, source=f"server {url}")
             if isinstance(body, dict) and body.get("step_rewards") is not None:
-                out.steps, out.step_ends = step_fields(body, payload.get("response_ids"), url)
+                steps, ends = step_fields(body, payload.get("response_ids"), url)
+                out = dataclasses.replace(out, steps=steps, step_ends=ends)
             return out
         raise RewardError(f"reward server {url} failed after {self.max_retries + 1} attempts ({last}); "
                           "is it running? start it with `rlhfkit serve-reward`")
