@@ -129,8 +129,8 @@ class Scorer:
         response; `out` with scalar rewards 0), as the in-process process reward model hands them."""
         if not self.step_rewards or out.step_ends is None:
             raise RewardError("the reward server answered per-step rewards (a process reward model) that this run "
-                              "cannot place on the policy's tokens: --algo.advantage.estimator must take per-token "
-                              "rewards (gae or reinforce)")
+                              "cannot place on the policy's tokens: only `train rl` with an --algo.advantage.estimator "
+                              "that takes per-token rewards (gae or reinforce) does")
         width = max((len(t.response_ids) for t in trajs), default=0)
         token = step_token_rewards(out.steps, out.step_ends, width)
         return token, RewardOutput(torch.zeros(len(trajs)), out.scores, out.extra_logs)

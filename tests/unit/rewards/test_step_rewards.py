@@ -146,7 +146,8 @@ def test_the_scorer_places_a_servers_steps_or_refuses_them():
     assert scored.token_rewards.tolist() == [[0.5, 0.0, 0.25, 0.0], [0.0] * 4]
     assert scored.rewards.tolist() == [0.0, 0.0] and scored.scores.tolist() == [0.25, 0.0]
     assert seen["prompt_ids"] == [[5, 6], [5, 6]] and seen["completion_ids"] == [[7, 8, 9], [7, 8, 9, 10]]
-    with pytest.raises(RewardError, match="must take per-token rewards \\(gae or reinforce\\)"):
+    with pytest.raises(RewardError, match="only `train rl` with an --algo.advantage.estimator that takes per-token "
+                                          "rewards \\(gae or reinforce\\) does"):
         Scorer(served, tok, max_len=8)(prompts, [traj(3, 0), traj(4, 1)])
     with pytest.raises(RewardError, match="for episodes cut into segments"):
         Scorer(served, tok, max_len=8, step_rewards=True)(
