@@ -47,11 +47,13 @@ from rlhfkit.models.precision import (
 from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.models.vision import is_vision_model, language_lora_targets
 from rlhfkit.models.vision_reward import is_vision_reward_folder
+from rlhfkit.rewards.remote import RemoteRewardFn
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rewards.reward_model import (
     ProcessRewardFn,
     RewardModelFn,
     VisionRewardModelFn,
+    vocabulary_fingerprint,
 )
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine, eos_ids
@@ -486,12 +488,18 @@ def build_scorer(cfg: RLConfig, reward_fn, tokenizer, max_len: int, teacher, pol
                  env_weight: float | None = None) -> Scorer | TeacherScorer:
     """The score stage: `reward_fn` (None: the agent's rewards; with `env_weight`, plus that times the
     agent's), overlong shaping, the stop-properly penalty, normalisation; with a teacher, on-policy
-    distillation's token rewards on top."""
+    distillation's token rewards on top. A reward server's per-step rewards (a process reward model's) are
+    token rewards where the advantage estimator takes them, and refused elsewhere."""
     reward, algo = cfg.reward, cfg.algo
     overlong = None if reward.overlong_buffer_len is None else (reward.overlong_buffer_len,
                                                                  reward.overlong_penalty_factor)
+    # a process reward model over HTTP reads the policy's tokens and gives per-token rewards, where the estimator
+    # takes them (as --reward.model_name_or_path of one in-process)
+    remote_steps = isinstance(reward_fn, RemoteRewardFn) and not ESTIMATORS[algo.advantage.estimator].grouped
+    if remote_steps:
+        reward_fn = reward_fn.with_vocab(vocabulary_fingerprint(tokenizer))
     scorer = Scorer(reward_fn, tokenizer, max_len, overlong, reward.normalize, env_weight=env_weight,
-                    stop_coef=reward.stop_properly_penalty_coef)
+                    stop_coef=reward.stop_properly_penalty_coef, step_rewards=remote_steps)
     if teacher is None:
         return scorer
     return TeacherScorer(scorer, teacher, coef=algo.teacher_coef, topk=algo.teacher_topk,
