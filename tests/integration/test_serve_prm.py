@@ -20,7 +20,7 @@ from rlhfkit.models.reward import mark_prm
 from rlhfkit.rewards.remote import RemoteRewardFn
 from rlhfkit.rewards.reward_model import ProcessRewardFn, vocabulary_fingerprint
 from rlhfkit.trainers.rl.scoring import Scorer
-from tests.integration.conftest import refuse, rl_flags
+from tests.integration.conftest import rl_flags
 from tests.unit.rewards.test_remote_reward import Server
 
 
@@ -66,7 +66,7 @@ def test_the_served_steps_land_where_the_in_process_ones_do(prms, placeholder):
     local = ProcessRewardFn(prms[placeholder])
     tok = local.tokenizer
     prompts, trajs = trajectories(tok)
-    want = Scorer(local, tok, max_len=16)(prompts, trajs)
+    want = Scorer(local, tok, max_len=16, step_rewards=True)(prompts, trajs)
     server = serve("--reward.model_name_or_path", prms[placeholder])
     try:
         remote = RemoteRewardFn([server.url]).with_vocab(vocabulary_fingerprint(tok))
@@ -119,7 +119,7 @@ def rl_common(ws, out, **over):
     return ["train", "rl", *rl_flags(ws, out, **flags)]
 
 
-def test_an_rl_run_over_http_is_the_in_process_prm_run(prms, tiny_ws, tmp_path, capsys):
+def test_an_rl_run_over_http_is_the_in_process_prm_run(prms, tiny_ws, tmp_path):
     """The same token rewards, advantages and update: the same metrics step by step and the same weights."""
     ws = tiny_ws("served_prm_rl", rows=[{"q": f"{i}+{i}=", "a": str(2 * i)} for i in range(8)])
     prm = prms["#%"]
@@ -128,11 +128,13 @@ def test_an_rl_run_over_http_is_the_in_process_prm_run(prms, tiny_ws, tmp_path, 
     server = serve("--reward.model_name_or_path", prm, "--batch_size", 4)  # the in-process micro-batches
     try:
         assert main(rl_common(ws, remote, **{"reward.remote_url": server.url})) == 0
-        refuse(rl_common(ws, tmp_path / "grpo", **{"reward.remote_url": server.url,
-                                                   "algo.advantage.estimator": "group_norm"}),
-               capsys, "answered per-step rewards (a process reward model)")
+        grpo = tmp_path / "grpo"  # a group baseline takes one reward per sample: the server's aggregate (min)
+        assert main(rl_common(ws, grpo, **{"reward.remote_url": server.url,
+                                           "algo.advantage.estimator": "group_norm"})) == 0
     finally:
         server.stop()
+    for m in (json.loads(x) for x in (grpo / "metrics.jsonl").read_text().splitlines()):
+        assert m["reward"] == pytest.approx(m["reward_extra/prm_step_min"]) and m["reward"] > 0
     a, b = ([json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (local, remote))
     assert len(a) == len(b) == 2
     for x, y in zip(a, b):

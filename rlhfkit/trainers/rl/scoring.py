@@ -75,10 +75,12 @@ class Scorer:
     did not stop (`Trajectory.truncated`: cut at the token budget; a multi-turn episode that ran out of
     tokens or turns before its environment said done), applied after the overlong penalty as OpenRLHF
     does (None: off), `normalize`: by the running mean and std of all rewards so far.
-    A `rewards.reward_model.ProcessRewardFn` gives per-step token rewards (and scalar rewards 0); so does
+    With `step_rewards` on (the advantage estimator takes per-token rewards), a
+    `rewards.reward_model.ProcessRewardFn` gives per-step token rewards (and scalar rewards 0), and so does
     a reward function whose output holds per-step scores with their ends in the policy's response tokens (a
-    process reward model over HTTP, rewards/remote.py) when `step_rewards` is on (the advantage estimator
-    takes per-token rewards), and such an output is refused when it is off.
+    process reward model over HTTP, rewards/remote.py). With it off (a group baseline; `train rs` and
+    `train iterative-dpo`, which rank samples) each sample gets one reward: the in-process PRM's weakest
+    step, the server's aggregate (its --reward.prm_aggregate).
     `env_weight` (with a `reward_fn`): the rewards and scores are the function's plus `env_weight`
     times the episodes' own (an environment's; logged as reward_extra/env_reward)."""
 
@@ -96,11 +98,13 @@ class Scorer:
         """`prompts[t.group_id]` is the prompt of trajectory t."""
         lengths = torch.tensor([t.response_length for t in trajs], dtype=torch.float32)
         token_rewards = None
-        if isinstance(self.reward_fn, ProcessRewardFn):  # per-step rewards on the step ends; scalar 0
+        if isinstance(self.reward_fn, ProcessRewardFn):  # per-step rewards on the step ends, scalar 0; or the weakest
             token_rewards, out = self.reward_fn.score_trajectories(trajs)
+            if not self.step_rewards:
+                token_rewards, out = None, RewardOutput(out.scores.clone(), out.scores, out.extra_logs)
         else:
             out = agent_rewards(trajs) if self.reward_fn is None else self.score_episodes(prompts, trajs, lengths)
-            if out.steps is not None:  # a process reward model's steps, over HTTP: on the tokens where they end
+            if out.steps is not None and self.step_rewards:  # a PRM's steps, over HTTP: on the tokens where they end
                 token_rewards, out = self.placed_steps(out, trajs)
         rewards, scores = out.rewards.float().clone(), out.scores.float()
         per_episode = _per_episode(trajs)  # the metrics count an episode in segments once
@@ -127,10 +131,9 @@ class Scorer:
     def placed_steps(self, out: RewardOutput, trajs: list[Trajectory]) -> tuple[torch.Tensor, RewardOutput]:
         """(token rewards [B, R]: each step's score on its last token in the response, R = the longest
         response; `out` with scalar rewards 0), as the in-process process reward model hands them."""
-        if not self.step_rewards or out.step_ends is None:
-            raise RewardError("the reward server answered per-step rewards (a process reward model) that this run "
-                              "cannot place on the policy's tokens: only `train rl` with an --algo.advantage.estimator "
-                              "that takes per-token rewards (gae or reinforce) does")
+        if out.step_ends is None:
+            raise RewardError("the reward server answered per-step rewards (a process reward model) without their "
+                              "`step_ends`, so they cannot be placed on the policy's tokens")
         width = max((len(t.response_ids) for t in trajs), default=0)
         token = step_token_rewards(out.steps, out.step_ends, width)
         return token, RewardOutput(torch.zeros(len(trajs)), out.scores, out.extra_logs)
@@ -144,7 +147,7 @@ class Scorer:
             return self.call_reward_fn(prompts, trajs, lengths)
         last, inverse = rows
         out = self.call_reward_fn(prompts, [trajs[i] for i in last], lengths[last])
-        if out.steps is not None:
+        if out.steps is not None and self.step_rewards:
             raise RewardError("the reward server answered per-step rewards (a process reward model) for episodes "
                               "cut into segments, whose steps it cannot place on each segment's tokens; score them "
                               "with the process reward model in-process (--reward.model_name_or_path)")

@@ -118,10 +118,10 @@ def test_malformed_step_answers_are_one_line_errors(prm_answers, name, message):
     assert "\n" not in str(e.value)
 
 
-def test_the_scorer_places_a_servers_steps_or_refuses_them():
+def test_the_scorer_places_a_servers_steps_or_takes_its_aggregate():
     """A reward function whose output holds step scores and ends (as RemoteRewardFn's of a PRM server): token
-    rewards at the ends and a scalar 0 when the run takes them; refused when it does not, and for episodes cut
-    into segments."""
+    rewards at the ends and a scalar 0 when the run takes them; the server's aggregate as the one reward of a
+    sample when it does not (segments included); episodes cut into segments refused when stepping."""
     from rlhfkit.data.types import PromptItem, Trajectory
     from rlhfkit.models import tiny_model_and_tokenizer
     from rlhfkit.trainers.rl.scoring import Scorer
@@ -146,9 +146,12 @@ def test_the_scorer_places_a_servers_steps_or_refuses_them():
     assert scored.token_rewards.tolist() == [[0.5, 0.0, 0.25, 0.0], [0.0] * 4]
     assert scored.rewards.tolist() == [0.0, 0.0] and scored.scores.tolist() == [0.25, 0.0]
     assert seen["prompt_ids"] == [[5, 6], [5, 6]] and seen["completion_ids"] == [[7, 8, 9], [7, 8, 9, 10]]
-    with pytest.raises(RewardError, match="only `train rl` with an --algo.advantage.estimator that takes per-token "
-                                          "rewards \\(gae or reinforce\\) does"):
-        Scorer(served, tok, max_len=8)(prompts, [traj(3, 0), traj(4, 1)])
+    seen.clear()
+    scalar = Scorer(served, tok, max_len=8)(prompts, [traj(3, 0), traj(4, 1)])
+    assert scalar.token_rewards is None and scalar.rewards.tolist() == scalar.scores.tolist() == [0.25, 0.0]
+    assert "prompt_ids" not in seen  # text alone: the server tokenizes it
+    segments = Scorer(served, tok, max_len=8)(prompts, [traj(3, 0, episode=1), traj(3, 0, episode=1), traj(4, 1)])
+    assert segments.rewards.tolist() == [0.25, 0.25, 0.0]
     with pytest.raises(RewardError, match="for episodes cut into segments"):
         Scorer(served, tok, max_len=8, step_rewards=True)(
             prompts, [traj(3, 0, episode=1), traj(3, 0, episode=1), traj(4, 1)])  # two episodes: two rows scored
