@@ -297,6 +297,7 @@ MUON = "tests/unit/trainers/test_muon.py"
 WARMUP = "tests/unit/trainers/test_critic_warmup.py"
 REPLAY = "tests/unit/models/test_routing_replay.py"
 SERVED_RM = "tests/integration/test_serve_reward_model.py"
+SERVED_PRM = "tests/integration/test_serve_prm.py"
 FLIPPED = "test_replay_undoes_a_router_choice_that_flipped_between_rollout_and_training"
 
 SWITCH_OFFS = (
@@ -403,6 +404,12 @@ SWITCH_OFFS = (
               (f"{SERVED_RM}::test_concurrent_requests_share_forward_passes_of_batch_size_queries",
                f"{SERVED_RM}::test_pooled_calls_get_their_own_rows_or_the_error"),
               "each request its own call"),
+    SwitchOff("a process reward model's step rewards over HTTP (`serve-reward` of a PRM, `--reward.remote_url`)",
+              "rlhfkit.trainers.rl.scoring:Scorer.placed_steps", lambda original: lambda self, out, trajs: (None, out),
+              (f"{SERVED_PRM}::test_the_served_steps_land_where_the_in_process_ones_do[#]",
+               f"{SERVED_PRM}::test_the_served_steps_land_where_the_in_process_ones_do[#%]",
+               f"{SERVED_PRM}::test_an_rl_run_over_http_is_the_in_process_prm_run"),
+              "the aggregate as the scalar reward"),
     SwitchOff("a served reward model's query truncation (`serve-reward --data.max_len`)",
               "rlhfkit.rewards.reward_model:RewardModelFn.tokens", untruncated,
               (f"{SERVED_RM}::test_max_len_scores_the_first_tokens_of_a_long_query",
