@@ -68,3 +68,17 @@ def test_sharded_checkpoints_leave_the_frozen_4bit_base_out(tiny_folder):
     assert set(state) - set(kept) > names  # the weights and their quantization state (absmax, quant_map, ...)
     assert not any("base_layer" in k for k in kept)
     assert any("lora_A" in k for k in kept) and any("embed_tokens" in k for k in kept)
+
+
+def test_a_gathered_full_state_is_dequantized_from_the_whole_4bit_weights(tiny_folder):
+    """The full state gathered on one rank (`full_state_dict`, what FSDP on Ray sends its rollout workers) holds
+    the packed 4-bit bytes; `DequantizedState(policy, state)` dequantizes them from the weights every rank holds
+    whole: the merged result is one process's."""
+    plain = qlora_policy(tiny_folder)
+    want = {k: v for part in MergedLoraState(plain, DequantizedState(plain)).parts(2**62) for k, v in part.items()}
+    policy = fsdp.shard_model(qlora_policy(tiny_folder), 1)
+    full = fsdp.full_state_dict(policy)
+    assert full["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"].dtype == torch.uint8
+    merged = MergedLoraState(policy, DequantizedState(policy, full))
+    got = {k: v for part in merged.parts(2**62) for k, v in part.items()}
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
