@@ -372,7 +372,8 @@ def executor_budget(cfg: RLConfig, executor) -> TokenBudget:
 def sampling_params(cfg: RLConfig) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids))
+                          n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids),
+                          repetition_penalty=r.repetition_penalty)
 
 
 def prompt_options(cfg: RLConfig, eval: bool = False) -> dict:

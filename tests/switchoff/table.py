@@ -76,6 +76,10 @@ def nothing_kept(original):
     return lambda self, key, prompt, version: None  # every turn prefilled in full
 
 
+def unpenalized(original):
+    return lambda logits, seen, penalty: logits
+
+
 def never_rebuilt(original):
     return lambda self: (0,)  # the same stamp whatever the weights: the copy is never rebuilt
 
@@ -543,6 +547,11 @@ SWITCH_OFFS = (
               ("tests/unit/trainers/test_bf16_masters.py::test_the_residual_stream_stays_float32_under_autocast",
                "tests/unit/api/test_bf16_params_setup.py::test_bf16_parameters_get_float32_norms_and_residual"),
               "no hook: the residual stream is bf16"),
+    SwitchOff("the repetition penalty (--rollout.repetition_penalty)", "rlhfkit.rollout.sampling:penalize_repeats",
+              unpenalized, ("tests/unit/rollout/test_rollout_hf_engine.py::test_repetition_penalty_by_hand",
+                            "tests/unit/rollout/test_rollout_hf_engine.py::"
+                            "test_greedy_with_a_repetition_penalty_equals_model_generate[1.3]"),
+              "the logits unchanged"),
     SwitchOff("Tinker server: waiting requests of several clients batched",
               "rlhfkit.serving.tinker.queue:RequestQueue._take", oldest_alone,
               ("tests/unit/serving/test_tinker_queue.py::test_waiting_requests_group_and_each_client_keeps_its_order",
