@@ -195,9 +195,6 @@ def _validate_optim(cfg: RLConfig) -> None:
     """--actor.optim / --critic.optim, and the critic warm-up of --actor.freezing_steps."""
     for part in ("actor", "critic"):
         one_of(f"{part}.optim", getattr(cfg, part).optim, OPTIMS)
-        require(not (cfg.fsdp.enable and getattr(cfg, part).optim == "muon"),
-                f"--{part}.optim muon does not combine with --fsdp.enable yet (Newton-Schulz needs each whole "
-                f"matrix; FSDP shards them): use --{part}.optim adam or drop --fsdp.enable")
     estimator = cfg.algo.advantage.estimator
     require(cfg.actor.freezing_steps == 0 or estimator in CRITIC_ESTIMATORS,
             f"--actor.freezing_steps {cfg.actor.freezing_steps} warms up the critic, and --algo.advantage.estimator "

@@ -165,8 +165,6 @@ BEFORE_MODELS = [
     ("94-warm-up-without-a-critic", {"actor.freezing_steps": 2},
      "--actor.freezing_steps 2 warms up the critic, and --algo.advantage.estimator group_norm trains none: drop it, "
      "or use --algo.advantage.estimator gae"),
-    ("95-muon-with-fsdp", {"actor.optim": "muon", "fsdp.enable": "true"},
-     "--actor.optim muon does not combine with --fsdp.enable yet"),
     ("90-unknown-is-correction-type", {"algo.advantage.is_correction_type": "mis"},
      "--algo.advantage.is_correction_type: unknown value 'mis'; valid: tis, icepop, seq-mask-tis, seq_mask_tis"),
 ]

@@ -305,8 +305,6 @@ def test_notices_reach_the_cli(tmp_path, capsys, caplog):
     (["train", "rl", "--freezing_actor_steps", "5"], "error: --actor.freezing_steps 5 warms up the critic, and "
                                                      "--algo.advantage.estimator group_norm trains none"),
     (["train", "rl", "--actor.optim", "sgd"], "error: --actor.optim: unknown value 'sgd'; valid: adam, muon"),
-    (["train", "rl", "--critic.optim", "muon", "--fsdp.enable"],
-     "error: --critic.optim muon does not combine with --fsdp.enable yet"),
     (["train", "rl", "--stop_properly_penalty_coef", "1.5"],
      "error: --reward.stop_properly_penalty_coef must be < 0 or in [0, 1]"),
     (["train", "rl", "--param_dtype", "fp16"], "error: rlhfkit trains in float32 or bfloat16, not fp16"),
