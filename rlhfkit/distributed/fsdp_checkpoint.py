@@ -142,6 +142,7 @@ class ShardedCheckpointer(Checkpointer):
             raise CheckpointError(f"checkpoint {path} does not fit this run ({' '.join(str(exc).split())[:300]}); "
                                   "resume with the model and --algo.advantage.estimator of the run that wrote "
                                   "it") from exc
+        trainer.load_state_dict(state["trainer"])  # its weight sync sends the loaded weights: DCP loads in place
         for name, (module, _) in modules.items():
             model_state = shards[name]
             for tied, first in tied_names(get_model_state_dict(module)).items():
@@ -156,8 +157,6 @@ class ShardedCheckpointer(Checkpointer):
                 with torch.no_grad():
                     for e, (fqn, _) in zip(learner.ema, _trained(module), strict=True):
                         e.copy_(shards[f"ema.{module_name}"][fqn])
-        # after the weights: its weight sync (RLLoop.load_state_dict) sends the loaded ones to Ray rollout workers
-        trainer.load_state_dict(state["trainer"])
         set_rng_state(state["rng"])
         self.restore_best()
 
