@@ -280,6 +280,15 @@ def test_vllm_num_engines_is_the_number_of_ray_rollout_workers_on_the_ray_backen
     assert rl("--vllm_num_engines", "4").rollout.num_workers == 1  # one process: one engine
 
 
+def test_actor_gpus_are_the_fsdp_trainer_actors_on_the_ray_backend():
+    ray = ("--distributed.backend", "ray", "--fsdp.enable")
+    assert rl(*ray, "--actor_num_nodes", "2", "--actor_num_gpus_per_node", "4") == rl(*ray, "--fsdp.num_ranks", "8")
+    assert rl(*ray, "--actor.num_gpus_per_node", "4").fsdp.num_ranks == 4
+    assert rl(*ray, "--actor_num_gpus_per_node", "4", "--fsdp.num_ranks", "2").fsdp.num_ranks == 2  # ours wins
+    assert rl("--distributed.backend", "ray", "--actor_num_gpus_per_node", "4").fsdp.num_ranks == 1  # no FSDP
+    assert rl("--fsdp.enable", "--actor_num_gpus_per_node", "4").fsdp.num_ranks == 1  # torchrun's own count
+
+
 def test_a_switch_set_false_is_silent(caplog):
     with caplog.at_level(logging.WARNING, logger="rlhfkit"):
         assert rl("--gradient_checkpointing", "false", "--colocate_all_models", "0") == rl()
