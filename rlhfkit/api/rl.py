@@ -277,7 +277,8 @@ def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict, rank: int = 0,
     `address` first; rank 0 drives the rollout workers, the others follow (distributed.fsdp_ray)."""
     cfg = builder.resolve_autocast(cfg)  # before the rollout workers are made from it
     if not cfg.fsdp.enable:
-        return RLTrainer.build(cfg, plan, **kwargs, pool=lambda policy, tok: builder.build_pool(cfg, policy, tok)).train()
+        return RLTrainer.build(cfg, plan, **kwargs, pool=lambda policy, tok: builder.build_pool(cfg, policy, tok)
+                               ).train()
     from rlhfkit.distributed import fsdp_ray
 
     fsdp_ray.init_group(rank, world, address or fsdp_ray.free_address())

@@ -85,5 +85,6 @@ def test_async_training_on_two_trainer_actors(ws, cluster, tmp_path):  # noqa: F
     assert len(rank0) == len(rank1) == 3
     assert [r["async/staleness_max"] for r in rank0] == [0.0, 1.0, 1.0]
     assert all(a["actor/grad_norm"] == b["actor/grad_norm"] > 0 for a, b in zip(rank0, rank1))
-    init, final = load_file(ws / "tiny" / "model.safetensors"), load_file(tmp_path / "async" / "final" / "model.safetensors")
+    init = load_file(ws / "tiny" / "model.safetensors")
+    final = load_file(tmp_path / "async" / "final" / "model.safetensors")
     assert max(float((final[k] - init[k]).abs().max()) for k in init) > 1e-3
