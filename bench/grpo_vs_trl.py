@@ -182,7 +182,8 @@ def run_trl(steps: int, s: Setting) -> dict:
         num_generations=s.samples, max_completion_length=s.max_new, temperature=TEMP, beta=0.0, loss_type="dapo",
         scale_rewards="group", bf16=s.dtype == "bf16", use_cpu=True, report_to="none", logging_steps=1,
         save_strategy="no", seed=42, warmup_steps=0, max_grad_norm=1.0, adam_beta2=0.95, weight_decay=0.0,
-        disable_dropout=True, gradient_checkpointing=False,  # TRL's GRPO turns it on by default; rlhfkit's run has it off
+        disable_dropout=True,
+        gradient_checkpointing=False,  # TRL's GRPO turns it on by default; rlhfkit's run has it off
     )
     trainer = GRPOTrainer(model=str(materialize_smollm2()), reward_funcs=reward, args=args, train_dataset=ds,
                           callbacks=[Timer()])

@@ -100,7 +100,8 @@ def main() -> None:
         ("padded, random micro-batches", [select_rows(batch, perm[i : i + micro]) for i in range(0, n, micro)],
          contextlib.nullcontext),
         ("shared prefix, random micro-batches",
-         [pack_shared_prefix(batch, perm[i : i + micro], pad, 512) for i in range(0, n, micro)], contextlib.nullcontext),
+         [pack_shared_prefix(batch, perm[i : i + micro], pad, 512) for i in range(0, n, micro)],
+         contextlib.nullcontext),
         ("shared prefix, by group, head unfused", by_group, unfused_head),
         ("shared prefix, by group (the trainer)", by_group, contextlib.nullcontext),
     ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import PackageNotFoundError, version
 
-
 try:
     __version__ = version("rlhfkit")
 except PackageNotFoundError:  # run from a source tree that was never installed

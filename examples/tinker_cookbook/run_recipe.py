@@ -23,7 +23,6 @@ import random
 import sys
 from pathlib import Path
 
-
 # rl_loop's question suffix, so that chat.jsonl is a warm start for it
 SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."
 

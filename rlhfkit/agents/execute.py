@@ -63,9 +63,9 @@ import torch
 
 from rlhfkit.agents.base import AgentInstanceBase, new_instance, to_float
 from rlhfkit.agents.engine_adapter import EngineAdapter, EpisodeRecord, Generation, vllm_params
-from rlhfkit.agents.images import ImageEncoder
 from rlhfkit.agents.episode import agent_episode
 from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds
+from rlhfkit.agents.images import ImageEncoder
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import RewardError
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams

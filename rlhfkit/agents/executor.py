@@ -5,8 +5,8 @@ runs one `AgentInstance` per sample; each turn, the unfinished episodes are gene
 in one engine call on their own token context (prompt ids + every action and feedback token so
 far), then their `step()` coroutines run concurrently. The episodes are named to an engine that
 keeps an episode's KV cache across its turns (rollout.base.turn_kwargs; the HF engine), which then
-prefills only each turn's new tokens; it frees them as episodes finish and when the rollout ends. The feedback text is tokenized once and
-appended with loss_mask False (logprob 0); the trajectory is never re-tokenized from text.
+prefills only each turn's new tokens; it frees them as episodes finish and when the rollout ends. The feedback text is
+tokenized once and appended with loss_mask False (logprob 0); the trajectory is never re-tokenized from text.
 
 Budgets: an action has at most `budget.per_turn` new tokens (and what the total allows); a
 response (actions + feedback) has at most `budget.total` tokens; an episode has at most

@@ -123,8 +123,8 @@ def agent_takes_reward_fn(executor, cfg: RLConfig) -> bool:
 
 def build_executor(cfg: RLConfig, tools=None, environment_factory=None, agent=None):
     """The agent of --agent.func_path (a file, builtin:NAME or verifiers:ENV_ID) or `agent` (an agent function
-    for the OpenAI-compatible endpoint, a verifiers Environment, or an executor object with `run`); tool-calling episodes with `tools`
-    (functions), --agent.tools or an `environment_factory` class; else single-turn generation."""
+    for the OpenAI-compatible endpoint, a verifiers Environment, or an executor object with `run`); tool-calling
+    episodes with `tools` (functions), --agent.tools or an `environment_factory` class; else single-turn generation."""
     g = cfg.agent
     path = g.func_path
     tool_episodes = tools is not None or g.tools is not None or environment_factory is not None or g.env is not None
@@ -315,10 +315,12 @@ def worker_gpu_multiple(cfg: RLConfig) -> int:
     return cfg.vllm.tensor_parallel_size if cfg.rollout.engine == "vllm" else 1
 
 
-def build_pool(cfg: RLConfig, policy, tokenizer=None, delays: dict[int, float] | None = None, gathered=None):
+def build_pool(cfg: RLConfig, policy, tokenizer=None, delays: dict[int, float] | None = None,
+               images: dict | None = None, gathered=None):
     """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running), each an
     HF engine over a policy copy or (--rollout.engine vllm, `tokenizer` needed) a vLLM engine sent the
-    weights vLLM loads (`distributed.pool.engine_state`).
+    weights vLLM loads (`distributed.pool.engine_state`) and, with `images` (a vision-language policy's
+    VLLMEngine settings, api/vision.py), the prompts' decoded images.
     `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back).
     `gathered`: `full -> the policy's full state dict` where the policy is FSDP-sharded (rank 0 of the
     trainer actors: distributed.fsdp_ray.GatheredState); None: the policy's own state dict."""
@@ -338,12 +340,15 @@ def build_pool(cfg: RLConfig, policy, tokenizer=None, delays: dict[int, float] |
                           (lora.rank, lora.alpha, lora_targets(lora), lora.dropout) if lora.rank > 0 else None,
                           record_experts=cfg.actor.routing_replay, frozen_tower=cfg.actor.freeze_visual_encoder,
                           load_in_4bit=cfg.ds.load_in_4bit,
-                          vllm=vllm_worker_settings(cfg, policy, tokenizer, worker_gpus) if vllm else None)
+                          vllm={**vllm_worker_settings(cfg, policy, tokenizer, worker_gpus), **(images or {})}
+                          if vllm else None)
+
     def state_fn(full: bool):
         state = gathered(full) if gathered is not None else None
         return engine_state(policy, full, state) if vllm else policy_state(policy, state)
 
-    return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable, state_fn=state_fn)
+    return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable,
+                         state_fn=state_fn, decoded_images=vllm)
 
 
 def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):

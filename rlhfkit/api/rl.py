@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.api import builder
-from rlhfkit.api import run_folder
+from rlhfkit.api import builder, run_folder
 from rlhfkit.api import vision as V
 from rlhfkit.config import RLConfig
 from rlhfkit.config.opd import OPDConfig, validate_opd
@@ -98,8 +97,9 @@ def _engine_of(cfg: RLConfig, policy, tokenizer, processor, make_engine, pool, s
     vision-language policy, else the one --rollout.engine names."""
     if make_engine is not None:
         return make_engine(policy, tokenizer)
-    if pool is not None:
-        return pool(policy, tokenizer)
+    if pool is not None:  # a vision-language policy's vLLM engines get its image settings
+        vllm_images = processor is not None and cfg.rollout.engine == "vllm"
+        return pool(policy, tokenizer, V.vllm_image_settings(cfg, processor, policy.config) if vllm_images else None)
     if processor is not None:
         return V.build_engine(policy, tokenizer, cfg, processor, state_fn)
     return builder.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
@@ -124,7 +124,8 @@ class RLTrainer:
                  resume: tuple[Path, int] | None = None, skipped: int = 0, dp: tuple[int, int] = (0, 1),
                  reward_fn=None, processor=None):
         self.cfg, self.loop, self.run_dir, self.tracker = cfg, loop, run_dir, tracker
-        self.evaluator, self.checkpointer, self.resume, self.skipped, self.dp = evaluator, checkpointer, resume, skipped, dp
+        self.evaluator, self.checkpointer, self.resume = evaluator, checkpointer, resume
+        self.skipped, self.dp = skipped, dp
         self.reward_fn = reward_fn
         self.processor = processor  # a vision-language policy's processor (saved beside its weights), else None
 
@@ -173,9 +174,9 @@ class RLTrainer:
                 raise ConfigError("--distributed.backend ray builds its engines and callbacks in the trainer actor; "
                                   "drop make_engine / callbacks")
             if tools is not None or environment_factory is not None or agent is not None:
-                raise ConfigError("--distributed.backend ray: give tools as --agent.tools FILE:fn1,fn2, environments as "
-                                  "--agent.env FILE:Class and agents as --agent.func_path FILE (the trainer actor "
-                                  "loads them; Python objects cannot be sent to it here)")
+                raise ConfigError("--distributed.backend ray: give tools as --agent.tools FILE:fn1,fn2, "
+                                  "environments as --agent.env FILE:Class and agents as --agent.func_path FILE "
+                                  "(the trainer actor loads them; Python objects cannot be sent to it here)")
             return RayRLTrainer(cfg, plan, dict(reward_fn=reward_fn, train_dataset=train_dataset,
                                                 eval_dataset=eval_dataset, reward_weights=reward_weights))
         return cls.build(cfg, plan, reward_fn, train_dataset, eval_dataset, reward_weights=reward_weights,
@@ -187,9 +188,9 @@ class RLTrainer:
               reward_weights=None, callbacks: Sequence[Callable] = (), make_engine: Callable | None = None,
               pool=None, tools: Sequence[Callable] | None = None, environment_factory: Callable | None = None,
               agent: Any = None) -> RLTrainer:
-        """`from_config` in this process (in a Ray trainer actor, `pool` is its RayEnginePool), for a
-        config already validated into `plan`: inputs checked, the executor and rewards, the models and
-        engine, the prompts, then the run folder's pieces and the loop."""
+        """`from_config` in this process (in a Ray trainer actor, `pool(policy, tokenizer, images)` makes its
+        RayEnginePool), for a config already validated into `plan`: inputs checked, the executor and rewards,
+        the models and engine, the prompts, then the run folder's pieces and the loop."""
         # --actor.autocast auto: probe the device once, here
         cfg = builder.resolve_fsdp_dtype(builder.resolve_autocast(cfg))
         set_log_level(cfg.logger.log_level)
@@ -201,7 +202,7 @@ class RLTrainer:
         run_dir = run_folder.prepare_run_dir(cfg, rank)
         if vision_folder is not None:
             V.check_executor(cfg, executor)
-            V.check_engine(cfg)
+            V.check_engine(cfg, vision_folder)
         reward_fn = _reward_of(cfg, executor, reward_fn, reward_weights, device)
         policy, tokenizer, ref, critic = builder.build_models(cfg, device)
         processor = V.processor_of(vision_folder) if vision_folder else None
@@ -277,16 +278,18 @@ def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict, rank: int = 0,
     `address` first; rank 0 drives the rollout workers, the others follow (distributed.fsdp_ray)."""
     cfg = builder.resolve_autocast(cfg)  # before the rollout workers are made from it
     if not cfg.fsdp.enable:
-        return RLTrainer.build(cfg, plan, **kwargs, pool=lambda policy, tok: builder.build_pool(cfg, policy, tok)
-                               ).train()
+        def pool(policy, tokenizer, images):  # `images`: a vision-language policy's vLLM image settings, or None
+            return builder.build_pool(cfg, policy, tokenizer, images=images)
+
+        return RLTrainer.build(cfg, plan, **kwargs, pool=pool).train()
     from rlhfkit.distributed import fsdp_ray
 
     fsdp_ray.init_group(rank, world, address or fsdp_ray.free_address())
 
-    def engine(policy, tokenizer):  # the sharded policy's: rank 0 sends its gathered state to the workers
+    def engine(policy, tokenizer, images):  # the sharded policy's: rank 0 sends its gathered state to the workers
         if rank > 0:
             return fsdp_ray.FollowerEngine(policy)
-        return builder.build_pool(cfg, policy, tokenizer, gathered=fsdp_ray.GatheredState(policy))
+        return builder.build_pool(cfg, policy, tokenizer, images=images, gathered=fsdp_ray.GatheredState(policy))
 
     trainer = RLTrainer.build(cfg, plan, **kwargs, pool=engine)
     trainer.evaluator.evaluate = fsdp_ray.on_rank0(trainer.evaluator.evaluate, rank)  # samples on the workers

@@ -71,7 +71,8 @@ __all__ = ["SFTConfig", "RMConfig", "DPOConfig", "KTOConfig", "PRMConfig", "KDCo
 # One entry per kind: the validation, the dataset reader and the metrics drawn in curves.png.
 VALIDATE = {"sft": SFTConfig.check, "rm": RMConfig.check, "dpo": DPOConfig.check, "kto": KTOConfig.check,
             "prm": PRMConfig.check, "kd": KDConfig.check}
-LOADERS = {"sft": load_sft, "rm": load_pairs, "dpo": load_pairs, "kto": load_unpaired, "prm": load_steps, "kd": load_sft}
+LOADERS = {"sft": load_sft, "rm": load_pairs, "dpo": load_pairs, "kto": load_unpaired, "prm": load_steps,
+           "kd": load_sft}
 CURVES = {
     "sft": ["loss", "eval/loss", "lr"],
     "rm": ["loss", "accuracy", "eval/accuracy", "reward_margin"],
@@ -82,7 +83,8 @@ CURVES = {
 }
 
 
-def build_model(kind: str, cfg, device: torch.device | None = None) -> tuple[torch.nn.Module, Any, torch.nn.Module | None]:
+def build_model(kind: str, cfg,
+                device: torch.device | None = None) -> tuple[torch.nn.Module, Any, torch.nn.Module | None]:
     """(model, tokenizer, reference or None) on `device` (default: --model.device); LoRA adapters
     when --ds.lora.rank > 0; gradient checkpointing with --model.gradient_checkpointing_enable. A
     vision-language model: `train rm` builds a reward model over images on its base model
@@ -198,7 +200,8 @@ class SupervisedTrainer:
         self.checkpointer, self.resume = checkpointer, resume
         self.state = SupervisedState(algorithm)
         if checkpointer is not None:
-            algorithm.loop.callbacks.append(lambda loop, step, metrics: checkpointer.periodic(self.state, step, metrics))
+            algorithm.loop.callbacks.append(
+                lambda loop, step, metrics: checkpointer.periodic(self.state, step, metrics))
         self.run_dir = Path(cfg.ckpt.output_dir)
         self.train_items, self.eval_items = list(train_items), list(eval_items)
         self.skipped = skipped
@@ -209,9 +212,9 @@ class SupervisedTrainer:
     def from_config(cls, cfg, train_dataset: Source | None = None,
                     eval_dataset: Source | None = None):
         """Validate `cfg`, create the run folder (config.json; a bad --ckpt.output_dir fails here,
-        before the model loads), load the model and data, and make the loggers. A dataset is a path (.jsonl / .json / .parquet, a datasets folder), a list of
-        dicts, or a `datasets.Dataset` / `DatasetDict` (its "train" split); given ones win over
-        --data.dataset / --data.eval_dataset."""
+        before the model loads), load the model and data, and make the loggers. A dataset is a path (.jsonl / .json /
+        .parquet, a datasets folder), a list of dicts, or a `datasets.Dataset` / `DatasetDict` (its "train" split);
+        given ones win over --data.dataset / --data.eval_dataset."""
         if not isinstance(cfg, cls.config_class):
             name = cls.config_class.__name__
             raise ConfigError(f"{cls.__name__}.from_config needs a {name} (e.g. "

@@ -22,10 +22,12 @@ LoRA (--ds.lora.rank) adapts the language model and the projector, and the tower
 Estimators with a critic (gae) build it from the VLM: its values see the images (models/critic.py).
 
 Ray rollout workers (distributed/), FSDP (distributed/fsdp.py), QLoRA (models/vision.py) and the vLLM
-engine (rollout/vllm.py: each prompt's decoded images as vLLM's multi-modal data) run with images.
-Not supported with images yet (one-line errors): agent files of OpenRLHF's mid-2025
-`execute(prompt, label, sampling_params)` contract, the vLLM engine for a family whose processor
-wraps its image tokens in others (Gemma 3), and vLLM engines on Ray rollout workers (`check_engine`).
+engine, in the trainer's process or on Ray rollout workers (rollout/vllm.py: each prompt's decoded images
+as vLLM's multi-modal data, its image tokens as the placeholders vLLM expands: rollout/vllm_images.py),
+run with images. Not supported with images yet (one-line errors): agent files of OpenRLHF's mid-2025
+`execute(prompt, label, sampling_params)` contract, and the vLLM engine for a family whose image tokens
+rlhfkit does not turn back into vLLM's placeholders (`check_engine`: SmolVLM, Idefics3, InternVL, Gemma 4,
+Gemma 3 with pan and scan).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from rlhfkit.models.vision import (
     vision_parts,
 )
 from rlhfkit.rollout.vision import VisionEngine, placeholder_ids
-from rlhfkit.rollout.vllm import collapse_image_runs
+from rlhfkit.rollout.vllm_images import ImagePrompt, image_prompt_of, vllm_prompt_ids
 
 PACKAGED_TEXT_MODELS = ("smollm2",)
 
@@ -116,14 +118,13 @@ def check_executor(cfg: RLConfig, executor) -> None:
                       "an agent function or tools; see docs/vision.md")
 
 
-def check_engine(cfg: RLConfig) -> None:
-    """ConfigError (before models load) for vLLM engines on Ray rollout workers: they are not given a
-    vision-language policy's image settings yet (the vLLM engine in the trainer's process and HF
-    engines on Ray workers run with images)."""
-    if cfg.rollout.engine == "vllm" and cfg.distributed.backend == "ray":
-        raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run on vLLM engines in "
-                          "Ray rollout workers yet: use --rollout.engine hf with --distributed.backend ray, or the "
-                          "vllm engine in the trainer's process (--distributed.backend local)")
+def check_engine(cfg: RLConfig, folder: str) -> None:
+    """ConfigError (before models load) for --rollout.engine vllm (in the trainer's process or on Ray rollout
+    workers) with a policy whose images it does not send (`vllm_image_settings`)."""
+    if cfg.rollout.engine == "vllm":
+        from transformers import AutoConfig
+
+        vllm_image_settings(cfg, processor_of(folder), AutoConfig.from_pretrained(folder))
 
 
 def attach_processor(processor, max_images: int, *executors) -> None:
@@ -172,31 +173,38 @@ def build_engine(policy, tokenizer, cfg: RLConfig, processor, state_fn=None):
 
 
 def vllm_image_settings(cfg: RLConfig, processor, config) -> dict:
-    """The VLLMEngine settings of a vision-language policy (`config`: its transformers config): its image
-    token, its placeholder tokens (never sampled) and --data.max_images_per_prompt. ConfigError for a
-    family whose processor does more than repeat the image token where the chat template puts one
-    (Gemma 3 wraps it in others): the engine collapses each run of the image token to one for vLLM,
-    which expands it again."""
-    image = getattr(config, "image_token_id", None)
-    image = getattr(config, "image_token_index", None) if image is None else image
-    if image is None or not expands_by_repeating(processor, int(image)):
-        raise ConfigError(f"--rollout.engine vllm does not send the images of {cfg.actor.model_name_or_path} yet (its "
-                          "processor expands an image into more than a run of its image token, as Gemma 3's does); "
-                          "use --rollout.engine hf")
-    return {"image_token_id": int(image), "banned_ids": placeholder_ids(config),
-            "max_images": cfg.data.max_images_per_prompt}
+    """The VLLMEngine settings of a vision-language policy (`config`: its transformers config): how its images
+    stand in vLLM's token prompts (`rollout.vllm_images.ImagePrompt`), its placeholder tokens (never sampled)
+    and --data.max_images_per_prompt. ConfigError for a family whose image tokens rlhfkit does not turn into
+    the placeholders vLLM expands (`matches_template`: checked on a one-image chat turn)."""
+    prompt = image_prompt_of(config, processor.tokenizer)
+    if prompt is None or not matches_template(processor, prompt) or pan_and_scan(processor):
+        raise ConfigError(f"--rollout.engine vllm does not send the images of {cfg.actor.model_name_or_path} yet: its "
+                          "processor expands an image into tokens rlhfkit does not turn back into the placeholder "
+                          "vLLM expands (a run of one image token, or Gemma 3's <start_of_image> span without "
+                          "pan and scan, its tokenizer holding tokens of one to four newlines; docs/vision.md); use "
+                          "--rollout.engine hf")
+    return {"image_prompt": prompt, "banned_ids": placeholder_ids(config), "max_images": cfg.data.max_images_per_prompt}
 
 
-def expands_by_repeating(processor, image_token_id: int) -> bool:
-    """Whether the processor expands a one-image chat turn by repeating `image_token_id` alone: its
-    ids with each run of the image token cut to one are the template's text tokenized as it is."""
+def matches_template(processor, prompt: ImagePrompt) -> bool:
+    """Whether a one-image chat turn, as the processor expands it, becomes the template's text tokenized as it is
+    (one placeholder for the image, what vLLM expands) under `prompt`'s rule."""
     from PIL import Image
 
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}]
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     expanded, _ = encode(processor, text, [Image.new("RGB", (56, 56))])
     plain = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
-    return collapse_image_runs(expanded, image_token_id) == list(plain)
+    try:
+        return vllm_prompt_ids(expanded, prompt) == (list(plain), 1)
+    except ConfigError:
+        return False
+
+
+def pan_and_scan(processor) -> bool:
+    """Whether Gemma 3's processor crops images (pan and scan: more spans and text per image)."""
+    return bool(getattr(getattr(processor, "image_processor", None), "do_pan_and_scan", False))
 
 
 def processor_of(folder: str):

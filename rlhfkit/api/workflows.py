@@ -35,9 +35,8 @@ from typing import Any
 
 import torch
 
-from rlhfkit.api import builder
-from rlhfkit.api import run_folder
 from rlhfkit.agents.executor import episode_rows
+from rlhfkit.api import builder, run_folder
 from rlhfkit.api.rl import load_examples_fn
 from rlhfkit.api.supervised import DPOTrainer, SFTTrainer
 from rlhfkit.config.generate import (
@@ -52,8 +51,8 @@ from rlhfkit.config.parse import to_dict
 from rlhfkit.config.preference import DPOConfig, PolicyModelConfig, RefModelConfig
 from rlhfkit.config.rl import BaseLoggerConfig
 from rlhfkit.config.sft import (
-    SFTModelConfig,
     SFTConfig,
+    SFTModelConfig,
     SupervisedCkptConfig,
     SupervisedDataConfig,
 )

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import time
 
-from rlhfkit.api.run_folder import prepare_run_dir
 from rlhfkit.api.rl import RLTrainer
+from rlhfkit.api.run_folder import prepare_run_dir
 from rlhfkit.config import RLConfig
 from rlhfkit.data.prompts import PromptExample, tokenize_prompts
 from rlhfkit.data.synthetic import arithmetic_problems

@@ -8,9 +8,9 @@ Takes the flags of `rlhfkit train rl` (the model, the data keys and the --eval.*
 
 Draws --eval.n_samples completions per prompt (--rollout.max_new_tokens each) and reports
 eval/pass@k and eval/maj@k from --eval.verifier (default: the training reward,
---reward.remote_url), plus eval/reward and eval/accuracy from --reward.remote_url when one is
-given. With --agent.tools (or --agent.func_path) each sample is a whole episode of up to
---agent.max_turns turns, scored as in training (an agent that gives its own rewards needs no
+--reward.remote_url or --reward.model_name_or_path), plus eval/reward and eval/accuracy from the
+training reward when one is given. With --agent.tools (or --agent.func_path) each sample is a whole
+episode of up to --agent.max_turns turns, scored as in training (an agent that gives its own rewards needs no
 reward flag); the tool counters are reported too (eval/tool_calls, eval/episodes_with_call,
 eval/tools/valid_call_rate, eval/tools/NAME/calls, ...). Writes <output_dir>/eval.json (metrics
 and settings) and <output_dir>/eval_samples.jsonl (one line per sample: prompt, label, response,
@@ -68,11 +68,11 @@ def run(argv: list[str]) -> int:
         V.check_executor(cfg, executor)
     if hasattr(executor, "fallback_reward_fn"):  # an agent function through the endpoint
         return run_agent_eval(cfg, executor, vision)
-    if not (e.verifier or cfg.reward.remote_url or executor.provides_rewards):
+    if not (e.verifier or has_reward(cfg) or executor.provides_rewards):
         raise ConfigError("nothing to score with: pass --eval.verifier (builtin:math or a reward file) "
-                          "and/or --reward.remote_url")
+                          "and/or --reward.remote_url or --reward.model_name_or_path")
     options = _checked_options(cfg, vision)
-    reward_fn = load_reward(cfg.reward) if cfg.reward.remote_url else None
+    reward_fn = training_reward(cfg)
     verifier = load_reward(e.verifier) if e.verifier else None  # fail fast, before the model
     out, t0, engine, tokenizer, items, skipped = _load(cfg, options, vision, executor)
     evaluator = make_evaluator(cfg, items, reward_fn, verifier, executor)
@@ -87,8 +87,8 @@ def run_agent_eval(cfg: RLConfig, executor, vision: str | None = None) -> int:
 
     e = cfg.eval
     options = _checked_options(cfg, vision)
-    if cfg.reward.remote_url:
-        executor.fallback_reward_fn = load_reward(cfg.reward)
+    if has_reward(cfg):
+        executor.fallback_reward_fn = training_reward(cfg)
     out, t0, engine, tokenizer, items, skipped = _load(cfg, options, vision, executor)
     params = dataclasses.replace(sampling_params(cfg), temperature=e.temperature, n=e.n_samples)
     metrics, rows = evaluate_agent(executor, engine, tokenizer, items, params, token_budget(cfg, multi_turn=True),
@@ -96,6 +96,19 @@ def run_agent_eval(cfg: RLConfig, executor, vision: str | None = None) -> int:
     return _report(cfg, out, t0, metrics, rows, len(items), skipped,
                    f"{cfg.actor.model_name_or_path} with agent {cfg.agent.func_path} on {len(items)} prompts x "
                    f"{e.n_samples} episodes")
+
+
+def has_reward(cfg: RLConfig) -> bool:
+    return cfg.reward.remote_url is not None or cfg.reward.model_name_or_path is not None
+
+
+def training_reward(cfg: RLConfig):
+    """The training reward of --reward.remote_url or --reward.model_name_or_path (a reward model scoring on
+    --actor.device, --train.micro_batch_size samples a pass; a process reward model's scalar is its weakest
+    step's P(good): eval reads no per-token reward, whatever the estimator), or None."""
+    if not has_reward(cfg):
+        return None
+    return load_reward(cfg.reward, cfg.train.micro_batch_size, run_device(cfg), estimator="gae")
 
 
 def _checked_options(cfg: RLConfig, vision: str | None = None) -> dict:

@@ -65,8 +65,10 @@ def serve_reward_help(cmd: Command) -> str:
     from rlhfkit.config import help as flag_help
     from rlhfkit.config.serve import ServeRewardConfig
 
-    return flag_help.help_text(ServeRewardConfig, usage="usage: rlhfkit serve-reward --reward.remote_url "
-                               "FILE.py [--port N] [flags]\n", intro=flag_help.section_doc(ServeRewardConfig))
+    return flag_help.help_text(ServeRewardConfig, aliases=ServeRewardConfig.ALIASES,
+                               usage="usage: rlhfkit serve-reward --reward.remote_url FILE.py | "
+                               "--reward.model_name_or_path RM_FOLDER [--port N] [flags]\n",
+                               intro=flag_help.section_doc(ServeRewardConfig))
 
 
 def serve_model_help(cmd: Command) -> str:
@@ -135,8 +137,9 @@ COMMANDS: tuple[Command, ...] = (
             "-> generations.jsonl", generate_help, "run_generate"),
     Command("lora", SUPERVISED, "fold a LoRA adapter into its base: rlhfkit lora merge --lora.adapter DIR "
             "--ckpt.output_dir OUT", lora_help, "run_lora", shown="lora merge"),
-    Command("serve-reward", "rlhfkit.cli.serve_reward", "a reward file over HTTP: rlhfkit serve-reward "
-            "--reward.remote_url FILE.py --port N", serve_reward_help),
+    Command("serve-reward", "rlhfkit.cli.serve_reward", "a reward file or a reward model over HTTP: rlhfkit "
+            "serve-reward --reward.remote_url FILE.py | --reward.model_name_or_path RM_FOLDER --port N",
+            serve_reward_help),
     Command("serve-training", "rlhfkit.cli.serve_training", "Tinker's training API for the tinker SDK: "
             "rlhfkit serve-training --model NAME [--lora.rank R | --full]", serve_training_help),
     Command("serve", "rlhfkit.cli.serve_model", "an OpenAI-compatible server of a model for any OpenAI client: "

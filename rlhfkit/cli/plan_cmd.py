@@ -24,8 +24,8 @@ from pathlib import Path
 from rlhfkit.api.builder import prompt_options, prompt_source
 from rlhfkit.api.vision import data_options, policy_folder
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
-from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings, response_tokens
+from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.data.images import check_vision_prompts
 from rlhfkit.data.prompts import check_prompts
 from rlhfkit.errors import ConfigError

@@ -13,19 +13,32 @@ from rlhfkit.config.serve_training import ServeTrainingConfig, validate_serve_tr
 from rlhfkit.models.loading import load_policy, resolve_model
 from rlhfkit.models.memory import GiB, count_params, memory_estimate
 from rlhfkit.models.precision import DTYPES, resolve_device
+from rlhfkit.models.vision import (
+    is_vision_config,
+    is_vision_model,
+    load_processor,
+    vision_sizes,
+)
 from rlhfkit.serving.tinker.app import make_app
 from rlhfkit.serving.tinker.host import ModelHost
 
 
 def memory_lines(config: dict, dtype: str, full: bool) -> list[str]:
-    """The plan-style estimate for one training client (a micro-batch of one 2048-token datum)."""
+    """The plan-style estimate for one training client (a micro-batch of one 2048-token datum); a
+    vision-language model's language model with the tower's and projector's parameters (its images'
+    tokens count towards the datum's 2048, the tower's activations are left out)."""
+    params = None
+    if is_vision_config(config):
+        sizes = vision_sizes(config)
+        config, params = sizes["text"], sizes["total"]
     est = memory_estimate(config, param_dtype=dtype, compute_dtype=dtype, micro_batch_size=1, decode_batch=8,
-                          prompt_len=1024, max_new_tokens=1024, with_ref=False, with_critic=False)
+                          prompt_len=1024, max_new_tokens=1024, with_ref=False, with_critic=False, params=params)
     if not full:  # LoRA: gradients and Adam moments of the adapters only (a few MB), not of the base
         est["peak"] -= est["gradients"] + est["optimizer"]
         est["gradients"] = est["optimizer"] = 0
     kind = "full" if full else "LoRA"
-    lines = [f"parameters {count_params(config) / 1e6:.1f}M ({dtype}); per {kind} client, one 2048-token datum:"]
+    total = params or count_params(config)
+    lines = [f"parameters {total / 1e6:.1f}M ({dtype}); per {kind} client, one 2048-token datum:"]
     return lines + [f"  {k:<12} {est[k] / GiB:8.3f} GiB" for k in ("weights", "gradients", "optimizer",
                                                                        "activations", "kv_cache", "peak")]
 
@@ -35,9 +48,11 @@ def build_host(cfg: ServeTrainingConfig) -> ModelHost:
     device = resolve_device(cfg.device, "--device")
     path, _ = resolve_model(cfg.model)
     model, tokenizer = load_policy(cfg.model, cfg.dtype)
+    processor = load_processor(path) if is_vision_model(model) else None  # images in ModelInputs
     print("\n".join(memory_lines(model.config.to_dict(), cfg.dtype, cfg.full)), flush=True)
     return ModelHost(model.to(DTYPES[cfg.dtype]), tokenizer, cfg.model, cfg.output_dir, device, full=cfg.full,
-                     default_rank=cfg.lora.rank, tokenizer_id=path)
+                     default_rank=cfg.lora.rank, tokenizer_id=path, batch_tokens=cfg.max_batch_tokens,
+                     processor=processor)
 
 
 def run(argv: list[str]) -> int:

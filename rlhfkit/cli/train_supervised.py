@@ -45,7 +45,8 @@ def run(kind: str, argv: list[str]) -> int:
 def run_lora(argv: list[str]) -> int:
     """`rlhfkit lora merge --lora.adapter DIR [--lora.base DIR] --ckpt.output_dir OUT`."""
     if not argv or argv[0] != "merge":
-        raise ConfigError("usage: rlhfkit lora merge --lora.adapter ADAPTER_DIR [--lora.base BASE] --ckpt.output_dir OUT")
+        raise ConfigError("usage: rlhfkit lora merge --lora.adapter ADAPTER_DIR [--lora.base BASE] "
+                          "--ckpt.output_dir OUT")
     flags = {"lora.adapter": None, "lora.base": None, "ckpt.output_dir": None}
     rest = argv[1:]
     for i in range(0, len(rest), 2):

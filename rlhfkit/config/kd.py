@@ -13,7 +13,13 @@ from rlhfkit.config.checks import require
 from rlhfkit.config.openrlhf import KD_ALIASES
 from rlhfkit.config.parse import Alias
 from rlhfkit.config.ranges import validate_table
-from rlhfkit.config.sft import SUPERVISED_RANGES, SFTModelConfig, SupervisedCkptConfig, SupervisedConfig, validate_common
+from rlhfkit.config.sft import (
+    SUPERVISED_RANGES,
+    SFTModelConfig,
+    SupervisedCkptConfig,
+    SupervisedConfig,
+    validate_common,
+)
 
 
 @dataclass(frozen=True)

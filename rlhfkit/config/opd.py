@@ -19,8 +19,16 @@ from dataclasses import dataclass, field
 
 from rlhfkit.config.checks import require
 from rlhfkit.config.parse import parse_config
-from rlhfkit.config.rl import (RL_ALIASES, AdvantageConfig, AlgoConfig, CkptConfig, RLConfig, RolloutConfig,
-                               TrainConfig, validate)
+from rlhfkit.config.rl import (
+    RL_ALIASES,
+    AdvantageConfig,
+    AlgoConfig,
+    CkptConfig,
+    RLConfig,
+    RolloutConfig,
+    TrainConfig,
+    validate,
+)
 
 # OpenRLHF's train_opd names (and the model section's) for flags of ours.
 OPD_ALIASES: dict = {

@@ -58,6 +58,4 @@ def validate_prm(cfg: PRMConfig) -> PRMConfig:
     require(not d.apply_chat_template and d.input_template is None,
             "train prm reads --data.input_key's text as it is: drop --data.apply_chat_template / "
             "--data.input_template and render the text in the data")
-    require(not cfg.ds.packing_samples, "--ds.packing_samples is not supported by train prm yet (it pads its "
-            "micro-batches); drop the flag")
     return cfg

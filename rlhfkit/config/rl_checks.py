@@ -8,8 +8,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlhfkit.config.checks import (
-    check_keep_best, check_qlora,
-    check_device, check_input_template, check_micro_batches, divisor_hint, one_of, require,
+    check_device,
+    check_input_template,
+    check_keep_best,
+    check_micro_batches,
+    check_qlora,
+    divisor_hint,
+    one_of,
+    require,
 )
 from rlhfkit.config.ranges import ORDERED, check_ranges, validate_table
 
@@ -55,7 +61,8 @@ RL_RANGES = validate_table({
     **{f"{part}.muon.{k}": v for part in ("actor", "critic") for k, v in MUON_RANGES.items()},
     "actor.freezing_steps": ">= 0",
     "actor.lr_warmup_ratio": "[0, 1]", "actor.min_lr_ratio": "[0, 1]", "actor.max_norm": ">= 0",
-    "actor.eps_clip_low_high": ("[0, 1]", ">= 0"), "actor.dual_clip": "> 1", "actor.entropy_coef": ">= 0", "actor.aux_loss_coef": ">= 0",
+    "actor.eps_clip_low_high": ("[0, 1]", ">= 0"), "actor.dual_clip": "> 1", "actor.entropy_coef": ">= 0",
+    "actor.aux_loss_coef": ">= 0",
     "actor.ema_beta": "[0, 1]", "actor.sapo_temperatures": "> 0", "actor.clip_cov_ratio": "[0, 1]",
     "actor.clip_cov_bounds": ORDERED, "actor.kl_cov_ratio": "[0, 1]", "actor.kl_cov_coef": ">= 0",
     "actor.vespo_k": ">= 0", "actor.vespo_lambda": "> 0",

@@ -36,7 +36,8 @@ class ServedDistributed:
 
 @dataclass(frozen=True)
 class ServeTrainingConfig:
-    """`rlhfkit serve-training`: Tinker's training API for the official `tinker` SDK (`pip install 'rlhfkit[tinker]'`)."""
+    """`rlhfkit serve-training`: Tinker's training API for the official `tinker` SDK
+    (`pip install 'rlhfkit[tinker]'`)."""
 
     model: str = "smollm2"
     """The base model: an HF folder, a hub name (org/name) or smollm2. Clients name it as base_model."""
@@ -58,9 +59,14 @@ class ServeTrainingConfig:
     """The key clients send (their TINKER_API_KEY; starts with tml-); none = a random one, printed at start."""
     max_request_bytes: int = 64 << 20
     """Refuse request bodies larger than this (HTTP 413)."""
+    max_batch_tokens: int = 4096
+    """Most padded tokens (rows x longest row) in one forward of forward / forward_backward: the data of
+    the requests run together (several clients' included) are cut into forwards of at most this many;
+    a longer datum runs alone."""
 
 
 SERVE_TRAINING_RANGES = validate_table({"port": "[1, 65535]", "max_request_bytes": ">= 1", "lora.rank": ">= 1",
+                                        "max_batch_tokens": ">= 1",
                                         "distributed.num_cpus": ">= 1", "distributed.num_gpus": ">= 0",
                                         "distributed.num_threads": ">= 1"})
 

@@ -13,14 +13,33 @@ import logging
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rlhfkit.config.checks import (check_device, check_input_template, check_keep_best, check_micro_batches,
-                                   check_qlora, one_of, require)
+from rlhfkit.config.checks import (
+    check_device,
+    check_input_template,
+    check_keep_best,
+    check_micro_batches,
+    check_qlora,
+    one_of,
+    require,
+)
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
 from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
-from rlhfkit.config.rl import (ADAM_RANGES, DTYPES, LOG_LEVELS, LR_SCHEDULERS, MUON_RANGES, OPTIMS, SEED_RANGE,
-                               WANDB_MODES, AdamConfig, BaseLoggerConfig, CkptConfig, LoraConfig, MuonConfig)
-
+from rlhfkit.config.rl import (
+    ADAM_RANGES,
+    DTYPES,
+    LOG_LEVELS,
+    LR_SCHEDULERS,
+    MUON_RANGES,
+    OPTIMS,
+    SEED_RANGE,
+    WANDB_MODES,
+    AdamConfig,
+    BaseLoggerConfig,
+    CkptConfig,
+    LoraConfig,
+    MuonConfig,
+)
 
 log = logging.getLogger("rlhfkit")
 
@@ -235,7 +254,8 @@ SUPERVISED_RANGES = validate_table({
     "data.max_images_per_prompt": ">= 1",
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_epochs": ">= 1", "train.max_steps": ">= 1",
     "train.lr_warmup_ratio": "[0, 1]", "train.min_lr_ratio": "[0, 1]", "train.max_norm": ">= 0",
-    "train.eval_steps": "-1 or >= 1", "train.seed": SEED_RANGE, "train.num_threads": ">= 1", "model.aux_loss_coef": ">= 0",
+    "train.eval_steps": "-1 or >= 1", "train.seed": SEED_RANGE, "train.num_threads": ">= 1",
+    "model.aux_loss_coef": ">= 0",
     "ckpt.save_steps": "-1 or >= 1", "ckpt.max_num": ">= 1",
     **{f"adam.{k}": v for k, v in ADAM_RANGES.items()},
     **{f"muon.{k}": v for k, v in MUON_RANGES.items()},

@@ -416,7 +416,7 @@ def compute_advantages(
         if reward_clip is not None:
             shaped = shaped.clamp(min=reward_clip[0], max=reward_clip[1])
         per_token = token_rewards(shaped, kl, kl_coef, loss_mask, dense_rewards)
-        if spec.needs_critic:
+        if spec.needs_critic and values is not None:  # a critic's spec always has values: checked above
             advantages, returns = gae(per_token, values, loss_mask, gamma, lam)
         else:
             returns = discounted_returns(per_token, loss_mask, gamma)

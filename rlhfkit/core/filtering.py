@@ -22,7 +22,8 @@ def keep_groups_in_range(group_ids: torch.Tensor, scores: torch.Tensor, low: flo
     """
     uniq, inverse = group_ids.unique(return_inverse=True)
     sums = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inverse, scores.double())
-    counts = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inverse, torch.ones_like(scores, dtype=torch.float64))
+    counts = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inverse,
+                                                                    torch.ones_like(scores, dtype=torch.float64))
     means = sums / counts
     group_ok = (means > low) & (means < high)
     return group_ok[inverse], int((~group_ok).sum())

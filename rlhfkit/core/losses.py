@@ -15,8 +15,15 @@ import torch.nn.functional as F
 from rlhfkit.core.aggregate import aggregate_loss
 from rlhfkit.core.masks import masked_mean
 from rlhfkit.core.surrogates import LOG_RATIO_LIMIT as _LOG_RATIO_LIMIT
-from rlhfkit.core.surrogates import RATIO_LEVELS, cispo_policy_loss, clip_cov_loss, gmpo_loss, kl_cov_loss
-from rlhfkit.core.surrogates import sapo_loss, vespo_loss
+from rlhfkit.core.surrogates import (
+    RATIO_LEVELS,
+    cispo_policy_loss,
+    clip_cov_loss,
+    gmpo_loss,
+    kl_cov_loss,
+    sapo_loss,
+    vespo_loss,
+)
 from rlhfkit.core.tables import lookup
 
 

@@ -126,8 +126,11 @@ def merge_recorded(first: torch.Tensor | None, later: torch.Tensor | None, lengt
                    dtype: torch.dtype) -> torch.Tensor:
     """The codes ``[length, L, k]`` of a sequence computed in pieces (an agent episode's turns): each
     token keeps the experts of the first forward that recorded it (`first`, the earlier turns' codes),
-    `later` fills the tokens it does not know, `missing_code` the rest. Either may be None or shorter."""
+    `later` fills the tokens it does not know, `missing_code` the rest. Either may be None or shorter
+    (not both: the codes' shape comes from them)."""
     sample = first if first is not None else later
+    if sample is None:
+        raise ValueError("merge_recorded: first and later are both None; give at least one")
     out = torch.full((length, *sample.shape[1:]), missing_code(dtype), dtype=dtype)
     if later is not None:
         n = min(length, later.shape[0])

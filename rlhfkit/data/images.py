@@ -22,6 +22,8 @@ images match in number. Each failure is a DataError naming the source, the recor
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import io
 import re
@@ -118,6 +120,25 @@ def open_image(value: Any, where: str, base_dir: Path | None = None, cache_dir: 
     return _decode(found, where, text)
 
 
+def data_url_bytes(url: str, where: str) -> bytes:
+    """The bytes of a `data:image/<format>;base64,<data>` URL; DataError naming `where` for another kind of
+    URL or data that is not base64."""
+    header, comma, data = url.partition(",")
+    if not (url.startswith("data:image/") and comma and header.endswith(";base64")):
+        raise DataError(f"{where}: image URL {url[:40]!r}...: give a data:image/<format>;base64,<data> URL")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise DataError(f"{where}: the data URL is not valid base64 ({exc})") from exc
+
+
+def image_data_url(image) -> str:
+    """A PIL image as a `data:image/png;base64,...` URL (lossless: it decodes to the same pixels)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
 def _checked(image, where: str, name: str):
     w, h = image.size
     if w * h > MAX_IMAGE_PIXELS:
@@ -158,7 +179,8 @@ def _fetch(url: str, where: str, cache_dir: Path | None) -> bytes:
         with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response:
             data = response.read()
     except Exception as exc:
-        raise DataError(f"{where}: image URL {url} cannot be fetched ({type(exc).__name__}: {first_line(exc)})") from exc
+        raise DataError(f"{where}: image URL {url} cannot be fetched "
+                        f"({type(exc).__name__}: {first_line(exc)})") from exc
     cache.mkdir(parents=True, exist_ok=True)
     tmp = file.with_suffix(".part")
     tmp.write_bytes(data)

@@ -163,16 +163,64 @@ def load_steps(source: Source, fmt: TextFormat, placeholder: str, reward_tokens:
     return nonempty(samples, skipped, max_len, source), skipped
 
 
-def collate_steps(samples: Sequence[StepSample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded [B, L] tensors: input_ids, attention_mask (long), step_mask (bool), targets."""
+@dataclass
+class StepBatch:
+    """Step-labelled samples laid out for one forward: B right-padded rows (`collate_steps`), or the B
+    samples end to end in one row (`pack_steps`, the layout of data/packing.py's PackedBatch: position ids
+    restart at 0 for each sample and there is no attention mask, so transformers keeps every sample's
+    attention inside it). Either way `step_mask` selects the step ends sample by sample, in order, so
+    `targets[step_mask]` lines up with the model's outputs at `step_mask` in both layouts. L = the row width.
+
+    input_ids       LongTensor [B, L], or [1, L] packed
+    attention_mask  LongTensor [B, L] (1 = a token), or None packed
+    position_ids    None, or LongTensor [1, L] packed (0..len_b-1 for each sample b)
+    step_mask       BoolTensor like input_ids: True at each step end
+    targets         FloatTensor like input_ids: P(good step) wanted at the step ends, 0 elsewhere
+    lengths         LongTensor [B]: each sample's tokens
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    position_ids: torch.Tensor | None
+    step_mask: torch.Tensor
+    targets: torch.Tensor
+    lengths: torch.Tensor
+
+    def padded(self, pad_id: int = 0) -> StepBatch:
+        """The same samples as `collate_steps` lays them out (for a model that cannot keep the samples of a
+        packed row apart; padding is masked out, so any `pad_id` gives the same outputs)."""
+        if self.position_ids is None:
+            return self
+        cuts = self.lengths.tolist()
+        rows = zip(*(t[0].split(cuts) for t in (self.input_ids, self.step_mask, self.targets)))
+        return collate_steps([StepSample(ids, mask, targets) for ids, mask, targets in rows], pad_id)
+
+
+def collate_steps(samples: Sequence[StepSample], pad_id: int) -> StepBatch:
+    """Right-padded rows [B, L]: input_ids, attention_mask (long), step_mask (bool), targets."""
     width = max(s.input_ids.numel() for s in samples)
 
     def pad(t: torch.Tensor, value) -> torch.Tensor:
         return torch.nn.functional.pad(t, (0, width - t.numel()), value=value)
 
-    return {
-        "input_ids": torch.stack([pad(s.input_ids, pad_id) for s in samples]),
-        "attention_mask": torch.stack([pad(torch.ones_like(s.input_ids), 0) for s in samples]),
-        "step_mask": torch.stack([pad(s.step_mask, False) for s in samples]),
-        "targets": torch.stack([pad(s.targets, 0.0) for s in samples]),
-    }
+    return StepBatch(
+        input_ids=torch.stack([pad(s.input_ids, pad_id) for s in samples]),
+        attention_mask=torch.stack([pad(torch.ones_like(s.input_ids), 0) for s in samples]),
+        position_ids=None,
+        step_mask=torch.stack([pad(s.step_mask, False) for s in samples]),
+        targets=torch.stack([pad(s.targets, 0.0) for s in samples]),
+        lengths=torch.tensor([s.input_ids.numel() for s in samples], dtype=torch.long),
+    )
+
+
+def pack_steps(samples: Sequence[StepSample]) -> StepBatch:
+    """The samples end to end in one row [1, L] (L = their total tokens; no padding, no attention mask)."""
+    lengths = torch.tensor([s.input_ids.numel() for s in samples], dtype=torch.long)
+    return StepBatch(
+        input_ids=torch.cat([s.input_ids for s in samples]).unsqueeze(0),
+        attention_mask=None,
+        position_ids=torch.cat([torch.arange(n) for n in lengths.tolist()]).unsqueeze(0),
+        step_mask=torch.cat([s.step_mask for s in samples]).unsqueeze(0),
+        targets=torch.cat([s.targets for s in samples]).unsqueeze(0),
+        lengths=lengths,
+    )

@@ -89,7 +89,8 @@ class TextFormat:
         self.tokenizer, self.chat, self.template = tokenizer, apply_chat_template, input_template
         self.renderer = tokenizer  # whose apply_chat_template renders the conversation (a VLM: its processor)
 
-    def encode(self, prompt: Any, response: Any, where: str, all_turns: bool, record: dict | None = None) -> TokenSample:
+    def encode(self, prompt: Any, response: Any, where: str, all_turns: bool,
+               record: dict | None = None) -> TokenSample:
         """prompt: a string or a message list; response: a string, or None when `prompt` is a
         whole conversation. `all_turns`: every assistant turn is a target, else only the last.
         `record`: the whole record (a format that reads more of it, e.g. its images)."""
@@ -170,7 +171,8 @@ def _as_messages(value: Any, where: str) -> list[dict]:
         return [{"role": "user", "content": value}]
     if is_messages(value):
         return list(value)
-    raise DataError(f"{where}: expected a string or a list of {{'role', 'content'}} messages, got {type(value).__name__}")
+    raise DataError(f"{where}: expected a string or a list of {{'role', 'content'}} messages, "
+                    f"got {type(value).__name__}")
 
 
 def _as_str(value: Any, where: str) -> str:
@@ -332,5 +334,6 @@ def load_unpaired(source: Source, fmt: TextFormat, prompt_key: str = "prompt", o
 
 def nonempty(items: list, skipped: int, max_len: int, source: Source) -> list:
     if not items:
-        raise DataError(f"{source_name(source)}: all {skipped} samples are longer than --data.max_len {max_len} tokens; raise it")
+        raise DataError(f"{source_name(source)}: all {skipped} samples are longer than --data.max_len {max_len} "
+                        "tokens; raise it")
     return items

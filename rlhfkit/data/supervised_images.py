@@ -46,7 +46,8 @@ class VisionTextFormat(TextFormat):
         self._queue: list = []
         self._parts: list[VisionInputs] = []
 
-    def encode(self, prompt: Any, response: Any, where: str, all_turns: bool, record: dict | None = None) -> TokenSample:
+    def encode(self, prompt: Any, response: Any, where: str, all_turns: bool,
+               record: dict | None = None) -> TokenSample:
         images = record_images(record or {}, self.image_key)
         messages, values = messages_with_images(prompt, images, where)
         if len(values) > self.max_images:

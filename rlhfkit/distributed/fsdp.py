@@ -13,9 +13,9 @@ What each process does (every rank runs the same RL loop on the same data):
   loaded part by part on the GPU, `StreamedState`). This replicates the generation work: splitting
   rollouts across ranks is what the Ray workers of docs/scaling.md ("Ray cluster") are for.
 - The update is data-parallel: each rank takes an equal slice of every optimizer step's rows
-  (`RLTrainer.dp`, `RLTrainer.rank_share`: whole groups with the shared-prefix layout), the losses are already divided by the WHOLE step's token/sequence counts
-  (core.aggregate), and FSDP's reduce-scatter SUMS the gradients (divide factor 1), so the step
-  equals the single-process step on the same global batch (tests/integration/test_fsdp.py).
+  (`RLTrainer.dp`, `RLTrainer.rank_share`: whole groups with the shared-prefix layout), the losses are already divided
+  by the WHOLE step's token/sequence counts (core.aggregate), and FSDP's reduce-scatter SUMS the gradients (divide
+  factor 1), so the step equals the single-process step on the same global batch (tests/integration/test_fsdp.py).
 - A critic (gae) is sharded the same way and trained data-parallel beside the policy; an EMA of the
   policy (--actor.ema_beta) is kept shard by shard.
 - A vision-language model (models/vision.py) is sharded alike: each decoder layer of its language

@@ -11,14 +11,15 @@ workers with LoRA: the adapter weights; vLLM workers: the weights vLLM loads, `e
 Synchronous pools wait until every worker holds the version before sampling; an asynchronous
 pool does not wait, and a worker's trajectories carry the version it actually used.
 
-Images (a vision-language policy): `generate(..., vision=[...])` takes each prompt's image tensors
+Images (a vision-language policy): `generate(..., vision=[...])` takes each prompt's images
 (`data.images.VisionInputs`, as the trainer's processor made them); a shard's are put in the object
-store once (`ray.put`, reused when its prompts are re-issued; without the decoded images a
-VisionInputs may keep for the vLLM engine) and its worker prefills them with the prompts. They are shipped as the tensors, not as the decoded images to encode again on the worker:
-exactly what the trainer's forward sees, and the images an agent's environment returned mid-episode
-have no decoded copy here. The trajectories come back without them and `gather` puts the trainer's
-own VisionInputs on each (`info["vision"]`, shared by a prompt's samples, as in one process), so
-they cross the object store once, one way.
+store once (`ray.put`, reused when its prompts are re-issued) in the form its workers' engine takes
+(`for_workers`): HF engines get the image tensors alone (exactly what the trainer's forward sees, not
+the decoded images to encode again) and prefill them with the prompts; vLLM engines get the decoded
+images alone (vLLM runs its own processor on them; the VisionInputs keep every image they were computed
+from, an agent environment's too). The trajectories come back without them and `gather` puts the
+trainer's own VisionInputs on each (`info["vision"]`, shared by a prompt's samples, as in one process),
+so they cross the object store once, one way.
 
 Fault tolerance: a worker that dies (RayActorError) is replaced by a new actor loaded with the
 current weights and version, and the shards it held are re-issued to it with the same prompts and
@@ -79,12 +80,13 @@ class RayEnginePool:
       version: the initial policy version (sent to the workers at once).
       state_fn: `full -> state` a worker loads: with `full` everything a new worker needs, else what a
         weight update changes (may be less); default `policy_state` of the policy either way.
+      decoded_images: the workers' engines take the prompts' decoded images (vLLM), not their tensors (HF).
     """
 
     def __init__(self, policy: torch.nn.Module, make_worker: Callable[[int], object], num_workers: int,
                  wait_for_weights: bool = True, patience_s: float = 2.0, version: int = 0,
-                 state_fn: Callable[[bool], Mapping[str, torch.Tensor]] | None = None):
-        self.policy, self.make_worker = policy, make_worker
+                 state_fn: Callable[[bool], Mapping[str, torch.Tensor]] | None = None, decoded_images: bool = False):
+        self.policy, self.make_worker, self.decoded_images = policy, make_worker, decoded_images
         self.state_fn = state_fn or (lambda full: policy_state(policy))
         self.wait_for_weights, self.patience_s = wait_for_weights, patience_s
         self.workers = [make_worker(i) for i in range(num_workers)]
@@ -162,7 +164,7 @@ class RayEnginePool:
     def _generate_on(self, shard: Shard, params: SamplingParams, fresh: bool):
         patience = None if fresh or self.wait_for_weights else self.patience_s
         if shard.vision is not None and shard.vision_ref is None:  # once: a re-issued shard sends the same reference
-            shard.vision_ref = ray.put([v if v is None else replace(v, images=()) for v in shard.vision])
+            shard.vision_ref = ray.put(for_workers(shard.vision, self.decoded_images))
         return shard.actor.generate.options(concurrency_group="generate").remote(
             shard.prompts, params, shard.seeds, shard.group_ids, self._version, patience, shard.vision_ref)
 
@@ -209,6 +211,13 @@ def shard_images(vision: Sequence | None, start: int, stop: int) -> list | None:
     return part if any(v is not None for v in part) else None
 
 
+def for_workers(vision: list, decoded_images: bool) -> list:
+    """The prompts' VisionInputs as the workers' engines take them: the decoded images alone (vLLM) or the image
+    tensors alone (HF engines)."""
+    keep = (lambda v: replace(v, tensors={})) if decoded_images else (lambda v: replace(v, images=()))
+    return [v if v is None else keep(v) for v in vision]
+
+
 def with_images(trajs: list[Trajectory], vision: list | None, n: int) -> list[Trajectory]:
     """A shard's trajectories (prompt i's `n` samples at i*n ... i*n + n - 1) with their prompt's image
     tensors put back (`info["vision"]`, the trainer's own VisionInputs, one object per prompt)."""
@@ -222,11 +231,12 @@ def with_images(trajs: list[Trajectory], vision: list | None, n: int) -> list[Tr
 def engine_state(policy: torch.nn.Module, full: bool,
                  state: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """What a vLLM rollout worker loads (an engine without peft or bitsandbytes): the policy's state
-    dict, or for a LoRA policy the adapters merged into their layers (QLoRA: into the dequantized
-    4-bit base; `models.lora.MergedLoraSource`), everything with `full`, else the adapted modules.
-    `state`: the policy's full state dict where the module holds shards (as for `policy_state`)."""
+    dict but its frozen parameters (a vision tower under --actor.freeze_visual_encoder: vLLM holds it as
+    loaded from the same files), or for a LoRA policy the adapters merged into their layers (QLoRA: into
+    the dequantized 4-bit base; `models.lora.MergedLoraSource`), everything with `full`, else the adapted
+    modules. `state`: the policy's full state dict where the module holds shards (as for `policy_state`)."""
     if not hasattr(policy, "peft_config"):
-        return dict(policy.state_dict() if state is None else state)
+        return policy_state(policy, state)
     return MergedLoraSource(policy, None if state is None else lambda: state).state(full).as_dict()
 
 

@@ -13,10 +13,12 @@ version that produced it. In synchronous mode the pool waits for every worker to
 a version before it asks for samples, so that version is exactly the trainer's. A state staged while
 an older one waits is merged over it (a later sync may carry only the layers that changed).
 
-Vision-language models: `generate` takes each prompt's image tensors (`vision`, the trainer's
-`data.images.VisionInputs`, shipped through the object store) and prefills them with the prompt. The
-trajectories go back without them: the pool puts the trainer's own copy back on each
-(`RayEnginePool.gather`), so the tensors cross the object store once, one way.
+Vision-language models: `generate` takes each prompt's images (`vision`, the trainer's
+`data.images.VisionInputs`, shipped through the object store): an HF engine its image tensors, prefilled
+with the prompt; a vLLM engine its decoded images, sent as vLLM's multi-modal data (its `vllm` settings
+carry the image settings, api/vision.py's `vllm_image_settings`). The trajectories go back without them:
+the pool puts the trainer's own copy back on each (`RayEnginePool.gather`), so the images cross the object
+store once, one way.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ from rlhfkit.models.vision import (
 )
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
-from rlhfkit.rollout.vllm import VLLMEngine
 from rlhfkit.rollout.vision import VisionEngine
+from rlhfkit.rollout.vllm import VLLMEngine
 
 WORKER_GROUPS = {"generate": 1, "weights": 1}
 
@@ -63,7 +65,9 @@ class RolloutWorker:
         (bitsandbytes quantizes the same files the same way), the adapters over them as with `lora`.
       vllm: VLLMEngine's keyword arguments (eos_ids, dtype, seed, gpu_memory_utilization, ...): the
         worker holds a vLLM engine instead, which loads `model_path` and then what the pool sends
-        (the full weights, with LoRA merged into their layers) through its own load path.
+        (the full weights but a frozen tower, with LoRA merged into their layers) through its own load
+        path; for a vision-language policy they include its image settings (image_prompt, banned_ids,
+        max_images).
       frozen_tower: a vision-language policy trained with --actor.freeze_visual_encoder: with
         `lora`, the adapters go outside the vision tower, as on the trainer's policy.
     """

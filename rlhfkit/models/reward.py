@@ -142,19 +142,24 @@ def mark_prm(model: torch.nn.Module, placeholder_token: str, reward_tokens: tupl
     setattr(model.config, PRM_KEY, {"placeholder_token": placeholder_token, "reward_tokens": list(reward_tokens)})
 
 
-def step_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                step_mask: torch.Tensor, reward_ids: list[int]) -> torch.Tensor:
+def step_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                step_mask: torch.Tensor, reward_ids: list[int], position_ids: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """The logits of the reward tokens at the step ends: input_ids, attention_mask, step_mask [B, L]
-    (right-padded) -> [N, len(reward_ids)] float32, N = step_mask.sum(), in row-major order. Llama-like
+    (right-padded; or one packed row [1, L] with `position_ids` restarting at 0 for each sample and no
+    attention mask) -> [N, len(reward_ids)] float32, N = step_mask.sum(), in row-major order. Llama-like
     models run the LM head on the N positions only; others take the full forward's logits."""
     from rlhfkit.models.logprobs import split_backbone
 
     device = input_ids.device
     parts = split_backbone(model)
     ids = torch.tensor(reward_ids, device=device)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if position_ids is not None:
+        inputs["position_ids"] = position_ids
     if parts is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        logits = model(**inputs).logits
         return logits[step_mask.to(logits.device)][:, ids].float()
     backbone, head = parts
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = backbone(**inputs).last_hidden_state
     return head(hidden[step_mask.to(hidden.device)])[:, ids].float()

@@ -4,8 +4,8 @@ code, for tests and demos.
 Nothing is read from a hub or from disk. `tiny_model_and_tokenizer(arch=...)` builds a 2-layer
 model of any architecture in `ARCHITECTURES` (random weights, small sizes) whose distinctive
 parts act even at these sizes: sliding windows narrower than a test's rows, soft-capped
-attention and logits, partial rotary embeddings, absolute positions, a head with a bias. The tokenizer has one token per character of a small
-alphabet (digits, letters, arithmetic and punctuation, space, newline) plus <pad>, <bos>, <eos>,
+attention and logits, partial rotary embeddings, absolute positions, a head with a bias. The tokenizer has one token per
+character of a small alphabet (digits, letters, arithmetic and punctuation, space, newline) plus <pad>, <bos>, <eos>,
 and a minimal chat template so `apply_chat_template` works. Both round-trip through
 `save_pretrained` / `from_pretrained`.
 """

@@ -396,7 +396,10 @@ def vision_sizes(config: dict, image_tokens: int | None = None) -> dict:
     hf_config = AutoConfig.for_model(config["model_type"], **fields)
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(hf_config)
-    count = lambda parts: sum(p.numel() for _, m in parts for p in m.parameters())
+
+    def count(parts) -> int:
+        return sum(p.numel() for _, m in parts for p in m.parameters())
+
     tower = count(vision_parts(model))
     projector = count(vision_parts(model, projector=True)) - tower
     v = hf_config.vision_config
@@ -419,7 +422,10 @@ def image_layout(hf_config) -> tuple[int | None, float]:
     scale_factor^2), InternVL (tiles, downsampled by downsample_ratio a side), Gemma 4 (pooled
     pooling_kernel_size^2, as many tokens as the image's aspect ratio gives)."""
     v = hf_config.vision_config
-    side = lambda x: x[0] if isinstance(x, (list, tuple)) else x
+
+    def side(x):
+        return x[0] if isinstance(x, (list, tuple)) else x
+
     size, patch = side(getattr(v, "image_size", None)), side(getattr(v, "patch_size", None))
     grid = (size // patch) ** 2 if size and patch else None
     for merge in (getattr(v, "spatial_merge_size", None) and v.spatial_merge_size ** 2,

@@ -29,7 +29,6 @@ import torch
 
 from rlhfkit.errors import RewardError
 
-
 _REAL_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 

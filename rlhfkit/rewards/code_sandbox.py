@@ -274,8 +274,8 @@ class CodeSandbox:
         """None when a child starts and imports the standard library; else what went wrong."""
         try:
             with tempfile.TemporaryFile() as err:
-                with self.started("import json, math, os\nif HOOK:\n    _install_hook()\n", "", stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=err) as proc:
+                with self.started("import json, math, os\nif HOOK:\n    _install_hook()\n", "",
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err) as proc:
                     timed_out, code = self.wait(proc, timeout=30)
                 if (timed_out, code) == (False, 0):
                     return None

@@ -1,6 +1,7 @@
 """Exact-answer math reward: pull a number out of a response and compare it with the label.
 
-String logic (sympy only through math-verify in the "latex" mode). Numbers are read by one regular expression, with these choices:
+String logic (sympy only through math-verify in the "latex" mode). Numbers are read by one regular expression, with
+these choices:
   * a minus sign belongs to the number when it does not follow a letter, digit, '.' or '-'
     ("-5" and "x = -5" give -5; "3-5" gives 3 then 5);
   * commas group thousands only in groups of exactly three digits: "1,234" is 1234 and

@@ -2,11 +2,15 @@
 
 The protocol is OpenRLHF's: POST JSON {"query": [B str], "prompts": [B str], "labels": [B]}
 and receive {"rewards": [B], "scores": [B] (optional), "extra_logs": {...} (optional)} or a
-bare list of B numbers. A batch is cut into requests of at most `batch_size` queries, dealt
-round-robin to the URLs (sharding), and sent concurrently. A request that fails (connection
-refused, timeout, 5xx) is retried `max_retries` times with exponential backoff; a server that
-stays down or answers garbage (not JSON, 4xx, wrong length, NaN) stops the run with a
-`RewardError` naming the URL.
+bare list of B numbers. When the prompts carry images (the `prompt_images=` of a vision-language
+policy's batch), each request also holds what a reward model over images reads (rewards/server.py):
+"raw_prompts" (each prompt's messages, image parts as bare `{"type": "image"}` placeholders),
+"responses" and "images" (each prompt's images as PNG data: URLs, in placeholder order).
+
+A batch is cut into requests of at most `batch_size` queries, dealt round-robin to the URLs
+(sharding), and sent concurrently. A request that fails (connection refused, timeout, 5xx) is
+retried `max_retries` times with exponential backoff; a server that stays down or answers garbage
+(not JSON, 4xx, wrong length, NaN) stops the run with a `RewardError` naming the URL.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import httpx
 import torch
 
+from rlhfkit.data.images import image_data_url
 from rlhfkit.errors import RewardError
 from rlhfkit.rewards.base import RewardOutput, normalize_reward_output
 
@@ -47,7 +52,8 @@ class RemoteRewardFn:
         n = len(queries)
         starts = list(range(0, n, self.batch_size))
         jobs = [(self.urls[k % len(self.urls)], s, min(s + self.batch_size, n)) for k, s in enumerate(starts)]
-        outs = asyncio.run(self._gather(jobs, queries, prompts, labels)) if jobs else []
+        extra = image_fields(kwargs)
+        outs = asyncio.run(self._gather(jobs, queries, prompts, labels, extra)) if jobs else []
         if not outs:
             return RewardOutput(torch.zeros(0), torch.zeros(0))
         names = {k for o in outs for k in o.extra_logs}
@@ -57,11 +63,12 @@ class RemoteRewardFn:
             extra_logs={k: torch.cat([o.extra_logs.get(k, torch.zeros(o.batch_size)) for o in outs]) for k in names},
         )
 
-    async def _gather(self, jobs, queries, prompts, labels) -> list[RewardOutput]:
+    async def _gather(self, jobs, queries, prompts, labels, extra: dict) -> list[RewardOutput]:
         async with httpx.AsyncClient(timeout=self.timeout, headers=self.headers) as client:
             return list(await asyncio.gather(*(
                 self._post(client, url, {"query": queries[a:b], "prompts": prompts[a:b],
-                                         "labels": [_jsonable(x) for x in labels[a:b]]})
+                                         "labels": [_jsonable(x) for x in labels[a:b]],
+                                         **{k: v[a:b] for k, v in extra.items()}})
                 for url, a, b in jobs)))
 
     async def _post(self, client: httpx.AsyncClient, url: str, payload: dict) -> RewardOutput:
@@ -88,6 +95,31 @@ class RemoteRewardFn:
             return normalize_reward_output(body, n, source=f"server {url}")
         raise RewardError(f"reward server {url} failed after {self.max_retries + 1} attempts ({last}); "
                           "is it running? start it with `rlhfkit serve-reward`")
+
+
+def image_fields(kwargs: dict) -> dict:
+    """The per-query fields a reward model over images reads ({} when no prompt has images): raw_prompts
+    (image parts as bare placeholders), responses and images (PNG data: URLs)."""
+    images = kwargs.get("prompt_images")
+    if not images or not any(images):
+        return {}
+    return {"raw_prompts": [_placeholders(p) for p in kwargs["raw_prompts"]], "responses": list(kwargs["responses"]),
+            "images": [None if ims is None else [image_data_url(im) for im in ims] for ims in images]}
+
+
+def _placeholders(raw: Any) -> Any:
+    """A prompt (a string or messages) with each image part as a bare `{"type": "image"}` (its image travels in
+    "images", in this order)."""
+    if isinstance(raw, str) or not isinstance(raw, list):
+        return raw
+    out = []
+    for m in raw:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            content = [{"type": "image"} if isinstance(p, dict) and p.get("type") == "image" else p for p in content]
+            m = {**m, "content": content}
+        out.append(m)
+    return out
 
 
 def _jsonable(x: Any) -> Any:

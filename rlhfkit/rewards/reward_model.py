@@ -1,10 +1,12 @@
 """Reward functions backed by a trained model (`train rl --reward.model_name_or_path`).
 
-`RewardModelFn`: a sequence-classification reward model (`rlhfkit train rm`). It follows the reward-function contract of rewards/base.py: `queries` (prompt + response
-text, special tokens kept) are tokenized with the reward model's own tokenizer (the RM may not
-share the policy's vocabulary, as in OpenRLHF), scored at the last token, and normalised with
+`RewardModelFn`: a sequence-classification reward model (`rlhfkit train rm`). It follows the reward-function contract of
+rewards/base.py: `queries` (prompt + response text, special tokens kept) are tokenized with the reward model's own
+tokenizer (the RM may not share the policy's vocabulary, as in OpenRLHF), scored at the last token, and normalised with
 the `mean` / `std` that `rlhfkit train rm` stored in the RM's config:
-reward = (score - mean) / std. The raw score is logged as `reward_extra/rm_score`.
+reward = (score - mean) / std. The raw score is logged as `reward_extra/rm_score`. With `max_len`
+a query longer than that is cut to `max_len` tokens on its tokenizer's `truncation_side` (the end,
+unless the tokenizer says "left"), as OpenRLHF's reward server cuts them (`rlhfkit serve-reward`).
 
 `VisionRewardModelFn`: a reward model over images (models/vision_reward.py); each sample is the prompt's
 messages with its images (`prompt_images`) and the response, rendered by the RM's own processor.
@@ -52,27 +54,37 @@ from rlhfkit.rewards.base import RewardOutput
 class RewardModelFn:
     """reward_func(queries, prompts, labels, **kwargs) backed by a sequence-classification RM."""
 
-    def __init__(self, path: str | Path, micro_batch_size: int = 8, normalize: bool = True,
-                 model=None, tokenizer=None, device: torch.device | str = "cpu", offload: bool = False):
-        """`device`: where it scores; `offload`: kept on the CPU between calls, moved to `device` for each."""
+    def __init__(self, path: str | Path, micro_batch_size: int | None = 8, normalize: bool = True,
+                 model=None, tokenizer=None, device: torch.device | str = "cpu", offload: bool = False,
+                 max_len: int | None = None):
+        """`micro_batch_size`: queries per forward (None: a call's all at once); `device`: where it scores;
+        `offload`: kept on the CPU between calls, moved to `device` for each; `max_len`: most tokens of a
+        query (None: no limit)."""
         self.model = (model or load_reward_model(path)).eval().requires_grad_(False)
         self.device, self.offload = torch.device(device), offload
         if not offload:
             self.model.to(self.device)
         self.tokenizer = tokenizer or load_tokenizer(path)
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_size, self.max_len = micro_batch_size, max_len
         self.mean, self.std = normalization(self.model) if normalize else (0.0, 1.0)
 
     @torch.no_grad()
     def __call__(self, queries: list[str], prompts: list[str], labels: list, **kwargs) -> RewardOutput:
+        step = self.micro_batch_size or max(len(queries), 1)
         with on_device(self.model, self.device if self.offload else None):
-            scores = torch.cat([self._score(queries[i : i + self.micro_batch_size]).cpu()
-                                for i in range(0, len(queries), self.micro_batch_size)])
+            scores = torch.cat([self._score(queries[i : i + step]).cpu() for i in range(0, len(queries), step)])
         rewards = (scores - self.mean) / self.std
         return RewardOutput(rewards=rewards, scores=rewards.clone(), extra_logs={"rm_score": scores})
 
+    def tokens(self, text: str) -> list[int]:
+        """The reward model's token ids of a query (no special tokens added), cut to `max_len`."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if self.max_len is None or len(ids) <= self.max_len:
+            return ids
+        return ids[-self.max_len :] if self.tokenizer.truncation_side == "left" else ids[: self.max_len]
+
     def _score(self, texts: list[str]) -> torch.Tensor:
-        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        ids = [self.tokens(t) for t in texts]
         width = max(len(x) for x in ids)
         pad = self.tokenizer.pad_token_id
         input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
@@ -104,10 +116,12 @@ class VisionRewardModelFn:
     token and normalised with the `mean` / `std` of its config; the raw score is logged as
     `reward_extra/rm_score`. Images an environment returns during an agent episode are not shown to it."""
 
-    def __init__(self, path: str | Path, micro_batch_size: int = 8, normalize: bool = True,
-                 device: torch.device | str = "cpu", offload: bool = False):
-        """`device`: where it scores; `offload`: kept on the CPU between calls, moved to `device` for each."""
-        self.model = load_reward_model(path).eval().requires_grad_(False)
+    def __init__(self, path: str | Path, micro_batch_size: int | None = 8, normalize: bool = True,
+                 device: torch.device | str = "cpu", offload: bool = False, model=None):
+        """`micro_batch_size`: samples per forward (None: a call's all at once); `device`: where it scores;
+        `offload`: kept on the CPU between calls, moved to `device` for each; `model`: the loaded reward model
+        (None: loaded from `path` in float32)."""
+        self.model = (model or load_reward_model(path)).eval().requires_grad_(False)
         self.processor = load_processor(str(resolve_model_path(path)))
         self.device, self.offload = torch.device(device), offload
         if not offload:
@@ -128,14 +142,14 @@ class VisionRewardModelFn:
         raw, responses = kwargs.get("raw_prompts"), kwargs.get("responses")
         if raw is None or responses is None:
             raise RewardError(f"{self.where} scores a prompt's messages and images with the response: it needs "
-                              "the trainer's raw_prompts= and responses= (it cannot be served over HTTP)")
+                              "the trainer's raw_prompts= and responses=")
         images = kwargs.get("prompt_images") or [None] * len(raw)
         samples = [self.sample(p, r, im, f"{self.where}, sample {i}")
                    for i, (p, r, im) in enumerate(zip(raw, responses, images))]
-        pad = self.processor.tokenizer.pad_token_id
+        pad, step = self.processor.tokenizer.pad_token_id, self.micro_batch_size or max(len(samples), 1)
         with on_device(self.model, self.device if self.offload else None):
-            scores = torch.cat([batch_scores(self.model, collate(samples[i : i + self.micro_batch_size], pad)).cpu()
-                                for i in range(0, len(samples), self.micro_batch_size)])
+            scores = torch.cat([batch_scores(self.model, collate(samples[i : i + step], pad)).cpu()
+                                for i in range(0, len(samples), step)])
         rewards = (scores - self.mean) / self.std
         return RewardOutput(rewards=rewards, scores=rewards.clone(), extra_logs={"rm_score": scores})
 
@@ -246,8 +260,8 @@ class ProcessRewardFn:
         marked = [_marked(row, len(p), marks) for row, p, (_, marks, _) in zip(rows, prompts, laid)]
         batch = collate_steps(marked, self.tokenizer.pad_token_id)
         device = model_device(self.model)
-        z = step_logits(self.model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                        batch["step_mask"].to(device), self.reward_ids)
+        z = step_logits(self.model, batch.input_ids.to(device), batch.attention_mask.to(device),
+                        batch.step_mask.to(device), self.reward_ids)
         good = torch.softmax(z, dim=-1)[:, 0].cpu()
         out = list(good.split([len(ends) for _, _, ends in laid]))
         for b, (_, _, ends) in enumerate(laid):

@@ -6,24 +6,40 @@ bearer token (when one is set), 413 for a body over `max_request_bytes` (checked
 so a huge body is never held in memory), 422 for malformed JSON or fields, 500 when the reward
 function fails (its `RewardError` message is the answer's "detail"). `GET /health` says ok.
 The reward function runs in a worker thread, so an async reward function works too.
+
+A reward model over images (`read_images`) also needs, per query, the prompt's messages and images
+and the response: "raw_prompts" [B] (a string or chat messages whose image parts are bare
+`{"type": "image"}` placeholders), "responses" [B str] and "images" [B] (each a list of
+`data:image/<format>;base64,...` URLs in placeholder order, or null). They reach the reward function
+as `raw_prompts=`, `responses=` and `prompt_images=` (decoded images). Paths and http(s) URLs are
+refused (422): the server reads no file and fetches nothing a request names.
+
+`PooledReward` lets concurrent requests share the model's passes (`rlhfkit serve-reward` serves a
+reward model through it).
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from rlhfkit.errors import RewardError
-from rlhfkit.rewards.base import RewardFn
+from rlhfkit.data.images import data_url_bytes, open_image
+from rlhfkit.errors import DataError, RewardError
+from rlhfkit.rewards.base import RewardFn, RewardOutput
 
 
-def make_app(reward_fn: RewardFn, token: str | None = None, max_request_bytes: int = 8 << 20) -> FastAPI:
-    """The FastAPI app serving `reward_fn` (see the module docstring)."""
+def make_app(reward_fn: RewardFn, token: str | None = None, max_request_bytes: int = 8 << 20,
+             read_images: bool = False) -> FastAPI:
+    """The FastAPI app serving `reward_fn` (see the module docstring; `app.state.reward_fn` is it)."""
     app = FastAPI(title="rlhfkit reward server")
+    app.state.reward_fn = reward_fn
 
     @app.get("/health")
     async def health() -> dict:
@@ -33,9 +49,13 @@ def make_app(reward_fn: RewardFn, token: str | None = None, max_request_bytes: i
     async def get_reward(request: Request) -> dict:
         _check_token(request, token)
         body = await read_limited(request, max_request_bytes)
-        queries, prompts, labels = _parse(body)
+        data = _json(body)
+        queries, prompts, labels = _parse(data)
+        if not queries:
+            return {"rewards": [], "scores": [], "extra_logs": {}}
+        extra = _image_fields(data, len(queries)) if read_images else {}
         try:
-            out = await run_in_threadpool(reward_fn, queries, prompts, labels)
+            out = await run_in_threadpool(reward_fn, queries, prompts, labels, **extra)
         except RewardError as exc:
             raise HTTPException(status_code=500, detail=str(exc)) from exc
         return {"rewards": out.rewards.tolist(), "scores": out.scores.tolist(),
@@ -65,11 +85,14 @@ async def read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _parse(body: bytes) -> tuple[list[str], list[str], list[Any]]:
+def _json(body: bytes) -> Any:
     try:
-        data = json.loads(body)
+        return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise HTTPException(status_code=422, detail="body is not JSON") from None
+
+
+def _parse(data: Any) -> tuple[list[str], list[str], list[Any]]:
     if not isinstance(data, dict) or not isinstance(data.get("query"), list):
         raise HTTPException(status_code=422, detail='body must be {"query": [...], "prompts": [...], "labels": [...]}')
     queries = data["query"]
@@ -81,3 +104,91 @@ def _parse(body: bytes) -> tuple[list[str], list[str], list[Any]]:
     if len(prompts) != n or not isinstance(labels, list) or len(labels) != n:
         raise HTTPException(status_code=422, detail=f"{n} queries need {n} prompts and {n} labels")
     return queries, prompts, labels
+
+
+def _image_fields(data: dict, n: int) -> dict:
+    """raw_prompts=, responses= and prompt_images= (opened images) of a request to a reward model over images."""
+    raw, responses, images = data.get("raw_prompts"), data.get("responses"), data.get("images")
+    if not (isinstance(raw, list) and isinstance(responses, list) and len(raw) == len(responses) == n):
+        raise HTTPException(status_code=422, detail=f"a reward model over images needs {n} raw_prompts (the prompts' "
+                            f"messages) and {n} responses beside the {n} queries")
+    if not all(isinstance(r, str) for r in responses):
+        raise HTTPException(status_code=422, detail="responses must be a list of strings")
+    images = [None] * n if images is None else images
+    if not isinstance(images, list) or len(images) != n:
+        raise HTTPException(status_code=422, detail=f"images must be a list of {n} lists of data: URLs (or null)")
+    return {"raw_prompts": raw, "responses": responses,
+            "prompt_images": [_open_images(urls, i) for i, urls in enumerate(images)]}
+
+
+def _open_images(urls: Any, i: int) -> list | None:
+    if urls is None:
+        return None
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        raise HTTPException(status_code=422, detail=f"images[{i}] must be a list of data:image/...;base64 URLs")
+    try:
+        return [open_image(data_url_bytes(u, f"images[{i}][{j}]"), f"images[{i}][{j}]") for j, u in enumerate(urls)]
+    except DataError as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from exc
+
+
+# ---------------------------------------------------------------------------------- requests sharing passes
+@dataclass
+class _Call:
+    queries: list[str]
+    prompts: list[str]
+    labels: list
+    kwargs: dict
+    done: bool = False
+    out: RewardOutput | None = None
+    error: Exception | None = None
+
+
+class PooledReward:
+    """A reward function whose concurrent calls share its passes: a call that arrives while another one
+    runs waits, and the calls waiting when the model is free run as ONE call of `reward_fn` over all
+    their queries, in order of arrival (a reward model then cuts them into its micro-batches); each
+    call gets its own rows of the output. `window_s`: how long the call that finds the model free
+    waits for others to join it. Keyword arguments are per-query lists (concatenated); calls with
+    different keywords run apart. `passes` counts the calls of `reward_fn`."""
+
+    def __init__(self, reward_fn: RewardFn, window_s: float = 0.0):
+        self.reward_fn, self.window_s = reward_fn, window_s
+        self.passes = 0
+        self._pending: list[_Call] = []
+        self._pending_lock = threading.Lock()
+        self._model = threading.Lock()
+
+    def __call__(self, queries: list[str], prompts: list[str], labels: list, **kwargs: Any) -> RewardOutput:
+        call = _Call(queries, prompts, labels, kwargs)
+        with self._pending_lock:
+            self._pending.append(call)
+        with self._model:
+            if not call.done:  # no earlier pass took it
+                if self.window_s > 0:
+                    time.sleep(self.window_s)
+                with self._pending_lock:
+                    calls, self._pending = self._pending, []
+                for keys in dict.fromkeys(tuple(sorted(c.kwargs)) for c in calls):
+                    self._run([c for c in calls if tuple(sorted(c.kwargs)) == keys])
+        if call.error is not None:
+            raise call.error
+        assert call.out is not None
+        return call.out
+
+    def _run(self, calls: list[_Call]) -> None:
+        """One call of `reward_fn` over `calls`' queries; each gets its rows, or the error."""
+        kwargs = {k: [v for c in calls for v in c.kwargs[k]] for k in calls[0].kwargs}
+        try:
+            self.passes += 1
+            out = self.reward_fn([q for c in calls for q in c.queries], [p for c in calls for p in c.prompts],
+                                 [x for c in calls for x in c.labels], **kwargs)
+        except Exception as exc:  # noqa: BLE001 - each waiting request answers with it
+            for c in calls:
+                c.error, c.done = exc, True
+            return
+        start = 0
+        for c in calls:
+            rows = slice(start, start + len(c.queries))
+            c.out = RewardOutput(out.rewards[rows], out.scores[rows], {k: v[rows] for k, v in out.extra_logs.items()})
+            c.done, start = True, rows.stop

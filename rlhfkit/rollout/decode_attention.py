@@ -11,7 +11,6 @@ import torch
 
 from rlhfkit.models.logprobs import attention_implementation
 
-
 DECODE_ATTENTION = "rlhfkit_cpu_decode"
 
 

@@ -54,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
@@ -65,6 +64,7 @@ from rlhfkit.models.moe import ExpertRecorder, routing_shape
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.bf16_decode import Bf16Decoder, bf16_decode_support
 from rlhfkit.rollout.decode_attention import decode_attention
+from rlhfkit.rollout.decode_state import DecodeState, PartialGeneration
 from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache
 from rlhfkit.rollout.prefix import prefill_shared, shared_prefix_length
 from rlhfkit.rollout.routing import missing_codes, prompt_codes
@@ -81,65 +81,6 @@ from rlhfkit.rollout.turns import TurnCaches, prefill_kept, row_entry
 # Decode steps between the loop's reads of which rows finished (a host sync), per device type; 1
 # elsewhere. On CUDA a read per step would stall the queue of (graph-replayed) steps at every token.
 STOP_CHECK_EVERY = {"cuda": 8}
-
-
-@dataclass
-class DecodeState:
-    """One chunk of a generation between two `HFEngine.resume` calls: B = prompts x n rows, each
-    with up to max_new tokens. `logits` [b, V] are the next-token logits of the b rows still
-    decoding (`active` [b], in the order of the KV `cache` rows; `seqs` [b, P + step] replaces the
-    cache for a model without one), computed by the weights of `logits_version`; `rows` is `active` on
-    the device and `alive` [b] marks the rows with no stop token yet (a finished row stays in the
-    batch until the next stop check). tokens, logprobs, versions [B, max_new]; lengths, stopped [B]:
-    on the model's device until the chunk is finished, then on the CPU. `width`: the prompt width
-    of a static cache (None for a growing one). The sampler is the generation's own `generator`
-    (its state carries over between calls) or, with per-prompt seeds, `uniforms` [prompts, max_new, n]
-    on the device: every draw of the chunk's per-prompt generators, made once at the prefill."""
-
-    params: SamplingParams
-    generator: torch.Generator | None
-    uniforms: torch.Tensor | None
-    cache: object
-    seqs: torch.Tensor | None
-    logits: torch.Tensor
-    logits_version: int
-    attention_mask: torch.Tensor
-    next_pos: torch.Tensor
-    active: torch.Tensor
-    rows: torch.Tensor
-    alive: torch.Tensor
-    finite: torch.Tensor
-    tokens: torch.Tensor
-    logprobs: torch.Tensor
-    versions: torch.Tensor
-    lengths: torch.Tensor
-    stopped: torch.Tensor
-    width: int | None = None
-    step: int = 0
-    finished: bool = False
-    keep: list[tuple[object, list[int]]] | None = None  # per row: its episode key and prompt (kept turns)
-    prefill_width: int = 0  # the cache columns of the prefill (the row's response tokens follow)
-    kv_version: int = 0  # the weights that computed the cache (rows are kept only under them)
-    inputs: object = None  # an engine's inputs of the chunk beyond its ids (a VisionEngine's image tensors)
-    prompt_experts: list | None = None  # with record_experts: per prompt its tokens' experts [P, layers, k]
-    experts: torch.Tensor | None = None  # and per row each response token's [B, max_new, layers, k]
-
-
-@dataclass
-class PartialGeneration:
-    """A generation that `HFEngine.resume` runs, possibly across several calls (and weight
-    updates): its prompts cut into chunks, the finished chunks' states and the one in progress."""
-
-    prompts: list[list[int]]
-    params: SamplingParams
-    stop_ids: torch.Tensor
-    generator: torch.Generator | None
-    seeds: list[int] | None
-    group_ids: list[int] | None
-    chunks: list[tuple[int, int]]
-    done: list[DecodeState] = field(default_factory=list)
-    state: DecodeState | None = None
-    episode_keys: list | None = None
 
 
 class HFEngine:
@@ -173,6 +114,11 @@ class HFEngine:
         (rollout.turns): its next turn prefills only its new tokens. Under the same conditions as
         `share_prefix`, with n = 1 and without `compile_decode`; the kept caches hold at most
         `max_batch_tokens` tokens, and a weight update drops them.
+      row_hook: called before every forward with, for each row of its batch, the index of the prompt
+        (in the generation's prompts) the row belongs to: a model whose rows differ (per-row LoRA
+        adapters, models.lora_rows) sets itself up for that batch. Turns off `share_prefix`,
+        `keep_turns` and `bf16_decode` (their forwards mix rows or skip the model's modules); not with
+        `compile_decode`.
       bf16_decode: with bfloat16 autocast on the CPU, prefills and decode steps over a bf16 copy of
         the weights (q/k/v and gate/up stacked, packed for oneDNN), made when a generation starts
         (again if the weights change between its slices) and freed when it ends (rollout.bf16_decode);
@@ -198,10 +144,14 @@ class HFEngine:
         gather=None,
         share_prefix: bool = True,
         keep_turns: bool = True,
+        row_hook=None,
         bf16_decode: bool = True,
         record_experts: bool = False,
     ):
-        self.model, self.gather, self.share_prefix = model, gather, share_prefix
+        if row_hook is not None and compile_decode:
+            raise ConfigError("HFEngine: row_hook (per-row model setup) does not run under compile_decode")
+        self.model, self.gather, self.share_prefix = model, gather, share_prefix and row_hook is None
+        self.row_hook = row_hook
         self.recorder = ExpertRecorder(model) if record_experts and routing_shape(model) else None
         if record_experts and self.recorder is None:
             note_once(f"routing replay: {type(model).__name__} has no routers returning (logits, weights, experts); "
@@ -233,14 +183,16 @@ class HFEngine:
 
             self._compiled_step = compile_decode_step(model, on_cpu=compile_on_cpu)
         self._bf16 = None  # the decode step over a bf16 copy of the weights (rollout.bf16_decode)
-        if bf16_decode and autocast_dtype == torch.bfloat16 and self._cached and self._compiled_step is None:
+        if (bf16_decode and row_hook is None and autocast_dtype == torch.bfloat16 and self._cached
+                and self._compiled_step is None):
             reason = bf16_decode_support(model)
             if reason is None:
                 self._bf16 = Bf16Decoder(model)
             else:
                 note_once(f"the HF engine's bf16 decode step is off for {type(model).__name__}: {reason}")
         # the hint of GenerationEngine.generate's callers (rollout.base.turn_kwargs)
-        self.keeps_turns = keep_turns and self._cached and self._takes_positions and self._compiled_step is None
+        self.keeps_turns = (keep_turns and row_hook is None and self._cached and self._takes_positions
+                            and self._compiled_step is None)
 
     # ------------------------------------------------------------------ protocol
 
@@ -354,7 +306,11 @@ class HFEngine:
     def _prefill_chunk(self, gen: PartialGeneration, start: int, stop: int, gens) -> DecodeState:
         """The prefill of `gen`'s prompts [start, stop) (an engine with more inputs per prompt adds them)."""
         keys = None if gen.episode_keys is None else gen.episode_keys[start:stop]
-        return self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens, keys=keys)
+        if self.row_hook is not None:
+            self.row_hook(list(range(start, stop)))
+        state = self._prefill(gen.prompts[start:stop], gen.params, gen.generator, gens, keys=keys)
+        state.first = start
+        return state
 
     def _prefill(self, prompts: list[list[int]], params: SamplingParams, generator, gens=None,
                  extra: dict | None = None, keys: list | None = None) -> DecodeState:
@@ -478,6 +434,8 @@ class HFEngine:
             else:
                 mask = s.attention_mask
                 s.attention_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            if self.row_hook is not None:
+                self.row_hook((s.first + s.active // n).tolist())
             if s.cache is not None:
                 s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache, compiled=True)
             else:

@@ -39,7 +39,8 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.models.precision import to_device
 from rlhfkit.models.vision import base_model, concat_vision, token_type_kwargs
 from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import DecodeState, HFEngine, PartialGeneration
+from rlhfkit.rollout.decode_state import DecodeState, PartialGeneration
+from rlhfkit.rollout.hf import HFEngine
 
 
 @dataclass
@@ -81,9 +82,11 @@ class VisionEngine(HFEngine):
             return super()._prefill_chunk(gen, start, stop, gens)
         ids = torch.tensor([gen.prompts[start]], dtype=torch.long, device=self.device)
         extra, delta = self._image_inputs(ids, vision)
+        if self.row_hook is not None:
+            self.row_hook([start])
         state = self._prefill([gen.prompts[start]], gen.params, gen.generator, gens, extra=extra)
         state.next_pos = state.next_pos + delta
-        state.inputs = vision
+        state.inputs, state.first = vision, start
         return state
 
     def _image_inputs(self, ids: torch.Tensor, vision: VisionInputs) -> tuple[dict, int]:

@@ -26,10 +26,11 @@ How it maps onto vLLM:
   `data.images.VisionInputs`. Each request is vLLM's token prompt with multi-modal data,
   `{"prompt_token_ids": ids, "multi_modal_data": {"image": [decoded images]}}`. vLLM runs its own
   processor on the images and expands each image's placeholder in a token prompt itself (it takes
-  token prompts as not yet expanded), so the ids sent hold one placeholder token per image: each run
-  of the image token in the trainer's ids (expanded by the same HF processor) is collapsed to one
-  (`collapse_image_runs`; a family whose processor wraps the image tokens in others, Gemma 3, is
-  refused where the engine is built, api/vision.py). The trajectories keep the trainer's ids and
+  token prompts as not yet expanded), so the ids sent hold one placeholder per image: each image's
+  tokens in the trainer's ids (expanded by the same HF processor) are replaced by the placeholder vLLM's
+  processor of the family expands (rollout/vllm_images.py: a run of the image token cut to one; Gemma 3's
+  <start_of_image> span with its newlines cut to <start_of_image>; other families are refused where the
+  engine is built, api/vision.py). The trajectories keep the trainer's ids and
   its VisionInputs (`info["vision"]`), from which the trainer's forward gets the same images. The
   placeholder tokens are kept from being sampled by a logit bias of -100 (vLLM's floor); vLLM's
   processed logprobs are then those of the distribution without them (the HF engine records the
@@ -58,6 +59,7 @@ from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.sampling import check_params
+from rlhfkit.rollout.vllm_images import ImagePrompt, vllm_prompt_ids
 from rlhfkit.rollout.vllm_worker import (
     fill_bucket,
     pack_tensors,
@@ -171,26 +173,21 @@ def sampling_kwargs(params: SamplingParams, stop_ids: Sequence[int], seed: int |
     return kwargs
 
 
-def collapse_image_runs(ids: Sequence[int], image_token_id: int) -> list[int]:
-    """`ids` with each run of `image_token_id` (an image's tokens, as the HF processor expanded them)
-    cut to one token: the input placeholder vLLM expands itself."""
-    out: list[int] = []
-    for t in map(int, ids):
-        if t != image_token_id or not out or out[-1] != image_token_id:
-            out.append(t)
-    return out
-
-
-def vllm_request(ids: Sequence[int], vision, image_token_id: int | None) -> dict:
+def vllm_request(ids: Sequence[int], vision, image_prompt: ImagePrompt | None) -> dict:
     """One vLLM token prompt: the ids, and with images (`vision`: VisionInputs) the decoded images as
-    multi-modal data and the image tokens collapsed (`collapse_image_runs`)."""
+    multi-modal data and each image's tokens replaced by the placeholder vLLM expands (`vllm_prompt_ids`)."""
     if vision is None:
         return {"prompt_token_ids": [int(t) for t in ids]}
-    if image_token_id is None or len(vision.images) != vision.num_images:
-        raise ConfigError("a prompt with images reached the vLLM engine without the image token id or its decoded "
+    if image_prompt is None or len(vision.images) != vision.num_images:
+        raise ConfigError("a prompt with images reached the vLLM engine without the image settings or its decoded "
                           "images; build it through RLTrainer (a vision-language policy's folder)")
-    return {"prompt_token_ids": collapse_image_runs(ids, image_token_id),
-            "multi_modal_data": {"image": list(vision.images)}}
+    prompt_ids, found = vllm_prompt_ids(ids, image_prompt)
+    if found != vision.num_images:
+        raise ConfigError(f"a prompt holds {found} image placeholder(s) for {vision.num_images} image(s): vLLM would "
+                          "not match its images to their placeholders (images side by side in a chat turn whose "
+                          "processor writes their tokens as one run, or an agent's feedback cut short without its "
+                          "images); put text between the images, or use --rollout.engine hf")
+    return {"prompt_token_ids": prompt_ids, "multi_modal_data": {"image": list(vision.images)}}
 
 
 def to_trajectory(prompt: Sequence[int], token_ids: Sequence[int], logprobs, finish_reason: str,
@@ -257,8 +254,8 @@ class VLLMEngine:
         weights, the next generate the KV cache).
       bucket_bytes: the most bytes of one CUDA IPC bucket (a tensor larger than that goes alone).
       llm: an already built `vllm.LLM` (tests); otherwise one is built from the other arguments.
-      image_token_id, banned_ids, max_images: a vision-language policy's image token (its runs are
-        collapsed in the requests), its placeholder tokens (never sampled) and the most images one
+      image_prompt, banned_ids, max_images: a vision-language policy's image tokens as vLLM takes them
+        (`vllm_images.ImagePrompt`), its placeholder tokens (never sampled) and the most images one
         request may hold (module docstring); None / () for a text model.
     """
 
@@ -266,7 +263,8 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.9, enable_sleep: bool = False, tensor_parallel_size: int = 1,
                  max_model_len: int | None = None, state_fn: Callable[[], Mapping[str, torch.Tensor]] | None = None,
                  auto_sleep: bool = False, version: int = 0, bucket_bytes: int = DEFAULT_BUCKET_BYTES, llm=None,
-                 image_token_id: int | None = None, banned_ids: Sequence[int] = (), max_images: int | None = None):
+                 image_prompt: ImagePrompt | None = None, banned_ids: Sequence[int] = (),
+                 max_images: int | None = None):
         if auto_sleep and not enable_sleep:
             raise ConfigError("auto_sleep needs enable_sleep (--vllm.enable_sleep true)")
         if bucket_bytes <= 0:
@@ -281,7 +279,7 @@ class VLLMEngine:
             llm = vllm.LLM(**llm_kwargs(model_path, dtype, seed, gpu_memory_utilization, enable_sleep,
                                         tensor_parallel_size, max_model_len, max_images))
         self.llm, self.eos_ids = llm, tuple(sorted({int(i) for i in eos_ids}))
-        self.image_token_id, self.banned_ids = image_token_id, tuple(int(i) for i in banned_ids)
+        self.image_prompt, self.banned_ids = image_prompt, tuple(int(i) for i in banned_ids)
         self.enable_sleep, self.auto_sleep, self.bucket_bytes = enable_sleep, auto_sleep, bucket_bytes
         self.state_fn = state_fn
         self._version = version
@@ -307,7 +305,7 @@ class VLLMEngine:
         self.wake_up()
         stop_ids = sorted(set(self.eos_ids) | set(params.stop_token_ids))
         n = params.n
-        per_prompt = [vllm_request(p, v, self.image_token_id) for p, v in zip(prompts, vision)]
+        per_prompt = [vllm_request(p, v, self.image_prompt) for p, v in zip(prompts, vision)]
         requests = [per_prompt[i // n] for i in range(len(prompts) * n)]
         sps = [vllm.SamplingParams(**sampling_kwargs(params, stop_ids, s, self.banned_ids))
                for s in sample_seeds(len(prompts), n, generator, seeds)]

@@ -32,7 +32,8 @@ flex-wrap:wrap;align-items:center}
 table{border-collapse:collapse;width:100%;margin-top:.5em}
 td,th{border:1px solid #ddd;padding:4px;vertical-align:top;text-align:left}
 td.text{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px;max-width:40em}
-div.turn{border-left:3px solid #99c;padding-left:4px;margin-bottom:4px}div.turn.tool{border-color:#c96;background:#fff8ee}
+div.turn{border-left:3px solid #99c;padding-left:4px;margin-bottom:4px}
+div.turn.tool{border-color:#c96;background:#fff8ee}
 div.turn b{font-family:system-ui,sans-serif}div.call{color:#036}
 tr.pos td.r{background:#dfd}tr.neg td.r{background:#fdd}
 """
@@ -59,7 +60,8 @@ function render(){
   const fmt=v=>(typeof v==='number')?v.toFixed(3):(v===undefined||v===null?'':esc(v));
   $('rows').innerHTML=rows.map(d=>`<tr class="sample ${d.reward>0?'pos':'neg'}" data-step="${d.step}" `+
     `data-reward="${d.reward}"><td>${d.step}</td><td class="r">${fmt(d.reward)}</td><td>${fmt(d.advantage)}</td>`+
-    `<td>${fmt(d.length)}</td><td class="text">${esc(d.prompt??'')}</td><td class="text">${d.turns?showTurns(d.turns):esc(d.response??'')}</td>`+
+    `<td>${fmt(d.length)}</td><td class="text">${esc(d.prompt??'')}</td>`+
+    `<td class="text">${d.turns?showTurns(d.turns):esc(d.response??'')}</td>`+
     `<td>${esc(d.label??'')}</td></tr>`).join('');
   $('count').textContent=`${rows.length} of ${DATA.length} samples`;
 }

@@ -68,7 +68,8 @@ def sample_responses(
     return tokenizer.batch_decode([t.response_ids.tolist() for t in trajs], skip_special_tokens=True)
 
 
-def greedy_responses(engine: GenerationEngine, tokenizer, prompts: Sequence[PromptItem], max_new_tokens: int) -> list[str]:
+def greedy_responses(engine: GenerationEngine, tokenizer, prompts: Sequence[PromptItem],
+                     max_new_tokens: int) -> list[str]:
     """Greedy (temperature 0) completions of `prompts`."""
     return sample_responses(engine, tokenizer, prompts, max_new_tokens)
 
@@ -182,8 +183,9 @@ class Evaluator:
                  score_fn: ScoreFn | None, n_samples: int = 1, temperature: float = 0.0,
                  ks: Sequence[int] = (1,), verifier: VerifyFn | None = None, seed: int = 0,
                  executor=None, budget: TokenBudget | None = None):
-        self.items, self.max_new_tokens, self.eval_steps, self.score_fn = list(items), max_new_tokens, eval_steps, score_fn
-        self.n_samples, self.temperature, self.ks, self.verifier, self.seed = n_samples, temperature, tuple(ks), verifier, seed
+        self.items, self.max_new_tokens, self.eval_steps = list(items), max_new_tokens, eval_steps
+        self.score_fn, self.n_samples, self.temperature = score_fn, n_samples, temperature
+        self.ks, self.verifier, self.seed = tuple(ks), verifier, seed
         self.executor, self.budget = executor, budget
         self.examples: dict[str, list[dict]] = {}
 

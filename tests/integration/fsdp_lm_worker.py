@@ -8,7 +8,6 @@ shards are float32 computing in bf16 (mixed_precision).
 """
 
 import json
-
 import sys
 from pathlib import Path
 
@@ -29,7 +28,8 @@ def global_batch() -> torch.Tensor:
 def summed_loss(model, ids: torch.Tensor, total_tokens: int) -> torch.Tensor:
     """Next-token cross entropy summed over `ids` [B, T], divided by the GLOBAL token count."""
     logits = model(input_ids=ids).logits[:, :-1].float()
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum")
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                           reduction="sum")
     return ce / total_tokens
 
 

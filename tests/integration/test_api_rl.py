@@ -55,7 +55,7 @@ def test_cli_and_api_give_identical_metrics_and_weights(ws, tmp_path, threads):
                    check=True, env=env, capture_output=True)
     trainer, metrics = train(flags(ws, tmp_path / "api"))
     assert stable(tmp_path / "cli") == stable(tmp_path / "api") and len(stable(tmp_path / "api")) == 2
-    a, b = load_file(tmp_path / "cli" / "final" / "model.safetensors"), load_file(tmp_path / "api" / "final" / "model.safetensors")
+    a, b = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("cli", "api"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert metrics["reward"] == stable(tmp_path / "api")[-1]["reward"] and trainer.step == 2
     saved = trainer.save(tmp_path / "again")  # another HF folder, the same weights

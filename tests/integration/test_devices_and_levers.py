@@ -41,7 +41,8 @@ def test_auto_is_cuda_when_there_else_cpu(no_cuda):
 
 
 def test_a_cuda_device_that_is_not_there_is_refused(no_cuda, monkeypatch):
-    with pytest.raises(ConfigError, match=r"--actor.device cuda: torch sees no CUDA device here .*use --actor.device cpu"):
+    with pytest.raises(ConfigError,
+                       match=r"--actor.device cuda: torch sees no CUDA device here .*use --actor.device cpu"):
         resolve_device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -268,7 +269,8 @@ def test_lora_in_rl_combines_with_the_vllm_engine_and_qlora_too():
     assert rlhfkit.RLConfig.from_args(["--ds.lora.rank", "8", "--rollout.engine", "vllm"]).ds.lora.rank == 8
     cfg = rlhfkit.RLConfig.from_args(["--ds.lora.rank", "8", "--ds.load_in_4bit", "true", "--rollout.engine", "vllm"])
     assert cfg.ds.load_in_4bit and cfg.rollout.engine == "vllm"  # synced dequantized (test_vllm_qlora.py)
-    assert rlhfkit.RLConfig.from_args(["--target_modules", "q_proj", "v_proj"]).ds.lora.target_modules == "q_proj,v_proj"
+    targets = rlhfkit.RLConfig.from_args(["--target_modules", "q_proj", "v_proj"]).ds.lora.target_modules
+    assert targets == "q_proj,v_proj"
 
 
 def test_lora_with_ema_keeps_the_ema_of_the_adapters(ws, tmp_path):

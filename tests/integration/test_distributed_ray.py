@@ -19,8 +19,8 @@ ray = pytest.importorskip("ray")
 
 from rlhfkit.api.builder import build_pool  # noqa: E402 - after the Ray settings and importorskip
 from rlhfkit.api.rl import RLTrainer  # noqa: E402 - after the Ray settings and importorskip
-from rlhfkit.config import RLConfig  # noqa: E402 - after the Ray settings and importorskip
 from rlhfkit.cli.main import main  # noqa: E402 - after the Ray settings and importorskip
+from rlhfkit.config import RLConfig  # noqa: E402 - after the Ray settings and importorskip
 from rlhfkit.data.prompts import load_prompts  # noqa: E402 - after the Ray settings and importorskip
 from tests.integration.conftest import rl_flags  # noqa: E402 - after the Ray settings and importorskip
 from tests.unit.distributed.test_partial_rollout_worker import mixed_logprobs  # noqa: E402 - likewise

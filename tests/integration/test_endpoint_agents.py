@@ -131,7 +131,8 @@ async def agent(client, prompt, label, **row):
     first = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": prompt}])
     # a fresh history: the second call does not extend the first, so the episode is two segments
     second = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "again"}])
-    return float((first.choices[0].message.content or "").count("7") + (second.choices[0].message.content or "").count("7"))
+    return float((first.choices[0].message.content or "").count("7")
+                 + (second.choices[0].message.content or "").count("7"))
 '''
 
 

@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import save_file
 
 from rlhfkit.cli.main import main
-from tests.integration.conftest import refuse, rl_flags
 from rlhfkit.models import load_tokenizer, tiny_model_and_tokenizer
 from rlhfkit.models.reward import init_reward_model
 from rlhfkit.trainers import checkpoint as ck
+from tests.integration.conftest import refuse, rl_flags
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -155,7 +155,8 @@ BEFORE_MODELS = [
     ("62-staleness-without-async", {"train.max_staleness": 2},
      "--train.max_staleness 2 without --train.async_enable"),
     ("63-workers-without-ray", {"rollout.num_workers": 2}, "need --distributed.backend ray"),
-    ("64-unknown-backend", {"distributed.backend": "mpi"}, "--distributed.backend: unknown value 'mpi'; valid: local, ray"),
+    ("64-unknown-backend", {"distributed.backend": "mpi"},
+     "--distributed.backend: unknown value 'mpi'; valid: local, ray"),
     ("65-no-workers", {"rollout.num_workers": 0, "distributed.backend": "ray"}, "--rollout.num_workers must be >= 1"),
     ("67-ray-address-unreachable", {"distributed.backend": "ray", "distributed.address": "127.0.0.1:1"},
      "--distributed.address 127.0.0.1:1: no Ray cluster answers there (ConnectionRefusedError"),
@@ -195,7 +196,8 @@ AFTER_MODELS = [
     ("32-folder-is-not-a-model", {"actor.model_name_or_path": "{ws}/not_a_model"}, "is not an HF model folder"),
     ("33-every-prompt-too-long", {"data.prompt_dataset": "{ws}/long.jsonl", "data.prompt_max_len": 2},
      "every prompt is longer than --data.prompt_max_len 2"),
-    ("34-fewer-prompts-than-batch", {"rollout.batch_size": 32, "train.batch_size": 16}, "fewer than --rollout.batch_size 32"),
+    ("34-fewer-prompts-than-batch", {"rollout.batch_size": 32, "train.batch_size": 16},
+     "fewer than --rollout.batch_size 32"),
     ("35-reward-raises", {"reward.remote_url": "{ws}/reward_raises.py"}, "raised KeyError: 'answer'"),
     ("36-reward-nan", {"reward.remote_url": "{ws}/reward_nan.py"}, "non-finite value in rewards at index 0 (nan)"),
     ("37-reward-inf", {"reward.remote_url": "{ws}/reward_inf.py"}, "non-finite value in rewards at index 0 (inf)"),

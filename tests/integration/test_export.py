@@ -71,8 +71,8 @@ def test_a_reward_model_with_lora_exports_as_a_sequence_classifier(ws, tmp_path)
 
 def test_keep_best_keeps_the_step_of_the_lowest_eval_loss_and_the_cli_exports_it(ws, tmp_path, capsys):
     out = tmp_path / "run"
-    sft(ws, out, "--train.max_steps", "6", "--train.max_epochs", "2", "--ckpt.save_steps", "1", "--ckpt.max_num", "1", "--train.eval_steps",
-        "1", "--data.eval_split", "0.25", "--adam.lr", "0.3", "--ckpt.keep_best", "eval/loss:min")
+    sft(ws, out, "--train.max_steps", "6", "--train.max_epochs", "2", "--ckpt.save_steps", "1", "--ckpt.max_num", "1",
+        "--train.eval_steps", "1", "--data.eval_split", "0.25", "--adam.lr", "0.3", "--ckpt.keep_best", "eval/loss:min")
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     by_step = {}
     for row in evals:

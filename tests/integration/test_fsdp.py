@@ -13,11 +13,12 @@ import torch
 from safetensors.torch import load_file
 
 from rlhfkit.cli.main import main
-from rlhfkit.errors import ConfigError
 from rlhfkit.distributed import fsdp
+from rlhfkit.errors import ConfigError
 from tests.integration.conftest import rl_flags
 
-REWARD = "def reward_func(queries, prompts, labels, **kw):\n    return [len(set(q[len(p):])) / 8.0 for q, p in zip(queries, prompts)]\n"
+REWARD = ("def reward_func(queries, prompts, labels, **kw):\n"
+          "    return [len(set(q[len(p):])) / 8.0 for q, p in zip(queries, prompts)]\n")
 
 
 def flags(ws, out, **over):
@@ -120,7 +121,8 @@ def test_fsdp_dynamic_filtering_equals_one_process(ws, tmp_path, monkeypatch):
     1 rows; the 1-row step splits into shares of 1 and 0 rows (the empty share runs an idle pass)."""
     single_and_fsdp(ws, tmp_path, monkeypatch, {
         "algo.dynamic_filtering_enable": "true", "algo.dynamic_filtering_max_rounds": 1,
-        "reward.remote_url": ws / "dapo.py", "rollout.n_samples_per_prompt": 3, "algo.advantage.estimator": "group_norm",
+        "reward.remote_url": ws / "dapo.py", "rollout.n_samples_per_prompt": 3,
+        "algo.advantage.estimator": "group_norm",
         "train.batch_size": 4, "train.micro_batch_size": 1})
     steps = assert_same_steps(tmp_path)
     assert any(a["filtered_groups"] > 0 for a, _, _ in steps)

@@ -75,4 +75,5 @@ def test_an_offloaded_reference_moves_to_the_device_for_its_pass_and_back(monkey
                         torch.zeros(len(r)), "stop", 0, 0) for r in ([7, 8], [9])]
     maker(trajs, torch.tensor([1.0, 0.0]), kl_coef=0.1)
     assert moves == ["cuda", "cpu"]
-    assert maker(trajs, torch.tensor([1.0, 0.0]), kl_coef=0.0) is not None and moves == ["cuda", "cpu"]  # no KL: no pass
+    # no KL: no pass
+    assert maker(trajs, torch.tensor([1.0, 0.0]), kl_coef=0.0) is not None and moves == ["cuda", "cpu"]

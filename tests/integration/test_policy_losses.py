@@ -32,8 +32,9 @@ def run(ws, out, loss, **over):
              "data.input_key": "q", "data.label_key": "a", "reward.remote_url": str(ws / "reward.py"),
              "rollout.batch_size": "8", "rollout.n_samples_per_prompt": "4", "rollout.max_new_tokens": "8",
              "train.batch_size": "16", "train.micro_batch_size": "16", "train.max_epochs": "2",
-             "train.max_steps": "14", "train.num_episodes": "3", "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant",
-             "actor.autocast": "none", "logger.progress_bar": "false", "ckpt.output_dir": str(out),
+             "train.max_steps": "14", "train.num_episodes": "3", "actor.adam.lr": "1e-2",
+             "actor.lr_scheduler": "constant", "actor.autocast": "none", "logger.progress_bar": "false",
+             "ckpt.output_dir": str(out),
              "algo.advantage.estimator": "group_norm", "actor.policy_loss_type": loss, **over}
     argv = [a for k, v in flags.items() for a in (f"--{k}", *v.split())]
     assert train_rl.run(argv) == 0

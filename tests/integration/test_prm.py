@@ -188,3 +188,24 @@ def test_soft_labels_from_python(ws, tmp_path):
     assert metrics["eval/accuracy"] == pytest.approx(float(good))
     assert json.loads((tmp_path / "soft" / "final" / "config.json").read_text())["process_reward"]["reward_tokens"] \
         == ["+", "-"]
+
+
+def test_packed_training_follows_the_padded_run(ws, tmp_path):
+    """`train prm --packing_samples` (OpenRLHF's name of --ds.packing_samples): the same losses, step by step,
+    as the padded run (micro-batches of 4 samples of different lengths)."""
+    rows = []
+    for i, r in enumerate(arithmetic_steps(24, seed=2)):  # 1 to 3 steps: rows of different lengths
+        k = i % 3 + 1
+        rows.append({"input": "".join(r["input"].splitlines(keepends=True)[:k]), "label": r["label"][:k]})
+    write(tmp_path / "steps.jsonl", rows)
+    losses = {}
+    for packing in ("false", "true"):
+        out = tmp_path / packing
+        argv = prm_argv(ws, out, "--train.batch_size", "8", "--train.micro_batch_size", "4", "--train.max_steps", "3",
+                        "--adam.lr", "3e-3", "--model.autocast", "none",
+                        "--data.dataset", str(tmp_path / "steps.jsonl"),
+                        *(["--packing_samples"] if packing == "true" else []))
+        assert main(argv) == 0
+        losses[packing] = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses["true"]) == 3 and losses["true"][0] != losses["true"][-1]
+    assert losses["true"] == pytest.approx(losses["false"], rel=1e-4, abs=1e-6)

@@ -4,7 +4,10 @@ model folder loaded with transformers behind rlhfkit's real weight-sync extensio
 real). Each worker builds its own engine, the prompts reach the engines, every weight sync reaches every
 engine (the last one bit for bit the trained model), and two engine actors train exactly as one vLLM
 engine in the trainer's process; with QLoRA the engines sample with the dequantized base and the merged
-adapters. Not checked here: real vLLM, GPUs, placement on GPUs."""
+adapters; with a vision-language policy (a tiny Qwen2-VL, frozen tower) the engines get each prompt's decoded
+images (the fake expands them as vLLM would and samples over the HF processor's pixel tensors) and train as
+the in-process engine does, the tower left out of their weight syncs. Not checked here: real vLLM, GPUs,
+placement on GPUs."""
 
 import hashlib
 import json
@@ -19,7 +22,13 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray = pytest.importorskip("ray")
 
 from rlhfkit.cli.main import main  # noqa: E402 - after the Ray settings and importorskip
-from tests.integration.conftest import fake_vllm_env, fake_vllm_events, rl_flags  # noqa: E402 - likewise
+from tests.integration.conftest import (  # noqa: E402 - likewise
+    colour_workspace,
+    fake_vllm_env,
+    fake_vllm_events,
+    rl_flags,
+    vision_rl_flags,
+)
 
 VOLATILE = ("time/", "rollout_tokens_per_s", "rollout/logprob_gap")
 STEPS = 3
@@ -126,3 +135,56 @@ def test_qlora_on_vllm_engine_actors_samples_with_the_dequantized_base_and_merge
         assert [e["tensors"] for e in events if e["event"] == "load"] == [21] + [8] * (STEPS - 1)
     assert len(gaps(out)) == STEPS and max(gaps(out)) < 1e-4, gaps(out)
     assert (out / "final" / "adapter_config.json").is_file()
+
+
+# Reward: the vowels of the response (varies within every group of the tiny random model's samples: both steps train)
+VOWELS_REWARD = """
+import torch
+
+def reward_func(queries, prompts, labels, **kwargs):
+    return torch.tensor([float(sum(c in "aeiou" for c in q[len(p):])) for q, p in zip(queries, prompts)])
+"""
+
+
+@pytest.fixture(scope="module")
+def vlm_ws(tmp_path_factory):
+    ws = colour_workspace(tmp_path_factory.mktemp("ray_vllm_vision"))
+    (ws / "vowels.py").write_text(VOWELS_REWARD)
+    return ws
+
+
+def test_two_vllm_engine_actors_with_a_vision_language_policy_train_as_one_vllm_engine_in_the_trainers_process(
+        vlm_ws, log):
+    ws = vlm_ws
+    vllm_frozen = {"rollout.engine": "vllm", "actor.freeze_visual_encoder": "true",
+                   "reward.remote_url": ws / "vowels.py"}
+    one = by_engine(train(log, vision_rl_flags(ws, ws / "local", **vllm_frozen), in_ray=True))
+    two = by_engine(train(log, vision_rl_flags(ws, ws / "ray", **vllm_frozen, **{
+        "distributed.backend": "ray", "rollout.num_workers": "2"})))
+    a, b = (load_file(ws / run / "final" / "model.safetensors") for run in ("local", "ray"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    start = load_file(ws / "vlm" / "model.safetensors")
+    assert any(not torch.equal(start[k], b[k]) for k in start if k.startswith("model.layers."))
+    assert rows_of(ws / "local") == rows_of(ws / "ray") and len(rows_of(ws / "ray")) == 2
+    full = [json.loads(line) for line in (ws / "ray" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["rollout/logprob_gap_max"] < 1e-4 for r in full)  # the engines' logprobs: the trainer's forward
+    assert all(r["actor/grad_norm"] > 0 for r in full)  # both steps train: the second samples with synced weights
+    assert len(one) == 1 and len(two) == 2
+    (local_events,) = one.values()
+    image = json.loads((ws / "vlm" / "config.json").read_text())["image_token_id"]
+    asked = [e for e in local_events if e["event"] == "generate"]
+    for events in two.values():
+        assert events[0]["limit_mm_per_prompt"] == {"image": 1}  # --data.max_images_per_prompt
+        calls = [e for e in events if e["event"] == "generate"]
+        assert len(calls) == 2 and all(len(c["prompts"]) == 4 for c in calls)  # 8 requests a step, 4 each
+        for call, whole in zip(calls, asked):  # one image and one placeholder a request, the in-process requests
+            assert call["images"] == [1] * 4 and all(p.count(image) == 1 for p in call["prompts"])
+            assert all(p in whole["prompts"] for p in call["prompts"])
+    # the tower is not sent to the engine actors (it stays as loaded), the rest bit for bit the in-process engine's
+    local_loads = [e for e in local_events if e["event"] == "load"]
+    tower = sum(k.startswith("visual.") for k in start)  # the folder's names (model.visual.* in memory)
+    assert tower and all(e["tensors"] == len(start) for e in local_loads)
+    for events in two.values():
+        loads = [e for e in events if e["event"] == "load"]
+        assert all(e["tensors"] == len(start) - tower for e in loads)
+        assert [e["digest"] for e in loads][1:] == [e["digest"] for e in local_loads][:-1]

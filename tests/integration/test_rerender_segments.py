@@ -63,7 +63,8 @@ def test_train_rl_splits_rerendered_text_environment_episodes_through_the_cli(ws
     # <think></think> dropped once the environment answers it too): 2 segments an episode, 4 episodes a step
     assert all(m["tools/segments"] == 4.0 and m["tools/rerender"] == 8.0 for m in steps)
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
-    assert all(a["messages"] == b["messages"] and a["reward"] == b["reward"] for a, b in zip(samples[::2], samples[1::2]))
+    assert all(a["messages"] == b["messages"] and a["reward"] == b["reward"]
+               for a, b in zip(samples[::2], samples[1::2]))
     evals = [m for m in ms if "eval/reward" in m]
     assert len(evals) == 2 and all(m["eval/tools/segments"] == 2.0 for m in evals)  # 2 held-out episodes each
 
@@ -76,7 +77,8 @@ def test_python_api_tools_train_each_segment_on_its_sampled_tokens(ws, tmp_path)
 
     cfg = RLConfig.from_args(flags(ws, tmp_path, **{"agent.env": None, "rollout.max_new_tokens": "80"}))
     trainer = RLTrainer.from_config(cfg, tools=[multiply], reward_fn=lambda queries, prompts, labels, **kw: [
-        float(q.endswith("42<|im_end|>")) for q in queries], make_engine=lambda policy_, tok: ScriptedEngine(tok, policy))
+        float(q.endswith("42<|im_end|>")) for q in queries],
+        make_engine=lambda policy_, tok: ScriptedEngine(tok, policy))
     seen = []
     generate = trainer.loop.source.generate
     trainer.loop.source.generate = lambda batch, upcoming=None: seen.extend(out := generate(batch, upcoming)) or out

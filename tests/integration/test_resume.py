@@ -110,7 +110,8 @@ def reference(ws, tmp_path_factory):
     rc, log = finish(launch(flags(ws, out)))
     assert rc == 0, log
     assert len(rows(out / "metrics.jsonl")) == STEPS
-    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == [f"step_{STEPS - 1:08d}", f"step_{STEPS:08d}"]
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == [f"step_{STEPS - 1:08d}",
+                                                                           f"step_{STEPS:08d}"]
     assert (out / "checkpoints" / "latest").read_text().strip() == f"step_{STEPS:08d}"
     return out
 

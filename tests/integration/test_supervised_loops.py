@@ -116,7 +116,8 @@ def test_reward_model_separates_pairs_and_reloads_with_auto_class(rm_run):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["eval/accuracy"] > 0.9
     rm = AutoModelForSequenceClassification.from_pretrained(out / "final").eval()
-    assert rm.config.std == pytest.approx(summary["reward_std"]) and rm.config.mean == pytest.approx(summary["reward_mean"])
+    assert rm.config.std == pytest.approx(summary["reward_std"])
+    assert rm.config.mean == pytest.approx(summary["reward_mean"])
     from rlhfkit.rewards.reward_model import RewardModelFn
 
     fn = RewardModelFn(out / "final")
@@ -210,7 +211,8 @@ def test_cli_rejects_bad_flags_in_one_line(ws, capsys):
     # OpenRLHF's flat names are aliases
     cfg = parse_config(SFTConfig, ["--pretrain", "p", "--dataset", "d", "--lora_rank", "8", "--packing_samples"],
                        SUPERVISED_ALIASES)
-    assert (cfg.model.model_name_or_path, cfg.data.dataset, cfg.ds.lora.rank, cfg.ds.packing_samples) == ("p", "d", 8, True)
+    assert (cfg.model.model_name_or_path, cfg.data.dataset, cfg.ds.lora.rank,
+            cfg.ds.packing_samples) == ("p", "d", 8, True)
 
 
 def test_rl_with_trained_reward_model_and_critic_from_it(ws, rm_run, tmp_path):

@@ -1,8 +1,8 @@
 """Exact resume of `rlhfkit train sft|rm|dpo|kto|prm|kd`: a real CLI subprocess on the tiny model is killed
 with SIGKILL (mid-step, or mid-way through writing a checkpoint), resumed with --ckpt.load_enable
-(in this process: nothing but the checkpoint carries over), and must end with the same weights, metrics, optimizer state and summary as the uninterrupted run,
-bit for bit (CPU, one thread). Also: a plain line per step on the console, wandb logging through a
-stand-in wandb module, OpenRLHF's checkpoint and wandb flags, and a LoRA model's checkpoint round
+(in this process: nothing but the checkpoint carries over), and must end with the same weights, metrics, optimizer state
+and summary as the uninterrupted run, bit for bit (CPU, one thread). Also: a plain line per step on the console, wandb
+logging through a stand-in wandb module, OpenRLHF's checkpoint and wandb flags, and a LoRA model's checkpoint round
 trip."""
 
 import json

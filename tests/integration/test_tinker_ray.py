@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray")
 tinker = pytest.importorskip("tinker")
 
 from rlhfkit.cli.serve_training import build_host, model_host  # noqa: E402 - after importorskip
-from rlhfkit.config.serve_training import ServeTrainingConfig, ServedDistributed  # noqa: E402 - likewise
+from rlhfkit.config.serve_training import ServedDistributed, ServeTrainingConfig  # noqa: E402 - likewise
 from rlhfkit.errors import DataError  # noqa: E402 - likewise
 from rlhfkit.models.tiny import tiny_model_and_tokenizer  # noqa: E402 - likewise
 from rlhfkit.serving.tinker.remote import RemoteHost  # noqa: E402 - likewise

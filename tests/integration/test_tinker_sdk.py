@@ -44,8 +44,8 @@ class Server:
             host = ModelHost(model, tok, name, root, torch.device("cpu"), full=full)
         self.host = host
         self.port = free_port()
-        config = uvicorn.Config(make_app(self.host, KEY, max_request_bytes, poll_s=2.0), host="127.0.0.1",
-                                port=self.port, log_level="error")
+        self.app = make_app(self.host, KEY, max_request_bytes, poll_s=2.0)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -61,12 +61,18 @@ class Server:
         self.thread.join(timeout=10)
 
 
-@pytest.fixture
-def server(tmp_path, monkeypatch):
+def served(tmp_path, monkeypatch, **kwargs):
+    """A Server over `tmp_path / "ckpt"` (`kwargs`: Server's), stopped after the test (yield from it
+    in a fixture)."""
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    srv = Server(tmp_path / "ckpt")
+    srv = Server(tmp_path / "ckpt", **kwargs)
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    yield from served(tmp_path, monkeypatch)
 
 
 def datum(tokens: list[int], weights: list[float] | None = None):
@@ -122,7 +128,8 @@ def test_rl_loop_reward_rises_and_sampled_logprobs_equal_forward(server):
     for step in range(14):
         params = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=step)
         sc = tc.save_weights_and_get_sampling_client(f"step{step}")
-        seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=8, sampling_params=params).result().sequences
+        seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=8,
+                         sampling_params=params).result().sequences
         r = np.array([np.mean(np.asarray(s.tokens) < LOW) for s in seqs])
         rewards.append(r.mean())
         if step == 0:  # the sampler's logprobs are the trainer's forward on the same tokens
@@ -153,7 +160,8 @@ def test_prompt_logprobs_and_stop(server):
     text = tok.decode(long.tokens)
     stop = text[2:4]
     cut = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=1,
-                    sampling_params=tinker.types.SamplingParams(max_tokens=12, seed=5, stop=[stop])).result().sequences[0]
+                    sampling_params=tinker.types.SamplingParams(max_tokens=12, seed=5, stop=[stop]))
+    cut = cut.result().sequences[0]
     assert len(tok.encode(stop, add_special_tokens=False)) == 2
     assert stop in tok.decode(cut.tokens) and stop not in tok.decode(cut.tokens[:-1])
     assert list(cut.tokens) == list(long.tokens[:len(cut.tokens)]) and cut.stop_reason == "stop"
@@ -237,6 +245,23 @@ def test_hostile_clients_are_refused_and_others_unaffected(tmp_path, monkeypatch
         srv.stop()
 
 
+def test_dimuon_is_refused_when_the_client_is_created(server):
+    """Tinker's Dimuon optimizer is not served (docs/tinker.md): a client asking for it is refused at
+    creation, not trained with AdamW in its place."""
+    svc = server.client()
+    with pytest.raises(Exception, match="Dimuon is not served by rlhfkit's Tinker server"):
+        svc.create_lora_training_client(base_model=NAME, rank=4,
+                                        optimizer=tinker.types.DimuonOptimizerConfig()).result()
+    assert not server.host.models
+    tc = svc.create_lora_training_client(base_model=NAME, rank=4).result()
+    path = tc.save_state("adam").result().path
+    with pytest.raises(Exception, match="Dimuon is not served"):
+        svc.create_training_client_from_state(path, optimizer=tinker.types.DimuonOptimizerConfig()).result()
+    with pytest.raises(Exception, match="Dimuon is not served"):
+        tc.optim_step(tinker.types.DimuonParams(learning_rate=1e-3)).result()
+    assert len(server.host.models) == 1
+
+
 def accumulated_grads(server, tc) -> list[torch.Tensor]:
     model = server.host.get(tc.model_id)
     grads = [p.grad.clone() for p in model.learner.params]
@@ -251,7 +276,8 @@ def test_custom_loss_gradient_equals_the_builtin_one(server):
     tc = server.client().create_lora_training_client(base_model=NAME, rank=8, seed=3).result()
     sc = tc.save_weights_and_get_sampling_client("s0").result()
     params = tinker.types.SamplingParams(max_tokens=5, temperature=1.0, seed=1)
-    seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=2, sampling_params=params).result().sequences
+    seqs = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=2,
+                     sampling_params=params).result().sequences
     data = [rl_datum(PROMPT, s, a) for s, a in zip(seqs, (1.0, -0.5))]
     tc.forward_backward(data, "importance_sampling").result()
     builtin = accumulated_grads(server, tc)
@@ -276,7 +302,8 @@ def test_gspo_and_dro_through_the_sdk(server):
     tc = server.client().create_lora_training_client(base_model=NAME, rank=8, seed=4).result()
     sc = tc.save_weights_and_get_sampling_client("s0").result()
     params = tinker.types.SamplingParams(max_tokens=5, temperature=1.0, seed=2)
-    seq = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=1, sampling_params=params).result().sequences[0]
+    seq = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=1,
+                    sampling_params=params).result().sequences[0]
     d = rl_datum(PROMPT, seq, 1.0)
     n_prompt = len(PROMPT) - 1
     mask = np.asarray([0.0] * n_prompt + [1.0] * len(seq.tokens), dtype=np.float32)
@@ -325,3 +352,63 @@ def test_concurrent_sample_requests_share_one_engine_call_and_keep_their_answers
         for a, b in zip(alone.sequences, batched[i].sequences):
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     assert calls == [1] * len(prompts)
+
+
+def held_queue(server):
+    """Hold the server's worker until the returned `release(n)` is called (it waits for n requests to
+    be queued behind the hold, then lets them run)."""
+    queue = server.app.state.queue
+    gate = threading.Event()
+    queue.submit(None, gate.wait)
+
+    def release(n: int) -> None:
+        deadline = time.time() + 30
+        while len(queue.pending) < n and time.time() < deadline:
+            time.sleep(0.02)
+        assert len(queue.pending) == n, queue.pending
+        gate.set()
+    return release
+
+
+def test_concurrent_clients_run_in_shared_calls_with_their_own_results(server):
+    """Three LoRA clients' forward_backward requests waiting together run as one batch (one call of
+    the queue: one forward over all their data, tests/unit/serving/test_tinker_batching.py), with
+    each client's loss, logprobs and gradients those of its request run alone; two clients'
+    samplers sampling together share one engine call and get the samples each gets alone."""
+    svc = server.client()
+    clients = [svc.create_lora_training_client(base_model=NAME, rank=r, seed=s).result()
+               for r, s in ((8, 1), (4, 2), (4, 3))]
+    sl_steps(clients[0], 1, lr=3e-2)  # the adapters differ from each other and from the base
+    clients[1].forward_backward([datum(EXAMPLES[2])], "cross_entropy").result()
+    clients[1].optim_step(tinker.types.AdamParams(learning_rate=3e-2)).result()
+    calls = server.app.state.queue.calls
+    release = held_queue(server)
+    futures = [tc.forward_backward([datum(EXAMPLES[k]), datum(EXAMPLES[(k + 1) % 3])], "cross_entropy")
+               for k, tc in enumerate(clients)]
+    release(3)
+    batched = [f.result() for f in futures]
+    assert calls["fwdbwd"][-1] == 3, calls
+    grads = [accumulated_grads(server, tc) for tc in clients]
+    for k, tc in enumerate(clients):
+        alone = tc.forward_backward([datum(EXAMPLES[k]), datum(EXAMPLES[(k + 1) % 3])], "cross_entropy").result()
+        assert calls["fwdbwd"][-1] == 1
+        assert batched[k].metrics["loss:sum"] == pytest.approx(alone.metrics["loss:sum"], rel=1e-5)
+        for b, a in zip(batched[k].loss_fn_outputs, alone.loss_fn_outputs):
+            np.testing.assert_allclose(b["logprobs"].to_numpy(), a["logprobs"].to_numpy(), atol=1e-5)
+        for g, w in zip(grads[k], accumulated_grads(server, tc), strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+    samplers = [tc.save_weights_and_get_sampling_client(f"s{k}").result() for k, tc in enumerate(clients[:2])]
+    params = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=11)
+    release = held_queue(server)
+    futures = [sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=2, sampling_params=params)
+               for sc in samplers]
+    release(2)
+    together = [f.result() for f in futures]
+    assert calls["sample"][-1] == 2, calls
+    for sc, got in zip(samplers, together):
+        alone = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), num_samples=2, sampling_params=params).result()
+        assert [s.tokens for s in got.sequences] == [s.tokens for s in alone.sequences]
+        for a, b in zip(alone.sequences, got.sequences):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert [s.tokens for s in together[0].sequences] != [s.tokens for s in together[1].sequences]

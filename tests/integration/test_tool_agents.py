@@ -56,7 +56,8 @@ def calling_policy(ctx):
 def ws(tmp_path_factory):
     root = tmp_path_factory.mktemp("tools")
     save_tiny_chat_model(root / "tiny")
-    rows = [{"q": [{"role": "user", "content": f"{a}*{b}?"}], "a": str(a * b)} for a in range(2, 6) for b in range(2, 6)]
+    rows = [{"q": [{"role": "user", "content": f"{a}*{b}?"}], "a": str(a * b)}
+            for a in range(2, 6) for b in range(2, 6)]
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "tools.py").write_text(TOOLS)
     (root / "reward.py").write_text(REWARD)
@@ -82,7 +83,8 @@ def test_train_rl_with_agent_tools_through_the_cli(ws, tmp_path):
 def test_python_api_tools_run_in_episodes_and_their_results_never_count_in_the_loss(ws, tmp_path):
     cfg = RLConfig.from_args(flags(ws, tmp_path, **{"agent.tools": None, "rollout.max_new_tokens": "100"}))
     seen = []
-    trainer = RLTrainer.from_config(cfg, tools=[multiply], make_engine=lambda policy_, tok: ScriptedEngine(tok, calling_policy))
+    trainer = RLTrainer.from_config(cfg, tools=[multiply],
+                                    make_engine=lambda policy_, tok: ScriptedEngine(tok, calling_policy))
     generate = trainer.loop.source.generate
 
     def spy(batch, upcoming=None):

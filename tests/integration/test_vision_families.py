@@ -38,7 +38,10 @@ def cli(kind, *args) -> int:
 
 def moved(before: dict, after: dict, tower: bool) -> bool:
     """Whether some weight of the vision tower (`tower`) or of the rest changed."""
-    in_tower = lambda k: any(f".{t}." in f".{k}" for t in TOWER_NAMES)
+
+    def in_tower(k: str) -> bool:
+        return any(f".{t}." in f".{k}" for t in TOWER_NAMES)
+
     return any(not torch.equal(before[k], after[k]) for k in before if in_tower(k) == tower)
 
 

@@ -35,7 +35,7 @@ def test_sync_two_workers_equal_the_single_process_run_with_a_frozen_tower(ws, c
     frozen = {"actor.freeze_visual_encoder": "true"}
     assert main(["train", "rl", *flags(ws, ws / "local", **frozen)]) == 0
     assert main(["train", "rl", *flags(ws, ws / "ray", **frozen, **RAY)]) == 0
-    a, b = load_file(ws / "local" / "final" / "model.safetensors"), load_file(ws / "ray" / "final" / "model.safetensors")
+    a, b = (load_file(ws / run / "final" / "model.safetensors") for run in ("local", "ray"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     start = load_file(ws / "vlm" / "model.safetensors")
     assert any(not torch.equal(start[k], b[k]) for k in start if k.startswith("model.layers."))
@@ -64,7 +64,8 @@ def test_qlora_on_two_workers_samples_with_the_same_4bit_language_model_and_imag
     weights (tower, projector and head float) under the same adapters: the single-process run's adapters
     bit for bit, and the workers' logprobs are the trainer's forward over the same images."""
     pytest.importorskip("bitsandbytes")
-    qlora = {"ds.lora.rank": "4", "ds.lora.alpha": "8", "ds.load_in_4bit": "true", "actor.freeze_visual_encoder": "true"}
+    qlora = {"ds.lora.rank": "4", "ds.lora.alpha": "8", "ds.load_in_4bit": "true",
+             "actor.freeze_visual_encoder": "true"}
     assert main(["train", "rl", *flags(ws, ws / "qlora_local", **qlora)]) == 0
     assert main(["train", "rl", *flags(ws, ws / "qlora_ray", **qlora, **RAY)]) == 0
     a, b = (load_file(ws / run / "final" / "adapter_model.safetensors") for run in ("qlora_local", "qlora_ray"))

@@ -49,8 +49,9 @@ def _model(seed=0):
 
 
 def _trajs(rows):
-    return [Trajectory(torch.tensor(r["prompt"]), torch.tensor(r["response"]), torch.ones(len(r["response"]), dtype=torch.bool),
-                       torch.tensor(r["logprobs"]), r["finish"], r["version"], r["group"]) for r in rows]
+    return [Trajectory(torch.tensor(r["prompt"]), torch.tensor(r["response"]),
+                       torch.ones(len(r["response"]), dtype=torch.bool), torch.tensor(r["logprobs"]), r["finish"],
+                       r["version"], r["group"]) for r in rows]
 
 
 def _max_diff(model, rows, temperature):
@@ -125,7 +126,8 @@ def test_update_weights_loads_the_new_state_in_place(run):
     assert [r["response"] for r in out["after_greedy"]] == [t.response_ids.tolist() for t in hf]
 
 
-REWARD = "def reward_func(queries, prompts, labels, **kw):\n    return [len(set(q[len(p):])) / 8.0 for q, p in zip(queries, prompts)]\n"
+REWARD = ("def reward_func(queries, prompts, labels, **kw):\n"
+          "    return [len(set(q[len(p):])) / 8.0 for q, p in zip(queries, prompts)]\n")
 
 
 def _train_rl(tmp_path, steps, *extra):

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 
-
 REPORT_KEY = "switch_offs"  # the user property of the test's report holding the table (tests/switchoff/conftest.py)
 
 
@@ -116,6 +115,24 @@ def hard_labels(original):
     return lambda *args, **kwargs: [float(round(x)) for x in original(*args, **kwargs)]
 
 
+def packing_off(original):
+    return lambda samples, pad_id, packing: original(samples, pad_id, False)
+
+
+def unpooled(original):
+    def call(self, queries, prompts, labels, **kwargs):
+        return self.reward_fn(queries, prompts, labels, **kwargs)
+    return call
+
+
+def untruncated(original):
+    return lambda self, text: self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def unit_normalization(original):
+    return lambda model: (0.0, 1.0)
+
+
 def engine_keeps_its_version(original):
     return lambda engine: engine.version
 
@@ -183,7 +200,11 @@ def head_only(original):
 
 
 def text_request(original):
-    return lambda ids, vision, image_token_id: {"prompt_token_ids": [int(t) for t in ids]}  # no images sent
+    return lambda ids, vision, image_prompt: {"prompt_token_ids": [int(t) for t in ids]}  # no images sent
+
+
+def spans_kept(original):
+    return lambda ids, prompt: ([int(t) for t in ids], sum(int(t) == prompt.boi_id for t in ids))  # sent expanded
 
 
 def no_processor_given(original):
@@ -230,6 +251,13 @@ def actor_always_trained(original):
     return lambda self, exp, kl_coef, train_actor=True: original(self, exp, kl_coef)
 
 
+def oldest_alone(original):
+    def take(self):
+        with self.lock:
+            return [self.pending.pop(0)] if self.pending else []
+    return take
+
+
 def replays_nothing(original):
     import torch
 
@@ -263,12 +291,14 @@ ORL_RL = "tests/integration/test_openrlhf_rl_options.py"
 MUON = "tests/unit/trainers/test_muon.py"
 WARMUP = "tests/unit/trainers/test_critic_warmup.py"
 REPLAY = "tests/unit/models/test_routing_replay.py"
+SERVED_RM = "tests/integration/test_serve_reward_model.py"
 FLIPPED = "test_replay_undoes_a_router_choice_that_flipped_between_rollout_and_training"
 
 SWITCH_OFFS = (
     SwitchOff("vision tower frozen (--actor.freeze_visual_encoder)", "rlhfkit.models.vision:freeze_visual_encoder",
-              freezes_nothing, (f"{VISION}::test_freeze_visual_encoder_leaves_the_tower_bit_identical_and_trains_the_rest"
-                                "[qwen2_vl]",), "freezes nothing"),
+              freezes_nothing,
+              (f"{VISION}::test_freeze_visual_encoder_leaves_the_tower_bit_identical_and_trains_the_rest[qwen2_vl]",),
+              "freezes nothing"),
     SwitchOff("vision tower frozen in train sft, rm, dpo and kto (--model.freeze_visual_encoder)",
               "rlhfkit.models.vision:freeze_visual_encoder", freezes_nothing,
               (f"{VISION_RM}::test_freeze_visual_encoder_keeps_the_tower_as_loaded_and_trains_the_rest[rm-True]",
@@ -308,7 +338,8 @@ SWITCH_OFFS = (
               (f"{STAGES}::test_update_moves_the_weights_towards_the_positive_advantage",
                "tests/gpu/test_device_vs_cpu.py::test_one_rl_step_matches_the_cpu[cpu]"), "optimizer.step a no-op"),
     SwitchOff("token-budget micro-batches (dynamic batch)", "rlhfkit.trainers.rl.batching:MicroBatcher.cut",
-              no_token_budget, ("tests/unit/trainers/test_token_budget.py::test_micro_batches_are_cut_by_the_token_budget",),
+              no_token_budget,
+              ("tests/unit/trainers/test_token_budget.py::test_micro_batches_are_cut_by_the_token_budget",),
               "max_tokens ignored"),
     SwitchOff("EMA of the policy", "rlhfkit.core.ema:ema_update", noop,
               ("tests/unit/core/test_ema.py::test_ema_one_step_by_hand",
@@ -359,6 +390,25 @@ SWITCH_OFFS = (
               never_equal, (f"{AGENTS}::test_builtin_environments_run[calculator]",), "never equal"),
     SwitchOff("PRM soft labels", "rlhfkit.data.steps:label_targets", hard_labels,
               ("tests/integration/test_prm.py::test_soft_labels_from_python",), "rounded to 0 / 1"),
+    SwitchOff("packed micro-batches in `train prm` (--ds.packing_samples)",
+              "rlhfkit.trainers.supervised.prm:step_batch", packing_off,
+              ("tests/unit/trainers/test_prm.py::test_packed_loss_and_gradients_equal_padded",), "padded rows"),
+    SwitchOff("concurrent requests sharing a served reward model's passes (`serve-reward`)",
+              "rlhfkit.rewards.server:PooledReward.__call__", unpooled,
+              (f"{SERVED_RM}::test_concurrent_requests_share_forward_passes_of_batch_size_queries",
+               f"{SERVED_RM}::test_pooled_calls_get_their_own_rows_or_the_error"),
+              "each request its own call"),
+    SwitchOff("a served reward model's query truncation (`serve-reward --data.max_len`)",
+              "rlhfkit.rewards.reward_model:RewardModelFn.tokens", untruncated,
+              (f"{SERVED_RM}::test_max_len_scores_the_first_tokens_of_a_long_query",
+               f"{SERVED_RM}::test_a_left_truncating_tokenizer_keeps_the_last_tokens"), "whole queries"),
+    SwitchOff("a served reward model's normalisation (`serve-reward --reward.normalize_enable`)",
+              "rlhfkit.models.reward:normalization", unit_normalization,
+              (f"{SERVED_RM}::test_served_scores_are_the_in_process_scores[True]",), "mean 0, std 1"),
+    SwitchOff("images in requests to a served reward model over images (`--reward.remote_url http://...`)",
+              "rlhfkit.rewards.remote:image_fields", lambda original: lambda kwargs: {},
+              ("tests/integration/test_serve_vision_reward_model.py::"
+               "test_the_rl_clients_requests_are_scored_as_in_process",), "requests without the images"),
     SwitchOff("QLoRA's 4-bit base (--ds.load_in_4bit)", "rlhfkit.models.loading:nf4_config", noop,
               ("tests/integration/test_qlora.py::test_sft_trains_adapters_over_4bit_linear_layers",
                "tests/integration/test_vision_qlora.py::test_sft_and_dpo_train_adapters_over_a_4bit_language_model[sft]"),
@@ -367,7 +417,8 @@ SWITCH_OFFS = (
               "rlhfkit.models.vision:unquantized_parts", head_only,
               ("tests/integration/test_vision_qlora.py::test_rl_samples_and_trains_with_the_same_4bit_weights_and_images",),
               "only the LM head kept"),
-    SwitchOff("bitsandbytes' CPU repacking of the 4-bit base kept off (QLoRA)", "rlhfkit.models.loading:keep_4bit_layout",
+    SwitchOff("bitsandbytes' CPU repacking of the 4-bit base kept off (QLoRA)",
+              "rlhfkit.models.loading:keep_4bit_layout",
               identity_model, (("tests/integration/test_vision_qlora.py::"
                                 "test_rl_samples_and_trains_with_the_same_4bit_weights_and_images"),
                                ("tests/unit/models/test_qlora_layout.py::"
@@ -392,7 +443,8 @@ SWITCH_OFFS = (
                                   "test_feedback_images_past_the_image_limit_end_the_episode_without_them",),
               "counts no image"),
     SwitchOff("images in agent episodes' engine calls (tools, environments)", "rlhfkit.agents.tools.agent:image_kwargs",
-              no_prompt_images, (f"{VISION_TOOLS}::test_a_tool_call_episode_with_images_matches_the_trainers_forward[False]",),
+              no_prompt_images,
+              (f"{VISION_TOOLS}::test_a_tool_call_episode_with_images_matches_the_trainers_forward[False]",),
               "engine calls without the images"),
     SwitchOff("images at every step of a VLM decoded without a KV cache (Qwen3.5)",
               "rlhfkit.rollout.vision:VisionEngine._uncached_logits", text_model_steps,
@@ -418,7 +470,10 @@ SWITCH_OFFS = (
               "the language model's layers only"),
     SwitchOff("images in vLLM requests (vision-language models)", "rlhfkit.rollout.vllm:vllm_request", text_request,
               ("tests/unit/rollout/test_vllm_vision.py::test_requests_hold_one_placeholder_per_image_and_the_images_"
-               "and_trajectories_the_tensors[llava-sizes2]",), "the ids alone, no images"),
+               "and_trajectories_the_tensors[llava]",), "the ids alone, no images"),
+    SwitchOff("Gemma 3's image spans as vLLM's placeholders", "rlhfkit.rollout.vllm_images:unwrap_images", spans_kept,
+              ("tests/unit/rollout/test_vllm_vision.py::test_requests_hold_one_placeholder_per_image_and_the_images_"
+               "and_trajectories_the_tensors[gemma3-2images-newlines]",), "the HF processor's spans sent as they are"),
     SwitchOff("LoRA kept out of a frozen vision tower", "rlhfkit.models.vision:language_lora_targets", names_as_given,
               (f"{VISION_LORA}::test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out",),
               "the target names as given"),
@@ -470,5 +525,11 @@ SWITCH_OFFS = (
               ("tests/unit/trainers/test_bf16_masters.py::test_the_residual_stream_stays_float32_under_autocast",
                "tests/unit/api/test_bf16_params_setup.py::test_bf16_parameters_get_float32_norms_and_residual"),
               "no hook: the residual stream is bf16"),
+    SwitchOff("Tinker server: waiting requests of several clients batched",
+              "rlhfkit.serving.tinker.queue:RequestQueue._take", oldest_alone,
+              ("tests/unit/serving/test_tinker_queue.py::test_waiting_requests_group_and_each_client_keeps_its_order",
+               "tests/integration/test_tinker_sdk.py::"
+               "test_concurrent_clients_run_in_shared_calls_with_their_own_results"),
+              "each request runs alone, in arrival order"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}

@@ -1,5 +1,6 @@
 """The OpenAI-compatible endpoint that lets any agent program drive the policy, and records what it trains on.
-May import core, rollout, rewards and data (docs/architecture.md); FastAPI and uvicorn (serve extra), openai (agents extra)."""
+May import core, rollout, rewards and data (docs/architecture.md); FastAPI and uvicorn (serve extra),
+openai (agents extra)."""
 
 from rlhfkit.agents.endpoint.episodes import EndpointLimits
 from rlhfkit.agents.endpoint.handlers import Settings

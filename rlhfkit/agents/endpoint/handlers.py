@@ -168,7 +168,8 @@ class Completions:
             prompt = prompt[0]
         if isinstance(prompt, str) and prompt:
             ids = self.text_ids(e, prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif (isinstance(prompt, list) and prompt
+              and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
             if not all(0 <= t < len(self.tokenizer) for t in prompt):
                 raise BadRequest(f"prompt: token ids must be in [0, {len(self.tokenizer)})")
             ids = list(prompt)

@@ -234,7 +234,8 @@ class EndpointExecutor:
         texts = [tokenizer.decode(c.prompt_ids, skip_special_tokens=False) for c in last]
         queries = [t + tokenizer.decode(c.sampled_ids, skip_special_tokens=False) for t, c in zip(texts, last)]
         out = self.fallback_reward_fn(queries, texts, [prompts[i].label for i in todo],
-                                      responses=[tokenizer.decode(c.sampled_ids, skip_special_tokens=True) for c in last],
+                                      responses=[tokenizer.decode(c.sampled_ids, skip_special_tokens=True)
+                                                 for c in last],
                                       records=[getattr(prompts[i], "record", {}) for i in todo])
         for j, i in enumerate(todo):
             outcomes[i].reward = float(out.rewards[j])

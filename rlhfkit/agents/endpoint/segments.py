@@ -6,9 +6,9 @@ segments:
 
 - a call whose prompt ids start with the whole of an earlier segment (its prompt, every sampled
   and in-between token so far), and whose images start with the segment's images (a
-  vision-language policy: the same images in the same order, then any new ones), extends that segment: the tokens between the segment's end and the
-  call's sampled tokens (the agent's feedback, tool results, the next generation prompt) join the
-  response with loss_mask False (logprob 0), the sampled tokens with loss_mask True and the engine's
+  vision-language policy: the same images in the same order, then any new ones), extends that segment: the tokens
+  between the segment's end and the call's sampled tokens (the agent's feedback, tool results, the next generation
+  prompt) join the response with loss_mask False (logprob 0), the sampled tokens with loss_mask True and the engine's
   logprobs. An agent that keeps its history gives ONE trajectory, as the built-in multi-turn loop.
 - a call that extends no segment (the agent rewrote, dropped or summarised earlier turns, or made
   a second call from the same history) starts a new segment whose prompt is its whole prompt: it

@@ -15,15 +15,13 @@ multi-turn executor merges an episode's feedback images.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlhfkit.agents.endpoint.wire import BadRequest
 from rlhfkit.agents.tools.render import ToolTemplate
-from rlhfkit.data.images import VisionInputs, encode, open_image
+from rlhfkit.data.images import VisionInputs, data_url_bytes, encode, open_image
 from rlhfkit.errors import DataError
 from rlhfkit.rollout.vision import merge_vision
 
@@ -45,14 +43,8 @@ def decode_image_url(url: Any, where: str):
     if url.startswith(("http://", "https://")):
         raise RefusedImage(f"{where}: image URL {url[:60]!r} refused: the trainer fetches no images from the "
                            "network; send the image inline as a data:image/...;base64 URL", "refused_image_url")
-    header, comma, data = url.partition(",")
-    if not (url.startswith("data:image/") and comma and header.endswith(";base64")):
-        raise RefusedImage(f"{where}: image URL {url[:40]!r}...: give a data:image/<format>;base64,<data> URL")
     try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise RefusedImage(f"{where}: the data URL is not valid base64 ({exc})") from exc
-    try:
+        raw = data_url_bytes(url, where)
         image = open_image(raw, where)
     except DataError as exc:
         raise RefusedImage(str(exc)) from exc

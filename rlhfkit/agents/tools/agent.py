@@ -154,9 +154,9 @@ class ToolExecutor:
 
     multi_turn = True
 
-    def __init__(self, tools: ToolSet | Sequence = (), limits: ToolLimits | None = None, parser: str | dict | None = None,
-                 environment_factory: Callable[[], Any] | None = None, on_rerender: str = "keep",
-                 overlap: bool = False, **template_kwargs: Any):
+    def __init__(self, tools: ToolSet | Sequence = (), limits: ToolLimits | None = None,
+                 parser: str | dict | None = None, environment_factory: Callable[[], Any] | None = None,
+                 on_rerender: str = "keep", overlap: bool = False, **template_kwargs: Any):
         if on_rerender not in ON_RERENDER:
             raise ConfigError(f"--agent.on_rerender: unknown value {on_rerender!r}; valid: {', '.join(ON_RERENDER)}")
         self.on_rerender = on_rerender

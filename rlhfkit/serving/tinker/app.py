@@ -1,7 +1,9 @@
 """The Tinker API over HTTP (FastAPI), as the official `tinker` SDK speaks it.
 
 Routes are the SDK's (`/api/v1/...`). Work on models (create_model, forward_backward,
-optim_step, save/load, asample) is queued to one worker thread in arrival order and answered
+optim_step, save/load, asample) is queued to one worker thread in arrival order (queue.py: waiting
+forward / forward_backward requests of any clients run as one batch, and so do waiting sample
+requests with the same parameters, each client's own requests kept in order) and answered
 with a future (`{"request_id": ...}`); `retrieve_future` waits up to `poll_s` seconds for it and
 answers the result (protobuf for forward_backward and sample, JSON otherwise), `try_again`, or
 `{"error": ..., "category": "user"}`, which the SDK raises as one line. Every route but the
@@ -12,15 +14,15 @@ they are read; a route the SDK has that this server does not serve gets a 404 na
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hmac
 import json
-import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -28,7 +30,12 @@ from fastapi.responses import JSONResponse, Response
 
 from rlhfkit.errors import RlhfkitError, one_line
 from rlhfkit.serving.tinker.host import ModelHost
+from rlhfkit.serving.tinker.queue import RequestQueue
+from rlhfkit.serving.tinker.scoring import check_topk
 from rlhfkit.serving.tinker.wire import (
+    FwdBwdRequest,
+    SampleOptions,
+    WireImage,
     forward_backward_output,
     parse_forward_backward,
     sample_response,
@@ -42,18 +49,26 @@ KEPT_FUTURES = 4096
 
 
 class Futures:
-    """Queued work and its results, by request id (the oldest results dropped past KEPT_FUTURES)."""
+    """Queued work (a RequestQueue) and its results, by request id (the oldest results dropped past
+    KEPT_FUTURES)."""
 
-    def __init__(self) -> None:
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-worker")
+    def __init__(self, queue: RequestQueue) -> None:
+        self.queue = queue
         self.items: OrderedDict[str, Future] = OrderedDict()
 
-    def submit(self, fn: Callable[[], Any], model_id: str | None = None, **extra) -> dict:
+    def submit(self, fn: Callable[[], Any] | None, model_id: str | None = None, owner: str | None = None,
+               group: tuple | None = None, payload: Any = None, **extra) -> dict:
+        """Queue `fn` (or `payload` in a group of key `group`) for `owner` (default `model_id`); the
+        SDK's answer `{"request_id", "model_id", **extra}`."""
         request_id = uuid.uuid4().hex
-        self.items[request_id] = self.worker.submit(fn)
+        self.items[request_id] = self.queue.submit(owner or model_id, fn, group, payload)
         while len(self.items) > KEPT_FUTURES:
             self.items.popitem(last=False)
         return {"request_id": request_id, "model_id": model_id, **extra}
+
+    async def now(self, fn: Callable[[], Any], owner: str | None = None):
+        """Run `fn` in the queue and wait for its result (requests answered at once)."""
+        return await asyncio.wrap_future(self.queue.submit(owner, fn))
 
     async def retrieve(self, request_id: str, poll_s: float) -> Response:
         future = self.items.get(request_id)
@@ -76,63 +91,33 @@ class Futures:
 @dataclass
 class SampleRequest:
     session: str
-    prompt: list[int]
+    prompt: list  # token ids, a WireImage where an image chunk sits
     n: int
     params: dict
-    prompt_logprobs: bool
-    result: Future = dataclass_field(default_factory=Future)
+    options: SampleOptions
 
-    def key(self) -> tuple:
-        """Requests with the same key run in one engine call: same sampler, n and parameters but the seed."""
-        return self.session, self.n, json.dumps({k: v for k, v in self.params.items() if k != "seed"}, sort_keys=True)
+    def group(self) -> tuple:
+        """Requests with the same key run in one engine call: the same n and parameters but the seed
+        (any sampling session: LoRA samplers' rows each use their own adapter)."""
+        return "sample", self.n, json.dumps({k: v for k, v in self.params.items() if k != "seed"}, sort_keys=True)
 
 
-class SampleBatcher:
-    """Sample requests waiting for the worker. The first of them to run takes every waiting request
-    with its key (at most `max_prompts`) into one `ModelHost.sample` call, the prompts batched in the
-    engine; the others' jobs then find their answer ready. A request whose prompt is invalid fails
-    alone; each prompt's samples depend only on it and its seed, so batching changes no answer."""
+def runners(host: ModelHost) -> dict[str, Callable[[list], list]]:
+    """The queue's group runners: forward / forward_backward requests (FwdBwdRequest) of any
+    models in `host.forward_backward_many`, sample requests (SampleRequest) of one key in one
+    `host.sample`; each answered with its protobuf bytes or its own error."""
 
-    def __init__(self, host: ModelHost, max_prompts: int = 64) -> None:
-        self.host, self.max_prompts = host, max_prompts
-        self.pending: list[SampleRequest] = []
-        self.lock = threading.Lock()
+    def forward_backward(requests: list[FwdBwdRequest]) -> list:
+        return [r if isinstance(r, Exception) else forward_backward_output(*r)
+                for r in host.forward_backward_many(requests)]
 
-    def submit(self, request: SampleRequest) -> Callable[[], bytes]:
-        with self.lock:
-            self.pending.append(request)
+    def sample(requests: list[SampleRequest]) -> list:
+        first = requests[0]
+        outs = host.sample([r.session for r in requests], [r.prompt for r in requests], first.n, first.params,
+                           [r.params.get("seed") for r in requests], [r.options for r in requests])
+        return [out if isinstance(out, Exception) else sample_response(*out) for out in outs]
 
-        def run() -> bytes:
-            if not request.result.done():
-                self._run(request)
-            return request.result.result()
-        return run
-
-    def _run(self, first: SampleRequest) -> None:
-        with self.lock:
-            batch = [r for r in self.pending if r.key() == first.key()][:self.max_prompts]
-            if first not in batch:
-                batch = [first] + batch[:-1]
-            for r in batch:
-                self.pending.remove(r)
-        valid = []
-        for r in batch:
-            try:
-                self.host.check_prompt(r.prompt)
-                valid.append(r)
-            except Exception as exc:  # noqa: BLE001 - handed to that request's future
-                r.result.set_exception(exc)
-        if not valid:
-            return
-        try:
-            outs = self.host.sample(first.session, [r.prompt for r in valid], first.n, first.params,
-                                    [r.params.get("seed") for r in valid], [r.prompt_logprobs for r in valid])
-        except Exception as exc:  # noqa: BLE001 - the same session and parameters: every request fails alike
-            for r in valid:
-                r.result.set_exception(exc)
-            return
-        for r, (seqs, prompt_lp) in zip(valid, outs):
-            r.result.set_result(sample_response(seqs, prompt_lp))
+    return {"fwdbwd": forward_backward, "sample": sample}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -165,10 +150,13 @@ def field(body: dict, name: str, kind: type | tuple = str):
     return value
 
 
-def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, poll_s: float = 20.0) -> FastAPI:
-    """The server's FastAPI app over `host` (see the module docstring)."""
+def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, poll_s: float = 20.0,
+             max_group: int = 64) -> FastAPI:
+    """The server's FastAPI app over `host` (see the module docstring); `max_group`: the most waiting
+    requests run together (`app.state.queue.calls` counts the calls and their sizes)."""
     app = FastAPI(title="rlhfkit Tinker server")
-    futures = Futures()
+    app.state.queue = RequestQueue(runners(host), max_group)
+    futures = Futures(app.state.queue)
     app.state.futures = futures
 
     @app.middleware("http")
@@ -239,6 +227,20 @@ def _check_base(host: ModelHost, name: str | None) -> None:
         raise HTTPException(404, f"base_model {name!r}: this server serves {host.name!r} only")
 
 
+# Why Tinker's other optimizer is refused (docs/tinker.md, after the losses).
+DIMUON_REFUSED = ("Dimuon is not served by rlhfkit's Tinker server (its update is not published: the SDK names only "
+                  "its hyperparameters, and rlhfkit's Muon is another update); use AdamW, the default "
+                  "(AdamOptimizerConfig, AdamParams)")
+
+
+def _check_optimizer(config) -> None:
+    """422 for an optimizer_config (create_model, load_weights) that is not AdamW's."""
+    kind = config.get("type") if isinstance(config, dict) else None
+    if kind not in (None, "adamw"):
+        raise HTTPException(422, f"optimizer_config {kind!r}: " + (DIMUON_REFUSED if kind == "dimuon" else
+                                                                 "only AdamW (AdamOptimizerConfig) is served"))
+
+
 def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None:
     """Training clients' models: create, describe, unload, save and load."""
 
@@ -246,6 +248,7 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
     async def create_model(request: Request):
         req = await body(request)
         _check_base(host, field(req, "base_model"))
+        _check_optimizer(req.get("optimizer_config"))
         lora = req.get("lora_config") or {}
         if not isinstance(lora, dict):
             raise HTTPException(422, "field 'lora_config': expected an object")
@@ -262,7 +265,7 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
     async def get_info(request: Request):
         req = await body(request)
         model_id = field(req, "model_id")
-        return await asyncio.wrap_future(futures.worker.submit(host.info, model_id))
+        return await futures.now(lambda: host.info(model_id), model_id)
 
     @app.post("/api/v1/unload_model")
     async def unload_model(request: Request):
@@ -292,6 +295,7 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
     async def load_weights(request: Request):
         req = await body(request)
         path, optimizer = field(req, "path"), bool(req.get("optimizer", False))
+        _check_optimizer(req.get("optimizer_config"))
         model_id, create = req.get("model_id"), req.get("model_id") is None
         if create:
             _check_base(host, req.get("base_model"))
@@ -317,10 +321,7 @@ def _step_routes(app: FastAPI, host: ModelHost, futures: Futures, body, max_requ
         except RlhfkitError as exc:
             raise HTTPException(422, one_line(exc)) from exc
 
-        def run():
-            outputs, metrics = host.forward_backward(fb.model_id, fb.loss_fn, fb.config, fb.data, fb.forward_only)
-            return forward_backward_output(outputs, metrics)
-        return futures.submit(run, fb.model_id)
+        return futures.submit(None, fb.model_id, group=("fwdbwd",), payload=fb)
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request):
@@ -328,25 +329,26 @@ def _step_routes(app: FastAPI, host: ModelHost, futures: Futures, body, max_requ
         model_id = field(req, "model_id")
         params = req.get("adam_params")
         if not isinstance(params, dict):
-            raise HTTPException(422, "optim_step: only Adam is served here; send adam_params (AdamParams)")
+            other = req.get("optimizer_params")
+            kind = other.get("type") if isinstance(other, dict) else None
+            raise HTTPException(422, "optim_step: " + (DIMUON_REFUSED if kind == "dimuon" else
+                                                       "only AdamW is served here; send AdamParams"))
         return futures.submit(lambda: {"metrics": host.optim_step(model_id, params)}, model_id)
 
 
 def _sampling_routes(app: FastAPI, host: ModelHost, futures: Futures, body, poll_s: float) -> None:
     """Sampling sessions, sampling (batched across concurrent requests) and the futures' results."""
-    batcher = SampleBatcher(host)
-
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request):
         req = await body(request)
         _check_base(host, req.get("base_model"))
         model_path = req.get("model_path")
-        session = await asyncio.wrap_future(futures.worker.submit(host.create_sampler, model_path))
+        session = await futures.now(lambda: host.create_sampler(model_path))
         return {"type": "create_sampling_session", "sampling_session_id": session}
 
     @app.get("/api/v1/samplers/{sampler_id}")
     async def sampler(sampler_id: str):
-        known, path = await asyncio.wrap_future(futures.worker.submit(host.sampler_path, sampler_id))
+        known, path = await futures.now(lambda: host.sampler_path(sampler_id))
         if not known:
             raise HTTPException(404, f"sampler {sampler_id!r}: no such sampling session")
         return {"sampler_id": sampler_id, "base_model": host.name, "model_path": path}
@@ -361,25 +363,61 @@ def _sampling_routes(app: FastAPI, host: ModelHost, futures: Futures, body, poll
         if not 1 <= n <= 256:
             raise HTTPException(422, f"num_samples {n}: give 1..256")
 
-        run = batcher.submit(SampleRequest(session, prompt, n, params, bool(req.get("prompt_logprobs"))))
-        return futures.submit(run, sample_sequence_ids=[uuid.uuid4().hex for _ in range(n)])
+        sample = SampleRequest(session, prompt, n, params, _sample_options(req))
+        return futures.submit(None, owner=session, group=sample.group(), payload=sample,
+                              sample_sequence_ids=[uuid.uuid4().hex for _ in range(n)])
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve(request: Request):
         return await futures.retrieve(field(await body(request), "request_id"), poll_s)
 
 
-def _prompt_tokens(req: dict) -> list[int]:
+# SampleRequest fields this server does not serve, and the value that asks for nothing.
+UNSERVED_SAMPLE_FIELDS = {"target_prompt_logprobs": None, "prompt_alt_tokens_k": 0, "prompt_logprobs_last_n": None}
+
+
+def _sample_options(req: dict) -> SampleOptions:
+    """The logprobs a sample request asks for (422 in one line for a field this server refuses)."""
+    for name, nothing in UNSERVED_SAMPLE_FIELDS.items():
+        if req.get(name, nothing) != nothing:
+            raise HTTPException(422, f"sample: {name} is not served by rlhfkit's Tinker server; served are "
+                                     "include_prompt_logprobs, topk_prompt_logprobs and topk_sample_logprobs")
+    try:
+        return SampleOptions(bool(req.get("prompt_logprobs")),
+                             check_topk(req.get("topk_prompt_logprobs", 0), "topk_prompt_logprobs"),
+                             check_topk(req.get("topk_sample_logprobs", 0), "topk_sample_logprobs"))
+    except RlhfkitError as exc:
+        raise HTTPException(422, one_line(exc)) from exc
+
+
+def _prompt_tokens(req: dict) -> list:
+    """The prompt's tokens, each image chunk a WireImage in its place (422 for a chunk not served)."""
     prompt = req.get("prompt")
     chunks = prompt.get("chunks") if isinstance(prompt, dict) else None
     if not isinstance(chunks, list):
         raise HTTPException(422, "field 'prompt': expected a ModelInput with chunks")
-    tokens: list[int] = []
+    tokens: list = []
     for chunk in chunks:
-        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
-            raise HTTPException(422, "prompt: only encoded_text chunks are served (a text model)")
+        kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else None
+        if kind == "image":
+            tokens.append(_image_chunk(chunk))
+            continue
+        if kind != "encoded_text":
+            raise HTTPException(422, f"prompt: a {kind} chunk; served are encoded_text and image chunks (an image "
+                                     "by reference, image_asset_pointer, is not fetched: send its bytes)")
         ids = chunk.get("tokens")
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise HTTPException(422, "prompt: a chunk's tokens must be a list of ints")
         tokens += ids
     return tokens
+
+
+def _image_chunk(chunk: dict) -> WireImage:
+    expected = chunk.get("expected_tokens")
+    try:
+        data = base64.b64decode(chunk.get("data") or "", validate=True)
+    except (binascii.Error, TypeError) as exc:
+        raise HTTPException(422, f"prompt: an image chunk's data is not base64 ({exc})") from exc
+    if not isinstance(chunk.get("format"), str) or not (expected is None or isinstance(expected, int)):
+        raise HTTPException(422, "prompt: an image chunk needs format (png or jpeg) and an integer expected_tokens")
+    return WireImage(data, chunk["format"], expected)

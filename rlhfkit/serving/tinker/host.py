@@ -2,9 +2,11 @@
 (a LoRA adapter on the shared base, or with `full=True` a full copy), each with its own
 `Learner` (AdamW) and checkpoints, and sampling sessions over saved weights.
 
-Every method runs on the server's one worker thread, one request at a time in arrival order, so
-a request sees exactly the adapter it names (`set_adapter` before each) and a failing request,
-checked before any forward, leaves every model as it was. Checkpoints are folders under `root`:
+Every method runs on the server's one worker thread, one call at a time. `forward_backward_many`
+and `sample` take the requests of several clients that waited together (the app's queue): their
+rows share forwards, each through its own client's adapter (models.lora_rows), or the adapter made
+active when a forward has one; a failing request, checked before any forward, fails alone and
+leaves every model as it was. Checkpoints are folders under `root`:
 
     root/MODEL_ID/weights/NAME/          adapter folder (or HF folder), learner.pt, meta.json
     root/MODEL_ID/sampler_weights/NAME/  adapter folder (or HF folder), meta.json
@@ -21,23 +23,25 @@ import json
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from rlhfkit.core.losses import logprobs_from_logits
-from rlhfkit.errors import CheckpointError, DataError
+from rlhfkit.errors import CheckpointError, DataError, RlhfkitError
 from rlhfkit.models.lora import (
     add_adapter,
     add_lora,
     load_adapter_weights,
     save_adapter,
 )
-from rlhfkit.rollout.base import SamplingParams
-from rlhfkit.rollout.hf import HFEngine
-from rlhfkit.rollout.stops import cut_at_stop_strings, split_stops
+from rlhfkit.models.lora_rows import RowAdapters
+from rlhfkit.models.vision import is_vision_model, language_lora_targets, vision_kwargs
+from rlhfkit.serving.tinker.images import ImageInputs
 from rlhfkit.serving.tinker.losses import lookup_loss
-from rlhfkit.serving.tinker.wire import Sequence, WireDatum
+from rlhfkit.serving.tinker.sampling import SamplingMixin
+from rlhfkit.serving.tinker.wire import FwdBwdRequest, WireDatum
 from rlhfkit.trainers.learner import Learner
 
 LORA_ALPHA = 32
@@ -67,20 +71,25 @@ def lora_targets(present: set[str], attn: bool, mlp: bool) -> tuple[str, ...]:
     return targets
 
 
-class ModelHost:
+class ModelHost(SamplingMixin):
     """Holds the base model, the training models and the sampling sessions (see the module docstring)."""
 
     def __init__(self, base: torch.nn.Module, tokenizer, name: str, root: str | Path, device: torch.device,
-                 full: bool = False, default_rank: int = 32, tokenizer_id: str | None = None):
+                 full: bool = False, default_rank: int = 32, tokenizer_id: str | None = None,
+                 batch_tokens: int = 4096, processor=None):
         self.base = base.to(device)
         self.tokenizer_id = tokenizer_id or name
         self.linear = linear_names(base)  # read before peft wraps the linear layers
+        # a VLM's LoRA layers: the language model's (full names), never the vision tower's
+        self.language_linears = language_lora_targets(base, "all-linear") if is_vision_model(base) else None
+        self.images = ImageInputs(processor if is_vision_model(base) else None, base.config)
         self.tokenizer = tokenizer
         self.name = name
         self.root = Path(root)
         self.device = device
         self.full = full
         self.default_rank = default_rank
+        self.batch_tokens = batch_tokens  # most padded tokens in one forward of forward_backward
         self.peft = None  # the shared peft model once a LoRA client exists
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, str | None] = {}  # sampling session -> tinker:// path or None (the base)
@@ -102,6 +111,8 @@ class ModelHost:
             else:
                 rank = rank or self.default_rank
                 targets = lora_targets(self.linear, attn, mlp)
+                if self.language_linears is not None:
+                    targets = tuple(n for n in self.language_linears if n.rsplit(".", 1)[-1] in targets)
                 if self.peft is None:
                     self.peft = add_lora(self.base, rank, LORA_ALPHA, targets, adapter_name=model_id)
                 else:
@@ -112,11 +123,15 @@ class ModelHost:
         self.models[model_id] = TrainingModel(model_id, rank, module, learner)
         return model_id
 
-    def get(self, model_id: str) -> TrainingModel:
+    def _model(self, model_id: str) -> TrainingModel:
         if model_id not in self.models:
             raise DataError(f"model_id {model_id!r}: no such training model on this server (create it, or "
                             "create_training_client_from_state after a restart)")
-        model = self.models[model_id]
+        return self.models[model_id]
+
+    def get(self, model_id: str) -> TrainingModel:
+        """Training model `model_id`, its adapter made peft's active one."""
+        model = self._model(model_id)
         if model.rank is not None:
             model.module.set_adapter(model_id)
         return model
@@ -128,7 +143,7 @@ class ModelHost:
 
     @property
     def max_context_length(self) -> int | None:
-        return getattr(self.base.config, "max_position_embeddings", None)
+        return getattr(self.base.config.get_text_config(decoder=True), "max_position_embeddings", None)
 
     def sampler_path(self, session: str) -> tuple[bool, str | None]:
         """(whether `session` is a sampling session here, the tinker:// path it samples or None for the base)."""
@@ -162,33 +177,131 @@ class ModelHost:
             if ids.min() < 0 or ids.max() >= vocab:
                 raise DataError(f"data[{i}]: a token id outside [0, {vocab}) (the model's vocabulary)")
 
-    def _logprobs(self, module: torch.nn.Module, tokens: list[int], targets: np.ndarray) -> torch.Tensor:
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        logits = module(input_ids=ids).logits[0]
-        return logprobs_from_logits(logits, torch.tensor(targets.reshape(-1), dtype=torch.long, device=self.device))
+    def logits(self, module: torch.nn.Module, rows: list[list[int]], visions: list | None = None) -> torch.Tensor:
+        """`module`'s logits [B, W, V] over the token rows right-padded to the longest (a causal LM's
+        real tokens never see the pads after them), each row with its images' tensors (`visions[r]`:
+        a VisionInputs or None; models.vision.vision_kwargs)."""
+        ids = torch.zeros((len(rows), max(len(r) for r in rows)), dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, :len(row)] = torch.as_tensor(row, dtype=torch.long)
+        extra = {}
+        if visions is not None and any(v is not None for v in visions):
+            extra = vision_kwargs(module, SimpleNamespace(vision=visions, input_ids=ids), self.device)
+        return module(input_ids=ids.to(self.device), **extra).logits
+
+    def _batch_logprobs(self, module: torch.nn.Module, data: list[WireDatum]) -> list[torch.Tensor]:
+        """Each datum's logprobs of its targets [T_i], from one forward over the data (`logits`)."""
+        labels = torch.zeros((len(data), max(len(d.tokens) for d in data)), dtype=torch.long)
+        for r, d in enumerate(data):
+            labels[r, :len(d.tokens)] = torch.as_tensor(d.inputs["target_tokens"].reshape(-1), dtype=torch.long)
+        logits = self.logits(module, [d.tokens for d in data], [d.vision for d in data])
+        logp = logprobs_from_logits(logits, labels.to(self.device))
+        return [logp[r, :len(d.tokens)] for r, d in enumerate(data)]
 
     def forward_backward(self, model_id: str, loss_fn: str, config: dict, data: list[WireDatum],
                          forward_only: bool) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         """Tinker's forward_backward: per datum the loss (summed over its tokens) and, unless
         `forward_only`, its gradient added into the model's accumulated gradient. Returns
         per-datum outputs (`logprobs` [T], `elementwise_loss` [T]) and metrics (`loss:sum`)."""
-        spec = lookup_loss(loss_fn)
-        self._check(data, spec.inputs)
-        model = self.get(model_id)
-        model.module.train(not forward_only)
-        outputs, total = [], 0.0
-        for d in data:
-            with torch.set_grad_enabled(not forward_only):
-                logp = self._logprobs(model.module, d.tokens, d.inputs["target_tokens"])
-                inputs = {k: torch.tensor(d.inputs[k].reshape(-1), dtype=torch.float32, device=self.device)
-                          for k in spec.inputs}
-                loss, _ = spec.fn(logp, inputs, config)
-                elementwise = _elementwise(spec, logp.detach(), inputs, config)
-            if not forward_only:
-                model.learner.backward(loss)
-            total += float(loss.detach())
-            outputs.append({"logprobs": logp.detach().cpu().numpy(), "elementwise_loss": elementwise})
-        return outputs, {"loss:sum": total}
+        request = FwdBwdRequest(model_id, 0, loss_fn, config, forward_only, data)
+        result = self.forward_backward_many([request])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def forward_backward_many(self, requests: list[FwdBwdRequest]) -> list[tuple[list, dict] | RlhfkitError]:
+        """Several forward / forward_backward requests, of one model or of several, in shared
+        forwards: their data cut into batches of at most `batch_tokens` padded tokens (rows of a
+        model together; LoRA models' rows share the base, each with its own adapter,
+        models.lora_rows), each batch one forward and one backward that adds each backward
+        request's gradients into its own model's accumulated gradients: the results and gradients
+        of running the requests one by one. Returns per request its (outputs, metrics) as
+        `forward_backward`, or the RlhfkitError that refused it; refusals are checked before any
+        forward and leave every model as it was."""
+        results: list = [None] * len(requests)
+        rows = []
+        for i, req in enumerate(requests):
+            try:
+                self._check_request(req)
+            except RlhfkitError as exc:
+                results[i] = exc
+                continue
+            rows += [(i, j) for j in range(len(req.data))]
+        order = {mid: k for k, mid in enumerate(dict.fromkeys(requests[i].model_id for i, _ in rows))}
+        rows.sort(key=lambda row: order[requests[row[0]].model_id])  # stable: each model's rows in order
+        outputs = {i: [None] * len(requests[i].data) for i, _ in rows}
+        totals = dict.fromkeys(outputs, 0.0)
+        for batch in self._token_batches(rows, requests):
+            self._run_batch(batch, requests, outputs, totals)
+        return [r if r is not None else (outputs[i], {"loss:sum": totals[i]}) for i, r in enumerate(results)]
+
+    def _check_request(self, req: FwdBwdRequest) -> None:
+        """DataError for a request that cannot run: an unknown model or loss, a malformed datum, or a
+        loss config or input the loss refuses (tried on zero logprobs, before any forward)."""
+        spec = lookup_loss(req.loss_fn)
+        for i, d in enumerate(req.data):  # image chunks -> their tokens and pixel tensors
+            d.tokens, d.vision = self.images.expand(d.tokens, f"data[{i}]")
+        self._check(req.data, spec.inputs)
+        self._model(req.model_id)
+        with torch.no_grad():
+            for d in req.data:
+                inputs = {k: torch.as_tensor(d.inputs[k].reshape(-1), dtype=torch.float32) for k in spec.inputs}
+                spec.fn(torch.zeros(len(d.tokens)), inputs, req.config)
+
+    def _token_batches(self, rows: list[tuple[int, int]], requests: list[FwdBwdRequest]):
+        """`rows` (request, datum) cut into runs of at most `batch_tokens` padded tokens (a longer
+        datum alone), each run on one module (full fine-tuning: one model)."""
+        batch: list[tuple[int, int]] = []
+        width = 0
+        for i, j in rows:
+            n = len(requests[i].data[j].tokens)
+            module = self.models[requests[i].model_id].module
+            same = not batch or self.models[requests[batch[0][0]].model_id].module is module
+            if batch and (not same or (len(batch) + 1) * max(width, n) > self.batch_tokens):
+                yield batch
+                batch, width = [], 0
+            batch.append((i, j))
+            width = max(width, n)
+        if batch:
+            yield batch
+
+    def _run_batch(self, batch: list[tuple[int, int]], requests: list[FwdBwdRequest], outputs: dict,
+                   totals: dict) -> None:
+        """One forward (and backward, for the rows of backward requests) over `batch`."""
+        models = [self.models[requests[i].model_id] for i, _ in batch]
+        trained = list(dict.fromkeys(m.model_id for m, (i, _) in zip(models, batch) if not requests[i].forward_only))
+        module = models[0].module
+        data = [requests[i].data[j] for i, j in batch]
+        with self._adapters(module, [m.model_id if m.rank is not None else None for m in models], trained):
+            module.train(bool(trained))
+            with torch.set_grad_enabled(bool(trained)):
+                logps = self._batch_logprobs(module, data)
+                losses = []
+                for (i, j), d, logp in zip(batch, data, logps):
+                    spec, req = lookup_loss(requests[i].loss_fn), requests[i]
+                    inputs = {k: torch.tensor(d.inputs[k].reshape(-1), dtype=torch.float32, device=self.device)
+                              for k in spec.inputs}
+                    loss, _ = spec.fn(logp, inputs, req.config)
+                    outputs[i][j] = {"logprobs": logp.detach().cpu().numpy(),
+                                     "elementwise_loss": _elementwise(spec, logp.detach(), inputs, req.config)}
+                    totals[i] += float(loss.detach())
+                    if not req.forward_only:
+                        losses.append(loss)
+            if losses:
+                params = [p for mid in trained for p in self.models[mid].learner.params]
+                torch.autograd.backward(torch.stack(losses).sum(), inputs=params)
+
+    def _adapters(self, module: torch.nn.Module, names: list[str | None], trained: list[str]):
+        """The context a forward over rows of adapters `names` runs in: nothing for a full model, the
+        adapter made active for rows of one adapter, per-row adapters for rows of several."""
+        if module is not self.peft:
+            return contextlib.nullcontext()
+        if len(set(names)) == 1:
+            module.set_adapter(names[0])
+            return contextlib.nullcontext()
+        rows = RowAdapters(module, trainable=trained)
+        rows.set_rows(names)
+        return rows
 
     def optim_step(self, model_id: str, adam: dict) -> dict[str, float]:
         model = self.get(model_id)
@@ -258,7 +371,8 @@ class ModelHost:
             _load_full(model.module, folder)
         if optimizer:
             if not (folder / "learner.pt").is_file():
-                raise CheckpointError(f"path {uri!r}: a sampler checkpoint has no optimizer state; save_state writes it")
+                raise CheckpointError(f"path {uri!r}: a sampler checkpoint has no optimizer state; "
+                                      "save_state writes it")
             model.learner.load_state_dict(torch.load(folder / "learner.pt", weights_only=True))
         return model_id
 
@@ -270,19 +384,21 @@ class ModelHost:
         self.samplers[session] = model_path
         return session
 
-    def _sampling_module(self, session: str) -> torch.nn.Module:
+    def _sampling_target(self, session: str) -> tuple[torch.nn.Module, str | None]:
+        """The module sampling session `session` samples and, when it is the shared peft model, the
+        adapter its rows use (None: the base under the adapters)."""
         if session not in self.samplers:
             raise DataError(f"sampling_session_id {session!r}: no such sampling session on this server")
         uri = self.samplers[session]
         if uri is None:
-            return self.base if self.peft is None else self.peft
+            return (self.base, None) if self.peft is None else (self.peft, None)
         folder, meta = self.resolve(uri)
         if meta["rank"] is None:
             if str(folder) not in self._sampler_models:
                 module = copy.deepcopy(self.base)
                 _load_full(module, folder)
                 self._sampler_models[str(folder)] = module.requires_grad_(False)
-            return self._sampler_models[str(folder)]
+            return self._sampler_models[str(folder)], None
         name = self._sampler_adapters.get(str(folder))
         if name is None:
             name = f"sampler-{len(self._sampler_adapters)}"
@@ -293,52 +409,7 @@ class ModelHost:
                 add_adapter(self.peft, name, meta["rank"], LORA_ALPHA, targets)
             load_adapter_weights(self.peft, name, folder)
             self._sampler_adapters[str(folder)] = name
-        self.peft.set_adapter(name)
-        return self.peft
-
-    def check_prompt(self, prompt: list[int]) -> None:
-        vocab = self.base.get_input_embeddings().num_embeddings
-        if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
-            raise DataError(f"prompt: needs at least one token, each in [0, {vocab})")
-
-    def sample(self, session: str, prompts: list[list[int]], n: int, params: dict, seeds: list[int | None],
-               prompt_logprobs: list[bool]) -> list[tuple[list[Sequence], list[float] | None]]:
-        """`n` samples of each prompt with the session's weights, in one engine call: prompt i's
-        samples depend only on it, the weights and seeds[i] (a random seed where None), so a
-        request gives the same answer alone or batched with others."""
-        for prompt in prompts:
-            self.check_prompt(prompt)
-        module = self._sampling_module(session)
-        off = self.samplers[session] is None and self.peft is not None  # the base under the adapters
-        stop_ids, stop_texts = self._stops(params.get("stop"))
-        sp = SamplingParams(max_new_tokens=int(params.get("max_tokens") or 16),
-                            temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
-                            top_k=int(params.get("top_k", -1)), n=n, stop_token_ids=stop_ids)
-        seeds = [seed if seed is not None else int(uuid.uuid4().int % (1 << 62)) for seed in seeds]
-        with module.disable_adapter() if off else contextlib.nullcontext():
-            trajs = [cut_at_stop_strings(t, stop_texts, self.tokenizer)
-                     for t in HFEngine(module, self.tokenizer).generate(prompts, sp, seeds=seeds)]
-            prompt_lps = [self._prompt_logprobs(module, p) if want else None for p, want in zip(prompts, prompt_logprobs)]
-        seqs = [Sequence(t.response_ids.tolist(), t.logprobs.tolist(), "length" if t.truncated else "stop")
-                for t in trajs]
-        return [(seqs[i * n:(i + 1) * n], lp) for i, lp in enumerate(prompt_lps)]
-
-    def _prompt_logprobs(self, module: torch.nn.Module, prompt: list[int]) -> list[float]:
-        """NaN for the first token (nothing before it), then log p(prompt[i] | prompt[:i])."""
-        if len(prompt) < 2:
-            return [float("nan")]
-        module.eval()
-        with torch.no_grad():
-            lp = self._logprobs(module, prompt[:-1], np.asarray(prompt[1:]))
-        return [float("nan")] + lp.tolist()
-
-    def _stops(self, stop) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        if not stop:
-            return (), ()
-        try:
-            return split_stops([stop] if isinstance(stop, (str, int)) else list(stop), self.tokenizer)
-        except (TypeError, ValueError) as exc:
-            raise DataError(f"sampling_params.stop: {exc}") from exc
+        return self.peft, name
 
 
 def _load_full(module: torch.nn.Module, folder: Path) -> None:

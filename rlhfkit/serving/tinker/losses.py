@@ -8,7 +8,7 @@ Per datum, with ``logp`` the current policy's logprobs of ``target_tokens`` ``[T
 |---|---|---|
 | cross_entropy | ``sum(-logp * weights)`` | ``sft_loss`` on ``logp * weights`` |
 | importance_sampling | ``-sum(exp(logp - q) * A)`` | ``policy_loss`` without clipping |
-| ppo | ``-sum(min(r * A, clip(r, low, high) * A))`` | ``policy_loss`` with ``eps_low = 1 - low``, ``eps_high = high - 1`` |
+| ppo | ``-sum(min(r * A, clip(r, low, high) * A))`` | ``policy_loss``, ``eps_low = 1 - low``, ``eps_high = high - 1`` |
 | cispo | ``-sum(sg(clip(r, low, high)) * A * logp)`` | ``cispo_loss`` |
 | gspo | ``-sum(min(s_t * A, clip(s_t, low, high) * A))`` | ``policy_loss`` on GSPO-token's ratio |
 | dro | ``-sum(logp * A - beta / 2 * (logp - q) ** 2)`` | ``dro_loss`` |

@@ -4,9 +4,10 @@ The HTTP server (app.py) stays in the process that was started; the base model, 
 clients' adapters (or full copies), their optimizer states and the samplers live in one
 `HostActor`, which Ray places on a node with the resources it asks for (a GPU when the cluster has
 one). `RemoteHost` gives the app the same methods as `ModelHost`, each a call into the actor; the
-app already runs every model method on its one worker thread, so the actor sees the requests one
-at a time, in arrival order, as a local host does. An error raised in the actor (a `DataError` for a
-bad datum, say) is raised again here as itself, so the client reads the same one line.
+app already runs every model method on its one worker thread, so the actor sees the requests (and
+the batches of them the app's queue makes) one at a time, in the order a local host does. An error
+raised in the actor (a `DataError` for a bad datum, say) is raised again here as itself, so the
+client reads the same one line.
 
 The actor loads the model itself (a hub name is downloaded on its node; a local folder must be on
 a path that node can read). It holds the whole model on its device: the backend moves the work
@@ -22,8 +23,8 @@ import ray
 import torch
 
 # The ModelHost methods the app calls.
-METHODS = ("create_model", "info", "unload", "forward_backward", "optim_step", "save_state", "save_for_sampler",
-           "load_state", "create_sampler", "sampler_path", "check_prompt", "sample")
+METHODS = ("create_model", "info", "unload", "forward_backward", "forward_backward_many", "optim_step", "save_state",
+           "save_for_sampler", "load_state", "create_sampler", "sampler_path", "check_prompt", "sample")
 
 
 class HostActor:

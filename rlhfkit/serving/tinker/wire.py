@@ -20,11 +20,24 @@ def _pb():
 
 
 @dataclass
-class WireDatum:
-    """One datum: input tokens [T] and its loss inputs (name -> array)."""
+class WireImage:
+    """One image chunk of a ModelInput as the client sent it: the encoded image, its format and the
+    number of tokens the client counts for it (None: not given); serving.tinker.images expands it."""
 
-    tokens: list[int]
+    data: bytes
+    format: str
+    expected_tokens: int | None = None
+
+
+@dataclass
+class WireDatum:
+    """One datum: input tokens [T] and its loss inputs (name -> array). A datum with images holds
+    a WireImage in `tokens` where each image chunk sits until the host expands it to the image's
+    tokens (setting `vision`, its images' tensors)."""
+
+    tokens: list
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    vision: object = None
 
 
 @dataclass
@@ -65,14 +78,23 @@ def tensor_to_numpy(msg, name: str) -> np.ndarray:
         raise DataError(f"loss_fn_inputs[{name!r}]: its bytes do not fit shape {list(shape)} ({exc})") from exc
 
 
-def _datum_tokens(datum_msg) -> list[int]:
-    tokens: list[int] = []
+def _datum_tokens(datum_msg) -> list:
+    """The datum's tokens, each image chunk a WireImage in its place."""
+    tokens: list = []
     for chunk in datum_msg.model_input:
-        kind = chunk.WhichOneof("chunk") if hasattr(chunk, "WhichOneof") else None
-        if kind not in (None, "encoded_text"):
-            raise DataError(f"model_input: a {kind} chunk; this server trains text models only "
-                            "(EncodedTextChunk)")
-        tokens += np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist()
+        kind = chunk.WhichOneof("chunk")
+        if kind == "image":
+            image = chunk.image
+            if image.HasField("override_dimensions"):
+                raise DataError("model_input: an image chunk with override_dimensions; this server takes images "
+                                "at their own size")
+            expected = int(image.expected_tokens) if image.HasField("expected_tokens") else None
+            tokens.append(WireImage(bytes(image.data), image.format, expected))
+        elif kind == "encoded_text":
+            tokens += np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist()
+        else:
+            raise DataError(f"model_input: a {kind} chunk; this server takes text (EncodedTextChunk) and image "
+                            "(ImageChunk) chunks")
     return tokens
 
 
@@ -114,21 +136,57 @@ def forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics: dict[
 
 
 @dataclass
+class TopK:
+    """The k most likely tokens at each of L positions: `ids` int32 [L, k] and their `logprobs`
+    float32 [L, k], most likely first; a position not computed holds the SDK's sentinel (token 0,
+    logprob TOPK_MASK), which the SDK reads as None."""
+
+    ids: np.ndarray
+    logprobs: np.ndarray
+
+
+TOPK_MASK = -99999.0  # the SDK's sentinel logprob of an empty top-k cell (tinker.types.topk_logprobs)
+
+
+@dataclass
+class SampleOptions:
+    """What a sample request asks for besides the samples: prompt logprobs, and the top-k logprobs
+    (k = 0: none) at each prompt position and at each sampled position."""
+
+    prompt_logprobs: bool = False
+    topk_prompt: int = 0
+    topk_sample: int = 0
+
+
+@dataclass
 class Sequence:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str  # "stop" or "length"
+    topk: TopK | None = None
 
 
-def sample_response(sequences: list[Sequence], prompt_logprobs: list[float] | None) -> bytes:
+def _topk_message(pb, topk: TopK):
+    length, k = topk.ids.shape
+    return pb.TopkLogprobs(token_ids=np.ascontiguousarray(topk.ids, dtype=np.int32).tobytes(),
+                           logprobs=np.ascontiguousarray(topk.logprobs, dtype=np.float32).tobytes(),
+                           k=k, length=length)
+
+
+def sample_response(sequences: list[Sequence], prompt_logprobs: list[float] | None,
+                    prompt_topk: TopK | None = None) -> bytes:
     """A serialized `SampleResponse`; prompt logprobs are NaN where there is none (position 0)."""
     pb = _pb()
     msg = pb.SampleResponse()
     reasons = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
     for seq in sequences:
-        msg.sequences.add(stop_reason=reasons[seq.stop_reason],
-                          tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
-                          logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes())
+        out = msg.sequences.add(stop_reason=reasons[seq.stop_reason],
+                                tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
+                                logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes())
+        if seq.topk is not None:
+            out.topk_sampled_logprobs.CopyFrom(_topk_message(pb, seq.topk))
     if prompt_logprobs is not None:
         msg.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
+    if prompt_topk is not None:
+        msg.topk_prompt_logprobs.CopyFrom(_topk_message(pb, prompt_topk))
     return msg.SerializeToString()

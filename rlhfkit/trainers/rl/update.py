@@ -99,7 +99,8 @@ class PolicyUpdate:
             raise TrainingError(f"{dp[1]} ranks share the update: PolicyUpdate needs rank_max "
                                 "(distributed.fsdp.max_over_ranks) to agree on the micro-batch count")
         self.policy, self.learner, self.batcher, self.losses = policy, learner, batcher, losses
-        self.batch_size, self.max_epochs, self.shuffle_gen, self.autocast = batch_size, max_epochs, shuffle_gen, autocast
+        self.batch_size, self.max_epochs = batch_size, max_epochs
+        self.shuffle_gen, self.autocast = shuffle_gen, autocast
         self.critic, self.critic_learner, self.dp, self.compiled = critic, critic_learner, dp, compiled
         self.rank_max = rank_max
         self.device_type = next(policy.parameters()).device.type

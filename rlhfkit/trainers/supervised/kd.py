@@ -9,8 +9,8 @@ OpenRLHF's `train_kd` (`gpt_loss * (1 - kd_coef) + distil_loss * kd_coef`); its 
 is the cross-entropy `-sum_v p_t log p_s`, which is the KL plus the teacher's entropy (a constant:
 the same gradient); we log the KL itself, 0 when the student matches the teacher. The KL runs on
 the two models' last hidden states and LM-head weights a chunk of positions at a time
-(core.distill.linear_forward_kl), so the `[positions, vocabulary]` logits are never kept whole. On-policy distillation (the RL side) is
-trainers/rl/opd.py; the teacher is loaded by models.loading.load_teacher.
+(core.distill.linear_forward_kl), so the `[positions, vocabulary]` logits are never kept whole. On-policy distillation
+(the RL side) is trainers/rl/opd.py; the teacher is loaded by models.loading.load_teacher.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ Training (OpenRLHF's train_prm; Lightman et al. 2023, arXiv:2305.20050; Math-She
 at each placeholder, the logits of the two reward tokens (good, bad) give P(good step)
 = softmax([z_good, z_bad])[0], and the loss is the cross-entropy against the step's label
 (1 / 0 for reward-token labels, the float for soft labels), averaged over the step ends of the
-whole optimizer step. Accuracy: P(good) > 0.5 agrees with label > 0.5.
-
+whole optimizer step. Accuracy: P(good) > 0.5 agrees with label > 0.5. With --ds.packing_samples a
+micro-batch's samples run end to end in one row (data.steps.pack_steps): the same logits at the same step
+ends as padded rows, without the padding's compute.
 """
 
 from __future__ import annotations
@@ -17,8 +18,15 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.data.steps import StepSample, collate_steps, single_token_id
+from rlhfkit.data.steps import (
+    StepBatch,
+    StepSample,
+    collate_steps,
+    pack_steps,
+    single_token_id,
+)
 from rlhfkit.models import save_hf_folder
+from rlhfkit.models.logprobs import runnable_layout
 from rlhfkit.models.precision import autocast_ctx, model_device
 from rlhfkit.models.reward import mark_prm, step_logits
 from rlhfkit.trainers.supervised.loop import StepLoop, build_learner, planned_steps
@@ -36,6 +44,11 @@ def prm_loss(logits: torch.Tensor, targets: torch.Tensor, num_steps: int) -> tup
     loss = nll.sum() / num_steps
     correct = ((logp[:, 0] > logp[:, 1]) == (targets > 0.5)).float().sum() / num_steps
     return loss, {"loss": loss.detach(), "accuracy": correct}
+
+
+def step_batch(samples: Sequence[StepSample], pad_id: int, packing: bool) -> StepBatch:
+    """`samples` in one packed row (`packing`) or as padded rows."""
+    return pack_steps(samples) if packing else collate_steps(samples, pad_id)
 
 
 class PRMLoop:
@@ -58,13 +71,19 @@ class PRMLoop:
         return self.loop.fit(self.micro_loss)
 
     def logits(self, samples: Sequence[StepSample]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(reward-token logits [N, 2], targets [N]) at the step ends of `samples`."""
-        batch = collate_steps(samples, self.tokenizer.pad_token_id)
+        """(reward-token logits [N, 2], targets [N]) at the step ends of `samples`: in one packed row with
+        --ds.packing_samples (as padded rows for a model that cannot keep packed samples apart), else padded."""
+        batch = runnable_layout(self.model, step_batch(samples, self.tokenizer.pad_token_id,
+                                                       self.cfg.ds.packing_samples))
         device = model_device(self.model)
+
+        def moved(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
         with autocast_ctx(self.cfg.model.autocast, device.type):
-            z = step_logits(self.model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                            batch["step_mask"].to(device), self.reward_ids)
-        return z, batch["targets"][batch["step_mask"]].to(z.device)
+            z = step_logits(self.model, batch.input_ids.to(device), moved(batch.attention_mask),
+                            batch.step_mask.to(device), self.reward_ids, position_ids=moved(batch.position_ids))
+        return z, batch.targets[batch.step_mask].to(z.device)
 
     def micro_loss(self, samples: list, step_samples: list) -> tuple[torch.Tensor, dict[str, float]]:
         num_steps = sum(int(s.step_mask.sum()) for s in step_samples)

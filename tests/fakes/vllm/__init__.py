@@ -9,9 +9,17 @@ from it with rlhfkit's HFEngine, one request at a time with the request's own se
 output shape (token ids, a {token: Logprob} per token, finish reason). What it does not model: vLLM's
 kernels, paged KV cache, scheduling, tensor parallelism, GPUs.
 
+A vision-language model folder is loaded with its processor behind rlhfkit's VisionEngine: a request's
+`multi_modal_data` images are expanded into the prompt as vLLM's multimodal processor of the family would
+(`vllm_expansion` of tests/unit/rollout/test_vllm_vision.py: the placeholders re-expanded with the HF
+processor, or Gemma 3's replacement and newline merges), and the real tiny model samples with the HF
+processor's pixel tensors of the images, so tokens and logprobs are real. vLLM's logit bias is not applied
+(the VisionEngine keeps the placeholder tokens from being sampled itself).
+
 With FAKE_VLLM_LOG set, every engine appends JSON lines to that file: `init` (its keyword arguments),
-`generate` (the prompts it got) and `load` (how many tensors, and a digest of the model's weights after
-the load), each with the process id, so a test can tell which engine got which prompts and weights.
+`generate` (the prompts it got and how many images each carried) and `load` (how many tensors, and a digest
+of the model's weights after the load), each with the process id, so a test can tell which engine got which
+prompts, images and weights.
 """
 
 from __future__ import annotations
@@ -26,9 +34,12 @@ import torch
 from rlhfkit.data.types import FINISH_STOP
 from rlhfkit.models import load_causal_lm, load_tokenizer
 from rlhfkit.models.precision import DTYPES
+from rlhfkit.models.vision import is_vision_folder, load_processor, load_vision_model
 from rlhfkit.rollout.base import SamplingParams as EngineParams
 from rlhfkit.rollout.hf import HFEngine
+from rlhfkit.rollout.vision import VisionEngine
 from tests.unit.rollout.test_vllm_colocated import FakeLLM
+from tests.unit.rollout.test_vllm_vision import vllm_expansion
 
 
 def record(event: str, **fields) -> None:
@@ -77,20 +88,31 @@ class LLM(FakeLLM):
         if logprobs_mode != "processed_logprobs":
             raise ValueError("rlhfkit's engine asks for processed_logprobs")
         plain = {k: v for k, v in kwargs.items() if isinstance(v, (int, float, str))}
-        record("init", model=model, dtype=dtype, **plain)
-        hf = load_causal_lm(model, dtype=DTYPES.get(dtype, torch.float32)).eval()
+        record("init", model=model, dtype=dtype, limit_mm_per_prompt=kwargs.get("limit_mm_per_prompt"), **plain)
+        self.processor = load_processor(model) if is_vision_folder(model) else None
+        if self.processor is not None:
+            hf = load_vision_model(model, dtype=DTYPES.get(dtype, torch.float32)).eval()
+            self.engine = VisionEngine(hf, self.processor.tokenizer)
+        else:
+            hf = load_causal_lm(model, dtype=DTYPES.get(dtype, torch.float32)).eval()
+            self.engine = HFEngine(hf, load_tokenizer(model))
         super().__init__(HFModel(hf))
-        self.engine = HFEngine(hf, load_tokenizer(model))
+        self.model_type = hf.config.model_type
 
     def generate(self, requests, sampling_params, use_tqdm=False):
         self.calls.append(("generate", len(requests)))
-        record("generate", prompts=[r["prompt_token_ids"] for r in requests])
-        return [self._one(r["prompt_token_ids"], sp) for r, sp in zip(requests, sampling_params)]
+        record("generate", prompts=[r["prompt_token_ids"] for r in requests],
+               images=[len(r.get("multi_modal_data", {}).get("image", [])) for r in requests])
+        return [self._one(r, sp) for r, sp in zip(requests, sampling_params)]
 
-    def _one(self, prompt, sp):
+    def _one(self, request, sp):
         params = EngineParams(max_new_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p,
                               top_k=sp.top_k, n=1, stop_token_ids=tuple(sp.stop_token_ids))
-        t = self.engine.generate([prompt], params, seeds=None if sp.seed is None else [sp.seed])[0]
+        prompt, images = request["prompt_token_ids"], {}
+        if "multi_modal_data" in request:  # expanded as vLLM's processor of the family would
+            prompt, vision = vllm_expansion(self.processor, self.model_type, request)
+            images = {"vision": [vision]}
+        t = self.engine.generate([prompt], params, seeds=None if sp.seed is None else [sp.seed], **images)[0]
         ids = t.response_ids.tolist()
         logprobs = [{i: Logprob(logprob=float(lp))} for i, lp in zip(ids, t.logprobs)]
         out = SimpleNamespace(token_ids=ids, logprobs=logprobs,

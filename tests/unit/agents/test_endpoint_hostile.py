@@ -122,7 +122,8 @@ def test_hostile_agents_are_dropped_and_the_rest_of_the_batch_trains(tiny, caplo
     ex = EndpointExecutor(mixed, timeout=2.0)
     prompts = [P(tok, k) for k in ("ok", "raises", "hangs", "never", "garbage", "ok2")]
     with caplog.at_level("WARNING", logger="rlhfkit"):
-        trajs = ex.run(engine, tok, prompts, SamplingParams(max_new_tokens=4), TokenBudget(4, 8, 2), seeds=list(range(6)))
+        trajs = ex.run(engine, tok, prompts, SamplingParams(max_new_tokens=4), TokenBudget(4, 8, 2),
+                       seeds=list(range(6)))
     m = ex.pop_metrics()
     assert sorted(t.group_id for t in trajs) == [0, 5]
     assert m["agent/dropped_error"] == 1 and m["agent/dropped_timeout"] == 1

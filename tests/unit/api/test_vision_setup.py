@@ -1,5 +1,5 @@
 """api/vision.py: the frozen tower shared by the reference (and frozen in the critic; under FSDP the
-reference keeps its own), and the executors refused with images."""
+reference keeps its own), the executors refused with images, and the vLLM engine checked before models load."""
 
 import copy
 
@@ -102,9 +102,16 @@ def test_sft_rm_dpo_and_kto_train_a_vlm_and_the_other_supervised_kinds_are_refus
             supervised_folder(kind, cfg)
 
 
-def test_vllm_engines_on_ray_workers_are_refused_for_a_vision_language_policy_in_one_line():
-    check_engine(config("--rollout.engine", "vllm"))  # in the trainer's process
-    check_engine(config("--distributed.backend", "ray", "--rollout.num_workers", "2"))  # HF engines on workers
-    with pytest.raises(ConfigError, match="does not run on vLLM engines in Ray rollout workers yet") as e:
-        check_engine(config("--distributed.backend", "ray", "--rollout.num_workers", "2", "--rollout.engine", "vllm"))
-    assert "\n" not in str(e.value)
+def test_the_vllm_engine_is_checked_before_models_load_in_the_trainers_process_and_on_ray_workers(tmp_path):
+    """The families whose image tokens become vLLM's placeholders pass, in the trainer's process and on Ray
+    rollout workers alike; the others are refused in one line, from the folder alone; HF engines are not checked."""
+    from rlhfkit.models.tiny_vision import save_tiny_vision
+
+    qwen, internvl = (str(save_tiny_vision(tmp_path / f, f)) for f in ("qwen2_vl", "internvl"))
+    ray = ("--distributed.backend", "ray", "--rollout.num_workers", "2")
+    for flags in (("--rollout.engine", "vllm"), ("--rollout.engine", "vllm", *ray)):
+        check_engine(config(*flags), qwen)
+        with pytest.raises(ConfigError, match="--rollout.engine vllm does not send the images of") as e:
+            check_engine(config(*flags), internvl)
+        assert "\n" not in str(e.value)
+    check_engine(config(*ray), internvl)  # HF engines on the workers: any family

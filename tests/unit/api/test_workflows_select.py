@@ -45,7 +45,8 @@ def test_defaults_and_openrlhf_aliases():
     assert (rs.ckpt.output_dir, rs.sft.adam.lr, rs.rs.threshold) == ("runs/rs", 5e-6, None)
     assert RSConfig.from_args(["--rs.best_of_n", "6"]).rollout.n_samples_per_prompt == 6
     dpo = IterativeDPOConfig.from_args(["--eval_task", "generate_vllm", "--dpo.model.beta", "0.2"])
-    assert (dpo.rollout.engine, dpo.dpo.model.beta, dpo.dpo.adam.lr, dpo.iterative.ref) == ("vllm", 0.2, 5e-7, "initial")
+    assert (dpo.rollout.engine, dpo.dpo.model.beta, dpo.dpo.adam.lr,
+            dpo.iterative.ref) == ("vllm", 0.2, 5e-7, "initial")
 
 
 @pytest.mark.parametrize("cls,flags,message", [

@@ -17,7 +17,8 @@ from rlhfkit.models.vision import vision_parts, vision_sizes
 def estimate(folder, *flags, image_tokens=None):
     cfg = RLConfig.from_args(["--actor.model_name_or_path", str(folder), "--actor.autocast", "none",
                               "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2",
-                              "--rollout.max_new_tokens", "6", "--train.batch_size", "4", "--train.micro_batch_size", "1", *flags])
+                              "--rollout.max_new_tokens", "6", "--train.batch_size", "4",
+                              "--train.micro_batch_size", "1", *flags])
     lines = format_memory(cfg, json.loads((folder / "config.json").read_text()), 10, image_tokens)
     return {line.split()[0]: line for line in lines}
 
@@ -29,8 +30,12 @@ def test_parameters_include_the_tower_and_a_frozen_tower_has_no_gradients(tmp_pa
     total = sum(p.numel() for p in model.parameters())
     tower = sum(p.numel() for _, m in vision_parts(model) for p in m.parameters())
     trained, frozen = estimate(tmp_path), estimate(tmp_path, "--actor.freeze_visual_encoder")
-    assert f"{total / 1e6:.1f}M" in trained["parameters"] and f"{tower / 1e6:.2f}M params (trained)" in trained["vision"]
-    grads = lambda lines: float(lines["gradients"].split()[1])
+    assert f"{total / 1e6:.1f}M" in trained["parameters"]
+    assert f"{tower / 1e6:.2f}M params (trained)" in trained["vision"]
+
+    def grads(lines) -> float:
+        return float(lines["gradients"].split()[1])
+
     assert grads(trained) == pytest.approx(total * 4 / GiB, abs=1e-3)
     assert grads(frozen) == pytest.approx((total - tower) * 4 / GiB, abs=1e-3)
 

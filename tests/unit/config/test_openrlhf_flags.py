@@ -11,10 +11,10 @@ import pytest
 from rlhfkit.cli.main import main
 from rlhfkit.config import RLConfig, parse_config
 from rlhfkit.config import openrlhf as orl
+from rlhfkit.config.kd import KDConfig
 from rlhfkit.config.openrlhf_doc import BEGIN, END, render, rewrite
 from rlhfkit.config.openrlhf_names import OPENRLHF_COMMANDS
 from rlhfkit.config.parse import Alias, _strip_optional, field_table
-from rlhfkit.config.kd import KDConfig
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.config.prm import PRMConfig
 from rlhfkit.config.rl import RL_ALIASES

@@ -12,12 +12,20 @@ import typing
 import pytest
 
 import rlhfkit.config
+from rlhfkit.config.generate import (
+    GENERATE_RANGES,
+    ITERATIVE_DPO_RANGES,
+    RS_RANGES,
+    GenerateConfig,
+    IterativeDPOConfig,
+    RSConfig,
+    validate_generate,
+    validate_iterative_dpo,
+    validate_rs,
+)
 from rlhfkit.config.kd import KD_RANGES, KDConfig, validate_kd
 from rlhfkit.config.opd import OPDConfig, validate_opd
 from rlhfkit.config.parse import field_table, parse_config
-from rlhfkit.config.generate import (GENERATE_RANGES, ITERATIVE_DPO_RANGES, RS_RANGES, GenerateConfig,
-                                     IterativeDPOConfig, RSConfig, validate_generate, validate_iterative_dpo,
-                                     validate_rs)
 from rlhfkit.config.preference import DPO_RANGES, DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
 from rlhfkit.config.prm import PRMConfig, validate_prm
 from rlhfkit.config.ranges import ORDERED, allows, check_value, describe, parse_spec
@@ -45,7 +53,8 @@ ROOTS = {
     ServeTrainingConfig: (SERVE_TRAINING_RANGES, validate_serve_training, []),
     ServeModelConfig: (SERVE_MODEL_RANGES, validate_serve_model, ["--model", "m"]),
 }
-OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag"}  # dataclasses of config/ that are not settings (results, alias rules, help rows)
+# dataclasses of config/ that are not settings (results, alias rules, help rows)
+OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag"}
 
 
 def _number_type(tp):

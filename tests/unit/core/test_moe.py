@@ -119,3 +119,5 @@ def test_merged_codes_keep_each_tokens_first_recorded_experts():
     merged = merge_recorded(first, later, 6, u8)
     assert merged.reshape(-1).tolist() == [0, 1, 2, 3, 1, m]  # the trailing token: never computed
     assert merge_recorded(first, None, 2, u8).reshape(-1).tolist() == [0, 1]
+    with pytest.raises(ValueError, match="both None"):
+        merge_recorded(None, None, 2, u8)

@@ -58,11 +58,11 @@ def test_load_and_collate():
     samples, skipped = load_steps(rows, TextFormat(TOK), "#", ("+", "-"), max_len=10)
     assert skipped == 1 and len(samples) == 2
     b = collate_steps(samples, TOK.pad_token_id)
-    assert b["input_ids"].shape == (2, 5)
-    assert b["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
-    assert b["step_mask"].tolist() == [[False, False, True, False, False], [False, True, False, False, True]]
-    assert b["targets"][b["step_mask"]].tolist() == [1.0, 0.0, 1.0]
-    assert b["input_ids"][0, 3:].tolist() == [TOK.pad_token_id] * 2
+    assert b.input_ids.shape == (2, 5)
+    assert b.attention_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    assert b.step_mask.tolist() == [[False, False, True, False, False], [False, True, False, False, True]]
+    assert b.targets[b.step_mask].tolist() == [1.0, 0.0, 1.0]
+    assert b.input_ids[0, 3:].tolist() == [TOK.pad_token_id] * 2
     with pytest.raises(ConfigError, match="--data.placeholder_token '' encodes to no token"):
         load_steps(rows, TextFormat(TOK), "", ("+", "-"))
     with pytest.raises(DataError, match="record 0: no placeholder token"):  # "##" is two tokens, not in "ab#"

@@ -67,7 +67,8 @@ def test_both_sides_of_a_pair_carry_the_prompts_image(vlm, tmp_path):
     for pair in pairs:
         assert torch.equal(pair.chosen.prompt_ids, pair.rejected.prompt_ids)
         assert torch.equal(pair.chosen.vision.tensors["pixel_values"], pair.rejected.vision.tensors["pixel_values"])
-    assert not torch.equal(pairs[0].chosen.vision.tensors["pixel_values"], pairs[1].chosen.vision.tensors["pixel_values"])
+    assert not torch.equal(pairs[0].chosen.vision.tensors["pixel_values"],
+                           pairs[1].chosen.vision.tensors["pixel_values"])
 
 
 def test_image_checks_before_the_model_loads(tmp_path, huge_png):

@@ -1,7 +1,9 @@
 """A rollout worker with a vision-language policy, in this process (no Ray): it builds a VisionEngine
 from the model folder, generates from the prompts' image tensors the samples the trainer's own engine
 draws, returns them without the tensors, and the pool's helpers cut the tensors into shards and put the
-trainer's copies back on the trajectories; a frozen tower is not sent at weight syncs."""
+trainer's copies back on the trajectories; a frozen tower is not sent at weight syncs. A worker holding a
+vLLM engine (a fake `vllm.LLM`) gets the image settings and the prompts' decoded images alone, and samples
+as the in-process vLLM engine does."""
 
 from __future__ import annotations
 
@@ -110,3 +112,57 @@ def test_a_lora_worker_with_a_frozen_tower_wraps_the_trainers_adapters_and_sampl
     assert [t.response_ids.tolist() for t in got] == [t.response_ids.tolist() for t in want]
     torch.testing.assert_close(torch.cat([t.logprobs for t in got]), torch.cat([t.logprobs for t in want]),
                                rtol=0, atol=2e-5)
+
+
+def test_the_pool_ships_vllm_workers_the_decoded_images_and_hf_workers_the_tensors():
+    pytest.importorskip("ray")
+    from rlhfkit.distributed.pool import for_workers
+
+    _, processor = tiny_vision_model_and_processor("qwen2_vl", seed=0)
+    (_, vision), _ = image_prompts(processor)
+    decoded, tensors = for_workers([vision, None], True), for_workers([vision, None], False)
+    assert decoded[1] is None and tensors[1] is None
+    assert decoded[0].tensors == {} and decoded[0].images == vision.images and decoded[0].num_images == 1
+    assert tensors[0].images == () and tensors[0].tensors is vision.tensors
+    assert vision.images and vision.tensors  # the trainer's own copy keeps both
+
+
+def test_a_vllm_worker_samples_from_the_decoded_images_as_the_in_process_vllm_engine_does(folder, monkeypatch):
+    """The worker's VLLMEngine takes the image settings from its `vllm` settings and the prompts' decoded images
+    alone (the pool strips the tensors); its samples are the in-process vLLM engine's, without the images."""
+    import sys
+    from types import SimpleNamespace
+
+    from rlhfkit.api.vision import vllm_image_settings
+    from rlhfkit.config import RLConfig
+    from rlhfkit.distributed.pool import for_workers
+    from rlhfkit.rollout.vllm import VLLMEngine
+    from tests.unit.rollout.test_vllm_vision import ExpandingLLM
+
+    pytest.importorskip("ray")
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))
+    model, processor = tiny_vision_model_and_processor("qwen2_vl", seed=0)
+    settings = vllm_image_settings(RLConfig.from_args(["--actor.model_name_or_path", "x"]), processor, model.config)
+    eos = [processor.tokenizer.eos_token_id]
+    worker = RolloutWorker(str(folder), None, "float32", None, None,
+                           vllm={"eos_ids": eos, "llm": ExpandingLLM(model, processor), **settings})
+    batch = image_prompts(processor)
+    ids, vision = [p for p, _ in batch], [v for _, v in batch]
+    got = worker.generate(ids, PARAMS, seeds=[3, 4], vision=for_workers(vision, True))
+    want = VLLMEngine("/m", eos, llm=ExpandingLLM(model, processor), **settings).generate(
+        ids, PARAMS, seeds=[3, 4], vision=vision)
+    assert [t.response_ids.tolist() for t in got] == [t.response_ids.tolist() for t in want]
+    assert [t.logprobs.tolist() for t in got] == [t.logprobs.tolist() for t in want]
+    assert all("vision" not in t.info for t in got)  # the pool puts the trainer's VisionInputs back
+
+
+def test_vllm_workers_are_sent_no_frozen_tower():
+    pytest.importorskip("ray")
+    from rlhfkit.distributed.pool import engine_state
+
+    model, _ = tiny_vision_model_and_processor("qwen2_vl", seed=0)
+    assert engine_state(model, True).keys() == model.state_dict().keys()
+    freeze_visual_encoder(model)
+    for full in (True, False):  # vLLM loads the tower from the same files: it never changes
+        left = set(model.state_dict()) - set(engine_state(model, full))
+        assert left and all(k.startswith("model.visual.") for k in left)

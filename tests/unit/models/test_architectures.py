@@ -38,7 +38,8 @@ NOTES = {
     "gemma3": ["sliding window (8 tokens)"],
     "phi": ["LM head has a bias"],
     "granite": ["logits_scaling=4.0 transforms the logits"],
-    "lfm2": ["cache layers (LinearAttentionLayer) cannot be copied", "layers other than attention (LinearAttentionLayer)"],
+    "lfm2": ["cache layers (LinearAttentionLayer) cannot be copied",
+             "layers other than attention (LinearAttentionLayer)"],
     "bloom": ["forward takes no position_ids"],
     "rwkv": ["forward takes no past_key_values", "forward takes no position_ids"],
 }

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import rlhfkit.models.precision as precision
+from rlhfkit.api.builder import resolve_autocast
 from rlhfkit.cli.main import main
 from rlhfkit.config import RLConfig
-from rlhfkit.api.builder import resolve_autocast
 
 ARGV = ["--actor.model_name_or_path", "tiny", "--actor.device", "cpu"]
 

@@ -70,7 +70,8 @@ def test_weights_of_another_architecture_are_refused_not_initialised_at_random(g
     folder = tmp_path / "m"
     shutil.copytree(good, folder)
     save_file({"transformer.h.0.attn.c_attn.weight": torch.zeros(2, 2)}, str(folder / "model.safetensors"))
-    with pytest.raises(ModelError, match=r"hold no tensors for 21 parameters of LlamaForCausalLM \(e.g. lm_head.weight"):
+    with pytest.raises(ModelError,
+                       match=r"hold no tensors for 21 parameters of LlamaForCausalLM \(e.g. lm_head.weight"):
         load_causal_lm(folder)
 
 
@@ -96,7 +97,8 @@ def test_load_errors_passes_rlhfkit_errors_through_and_names_a_plain_folder(tmp_
 def test_read_config_json(good, tmp_path):
     assert read_config_json(good)["model_type"] == "llama"
     (tmp_path / "config.json").write_text('{"a": 1,}')
-    with pytest.raises(ModelError, match=r"config.json is not valid JSON \(Expecting property name .* line 1 column 9\)"):
+    with pytest.raises(ModelError,
+                       match=r"config.json is not valid JSON \(Expecting property name .* line 1 column 9\)"):
         read_config_json(tmp_path)
     with pytest.raises(ModelError, match=r"cannot read .*nowhere/config.json: No such file or directory"):
         read_config_json(tmp_path / "nowhere")

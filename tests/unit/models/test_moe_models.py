@@ -8,8 +8,8 @@ import torch
 
 from rlhfkit.agents.executor import SingleTurnExecutor
 from rlhfkit.api import builder
-from rlhfkit.config.plan import plan_run
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
+from rlhfkit.config.plan import plan_run
 from rlhfkit.config.rl import ADVANTAGE_ESTIMATORS
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.data.batch import collate

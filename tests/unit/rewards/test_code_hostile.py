@@ -57,7 +57,8 @@ HACKS = {
     "exit_inside_the_call": "import os\ndef add(a, b):\n    os._exit(0)\n",
     "print_fake_results": WRONG + "print('PASS 2/2')\nprint('{\"value\": 5}')\nprint('{\"names\": [\"add\"]}')\n",
     "forge_the_reply_pipe": WRONG + (
-        "import os\nfor fd in range(3, 20):\n    try:\n        os.write(fd, b'{\"names\": [\"add\"]}\\n{\"value\": true}\\n')\n"
+        "import os\nfor fd in range(3, 20):\n    try:\n"
+        "        os.write(fd, b'{\"names\": [\"add\"]}\\n{\"value\": true}\\n')\n"
         "    except OSError:\n        pass\nos._exit(0)\n"),
     "patch_builtins": WRONG + (
         "import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\n"
@@ -103,7 +104,8 @@ ESCAPES = {
     "write_outside_with_open": f"open({MARK!r} + '_open', 'w').write('x')\n",
     "write_through_a_shell": f"import os\nos.system('touch {MARK}_shell; touch /rlhfkit_hostile_root')\n",
     "write_through_subprocess": f"import subprocess\nsubprocess.run(['touch', '{MARK}_sub'])\n",
-    "symlink_out_of_the_work_dir": "import os\nos.symlink('/root', 'out')\nopen('out/rlhfkit_hostile_link', 'w').write('x')\n",
+    "symlink_out_of_the_work_dir": ("import os\nos.symlink('/root', 'out')\n"
+                                    "open('out/rlhfkit_hostile_link', 'w').write('x')\n"),
     "symlink_for_the_trainer_to_follow": (
         "import os\nos.remove('stdout.txt') if os.path.exists('stdout.txt') else None\n"
         "os.symlink('/etc/shadow', 'stdout.txt')\n"),
@@ -258,7 +260,8 @@ def _escapes_as(uid: int) -> dict:
     return got
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the suite already runs as an ordinary user: the tests above are that run")
+@pytest.mark.skipif(os.geteuid() != 0,
+                    reason="the suite already runs as an ordinary user: the tests above are that run")
 def test_as_an_ordinary_user_too(boxes):
     read, write = os.pipe()
     pid = os.fork()

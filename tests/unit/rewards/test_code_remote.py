@@ -77,7 +77,8 @@ def test_honest_solutions_score_one_remotely(remote):
     add = "def add(a, b):\n    return a + b\n"
     assert run_tests(add, "assert add(2, 3) == 5\nassert add((1,), (2,)) == (1, 2)", remote).passed == (True, True)
     leetcode = "class Solution:\n    def twice(self, xs):\n        return [2 * x for x in xs]\n"
-    assert run_tests(leetcode, {"fn_name": "twice", "inputs": [[[1, 2]]], "outputs": [[2, 4]]}, remote).passed == (True,)
+    assert run_tests(leetcode, {"fn_name": "twice", "inputs": [[[1, 2]]], "outputs": [[2, 4]]},
+                     remote).passed == (True,)
     stdio = {"inputs": ["2 3\n", "1 1\n"], "outputs": ["5\n", "2"]}
     assert run_tests("a, b = map(int, input().split())\nprint(a + b)", stdio, remote).passed == (True, True)
 

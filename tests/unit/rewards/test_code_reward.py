@@ -9,11 +9,19 @@ import pytest
 from rlhfkit.api.builder import load_reward
 from rlhfkit.config.rl import CodeRewardConfig, RewardConfig, RLConfig
 from rlhfkit.errors import ConfigError, RewardError
-from rlhfkit.rewards.code import (CodeReward, CodeSandbox, CodeTests, code_reward, extract_code,
-                                  normalize_output, parse_tests, run_tests, split_asserts)
 from rlhfkit.rewards import code_sandbox
+from rlhfkit.rewards.code import (
+    CodeReward,
+    CodeSandbox,
+    CodeTests,
+    code_reward,
+    extract_code,
+    normalize_output,
+    parse_tests,
+    run_tests,
+    split_asserts,
+)
 from rlhfkit.rewards.resolve import resolve_reward
-
 
 # Tests that run code under the default backend: skipped only where bwrap is not installed (where it
 # is but cannot start, CodeSandbox's RewardError fails them).
@@ -64,10 +72,10 @@ def test_honest_solutions_score_one_in_every_style(box):
     script = "n = int(input())\nfor _ in range(n):\n    a, b = map(int, input().split())\n    print(a + b, ' ')\n"
     assert run_tests(script, stdio, box).passed == (True, True)
     uses_math = "import math, os.path as osp\ndef area(r):\n    return math.pi * r * r\n"
-    assert run_tests(uses_math, "assert math.isclose(area(1), 3.14159, rel_tol=1e-3)\nassert osp.join('a', 'b') == 'a/b'",
-                     box).passed == (True, True)
-    stateful = "class Counter:\n    def __init__(self):\n        self.n = 0\n    def tick(self):\n        self.n += 1\n" \
-               "        return self.n\n"
+    assert run_tests(uses_math, "assert math.isclose(area(1), 3.14159, rel_tol=1e-3)\n"
+                     "assert osp.join('a', 'b') == 'a/b'", box).passed == (True, True)
+    stateful = "class Counter:\n    def __init__(self):\n        self.n = 0\n    def tick(self):\n" \
+               "        self.n += 1\n        return self.n\n"
     assert run_tests(stateful, "c = Counter()\nc.tick()\nassert c.tick() == 2", box).passed == (True,)
 
 
@@ -147,7 +155,8 @@ def test_none_runs_unconfined_with_a_warning_and_judges_the_same(caplog):
         box = CodeSandbox("none", cpu_seconds=1, wall_seconds=3)
     assert "model code runs unconfined" in caplog.text
     assert run_tests("def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3", box).passed == (True,)
-    assert run_tests("def add(a, b):\n    return 0\nraise SystemExit(0)", "assert add(1, 2) == 3", box).passed == (False,)
+    assert run_tests("def add(a, b):\n    return 0\nraise SystemExit(0)", "assert add(1, 2) == 3",
+                     box).passed == (False,)
     assert box.run("print(input())", stdin="x\n").output == "x\n"
     workdir = box.run("import os\nopen('f', 'w').write('x')\nprint(os.getcwd())").output.strip()
     assert workdir.startswith("/") and not os.path.exists(workdir)  # its temporary directory is removed
@@ -188,5 +197,6 @@ def test_bwrap_sees_usr_the_interpreters_prefix_and_venv_read_only_and_two_tmpfs
                                   "--ro-bind", "/opt/py/3.11", "/opt/py/3.11",
                                   "--perms", "0755", "--dir", "/srv", "--ro-bind", "/srv/venv", "/srv/venv"]
     tail = ["--proc", "/proc", "--dev", "/dev", "--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/tmp",
-            "--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/sandbox", "--remount-ro", "/", "--chdir", "/sandbox"]
+            "--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/sandbox", "--remount-ro", "/",
+            "--chdir", "/sandbox"]
     assert args[k + 15:] == tail

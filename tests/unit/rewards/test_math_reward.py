@@ -139,7 +139,8 @@ def test_math_exact_reward_answer_mode():
 
 
 def test_math_exact_reward_errors():
-    with pytest.raises(ConfigError, match=r"unknown; valid modes: \['answer', 'bare_number', 'first_integer', 'latex'\]"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown; valid modes: \['answer', 'bare_number', 'first_integer', 'latex'\]"):
         math_exact_reward(["1"], ["1"], mode="sympy")
     with pytest.raises(RewardError, match="2 responses but 1 labels"):
         math_exact_reward(["1", "2"], ["1"])

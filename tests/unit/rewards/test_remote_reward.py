@@ -196,11 +196,11 @@ def test_serve_reward_cli_in_a_subprocess(tmp_path):
         proc.wait(10)
 
 
-def test_serve_reward_refuses_a_reward_model(capsys):
+def test_serve_reward_serves_one_reward(capsys):
     from rlhfkit.cli.main import main
 
-    assert main(["serve-reward", "--reward.model_name_or_path", "x"]) == 2
-    assert "not available yet" in capsys.readouterr().err
+    assert main(["serve-reward", "--reward.model_name_or_path", "x", "--reward.remote_url", "r.py"]) == 2
+    assert "not both" in capsys.readouterr().err
 
 
 def test_batched_and_grouped_reward_functions(tmp_path):

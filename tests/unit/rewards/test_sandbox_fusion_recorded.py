@@ -28,7 +28,8 @@ def test_the_client_reads_the_published_answer(monkeypatch):
     sent = []
     monkeypatch.setattr(RemoteSandbox, "_post", lambda self, body: sent.append(body) or RECORDED["response"])
     client = object.__new__(RemoteSandbox)  # no probe run: the recorded server answered one request
-    client.url, client.wall_seconds, client.memory_mb, client.output_bytes = "http://sandbox/run_code", 5.0, 512, 1 << 16
+    client.url = "http://sandbox/run_code"
+    client.wall_seconds, client.memory_mb, client.output_bytes = 5.0, 512, 1 << 16
     r = client.run(RECORDED["request"]["code"])
     assert (r.passed, r.returncode, r.timed_out, r.output, r.stderr) == (True, 0, False, "Hello, world!\n", "")
     assert {k: sent[0][k] for k in RECORDED["request"]} == RECORDED["request"]

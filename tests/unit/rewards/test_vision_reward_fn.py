@@ -23,16 +23,21 @@ QUESTION = "Which colour?"
 MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
+def save_tiny_vision_rm(path):
+    """A tiny Qwen2-VL reward model over images in `path`: a seeded head, mean 0.5 and std 2 in its config."""
     vlm, processor = tiny_vision_model_and_processor("qwen2_vl")
     rm = VisionRewardModel(base_model(vlm))
     with torch.no_grad():
         rm.score.weight.copy_(torch.randn(rm.score.weight.shape, generator=torch.Generator().manual_seed(1)))
     rm.config.mean, rm.config.std = 0.5, 2.0
-    out = save_vision_reward_model(rm, tmp_path_factory.mktemp("vrm") / "rm")
+    out = save_vision_reward_model(rm, path)
     processor.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_tiny_vision_rm(tmp_path_factory.mktemp("vrm") / "rm")
 
 
 def by_hand(folder, answer: str, image) -> float:

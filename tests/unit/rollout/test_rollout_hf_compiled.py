@@ -18,7 +18,6 @@ from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
 from tests.unit.rollout.conftest import STOP
 
-
 PARAMS = [
     SamplingParams(max_new_tokens=10, temperature=0.0),
     SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(STOP,)),
@@ -80,7 +79,8 @@ def test_static_cache_layers_hold_the_dynamic_cache_rows():
         ref.update(k, v)
         length = ref.keys.shape[-2]
         assert static.keys.shape == (rows, 2, 8, 4) and static.batch_size == rows
-        assert torch.equal(static.keys[:, :, :length], ref.keys) and torch.equal(static.values[:, :, :length], ref.values)
+        assert torch.equal(static.keys[:, :, :length], ref.keys)
+        assert torch.equal(static.values[:, :, :length], ref.values)
 
 
 def test_static_cache_support_refuses_sliding_windows(caplog):
@@ -136,7 +136,8 @@ def test_one_compiled_step_per_model_no_recompile_for_new_engines_or_finished_ro
     assert HFEngine(other, tok, compile_decode=True, compile_on_cpu=True)._compiled_step is not first._compiled_step
     first.generate(prompts, PARAMS[2], seeds=[5, 6, 7])
     traced = counters["frames"]["ok"]
-    for engine, seeds in ((second, [5, 6, 7]), (HFEngine(model, tok, compile_decode=True, compile_on_cpu=True), [8, 9, 1])):
+    for engine, seeds in ((second, [5, 6, 7]),
+                          (HFEngine(model, tok, compile_decode=True, compile_on_cpu=True), [8, 9, 1])):
         trajs = engine.generate(prompts, PARAMS[2], seeds=seeds)
         assert any(t.finish_reason == "stop" for t in trajs)  # rows left the batch
         _same(trajs, HFEngine(model, tok).generate(prompts, PARAMS[2], seeds=seeds))
@@ -150,7 +151,8 @@ def test_bucketed_rows_keep_a_power_of_two_of_at_least_two():
     assert static_cache.bucketed_rows(keep, alive).tolist() == [0, 1, 4, 6]  # 3 decoding rows + 1 finished
     one = torch.tensor([False, False, True])
     assert static_cache.bucketed_rows(one.nonzero().squeeze(-1), one).tolist() == [0, 2]
-    assert static_cache.bucketed_rows(torch.tensor([0]), torch.tensor([True, False])).tolist() == [0, 1]  # no fewer: all
+    # no fewer: all
+    assert static_cache.bucketed_rows(torch.tensor([0]), torch.tensor([True, False])).tolist() == [0, 1]
 
 
 def test_compile_error_at_the_first_step_falls_back_with_one_line(tiny, prompts, monkeypatch, caplog):
@@ -222,6 +224,7 @@ def test_flag_reaches_the_engine(tiny):
 
     model, tok = tiny
     cfg = RLConfig.from_args(["--actor.model_name_or_path", "tiny", "--rollout.compile_decode", "true"])
-    assert cfg.rollout.compile_decode and not RLConfig.from_args(["--actor.model_name_or_path", "tiny"]).rollout.compile_decode
+    assert cfg.rollout.compile_decode
+    assert not RLConfig.from_args(["--actor.model_name_or_path", "tiny"]).rollout.compile_decode
     engine = build_engine(model, tok, cfg)
     assert engine._compiled_step is None  # off on the CPU (see the test above)

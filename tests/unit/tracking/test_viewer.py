@@ -31,7 +31,8 @@ def dump_dom(page, fragment, tmp_path):
 
 
 def shown(dom):
-    return [(int(s), float(r)) for s, r in re.findall(r'class="sample \w+" data-step="(\d+)" data-reward="([\d.]+)"', dom)]
+    return [(int(s), float(r))
+            for s, r in re.findall(r'class="sample \w+" data-step="(\d+)" data-reward="([\d.]+)"', dom)]
 
 
 def test_page_is_self_contained_and_escapes_text(tmp_path):

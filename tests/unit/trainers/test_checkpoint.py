@@ -135,7 +135,8 @@ def test_running_moments_state():
 
 
 @pytest.mark.parametrize("raised,fix", [
-    (OSError(errno.EACCES, "Permission denied"), "Permission denied (PermissionError); choose a place you may write to"),
+    (OSError(errno.EACCES, "Permission denied"),
+     "Permission denied (PermissionError); choose a place you may write to"),
     (OSError(errno.EROFS, "Read-only file system"), "choose a place on a writable file system, then resume"),
     # safetensors' own type for an I/O error only names the errno in its text
     (SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),

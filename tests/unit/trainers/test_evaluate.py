@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlhfkit.data.types import PromptItem
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.trainers.evaluate import (
     Evaluator,
@@ -13,7 +14,6 @@ from rlhfkit.trainers.evaluate import (
     reward_verifier,
     task_metrics,
 )
-from rlhfkit.data.types import PromptItem
 
 
 def test_maj_at_k_blocks_ties_and_missing_answers():

@@ -9,9 +9,9 @@ import torch
 from rlhfkit.core.losses import policy_loss
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import response_logprobs, tiny_model_and_tokenizer
+from rlhfkit.trainers.learner import Learner
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import ExperienceMaker
-from rlhfkit.trainers.learner import Learner
 from rlhfkit.trainers.rl.update import LossSettings, PolicyUpdate
 
 COEF = 0.5

@@ -1,5 +1,5 @@
-"""Process reward models (trainers/supervised/prm.py, rewards/reward_model.py): the loss, the step layout of an RL response and the
-token rewards at the step ends, with values worked out by hand."""
+"""Process reward models (trainers/supervised/prm.py, rewards/reward_model.py): the loss, the step layout of an RL
+response and the token rewards at the step ends, with values worked out by hand."""
 
 import math
 
@@ -130,3 +130,66 @@ def test_a_prm_needs_the_policy_vocabulary_and_a_token_estimator(prm_folder):
     for estimator in ("group_norm", "rloo", "reinforce_baseline", "dr_grpo"):
         with pytest.raises(ConfigError, match=f"estimator {estimator} does not take"):
             load_reward(cfg, estimator=estimator)
+
+
+# ------------------------------------------------------------------ packed micro-batches (--ds.packing_samples)
+def prm_loop(packing: bool, model, tok):
+    from rlhfkit.config import parse_config
+    from rlhfkit.config.prm import PRMConfig
+    from rlhfkit.trainers.supervised.prm import PRMLoop
+
+    cfg = parse_config(PRMConfig, ["--data.dataset", "unused", "--data.placeholder_token", "#", "--model.autocast",
+                                   "none", "--ds.packing_samples", str(packing), "--train.batch_size", "4",
+                                   "--train.micro_batch_size", "4"])
+    return PRMLoop(PRMConfig.check(cfg), model, tok, STEP_ROWS_OF(tok))
+
+
+def STEP_ROWS_OF(tok):
+    """Four step-labelled samples of different lengths (1 to 3 steps, hard and soft labels)."""
+    from rlhfkit.data.steps import encode_steps
+
+    texts = [("1+1=2 #", ["+"]), ("2*3=7 # 7-1=6 #", ["-", 0.75]), ("ab #", [0.25]),
+             ("4+4=8 # 8/2=4 # 4-4=1 #", ["+", "+", "-"])]
+    ph = tok.convert_tokens_to_ids("#")
+    return [encode_steps(tok, t, labels, ph, ("+", "-"), f"row {i}") for i, (t, labels) in enumerate(texts)]
+
+
+def test_packed_loss_and_gradients_equal_padded():
+    """--ds.packing_samples lays a micro-batch out as one row (no padding) and leaves the loss and every
+    gradient as the padded rows give them (the step ends' labels carried into the packed layout)."""
+    model, tok = tiny_model_and_tokenizer(seed=1)
+    widths, results = {}, {}
+    hook = model.model.register_forward_pre_hook(
+        lambda m, a, kw: widths.setdefault(packing, []).append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    for packing in (False, True):
+        loop = prm_loop(packing, model, tok)
+        samples = loop.loop.items
+        model.zero_grad()
+        loss, metrics = loop.micro_loss(samples, samples)
+        loss.backward()
+        results[packing] = (float(loss.detach()), metrics["accuracy"],
+                            {k: p.grad.clone() for k, p in model.named_parameters()})
+    hook.remove()
+    lengths = [s.input_ids.numel() for s in samples]
+    # the last forward of each (split_backbone's one-time probes come first)
+    assert widths[False][-1] == (4, max(lengths)) and widths[True][-1] == (1, sum(lengths))
+    assert results[True][0] == pytest.approx(results[False][0], rel=1e-5)
+    assert results[True][1] == results[False][1]
+    for k, g in results[False][2].items():
+        torch.testing.assert_close(results[True][2][k], g, rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_packed_steps_keep_each_samples_labels_at_its_step_ends():
+    from rlhfkit.data.steps import collate_steps, pack_steps
+
+    _, tok = tiny_model_and_tokenizer(seed=0)
+    samples = STEP_ROWS_OF(tok)
+    packed, padded = pack_steps(samples), collate_steps(samples, tok.pad_token_id)
+    lengths = [s.input_ids.numel() for s in samples]
+    assert packed.attention_mask is None and packed.input_ids.shape == (1, sum(lengths))
+    assert packed.position_ids[0].tolist() == [t for n in lengths for t in range(n)]
+    assert packed.targets[packed.step_mask].tolist() == padded.targets[padded.step_mask].tolist() == \
+        [1.0, 0.0, 0.75, 0.25, 1.0, 1.0, 0.0]
+    back = packed.padded(tok.pad_token_id)
+    for name in ("input_ids", "attention_mask", "step_mask", "targets"):
+        assert torch.equal(getattr(back, name), getattr(padded, name)), name

@@ -308,8 +308,8 @@ def test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries(mon
     from rlhfkit.agents.executor import SingleTurnExecutor
     from rlhfkit.api import builder
     from rlhfkit.config import rl as rl_config
-    from rlhfkit.config.plan import plan_run
     from rlhfkit.config import rl_checks
+    from rlhfkit.config.plan import plan_run
     from rlhfkit.core.advantages import ESTIMATORS, EstimatorSpec
 
     monkeypatch.setitem(ESTIMATORS, "mean_discounted",
@@ -331,7 +331,8 @@ def test_a_new_estimator_trains_through_the_loop_with_only_its_table_entries(mon
                               builder.prompt_stream(cfg, items(2)), SingleTurnExecutor())
     made = []
     make = ExperienceMaker.__call__
-    monkeypatch.setattr(ExperienceMaker, "__call__", lambda self, *a, **kw: made.append(make(self, *a, **kw)) or made[-1])
+    monkeypatch.setattr(ExperienceMaker, "__call__",
+                        lambda self, *a, **kw: made.append(make(self, *a, **kw)) or made[-1])
     history = loop.train()
     assert len(history) == 1 and history[0]["optimizer_steps"] == 1.0 and loop.update.critic is None
     # mean baseline: rewards 1, 0 in each group of 2 -> +-0.5 on the last token, times 0.5 per token before it
