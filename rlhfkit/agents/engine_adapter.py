@@ -62,6 +62,7 @@ class VLLMSamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    repetition_penalty: float = 1.0
     max_tokens: int | None = 16
     min_tokens: int = 0
     stop: str | list[str] | None = None
@@ -252,7 +253,8 @@ class EngineAdapter:
         return SamplingParams(
             max_new_tokens=max(room, 1), temperature=float(getattr(sp, "temperature", 1.0)),
             top_p=float(getattr(sp, "top_p", 1.0)), top_k=-1 if top_k in (None, 0) else int(top_k),
-            n=int(getattr(sp, "n", 1) or 1), stop_token_ids=tuple(getattr(sp, "stop_token_ids", None) or ()))
+            n=int(getattr(sp, "n", 1) or 1), stop_token_ids=tuple(getattr(sp, "stop_token_ids", None) or ()),
+            repetition_penalty=float(getattr(sp, "repetition_penalty", None) or 1.0))
 
     async def _flush_when_idle(self) -> None:
         """Wait until the episodes that can run have all asked for a generation, then generate."""
@@ -334,7 +336,7 @@ def vllm_params(params: SamplingParams, logprobs: int | None = 1) -> VLLMSamplin
     return VLLMSamplingParams(
         n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
         max_tokens=params.max_new_tokens, min_tokens=1, stop_token_ids=list(params.stop_token_ids) or None,
-        skip_special_tokens=False, logprobs=logprobs)
+        skip_special_tokens=False, logprobs=logprobs, repetition_penalty=params.repetition_penalty)
 
 
 def merge_vllm_params(current: Any, new: Any, source: str) -> Any:

@@ -47,11 +47,13 @@ from rlhfkit.models.precision import (
 from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.models.vision import is_vision_model, language_lora_targets
 from rlhfkit.models.vision_reward import is_vision_reward_folder
+from rlhfkit.rewards.remote import RemoteRewardFn
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rewards.reward_model import (
     ProcessRewardFn,
     RewardModelFn,
     VisionRewardModelFn,
+    vocabulary_fingerprint,
 )
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine, eos_ids
@@ -71,22 +73,19 @@ BUILTIN_AGENTS = {"builtin:calculator": _PKG / "agents" / "envs" / "calculator.p
 
 
 # ------------------------------------------------------------------ rewards, agents, models, engines
-def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, device: torch.device | str = "cpu",
-                estimator: str = "gae"):
+def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, device: torch.device | str = "cpu"):
     """A reward file, builtin:NAME, http(s) reward server URL(s), or a reward-model folder
     (--reward.model_name_or_path, scoring on `device`; with --reward.offload kept on the CPU between
     its passes; a reward model over images scores each sample with its prompt's images) -> a RewardFn.
     A local function must return within --reward.timeout seconds; a server request within
-    --reward.request_timeout. A process reward model's folder gives a ProcessRewardFn
-    (per-step token rewards), which only the advantage `estimator`s without a group baseline take."""
+    --reward.request_timeout. A process reward model's folder gives a ProcessRewardFn (per-step token
+    rewards where the run takes them, its weakest step's P(good) as one reward per sample elsewhere:
+    trainers.rl.scoring.Scorer)."""
     r = reward if isinstance(reward, RewardConfig) else RewardConfig(remote_url=reward)
     url, model_path = r.remote_url, r.model_name_or_path
     if url is not None and model_path is not None:
         raise ConfigError("--reward.remote_url and --reward.model_name_or_path are both set; choose one")
     if model_path is not None and prm_settings(model_path) is not None:
-        if ESTIMATORS[estimator].grouped:
-            raise ConfigError(f"a process reward model gives per-token rewards, which --algo.advantage.estimator "
-                              f"{estimator} does not take; use gae or reinforce")
         return ProcessRewardFn(model_path, micro_batch_size=micro_batch_size, device=device, offload=r.offload)
     if model_path is not None:
         over_images = is_vision_reward_folder(resolve_model_path(model_path))  # models/vision_reward.py
@@ -380,7 +379,8 @@ def executor_budget(cfg: RLConfig, executor) -> TokenBudget:
 def sampling_params(cfg: RLConfig) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids))
+                          n=r.n_samples_per_prompt, stop_token_ids=tuple(r.stop_token_ids),
+                          repetition_penalty=r.repetition_penalty)
 
 
 def prompt_options(cfg: RLConfig, eval: bool = False) -> dict:
@@ -493,12 +493,22 @@ def build_scorer(cfg: RLConfig, reward_fn, tokenizer, max_len: int, teacher, pol
                  env_weight: float | None = None) -> Scorer | TeacherScorer:
     """The score stage: `reward_fn` (None: the agent's rewards; with `env_weight`, plus that times the
     agent's), overlong shaping, the stop-properly penalty, normalisation; with a teacher, on-policy
-    distillation's token rewards on top."""
+    distillation's token rewards on top. A process reward model's per-step rewards (in-process or from a
+    reward server) are token rewards where the advantage estimator takes them; an estimator with a group
+    baseline takes one reward per sample: the weakest step's (the server's aggregate)."""
     reward, algo = cfg.reward, cfg.algo
     overlong = None if reward.overlong_buffer_len is None else (reward.overlong_buffer_len,
                                                                  reward.overlong_penalty_factor)
+    # a process reward model (in-process, or over HTTP reading the policy's tokens) gives per-token rewards where
+    # the estimator takes them
+    step_rewards = not ESTIMATORS[algo.advantage.estimator].grouped
+    if step_rewards and isinstance(reward_fn, RemoteRewardFn):
+        reward_fn = reward_fn.with_vocab(vocabulary_fingerprint(tokenizer))
+    if not step_rewards and isinstance(reward_fn, ProcessRewardFn):
+        print(f"--reward.model_name_or_path: --algo.advantage.estimator {algo.advantage.estimator} takes one reward "
+              "per sample: the process reward model's weakest step (its P(good)) is each sample's reward", flush=True)
     scorer = Scorer(reward_fn, tokenizer, max_len, overlong, reward.normalize, env_weight=env_weight,
-                    stop_coef=reward.stop_properly_penalty_coef)
+                    stop_coef=reward.stop_properly_penalty_coef, step_rewards=step_rewards)
     if teacher is None:
         return scorer
     return TeacherScorer(scorer, teacher, coef=algo.teacher_coef, topk=algo.teacher_topk,

@@ -86,7 +86,7 @@ def _reward_of(cfg: RLConfig, executor, reward_fn, reward_weights, device):
         reward_fn = resolve_reward(reward_fn, reward_weights, timeout=cfg.reward.timeout,
                                    remote_options=builder.remote_options(cfg.reward))
     elif not executor.provides_rewards or builder.agent_takes_reward_fn(executor, cfg) or both:
-        reward_fn = builder.load_reward(cfg.reward, cfg.train.micro_batch_size, device, cfg.algo.advantage.estimator)
+        reward_fn = builder.load_reward(cfg.reward, cfg.train.micro_batch_size, device)
     if reward_fn is not None and hasattr(executor, "fallback_reward_fn"):
         executor.fallback_reward_fn = reward_fn  # scores the episodes whose agent function returns None
     return reward_fn

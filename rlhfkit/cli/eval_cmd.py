@@ -108,7 +108,7 @@ def training_reward(cfg: RLConfig):
     step's P(good): eval reads no per-token reward, whatever the estimator), or None."""
     if not has_reward(cfg):
         return None
-    return load_reward(cfg.reward, cfg.train.micro_batch_size, run_device(cfg), estimator="gae")
+    return load_reward(cfg.reward, cfg.train.micro_batch_size, run_device(cfg))
 
 
 def _checked_options(cfg: RLConfig, vision: str | None = None) -> dict:

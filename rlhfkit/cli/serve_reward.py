@@ -10,6 +10,12 @@ tokenizer, the score at the last token), each query cut to --data.max_len tokens
 --reward.normalize_enable the answer is (score - mean) / std from its config, else the raw score.
 Requests that arrive together share its forward passes (--batch_size queries each). OpenRLHF's
 serve_rm flags (--reward_pretrain, --normalize_reward, --max_len, --bf16, ...) are read too.
+
+A process reward model (a folder of `rlhfkit train prm`) scores each step of each response as `train rl`
+scores it in-process: it answers "step_rewards" (one P(good) per step) and "step_ends" (where each step
+ends in the response's tokens) beside "rewards", their --reward.prm_aggregate (min: the weakest step), so a
+client that reads only "rewards" gets one score per query; `train rl --reward.remote_url` sends the
+policy's token ids and puts each step's score on the token where it ends (rewards/server.py).
 """
 
 from __future__ import annotations
@@ -23,8 +29,13 @@ from rlhfkit.models.loading import resolve_model_path
 from rlhfkit.models.precision import resolve_device
 from rlhfkit.models.reward import load_reward_model, prm_settings
 from rlhfkit.models.vision_reward import is_vision_reward_folder
-from rlhfkit.rewards.reward_model import RewardModelFn, VisionRewardModelFn
-from rlhfkit.rewards.server import PooledReward, make_app
+from rlhfkit.rewards.reward_model import (
+    ProcessRewardFn,
+    RewardModelFn,
+    VisionRewardModelFn,
+    vocabulary_fingerprint,
+)
+from rlhfkit.rewards.server import PooledReward, TokenVocabulary, make_app
 
 
 def run(argv: list[str]) -> int:
@@ -48,19 +59,27 @@ def build_app(cfg: ServeRewardConfig):
     images = isinstance(fn, VisionRewardModelFn)
     body = cfg.max_request_bytes or (IMAGE_REQUEST_BYTES if images else TEXT_REQUEST_BYTES)
     pooled = PooledReward(fn, cfg.batch_window_ms / 1000)
-    app = make_app(pooled, token=cfg.auth_token, max_request_bytes=body, read_images=images)
+    tokens = None
+    if isinstance(fn, ProcessRewardFn):
+        vocab = fn.tokenizer.get_vocab()
+        tokens = TokenVocabulary(vocabulary_fingerprint(fn.tokenizer), max(vocab.values()) + 1)
+    app = make_app(pooled, token=cfg.auth_token, max_request_bytes=body, read_images=images, tokens=tokens)
+    if tokens is not None:
+        return app, f"process reward model {r.model_name_or_path} (steps' P(good), rewards: {r.prm_aggregate})"
     kind = "reward model over images" if images else "reward model"
     return app, f"{kind} {r.model_name_or_path} ({'normalised' if r.normalize_enable else 'raw'} scores)"
 
 
-def served_reward_model(cfg: ServeRewardConfig) -> RewardModelFn | VisionRewardModelFn:
+def served_reward_model(cfg: ServeRewardConfig) -> RewardModelFn | VisionRewardModelFn | ProcessRewardFn:
     """The reward function of --reward.model_name_or_path in --dtype on --device."""
     path = cfg.reward.model_name_or_path
-    if prm_settings(path) is not None:
-        raise ConfigError(f"--reward.model_name_or_path {path} is a process reward model: its per-step rewards do "
-                          "not fit the one score per query of /get_reward; use it in-process with `rlhfkit train rl "
-                          "--reward.model_name_or_path`")
     device = resolve_device(cfg.device, "--device")
+    if prm_settings(path) is not None:
+        if cfg.reward.normalize_enable:
+            raise ConfigError(f"--reward.normalize_enable: {path} is a process reward model, whose scores are "
+                              "probabilities with no stored mean and std; drop the flag")
+        return ProcessRewardFn(path, micro_batch_size=cfg.batch_size, device=device,
+                               aggregate=cfg.reward.prm_aggregate, dtype=cfg.dtype)
     model = load_reward_model(path, getattr(torch, cfg.dtype))
     options = {"micro_batch_size": cfg.batch_size, "normalize": cfg.reward.normalize_enable, "device": device,
                "model": model}

@@ -572,7 +572,7 @@ BATCH_INFERENCE_FLAGS: dict[str, Alias] = {
     "output_key": notice("ignored: generations.jsonl's keys are prompt, label, response, logprob_sum", 1),
     "best_of_n": to("rollout.n_samples_per_prompt"),
     "greedy_sampling": conv(lambda vals, given: {"rollout.temperature": "0"}, "`--rollout.temperature 0`", 0),
-    "repetition_penalty": refuse("rlhfkit samples without a repetition penalty: drop it", harmless=("1", "1.0")),
+    "repetition_penalty": to("rollout.repetition_penalty"),
     "micro_batch_size": to("train.micro_batch_size", note="the reward model's scoring batch"),
     "tp_size": to("vllm.tensor_parallel_size"),
     "max_num_seqs": to("rollout.max_batch_size"),

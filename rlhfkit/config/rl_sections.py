@@ -281,6 +281,11 @@ class RolloutConfig:
     """Nucleus sampling: keep the fewest tokens whose probability sums to top_p (1 = off)."""
     top_k: int = -1
     """Sample from the k most likely tokens only (-1 = off)."""
+    repetition_penalty: float = 1.0
+    """CTRL's repetition penalty (transformers', vLLM's and TRL's GRPOConfig `repetition_penalty`): a token already in
+    the prompt or the response has its logit divided by it where positive, multiplied where negative, when the
+    next token is chosen; the hf engine's recorded logprob stays the policy's (as with top-k / top-p), vLLM's
+    processed logprobs include it. 1 = off; > 1 discourages repeats."""
     stop_token_ids: tuple[int, ...] = ()
     """Token ids that end a completion besides the tokenizer's EOS (e.g. 13,198)."""
     max_batch_size: int = 128

@@ -13,6 +13,7 @@ from rlhfkit.config.parse import Alias, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
 from rlhfkit.errors import ConfigError
 
+PRM_AGGREGATES = ("min", "prod", "mean", "last")  # rewards.reward_model.STEP_AGGREGATES' rules
 TEXT_REQUEST_BYTES = 8 << 20  # --max_request_bytes' default for text queries
 IMAGE_REQUEST_BYTES = 64 << 20  # ... and for a reward model over images (base64 images come in the body)
 
@@ -25,10 +26,15 @@ class ServedReward:
     """A Python file defining reward_func(queries, prompts, labels, **kwargs), or builtin:NAME."""
     model_name_or_path: str | None = None
     """A reward-model folder from `rlhfkit train rm` (a sequence-classification model, or a reward model over
-    images) or a hub name: each query is scored at its last token."""
+    images) or a hub name: each query is scored at its last token; or a process reward model's from `rlhfkit
+    train prm`: each step of the response is scored."""
     normalize_enable: bool = False
     """A reward model's answer is (score - mean) / std with the mean and std stored in its config (OpenRLHF's
     --normalize_reward); off: the raw score."""
+    prm_aggregate: str = "min"
+    """A process reward model (a folder of `rlhfkit train prm`): how its steps' P(good) make the one reward per
+    query of "rewards" (its answer holds each step's too, in "step_rewards"): min (the weakest step), prod
+    (every step good), mean or last (the final step's); a response without a step gets 0."""
 
 
 @dataclass(frozen=True)
@@ -95,4 +101,5 @@ def validate_serve(cfg: ServeRewardConfig) -> None:
             "--reward.normalize_enable normalises a reward model's score; a reward file's answer is served as it "
             "returns it: drop the flag")
     one_of("dtype", cfg.dtype, ("float32", "bfloat16"))
+    one_of("reward.prm_aggregate", r.prm_aggregate, PRM_AGGREGATES)
     check_device("--device", cfg.device)

@@ -38,16 +38,49 @@ class RewardOutput:
 
     rewards     FloatTensor [B]   the scalar reward of each response
     scores      FloatTensor [B]   the score used for filtering (equals rewards when not given)
-    extra_logs  dict[str, FloatTensor [B]]   per-sample values to log (e.g. "format_ok")
+    extra_logs  dict[str, FloatTensor [B]]   per-sample values to log (e.g. "format_ok"; NaN or None:
+                not applicable to that sample)
+    steps       list of B FloatTensor [S_b], or None   a process reward model's score of each step of
+                each response, in order (None: no per-step scores)
+    step_ends   list of B LongTensor [S_b], or None    where each step ends: its last token's index in
+                the response's token ids (those the caller gave; None: not known)
     """
 
     rewards: torch.Tensor
     scores: torch.Tensor
     extra_logs: dict[str, torch.Tensor] = field(default_factory=dict)
+    steps: list[torch.Tensor] | None = None
+    step_ends: list[torch.Tensor] | None = None
 
     @property
     def batch_size(self) -> int:
         return int(self.rewards.numel())
+
+    def select(self, rows: slice | list[int]) -> RewardOutput:
+        """The output of the responses `rows` (a slice or a list of indices, repeats allowed)."""
+        index = rows if isinstance(rows, slice) else torch.tensor(rows, dtype=torch.long)
+
+        def pick(xs: list | None) -> list | None:
+            return None if xs is None else (xs[rows] if isinstance(rows, slice) else [xs[i] for i in rows])
+
+        return RewardOutput(self.rewards[index], self.scores[index], {k: v[index] for k, v in self.extra_logs.items()},
+                            pick(self.steps), pick(self.step_ends))
+
+
+def concat_outputs(outs: Sequence[RewardOutput]) -> RewardOutput:
+    """The outputs of consecutive batches as one (an extra log one batch lacks is 0 there; per-step scores
+    and step ends are kept only when every batch has them)."""
+    names = {k for o in outs for k in o.extra_logs}
+
+    def joined(attr: str) -> list | None:
+        parts = [getattr(o, attr) for o in outs]
+        return None if any(p is None for p in parts) else [x for p in parts for x in p]
+
+    return RewardOutput(
+        rewards=torch.cat([o.rewards for o in outs]),
+        scores=torch.cat([o.scores for o in outs]),
+        extra_logs={k: torch.cat([o.extra_logs.get(k, torch.zeros(o.batch_size)) for o in outs]) for k in names},
+        steps=joined("steps"), step_ends=joined("step_ends"))
 
 
 @runtime_checkable
@@ -114,7 +147,9 @@ def _to_extra_logs(logs: Any, batch_size: int, source: str) -> dict[str, torch.T
     for name, value in logs.items():
         if _is_scalar(value):
             value = [value] * batch_size
-        result[str(name)] = _to_vector(value, batch_size, source, f"extra_logs[{name!r}]")
+        if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):  # None: not applicable (NaN)
+            value = [float("nan") if v is None else v for v in value]
+        result[str(name)] = _to_vector(value, batch_size, source, f"extra_logs[{name!r}]", nan_ok=True)
     return result
 
 
@@ -124,8 +159,9 @@ def _is_scalar(value: Any) -> bool:
     return isinstance(value, numbers.Real)
 
 
-def _to_vector(value: Any, batch_size: int, source: str, what: str) -> torch.Tensor:
-    """FloatTensor [B] from a tensor / array / sequence of numbers, checked entry by entry."""
+def _to_vector(value: Any, batch_size: int, source: str, what: str, nan_ok: bool = False) -> torch.Tensor:
+    """FloatTensor [B] from a tensor / array / sequence of numbers, checked entry by entry (finite; with
+    `nan_ok`, NaN allowed: an extra log's "not applicable")."""
     if isinstance(value, np.ndarray) and value.dtype == object:
         value = value.tolist()
     if isinstance(value, (torch.Tensor, np.ndarray)):
@@ -154,7 +190,7 @@ def _to_vector(value: Any, batch_size: int, source: str, what: str) -> torch.Ten
             f"reward function {source} returned {tensor.numel()} {what} for a batch of "
             f"{batch_size} queries; return exactly one value per query"
         )
-    bad = (~torch.isfinite(tensor)).nonzero()
+    bad = (torch.isinf(tensor) if nan_ok else ~torch.isfinite(tensor)).nonzero()
     if bad.numel() > 0:
         i = int(bad[0, 0])
         raise RewardError(

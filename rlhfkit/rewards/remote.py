@@ -11,12 +11,24 @@ A batch is cut into requests of at most `batch_size` queries, dealt round-robin 
 (sharding), and sent concurrently. A request that fails (connection refused, timeout, 5xx) is
 retried `max_retries` times with exponential backoff; a server that stays down or answers garbage
 (not JSON, 4xx, wrong length, NaN) stops the run with a `RewardError` naming the URL.
+
+A process reward model's server (`rlhfkit serve-reward` of a `train prm` folder) answers per query its steps'
+scores, "step_rewards" [B] (lists of numbers) and "step_ends" [B] (each step's last token in the
+response), beside one aggregate in "rewards"; they are checked and kept (`RewardOutput.steps`,
+`step_ends`). With `vocab` (the fingerprint of the policy tokenizer's vocabulary) each request also
+holds the policy's token ids ("prompt_ids", "response_ids", from the `prompt_ids=` and `completion_ids=`
+of the call) and "vocab": the server reads those tokens as they are (it refuses another vocabulary: 422),
+so the step ends are indices in the policy's response tokens. Without `vocab` the server tokenizes the
+text and its step ends are not kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +37,7 @@ import torch
 
 from rlhfkit.data.images import image_data_url
 from rlhfkit.errors import RewardError
-from rlhfkit.rewards.base import RewardOutput, normalize_reward_output
+from rlhfkit.rewards.base import RewardOutput, concat_outputs, normalize_reward_output
 
 
 def is_url(text: str) -> bool:
@@ -36,7 +48,8 @@ class RemoteRewardFn:
     """A `RewardFn` over one or more reward servers (see the module docstring)."""
 
     def __init__(self, urls: Sequence[str], timeout: float = 60.0, max_retries: int = 3, batch_size: int = 64,
-                 token: str | None = None, backoff: float = 0.5):
+                 token: str | None = None, backoff: float = 0.5, vocab: str | None = None):
+        self.vocab = vocab
         self.urls = [u.strip() for u in urls if u.strip()]
         if not self.urls or not all(is_url(u) for u in self.urls):
             raise RewardError(f"reward server URLs must start with http:// or https:// (got {list(urls)})")
@@ -52,23 +65,33 @@ class RemoteRewardFn:
         n = len(queries)
         starts = list(range(0, n, self.batch_size))
         jobs = [(self.urls[k % len(self.urls)], s, min(s + self.batch_size, n)) for k, s in enumerate(starts)]
-        extra = image_fields(kwargs)
+        extra = {**image_fields(kwargs), **self.token_fields(kwargs)}
         outs = asyncio.run(self._gather(jobs, queries, prompts, labels, extra)) if jobs else []
         if not outs:
             return RewardOutput(torch.zeros(0), torch.zeros(0))
-        names = {k for o in outs for k in o.extra_logs}
-        return RewardOutput(
-            rewards=torch.cat([o.rewards for o in outs]),
-            scores=torch.cat([o.scores for o in outs]),
-            extra_logs={k: torch.cat([o.extra_logs.get(k, torch.zeros(o.batch_size)) for o in outs]) for k in names},
-        )
+        return concat_outputs(outs)
+
+    def with_vocab(self, vocab: str) -> RemoteRewardFn:
+        """This client sending the policy's token ids, of the vocabulary whose fingerprint is `vocab`."""
+        out = copy.copy(self)
+        out.vocab = vocab
+        return out
+
+    def token_fields(self, kwargs: dict) -> dict:
+        """The per-query token ids a process reward model reads ({} without `vocab` or the call's ids)."""
+        prompt_ids, response_ids = kwargs.get("prompt_ids"), kwargs.get("completion_ids")
+        if self.vocab is None or prompt_ids is None or response_ids is None:
+            return {}
+        return {"prompt_ids": [list(map(int, x)) for x in prompt_ids],
+                "response_ids": [list(map(int, x)) for x in response_ids]}
 
     async def _gather(self, jobs, queries, prompts, labels, extra: dict) -> list[RewardOutput]:
+        vocab = {"vocab": self.vocab} if "response_ids" in extra else {}
         async with httpx.AsyncClient(timeout=self.timeout, headers=self.headers) as client:
             return list(await asyncio.gather(*(
                 self._post(client, url, {"query": queries[a:b], "prompts": prompts[a:b],
                                          "labels": [_jsonable(x) for x in labels[a:b]],
-                                         **{k: v[a:b] for k, v in extra.items()}})
+                                         **{k: v[a:b] for k, v in extra.items()}, **vocab})
                 for url, a, b in jobs)))
 
     async def _post(self, client: httpx.AsyncClient, url: str, payload: dict) -> RewardOutput:
@@ -87,14 +110,56 @@ class RemoteRewardFn:
                 last = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 continue
             if resp.status_code != 200:
-                raise RewardError(f"reward server {url} answered HTTP {resp.status_code}: {resp.text[:200]}")
+                raise RewardError(f"reward server {url} answered HTTP {resp.status_code}: {_detail(resp)}")
             try:
                 body = resp.json()
             except json.JSONDecodeError:
                 raise RewardError(f"reward server {url} answered non-JSON: {resp.text[:200]!r}") from None
-            return normalize_reward_output(body, n, source=f"server {url}")
+            out = normalize_reward_output(body, n, source=f"server {url}")
+            if isinstance(body, dict) and body.get("step_rewards") is not None:
+                steps, ends = step_fields(body, payload.get("response_ids"), url)
+                out = dataclasses.replace(out, steps=steps, step_ends=ends)
+            return out
         raise RewardError(f"reward server {url} failed after {self.max_retries + 1} attempts ({last}); "
                           "is it running? start it with `rlhfkit serve-reward`")
+
+
+def step_fields(body: dict, response_ids: list[list[int]] | None, url: str
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """A process reward model's answer checked: (per query its steps' scores [S_b], and, when the request
+    sent `response_ids`, each step's last token in them [S_b] (else None)); RewardError naming `url` for
+    a malformed one."""
+    n = len(body["rewards"]) if isinstance(body.get("rewards"), list) else -1
+    where = f"reward server {url}"
+    steps = body["step_rewards"]
+    if not isinstance(steps, list) or len(steps) != n or not all(_numbers(s) for s in steps):
+        raise RewardError(f"{where} answered step_rewards that are not {n} lists of finite numbers (one per query)")
+    scores = [torch.tensor(s, dtype=torch.float32) for s in steps]
+    if response_ids is None:
+        return scores, None
+    ends = body.get("step_ends")
+    if not isinstance(ends, list) or len(ends) != n:
+        raise RewardError(f"{where} answered step_rewards without step_ends for its {n} queries")
+    for i, (e, s, r) in enumerate(zip(ends, steps, response_ids)):
+        ok = isinstance(e, list) and len(e) == len(s) and all(type(t) is int for t in e)
+        if not (ok and all(0 <= t < len(r) for t in e) and all(a < b for a, b in zip(e, e[1:]))):
+            raise RewardError(f"{where} answered step_ends[{i}] = {e!r:.80}: it must be {len(s)} increasing token "
+                              f"indices in the response's {len(r)} tokens, one per step")
+    return scores, [torch.tensor(e, dtype=torch.long) for e in ends]
+
+
+def _detail(resp: httpx.Response) -> str:
+    """What a refusal says: its JSON "detail" when it is a string (FastAPI's), else the body's start."""
+    try:
+        detail = resp.json().get("detail")
+    except (json.JSONDecodeError, AttributeError):
+        detail = None
+    return (detail if isinstance(detail, str) else resp.text)[:400]
+
+
+def _numbers(xs: Any) -> bool:
+    return isinstance(xs, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                        and math.isfinite(x) for x in xs)
 
 
 def image_fields(kwargs: dict) -> dict:

@@ -14,11 +14,14 @@ messages with its images (`prompt_images`) and the response, rendered by the RM'
 `ProcessRewardFn`: a process reward model (`rlhfkit train prm`, trained by trainers/supervised/prm.py).
 The policy's response is cut into steps (`prm_layout`), the PRM reads prompt + response with its
 placeholder at each step end, and P(good step) is a token reward on the step's last token
-(`Scored.token_rewards`, core.compute_advantages' dense_rewards); the scalar reward is 0.
+(`Scored.token_rewards`, core.compute_advantages' dense_rewards); the scalar reward is 0. Served over HTTP
+(`rlhfkit serve-reward`), it answers per query its steps' P(good) and where they end beside one aggregate.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -211,22 +214,58 @@ def newline_token_ids(tokenizer) -> set[int]:
     return {i for i in range(len(tokenizer)) if "\n" in tokenizer.decode([i])}
 
 
+STEP_AGGREGATES = {  # one score of a response from its steps' P(good) [S] (a response without a step: 0)
+    "min": lambda p: float(p.min()),  # the weakest step (Wang et al. 2024, Math-Shepherd, best-of-N)
+    "prod": lambda p: float(p.prod()),  # P(every step good) (Lightman et al. 2023, "Let's Verify Step by Step")
+    "mean": lambda p: float(p.mean()),
+    "last": lambda p: float(p[-1]),  # the final step's (as an outcome reward)
+}
+
+
+def aggregate_steps(probs: Sequence[torch.Tensor], rule: str) -> torch.Tensor:
+    """[B] one score per response from its steps' P(good) (`probs`: B tensors [S_b]) by `rule` of
+    STEP_AGGREGATES; 0 for a response without a step."""
+    fn = STEP_AGGREGATES[rule]
+    return torch.tensor([fn(p) if p.numel() else 0.0 for p in probs], dtype=torch.float32)
+
+
+def step_token_rewards(probs: Sequence[torch.Tensor], ends: Sequence[torch.Tensor], width: int) -> torch.Tensor:
+    """[B, width] zeros with each response's step scores (`probs`: B tensors [S_b]) at its step ends
+    (`ends`: B long tensors [S_b], indices in the response's tokens)."""
+    token = torch.zeros(len(probs), width)
+    for b, (p, e) in enumerate(zip(probs, ends)):
+        token[b, e.long()] = p.float()
+    return token
+
+
+def vocabulary_fingerprint(tokenizer) -> str:
+    """A short hash of a tokenizer's vocabulary (token -> id, added tokens included): equal for tokenizers
+    whose token ids mean the same."""
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=True).encode()
+    return hashlib.sha256(vocab).hexdigest()[:16]
+
+
 class ProcessRewardFn:
     """Per-step rewards from a folder of `rlhfkit train prm`. The PRM must share the policy's
-    vocabulary (it reads the policy's tokens as they are; checked by `check_vocabulary`)."""
+    vocabulary (it reads the policy's tokens as they are; checked by `check_vocabulary`).
+    `aggregate`: the rule of STEP_AGGREGATES that makes the one score per response of the text
+    contract (`__call__`); `micro_batch_size` None: a call's all at once."""
 
-    def __init__(self, path: str | Path, micro_batch_size: int = 8, device: torch.device | str = "cpu",
-                 offload: bool = False):
+    def __init__(self, path: str | Path, micro_batch_size: int | None = 8, device: torch.device | str = "cpu",
+                 offload: bool = False, aggregate: str = "min", dtype: str = "float32"):
         settings = prm_settings(path)
         if settings is None:
             raise ModelError(f"{path}: its config.json records no process reward model; train one with "
                              "`rlhfkit train prm`")
-        self.model, self.tokenizer = load_policy(str(path), "float32")
+        if aggregate not in STEP_AGGREGATES:
+            raise ConfigError(f"unknown aggregate of a process reward model's steps {aggregate!r}; "
+                              f"choose one of {sorted(STEP_AGGREGATES)}")
+        self.model, self.tokenizer = load_policy(str(path), dtype)
         self.model.eval().requires_grad_(False)
         self.device, self.offload = torch.device(device), offload
         if not offload:
             self.model.to(self.device)
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_size, self.aggregate = micro_batch_size, aggregate
         self.placeholder = placeholder_of(self.tokenizer, settings["placeholder_token"], "the PRM's placeholder")
         self.reward_ids = [single_token_id(self.tokenizer, t, "the PRM's reward tokens")
                            for t in settings["reward_tokens"]]
@@ -240,21 +279,28 @@ class ProcessRewardFn:
                               "from the policy's; train the PRM from the policy's base model")
 
     @torch.no_grad()
+    def steps(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per sample (token ids of its prompt and response): its steps' P(good) [S_b] and each step's
+        last token in its response [S_b] (long; where `prm_layout` puts the step's reward)."""
+        probs: list[torch.Tensor] = []
+        ends: list[torch.Tensor] = []
+        size = self.micro_batch_size or max(len(responses), 1)
+        with on_device(self.model, self.device if self.offload else None):
+            for i in range(0, len(responses), size):
+                p, e = self._score(prompts[i : i + size], responses[i : i + size])
+                probs, ends = probs + p, ends + e
+        return probs, ends
+
     def step_rewards(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(token rewards [B, R] with P(good step) on each step's last token, R = the longest
         response; per sample its steps' P(good) [S_b])."""
-        width = max((len(r) for r in responses), default=0)
-        token = torch.zeros(len(responses), width)
-        probs: list[torch.Tensor] = []
-        with on_device(self.model, self.device if self.offload else None):
-            for i in range(0, len(responses), self.micro_batch_size):
-                rows = slice(i, i + self.micro_batch_size)
-                probs += self._score(prompts[rows], responses[rows], token[rows])
-        return token, probs
+        probs, ends = self.steps(prompts, responses)
+        return step_token_rewards(probs, ends, max((len(r) for r in responses), default=0)), probs
 
-    def _score(self, prompts, responses, token: torch.Tensor) -> list[torch.Tensor]:
-        """P(good) of every step of a micro-batch; writes them into `token` (a view) at the step ends."""
+    def _score(self, prompts, responses) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """P(good) of every step of a micro-batch, and the steps' ends in the responses."""
         laid = [prm_layout(list(r), self.newline_ids, self.skip_ids, self.placeholder) for r in responses]
         rows = [list(p) + out for p, (out, _, _) in zip(prompts, laid)]
         marked = [_marked(row, len(p), marks) for row, p, (_, marks, _) in zip(rows, prompts, laid)]
@@ -264,9 +310,7 @@ class ProcessRewardFn:
                         batch.step_mask.to(device), self.reward_ids)
         good = torch.softmax(z, dim=-1)[:, 0].cpu()
         out = list(good.split([len(ends) for _, _, ends in laid]))
-        for b, (_, _, ends) in enumerate(laid):
-            token[b, ends] = out[b]
-        return out
+        return out, [torch.tensor(ends, dtype=torch.long) for _, _, ends in laid]
 
     def score_trajectories(self, trajs) -> tuple[torch.Tensor, RewardOutput]:
         """(token rewards [B, R], a RewardOutput with scalar rewards 0 and scores = the weakest step's
@@ -276,16 +320,22 @@ class ProcessRewardFn:
         return token, _output(probs)
 
     def __call__(self, queries: list[str], prompts: list[str], labels: list, **kwargs) -> RewardOutput:
-        """The reward-function contract (text in): the scalar is the weakest step's P(good)."""
-        responses = kwargs.get("responses") or [q[len(p):] for q, p in zip(queries, prompts)]
-        if len(responses) != len(prompts):
-            raise RewardError("the process reward model got different numbers of prompts and responses")
+        """The reward-function contract: per response its steps' P(good) and where they end (`steps`,
+        `step_ends`), and one score, their `aggregate` (rewards = scores; 0 without a step). Token ids
+        given as `prompt_ids=` and `completion_ids=` (of the PRM's vocabulary) are read as they are; else
+        the prompts and the responses (`responses=`, or each query past its prompt) are tokenized."""
+        prompt_ids, response_ids = kwargs.get("prompt_ids"), kwargs.get("completion_ids")
+        if prompt_ids is None or response_ids is None:
+            responses = kwargs.get("responses") or [q[len(p):] for q, p in zip(queries, prompts)]
+            if len(responses) != len(prompts):
+                raise RewardError("the process reward model got different numbers of prompts and responses")
+            prompt_ids, response_ids = self._ids(prompts), self._ids(responses)
+        probs, ends = self.steps(prompt_ids, response_ids)
+        score = aggregate_steps(probs, self.aggregate)
+        return RewardOutput(score, score.clone(), _output(probs).extra_logs, probs, ends)
 
-        def ids(texts):
-            return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-
-        out = _output(self.step_rewards(ids(prompts), ids(responses))[1])
-        return RewardOutput(out.scores, out.scores.clone(), out.extra_logs)
+    def _ids(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
 def _marked(row: list[int], prompt_len: int, marks: list[int]) -> StepSample:

@@ -1,7 +1,8 @@
 """A reward function over HTTP: `POST /get_reward` (OpenRLHF's protocol), FastAPI app.
 
 Request JSON: {"query": [B str], "prompts": [B str] (optional), "labels": [B] (optional)}.
-Answer: {"rewards": [B], "scores": [B], "extra_logs": {name: [B]}}. Errors: 401 without the
+Answer: {"rewards": [B], "scores": [B], "extra_logs": {name: [B]}} (an extra log's NaN, "not
+applicable", as null). Errors: 401 without the
 bearer token (when one is set), 413 for a body over `max_request_bytes` (checked while reading,
 so a huge body is never held in memory), 422 for malformed JSON or fields, 500 when the reward
 function fails (its `RewardError` message is the answer's "detail"). `GET /health` says ok.
@@ -13,6 +14,14 @@ and the response: "raw_prompts" [B] (a string or chat messages whose image parts
 `data:image/<format>;base64,...` URLs in placeholder order, or null). They reach the reward function
 as `raw_prompts=`, `responses=` and `prompt_images=` (decoded images). Paths and http(s) URLs are
 refused (422): the server reads no file and fetches nothing a request names.
+
+A process reward model (`tokens`: its vocabulary) answers per query its steps' scores beside the one
+aggregate of "rewards": "step_rewards" [B] (each a list, one P(good) per step of the response, in order)
+and "step_ends" [B] (each step's last token, an index in the response's token ids). A request may send
+the policy's token ids: "prompt_ids" [B] and "response_ids" [B] (lists of ints) with "vocab", the
+fingerprint of their vocabulary (rewards.reward_model.vocabulary_fingerprint), which must be the PRM's
+(else 422); the PRM then reads those tokens as they are, else it tokenizes "prompts" and each query past
+its prompt.
 
 `PooledReward` lets concurrent requests share the model's passes (`rlhfkit serve-reward` serves a
 reward model through it).
@@ -35,9 +44,19 @@ from rlhfkit.errors import DataError, RewardError
 from rlhfkit.rewards.base import RewardFn, RewardOutput
 
 
+@dataclass(frozen=True)
+class TokenVocabulary:
+    """The vocabulary whose token ids a served process reward model reads: its fingerprint
+    (rewards.reward_model.vocabulary_fingerprint) and its size (the largest id + 1)."""
+
+    fingerprint: str
+    size: int
+
+
 def make_app(reward_fn: RewardFn, token: str | None = None, max_request_bytes: int = 8 << 20,
-             read_images: bool = False) -> FastAPI:
-    """The FastAPI app serving `reward_fn` (see the module docstring; `app.state.reward_fn` is it)."""
+             read_images: bool = False, tokens: TokenVocabulary | None = None) -> FastAPI:
+    """The FastAPI app serving `reward_fn` (see the module docstring; `app.state.reward_fn` is it);
+    `tokens`: a process reward model's vocabulary, whose token ids a request may send."""
     app = FastAPI(title="rlhfkit reward server")
     app.state.reward_fn = reward_fn
 
@@ -54,14 +73,24 @@ def make_app(reward_fn: RewardFn, token: str | None = None, max_request_bytes: i
         if not queries:
             return {"rewards": [], "scores": [], "extra_logs": {}}
         extra = _image_fields(data, len(queries)) if read_images else {}
+        if tokens is not None:
+            extra.update(_token_fields(data, len(queries), tokens))
         try:
             out = await run_in_threadpool(reward_fn, queries, prompts, labels, **extra)
         except RewardError as exc:
             raise HTTPException(status_code=500, detail=str(exc)) from exc
-        return {"rewards": out.rewards.tolist(), "scores": out.scores.tolist(),
-                "extra_logs": {k: v.tolist() for k, v in out.extra_logs.items()}}
+        answer = {"rewards": out.rewards.tolist(), "scores": out.scores.tolist(),
+                  "extra_logs": {k: _json_floats(v) for k, v in out.extra_logs.items()}}
+        if out.steps is not None and out.step_ends is not None:  # a process reward model's
+            answer.update(step_rewards=[p.tolist() for p in out.steps], step_ends=[e.tolist() for e in out.step_ends])
+        return answer
 
     return app
+
+
+def _json_floats(values) -> list:
+    """A [B] extra log as JSON can carry it: NaN ("not applicable") as null."""
+    return [None if x != x else x for x in values.tolist()]
 
 
 def _check_token(request: Request, token: str | None) -> None:
@@ -119,6 +148,29 @@ def _image_fields(data: dict, n: int) -> dict:
         raise HTTPException(status_code=422, detail=f"images must be a list of {n} lists of data: URLs (or null)")
     return {"raw_prompts": raw, "responses": responses,
             "prompt_images": [_open_images(urls, i) for i, urls in enumerate(images)]}
+
+
+def _token_fields(data: dict, n: int, tokens: TokenVocabulary) -> dict:
+    """prompt_ids= and completion_ids= of a request to a process reward model that sends the policy's token
+    ids ("prompt_ids", "response_ids" and their vocabulary's fingerprint "vocab"); {} for one of text alone."""
+    if data.get("prompt_ids") is None and data.get("response_ids") is None:
+        return {}
+    if data.get("vocab") != tokens.fingerprint:
+        given = data.get("vocab")
+        raise HTTPException(status_code=422, detail=f"the request's token ids are of vocabulary {given!r:.40}, the "
+                            f"process reward model's is {tokens.fingerprint!r}: the policy must have the PRM's "
+                            "tokenizer (train the PRM from the policy's base model), or send the text alone")
+    return {"prompt_ids": _id_lists(data, "prompt_ids", n, tokens.size),
+            "completion_ids": _id_lists(data, "response_ids", n, tokens.size)}
+
+
+def _id_lists(data: dict, key: str, n: int, size: int) -> list[list[int]]:
+    ids = data.get(key)
+    ok = isinstance(ids, list) and len(ids) == n and all(
+        isinstance(row, list) and all(type(t) is int and 0 <= t < size for t in row) for row in ids)
+    if not ok:
+        raise HTTPException(status_code=422, detail=f"{key} must be {n} lists of token ids in [0, {size})")
+    return ids
 
 
 def _open_images(urls: Any, i: int) -> list | None:
@@ -190,5 +242,5 @@ class PooledReward:
         start = 0
         for c in calls:
             rows = slice(start, start + len(c.queries))
-            c.out = RewardOutput(out.rewards[rows], out.scores[rows], {k: v[rows] for k, v in out.extra_logs.items()})
+            c.out = out.select(rows)
             c.done, start = True, rows.stop

@@ -21,6 +21,10 @@ class SamplingParams:
     top_k: int = -1  # -1 or 0 = no top-k truncation
     n: int = 1  # samples per prompt
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # EOS is always a stop token
+    # CTRL's repetition penalty (Keskar et al. 2019; transformers' and vLLM's `repetition_penalty`): the logit
+    # of a token already in the prompt or the response is divided by it where positive, multiplied where
+    # negative, in the choice of the token only (the logprob stays the model's, like top-k / top-p). 1 = off.
+    repetition_penalty: float = 1.0
 
 
 @runtime_checkable

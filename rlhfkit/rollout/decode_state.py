@@ -53,6 +53,7 @@ class DecodeState:
     inputs: object = None  # an engine's inputs of the chunk beyond its ids (a VisionEngine's image tensors)
     prompt_experts: list | None = None  # with record_experts: per prompt its tokens' experts [P, layers, k]
     experts: torch.Tensor | None = None  # and per row each response token's [B, max_new, layers, k]
+    seen: torch.Tensor | None = None  # with a repetition penalty: per row the tokens of its prompt and response [B, V]
 
 
 @dataclass

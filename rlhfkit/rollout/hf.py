@@ -68,7 +68,7 @@ from rlhfkit.rollout.decode_state import DecodeState, PartialGeneration
 from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache
 from rlhfkit.rollout.prefix import prefill_shared, shared_prefix_length
 from rlhfkit.rollout.routing import missing_codes, prompt_codes
-from rlhfkit.rollout.sampling import check_finite, check_params, chunk_uniforms, sample, seeded
+from rlhfkit.rollout.sampling import check_finite, check_params, chunk_uniforms, sample, seeded, seen_tokens
 from rlhfkit.rollout.static_cache import (
     StaticBuffers,
     bucketed_rows,
@@ -370,7 +370,9 @@ class HFEngine:
             stopped=torch.zeros(batch, dtype=torch.bool, device=device),
             width=width if static else None, keep=keep, prefill_width=attention_mask.shape[1],
             kv_version=self._version, prompt_experts=prompt_experts,
-            experts=None if prompt_experts is None else self._missing((batch, max_new), device))
+            experts=None if prompt_experts is None else self._missing((batch, max_new), device),
+            seen=None if params.repetition_penalty == 1.0 else seen_tokens(prompts, logits.shape[-1], device
+                                                                          ).repeat_interleave(n, dim=0))
 
     def _missing(self, shape: tuple, device: torch.device) -> torch.Tensor:
         """Expert codes [*shape, layers, k] of tokens the engine did not compute (record_experts)."""
@@ -398,7 +400,10 @@ class HFEngine:
         while decoded < budget and not s.finished:
             step = s.step
             u = None if s.uniforms is None else s.uniforms[s.rows // n, step, s.rows % n]  # on the device
-            tok, lp = sample(s.logits, params, s.generator, u, self.banned_ids)
+            seen = None if s.seen is None else s.seen[s.rows]
+            tok, lp = sample(s.logits, params, s.generator, u, self.banned_ids, seen)
+            if s.seen is not None:
+                s.seen[s.rows, tok] = True
             s.finite &= (torch.isfinite(lp) | ~s.alive).all()  # finished rows may still be in the batch
             s.tokens[s.rows, step] = torch.where(s.alive, tok, self.pad_id)
             s.logprobs[s.rows, step] = torch.where(s.alive, lp, 0.0)

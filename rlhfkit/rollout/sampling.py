@@ -14,22 +14,27 @@ from rlhfkit.rollout.base import SamplingParams
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, u=None,
-           banned: torch.Tensor | None = None):
+           banned: torch.Tensor | None = None, seen: torch.Tensor | None = None):
     """logits [B, V] float32 -> (tokens [B], logprobs [B]).
 
     The logprob is log_softmax(logits / T) at the token, before top-k/top-p truncation;
     T = 0 is greedy, with the logprob taken at T = 1. `u` [B] (on the logits' device): the rows'
     uniforms, else they are drawn from `generator` (and copied to the logits' device). `banned`:
     token ids never sampled (a truncation like top-k: the logprob is still the untruncated one).
+    `seen` [B, V] bool: the tokens each row's prompt and response hold so far, whose logits
+    `params.repetition_penalty` penalises in the choice (the logprob is still the model's).
     """
     choose = logits if banned is None else logits.index_fill(-1, banned.to(logits.device), -math.inf)
+    altered = banned is not None  # the choice is made from other logits than the logprob's
+    if seen is not None and params.repetition_penalty != 1.0:
+        choose, altered = penalize_repeats(choose, seen, params.repetition_penalty), True
     if params.temperature == 0:
         tok = choose.argmax(dim=-1)
         return tok, torch.log_softmax(logits, dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
     scaled = logits / params.temperature
     logp = torch.log_softmax(scaled, dim=-1)
-    truncated = params.top_k > 0 or params.top_p < 1.0 or banned is not None
-    scaled_choice = scaled if banned is None else choose / params.temperature
+    truncated = params.top_k > 0 or params.top_p < 1.0 or altered
+    scaled_choice = choose / params.temperature if altered else scaled
     probs = torch.softmax(truncate(scaled_choice, params.top_k, params.top_p), dim=-1) if truncated else logp.exp()
     if u is None:
         u = torch.rand(probs.shape[0], generator=generator, device=generator.device if generator is not None else "cpu")
@@ -85,6 +90,21 @@ def chunk_uniforms(gens: list[torch.Generator], max_new: int, n: int) -> torch.T
     return torch.stack([torch.rand(max_new * n, generator=g).view(max_new, n) for g in gens])
 
 
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's repetition penalty on logits [B, V]: where `seen` [B, V], a logit x becomes x / penalty
+    if x > 0, else x * penalty (so penalty > 1 makes the token less likely either way)."""
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def seen_tokens(rows: Sequence[Sequence[int]], vocab: int, device) -> torch.Tensor:
+    """[len(rows), vocab] bool: True at each token id a row holds."""
+    seen = torch.zeros(len(rows), vocab, dtype=torch.bool, device=device)
+    for i, row in enumerate(rows):
+        seen[i, torch.tensor(list(row), dtype=torch.long, device=device)] = True
+    return seen
+
+
 def truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Set logits outside the top-k and outside the top-p nucleus to -inf. [B, V] -> [B, V]."""
     if top_k > 0 and top_k < scaled.shape[-1]:
@@ -103,8 +123,9 @@ def truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 def check_params(params: SamplingParams, prompts: Sequence[Sequence[int]], group_ids) -> None:
     if params.n < 1 or params.max_new_tokens < 1:
         raise ConfigError(f"SamplingParams needs n >= 1 and max_new_tokens >= 1, got {params}")
-    if params.temperature < 0 or not 0 < params.top_p <= 1:
-        raise ConfigError(f"SamplingParams needs temperature >= 0 and 0 < top_p <= 1, got {params}")
+    if params.temperature < 0 or not 0 < params.top_p <= 1 or not params.repetition_penalty > 0:
+        raise ConfigError(f"SamplingParams needs temperature >= 0, 0 < top_p <= 1 and repetition_penalty > 0, "
+                          f"got {params}")
     if any(len(p) == 0 for p in prompts):
         raise ConfigError("every prompt needs at least one token (got an empty prompt)")
     if group_ids is not None and len(group_ids) != len(prompts):

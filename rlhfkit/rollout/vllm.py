@@ -168,6 +168,8 @@ def sampling_kwargs(params: SamplingParams, stop_ids: Sequence[int], seed: int |
         max_tokens=params.max_new_tokens, stop_token_ids=sorted(set(stop_ids)), logprobs=0, seed=seed,
         detokenize=False, skip_special_tokens=False,
     )
+    if params.repetition_penalty != 1.0:  # vLLM's processed logprobs then include it (the HF engine's do not)
+        kwargs["repetition_penalty"] = params.repetition_penalty
     if banned_ids:
         kwargs["logit_bias"] = {int(i): -100.0 for i in banned_ids}
     return kwargs

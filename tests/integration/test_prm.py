@@ -95,8 +95,29 @@ def test_rl_with_a_prm_gets_step_rewards_and_trains(ws, prm_run, tmp_path, capsy
     assert all(m["reward"] == 0.0 for m in steps)  # the rewards are per step, not one scalar
     before, after = load_file(ws / "tiny" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the policy trained
-    one_line_error(rl_argv(ws, prm_run, tmp_path / "grpo", "group_norm"), capsys,
-                   "process reward model gives per-token rewards, which --algo.advantage.estimator group_norm")
+
+
+def test_a_group_baseline_and_rejection_sampling_take_the_weakest_step_as_the_reward(ws, prm_run, tmp_path, capsys):
+    """group_norm and `train rs` take one reward per sample: the PRM's weakest step's P(good), not 0."""
+    write(ws / "prompts.jsonl", [{"prompt": f"{i % 5}+{i // 5}="} for i in range(16)])
+    capsys.readouterr()
+    assert main(rl_argv(ws, prm_run, tmp_path / "grpo", "group_norm")) == 0
+    assert "the process reward model's weakest step (its P(good)) is each sample's reward" in capsys.readouterr().out
+    ms = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in ms if "reward_extra/prm_steps" in m]
+    assert len(steps) == 2 and all(m["reward"] == m["reward_extra/prm_step_min"] > 0 for m in steps)
+    write(tmp_path / "four.jsonl", [{"prompt": f"{i}+{i}="} for i in range(4)])
+    rs = ["train", "rs", "--actor.model_name_or_path", str(ws / "tiny"), "--data.prompt_dataset",
+          str(tmp_path / "four.jsonl"), "--data.input_key", "prompt", "--rollout.n_samples_per_prompt", "4",
+          "--rollout.batch_size", "4", "--reward.model_name_or_path", str(prm_run / "final"),
+          "--rollout.max_new_tokens", "8", "--ckpt.output_dir", str(tmp_path / "rs"), "--logger.progress_bar", "false",
+          "--train.num_threads", "1"]
+    assert main(rs) == 0
+    gen = [json.loads(line) for line in (tmp_path / "rs" / "round_1" / "generations.jsonl").read_text().splitlines()]
+    kept = [json.loads(line) for line in (tmp_path / "rs" / "rs_dataset.jsonl").read_text().splitlines()]
+    assert len(gen) == 16 and len({r["reward"] for r in gen}) > 1 and all(0 <= r["reward"] <= 1 for r in gen)
+    for row in kept:  # the best of its prompt's four
+        assert row["reward"] == max(r["reward"] for r in gen if r["prompt"] == row["input"])
 
 
 def test_a_placeholder_of_several_tokens_trains_a_prm_that_scores_rl_steps(ws, tmp_path):

@@ -178,10 +178,25 @@ def test_cli_generate_and_rs(ws, capsys):
     assert "1 rounds; summary in" in capsys.readouterr().out
 
 
+def test_cli_generate_with_openrlhfs_repetition_penalty(ws):
+    """`--repetition_penalty` (OpenRLHF's batch_inference flag): greedy responses repeat fewer tokens."""
+    def responses(out, *extra):
+        assert main(["generate", *base_flags(ws, out=out), "--greedy_sampling", "--best_of_n", "1",
+                     "--rollout.max_new_tokens", "16", *extra]) == 0
+        return [r["response"] for r in lines(ws / out / "generations.jsonl")]
+
+    plain, penalised = responses("gen_plain"), responses("gen_penalised", "--repetition_penalty", "3.0")
+    assert len(plain) == len(penalised) == len(PROMPTS) and plain != penalised
+
+    def repeats(texts):  # tokens seen before in the response
+        return sum(len(ids) - len(set(ids)) for ids in (list(t) for t in texts))
+    assert repeats(penalised) < repeats(plain)
+
+
 @pytest.mark.parametrize("command,extra,message", [
     (["generate"], ["--data.prompt_dataset", "missing.jsonl"], "missing.jsonl"),
     (["generate"], ["--eval_task", "rm"], "--eval_task rm: rlhfkit scores samples inside"),
-    (["generate"], ["--repetition_penalty", "1.2"], "--repetition_penalty: rlhfkit samples without"),
+    (["generate"], ["--repetition_penalty", "0"], "--rollout.repetition_penalty must be > 0"),
     (["train", "rs"], ["--rs.rounds", "2"], "--rs.rounds 2 without --rs.sft_enable"),
     (["train", "rs"], ["--reward.remote_url", "nope.py"], "nope.py"),
     (["train", "rs"], ["--rs.threshold", "nan"], "--rs.threshold"),

@@ -76,6 +76,10 @@ def nothing_kept(original):
     return lambda self, key, prompt, version: None  # every turn prefilled in full
 
 
+def unpenalized(original):
+    return lambda logits, seen, penalty: logits
+
+
 def never_rebuilt(original):
     return lambda self: (0,)  # the same stamp whatever the weights: the copy is never rebuilt
 
@@ -292,6 +296,7 @@ MUON = "tests/unit/trainers/test_muon.py"
 WARMUP = "tests/unit/trainers/test_critic_warmup.py"
 REPLAY = "tests/unit/models/test_routing_replay.py"
 SERVED_RM = "tests/integration/test_serve_reward_model.py"
+SERVED_PRM = "tests/integration/test_serve_prm.py"
 FLIPPED = "test_replay_undoes_a_router_choice_that_flipped_between_rollout_and_training"
 
 SWITCH_OFFS = (
@@ -398,6 +403,12 @@ SWITCH_OFFS = (
               (f"{SERVED_RM}::test_concurrent_requests_share_forward_passes_of_batch_size_queries",
                f"{SERVED_RM}::test_pooled_calls_get_their_own_rows_or_the_error"),
               "each request its own call"),
+    SwitchOff("a process reward model's step rewards over HTTP (`serve-reward` of a PRM, `--reward.remote_url`)",
+              "rlhfkit.trainers.rl.scoring:Scorer.placed_steps", lambda original: lambda self, out, trajs: (None, out),
+              (f"{SERVED_PRM}::test_the_served_steps_land_where_the_in_process_ones_do[#]",
+               f"{SERVED_PRM}::test_the_served_steps_land_where_the_in_process_ones_do[#%]",
+               f"{SERVED_PRM}::test_an_rl_run_over_http_is_the_in_process_prm_run"),
+              "the aggregate as the scalar reward"),
     SwitchOff("a served reward model's query truncation (`serve-reward --data.max_len`)",
               "rlhfkit.rewards.reward_model:RewardModelFn.tokens", untruncated,
               (f"{SERVED_RM}::test_max_len_scores_the_first_tokens_of_a_long_query",
@@ -525,6 +536,11 @@ SWITCH_OFFS = (
               ("tests/unit/trainers/test_bf16_masters.py::test_the_residual_stream_stays_float32_under_autocast",
                "tests/unit/api/test_bf16_params_setup.py::test_bf16_parameters_get_float32_norms_and_residual"),
               "no hook: the residual stream is bf16"),
+    SwitchOff("the repetition penalty (--rollout.repetition_penalty)", "rlhfkit.rollout.sampling:penalize_repeats",
+              unpenalized, ("tests/unit/rollout/test_rollout_hf_engine.py::test_repetition_penalty_by_hand",
+                            "tests/unit/rollout/test_rollout_hf_engine.py::"
+                            "test_greedy_with_a_repetition_penalty_equals_model_generate[1.3]"),
+              "the logits unchanged"),
     SwitchOff("Tinker server: waiting requests of several clients batched",
               "rlhfkit.serving.tinker.queue:RequestQueue._take", oldest_alone,
               ("tests/unit/serving/test_tinker_queue.py::test_waiting_requests_group_and_each_client_keeps_its_order",

@@ -18,8 +18,9 @@ from rlhfkit.agents.executor import agent_rewards, drift_count, episode_rows
 from rlhfkit.core.filtering import keep_groups_in_range
 from rlhfkit.core.shaping import overlong_penalty, stop_properly_penalty
 from rlhfkit.data.types import PromptItem, Trajectory
+from rlhfkit.errors import RewardError
 from rlhfkit.rewards.base import RewardOutput
-from rlhfkit.rewards.reward_model import ProcessRewardFn, prompt_images
+from rlhfkit.rewards.reward_model import ProcessRewardFn, prompt_images, step_token_rewards
 from rlhfkit.trainers.rl.stream import PromptBatch
 
 
@@ -74,13 +75,19 @@ class Scorer:
     did not stop (`Trajectory.truncated`: cut at the token budget; a multi-turn episode that ran out of
     tokens or turns before its environment said done), applied after the overlong penalty as OpenRLHF
     does (None: off), `normalize`: by the running mean and std of all rewards so far.
-    A `rewards.reward_model.ProcessRewardFn` gives per-step token rewards (and scalar rewards 0).
+    With `step_rewards` on (the advantage estimator takes per-token rewards), a
+    `rewards.reward_model.ProcessRewardFn` gives per-step token rewards (and scalar rewards 0), and so does
+    a reward function whose output holds per-step scores with their ends in the policy's response tokens (a
+    process reward model over HTTP, rewards/remote.py). With it off (a group baseline; `train rs` and
+    `train iterative-dpo`, which rank samples) each sample gets one reward: the in-process PRM's weakest
+    step, the server's aggregate (its --reward.prm_aggregate).
     `env_weight` (with a `reward_fn`): the rewards and scores are the function's plus `env_weight`
     times the episodes' own (an environment's; logged as reward_extra/env_reward)."""
 
     def __init__(self, reward_fn: Callable | None, tokenizer, max_len: int,
                  overlong: tuple[int, float] | None = None, normalize: bool = False,
-                 env_weight: float | None = None, stop_coef: float | None = None):
+                 env_weight: float | None = None, stop_coef: float | None = None, step_rewards: bool = False):
+        self.step_rewards = step_rewards
         self.reward_fn, self.tokenizer, self.max_len, self.env_weight = reward_fn, tokenizer, max_len, env_weight
         self.overlong, self.normalize, self.stop_coef = overlong, normalize, stop_coef
         self.moments = RunningMoments()
@@ -91,10 +98,14 @@ class Scorer:
         """`prompts[t.group_id]` is the prompt of trajectory t."""
         lengths = torch.tensor([t.response_length for t in trajs], dtype=torch.float32)
         token_rewards = None
-        if isinstance(self.reward_fn, ProcessRewardFn):  # per-step rewards on the step ends; scalar 0
+        if isinstance(self.reward_fn, ProcessRewardFn):  # per-step rewards on the step ends, scalar 0; or the weakest
             token_rewards, out = self.reward_fn.score_trajectories(trajs)
+            if not self.step_rewards:
+                token_rewards, out = None, RewardOutput(out.scores.clone(), out.scores, out.extra_logs)
         else:
             out = agent_rewards(trajs) if self.reward_fn is None else self.score_episodes(prompts, trajs, lengths)
+            if out.steps is not None and self.step_rewards:  # a PRM's steps, over HTTP: on the tokens where they end
+                token_rewards, out = self.placed_steps(out, trajs)
         rewards, scores = out.rewards.float().clone(), out.scores.float()
         per_episode = _per_episode(trajs)  # the metrics count an episode in segments once
         # nanmean: a function of a list that returned None for a sample logs NaN there (TRL's "not applicable")
@@ -117,6 +128,16 @@ class Scorer:
             rewards = (rewards - self.moments.mean) / (self.moments.std + 1e-8)
         return Scored(rewards, scores, token_rewards, metrics)
 
+    def placed_steps(self, out: RewardOutput, trajs: list[Trajectory]) -> tuple[torch.Tensor, RewardOutput]:
+        """(token rewards [B, R]: each step's score on its last token in the response, R = the longest
+        response; `out` with scalar rewards 0), as the in-process process reward model hands them."""
+        if out.step_ends is None:
+            raise RewardError("the reward server answered per-step rewards (a process reward model) without their "
+                              "`step_ends`, so they cannot be placed on the policy's tokens")
+        width = max((len(t.response_ids) for t in trajs), default=0)
+        token = step_token_rewards(out.steps, out.step_ends, width)
+        return token, RewardOutput(torch.zeros(len(trajs)), out.scores, out.extra_logs)
+
     def score_episodes(self, prompts: list[PromptItem], trajs: list[Trajectory], lengths: torch.Tensor):
         """The reward function's output for every row, an episode of several segments scored once, on
         its last segment (which holds its final turn; `completion_messages` the whole conversation),
@@ -126,8 +147,11 @@ class Scorer:
             return self.call_reward_fn(prompts, trajs, lengths)
         last, inverse = rows
         out = self.call_reward_fn(prompts, [trajs[i] for i in last], lengths[last])
-        idx = torch.tensor(inverse, dtype=torch.long)
-        return RewardOutput(out.rewards[idx], out.scores[idx], {k: v[idx] for k, v in out.extra_logs.items()})
+        if out.steps is not None and self.step_rewards:
+            raise RewardError("the reward server answered per-step rewards (a process reward model) for episodes "
+                              "cut into segments, whose steps it cannot place on each segment's tokens; score them "
+                              "with the process reward model in-process (--reward.model_name_or_path)")
+        return out.select(inverse)
 
     def call_reward_fn(self, prompts: list[PromptItem], trajs: list[Trajectory], lengths: torch.Tensor):
         """queries as OpenRLHF builds them (prompt + response with special tokens); `responses` is the
@@ -141,6 +165,8 @@ class Scorer:
         conversations = [t.info.get("completion_messages") for t in trajs]  # tool-calling episodes
         extra = {"completion_messages": conversations} if any(c is not None for c in conversations) else {}
         extra.update(prompt_images(mine))
+        if self.step_rewards:  # a process reward model over HTTP reads the policy's tokens
+            extra["prompt_ids"] = [t.prompt_ids.tolist() for t in trajs]
         return self.reward_fn(
             [p + r for p, r in zip(texts, raw)], texts, [p.label for p in mine], responses=responses,
             response_lengths=lengths, group_ids=torch.tensor([t.group_id for t in trajs]), completion_ids=ids,

@@ -55,6 +55,7 @@ def test_greedy_equals_model_generate_left_padded(tiny, prompts):
         SamplingParams(max_new_tokens=8, temperature=1.0, n=3),
         SamplingParams(max_new_tokens=8, temperature=0.7, top_p=0.9, top_k=20, n=3),  # truncation ignored
         SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(STOP,)),  # greedy: logprob at T=1
+        SamplingParams(max_new_tokens=8, temperature=0.9, n=3, repetition_penalty=1.5),  # the model's logprob
     ],
 )
 @pytest.mark.parametrize("per_prompt_seeds", [False, True], ids=["one_generator", "per_prompt_seeds"])
@@ -319,3 +320,42 @@ def test_engine_decodes_with_the_grouped_attention_and_restores_sdpa(tiny, promp
     layers = model.config.num_hidden_layers
     assert seen.count(1) == 2 * layers and len(seen) == 3 * layers  # prefill, then 2 one-token steps
     assert model.config._attn_implementation == "sdpa"
+
+
+# ------------------------------------------------------------------ repetition penalty
+def test_repetition_penalty_by_hand():
+    from rlhfkit.rollout.sampling import penalize_repeats, sample, seen_tokens
+
+    logits = torch.tensor([[2.0, -1.0, 1.5, 0.5]])
+    seen = seen_tokens([[0, 1, 1]], 4, "cpu")
+    assert seen.tolist() == [[True, True, False, False]]
+    # seen: 2.0 / 2 = 1.0, -1.0 * 2 = -2.0; unseen kept
+    assert penalize_repeats(logits, seen, 2.0).tolist() == [[1.0, -2.0, 1.5, 0.5]]
+    greedy = SamplingParams(temperature=0.0, repetition_penalty=2.0)
+    tok, lp = sample(logits, greedy, None, seen=seen)
+    assert tok.tolist() == [2]  # 1.5 now beats the penalised 1.0
+    assert lp.item() == pytest.approx(torch.log_softmax(logits, -1)[0, 2].item())  # the model's logprob
+    assert sample(logits, SamplingParams(temperature=0.0), None, seen=seen)[0].tolist() == [0]  # penalty 1: off
+    # sampled: the choice follows softmax of the penalised logits; u = 0.5 by hand
+    probs = torch.softmax(torch.tensor([1.0, -2.0, 1.5, 0.5]), -1)
+    want = int((probs.cumsum(-1) > 0.5).nonzero()[0])
+    sampled = SamplingParams(temperature=1.0, repetition_penalty=2.0)
+    tok, lp = sample(logits, sampled, None, torch.tensor([0.5]), seen=seen)
+    assert tok.tolist() == [want] and lp.item() == pytest.approx(torch.log_softmax(logits, -1)[0, want].item())
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.8])
+def test_greedy_with_a_repetition_penalty_equals_model_generate(penalty):
+    """transformers' RepetitionPenaltyLogitsProcessor over prompt + response, token for token (prompts of one
+    length: transformers would also penalise the padding token of left-padded rows)."""
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    prompts = [[5, 9, 9, 14, 3, 7], [11, 2, 2, 2, 8, 30]]
+    trajs = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=16, temperature=0.0,
+                                                                  repetition_penalty=penalty))
+    with torch.no_grad():
+        expected = model.generate(torch.tensor(prompts), attention_mask=torch.ones(2, 6, dtype=torch.long),
+                                  max_new_tokens=16, do_sample=False, repetition_penalty=penalty)[:, 6:]
+        plain = model.generate(torch.tensor(prompts), attention_mask=torch.ones(2, 6, dtype=torch.long),
+                               max_new_tokens=16, do_sample=False)[:, 6:]
+    assert [t.response_ids.tolist() for t in trajs] == expected.tolist()
+    assert expected.tolist() != plain.tolist()  # the penalty changed the greedy tokens

@@ -101,3 +101,8 @@ def test_weights_travel_as_plain_bytes_and_come_back_bit_for_bit():
     back = dict(unpack_tensors(packed))
     for k, v in state.items():
         assert back[k].dtype == v.dtype and back[k].shape == v.shape and torch.equal(back[k], v)
+
+
+def test_sampling_kwargs_pass_a_repetition_penalty_other_than_1():
+    p = SamplingParams(max_new_tokens=5, repetition_penalty=1.3)
+    assert V.sampling_kwargs(p, [], seed=1)["repetition_penalty"] == 1.3

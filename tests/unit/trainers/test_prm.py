@@ -91,7 +91,7 @@ def test_token_rewards_land_on_the_step_ends(prm_folder):
     torch.testing.assert_close(probs[0], token[0, [5, 10]])
 
 
-def test_scorer_hands_token_rewards_and_a_zero_scalar(prm_folder):
+def test_scorer_hands_token_rewards_and_a_zero_scalar_or_the_weakest_step(prm_folder):
     from rlhfkit.data.types import PromptItem, Trajectory
     from rlhfkit.trainers.rl.scoring import Scorer
 
@@ -99,11 +99,15 @@ def test_scorer_hands_token_rewards_and_a_zero_scalar(prm_folder):
     tok = fn.tokenizer
     resp = torch.tensor(ids(tok, "a\nb"))
     traj = Trajectory(torch.tensor(ids(tok, "q:")), resp, torch.ones(3, dtype=torch.bool), torch.zeros(3), "stop", 0)
-    scored = Scorer(fn, tok, max_len=8)([PromptItem("q:", ids(tok, "q:"))], [traj])
+    scored = Scorer(fn, tok, max_len=8, step_rewards=True)([PromptItem("q:", ids(tok, "q:"))], [traj])
     assert scored.rewards.tolist() == [0.0]
     assert scored.token_rewards.shape == (1, 3) and scored.token_rewards[0].nonzero().flatten().tolist() == [1, 2]
-    assert scored.scores[0] == pytest.approx(float(scored.token_rewards[0, [1, 2]].min()))
+    weakest = float(scored.token_rewards[0, [1, 2]].min())
+    assert scored.scores[0] == pytest.approx(weakest)
     assert scored.metrics["reward_extra/prm_steps"] == 2.0
+    # a run that takes one reward per sample (a group baseline, rejection sampling): the weakest step's
+    one = Scorer(fn, tok, max_len=8)([PromptItem("q:", ids(tok, "q:"))], [traj])
+    assert one.token_rewards is None and one.rewards.tolist() == one.scores.tolist() == [pytest.approx(weakest)]
 
 
 def test_text_contract_scores_the_weakest_step(prm_folder):
@@ -115,7 +119,7 @@ def test_text_contract_scores_the_weakest_step(prm_folder):
     assert out.extra_logs["prm_steps"].tolist() == [2.0]
 
 
-def test_a_prm_needs_the_policy_vocabulary_and_a_token_estimator(prm_folder):
+def test_a_prm_needs_the_policy_vocabulary(prm_folder):
     from rlhfkit.api.builder import load_reward
     from rlhfkit.config.rl import RewardConfig
     from rlhfkit.errors import ConfigError
@@ -125,11 +129,7 @@ def test_a_prm_needs_the_policy_vocabulary_and_a_token_estimator(prm_folder):
     other.add_tokens(["<extra>"])
     with pytest.raises(ConfigError, match="vocabulary differs"):
         fn.check_vocabulary(other)
-    cfg = RewardConfig(model_name_or_path=str(prm_folder))
-    assert isinstance(load_reward(cfg, estimator="reinforce"), ProcessRewardFn)
-    for estimator in ("group_norm", "rloo", "reinforce_baseline", "dr_grpo"):
-        with pytest.raises(ConfigError, match=f"estimator {estimator} does not take"):
-            load_reward(cfg, estimator=estimator)
+    assert isinstance(load_reward(RewardConfig(model_name_or_path=str(prm_folder))), ProcessRewardFn)
 
 
 # ------------------------------------------------------------------ packed micro-batches (--ds.packing_samples)
