@@ -315,14 +315,16 @@ def worker_gpu_multiple(cfg: RLConfig) -> int:
 
 
 def build_pool(cfg: RLConfig, policy, tokenizer=None, delays: dict[int, float] | None = None,
-               images: dict | None = None):
+               images: dict | None = None, gathered=None):
     """--rollout.num_workers RolloutWorker actors behind a RayEnginePool (Ray must be running), each an
     HF engine over a policy copy or (--rollout.engine vllm, `tokenizer` needed) a vLLM engine sent the
     weights vLLM loads (`distributed.pool.engine_state`) and, with `images` (a vision-language policy's
     VLLMEngine settings, api/vision.py), the prompts' decoded images.
-    `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back)."""
+    `delays`: test-only slow-worker hook (slot -> seconds each weight update is held back).
+    `gathered`: `full -> the policy's full state dict` where the policy is FSDP-sharded (rank 0 of the
+    trainer actors: distributed.fsdp_ray.GatheredState); None: the policy's own state dict."""
     from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, worker_factory
-    from rlhfkit.distributed.pool import RayEnginePool, engine_state
+    from rlhfkit.distributed.pool import RayEnginePool, engine_state, policy_state
 
     path, gguf = resolve_model(cfg.actor.model_name_or_path)
     t, d = cfg.train, cfg.distributed
@@ -339,8 +341,13 @@ def build_pool(cfg: RLConfig, policy, tokenizer=None, delays: dict[int, float] |
                           load_in_4bit=cfg.ds.load_in_4bit,
                           vllm={**vllm_worker_settings(cfg, policy, tokenizer, worker_gpus), **(images or {})}
                           if vllm else None)
+
+    def state_fn(full: bool):
+        state = gathered(full) if gathered is not None else None
+        return engine_state(policy, full, state) if vllm else policy_state(policy, state)
+
     return RayEnginePool(policy, make, cfg.rollout.num_workers, wait_for_weights=not t.async_enable,
-                         state_fn=(lambda full: engine_state(policy, full)) if vllm else None, decoded_images=vllm)
+                         state_fn=state_fn, decoded_images=vllm)
 
 
 def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
@@ -516,14 +523,28 @@ def kl_controller(cfg: RLConfig) -> AdaptiveKLController | FixedKLController:
         kl.init_coef)
 
 
-def build_source(cfg: RLConfig, executor, engine, tokenizer, budget: TokenBudget) -> RolloutSource:
-    """The rollout source: the executor on the engine; with --train.async_enable, one batch ahead (Prefetch)."""
+def build_source(cfg: RLConfig, executor, engine, tokenizer, budget: TokenBudget,
+                 dp: tuple[int, int] = (0, 1)) -> RolloutSource:
+    """The rollout source: the executor on the engine; with --train.async_enable, one batch ahead (Prefetch).
+    FSDP on Ray (`dp`: rank, world size): rank 0's source broadcasts its trajectories to the other ranks,
+    which generate nothing (distributed.fsdp_ray)."""
+    shared = cfg.fsdp.enable and cfg.distributed.backend == "ray"
+    if shared and dp[0] > 0:
+        from rlhfkit.distributed.fsdp_ray import ReceivedRollouts
+
+        return ReceivedRollouts()
     params = sampling_params(cfg)
     if cfg.train.async_enable:
         from rlhfkit.distributed.async_loop import Prefetch  # Ray: only for async runs
 
-        return Prefetch(executor, engine, tokenizer, params, budget, cfg.train.max_staleness)
-    return Generate(executor, engine, tokenizer, params, budget)
+        source = Prefetch(executor, engine, tokenizer, params, budget, cfg.train.max_staleness)
+    else:
+        source = Generate(executor, engine, tokenizer, params, budget)
+    if shared:
+        from rlhfkit.distributed.fsdp_ray import BroadcastRollouts
+
+        return BroadcastRollouts(source)
+    return source
 
 
 def build_loop(cfg: RLConfig, counts: RunPlan, policy, tokenizer, engine, reward_fn, data: PromptStream, executor,
@@ -544,7 +565,7 @@ def build_loop(cfg: RLConfig, counts: RunPlan, policy, tokenizer, engine, reward
     algo = cfg.algo
     group_filter = GroupFilter(algo.dynamic_filtering_enable, algo.dynamic_filtering_range,
                                algo.dynamic_filtering_max_rounds)
-    source = build_source(cfg, executor, engine, tokenizer, budget)
+    source = build_source(cfg, executor, engine, tokenizer, budget, dp)
     return RLLoop(data, source, engine, scorer, group_filter, experience, update, kl_controller(cfg),
                   total_steps=counts.total_rollouts, max_staleness=cfg.train.max_staleness, tokenizer=tokenizer,
                   tracker=tracker, log_samples=cfg.logger.log_samples, callbacks=callbacks,

@@ -271,14 +271,29 @@ class RLTrainer:
         return folder
 
 
-def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict) -> dict[str, float]:
-    """A Ray trainer actor's whole run: rollout workers, build, train (the final model in <output_dir>/final)."""
+def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict, rank: int = 0, world: int = 1,
+                    address: tuple[str, int] | None = None) -> dict[str, float]:
+    """A Ray trainer actor's whole run: rollout workers, build, train (the final model in <output_dir>/final).
+    Under FSDP (--fsdp.num_ranks actors), rank `rank` of `world` joins the process group at rank 0's
+    `address` first; rank 0 drives the rollout workers, the others follow (distributed.fsdp_ray)."""
     cfg = builder.resolve_autocast(cfg)  # before the rollout workers are made from it
+    if not cfg.fsdp.enable:
+        def pool(policy, tokenizer, images):  # `images`: a vision-language policy's vLLM image settings, or None
+            return builder.build_pool(cfg, policy, tokenizer, images=images)
 
-    def pool(policy, tokenizer, images):  # `images`: a vision-language policy's vLLM image settings, or None
-        return builder.build_pool(cfg, policy, tokenizer, images=images)
+        return RLTrainer.build(cfg, plan, **kwargs, pool=pool).train()
+    from rlhfkit.distributed import fsdp_ray
 
-    return RLTrainer.build(cfg, plan, **kwargs, pool=pool).train()
+    fsdp_ray.init_group(rank, world, address or fsdp_ray.free_address())
+
+    def engine(policy, tokenizer, images):  # the sharded policy's: rank 0 sends its gathered state to the workers
+        if rank > 0:
+            return fsdp_ray.FollowerEngine(policy)
+        return builder.build_pool(cfg, policy, tokenizer, images=images, gathered=fsdp_ray.GatheredState(policy))
+
+    trainer = RLTrainer.build(cfg, plan, **kwargs, pool=engine)
+    trainer.evaluator.evaluate = fsdp_ray.on_rank0(trainer.evaluator.evaluate, rank)  # samples on the workers
+    return trainer.train()
 
 
 class RayRLTrainer:
@@ -289,19 +304,20 @@ class RayRLTrainer:
         self.cfg, self.plan, self.kwargs, self.final = cfg, plan, kwargs, None
 
     def train(self) -> dict[str, float]:
-        from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, run_in_trainer_actor, start_ray
+        from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, run_in_trainer_actors, start_ray
 
         # a bad output dir fails before Ray starts
         d, run_dir = self.cfg.distributed, run_folder.prepare_run_dir(self.cfg)
-        started = start_ray(d.address, d.num_cpus or self.cfg.rollout.num_workers + 1, run_dir / "ray")
+        ranks = self.cfg.fsdp.num_ranks if self.cfg.fsdp.enable else 1  # trainer actors
+        started = start_ray(d.address, d.num_cpus or self.cfg.rollout.num_workers + ranks, run_dir / "ray")
         try:
             trainer_gpus, worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker,
                                                    self.cfg.rollout.num_workers, cluster_gpus(d.address),
-                                                   builder.worker_gpu_multiple(self.cfg))
+                                                   builder.worker_gpu_multiple(self.cfg), trainers=ranks)
             cfg = dataclasses.replace(self.cfg, distributed=dataclasses.replace(
                 d, num_gpus_trainer=trainer_gpus, num_gpus_per_worker=worker_gpus))  # the workers start in the actor
-            metrics = run_in_trainer_actor(_train_in_actor, (cfg, self.plan, self.kwargs),
-                                           self.cfg.train.num_threads, trainer_gpus)
+            metrics = run_in_trainer_actors(_train_in_actor, (cfg, self.plan, self.kwargs),
+                                            self.cfg.train.num_threads, trainer_gpus, ranks)
         finally:
             if started:
                 import ray

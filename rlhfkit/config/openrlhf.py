@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 from rlhfkit.config.defaults import PROMPT_MAX_LEN
 from rlhfkit.config.openrlhf_names import OPENRLHF_COMMANDS
-from rlhfkit.config.parse import Alias
+from rlhfkit.config.parse import Alias, convert
 from rlhfkit.errors import ConfigError
 
 
@@ -57,8 +57,11 @@ def _given(given: Mapping[str, list], *names: str) -> list | None:
 
 
 # ------------------------------------------------------------------ notes shared by many flags
-GPUS = ("ignored: rlhfkit runs one process per device; shard the policy over GPUs with torchrun and "
-        "--fsdp.enable true, or add Ray rollout workers (--rollout.num_workers); see docs/scaling.md")
+GPUS = ("ignored: rlhfkit runs one process per device; shard the policy over GPUs with --fsdp.enable true "
+        "(under torchrun, or on Ray with --fsdp.num_ranks N trainer actors), and add Ray rollout workers "
+        "(--rollout.num_workers); see docs/scaling.md")
+ACTOR_GPUS = ("with --distributed.backend ray and --fsdp.enable true: --fsdp.num_ranks, nodes x GPUs per node "
+              "trainer actors sharding the policy; otherwise " + GPUS)
 COLOCATE = ("ignored: by default every model shares one process and device (the hf engine generates with "
             "the policy's own weights); see docs/scaling.md")
 VLLM_ENGINES = ("with --distributed.backend ray: the rollout worker actors, --rollout.num_workers (each a vLLM "
@@ -66,7 +69,8 @@ VLLM_ENGINES = ("with --distributed.backend ray: the rollout worker actors, --ro
                 "engine in the trainer's process")
 VLLM_SYNC = "ignored: rlhfkit's vllm engine receives weights through vLLM's collective_rpc"
 ZERO = ("ignored: DeepSpeed is not used; to shard the policy over GPUs (ZeRO-3's role) run under torchrun with "
-        "--fsdp.enable true (docs/scaling.md), otherwise one process holds the whole model")
+        "--fsdp.enable true, or on Ray with --fsdp.num_ranks N too (docs/scaling.md), otherwise one process holds "
+        "the whole model")
 SUP_ZERO = "ignored: DeepSpeed is not used; train sft|rm|dpo|kto hold the whole model in one process"
 DEEPSPEED = "ignored: DeepSpeed tuning; rlhfkit trains with plain PyTorch (same math)"
 REENTRANT = "ignored: rlhfkit's gradient checkpointing is the non-reentrant kind (same gradients)"
@@ -207,11 +211,22 @@ def _num_engines(vals, given):
     return {"rollout.num_workers": vals[0]} if backend and backend[0] == "ray" else {}
 
 
+def _actor_ranks(vals, given):
+    """OpenRLHF's actor GPUs (--actor_num_nodes x --actor_num_gpus_per_node): FSDP's trainer actors on Ray."""
+    backend, sharded = _given(given, "distributed.backend"), _given(given, "fsdp.enable", "distributed.fsdp")
+    if not (backend and backend[0] == "ray" and sharded and convert("fsdp.enable", sharded[0], bool)):
+        return {}
+    nodes = _given(given, "actor_num_nodes", "actor.num_nodes") or ["1"]
+    per_node = _given(given, "actor_num_gpus_per_node", "actor.num_gpus_per_node") or ["1"]
+    return {"fsdp.num_ranks": str(int(nodes[0]) * int(per_node[0]))}
+
+
 # layout, engines, DeepSpeed
-_rl("ref_num_nodes ref_num_gpus_per_node reward_num_nodes reward_num_gpus_per_node actor_num_nodes "
-    "actor_num_gpus_per_node critic_num_nodes critic_num_gpus_per_node ref.num_nodes ref.num_gpus_per_node "
-    "reward.num_nodes reward.num_gpus_per_node actor.num_nodes actor.num_gpus_per_node critic.num_nodes "
-    "critic.num_gpus_per_node", notice(GPUS, 1))
+_rl("ref_num_nodes ref_num_gpus_per_node reward_num_nodes reward_num_gpus_per_node critic_num_nodes "
+    "critic_num_gpus_per_node ref.num_nodes ref.num_gpus_per_node reward.num_nodes reward.num_gpus_per_node "
+    "critic.num_nodes critic.num_gpus_per_node", notice(GPUS, 1))
+_rl("actor_num_nodes actor_num_gpus_per_node actor.num_nodes actor.num_gpus_per_node",
+    notice(ACTOR_GPUS, 1, convert=_actor_ranks, weak=True))
 _rl("colocate_actor_ref colocate_critic_reward colocate_all_models train.colocate_actor_ref "
     "train.colocate_critic_reward train.colocate_all", notice(COLOCATE))
 _rl("vllm_num_engines vllm.num_engines", notice(VLLM_ENGINES, 1, convert=_num_engines, weak=True))

@@ -96,6 +96,7 @@ RL_RANGES = validate_table({
     "eval.steps": "-1 or >= 1", "eval.max_samples": ">= 1", "eval.n_samples": ">= 1", "eval.k": ">= 1",
     "eval.temperature": ">= 0",
     "distributed.num_cpus": ">= 1", "distributed.num_gpus_per_worker": ">= 0", "distributed.num_gpus_trainer": ">= 0",
+    "fsdp.num_ranks": ">= 1",
     "vllm.gpu_memory_utilization": "(0, 1]", "vllm.tensor_parallel_size": ">= 1",
     "ds.lora.rank": ">= 0", "ds.lora.alpha": "> 0", "ds.lora.dropout": "[0, 1)",
 })
@@ -194,18 +195,19 @@ def _validate_scale(cfg: RLConfig) -> None:
     require(not (cfg.rollout.engine == "vllm" and cfg.train.partial_rollout_enable),
             "--train.partial_rollout_enable continues HF engine generations across weight updates; a vLLM engine "
             "finishes each generation with the weights it started with: drop it or use --rollout.engine hf")
-    require(not (cfg.fsdp.enable and cfg.distributed.backend == "ray"),
-            "--fsdp.enable runs under torchrun with --distributed.backend local; FSDP training with Ray rollout "
-            "workers is not supported yet")
+    f = cfg.fsdp
+    require(f.num_ranks == 1 or (f.enable and cfg.distributed.backend == "ray"),
+            f"--fsdp.num_ranks {f.num_ranks} sets the trainer actors of --fsdp.enable with --distributed.backend ray; "
+            "under torchrun, --nproc_per_node sets the ranks: drop it or add both")
+    require(not (f.enable and cfg.distributed.backend == "ray") or cfg.train.batch_size % f.num_ranks == 0,
+            f"--train.batch_size {cfg.train.batch_size} must be a multiple of --fsdp.num_ranks {f.num_ranks}: each "
+            "trainer actor takes an equal share of every optimizer step")
 
 
 def _validate_optim(cfg: RLConfig) -> None:
     """--actor.optim / --critic.optim, and the critic warm-up of --actor.freezing_steps."""
     for part in ("actor", "critic"):
         one_of(f"{part}.optim", getattr(cfg, part).optim, OPTIMS)
-        require(not (cfg.fsdp.enable and getattr(cfg, part).optim == "muon"),
-                f"--{part}.optim muon does not combine with --fsdp.enable yet (Newton-Schulz needs each whole "
-                f"matrix; FSDP shards them): use --{part}.optim adam or drop --fsdp.enable")
     estimator = cfg.algo.advantage.estimator
     require(cfg.actor.freezing_steps == 0 or estimator in CRITIC_ESTIMATORS,
             f"--actor.freezing_steps {cfg.actor.freezing_steps} warms up the critic, and --algo.advantage.estimator "

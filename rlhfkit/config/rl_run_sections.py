@@ -175,10 +175,15 @@ class VLLMConfig:
 
 @dataclass(frozen=True)
 class FSDPConfig:
-    """Sharded training with FSDP2 under torchrun."""
+    """Sharded training with FSDP2 under torchrun, or in Ray trainer actors."""
 
     enable: bool = False
-    """Shard the policy with FSDP2 (torch fully_shard) across the processes of `torchrun`; see docs/scaling.md."""
+    """Shard the policy with FSDP2 (torch fully_shard) across the processes of `torchrun`, or with
+    --distributed.backend ray across --fsdp.num_ranks trainer actors; see docs/scaling.md."""
+    num_ranks: int = 1
+    """With --distributed.backend ray: the trainer actors (one per GPU) that shard the policy and split each
+    optimizer step (OpenRLHF's --actor_num_nodes x --actor_num_gpus_per_node); under torchrun its
+    --nproc_per_node sets them instead."""
     mixed_precision: bool = False
     """FSDP2 bf16 parameters in forward/backward over float32 shards (the master weights), with float32
     gradient reduction (MixedPrecisionPolicy); --actor.dtype bfloat16 under FSDP turns it on."""

@@ -1,4 +1,5 @@
-"""FSDP2 (torch's built-in `fully_shard`) for the RL trainer under `torchrun`.
+"""FSDP2 (torch's built-in `fully_shard`) for the RL trainer under `torchrun` (or in Ray trainer actors:
+distributed/fsdp_ray.py).
 
     torchrun --nproc_per_node 8 -m rlhfkit.cli.main train rl --fsdp.enable true ...
 
@@ -61,9 +62,11 @@ from rlhfkit.models.vision import (
 
 
 def init_from_torchrun() -> tuple[int, int]:
-    """Join the process group that `torchrun` set up (nccl on GPU, gloo on CPU); (rank, world size).
-    On GPU each process takes cuda:LOCAL_RANK (torchrun gives one process per GPU)."""
-    if not dist.is_torchelastic_launched():
+    """Join the process group that `torchrun` set up (nccl on GPU, gloo on CPU), or take the one the
+    Ray trainer actors joined already (distributed.fsdp_ray.init_group); (rank, world size).
+    On GPU each process takes cuda:LOCAL_RANK (torchrun gives one process per GPU; Ray shows a trainer
+    actor its own GPU alone)."""
+    if not dist.is_initialized() and not dist.is_torchelastic_launched():
         raise ConfigError("--fsdp.enable true runs under torchrun: torchrun --nproc_per_node N -m rlhfkit.cli.main "
                           "train rl --fsdp.enable true ... (see docs/scaling.md)")
     if not dist.is_initialized():
@@ -308,7 +311,8 @@ def check_fsdp_settings(world_size: int, train_batch_size: int) -> None:
     """Refuse what the FSDP path does not support, naming the flag to change."""
     if train_batch_size % world_size:
         raise ConfigError(f"--train.batch_size {train_batch_size} must be a multiple of the number of torchrun "
-                          f"processes ({world_size}): each takes an equal share of every optimizer step")
+                          f"processes or --fsdp.num_ranks ({world_size}): each takes an equal share of every "
+                          "optimizer step")
 
 
 def max_over_ranks(n: int) -> int:

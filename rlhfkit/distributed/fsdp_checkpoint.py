@@ -6,7 +6,8 @@ Layout of `<output_dir>/checkpoints/` (shared by the ranks; the conventions of t
     step_00000012/
         shards/              DCP's safetensors storage: one file per rank holding that rank's shards of
                              the policy ("model.*"), the critic ("critic.*"), each optimizer's Adam
-                             moments and step ("optim.<name>.*") and the EMA ("ema.<name>.*"), with their
+                             moments and step ("optim.<name>.*"; Muon's momentum: "optim.<name>.muon.*")
+                             and the EMA ("ema.<name>.*"), with their
                              offsets in the file's metadata (json): no pickle, and any number of ranks
                              can read them back (DCP reshards)
         rank_00000/          each rank's trainer state, as the single-process checkpointer writes it
@@ -108,8 +109,10 @@ class ShardedCheckpointer(Checkpointer):
         shards, groups = sharded_state(trainer)
         dcp.save(shards, storage_writer=HuggingFaceStorageWriter(str(tmp / SHARDS), save_distributed=True))
         state = trainer.state_dict()
-        for key in trainer.checkpoint_learners():  # their moments and EMA are in the shards
-            state[key] = {**state[key], "optimizer": None, "ema": None}
+        for key in trainer.checkpoint_learners():  # their moments (Adam's, Muon's) and EMA are in the shards
+            muon = state[key].get("muon")
+            state[key] = {**state[key], "optimizer": None, "ema": None,
+                          "muon": None if muon is None else {**muon, "optimizer": None}}
         folder = tmp / rank_dir_name(self.rank)
         folder.mkdir()
         write_state(folder, {"trainer": state, "rng": rng_state(), "param_groups": groups})
@@ -135,6 +138,8 @@ class ShardedCheckpointer(Checkpointer):
         own = path / rank_dir_name(self.rank)
         state = read_state(own if own.is_dir() else path / rank_dir_name(0))
         modules = trainer.checkpoint_modules()
+        for key, (_, learner) in trainer.checkpoint_learners().items():  # Adam / Muon as written, before DCP reads
+            learner.check_optimizer(state["trainer"][key])
         shards, _ = sharded_state(trainer)
         try:
             dcp.load(shards, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)))
@@ -142,7 +147,7 @@ class ShardedCheckpointer(Checkpointer):
             raise CheckpointError(f"checkpoint {path} does not fit this run ({' '.join(str(exc).split())[:300]}); "
                                   "resume with the model and --algo.advantage.estimator of the run that wrote "
                                   "it") from exc
-        trainer.load_state_dict(state["trainer"])
+        trainer.load_state_dict(state["trainer"])  # its weight sync sends the loaded weights: DCP loads in place
         for name, (module, _) in modules.items():
             model_state = shards[name]
             for tied, first in tied_names(get_model_state_dict(module)).items():
@@ -154,8 +159,9 @@ class ShardedCheckpointer(Checkpointer):
                                       f"{sorted(unexpected)[:3]}; resume with the model of the run that wrote it")
         for module_name, learner in trainer.checkpoint_learners().values():
             module = modules[module_name][0]
-            groups = state["param_groups"][module_name]
-            set_optim(module, learner.optimizer, {"state": shards[f"optim.{module_name}"], "param_groups": groups})
+            for key, optim in optimizers(module_name, learner):
+                groups = state["param_groups"][key.removeprefix("optim.")]
+                set_optim(module, optim, {"state": shards[key], "param_groups": groups})
             if learner.ema is not None:
                 with torch.no_grad():
                     for e, (fqn, _) in zip(learner.ema, _trained(module), strict=True):
@@ -179,8 +185,9 @@ def sharded_state(trainer) -> tuple[dict, dict]:
     groups = {}
     for module_name, learner in trainer.checkpoint_learners().values():
         module = modules[module_name][0]
-        optim = get_optimizer_state_dict(module, learner.optimizer)
-        shards[f"optim.{module_name}"], groups[module_name] = optim["state"], optim["param_groups"]
+        for key, optim in optimizers(module_name, learner):
+            state = get_optimizer_state_dict(module, optim)
+            shards[key], groups[key.removeprefix("optim.")] = state["state"], state["param_groups"]
         if learner.ema is not None:
             shards[f"ema.{module_name}"] = {fqn: e for e, (fqn, _) in zip(learner.ema, _trained(module), strict=True)}
     return shards, groups
@@ -202,6 +209,13 @@ def without_4bit_base(state: dict, module: torch.nn.Module) -> dict:
     if not names:
         return state
     return {k: v for k, v in state.items() if k not in names and k.split(".weight.")[0] + ".weight" not in names}
+
+
+def optimizers(module_name: str, learner) -> list[tuple[str, torch.optim.Optimizer]]:
+    """(DCP key, optimizer) of a learner's optimizers: its AdamW under "optim.<module>" and its Muon (the
+    hidden matrices' momentum, --actor.optim muon) under "optim.<module>.muon"; one may be absent."""
+    pairs = ((f"optim.{module_name}", learner.optimizer), (f"optim.{module_name}.muon", learner.muon))
+    return [(key, optim) for key, optim in pairs if optim is not None]
 
 
 def tied_names(state: dict) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Ray start-up and actor placement: a local cluster (or an existing one), the rollout workers and
-the trainer actor.
+the trainer actor (under FSDP, --fsdp.num_ranks trainer actors: distributed/fsdp_ray.py).
 
-Placement: every rollout worker is one actor asking for 1 CPU and `num_gpus` GPUs; the trainer
+Placement: every rollout worker is one actor asking for 1 CPU and `num_gpus` GPUs; each trainer
 actor asks for 1 CPU and its own GPUs. Ray places them on any node of the cluster with free
 resources (a local cluster: this machine; `ray start` on several machines: spread by Ray). Ray shows
 an actor only the GPUs it asked for, so unset GPU counts default to the GPUs present (`gpu_shares`):
@@ -68,20 +68,26 @@ def cluster_gpus(address: str | None) -> int:
 
 
 def gpu_shares(trainer: float | None, worker: float | None, num_workers: int, gpus: int,
-               per_worker: int = 1) -> tuple[float, float]:
-    """(GPUs of the trainer actor, GPUs of each rollout worker actor): the given values, and for an
-    unset one an equal share of the `gpus` present among the trainer and the `num_workers` workers, at
-    most 1 each (rounded down to Ray's 1e-4 resource precision, so the shares fit on the GPUs); a worker
-    that runs on `per_worker` GPUs (a vLLM engine's tensor parallelism) counts `per_worker` times and
-    gets that many shares. ConfigError where such a worker would get more than one GPU but not a whole
-    number of them (Ray gives more than one GPU only in whole GPUs)."""
-    share = math.floor(min(1.0, gpus / (num_workers * per_worker + 1)) * 10_000) / 10_000
+               per_worker: int = 1, trainers: int = 1) -> tuple[float, float]:
+    """(GPUs of each trainer actor, GPUs of each rollout worker actor): the given values, and for an
+    unset one an equal share of the `gpus` present among the `trainers` trainer actors (FSDP's ranks) and
+    the `num_workers` workers, at most 1 each (rounded down to Ray's 1e-4 resource precision, so the shares
+    fit on the GPUs); a worker that runs on `per_worker` GPUs (a vLLM engine's tensor parallelism) counts
+    `per_worker` times and gets that many shares. ConfigError where such a worker would get more than one
+    GPU but not a whole number of them (Ray gives more than one GPU only in whole GPUs), and where several
+    trainer actors would get parts of GPUs (nccl takes one GPU per rank: two ranks could land on one)."""
+    share = math.floor(min(1.0, gpus / (num_workers * per_worker + trainers)) * 10_000) / 10_000
     if worker is None and 1 < share * per_worker != int(share * per_worker):
         raise ConfigError(f"a rollout worker with --vllm.tensor_parallel_size {per_worker} needs {per_worker} whole "
                           f"GPUs, and {gpus} GPUs for {num_workers} workers and the trainer give it "
                           f"{share * per_worker:g}: add GPUs, lower --rollout.num_workers or set "
                           "--distributed.num_gpus_per_worker")
-    return (share if trainer is None else trainer), (share * per_worker if worker is None else worker)
+    trainer = share if trainer is None else trainer
+    if trainers > 1 and 0 < trainer < 1:
+        raise ConfigError(f"--fsdp.num_ranks {trainers} trainer actors need a whole GPU each (nccl: one GPU per "
+                          f"rank), and they would get {trainer:g}: add GPUs, lower --rollout.num_workers or set "
+                          "--distributed.num_gpus_trainer 1 and --distributed.num_gpus_per_worker")
+    return trainer, (share * per_worker if worker is None else worker)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -119,7 +125,8 @@ def worker_factory(model_path: str, gguf_file: str | None, dtype: str, autocast:
 
 
 class TrainerHost:
-    """The trainer actor: runs the single-process training function, unchanged, inside Ray."""
+    """A trainer actor: runs the single-process training function, unchanged, inside Ray (under FSDP,
+    one rank's part of it)."""
 
     def __init__(self, num_threads: int | None):
         if num_threads:
@@ -128,15 +135,36 @@ class TrainerHost:
     def run(self, fn: Callable, *args):
         return fn(*args)
 
+    def address(self) -> tuple[str, int]:
+        """Where this actor, as rank 0, would take the trainer actors' process group (fsdp_ray.free_address)."""
+        from rlhfkit.distributed.fsdp_ray import free_address
 
-def run_in_trainer_actor(fn: Callable, args: tuple, num_threads: int | None, num_gpus: float = 0.0):
-    """`fn(*args)` inside a trainer actor; its exception (e.g. a ConfigError) is re-raised here as itself."""
-    host = ray.remote(TrainerHost).options(num_cpus=1, num_gpus=num_gpus).remote(num_threads)
+        return free_address()
+
+
+def run_in_trainer_actors(fn: Callable, args: tuple, num_threads: int | None, num_gpus: float = 0.0,
+                          ranks: int = 1):
+    """`fn(*args)` inside one trainer actor, or with `ranks` > 1 `fn(*args, rank, ranks, address)` in each of
+    `ranks` actors (`address`: rank 0's (host, port) for their process group, fsdp_ray.init_group); rank 0's
+    result. The first exception of any rank (e.g. a ConfigError) is re-raised here as itself and every
+    actor is killed (the others would wait for it in a collective)."""
+    hosts = [ray.remote(TrainerHost).options(num_cpus=1, num_gpus=num_gpus).remote(num_threads)
+             for _ in range(ranks)]
     try:
-        return ray.get(host.run.remote(fn, *args))
+        if ranks == 1:
+            refs = [hosts[0].run.remote(fn, *args)]
+        else:
+            address = ray.get(hosts[0].address.remote())
+            refs = [h.run.remote(fn, *args, rank, ranks, address) for rank, h in enumerate(hosts)]
+        pending = list(refs)
+        while pending:  # fail fast: the first rank to fail ends the run
+            done, pending = ray.wait(pending, num_returns=1)
+            ray.get(done[0])
+        return ray.get(refs[0])
     except ray.exceptions.RayTaskError as exc:
         if exc.cause is not None:
             raise exc.cause from None
         raise
     finally:
-        ray.kill(host)
+        for host in hosts:
+            ray.kill(host)

@@ -190,12 +190,13 @@ class RayEnginePool:
         ray.get(self._send_weights(self.workers[slot]))
 
 
-def policy_state(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+def policy_state(policy: torch.nn.Module, state: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """What a worker needs to hold the policy: its whole state dict, or with LoRA (a peft model,
     the workers wrapped alike) only the adapter weights, since the base never changes; frozen
     parameters (a vision tower under --actor.freeze_visual_encoder) are left out too: they stay as
-    the workers loaded them from the same files."""
-    state = policy.state_dict()
+    the workers loaded them from the same files. `state`: the policy's full state dict where the
+    module holds shards (FSDP on Ray: distributed.fsdp_ray.GatheredState), else its own state_dict()."""
+    state = policy.state_dict() if state is None else state
     if getattr(policy, "peft_config", None):
         return {k: v for k, v in state.items() if "lora_" in k}
     frozen = {name for name, p in policy.named_parameters() if not p.requires_grad}
@@ -227,15 +228,16 @@ def with_images(trajs: list[Trajectory], vision: list | None, n: int) -> list[Tr
     return trajs
 
 
-def engine_state(policy: torch.nn.Module, full: bool) -> dict[str, torch.Tensor]:
+def engine_state(policy: torch.nn.Module, full: bool,
+                 state: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """What a vLLM rollout worker loads (an engine without peft or bitsandbytes): the policy's state
     dict but its frozen parameters (a vision tower under --actor.freeze_visual_encoder: vLLM holds it as
     loaded from the same files), or for a LoRA policy the adapters merged into their layers (QLoRA: into
     the dequantized 4-bit base; `models.lora.MergedLoraSource`), everything with `full`, else the adapted
-    modules."""
+    modules. `state`: the policy's full state dict where the module holds shards (as for `policy_state`)."""
     if not hasattr(policy, "peft_config"):
-        return policy_state(policy)
-    return MergedLoraSource(policy).state(full).as_dict()
+        return policy_state(policy, state)
+    return MergedLoraSource(policy, None if state is None else lambda: state).state(full).as_dict()
 
 
 def _put_state(state: Mapping[str, torch.Tensor]):

@@ -7,7 +7,9 @@ Muon splits them: every 2-D matrix whose name contains neither "embed" nor "lm_h
 torch.optim.Muon (momentum, Newton-Schulz orthogonalisation, the update scaled by sqrt(max(1, rows /
 cols))), everything else (embeddings, the LM head, norms, biases) by AdamW with the Adam settings. The
 weight decay applies to both; the schedule scales both learning rates by the same factor; gradient
-clipping runs on the raw gradients of all parameters before either optimizer.
+clipping runs on the raw gradients of all parameters before either optimizer. FSDP2-sharded matrices
+(DTensors) are stepped by `trainers.sharded_muon.ShardedMuon`: each update gathered and orthogonalised
+whole, each rank applying its rows, so the step is the one-process step.
 
 Parameters held in bfloat16 (`--actor.dtype bfloat16`) are trained as DeepSpeed's bf16 mode
 does: the optimizer owns float32 master copies, each micro-batch's bf16 gradient is added into
@@ -36,6 +38,7 @@ import torch
 
 from rlhfkit.core.ema import ema_update
 from rlhfkit.errors import CheckpointError, ConfigError, TrainingError, one_line
+from rlhfkit.trainers.sharded_muon import ShardedMuon, is_sharded
 
 log = logging.getLogger("rlhfkit")
 
@@ -125,9 +128,10 @@ class Learner:
                                    "weight decay >= 0", lambda: torch.optim.AdamW(
                                        adam_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                        **adam_kernel(adam_params)))
-        if muon_params:
+        if muon_params:  # FSDP2-sharded matrices: each orthogonalised whole (trainers.sharded_muon)
+            kind = ShardedMuon if is_sharded(muon_params) else torch.optim.Muon
             self.muon = _make(name, "Muon", "its learning rate and momentum must be >= 0 and ns_steps < 100",
-                              lambda: torch.optim.Muon(muon_params, weight_decay=weight_decay, **muon))
+                              lambda: kind(muon_params, weight_decay=weight_decay, **muon))
         self.optimizers = [o for o in (self.optimizer, self.muon) if o is not None]
         factor = lr_lambda(scheduler, total_steps, warmup_steps, min_lr_ratio)
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in self.optimizers]
@@ -195,19 +199,16 @@ class Learner:
                 "consecutive_skips": self.consecutive_skips}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict()`; an "optimizer" or "ema" of None is left as it is (a sharded
+        """Restore `state_dict()`; an "optimizer" (also Muon's) or "ema" of None is left as it is (a sharded
         checkpoint restores those itself: distributed.fsdp_checkpoint)."""
+        self.check_optimizer(state)
         muon = state.get("muon")
-        if (self.muon is None) != (muon is None):
-            written, here = ("muon", "adam") if muon is not None else ("adam", "muon")
-            raise CheckpointError(
-                f"{self.name}: the checkpoint was written with the {written} optimizer, this run uses {here}; resume "
-                f"with the optimizer it was written with (--actor.optim / --critic.optim / --train.optim {written})")
         if state["optimizer"] is not None and self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if muon is not None:
-            self.muon.load_state_dict(muon["optimizer"])
+            if muon["optimizer"] is not None:
+                self.muon.load_state_dict(muon["optimizer"])
             self.schedulers[-1].load_state_dict(muon["scheduler"])
         if self.ema is not None and state["ema"] is not None:
             with torch.no_grad():
@@ -225,6 +226,14 @@ class Learner:
             self._copy_masters_to_params()
         self.steps, self.skipped_steps = state["steps"], state["skipped_steps"]
         self.consecutive_skips = state["consecutive_skips"]
+
+    def check_optimizer(self, state: dict) -> None:
+        """CheckpointError unless `state` (a `state_dict()`) was written with this learner's optimizer choice."""
+        if (self.muon is None) != (state.get("muon") is None):
+            written, here = ("muon", "adam") if state.get("muon") is not None else ("adam", "muon")
+            raise CheckpointError(
+                f"{self.name}: the checkpoint was written with the {written} optimizer, this run uses {here}; resume "
+                f"with the optimizer it was written with (--actor.optim / --critic.optim / --train.optim {written})")
 
     def _copy_masters_to_params(self) -> None:
         if self.master is not None:

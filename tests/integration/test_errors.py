@@ -166,8 +166,11 @@ BEFORE_MODELS = [
     ("94-warm-up-without-a-critic", {"actor.freezing_steps": 2},
      "--actor.freezing_steps 2 warms up the critic, and --algo.advantage.estimator group_norm trains none: drop it, "
      "or use --algo.advantage.estimator gae"),
-    ("95-muon-with-fsdp", {"actor.optim": "muon", "fsdp.enable": "true"},
-     "--actor.optim muon does not combine with --fsdp.enable yet"),
+    ("97-fsdp-ranks-without-ray", {"fsdp.num_ranks": 2, "fsdp.enable": "true"},
+     "--fsdp.num_ranks 2 sets the trainer actors of --fsdp.enable with --distributed.backend ray; under torchrun"),
+    ("98-batch-not-a-multiple-of-the-ranks", {"fsdp.num_ranks": 3, "fsdp.enable": "true", "distributed.backend": "ray",
+                                              "train.batch_size": 8},
+     "--train.batch_size 8 must be a multiple of --fsdp.num_ranks 3: each trainer actor takes an equal share"),
     ("90-unknown-is-correction-type", {"algo.advantage.is_correction_type": "mis"},
      "--algo.advantage.is_correction_type: unknown value 'mis'; valid: tis, icepop, seq-mask-tis, seq_mask_tis"),
 ]

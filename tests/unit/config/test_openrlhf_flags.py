@@ -280,6 +280,15 @@ def test_vllm_num_engines_is_the_number_of_ray_rollout_workers_on_the_ray_backen
     assert rl("--vllm_num_engines", "4").rollout.num_workers == 1  # one process: one engine
 
 
+def test_actor_gpus_are_the_fsdp_trainer_actors_on_the_ray_backend():
+    ray = ("--distributed.backend", "ray", "--fsdp.enable")
+    assert rl(*ray, "--actor_num_nodes", "2", "--actor_num_gpus_per_node", "4") == rl(*ray, "--fsdp.num_ranks", "8")
+    assert rl(*ray, "--actor.num_gpus_per_node", "4").fsdp.num_ranks == 4
+    assert rl(*ray, "--actor_num_gpus_per_node", "4", "--fsdp.num_ranks", "2").fsdp.num_ranks == 2  # ours wins
+    assert rl("--distributed.backend", "ray", "--actor_num_gpus_per_node", "4").fsdp.num_ranks == 1  # no FSDP
+    assert rl("--fsdp.enable", "--actor_num_gpus_per_node", "4").fsdp.num_ranks == 1  # torchrun's own count
+
+
 def test_a_switch_set_false_is_silent(caplog):
     with caplog.at_level(logging.WARNING, logger="rlhfkit"):
         assert rl("--gradient_checkpointing", "false", "--colocate_all_models", "0") == rl()
@@ -305,8 +314,6 @@ def test_notices_reach_the_cli(tmp_path, capsys, caplog):
     (["train", "rl", "--freezing_actor_steps", "5"], "error: --actor.freezing_steps 5 warms up the critic, and "
                                                      "--algo.advantage.estimator group_norm trains none"),
     (["train", "rl", "--actor.optim", "sgd"], "error: --actor.optim: unknown value 'sgd'; valid: adam, muon"),
-    (["train", "rl", "--critic.optim", "muon", "--fsdp.enable"],
-     "error: --critic.optim muon does not combine with --fsdp.enable yet"),
     (["train", "rl", "--stop_properly_penalty_coef", "1.5"],
      "error: --reward.stop_properly_penalty_coef must be < 0 or in [0, 1]"),
     (["train", "rl", "--param_dtype", "fp16"], "error: rlhfkit trains in float32 or bfloat16, not fp16"),

@@ -29,6 +29,8 @@ def test_openrlhf_s_flags_set_ours():
     sft = SFTConfig.from_args(["--optim", "muon", "--muon.momentum", "0.9", "--muon.no_nesterov"])
     assert sft.train.optim == "muon" and sft.muon == MuonConfig(momentum=0.9, nesterov=False)
     assert DPOConfig.from_args(["--optim", "muon"]).train.optim == "muon"
+    # under FSDP too (trainers.sharded_muon: each sharded matrix's update orthogonalised whole)
+    assert RLConfig.from_args(["--actor.optim", "muon", "--critic.optim", "muon", "--fsdp.enable", *GAE]).fsdp.enable
 
 
 @pytest.mark.parametrize("cls,argv,needle", [
@@ -38,7 +40,6 @@ def test_openrlhf_s_flags_set_ours():
     (RLConfig, ["--actor.freezing_steps", "-2"], "--actor.freezing_steps must be"),
     (RLConfig, ["--actor.freezing_steps", "2"], ("--actor.freezing_steps 2 warms up the critic, and "
                                                  "--algo.advantage.estimator group_norm trains none")),
-    (RLConfig, ["--actor.optim", "muon", "--fsdp.enable"], "--actor.optim muon does not combine with --fsdp.enable"),
     (SFTConfig, ["--train.optim", "sgd"], "--train.optim: unknown value 'sgd'"),
     (SFTConfig, ["--muon.lr", "0"], "--muon.lr must be"),
     (RSConfig, ["--sft.train.optim", "sgd"], "--sft.train.optim: unknown value 'sgd'"),

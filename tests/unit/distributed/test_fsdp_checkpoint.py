@@ -15,6 +15,8 @@ from rlhfkit.errors import CheckpointError
 from rlhfkit.trainers import checkpoint as ck
 from rlhfkit.trainers.learner import Learner
 
+MUON = dict(lr=0.02, momentum=0.95, ns_steps=5, nesterov=True)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def group():
@@ -24,13 +26,16 @@ def group():
 
 
 class Trainer:
-    """The trainer side of a checkpointer: a policy with an EMA and a critic, each with AdamW."""
+    """The trainer side of a checkpointer: a policy with an EMA and a critic, each with AdamW (`muon`: Muon
+    for their weight matrices, AdamW for their biases)."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, muon: bool = False):
         torch.manual_seed(seed)
         self.policy, self.critic = torch.nn.Linear(3, 2), torch.nn.Linear(3, 1)
-        self.learner = Learner(self.policy, lr=0.1, ema_beta=0.5, total_steps=10, warmup_steps=2, scheduler="cosine")
-        self.critic_learner = Learner(self.critic, lr=0.05)
+        m = MUON if muon else None
+        self.learner = Learner(self.policy, lr=0.1, ema_beta=0.5, total_steps=10, warmup_steps=2, scheduler="cosine",
+                               muon=m)
+        self.critic_learner = Learner(self.critic, lr=0.05, muon=m)
         self.step = 0
 
     def train_step(self) -> None:
@@ -59,9 +64,10 @@ class Trainer:
         return True
 
 
-def test_round_trip_continues_identically_and_prunes(tmp_path):
+@pytest.mark.parametrize("muon", [False, True], ids=["adam", "muon"])
+def test_round_trip_continues_identically_and_prunes(tmp_path, muon):
     ckpt = fc.ShardedCheckpointer(tmp_path, save_steps=1, max_num=2, rank=0, world_size=1)
-    a = Trainer(seed=0)
+    a = Trainer(seed=0, muon=muon)
     for _ in range(3):
         a.train_step()
         ckpt.periodic(a, a.step, {})
@@ -74,7 +80,7 @@ def test_round_trip_continues_identically_and_prunes(tmp_path):
                                          "shards/shard-00001-model-00001-of-00001.safetensors"]
     for _ in range(2):  # the uninterrupted run (the global RNG is the one of the checkpoint's step)
         a.train_step()
-    b = Trainer(seed=1)  # other initial weights, another RNG state
+    b = Trainer(seed=1, muon=muon)  # other initial weights, another RNG state
     ckpt.load(b, path)
     for _ in range(2):
         b.train_step()
@@ -85,6 +91,12 @@ def test_round_trip_continues_identically_and_prunes(tmp_path):
     sa, sb = a.learner.optimizer.state_dict(), b.learner.optimizer.state_dict()
     assert all(torch.equal(sa["state"][i]["exp_avg_sq"], sb["state"][i]["exp_avg_sq"]) for i in sa["state"])
     assert a.learner.scheduler.get_last_lr() == b.learner.scheduler.get_last_lr()
+    if muon:  # the matrices' momentum is in the shards, read back; an AdamW run refuses the checkpoint
+        ma, mb = a.learner.muon.state_dict()["state"], b.learner.muon.state_dict()["state"]
+        assert ma and all(torch.equal(ma[i]["momentum_buffer"], mb[i]["momentum_buffer"]) for i in ma)
+        assert a.learner.schedulers[-1].get_last_lr() == b.learner.schedulers[-1].get_last_lr()
+        with pytest.raises(CheckpointError, match="written with the muon optimizer, this run uses adam"):
+            ckpt.load(Trainer(seed=2), path)
 
 
 def test_failed_write_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

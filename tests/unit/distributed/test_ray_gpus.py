@@ -79,3 +79,22 @@ def test_a_tensor_parallel_engine_without_whole_gpus_is_refused_in_one_line():
         gpu_shares(None, None, 2, 4, per_worker=2)
     assert "\n" not in str(e.value)
     assert gpu_shares(0.0, 2.0, 2, 4, per_worker=2) == (0.0, 2.0)  # given counts are kept
+
+
+@pytest.mark.parametrize("gpus,workers,trainers,want", [
+    (0, 2, 2, (0.0, 0.0)),    # CPU machine: gloo, nothing asked
+    (8, 4, 4, (1.0, 1.0)),    # OpenRLHF's layout: 4 actor GPUs (FSDP ranks) + 4 engines
+    (6, 2, 4, (1.0, 1.0)),
+])
+def test_fsdp_trainer_actors_each_get_a_share_of_the_gpus(gpus, workers, trainers, want):
+    assert gpu_shares(None, None, workers, gpus, trainers=trainers) == want
+
+
+def test_fsdp_trainer_actors_sharing_gpus_are_refused_in_one_line():
+    from rlhfkit.errors import ConfigError
+
+    # 4 GPUs for 2 trainer actors and 4 workers: 2/3 of a GPU each, and nccl takes one GPU per rank
+    with pytest.raises(ConfigError, match="--fsdp.num_ranks 2 trainer actors need a whole GPU each") as e:
+        gpu_shares(None, None, 4, 4, trainers=2)
+    assert "\n" not in str(e.value)
+    assert gpu_shares(1.0, 0.5, 4, 4, trainers=2) == (1.0, 0.5)  # given counts are kept

@@ -69,8 +69,13 @@ def test_engine_flags_and_openrlhf_aliases_parse():
     with pytest.raises(ConfigError, match="valid: hf, vllm"):
         validate(parse_config(RLConfig, ["--rollout.engine", "sglang"]))
     validate(parse_config(RLConfig, ["--rollout.engine", "vllm", "--distributed.backend", "ray"]))  # engine actors
-    with pytest.raises(ConfigError, match="FSDP training with Ray rollout workers"):
-        validate(parse_config(RLConfig, ["--fsdp.enable", "true", "--distributed.backend", "ray"]))
+    # FSDP on Ray: --fsdp.num_ranks trainer actors (tests/integration/test_fsdp_ray.py), each an equal share
+    ray_fsdp = ["--fsdp.enable", "true", "--distributed.backend", "ray", "--fsdp.num_ranks"]
+    validate(parse_config(RLConfig, [*ray_fsdp, "4"]))
+    with pytest.raises(ConfigError, match="--train.batch_size 128 must be a multiple of --fsdp.num_ranks 3"):
+        validate(parse_config(RLConfig, [*ray_fsdp, "3"]))
+    with pytest.raises(ConfigError, match="--fsdp.num_ranks 2 sets the trainer actors of --fsdp.enable with --distri"):
+        validate(parse_config(RLConfig, ["--fsdp.enable", "true", "--fsdp.num_ranks", "2"]))  # torchrun's own count
     with pytest.raises(ConfigError, match="gpu_memory_utilization must be in"):
         validate(parse_config(RLConfig, ["--vllm.gpu_memory_utilization", "1.5"]))
 
