@@ -82,3 +82,16 @@ def test_a_gathered_full_state_is_dequantized_from_the_whole_4bit_weights(tiny_f
     merged = MergedLoraState(policy, DequantizedState(policy, full))
     got = {k: v for part in merged.parts(2**62) for k, v in part.items()}
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_fsdp_on_ray_sends_vllm_workers_the_dequantized_base_with_the_adapters_merged(tiny_folder):
+    """FSDP on Ray: rank 0 gathers the full state (`full_state_dict`: the 4-bit weights packed) and
+    `pool.engine_state` sends vLLM workers what one process sends them: the dequantized base, adapters merged."""
+    pytest.importorskip("ray")
+    from rlhfkit.distributed.pool import engine_state
+
+    plain = qlora_policy(tiny_folder)
+    policy = fsdp.shard_model(qlora_policy(tiny_folder), 1)
+    want, got = engine_state(plain, True), engine_state(policy, True, fsdp.full_state_dict(policy))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert got["model.layers.0.mlp.up_proj.weight"].dtype == torch.float32
