@@ -11,6 +11,9 @@ folder itself or a run folder (then its `latest`). What is in it decides how OUT
   shards/                    (an FSDP run, any ranks)   the run's model (its config.json, or --base)
                                                        filled from every rank's shards (in one process);
                                                        a vision-language model with its processor
+  shards/ and model.adapter/ (an FSDP LoRA or QLoRA    the adapters read from the shards, over the base
+                              run)                     of model.adapter/'s config, merged into its
+                                                       float weights
 
 OUT holds safetensors weights, config.json and the tokenizer; `from_pretrained` loads it without
 peft or torch.distributed. A reward model (train rm) stays a sequence-classification model; a
@@ -57,6 +60,8 @@ the run's config.json). Returns `out`."""
     out = Path(out).expanduser()
     if out.exists() and any(out.iterdir()):
         raise CheckpointError(f"{out} exists and is not empty; give a new folder")
+    if (folder / SHARDS).is_dir() and (folder / f"{name}{ADAPTER_SUFFIX}" / "adapter_config.json").is_file():
+        return _merged_lora(folder, name, out, base)
     if (folder / SHARDS).is_dir():
         return _from_shards(folder, name, out, base)
     if (folder / name / "config.json").is_file():
@@ -100,6 +105,10 @@ def run_model(folder: Path) -> str:
 
 
 def _merged_lora(folder: Path, name: str, out: Path, base: str | None) -> Path:
+    """A LoRA run's checkpoint: its adapters over the base its card names, merged. A single process's
+    holds the base's weights too; an FSDP run's shards (LoRA or QLoRA) are read for the adapters only,
+    over the float base they were trained on (a QLoRA run's 4-bit base is not in its shards: its adapters
+    are folded into the float weights, as `rlhfkit lora merge` does)."""
     from peft import LoraConfig, get_peft_model
     from safetensors.torch import load_file
 
@@ -109,15 +118,21 @@ def _merged_lora(folder: Path, name: str, out: Path, base: str | None) -> Path:
                               "(its LoRA config); written by an older release: resume it and save a new checkpoint")
     config = LoraConfig.from_pretrained(card)
     base_path, gguf = resolve_model(base or config.base_model_name_or_path)
-    state = load_file(str(folder / f"{name}.safetensors"))
+    sharded = (folder / SHARDS).is_dir()
+    state = {} if sharded else load_file(str(folder / f"{name}.safetensors"))
     dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
     with load_errors("the base model", base_path):
         model = _base_model(base_path, gguf, config.task_type, dtype)
     peft_model = get_peft_model(model, config)
-    missing, unexpected = peft_model.load_state_dict(state, strict=False)
-    if unexpected or [k for k in missing if "lora_" in k or "base_layer" in k]:
-        raise CheckpointError(f"checkpoint {folder}: {name}.safetensors does not fit the base {base_path} "
-                              f"(unexpected {unexpected[:3]}); pass the run's base model with --base")
+    if sharded:
+        from rlhfkit.distributed.fsdp_checkpoint import read_full_module
+
+        read_full_module(folder, name, peft_model, only=lambda key: "lora_" in key)
+    else:
+        missing, unexpected = peft_model.load_state_dict(state, strict=False)
+        if unexpected or [k for k in missing if "lora_" in k or "base_layer" in k]:
+            raise CheckpointError(f"checkpoint {folder}: {name}.safetensors does not fit the base {base_path} "
+                                  f"(unexpected {unexpected[:3]}); pass the run's base model with --base")
     merged = peft_model.merge_and_unload()
     tokenizer = load_tokenizer(card if (card / "tokenizer_config.json").is_file() else base_path)
     save_hf_folder(merged, tokenizer, out)

@@ -60,12 +60,10 @@ def check_keep_best(spec: str | None) -> None:
             f"--ckpt.keep_best {spec!r}: give METRIC[:max|min], e.g. eval/accuracy or eval/loss:min")
 
 
-def check_qlora(ds, fsdp: bool = False) -> None:
-    """QLoRA (--ds.load_in_4bit) trains LoRA adapters over a 4-bit base: it needs --ds.lora.rank > 0,
-    and FSDP does not shard bitsandbytes' 4-bit weights."""
+def check_qlora(ds) -> None:
+    """QLoRA (--ds.load_in_4bit) trains LoRA adapters over a 4-bit base: it needs --ds.lora.rank > 0. Under
+    --fsdp.enable every rank holds the 4-bit base whole and the adapters are sharded (distributed.fsdp)."""
     if not ds.load_in_4bit:
         return
     require(ds.lora.rank > 0, "--ds.load_in_4bit (QLoRA) trains LoRA adapters over the 4-bit base: give "
                               "--ds.lora.rank R (e.g. 16), or drop --ds.load_in_4bit")
-    require(not fsdp, "--ds.load_in_4bit does not combine with --fsdp.enable (FSDP does not shard 4-bit "
-                      "weights): drop one of them")

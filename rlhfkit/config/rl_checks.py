@@ -227,4 +227,4 @@ def _validate_lora(cfg: RLConfig) -> None:
     with QLoRA), and with the vllm engine, in the trainer's process or on Ray rollout workers (which
     load the adapters merged into their layers at every weight sync; with QLoRA into the dequantized
     4-bit base)."""
-    check_qlora(cfg.ds, cfg.fsdp.enable)
+    check_qlora(cfg.ds)

@@ -38,6 +38,8 @@ What each process does (every rank runs the same RL loop on the same data):
   rank with fewer runs passes that add nothing to the gradients (trainers.rl.update `idle_pass`).
 - bf16 parameters with float32 masters (--actor.dtype bfloat16) are, under FSDP2, float32 sharded
   parameters (the masters) computing in bf16 with float32 gradient reduction: --fsdp.mixed_precision.
+- QLoRA (--ds.load_in_4bit): every rank holds the frozen 4-bit base whole (`whole_4bit_weights`, left out
+  of FSDP), the adapters are sharded and reduced as under LoRA (tests/integration/test_fsdp_qlora.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ import torch.distributed as dist
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import save_hf_folder
+from rlhfkit.models.lora import dequantized_items, is_4bit
 from rlhfkit.models.vision import (
     base_model,
     is_vision_model,
@@ -102,7 +105,8 @@ def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool =
     backbone, the LM head and the root (a vision-language model: its base model is the backbone, and
     each block of its vision tower is a unit too, `vision_blocks`). A LoRA policy (a
     peft model) is sharded through its base model (the root): its adapters sit in the layers' linear
-    modules and are sharded with their layer.
+    modules and are sharded with their layer. Over a 4-bit base (QLoRA) the 4-bit weights are not sharded:
+    every rank holds them whole (`whole_4bit_weights`); the adapters, embeddings, norms and head are.
 
     Gradients are SUMMED across ranks (divide factor 1): rlhfkit's losses are already divided by
     the counts of the whole optimizer step, so summing the ranks' parts gives the full gradient.
@@ -122,8 +126,22 @@ def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool =
         units = [[backbone, head]]
     else:
         units = [backbone] + ([head] if head is not None else [])
-    _shard(inner, layers, units, world_size, mixed_precision, lambda ids: model(input_ids=ids))
+    _shard(inner, layers, units, world_size, mixed_precision, lambda ids: model(input_ids=ids),
+           held_whole=whole_4bit_weights(inner))
     return model
+
+
+def whole_4bit_weights(model: torch.nn.Module) -> set[torch.nn.Parameter]:
+    """The frozen 4-bit weights of a QLoRA base (bitsandbytes' `Params4bit`; none without --ds.load_in_4bit),
+    which `shard_model` leaves out of FSDP (`ignored_params`): every rank holds them whole, with their
+    quantization state, as one process does. Sharded, a packed weight became a DTensor without its
+    quantization state, which the weight sync (`StreamedState`: dequantized for vLLM) and the state dict
+    need."""
+    if not is_4bit(model):
+        return set()
+    from bitsandbytes.nn import Params4bit
+
+    return {p for p in model.parameters() if isinstance(p, Params4bit)}
 
 
 def shard_critic(critic: torch.nn.Module, world_size: int, mixed_precision: bool = False) -> torch.nn.Module:
@@ -140,7 +158,10 @@ def shard_critic(critic: torch.nn.Module, world_size: int, mixed_precision: bool
                   lambda ids: critic(ids, torch.ones_like(ids)))
 
 
-def _shard(model, layers, units, world_size: int, mixed_precision: bool, dummy_forward) -> torch.nn.Module:
+def _shard(model, layers, units, world_size: int, mixed_precision: bool, dummy_forward,
+           held_whole: set[torch.nn.Parameter] | None = None) -> torch.nn.Module:
+    """`fully_shard` each of `layers`, `units` and `model`; the parameters in `held_whole` stay plain
+    (every rank holds them whole: fully_shard's `ignored_params`)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -148,6 +169,8 @@ def _shard(model, layers, units, world_size: int, mixed_precision: bool, dummy_f
     if device == "cuda":
         model.to(torch.device("cuda", torch.cuda.current_device()))
     kwargs = {"mesh": init_device_mesh(device, (world_size,))}
+    if held_whole:
+        kwargs["ignored_params"] = held_whole
     if mixed_precision:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for unit in [*layers, *units, model]:
@@ -197,7 +220,8 @@ class StreamedState:
     next is gathered, so a rank's GPU holds one part of the full state, not all of it; the parts stay
     on the GPU, so vLLM takes its in-process or CUDA IPC path. (`full_state_dict(rank0_only=False)`
     gathered the whole model on every rank's GPU, then copied it to the CPU: vLLM then got the whole
-    model serialised as bytes at every step.)"""
+    model serialised as bytes at every step.) A QLoRA model's 4-bit weights, held whole on every rank
+    (`whole_4bit_weights`), come dequantized, as vLLM takes them (models.lora.dequantized_items)."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
@@ -210,7 +234,8 @@ class StreamedState:
 
         part: dict[str, torch.Tensor] = {}
         size = 0
-        for name, t in self.model.state_dict().items():
+        items = dequantized_items(self.model) if is_4bit(self.model) else self.model.state_dict().items()
+        for name, t in items:
             nbytes = t.numel() * t.element_size()  # a DTensor's numel is the full tensor's
             if part and size + nbytes > bucket_bytes:
                 yield part

@@ -38,9 +38,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from rlhfkit.distributed.fsdp import max_over_ranks
+from rlhfkit.distributed.fsdp import max_over_ranks, whole_4bit_weights
 from rlhfkit.errors import CheckpointError
 from rlhfkit.trainers.checkpoint import (
+    ADAPTER_SUFFIX,
     BEST,
     SHARDS,
     Checkpointer,
@@ -52,6 +53,7 @@ from rlhfkit.trainers.checkpoint import (
     set_rng_state,
     step_dir_name,
     write_error,
+    write_model_card,
     write_state,
 )
 
@@ -114,12 +116,15 @@ class ShardedCheckpointer(Checkpointer):
         folder = tmp / rank_dir_name(self.rank)
         folder.mkdir()
         write_state(folder, {"trainer": state, "rng": rng_state(), "param_groups": groups})
+        if self.rank == 0:  # a LoRA policy's adapter config and tokenizer, for `rlhfkit export`
+            for name, (module, tokenizer) in trainer.checkpoint_modules().items():
+                write_model_card(tmp / f"{name}{ADAPTER_SUFFIX}", module, tokenizer)
 
     # ------------------------------------------------------------------ load
     def load(self, trainer, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import HuggingFaceStorageReader
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         from torch.distributed.checkpoint.state_dict import (
             set_model_state_dict as set_model,
         )
@@ -147,7 +152,11 @@ class ShardedCheckpointer(Checkpointer):
             model_state = shards[name]
             for tied, first in tied_names(get_model_state_dict(module)).items():
                 model_state[tied] = model_state[first]  # stored once (see sharded_state)
-            set_model(module, model_state)
+            missing, unexpected = set_model(module, model_state, options=StateDictOptions(strict=False))
+            missing = set(missing) - held_4bit_names(module)  # not in the checkpoint (see sharded_state)
+            if missing or unexpected:
+                raise CheckpointError(f"checkpoint {path}: {name} misses {sorted(missing)[:3]}, has unexpected "
+                                      f"{sorted(unexpected)[:3]}; resume with the model of the run that wrote it")
         for module_name, learner in trainer.checkpoint_learners().values():
             module = modules[module_name][0]
             for key, optim in optimizers(module_name, learner):
@@ -163,14 +172,16 @@ class ShardedCheckpointer(Checkpointer):
 
 def sharded_state(trainer) -> tuple[dict, dict]:
     """(this rank's DTensor shards by DCP key, each optimizer's param_groups) of `trainer`: the modules'
-    state dicts, each learner's optimizer state (initialised when empty, as DCP's helpers do) and EMA."""
+    state dicts, each learner's optimizer state (initialised when empty, as DCP's helpers do) and EMA.
+    A QLoRA base's 4-bit weights are left out (`without_4bit_base`)."""
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
     )
 
     modules = trainer.checkpoint_modules()
-    shards = {name: untied(get_model_state_dict(module)) for name, (module, _) in modules.items()}
+    shards = {name: without_4bit_base(untied(get_model_state_dict(module)), module)
+              for name, (module, _) in modules.items()}
     groups = {}
     for module_name, learner in trainer.checkpoint_learners().values():
         module = modules[module_name][0]
@@ -180,6 +191,24 @@ def sharded_state(trainer) -> tuple[dict, dict]:
         if learner.ema is not None:
             shards[f"ema.{module_name}"] = {fqn: e for e, (fqn, _) in zip(learner.ema, _trained(module), strict=True)}
     return shards, groups
+
+
+def held_4bit_names(module: torch.nn.Module) -> set[str]:
+    """The state-dict names of `module`'s frozen 4-bit weights, which every rank holds whole
+    (distributed.fsdp.whole_4bit_weights; none without QLoRA)."""
+    whole = whole_4bit_weights(module)
+    return {n for n, p in module.named_parameters() if p in whole} if whole else set()
+
+
+def without_4bit_base(state: dict, module: torch.nn.Module) -> dict:
+    """`state` (of `module`) without its QLoRA base's 4-bit weights and their quantization state (bitsandbytes
+    names it `<weight>.absmax`, `<weight>.quant_map`, ...): they are frozen, every rank holds them whole, and a
+    resumed run loads them again from its model, as the run did at its start. A sharded checkpoint then holds
+    what training changed (the adapters, their Adam moments and EMA) and the float frozen weights."""
+    names = held_4bit_names(module)
+    if not names:
+        return state
+    return {k: v for k, v in state.items() if k not in names and k.split(".weight.")[0] + ".weight" not in names}
 
 
 def optimizers(module_name: str, learner) -> list[tuple[str, torch.optim.Optimizer]]:
@@ -241,19 +270,20 @@ def _agree(failure: BaseException | None) -> BaseException | None:
     return OSError("another rank could not write its part of the checkpoint") if failed else None
 
 
-def read_full_module(path: Path, name: str, module: torch.nn.Module) -> None:
+def read_full_module(path: Path, name: str, module: torch.nn.Module, only: Callable[[str], bool] | None = None) -> None:
     """Fill the plain (unsharded) `module` in place with the weights of module `name` of the FSDP
-    checkpoint `path`, in one process without a process group (DCP reads every rank's shards)."""
+    checkpoint `path`, in one process without a process group (DCP reads every rank's shards); `only`:
+    the weights whose names it accepts (a LoRA model's adapters), the others left as they are."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
-    state = {name: untied(module.state_dict())}
+    state = {name: {k: v for k, v in untied(module.state_dict()).items() if only is None or only(k)}}
     try:
         dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)), no_dist=True)
     except (RuntimeError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"checkpoint {path}: its shards of {name!r} do not fit the run's "
                               f"base model ({' '.join(str(exc).split())[:300]})") from exc
     missing, unexpected = module.load_state_dict(state[name], strict=False)
-    untied_missing = [k for k in missing if k in untied(module.state_dict())]
+    untied_missing = [k for k in missing if k in state[name]]
     if untied_missing or unexpected:
         raise CheckpointError(f"checkpoint {path}: shards missing {untied_missing[:3]}, unexpected {unexpected[:3]}")

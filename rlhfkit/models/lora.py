@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -256,15 +257,17 @@ def is_4bit(model: torch.nn.Module) -> bool:
     return bool(getattr(model, "is_loaded_in_4bit", False))
 
 
-def dequantized_items(model: torch.nn.Module):
+def dequantized_items(model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None = None):
     """(name, tensor) of `model`'s state dict as an engine without bitsandbytes takes it: every 4-bit
     linear's weight dequantized (bitsandbytes' `dequantize_4bit`: the weight the layer multiplies by, in
-    its compute dtype), the tensors of its quantization state left out, the rest as they are."""
+    its compute dtype), the tensors of its quantization state left out, the rest as they are. `state`:
+    the model's state dict gathered elsewhere (FSDP: the full state of a sharded model), its 4-bit
+    weights dequantized from the model's own, which every rank holds whole."""
     import bitsandbytes as bnb
 
     quantized = {f"{prefix}.weight": m.weight for prefix, m in model.named_modules()
                  if isinstance(m, bnb.nn.Linear4bit)}
-    for key, tensor in model.state_dict().items():
+    for key, tensor in (model.state_dict() if state is None else state).items():
         if key in quantized:
             weight = quantized[key]
             yield key, bnb.functional.dequantize_4bit(weight.data, weight.quant_state)
@@ -277,14 +280,14 @@ class DequantizedState:
     one tensor per part, dequantized as it is asked for: a full-precision copy of the whole model never
     exists at once. `MergedLoraState` folds the adapters into the dequantized weights."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
+    def __init__(self, model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None = None):
+        self.model, self.state = model, state
 
     def __bool__(self) -> bool:
         return True
 
     def parts(self, bucket_bytes: int):
-        for key, tensor in dequantized_items(self.model):
+        for key, tensor in dequantized_items(self.model, self.state):
             yield {key: tensor}
 
 

@@ -210,7 +210,13 @@ def test_a_sharded_checkpoint_of_two_ranks_exports_to_a_model_folder(reference, 
 def test_lora_under_fsdp_resumes_bit_exact(ws, tmp_path):
     """LoRA adapters sharded under FSDP (the same run with --ds.lora.rank 4): a resume from the step before
     the last repeats the last step to the bit, in the adapters, their EMA and every logged value."""
-    lora = {"ds.lora.rank": 4, "ds.lora.alpha": 8}
+    lora_run_resumes_bit_exact(ws, tmp_path, {"ds.lora.rank": 4, "ds.lora.alpha": 8})
+
+
+def lora_run_resumes_bit_exact(ws, tmp_path: Path, lora: dict) -> Path:
+    """The run with the LoRA flags `lora` (in tmp_path/ref) and a copy of it resumed from the step before the
+    last: the adapters, their EMA and both ranks' metrics are the uninterrupted run's, bit for bit, and the last
+    checkpoint exports to the merged final/ (`assert_export_is_the_merged_final`). Returns the run's folder."""
     ref, out = tmp_path / "ref", tmp_path / "out"
     rc, log = finish(launch(flags(ws, ref, **lora)))
     assert rc == 0, log
@@ -224,3 +230,19 @@ def test_lora_under_fsdp_resumes_bit_exact(ws, tmp_path):
         assert_same_tensors(ref / folder / "adapter_model.safetensors", out / folder / "adapter_model.safetensors")
     for rank_dir in (".", "rank1"):
         assert rows(out / rank_dir / "metrics.jsonl") == rows(ref / rank_dir / "metrics.jsonl"), rank_dir
+    assert_export_is_the_merged_final(ws, ref, tmp_path)
+    return ref
+
+
+def assert_export_is_the_merged_final(ws: Path, ref: Path, tmp_path: Path) -> None:
+    """`rlhfkit export` of a LoRA run's last sharded checkpoint (its adapter card beside the shards: the adapters
+    read from every rank's shards over the base) writes the weights `rlhfkit lora merge` makes of final/."""
+    from rlhfkit.cli.main import main
+
+    exported, merged = tmp_path / "exported", tmp_path / "merged"
+    assert main(["export", str(ref / "checkpoints" / step_dir_name(STEPS)), str(exported)]) == 0
+    assert main(["lora", "merge", "--lora.adapter", str(ref / "final"), "--ckpt.output_dir", str(merged)]) == 0
+    assert_same_tensors(exported / "model.safetensors", merged / "model.safetensors")
+    q = "model.layers.0.self_attn.q_proj.weight"
+    moved = load_file(str(exported / "model.safetensors"))[q] - load_file(str(ws / "tiny" / "model.safetensors"))[q]
+    assert float(moved.abs().max()) > 1e-3  # the trained adapters are in it

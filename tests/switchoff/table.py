@@ -199,6 +199,10 @@ def language_layers_only(original):
     return lambda base: list(base.language_model.layers)  # the tower's blocks go with the base model's unit
 
 
+def nothing_held_whole(original):
+    return lambda model: set()  # fully_shard shards the 4-bit weights too
+
+
 def head_only(original):
     return lambda path: ("lm_head",)  # the tower and projector quantized too
 
@@ -286,6 +290,7 @@ AGENTS = "tests/integration/test_agent_loop.py"
 VISION = "tests/unit/rollout/test_vision_engine.py"
 VISION_TOOLS = "tests/unit/agents/test_vision_tools.py"
 VISION_LORA = "tests/unit/models/test_vision_lora.py"
+FSDP_QLORA = "tests/unit/distributed/test_fsdp_qlora.py"
 VISION_WORKER = "tests/unit/distributed/test_vision_worker.py"
 VISION_EVAL = "tests/integration/test_vision_eval.py"
 VISION_EXECUTE = "tests/unit/agents/test_vision_execute.py"
@@ -479,6 +484,12 @@ SWITCH_OFFS = (
               language_layers_only, ("tests/unit/distributed/test_fsdp_vision.py::"
                                      "test_sharded_vlm_samples_and_scores_as_the_unsharded_one[qwen2_vl]",),
               "the language model's layers only"),
+    SwitchOff("QLoRA's 4-bit base held whole on every rank (--fsdp.enable)",
+              "rlhfkit.distributed.fsdp:whole_4bit_weights", nothing_held_whole,
+              (f"{FSDP_QLORA}::test_the_4bit_base_stays_whole_and_the_adapters_are_sharded",
+               f"{FSDP_QLORA}::test_the_weight_stream_sends_the_dequantized_base_and_merged_adapters_of_one_process",
+               f"{FSDP_QLORA}::test_sharded_checkpoints_leave_the_frozen_4bit_base_out"),
+              "the 4-bit weights sharded like the rest"),
     SwitchOff("images in vLLM requests (vision-language models)", "rlhfkit.rollout.vllm:vllm_request", text_request,
               ("tests/unit/rollout/test_vllm_vision.py::test_requests_hold_one_placeholder_per_image_and_the_images_"
                "and_trajectories_the_tensors[llava]",), "the ids alone, no images"),

@@ -118,3 +118,16 @@ def test_routing_replay_flag_its_slime_name_and_the_compiled_layers_refused():
     assert RLConfig.from_args(["--use-rollout-routing-replay"]).actor.routing_replay  # slime's R3 switch
     with pytest.raises(ConfigError, match="--actor.routing_replay does not combine with --train.compile_enable"):
         RLConfig.from_args(["--actor.routing_replay", "--train.compile_enable", "true"])
+
+
+def test_qlora_runs_under_fsdp_and_still_needs_lora_there():
+    """--ds.load_in_4bit with --fsdp.enable (refused before: the 4-bit base is now held whole on every rank);
+    without --ds.lora.rank it is refused as in one process."""
+    fsdp = ["--fsdp.enable", "true", "--ds.load_in_4bit", "true"]
+    cfg = parse_config(RLConfig, [*fsdp, "--ds.lora.rank", "4"])
+    validate(cfg)
+    assert cfg.fsdp.enable and cfg.ds.load_in_4bit and cfg.ds.lora.rank == 4
+    for argv in (fsdp, fsdp[2:]):
+        with pytest.raises(ConfigError, match="--ds.load_in_4bit \\(QLoRA\\) trains LoRA adapters over the 4-bit "
+                                              "base: give --ds.lora.rank R"):
+            validate(parse_config(RLConfig, argv))
