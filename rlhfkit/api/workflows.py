@@ -117,6 +117,8 @@ def load_prompt_items(cfg: GenerateConfig, tokenizer, dataset: Any = None) -> tu
         raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file, a datasets folder or "
                           "a hub dataset name); from Python, pass train_dataset=")
     examples = load_examples_fn(cfg, source)(tokenizer)
+    if cfg.csft.enable:  # conditional SFT: every prompt asks for the score (OpenRLHF's --enable_csft)
+        examples = [dataclasses.replace(e, text=e.text + cfg.csft.prompt.strip() + " ") for e in examples]
     items, skipped = tokenize_prompts(examples, tokenizer, cfg.data.prompt_max_len, cfg.data.input_key)
     if skipped:
         log.warning("skipped %d prompts longer than --data.prompt_max_len %d tokens", skipped, cfg.data.prompt_max_len)

@@ -40,11 +40,23 @@ REF_MODES = ("initial", "round")
 
 
 @dataclass(frozen=True)
+class CSFTConfig:
+    """Conditional SFT at generation (OpenRLHF's batch_inference --enable_csft): every prompt asks for a score."""
+
+    enable: bool = False
+    """Append --csft.prompt (stripped, then one space) to every rendered prompt, as OpenRLHF's --enable_csft does: a
+    policy trained with `train sft --data.reward_template` then answers as its samples of that score did."""
+    prompt: str = "<rm_score>: 5.00"
+    """The score asked for with --csft.enable (OpenRLHF's --csft_prompt)."""
+
+
+@dataclass(frozen=True)
 class GenerateConfig(RLConfig):
     """`rlhfkit generate`: --rollout.n_samples_per_prompt samples of every prompt of --data.prompt_dataset
     by --actor.model_name_or_path, written to <output_dir>/generations.jsonl."""
 
     ckpt: CkptConfig = field(default_factory=lambda: CkptConfig(output_dir="runs/generate"))
+    csft: CSFTConfig = field(default_factory=CSFTConfig)
 
     @classmethod
     def from_args(cls, argv: list[str]):

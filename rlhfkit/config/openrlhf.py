@@ -582,9 +582,11 @@ BATCH_INFERENCE_FLAGS: dict[str, Alias] = {
                           "rs_dataset.jsonl)", 1),
     "post_processor": notice("ignored: `rlhfkit train rs` keeps the best sample of each prompt (rs), `rlhfkit "
                              "train iterative-dpo` pairs the best and the worst (iter_dpo)", 1),
-    "reward_template": refuse("conditional SFT is not built into rlhfkit generate: drop it"),
-    "enable_csft": refuse("conditional SFT is not built into rlhfkit generate: drop it", 0),
-    "csft_prompt": refuse("conditional SFT is not built into rlhfkit generate: drop it"),
+    "reward_template": notice("ignored: batch_inference reads it only in --eval_task rm's csft post-processing, "
+                              "which rlhfkit does not run; `rlhfkit train sft --data.reward_template` trains "
+                              "conditional SFT", 1),
+    "enable_csft": to("csft.enable", 0),
+    "csft_prompt": to("csft.prompt"),
 }
 # `train kd` also takes train_sft's dotted names (OpenRLHF's KD was gone before its flags were dotted).
 KD_ALIASES = {**SFT_ALIASES, **SUPERVISED_FLAGS["kd"]}

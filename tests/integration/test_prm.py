@@ -183,6 +183,20 @@ def test_conditional_sft_follows_the_requested_score(tiny_ws, tmp_path):
     prompts = [f"q{i}" for i in (3, 41, 77, 150)]  # 150: never seen in training
     assert [answer(p, 1.0) for p in prompts] == ["yes"] * 4
     assert [answer(p, 0.0) for p in prompts] == ["no"] * 4
+    # OpenRLHF's batch_inference --enable_csft --csft_prompt: `rlhfkit generate` asks every prompt for the score
+    write(root / "asks.jsonl", [{"input": p} for p in prompts])
+
+    def generated(score: str) -> list[str]:
+        run = tmp_path / f"gen{score}"
+        assert main(["generate", "--actor.model_name_or_path", str(out / "final"), "--data.prompt_dataset",
+                     str(root / "asks.jsonl"), "--input_template", "{} ", "--enable_csft", "--csft_prompt",
+                     f"<rm_score>: {score}", "--greedy_sampling", "--best_of_n", "1", "--rollout.max_new_tokens", "4",
+                     "--logger.progress_bar", "false", "--ckpt.output_dir", str(run)]) == 0
+        rows = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
+        assert sorted(r["prompt"] for r in rows) == sorted(f"{p} <rm_score>: {score} " for p in prompts)
+        return [r["response"].strip() for r in rows]
+
+    assert generated("1.00") == ["yes"] * 4 and generated("0.00") == ["no"] * 4
 
 
 def test_soft_labels_from_python(ws, tmp_path):
