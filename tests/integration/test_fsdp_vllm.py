@@ -27,7 +27,9 @@ bnb = pytest.importorskip("bitsandbytes")
 
 STEPS = 2
 LORA = {"ds.lora.rank": 8, "ds.lora.alpha": 16, "rollout.engine": "vllm"}
-VARIANTS = {"qlora": {**LORA, "ds.load_in_4bit": "true"}, "lora": LORA}
+# QLoRA on q and v: the attention block's k and o and the MLP are 4-bit linears sent dequantized alone
+VARIANTS = {"qlora": {**LORA, "ds.load_in_4bit": "true", "ds.lora.target_modules": "q_proj,v_proj"},
+            "lora": {**LORA, "ds.lora.target_modules": "all-linear"}}
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +76,13 @@ def held_after_loads(dump, pid) -> list[dict[str, torch.Tensor]]:
     return [load_file(f) for f in sorted(dump.glob(f"{pid}-*.safetensors"), key=lambda f: int(f.stem.split("-")[1]))]
 
 
-def policy_at(ws, checkpoint, four_bit: bool) -> torch.nn.Module:
+def policy_at(ws, checkpoint, variant: str) -> torch.nn.Module:
     """The run's policy with the adapters of its FSDP checkpoint `checkpoint` (read in one process); None: the
     adapters as they start (B zero)."""
-    policy = add_lora(load_causal_lm(ws / "tiny", load_in_4bit=four_bit), rank=8, alpha=16,
-                      target_modules="all-linear")
+    over = VARIANTS[variant]
+    targets = over["ds.lora.target_modules"]
+    policy = add_lora(load_causal_lm(ws / "tiny", load_in_4bit="ds.load_in_4bit" in over), rank=8, alpha=16,
+                      target_modules=targets if targets == "all-linear" else tuple(targets.split(",")))
     if checkpoint is not None:
         read_full_module(checkpoint, "model", policy, only=lambda key: "lora_" in key)
     return policy
@@ -87,16 +91,19 @@ def policy_at(ws, checkpoint, four_bit: bool) -> torch.nn.Module:
 def computed_weights(policy) -> dict[str, torch.Tensor]:
     """The weights the trainer multiplies by, under the float model's names, without rlhfkit's merge: every
     adapted linear's base weight (bitsandbytes' dequantized weight of a 4-bit one) plus peft's delta weight,
-    every other weight as it is."""
+    every other 4-bit linear's dequantized weight, every other weight as it is."""
     from peft.tuners.lora import LoraLayer
+
+    def dequantized(w):
+        return bnb.functional.dequantize_4bit(w.data, w.quant_state) if isinstance(w, bnb.nn.Params4bit) else w.data
 
     out = {}
     for name, module in policy.named_modules():
+        hf = f"{name.removeprefix(PEFT_PREFIX)}.weight"
         if isinstance(module, LoraLayer):
-            w = module.base_layer.weight
-            base = bnb.functional.dequantize_4bit(w.data, w.quant_state) if isinstance(w, bnb.nn.Params4bit) \
-                else w.data
-            out[f"{name.removeprefix(PEFT_PREFIX)}.weight"] = base + module.get_delta_weight("default")
+            out[hf] = dequantized(module.base_layer.weight) + module.get_delta_weight("default")
+        elif isinstance(module, bnb.nn.Linear4bit) and not name.endswith(".base_layer"):
+            out[hf] = dequantized(module.weight)
     state = {k.removeprefix(PEFT_PREFIX).replace(".base_layer.", "."): v for k, v in policy.state_dict().items()
              if "lora_" not in k}
     return {**state, **out}
@@ -108,7 +115,7 @@ def test_vllm_under_fsdp_with_lora_syncs_the_merged_weights_and_trains_as_one_pr
     """Both ranks' engines hold, after every sync, bit for bit the weights computed from that step's adapters, so
     the same on both ranks; the rollout's logprobs are the trainer's sharded forward's (measured gap 2.1e-6 at most,
     allowed 1e-4); and the run trains as the one-process run on the same fake engine: the same rewards (the same
-    tokens), gradient norms within 1e-5 relative (measured 1.1e-7), final adapters within 5e-5 (measured 2.3e-6
+    tokens), gradient norms within 1e-5 relative (measured 1.1e-7), final adapters within 5e-5 (measured 1.3e-6
     with QLoRA, 1.1e-5 with LoRA: the float-order noise of test_fsdp_qlora, which Adam magnifies in small
     gradients; lora_B moved from 0 to 0.07)."""
     four_bit = variant == "qlora"
@@ -119,15 +126,17 @@ def test_vllm_under_fsdp_with_lora_syncs_the_merged_weights_and_trains_as_one_pr
     syncs = STEPS + 1 if four_bit else STEPS
     held = {pid: held_after_loads(tmp_path / "fsdp_loads", pid) for pid in events["fsdp"]}
     assert all(len(h) == syncs for h in held.values())
+    sent = {"qlora": [21, 8, 8], "lora": [21, 14]}[variant]  # in full first, then the adapted blocks (test_qlora)
+    assert all([e["tensors"] for e in engine if e["event"] == "load"] == sent for engine in events["fsdp"].values())
     rank0, rank1 = held.values()
     for a, b in zip(rank0, rank1, strict=True):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     checkpoints = [tmp_path / "fsdp" / "checkpoints" / step_dir_name(s) for s in range(1, STEPS + 1)]
     for got, checkpoint in zip(rank0, ([None] if four_bit else []) + checkpoints, strict=True):
-        want = computed_weights(policy_at(ws, checkpoint, four_bit))  # and the 4-bit weights' quantization state
+        want = computed_weights(policy_at(ws, checkpoint, variant))  # and the 4-bit weights' quantization state
         assert set(got) <= set(want)
         assert all(torch.equal(got[k], want[k]) for k in got), checkpoint
-    init, start = load_file(ws / "tiny" / "model.safetensors"), computed_weights(policy_at(ws, None, four_bit))
+    init, start = load_file(ws / "tiny" / "model.safetensors"), computed_weights(policy_at(ws, None, variant))
     # the 4-bit base is not the folder's float weights (NF4's rounding), and the adapters moved the engine's weights
     assert not four_bit or max(float((start[k] - init[k]).abs().max()) for k in init) > 1e-2
     assert max(float((rank0[-1][k] - start[k]).abs().max()) for k in init) > 1e-2
