@@ -99,5 +99,6 @@ def test_vllm_samples_in_the_dtype_the_trainer_computes_in(monkeypatch):
     bf16 = ("--actor.dtype", "bfloat16", "--actor.autocast", "none")
     assert engine(*bf16) == engine("--fsdp.enable", "true", *bf16) == "bfloat16"
     assert engine("--fsdp.enable", "true", "--actor.autocast", "none", "--fsdp.mixed_precision", "true") == "bfloat16"
-    assert engine("--actor.autocast", "none") == engine("--fsdp.enable", "true", "--actor.autocast", "none") == "float32"
+    fp32 = ("--actor.autocast", "none")
+    assert engine(*fp32) == engine("--fsdp.enable", "true", *fp32) == "float32"
     assert engine("--fsdp.enable", "true", "--actor.dtype", "bfloat16") == "bfloat16"  # autocast's default
