@@ -279,10 +279,19 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn, **images):
     v = cfg.vllm
     share, sleep = colocated_memory(v.gpu_memory_utilization, v.enable_sleep, torch.cuda.is_available(),
                                     free_gpu_share())
-    return VLLMEngine(vllm_folder(cfg), eos_ids(policy, tokenizer), dtype=cfg.actor.autocast or cfg.actor.dtype,
+    return VLLMEngine(vllm_folder(cfg), eos_ids(policy, tokenizer), dtype=vllm_dtype(cfg),
                       seed=cfg.train.seed, gpu_memory_utilization=share,
                       enable_sleep=sleep, tensor_parallel_size=v.tensor_parallel_size,
                       state_fn=state_fn, auto_sleep=sleep, **images)
+
+
+def vllm_dtype(cfg: RLConfig) -> str:
+    """The dtype vLLM samples in: the one the trainer's forward computes in, --actor.autocast, else bfloat16
+    under FSDP's mixed precision (what --actor.dtype bfloat16 becomes under FSDP: float32 shards computing in
+    bf16, `resolve_fsdp_dtype`), else --actor.dtype."""
+    if cfg.actor.autocast:
+        return cfg.actor.autocast
+    return "bfloat16" if cfg.fsdp.enable and cfg.fsdp.mixed_precision else cfg.actor.dtype
 
 
 def vllm_folder(cfg: RLConfig) -> str:
@@ -303,7 +312,7 @@ def vllm_worker_settings(cfg: RLConfig, policy, tokenizer, gpus: float) -> dict:
     v = cfg.vllm
     own = OWN_GPU_MEMORY_SHARE if gpus >= 1 else COLOCATED_MEMORY_SHARE
     sleep = bool(v.enable_sleep)
-    return {"eos_ids": eos_ids(policy, tokenizer), "dtype": cfg.actor.autocast or cfg.actor.dtype,
+    return {"eos_ids": eos_ids(policy, tokenizer), "dtype": vllm_dtype(cfg),
             "seed": cfg.train.seed, "enable_sleep": sleep, "auto_sleep": sleep,
             "gpu_memory_utilization": own if v.gpu_memory_utilization is None else v.gpu_memory_utilization,
             "tensor_parallel_size": v.tensor_parallel_size}

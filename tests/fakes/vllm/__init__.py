@@ -19,7 +19,9 @@ processor's pixel tensors of the images, so tokens and logprobs are real. vLLM's
 With FAKE_VLLM_LOG set, every engine appends JSON lines to that file: `init` (its keyword arguments),
 `generate` (the prompts it got and how many images each carried) and `load` (how many tensors, and a digest
 of the model's weights after the load), each with the process id, so a test can tell which engine got which
-prompts, images and weights.
+prompts, images and weights. With FAKE_VLLM_DUMP set (a folder), every load also saves the model's whole state
+dict after it there, as `<pid>-<n>.safetensors` (n: that engine's loads so far, from 0), so a test can compare
+what an engine holds after each sync with the weights it computes itself.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class HFModel:
     """What vLLM's model runner holds, over an HF model: `load_weights` takes HF-named tensors."""
 
     def __init__(self, hf: torch.nn.Module):
-        self.hf = hf
+        self.hf, self.loads = hf, 0
 
     def parameters(self):
         return self.hf.parameters()
@@ -81,6 +83,13 @@ class HFModel:
         if result.unexpected_keys:
             raise KeyError(f"load_weights got names the model lacks: {result.unexpected_keys[:3]}")
         record("load", tensors=len(state), digest=weights_digest(self.hf))
+        folder = os.environ.get("FAKE_VLLM_DUMP")
+        if folder:
+            from safetensors.torch import save_file
+
+            held = {k: t.detach().contiguous().clone() for k, t in self.hf.state_dict().items()}
+            save_file(held, os.path.join(folder, f"{os.getpid()}-{self.loads}.safetensors"))
+        self.loads += 1
 
 
 class LLM(FakeLLM):

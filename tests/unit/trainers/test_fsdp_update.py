@@ -1,13 +1,14 @@
 """The update under FSDP: a rank with fewer micro-batches than another pads with idle passes (each
 runs as many backwards as a micro-batch, every one a collective, and adds nothing to the gradients);
---actor.dtype bfloat16 becomes float32 shards computing in bf16."""
+--actor.dtype bfloat16 becomes float32 shards computing in bf16, and a vLLM engine samples in bf16 as the trainer
+computes."""
 
 import copy
 
 import pytest
 import torch
 
-from rlhfkit.api.builder import resolve_fsdp_dtype
+from rlhfkit.api.builder import resolve_fsdp_dtype, vllm_dtype
 from rlhfkit.config import RLConfig
 from rlhfkit.data.types import Trajectory
 from rlhfkit.distributed import fsdp
@@ -84,3 +85,20 @@ def test_bf16_parameters_under_fsdp_become_float32_masters_computing_in_bf16(cap
     for argv in (["--actor.dtype", "bfloat16"], ["--fsdp.enable", "true"]):  # one process; float32
         cfg = RLConfig.from_args(argv)
         assert resolve_fsdp_dtype(cfg) is cfg
+
+
+def test_vllm_samples_in_the_dtype_the_trainer_computes_in(monkeypatch):
+    """Under FSDP --actor.dtype bfloat16 becomes float32 shards computing in bf16: vLLM gets bf16, as in one
+    process (it used to get float32, the masters' dtype: twice the engine's weight memory, another precision
+    than the trainer's forward)."""
+    monkeypatch.setenv("RANK", "1")  # quiet
+
+    def engine(*argv):
+        return vllm_dtype(resolve_fsdp_dtype(RLConfig.from_args(["--rollout.engine", "vllm", *argv])))
+
+    bf16 = ("--actor.dtype", "bfloat16", "--actor.autocast", "none")
+    assert engine(*bf16) == engine("--fsdp.enable", "true", *bf16) == "bfloat16"
+    assert engine("--fsdp.enable", "true", "--actor.autocast", "none", "--fsdp.mixed_precision", "true") == "bfloat16"
+    fp32 = ("--actor.autocast", "none")
+    assert engine(*fp32) == engine("--fsdp.enable", "true", *fp32) == "float32"
+    assert engine("--fsdp.enable", "true", "--actor.dtype", "bfloat16") == "bfloat16"  # autocast's default
