@@ -355,7 +355,7 @@ def _marked(row: list[int], prompt_len: int, marks: list[int]) -> StepSample:
 
 
 def _output(probs: list[torch.Tensor]) -> RewardOutput:
-    weakest = torch.tensor([float(p.min()) if p.numel() else 0.0 for p in probs])
+    weakest = aggregate_steps(probs, "min")
     steps = torch.tensor([float(p.numel()) for p in probs])
     mean = torch.tensor([float(p.mean()) if p.numel() else float("nan") for p in probs])
     return RewardOutput(torch.zeros(len(probs)), weakest,
