@@ -167,8 +167,15 @@ def image_fields(kwargs: dict) -> dict:
     images = kwargs.get("prompt_images")
     if not images or not any(images):
         return {}
+    urls: dict[int, str] = {}  # id -> URL: the samples of a prompt share its image objects, encoded once a call
+
+    def url(image) -> str:
+        if id(image) not in urls:
+            urls[id(image)] = image_data_url(image)
+        return urls[id(image)]
+
     return {"raw_prompts": [_placeholders(p) for p in kwargs["raw_prompts"]], "responses": list(kwargs["responses"]),
-            "images": [None if ims is None else [image_data_url(im) for im in ims] for ims in images]}
+            "images": [None if ims is None else [url(im) for im in ims] for ims in images]}
 
 
 def _placeholders(raw: Any) -> Any:
