@@ -17,7 +17,6 @@ resumes a client from them (`create_training_client_from_state`).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import uuid
@@ -290,12 +289,9 @@ class ModelHost(SamplingMixin):
 
     def _adapters(self, module: torch.nn.Module, names: list[str | None], trained: list[str]):
         """The context a forward over rows of adapters `names` runs in: nothing for a full model, the
-        adapter made active for rows of one adapter, per-row adapters for rows of several."""
-        if module is not self.peft:
-            return contextlib.nullcontext()
-        if len(set(names)) == 1:
-            module.set_adapter(names[0])
-            return contextlib.nullcontext()
+        adapter made active for rows of one adapter (`_one_adapter`), per-row adapters for rows of several."""
+        if module is not self.peft or len(set(names)) == 1:
+            return self._one_adapter(module, names[0])
         rows = RowAdapters(module, trainable=trained)
         rows.set_rows(names)
         return rows
