@@ -38,7 +38,7 @@ import torch
 from ray.exceptions import RayActorError
 
 from rlhfkit.data.types import Trajectory
-from rlhfkit.models.lora import DequantizedState, MergedLoraSource, is_4bit
+from rlhfkit.models.lora import MergedLoraSource, weight_source
 from rlhfkit.rollout.base import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -237,10 +237,8 @@ def engine_state(policy: torch.nn.Module, full: bool,
     modules. `state`: the policy's full state dict where the module holds shards (as for `policy_state`)."""
     if not hasattr(policy, "peft_config"):
         return policy_state(policy, state)
-    source = None
-    if state is not None:  # QLoRA: the state's packed 4-bit weights dequantized from the policy's (held whole)
-        source = (lambda: DequantizedState(policy, state)) if is_4bit(policy) else (lambda: state)
-    return MergedLoraSource(policy, source).state(full).as_dict()
+    # QLoRA: the state's packed 4-bit weights dequantized from the policy's (held whole)
+    return MergedLoraSource(policy, weight_source(policy, state)).state(full).as_dict()
 
 
 def _put_state(state: Mapping[str, torch.Tensor]):

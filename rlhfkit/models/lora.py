@@ -291,6 +291,14 @@ class DequantizedState:
             yield {key: tensor}
 
 
+def weight_source(model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None = None):
+    """The `state_fn` giving `model`'s weights for `MergedLoraSource`: `state` (its full state dict gathered
+    elsewhere: FSDP) or its own state dict; over a 4-bit base, as its `DequantizedState`."""
+    if is_4bit(model):
+        return lambda: DequantizedState(model, state)
+    return model.state_dict if state is None else (lambda: state)
+
+
 def check_tied_head(peft_model: torch.nn.Module) -> None:
     """ModelError for LoRA on the output head of a model whose head is its input embeddings (tied):
     vLLM reads the head from the embeddings, so the merged head would never be sampled with."""
@@ -312,8 +320,7 @@ class MergedLoraSource:
     `sent_bytes`: the bytes of each sync, in order, once it is loaded."""
 
     def __init__(self, peft_model: torch.nn.Module, state_fn=None):
-        default = (lambda: DequantizedState(peft_model)) if is_4bit(peft_model) else peft_model.state_dict
-        self.model, self.state_fn = peft_model, state_fn or default
+        self.model, self.state_fn = peft_model, state_fn or weight_source(peft_model)
         self.calls, self.sent_bytes = 0, []
         check_tied_head(peft_model)
 

@@ -320,14 +320,20 @@ def vision_split(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Modu
     return base_model(model), head
 
 
+def image_token_of(config) -> int | None:
+    """The token a VLM's processor repeats for an image's features (`config`: its transformers config, which
+    names it image_token_id or, as Gemma 3's, image_token_index); None where it names none."""
+    image = getattr(config, "image_token_id", None)
+    return getattr(config, "image_token_index", None) if image is None else image
+
+
 def token_type_kwargs(model: torch.nn.Module, input_ids: torch.Tensor) -> dict:
     """The per-token type ids the model takes beside its ids, derived from them: image tokens 1
     (Qwen2-VL's `mm_token_type_ids`, video tokens 2; Gemma 3's `token_type_ids`). [B, L] each."""
     from rlhfkit.models.logprobs import forward_parameters
 
     config = model.config
-    image = getattr(config, "image_token_id", None)
-    image = getattr(config, "image_token_index", None) if image is None else image
+    image = image_token_of(config)
     takes = forward_parameters(model)
     out = {}
     if image is None:

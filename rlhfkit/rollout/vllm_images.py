@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.vision import image_token_of
 
 VLLM_NEWLINES = 4  # vLLM's Gemma 3 processor looks up the tokens of one to four newlines
 MAX_NEWLINES = 64  # longest newline token looked for
@@ -56,8 +57,7 @@ class ImagePrompt:
 def image_prompt_of(config, tokenizer) -> ImagePrompt | None:
     """The ImagePrompt of a vision-language model (`config`: its transformers config), or None where it has no
     image token, or (Gemma 3) its tokenizer lacks a newline token vLLM's processor looks up."""
-    image = getattr(config, "image_token_id", None)
-    image = getattr(config, "image_token_index", None) if image is None else image
+    image = image_token_of(config)
     if image is None:
         return None
     if getattr(config, "model_type", None) not in WRAPPED:

@@ -17,7 +17,6 @@ resumes a client from them (`create_training_client_from_state`).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import uuid
@@ -41,6 +40,7 @@ from rlhfkit.models.vision import is_vision_model, language_lora_targets, vision
 from rlhfkit.serving.tinker.images import ImageInputs
 from rlhfkit.serving.tinker.losses import lookup_loss
 from rlhfkit.serving.tinker.sampling import SamplingMixin
+from rlhfkit.serving.tinker.scoring import padded_runs
 from rlhfkit.serving.tinker.wire import FwdBwdRequest, WireDatum
 from rlhfkit.trainers.learner import Learner
 
@@ -250,20 +250,16 @@ class ModelHost(SamplingMixin):
 
     def _token_batches(self, rows: list[tuple[int, int]], requests: list[FwdBwdRequest]):
         """`rows` (request, datum) cut into runs of at most `batch_tokens` padded tokens (a longer
-        datum alone), each run on one module (full fine-tuning: one model)."""
-        batch: list[tuple[int, int]] = []
-        width = 0
-        for i, j in rows:
-            n = len(requests[i].data[j].tokens)
-            module = self.models[requests[i].model_id].module
-            same = not batch or self.models[requests[batch[0][0]].model_id].module is module
-            if batch and (not same or (len(batch) + 1) * max(width, n) > self.batch_tokens):
-                yield batch
-                batch, width = [], 0
-            batch.append((i, j))
-            width = max(width, n)
-        if batch:
-            yield batch
+        datum alone, scoring.padded_runs), each run on one module (full fine-tuning: one model)."""
+        modules = [self.models[requests[i].model_id].module for i, _ in rows]
+        start = 0
+        for stop in range(1, len(rows) + 1):
+            if stop < len(rows) and modules[stop] is modules[start]:
+                continue
+            lengths = [len(requests[i].data[j].tokens) for i, j in rows[start:stop]]
+            for a, b in padded_runs(lengths, self.batch_tokens):
+                yield rows[start + a:start + b]
+            start = stop
 
     def _run_batch(self, batch: list[tuple[int, int]], requests: list[FwdBwdRequest], outputs: dict,
                    totals: dict) -> None:
@@ -293,12 +289,9 @@ class ModelHost(SamplingMixin):
 
     def _adapters(self, module: torch.nn.Module, names: list[str | None], trained: list[str]):
         """The context a forward over rows of adapters `names` runs in: nothing for a full model, the
-        adapter made active for rows of one adapter, per-row adapters for rows of several."""
-        if module is not self.peft:
-            return contextlib.nullcontext()
-        if len(set(names)) == 1:
-            module.set_adapter(names[0])
-            return contextlib.nullcontext()
+        adapter made active for rows of one adapter (`_one_adapter`), per-row adapters for rows of several."""
+        if module is not self.peft or len(set(names)) == 1:
+            return self._one_adapter(module, names[0])
         rows = RowAdapters(module, trainable=trained)
         rows.set_rows(names)
         return rows

@@ -23,8 +23,8 @@ import ray
 import torch
 
 # The ModelHost methods the app calls.
-METHODS = ("create_model", "info", "unload", "forward_backward", "forward_backward_many", "optim_step", "save_state",
-           "save_for_sampler", "load_state", "create_sampler", "sampler_path", "check_prompt", "sample")
+METHODS = ("create_model", "info", "unload", "forward_backward_many", "optim_step", "save_state", "save_for_sampler",
+           "load_state", "create_sampler", "sampler_path", "sample")
 
 
 class HostActor:

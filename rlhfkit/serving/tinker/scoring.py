@@ -76,7 +76,7 @@ def score(forward: Callable[[list[list[int]]], torch.Tensor], prompt: list[int],
     out = Scores(sample_topk=[] if options.topk_sample > 0 else None)
     prompt_logp = torch.zeros((0, 1))
     t = temperature if temperature > 0 else 1.0
-    for start, stop in _chunks([len(r) for r in rows], batch_tokens):
+    for start, stop in padded_runs([len(r) for r in rows], batch_tokens):
         logits = forward(rows[start:stop])
         for r in range(start, stop):
             if r == 0 and want_prompt:
@@ -92,9 +92,9 @@ def score(forward: Callable[[list[list[int]]], torch.Tensor], prompt: list[int],
     return out
 
 
-def _chunks(lengths: list[int], batch_tokens: int) -> list[tuple[int, int]]:
+def padded_runs(lengths: list[int], batch_tokens: int) -> list[tuple[int, int]]:
     """Runs [start, stop) of consecutive rows whose padded size (rows x longest) stays within
-    `batch_tokens` (a longer row alone)."""
+    `batch_tokens` (a longer row alone): the forwards of scoring and of forward_backward."""
     out: list[tuple[int, int]] = []
     start, width = 0, 0
     for i, n in enumerate(lengths):

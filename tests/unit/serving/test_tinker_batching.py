@@ -4,6 +4,8 @@ request alone, in fewer forwards / engine calls, and a bad request fails alone."
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -161,3 +163,18 @@ def test_a_bad_prompt_or_session_fails_alone(host):
     assert len(out[0][0]) == 1 and len(out[0][0][0].tokens) >= 1
     assert isinstance(out[1], DataError) and "no such sampling session" in str(out[1])
     assert isinstance(out[2], DataError) and "prompt" in str(out[2])
+
+
+def test_token_batches_cut_where_the_module_changes_and_at_the_budget():
+    """Full fine-tuning: each model its own module, so a batch never mixes two models' rows; within one
+    model's rows the budget cuts (rows x longest <= 8): a: 3, 3, 4 -> [3, 3] [4]; b: 2 -> [2];
+    c (a's module, after b's): 5 -> [5]."""
+    one, two = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    host = ModelHost.__new__(ModelHost)
+    host.batch_tokens = 8
+    host.models = {"a": SimpleNamespace(module=one), "b": SimpleNamespace(module=two),
+                   "c": SimpleNamespace(module=one)}
+    requests = [FwdBwdRequest(mid, 0, "cross_entropy", {}, False, [WireDatum([0] * n) for n in lengths])
+                for mid, lengths in (("a", (3, 3, 4)), ("b", (2,)), ("c", (5,)))]
+    rows = [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0)]
+    assert list(host._token_batches(rows, requests)) == [[(0, 0), (0, 1)], [(0, 2)], [(1, 0)], [(2, 0)]]
