@@ -95,10 +95,12 @@ VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is tran
 MOE = "ignored: transformers picks the MoE experts' kernel"
 
 
-def _dtype(model_field: str):
+def bf16_only(model_field: str, doing: str = "trains"):
+    """The conversion of OpenRLHF's --bf16 / --param_dtype into `model_field` bfloat16 (another dtype is refused:
+    rlhfkit `doing` in float32 or bfloat16)."""
     def convert(vals, given):
         if vals and vals[0] not in ("bf16", "bfloat16"):
-            raise ConfigError(f"rlhfkit trains in float32 or bfloat16, not {vals[0]}: pass bf16 (or drop it "
+            raise ConfigError(f"rlhfkit {doing} in float32 or bfloat16, not {vals[0]}: pass bf16 (or drop it "
                               f"for float32)")
         return {model_field: "bfloat16"}
     return convert
@@ -275,10 +277,10 @@ for _key in ("rank", "alpha", "dropout"):
 _rl("target_modules ds.lora.target_modules", Alias("mapped", "*", to="ds.lora.target_modules", convert=_lora_targets,
                                                    note="the names comma-separated"))
 _rl("ds.value_head_prefix value_head_prefix", notice(VALUE_HEAD, 1))
-_rl("param_dtype ds.param_dtype", conv(_dtype("actor.dtype"), "`--actor.dtype bfloat16` (bf16 parameters, "
-                                        "float32 master weights as DeepSpeed keeps them); fp16 is refused"))
-_rl("bf16", conv(_dtype("actor.dtype"), "`--actor.dtype bfloat16` (bf16 parameters, float32 master weights as "
-                                        "DeepSpeed keeps them)", 0))
+_rl("param_dtype ds.param_dtype", conv(bf16_only("actor.dtype"), "`--actor.dtype bfloat16` (bf16 parameters, "
+                                            "float32 master weights as DeepSpeed keeps them); fp16 is refused"))
+_rl("bf16", conv(bf16_only("actor.dtype"), "`--actor.dtype bfloat16` (bf16 parameters, float32 master weights as "
+                                            "DeepSpeed keeps them)", 0))
 # checkpoints and logging
 _rl("save_path ckpt.output_dir", to("ckpt.output_dir"))
 add_ckpt_rules(_rl)
@@ -446,9 +448,9 @@ def _supervised_runtime_rules(add: Callable[[str, Alias], None]) -> None:
     add("disable_fast_tokenizer data.disable_fast_tokenizer", notice(FAST_TOKENIZER))
     add("dataloader_num_workers data.dataloader_num_workers", notice(WORKERS, 1))
     add("load_in_4bit ds.load_in_4bit", to("ds.load_in_4bit", 0, "QLoRA: with --ds.lora.rank > 0"))
-    add("bf16", conv(_dtype("model.dtype"), "`--model.dtype bfloat16` (bf16 parameters, float32 master "
-                                            "weights as DeepSpeed keeps them)", 0))
-    add("param_dtype ds.param_dtype", conv(_dtype("model.dtype"), "`--model.dtype bfloat16`; fp16 is refused"))
+    add("bf16", conv(bf16_only("model.dtype"), "`--model.dtype bfloat16` (bf16 parameters, float32 master "
+                                                "weights as DeepSpeed keeps them)", 0))
+    add("param_dtype ds.param_dtype", conv(bf16_only("model.dtype"), "`--model.dtype bfloat16`; fp16 is refused"))
     add("value_head_prefix ds.value_head_prefix", notice(VALUE_HEAD, 1))
     # checkpoints and logging
     add("save_path ckpt.output_dir", to("ckpt.output_dir"))

@@ -4,9 +4,18 @@ commands' tables in config/openrlhf.py; docs/migration.md lists them (config/ope
 
 from __future__ import annotations
 
-from rlhfkit.config.openrlhf import ATTN, FAST_TOKENIZER, MODELSCOPE, MOE, VALUE_HEAD, conv, notice, to
+from rlhfkit.config.openrlhf import (
+    ATTN,
+    FAST_TOKENIZER,
+    MODELSCOPE,
+    MOE,
+    VALUE_HEAD,
+    bf16_only,
+    conv,
+    notice,
+    to,
+)
 from rlhfkit.config.parse import Alias
-from rlhfkit.errors import ConfigError
 
 OPENRLHF_SERVE_RM = [
     # flat names (0.8.0 to 0.10.1)
@@ -20,11 +29,7 @@ OPENRLHF_SERVE_RM = [
 ]
 
 
-def _dtype(vals, given):
-    if vals and vals[0] not in ("bf16", "bfloat16"):
-        raise ConfigError(f"rlhfkit serves a reward model in float32 or bfloat16, not {vals[0]}: pass bf16 (or drop "
-                          "it for float32)")
-    return {"dtype": "bfloat16"}
+_dtype = bf16_only("dtype", "serves a reward model")
 
 
 def _rules() -> dict[str, Alias]:

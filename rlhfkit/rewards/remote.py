@@ -117,19 +117,18 @@ class RemoteRewardFn:
                 raise RewardError(f"reward server {url} answered non-JSON: {resp.text[:200]!r}") from None
             out = normalize_reward_output(body, n, source=f"server {url}")
             if isinstance(body, dict) and body.get("step_rewards") is not None:
-                steps, ends = step_fields(body, payload.get("response_ids"), url)
+                steps, ends = step_fields(body, n, payload.get("response_ids"), url)
                 out = dataclasses.replace(out, steps=steps, step_ends=ends)
             return out
         raise RewardError(f"reward server {url} failed after {self.max_retries + 1} attempts ({last}); "
                           "is it running? start it with `rlhfkit serve-reward`")
 
 
-def step_fields(body: dict, response_ids: list[list[int]] | None, url: str
+def step_fields(body: dict, n: int, response_ids: list[list[int]] | None, url: str
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """A process reward model's answer checked: (per query its steps' scores [S_b], and, when the request
-    sent `response_ids`, each step's last token in them [S_b] (else None)); RewardError naming `url` for
-    a malformed one."""
-    n = len(body["rewards"]) if isinstance(body.get("rewards"), list) else -1
+    """A process reward model's answer to `n` queries checked: (per query its steps' scores [S_b], and, when
+    the request sent `response_ids`, each step's last token in them [S_b] (else None)); RewardError naming
+    `url` for a malformed one."""
     where = f"reward server {url}"
     steps = body["step_rewards"]
     if not isinstance(steps, list) or len(steps) != n or not all(_numbers(s) for s in steps):
@@ -168,8 +167,15 @@ def image_fields(kwargs: dict) -> dict:
     images = kwargs.get("prompt_images")
     if not images or not any(images):
         return {}
+    urls: dict[int, str] = {}  # id -> URL: the samples of a prompt share its image objects, encoded once a call
+
+    def url(image) -> str:
+        if id(image) not in urls:
+            urls[id(image)] = image_data_url(image)
+        return urls[id(image)]
+
     return {"raw_prompts": [_placeholders(p) for p in kwargs["raw_prompts"]], "responses": list(kwargs["responses"]),
-            "images": [None if ims is None else [image_data_url(im) for im in ims] for ims in images]}
+            "images": [None if ims is None else [url(im) for im in ims] for ims in images]}
 
 
 def _placeholders(raw: Any) -> Any:

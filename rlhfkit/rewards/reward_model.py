@@ -54,7 +54,31 @@ from rlhfkit.models.vision import load_processor
 from rlhfkit.rewards.base import RewardOutput
 
 
-class RewardModelFn:
+class _ScalarRewardModel:
+    """What the reward functions of a scalar reward model share: the model frozen and kept on `device`
+    (with `offload`: on the CPU between calls, moved to `device` for each), its samples scored
+    `micro_batch_size` at a time by the subclass's `_score` (None: a call's all at once), and the
+    scores normalised with the `mean` / `std` of its config (`normalize`; else raw)."""
+
+    def __init__(self, model, micro_batch_size: int | None, normalize: bool, device: torch.device | str,
+                 offload: bool):
+        self.model = model.eval().requires_grad_(False)
+        self.device, self.offload = torch.device(device), offload
+        if not offload:
+            self.model.to(self.device)
+        self.micro_batch_size = micro_batch_size
+        self.mean, self.std = normalization(self.model) if normalize else (0.0, 1.0)
+
+    def scored(self, samples: list) -> RewardOutput:
+        """rewards = scores = the normalised scores of `samples`; the raw ones logged as rm_score."""
+        step = self.micro_batch_size or max(len(samples), 1)
+        with on_device(self.model, self.device if self.offload else None):
+            scores = torch.cat([self._score(samples[i : i + step]).cpu() for i in range(0, len(samples), step)])
+        rewards = (scores - self.mean) / self.std
+        return RewardOutput(rewards=rewards, scores=rewards.clone(), extra_logs={"rm_score": scores})
+
+
+class RewardModelFn(_ScalarRewardModel):
     """reward_func(queries, prompts, labels, **kwargs) backed by a sequence-classification RM."""
 
     def __init__(self, path: str | Path, micro_batch_size: int | None = 8, normalize: bool = True,
@@ -63,21 +87,13 @@ class RewardModelFn:
         """`micro_batch_size`: queries per forward (None: a call's all at once); `device`: where it scores;
         `offload`: kept on the CPU between calls, moved to `device` for each; `max_len`: most tokens of a
         query (None: no limit)."""
-        self.model = (model or load_reward_model(path)).eval().requires_grad_(False)
-        self.device, self.offload = torch.device(device), offload
-        if not offload:
-            self.model.to(self.device)
+        super().__init__(model or load_reward_model(path), micro_batch_size, normalize, device, offload)
         self.tokenizer = tokenizer or load_tokenizer(path)
-        self.micro_batch_size, self.max_len = micro_batch_size, max_len
-        self.mean, self.std = normalization(self.model) if normalize else (0.0, 1.0)
+        self.max_len = max_len
 
     @torch.no_grad()
     def __call__(self, queries: list[str], prompts: list[str], labels: list, **kwargs) -> RewardOutput:
-        step = self.micro_batch_size or max(len(queries), 1)
-        with on_device(self.model, self.device if self.offload else None):
-            scores = torch.cat([self._score(queries[i : i + step]).cpu() for i in range(0, len(queries), step)])
-        rewards = (scores - self.mean) / self.std
-        return RewardOutput(rewards=rewards, scores=rewards.clone(), extra_logs={"rm_score": scores})
+        return self.scored(queries)
 
     def tokens(self, text: str) -> list[int]:
         """The reward model's token ids of a query (no special tokens added), cut to `max_len`."""
@@ -107,7 +123,7 @@ def prompt_images(prompts: Sequence) -> dict:
     return {"prompt_images": images} if any(images) else {}
 
 
-class VisionRewardModelFn:
+class VisionRewardModelFn(_ScalarRewardModel):
     """reward_func(queries, prompts, labels, **kwargs) backed by a reward model over images
     (models/vision_reward.py, `rlhfkit train rm` on a vision-language model).
 
@@ -124,13 +140,9 @@ class VisionRewardModelFn:
         """`micro_batch_size`: samples per forward (None: a call's all at once); `device`: where it scores;
         `offload`: kept on the CPU between calls, moved to `device` for each; `model`: the loaded reward model
         (None: loaded from `path` in float32)."""
-        self.model = (model or load_reward_model(path)).eval().requires_grad_(False)
+        super().__init__(model or load_reward_model(path), micro_batch_size, normalize, device, offload)
         self.processor = load_processor(str(resolve_model_path(path)))
-        self.device, self.offload = torch.device(device), offload
-        if not offload:
-            self.model.to(self.device)
-        self.micro_batch_size, self.where = micro_batch_size, f"reward model {path}"
-        self.mean, self.std = normalization(self.model) if normalize else (0.0, 1.0)
+        self.where = f"reward model {path}"
 
     def sample(self, raw_prompt, response: str, images: list | None, where: str) -> TokenSample:
         """The reward model's tokens of one prompt (a string or messages; `images`: its opened images, in
@@ -147,14 +159,11 @@ class VisionRewardModelFn:
             raise RewardError(f"{self.where} scores a prompt's messages and images with the response: it needs "
                               "the trainer's raw_prompts= and responses=")
         images = kwargs.get("prompt_images") or [None] * len(raw)
-        samples = [self.sample(p, r, im, f"{self.where}, sample {i}")
-                   for i, (p, r, im) in enumerate(zip(raw, responses, images))]
-        pad, step = self.processor.tokenizer.pad_token_id, self.micro_batch_size or max(len(samples), 1)
-        with on_device(self.model, self.device if self.offload else None):
-            scores = torch.cat([batch_scores(self.model, collate(samples[i : i + step], pad)).cpu()
-                                for i in range(0, len(samples), step)])
-        rewards = (scores - self.mean) / self.std
-        return RewardOutput(rewards=rewards, scores=rewards.clone(), extra_logs={"rm_score": scores})
+        return self.scored([self.sample(p, r, im, f"{self.where}, sample {i}")
+                            for i, (p, r, im) in enumerate(zip(raw, responses, images))])
+
+    def _score(self, samples: list[TokenSample]) -> torch.Tensor:
+        return batch_scores(self.model, collate(samples, self.processor.tokenizer.pad_token_id))
 
 
 # ---------------------------------------------------------------------------------- process reward models
@@ -346,7 +355,7 @@ def _marked(row: list[int], prompt_len: int, marks: list[int]) -> StepSample:
 
 
 def _output(probs: list[torch.Tensor]) -> RewardOutput:
-    weakest = torch.tensor([float(p.min()) if p.numel() else 0.0 for p in probs])
+    weakest = aggregate_steps(probs, "min")
     steps = torch.tensor([float(p.numel()) for p in probs])
     mean = torch.tensor([float(p.mean()) if p.numel() else float("nan") for p in probs])
     return RewardOutput(torch.zeros(len(probs)), weakest,

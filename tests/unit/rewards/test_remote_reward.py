@@ -227,3 +227,21 @@ def reward_func(queries, prompts, labels, response_lengths=None):
 ''')
     out = load_reward_file(path)(["a"] * 5, [""] * 5, [None] * 5, response_lengths=torch.tensor([0., 10, 20, 30, 40]))
     assert out.rewards.tolist() == [2.0, 12.0, 22.0, 32.0, 41.0]
+
+
+def test_image_fields_encode_each_shared_prompt_image_once(monkeypatch):
+    """The samples of a prompt share its image objects: each is PNG-encoded once a call, its URL repeated."""
+    from PIL import Image
+
+    from rlhfkit.data.images import image_data_url
+    from rlhfkit.rewards import remote
+
+    encoded = []
+    monkeypatch.setattr(remote, "image_data_url", lambda im: encoded.append(im) or image_data_url(im))
+    red, blue = Image.new("RGB", (2, 2), "red"), Image.new("RGB", (2, 2), "blue")
+    out = remote.image_fields({"prompt_images": [[red], [red], [blue, red], None], "raw_prompts": ["p"] * 4,
+                               "responses": ["a", "b", "c", "d"]})
+    assert encoded == [red, blue]
+    r, b = image_data_url(red), image_data_url(blue)
+    assert out["images"] == [[r], [r], [b, r], None]
+    assert out["raw_prompts"] == ["p"] * 4 and out["responses"] == ["a", "b", "c", "d"]
