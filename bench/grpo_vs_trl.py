@@ -96,6 +96,7 @@ RLHFKIT_VARIANTS = {
     "rlhfkit-bf16+tokens": ["--actor.dtype", "bfloat16", "--train.dynamic_batch_enable", "true",
                             "--train.max_tokens_per_micro_batch", "2048"],
     "rlhfkit+compile": ["--train.compile_enable", "true"],  # decoder layers under torch.compile in the update
+    "rlhfkit-nokeep": ["--train.keep_freed_memory", "false"],  # freed memory handed back to the OS (glibc's default)
 }
 DEFAULT_RUN = ["rlhfkit", "rlhfkit-padded", "rlhfkit+filter", "trl"]
 

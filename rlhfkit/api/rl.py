@@ -31,6 +31,7 @@ from rlhfkit.config.rl import BatchPlan, validate
 from rlhfkit.data.prompts import load_prompts, tokenize_prompts
 from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.host import apply_host_settings
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rollout.vllm import require_vllm
 from rlhfkit.tracking.progress import set_log_level
@@ -64,8 +65,7 @@ def _check_inputs(cfg: RLConfig, train_dataset, eval_dataset, vision_folder, exe
     for data, is_eval in ((train_dataset, False), (eval_dataset, True)):
         if data is not None and not callable(data):
             V.check_data(cfg, data, vision_folder is not None, eval=is_eval)
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    apply_host_settings(cfg.train.num_threads, cfg.train.keep_freed_memory)
     if cfg.rollout.engine == "vllm":  # fail fast, before models load
         require_vllm()
     return train_dataset, eval_dataset
@@ -317,7 +317,8 @@ class RayRLTrainer:
             cfg = dataclasses.replace(self.cfg, distributed=dataclasses.replace(
                 d, num_gpus_trainer=trainer_gpus, num_gpus_per_worker=worker_gpus))  # the workers start in the actor
             metrics = run_in_trainer_actors(_train_in_actor, (cfg, self.plan, self.kwargs),
-                                            self.cfg.train.num_threads, trainer_gpus, ranks)
+                                            self.cfg.train.num_threads, trainer_gpus, ranks,
+                                            keep_freed=self.cfg.train.keep_freed_memory)
         finally:
             if started:
                 import ray

@@ -43,6 +43,7 @@ from rlhfkit.data.steps import load_steps
 from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft, load_unpaired
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import load_tokenizer
+from rlhfkit.models.host import apply_host_settings
 from rlhfkit.models.loading import load_policy, load_teacher, resolve_model
 from rlhfkit.models.lora import add_lora
 from rlhfkit.models.precision import (
@@ -224,8 +225,7 @@ class SupervisedTrainer:
         if train_dataset is None and cfg.data.dataset is None:
             raise ConfigError("--data.dataset is required (a .jsonl/.json/.parquet file or a "
                               "datasets folder); from Python, pass train_dataset= to from_config")
-        if cfg.train.num_threads:
-            torch.set_num_threads(cfg.train.num_threads)
+        apply_host_settings(cfg.train.num_threads, cfg.train.keep_freed_memory)
         device = resolve_device(cfg.model.device, "--model.device")  # before the run folder and the model
         if train_dataset is None:
             train_source(cfg)  # a bad --data.dataset_probs fails before the model loads

@@ -60,6 +60,7 @@ from rlhfkit.data.prompts import tokenize_prompts
 from rlhfkit.data.types import PromptItem, Trajectory
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models import load_tokenizer
+from rlhfkit.models.host import apply_host_settings
 from rlhfkit.models.loading import load_policy, resolve_model
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.tracking.progress import set_log_level
@@ -129,8 +130,7 @@ def prepare(cfg: GenerateConfig) -> tuple[torch.device, Path]:
     """Log level, threads, the device (a CUDA device that is not there fails here) and the run folder
     with config.json, before any model loads."""
     set_log_level(cfg.logger.log_level)
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    apply_host_settings(cfg.train.num_threads, cfg.train.keep_freed_memory)
     device = builder.run_device(cfg)
     return device, run_folder.create_run_dir(Path(cfg.ckpt.output_dir), None, to_dict(cfg))
 

@@ -34,8 +34,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from rlhfkit.api import vision as V
 from rlhfkit.api.builder import (
     build_engine,
@@ -51,6 +49,7 @@ from rlhfkit.api.run_folder import create_run_dir, make_evaluator
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.data.prompts import check_prompts, load_prompts, tokenize_prompts
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.host import apply_host_settings
 from rlhfkit.models.loading import load_policy
 from rlhfkit.tracking.progress import set_log_level
 
@@ -127,8 +126,7 @@ def _load(cfg: RLConfig, options: dict, vision: str | None = None, executor=None
     its tokenizer and the tokenized eval prompts (with how many were skipped as too long). A
     vision-language policy (`vision`: its folder) runs on the vision engine, its prompts rendered and
     encoded by its processor with their images, which `executor` gets too (as in `train rl`)."""
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    apply_host_settings(cfg.train.num_threads, cfg.train.keep_freed_memory)
     device = run_device(cfg)  # a CUDA device that is not there fails before the model loads
     out = create_run_dir(Path(cfg.ckpt.output_dir), None, None)
     t0 = time.perf_counter()

@@ -38,6 +38,11 @@ class TrainConfig:
     CPU the same seed and --train.num_threads give the same run."""
     num_threads: int | None = None
     """torch intra-op threads; none = all cores."""
+    keep_freed_memory: bool = True
+    """Keep the memory torch frees for the next steps' tensors instead of handing it back to the OS
+    (glibc's malloc: large blocks from the heap, no trimming), so the tensors made every step (weight
+    casts, gradients, the rollout's bf16 weight copy) reuse mapped pages instead of faulting in new
+    ones; the process then holds its peak memory until it exits. Linux (glibc) only."""
     max_skipped_steps: int = 5
     """Stop after this many optimizer steps in a row skipped for a NaN/inf loss or gradient (0: never)."""
     async_enable: bool = False

@@ -174,6 +174,11 @@ class SupervisedTrainConfig:
     score head)."""
     num_threads: int | None = None
     """torch intra-op threads; none = all cores."""
+    keep_freed_memory: bool = True
+    """Keep the memory torch frees for the next steps' tensors instead of handing it back to the OS
+    (glibc's malloc: large blocks from the heap, no trimming), so the tensors made every step (weight
+    casts, gradients, the rollout's bf16 weight copy) reuse mapped pages instead of faulting in new
+    ones; the process then holds its peak memory until it exits. Linux (glibc) only."""
 
 
 @dataclass(frozen=True)

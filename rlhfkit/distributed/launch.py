@@ -25,6 +25,7 @@ import torch
 
 from rlhfkit.distributed.worker import WORKER_GROUPS, RolloutWorker
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.host import apply_host_settings
 
 
 def start_ray(address: str | None, num_cpus: int, temp_dir: Path) -> bool:
@@ -128,9 +129,8 @@ class TrainerHost:
     """A trainer actor: runs the single-process training function, unchanged, inside Ray (under FSDP,
     one rank's part of it)."""
 
-    def __init__(self, num_threads: int | None):
-        if num_threads:
-            torch.set_num_threads(num_threads)
+    def __init__(self, num_threads: int | None, keep_freed: bool = False):
+        apply_host_settings(num_threads, keep_freed)  # --train.num_threads, --train.keep_freed_memory
 
     def run(self, fn: Callable, *args):
         return fn(*args)
@@ -143,12 +143,13 @@ class TrainerHost:
 
 
 def run_in_trainer_actors(fn: Callable, args: tuple, num_threads: int | None, num_gpus: float = 0.0,
-                          ranks: int = 1):
+                          ranks: int = 1, keep_freed: bool = False):
     """`fn(*args)` inside one trainer actor, or with `ranks` > 1 `fn(*args, rank, ranks, address)` in each of
     `ranks` actors (`address`: rank 0's (host, port) for their process group, fsdp_ray.init_group); rank 0's
     result. The first exception of any rank (e.g. a ConfigError) is re-raised here as itself and every
-    actor is killed (the others would wait for it in a collective)."""
-    hosts = [ray.remote(TrainerHost).options(num_cpus=1, num_gpus=num_gpus).remote(num_threads)
+    actor is killed (the others would wait for it in a collective). `num_threads`, `keep_freed`: each actor's
+    models.host.apply_host_settings."""
+    hosts = [ray.remote(TrainerHost).options(num_cpus=1, num_gpus=num_gpus).remote(num_threads, keep_freed)
              for _ in range(ranks)]
     try:
         if ranks == 1:
