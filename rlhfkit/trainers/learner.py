@@ -151,7 +151,7 @@ class Learner:
     def step(self) -> dict[str, float]:
         """Clip, step and zero the gradients. A non-finite gradient norm skips the update."""
         if self.max_norm and self.max_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.train_params, self.max_norm)
+            grad_norm = clip_grad_norm(self.train_params, self.max_norm)
         else:
             grads = [p.grad.detach().norm() for p in self.train_params if p.grad is not None]
             grad_norm = torch.stack(grads).norm() if grads else torch.zeros(())
@@ -249,6 +249,19 @@ def _make(name: str, kind: str, rule: str, build):
         return build()
     except ValueError as exc:
         raise ConfigError(f"{name}: {kind} refuses its settings ({one_line(exc)}); {rule}") from exc
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_(params, max_norm)`, the same gradients and norm, except that with a
+    plain CPU norm within `max_norm` the gradients are not multiplied by its clamped coefficient 1.0 (an
+    identity torch runs to spare a GPU the read of the norm; on the CPU reading it is free, and the
+    multiply is a pass over every gradient: 17 ms of a 0.8 s update of SmolLM2-135M on 2 cores)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    # torch's coefficient, compared as torch would clamp it (NaN: the step is skipped anyway)
+    if type(norm) is not torch.Tensor or norm.device.type != "cpu" or bool(max_norm / (norm + 1e-6) < 1.0):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
 
 
 def _accumulate_into(master: torch.Tensor, param: torch.Tensor) -> None:

@@ -29,6 +29,12 @@ class SwitchOff:
     """What the replacement does, in a few words (the table's column)."""
 
 
+def torchs_clip(original):
+    import torch
+
+    return torch.nn.utils.clip_grad_norm_
+
+
 def noop(original):
     return lambda *args, **kwargs: None
 
@@ -547,6 +553,13 @@ SWITCH_OFFS = (
               ("tests/unit/trainers/test_bf16_masters.py::test_the_residual_stream_stays_float32_under_autocast",
                "tests/unit/api/test_bf16_params_setup.py::test_bf16_parameters_get_float32_norms_and_residual"),
               "no hook: the residual stream is bf16"),
+    SwitchOff("no multiply of gradients within the clipping norm (CPU)", "rlhfkit.trainers.learner:clip_grad_norm",
+              torchs_clip, ("tests/unit/trainers/test_learner.py::"
+                            "test_clip_grad_norm_leaves_gradients_within_the_norm_unwritten",),
+              "torch's clip_grad_norm_: multiplies by the clamped coefficient always"),
+    SwitchOff("freed memory kept for reuse (--train.keep_freed_memory)", "rlhfkit.models.host:keep_freed_memory", noop,
+              ("tests/unit/models/test_host.py::test_freed_block_stays_with_the_process",),
+              "glibc's defaults: large blocks mmapped and handed back"),
     SwitchOff("the repetition penalty (--rollout.repetition_penalty)", "rlhfkit.rollout.sampling:penalize_repeats",
               unpenalized, ("tests/unit/rollout/test_rollout_hf_engine.py::test_repetition_penalty_by_hand",
                             "tests/unit/rollout/test_rollout_hf_engine.py::"

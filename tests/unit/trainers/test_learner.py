@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlhfkit.errors import ConfigError
-from rlhfkit.trainers.learner import Learner, adam_kernel, lr_lambda
+from rlhfkit.trainers.learner import Learner, adam_kernel, clip_grad_norm, lr_lambda
 from rlhfkit.trainers.rl.scoring import RunningMoments
 
 
@@ -145,3 +145,36 @@ def test_the_fused_kernel_is_not_used_for_tensor_subclasses():
     assert adam_kernel([torch.zeros(2).as_subclass(Shard)]) == {}
     assert adam_kernel([torch.zeros(2, dtype=torch.int64)]) == {}
     assert adam_kernel([]) == {}
+
+
+def _with_grads(scale: float) -> list[torch.nn.Parameter]:
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(shape)) for shape in ((3, 4), (5,), (2, 2))]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen) * scale
+    params.append(torch.nn.Parameter(torch.zeros(2)))  # no gradient: left out, as torch does
+    return params
+
+
+@pytest.mark.parametrize("scale", [0.01, 10.0])
+def test_clip_grad_norm_equals_torchs(scale):
+    ours, theirs = _with_grads(scale), _with_grads(scale)
+    norm = clip_grad_norm(ours, 1.0)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    assert torch.equal(norm, expected)
+    for a, b in zip(ours, theirs, strict=True):
+        assert (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad)
+    by_hand = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in _with_grads(scale)[:3]))
+    assert float(norm) == pytest.approx(by_hand, rel=1e-6)
+    if scale == 10.0:  # clipped to norm 1
+        clipped = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in ours[:3]))
+        assert clipped == pytest.approx(1.0, rel=1e-5)
+
+
+def test_clip_grad_norm_leaves_gradients_within_the_norm_unwritten():
+    params = _with_grads(0.01)
+    versions = [p.grad._version for p in params[:3]]
+    clip_grad_norm(params, 1.0)
+    assert [p.grad._version for p in params[:3]] == versions  # no multiply by 1.0
+    clip_grad_norm(params, 1e-4)  # now clipped: written
+    assert all(p.grad._version > v for p, v in zip(params[:3], versions, strict=True))
