@@ -2,10 +2,15 @@
 weights (CPU, bf16 autocast).
 
 A decode step of a small batch reads every weight once and does little arithmetic with it, so it
-is bound by memory and by the per-op cost of the model's forward. These forwards run the same ops as
-transformers' forward under bf16 autocast (the module's own norms, rotary embedding and causal
-mask, the engine's grouped one-token attention; residual adds in the dtype of the embedding's
-output), but their linear maps read a copy of the weights made once per weight version:
+is bound by memory and by the per-op cost of the model's forward (half of a SmolLM2 decode step at
+16 rows on a 2-core CPU). These forwards compute what transformers' forward computes under bf16
+autocast (the module's rotary embedding and causal mask, the engine's grouped one-token attention;
+residual adds in the dtype of the embedding's output) in fewer ops: the RMSNorms by torch's
+`rms_norm` (the same float32 arithmetic), q and k rotated together with one roll instead of two
+rotate_halfs (each a slice, negation and concatenation), a decode step's mask made once per step as
+an additive float32 mask instead of inverted and filled in every layer (the same probabilities: a
+masked score's exp is 0 either way). Their linear maps read a copy of the weights made once per
+weight version:
 
 - in bf16, so no weight is cast at a step (autocast's cache of casts lives only as long as one
   autocast region) and a step reads 2 bytes per weight;
@@ -21,7 +26,8 @@ output), but their linear maps read a copy of the weights made once per weight v
 The copy is made when a generation starts and freed when it ends (the trainer's update does not hold
 it); between the slices of a partial generation it is rebuilt when any parameter changed (an
 optimizer step, a loaded state dict: each in-place write bumps a tensor's version counter). It
-costs the model's size in bf16 (SmolLM2-135M: 270 MB) and ~80 ms to make on a 2-core CPU.
+costs the model's size in bf16 (SmolLM2-135M: 270 MB) and ~55 ms to make on a 2-core CPU (up to ~180 ms
+where its pages are faulted in anew: --train.keep_freed_memory, models.host).
 
 Taken only where it gives the model's forward: a Llama or Qwen2 causal LM (exactly those classes:
 no LoRA wrapper, no hooks), SiLU MLP without bias, plain linear layers, every layer full attention
@@ -112,7 +118,6 @@ class Bf16Decoder:
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.packed = packed_kernels()
-        self.rope = sys.modules[type(model.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
         self.causal_mask = sys.modules[type(model.model).__module__].create_causal_mask  # the model's own
         self.stamp: tuple | None = None
         self.layers: list[tuple[_Linear, _Linear, _Linear, _Linear]] = []
@@ -148,30 +153,51 @@ class Bf16Decoder:
                 cache) -> torch.Tensor:
         """Float32 logits [B, V] of the last position of `input_ids` [B, T] (a prefill or one decode
         step), their keys and values written into `cache` (growing layers), under the caller's bf16
-        autocast. The mask of a decode step is the 2-D one as booleans (what transformers' SDPA mask is
-        for one query over cached tokens); a prefill's is the one the model's forward would build."""
+        autocast. The mask of a decode step is the 2-D one as an additive float32 mask made once per
+        step (what transformers' SDPA mask is for one query over cached tokens, as 0 / the float32
+        minimum); a prefill's is the one the model's forward would build."""
         backbone = self.model.model
         h = backbone.embed_tokens(input_ids)
         batch, width = input_ids.shape
         if width == 1:
-            mask = attention_mask.bool()[:, None, None, :]
+            keep = attention_mask.bool()[:, None, None, :]
+            mask = torch.zeros(keep.shape, dtype=torch.float32).masked_fill_(~keep, torch.finfo(torch.float32).min)
         else:
             mask = self.causal_mask(config=backbone.config, inputs_embeds=h, attention_mask=attention_mask,
                                     past_key_values=cache, position_ids=position_ids)
         cos, sin = backbone.rotary_emb(h, position_ids)
+        cos, sin = cos.unsqueeze(1), _rotation_signs(sin).unsqueeze(1)  # [B, 1, T, D]: broadcast over the heads
         for layer, (qkv, o, gate_up, down), cache_layer in zip(backbone.layers, self.layers, cache.layers,
                                                                 strict=True):
             attn = layer.self_attn
             d = attn.head_dim
-            x = qkv(layer.input_layernorm(h).to(torch.bfloat16))
-            q_width = attn.config.num_attention_heads * d
-            kv_width = (x.shape[-1] - q_width) // 2
-            q, k, v = (t.view(batch, width, -1, d).transpose(1, 2) for t in x.split([q_width, kv_width, kv_width], -1))
-            q, k = self.rope(q, k, cos, sin)
+            x = qkv(_norm(layer.input_layernorm, h).to(torch.bfloat16))
+            heads, kv_heads = attn.config.num_attention_heads, (x.shape[-1] // d - attn.config.num_attention_heads) // 2
+            # q and k rotated together: q * cos + rotate_half(q) * sin, rotate_half(t) = cat(-t2, t1) = roll(t) * signs
+            qk = x[..., : (heads + kv_heads) * d].view(batch, width, heads + kv_heads, d).transpose(1, 2)
+            qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+            q, k = qk.split([heads, kv_heads], dim=1)
+            v = x[..., (heads + kv_heads) * d :].view(batch, width, kv_heads, d).transpose(1, 2)
             k, v = cache_layer.update(k, v)
             out, _ = cpu_decode_attention(attn, q, k, v, mask, scaling=attn.scaling)
             h = h + o(out.reshape(batch, width, -1))
-            g, u = gate_up(layer.post_attention_layernorm(h).to(torch.bfloat16)).chunk(2, dim=-1)
+            g, u = gate_up(_norm(layer.post_attention_layernorm, h).to(torch.bfloat16)).chunk(2, dim=-1)
             h = h + down(layer.mlp.act_fn(g) * u)
-        h = backbone.norm(h[:, -1])
+        h = _norm(backbone.norm, h[:, -1])
         return self.head(h.to(torch.bfloat16)).float()
+
+
+def _rotation_signs(sin: torch.Tensor) -> torch.Tensor:
+    """`sin` [..., D] with its first half negated: rotate_half(t) * sin = roll(t, D/2) * this, exactly
+    ((-a) * b = a * (-b) in floating point), in one roll where rotate_half slices, negates and concatenates."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def _norm(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """`norm(h)` of a Llama / Qwen2 RMSNorm: torch's fused `rms_norm` when its weight has `h`'s dtype (the
+    same float32 numbers: the mean of squares, rsqrt(+ eps), both products), else the module."""
+    weight = norm.weight
+    if weight.dtype != h.dtype or not hasattr(norm, "variance_epsilon"):
+        return norm(h)
+    return torch.rms_norm(h, (h.shape[-1],), weight, norm.variance_epsilon)
