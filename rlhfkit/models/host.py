@@ -6,8 +6,7 @@ malloc serves blocks of 32 MiB and more with `mmap` and returns them to the kern
 trims the top of its heap), so each new one is faulted in again, one zeroed 4 KiB page at a time: on
 a 2-core CPU a fresh 113 MB float32 tensor cost more to fault in than to fill. `keep_freed_memory`
 tells malloc to serve every block from its heap and never hand freed memory back
-(`mallopt(M_MMAP_MAX, 0)`; `mallopt(M_TRIM_THRESHOLD, 2**31 - 1)`: only 2 GiB free at the
-heap's top is trimmed), so the next step reuses the pages
+(`mallopt(M_MMAP_MAX, 0)`, `mallopt(M_TRIM_THRESHOLD, -1)`), so the next step reuses the pages
 already mapped. The price: the process keeps the memory of its peak until it exits (the peak itself is
 unchanged). glibc only (Linux); elsewhere nothing changes.
 """
@@ -25,7 +24,7 @@ import torch
 log = logging.getLogger("rlhfkit")
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's <malloc.h>
-_TRIM_AT = 2**31 - 1  # bytes of free memory at the heap's top before it is trimmed: mallopt's largest (an int)
+_NEVER_TRIM = -1  # mallopt(3): "Setting M_TRIM_THRESHOLD to -1 disables trimming completely"
 
 
 @functools.cache
@@ -43,7 +42,7 @@ def keep_freed_memory() -> bool:
     if libc is None:
         log.debug("keep_freed_memory: not glibc (%s); the allocator keeps its defaults", platform.libc_ver())
         return False
-    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, _TRIM_AT))
+    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, _NEVER_TRIM))
 
 
 def apply_host_settings(num_threads: int | None, keep_freed: bool) -> None:
