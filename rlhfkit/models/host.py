@@ -2,9 +2,10 @@
 
 A training step makes and frees the same large tensors every time: autocast's bf16 copies of the
 weights, the gradients, the vocabulary-wide logits, the rollout's bf16 copy of the weights. glibc's
-malloc serves blocks of 32 MiB and more with `mmap` and returns them to the kernel when freed (and
-trims the top of its heap), so each new one is faulted in again, one zeroed 4 KiB page at a time: on
-a 2-core CPU a fresh 113 MB float32 tensor cost more to fault in than to fill. `keep_freed_memory`
+malloc serves large blocks (from 128 KiB, a threshold that rises to at most 32 MiB as blocks are
+freed) with their own `mmap` and returns them to the kernel when freed, and trims the top of its heap,
+so each new one is faulted in again, one zeroed 4 KiB page at a time: on a 2-core CPU, casting a
+113 MB float32 matrix to bf16 and adding it into fresh zeros took 92 ms, 25 ms with the pages kept. `keep_freed_memory`
 tells malloc to serve every block from its heap and never hand freed memory back
 (`mallopt(M_MMAP_MAX, 0)`, `mallopt(M_TRIM_THRESHOLD, -1)`), so the next step reuses the pages
 already mapped. The price: the process keeps the memory of its peak until it exits (the peak itself is
