@@ -161,7 +161,8 @@ class Bf16Decoder:
         batch, width = input_ids.shape
         if width == 1:
             keep = attention_mask.bool()[:, None, None, :]
-            mask = torch.zeros(keep.shape, dtype=torch.float32).masked_fill_(~keep, torch.finfo(torch.float32).min)
+            mask = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device).masked_fill_(
+                ~keep, torch.finfo(torch.float32).min)
         else:
             mask = self.causal_mask(config=backbone.config, inputs_embeds=h, attention_mask=attention_mask,
                                     past_key_values=cache, position_ids=position_ids)
