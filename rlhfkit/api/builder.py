@@ -349,7 +349,7 @@ def build_pool(cfg: RLConfig, policy, tokenizer=None, delays: dict[int, float] |
                           record_experts=cfg.actor.routing_replay, frozen_tower=cfg.actor.freeze_visual_encoder,
                           load_in_4bit=cfg.ds.load_in_4bit,
                           vllm={**vllm_worker_settings(cfg, policy, tokenizer, worker_gpus), **(images or {})}
-                          if vllm else None)
+                          if vllm else None, keep_freed=t.keep_freed_memory)
 
     def state_fn(full: bool):
         state = gathered(full) if gathered is not None else None

@@ -108,19 +108,20 @@ def worker_factory(model_path: str, gguf_file: str | None, dtype: str, autocast:
                    max_batch_size: int | None, num_gpus: float = 0.0,
                    delays: dict[int, float] | None = None, partial_tokens: int = 0,
                    lora: tuple | None = None, record_experts: bool = False, frozen_tower: bool = False,
-                   load_in_4bit: bool = False, vllm: dict | None = None) -> Callable[[int], object]:
+                   load_in_4bit: bool = False, vllm: dict | None = None,
+                   keep_freed: bool = False) -> Callable[[int], object]:
     """slot -> a new RolloutWorker actor (1 CPU, `num_gpus` GPUs, one torch thread).
     `delays`: test-only slow-worker hook, slot -> seconds each weight update is held back;
     `partial_tokens`: partial rollouts; `lora`: the policy's LoRA settings; `record_experts`: routing
     replay; `frozen_tower`: a vision-language policy's frozen tower; `load_in_4bit`: QLoRA's 4-bit
-    base; `vllm`: a vLLM engine's settings (see RolloutWorker)."""
+    base; `vllm`: a vLLM engine's settings; `keep_freed`: --train.keep_freed_memory (see RolloutWorker)."""
     cls = ray.remote(concurrency_groups=WORKER_GROUPS)(RolloutWorker)
 
     def make(slot: int):
         return cls.options(num_cpus=1, num_gpus=num_gpus).remote(
             model_path, gguf_file, dtype, autocast, max_batch_size, delay_s=(delays or {}).get(slot, 0.0),
             partial_tokens=partial_tokens, lora=lora, record_experts=record_experts, frozen_tower=frozen_tower,
-            load_in_4bit=load_in_4bit, vllm=vllm)
+            load_in_4bit=load_in_4bit, vllm=vllm, keep_freed=keep_freed)
 
     return make
 

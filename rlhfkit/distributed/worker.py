@@ -31,6 +31,7 @@ import torch
 
 from rlhfkit.data.types import Trajectory
 from rlhfkit.models import load_causal_lm, load_tokenizer
+from rlhfkit.models.host import apply_host_settings
 from rlhfkit.models.lora import add_lora
 from rlhfkit.models.precision import DTYPES
 from rlhfkit.models.vision import (
@@ -68,6 +69,8 @@ class RolloutWorker:
         (the full weights but a frozen tower, with LoRA merged into their layers) through its own load
         path; for a vision-language policy they include its image settings (image_prompt, banned_ids,
         max_images).
+      keep_freed: --train.keep_freed_memory in this process (models.host.keep_freed_memory): the engine's
+        bf16 weight copy, rebuilt at each weight version, reuses the pages of the last one.
       frozen_tower: a vision-language policy trained with --actor.freeze_visual_encoder: with
         `lora`, the adapters go outside the vision tower, as on the trainer's policy.
     """
@@ -76,8 +79,8 @@ class RolloutWorker:
                  max_batch_size: int | None, num_threads: int = 1, device: str | None = None,
                  delay_s: float = 0.0, partial_tokens: int = 0, lora: tuple | None = None,
                  record_experts: bool = False, frozen_tower: bool = False, load_in_4bit: bool = False,
-                 vllm: dict | None = None):
-        torch.set_num_threads(num_threads)
+                 vllm: dict | None = None, keep_freed: bool = False):
+        apply_host_settings(num_threads, keep_freed)
         if vllm is not None:
             if partial_tokens:
                 raise ValueError("partial rollouts continue HF engine generations; a vLLM worker cannot")

@@ -108,3 +108,16 @@ def test_trainers_apply_the_flag(monkeypatch, tmp_path, tiny_folder):
                                        str(tmp_path / "sft")])
     rlhfkit.SFTTrainer.from_config(sft, train_dataset=[{"input": "a", "output": "b"}] * 32)
     assert seen == [("rl", 1, False), ("sft", None, True)]
+
+
+def test_ray_workers_and_trainer_actors_apply_it(monkeypatch, tiny_folder):
+    """The Ray actors' constructors (run in their own processes) take the flag to apply_host_settings."""
+    from rlhfkit.distributed import launch, worker
+
+    seen = []
+    monkeypatch.setattr(worker, "apply_host_settings", lambda n, keep: seen.append(("rollout", n, keep)))
+    monkeypatch.setattr(launch, "apply_host_settings", lambda n, keep: seen.append(("trainer", n, keep)))
+    worker.RolloutWorker(str(tiny_folder), None, "float32", None, None, keep_freed=True)
+    launch.TrainerHost(2, keep_freed=True)
+    launch.TrainerHost(None)
+    assert seen == [("rollout", 1, True), ("trainer", 2, True), ("trainer", None, False)]
