@@ -304,7 +304,13 @@ class RayRLTrainer:
         self.cfg, self.plan, self.kwargs, self.final = cfg, plan, kwargs, None
 
     def train(self) -> dict[str, float]:
-        from rlhfkit.distributed.launch import cluster_gpus, gpu_shares, run_in_trainer_actors, start_ray
+        from rlhfkit.distributed.launch import (
+            check_gpu_asks,
+            cluster_gpus,
+            gpu_shares,
+            run_in_trainer_actors,
+            start_ray,
+        )
 
         # a bad output dir fails before Ray starts
         d, run_dir = self.cfg.distributed, run_folder.prepare_run_dir(self.cfg)
@@ -314,6 +320,10 @@ class RayRLTrainer:
             trainer_gpus, worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker,
                                                    self.cfg.rollout.num_workers, cluster_gpus(d.address),
                                                    builder.worker_gpu_multiple(self.cfg), trainers=ranks)
+            if d.address is None:  # this machine's GPUs: asks beyond them would leave the actors pending forever
+                check_gpu_asks([(ranks, trainer_gpus, "trainer actor(s) (--distributed.num_gpus_trainer)"),
+                                (self.cfg.rollout.num_workers, worker_gpus,
+                                 "rollout worker(s) (--distributed.num_gpus_per_worker)")], cluster_gpus(None))
             cfg = dataclasses.replace(self.cfg, distributed=dataclasses.replace(
                 d, num_gpus_trainer=trainer_gpus, num_gpus_per_worker=worker_gpus))  # the workers start in the actor
             metrics = run_in_trainer_actors(_train_in_actor, (cfg, self.plan, self.kwargs),

@@ -79,7 +79,7 @@ def model_host(cfg: ServeTrainingConfig):
         return
     import ray  # the ray extra, needed only here
 
-    from rlhfkit.distributed.launch import cluster_gpus, start_ray
+    from rlhfkit.distributed.launch import check_gpu_asks, cluster_gpus, start_ray
     from rlhfkit.serving.tinker.remote import RemoteHost
 
     d = cfg.distributed
@@ -87,6 +87,8 @@ def model_host(cfg: ServeTrainingConfig):
     try:
         gpus = d.num_gpus if d.num_gpus is not None else (1.0 if cfg.device != "cpu" and cluster_gpus(d.address)
                                                           else 0.0)
+        if d.address is None:  # this machine's GPUs: an ask beyond them would leave the host pending forever
+            check_gpu_asks([(1, gpus, "model host (--distributed.num_gpus)")], cluster_gpus(None))
         host = RemoteHost(functools.partial(build_host, cfg), num_gpus=gpus, num_threads=d.num_threads)
         try:
             yield host

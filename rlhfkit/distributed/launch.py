@@ -91,6 +91,26 @@ def gpu_shares(trainer: float | None, worker: float | None, num_workers: int, gp
     return trainer, (share * per_worker if worker is None else worker)
 
 
+def check_gpu_asks(asks: list[tuple[int, float, str]], gpus: int) -> None:
+    """Refuse GPU asks that this machine's `gpus` (a local cluster's) cannot all hold at once: Ray would
+    keep the actors pending forever. `asks`: (how many actors, GPUs each, what they are, as the message
+    names them); whole asks take whole GPUs, and fractions are packed as Ray places them, each inside one
+    GPU (first fit, largest first)."""
+    sizes = sorted((each for count, each, _ in asks for _ in range(count)), reverse=True)
+    whole = sum(int(a) for a in sizes if a >= 1)
+    free: list[float] = []  # the room left on each GPU that holds fractions
+    for a in (a for a in sizes if 0 < a < 1):
+        slot = next((i for i, room in enumerate(free) if room >= a - 1e-9), None)
+        if slot is None:
+            free.append(1.0 - a)
+        else:
+            free[slot] -= a
+    if whole + len(free) > gpus:
+        who = " and ".join(f"{count} {what} asking {each:g} GPU each" for count, each, what in asks if count)
+        raise ConfigError(f"{who} need {whole + len(free)} GPU(s), and this machine has {gpus}: Ray would wait for "
+                          "them forever; ask for fewer, or leave the asks unset (the GPUs present are then shared)")
+
+
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Refuse an address (HOST:PORT of a Ray head) that accepts no TCP connection. `auto` passes."""
     if address == "auto":

@@ -171,6 +171,8 @@ BEFORE_MODELS = [
     ("98-batch-not-a-multiple-of-the-ranks", {"fsdp.num_ranks": 3, "fsdp.enable": "true", "distributed.backend": "ray",
                                               "train.batch_size": 8},
      "--train.batch_size 8 must be a multiple of --fsdp.num_ranks 3: each trainer actor takes an equal share"),
+    ("101-gpus-above-one-not-whole", {"distributed.backend": "ray", "distributed.num_gpus_per_worker": 1.5},
+     "--distributed.num_gpus_per_worker 1.5: Ray gives an actor more than one GPU only in whole GPUs; ask for 1 or 2"),
     ("90-unknown-is-correction-type", {"algo.advantage.is_correction_type": "mis"},
      "--algo.advantage.is_correction_type: unknown value 'mis'; valid: tis, icepop, seq-mask-tis, seq_mask_tis"),
 ]

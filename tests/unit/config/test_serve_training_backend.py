@@ -20,3 +20,21 @@ def test_the_backend_and_address_flags():
         check("--distributed.address", "10.0.0.1:6379")
     with pytest.raises(ConfigError, match="distributed.num_gpus"):
         check("--distributed.backend", "ray", "--distributed.num_gpus", "-1")
+    with pytest.raises(ConfigError, match="--distributed.num_gpus 1.5: Ray gives an actor more than one GPU only in "
+                                          "whole GPUs; ask for 1 or 2"):
+        check("--distributed.backend", "ray", "--distributed.num_gpus", "1.5")
+    check("--distributed.backend", "ray", "--distributed.num_gpus", "2")
+
+
+def test_a_local_cluster_without_the_asked_gpus_is_refused_before_the_host_starts(monkeypatch, tmp_path):
+    from rlhfkit.cli import serve_training
+    from rlhfkit.distributed import launch
+
+    monkeypatch.setattr(launch, "start_ray", lambda *a, **k: False)
+    monkeypatch.setattr(launch, "cluster_gpus", lambda address: 0)
+    cfg = parse_config(ServeTrainingConfig, ["--distributed.backend", "ray", "--distributed.num_gpus", "1",
+                                             "--output_dir", str(tmp_path)])
+    with pytest.raises(ConfigError, match=r"1 model host \(--distributed.num_gpus\) asking 1 GPU each need 1 GPU\(s\), "
+                                          "and this machine has 0"):
+        with serve_training.model_host(cfg):
+            pass
