@@ -177,6 +177,11 @@ def _validate_distributed(cfg: RLConfig) -> None:
     one_of("distributed.backend", d.backend, BACKENDS)
     require(d.backend == "ray" or (n == 1 and d.address is None),
             "--rollout.num_workers > 1 and --distributed.address need --distributed.backend ray")
+    actors = n + (cfg.fsdp.num_ranks if cfg.fsdp.enable else 1)  # each rollout worker and trainer actor: 1 CPU
+    require(d.num_cpus is None or d.address is not None or d.backend != "ray" or d.num_cpus >= actors,
+            f"--distributed.num_cpus {d.num_cpus} is fewer than the {actors} actors of a local Ray cluster "
+            f"({n} rollout worker(s) and the trainer's, one CPU each): Ray would leave the rest waiting forever; "
+            f"set it to {actors} or more, or leave it unset")
     if t.async_enable:
         require(d.backend == "ray", "--train.async_enable overlaps generation on Ray rollout workers with "
                                     "training: add --distributed.backend ray (the local backend is synchronous)")

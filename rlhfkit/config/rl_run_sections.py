@@ -154,7 +154,8 @@ class DistributedConfig:
     address: str | None = None
     """Ray cluster to join (e.g. HEAD_IP:6379 from `ray start --head`); none = start a local one."""
     num_cpus: int | None = None
-    """Logical CPUs of a local Ray cluster; none = rollout.num_workers + 1 (one per actor)."""
+    """Logical CPUs of a local Ray cluster, at least one per actor; none = rollout.num_workers + the trainer
+    actors (one per actor)."""
     num_gpus_per_worker: float | None = None
     """GPUs each rollout worker actor asks Ray for; none = the GPUs present shared by the trainer and the
     workers (one each where there are enough, an equal share of them otherwise; 0 without GPUs)."""

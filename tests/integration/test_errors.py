@@ -173,6 +173,10 @@ BEFORE_MODELS = [
      "--train.batch_size 8 must be a multiple of --fsdp.num_ranks 3: each trainer actor takes an equal share"),
     ("101-gpus-above-one-not-whole", {"distributed.backend": "ray", "distributed.num_gpus_per_worker": 1.5},
      "--distributed.num_gpus_per_worker 1.5: Ray gives an actor more than one GPU only in whole GPUs; ask for 1 or 2"),
+    ("103-fewer-cpus-than-ray-actors", {"distributed.backend": "ray", "rollout.num_workers": 2,
+                                        "distributed.num_cpus": 1},
+     "--distributed.num_cpus 1 is fewer than the 3 actors of a local Ray cluster (2 rollout worker(s) and the "
+     "trainer's, one CPU each): Ray would leave the rest waiting forever"),
     ("90-unknown-is-correction-type", {"algo.advantage.is_correction_type": "mis"},
      "--algo.advantage.is_correction_type: unknown value 'mis'; valid: tis, icepop, seq-mask-tis, seq_mask_tis"),
 ]
