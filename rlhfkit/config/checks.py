@@ -60,6 +60,14 @@ def check_keep_best(spec: str | None) -> None:
             f"--ckpt.keep_best {spec!r}: give METRIC[:max|min], e.g. eval/accuracy or eval/loss:min")
 
 
+def check_gpu_ask(flag: str, gpus: float | None) -> None:
+    """A Ray actor's GPU ask (`flag`'s value): above one GPU only whole GPUs (Ray refuses other quantities
+    with a traceback at the actor's creation)."""
+    if gpus is not None:
+        require(gpus <= 1 or gpus == int(gpus), f"{flag} {gpus:g}: Ray gives an actor more than one GPU only in "
+                f"whole GPUs; ask for {int(gpus)} or {int(gpus) + 1}, or a fraction of one GPU to share it")
+
+
 def check_qlora(ds) -> None:
     """QLoRA (--ds.load_in_4bit) trains LoRA adapters over a 4-bit base: it needs --ds.lora.rank > 0. Under
     --fsdp.enable every rank holds the 4-bit base whole and the adapters are sharded (distributed.fsdp)."""

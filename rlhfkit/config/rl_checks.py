@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from rlhfkit.config.checks import (
     check_device,
+    check_gpu_ask,
     check_input_template,
     check_keep_best,
     check_micro_batches,
@@ -207,12 +208,8 @@ def _validate_scale(cfg: RLConfig) -> None:
     require(not (f.enable and cfg.distributed.backend == "ray") or cfg.train.batch_size % f.num_ranks == 0,
             f"--train.batch_size {cfg.train.batch_size} must be a multiple of --fsdp.num_ranks {f.num_ranks}: each "
             "trainer actor takes an equal share of every optimizer step")
-    for name in ("num_gpus_per_worker", "num_gpus_trainer"):  # Ray refuses other quantities with a traceback
-        ask = getattr(cfg.distributed, name)
-        if ask is not None:
-            require(ask <= 1 or ask == int(ask), f"--distributed.{name} {ask:g}: Ray gives an actor more than "
-                    f"one GPU only in whole GPUs; ask for {int(ask)} or {int(ask) + 1}, or a fraction of one GPU "
-                    "to share it")
+    for name in ("num_gpus_per_worker", "num_gpus_trainer"):
+        check_gpu_ask(f"--distributed.{name}", getattr(cfg.distributed, name))
 
 
 def _validate_optim(cfg: RLConfig) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlhfkit.config.checks import check_gpu_ask
 from rlhfkit.config.ranges import check_ranges, validate_table
 from rlhfkit.errors import ConfigError
 
@@ -77,10 +78,7 @@ def validate_serve_training(cfg: ServeTrainingConfig) -> None:
         raise ConfigError(f"--distributed.backend {cfg.distributed.backend}: use local or ray")
     if cfg.distributed.backend == "local" and cfg.distributed.address is not None:
         raise ConfigError("--distributed.address joins a Ray cluster: add --distributed.backend ray")
-    gpus = cfg.distributed.num_gpus
-    if gpus is not None and gpus > 1 and gpus != int(gpus):
-        raise ConfigError(f"--distributed.num_gpus {gpus:g}: Ray gives an actor more than one GPU only in whole GPUs; "
-                          f"ask for {int(gpus)} or {int(gpus) + 1}, or a fraction of one GPU to share it")
+    check_gpu_ask("--distributed.num_gpus", cfg.distributed.num_gpus)
     if cfg.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"--dtype {cfg.dtype}: use float32 or bfloat16")
     if cfg.api_key is not None and not cfg.api_key.startswith("tml-"):

@@ -168,12 +168,12 @@ class Bf16Decoder:
                                     past_key_values=cache, position_ids=position_ids)
         cos, sin = backbone.rotary_emb(h, position_ids)
         cos, sin = cos.unsqueeze(1), _rotation_signs(sin).unsqueeze(1)  # [B, 1, T, D]: broadcast over the heads
+        heads, kv_heads = backbone.config.num_attention_heads, backbone.config.num_key_value_heads
         for layer, (qkv, o, gate_up, down), cache_layer in zip(backbone.layers, self.layers, cache.layers,
                                                                 strict=True):
             attn = layer.self_attn
             d = attn.head_dim
             x = qkv(_norm(layer.input_layernorm, h).to(torch.bfloat16))
-            heads, kv_heads = attn.config.num_attention_heads, (x.shape[-1] // d - attn.config.num_attention_heads) // 2
             # q and k rotated together: q * cos + rotate_half(q) * sin, rotate_half(t) = cat(-t2, t1) = roll(t) * signs
             qk = x[..., : (heads + kv_heads) * d].view(batch, width, heads + kv_heads, d).transpose(1, 2)
             qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
