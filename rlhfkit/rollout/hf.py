@@ -59,6 +59,7 @@ import torch
 
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
+from rlhfkit.models.host import own_memory
 from rlhfkit.models.logprobs import forward_parameters, note_once
 from rlhfkit.models.moe import ExpertRecorder, routing_shape
 from rlhfkit.rollout.base import SamplingParams
@@ -206,8 +207,11 @@ class HFEngine:
         return next(self.model.parameters()).device
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load `state` (possibly partial; strict=False) when non-empty, and set `version`."""
+        """Load `state` (possibly partial; strict=False) when non-empty, and set `version`. Parameters a
+        checkpoint file maps get memory of their own first (`models.host.own_memory`: writing into
+        the mapping would copy it out page by page)."""
         if state:
+            own_memory(self.model.parameters())
             result = self.model.load_state_dict(dict(state), strict=False)
             if result.unexpected_keys:
                 raise ConfigError(f"update_weights got keys the model lacks: {result.unexpected_keys[:5]}")

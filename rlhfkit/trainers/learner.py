@@ -38,6 +38,7 @@ import torch
 
 from rlhfkit.core.ema import ema_update
 from rlhfkit.errors import CheckpointError, ConfigError, TrainingError, one_line
+from rlhfkit.models.host import own_memory
 from rlhfkit.trainers.sharded_muon import ShardedMuon, is_sharded
 
 log = logging.getLogger("rlhfkit")
@@ -112,6 +113,7 @@ class Learner:
         self.module = module
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
+        own_memory(self.params)  # written in place at every step: never through a file mapping
         # float32 masters for low-precision parameters (see the module docstring); else the params
         self.master = None
         if any(p.dtype in (torch.bfloat16, torch.float16) for p in self.params):

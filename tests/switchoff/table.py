@@ -564,6 +564,11 @@ SWITCH_OFFS = (
     SwitchOff("freed memory kept for reuse (--train.keep_freed_memory)", "rlhfkit.models.host:keep_freed_memory", noop,
               ("tests/unit/models/test_host.py::test_freed_block_stays_with_the_process",),
               "glibc's defaults: large blocks mmapped and handed back"),
+    SwitchOff("trained parameters copied out of the checkpoint's file mapping", "rlhfkit.models.host:own_memory", noop,
+              ("tests/unit/models/test_host.py::"
+               "test_the_learner_trains_parameters_of_its_own_and_leaves_frozen_ones_mapped",
+               "tests/unit/models/test_host.py::test_the_hf_engine_copies_mapped_weights_before_loading_new_ones"),
+              "left in the mapping: the first optimizer step copies it out page by page"),
     SwitchOff("the repetition penalty (--rollout.repetition_penalty)", "rlhfkit.rollout.sampling:penalize_repeats",
               unpenalized, ("tests/unit/rollout/test_rollout_hf_engine.py::test_repetition_penalty_by_hand",
                             "tests/unit/rollout/test_rollout_hf_engine.py::"

@@ -121,3 +121,94 @@ def test_ray_workers_and_trainer_actors_apply_it(monkeypatch, tiny_folder):
     launch.TrainerHost(2, keep_freed=True)
     launch.TrainerHost(None)
     assert seen == [("rollout", 1, True), ("trainer", 2, True), ("trainer", None, False)]
+
+
+# ---------------------------------------------------------------- parameters out of file mappings
+
+linux = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps")
+
+
+def _mapped(t: torch.Tensor) -> bool:
+    return host.in_ranges(t.untyped_storage().data_ptr(), host.file_mapped_ranges())
+
+
+@pytest.fixture
+def loaded(tmp_path):
+    """A tiny tied Llama saved as safetensors and loaded back on the CPU in its stored dtype: transformers
+    hands out views of the mapped file (checked: the premise of own_memory)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.models.tiny import tiny_model_and_tokenizer
+
+    model, _ = tiny_model_and_tokenizer(tie_embeddings=True)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert all(_mapped(p) for p in loaded.parameters())
+    return model, loaded
+
+
+def test_in_ranges_by_hand():
+    ranges = [(10, 20), (30, 40)]
+    assert [host.in_ranges(a, ranges) for a in (9, 10, 19, 20, 29, 30, 39, 40)] == [
+        False, True, True, False, False, True, True, False]
+    assert not host.in_ranges(5, [])
+
+
+@linux
+def test_own_memory_copies_mapped_parameters_and_keeps_their_values_and_ties(loaded):
+    model, loaded = loaded
+    params = list(loaded.parameters())
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight  # tied: one parameter
+    assert host.own_memory(params) == len(params)
+    assert not any(_mapped(p) for p in params)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    for (name, p), q in zip(loaded.named_parameters(), model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert host.own_memory(params) == 0  # nothing left to copy
+
+
+@linux
+def test_own_memory_keeps_views_of_one_storage_together(tmp_path):
+    path = tmp_path / "flat.bin"
+    torch.arange(12, dtype=torch.float32).numpy().tofile(path)
+    flat = torch.from_file(str(path), shared=False, size=12)  # a private mapping of the file
+    a, b = torch.nn.Parameter(flat[:4].view(2, 2)), torch.nn.Parameter(flat[2:])  # overlapping views
+    assert _mapped(a) and _mapped(b)
+    assert host.own_memory([a, b]) == 1
+    assert not _mapped(a) and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    assert torch.equal(a, torch.tensor([[0.0, 1.0], [2.0, 3.0]])) and torch.equal(b, torch.arange(2.0, 12.0))
+    with torch.no_grad():
+        b[0] = 100.0  # element 2 of the one storage: a sees it, the file does not
+    assert a[1, 0].item() == 100.0
+    assert torch.from_file(str(path), shared=False, size=12)[2].item() == 2.0
+
+
+def test_own_memory_leaves_anonymous_memory_alone():
+    p = torch.nn.Parameter(torch.ones(3))
+    ptr = p.data_ptr()
+    assert host.own_memory([p]) == 0 and p.data_ptr() == ptr
+
+
+@linux
+def test_the_learner_trains_parameters_of_its_own_and_leaves_frozen_ones_mapped(loaded):
+    from rlhfkit.trainers.learner import Learner
+
+    _, loaded = loaded
+    frozen = loaded.model.norm.weight
+    frozen.requires_grad_(False)
+    Learner(loaded, lr=1e-3)
+    assert not any(_mapped(p) for p in loaded.parameters() if p.requires_grad)
+    assert _mapped(frozen)
+
+
+@linux
+def test_the_hf_engine_copies_mapped_weights_before_loading_new_ones(loaded):
+    from rlhfkit.models.tiny import tiny_tokenizer
+    from rlhfkit.rollout.hf import HFEngine
+
+    model, loaded = loaded
+    engine = HFEngine(loaded, tiny_tokenizer())
+    state = {k: v + 1 for k, v in model.state_dict().items() if k.endswith("q_proj.weight")}
+    engine.update_weights(state, version=1)
+    assert not any(_mapped(p) for p in loaded.parameters())
+    assert torch.equal(loaded.model.layers[0].self_attn.q_proj.weight, state["model.layers.0.self_attn.q_proj.weight"])
