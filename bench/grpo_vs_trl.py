@@ -16,7 +16,8 @@ both). Every (size, dtype) runs each framework; a row per framework and setting.
 Prints per framework and setting: step time (median, min, max), samples/s, peak RSS, mean reward of
 the last 3 steps; rlhfkit also its step per stage (generate, reward, experience, update, other =
 the rest: sync, metrics, logs), rollout tokens/s and the update's model FLOPs utilisation against
-fp32 and bf16 matmul throughput measured in the same run. `--lengths` adds the length rows:
+fp32 and bf16 matmul throughput measured in the same run (over all steps, and the median step after the
+first, which alone also allocates the optimizer's moments). `--lengths` adds the length rows:
 rlhfkit at 4 x 4 with a prompt asking for a step-by-step explanation and each max new tokens,
 the last step's update seconds per response token and rollout tokens/s.
 TRL needs the `bench` extra: pip install -e '.[bench]'.
@@ -130,7 +131,10 @@ def run_rlhfkit(steps: int, which: str, s: Setting) -> dict:
     # Training FLOPs: 6 x (parameters besides the LM head) per token the forward/backward ran on,
     # plus 6 x LM-head parameters per response token (the head runs only there); attention ignored.
     body = sum(p.numel() for p in trainer.policy.parameters()) - head
-    flops = 6 * body * total["train_tokens"] + 6 * head * total["response_tokens"]
+    step_flops = [6 * body * m.get("train_tokens", 0.0) + 6 * head * m.get("response_tokens", 0.0) for m in history]
+    flops = sum(step_flops)
+    # per step, the median over the steps after the first (which alone also allocates the Adam moments)
+    step_gflops = [f / max(m.get("time/update", 0.0), 1e-9) / 1e9 for f, m in zip(step_flops, history, strict=True)]
     stages = {k: statistics.median(m.get(f"time/{k}", 0.0) for m in history) for k in STAGES}
     steps_s = [m["time/step"] for m in history]
     stages["other"] = statistics.median(
@@ -145,6 +149,7 @@ def run_rlhfkit(steps: int, which: str, s: Setting) -> dict:
         "train_tok_s": total["train_tokens"] / update_s,
         "sample_tok_s": total["sample_tokens"] / update_s,
         "train_gflops": flops / update_s / 1e9,
+        "train_gflops_later": statistics.median(step_gflops[1:] or step_gflops),
         "stages": stages,
         "last": {"step": last["time/step"], "generate": last.get("time/generate", 0.0),
                  "update": last.get("time/update", 0.0), "response_tokens": last.get("response_tokens", 0.0),
@@ -248,7 +253,8 @@ def report(s: Setting, results: dict[str, dict], flops: dict[str, float]) -> Non
               f"trainer {r.get('logprob_gap', float('nan')):.5f} per token; update "
               f"{r['train_tok_s']:.0f} computed tok/s ({r['sample_tok_s']:.0f} prompt+response tok/s per sample) = "
               f"{achieved:.1f} GFLOP/s = {achieved / flops['fp32']:.0%} of fp32 matmul ({flops['fp32']:.0f} GFLOP/s), "
-              f"{achieved / flops['bf16']:.0%} of bf16 ({flops['bf16']:.1f})")
+              f"{achieved / flops['bf16']:.0%} of bf16 ({flops['bf16']:.1f}); median step after the first "
+              f"{r['train_gflops_later']:.1f} GFLOP/s = {r['train_gflops_later'] / flops['bf16']:.0%} of bf16")
 
 
 def length_rows(lengths: list[int], dtype: str, steps: int) -> None:

@@ -200,12 +200,12 @@ class RLTrainer:
         device = builder.run_device(cfg)  # a CUDA device that is not there fails here, before models load
         rank, world = fsdp.init_from_torchrun() if cfg.fsdp.enable else (0, 1)
         run_dir = run_folder.prepare_run_dir(cfg, rank)
+        processor = V.processor_of(vision_folder) if vision_folder else None
         if vision_folder is not None:
             V.check_executor(cfg, executor)
-            V.check_engine(cfg, vision_folder)
+            V.check_engine(cfg, vision_folder, processor)
         reward_fn = _reward_of(cfg, executor, reward_fn, reward_weights, device)
         policy, tokenizer, ref, critic = builder.build_models(cfg, device)
-        processor = V.processor_of(vision_folder) if vision_folder else None
         if processor is not None:
             V.prepare_policy(cfg, policy, ref, critic)
         teacher = builder.build_teacher(cfg, tokenizer, device)

@@ -118,13 +118,14 @@ def check_executor(cfg: RLConfig, executor) -> None:
                       "an agent function or tools; see docs/vision.md")
 
 
-def check_engine(cfg: RLConfig, folder: str) -> None:
+def check_engine(cfg: RLConfig, folder: str, processor) -> None:
     """ConfigError (before models load) for --rollout.engine vllm (in the trainer's process or on Ray rollout
-    workers) with a policy whose images it does not send (`vllm_image_settings`)."""
+    workers) with a policy whose images it does not send (`vllm_image_settings`); `processor` is the
+    policy's (`processor_of(folder)`)."""
     if cfg.rollout.engine == "vllm":
         from transformers import AutoConfig
 
-        vllm_image_settings(cfg, processor_of(folder), AutoConfig.from_pretrained(folder))
+        vllm_image_settings(cfg, processor, AutoConfig.from_pretrained(folder))
 
 
 def attach_processor(processor, max_images: int, *executors) -> None:

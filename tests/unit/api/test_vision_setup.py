@@ -13,6 +13,7 @@ from rlhfkit.api.vision import (
     check_engine,
     check_executor,
     prepare_policy,
+    processor_of,
 )
 from rlhfkit.config import RLConfig
 from rlhfkit.errors import ConfigError
@@ -108,10 +109,11 @@ def test_the_vllm_engine_is_checked_before_models_load_in_the_trainers_process_a
     from rlhfkit.models.tiny_vision import save_tiny_vision
 
     qwen, internvl = (str(save_tiny_vision(tmp_path / f, f)) for f in ("qwen2_vl", "internvl"))
+    processors = {f: processor_of(f) for f in (qwen, internvl)}
     ray = ("--distributed.backend", "ray", "--rollout.num_workers", "2")
     for flags in (("--rollout.engine", "vllm"), ("--rollout.engine", "vllm", *ray)):
-        check_engine(config(*flags), qwen)
+        check_engine(config(*flags), qwen, processors[qwen])
         with pytest.raises(ConfigError, match="--rollout.engine vllm does not send the images of") as e:
-            check_engine(config(*flags), internvl)
+            check_engine(config(*flags), internvl, processors[internvl])
         assert "\n" not in str(e.value)
-    check_engine(config(*ray), internvl)  # HF engines on the workers: any family
+    check_engine(config(*ray), internvl, processors[internvl])  # HF engines on the workers: any family
