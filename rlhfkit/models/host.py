@@ -65,8 +65,9 @@ def apply_host_settings(num_threads: int | None, keep_freed: bool) -> None:
 
 
 def file_mapped_ranges() -> list[tuple[int, int]]:
-    """The [start, end) address ranges of this process mapped from files (/proc/self/maps rows with an
-    inode), sorted; empty where /proc is not there."""
+    """The [start, end) address ranges of this process privately mapped from files (/proc/self/maps rows
+    with an inode and a "p" in their permissions: writes there copy the file's page first; a shared
+    mapping is written through, as whoever shares it means), sorted; empty where /proc is not there."""
     try:
         with open("/proc/self/maps") as f:
             rows = [line.split() for line in f]
@@ -74,7 +75,7 @@ def file_mapped_ranges() -> list[tuple[int, int]]:
         return []
     ranges = []
     for row in rows:
-        if len(row) >= 5 and row[4] != "0":
+        if len(row) >= 5 and row[4] != "0" and row[1].endswith("p"):
             start, end = (int(x, 16) for x in row[0].split("-"))
             ranges.append((start, end))
     return sorted(ranges)
@@ -87,7 +88,7 @@ def in_ranges(address: int, ranges: list[tuple[int, int]]) -> bool:
 
 
 def own_memory(params: Iterable[torch.Tensor]) -> int:
-    """Give each CPU parameter whose storage a file maps (module docstring) a copy of that storage in
+    """Give each CPU parameter whose storage a file privately maps (module docstring) a copy of that storage in
     anonymous memory, in place (`.data` swapped: the Parameter objects, their ties and views of one
     storage are kept). Returns how many storages were copied."""
     ranges = file_mapped_ranges()

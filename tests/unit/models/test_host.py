@@ -190,6 +190,17 @@ def test_own_memory_leaves_anonymous_memory_alone():
 
 
 @linux
+def test_own_memory_leaves_a_shared_mapping_shared(tmp_path):
+    """A shared mapping (torch's share_memory_, a file mapped shared) is written through on purpose: kept."""
+    path = tmp_path / "shared.bin"
+    torch.zeros(4).numpy().tofile(path)
+    p = torch.nn.Parameter(torch.from_file(str(path), shared=True, size=4))
+    shm = torch.nn.Parameter(torch.ones(4).share_memory_())
+    ptrs = [p.data_ptr(), shm.data_ptr()]
+    assert host.own_memory([p, shm]) == 0 and [p.data_ptr(), shm.data_ptr()] == ptrs
+
+
+@linux
 def test_the_learner_trains_parameters_of_its_own_and_leaves_frozen_ones_mapped(loaded):
     from rlhfkit.trainers.learner import Learner
 
