@@ -174,6 +174,7 @@ class HFEngine:
         self._takes_positions = "position_ids" in takes  # else the model derives them (e.g. from the mask)
         self._cached = cache_support(model) is None
         self._version = version
+        self._owns_weights = False  # whether update_weights gave the weights memory of their own (own_memory)
         self._compiled_step = None
         self.banned_ids: torch.Tensor | None = None  # token ids never sampled (a VisionEngine's image tokens)
         self.static_buffers = StaticBuffers()  # the compiled step's KV rows, reused by every chunk
@@ -207,11 +208,13 @@ class HFEngine:
         return next(self.model.parameters()).device
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load `state` (possibly partial; strict=False) when non-empty, and set `version`. Parameters a
-        checkpoint file maps get memory of their own first (`models.host.own_memory`: writing into
-        the mapping would copy it out page by page)."""
+        """Load `state` (possibly partial; strict=False) when non-empty, and set `version`. Before the first
+        load, parameters a checkpoint file maps get memory of their own (`models.host.own_memory`:
+        writing into the mapping would copy it out page by page)."""
         if state:
-            own_memory(self.model.parameters())
+            if not self._owns_weights:  # once: the copies stay the parameters' storage after
+                own_memory(self.model.parameters())
+                self._owns_weights = True
             result = self.model.load_state_dict(dict(state), strict=False)
             if result.unexpected_keys:
                 raise ConfigError(f"update_weights got keys the model lacks: {result.unexpected_keys[:5]}")
