@@ -54,6 +54,15 @@ log = logging.getLogger("rlhfkit")
 RESERVED = ("client", "prompt", "label")
 
 
+class _RanPastTimeout(Exception):
+    """The episode ran past --agent.timeout (the runner's own clock; a TimeoutError the agent raises is its error)."""
+
+
+class _EndedCancelled(Exception):
+    """The agent's own code ended cancelled (it awaited a task that was cancelled); its CancelledError would
+    otherwise cancel the whole batch."""
+
+
 @dataclass
 class Outcome:
     """One finished episode: its reward (None: the reward function's), scores, logs, or why it was dropped."""
@@ -145,13 +154,18 @@ class EndpointExecutor:
                 returned = await self._within_timeout(
                     server, e, self.agent_fn(client, prompt.text if raw is None else raw, prompt.label, **row))
                 return self._outcome(returned)
-            except asyncio.TimeoutError:
+            except _RanPastTimeout:
                 return Outcome(dropped=f"timeout: ran past --agent.timeout {self.timeout:g} s (not counting "
                                        "its waits on the engine)")
             except RewardError as exc:
                 return Outcome(dropped=f"bad_reward: {one_line(exc)}")
+            except _EndedCancelled:
+                return Outcome(dropped="error: raised asyncio.CancelledError (its own code awaited a task that was "
+                                       "cancelled)")
             except Exception as exc:  # noqa: BLE001 - the user's agent: any exception drops its episode
-                return Outcome(dropped=f"error: raised {type(exc).__name__}: {one_line(exc)}")
+                text = one_line(exc)
+                text = text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}"
+                return Outcome(dropped=f"error: raised {text}")
             finally:
                 server.close_episode(e.id)
                 close = getattr(client, "close", None)
@@ -159,17 +173,20 @@ class EndpointExecutor:
                     await close()
 
     async def _within_timeout(self, server: EndpointServer, e: Episode, run: Awaitable) -> Any:
-        """`run`'s result, or asyncio.TimeoutError (run cancelled) once it has run `self.timeout`
+        """`run`'s result, or _RanPastTimeout (run cancelled) once it has run `self.timeout`
         seconds besides the time its calls waited on the engine: a busy or slow engine (other
-        episodes' turns, a long generation) never drops an episode; an agent that hangs does."""
+        episodes' turns, a long generation) never drops an episode; an agent that hangs does. An agent
+        that ends cancelled (not by us) raises _EndedCancelled."""
         task = asyncio.ensure_future(run)
         start = time.monotonic()
         try:
             while True:
                 left = self.timeout - (time.monotonic() - start - server.registry.engine_seconds(e))
                 if left <= 0:
-                    raise asyncio.TimeoutError
+                    raise _RanPastTimeout
                 done, _ = await asyncio.wait({task}, timeout=left)
+                if done and task.cancelled():  # not by us: we were not cancelled, and cancel only below
+                    raise _EndedCancelled
                 if done:
                     return task.result()
         finally:
@@ -203,7 +220,8 @@ class EndpointExecutor:
             if o.dropped is not None:
                 kind = o.dropped.split(":")[0]
                 counts[f"agent/dropped_{kind}"] = counts.get(f"agent/dropped_{kind}", 0.0) + 1
-                log.warning("agent episode %d (prompt %d) dropped: %s", index, e.group_id, o.dropped)
+                log.warning("agent %s: episode %d (prompt %d of the batch, %r) dropped: %s", self.source, index,
+                            e.group_id, _short(prompts[index]), o.dropped)
                 continue
             info = {"agent_reward": o.reward, "agent_score": o.reward if o.score is None else o.score,
                     "extra_logs": dict(o.extra_logs or {}), "turns": len(e.calls), "episode": e.id}
@@ -241,6 +259,15 @@ class EndpointExecutor:
             outcomes[i].reward = float(out.rewards[j])
             outcomes[i].score = float(out.scores[j])
             outcomes[i].extra_logs = {k: float(v[j]) for k, v in out.extra_logs.items()}
+
+
+def _short(prompt: Prompt) -> str:
+    """The start of a prompt's text (its last message's, for a messages list), to name its row in a log line."""
+    raw = getattr(prompt, "raw", None)
+    if isinstance(raw, list) and raw and isinstance(raw[-1], Mapping):
+        raw = raw[-1].get("content")
+    text = raw if isinstance(raw, str) else prompt.text
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def evaluate_agent(executor: EndpointExecutor, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt],

@@ -187,3 +187,33 @@ def test_the_timeout_does_not_count_waits_on_a_slow_engine_but_drops_an_agent_th
                    seeds=[0, 1])
     m = ex.pop_metrics()
     assert {t.group_id for t in trajs} == {0} and m["agent/dropped_timeout"] == 1  # (two segments: one history)
+
+
+def test_an_agents_own_timeout_error_or_cancellation_drops_its_episode_as_an_error(tiny, caplog):
+    """A TimeoutError of the agent's own code (its own wait_for) is its error, not --agent.timeout; an agent
+    that ends cancelled (it awaited a task it cancelled) is dropped too, and does not cancel the batch."""
+    engine, tok = tiny
+
+    async def agent(client, prompt, label, **row):
+        await client.chat.completions.create(model="p", messages=[{"role": "user", "content": prompt}])
+        if prompt == "own_timeout":
+            await asyncio.wait_for(asyncio.sleep(30), 0.01)
+        if prompt == "cancelled":
+            task = asyncio.ensure_future(asyncio.sleep(30))
+            await asyncio.sleep(0)
+            task.cancel()
+            await task
+        return 1.0
+
+    ex = EndpointExecutor(agent, source="agent.py", timeout=20.0)
+    with caplog.at_level("WARNING", logger="rlhfkit"):
+        trajs = ex.run(engine, tok, [P(tok, k) for k in ("ok", "own_timeout", "cancelled")],
+                       SamplingParams(max_new_tokens=4), TokenBudget(4, 8, 2), seeds=[0, 1, 2])
+    m = ex.pop_metrics()
+    assert [t.group_id for t in trajs] == [0]
+    assert m["agent/dropped_error"] == 2 and "agent/dropped_timeout" not in m
+    drops = sorted(r.getMessage() for r in caplog.records if "dropped" in r.getMessage())
+    assert drops[0] == ("agent agent.py: episode 1 (prompt 1 of the batch, 'own_timeout') dropped: error: raised "
+                        "TimeoutError")
+    assert drops[1].startswith("agent agent.py: episode 2 (prompt 2 of the batch, 'cancelled') dropped: error: raised "
+                               "asyncio.CancelledError")
