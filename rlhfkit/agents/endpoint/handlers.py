@@ -16,7 +16,8 @@ after the earlier call's. Text prompts may not hold the model's image tokens, to
 
 Sampling: with `honor_sampling` False (training) the run's temperature, top_p and top_k are used
 whatever the request asks, so the recorded logprobs are the ones the trainer computes; `n`,
-`max_tokens` (within the budgets) and `stop` are the request's. `stop` strings cut the sampled
+`max_tokens` (within the budgets) and `stop` are the request's; a request's `seed` is used by
+`rlhfkit serve` only (an episode's calls are seeded from the episode's seed). `stop` strings cut the sampled
 tokens after the token that completes the string (rollout/stops.py); the reply's text stops before it.
 """
 
@@ -27,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlhfkit.agents.endpoint.episodes import Episode, Registry, Turn, room
+from rlhfkit.agents.endpoint.episodes import SERVE_ID, Episode, Registry, Turn, room
 from rlhfkit.agents.endpoint.segments import Call
 from rlhfkit.agents.endpoint.vision import ImageParts, RefusedImage, VisionTemplate
 from rlhfkit.agents.endpoint.wire import (
@@ -208,8 +209,11 @@ class Completions:
             temperature=ask.temperature if own and ask.temperature is not None else run.temperature,
             top_p=ask.top_p if own and ask.top_p is not None else run.top_p,
             top_k=ask.top_k if own and ask.top_k is not None else run.top_k)
+        # `rlhfkit serve` samples a request's own seed as vLLM does; an episode's calls keep the episode's seeds
+        # (a fixed seed in an agent would make all of a prompt's episodes alike)
+        seed = ask.seed if e.id == SERVE_ID and ask.seed is not None else e.next_seed()
         with self.registry.in_engine(e):
-            trajs = await self.generate(ids, params, e.next_seed(), e, vision)
+            trajs = await self.generate(ids, params, seed, e, vision)
         out = []
         for t in trajs:
             tokens, lps, finish = t.response_ids.tolist(), t.logprobs.tolist(), t.finish_reason

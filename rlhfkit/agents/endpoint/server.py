@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlhfkit.agents.endpoint.episodes import SERVE_ID, EndpointLimits, Episode, Refused, Registry
 from rlhfkit.agents.endpoint.handlers import Completions, Settings
@@ -245,7 +246,8 @@ class _Handlers:
             if admitted is not None and admitted.id != SERVE_ID:
                 reg.release(admitted)
         if body.get("stream"):
-            return StreamingResponse(iter(stream_events(reply, chat)), media_type="text/event-stream")
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(iter(stream_events(reply, chat, usage)), media_type="text/event-stream")
         return JSONResponse(reply)
 
     def models(self, request: Request, episode_id: str | None):
@@ -264,6 +266,11 @@ def make_app(server: EndpointServer):
     """The FastAPI app of `server`'s routes: an episode's own base URL /e/<id>/v1, and /v1 for `rlhfkit serve`."""
     app = FastAPI(title="rlhfkit agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
     h = _Handlers(server)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):  # an unknown route or method: OpenAI's shape
+        what = {404: "no such route", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
+        return _error(exc.status_code, f"{what}: {request.method} {request.url.path}")
 
     @app.get("/health")
     async def health() -> dict:

@@ -2,14 +2,16 @@
 template's form, samples -> `chat.completion` / `text_completion` bodies and their stream chunks.
 
 Fields honoured: `messages` / `prompt` (a string, or a list of token ids), `n`, `max_tokens` /
-`max_completion_tokens`, `temperature`, `top_p`, `top_k` (vLLM's extra), `stop` (a string or a
-list), `logprobs` (chat: a bool, with `top_logprobs`; completions: an int), `stream`, `tools`,
-`tool_choice` ("none" turns parsing off). Beside OpenAI's fields every choice carries `token_ids`
-(the sampled ids) and the body `prompt_token_ids` (vLLM's names for the same thing).
+`max_completion_tokens`, `temperature`, `top_p`, `top_k` (vLLM's extra), `seed` (rlhfkit serve), `stop`
+(a string or a list), `logprobs` (chat: a bool, with `top_logprobs`; completions: an int), `stream`
+(with `stream_options.include_usage`), `tools`, `tool_choice` ("none" turns parsing off). Beside
+OpenAI's fields every choice carries `token_ids` (the sampled ids) and the body, or a stream's first
+chunk, `prompt_token_ids` (vLLM's names for the same thing).
 
 Departures: each token's logprob is the sampled token's alone; `top_logprobs` lists are empty (the
 engine does not keep the others). A stream sends the whole text in one chunk once sampling ends.
-`tool_choice` "required" or a named function is not enforced: the model is sampled as it is.
+`tool_choice` "required" or a named function and `response_format` are not enforced: the model is
+sampled as it is.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Sampling:
     stop: tuple[str, ...]
     logprobs: bool
     stream: bool
+    seed: int | None = None
 
 
 def _number(body: dict, name: str, kind: type, low: float, high: float | None = None):
@@ -47,7 +50,7 @@ def _number(body: dict, name: str, kind: type, low: float, high: float | None = 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise BadRequest(f"{name}={value!r:.40}; give a {kind.__name__}")
+        raise BadRequest(f"{name}={value!r:.40}; give {'an int' if kind is int else 'a float'}")
     if value < low or (high is not None and value > high):
         raise BadRequest(f"{name}={value} is out of range [{low}, {high if high is not None else 'inf'}]")
     return kind(value)
@@ -55,10 +58,11 @@ def _number(body: dict, name: str, kind: type, low: float, high: float | None = 
 
 def sampling(body: dict, chat: bool) -> Sampling:
     """The sampling fields of a request body; `BadRequest` names a field that is not of their form."""
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not all(isinstance(s, str) and s for s in stop):
+    stop = body.get("stop")
+    stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
         raise BadRequest("stop: give a non-empty string or a list of them")
+    stop = tuple(stop)
     n = _number(body, "n", int, 1, 64) or 1
     asked = body.get("max_completion_tokens", body.get("max_tokens"))
     if asked is not None and (isinstance(asked, bool) or not isinstance(asked, int) or asked < 1):
@@ -68,8 +72,11 @@ def sampling(body: dict, chat: bool) -> Sampling:
     else:
         logprobs = _number(body, "logprobs", int, 0, 20) is not None
     top_k = _number(body, "top_k", int, -1)
+    if not isinstance(body.get("stream_options") or {}, dict):
+        raise BadRequest("stream_options: give an object such as {\"include_usage\": true}")
     return Sampling(n, asked, _number(body, "temperature", float, 0.0, 2.0), _number(body, "top_p", float, 0.0, 1.0),
-                    None if top_k in (None, 0) else top_k, stop, logprobs, bool(body.get("stream") or False))
+                    None if top_k in (None, 0) else top_k, stop, logprobs, bool(body.get("stream") or False),
+                    _number(body, "seed", int, -(2**63), 2**63 - 1))
 
 
 def content_text(content: Any) -> str:
@@ -99,6 +106,16 @@ def _arguments(raw: Any) -> dict:
     return out if isinstance(out, dict) else {"_raw": raw}
 
 
+def _tool_call(call: Any) -> dict:
+    """An assistant message's tool call as the chat template takes it (arguments as a dict)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name", ""), str):
+        raise BadRequest("messages: each of tool_calls is {id, type: function, function: {name, arguments}}, got "
+                         f"{json.dumps(call, default=str)[:60]}")
+    return {"id": call.get("id", ""), "type": "function",
+            "function": {"name": function.get("name", ""), "arguments": _arguments(function.get("arguments"))}}
+
+
 def template_messages(messages: Any, content: Callable[[Any], Any] = content_text) -> list[dict]:
     """Messages as a chat template takes them: their content through `content` (text; with a
     vision-language policy, text and image parts: vision.ImageParts), tool-call arguments as dicts."""
@@ -109,11 +126,11 @@ def template_messages(messages: Any, content: Callable[[Any], Any] = content_tex
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest("messages: each message is an object with a role")
         msg = {"role": m["role"], "content": content(m.get("content"))}
-        if m.get("tool_calls"):
-            msg["tool_calls"] = [{"id": c.get("id", ""), "type": "function",
-                                  "function": {"name": c.get("function", {}).get("name", ""),
-                                               "arguments": _arguments(c.get("function", {}).get("arguments"))}}
-                                 for c in m["tool_calls"]]
+        calls = m.get("tool_calls")
+        if calls:
+            if not isinstance(calls, list):
+                raise BadRequest(f"messages: tool_calls of type {type(calls).__name__}; give a list")
+            msg["tool_calls"] = [_tool_call(c) for c in calls]
         for k in ("tool_call_id", "name"):
             if m.get(k) is not None:
                 msg[k] = m[k]
@@ -189,9 +206,10 @@ def completion_body(chat: bool, model: str, prompt_ids: list[int], choices: list
                       "total_tokens": len(prompt_ids) + sampled}}
 
 
-def stream_events(body: dict, chat: bool) -> list[str]:
+def stream_events(body: dict, chat: bool, include_usage: bool = False) -> list[str]:
     """The reply as server-sent events: per choice its text (and tool calls) in one chunk, then its
-    finish reason; the usage last; then [DONE]."""
+    finish reason; with `include_usage` (the request's stream_options) a last chunk of no choices and the
+    usage, as OpenAI sends it; then [DONE]. The first chunk carries `prompt_token_ids`."""
     events = []
     base = {k: body[k] for k in ("id", "created", "model")}
     kind = "chat.completion.chunk" if chat else "text_completion"
@@ -209,7 +227,8 @@ def stream_events(body: dict, chat: bool) -> list[str]:
                      "token_ids": ch["token_ids"]}
             last = {"index": ch["index"], "text": "", "logprobs": None, "finish_reason": ch["finish_reason"]}
         for choice in (first, last):
-            events.append(json.dumps({**base, "object": kind, "choices": [choice]}))
-    events.append(json.dumps({**base, "object": kind, "choices": [], "usage": body["usage"],
-                              "prompt_token_ids": body["prompt_token_ids"]}))
-    return [f"data: {e}\n\n" for e in events] + ["data: [DONE]\n\n"]
+            events.append({**base, "object": kind, "choices": [choice]})
+    events[0]["prompt_token_ids"] = body["prompt_token_ids"]
+    if include_usage:
+        events.append({**base, "object": kind, "choices": [], "usage": body["usage"]})
+    return [f"data: {json.dumps(e)}\n\n" for e in events] + ["data: [DONE]\n\n"]

@@ -232,3 +232,32 @@ def test_tools_come_back_as_tool_calls_and_the_episode_stays_one_trajectory(scri
     assert tok.decode(main.response_ids[main.loss_mask].tolist(), skip_special_tokens=False) == (
         CALL + "the sum is 7<|im_end|>")
     assert tok.decode(plain.response_ids.tolist(), skip_special_tokens=False) == CALL
+
+
+def test_serve_streams_as_openai_does_and_samples_a_requests_seed(tiny):
+    """A stream's chunks each hold a choice, as OpenAI's do (a loop over `chunk.choices[0]` works); the usage
+    chunk (no choices) comes only with stream_options include_usage. `rlhfkit serve` samples a request's seed:
+    the same seed, the same tokens (vLLM's behaviour), at temperature 1."""
+    model, tok = tiny
+    settings = Settings(PARAMS, honor_sampling=True)
+    with EndpointServer(tok, settings, serve_key="k", serve_limits=EndpointLimits(per_call=6, total=6)) as server:
+        server.engine = HFEngine(model, tok)
+        ask = [{"role": "user", "content": "hi"}]
+
+        async def talk():
+            async with openai.AsyncOpenAI(base_url=server.base + "/v1", api_key="k", max_retries=0) as c:
+                plain = [ch async for ch in await c.chat.completions.create(model="p", messages=ask, stream=True)]
+                usage = [ch async for ch in await c.chat.completions.create(
+                    model="p", messages=ask, stream=True, stream_options={"include_usage": True})]
+                seeded = [await c.chat.completions.create(model="p", messages=ask, seed=s, temperature=1.0)
+                          for s in (11, 11, 12, 12)]
+                return plain, usage, seeded
+
+        plain, usage, seeded = asyncio.run(talk())
+    assert all(len(ch.choices) == 1 for ch in plain) and all(ch.usage is None for ch in plain)
+    assert plain[-1].choices[0].finish_reason in ("stop", "length")
+    assert plain[0].model_extra["prompt_token_ids"] == tok.apply_chat_template(ask, add_generation_prompt=True,
+                                                                               tokenize=True, return_dict=False)
+    assert usage[-1].choices == [] and usage[-1].usage.completion_tokens == len(usage[0].choices[0].token_ids)
+    ids = [r.choices[0].token_ids for r in seeded]
+    assert ids[0] == ids[1] and ids[2] == ids[3] and ids[0] != ids[2]

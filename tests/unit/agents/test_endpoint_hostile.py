@@ -217,3 +217,30 @@ def test_an_agents_own_timeout_error_or_cancellation_drops_its_episode_as_an_err
                         "TimeoutError")
     assert drops[1].startswith("agent agent.py: episode 2 (prompt 2 of the batch, 'cancelled') dropped: error: raised "
                                "asyncio.CancelledError")
+
+
+def test_malformed_fields_are_400s_and_unknown_routes_are_openai_shaped(tiny):
+    """A request whose fields are of the wrong type is the client's error (400 naming the field), never a 500;
+    an unknown route or method answers OpenAI's error shape, as every other refusal does."""
+    import httpx
+
+    engine, tok = tiny
+    limits = EndpointLimits(per_call=4, total=4)
+    with EndpointServer(tok, Settings(SamplingParams(max_new_tokens=4)), serve_key="k", serve_limits=limits) as server:
+        server.engine = engine
+        with httpx.Client(base_url=server.base + "/v1", headers={"Authorization": "Bearer k"}) as h:
+            bad = [({"stop": 5}, "stop"), ({"stop": {}}, "stop"), ({"seed": "x"}, "seed"),
+                   ({"stream_options": True, "stream": True}, "stream_options"),
+                   ({"messages": [{"role": "assistant", "tool_calls": "x"}, *ASK]}, "tool_calls"),
+                   ({"messages": [{"role": "assistant", "tool_calls": ["x"]}, *ASK]}, "tool_calls"),
+                   ({"messages": [{"role": "assistant", "tool_calls": [{"function": "add"}]}, *ASK]}, "tool_calls")]
+            for fields, name in bad:
+                r = h.post("/chat/completions", json={"model": "p", "messages": ASK, **fields})
+                assert r.status_code == 400 and name in r.json()["error"]["message"], (fields, r.text)
+            routes = [h.get("/models/p"), h.get("/chat/completions"), h.post("/responses", json={})]
+        m = server.registry.pop_metrics()
+    assert [r.status_code for r in routes] == [404, 405, 404]
+    assert [r.json()["error"]["message"] for r in routes] == [
+        "no such route: GET /v1/models/p", "method not allowed: GET /v1/chat/completions",
+        "no such route: POST /v1/responses"]
+    assert m["endpoint/bad_request"] == len(bad) and "endpoint/server_error" not in m
