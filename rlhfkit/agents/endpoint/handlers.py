@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2 import TemplateError
+
 from rlhfkit.agents.endpoint.episodes import SERVE_ID, Episode, Registry, Turn, room
 from rlhfkit.agents.endpoint.segments import Call
 from rlhfkit.agents.endpoint.vision import ImageParts, RefusedImage, VisionTemplate
@@ -90,12 +92,15 @@ class Completions:
     # ------------------------------------------------------------------ chat
     async def chat(self, e: Episode, body: dict) -> dict:
         ask = sampling(body, chat=True)
-        tt = self.template(body.get("tools"))
-        if self.vision is None:
-            ids, normed = self.text_prompt(e, tt, body)
-            images, vision = (), None
-        else:
-            ids, normed, images, vision = self.vision_prompt(e, tt, body)
+        try:
+            tt = self.template(body.get("tools"))
+            if self.vision is None:
+                ids, normed = self.text_prompt(e, tt, body)
+                images, vision = (), None
+            else:
+                ids, normed, images, vision = self.vision_prompt(e, tt, body)
+        except TemplateError as exc:  # the template's raise_exception (roles that must alternate, ...): as vLLM, a 400
+            raise BadRequest(f"messages: the chat template refused them: {exc}") from exc
         parse = bool(body.get("tools")) and body.get("tool_choice") != "none"
         samples = await self.sample(e, ids, ask, vision)
         choices = [self.choice(tokens, lps, finish, ask, tt if parse else None) for tokens, lps, finish, _ in samples]

@@ -244,3 +244,32 @@ def test_malformed_fields_are_400s_and_unknown_routes_are_openai_shaped(tiny):
         "no such route: GET /v1/models/p", "method not allowed: GET /v1/chat/completions",
         "no such route: POST /v1/responses"]
     assert m["endpoint/bad_request"] == len(bad) and "endpoint/server_error" not in m
+
+
+def test_messages_the_chat_template_refuses_are_a_400_naming_its_reason(scripted):
+    """A template's raise_exception (an unknown role, roles that must alternate) is the request's error, as
+    vLLM answers it: 400 with the template's words, not a 500; the other requests are served."""
+    from tests.unit.agents.conftest import char_tokenizer
+
+    strict = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant', 'system', 'tool'] %}"
+              "{{ raise_exception('Unknown role: ' + m['role']) }}{% endif %}"
+              "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    tok = char_tokenizer(strict)
+    limits = EndpointLimits(per_call=8, total=8, context=400)
+    with EndpointServer(tok, Settings(SamplingParams(max_new_tokens=8)), serve_key="k", serve_limits=limits) as server:
+        server.engine = scripted(tok, lambda context: "ok<|im_end|>")
+
+        async def go():
+            async with openai.AsyncOpenAI(base_url=server.base + "/v1", api_key="k", max_retries=0) as c:
+                try:
+                    await c.chat.completions.create(model="p", messages=[{"role": "wizard", "content": "hi"}])
+                except openai.BadRequestError as exc:
+                    refused = exc.body["message"]
+                reply = await c.chat.completions.create(model="p", messages=ASK)
+                return refused, reply.choices[0].message.content
+
+        refused, served = asyncio.run(go())
+        m = server.registry.pop_metrics()
+    assert refused == "messages: the chat template refused them: Unknown role: wizard" and served == "ok"
+    assert m["endpoint/bad_request"] == 1 and "endpoint/server_error" not in m
