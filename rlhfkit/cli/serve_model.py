@@ -55,12 +55,13 @@ def build_server(cfg: ServeModelConfig, policy, tokenizer, key: str):
     processor (image_url parts) on the vision engine, else the text engine's."""
     from rlhfkit.agents.endpoint import EndpointLimits, EndpointServer, Settings  # noqa: PLC0415 - the agents extra
     from rlhfkit.agents.endpoint.episodes import VISION_REQUEST_BYTES  # noqa: PLC0415
+    from rlhfkit.agents.endpoint.wire import MAX_N  # noqa: PLC0415
 
     processor = served_processor(cfg.model)
     text_body = EndpointLimits.max_request_bytes
     body = cfg.max_request_bytes or (VISION_REQUEST_BYTES if processor is not None else text_body)
-    limits = EndpointLimits(per_call=cfg.max_tokens, total=cfg.max_tokens, context=cfg.max_context,
-                            max_request_bytes=body)
+    limits = EndpointLimits(per_call=cfg.max_tokens, total=cfg.max_tokens * MAX_N, context=cfg.max_context,
+                            max_request_bytes=body)  # each of a request's n replies may take max_tokens
     settings = Settings(SamplingParams(max_new_tokens=cfg.max_tokens), honor_sampling=True, model_name=cfg.model,
                         processor=processor, max_images=cfg.max_images, images_flag="--max_images")
     server = EndpointServer(tokenizer, settings, batch_window=0.005, serve_key=key, serve_limits=limits,

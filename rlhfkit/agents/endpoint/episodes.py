@@ -238,10 +238,11 @@ class Registry:
             return e.engine_s + (time.monotonic() - e.engine_since if e.in_engine else 0.0)
 
 
-def room(e: Episode, prompt_len: int, asked: Any, registry: Registry) -> int:
-    """New tokens a call may sample: what it asked for (None: the per-call budget), at most the
-    per-call budget (a larger ask is lowered and counted), what the episode's response budget has
-    left and what its context has left; `Refused` when nothing is left."""
+def room(e: Episode, prompt_len: int, asked: Any, registry: Registry, n: int = 1) -> int:
+    """New tokens each of a call's `n` samples may sample: what it asked for (None: the per-call budget),
+    at most the per-call budget (a larger ask is lowered and counted), an n-th of what the episode's
+    response budget has left (the n samples all count) and what its context has left; `Refused` when
+    nothing is left."""
     limits = e.limits
     if asked is not None and (isinstance(asked, bool) or not isinstance(asked, int) or asked < 1):
         raise registry.refuse(e, 400, "bad_request", f"max_tokens={asked!r}; give a positive integer")
@@ -253,8 +254,11 @@ def room(e: Episode, prompt_len: int, asked: Any, registry: Registry) -> int:
     if left <= 0:
         raise registry.refuse(e, 400, "refused_budget", f"episode {e.id} sampled its {limits.total} tokens "
                               "(--agent.max_response_tokens); end the episode")
+    if left < n:
+        raise registry.refuse(e, 400, "refused_budget", f"episode {e.id} has {left} of its {limits.total} tokens "
+                              f"(--agent.max_response_tokens) left, fewer than n={n} samples need; ask fewer")
     fits = limits.context - prompt_len
     if fits <= 0:
         raise registry.refuse(e, 400, "refused_too_long", f"a prompt of {prompt_len} tokens leaves no room in the "
                               f"episode's context of {limits.context} tokens")
-    return min(want, left, fits)
+    return min(want, left // n, fits)

@@ -206,7 +206,7 @@ class Completions:
                      vision: Any = None) -> list[tuple[list[int], list[float], str, int]]:
         """(tokens, logprobs, finish reason, version) of each of the `ask.n` samples (`vision`: the
         prompt's image tensors, for a vision engine)."""
-        new = room(e, len(ids), ask.max_tokens, self.registry)
+        new = room(e, len(ids), ask.max_tokens, self.registry, ask.n)
         run = self.settings.params
         own = self.settings.honor_sampling
         params = SamplingParams(

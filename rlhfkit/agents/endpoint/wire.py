@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _TEXT_PARTS = ("text", "input_text")
+MAX_N = 64  # the most samples (`n`) one request may ask for
 
 
 class BadRequest(ValueError):
@@ -63,7 +64,7 @@ def sampling(body: dict, chat: bool) -> Sampling:
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
         raise BadRequest("stop: give a non-empty string or a list of them")
     stop = tuple(stop)
-    n = _number(body, "n", int, 1, 64) or 1
+    n = _number(body, "n", int, 1, MAX_N) or 1
     asked = body.get("max_completion_tokens", body.get("max_tokens"))
     if asked is not None and (isinstance(asked, bool) or not isinstance(asked, int) or asked < 1):
         raise BadRequest(f"max_tokens={asked!r:.40}; give a positive integer")

@@ -273,3 +273,27 @@ def test_messages_the_chat_template_refuses_are_a_400_naming_its_reason(scripted
         m = server.registry.pop_metrics()
     assert refused == "messages: the chat template refused them: Unknown role: wizard" and served == "ok"
     assert m["endpoint/bad_request"] == 1 and "endpoint/server_error" not in m
+
+
+def test_n_samples_share_the_episodes_response_budget(tiny):
+    """--agent.max_response_tokens bounds all an episode samples: a call with n samples gives each an n-th of
+    what is left (n=64 asked of an 8-token budget: refused), so no n lets an episode sample past it."""
+    engine, tok = tiny
+    with EndpointServer(tok, Settings(SamplingParams(max_new_tokens=4))) as server:
+        server.engine = engine
+        e = server.open_episode(0, 1, EndpointLimits(per_call=4, total=8))
+        fresh = server.open_episode(1, 2, EndpointLimits(per_call=4, total=8))
+
+        async def go():
+            async with client(server, e) as c, client(server, fresh) as c2:
+                four = await c.chat.completions.create(model="p", messages=ASK, n=4, max_tokens=4)
+                try:
+                    await c2.chat.completions.create(model="p", messages=ASK, n=64)
+                except openai.BadRequestError as exc:
+                    return four, exc.body["message"]
+
+        four, refused = asyncio.run(go())
+        m = server.registry.pop_metrics()
+    assert len(four.choices) == 4 and all(len(ch.token_ids) <= 2 for ch in four.choices)
+    assert e.sampled == sum(len(ch.token_ids) for ch in four.choices) <= 8
+    assert "fewer than n=64 samples need" in refused and m["endpoint/refused_budget"] == 1 and not fresh.calls
