@@ -34,6 +34,12 @@ class AgentInstance(AgentInstanceBase):
         raise ValueError("the environment broke")
 """
 
+AGENT_FUNCTION_BUGGY = """
+async def agent(client, prompt, label, **row):
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": prompt}])
+    return undefined_score
+"""
+
 REWARDS = {
     "raises": "def reward_func(queries, prompts, labels, **kw):\n    raise KeyError('answer')\n",
     "nan": "def reward_func(queries, prompts, labels, **kw):\n    return [float('nan')] * len(queries)\n",
@@ -79,6 +85,7 @@ def ws(tiny_ws):
     damaged_models(root)
     (root / "a_file").write_text("not a folder")
     (root / "agent_raises.py").write_text(AGENT_RAISES)
+    (root / "agent_function_buggy.py").write_text(AGENT_FUNCTION_BUGGY)
     for name, text in REWARDS.items():
         (root / f"reward_{name}.py").write_text(text)
     return root
@@ -218,6 +225,10 @@ AFTER_MODELS = [
      "reward server http://127.0.0.1:{port}/get_reward failed after 2 attempts (ConnectError"),
     ("52-agent-environment-raises", {"reward.remote_url": None, "agent.func_path": "{ws}/agent_raises.py"},
      "step() raised ValueError: the environment broke"),
+    ("104-agent-function-drops-every-episode", {"reward.remote_url": None,
+                                                "agent.func_path": "{ws}/agent_function_buggy.py"},
+     "all 16 episodes of the rollout batch were dropped, so nothing would train; the first: episode 0 (prompt 0 of "
+     "the batch, "),
 ]
 
 

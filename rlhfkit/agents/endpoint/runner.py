@@ -71,6 +71,7 @@ class Outcome:
     score: float | None = None
     extra_logs: dict | None = None
     dropped: str | None = None
+    error: BaseException | None = None  # what the agent raised, when it did
 
 
 def make_client(base_url: str, key: str, timeout: float):
@@ -113,6 +114,7 @@ class EndpointExecutor:
         self.processor = None  # a vision-language policy's processor: requests may then send images
         self.max_images: int | None = None  # most distinct images an episode may send (None: any)
         self.last_server: EndpointServer | None = None  # the server of the last batch (closed), for tests
+        self.first_drop: tuple[str, BaseException | None] | None = None  # the last batch's first drop: why, what raised
 
     def pop_metrics(self) -> dict[str, float]:
         out, self.metrics = self.metrics, {}
@@ -120,9 +122,20 @@ class EndpointExecutor:
 
     def run(self, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt], params: SamplingParams,
             budget: TokenBudget | None = None, generator: torch.Generator | None = None,
-            seeds: Sequence[int] | None = None) -> list[Trajectory]:
+            seeds: Sequence[int] | None = None, allow_all_dropped: bool = False) -> list[Trajectory]:
         """The trajectories of len(prompts) * params.n episodes (fewer when some were dropped, more
-        when some split into segments), episode s of prompt i seeded by episode_seeds(seeds[i], n, 1)[s][0]."""
+        when some split into segments), episode s of prompt i seeded by episode_seeds(seeds[i], n, 1)[s][0].
+        RewardError when every episode was dropped (nothing would train; evaluations `allow_all_dropped`)."""
+        trajs = self._run(engine, tokenizer, prompts, params, budget, generator, seeds)
+        if not trajs and self.first_drop is not None and not allow_all_dropped:
+            raise RewardError(f"agent {self.source}: all {len(prompts) * params.n} episodes of the rollout batch "
+                              f"were dropped, so nothing would train; the first: {self.first_drop[0]}. Fix the agent "
+                              "(--debug shows where it raised)") from self.first_drop[1]
+        return trajs
+
+    def _run(self, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt], params: SamplingParams,
+             budget: TokenBudget | None, generator: torch.Generator | None,
+             seeds: Sequence[int] | None) -> list[Trajectory]:
         budget = budget or TokenBudget(params.max_new_tokens, params.max_new_tokens, 1)
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompts),), generator=generator).tolist()
@@ -165,7 +178,7 @@ class EndpointExecutor:
             except Exception as exc:  # noqa: BLE001 - the user's agent: any exception drops its episode
                 text = one_line(exc)
                 text = text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}"
-                return Outcome(dropped=f"error: raised {text}")
+                return Outcome(dropped=f"error: raised {text}", error=exc)
             finally:
                 server.close_episode(e.id)
                 close = getattr(client, "close", None)
@@ -214,14 +227,16 @@ class EndpointExecutor:
         self._score_missing(prompts, episodes, outcomes, tokenizer)
         counts: dict[str, float] = {"agent/episodes": float(len(episodes))}
         out: list[Trajectory] = []
+        self.first_drop = None
         for index, (e, o) in enumerate(zip(episodes, outcomes)):
             if o.dropped is None and not e.calls:
                 o.dropped = "no_calls: the agent never called the endpoint"
             if o.dropped is not None:
                 kind = o.dropped.split(":")[0]
                 counts[f"agent/dropped_{kind}"] = counts.get(f"agent/dropped_{kind}", 0.0) + 1
-                log.warning("agent %s: episode %d (prompt %d of the batch, %r) dropped: %s", self.source, index,
-                            e.group_id, _short(prompts[index]), o.dropped)
+                where = f"episode {index} (prompt {e.group_id} of the batch, {_short(prompts[index])!r})"
+                log.warning("agent %s: %s dropped: %s", self.source, where, o.dropped)
+                self.first_drop = self.first_drop or (f"{where}: {o.dropped}", o.error)
                 continue
             info = {"agent_reward": o.reward, "agent_score": o.reward if o.score is None else o.score,
                     "extra_logs": dict(o.extra_logs or {}), "turns": len(e.calls), "episode": e.id}
@@ -279,7 +294,7 @@ def evaluate_agent(executor: EndpointExecutor, engine: GenerationEngine, tokeniz
     finished episode: prompt (its text or messages), label, reward, the agent's extra_logs, and the recorded
     reply text of its first segment)."""
     seeds = torch.randint(0, 2**62, (len(prompts),), generator=torch.Generator().manual_seed(seed)).tolist()
-    trajs = executor.run(engine, tokenizer, prompts, params, budget, seeds=seeds)
+    trajs = executor.run(engine, tokenizer, prompts, params, budget, seeds=seeds, allow_all_dropped=True)
     first: dict[str, Trajectory] = {}
     for t in trajs:
         first.setdefault(t.info["episode"], t)

@@ -35,7 +35,7 @@ class StubExecutor:
     def __init__(self):
         self.popped = False
 
-    def run(self, engine, tokenizer, prompts, params, budget, seeds=None):
+    def run(self, engine, tokenizer, prompts, params, budget, seeds=None, allow_all_dropped=False):
         return [traj(0, "a", 1.0, {"first_try": 1.0}, 5), traj(0, "b", 0.5, {"first_try": 0.0}, 6),
                 traj(0, "b", 0.5, {"first_try": 0.0}, 7), traj(1, "c", 0.0, {"first_try": 0.0}, 8)]
 

@@ -297,3 +297,28 @@ def test_n_samples_share_the_episodes_response_budget(tiny):
     assert len(four.choices) == 4 and all(len(ch.token_ids) <= 2 for ch in four.choices)
     assert e.sampled == sum(len(ch.token_ids) for ch in four.choices) <= 8
     assert "fewer than n=64 samples need" in refused and m["endpoint/refused_budget"] == 1 and not fresh.calls
+
+
+def test_a_batch_whose_every_episode_is_dropped_stops_the_run_naming_the_first_reason(tiny):
+    """Nothing of such a batch would train (a run would go on training nothing and save an untrained model):
+    RewardError names the agent, the first dropped episode's prompt and why. An evaluation reports it instead."""
+    from rlhfkit.agents.endpoint.runner import evaluate_agent
+    from rlhfkit.errors import RewardError
+
+    engine, tok = tiny
+
+    async def buggy(client, prompt, label, **row):
+        await client.chat.completions.create(model="p", messages=[{"role": "user", "content": prompt}])
+        return undefined_name  # noqa: F821 - the agent's bug
+
+    ex = EndpointExecutor(buggy, source="agent.py")
+    params, budget = SamplingParams(max_new_tokens=4, n=2), TokenBudget(4, 8, 2)
+    with pytest.raises(RewardError) as caught:
+        ex.run(engine, tok, [P(tok, "a"), P(tok, "b")], params, budget, seeds=[0, 1])
+    assert str(caught.value) == (
+        "agent agent.py: all 4 episodes of the rollout batch were dropped, so nothing would train; the first: "
+        "episode 0 (prompt 0 of the batch, 'a'): error: raised NameError: name 'undefined_name' is not defined. "
+        "Fix the agent (--debug shows where it raised)")
+    assert isinstance(caught.value.__cause__, NameError)  # its traceback is the agent's
+    metrics, rows = evaluate_agent(ex, engine, tok, [P(tok, "a")], params, budget)
+    assert metrics["eval/dropped"] == 1.0 and metrics["eval/reward"] == 0.0 and rows == []
