@@ -51,6 +51,12 @@ from rlhfkit.rollout.stops import stop_position
 Generate = Callable[[list[int], SamplingParams, int, object, Any], Awaitable[list[Trajectory]]]
 
 
+def _function_tool(tool: Any) -> bool:
+    """Whether `tool` is of OpenAI's function tool form: {type: function, function: {name, ...}}."""
+    function = tool.get("function") if isinstance(tool, dict) else None
+    return isinstance(function, dict) and isinstance(function.get("name"), str)
+
+
 @dataclass
 class Settings:
     """What the endpoint samples with: the run's `params` (temperature, top_p, top_k, stop ids),
@@ -78,8 +84,9 @@ class Completions:
 
     def template(self, tools: Any) -> ToolTemplate:
         """The chat template with these tools (rendered by a vision-language policy's processor)."""
-        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-            raise BadRequest("tools: give a list of {type: function, function: {...}} objects")
+        if tools is not None and not (isinstance(tools, list) and all(_function_tool(t) for t in tools)):
+            raise BadRequest("tools: give a list of {type: function, function: {name, description, parameters}} "
+                             "objects")
         key = json.dumps(tools or [], sort_keys=True)
         if key not in self._templates:
             self._templates[key] = ToolTemplate(self.tokenizer, tools or (), self.settings.tool_parser,

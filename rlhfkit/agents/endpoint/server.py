@@ -225,6 +225,8 @@ class _Handlers:
                 body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise BadRequest(f"the body is not JSON ({exc})") from exc
+            except RecursionError as exc:
+                raise BadRequest("the body's JSON is nested too deeply") from exc
             if not isinstance(body, dict):
                 raise BadRequest("the body must be a JSON object")
             reply = await (completions.chat(e, body) if chat else completions.text(e, body))

@@ -233,17 +233,21 @@ def test_malformed_fields_are_400s_and_unknown_routes_are_openai_shaped(tiny):
                    ({"stream_options": True, "stream": True}, "stream_options"),
                    ({"messages": [{"role": "assistant", "tool_calls": "x"}, *ASK]}, "tool_calls"),
                    ({"messages": [{"role": "assistant", "tool_calls": ["x"]}, *ASK]}, "tool_calls"),
-                   ({"messages": [{"role": "assistant", "tool_calls": [{"function": "add"}]}, *ASK]}, "tool_calls")]
+                   ({"messages": [{"role": "assistant", "tool_calls": [{"function": "add"}]}, *ASK]}, "tool_calls"),
+                   ({"tools": [{"type": "function", "function": "add"}]}, "tools"),
+                   ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools")]
             for fields, name in bad:
                 r = h.post("/chat/completions", json={"model": "p", "messages": ASK, **fields})
                 assert r.status_code == 400 and name in r.json()["error"]["message"], (fields, r.text)
+            deep = h.post("/chat/completions", content=b"[" * 100_000 + b"]" * 100_000)
+            assert deep.status_code == 400 and deep.json()["error"]["message"] == "the body's JSON is nested too deeply"
             routes = [h.get("/models/p"), h.get("/chat/completions"), h.post("/responses", json={})]
         m = server.registry.pop_metrics()
     assert [r.status_code for r in routes] == [404, 405, 404]
     assert [r.json()["error"]["message"] for r in routes] == [
         "no such route: GET /v1/models/p", "method not allowed: GET /v1/chat/completions",
         "no such route: POST /v1/responses"]
-    assert m["endpoint/bad_request"] == len(bad) and "endpoint/server_error" not in m
+    assert m["endpoint/bad_request"] == len(bad) + 1 and "endpoint/server_error" not in m
 
 
 def test_messages_the_chat_template_refuses_are_a_400_naming_its_reason(scripted):
