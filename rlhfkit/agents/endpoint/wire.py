@@ -65,7 +65,8 @@ def sampling(body: dict, chat: bool) -> Sampling:
         raise BadRequest("stop: give a non-empty string or a list of them")
     stop = tuple(stop)
     n = _number(body, "n", int, 1, MAX_N) or 1
-    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    asked = body.get("max_completion_tokens")
+    asked = body.get("max_tokens") if asked is None else asked  # clients that send both, one of them null
     if asked is not None and (isinstance(asked, bool) or not isinstance(asked, int) or asked < 1):
         raise BadRequest(f"max_tokens={asked!r:.40}; give a positive integer")
     if chat:
