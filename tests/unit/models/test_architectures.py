@@ -42,6 +42,11 @@ NOTES = {
              "layers other than attention (LinearAttentionLayer)"],
     "bloom": ["forward takes no position_ids"],
     "rwkv": ["forward takes no past_key_values", "forward takes no position_ids"],
+    "falcon": ["causal mask is built without position_ids"],
+    "falcon_h1": ["cache layers (LinearAttentionAndFullAttentionLayer) cannot be copied",
+                  "layers other than attention (LinearAttentionAndFullAttentionLayer)",
+                  "lm_head_multiplier=0.5 transforms the logits"],
+    "gpt_oss": ["causal mask is built without position_ids", "sliding window (8 tokens)"],
 }
 
 
@@ -276,7 +281,7 @@ def test_one_ppo_step_with_critic_and_reference_and_one_sft_step(arch):
 # ---------------------------------------------------------------------- the engine's fast parts
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "rwkv"])
+@pytest.mark.parametrize("arch", ["lfm2", "rwkv", "falcon_h1"])
 def test_a_model_without_a_copyable_kv_cache_decodes_without_one(arch, caplog):
     model, tok, prompts = model_for(arch)
     with caplog.at_level(logging.INFO, logger="rlhfkit"):
