@@ -331,3 +331,20 @@ def test_a_lora_wrapped_model_keeps_the_fast_layouts_and_the_engines_cache():
     got = engine.generate(prompts[:1], SamplingParams(max_new_tokens=5, temperature=0.0))[0].response_ids
     want = model.generate(torch.tensor(prompts[:1]), do_sample=False, max_new_tokens=5, pad_token_id=0)[0, -5:]
     assert got.tolist() == want.tolist()
+
+
+def test_packed_rows_only_where_the_causal_mask_is_built_from_the_position_ids():
+    """The modeling files that call masking_utils without position_ids (directly, or through a mask
+    function chosen by a variable, or a ** dict) are told apart from those that pass them."""
+    import transformers
+
+    from rlhfkit.models.logprobs import _masks_see_positions
+
+    opt = transformers.OPTForCausalLM(transformers.OPTConfig(
+        vocab_size=32, hidden_size=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2,
+        word_embed_proj_dim=16, max_position_embeddings=64))
+    verdicts = {arch: _masks_see_positions(model_for(arch)[0])
+                for arch in ("llama", "phi3", "mixtral", "gemma3", "falcon", "gpt_oss")}
+    assert verdicts == {"llama": True, "phi3": True, "mixtral": True, "gemma3": True, "falcon": False,
+                        "gpt_oss": False}
+    assert not _masks_see_positions(opt)
