@@ -31,6 +31,7 @@ from rlhfkit.models.compile import CompiledLayers
 from rlhfkit.models.loading import (
     load_policy,
     load_teacher,
+    position_limit,
     resolve_model,
     resolve_model_path,
 )
@@ -243,6 +244,21 @@ def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
     if cfg.actor.dtype == "bfloat16" and cfg.actor.autocast == "bfloat16":
         vectors_to_float32(model)
         float32_residual(model)
+
+
+def fit_to_positions(cfg, model: torch.nn.Module, field: str, what: str):
+    """`cfg` with --data.FIELD (a token length) lowered to what `model`'s learned position table holds
+    (models.loading.position_limit: GPT-2, OPT), said in one line; `cfg` itself when it fits or the model
+    has no such table. `what` names what must fit (a sample; a prompt and one response token)."""
+    limit = position_limit(model)
+    if limit is None:
+        return cfg
+    fits = limit - 1 if field == "prompt_max_len" else limit  # a prompt leaves room for one response token
+    if getattr(cfg.data, field) <= fits:
+        return cfg
+    print(f"--data.{field} {getattr(cfg.data, field)} lowered to {fits}: {type(model).__name__} has {limit} "
+          f"learned positions for {what}")
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **{field: fits}))
 
 
 def _no_dropout(model: torch.nn.Module, cfg: RLConfig) -> None:

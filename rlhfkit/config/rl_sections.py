@@ -261,7 +261,9 @@ class DataConfig:
     """Use at most this many prompts of the dataset (none: all); of several datasets, at most this many of
     each before they are mixed, and of the mix."""
     prompt_max_len: int = PROMPT_MAX_LEN
-    """Prompts longer than this many tokens are skipped (counted and logged); image tokens count."""
+    """Prompts longer than this many tokens are skipped (counted and logged); image tokens count. Lowered
+    (said in one line) to fit a model with learned absolute positions (GPT-2, OPT), whose responses also end
+    at its last position."""
     image_key: str | None = None
     """Record key of a prompt's images (paths, URLs, bytes or a datasets Image feature; one or a list) for a
     vision-language model (docs/vision.md); none = `images`, else `image`, where the record has one."""
