@@ -1,8 +1,8 @@
 """`HFEngine`: a transformers generation engine with its own KV-cache decode loop.
 
 Per chunk of prompts: left-pad them, prefill each prompt ONCE, copy its cache to the n samples
-(`DynamicCache.batch_repeat_interleave`), then decode one token per step for every unfinished
-row. Finished rows are dropped from the batch (`batch_select_indices`), and the loop stops as
+(`kv_cache.repeat_rows`), then decode one token per step for every unfinished
+row. Finished rows are dropped from the batch (`kv_cache.select_rows`), and the loop stops as
 soon as every row has hit a stop token or `max_new_tokens`.
 
 Why not `model.generate`: it prefills each prompt n times (num_return_sequences repeats the
@@ -67,7 +67,7 @@ from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.bf16_decode import Bf16Decoder, bf16_decode_support
 from rlhfkit.rollout.decode_attention import decode_attention
 from rlhfkit.rollout.decode_state import DecodeState, PartialGeneration
-from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache
+from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache, repeat_rows, select_rows
 from rlhfkit.rollout.prefix import prefill_shared, shared_prefix_length
 from rlhfkit.rollout.routing import missing_codes, prompt_codes
 from rlhfkit.rollout.sampling import check_finite, check_params, chunk_uniforms, sample, seeded, seen_tokens
@@ -364,7 +364,7 @@ class HFEngine:
         calls, self.routed = self.routed, []  # the prefill's recorded forwards
         prompt_experts = None if self.recorder is None else prompt_codes(prompts, before, calls, self._missing)
         if cache is not None:
-            cache.batch_repeat_interleave(n)
+            repeat_rows(cache, n)
         batch = len(prompts) * n
         return DecodeState(
             params=params, generator=generator, cache=cache,
@@ -456,7 +456,7 @@ class HFEngine:
                     s.active, s.rows, s.alive = s.active[keep.cpu()], s.rows[keep], s.alive[keep]
                     tok, s.next_pos, s.attention_mask = tok[keep], s.next_pos[keep], s.attention_mask[keep]
                     if s.cache is not None:
-                        s.cache.batch_select_indices(keep)
+                        select_rows(s.cache, keep)
                     else:
                         s.seqs = s.seqs[keep]
             if s.width is not None:  # static cache: open the new token's column

@@ -68,6 +68,21 @@ def test_greedy_rollout_equals_generate_with_the_same_images(vlm):
         assert t.info["vision"] is vision
 
 
+def test_a_vlm_decoded_without_a_cache_feeds_its_images_at_every_step():
+    """A VLM whose cache the engine cannot copy per sample decodes over the whole sequence at every step,
+    its images with it (forced here on Qwen3.5, whose DeltaNet states the engine does copy)."""
+    model, processor = tiny_vision_model_and_processor("qwen3_5")
+    engine = VisionEngine(model, processor.tokenizer)
+    engine._cached = False
+    batch = prompts(processor)
+    trajs = engine.generate([p for p, _ in batch], SamplingParams(max_new_tokens=6, temperature=0.0),
+                            vision=[v for _, v in batch])
+    for (ids, vision), t in zip(batch, trajs):
+        out = model.generate(**generate_inputs(model, ids, vision), max_new_tokens=6, do_sample=False,
+                             suppress_tokens=engine.banned_ids.tolist())
+        assert t.response_ids.tolist() == out[0, len(ids):].tolist()[: t.response_length]
+
+
 def test_rollout_logprobs_equal_the_trainers_forward(vlm):
     model, processor = vlm
     engine = VisionEngine(model, processor.tokenizer)
