@@ -39,7 +39,9 @@ TOOL_PARSERS: dict[str, dict] = {
         "defaults": {"role": "assistant"},
         "start_anchor_pattern": r"<\|start_header_id\|>assistant<\|end_header_id\|>\n\n|^",
         "fields": {
-            "tool_calls": {"open_pattern": r"\s*(?:<\|python_tag\|>)?(?=\{)",
+            # a call opens the turn, follows the previous call's `;` or follows <|python_tag|> (as vLLM's
+            # llama3_json parser reads it): a brace inside an answer ("\\boxed{5}") is text, not a call
+            "tool_calls": {"open_pattern": r"(?:^\s*|(?<=\}\s*;)\s*|\s*<\|python_tag\|>\s*)(?=\{)",
                            "close_pattern": r"(?<=\})\s*(?:;|<\|eot_id\|>|<\|eom_id\|>|$)", "repeats": True,
                            "content": "json",
                            "transform": {"type": "function", "function": {"name": "{content.name}",
@@ -60,6 +62,9 @@ TOOL_PARSERS: dict[str, dict] = {
     },
 }
 DEFAULT_PARSER = "hermes"
+# what transformers' parsing raises on text the model wrote; RecursionError: JSON nested past
+# Python's recursion limit ("[[[[...") would otherwise end the run
+_REFUSED = (ValueError, KeyError, TypeError, RecursionError)
 
 
 def template_text(tokenizer) -> str:
@@ -105,7 +110,7 @@ def parse_tool_calls(text: str, tokenizer, parser: str | dict | None = None, pre
         parsed = tokenizer.parse_response(text, schema, prefix=prefix, tools=tools)
         raw, content = parsed.get("tool_calls") or [], parsed.get("content") or ""
         return (content, *_checked(list(enumerate(raw))))
-    except (ValueError, KeyError, TypeError):  # one region failed: parse the regions one by one
+    except _REFUSED:  # one region failed: parse the regions one by one
         return _by_region(text, schema, tools)
 
 
@@ -119,7 +124,7 @@ def _checked(raw: list[tuple[int, Any]]) -> tuple[list[ToolCall], list[str]]:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 args = None
         if not isinstance(name, str) or not name:
             errors.append(f"tool call {k}: no function name (got {json.dumps(item, default=str)[:200]})")
@@ -149,7 +154,7 @@ def _by_region(text: str, schema: dict, tools: list[dict] | None) -> tuple[str, 
         try:
             value = process_field(body, field, m.groupdict())
             raw.extend(value if isinstance(value, list) else [value])
-        except (ValueError, KeyError, TypeError) as exc:
+        except _REFUSED as exc:
             raw.append(None)
             errors.append(f"tool call {len(raw) - 1}: malformed ({str(exc).splitlines()[0][:160]}): {body[:200]!r}")
     pieces.append(text[at:])
