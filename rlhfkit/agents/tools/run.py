@@ -119,23 +119,44 @@ class ToolRunner:
             self.stats.add(INVALID, error=True)
             return f"error: unknown tool {call.name!r}; the tools are {', '.join(self.tools.names)}"
         try:
-            inspect.signature(fn).bind(**call.arguments)
+            arguments = self.tools.arguments(call.name, call.arguments)
         except TypeError as exc:
             self.stats.add(call.name, error=True)
             return f"error: wrong arguments for {call.name}: {exc}"
         start = time.perf_counter()
         try:
-            coro = fn(**call.arguments) if inspect.iscoroutinefunction(fn) else _in_thread(fn, call.arguments)
-            value = await asyncio.wait_for(coro, self.limits.seconds_per_call)
+            coro = _no_exit(fn(**arguments)) if inspect.iscoroutinefunction(fn) else _in_thread(fn, arguments)
+            text = _as_text(await asyncio.wait_for(coro, self.limits.seconds_per_call))
         except asyncio.TimeoutError:
             self.stats.add(call.name, time.perf_counter() - start, timeout=True)
             return f"error: {call.name} timed out after {self.limits.seconds_per_call:g} s"
-        except Exception as exc:  # noqa: BLE001 - the tool's own failure: the model reads it
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the tool's own failure (an argparse exit too)
             self.stats.add(call.name, time.perf_counter() - start, error=True)
-            first = str(exc).splitlines()[0][:300] if str(exc) else ""
-            return f"error: {call.name} raised {type(exc).__name__}: {first}"
+            kind = "SystemExit" if isinstance(exc, _Exited) else type(exc).__name__
+            return f"error: {call.name} raised {kind}: {_first_line(exc)}"
         self.stats.add(call.name, time.perf_counter() - start)
-        return self.cut(_as_text(value))
+        return self.cut(text)
+
+
+class _Exited(Exception):
+    """An async tool's SystemExit, as an ordinary exception: a task hands SystemExit on to the event
+    loop (asyncio.run would end the whole run) even when the code awaiting the task catches it."""
+
+
+async def _no_exit(coro: Any) -> Any:
+    try:
+        return await coro
+    except SystemExit as exc:
+        raise _Exited(exc.code) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of `exc`'s message, at most 300 characters ("" when it has none or cannot say)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+        return ""
+    return text.splitlines()[0][:300] if text else ""
 
 
 def _in_thread(fn, kwargs: dict) -> asyncio.Future:

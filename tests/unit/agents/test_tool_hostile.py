@@ -1,11 +1,16 @@
 """What a hostile policy (or an unlucky tool) does to tool-calling episodes: every case is a result
 the model reads or a bounded episode end, never a crash of the run and never a call made up."""
 
+import asyncio
+import enum
 import json
+import sys
+from typing import Literal, Optional
 
 from rlhfkit.agents.executor import TokenBudget
-from rlhfkit.agents.tools import parse_tool_calls
+from rlhfkit.agents.tools import ToolCall, ToolSet, parse_tool_calls
 from rlhfkit.agents.tools.agent import ToolExecutor
+from rlhfkit.agents.tools.run import ToolRunner
 from rlhfkit.rollout.base import SamplingParams
 
 from .conftest import char_tokenizer
@@ -79,3 +84,99 @@ def test_json_nested_past_the_recursion_limit_is_a_malformed_call(chat_tok, scri
                                        SamplingParams(max_new_tokens=8000), TokenBudget(8000, 40000, 3))
     tool = [m["content"] for m in t.info["messages"] if m["role"] == "tool"]
     assert t.info["turns"] == 2 and len(tool) == 1 and tool[0].startswith("error: tool call 0: malformed")
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+def paint(color: Color, times: int = 1, shade: Optional[float] = None, mode: Literal["a", "b"] = "a",
+          tags: list[str] = None, strict: bool = False) -> str:
+    """Paint.
+
+    Args:
+        color: which colour
+        times: how many coats
+        shade: how dark
+        mode: how
+        tags: labels
+        strict: whether to be strict
+    """
+    return f"{color.value} x{times!r} {shade} {mode} {tags} {strict}"
+
+
+def test_arguments_are_checked_against_the_schema_and_enums_given_as_members():
+    runner = ToolRunner(ToolSet([paint]))
+
+    def answer(**args):
+        return asyncio.run(runner.run([ToolCall("paint", args, "c0")], []))[0]["content"]
+
+    assert answer(color="blue") == "blue x1 None a None False"  # the function gets Color.BLUE, not "blue"
+    assert answer(color="red", times=3.0, shade=None, tags=None, strict=True) == "red x3 None a None True"
+    wrong = "error: wrong arguments for paint: "
+    assert answer(color="green") == wrong + 'color must be one of ["red", "blue"], got "green"'
+    assert answer(color="red", times="xx") == wrong + 'times must be integer, got str "xx"'
+    assert answer(color="red", times=2.5) == wrong + "times must be integer, got float 2.5"
+    assert answer(color="red", times=True) == wrong + "times must be integer, got bool true"
+    assert answer(color="red", mode="c") == wrong + 'mode must be one of ["a", "b"], got "c"'
+    assert answer(color="red", tags=["a", 1]) == wrong + "tags[1] must be string, got int 1"
+    assert answer(color="red", strict=1) == wrong + "strict must be boolean, got int 1"
+    assert answer(color="red", zzz=1) == wrong + "got an unexpected keyword argument 'zzz'"
+    assert answer() == wrong + "missing a required argument: 'color'"
+    m = runner.stats.metrics()
+    assert m["tools/paint/calls"] == 11 and m["tools/paint/errors"] == 9
+
+
+def test_multiply_with_a_string_never_runs():
+    """A string for an integer is refused before the call ("xx" * 10**9 would take gigabytes)."""
+    ran = []
+
+    def times(a: int, b: int) -> int:
+        """Multiply.
+
+        Args:
+            a: the first factor
+            b: the second factor
+        """
+        ran.append(a)
+        return len(a * b)
+
+    [msg] = asyncio.run(ToolRunner(ToolSet([times])).run([ToolCall("times", {"a": "xx", "b": 10**6}, "c0")], []))
+    assert msg["content"] == 'error: wrong arguments for times: a must be integer, got str "xx"' and ran == []
+
+
+class Unprintable:
+    def __str__(self):
+        raise ValueError("no text")
+
+
+def test_a_tool_that_exits_or_returns_what_cannot_be_text_is_an_error_not_the_end_of_the_run():
+    def quits(code: int) -> str:
+        """Exit as an argparse-based tool does on bad input.
+
+        Args:
+            code: the exit status
+        """
+        sys.exit(code)
+
+    async def aquits(code: int) -> str:
+        """Exit from a coroutine.
+
+        Args:
+            code: the exit status
+        """
+        raise SystemExit(code)
+
+    def odd() -> str:
+        """Return an object whose text cannot be made."""
+        return Unprintable()
+
+    runner = ToolRunner(ToolSet([quits, aquits, odd, multiply]))
+    calls = [ToolCall("quits", {"code": 2}, "c0"), ToolCall("aquits", {"code": 3}, "c1"), ToolCall("odd", {}, "c2"),
+             ToolCall("multiply", {"a": 2, "b": 3}, "c3")]
+    out = [m["content"] for m in asyncio.run(runner.run(calls, []))]
+    assert out == ["error: quits raised SystemExit: 2", "error: aquits raised SystemExit: 3",
+                   "error: odd raised ValueError: no text", "6"]
+    m = runner.stats.metrics()
+    assert m["tools/quits/errors"] == 1 and m["tools/aquits/errors"] == 1 and m["tools/odd/errors"] == 1
