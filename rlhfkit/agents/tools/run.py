@@ -2,7 +2,8 @@
 
 Every call becomes one `role: "tool"` message. A call that cannot run is answered with an
 error message the model reads, and the episode goes on: an unknown tool, arguments that do not
-fit the function's signature, a malformed call (from the parser), a tool that raises, one that
+fit the function's signature or its schema's types (`ToolSet.arguments`), a malformed call (from
+the parser), a tool that raises (or calls sys.exit), one that
 runs past `ToolLimits.seconds_per_call` (its result is abandoned: a sync tool's thread is left to
 finish on its own, an async tool is cancelled). A result longer than `tokens_per_result` tokens
 is cut there. Calls beyond `calls_per_episode` are not run; one message says how many were
