@@ -7,7 +7,9 @@ the parser), a tool that raises (or calls sys.exit), one that
 runs past `ToolLimits.seconds_per_call` (its result is abandoned: a sync tool's thread is left to
 finish on its own, an async tool is cancelled). A result longer than `tokens_per_result` tokens
 is cut there. Calls beyond `calls_per_episode` are not run; one message says how many were
-dropped. What tools print to stdout is captured (and dropped), not mixed into the trainer's output.
+dropped. A tool function with a `max_concurrency` attribute (builtin:python: one program per CPU
+core) runs at most that many calls at once; the others wait, and their time limit starts when
+they run. What tools print to stdout is captured (and dropped), not mixed into the trainer's output.
 
 `ToolStats` counts per tool: calls, errors, timeouts and the mean latency (seconds), logged as
 `tools/NAME/calls` etc.; malformed calls and calls of unknown tools count under `<invalid>`.
@@ -80,9 +82,11 @@ class ToolRunner:
     """Runs calls of `tools` under `limits`, counting in `stats`; `tokenizer` cuts long results."""
 
     def __init__(self, tools: ToolSet, limits: ToolLimits | None = None, tokenizer=None,
-                 stats: ToolStats | None = None):
+                 stats: ToolStats | None = None, slots: dict[str, asyncio.Semaphore] | None = None):
         self.tools, self.limits, self.tokenizer = tools, limits or ToolLimits(), tokenizer
         self.stats = stats if stats is not None else ToolStats()
+        # tool name -> its semaphore, for tools with a `max_concurrency` attribute (one event loop's)
+        self.slots: dict[str, asyncio.Semaphore] = {} if slots is None else slots
 
     def cut(self, text: str) -> str:
         """`text` cut to `tokens_per_result` tokens (characters only read up to 16 per token)."""
@@ -124,6 +128,19 @@ class ToolRunner:
         except TypeError as exc:
             self.stats.add(call.name, error=True)
             return f"error: wrong arguments for {call.name}: {exc}"
+        async with self._slot(call.name, fn):  # the time limit starts once the call may run
+            return await self._timed(call, fn, arguments)
+
+    def _slot(self, name: str, fn: Any) -> contextlib.AbstractAsyncContextManager:
+        """What a call of `fn` waits for: one of its `max_concurrency` slots (shared by the runners
+        given the same `slots`), or nothing for a tool without that attribute."""
+        n = getattr(fn, "max_concurrency", None)
+        if not n:
+            return contextlib.nullcontext()
+        return self.slots.setdefault(name, asyncio.Semaphore(n))
+
+    async def _timed(self, call: ToolCall, fn: Any, arguments: dict[str, Any]) -> str:
+        """The result of `fn(**arguments)` as text, or the error message the model reads."""
         start = time.perf_counter()
         try:
             coro = _no_exit(fn(**arguments)) if inspect.iscoroutinefunction(fn) else _in_thread(fn, arguments)

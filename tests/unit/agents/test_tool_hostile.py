@@ -4,13 +4,16 @@ the model reads or a bounded episode end, never a crash of the run and never a c
 import asyncio
 import enum
 import json
+import os
 import sys
+import threading
+import time
 from typing import Literal, Optional
 
 from rlhfkit.agents.executor import TokenBudget
 from rlhfkit.agents.tools import ToolCall, ToolSet, parse_tool_calls
 from rlhfkit.agents.tools.agent import ToolExecutor
-from rlhfkit.agents.tools.run import ToolRunner
+from rlhfkit.agents.tools.run import ToolLimits, ToolRunner
 from rlhfkit.rollout.base import SamplingParams
 
 from .conftest import char_tokenizer
@@ -29,6 +32,10 @@ def multiply(a: int, b: int) -> int:
 class P:
     def __init__(self, text):
         self.text, self.raw, self.label, self.ids = text, text, None, []
+
+
+def call(name, **args):
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
 
 
 def llama_call(name, **args):
@@ -180,3 +187,69 @@ def test_a_tool_that_exits_or_returns_what_cannot_be_text_is_an_error_not_the_en
                    "error: odd raised ValueError: no text", "6"]
     m = runner.stats.metrics()
     assert m["tools/quits/errors"] == 1 and m["tools/aquits/errors"] == 1 and m["tools/odd/errors"] == 1
+
+
+class Peak:
+    """A sync tool that counts how many of its calls run at once."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.running, self.peak, self.lock = seconds, 0, 0, threading.Lock()
+
+    def __call__(self, k: int) -> int:
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.running -= 1
+        return k
+
+
+def peak_tool(seconds: float, max_concurrency: int):
+    peak = Peak(seconds)
+
+    def work(k: int) -> int:
+        """Work a while.
+
+        Args:
+            k: what to return
+        """
+        return peak(k)
+
+    work.max_concurrency = max_concurrency
+    return work, peak
+
+
+def test_a_tool_with_max_concurrency_runs_that_many_calls_at_once_their_time_starting_when_they_run():
+    """Six calls of 0.2 s, two at a time: 0.6 s in all, yet none runs past its 0.5 s limit (the
+    sandbox of builtin:python: 64 programs at once on 2 cores all timed out)."""
+    work, peak = peak_tool(0.2, 2)
+    runner = ToolRunner(ToolSet([work]), ToolLimits(calls_per_episode=8, seconds_per_call=0.5))
+    out = asyncio.run(runner.run([ToolCall("work", {"k": k}, f"c{k}") for k in range(6)], []))
+    assert [m["content"] for m in out] == ["0", "1", "2", "3", "4", "5"] and peak.peak == 2
+
+
+def test_episodes_with_their_own_environment_share_a_tools_slots(chat_tok, scripted):
+    work, peak = peak_tool(0.05, 1)
+
+    class Env:
+        def reset(self, **row):
+            return None
+
+        def noop(self) -> str:
+            """Do nothing."""
+            return ""
+
+    def policy(ctx):
+        return "done<|im_end|>" if "</tool_response>" in ctx else call("work", k=1) + "<|im_end|>"
+
+    ex = ToolExecutor([work], environment_factory=Env)
+    trajs = ex.run(scripted(chat_tok, policy), chat_tok, [P("go")] * 4, SamplingParams(max_new_tokens=80),
+                   TokenBudget(80, 400, 3))
+    assert [t.info["tool_calls"] for t in trajs] == [1, 1, 1, 1] and peak.peak == 1
+
+
+def test_the_python_tool_runs_one_program_per_core_at_once():
+    from rlhfkit.agents.tools.builtin import python_tool
+
+    assert python_tool(backend="none").max_concurrency == len(os.sched_getaffinity(0))
