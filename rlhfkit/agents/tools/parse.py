@@ -9,6 +9,8 @@ named by `parser=`, the `--agent.tool_parser` flag):
                tools: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one or more
   llama3_json  Llama 3.1+: `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` or as
                the whole turn), several separated by `;`
+  qwen3_coder  Qwen3-Coder, Qwen3.5 and later, Nemotron 3: `<tool_call><function=NAME><parameter=KEY>
+               VALUE</parameter>...</function></tool_call>`, the values cast by the tool schema's types
   mistral      Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
 
 A malformed call (bad JSON, no name, arguments that are not an object) is reported in the
@@ -49,6 +51,19 @@ TOOL_PARSERS: dict[str, dict] = {
             "content": {"close_pattern": r"\s*(?:<\|eot_id\|>|<\|eom_id\|>|$)", "content": "text"},
         },
     },
+    "qwen3_coder": {  # vLLM's name for it
+        "defaults": {"role": "assistant"},
+        "start_anchor_pattern": r"<\|im_start\|>assistant\n|^",
+        "fields": {
+            "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
+            "tool_calls": {"open_pattern": r"\s*<tool_call>\s*<function=(?P<name>[^>\n]+)>",
+                           "close_pattern": r"</function>\s*</tool_call>", "repeats": True, "content": "xml-inline",
+                           "content_args": {
+                               "tag_pattern": r"<parameter=(?P<key>[^>\n]+)>\n?(?P<value>.*?)\n?</parameter>"},
+                           "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}}},
+            "content": {"close_pattern": r"\s*(?:<\|im_end\|>|<\|endoftext\|>|$)", "content": "text"},
+        },
+    },
     "mistral": {
         "defaults": {"role": "assistant"},
         "start_anchor_pattern": r"\[/INST\]|^",
@@ -78,6 +93,8 @@ def detect_parser(tokenizer) -> str:
     text = template_text(tokenizer)
     if "[TOOL_CALLS]" in text:
         return "mistral"
+    if "<function=" in text and "<parameter=" in text:
+        return "qwen3_coder"
     if "<|python_tag|>" in text or ("<|start_header_id|>" in text and "parameters" in text):
         return "llama3_json"
     return DEFAULT_PARSER

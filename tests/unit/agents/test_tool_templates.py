@@ -129,3 +129,32 @@ def test_qwen3_rerendering_of_thinking_is_detected():
     # Qwen3 drops the <think> of turns before the last user message: not the sampled tokens
     assert tt.prefix_check(msgs, episode) == RERENDER
     assert "five is central" in tok.decode(episode) and "five is central" not in tt.render(msgs)
+
+
+def xml_call(name, args):
+    """A call as Qwen3-Coder, Qwen3.5+ and Nemotron 3 write it (the qwen3_coder parser)."""
+    params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in args.items())
+    return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+XML_FAMILIES = [n for n in ("qwen3_5_think", "qwen3_6", "nemotron_3_nano")
+                if TEMPLATES is not None and (TEMPLATES / f"{n}.jinja").exists()]
+
+
+@pytest.mark.parametrize("name", XML_FAMILIES)
+def test_xml_calls_parse_with_the_schemas_types_and_render_back(name):
+    """These templates teach `<function=NAME><parameter=KEY>`: read as JSON (hermes) every call was malformed."""
+    tok = char_tokenizer((TEMPLATES / f"{name}.jinja").read_text(), QWEN)
+    tt = ToolTemplate(tok, ToolSet([multiply, lookup]).schemas)
+    two = ("Let me compute.\n\n" + xml_call("multiply", {"a": 12, "b": 34}) + "\n"
+           + xml_call("lookup", {"key": "capital\nof France"}) + "<|im_end|>")
+    content, calls, errors = tt.parse(ids(tok, two))
+    assert [(c.name, c.arguments) for c in calls] == [("multiply", {"a": 12, "b": 34}),  # ints, by the schema
+                                                     ("lookup", {"key": "capital\nof France"})]
+    assert errors == [] and content == "Let me compute."
+    assert tt.parse(ids(tok, "It is 408.<|im_end|>")) == ("It is 408.", [], [])
+    # the template renders the parsed calls back as the model wrote them
+    msgs = [{"role": "user", "content": "What is 12*34?"},
+            {"role": "assistant", "content": "", "tool_calls": [c.as_message_entry() for c in calls[:1]]}]
+    msgs[1]["tool_calls"][0]["function"]["arguments"] = calls[0].arguments
+    assert xml_call("multiply", {"a": 12, "b": 34}) in tt.render(msgs, add_generation_prompt=False)
