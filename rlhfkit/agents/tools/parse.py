@@ -11,6 +11,8 @@ named by `parser=`, the `--agent.tool_parser` flag):
                the whole turn), several separated by `;`
   qwen3_coder  Qwen3-Coder, Qwen3.5 and later, Nemotron 3: `<tool_call><function=NAME><parameter=KEY>
                VALUE</parameter>...</function></tool_call>`, the values cast by the tool schema's types
+  glm45        GLM-4.5 and later: `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...
+               </tool_call>`, the values cast by the tool schema's types
   mistral      Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
 
 A malformed call (bad JSON, no name, arguments that are not an object) is reported in the
@@ -64,6 +66,19 @@ TOOL_PARSERS: dict[str, dict] = {
             "content": {"close_pattern": r"\s*(?:<\|im_end\|>|<\|endoftext\|>|$)", "content": "text"},
         },
     },
+    "glm45": {  # vLLM's name for it
+        "defaults": {"role": "assistant"},
+        "start_anchor_pattern": r"<\|assistant\|>|^",
+        "fields": {
+            "reasoning_content": {"open_pattern": r"\s*<think>", "close": "</think>", "content": "text"},
+            "tool_calls": {"open_pattern": r"\s*<tool_call>(?P<name>[^\n<]+)", "close": "</tool_call>",
+                           "repeats": True, "content": "xml-inline",
+                           "content_args": {"tag_pattern": r"<arg_key>(?P<key>.*?)</arg_key>\s*"
+                                                           r"<arg_value>(?P<value>.*?)</arg_value>"},
+                           "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}}},
+            "content": {"close_pattern": r"\s*(?:<\|user\|>|<\|observation\|>|<\|endoftext\|>|$)", "content": "text"},
+        },
+    },
     "mistral": {
         "defaults": {"role": "assistant"},
         "start_anchor_pattern": r"\[/INST\]|^",
@@ -95,6 +110,8 @@ def detect_parser(tokenizer) -> str:
         return "mistral"
     if "<function=" in text and "<parameter=" in text:
         return "qwen3_coder"
+    if "<arg_key>" in text and "<arg_value>" in text:
+        return "glm45"
     if "<|python_tag|>" in text or ("<|start_header_id|>" in text and "parameters" in text):
         return "llama3_json"
     return DEFAULT_PARSER

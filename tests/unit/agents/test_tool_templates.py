@@ -158,3 +158,34 @@ def test_xml_calls_parse_with_the_schemas_types_and_render_back(name):
             {"role": "assistant", "content": "", "tool_calls": [c.as_message_entry() for c in calls[:1]]}]
     msgs[1]["tool_calls"][0]["function"]["arguments"] = calls[0].arguments
     assert xml_call("multiply", {"a": 12, "b": 34}) in tt.render(msgs, add_generation_prompt=False)
+
+
+GLM = ("<|system|>", "<|observation|>", "<|user|>", "<|assistant|>", "<|endoftext|>")  # eos: <|observation|>
+
+
+def glm_call(name, args):
+    """A call as GLM-4.5 and later write it (the glm45 parser)."""
+    params = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in args.items())
+    return f"<tool_call>{name}\n{params}</tool_call>"
+
+
+@pytest.mark.skipif(TEMPLATES is None or not (TEMPLATES / "glm4moe.jinja").exists(), reason="no GLM-4.5 template")
+def test_glm_calls_parse_and_their_results_keep_the_token_prefix():
+    tok = char_tokenizer((TEMPLATES / "glm4moe.jinja").read_text(), GLM)
+    tt = ToolTemplate(tok, ToolSet([multiply, lookup]).schemas)
+    two = ("<think>hmm</think>\nLet me compute.\n" + glm_call("multiply", {"a": 12, "b": 34}) + "\n"
+           + glm_call("lookup", {"key": "capital of France"}) + "<|observation|>")
+    content, calls, errors = tt.parse(ids(tok, two))
+    assert [(c.name, c.arguments) for c in calls] == [("multiply", {"a": 12, "b": 34}),
+                                                     ("lookup", {"key": "capital of France"})]
+    assert errors == [] and content == "Let me compute."
+    assert tt.parse(ids(tok, "<think></think>\nIt is 408.<|user|>")) == ("It is 408.", [], [])
+    msgs = [{"role": "user", "content": "What is 12*34?"}]
+    episode = tt.prompt_ids(msgs)
+    action = ids(tok, "\n<think></think>\n" + glm_call("multiply", {"a": 12, "b": 34}) + "<|observation|>")
+    tool = [{"role": "tool", "tool_call_id": "call_0", "name": "multiply", "content": "408"}]
+    delta = tt.delta(action, True, tool)
+    assert tok.decode(delta) == "\n<tool_response>\n408\n</tool_response><|assistant|>"
+    episode += action + delta
+    msgs += [{"role": "assistant", "content": tok.decode(action[:-1])}] + tool
+    assert tt.prefix_check(msgs, episode) == PROMPT_OK
