@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlhfkit.agents.tools.parse import parse_tool_calls, template_text
+from rlhfkit.agents.tools.parse import DEFAULT_PARSER, TOOL_PARSERS, detect_parser, parse_tool_calls, template_text
 from rlhfkit.agents.tools.schema import ToolCall
 from rlhfkit.errors import ConfigError
 
@@ -107,6 +107,13 @@ def default_tools_messages(messages: Sequence[dict], schemas: Sequence[dict]) ->
     return [{k: v for k, v in m.items() if k != "_tool"} for m in out]
 
 
+def unknown_call_format(tokenizer) -> bool:
+    """Whether neither the tokenizer's response_template nor the chat template's text names a known
+    call format (the parser then falls back to Hermes, whose `<tool_call>` the template never shows)."""
+    return (getattr(tokenizer, "response_template", None) is None and detect_parser(tokenizer) == DEFAULT_PARSER
+            and "<tool_call>" not in template_text(tokenizer))
+
+
 def template_uses_tools(tokenizer) -> bool:
     """Whether the chat template renders `tools=` (the same text with and without them: no)."""
     msgs = [{"role": "user", "content": "x"}]
@@ -139,6 +146,11 @@ class ToolTemplate:
         if not self.native:
             log.info("tools: the chat template ignores tools=; rlhfkit puts the tool schemas in the system turn "
                      "and parses Hermes-style <tool_call>{json}</tool_call> calls")
+        elif self.schemas and parser is None and unknown_call_format(tokenizer):
+            log.warning("tools: the chat template renders tools= but teaches a tool-call format rlhfkit does not "
+                        "read (none of %s); calls are parsed as Hermes <tool_call>{json}</tool_call>, which this "
+                        "model may never write: set --agent.tool_parser or the tokenizer's response_template",
+                        ", ".join(TOOL_PARSERS))
 
     # ------------------------------------------------------------------ rendering
     def messages(self, messages: Sequence[dict]) -> list[dict]:

@@ -189,3 +189,23 @@ def test_glm_calls_parse_and_their_results_keep_the_token_prefix():
     episode += action + delta
     msgs += [{"role": "assistant", "content": tok.decode(action[:-1])}] + tool
     assert tt.prefix_check(msgs, episode) == PROMPT_OK
+
+
+def test_a_template_teaching_a_call_format_no_parser_reads_is_warned_about(caplog):
+    """Gemma 4 renders tools= in its own call syntax: parsed as Hermes, its calls would never run."""
+    import logging
+
+    known = ["qwen2_5", "qwen3_5_think", "glm4moe", "llama3_1"]
+    for name in ["gemma4", *known]:
+        if not (TEMPLATES / f"{name}.jinja").exists():
+            pytest.skip(f"trl ships no {name} template")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rlhfkit"):
+            ToolTemplate(char_tokenizer((TEMPLATES / f"{name}.jinja").read_text(), QWEN), ToolSet([multiply]).schemas)
+        warned = any("tool-call format rlhfkit does not read" in r.getMessage() for r in caplog.records)
+        assert warned == (name == "gemma4"), name
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlhfkit"):  # a parser named: the user knows
+        ToolTemplate(char_tokenizer((TEMPLATES / "gemma4.jinja").read_text(), QWEN), ToolSet([multiply]).schemas,
+                     parser="hermes")
+    assert not caplog.records
