@@ -146,13 +146,14 @@ def test_xml_calls_parse_with_the_schemas_types_and_render_back(name):
     """These templates teach `<function=NAME><parameter=KEY>`: read as JSON (hermes) every call was malformed."""
     tok = char_tokenizer((TEMPLATES / f"{name}.jinja").read_text(), QWEN)
     tt = ToolTemplate(tok, ToolSet([multiply, lookup]).schemas)
-    two = ("Let me compute.\n\n" + xml_call("multiply", {"a": 12, "b": 34}) + "\n"
+    # their generation prompts open the turn in <think>: the model closes it, then answers or calls
+    two = ("Two calls.\n</think>\n\nLet me compute.\n\n" + xml_call("multiply", {"a": 12, "b": 34}) + "\n"
            + xml_call("lookup", {"key": "capital\nof France"}) + "<|im_end|>")
     content, calls, errors = tt.parse(ids(tok, two))
     assert [(c.name, c.arguments) for c in calls] == [("multiply", {"a": 12, "b": 34}),  # ints, by the schema
                                                      ("lookup", {"key": "capital\nof France"})]
     assert errors == [] and content == "Let me compute."
-    assert tt.parse(ids(tok, "It is 408.<|im_end|>")) == ("It is 408.", [], [])
+    assert tt.parse(ids(tok, "Easy.\n</think>\n\nIt is 408.<|im_end|>")) == ("It is 408.", [], [])
     # the template renders the parsed calls back as the model wrote them
     msgs = [{"role": "user", "content": "What is 12*34?"},
             {"role": "assistant", "content": "", "tool_calls": [c.as_message_entry() for c in calls[:1]]}]
@@ -209,3 +210,19 @@ def test_a_template_teaching_a_call_format_no_parser_reads_is_warned_about(caplo
         ToolTemplate(char_tokenizer((TEMPLATES / "gemma4.jinja").read_text(), QWEN), ToolSet([multiply]).schemas,
                      parser="hermes")
     assert not caplog.records
+
+
+@pytest.mark.skipif(TEMPLATES is None or not (TEMPLATES / "qwen3_5_think.jinja").exists(), reason="no Qwen3.5")
+def test_a_turn_the_template_opens_in_thinking_keeps_its_reasoning_out_of_the_content_and_calls():
+    """Qwen3.5's generation prompt ends in `<think>\\n`: the model writes its reasoning, `</think>`, then
+    the answer or calls. A call drafted in the reasoning is thought, not a call."""
+    tok = char_tokenizer((TEMPLATES / "qwen3_5_think.jinja").read_text(), QWEN)
+    tt = ToolTemplate(tok, ToolSet([multiply, lookup]).schemas)
+    assert tt.turn_opening() == "<|im_start|>assistant\n<think>\n"
+    action = "I multiply.\n</think>\n\n" + xml_call("multiply", {"a": 12, "b": 34}) + "<|im_end|>"
+    content, calls, errors = tt.parse(ids(tok, action))
+    assert (content, [c.name for c in calls], errors) == ("", ["multiply"], [])
+    drafted = "Maybe " + xml_call("lookup", {"key": "x"}) + "? No.\n</think>\n\nIt is 408.<|im_end|>"
+    assert tt.parse(ids(tok, drafted)) == ("It is 408.", [], [])
+    plain = ToolTemplate(char_tokenizer((TEMPLATES / "qwen2_5.jinja").read_text(), QWEN), ToolSet([multiply]).schemas)
+    assert plain.turn_opening() == "<|im_start|>assistant\n"  # nothing of the turn pre-written
