@@ -246,14 +246,15 @@ def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
         float32_residual(model)
 
 
-def fit_to_positions(cfg, model: torch.nn.Module, field: str, what: str):
-    """`cfg` with --data.FIELD (a token length) lowered to what `model`'s learned position table holds
-    (models.loading.position_limit: GPT-2, OPT), said in one line; `cfg` itself when it fits or the model
-    has no such table. `what` names what must fit (a sample; a prompt and one response token)."""
+def fit_to_positions(cfg, model: torch.nn.Module, field: str):
+    """`cfg` with --data.FIELD (prompt_max_len: a prompt leaves room for one response token; max_len: a
+    whole sample) lowered to what `model`'s learned position table holds (models.loading.position_limit:
+    GPT-2, OPT), said in one line; `cfg` itself when it fits or the model has no such table."""
     limit = position_limit(model)
     if limit is None:
         return cfg
-    fits = limit - 1 if field == "prompt_max_len" else limit  # a prompt leaves room for one response token
+    fits, what = (limit - 1, "a prompt and at least one response token") if field == "prompt_max_len" else (
+        limit, "a sample")
     if getattr(cfg.data, field) <= fits:
         return cfg
     print(f"--data.{field} {getattr(cfg.data, field)} lowered to {fits}: {type(model).__name__} has {limit} "

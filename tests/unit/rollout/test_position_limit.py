@@ -62,6 +62,11 @@ def test_the_trainers_lower_their_lengths_to_the_table(tmp_path, capsys):
     assert main(["train", "rl", *map(str, argv)]) == 0
     out = capsys.readouterr().out
     assert f"--data.prompt_max_len 1024 lowered to {LIMIT - 1}" in out and "skipped 4 prompts" in out
+    evaluation = ["eval", "--actor.model_name_or_path", tmp_path / "tiny", "--eval.dataset", tmp_path / "prompts.jsonl",
+                  "--data.input_key", "q", "--data.label_key", "a", "--reward.remote_url", tmp_path / "reward.py",
+                  "--rollout.max_new_tokens", "30", "--actor.autocast", "none", "--ckpt.output_dir", tmp_path / "eval"]
+    assert main([str(a) for a in evaluation]) == 0
+    assert json.loads((tmp_path / "eval" / "eval.json").read_text())["skipped_prompts"] == 4
     (tmp_path / "sft.jsonl").write_text("".join(json.dumps({"prompt": r["q"], "response": "2" * 20}) + "\n"
                                                 for r in rows))
     argv = ["train", "sft", "--model.model_name_or_path", tmp_path / "tiny", "--data.dataset", tmp_path / "sft.jsonl",
