@@ -61,6 +61,11 @@ class ActorConfig:
     gradient_checkpointing_enable: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
     non-reentrant gradient checkpointing): the same gradients, less activation memory, one more forward per update."""
+    disable_dropout: bool = True
+    """Train the policy and the critic without the dropout their config sets (GPT-2, Seed-OSS): rollouts
+    and reference passes run without it, so on-policy ratios are exactly 1 only without it in the update
+    too (TRL's disable_dropout). The saved config keeps its rates; LoRA's own dropout (--ds.lora.dropout)
+    stays. false = the config's dropout in every training-mode forward."""
     optim: str = "adam"
     """Optimizer: adam (AdamW for every parameter) or muon (Muon for the hidden weight matrices, AdamW for
     the rest; --actor.muon.*). Gradient clipping (--actor.max_norm) runs on the raw gradients first."""
@@ -256,7 +261,9 @@ class DataConfig:
     """Use at most this many prompts of the dataset (none: all); of several datasets, at most this many of
     each before they are mixed, and of the mix."""
     prompt_max_len: int = PROMPT_MAX_LEN
-    """Prompts longer than this many tokens are skipped (counted and logged); image tokens count."""
+    """Prompts longer than this many tokens are skipped (counted and logged); image tokens count. Lowered
+    (said in one line) to fit a model with learned absolute positions (GPT-2, OPT), whose responses also end
+    at its last position."""
     image_key: str | None = None
     """Record key of a prompt's images (paths, URLs, bytes or a datasets Image feature; one or a list) for a
     vision-language model (docs/vision.md); none = `images`, else `image`, where the record has one."""
@@ -403,8 +410,9 @@ class AgentConfig:
     in the code sandbox). Their schemas go into the chat template's tools=; the model's calls
     run each turn and their results come back as tool turns; rewards from --reward.*."""
     tool_parser: str | None = None
-    """How the model writes tool calls: hermes (Qwen2.5/Qwen3/Hermes), llama3_json, mistral;
-    none = the tokenizer's response template, else read off its chat template."""
+    """How the model writes tool calls: hermes (Qwen2.5/Qwen3/Hermes), llama3_json, qwen3_coder
+    (Qwen3-Coder/Qwen3.5+/Nemotron 3), glm45 (GLM-4.5+), mistral; none = the tokenizer's response template, else read
+    off its chat template."""
     tool_calls_per_episode: int = 8
     """Most tool calls run per episode (further calls get an error result)."""
     tool_timeout: float = 10.0

@@ -39,6 +39,10 @@ def noop(original):
     return lambda *args, **kwargs: None
 
 
+def nothing_changed(original):
+    return lambda model: 0
+
+
 def version_bump_only(original):
     def update_weights(self, state, version):
         self._version = version
@@ -468,10 +472,9 @@ SWITCH_OFFS = (
               no_prompt_images,
               (f"{VISION_TOOLS}::test_a_tool_call_episode_with_images_matches_the_trainers_forward[False]",),
               "engine calls without the images"),
-    SwitchOff("images at every step of a VLM decoded without a KV cache (Qwen3.5)",
+    SwitchOff("images at every step of a VLM decoded without a KV cache",
               "rlhfkit.rollout.vision:VisionEngine._uncached_logits", text_model_steps,
-              (f"{VISION}::test_greedy_rollout_equals_generate_with_the_same_images[qwen3_5]",
-               f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[qwen3_5]"),
+              (f"{VISION}::test_a_vlm_decoded_without_a_cache_feeds_its_images_at_every_step",),
               "steps over the ids alone"),
     SwitchOff("per-prompt image tensors padded across rows (SmolVLM / Idefics3 sub-images)",
               "rlhfkit.models.vision:_cat_padded", concatenated,
@@ -580,5 +583,10 @@ SWITCH_OFFS = (
                "tests/integration/test_tinker_sdk.py::"
                "test_concurrent_clients_run_in_shared_calls_with_their_own_results"),
               "each request runs alone, in arrival order"),
+    SwitchOff("the policy trained without its config's dropout (--actor.disable_dropout)",
+              "rlhfkit.models.precision:disable_dropout", nothing_changed,
+              ("tests/integration/test_dropout.py::test_the_update_runs_without_the_configs_dropout_unless_asked[gpt2]",
+               "tests/integration/test_dropout.py::test_the_update_runs_without_the_configs_dropout_unless_asked[llama]"),
+              "the config's dropout in every update forward"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}
