@@ -96,7 +96,9 @@ class TextFormat:
         `record`: the whole record (a format that reads more of it, e.g. its images)."""
         if self.chat:
             messages = _as_messages(prompt, where)
-            if response is not None:
+            if is_messages(response):  # TRL's conversational completion: its assistant turn(s)
+                messages = messages + list(response)
+            elif response is not None:
                 messages = messages + [{"role": "assistant", "content": _as_str(response, where)}]
             segments = self._chat_segments(messages, where)
             if not all_turns:  # only the final assistant turn is the answer
@@ -287,9 +289,9 @@ def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt
         sides = []
         for key in (chosen_key, rejected_key):
             value = record.data[key]
-            if is_messages(value):
+            if is_messages(value) and not answer_only(value):  # a whole conversation, prompt included
                 sides.append(fmt.encode(value, None, f"{where}, key {key!r}", all_turns=False, record=record.data))
-            else:  # a response string: the prompt comes from prompt_key
+            else:  # the answer alone (a string, or TRL's assistant turns): the prompt comes from prompt_key
                 require_key(record, prompt_key or "prompt", "--data.prompt_key", p)
                 prompt = record.data[prompt_key or "prompt"]
                 sides.append(fmt.encode(prompt, value, f"{where}, key {key!r}", all_turns=False, record=record.data))
@@ -298,6 +300,12 @@ def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt
             continue
         pairs.append(PairSample(sides[0], sides[1], i, _margin(record, where)))
     return nonempty(pairs, skipped, max_len, source), skipped
+
+
+def answer_only(messages: list[dict]) -> bool:
+    """True for messages that are all assistant turns: an answer whose prompt is elsewhere (TRL's
+    conversational preference data with an explicit prompt, `{"prompt": [user], "chosen": [assistant]}`)."""
+    return all(m["role"] == "assistant" for m in messages)
 
 
 def _margin(record: Record, where: str) -> float:

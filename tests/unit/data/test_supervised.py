@@ -65,6 +65,29 @@ def test_pairs_from_strings_and_from_conversations_agree(tmp_path, tok):
     assert "".join(tok.convert_ids_to_tokens(a.chosen.response_ids.tolist())) == "4<eos>"
 
 
+def test_trl_conversational_data_with_an_explicit_prompt_keeps_the_prompt(tmp_path, tok):
+    """TRL's conversational preference, prompt-completion and unpaired formats: the prompt is a message
+    list and the answer its own list of assistant turns; each sample is the prompt's turns then the answer's,
+    the same tokens as the string record {"prompt": "2+2?", "chosen": "4"} gives."""
+    fmt = TextFormat(tok, apply_chat_template=True)
+    user, four, five = ([{"role": r, "content": c}] for r, c in
+                        [("user", "2+2?"), ("assistant", "4"), ("assistant", "5")])
+    f1 = write(tmp_path / "p.jsonl", [{"prompt": "2+2?", "chosen": "4", "rejected": "5"}])
+    f2 = write(tmp_path / "trl.jsonl", [{"prompt": user, "chosen": four, "rejected": five, "completion": four,
+                                         "label": True}])
+    (a,), _ = load_pairs(f1, fmt)
+    (b,), _ = load_pairs(f2, fmt)
+    (c,), _ = load_sft(f2, fmt, input_key="prompt", output_key="completion")
+    (d,), _ = load_unpaired(f2, fmt, output_key="completion")
+    assert text(tok, b.chosen.prompt_ids) == "user: 2+2?<eos>assistant: "
+    assert text(tok, b.rejected.response_ids) == "5<eos>"
+    for x, y in [(a.chosen, b.chosen), (a.rejected, b.rejected), (a.chosen, c), (a.chosen, d.sample)]:
+        assert torch.equal(x.prompt_ids, y.prompt_ids) and torch.equal(x.response_ids, y.response_ids)
+    no_prompt = write(tmp_path / "np.jsonl", [{"chosen": four, "rejected": five}])
+    with pytest.raises(DataError, match=r"np.jsonl, line 1: no key 'prompt' \(--data.prompt_key\)"):
+        load_pairs(no_prompt, fmt)
+
+
 def test_kto_labels_must_be_booleans(tmp_path, tok):
     f = write(tmp_path / "k.jsonl", [{"prompt": "a", "output": "b", "label": True},
                                      {"prompt": "a", "output": "c", "label": "yes"}])
