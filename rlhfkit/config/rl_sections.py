@@ -245,7 +245,7 @@ class DataConfig:
     """The record's prompt: a string, or a message list [{"role", "content"}, ...] (needs apply_chat_template)."""
     label_key: str | None = None
     """Record key of the label (e.g. the reference answer) given to the reward function; none = no
-    labels."""
+    labels. A dotted path reads nested columns: reward_model.ground_truth (verl's data)."""
     apply_chat_template: bool = False
     """Render each prompt with the tokenizer's chat template (as one user message, or the record's
     message list)."""

@@ -32,6 +32,7 @@ from rlhfkit.data.records import (
     Source,
     first_line,
     is_messages,
+    label_value,
     read_records,
     require_key,
     source_name,
@@ -109,7 +110,7 @@ def load_prompts(
     for i, record in kept:
         value = _prompt_value(record, input_key, name, apply_chat_template)
         text = _render(value, f"{name}, {record.where}, key {input_key!r}", tokenizer, input_template)
-        label = record.data[label_key] if label_key is not None else None
+        label = label_value(record, label_key, "label_key", name) if label_key is not None else None
         examples.append(PromptExample(text=text, label=label, raw=record.data, index=i))
     return examples
 
@@ -149,7 +150,7 @@ def kept_records(
     for record in records:
         require_key(record, input_key, "input_key", name)
         if label_key is not None:
-            require_key(record, label_key, "label_key", name)
+            label_value(record, label_key, "label_key", name)
     order = list(range(len(records)))
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(order)

@@ -159,6 +159,25 @@ def require_key(record: Record, key: str, arg: str, source: str | Path) -> None:
         )
 
 
+def label_value(record: Record, key: str, arg: str, source: str | Path) -> Any:
+    """The record's `key` value; a key with dots that is no column of its own reads nested dicts, as verl's
+    data holds the answer: "reward_model.ground_truth" is record["reward_model"]["ground_truth"]. DataError
+    naming the source, record and flag `arg` when a part is missing."""
+    if key in record.data or "." not in key:
+        require_key(record, key, arg, source)
+        return record.data[key]
+    value: Any = record.data
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(value, dict) or part not in value:
+            inside = ".".join(parts[:depth]) or "the record"
+            has = f"keys {sorted(map(str, value))}" if isinstance(value, dict) else f"a {type(value).__name__}"
+            raise DataError(f"{source}, {record.where}: no key {key!r} ({arg}): {inside} has {has}; set {arg} "
+                            "to a column, or to a dotted path into nested columns (reward_model.ground_truth)")
+        value = value[part]
+    return value
+
+
 def is_messages(value: Any) -> bool:
     """True for a non-empty list of dicts that each have "role" and "content"."""
     return (

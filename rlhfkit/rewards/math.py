@@ -25,6 +25,7 @@ Modes of `math_exact_reward` (chosen from `EXTRACTORS`):
 
 from __future__ import annotations
 
+import numbers
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -204,7 +205,8 @@ def math_exact_reward(
       {"answer_found": [B]} (1.0 where the extractor found an answer at all).
 
     Raises:
-      ConfigError: an unknown mode. RewardError: lengths differ or a label is None.
+      ConfigError: an unknown mode. RewardError: lengths differ, or a label is None or not a string / number
+        (a dict, a list: the wrong --data.label_key).
     """
     if mode not in EXTRACTORS and mode != "latex":
         raise ConfigError(
@@ -222,6 +224,14 @@ def math_exact_reward(
             raise RewardError(
                 f"math reward: label {i} is None; load the prompts with a label_key that holds "
                 "the reference answer"
+            )
+        if isinstance(label, numbers.Real) and not isinstance(label, bool):  # numpy's too
+            label = int(label) if isinstance(label, numbers.Integral) else float(label)
+        if not isinstance(label, (str, int, float)) or isinstance(label, bool):
+            raise RewardError(
+                f"math reward: label {i} is a {type(label).__name__} ({label!r:.80}), not a reference answer; "
+                "point --data.label_key at the answer itself (a dotted path reads nested columns, e.g. verl's "
+                "reward_model.ground_truth)"
             )
         candidate = extract(response)
         found.append(0.0 if candidate is None else 1.0)

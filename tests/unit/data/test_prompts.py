@@ -143,6 +143,31 @@ def test_missing_label_key_in_json_names_record(tmp_path):
         load_prompts(path, label_key="answer")
 
 
+def test_a_dotted_label_key_reads_verls_nested_ground_truth(tmp_path):
+    """verl's parquet rows: the prompt a message list, the answer in reward_model.ground_truth."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlhfkit.data.prompts import check_prompts
+
+    rows = [{"data_source": "gsm8k", "prompt": [{"role": "user", "content": f"{i}+1="}],
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}, "extra_info": {"index": i}}
+            for i in range(3)]
+    path = tmp_path / "verl.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    out = load_prompts(path, "prompt", "reward_model.ground_truth", FakeTokenizer(), apply_chat_template=True)
+    assert [(e.text, e.label) for e in out] == [(f"<user>{i}+1=<assistant>", str(i + 1)) for i in range(3)]
+    assert out[0].raw["extra_info"] == {"index": 0}
+    # a column whose own name has a dot wins over the nested path
+    flat = load_prompts([{"input": "a", "x.y": "flat", "x": {"y": "nested"}}], label_key="x.y")
+    assert flat[0].label == "flat"
+    with pytest.raises(DataError, match=r"verl\.parquet, record 0: no key 'reward_model\.answer' \(label_key\): "
+                                        r"reward_model has keys \['ground_truth', 'style'\]"):
+        check_prompts(path, "prompt", "reward_model.answer", apply_chat_template=True)
+    with pytest.raises(DataError, match=r"in-memory list, record 1: no key 'x\.y' \(label_key\): x has a str"):
+        check_prompts([{"input": "a", "x": {"y": 1}}, {"input": "b", "x": "z"}], label_key="x.y")
+
+
 def test_missing_key_is_found_even_past_max_samples(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"input": "a"}, {"inp": "b"}])
     with pytest.raises(DataError, match="line 2"):

@@ -148,6 +148,19 @@ def test_math_exact_reward_errors():
         math_exact_reward(["1", "2"], ["1", None])
 
 
+def test_a_label_that_is_no_answer_is_refused_not_scored_zero():
+    """verl's data keeps the answer in reward_model.ground_truth: pointing --data.label_key at reward_model
+    hands the reward a dict, which used to score every response 0 in silence."""
+    verl_label = {"style": "rule", "ground_truth": "12"}
+    for label in (verl_label, ["12"], True):
+        with pytest.raises(RewardError, match=r"label 1 is a (dict|list|bool) .*not a reference answer; "
+                                              r"point --data.label_key .*reward_model.ground_truth"):
+            math_exact_reward(["12", "12"], ["12", label], mode="answer")
+    np = pytest.importorskip("numpy")
+    out = math_exact_reward(["12", "0.5", "3"], [np.int64(12), np.float32(0.5), np.int32(4)], mode="answer")
+    assert out.rewards.tolist() == [1.0, 1.0, 0.0]
+
+
 def test_empty_batch():
     out = math_exact_reward([], [])
     assert out.rewards.shape == (0,) and out.scores.shape == (0,)
