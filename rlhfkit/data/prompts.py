@@ -2,7 +2,7 @@
 
 Sources (read by rlhfkit.data.records; a path is chosen by its suffix):
   *.jsonl          one JSON object per line (blank lines are skipped)
-  *.json           a list of objects, or {"data": [...]}
+  *.json           a list of objects, or {"data": [...]}, or JSON Lines
   *.parquet        read with pyarrow
   a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`),
                    or a folder of data files (`datasets.load_dataset(folder)`)

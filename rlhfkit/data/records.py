@@ -2,7 +2,7 @@
 
 Sources (a path is chosen by its suffix; an existing local path always wins over a hub name):
   *.jsonl          one JSON object per line (blank lines are skipped)
-  *.json           a list of objects, or {"data": [...]}
+  *.json           a list of objects, or {"data": [...]}, or JSON Lines (one object per line)
   *.parquet        read with pyarrow
   a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`), or a
                    folder of data files as `datasets.load_dataset(folder)` reads it (a downloaded hub
@@ -267,7 +267,8 @@ def _read_jsonl(path: Path) -> Iterator[Record]:
 
 
 def _read_json(path: Path) -> Iterator[Record]:
-    """A JSON list of objects, or an object whose "data" field is such a list."""
+    """A JSON list of objects, or an object whose "data" field is such a list; a file of several objects
+    (JSON Lines) is read as .jsonl."""
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -279,6 +280,9 @@ def _read_json(path: Path) -> Iterator[Record]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data" and text.lstrip().startswith("{"):  # JSON Lines named .json, as
+            yield from _read_jsonl(path)                                  # datasets' json loader reads it
+            return
         raise DataError(f"{path}, line {exc.lineno}: not valid JSON ({exc.msg})") from exc
     if isinstance(data, dict) and "data" in data:
         data = data["data"]

@@ -67,9 +67,14 @@ def test_json_list_and_data_wrapper(tmp_path):
     plain.write_text(json.dumps(RECORDS), encoding="utf-8")
     wrapped = tmp_path / "b.json"
     wrapped.write_text(json.dumps({"data": RECORDS}), encoding="utf-8")
-    for path in (plain, wrapped):
+    lines = tmp_path / "c.json"  # JSON Lines named .json, which datasets' json loader (OpenRLHF's) reads
+    lines.write_text("".join(json.dumps(r) + "\n" for r in RECORDS), encoding="utf-8")
+    for path in (plain, wrapped, lines):
         out = load_prompts(path, label_key="answer")
         assert [(e.text, e.label) for e in out] == [(r["input"], r["answer"]) for r in RECORDS]
+    lines.write_text(json.dumps(RECORDS[0]) + "\n" + json.dumps(RECORDS[1])[:-1] + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"c\.json, line 2: not valid JSON"):
+        load_prompts(lines)
 
 
 def test_parquet(tmp_path):
