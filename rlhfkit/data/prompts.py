@@ -108,7 +108,7 @@ def load_prompts(
                                max_samples, shuffle_seed, split, config, data_dir)
     examples = []
     for i, record in kept:
-        value = _prompt_value(record, input_key, name, apply_chat_template)
+        value = _prompt_value(record, input_key, name, apply_chat_template, input_template)
         text = _render(value, f"{name}, {record.where}, key {input_key!r}", tokenizer, input_template)
         label = label_value(record, label_key, "label_key", name) if label_key is not None else None
         examples.append(PromptExample(text=text, label=label, raw=record.data, index=i))
@@ -126,15 +126,24 @@ def check_prompts(
     split: str = "train",
     config: str | None = None,
     data_dir: str | None = None,
+    labels_for: str | None = None,
 ) -> int:
     """Every check `load_prompts` makes with these arguments, without a tokenizer (nothing is
     rendered): the source, the keys of every record, the prompt type of every kept record (a
     string, or with `apply_chat_template` also a message list). Returns the number of prompts
-    `load_prompts` would build. Raises as `load_prompts`."""
+    `load_prompts` would build. Raises as `load_prompts`; with `labels_for` (the flag and value of a
+    reward that scores against each prompt's label, "--reward.remote_url builtin:math"), also when
+    there is no label_key or a kept record's label is null."""
+    if labels_for is not None and label_key is None:
+        raise ConfigError(f"{labels_for} scores each response against its prompt's reference answer: set "
+                          "--data.label_key to the column holding it")
     name, kept = kept_records(source, input_key, label_key, apply_chat_template, input_template,
                                max_samples, shuffle_seed, split, config, data_dir)
     for _, record in kept:
-        _prompt_value(record, input_key, name, apply_chat_template)
+        _prompt_value(record, input_key, name, apply_chat_template, input_template)
+        if labels_for is not None and label_value(record, label_key, "label_key", name) is None:
+            raise DataError(f"{name}, {record.where}, key {label_key!r} (--data.label_key): null, and {labels_for} "
+                            "needs each prompt's reference answer; fill it in or drop the record")
     return len(kept)
 
 
@@ -189,9 +198,10 @@ def _check_arguments(apply_chat_template: bool, input_template: str | None, max_
 # ---------------------------------------------------------------------------------------------
 
 
-def _prompt_value(record: Record, input_key: str, source: str, apply_chat_template: bool) -> str | list[dict]:
+def _prompt_value(record: Record, input_key: str, source: str, apply_chat_template: bool,
+                  input_template: str | None = None) -> str | list[dict]:
     """The record's prompt: a string, or (with `apply_chat_template`) a message list; a string
-    becomes one user message. DataError for any other type."""
+    becomes one user message. DataError for any other type, and for a string that renders empty."""
     value = record.data[input_key]
     where = f"{source}, {record.where}, key {input_key!r}"
     if apply_chat_template:
@@ -204,6 +214,9 @@ def _prompt_value(record: Record, input_key: str, source: str, apply_chat_templa
             f"got {type(value).__name__}"
         )
     if isinstance(value, str):
+        if (input_template or "{}").format(value) == "":
+            raise DataError(f"{where}: an empty prompt, which gives the policy no token to start from; "
+                            "give it text or drop the record")
         return value
     if is_messages(value):
         raise DataError(

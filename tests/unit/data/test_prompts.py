@@ -173,6 +173,30 @@ def test_a_dotted_label_key_reads_verls_nested_ground_truth(tmp_path):
         check_prompts([{"input": "a", "x": {"y": 1}}, {"input": "b", "x": "z"}], label_key="x.y")
 
 
+def test_an_empty_prompt_is_refused_unless_a_template_gives_it_text():
+    from rlhfkit.data.prompts import check_prompts
+
+    rows = [{"input": "a"}, {"input": ""}]
+    with pytest.raises(DataError, match=r"in-memory list, record 1, key 'input': an empty prompt"):
+        check_prompts(rows)
+    assert [e.text for e in load_prompts(rows, input_template="Q: {}")] == ["Q: a", "Q: "]
+    assert len(load_prompts(rows, tokenizer=FakeTokenizer(), apply_chat_template=True)) == 2
+
+
+def test_a_builtin_verifier_needs_a_label_in_every_kept_record():
+    from rlhfkit.data.prompts import check_prompts
+
+    rows = [{"input": "a", "answer": "1"}, {"input": "b", "answer": None}]
+    flag = "--reward.remote_url builtin:math"
+    assert check_prompts(rows, label_key="answer") == 2  # another reward may take a null label
+    assert check_prompts(rows, label_key="answer", labels_for=flag, max_samples=1) == 1
+    with pytest.raises(DataError, match=r"record 1, key 'answer' \(--data.label_key\): null, and --reward.remote_url "
+                                        r"builtin:math needs each prompt's reference answer"):
+        check_prompts(rows, label_key="answer", labels_for=flag)
+    with pytest.raises(ConfigError, match=r"builtin:math scores each response .*set --data.label_key"):
+        check_prompts(rows, labels_for=flag)
+
+
 def test_missing_key_is_found_even_past_max_samples(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"input": "a"}, {"inp": "b"}])
     with pytest.raises(DataError, match="line 2"):
