@@ -227,8 +227,9 @@ class DataConfig:
     """The prompt dataset of training."""
 
     prompt_dataset: str | None = None
-    """Prompts: a .jsonl / .json / .parquet file, a datasets folder (save_to_disk, or a folder of data
-    files), or a hub dataset name (org/name; org/name@dir for a data dir). A local path wins over a hub name.
+    """Prompts: a .jsonl / .json / .parquet / .csv / .arrow file, a datasets folder (save_to_disk, or a
+    folder of data files), or a hub dataset name (org/name; org/name@dir for a data dir). A local path wins
+    over a hub name.
     Several, comma-separated (a.jsonl,b.jsonl): read as one, in order, or mixed by --data.prompt_probs."""
     prompt_probs: str | None = None
     """Mix the comma-separated datasets of --data.prompt_dataset with these comma-separated probabilities

@@ -83,7 +83,7 @@ class SupervisedDataConfig:
     """Training and evaluation data and their record keys."""
 
     dataset: str | None = None
-    """Training data: .jsonl / .json / .parquet, a datasets folder or a hub dataset name (org/name;
+    """Training data: .jsonl / .json / .parquet / .csv / .arrow, a datasets folder or a hub dataset name (org/name;
     org/name@dir for a data dir); several, comma-separated, are read as one (concatenated, or mixed by
     --data.dataset_probs); required unless the API is given a train_dataset."""
     dataset_probs: str | None = None

@@ -4,6 +4,7 @@ Sources (a path is chosen by its suffix; an existing local path always wins over
   *.jsonl          one JSON object per line (blank lines are skipped)
   *.json           a list of objects, or {"data": [...]}, or JSON Lines (one object per line)
   *.parquet        read with pyarrow
+  *.csv, *.arrow   a header line and one row a line (column types inferred); an Arrow stream or file
   a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`), or a
                    folder of data files as `datasets.load_dataset(folder)` reads it (a downloaded hub
                    dataset: its README's configs, `config`, `data_dir`, `split`)
@@ -37,7 +38,7 @@ from rlhfkit.errors import ConfigError, DataError, one_line
 if TYPE_CHECKING:
     import datasets
 
-SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
+SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")
 
 # What every loader reads: a path, records in memory, a HF `datasets` object, or a Blend of them.
 Source = Union[str, Path, list[dict], "datasets.Dataset", "datasets.DatasetDict", "Blend"]
@@ -230,8 +231,8 @@ def _read_records(path: Path, split: str, config: str | None, data_dir: str | No
         yield from _read_jsonl(path)
     elif path.suffix == ".json":
         yield from _read_json(path)
-    elif path.suffix == ".parquet":
-        yield from _read_parquet(path)
+    elif path.suffix in (".parquet", ".csv", ".arrow"):
+        yield from _read_table(path)
     else:
         raise DataError(
             f"{path}: unsupported file type {path.suffix!r}; use one of "
@@ -299,14 +300,27 @@ def _read_json(path: Path) -> Iterator[Record]:
         yield Record(item, f"record {i}")
 
 
-def _read_parquet(path: Path) -> Iterator[Record]:
-    """Rows of a parquet file, as dicts."""
+def _read_table(path: Path) -> Iterator[Record]:
+    """Rows of a parquet, CSV (a header line, then one row a line; column types inferred) or Arrow file (as
+    `datasets` writes them), as dicts; OpenRLHF reads these suffixes with datasets.load_dataset."""
+    import pyarrow as pa
+    import pyarrow.csv
     import pyarrow.parquet as pq
 
+    kind = path.suffix[1:]
     try:
-        rows = pq.read_table(path).to_pylist()
+        if kind == "parquet":
+            table = pq.read_table(path)
+        elif kind == "csv":
+            table = pyarrow.csv.read_csv(path)
+        else:
+            try:  # datasets' .arrow files are Arrow streams; others are Arrow (IPC) files
+                table = pa.ipc.open_stream(path).read_all()
+            except pa.ArrowInvalid:
+                table = pa.ipc.open_file(path).read_all()
+        rows = table.to_pylist()
     except Exception as exc:  # pyarrow raises several types for corrupt files
-        raise DataError(f"{path}: cannot read as parquet ({type(exc).__name__}: {exc})") from exc
+        raise DataError(f"{path}: cannot read as {kind} ({type(exc).__name__}: {first_line(exc)})") from exc
     for i, row in enumerate(rows):
         yield Record(row, f"record {i}")
 

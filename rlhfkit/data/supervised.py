@@ -90,16 +90,18 @@ class TextFormat:
         self.renderer = tokenizer  # whose apply_chat_template renders the conversation (a VLM: its processor)
 
     def encode(self, prompt: Any, response: Any, where: str, all_turns: bool,
-               record: dict | None = None) -> TokenSample:
-        """prompt: a string or a message list; response: a string, or None when `prompt` is a
-        whole conversation. `all_turns`: every assistant turn is a target, else only the last.
-        `record`: the whole record (a format that reads more of it, e.g. its images)."""
+               record: dict | None = None, response_where: str | None = None) -> TokenSample:
+        """prompt: a string or a message list; response: a string (with the chat template, or a list of
+        assistant turns), or None when `prompt` is a whole conversation. `all_turns`: every assistant
+        turn is a target, else only the last. `record`: the whole record (a format that reads more of
+        it, e.g. its images). `where` / `response_where` name the prompt / the response in errors."""
+        response_where = response_where or where
         if self.chat:
             messages = _as_messages(prompt, where)
             if is_messages(response):  # TRL's conversational completion: its assistant turn(s)
                 messages = messages + list(response)
             elif response is not None:
-                messages = messages + [{"role": "assistant", "content": _as_str(response, where)}]
+                messages = messages + [{"role": "assistant", "content": _as_str(response, response_where)}]
             segments = self._chat_segments(messages, where)
             if not all_turns:  # only the final assistant turn is the answer
                 last = max(i for i, (_, target) in enumerate(segments) if target)
@@ -110,7 +112,7 @@ class TextFormat:
         else:
             text = _as_str(prompt, where)
             text = self.template.format(text) if self.template is not None else text
-            answer = self._ids(_as_str(response, where)) + [self.tokenizer.eos_token_id]
+            answer = self._ids(_as_str(response, response_where)) + [self.tokenizer.eos_token_id]
             pieces = [(self._ids(text), False), (answer, True)]
         return _to_sample(pieces, where)
 
@@ -257,7 +259,8 @@ def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_k
         if reward_template is not None:
             prompt = render_reward(reward_template, _as_str(prompt, where), record.data[reward_key],
                                    f"{where}, key {reward_key!r}")
-        s = fmt.encode(prompt, response, f"{where}, key {input_key!r}", all_turns=True, record=record.data)
+        s = fmt.encode(prompt, response, f"{where}, key {input_key!r}", all_turns=True, record=record.data,
+                       response_where=f"{where}, key {output_key!r}")
         s.index = i
         if sample_length(s) > max_len:
             skipped += 1
@@ -294,7 +297,8 @@ def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt
             else:  # the answer alone (a string, or TRL's assistant turns): the prompt comes from prompt_key
                 require_key(record, prompt_key or "prompt", "--data.prompt_key", p)
                 prompt = record.data[prompt_key or "prompt"]
-                sides.append(fmt.encode(prompt, value, f"{where}, key {key!r}", all_turns=False, record=record.data))
+                sides.append(fmt.encode(prompt, value, f"{where}, key {prompt_key or 'prompt'!r}", all_turns=False,
+                                        record=record.data, response_where=f"{where}, key {key!r}"))
         if max(sample_length(s) for s in sides) > max_len:
             skipped += 1
             continue
@@ -331,8 +335,9 @@ def load_unpaired(source: Source, fmt: TextFormat, prompt_key: str = "prompt", o
         label = record.data[label_key]
         if not isinstance(label, bool):
             raise DataError(f"{where}, key {label_key!r}: expected true or false, got {label!r}")
-        s = fmt.encode(record.data[prompt_key], record.data[output_key], where, all_turns=False,
-                       record=record.data)  # (its images, with a vision-language model's format)
+        s = fmt.encode(record.data[prompt_key], record.data[output_key], f"{where}, key {prompt_key!r}",
+                       all_turns=False, record=record.data,  # (its images, with a vision-language model's format)
+                       response_where=f"{where}, key {output_key!r}")
         if sample_length(s) > max_len:
             skipped += 1
             continue

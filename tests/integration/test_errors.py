@@ -71,7 +71,7 @@ def ws(tiny_ws):
     (root / "list.jsonl").write_text('[1, 2]\n')
     (root / "empty_prompt.jsonl").write_text('{"q": "a", "a": "1"}\n{"q": "", "a": "2"}\n')
     (root / "null_label.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5] + [{"q": "b", "a": None}]))
-    (root / "prompts.csv").write_text("q,a\nx,1\n")
+    (root / "prompts.xlsx").write_bytes(b"PK")
     (root / "bad.parquet").write_bytes(b"PAR1 not really")
     (root / "bad.json").write_text('{"q": [1,}')
     (root / "bad.yaml").write_text("train: [1, 2\n")
@@ -124,7 +124,7 @@ BEFORE_MODELS = [
     ("06-missing-dataset", {"data.prompt_dataset": "{ws}/nope.jsonl"}, "no such file or folder"),
     ("07-prompt-not-a-string", {"data.prompt_dataset": "{ws}/not_string.jsonl"}, "expected a string, got int"),
     ("08-record-not-an-object", {"data.prompt_dataset": "{ws}/list.jsonl"}, "expected a JSON object, got list"),
-    ("09-unsupported-file-type", {"data.prompt_dataset": "{ws}/prompts.csv"}, "unsupported file type '.csv'"),
+    ("09-unsupported-file-type", {"data.prompt_dataset": "{ws}/prompts.xlsx"}, "unsupported file type '.xlsx'"),
     ("10-corrupt-parquet", {"data.prompt_dataset": "{ws}/bad.parquet"}, "cannot read as parquet"),
     ("11-invalid-json-file", {"data.prompt_dataset": "{ws}/bad.json"}, "bad.json, line 1: not valid JSON"),
     ("12-no-dataset-flag", {"data.prompt_dataset": None}, "--data.prompt_dataset is required"),

@@ -89,6 +89,27 @@ def test_parquet(tmp_path):
     ]
 
 
+def test_csv_and_arrow_files_as_openrlhf_reads_them(tmp_path):
+    import datasets
+    import pyarrow as pa
+
+    csv = tmp_path / "p.csv"
+    csv.write_text('input,answer\nWhat is 2+3?,5\n"a, b",16\n"caf\u00e9 \u03c0",-1\n', encoding="utf-8")
+    out = load_prompts(csv, label_key="answer")
+    assert [(e.text, e.label) for e in out] == [("What is 2+3?", 5), ("a, b", 16), ("caf\u00e9 \u03c0", -1)]
+    datasets.Dataset.from_list(RECORDS).save_to_disk(str(tmp_path / "ds"))  # an Arrow stream inside
+    (arrow,) = (tmp_path / "ds").glob("*.arrow")
+    table = pa.Table.from_pylist(RECORDS)
+    with pa.ipc.new_file(tmp_path / "f.arrow", table.schema) as writer:  # the Arrow file format
+        writer.write_table(table)
+    for path in (arrow, tmp_path / "f.arrow"):
+        assert [(e.text, e.label) for e in load_prompts(path, label_key="answer")] == [
+            (r["input"], r["answer"]) for r in RECORDS]
+    (tmp_path / "bad.arrow").write_bytes(b"not arrow at all")
+    with pytest.raises(DataError, match=r"bad\.arrow: cannot read as arrow \(ArrowInvalid"):
+        load_prompts(tmp_path / "bad.arrow")
+
+
 def test_hf_folder_dataset_and_datasetdict_split(tmp_path):
     import datasets
 
@@ -236,10 +257,10 @@ def test_json_of_wrong_shape(tmp_path):
 def test_missing_path_and_unknown_suffix(tmp_path):
     with pytest.raises(DataError, match="no such file"):
         load_prompts(tmp_path / "nope.jsonl")
-    csv = tmp_path / "p.csv"
-    csv.write_text("input\na\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"unsupported file type '\.csv'"):
-        load_prompts(csv)
+    sheet = tmp_path / "p.xlsx"
+    sheet.write_bytes(b"PK")
+    with pytest.raises(DataError, match=r"unsupported file type '\.xlsx'; use one of .jsonl, .json, .parquet, .csv"):
+        load_prompts(sheet)
 
 
 def test_non_string_input_without_chat_template(tmp_path):

@@ -88,6 +88,16 @@ def test_trl_conversational_data_with_an_explicit_prompt_keeps_the_prompt(tmp_pa
         load_pairs(no_prompt, fmt)
 
 
+def test_a_response_of_the_wrong_type_names_its_own_key(tmp_path, tok):
+    """A CSV column of numbers reads as numbers: the error names the response's key, not the prompt's."""
+    csv = tmp_path / "d.csv"
+    csv.write_text("input,output,prompt,chosen,rejected,label\n1+1=,2,1+1=,2,3,true\n", encoding="utf-8")
+    fmt = TextFormat(tok)
+    for load, key in [(load_sft, "output"), (load_pairs, "chosen"), (load_unpaired, "output")]:
+        with pytest.raises(DataError, match=rf"d\.csv, record 0, key '{key}': expected a string, got int"):
+            load(csv, fmt)
+
+
 def test_kto_labels_must_be_booleans(tmp_path, tok):
     f = write(tmp_path / "k.jsonl", [{"prompt": "a", "output": "b", "label": True},
                                      {"prompt": "a", "output": "c", "label": "yes"}])
