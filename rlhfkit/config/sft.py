@@ -113,7 +113,8 @@ class SupervisedDataConfig:
     output_key: str | None = "output"
     """SFT / KTO: the response string."""
     prompt_key: str | None = "prompt"
-    """Preference data: the prompt; none when chosen/rejected are whole conversations."""
+    """Preference data: the prompt; none when chosen/rejected are whole conversations, or whole texts whose
+    common beginning is the prompt (TRL's implicit prompt, e.g. Anthropic/hh-rlhf)."""
     chosen_key: str = "chosen"
     """Preference data: the preferred response (or whole conversation)."""
     rejected_key: str = "rejected"

@@ -98,6 +98,20 @@ def test_a_response_of_the_wrong_type_names_its_own_key(tmp_path, tok):
             load(csv, fmt)
 
 
+def test_whole_texts_without_a_prompt_key_split_at_their_common_beginning(tmp_path, tok):
+    """hh-rlhf's shape, TRL's implicit prompt: chosen and rejected are whole texts; with --data.prompt_key none
+    their shared beginning (less a final space) is the prompt, the rest each answer."""
+    f = write(tmp_path / "hh.jsonl", [{"chosen": "H: 2+2?\nA: It is 4", "rejected": "H: 2+2?\nA: It is 5"},
+                                      {"chosen": "ab", "rejected": "xy"}])
+    (a, b), _ = load_pairs(f, TextFormat(tok), prompt_key=None)
+    assert text(tok, a.chosen.prompt_ids) == text(tok, a.rejected.prompt_ids) == "H: 2+2?\nA: It is"
+    assert text(tok, a.chosen.response_ids) == " 4<eos>" and text(tok, a.rejected.response_ids) == " 5<eos>"
+    assert text(tok, b.chosen.prompt_ids) + text(tok, b.chosen.response_ids) == "ab<eos>"  # nothing shared
+    with pytest.raises(DataError, match=r"hh\.jsonl, line 1: no key 'prompt' \(--data.prompt_key\) for the answer "
+                                        r"under 'chosen'; .* or to none when the chosen and rejected strings hold"):
+        load_pairs(f, TextFormat(tok))
+
+
 def test_kto_labels_must_be_booleans(tmp_path, tok):
     f = write(tmp_path / "k.jsonl", [{"prompt": "a", "output": "b", "label": True},
                                      {"prompt": "a", "output": "c", "label": "yes"}])
