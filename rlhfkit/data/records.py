@@ -245,7 +245,7 @@ def _read_jsonl(path: Path) -> Iterator[Record]:
     with path.open("rb") as f:
         for lineno, raw_line in enumerate(f, start=1):
             try:
-                line = raw_line.decode("utf-8")
+                line = raw_line.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a BOM (Windows editors) skipped
             except UnicodeDecodeError as exc:
                 raise DataError(
                     f"{path}, line {lineno}: bytes that are not UTF-8 (at column {exc.start + 1}); "
@@ -272,7 +272,7 @@ def _read_json(path: Path) -> Iterator[Record]:
     (JSON Lines) is read as .jsonl."""
     raw = path.read_bytes()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a BOM (Windows editors) skipped
     except UnicodeDecodeError as exc:
         lineno = raw.count(b"\n", 0, exc.start) + 1
         raise DataError(

@@ -247,6 +247,18 @@ def test_non_utf8_json_names_line(tmp_path):
         load_prompts(path)
 
 
+def test_a_utf8_byte_order_mark_is_skipped(tmp_path):
+    """Files saved by Windows editors start with a BOM, which json.loads refuses."""
+    bom = "\ufeff".encode()
+    (tmp_path / "a.jsonl").write_bytes(bom + b'{"input": "x"}\n{"input": "y"}\n')
+    (tmp_path / "b.json").write_bytes(bom + b'[{"input": "x"}, {"input": "y"}]')
+    for name in ("a.jsonl", "b.json"):
+        assert [e.text for e in load_prompts(tmp_path / name)] == ["x", "y"]
+    (tmp_path / "c.jsonl").write_bytes(b'{"input": "x"}\n' + bom + b'{"input": "y"}\n')  # only at the start
+    with pytest.raises(DataError, match=r"c\.jsonl, line 2: not valid JSON"):
+        load_prompts(tmp_path / "c.jsonl")
+
+
 def test_json_of_wrong_shape(tmp_path):
     path = tmp_path / "p.json"
     path.write_text('{"rows": []}', encoding="utf-8")
