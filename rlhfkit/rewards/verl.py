@@ -88,7 +88,7 @@ class VerlBatch:
     def _columns(self, queries: list[str], prompts: list[str], labels: list[Any],
                  kwargs: dict[str, Any]) -> list[list[Any]]:
         """The arguments the function takes, each a list of B values, in the order of `self.keys`."""
-        records = kwargs.get("records") or [{} for _ in queries]
+        records = [r if isinstance(r, Mapping) else {} for r in (kwargs.get("records") or [None] * len(queries))]
         responses = kwargs.get("responses")
         if responses is None:
             responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]

@@ -42,6 +42,10 @@ def test_a_verl_function_is_called_per_sample_with_verls_arguments():
     assert seen == [("openai/gsm8k", r, str(2 * i), {"index": i}) for i, r in zip((1, 2, 3), RESPONSES)]
     # a label (--data.label_key) wins over the record's reward_model.ground_truth
     assert call(fn, labels=("2", "5", "7")).rewards.tolist() == [1.0, 1.0, 0.0]
+    # as a reward server calls it: no records, each response its query past the prompt
+    seen.clear()
+    assert fn(QUERIES, PROMPTS, ["2", "4", "6"]).rewards.tolist() == [1.0, 0.0, 1.0]
+    assert seen == [(None, r, g, None) for r, g in zip(RESPONSES, ["2", "4", "6"])]
 
 
 def test_a_score_dict_gives_the_reward_and_logs_its_numbers_not_its_strings():
