@@ -9,7 +9,8 @@ these choices:
   * a decimal part is kept ("12.0" equals 12, "3.5" does not equal 3); a sentence's full stop
     is not a decimal point ("The answer is 12." gives 12).
 Values compare exactly as fractions, so "12", "12.0", " 12 ", 12 and "1,234" vs 1234 all match.
-Labels and boxed answers may also be simple fractions: "3/4", "\\frac{3}{4}", "\\dfrac34".
+Labels and boxed answers may also be simple fractions: "3/4", "\\frac{3}{4}", "\\dfrac34". A label holding
+"#### " is a worked solution in GSM8K's format: the reference answer is what follows its last "####".
 A candidate that is not a number (e.g. "\\sqrt{2}") is compared with the label as a string
 after removing spaces and "$", so exact symbolic answers still count.
 
@@ -197,7 +198,8 @@ def math_exact_reward(
 
     Args:
       responses: B response strings (the generated part only, not the prompt).
-      labels: B reference answers (str, int or float; "12", "12.0", " 12 " and 12 are equal).
+      labels: B reference answers (str, int or float; "12", "12.0", " 12 " and 12 are equal; a
+        GSM8K solution "... #### 12" is 12).
       mode: a key of `EXTRACTORS` ("first_integer", "bare_number", "answer") or "latex".
 
     Returns:
@@ -227,6 +229,8 @@ def math_exact_reward(
             )
         if isinstance(label, numbers.Real) and not isinstance(label, bool):  # numpy's too
             label = int(label) if isinstance(label, numbers.Integral) else float(label)
+        if isinstance(label, str) and "####" in label:  # GSM8K's worked solution: the answer follows the last ####
+            label = label.rsplit("####", 1)[1].strip()
         if not isinstance(label, (str, int, float)) or isinstance(label, bool):
             raise RewardError(
                 f"math reward: label {i} is a {type(label).__name__} ({label!r:.80}), not a reference answer; "

@@ -161,6 +161,15 @@ def test_a_label_that_is_no_answer_is_refused_not_scored_zero():
     assert out.rewards.tolist() == [1.0, 1.0, 0.0]
 
 
+def test_a_gsm8k_solution_as_label_is_read_as_the_number_after_its_last_hashes():
+    """openai/gsm8k's answer column is a worked solution ending in "#### N"; used as --data.label_key with
+    builtin:math it scored every response 0."""
+    label = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nShe sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
+    out = math_exact_reward(["The answer is 72.", "so \\boxed{72}", "it is 24", "#### 72"], [label] * 4, mode="answer")
+    assert out.rewards.tolist() == [1.0, 1.0, 0.0, 1.0]
+    assert math_exact_reward(["1,234"], ["so #### 1,234"]).rewards.tolist() == [1.0]
+
+
 def test_empty_batch():
     out = math_exact_reward([], [])
     assert out.rewards.shape == (0,) and out.scores.shape == (0,)
