@@ -264,6 +264,8 @@ def _read_jsonl(path: Path) -> Iterator[Record]:
                 raise DataError(
                     f"{path}, line {lineno}: expected a JSON object, got {type(data).__name__}"
                 )
+            if "\\ud" in line.lower():
+                _check_surrogates(data, f"{path}, line {lineno}")
             yield Record(data, f"line {lineno}")
 
 
@@ -292,12 +294,25 @@ def _read_json(path: Path) -> Iterator[Record]:
             f"{path}: expected a JSON list of objects or {{\"data\": [...]}}, "
             f"got {type(data).__name__}"
         )
+    surrogates = "\\ud" in text.lower()
     for i, item in enumerate(data):
         if not isinstance(item, dict):
             raise DataError(
                 f"{path}, record {i}: expected a JSON object, got {type(item).__name__}"
             )
+        if surrogates:
+            _check_surrogates(item, f"{path}, record {i}")
         yield Record(item, f"record {i}")
+
+
+def _check_surrogates(data: dict, where: str) -> None:
+    """DataError when a string of `data` holds half of a UTF-16 surrogate pair (an escape such as "\\ud83d"
+    without its partner, as a text cut in the middle of an emoji leaves), which no tokenizer encodes."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(f"{where}: a lone UTF-16 surrogate escape (\\u{ord(exc.object[exc.start]):04x}), half of a "
+                        "character that no tokenizer can encode; fix or drop the record") from exc
 
 
 def _read_table(path: Path) -> Iterator[Record]:

@@ -259,6 +259,18 @@ def test_a_utf8_byte_order_mark_is_skipped(tmp_path):
         load_prompts(tmp_path / "c.jsonl")
 
 
+def test_a_lone_surrogate_escape_names_its_line_and_a_pair_reads(tmp_path):
+    """"\\ud83d" alone (an emoji cut in half) made the tokenizer raise a TypeError from inside."""
+    (tmp_path / "a.jsonl").write_text('{"input": "ok \\ud83d\\ude00"}\n{"input": "cut \\ud83d"}\n')
+    (tmp_path / "b.json").write_text('[{"input": "ok \\ud83d\\ude00"}, {"input": "cut \\uD83D"}]')
+    with pytest.raises(DataError, match=r"a\.jsonl, line 2: a lone UTF-16 surrogate escape \(\\ud83d\)"):
+        load_prompts(tmp_path / "a.jsonl")
+    with pytest.raises(DataError, match=r"b\.json, record 1: a lone UTF-16 surrogate escape"):
+        load_prompts(tmp_path / "b.json")
+    (tmp_path / "c.jsonl").write_text('{"input": "ok \\ud83d\\ude00"}\n')
+    assert [e.text for e in load_prompts(tmp_path / "c.jsonl")] == ["ok \U0001F600"]
+
+
 def test_json_of_wrong_shape(tmp_path):
     path = tmp_path / "p.json"
     path.write_text('{"rows": []}', encoding="utf-8")
