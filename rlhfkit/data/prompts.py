@@ -104,6 +104,11 @@ def load_prompts(
             "load_prompts: apply_chat_template=True needs a tokenizer with apply_chat_template; "
             f"got {type(tokenizer).__name__}"
         )
+    if apply_chat_template and getattr(tokenizer, "chat_template", "") is None:  # a base model's tokenizer
+        raise ConfigError(
+            "--data.apply_chat_template: the tokenizer has no chat template (a base model's); give a model "
+            "whose tokenizer has one, or string prompts with --data.input_template (e.g. 'Q: {}\\nA: ')"
+        )
     name, kept = kept_records(source, input_key, label_key, apply_chat_template, input_template,
                                max_samples, shuffle_seed, split, config, data_dir)
     examples = []

@@ -366,6 +366,13 @@ def test_chat_template_without_tokenizer_is_a_config_error(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])
     with pytest.raises(ConfigError, match="needs a tokenizer"):
         load_prompts(path, apply_chat_template=True)
+    from rlhfkit.models import tiny_tokenizer
+
+    base = tiny_tokenizer()
+    base.chat_template = None  # a base model's tokenizer: the failure was reported as the first record's
+    with pytest.raises(ConfigError, match=r"--data.apply_chat_template: the tokenizer has no chat template .* "
+                                          r"--data.input_template"):
+        load_prompts(path, tokenizer=base, apply_chat_template=True)
 
 
 # --------------------------------------------------------------------------- order
