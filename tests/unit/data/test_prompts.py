@@ -350,8 +350,9 @@ def test_chat_template_with_a_real_tokenizer(tmp_path):
 
 def test_chat_template_failure_names_the_record(tmp_path):
     tok = tiny_tokenizer()
-    path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])  # the tokenizer has no chat_template
-    msg = r"p\.jsonl, line 1, key 'input': the tokenizer's chat template failed"
+    tok.chat_template = "{{ raise_exception('no system turns here') }}"  # a template that refuses these messages
+    path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])
+    msg = r"p\.jsonl, line 1, key 'input': the tokenizer's chat template failed \(.*no system turns here"
     with pytest.raises(DataError, match=msg):
         load_prompts(path, tokenizer=tok, apply_chat_template=True)
 
@@ -366,10 +367,7 @@ def test_chat_template_without_tokenizer_is_a_config_error(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])
     with pytest.raises(ConfigError, match="needs a tokenizer"):
         load_prompts(path, apply_chat_template=True)
-    from rlhfkit.models import tiny_tokenizer
-
-    base = tiny_tokenizer()
-    base.chat_template = None  # a base model's tokenizer: the failure was reported as the first record's
+    base = tiny_tokenizer()  # no chat template, as a base model's tokenizer: the failure was the first record's
     with pytest.raises(ConfigError, match=r"--data.apply_chat_template: the tokenizer has no chat template .* "
                                           r"--data.input_template"):
         load_prompts(path, tokenizer=base, apply_chat_template=True)
