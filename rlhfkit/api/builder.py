@@ -50,7 +50,7 @@ from rlhfkit.models.reward import is_reward_model_folder, prm_settings
 from rlhfkit.models.vision import is_vision_model, language_lora_targets
 from rlhfkit.models.vision_reward import is_vision_reward_folder
 from rlhfkit.rewards.remote import RemoteRewardFn
-from rlhfkit.rewards.resolve import resolve_reward
+from rlhfkit.rewards.resolve import BUILTIN_REWARDS, resolve_reward
 from rlhfkit.rewards.reward_model import (
     ProcessRewardFn,
     RewardModelFn,
@@ -429,6 +429,15 @@ def prompt_options(cfg: RLConfig, eval: bool = False) -> dict:
                        max_samples=d.max_samples))
     return dict(input_key=d.input_key, label_key=d.label_key, apply_chat_template=d.apply_chat_template,
                 input_template=d.input_template, shuffle_seed=cfg.train.seed, **where)
+
+
+def label_reward(cfg: RLConfig, eval: bool = False) -> str | None:
+    """The flag and value of the prompts' reward when it is a builtin that scores each response against its
+    prompt's label (builtin:math, builtin:code), "--reward.remote_url builtin:math"; with `eval`, the eval
+    prompts' (--eval.verifier, else the training reward). None for any other reward."""
+    flag, reward = (("--eval.verifier", cfg.eval.verifier) if eval and cfg.eval.verifier
+                    else ("--reward.remote_url", cfg.reward.remote_url))
+    return f"{flag} {reward}" if reward in BUILTIN_REWARDS else None
 
 
 def prompt_source(cfg: RLConfig, dataset=None):

@@ -39,6 +39,7 @@ from rlhfkit.api.builder import (
     build_engine,
     build_executor,
     fit_to_positions,
+    label_reward,
     load_reward,
     prompt_options,
     resolve_autocast,
@@ -118,7 +119,7 @@ def _checked_options(cfg: RLConfig, vision: str | None = None) -> dict:
     V.check_data(cfg, cfg.eval.dataset, vision is not None, eval=True, shuffle=False)
     options = {**prompt_options(cfg, eval=True), "shuffle_seed": None}
     if vision is None:
-        check_prompts(cfg.eval.dataset, **options)
+        check_prompts(cfg.eval.dataset, **options, labels_for=label_reward(cfg, eval=True))
     return options
 
 

@@ -4,7 +4,7 @@ data and files before any model loads, then `rlhfkit.RLTrainer.from_config(cfg).
 
 from __future__ import annotations
 
-from rlhfkit.api.builder import load_reward, prompt_options, prompt_source
+from rlhfkit.api.builder import label_reward, load_reward, prompt_options, prompt_source
 from rlhfkit.api.rl import OPDTrainer, RLTrainer
 from rlhfkit.api.vision import check_data, policy_folder
 from rlhfkit.config import RLConfig
@@ -30,7 +30,7 @@ def check_inputs(cfg: RLConfig) -> None:
         if dataset:
             check_data(cfg, dataset, vision, eval=is_eval)
             if not vision:
-                check_prompts(dataset, **prompt_options(cfg, eval=is_eval))
+                check_prompts(dataset, **prompt_options(cfg, eval=is_eval), labels_for=label_reward(cfg, is_eval))
     if cfg.eval.verifier:
         load_reward(cfg.eval.verifier)
 

@@ -232,8 +232,9 @@ class DataConfig:
     """The prompt dataset of training."""
 
     prompt_dataset: str | None = None
-    """Prompts: a .jsonl / .json / .parquet file, a datasets folder (save_to_disk, or a folder of data
-    files), or a hub dataset name (org/name; org/name@dir for a data dir). A local path wins over a hub name.
+    """Prompts: a .jsonl / .json / .parquet / .csv / .arrow file, a datasets folder (save_to_disk, or a
+    folder of data files), or a hub dataset name (org/name; org/name@dir for a data dir). A local path wins
+    over a hub name.
     Several, comma-separated (a.jsonl,b.jsonl): read as one, in order, or mixed by --data.prompt_probs."""
     prompt_probs: str | None = None
     """Mix the comma-separated datasets of --data.prompt_dataset with these comma-separated probabilities
@@ -250,7 +251,7 @@ class DataConfig:
     """The record's prompt: a string, or a message list [{"role", "content"}, ...] (needs apply_chat_template)."""
     label_key: str | None = None
     """Record key of the label (e.g. the reference answer) given to the reward function; none = no
-    labels."""
+    labels. A dotted path reads nested columns: reward_model.ground_truth (verl's data)."""
     apply_chat_template: bool = False
     """Render each prompt with the tokenizer's chat template (as one user message, or the record's
     message list)."""

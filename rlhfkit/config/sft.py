@@ -83,7 +83,7 @@ class SupervisedDataConfig:
     """Training and evaluation data and their record keys."""
 
     dataset: str | None = None
-    """Training data: .jsonl / .json / .parquet, a datasets folder or a hub dataset name (org/name;
+    """Training data: .jsonl / .json / .parquet / .csv / .arrow, a datasets folder or a hub dataset name (org/name;
     org/name@dir for a data dir); several, comma-separated, are read as one (concatenated, or mixed by
     --data.dataset_probs); required unless the API is given a train_dataset."""
     dataset_probs: str | None = None
@@ -113,7 +113,8 @@ class SupervisedDataConfig:
     output_key: str | None = "output"
     """SFT / KTO: the response string."""
     prompt_key: str | None = "prompt"
-    """Preference data: the prompt; none when chosen/rejected are whole conversations."""
+    """Preference data: the prompt; none when chosen/rejected are whole conversations, or whole texts whose
+    common beginning is the prompt (TRL's implicit prompt, e.g. Anthropic/hh-rlhf)."""
     chosen_key: str = "chosen"
     """Preference data: the preferred response (or whole conversation)."""
     rejected_key: str = "rejected"

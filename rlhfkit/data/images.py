@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.data.prompts import PromptExample, kept_records
-from rlhfkit.data.records import Record, Source, first_line, is_messages, source_name
+from rlhfkit.data.records import Record, Source, first_line, is_messages, label_value, source_name
 from rlhfkit.data.types import PromptItem
 from rlhfkit.errors import ConfigError, DataError
 
@@ -285,7 +285,7 @@ def load_vision_prompts(source: Source, processor, input_key: str = "input", lab
         except Exception as exc:  # jinja / transformers raise many types
             raise DataError(f"{name}, {record.where}: the processor's chat template failed ({type(exc).__name__}: "
                             f"{first_line(exc)})") from exc
-        label = record.data[label_key] if label_key is not None else None
+        label = label_value(record, label_key, "label_key", name) if label_key is not None else None
         # raw: the record as given (a string prompt stays a string: TRL's reward contract then passes strings)
         out.append(VisionExample(PromptExample(text=text, label=label, raw=dict(record.data), index=i), opened))
     return out

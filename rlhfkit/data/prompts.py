@@ -2,7 +2,7 @@
 
 Sources (read by rlhfkit.data.records; a path is chosen by its suffix):
   *.jsonl          one JSON object per line (blank lines are skipped)
-  *.json           a list of objects, or {"data": [...]}
+  *.json           a list of objects, or {"data": [...]}, or JSON Lines
   *.parquet        read with pyarrow
   a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`),
                    or a folder of data files (`datasets.load_dataset(folder)`)
@@ -32,6 +32,7 @@ from rlhfkit.data.records import (
     Source,
     first_line,
     is_messages,
+    label_value,
     read_records,
     require_key,
     source_name,
@@ -103,13 +104,18 @@ def load_prompts(
             "load_prompts: apply_chat_template=True needs a tokenizer with apply_chat_template; "
             f"got {type(tokenizer).__name__}"
         )
+    if apply_chat_template and getattr(tokenizer, "chat_template", "") is None:  # a base model's tokenizer
+        raise ConfigError(
+            "--data.apply_chat_template: the tokenizer has no chat template (a base model's); give a model "
+            "whose tokenizer has one, or string prompts with --data.input_template (e.g. 'Q: {}\\nA: ')"
+        )
     name, kept = kept_records(source, input_key, label_key, apply_chat_template, input_template,
                                max_samples, shuffle_seed, split, config, data_dir)
     examples = []
     for i, record in kept:
-        value = _prompt_value(record, input_key, name, apply_chat_template)
+        value = _prompt_value(record, input_key, name, apply_chat_template, input_template)
         text = _render(value, f"{name}, {record.where}, key {input_key!r}", tokenizer, input_template)
-        label = record.data[label_key] if label_key is not None else None
+        label = label_value(record, label_key, "label_key", name) if label_key is not None else None
         examples.append(PromptExample(text=text, label=label, raw=record.data, index=i))
     return examples
 
@@ -125,15 +131,24 @@ def check_prompts(
     split: str = "train",
     config: str | None = None,
     data_dir: str | None = None,
+    labels_for: str | None = None,
 ) -> int:
     """Every check `load_prompts` makes with these arguments, without a tokenizer (nothing is
     rendered): the source, the keys of every record, the prompt type of every kept record (a
     string, or with `apply_chat_template` also a message list). Returns the number of prompts
-    `load_prompts` would build. Raises as `load_prompts`."""
+    `load_prompts` would build. Raises as `load_prompts`; with `labels_for` (the flag and value of a
+    reward that scores against each prompt's label, "--reward.remote_url builtin:math"), also when
+    there is no label_key or a kept record's label is null."""
+    if labels_for is not None and label_key is None:
+        raise ConfigError(f"{labels_for} scores each response against its prompt's reference answer: set "
+                          "--data.label_key to the column holding it")
     name, kept = kept_records(source, input_key, label_key, apply_chat_template, input_template,
                                max_samples, shuffle_seed, split, config, data_dir)
     for _, record in kept:
-        _prompt_value(record, input_key, name, apply_chat_template)
+        _prompt_value(record, input_key, name, apply_chat_template, input_template)
+        if labels_for is not None and label_value(record, label_key, "label_key", name) is None:
+            raise DataError(f"{name}, {record.where}, key {label_key!r} (--data.label_key): null, and {labels_for} "
+                            "needs each prompt's reference answer; fill it in or drop the record")
     return len(kept)
 
 
@@ -149,7 +164,7 @@ def kept_records(
     for record in records:
         require_key(record, input_key, "input_key", name)
         if label_key is not None:
-            require_key(record, label_key, "label_key", name)
+            label_value(record, label_key, "label_key", name)
     order = list(range(len(records)))
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(order)
@@ -188,9 +203,10 @@ def _check_arguments(apply_chat_template: bool, input_template: str | None, max_
 # ---------------------------------------------------------------------------------------------
 
 
-def _prompt_value(record: Record, input_key: str, source: str, apply_chat_template: bool) -> str | list[dict]:
+def _prompt_value(record: Record, input_key: str, source: str, apply_chat_template: bool,
+                  input_template: str | None = None) -> str | list[dict]:
     """The record's prompt: a string, or (with `apply_chat_template`) a message list; a string
-    becomes one user message. DataError for any other type."""
+    becomes one user message. DataError for any other type, and for a string that renders empty."""
     value = record.data[input_key]
     where = f"{source}, {record.where}, key {input_key!r}"
     if apply_chat_template:
@@ -203,6 +219,9 @@ def _prompt_value(record: Record, input_key: str, source: str, apply_chat_templa
             f"got {type(value).__name__}"
         )
     if isinstance(value, str):
+        if (input_template or "{}").format(value) == "":
+            raise DataError(f"{where}: an empty prompt, which gives the policy no token to start from; "
+                            "give it text or drop the record")
         return value
     if is_messages(value):
         raise DataError(

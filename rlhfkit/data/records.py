@@ -2,8 +2,9 @@
 
 Sources (a path is chosen by its suffix; an existing local path always wins over a hub name):
   *.jsonl          one JSON object per line (blank lines are skipped)
-  *.json           a list of objects, or {"data": [...]}
+  *.json           a list of objects, or {"data": [...]}, or JSON Lines (one object per line)
   *.parquet        read with pyarrow
+  *.csv, *.arrow   a header line and one row a line (column types inferred); an Arrow stream or file
   a folder         a HF `datasets` folder written by `save_to_disk` (a `DatasetDict` -> `split`), or a
                    folder of data files as `datasets.load_dataset(folder)` reads it (a downloaded hub
                    dataset: its README's configs, `config`, `data_dir`, `split`)
@@ -37,7 +38,7 @@ from rlhfkit.errors import ConfigError, DataError, one_line
 if TYPE_CHECKING:
     import datasets
 
-SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
+SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")
 
 # What every loader reads: a path, records in memory, a HF `datasets` object, or a Blend of them.
 Source = Union[str, Path, list[dict], "datasets.Dataset", "datasets.DatasetDict", "Blend"]
@@ -159,6 +160,25 @@ def require_key(record: Record, key: str, arg: str, source: str | Path) -> None:
         )
 
 
+def label_value(record: Record, key: str, arg: str, source: str | Path) -> Any:
+    """The record's `key` value; a key with dots that is no column of its own reads nested dicts, as verl's
+    data holds the answer: "reward_model.ground_truth" is record["reward_model"]["ground_truth"]. DataError
+    naming the source, record and flag `arg` when a part is missing."""
+    if key in record.data or "." not in key:
+        require_key(record, key, arg, source)
+        return record.data[key]
+    value: Any = record.data
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(value, dict) or part not in value:
+            inside = ".".join(parts[:depth]) or "the record"
+            has = f"keys {sorted(map(str, value))}" if isinstance(value, dict) else f"a {type(value).__name__}"
+            raise DataError(f"{source}, {record.where}: no key {key!r} ({arg}): {inside} has {has}; set {arg} "
+                            "to a column, or to a dotted path into nested columns (reward_model.ground_truth)")
+        value = value[part]
+    return value
+
+
 def is_messages(value: Any) -> bool:
     """True for a non-empty list of dicts that each have "role" and "content"."""
     return (
@@ -211,8 +231,8 @@ def _read_records(path: Path, split: str, config: str | None, data_dir: str | No
         yield from _read_jsonl(path)
     elif path.suffix == ".json":
         yield from _read_json(path)
-    elif path.suffix == ".parquet":
-        yield from _read_parquet(path)
+    elif path.suffix in (".parquet", ".csv", ".arrow"):
+        yield from _read_table(path)
     else:
         raise DataError(
             f"{path}: unsupported file type {path.suffix!r}; use one of "
@@ -225,7 +245,7 @@ def _read_jsonl(path: Path) -> Iterator[Record]:
     with path.open("rb") as f:
         for lineno, raw_line in enumerate(f, start=1):
             try:
-                line = raw_line.decode("utf-8")
+                line = raw_line.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a BOM (Windows editors) skipped
             except UnicodeDecodeError as exc:
                 raise DataError(
                     f"{path}, line {lineno}: bytes that are not UTF-8 (at column {exc.start + 1}); "
@@ -244,14 +264,17 @@ def _read_jsonl(path: Path) -> Iterator[Record]:
                 raise DataError(
                     f"{path}, line {lineno}: expected a JSON object, got {type(data).__name__}"
                 )
+            if "\\ud" in line.lower():
+                _check_surrogates(data, f"{path}, line {lineno}")
             yield Record(data, f"line {lineno}")
 
 
 def _read_json(path: Path) -> Iterator[Record]:
-    """A JSON list of objects, or an object whose "data" field is such a list."""
+    """A JSON list of objects, or an object whose "data" field is such a list; a file of several objects
+    (JSON Lines) is read as .jsonl."""
     raw = path.read_bytes()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a BOM (Windows editors) skipped
     except UnicodeDecodeError as exc:
         lineno = raw.count(b"\n", 0, exc.start) + 1
         raise DataError(
@@ -260,6 +283,9 @@ def _read_json(path: Path) -> Iterator[Record]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data" and text.lstrip().startswith("{"):  # JSON Lines named .json, as
+            yield from _read_jsonl(path)                                  # datasets' json loader reads it
+            return
         raise DataError(f"{path}, line {exc.lineno}: not valid JSON ({exc.msg})") from exc
     if isinstance(data, dict) and "data" in data:
         data = data["data"]
@@ -268,22 +294,48 @@ def _read_json(path: Path) -> Iterator[Record]:
             f"{path}: expected a JSON list of objects or {{\"data\": [...]}}, "
             f"got {type(data).__name__}"
         )
+    surrogates = "\\ud" in text.lower()
     for i, item in enumerate(data):
         if not isinstance(item, dict):
             raise DataError(
                 f"{path}, record {i}: expected a JSON object, got {type(item).__name__}"
             )
+        if surrogates:
+            _check_surrogates(item, f"{path}, record {i}")
         yield Record(item, f"record {i}")
 
 
-def _read_parquet(path: Path) -> Iterator[Record]:
-    """Rows of a parquet file, as dicts."""
+def _check_surrogates(data: dict, where: str) -> None:
+    """DataError when a string of `data` holds half of a UTF-16 surrogate pair (an escape such as "\\ud83d"
+    without its partner, as a text cut in the middle of an emoji leaves), which no tokenizer encodes."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(f"{where}: a lone UTF-16 surrogate escape (\\u{ord(exc.object[exc.start]):04x}), half of a "
+                        "character that no tokenizer can encode; fix or drop the record") from exc
+
+
+def _read_table(path: Path) -> Iterator[Record]:
+    """Rows of a parquet, CSV (a header line, then one row a line; column types inferred) or Arrow file (as
+    `datasets` writes them), as dicts; OpenRLHF reads these suffixes with datasets.load_dataset."""
+    import pyarrow as pa
+    import pyarrow.csv
     import pyarrow.parquet as pq
 
+    kind = path.suffix[1:]
     try:
-        rows = pq.read_table(path).to_pylist()
+        if kind == "parquet":
+            table = pq.read_table(path)
+        elif kind == "csv":
+            table = pyarrow.csv.read_csv(path)
+        else:
+            try:  # datasets' .arrow files are Arrow streams; others are Arrow (IPC) files
+                table = pa.ipc.open_stream(path).read_all()
+            except pa.ArrowInvalid:
+                table = pa.ipc.open_file(path).read_all()
+        rows = table.to_pylist()
     except Exception as exc:  # pyarrow raises several types for corrupt files
-        raise DataError(f"{path}: cannot read as parquet ({type(exc).__name__}: {exc})") from exc
+        raise DataError(f"{path}: cannot read as {kind} ({type(exc).__name__}: {first_line(exc)})") from exc
     for i, row in enumerate(rows):
         yield Record(row, f"record {i}")
 

@@ -90,14 +90,18 @@ class TextFormat:
         self.renderer = tokenizer  # whose apply_chat_template renders the conversation (a VLM: its processor)
 
     def encode(self, prompt: Any, response: Any, where: str, all_turns: bool,
-               record: dict | None = None) -> TokenSample:
-        """prompt: a string or a message list; response: a string, or None when `prompt` is a
-        whole conversation. `all_turns`: every assistant turn is a target, else only the last.
-        `record`: the whole record (a format that reads more of it, e.g. its images)."""
+               record: dict | None = None, response_where: str | None = None) -> TokenSample:
+        """prompt: a string or a message list; response: a string (with the chat template, or a list of
+        assistant turns), or None when `prompt` is a whole conversation. `all_turns`: every assistant
+        turn is a target, else only the last. `record`: the whole record (a format that reads more of
+        it, e.g. its images). `where` / `response_where` name the prompt / the response in errors."""
+        response_where = response_where or where
         if self.chat:
             messages = _as_messages(prompt, where)
-            if response is not None:
-                messages = messages + [{"role": "assistant", "content": _as_str(response, where)}]
+            if is_messages(response):  # TRL's conversational completion: its assistant turn(s)
+                messages = messages + list(response)
+            elif response is not None:
+                messages = messages + [{"role": "assistant", "content": _as_str(response, response_where)}]
             segments = self._chat_segments(messages, where)
             if not all_turns:  # only the final assistant turn is the answer
                 last = max(i for i, (_, target) in enumerate(segments) if target)
@@ -108,7 +112,7 @@ class TextFormat:
         else:
             text = _as_str(prompt, where)
             text = self.template.format(text) if self.template is not None else text
-            answer = self._ids(_as_str(response, where)) + [self.tokenizer.eos_token_id]
+            answer = self._ids(_as_str(response, response_where)) + [self.tokenizer.eos_token_id]
             pieces = [(self._ids(text), False), (answer, True)]
         return _to_sample(pieces, where)
 
@@ -255,7 +259,8 @@ def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_k
         if reward_template is not None:
             prompt = render_reward(reward_template, _as_str(prompt, where), record.data[reward_key],
                                    f"{where}, key {reward_key!r}")
-        s = fmt.encode(prompt, response, f"{where}, key {input_key!r}", all_turns=True, record=record.data)
+        s = fmt.encode(prompt, response, f"{where}, key {input_key!r}", all_turns=True, record=record.data,
+                       response_where=f"{where}, key {output_key!r}")
         s.index = i
         if sample_length(s) > max_len:
             skipped += 1
@@ -277,27 +282,57 @@ def load_pairs(source: Source, fmt: TextFormat, prompt_key: str | None = "prompt
                rejected_key: str = "rejected", max_len: int = 2048, max_samples: int | None = None,
                seed: int | None = None, split: str = "train", config: str | None = None,
                data_dir: str | None = None) -> tuple[list[PairSample], int]:
-    """Preference pairs. chosen/rejected are strings (with `prompt_key`), or whole conversations
-    (message lists whose last assistant turn is the compared answer; `prompt_key` may be None)."""
+    """Preference pairs. chosen/rejected are strings or TRL's assistant turns (after the prompt of
+    `prompt_key`), whole conversations (message lists whose last assistant turn is the compared answer;
+    `prompt_key` may be None), or, with `prompt_key` None, whole texts whose common beginning is the
+    prompt (TRL's implicit prompt; OpenRLHF without --prompt_key trains on the whole texts, and the
+    shared beginning cancels in the DPO loss and does not move a reward model's final score)."""
     keys = {"--data.chosen_key": chosen_key, "--data.rejected_key": rejected_key}
     rows = select_records(source, keys, max_samples, seed, split, config, data_dir)
     pairs, skipped = [], 0
     for i, record, p in rows:
         where = f"{p}, {record.where}"
-        sides = []
-        for key in (chosen_key, rejected_key):
-            value = record.data[key]
-            if is_messages(value):
-                sides.append(fmt.encode(value, None, f"{where}, key {key!r}", all_turns=False, record=record.data))
-            else:  # a response string: the prompt comes from prompt_key
-                require_key(record, prompt_key or "prompt", "--data.prompt_key", p)
-                prompt = record.data[prompt_key or "prompt"]
-                sides.append(fmt.encode(prompt, value, f"{where}, key {key!r}", all_turns=False, record=record.data))
+        texts = (record.data[chosen_key], record.data[rejected_key])
+        cut = shared_prefix(*texts) if prompt_key is None and all(isinstance(t, str) for t in texts) else None
+        sides = [_pair_side(fmt, record, key, value, prompt_key, cut, where)
+                 for key, value in zip((chosen_key, rejected_key), texts)]
         if max(sample_length(s) for s in sides) > max_len:
             skipped += 1
             continue
         pairs.append(PairSample(sides[0], sides[1], i, _margin(record, where)))
     return nonempty(pairs, skipped, max_len, source), skipped
+
+
+def _pair_side(fmt: TextFormat, record: Record, key: str, value: Any, prompt_key: str | None, cut: int | None,
+               where: str) -> TokenSample:
+    """One side of a pair: a whole conversation, a text split at `cut` (implicit prompt), or an answer after
+    the record's `prompt_key` value."""
+    if is_messages(value) and not answer_only(value):  # a whole conversation, prompt included
+        return fmt.encode(value, None, f"{where}, key {key!r}", all_turns=False, record=record.data)
+    if cut is not None:
+        return fmt.encode(value[:cut], value[cut:], f"{where}, key {key!r}", all_turns=False, record=record.data)
+    if prompt_key is None or prompt_key not in record.data:  # the answer alone: its prompt is missing
+        raise DataError(f"{where}: no key {prompt_key or 'prompt'!r} (--data.prompt_key) for the answer under "
+                        f"{key!r}; the record has keys {sorted(record.data)}; set --data.prompt_key to the prompt's "
+                        "column, or to none when the chosen and rejected strings hold the whole text (the prompt is "
+                        "then their common beginning)")
+    return fmt.encode(record.data[prompt_key], value, f"{where}, key {prompt_key!r}", all_turns=False,
+                      record=record.data, response_where=f"{where}, key {key!r}")
+
+
+def shared_prefix(a: str, b: str) -> int:
+    """Where an implicit prompt ends: the length of the common beginning of `a` and `b`, less a final space (which
+    goes with the answers, as BPE tokenizers attach a space to the word after it), as TRL's extract_prompt cuts."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n - 1 if n > 0 and a[n - 1] == " " else n
+
+
+def answer_only(messages: list[dict]) -> bool:
+    """True for messages that are all assistant turns: an answer whose prompt is elsewhere (TRL's
+    conversational preference data with an explicit prompt, `{"prompt": [user], "chosen": [assistant]}`)."""
+    return all(m["role"] == "assistant" for m in messages)
 
 
 def _margin(record: Record, where: str) -> float:
@@ -323,8 +358,9 @@ def load_unpaired(source: Source, fmt: TextFormat, prompt_key: str = "prompt", o
         label = record.data[label_key]
         if not isinstance(label, bool):
             raise DataError(f"{where}, key {label_key!r}: expected true or false, got {label!r}")
-        s = fmt.encode(record.data[prompt_key], record.data[output_key], where, all_turns=False,
-                       record=record.data)  # (its images, with a vision-language model's format)
+        s = fmt.encode(record.data[prompt_key], record.data[output_key], f"{where}, key {prompt_key!r}",
+                       all_turns=False, record=record.data,  # (its images, with a vision-language model's format)
+                       response_where=f"{where}, key {output_key!r}")
         if sample_length(s) > max_len:
             skipped += 1
             continue

@@ -47,7 +47,7 @@ class VisionTextFormat(TextFormat):
         self._parts: list[VisionInputs] = []
 
     def encode(self, prompt: Any, response: Any, where: str, all_turns: bool,
-               record: dict | None = None) -> TokenSample:
+               record: dict | None = None, response_where: str | None = None) -> TokenSample:
         images = record_images(record or {}, self.image_key)
         messages, values = messages_with_images(prompt, images, where)
         if len(values) > self.max_images:
@@ -55,7 +55,7 @@ class VisionTextFormat(TextFormat):
                             f"{self.max_images}; raise it or drop images from the record")
         self._queue = [open_image(v, f"{where}, image {k}", self.base_dir) for k, v in enumerate(values)]
         self._parts = []
-        sample = super().encode(messages, response, where, all_turns)
+        sample = super().encode(messages, response, where, all_turns, response_where=response_where)
         if self._queue:
             raise DataError(f"{where}: the chat template rendered fewer image placeholders than the record's "
                             f"{len(values)} images")

@@ -11,7 +11,7 @@ reward functions all go through `CallableRewardFn(func, source, name)`. The trai
 where `raw_prompts[i]` is the dataset's prompt before templating and `records[i]` the dataset row
 (all its columns) of sample i's prompt; prompts with images add `prompt_images=[B list[PIL image] | None]`
 (rewards.reward_model.prompt_images). The function's parameter names say which contract it
-follows (`detect_contract`); anything else is refused in one line naming both:
+follows (`detect_contract`); anything else is refused in one line naming them:
 
 * OpenRLHF (its first parameter is `queries`): `reward_func(queries, prompts, labels, **kwargs)`
   gets the three lists positionally and, as keywords, the caller's other arguments and each
@@ -31,6 +31,9 @@ follows (`detect_contract`); anything else is refused in one line naming both:
   TRL: no `trainer_state=`, `log_extra=` or `log_metric=` (rlhfkit has none of TRL's trainer
   objects; a function that needs one is refused), and keywords the function neither names nor takes
   through **kwargs are dropped, not a TypeError.
+* verl (a function taking `solution_str`, or `solution_strs` for verl's batch reward manager):
+  `compute_score(data_source, solution_str, ground_truth, extra_info=None)` called per sample, by
+  keyword, its float / bool / {"score": ...} results read as verl reads them (`rlhfkit.rewards.verl`).
 
 Either returns what `normalize_reward_output` accepts. A `None` in a returned list means "does not
 apply to this sample": a list of reward functions (`RewardSum`) skips it, as TRL does; a function
@@ -57,12 +60,14 @@ import torch
 
 from rlhfkit.errors import RewardError
 from rlhfkit.rewards.base import RewardOutput, normalize_reward_output
+from rlhfkit.rewards.verl import VerlBatch, is_verl_function
 
-OPENRLHF, TRL = "openrlhf", "trl"
+OPENRLHF, TRL, VERL = "openrlhf", "trl", "verl"
 CONTRACTS = (
     "OpenRLHF's `reward_func(queries, prompts, labels, **kwargs)` (first parameter named "
-    "queries) or TRL's `reward(completions, **kwargs)` (keywords: any of prompts, completions, "
-    "completion_ids and dataset columns, plus **kwargs)"
+    "queries), TRL's `reward(completions, **kwargs)` (keywords: any of prompts, completions, "
+    "completion_ids and dataset columns, plus **kwargs) or verl's `compute_score(data_source, "
+    "solution_str, ground_truth, extra_info=None)`"
 )
 TRL_SKIPPED_COLUMNS = frozenset({"prompt", "completion", "completion_ids"})
 TRL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
@@ -70,7 +75,7 @@ TRL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "lo
 
 
 def detect_contract(func: Callable[..., Any], source: str) -> str:
-    """OPENRLHF or TRL from the names of func's parameters.
+    """OPENRLHF, VERL or TRL from the names of func's parameters.
 
     Raises:
       RewardError: the signature cannot be read, fits neither contract (the message names both),
@@ -93,6 +98,8 @@ def detect_contract(func: Callable[..., Any], source: str) -> str:
                 "`def reward_func(queries, prompts, labels, **kwargs)`"
             ) from exc
         return OPENRLHF
+    if is_verl_function(names):
+        return VERL
     params = signature.parameters.values()
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
     required_positional = [p.name for p in params
@@ -118,8 +125,9 @@ class CallableRewardFn:
         self.name = name or callable_name(func)
         self.source = source or self.name
         self.contract = detect_contract(func, self.source)
-        n_positional = 3 if self.contract == OPENRLHF else 0
-        self._takes_all_kwargs, self._kwarg_names = _keyword_parameters(func, n_positional)
+        self._call = VerlBatch(func, self.source) if self.contract == VERL else func  # verl's: adapted to a batch
+        n_positional = 0 if self.contract == TRL else 3
+        self._takes_all_kwargs, self._kwarg_names = _keyword_parameters(self._call, n_positional)
 
     def __repr__(self) -> str:
         return f"CallableRewardFn({self.source!r}, contract={self.contract!r})"
@@ -150,7 +158,7 @@ class CallableRewardFn:
                 f"and {len(labels)} labels; pass one prompt and one label per query"
             )
         chunks = self._chunks(batch_size, kwargs.get("group_ids"))
-        build = _openrlhf_arguments if self.contract == OPENRLHF else _trl_arguments
+        build = _trl_arguments if self.contract == TRL else _openrlhf_arguments
         args, kw = build(queries, prompts, labels, kwargs)
         if not self._takes_all_kwargs:
             kw = {k: v for k, v in kw.items() if k in self._kwarg_names}
@@ -158,7 +166,7 @@ class CallableRewardFn:
         calls = []
         try:
             for rows in chunks:
-                calls.append(self.func(*(_slice(a, rows, batch_size) for a in args),
+                calls.append(self._call(*(_slice(a, rows, batch_size) for a in args),
                                        **{k: _slice(v, rows, batch_size) for k, v in kw.items()}))
             if any(inspect.isawaitable(c) for c in calls):
                 calls = _run_async(calls)
@@ -189,9 +197,11 @@ class CallableRewardFn:
     def _check(self, out: Any, n: int) -> tuple[RewardOutput, torch.Tensor]:
         """One chunk's result checked; None entries of a plain list become 0 and not-applicable."""
         applies = torch.ones(n, dtype=torch.bool)
-        if isinstance(out, (list, tuple)) and len(out) == n:
-            applies = torch.tensor([v is not None for v in out], dtype=torch.bool)
-            out = [0.0 if v is None else v for v in out]
+        values = out.get("rewards") if isinstance(out, dict) else out
+        if isinstance(values, (list, tuple)) and len(values) == n:
+            applies = torch.tensor([v is not None for v in values], dtype=torch.bool)
+            values = [0.0 if v is None else v for v in values]
+            out = {**out, "rewards": values} if isinstance(out, dict) else values
         return normalize_reward_output(out, n, source=self.source), applies
 
     def _chunks(self, batch_size: int, group_ids: Any) -> list[list[int]]:

@@ -2,8 +2,10 @@
 
 The file defines `reward_func` in OpenRLHF's contract, `reward_func(queries, prompts, labels,
 **kwargs)`, or in TRL's, `reward_func(completions, **kwargs)` (see `rlhfkit.rewards.callables`
-for both). `load_reward_file` imports it under a fresh module name and wraps it in the
-`CallableRewardFn` that callables passed from Python also get: the same keyword arguments
+for both); a file without `reward_func` may define verl's `compute_score(data_source, solution_str,
+ground_truth, extra_info=None)` instead (`rlhfkit.rewards.verl`). `load_reward_file` imports it under a
+fresh module name and wraps it in the `CallableRewardFn` that callables passed from Python also get: the
+same keyword arguments
 (dataset columns included), `async def` support, `batched(K)` / `grouped` (importable from here
 or from `rlhfkit.rewards.callables`), result checks, and a `RewardError` naming the file when it
 raises. Its name in the logs of a list of reward functions is the file's stem.
@@ -32,6 +34,7 @@ __all__ = ["FUNCTION_NAME", "FileRewardFn", "batched", "grouped", "import_python
            "load_reward_file"]
 
 FUNCTION_NAME = "reward_func"
+VERL_FUNCTION_NAME = "compute_score"  # read when the file has no reward_func
 FileRewardFn = CallableRewardFn  # the name before callables shared the wrapper
 
 
@@ -48,12 +51,15 @@ def load_reward_file(path: str | Path) -> CallableRewardFn:
                           "(or reward_fn=)")
     module = import_python_file(path)
     func = getattr(module, FUNCTION_NAME, None)
+    if func is None:  # a verl file: custom_reward_function.name's default
+        func = getattr(module, VERL_FUNCTION_NAME, None)
     if func is None or not callable(func):
-        found = "is not callable" if func is not None else "is not defined"
+        found = "is not callable" if func is not None else f"is not defined (nor {VERL_FUNCTION_NAME})"
         raise RewardError(
             f"reward file {path}: {FUNCTION_NAME} {found}; define "
-            f"`def {FUNCTION_NAME}(queries, prompts, labels, **kwargs)` (OpenRLHF) or "
-            f"`def {FUNCTION_NAME}(completions, **kwargs)` (TRL) in it"
+            f"`def {FUNCTION_NAME}(queries, prompts, labels, **kwargs)` (OpenRLHF), "
+            f"`def {FUNCTION_NAME}(completions, **kwargs)` (TRL) or `def {VERL_FUNCTION_NAME}(data_source, "
+            "solution_str, ground_truth, extra_info=None)` (verl) in it"
         )
     return CallableRewardFn(func, source=str(path), name=path.stem)
 

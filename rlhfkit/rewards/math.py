@@ -9,7 +9,9 @@ these choices:
   * a decimal part is kept ("12.0" equals 12, "3.5" does not equal 3); a sentence's full stop
     is not a decimal point ("The answer is 12." gives 12).
 Values compare exactly as fractions, so "12", "12.0", " 12 ", 12 and "1,234" vs 1234 all match.
-Labels and boxed answers may also be simple fractions: "3/4", "\\frac{3}{4}", "\\dfrac34".
+Labels and boxed answers may also be simple fractions: "3/4", "\\frac{3}{4}", "\\dfrac34". A label holding
+"####" or "\\boxed{" is a worked solution (GSM8K's, MATH's): its reference answer is what follows the last
+"####", else the last box's content (`reference_answer`).
 A candidate that is not a number (e.g. "\\sqrt{2}") is compared with the label as a string
 after removing spaces and "$", so exact symbolic answers still count.
 
@@ -25,6 +27,7 @@ Modes of `math_exact_reward` (chosen from `EXTRACTORS`):
 
 from __future__ import annotations
 
+import numbers
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -178,6 +181,17 @@ def latex_equal(candidate: str | None, label: Any) -> bool:
     return bool(gold and pred and verify(gold, pred, timeout_seconds=timeout))
 
 
+def reference_answer(label: Any) -> Any:
+    """The answer of a label that is a worked solution: GSM8K's "... #### 72" gives "72", MATH's "... so the
+    answer is $\\boxed{\\frac{1}{2}}$." gives "\\frac{1}{2}" (its last box); any other label as it is."""
+    if isinstance(label, str) and "####" in label:
+        return label.rsplit("####", 1)[1].strip()
+    if isinstance(label, str) and "\\boxed" in label:
+        boxed = extract_boxed(label)
+        return label if boxed is None else boxed
+    return label
+
+
 def lenient_correct(response: str, label: Any) -> bool:
     """True when the label's number appears anywhere in the response's first non-empty line."""
     lines = [line for line in response.strip().splitlines() if line.strip()]
@@ -200,7 +214,8 @@ def math_exact_reward(
 
     Args:
       responses: B response strings (the generated part only, not the prompt).
-      labels: B reference answers (str, int or float; "12", "12.0", " 12 " and 12 are equal).
+      labels: B reference answers (str, int or float; "12", "12.0", " 12 " and 12 are equal; a
+        worked solution "... #### 12" or "... \\boxed{12}" is 12).
       mode: a key of `EXTRACTORS` ("first_integer", "bare_number", "answer") or "latex".
 
     Returns:
@@ -208,7 +223,8 @@ def math_exact_reward(
       {"answer_found": [B]} (1.0 where the extractor found an answer at all).
 
     Raises:
-      ConfigError: an unknown mode. RewardError: lengths differ or a label is None.
+      ConfigError: an unknown mode. RewardError: lengths differ, or a label is None or not a string / number
+        (a dict, a list: the wrong --data.label_key).
     """
     if mode not in EXTRACTORS and mode != "latex":
         raise ConfigError(
@@ -226,6 +242,15 @@ def math_exact_reward(
             raise RewardError(
                 f"math reward: label {i} is None; load the prompts with a label_key that holds "
                 "the reference answer"
+            )
+        if isinstance(label, numbers.Real) and not isinstance(label, bool):  # numpy's too
+            label = int(label) if isinstance(label, numbers.Integral) else float(label)
+        label = reference_answer(label)
+        if not isinstance(label, (str, int, float)) or isinstance(label, bool):
+            raise RewardError(
+                f"math reward: label {i} is a {type(label).__name__} ({label!r:.80}), not a reference answer; "
+                "point --data.label_key at the answer itself (a dotted path reads nested columns, e.g. verl's "
+                "reward_model.ground_truth)"
             )
         candidate = extract(response)
         found.append(0.0 if candidate is None else 1.0)

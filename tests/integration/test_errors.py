@@ -75,7 +75,9 @@ def ws(tiny_ws):
     (root / "latin1.jsonl").write_bytes('{"q": "caf\xe9", "a": "1"}\n'.encode("latin-1"))
     (root / "not_string.jsonl").write_text('{"q": 42, "a": "1"}\n')
     (root / "list.jsonl").write_text('[1, 2]\n')
-    (root / "prompts.csv").write_text("q,a\nx,1\n")
+    (root / "empty_prompt.jsonl").write_text('{"q": "a", "a": "1"}\n{"q": "", "a": "2"}\n')
+    (root / "null_label.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5] + [{"q": "b", "a": None}]))
+    (root / "prompts.xlsx").write_bytes(b"PK")
     (root / "bad.parquet").write_bytes(b"PAR1 not really")
     (root / "bad.json").write_text('{"q": [1,}')
     (root / "bad.yaml").write_text("train: [1, 2\n")
@@ -129,10 +131,19 @@ BEFORE_MODELS = [
     ("06-missing-dataset", {"data.prompt_dataset": "{ws}/nope.jsonl"}, "no such file or folder"),
     ("07-prompt-not-a-string", {"data.prompt_dataset": "{ws}/not_string.jsonl"}, "expected a string, got int"),
     ("08-record-not-an-object", {"data.prompt_dataset": "{ws}/list.jsonl"}, "expected a JSON object, got list"),
-    ("09-unsupported-file-type", {"data.prompt_dataset": "{ws}/prompts.csv"}, "unsupported file type '.csv'"),
+    ("09-unsupported-file-type", {"data.prompt_dataset": "{ws}/prompts.xlsx"}, "unsupported file type '.xlsx'"),
     ("10-corrupt-parquet", {"data.prompt_dataset": "{ws}/bad.parquet"}, "cannot read as parquet"),
     ("11-invalid-json-file", {"data.prompt_dataset": "{ws}/bad.json"}, "bad.json, line 1: not valid JSON"),
     ("12-no-dataset-flag", {"data.prompt_dataset": None}, "--data.prompt_dataset is required"),
+    ("104-empty-prompt", {"data.prompt_dataset": "{ws}/empty_prompt.jsonl"},
+     "empty_prompt.jsonl, line 2, key 'q': an empty prompt, which gives the policy no token to start from"),
+    ("105-null-label-for-builtin-math", {"data.prompt_dataset": "{ws}/null_label.jsonl",
+                                         "reward.remote_url": "builtin:math"},
+     "null_label.jsonl, line 6, key 'a' (--data.label_key): null, and --reward.remote_url builtin:math needs each "
+     "prompt's reference answer"),
+    ("106-no-label-key-for-builtin-math", {"data.label_key": None, "reward.remote_url": "builtin:math"},
+     "--reward.remote_url builtin:math scores each response against its prompt's reference answer: set "
+     "--data.label_key"),
     ("13-wrong-type", {"train.seed": "abc"}, "--train.seed: expected int, got 'abc'"),
     ("14-wrong-bool", {"reward.normalize": "maybe"}, "--reward.normalize: expected bool"),
     ("15-unknown-flag", {"rollout.n_sample_per_prompt": 2}, "did you mean --rollout.n_samples_per_prompt"),

@@ -67,9 +67,14 @@ def test_json_list_and_data_wrapper(tmp_path):
     plain.write_text(json.dumps(RECORDS), encoding="utf-8")
     wrapped = tmp_path / "b.json"
     wrapped.write_text(json.dumps({"data": RECORDS}), encoding="utf-8")
-    for path in (plain, wrapped):
+    lines = tmp_path / "c.json"  # JSON Lines named .json, which datasets' json loader (OpenRLHF's) reads
+    lines.write_text("".join(json.dumps(r) + "\n" for r in RECORDS), encoding="utf-8")
+    for path in (plain, wrapped, lines):
         out = load_prompts(path, label_key="answer")
         assert [(e.text, e.label) for e in out] == [(r["input"], r["answer"]) for r in RECORDS]
+    lines.write_text(json.dumps(RECORDS[0]) + "\n" + json.dumps(RECORDS[1])[:-1] + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"c\.json, line 2: not valid JSON"):
+        load_prompts(lines)
 
 
 def test_parquet(tmp_path):
@@ -82,6 +87,27 @@ def test_parquet(tmp_path):
     assert [(e.text, e.label, e.index) for e in out] == [
         (r["input"], r["answer"], i) for i, r in enumerate(RECORDS)
     ]
+
+
+def test_csv_and_arrow_files_as_openrlhf_reads_them(tmp_path):
+    import datasets
+    import pyarrow as pa
+
+    csv = tmp_path / "p.csv"
+    csv.write_text('input,answer\nWhat is 2+3?,5\n"a, b",16\n"caf\u00e9 \u03c0",-1\n', encoding="utf-8")
+    out = load_prompts(csv, label_key="answer")
+    assert [(e.text, e.label) for e in out] == [("What is 2+3?", 5), ("a, b", 16), ("caf\u00e9 \u03c0", -1)]
+    datasets.Dataset.from_list(RECORDS).save_to_disk(str(tmp_path / "ds"))  # an Arrow stream inside
+    (arrow,) = (tmp_path / "ds").glob("*.arrow")
+    table = pa.Table.from_pylist(RECORDS)
+    with pa.ipc.new_file(tmp_path / "f.arrow", table.schema) as writer:  # the Arrow file format
+        writer.write_table(table)
+    for path in (arrow, tmp_path / "f.arrow"):
+        assert [(e.text, e.label) for e in load_prompts(path, label_key="answer")] == [
+            (r["input"], r["answer"]) for r in RECORDS]
+    (tmp_path / "bad.arrow").write_bytes(b"not arrow at all")
+    with pytest.raises(DataError, match=r"bad\.arrow: cannot read as arrow \(ArrowInvalid"):
+        load_prompts(tmp_path / "bad.arrow")
 
 
 def test_hf_folder_dataset_and_datasetdict_split(tmp_path):
@@ -143,6 +169,55 @@ def test_missing_label_key_in_json_names_record(tmp_path):
         load_prompts(path, label_key="answer")
 
 
+def test_a_dotted_label_key_reads_verls_nested_ground_truth(tmp_path):
+    """verl's parquet rows: the prompt a message list, the answer in reward_model.ground_truth."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlhfkit.data.prompts import check_prompts
+
+    rows = [{"data_source": "gsm8k", "prompt": [{"role": "user", "content": f"{i}+1="}],
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}, "extra_info": {"index": i}}
+            for i in range(3)]
+    path = tmp_path / "verl.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    out = load_prompts(path, "prompt", "reward_model.ground_truth", FakeTokenizer(), apply_chat_template=True)
+    assert [(e.text, e.label) for e in out] == [(f"<user>{i}+1=<assistant>", str(i + 1)) for i in range(3)]
+    assert out[0].raw["extra_info"] == {"index": 0}
+    # a column whose own name has a dot wins over the nested path
+    flat = load_prompts([{"input": "a", "x.y": "flat", "x": {"y": "nested"}}], label_key="x.y")
+    assert flat[0].label == "flat"
+    with pytest.raises(DataError, match=r"verl\.parquet, record 0: no key 'reward_model\.answer' \(label_key\): "
+                                        r"reward_model has keys \['ground_truth', 'style'\]"):
+        check_prompts(path, "prompt", "reward_model.answer", apply_chat_template=True)
+    with pytest.raises(DataError, match=r"in-memory list, record 1: no key 'x\.y' \(label_key\): x has a str"):
+        check_prompts([{"input": "a", "x": {"y": 1}}, {"input": "b", "x": "z"}], label_key="x.y")
+
+
+def test_an_empty_prompt_is_refused_unless_a_template_gives_it_text():
+    from rlhfkit.data.prompts import check_prompts
+
+    rows = [{"input": "a"}, {"input": ""}]
+    with pytest.raises(DataError, match=r"in-memory list, record 1, key 'input': an empty prompt"):
+        check_prompts(rows)
+    assert [e.text for e in load_prompts(rows, input_template="Q: {}")] == ["Q: a", "Q: "]
+    assert len(load_prompts(rows, tokenizer=FakeTokenizer(), apply_chat_template=True)) == 2
+
+
+def test_a_builtin_verifier_needs_a_label_in_every_kept_record():
+    from rlhfkit.data.prompts import check_prompts
+
+    rows = [{"input": "a", "answer": "1"}, {"input": "b", "answer": None}]
+    flag = "--reward.remote_url builtin:math"
+    assert check_prompts(rows, label_key="answer") == 2  # another reward may take a null label
+    assert check_prompts(rows, label_key="answer", labels_for=flag, max_samples=1) == 1
+    with pytest.raises(DataError, match=r"record 1, key 'answer' \(--data.label_key\): null, and --reward.remote_url "
+                                        r"builtin:math needs each prompt's reference answer"):
+        check_prompts(rows, label_key="answer", labels_for=flag)
+    with pytest.raises(ConfigError, match=r"builtin:math scores each response .*set --data.label_key"):
+        check_prompts(rows, labels_for=flag)
+
+
 def test_missing_key_is_found_even_past_max_samples(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"input": "a"}, {"inp": "b"}])
     with pytest.raises(DataError, match="line 2"):
@@ -172,6 +247,30 @@ def test_non_utf8_json_names_line(tmp_path):
         load_prompts(path)
 
 
+def test_a_utf8_byte_order_mark_is_skipped(tmp_path):
+    """Files saved by Windows editors start with a BOM, which json.loads refuses."""
+    bom = "\ufeff".encode()
+    (tmp_path / "a.jsonl").write_bytes(bom + b'{"input": "x"}\n{"input": "y"}\n')
+    (tmp_path / "b.json").write_bytes(bom + b'[{"input": "x"}, {"input": "y"}]')
+    for name in ("a.jsonl", "b.json"):
+        assert [e.text for e in load_prompts(tmp_path / name)] == ["x", "y"]
+    (tmp_path / "c.jsonl").write_bytes(b'{"input": "x"}\n' + bom + b'{"input": "y"}\n')  # only at the start
+    with pytest.raises(DataError, match=r"c\.jsonl, line 2: not valid JSON"):
+        load_prompts(tmp_path / "c.jsonl")
+
+
+def test_a_lone_surrogate_escape_names_its_line_and_a_pair_reads(tmp_path):
+    """"\\ud83d" alone (an emoji cut in half) made the tokenizer raise a TypeError from inside."""
+    (tmp_path / "a.jsonl").write_text('{"input": "ok \\ud83d\\ude00"}\n{"input": "cut \\ud83d"}\n')
+    (tmp_path / "b.json").write_text('[{"input": "ok \\ud83d\\ude00"}, {"input": "cut \\uD83D"}]')
+    with pytest.raises(DataError, match=r"a\.jsonl, line 2: a lone UTF-16 surrogate escape \(\\ud83d\)"):
+        load_prompts(tmp_path / "a.jsonl")
+    with pytest.raises(DataError, match=r"b\.json, record 1: a lone UTF-16 surrogate escape"):
+        load_prompts(tmp_path / "b.json")
+    (tmp_path / "c.jsonl").write_text('{"input": "ok \\ud83d\\ude00"}\n')
+    assert [e.text for e in load_prompts(tmp_path / "c.jsonl")] == ["ok \U0001F600"]
+
+
 def test_json_of_wrong_shape(tmp_path):
     path = tmp_path / "p.json"
     path.write_text('{"rows": []}', encoding="utf-8")
@@ -182,10 +281,10 @@ def test_json_of_wrong_shape(tmp_path):
 def test_missing_path_and_unknown_suffix(tmp_path):
     with pytest.raises(DataError, match="no such file"):
         load_prompts(tmp_path / "nope.jsonl")
-    csv = tmp_path / "p.csv"
-    csv.write_text("input\na\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"unsupported file type '\.csv'"):
-        load_prompts(csv)
+    sheet = tmp_path / "p.xlsx"
+    sheet.write_bytes(b"PK")
+    with pytest.raises(DataError, match=r"unsupported file type '\.xlsx'; use one of .jsonl, .json, .parquet, .csv"):
+        load_prompts(sheet)
 
 
 def test_non_string_input_without_chat_template(tmp_path):
@@ -251,8 +350,9 @@ def test_chat_template_with_a_real_tokenizer(tmp_path):
 
 def test_chat_template_failure_names_the_record(tmp_path):
     tok = tiny_tokenizer()
-    path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])  # the tokenizer has no chat_template
-    msg = r"p\.jsonl, line 1, key 'input': the tokenizer's chat template failed"
+    tok.chat_template = "{{ raise_exception('no system turns here') }}"  # a template that refuses these messages
+    path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])
+    msg = r"p\.jsonl, line 1, key 'input': the tokenizer's chat template failed \(.*no system turns here"
     with pytest.raises(DataError, match=msg):
         load_prompts(path, tokenizer=tok, apply_chat_template=True)
 
@@ -267,6 +367,10 @@ def test_chat_template_without_tokenizer_is_a_config_error(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", RECORDS[:1])
     with pytest.raises(ConfigError, match="needs a tokenizer"):
         load_prompts(path, apply_chat_template=True)
+    base = tiny_tokenizer()  # no chat template, as a base model's tokenizer: the failure was the first record's
+    with pytest.raises(ConfigError, match=r"--data.apply_chat_template: the tokenizer has no chat template .* "
+                                          r"--data.input_template"):
+        load_prompts(path, tokenizer=base, apply_chat_template=True)
 
 
 # --------------------------------------------------------------------------- order

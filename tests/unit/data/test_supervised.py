@@ -65,6 +65,53 @@ def test_pairs_from_strings_and_from_conversations_agree(tmp_path, tok):
     assert "".join(tok.convert_ids_to_tokens(a.chosen.response_ids.tolist())) == "4<eos>"
 
 
+def test_trl_conversational_data_with_an_explicit_prompt_keeps_the_prompt(tmp_path, tok):
+    """TRL's conversational preference, prompt-completion and unpaired formats: the prompt is a message
+    list and the answer its own list of assistant turns; each sample is the prompt's turns then the answer's,
+    the same tokens as the string record {"prompt": "2+2?", "chosen": "4"} gives."""
+    fmt = TextFormat(tok, apply_chat_template=True)
+    user, four, five = ([{"role": r, "content": c}] for r, c in
+                        [("user", "2+2?"), ("assistant", "4"), ("assistant", "5")])
+    f1 = write(tmp_path / "p.jsonl", [{"prompt": "2+2?", "chosen": "4", "rejected": "5"}])
+    f2 = write(tmp_path / "trl.jsonl", [{"prompt": user, "chosen": four, "rejected": five, "completion": four,
+                                         "label": True}])
+    (a,), _ = load_pairs(f1, fmt)
+    (b,), _ = load_pairs(f2, fmt)
+    (c,), _ = load_sft(f2, fmt, input_key="prompt", output_key="completion")
+    (d,), _ = load_unpaired(f2, fmt, output_key="completion")
+    assert text(tok, b.chosen.prompt_ids) == "user: 2+2?<eos>assistant: "
+    assert text(tok, b.rejected.response_ids) == "5<eos>"
+    for x, y in [(a.chosen, b.chosen), (a.rejected, b.rejected), (a.chosen, c), (a.chosen, d.sample)]:
+        assert torch.equal(x.prompt_ids, y.prompt_ids) and torch.equal(x.response_ids, y.response_ids)
+    no_prompt = write(tmp_path / "np.jsonl", [{"chosen": four, "rejected": five}])
+    with pytest.raises(DataError, match=r"np.jsonl, line 1: no key 'prompt' \(--data.prompt_key\)"):
+        load_pairs(no_prompt, fmt)
+
+
+def test_a_response_of_the_wrong_type_names_its_own_key(tmp_path, tok):
+    """A CSV column of numbers reads as numbers: the error names the response's key, not the prompt's."""
+    csv = tmp_path / "d.csv"
+    csv.write_text("input,output,prompt,chosen,rejected,label\n1+1=,2,1+1=,2,3,true\n", encoding="utf-8")
+    fmt = TextFormat(tok)
+    for load, key in [(load_sft, "output"), (load_pairs, "chosen"), (load_unpaired, "output")]:
+        with pytest.raises(DataError, match=rf"d\.csv, record 0, key '{key}': expected a string, got int"):
+            load(csv, fmt)
+
+
+def test_whole_texts_without_a_prompt_key_split_at_their_common_beginning(tmp_path, tok):
+    """hh-rlhf's shape, TRL's implicit prompt: chosen and rejected are whole texts; with --data.prompt_key none
+    their shared beginning (less a final space) is the prompt, the rest each answer."""
+    f = write(tmp_path / "hh.jsonl", [{"chosen": "H: 2+2?\nA: It is 4", "rejected": "H: 2+2?\nA: It is 5"},
+                                      {"chosen": "ab", "rejected": "xy"}])
+    (a, b), _ = load_pairs(f, TextFormat(tok), prompt_key=None)
+    assert text(tok, a.chosen.prompt_ids) == text(tok, a.rejected.prompt_ids) == "H: 2+2?\nA: It is"
+    assert text(tok, a.chosen.response_ids) == " 4<eos>" and text(tok, a.rejected.response_ids) == " 5<eos>"
+    assert text(tok, b.chosen.prompt_ids) + text(tok, b.chosen.response_ids) == "ab<eos>"  # nothing shared
+    with pytest.raises(DataError, match=r"hh\.jsonl, line 1: no key 'prompt' \(--data.prompt_key\) for the answer "
+                                        r"under 'chosen'; .* or to none when the chosen and rejected strings hold"):
+        load_pairs(f, TextFormat(tok))
+
+
 def test_kto_labels_must_be_booleans(tmp_path, tok):
     f = write(tmp_path / "k.jsonl", [{"prompt": "a", "output": "b", "label": True},
                                      {"prompt": "a", "output": "c", "label": "yes"}])

@@ -158,6 +158,31 @@ def test_math_exact_reward_errors():
         math_exact_reward(["1", "2"], ["1", None])
 
 
+def test_a_label_that_is_no_answer_is_refused_not_scored_zero():
+    """verl's data keeps the answer in reward_model.ground_truth: pointing --data.label_key at reward_model
+    hands the reward a dict, which used to score every response 0 in silence."""
+    verl_label = {"style": "rule", "ground_truth": "12"}
+    for label in (verl_label, ["12"], True):
+        with pytest.raises(RewardError, match=r"label 1 is a (dict|list|bool) .*not a reference answer; "
+                                              r"point --data.label_key .*reward_model.ground_truth"):
+            math_exact_reward(["12", "12"], ["12", label], mode="answer")
+    np = pytest.importorskip("numpy")
+    out = math_exact_reward(["12", "0.5", "3"], [np.int64(12), np.float32(0.5), np.int32(4)], mode="answer")
+    assert out.rewards.tolist() == [1.0, 1.0, 0.0]
+
+
+def test_a_worked_solution_as_label_is_read_as_its_final_answer():
+    """openai/gsm8k's answer column is a worked solution ending in "#### N", MATH's solution column one with a
+    final \\boxed{}; used as --data.label_key with builtin:math they scored every response 0."""
+    label = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nShe sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
+    out = math_exact_reward(["The answer is 72.", "so \\boxed{72}", "it is 24", "#### 72"], [label] * 4, mode="answer")
+    assert out.rewards.tolist() == [1.0, 1.0, 0.0, 1.0]
+    assert math_exact_reward(["1,234"], ["so #### 1,234"]).rewards.tolist() == [1.0]
+    math_label = "We get $\\boxed{2}$ first, then halve: the answer is $\\boxed{\\frac{1}{2}}$."
+    out = math_exact_reward(["so \\boxed{\\frac12}", "The answer is 0.5", "it is 2"], [math_label] * 3, mode="answer")
+    assert out.rewards.tolist() == [1.0, 1.0, 0.0]
+
+
 def test_empty_batch():
     out = math_exact_reward([], [])
     assert out.rewards.shape == (0,) and out.scores.shape == (0,)

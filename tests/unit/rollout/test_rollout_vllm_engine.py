@@ -82,8 +82,9 @@ def test_engine_flags_and_openrlhf_aliases_parse():
 
 @pytest.mark.skipif(V.vllm_available(), reason="vllm is installed here")
 def test_train_rl_refuses_vllm_in_one_line_when_it_is_not_installed(tmp_path, capsys):
-    (tmp_path / "p.jsonl").write_text(json.dumps({"input": "1+1"}) + "\n")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"input": "1+1", "label": "2"}) + "\n")
     rc = main(["train", "rl", "--rollout.engine", "vllm", "--data.prompt_dataset", str(tmp_path / "p.jsonl"),
+               "--data.label_key", "label",
                "--actor.model_name_or_path", str(tmp_path / "none"), "--ckpt.output_dir", str(tmp_path / "run"),
                "--reward.remote_url", "builtin:math", "--rollout.batch_size", "1", "--train.batch_size", "8"])
     err = capsys.readouterr().err.strip()

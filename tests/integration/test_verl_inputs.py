@@ -1,0 +1,61 @@
+"""A verl user's data and reward file, unmodified, through `rlhfkit train rl`: parquet rows with the prompt as a
+chat list, the answer in reward_model.ground_truth, data_source and extra_info; a reward file defining only
+`compute_score(data_source, solution_str, ground_truth, extra_info=None)` that returns verl's score dict."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rlhfkit.cli.main import main
+from tests.integration.conftest import cli_flags, refuse
+
+VERL_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    bonus = 0.5 if data_source == "openai/gsm8k" else 0.0
+    return {"score": float(ground_truth) + bonus, "acc": extra_info["index"] % 2 == 0, "pred": solution_str}
+'''
+
+
+@pytest.fixture(scope="module")
+def ws(tiny_ws):
+    root = tiny_ws("verl_inputs")
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{i}+1="}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}, "extra_info": {"index": i}}
+            for i in range(8)]
+    pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet")
+    (root / "verl_reward.py").write_text(VERL_REWARD)
+    return root
+
+
+def flags(ws, out, **over):
+    return cli_flags({"actor.model_name_or_path": ws / "tiny", "data.prompt_dataset": ws / "train.parquet",
+                      "data.input_key": "prompt", "data.apply_chat_template": "true",
+                      "reward.remote_url": ws / "verl_reward.py", "rollout.batch_size": 4,
+                      "rollout.n_samples_per_prompt": 2, "rollout.max_new_tokens": 3, "train.batch_size": 8,
+                      "train.micro_batch_size": 8, "train.max_steps": 1, "logger.log_samples": 8,
+                      "actor.autocast": "none", "logger.progress_bar": "false", "train.num_threads": 1,
+                      "ckpt.output_dir": out, **over})
+
+
+@pytest.mark.parametrize("label_key", [None, "reward_model.ground_truth"])
+def test_verl_parquet_and_compute_score_file_give_each_sample_its_score(ws, tmp_path, label_key):
+    out = tmp_path / "run"
+    assert main(["train", "rl", *flags(ws, out, **{"data.label_key": label_key})]) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    index = [int(s["prompt"].split(": ")[1].split("+")[0]) for s in samples]  # "user: 5+1=<eos>assistant: "
+    assert len(samples) == 8
+    assert [s["reward"] for s in samples] == [i + 1 + 0.5 for i in index]  # ground truth i+1, the gsm8k bonus
+    if label_key is not None:
+        assert [s["label"] for s in samples] == [str(i + 1) for i in index]
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert metrics["reward"] == pytest.approx(sum(i + 1.5 for i in index) / 8)
+    assert metrics["reward_extra/acc"] == pytest.approx(sum(i % 2 == 0 for i in index) / 8)
+
+
+def test_a_nested_label_key_that_is_not_there_is_one_line_before_models_load(ws, tmp_path, capsys):
+    line = refuse(["train", "rl", *flags(ws, tmp_path / "run", **{"data.label_key": "reward_model.answer"})], capsys,
+                  "train.parquet, record 0: no key 'reward_model.answer' (label_key): reward_model has keys")
+    assert "['ground_truth', 'style']" in line
+    assert not (tmp_path / "run").exists()
