@@ -236,7 +236,7 @@ AFTER_MODELS = [
      "reward server http://127.0.0.1:{port}/get_reward failed after 2 attempts (ConnectError"),
     ("52-agent-environment-raises", {"reward.remote_url": None, "agent.func_path": "{ws}/agent_raises.py"},
      "step() raised ValueError: the environment broke"),
-    ("104-agent-function-drops-every-episode", {"reward.remote_url": None,
+    ("107-agent-function-drops-every-episode", {"reward.remote_url": None,
                                                 "agent.func_path": "{ws}/agent_function_buggy.py"},
      "all 16 episodes of the rollout batch were dropped, so nothing would train; the first: episode 0 (prompt 0 of "
      "the batch, "),
