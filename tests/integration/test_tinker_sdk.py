@@ -412,3 +412,47 @@ def test_concurrent_clients_run_in_shared_calls_with_their_own_results(server):
         for a, b in zip(alone.sequences, got.sequences):
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     assert [s.tokens for s in together[0].sequences] != [s.tokens for s in together[1].sequences]
+
+
+def test_user_mistakes_are_raised_at_once_as_the_sdks_errors(server):
+    """A sampler of a checkpoint that does not exist, a model id the server does not know, a
+    loss_fn_config value that is not a number and a LoRA rank of 0 are the user's mistakes: the SDK
+    raises each at once with the server's line (not a 500 it retries for a minute, nor a 'server
+    error', nor rank 0 trained as the default rank)."""
+    import httpx
+
+    svc = server.client()
+    start = time.monotonic()
+    with pytest.raises(tinker.BadRequestError, match="no such checkpoint on this server"):
+        svc.create_sampling_client(model_path="tinker://nobody:train:0/sampler_weights/none").sample(
+            tinker.types.ModelInput.from_ints(PROMPT), 1, tinker.types.SamplingParams(max_tokens=2)).result()
+    assert time.monotonic() - start < 10
+    r = httpx.post(f"{server.url}/api/v1/get_info", json={"model_id": "nobody:train:0"}, headers={"X-API-Key": KEY})
+    assert r.status_code == 400 and "nobody:train:0" in r.json()["detail"]
+    tc = svc.create_lora_training_client(base_model=NAME, rank=4).result()
+    d = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
+                           loss_fn_inputs={"target_tokens": np.asarray([6, 7, 8]),
+                                           "logprobs": np.full(3, -1.0, np.float32),
+                                           "advantages": np.ones(3, np.float32)})
+    with pytest.raises(tinker.RequestFailedError, match="DataError: loss_fn_config") as caught:
+        tc.forward_backward([d], "ppo", loss_fn_config={"clip_low_threshold": "low"}).result()
+    assert "server error" not in str(caught.value)
+    with pytest.raises(tinker.RequestFailedError, match="rank 0; give a positive integer"):
+        svc.create_lora_training_client(base_model=NAME, rank=0).result()
+    assert len(server.host.models) == 1
+
+
+def test_closing_the_service_client_ends_its_session(server):
+    """`ServiceClient.close(status)` (the SDK's end of a run) is answered, and unloads that session's
+    training models only; their checkpoints stay and load in a new session."""
+    first, other = server.client(), server.client()
+    tc = first.create_lora_training_client(base_model=NAME, rank=4).result()
+    keep = other.create_lora_training_client(base_model=NAME, rank=4).result()
+    sl_steps(tc, 1)
+    trained = loss_of(tc)
+    path = tc.save_state("before-close").result().path
+    first.close("success").result()
+    assert tc.model_id not in server.host.models and keep.model_id in server.host.models
+    sl_steps(keep, 1)
+    again = server.client().create_training_client_from_state(path).result()
+    assert loss_of(again) == pytest.approx(trained, abs=1e-5)

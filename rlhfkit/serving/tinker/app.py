@@ -67,8 +67,13 @@ class Futures:
         return {"request_id": request_id, "model_id": model_id, **extra}
 
     async def now(self, fn: Callable[[], Any], owner: str | None = None):
-        """Run `fn` in the queue and wait for its result (requests answered at once)."""
-        return await asyncio.wrap_future(self.queue.submit(owner, fn))
+        """Run `fn` in the queue and wait for its result (requests answered at once); a check `fn`
+        fails (an unknown model or checkpoint) is a 400 in one line, which the SDK raises at once
+        (a 500 it would retry for a minute)."""
+        try:
+            return await asyncio.wrap_future(self.queue.submit(owner, fn))
+        except RlhfkitError as exc:
+            raise HTTPException(400, one_line(exc)) from exc
 
     async def retrieve(self, request_id: str, poll_s: float) -> Response:
         future = self.items.get(request_id)
@@ -266,6 +271,14 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
         req = await body(request)
         model_id = field(req, "model_id")
         return await futures.now(lambda: host.info(model_id), model_id)
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish_session(session_id: str, request: Request):
+        """`ServiceClient.close(status)`: the session's training models are unloaded (their saved
+        checkpoints stay), after the requests queued before it."""
+        await body(request)
+        await futures.now(lambda: host.end_session(session_id))
+        return {}
 
     @app.post("/api/v1/unload_model")
     async def unload_model(request: Request):

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from rlhfkit.core.losses import logprobs_from_logits
-from rlhfkit.errors import CheckpointError, DataError, RlhfkitError
+from rlhfkit.errors import CheckpointError, DataError, RlhfkitError, one_line
 from rlhfkit.models.lora import (
     add_adapter,
     add_lora,
@@ -102,6 +102,10 @@ class ModelHost(SamplingMixin):
         """A new training model `model_id` (the SDK's `SESSION:train:SEQ`); returns its id."""
         if model_id in self.models:
             raise DataError(f"model {model_id!r} exists already (model_seq_id reused in this session)")
+        rank = self.default_rank if rank is None else rank
+        if not self.full and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
+            raise DataError(f"lora_config: rank {rank!r}; give a positive integer (the server's default is "
+                            f"{self.default_rank})")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed if seed is not None else int(uuid.uuid4().int % (1 << 31)))
             if self.full:
@@ -109,7 +113,6 @@ class ModelHost(SamplingMixin):
                 module.requires_grad_(True)
                 rank = None
             else:
-                rank = rank or self.default_rank
                 targets = lora_targets(self.linear, attn, mlp)
                 if self.language_linears is not None:
                     targets = tuple(n for n in self.language_linears if n.rsplit(".", 1)[-1] in targets)
@@ -140,6 +143,11 @@ class ModelHost(SamplingMixin):
         model = self.models.pop(model_id, None)
         if model is not None and model.rank is not None:
             model.module.delete_adapter(model_id)
+
+    def end_session(self, session_id: str) -> None:
+        """Unload the training models of SDK session `session_id` (model ids `SESSION:train:SEQ`)."""
+        for model_id in [m for m in self.models if m.startswith(f"{session_id}:")]:
+            self.unload(model_id)
 
     @property
     def max_context_length(self) -> int | None:
@@ -246,7 +254,11 @@ class ModelHost(SamplingMixin):
         with torch.no_grad():
             for d in req.data:
                 inputs = {k: torch.as_tensor(d.inputs[k].reshape(-1), dtype=torch.float32) for k in spec.inputs}
-                spec.fn(torch.zeros(len(d.tokens)), inputs, req.config)
+                try:
+                    spec.fn(torch.zeros(len(d.tokens)), inputs, req.config)
+                except (TypeError, ValueError) as exc:  # a config value that is not a number
+                    raise DataError(f"loss_fn_config {req.config!r} of loss_fn {req.loss_fn!r}: {one_line(exc)}; "
+                                    "give numbers") from exc
 
     def _token_batches(self, rows: list[tuple[int, int]], requests: list[FwdBwdRequest]):
         """`rows` (request, datum) cut into runs of at most `batch_tokens` padded tokens (a longer
