@@ -456,3 +456,29 @@ def test_closing_the_service_client_ends_its_session(server):
     sl_steps(keep, 1)
     again = server.client().create_training_client_from_state(path).result()
     assert loss_of(again) == pytest.approx(trained, abs=1e-5)
+
+
+def test_rest_client_lists_and_deletes_checkpoints(server):
+    """The SDK's RestClient: list_checkpoints of a training run and list_user_checkpoints name what
+    save_state / save_weights_for_sampler wrote (newest first), delete_checkpoint removes one."""
+    svc = server.client()
+    tc = svc.create_lora_training_client(base_model=NAME, rank=4).result()
+    other = svc.create_lora_training_client(base_model=NAME, rank=4).result()
+    state = tc.save_state("first").result().path
+    time.sleep(0.05)
+    sampler = tc.save_weights_for_sampler("second").result().path
+    theirs = other.save_state("theirs").result().path
+    rest = svc.create_rest_client()
+    listed = rest.list_checkpoints(tc.model_id).result().checkpoints
+    assert [(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in listed] == [
+        ("sampler_weights/second", "sampler", sampler), ("weights/first", "training", state)]
+    assert all(c.size_bytes > 0 for c in listed)
+    every = rest.list_user_checkpoints().result()
+    assert {c.tinker_path for c in every.checkpoints} == {state, sampler, theirs}
+    assert every.cursor.total_count == 3
+    rest.delete_checkpoint_from_tinker_path(state).result()
+    assert [c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints] == [sampler]
+    with pytest.raises(tinker.RequestFailedError, match="no such checkpoint"):
+        tc.load_state(state).result()
+    with pytest.raises(tinker.BadRequestError, match="no such checkpoint"):
+        rest.delete_checkpoint_from_tinker_path(state).result()

@@ -180,6 +180,7 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
     _model_routes(app, host, futures, body)
     _step_routes(app, host, futures, body, max_request_bytes)
     _sampling_routes(app, host, futures, body, poll_s)
+    _checkpoint_routes(app, host, futures)
 
     @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
     async def unsupported(rest: str):
@@ -318,6 +319,25 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
             loaded = host.load_state(model_id, path, optimizer, create)
             return {"type": "load_weights", "path": path, "model_id": loaded}
         return futures.submit(run, model_id)
+
+
+def _checkpoint_routes(app: FastAPI, host: ModelHost, futures: Futures) -> None:
+    """The RestClient's checkpoint listing and deletion (the other REST routes are not served)."""
+
+    @app.get("/api/v1/training_runs/{model_id}/checkpoints")
+    async def list_checkpoints(model_id: str):
+        return {"checkpoints": await futures.now(lambda: host.list_checkpoints(model_id))}
+
+    @app.get("/api/v1/checkpoints")
+    async def list_user_checkpoints(limit: int = 100, offset: int = 0):
+        every = await futures.now(host.list_checkpoints)
+        return {"checkpoints": every[offset:offset + limit],
+                "cursor": {"offset": offset, "limit": limit, "total_count": len(every)}}
+
+    @app.delete("/api/v1/training_runs/{model_id}/checkpoints/{kind}/{name}")
+    async def delete_checkpoint(model_id: str, kind: str, name: str):
+        await futures.now(lambda: host.delete_checkpoint(f"tinker://{model_id}/{kind}/{name}"))
+        return {}
 
 
 def _step_routes(app: FastAPI, host: ModelHost, futures: Futures, body, max_request_bytes: int) -> None:

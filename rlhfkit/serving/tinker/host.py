@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -357,6 +359,28 @@ class ModelHost(SamplingMixin):
         if ".." in parts or not (folder / "meta.json").is_file():
             raise CheckpointError(f"path {uri!r}: no such checkpoint on this server ({folder} has no meta.json)")
         return folder, json.loads((folder / "meta.json").read_text())
+
+    def list_checkpoints(self, model_id: str | None = None) -> list[dict]:
+        """The checkpoints under the root (of training model `model_id`, or all), newest first, as the
+        SDK's `Checkpoint` (id `weights/NAME` or `sampler_weights/NAME`, time, tinker:// path, size)."""
+        if model_id is not None and (model_id.startswith(".") or "/" in model_id):
+            raise DataError(f"training run {model_id!r}: not a model id (SESSION:train:SEQ)")
+        runs = [self.root / model_id] if model_id is not None else sorted(self.root.glob("*"))
+        out = []
+        for run in runs:
+            for kind, ctype in (("weights", "training"), ("sampler_weights", "sampler")):
+                for meta in (run / kind).glob("*/meta.json"):
+                    folder = meta.parent
+                    out.append({"checkpoint_id": f"{kind}/{folder.name}", "checkpoint_type": ctype,
+                                "time": datetime.fromtimestamp(meta.stat().st_mtime, timezone.utc).isoformat(),
+                                "tinker_path": f"tinker://{run.name}/{kind}/{folder.name}",
+                                "size_bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())})
+        return sorted(out, key=lambda c: c["time"], reverse=True)
+
+    def delete_checkpoint(self, uri: str) -> None:
+        """Remove checkpoint `uri`'s folder (samplers created from it keep the weights they loaded)."""
+        folder, _ = self.resolve(uri)
+        shutil.rmtree(folder)
 
     def load_state(self, model_id: str, uri: str, optimizer: bool, create: bool = False) -> str:
         """Load checkpoint `uri` into `model_id`, or with `create` into a new model `model_id` of the
