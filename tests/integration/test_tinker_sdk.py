@@ -482,3 +482,20 @@ def test_rest_client_lists_and_deletes_checkpoints(server):
         tc.load_state(state).result()
     with pytest.raises(tinker.BadRequestError, match="no such checkpoint"):
         rest.delete_checkpoint_from_tinker_path(state).result()
+
+
+def test_adam_params_out_of_range_are_refused_and_change_nothing(server):
+    """A negative learning rate (a step up the loss), beta1 = 1 (Adam's bias correction divides by
+    zero) or eps = 0 is refused naming the field; the weights and the accumulated gradient stay, and
+    the next valid step takes that gradient."""
+    tc = server.client().create_lora_training_client(base_model=NAME, rank=4, seed=5).result()
+    before = loss_of(tc)
+    tc.forward_backward([datum(e) for e in EXAMPLES], "cross_entropy").result()
+    for params, message in ((dict(learning_rate=-1e-2), "learning_rate=-0.01; need lr >= 0"),
+                            (dict(learning_rate=1e-2, beta1=1.0), "beta1=1.0; need 0 <= beta1 < 1"),
+                            (dict(learning_rate=1e-2, eps=0.0), "eps=0.0; need eps > 0")):
+        with pytest.raises(tinker.RequestFailedError, match=message):
+            tc.optim_step(tinker.types.AdamParams(**params)).result()
+    assert loss_of(tc) == pytest.approx(before, abs=1e-6)
+    tc.optim_step(tinker.types.AdamParams(learning_rate=1e-2)).result()
+    assert loss_of(tc) < before - 1e-3

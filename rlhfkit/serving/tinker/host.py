@@ -59,6 +59,31 @@ class TrainingModel:
     learner: Learner
 
 
+# AdamParams' fields: the SDK's defaults and the values each may take
+ADAM_DEFAULTS = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
+                 "grad_clip_norm": 0.0}
+ADAM_RANGES = {"learning_rate": "lr >= 0", "beta1": "0 <= beta1 < 1", "beta2": "0 <= beta2 < 1", "eps": "eps > 0",
+               "weight_decay": "weight_decay >= 0", "grad_clip_norm": "grad_clip_norm >= 0 (0: no clipping)"}
+
+
+def adam_hyperparameters(adam: dict) -> dict[str, float]:
+    """optim_step's AdamParams as floats (the SDK's defaults where absent); DataError naming a value
+    that is not a number or out of its range (a negative learning rate would ascend the loss)."""
+    out = {}
+    for name, default in ADAM_DEFAULTS.items():
+        value = adam.get(name, default)
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            x = float("nan")
+        ok = {"learning_rate": x >= 0, "beta1": 0 <= x < 1, "beta2": 0 <= x < 1, "eps": x > 0,
+              "weight_decay": x >= 0, "grad_clip_norm": x >= 0}[name]
+        if not ok or x != x:
+            raise DataError(f"optim_step: AdamParams {name}={value!r}; need {ADAM_RANGES[name]}")
+        out[name] = x
+    return out
+
+
 def linear_names(model: torch.nn.Module) -> set[str]:
     return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
@@ -313,13 +338,14 @@ class ModelHost(SamplingMixin):
     def optim_step(self, model_id: str, adam: dict) -> dict[str, float]:
         model = self.get(model_id)
         learner = model.learner
+        hp = adam_hyperparameters(adam)
         for group in learner.optimizer.param_groups:
-            group["lr"] = float(adam.get("learning_rate", 1e-4))
-            group["betas"] = (float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.95)))
-            group["eps"] = float(adam.get("eps", 1e-12))
-            group["weight_decay"] = float(adam.get("weight_decay", 0.0))
+            group["lr"] = hp["learning_rate"]
+            group["betas"] = (hp["beta1"], hp["beta2"])
+            group["eps"] = hp["eps"]
+            group["weight_decay"] = hp["weight_decay"]
         learner.scheduler.base_lrs = [g["lr"] for g in learner.optimizer.param_groups]
-        learner.max_norm = float(adam.get("grad_clip_norm", 0.0))
+        learner.max_norm = hp["grad_clip_norm"]
         stats = learner.step()
         return {"grad_norm:mean": stats["grad_norm"], "skipped_steps:max": stats["skipped_steps"]}
 
