@@ -139,6 +139,8 @@ def open_image(value: Any, where: str, base_dir: Path | None = None, cache_dir: 
 
     if isinstance(value, dict):
         value = value.get("bytes") or value.get("path")
+        if isinstance(value, str) and not Path(value).suffix:  # "bytes" written out as base64 text (JSON)
+            value = _base64_bytes(value, where)
     if isinstance(value, str) and value.startswith("data:"):
         value = data_url_bytes(value, where)
     elif isinstance(value, str) and value.startswith("file://"):
@@ -154,10 +156,27 @@ def open_image(value: Any, where: str, base_dir: Path | None = None, cache_dir: 
         return _decode(io.BytesIO(_fetch(text, where, cache_dir)), where, text)
     path = Path(text).expanduser()
     candidates = [path] if path.is_absolute() or base_dir is None else [base_dir / path, path]
-    found = next((c for c in candidates if c.is_file()), None)
+    found = next((c for c in candidates if _is_file(c)), None)
     if found is None:
+        if len(text) > 200:  # no file has such a name: say what it is without printing all of it
+            raise DataError(f"{where}: image {text[:40]!r}... ({len(text):,} characters) is not a file; give a path, "
+                            "a URL, or base64 data as a data:image/<format>;base64,<data> URL")
         raise DataError(f"{where}: image file {text!r} not found (looked in {', '.join(str(c) for c in candidates)})")
     return _decode(found, where, text)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system
+        return False
+
+
+def _base64_bytes(text: str, where: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise DataError(f"{where}: the image's \"bytes\" is text but not base64 ({exc})") from exc
 
 
 def data_url_bytes(url: str, where: str) -> bytes:

@@ -197,3 +197,20 @@ def test_verl_geo3k_rows_image_markers_in_the_text_and_bytes_dicts(tmp_path, pro
         f"user: {image}Find x.", f"user: Is {image} like {image}?", "user: What does <image> mean in HTML?"]
     assert [[im.getpixel((0, 0)) for im in e.images] for e in examples] == [
         [(200, 10, 10)], [(10, 10, 200), (200, 10, 10)], []]
+
+
+def test_base64_text_in_a_bytes_dict_opens_and_bare_base64_is_one_line(tmp_path):
+    """A geo3k row written out as JSON holds its image's "bytes" as base64 text: it opens. Bare base64
+    in the image column (no data: prefix) is refused in one line naming the record, not with the
+    file system's 'File name too long' and 5,000 characters of data."""
+    noise = io.BytesIO()
+    Image.effect_noise((64, 64), 50).save(noise, format="PNG")
+    text = base64.b64encode(noise.getvalue()).decode()
+    rows = [{"prompt": QUESTION, "images": [{"bytes": text, "path": None}]}, {"prompt": QUESTION, "images": [text]}]
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    with pytest.raises(DataError) as err:
+        check_vision_prompts(path, "prompt")
+    message = str(err.value)
+    assert message.startswith(f"{path}, line 2, image 0: image 'iVBOR") and len(message) < 300
+    assert "characters) is not a file; give a path, a URL, or base64 data as a data:image" in message
+    assert open_image(rows[0]["images"][0], "rec").size == (64, 64)
