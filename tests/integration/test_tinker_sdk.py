@@ -499,3 +499,50 @@ def test_adam_params_out_of_range_are_refused_and_change_nothing(server):
     assert loss_of(tc) == pytest.approx(before, abs=1e-6)
     tc.optim_step(tinker.types.AdamParams(learning_rate=1e-2)).result()
     assert loss_of(tc) < before - 1e-3
+
+
+def sampled_logprobs(sc, seed: int = 3) -> list[float]:
+    params = tinker.types.SamplingParams(max_tokens=4, seed=seed)
+    out = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), 1, sampling_params=params).result()
+    return out.sequences[0].logprobs
+
+
+def test_a_sampler_samples_the_save_it_was_created_from(server):
+    """Saving sampler weights again under the same name (as a loop that keeps one 'latest' does): a
+    sampler created after the second save samples the trained weights (it sampled the first save's,
+    kept loaded under the same folder), and the first sampler keeps its snapshot."""
+    svc = server.client()
+    tc = svc.create_lora_training_client(base_model=NAME, rank=4, seed=6).result()
+    first = svc.create_sampling_client(model_path=tc.save_weights_for_sampler("latest").result().path)
+    before = sampled_logprobs(first)
+    sl_steps(tc, 3, lr=5e-2)
+    second = svc.create_sampling_client(model_path=tc.save_weights_for_sampler("latest").result().path)
+    fresh = svc.create_sampling_client(model_path=tc.save_weights_for_sampler("fresh").result().path)
+    trained = sampled_logprobs(fresh)
+    assert np.max(np.abs(np.subtract(trained, before))) > 1e-2
+    np.testing.assert_allclose(sampled_logprobs(second), trained, atol=1e-6)
+    np.testing.assert_allclose(sampled_logprobs(first), before, atol=1e-6)
+
+
+def test_loaded_sampler_weights_are_bounded_and_reloaded_when_sampled_again(server):
+    """An RL loop makes a sampler of new weights every step: only the MAX_LOADED_SAMPLERS most recently
+    sampled stay loaded (adapters in the shared peft model); an older one samples again from its
+    checkpoint, the same logprobs; one whose checkpoint was saved again since is refused in one line."""
+    from rlhfkit.serving.tinker.host import MAX_LOADED_SAMPLERS
+
+    limit = MAX_LOADED_SAMPLERS["lora"]
+    svc = server.client()
+    tc = svc.create_lora_training_client(base_model=NAME, rank=4, seed=7).result()
+    samplers, logprobs = [], []
+    for step in range(limit + 2):
+        sl_steps(tc, 1, lr=3e-2)
+        samplers.append(svc.create_sampling_client(model_path=tc.save_weights_for_sampler(f"step{step}").result().path))
+        logprobs.append(sampled_logprobs(samplers[-1]))
+    host = server.host
+    assert len(host._loaded) == limit and len(host.peft.peft_config) == 1 + limit
+    np.testing.assert_allclose(sampled_logprobs(samplers[0]), logprobs[0], atol=1e-6)  # unloaded, loaded again
+    assert len(host.peft.peft_config) == 1 + limit
+    tc.save_weights_for_sampler("step1").result()  # samplers[1]'s weights are unloaded: its save is gone
+    with pytest.raises(tinker.RequestFailedError, match="step1 was saved again after this sampler was created"):
+        sampled_logprobs(samplers[1])
+    np.testing.assert_allclose(sampled_logprobs(samplers[-1]), logprobs[-1], atol=1e-6)

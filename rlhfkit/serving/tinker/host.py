@@ -21,6 +21,7 @@ import copy
 import json
 import shutil
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,6 +48,9 @@ from rlhfkit.serving.tinker.wire import FwdBwdRequest, WireDatum
 from rlhfkit.trainers.learner import Learner
 
 LORA_ALPHA = 32
+# Sampler checkpoints whose weights stay loaded (LoRA adapters; --full: whole copies of the model); the
+# least recently sampled beyond are unloaded after a sample call and loaded again when next sampled.
+MAX_LOADED_SAMPLERS = {"lora": 8, "full": 2}
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 
@@ -120,8 +124,11 @@ class ModelHost(SamplingMixin):
         self.peft = None  # the shared peft model once a LoRA client exists
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, str | None] = {}  # sampling session -> tinker:// path or None (the base)
-        self._sampler_adapters: dict[str, str] = {}  # checkpoint folder -> adapter name in self.peft
-        self._sampler_models: dict[str, torch.nn.Module] = {}  # full fine-tuning: folder -> model
+        # a sampler checkpoint's (folder, version) -> its adapter's name in self.peft, or its model (full);
+        # least recently sampled first
+        self._loaded: OrderedDict[tuple[str, str], str | torch.nn.Module] = OrderedDict()
+        self._sampler_keys: dict[str, tuple[str, str]] = {}  # sampling session -> the snapshot it samples
+        self._adapters_made = 0
 
     # ------------------------------------------------------------------ models
     def create_model(self, model_id: str, rank: int | None, seed: int | None, attn: bool = True,
@@ -360,7 +367,8 @@ class ModelHost(SamplingMixin):
             save_adapter(model.module, model.model_id, folder)
         else:
             model.module.save_pretrained(folder, safe_serialization=True)
-        meta = {"base_model": self.name, "rank": model.rank, "model_id": model.model_id}
+        # version: a sampler of this path samples the weights saved when it was created, not a later save's
+        meta = {"base_model": self.name, "rank": model.rank, "model_id": model.model_id, "version": uuid.uuid4().hex}
         (folder / "meta.json").write_text(json.dumps(meta))
 
     def save_state(self, model_id: str, name: str) -> str:
@@ -404,7 +412,7 @@ class ModelHost(SamplingMixin):
         return sorted(out, key=lambda c: c["time"], reverse=True)
 
     def delete_checkpoint(self, uri: str) -> None:
-        """Remove checkpoint `uri`'s folder (samplers created from it keep the weights they loaded)."""
+        """Remove checkpoint `uri`'s folder (its samplers sample on while their weights stay loaded)."""
         folder, _ = self.resolve(uri)
         shutil.rmtree(folder)
 
@@ -433,11 +441,42 @@ class ModelHost(SamplingMixin):
 
     # ------------------------------------------------------------------ sampling
     def create_sampler(self, model_path: str | None) -> str:
-        if model_path is not None:
-            self.resolve(model_path)
+        """A sampling session of checkpoint `model_path` (None: the base), its weights loaded now: a
+        later save to the same path does not change what it samples."""
         session = f"sampler-{uuid.uuid4().hex[:16]}"
+        if model_path is not None:
+            folder, meta = self.resolve(model_path)
+            key = _snapshot(folder, meta)
+            if key not in self._loaded:
+                self._load_sampler(key, folder, meta)
+            self._sampler_keys[session] = key
+            self._loaded.move_to_end(key)
+            self.trim_samplers()
         self.samplers[session] = model_path
         return session
+
+    def _load_sampler(self, key: tuple[str, str], folder: Path, meta: dict) -> None:
+        if meta["rank"] is None:
+            module = copy.deepcopy(self.base)
+            _load_full(module, folder)
+            self._loaded[key] = module.requires_grad_(False)
+            return
+        name = f"sampler-{self._adapters_made}"
+        self._adapters_made += 1
+        targets = tuple(json.loads((folder / "adapter_config.json").read_text())["target_modules"])
+        if self.peft is None:
+            self.peft = add_lora(self.base, meta["rank"], LORA_ALPHA, targets, adapter_name=name)
+        else:
+            add_adapter(self.peft, name, meta["rank"], LORA_ALPHA, targets)
+        load_adapter_weights(self.peft, name, folder)
+        self._loaded[key] = name
+
+    def trim_samplers(self) -> None:
+        """Unload the least recently sampled checkpoints' weights beyond MAX_LOADED_SAMPLERS."""
+        while len(self._loaded) > MAX_LOADED_SAMPLERS["full" if self.full else "lora"]:
+            _, loaded = self._loaded.popitem(last=False)
+            if isinstance(loaded, str):
+                self.peft.delete_adapter(loaded)
 
     def _sampling_target(self, session: str) -> tuple[torch.nn.Module, str | None]:
         """The module sampling session `session` samples and, when it is the shared peft model, the
@@ -447,24 +486,23 @@ class ModelHost(SamplingMixin):
         uri = self.samplers[session]
         if uri is None:
             return (self.base, None) if self.peft is None else (self.peft, None)
-        folder, meta = self.resolve(uri)
-        if meta["rank"] is None:
-            if str(folder) not in self._sampler_models:
-                module = copy.deepcopy(self.base)
-                _load_full(module, folder)
-                self._sampler_models[str(folder)] = module.requires_grad_(False)
-            return self._sampler_models[str(folder)], None
-        name = self._sampler_adapters.get(str(folder))
-        if name is None:
-            name = f"sampler-{len(self._sampler_adapters)}"
-            targets = tuple(json.loads((folder / "adapter_config.json").read_text())["target_modules"])
-            if self.peft is None:
-                self.peft = add_lora(self.base, meta["rank"], LORA_ALPHA, targets, adapter_name=name)
-            else:
-                add_adapter(self.peft, name, meta["rank"], LORA_ALPHA, targets)
-            load_adapter_weights(self.peft, name, folder)
-            self._sampler_adapters[str(folder)] = name
-        return self.peft, name
+        key = self._sampler_keys[session]
+        if key not in self._loaded:  # unloaded since (trim_samplers): the same save, if still on disk
+            folder, meta = self.resolve(uri)
+            if _snapshot(folder, meta) != key:
+                raise CheckpointError(f"sampling session {session!r}: {uri} was saved again after this sampler was "
+                                      "created, and the weights it sampled were unloaded (the least recently "
+                                      "sampled are); create a new sampling client")
+            self._load_sampler(key, folder, meta)
+        self._loaded.move_to_end(key)
+        loaded = self._loaded[key]
+        return (loaded, None) if isinstance(loaded, torch.nn.Module) else (self.peft, loaded)
+
+
+def _snapshot(folder: Path, meta: dict) -> tuple[str, str]:
+    """The key of one save of a checkpoint: its folder and the save's version (meta.json's time for a
+    checkpoint written before versions)."""
+    return str(folder), meta.get("version") or f"mtime-{(folder / 'meta.json').stat().st_mtime_ns}"
 
 
 def _load_full(module: torch.nn.Module, folder: Path) -> None:

@@ -28,7 +28,7 @@ from rlhfkit.serving.tinker.wire import SampleOptions, Sequence, TopK
 
 class SamplingMixin:
     """ModelHost's sampling methods (module docstring). They read the host's `base`, `peft`,
-    `tokenizer`, `images`, `batch_tokens`, `logits` and `_sampling_target`."""
+    `tokenizer`, `images`, `batch_tokens`, `logits`, `_sampling_target` and `trim_samplers`."""
 
     def check_prompt(self, prompt: list[int]) -> None:
         vocab = self.base.get_input_embeddings().num_embeddings
@@ -77,6 +77,7 @@ class SamplingMixin:
                 out[i] = ([Sequence(ids, t.logprobs.tolist(), "length" if t.truncated else "stop",
                                     got.sample_topk[s] if got.sample_topk is not None else None)
                            for s, (ids, t) in enumerate(zip(tokens, seqs))], got.prompt_logprobs, got.prompt_topk)
+        self.trim_samplers()
         return out
 
     def _generate(self, module: torch.nn.Module, names: list[str | None], inputs: list[tuple], sp: SamplingParams,
