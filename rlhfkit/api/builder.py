@@ -38,6 +38,7 @@ from rlhfkit.models.lora import add_lora, engine_state_fn, is_4bit
 from rlhfkit.models.precision import (
     DTYPES,
     choose_autocast,
+    disable_dropout,
     enable_gradient_checkpointing,
     float32_residual,
     model_device,
@@ -202,6 +203,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     torch.manual_seed(cfg.train.seed)
     policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype, cfg.ds.load_in_4bit)
     _bf16_matrices(policy, cfg)
+    _no_dropout(policy, cfg)  # before LoRA: its adapters keep --ds.lora.dropout
     lora = cfg.ds.lora
     if lora.rank > 0:
         targets = lora_targets(lora)
@@ -223,6 +225,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     if ESTIMATORS[cfg.algo.advantage.estimator].needs_critic:
         path, _ = resolve_model(cfg.critic.model_name_or_path or cfg.actor.model_name_or_path)
         critic = Critic.from_reward_model(path) if is_reward_model_folder(path) else Critic.from_causal_lm(path)
+        _no_dropout(critic, cfg)
     policy.to(device)
     if critic is not None:
         critic.to(device)
@@ -240,6 +243,13 @@ def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
     if cfg.actor.dtype == "bfloat16" and cfg.actor.autocast == "bfloat16":
         vectors_to_float32(model)
         float32_residual(model)
+
+
+def _no_dropout(model: torch.nn.Module, cfg: RLConfig) -> None:
+    """--actor.disable_dropout: the model's dropout rates to 0 (models.precision.disable_dropout), said once."""
+    if cfg.actor.disable_dropout and (n := disable_dropout(model)):
+        print(f"{type(model).__name__}: {n} dropout rates set to 0 for training (--actor.disable_dropout false "
+              "keeps them)")
 
 
 def build_teacher(cfg: RLConfig, tokenizer, device: torch.device):

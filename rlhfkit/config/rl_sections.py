@@ -61,6 +61,11 @@ class ActorConfig:
     gradient_checkpointing_enable: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
     non-reentrant gradient checkpointing): the same gradients, less activation memory, one more forward per update."""
+    disable_dropout: bool = True
+    """Train the policy and the critic without the dropout their config sets (GPT-2, Seed-OSS): rollouts
+    and reference passes run without it, so on-policy ratios are exactly 1 only without it in the update
+    too (TRL's disable_dropout). The saved config keeps its rates; LoRA's own dropout (--ds.lora.dropout)
+    stays. false = the config's dropout in every training-mode forward."""
     optim: str = "adam"
     """Optimizer: adam (AdamW for every parameter) or muon (Muon for the hidden weight matrices, AdamW for
     the rest; --actor.muon.*). Gradient clipping (--actor.max_norm) runs on the raw gradients first."""

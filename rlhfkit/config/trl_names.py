@@ -81,8 +81,11 @@ _FIELDS = ("loss_type", "importance_sampling_level", "epsilon", "epsilon_high", 
 
 def grpo_config_flags(config: Any) -> list[str]:
     """`trl_loss_flags` of a TRL `GRPOConfig` (read by attribute; missing ones take TRL's defaults),
-    and `mask_truncated_completions`."""
+    `mask_truncated_completions` and `disable_dropout` (TRL's default False keeps the model's dropout in
+    training; ours is true)."""
     flags = trl_loss_flags(**{k: getattr(config, k) for k in _FIELDS if hasattr(config, k)})
     if getattr(config, "mask_truncated_completions", False):
         flags += ["--actor.mask_truncated_completions", "true"]
+    if hasattr(config, "disable_dropout"):
+        flags += ["--actor.disable_dropout", str(bool(config.disable_dropout)).lower()]
     return flags

@@ -26,6 +26,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import re
 import sys
 
 import torch
@@ -234,7 +235,9 @@ def layout_blocker(model: torch.nn.Module, batch) -> str | None:
     other = sorted({type(layer).__name__ for layer in layers} - set(_ATTENTION_LAYERS))
     if other:
         return f"it has layers other than attention ({', '.join(other)})"
-    if batch.attention_mask is None:  # packed: masking_utils applies windows by position
+    if batch.attention_mask is None:  # packed: masking_utils separates the samples (and applies windows) by position
+        if not _masks_see_positions(transformers_model(model)):
+            return "its causal mask is built without position_ids (packed samples would attend to each other)"
         return None
     attn = getattr(config, "_attn_implementation", None)
     if attn not in ("eager", "sdpa"):
@@ -254,6 +257,44 @@ def _builds_masks_with_masking_utils(model: torch.nn.Module) -> bool:
         if module is not None and "create_causal_mask" in vars(module):
             return True
     return False
+
+
+def _masks_see_positions(model: torch.nn.Module) -> bool:
+    """Whether every `create_causal_mask` call of the model's modeling file is given the position ids
+    (directly, or in a `**` dict of keyword arguments that names them): masking_utils finds packed
+    samples from them; OPT, Falcon, BioGPT and XGLM leave them out, so their mask is one causal
+    triangle over the whole row. A file whose source cannot be read counts as not giving them."""
+    for cls in type(model).__mro__:
+        module = sys.modules.get(cls.__module__)
+        if module is not None and "create_causal_mask" in vars(module):
+            return _calls_pass_positions(module.__name__)
+    return False
+
+
+# The masking_utils builders that separate packed samples by position (a model may call one through a
+# variable: `mask_function = create_causal_mask if ... else create_sliding_window_causal_mask`).
+_MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask")
+
+
+@functools.cache
+def _calls_pass_positions(module_name: str) -> bool:
+    try:
+        source = inspect.getsource(sys.modules[module_name])
+    except (OSError, TypeError):
+        return False
+    builders = "|".join(_MASK_BUILDERS)
+    names = set(_MASK_BUILDERS) | set(re.findall(rf"(\w+)\s*=\s*(?:{builders})\b", source))
+    calls = [m.end() for m in re.finditer(rf"(?<![\w.])(?:{'|'.join(names)})\(", source)
+             if not source[: m.start()].endswith("def ")]
+    for start in calls:
+        depth, end = 1, start
+        while depth and end < len(source):
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            end += 1
+        args = source[start:end]
+        if "position_ids" not in args and not ("**" in args and '"position_ids":' in source):
+            return False
+    return bool(calls)
 
 
 def response_hidden(hidden: torch.Tensor, batch, where: torch.Tensor | None = None) -> torch.Tensor:

@@ -117,6 +117,24 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         target.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Turn off `model`'s dropout for training: every `nn.Dropout`-like module gets p = 0, and every float
+    attribute of a module whose name says dropout (`attention_dropout`, `residual_dropout`: the rates that
+    modeling code passes to functional dropout in training mode) becomes 0.0. The config is left as it is
+    (a saved model keeps its rates). Returns how many rates were nonzero."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            changed += module.p != 0
+            module.p = 0.0
+            continue
+        for name, value in vars(module).items():
+            if "dropout" in name and type(value) is float:
+                changed += value != 0
+                setattr(module, name, 0.0)
+    return changed
+
+
 @contextlib.contextmanager
 def peak_memory(device: torch.device, out: dict[str, float], key: str):
     """On a CUDA `device`, out[key] = the peak memory allocated during the block (GiB; the larger

@@ -142,6 +142,24 @@ def _rwkv(s):  # recurrent: no attention, no KV cache, no position ids
                           "context_length": s["max_positions"], "tie_word_embeddings": s["tie"]}
 
 
+def _falcon(s):  # its own SDPA call (not transformers' attention interface), parallel attention + MLP, GQA
+    return "FalconConfig", {"hidden_size": s["hidden"], "num_hidden_layers": s["layers"],
+                            "num_attention_heads": s["heads"], "num_kv_heads": s["kv_heads"],
+                            "new_decoder_architecture": True, "ffn_hidden_size": s["intermediate"],
+                            "max_position_embeddings": s["max_positions"], "tie_word_embeddings": s["tie"]}
+
+
+def _falcon_h1(s):  # a Mamba-2 mixer beside attention in every layer (one cache layer holds both), muP multipliers
+    return "FalconH1Config", {**_decoder(s), "head_dim": s["hidden"] // s["heads"], "mamba_d_ssm": 32,
+                              "mamba_n_heads": 4, "mamba_d_head": 8, "mamba_d_state": 8, "mamba_chunk_size": 16,
+                              "lm_head_multiplier": 0.5}
+
+
+def _gpt_oss(s):  # attention sinks, sliding / full layers, a biased sparse MoE; masks without position_ids
+    return "GptOssConfig", {**_decoder(s), "head_dim": 16, "num_local_experts": MOE_EXPERTS, "num_experts_per_tok": 2,
+                            "sliding_window": SLIDING_WINDOW, "layer_types": _alternating(s["layers"])}
+
+
 def _qwen3_moe(s):  # sparse MoE: 4 experts, top 2 (normalised), every layer; q/k norm
     return "Qwen3MoeConfig", {**_decoder(s), "head_dim": 16, "num_experts": MOE_EXPERTS, "num_experts_per_tok": 2,
                               "moe_intermediate_size": 32, "decoder_sparse_step": 1, "norm_topk_prob": True}
@@ -187,6 +205,9 @@ ARCHITECTURES = {
     "lfm2": _lfm2,
     "bloom": _bloom,
     "rwkv": _rwkv,
+    "falcon": _falcon,
+    "falcon_h1": _falcon_h1,
+    "gpt_oss": _gpt_oss,
     "qwen3_moe": _qwen3_moe,
     "mixtral": _mixtral,
     "deepseek_v3": _deepseek_v3,

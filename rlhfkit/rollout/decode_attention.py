@@ -15,10 +15,14 @@ DECODE_ATTENTION = "rlhfkit_cpu_decode"
 
 
 def decode_attention(model: torch.nn.Module):
-    """On CPU, swap a model's SDPA attention for `cpu_decode_attention` while the engine decodes."""
+    """On CPU, swap a model's SDPA attention for `cpu_decode_attention` while the engine decodes: only
+    for a model whose attention layers call transformers' attention interface (its
+    `_supports_attention_backend`); one that compares `config._attn_implementation` with "sdpa" in its
+    own code (Falcon) would take its eager branch under another name, over a mask made for SDPA."""
     config = getattr(model, "config", None)
     device = next(model.parameters()).device
-    if config is None or device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa":
+    if (config is None or device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa"
+            or not getattr(model, "_supports_attention_backend", False)):
         return contextlib.nullcontext()
     register_decode_attention()
     return attention_implementation(model, DECODE_ATTENTION)

@@ -25,14 +25,30 @@ def cache_support(model: torch.nn.Module) -> str | None:
             kinds = {type(layer) for layer in DynamicCache(config=model.config).layers}
         except Exception as e:  # noqa: BLE001 - a config transformers lays out no cache for
             kinds, reason = set(), f"transformers lays out no DynamicCache for it ({type(e).__name__})"
-        lacking = sorted(k.__name__ for k in kinds
-                         if not all(hasattr(k, m) for m in ("batch_repeat_interleave", "batch_select_indices")))
+        lacking = sorted(k.__name__ for k in kinds if not _copies_rows(k))
         if lacking:
             reason = f"its cache layers ({', '.join(lacking)}) cannot be copied per sample or have rows dropped"
     if reason is not None:
         note_once(f"{type(model).__name__}: {reason}; the HF engine decodes it without a KV cache (one prompt "
                   "at a time, the whole sequence at each step)")
     return reason
+
+
+def _copies_rows(kind: type) -> bool:
+    """Whether cache layers of `kind` can be copied per sample and have rows dropped: they have both
+    batch methods, and a layer that also holds linear-attention (convolution / recurrent) states has
+    them from a class that knows those states (transformers' hybrid attention + Mamba layer of
+    Falcon-H1 inherits them from the plain KV layer, which would copy its keys and values only)."""
+    methods = ("batch_repeat_interleave", "batch_select_indices")
+    if not all(hasattr(kind, m) for m in methods):
+        return False
+    from transformers import cache_utils
+
+    linear = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
+    if linear is None or not issubclass(kind, linear):
+        return True
+    owners = [next(c for c in kind.__mro__ if m in vars(c)) for m in methods]
+    return all(issubclass(owner, linear) for owner in owners)
 
 
 def new_cache(model: torch.nn.Module, reserve: int = 0):

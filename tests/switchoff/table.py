@@ -39,6 +39,10 @@ def noop(original):
     return lambda *args, **kwargs: None
 
 
+def nothing_changed(original):
+    return lambda model: 0
+
+
 def version_bump_only(original):
     def update_weights(self, state, version):
         self._version = version
@@ -580,5 +584,10 @@ SWITCH_OFFS = (
                "tests/integration/test_tinker_sdk.py::"
                "test_concurrent_clients_run_in_shared_calls_with_their_own_results"),
               "each request runs alone, in arrival order"),
+    SwitchOff("the policy trained without its config's dropout (--actor.disable_dropout)",
+              "rlhfkit.models.precision:disable_dropout", nothing_changed,
+              ("tests/integration/test_dropout.py::test_the_update_runs_without_the_configs_dropout_unless_asked[gpt2]",
+               "tests/integration/test_dropout.py::test_the_update_runs_without_the_configs_dropout_unless_asked[llama]"),
+              "the config's dropout in every update forward"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}

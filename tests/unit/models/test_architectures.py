@@ -42,6 +42,11 @@ NOTES = {
              "layers other than attention (LinearAttentionLayer)"],
     "bloom": ["forward takes no position_ids"],
     "rwkv": ["forward takes no past_key_values", "forward takes no position_ids"],
+    "falcon": ["causal mask is built without position_ids"],
+    "falcon_h1": ["cache layers (LinearAttentionAndFullAttentionLayer) cannot be copied",
+                  "layers other than attention (LinearAttentionAndFullAttentionLayer)",
+                  "lm_head_multiplier=0.5 transforms the logits"],
+    "gpt_oss": ["causal mask is built without position_ids", "sliding window (8 tokens)"],
 }
 
 
@@ -276,7 +281,7 @@ def test_one_ppo_step_with_critic_and_reference_and_one_sft_step(arch):
 # ---------------------------------------------------------------------- the engine's fast parts
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "rwkv"])
+@pytest.mark.parametrize("arch", ["lfm2", "rwkv", "falcon_h1"])
 def test_a_model_without_a_copyable_kv_cache_decodes_without_one(arch, caplog):
     model, tok, prompts = model_for(arch)
     with caplog.at_level(logging.INFO, logger="rlhfkit"):
@@ -326,3 +331,20 @@ def test_a_lora_wrapped_model_keeps_the_fast_layouts_and_the_engines_cache():
     got = engine.generate(prompts[:1], SamplingParams(max_new_tokens=5, temperature=0.0))[0].response_ids
     want = model.generate(torch.tensor(prompts[:1]), do_sample=False, max_new_tokens=5, pad_token_id=0)[0, -5:]
     assert got.tolist() == want.tolist()
+
+
+def test_packed_rows_only_where_the_causal_mask_is_built_from_the_position_ids():
+    """The modeling files that call masking_utils without position_ids (directly, or through a mask
+    function chosen by a variable, or a ** dict) are told apart from those that pass them."""
+    import transformers
+
+    from rlhfkit.models.logprobs import _masks_see_positions
+
+    opt = transformers.OPTForCausalLM(transformers.OPTConfig(
+        vocab_size=32, hidden_size=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2,
+        word_embed_proj_dim=16, max_position_embeddings=64))
+    verdicts = {arch: _masks_see_positions(model_for(arch)[0])
+                for arch in ("llama", "phi3", "mixtral", "gemma3", "falcon", "gpt_oss")}
+    assert verdicts == {"llama": True, "phi3": True, "mixtral": True, "gemma3": True, "falcon": False,
+                        "gpt_oss": False}
+    assert not _masks_see_positions(opt)

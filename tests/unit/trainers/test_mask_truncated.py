@@ -59,3 +59,14 @@ def test_trl_grpo_config_field_maps_to_the_flag():
     flags = grpo_config_flags(SimpleNamespace(loss_type="dapo", mask_truncated_completions=True))
     assert RLConfig.from_args(flags).actor.mask_truncated_completions
     assert "--actor.mask_truncated_completions" not in grpo_config_flags(SimpleNamespace(loss_type="dapo"))
+
+
+def test_trl_grpo_configs_dropout_choice_maps_to_the_flag():
+    from types import SimpleNamespace
+
+    from rlhfkit.config import RLConfig
+    from rlhfkit.config.trl_names import grpo_config_flags
+
+    assert not RLConfig.from_args(grpo_config_flags(SimpleNamespace(disable_dropout=False))).actor.disable_dropout
+    assert RLConfig.from_args(grpo_config_flags(SimpleNamespace(disable_dropout=True))).actor.disable_dropout
+    assert RLConfig.from_args(grpo_config_flags(SimpleNamespace())).actor.disable_dropout  # ours by default
