@@ -546,3 +546,29 @@ def test_loaded_sampler_weights_are_bounded_and_reloaded_when_sampled_again(serv
     with pytest.raises(tinker.RequestFailedError, match="step1 was saved again after this sampler was created"):
         sampled_logprobs(samplers[1])
     np.testing.assert_allclose(sampled_logprobs(samplers[-1]), logprobs[-1], atol=1e-6)
+
+
+def test_a_nan_gradient_step_is_answered_not_retried_without_end(server):
+    """A NaN weight makes the loss and the gradient NaN: the step is skipped (weights unchanged) and
+    optim_step answers at once with skipped_steps and no grad norm. Before, its NaN grad norm made
+    the answer a 500 (JSON has no NaN) that the SDK retried without end. Any other answer that
+    cannot be sent as JSON is an error the SDK raises."""
+    import httpx
+
+    tc = server.client().create_lora_training_client(base_model=NAME, rank=4, seed=8).result()
+    before = loss_of(tc)
+    nan = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
+                             loss_fn_inputs={"target_tokens": np.asarray([6, 7, 8]),
+                                             "weights": np.asarray([np.nan, 1.0, 1.0], np.float32)})
+    assert np.isnan(tc.forward_backward([nan], "cross_entropy").result().metrics["loss:sum"])
+    step = tc.optim_step(tinker.types.AdamParams(learning_rate=1e-2)).result(timeout=20)
+    assert step.metrics == {"skipped_steps:max": 1.0}
+    assert loss_of(tc) == before
+    sl_steps(tc, 1)
+    assert loss_of(tc) < before
+    answer = server.app.state.futures.submit(lambda: {"value": float("nan")})
+    time.sleep(0.2)
+    r = httpx.post(f"{server.url}/api/v1/retrieve_future", json={"request_id": answer["request_id"]},
+                   headers={"X-API-Key": KEY})
+    assert r.status_code == 200 and r.json()["category"] == "server"
+    assert "cannot be sent as JSON" in r.json()["error"]

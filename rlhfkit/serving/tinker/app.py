@@ -90,7 +90,11 @@ class Futures:
         result = future.result()
         if isinstance(result, bytes):
             return Response(result, media_type=PROTO)
-        return JSONResponse(result)
+        try:
+            return JSONResponse(result)
+        except (TypeError, ValueError) as exc:  # e.g. a NaN: say so, not a 500 the SDK retries without end
+            return JSONResponse({"error": f"server error: the answer cannot be sent as JSON ({one_line(exc)})",
+                                 "category": "server"})
 
 
 @dataclass

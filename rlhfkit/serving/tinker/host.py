@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shutil
 import uuid
 from collections import OrderedDict
@@ -354,7 +355,9 @@ class ModelHost(SamplingMixin):
         learner.scheduler.base_lrs = [g["lr"] for g in learner.optimizer.param_groups]
         learner.max_norm = hp["grad_clip_norm"]
         stats = learner.step()
-        return {"grad_norm:mean": stats["grad_norm"], "skipped_steps:max": stats["skipped_steps"]}
+        metrics = {"grad_norm:mean": float(stats["grad_norm"]), "skipped_steps:max": float(stats["skipped_steps"])}
+        # a step skipped for a NaN / inf gradient has no grad norm JSON can carry: skipped_steps says why
+        return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
     # ------------------------------------------------------------------ checkpoints
     def _folder(self, model_id: str, kind: str, name: str) -> tuple[Path, str]:
