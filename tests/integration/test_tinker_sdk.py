@@ -16,6 +16,7 @@ import torch
 tinker = pytest.importorskip("tinker")
 uvicorn = pytest.importorskip("uvicorn")
 
+from rlhfkit.errors import DataError
 from rlhfkit.models.tiny import tiny_model_and_tokenizer
 from rlhfkit.serving.tinker.app import make_app
 from rlhfkit.serving.tinker.host import ModelHost
@@ -572,3 +573,25 @@ def test_a_nan_gradient_step_is_answered_not_retried_without_end(server):
                    headers={"X-API-Key": KEY})
     assert r.status_code == 200 and r.json()["category"] == "server"
     assert "cannot be sent as JSON" in r.json()["error"]
+
+
+def test_max_tokens_past_the_context_is_refused_in_one_line(server):
+    """A prompt and max_tokens longer than the model's context (512 here) are refused as vLLM refuses
+    them (before: the engine tried to allocate a cache for them, 128 TB for max_tokens=10**12); a
+    value that is not a number is the user's error, not the server's."""
+    import httpx
+
+    sc = server.client().create_sampling_client(base_model=NAME)
+    prompt = tinker.types.ModelInput.from_ints(PROMPT)
+    with pytest.raises(tinker.RequestFailedError, match="4 tokens and max_tokens 509 are more than the model's "
+                                                         "context of 512 tokens"):
+        sc.sample(prompt, 1, tinker.types.SamplingParams(max_tokens=509)).result()
+    assert len(sc.sample(prompt, 1, tinker.types.SamplingParams(max_tokens=508, seed=1)).result().sequences) == 1
+    session = httpx.post(f"{server.url}/api/v1/create_sampling_session", json={"base_model": NAME},
+                         headers={"X-API-Key": KEY}).json()["sampling_session_id"]
+    r = httpx.post(f"{server.url}/api/v1/asample", headers={"X-API-Key": KEY},
+                   json={"sampling_session_id": session, "num_samples": 1, "sampling_params": {"max_tokens": "x"},
+                         "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]}})
+    answer = server.app.state.futures.items[r.json()["request_id"]]
+    with pytest.raises(DataError, match="sampling_params .* give numbers"):
+        answer.result(timeout=20)

@@ -380,6 +380,8 @@ def _sampling_routes(app: FastAPI, host: ModelHost, futures: Futures, body, poll
         req = await body(request)
         _check_base(host, req.get("base_model"))
         model_path = req.get("model_path")
+        if not (model_path is None or isinstance(model_path, str)):
+            raise HTTPException(422, f"field 'model_path': expected a tinker:// path, got {model_path!r}")
         session = await futures.now(lambda: host.create_sampler(model_path))
         return {"type": "create_sampling_session", "sampling_session_id": session}
 
@@ -399,6 +401,9 @@ def _sampling_routes(app: FastAPI, host: ModelHost, futures: Futures, body, poll
         params = req.get("sampling_params") or {}
         if not 1 <= n <= 256:
             raise HTTPException(422, f"num_samples {n}: give 1..256")
+        if not isinstance(params, dict) or not isinstance(params.get("seed"), (int, type(None))):
+            raise HTTPException(422, f"field 'sampling_params': expected SamplingParams (an integer seed), "
+                                     f"got {params!r}")
 
         sample = SampleRequest(session, prompt, n, params, _sample_options(req))
         return futures.submit(None, owner=session, group=sample.group(), payload=sample,
