@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlhfkit.errors import ConfigError, RewardError
+from rlhfkit.errors import ConfigError, RewardError, one_line
 
 
 async def _call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -134,9 +134,8 @@ class TextEnvFactory:
     def __call__(self) -> GymTextEnv:
         try:
             env = self.make()
-        except Exception as exc:  # a bad environment id or arguments, in one line
-            raise ConfigError(f"environment {self.name}: cannot create it ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+        except Exception as exc:  # a bad environment id, arguments or missing data (nltk's: a blank first line)
+            raise ConfigError(f"environment {self.name}: cannot create it ({one_line(exc)})") from exc
         return self.wrap(env, self.name)
 
 

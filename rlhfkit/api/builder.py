@@ -31,6 +31,7 @@ from rlhfkit.models.compile import CompiledLayers
 from rlhfkit.models.loading import (
     load_policy,
     load_teacher,
+    position_limit,
     resolve_model,
     resolve_model_path,
 )
@@ -243,6 +244,22 @@ def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
     if cfg.actor.dtype == "bfloat16" and cfg.actor.autocast == "bfloat16":
         vectors_to_float32(model)
         float32_residual(model)
+
+
+def fit_to_positions(cfg, model: torch.nn.Module, field: str):
+    """`cfg` with --data.FIELD (prompt_max_len: a prompt leaves room for one response token; max_len: a
+    whole sample) lowered to what `model`'s learned position table holds (models.loading.position_limit:
+    GPT-2, OPT), said in one line; `cfg` itself when it fits or the model has no such table."""
+    limit = position_limit(model)
+    if limit is None:
+        return cfg
+    fits, what = (limit - 1, "a prompt and at least one response token") if field == "prompt_max_len" else (
+        limit, "a sample")
+    if getattr(cfg.data, field) <= fits:
+        return cfg
+    print(f"--data.{field} {getattr(cfg.data, field)} lowered to {fits}: {type(model).__name__} has {limit} "
+          f"learned positions for {what}")
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **{field: fits}))
 
 
 def _no_dropout(model: torch.nn.Module, cfg: RLConfig) -> None:

@@ -211,6 +211,7 @@ class RLTrainer:
         teacher = builder.build_teacher(cfg, tokenizer, device)
         state_fn = builder.shard_for_fsdp(cfg, policy, ref, critic, world) if cfg.fsdp.enable else None
         engine = _engine_of(cfg, policy, tokenizer, processor, make_engine, pool, state_fn)
+        cfg = builder.fit_to_positions(cfg, policy, "prompt_max_len")
         prompts, skipped = _prompt_items(cfg, train_dataset, tokenizer, processor)
         data = builder.prompt_stream(cfg, prompts)
         counts = plan_run(cfg, plan, len(prompts))  # the run's step counts, once

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import torch
 
 from rlhfkit.api import vision as V
+from rlhfkit.api.builder import fit_to_positions
 from rlhfkit.api.run_folder import create_run_dir, extra_writers, setup_checkpoints
 from rlhfkit.config.kd import KDConfig
 from rlhfkit.config.parse import to_dict
@@ -237,6 +238,7 @@ class SupervisedTrainer:
         run_dir = create_run_dir(Path(cfg.ckpt.output_dir), cfg.logger.tensorboard_dir, to_dict(cfg))
         checkpointer, resume = setup_checkpoints(cfg, run_dir)
         model, tokenizer, ref = build_model(cls.kind, cfg, device)
+        cfg = fit_to_positions(cfg, model, "max_len")
         processor = V.processor_of(vision_folder) if vision_folder else None
         items, eval_items, skipped = load_data(cls.kind, cfg, tokenizer, train_dataset,
                                                eval_dataset, processor)

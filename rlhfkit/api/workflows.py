@@ -223,6 +223,7 @@ def generate(cfg: GenerateConfig, train_dataset: Any = None) -> Path:
     cfg = builder.resolve_autocast(validate_generate(cfg))
     device, run_dir = prepare(cfg)
     sampler = Sampler(cfg, device)
+    cfg = builder.fit_to_positions(cfg, sampler.policy, "prompt_max_len")
     prompts, _ = load_prompt_items(cfg, sampler.tokenizer, train_dataset)
     seeds = prompt_seeds(len(prompts), cfg.train.seed)
     out = write_jsonl(run_dir / "generations.jsonl", [])

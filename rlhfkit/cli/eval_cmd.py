@@ -38,6 +38,7 @@ from rlhfkit.api import vision as V
 from rlhfkit.api.builder import (
     build_engine,
     build_executor,
+    fit_to_positions,
     load_reward,
     prompt_options,
     resolve_autocast,
@@ -138,6 +139,7 @@ def _load(cfg: RLConfig, options: dict, vision: str | None = None, executor=None
         items, skipped = V.prompts(cfg, cfg.eval.dataset, processor, eval=True, shuffle=False)
         return out, t0, V.build_engine(policy, tokenizer, cfg, processor), tokenizer, items, skipped
     engine = build_engine(policy, tokenizer, cfg)
+    cfg = fit_to_positions(cfg, policy, "prompt_max_len")
     examples = load_prompts(cfg.eval.dataset, tokenizer=tokenizer, **options)
     items, skipped = tokenize_prompts(examples, tokenizer, cfg.data.prompt_max_len, cfg.data.input_key)
     return out, t0, engine, tokenizer, items, skipped

@@ -261,7 +261,9 @@ class DataConfig:
     """Use at most this many prompts of the dataset (none: all); of several datasets, at most this many of
     each before they are mixed, and of the mix."""
     prompt_max_len: int = PROMPT_MAX_LEN
-    """Prompts longer than this many tokens are skipped (counted and logged); image tokens count."""
+    """Prompts longer than this many tokens are skipped (counted and logged); image tokens count. Lowered
+    (said in one line) to fit a model with learned absolute positions (GPT-2, OPT), whose responses also end
+    at its last position."""
     image_key: str | None = None
     """Record key of a prompt's images (paths, URLs, bytes or a datasets Image feature; one or a list) for a
     vision-language model (docs/vision.md); none = `images`, else `image`, where the record has one."""
@@ -408,8 +410,9 @@ class AgentConfig:
     in the code sandbox). Their schemas go into the chat template's tools=; the model's calls
     run each turn and their results come back as tool turns; rewards from --reward.*."""
     tool_parser: str | None = None
-    """How the model writes tool calls: hermes (Qwen2.5/Qwen3/Hermes), llama3_json, mistral;
-    none = the tokenizer's response template, else read off its chat template."""
+    """How the model writes tool calls: hermes (Qwen2.5/Qwen3/Hermes), llama3_json, qwen3_coder
+    (Qwen3-Coder/Qwen3.5+/Nemotron 3), glm45 (GLM-4.5+), mistral; none = the tokenizer's response template, else read
+    off its chat template."""
     tool_calls_per_episode: int = 8
     """Most tool calls run per episode (further calls get an error result)."""
     tool_timeout: float = 10.0

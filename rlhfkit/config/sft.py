@@ -134,7 +134,8 @@ class SupervisedDataConfig:
     reward_key: str = "reward"
     """Conditional SFT: the record key holding the score rendered by --data.reward_template."""
     max_len: int = 2048
-    """Samples longer than this many tokens (prompt + response) are skipped and counted."""
+    """Samples longer than this many tokens (prompt + response) are skipped and counted. Lowered (said in
+    one line) to fit a model with learned absolute positions (GPT-2, OPT)."""
     max_samples: int | None = None
     """Use at most this many training records (none: all)."""
     image_key: str | None = None

@@ -285,6 +285,29 @@ def eager_if_softcapped(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def position_limit(model: torch.nn.Module) -> int | None:
+    """The most tokens (prompt and response together) a model with a learned table of absolute
+    positions can take: its config's n_positions / max_position_embeddings when an embedding table of
+    that many rows (OPT's: two more) sits beside the token embeddings (GPT-2, OPT, BioGPT; a position
+    past it is an index error); None for rotary, ALiBi and recurrent models, which run past their
+    configured length (what they compute there is another matter)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    limit = next((v for k in ("n_positions", "max_position_embeddings")
+                  if isinstance(v := getattr(text, k, None), int) and v > 0), None)
+    get_input = getattr(model, "get_input_embeddings", None)
+    tokens = get_input() if get_input is not None else None
+    if limit is None:
+        return None
+    for module in model.modules():
+        if (isinstance(module, torch.nn.Embedding) and module is not tokens
+                and module.num_embeddings in (limit, limit + 2)):
+            return limit
+    return None
+
+
 def save_hf_folder(model: torch.nn.Module, tokenizer, path: str | os.PathLike,
                    state_dict: dict | None = None) -> Path:
     """Write `model` (safetensors; a peft model writes its adapter) and `tokenizer` into folder `path`,

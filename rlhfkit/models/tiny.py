@@ -155,6 +155,14 @@ def _falcon_h1(s):  # a Mamba-2 mixer beside attention in every layer (one cache
                               "lm_head_multiplier": 0.5}
 
 
+def _qwen3_next(s):  # gated DeltaNet (recurrent) layers beside full attention, a sparse MoE with a shared expert
+    return "Qwen3NextConfig", {**_decoder(s), "head_dim": 16, "layer_types": ["linear_attention", "full_attention"] * (
+        s["layers"] // 2) + ["linear_attention"] * (s["layers"] % 2), "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "num_experts": MOE_EXPERTS, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32}
+
+
 def _gpt_oss(s):  # attention sinks, sliding / full layers, a biased sparse MoE; masks without position_ids
     return "GptOssConfig", {**_decoder(s), "head_dim": 16, "num_local_experts": MOE_EXPERTS, "num_experts_per_tok": 2,
                             "sliding_window": SLIDING_WINDOW, "layer_types": _alternating(s["layers"])}
@@ -208,6 +216,7 @@ ARCHITECTURES = {
     "falcon": _falcon,
     "falcon_h1": _falcon_h1,
     "gpt_oss": _gpt_oss,
+    "qwen3_next": _qwen3_next,
     "qwen3_moe": _qwen3_moe,
     "mixtral": _mixtral,
     "deepseek_v3": _deepseek_v3,

@@ -6,9 +6,10 @@ Two local backends (a third, `remote`, sends programs to a SandboxFusion-style s
 * `bwrap` (the default): every program runs under bubblewrap in new pid, network, ipc, uts and
   mount namespaces (a cgroup namespace where the kernel has one). Its file system is a read-only
   root holding only /usr and the /bin, /lib* links or folders, the interpreter's prefix (bound
-  read-only at its own path), a minimal /dev, a /proc of its own pid namespace, and two fresh
-  tmpfs folders: /sandbox (the working directory) and /tmp. Nothing else of the host is visible
-  (no /etc, /home, /root, the trainer's working tree or its temporary files). The program's
+  read-only at its own path), a minimal read-only /dev (with a fresh 64 MiB /dev/shm), a /proc of
+  its own pid namespace, and two fresh 64 MiB tmpfs folders: /sandbox (the working directory) and
+  /tmp. Nothing else of the host is visible (no /etc, /home, /root, the trainer's working tree or
+  its temporary files). The program's
   source reaches it through an inherited descriptor; its stdout goes to a descriptor the trainer
   opened. `--die-with-parent` and the pid namespace tie every process it starts to the bwrap
   process, which the trainer kills on the wall-clock timeout; `--new-session` keeps it off the
@@ -227,8 +228,8 @@ class CodeSandbox:
 
     def _bwrap_mounts(self, roots: list[str]) -> list[str]:
         """A read-only root with /usr, the /bin and /lib* links or folders and `roots` (the
-        interpreter's prefix, its venv), minimal /dev and /proc, fresh tmpfs /tmp and /sandbox (the
-        working dir)."""
+        interpreter's prefix, its venv), minimal /dev (read-only) and /proc, fresh tmpfs /tmp, /sandbox
+        (the working dir) and /dev/shm."""
         args = ["--ro-bind", "/usr", "/usr"]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(top):
@@ -242,9 +243,11 @@ class CodeSandbox:
                 args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--ro-bind", root, root]
         args += ["--proc", "/proc", "--dev", "/dev"]
-        for folder in ("/tmp", WORKDIR):
+        # /dev is a tmpfs of half the host's memory, writable by the child in a user namespace (an
+        # ordinary trainer): read-only, with a bounded /dev/shm (multiprocessing's semaphores) in it
+        for folder in ("/tmp", WORKDIR, "/dev/shm"):
             args += ["--size", str(_TMPFS_BYTES), "--perms", "1777", "--tmpfs", folder]
-        return args + ["--remount-ro", "/", "--chdir", WORKDIR]
+        return args + ["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", WORKDIR]
 
     # ------------------------------------------------------------------ what this machine allows
     def _probe(self) -> None:

@@ -50,7 +50,8 @@ _GROUPED_RE = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 def parse_number(text: str | int | float) -> Fraction | None:
     """The exact value of a number written as text (or given as int / float); None if not one.
 
-    Accepts "12", " -12.50 ", "1,234", "$12", "12.", "3/4", "\\frac{3}{4}", 12, 12.0.
+    Accepts "12", " -12.50 ", "1,234", "$12", "12.", "3/4", "\\frac{3}{4}", 12, 12.0. A number of
+    more digits than Python converts (4300; a policy repeating "9" writes one) is None, not an error.
     """
     if isinstance(text, bool):
         return None
@@ -61,11 +62,14 @@ def parse_number(text: str | int | float) -> Fraction | None:
     s = text.strip().strip("$").strip().rstrip(".")
     if _GROUPED_RE.match(s):
         s = s.replace(",", "")
-    if _PLAIN_RE.match(s):
-        return Fraction(s)
-    match = _FRAC_RE.match(s) or _SLASH_RE.match(s)
-    if match and int(match.group(2)) != 0:
-        return Fraction(int(match.group(1)), int(match.group(2)))
+    try:
+        if _PLAIN_RE.match(s):
+            return Fraction(s)
+        match = _FRAC_RE.match(s) or _SLASH_RE.match(s)
+        if match and int(match.group(2)) != 0:
+            return Fraction(int(match.group(1)), int(match.group(2)))
+    except ValueError:  # past sys.get_int_max_str_digits()
+        return None
     return None
 
 

@@ -54,6 +54,7 @@ class DecodeState:
     prompt_experts: list | None = None  # with record_experts: per prompt its tokens' experts [P, layers, k]
     experts: torch.Tensor | None = None  # and per row each response token's [B, max_new, layers, k]
     seen: torch.Tensor | None = None  # with a repetition penalty: per row the tokens of its prompt and response [B, V]
+    room: torch.Tensor | None = None  # per row the response tokens its model's learned positions leave [B] (or None)
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """`HFEngine`: a transformers generation engine with its own KV-cache decode loop.
 
 Per chunk of prompts: left-pad them, prefill each prompt ONCE, copy its cache to the n samples
-(`DynamicCache.batch_repeat_interleave`), then decode one token per step for every unfinished
-row. Finished rows are dropped from the batch (`batch_select_indices`), and the loop stops as
+(`kv_cache.repeat_rows`), then decode one token per step for every unfinished
+row. Finished rows are dropped from the batch (`kv_cache.select_rows`), and the loop stops as
 soon as every row has hit a stop token or `max_new_tokens`.
 
 Why not `model.generate`: it prefills each prompt n times (num_return_sequences repeats the
@@ -60,13 +60,14 @@ import torch
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.host import own_memory
+from rlhfkit.models.loading import position_limit
 from rlhfkit.models.logprobs import forward_parameters, note_once
 from rlhfkit.models.moe import ExpertRecorder, routing_shape
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.bf16_decode import Bf16Decoder, bf16_decode_support
 from rlhfkit.rollout.decode_attention import decode_attention
 from rlhfkit.rollout.decode_state import DecodeState, PartialGeneration
-from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache
+from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache, repeat_rows, select_rows
 from rlhfkit.rollout.prefix import prefill_shared, shared_prefix_length
 from rlhfkit.rollout.routing import missing_codes, prompt_codes
 from rlhfkit.rollout.sampling import check_finite, check_params, chunk_uniforms, sample, seeded, seen_tokens
@@ -173,6 +174,7 @@ class HFEngine:
         self._keep_last_logits = "logits_to_keep" in takes
         self._takes_positions = "position_ids" in takes  # else the model derives them (e.g. from the mask)
         self._cached = cache_support(model) is None
+        self.position_limit = position_limit(model)  # a learned position table's rows (GPT-2, OPT), else None
         self._version = version
         self._owns_weights = False  # whether update_weights gave the weights memory of their own (own_memory)
         self._compiled_step = None
@@ -252,6 +254,11 @@ class HFEngine:
               seeds: Sequence[int] | None = None, episode_keys: Sequence | None = None) -> PartialGeneration:
         """A generation not run yet (arguments as `generate`); `resume` runs it, in slices if asked."""
         check_params(params, prompts, group_ids)
+        longest = max(map(len, prompts), default=0)
+        if self.position_limit is not None and longest >= self.position_limit:
+            raise ConfigError(f"a prompt of {longest} tokens leaves no room for a response in "
+                              f"{type(self.model).__name__}'s {self.position_limit} positions; keep prompts shorter "
+                              "(--data.prompt_max_len)")
         for name, values in (("seeds", seeds), ("episode_keys", episode_keys)):
             if values is not None and len(values) != len(prompts):
                 raise ConfigError(f"{name} has {len(values)} entries for {len(prompts)} prompts")
@@ -357,7 +364,7 @@ class HFEngine:
         calls, self.routed = self.routed, []  # the prefill's recorded forwards
         prompt_experts = None if self.recorder is None else prompt_codes(prompts, before, calls, self._missing)
         if cache is not None:
-            cache.batch_repeat_interleave(n)
+            repeat_rows(cache, n)
         batch = len(prompts) * n
         return DecodeState(
             params=params, generator=generator, cache=cache,
@@ -379,7 +386,16 @@ class HFEngine:
             kv_version=self._version, prompt_experts=prompt_experts,
             experts=None if prompt_experts is None else self._missing((batch, max_new), device),
             seen=None if params.repetition_penalty == 1.0 else seen_tokens(prompts, logits.shape[-1], device
-                                                                          ).repeat_interleave(n, dim=0))
+                                                                          ).repeat_interleave(n, dim=0),
+            room=self._room(prompts, max_new, n, device))
+
+    def _room(self, prompts: list[list[int]], max_new: int, n: int, device) -> torch.Tensor | None:
+        """Per row, the response tokens that fit the model's learned positions with its prompt (rows stop
+        there, as at max_new_tokens); None when every row has room for max_new_tokens."""
+        limit = self.position_limit
+        if limit is None or max(map(len, prompts)) + max_new <= limit:
+            return None
+        return torch.tensor([limit - len(p) for p in prompts], device=device).repeat_interleave(n)
 
     def _missing(self, shape: tuple, device: torch.device) -> torch.Tensor:
         """Expert codes [*shape, layers, k] of tokens the engine did not compute (record_experts)."""
@@ -419,6 +435,8 @@ class HFEngine:
             hit = torch.isin(tok, stop_ids) & s.alive
             s.stopped[s.rows] |= hit
             s.alive &= ~hit
+            if s.room is not None:  # out of positions: the row ends as at max_new_tokens
+                s.alive &= s.lengths[s.rows] < s.room[s.rows]
             s.step, decoded = step + 1, decoded + 1
             if step == max_new - 1:
                 self._keep_rows(s)
@@ -438,7 +456,7 @@ class HFEngine:
                     s.active, s.rows, s.alive = s.active[keep.cpu()], s.rows[keep], s.alive[keep]
                     tok, s.next_pos, s.attention_mask = tok[keep], s.next_pos[keep], s.attention_mask[keep]
                     if s.cache is not None:
-                        s.cache.batch_select_indices(keep)
+                        select_rows(s.cache, keep)
                     else:
                         s.seqs = s.seqs[keep]
             if s.width is not None:  # static cache: open the new token's column

@@ -20,6 +20,7 @@ def cache_support(model: torch.nn.Module) -> str | None:
         reason = "it does not use transformers' DynamicCache"
     else:
         from transformers import DynamicCache
+        from transformers.cache_utils import CacheLayerMixin
 
         try:
             kinds = {type(layer) for layer in DynamicCache(config=model.config).layers}
@@ -28,27 +29,60 @@ def cache_support(model: torch.nn.Module) -> str | None:
         lacking = sorted(k.__name__ for k in kinds if not _copies_rows(k))
         if lacking:
             reason = f"its cache layers ({', '.join(lacking)}) cannot be copied per sample or have rows dropped"
+        elif kinds and not any(issubclass(k, CacheLayerMixin) for k in kinds):
+            reason = "its cache has no attention layer (transformers counts a cache's tokens on one)"
     if reason is not None:
         note_once(f"{type(model).__name__}: {reason}; the HF engine decodes it without a KV cache (one prompt "
                   "at a time, the whole sequence at each step)")
     return reason
 
 
-def _copies_rows(kind: type) -> bool:
-    """Whether cache layers of `kind` can be copied per sample and have rows dropped: they have both
-    batch methods, and a layer that also holds linear-attention (convolution / recurrent) states has
-    them from a class that knows those states (transformers' hybrid attention + Mamba layer of
-    Falcon-H1 inherits them from the plain KV layer, which would copy its keys and values only)."""
-    methods = ("batch_repeat_interleave", "batch_select_indices")
-    if not all(hasattr(kind, m) for m in methods):
-        return False
+def _linear_states():
+    """transformers' base class of cache layers holding convolution / recurrent states (Mamba, gated
+    DeltaNet, short convolutions), or None where this transformers has none."""
     from transformers import cache_utils
 
-    linear = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
-    if linear is None or not issubclass(kind, linear):
-        return True
-    owners = [next(c for c in kind.__mro__ if m in vars(c)) for m in methods]
-    return all(issubclass(owner, linear) for owner in owners)
+    return getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
+
+
+def _copies_rows(kind: type) -> bool:
+    """Whether cache layers of `kind` can be copied per sample and have rows dropped (`repeat_rows`,
+    `select_rows`): a layer with both batch methods, or one holding linear-attention states, whose
+    rows `reorder_cache` picks (its keys and values too, in a hybrid attention + Mamba layer)."""
+    linear = _linear_states()
+    if linear is not None and issubclass(kind, linear):
+        return callable(getattr(kind, "reorder_cache", None))
+    return all(hasattr(kind, m) for m in ("batch_repeat_interleave", "batch_select_indices"))
+
+
+def repeat_rows(cache, repeats: int) -> None:
+    """Each row of `cache` repeated `repeats` times in place (row i becomes rows i*repeats ...), in every
+    layer: keys and values, and a linear-attention layer's convolution and recurrent states."""
+    linear, rows = _linear_states(), None
+    for layer in cache.layers:
+        if linear is not None and isinstance(layer, linear):
+            if rows is None:
+                rows = torch.arange(_batch_size(layer), device="cpu").repeat_interleave(repeats)
+            layer.reorder_cache(rows)
+        else:
+            layer.batch_repeat_interleave(repeats)
+
+
+def select_rows(cache, indices: torch.Tensor) -> None:
+    """Keep the rows `indices` of `cache` in every layer (as `repeat_rows`, by row index)."""
+    linear = _linear_states()
+    for layer in cache.layers:
+        if linear is not None and isinstance(layer, linear):
+            layer.reorder_cache(indices)
+        else:
+            layer.batch_select_indices(indices)
+
+
+def _batch_size(layer) -> int:
+    states = [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]
+    if not states:
+        raise RuntimeError(f"{type(layer).__name__}: no state to count the rows of before the prefill")
+    return states[0].shape[0]
 
 
 def new_cache(model: torch.nn.Module, reserve: int = 0):

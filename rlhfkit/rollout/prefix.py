@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from rlhfkit.rollout.kv_cache import repeat_rows
+
 # Fewest shared tokens worth a separate forward (below it the saved compute is under a forward's overhead).
 MIN_SHARED_TOKENS = 8
 
@@ -41,7 +43,7 @@ def prefill_shared(forward: Callable, prompts: Sequence[Sequence[int]], shared: 
     rows' whole width W = shared + the longest own part."""
     prefix = torch.tensor([list(prompts[0][:shared])], dtype=torch.long, device=device)
     forward(prefix, torch.ones_like(prefix), torch.arange(shared, device=device).unsqueeze(0), cache)
-    cache.batch_repeat_interleave(len(prompts))
+    repeat_rows(cache, len(prompts))
     own = [list(p[shared:]) for p in prompts]
     return prefill_after(forward, own, torch.ones((len(own), shared), dtype=torch.long, device=device), cache,
                          pad_id, device)

@@ -329,7 +329,7 @@ class ToolExecutor:
             return [] if done else [{"role": "user", "content": obs}]
         if e.env is not None:  # this episode's environment: its bound methods
             tools = ToolSet({**self.plain, **environment_tools(e.env)})
-            runner = ToolRunner(tools, runner.limits, runner.tokenizer, runner.stats)
+            runner = ToolRunner(tools, runner.limits, runner.tokenizer, runner.stats, runner.slots)
         msgs = await runner.run(calls, errors, used=e.calls)
         e.calls = min(e.calls + len(calls), self.limits.calls_per_episode)  # the calls that ran
         return msgs

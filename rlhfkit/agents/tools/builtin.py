@@ -3,11 +3,13 @@
   builtin:calculator  `calculator(expression)`: + - * / and parentheses on numbers, evaluated by
                       walking the syntax tree (never eval)
   builtin:python      `python(code)`: runs model-written code in the code sandbox (bubblewrap,
-                      rlhfkit.rewards.code_sandbox), never in the trainer's process; returns its stdout
+                      rlhfkit.rewards.code_sandbox), never in the trainer's process; returns its stdout;
+                      at most one program per CPU core at once (`max_concurrency`)
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from rlhfkit.agents.envs.calculator import calculate
@@ -41,6 +43,9 @@ def python_tool(backend: str = "bwrap", wall_seconds: float = 5.0) -> Callable[[
             return f"error: exit status {result.returncode}\n{result.output}{result.stderr[-1000:]}"
         return result.output
 
+    # the sandbox's wall-clock limit is fair only while each program has a core: many calls at once
+    # (a rollout's episodes in one turn) would time out together; the ToolRunner queues the others
+    python.max_concurrency = max(len(os.sched_getaffinity(0)), 1)
     return python
 
 

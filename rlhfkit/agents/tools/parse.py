@@ -9,6 +9,10 @@ named by `parser=`, the `--agent.tool_parser` flag):
                tools: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one or more
   llama3_json  Llama 3.1+: `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` or as
                the whole turn), several separated by `;`
+  qwen3_coder  Qwen3-Coder, Qwen3.5 and later, Nemotron 3: `<tool_call><function=NAME><parameter=KEY>
+               VALUE</parameter>...</function></tool_call>`, the values cast by the tool schema's types
+  glm45        GLM-4.5 and later: `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...
+               </tool_call>`, the values cast by the tool schema's types
   mistral      Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
 
 A malformed call (bad JSON, no name, arguments that are not an object) is reported in the
@@ -39,12 +43,40 @@ TOOL_PARSERS: dict[str, dict] = {
         "defaults": {"role": "assistant"},
         "start_anchor_pattern": r"<\|start_header_id\|>assistant<\|end_header_id\|>\n\n|^",
         "fields": {
-            "tool_calls": {"open_pattern": r"\s*(?:<\|python_tag\|>)?(?=\{)",
+            # a call opens the turn, follows the previous call's `;` or follows <|python_tag|> (as vLLM's
+            # llama3_json parser reads it): a brace inside an answer ("\\boxed{5}") is text, not a call
+            "tool_calls": {"open_pattern": r"(?:^\s*|(?<=\}\s*;)\s*|\s*<\|python_tag\|>\s*)(?=\{)",
                            "close_pattern": r"(?<=\})\s*(?:;|<\|eot_id\|>|<\|eom_id\|>|$)", "repeats": True,
                            "content": "json",
                            "transform": {"type": "function", "function": {"name": "{content.name}",
                                                                          "arguments": "{content.parameters}"}}},
             "content": {"close_pattern": r"\s*(?:<\|eot_id\|>|<\|eom_id\|>|$)", "content": "text"},
+        },
+    },
+    "qwen3_coder": {  # vLLM's name for it
+        "defaults": {"role": "assistant"},
+        "start_anchor_pattern": r"<\|im_start\|>assistant\n|^",
+        "fields": {
+            "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
+            "tool_calls": {"open_pattern": r"\s*<tool_call>\s*<function=(?P<name>[^>\n]+)>",
+                           "close_pattern": r"</function>\s*</tool_call>", "repeats": True, "content": "xml-inline",
+                           "content_args": {
+                               "tag_pattern": r"<parameter=(?P<key>[^>\n]+)>\n?(?P<value>.*?)\n?</parameter>"},
+                           "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}}},
+            "content": {"close_pattern": r"\s*(?:<\|im_end\|>|<\|endoftext\|>|$)", "content": "text"},
+        },
+    },
+    "glm45": {  # vLLM's name for it
+        "defaults": {"role": "assistant"},
+        "start_anchor_pattern": r"<\|assistant\|>|^",
+        "fields": {
+            "reasoning_content": {"open_pattern": r"\s*<think>", "close": "</think>", "content": "text"},
+            "tool_calls": {"open_pattern": r"\s*<tool_call>(?P<name>[^\n<]+)", "close": "</tool_call>",
+                           "repeats": True, "content": "xml-inline",
+                           "content_args": {"tag_pattern": r"<arg_key>(?P<key>.*?)</arg_key>\s*"
+                                                           r"<arg_value>(?P<value>.*?)</arg_value>"},
+                           "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}}},
+            "content": {"close_pattern": r"\s*(?:<\|user\|>|<\|observation\|>|<\|endoftext\|>|$)", "content": "text"},
         },
     },
     "mistral": {
@@ -60,6 +92,9 @@ TOOL_PARSERS: dict[str, dict] = {
     },
 }
 DEFAULT_PARSER = "hermes"
+# what transformers' parsing raises on text the model wrote; RecursionError: JSON nested past
+# Python's recursion limit ("[[[[...") would otherwise end the run
+_REFUSED = (ValueError, KeyError, TypeError, RecursionError)
 
 
 def template_text(tokenizer) -> str:
@@ -73,6 +108,10 @@ def detect_parser(tokenizer) -> str:
     text = template_text(tokenizer)
     if "[TOOL_CALLS]" in text:
         return "mistral"
+    if "<function=" in text and "<parameter=" in text:
+        return "qwen3_coder"
+    if "<arg_key>" in text and "<arg_value>" in text:
+        return "glm45"
     if "<|python_tag|>" in text or ("<|start_header_id|>" in text and "parameters" in text):
         return "llama3_json"
     return DEFAULT_PARSER
@@ -105,7 +144,7 @@ def parse_tool_calls(text: str, tokenizer, parser: str | dict | None = None, pre
         parsed = tokenizer.parse_response(text, schema, prefix=prefix, tools=tools)
         raw, content = parsed.get("tool_calls") or [], parsed.get("content") or ""
         return (content, *_checked(list(enumerate(raw))))
-    except (ValueError, KeyError, TypeError):  # one region failed: parse the regions one by one
+    except _REFUSED:  # one region failed: parse the regions one by one
         return _by_region(text, schema, tools)
 
 
@@ -119,7 +158,7 @@ def _checked(raw: list[tuple[int, Any]]) -> tuple[list[ToolCall], list[str]]:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 args = None
         if not isinstance(name, str) or not name:
             errors.append(f"tool call {k}: no function name (got {json.dumps(item, default=str)[:200]})")
@@ -149,7 +188,7 @@ def _by_region(text: str, schema: dict, tools: list[dict] | None) -> tuple[str, 
         try:
             value = process_field(body, field, m.groupdict())
             raw.extend(value if isinstance(value, list) else [value])
-        except (ValueError, KeyError, TypeError) as exc:
+        except _REFUSED as exc:
             raw.append(None)
             errors.append(f"tool call {len(raw) - 1}: malformed ({str(exc).splitlines()[0][:160]}): {body[:200]!r}")
     pieces.append(text[at:])

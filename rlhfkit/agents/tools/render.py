@@ -27,7 +27,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlhfkit.agents.tools.parse import parse_tool_calls, template_text
+from rlhfkit.agents.tools.parse import (
+    DEFAULT_PARSER,
+    TOOL_PARSERS,
+    detect_parser,
+    parse_tool_calls,
+    response_template,
+    template_text,
+)
 from rlhfkit.agents.tools.schema import ToolCall
 from rlhfkit.errors import ConfigError
 
@@ -107,6 +114,13 @@ def default_tools_messages(messages: Sequence[dict], schemas: Sequence[dict]) ->
     return [{k: v for k, v in m.items() if k != "_tool"} for m in out]
 
 
+def unknown_call_format(tokenizer) -> bool:
+    """Whether neither the tokenizer's response_template nor the chat template's text names a known
+    call format (the parser then falls back to Hermes, whose `<tool_call>` the template never shows)."""
+    return (getattr(tokenizer, "response_template", None) is None and detect_parser(tokenizer) == DEFAULT_PARSER
+            and "<tool_call>" not in template_text(tokenizer))
+
+
 def template_uses_tools(tokenizer) -> bool:
     """Whether the chat template renders `tools=` (the same text with and without them: no)."""
     msgs = [{"role": "user", "content": "x"}]
@@ -133,12 +147,18 @@ class ToolTemplate:
         if not template_text(self.renderer):
             raise ConfigError("tool calling needs a tokenizer with a chat template; this one has none")
         self.tokenizer, self.schemas, self.kwargs = tokenizer, list(schemas), template_kwargs
+        self._opening: str | None = None  # turn_opening(), once read
         self.native = not self.schemas or template_uses_tools(self.renderer)
         # the default prompt teaches the Hermes format: parse it unless told otherwise
         self.parser = parser if (parser is not None or self.native) else "hermes"
         if not self.native:
             log.info("tools: the chat template ignores tools=; rlhfkit puts the tool schemas in the system turn "
                      "and parses Hermes-style <tool_call>{json}</tool_call> calls")
+        elif self.schemas and parser is None and unknown_call_format(tokenizer):
+            log.warning("tools: the chat template renders tools= but teaches a tool-call format rlhfkit does not "
+                        "read (none of %s); calls are parsed as Hermes <tool_call>{json}</tool_call>, which this "
+                        "model may never write: set --agent.tool_parser or the tokenizer's response_template",
+                        ", ".join(TOOL_PARSERS))
 
     # ------------------------------------------------------------------ rendering
     def messages(self, messages: Sequence[dict]) -> list[dict]:
@@ -180,10 +200,27 @@ class ToolTemplate:
                 text = text[len(end):]
         return self.encode(text)
 
-    def parse(self, action_ids: Sequence[int], prefix: str = "") -> tuple[str, list[ToolCall], list[str]]:
-        """(content, calls, errors) of a sampled turn (see parse_tool_calls)."""
+    def parse(self, action_ids: Sequence[int], prefix: str | None = None) -> tuple[str, list[ToolCall], list[str]]:
+        """(content, calls, errors) of a sampled turn (see parse_tool_calls). `prefix`: the text before
+        the turn; None: the generation prompt (`turn_opening`), so that a turn the template opens in
+        `<think>` (Qwen3.5) starts in the reasoning, whose drafted calls do not run."""
         text = self.tokenizer.decode(list(action_ids), skip_special_tokens=False)
+        prefix = self.turn_opening() if prefix is None else prefix
         return parse_tool_calls(text, self.tokenizer, self.parser, prefix=prefix, tools=self.schemas or None)
+
+    def turn_opening(self) -> str:
+        """The generation prompt when the parser's start anchor finds the assistant turn's start in it
+        (the parser then reads what the template pre-writes of the turn, e.g. `<think>\\n`); else ""."""
+        if self._opening is None:
+            from transformers.utils.chat_parsing.response_templates import load_response_template
+
+            user = [{"role": "user", "content": "u"}]
+            prompt, bare = self.render(user), self.render(user, add_generation_prompt=False)
+            opening = prompt[len(bare):] if prompt.startswith(bare) else ""
+            anchor = load_response_template(response_template(self.tokenizer, self.parser)).start_anchor_re
+            found = anchor is not None and any(m.end() > m.start() for m in anchor.finditer(opening))
+            self._opening = opening if found else ""
+        return self._opening
 
     def prefix_check(self, messages: Sequence[dict], ids: Sequence[int],
                      encode: Callable[[str], list[int]] | None = None) -> str:

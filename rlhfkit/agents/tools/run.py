@@ -2,11 +2,14 @@
 
 Every call becomes one `role: "tool"` message. A call that cannot run is answered with an
 error message the model reads, and the episode goes on: an unknown tool, arguments that do not
-fit the function's signature, a malformed call (from the parser), a tool that raises, one that
+fit the function's signature or its schema's types (`ToolSet.arguments`), a malformed call (from
+the parser), a tool that raises (or calls sys.exit), one that
 runs past `ToolLimits.seconds_per_call` (its result is abandoned: a sync tool's thread is left to
 finish on its own, an async tool is cancelled). A result longer than `tokens_per_result` tokens
 is cut there. Calls beyond `calls_per_episode` are not run; one message says how many were
-dropped. What tools print to stdout is captured (and dropped), not mixed into the trainer's output.
+dropped. A tool function with a `max_concurrency` attribute (builtin:python: one program per CPU
+core) runs at most that many calls at once; the others wait, and their time limit starts when
+they run. What tools print to stdout is captured (and dropped), not mixed into the trainer's output.
 
 `ToolStats` counts per tool: calls, errors, timeouts and the mean latency (seconds), logged as
 `tools/NAME/calls` etc.; malformed calls and calls of unknown tools count under `<invalid>`.
@@ -79,9 +82,11 @@ class ToolRunner:
     """Runs calls of `tools` under `limits`, counting in `stats`; `tokenizer` cuts long results."""
 
     def __init__(self, tools: ToolSet, limits: ToolLimits | None = None, tokenizer=None,
-                 stats: ToolStats | None = None):
+                 stats: ToolStats | None = None, slots: dict[str, asyncio.Semaphore] | None = None):
         self.tools, self.limits, self.tokenizer = tools, limits or ToolLimits(), tokenizer
         self.stats = stats if stats is not None else ToolStats()
+        # tool name -> its semaphore, for tools with a `max_concurrency` attribute (one event loop's)
+        self.slots: dict[str, asyncio.Semaphore] = {} if slots is None else slots
 
     def cut(self, text: str) -> str:
         """`text` cut to `tokens_per_result` tokens (characters only read up to 16 per token)."""
@@ -119,23 +124,57 @@ class ToolRunner:
             self.stats.add(INVALID, error=True)
             return f"error: unknown tool {call.name!r}; the tools are {', '.join(self.tools.names)}"
         try:
-            inspect.signature(fn).bind(**call.arguments)
+            arguments = self.tools.arguments(call.name, call.arguments)
         except TypeError as exc:
             self.stats.add(call.name, error=True)
             return f"error: wrong arguments for {call.name}: {exc}"
+        async with self._slot(call.name, fn):  # the time limit starts once the call may run
+            return await self._timed(call, fn, arguments)
+
+    def _slot(self, name: str, fn: Any) -> contextlib.AbstractAsyncContextManager:
+        """What a call of `fn` waits for: one of its `max_concurrency` slots (shared by the runners
+        given the same `slots`), or nothing for a tool without that attribute."""
+        n = getattr(fn, "max_concurrency", None)
+        if not n:
+            return contextlib.nullcontext()
+        return self.slots.setdefault(name, asyncio.Semaphore(n))
+
+    async def _timed(self, call: ToolCall, fn: Any, arguments: dict[str, Any]) -> str:
+        """The result of `fn(**arguments)` as text, or the error message the model reads."""
         start = time.perf_counter()
         try:
-            coro = fn(**call.arguments) if inspect.iscoroutinefunction(fn) else _in_thread(fn, call.arguments)
-            value = await asyncio.wait_for(coro, self.limits.seconds_per_call)
+            coro = _no_exit(fn(**arguments)) if inspect.iscoroutinefunction(fn) else _in_thread(fn, arguments)
+            text = _as_text(await asyncio.wait_for(coro, self.limits.seconds_per_call))
         except asyncio.TimeoutError:
             self.stats.add(call.name, time.perf_counter() - start, timeout=True)
             return f"error: {call.name} timed out after {self.limits.seconds_per_call:g} s"
-        except Exception as exc:  # noqa: BLE001 - the tool's own failure: the model reads it
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the tool's own failure (an argparse exit too)
             self.stats.add(call.name, time.perf_counter() - start, error=True)
-            first = str(exc).splitlines()[0][:300] if str(exc) else ""
-            return f"error: {call.name} raised {type(exc).__name__}: {first}"
+            kind = "SystemExit" if isinstance(exc, _Exited) else type(exc).__name__
+            return f"error: {call.name} raised {kind}: {_first_line(exc)}"
         self.stats.add(call.name, time.perf_counter() - start)
-        return self.cut(_as_text(value))
+        return self.cut(text)
+
+
+class _Exited(Exception):
+    """An async tool's SystemExit, as an ordinary exception: a task hands SystemExit on to the event
+    loop (asyncio.run would end the whole run) even when the code awaiting the task catches it."""
+
+
+async def _no_exit(coro: Any) -> Any:
+    try:
+        return await coro
+    except SystemExit as exc:
+        raise _Exited(exc.code) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of `exc`'s message, at most 300 characters ("" when it has none or cannot say)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+        return ""
+    return text.splitlines()[0][:300] if text else ""
 
 
 def _in_thread(fn, kwargs: dict) -> asyncio.Future:

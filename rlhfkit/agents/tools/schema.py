@@ -17,8 +17,10 @@ A tool is a plain function, sync or `async def`, with type hints and a Google-st
 
 from __future__ import annotations
 
+import enum
 import inspect
 import json
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,3 +103,76 @@ class ToolSet:
 
     def is_async(self, name: str) -> bool:
         return inspect.iscoroutinefunction(self.functions[name])
+
+    def arguments(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """`arguments` of a call of tool `name` as the function takes them: checked against its
+        signature and its schema's types (a whole float for an integer becomes an int, a value of
+        an Enum-typed parameter becomes the member).
+
+        Raises:
+          TypeError: an argument the signature does not take or a required one missing, a value of
+            the wrong JSON type or outside the parameter's enum (the message says which).
+        """
+        fn = self.functions[name]
+        inspect.signature(fn).bind(**arguments)
+        properties = self.parameters(name).get("properties", {})
+        defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()}
+        out = {}
+        for key, value in arguments.items():
+            spec = properties.get(key)
+            if isinstance(spec, dict) and not (value is None and defaults.get(key) is None):
+                value = _checked_value(spec, value, key)
+            out[key] = _as_enum(fn, key, value)
+        return out
+
+
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+
+
+def _checked_value(spec: dict, value: Any, where: str) -> Any:
+    """`value` when it fits the JSON schema `spec` (its `type`, `nullable`, `enum`, `anyOf`, array
+    `items`; other keywords are not checked), a whole float for "integer" as an int; else TypeError."""
+    if "anyOf" in spec:
+        for option in spec["anyOf"]:
+            try:
+                return _checked_value(option, value, where)
+            except TypeError:
+                continue
+        raise TypeError(f"{where}: {json.dumps(value)[:60]} matches none of its allowed types")
+    types = spec.get("type")
+    types = [types] if isinstance(types, str) else list(types or [])
+    if spec.get("nullable"):
+        types.append("null")
+    if "integer" in types and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if types and not any(_JSON_TYPES.get(t, lambda v: True)(value) for t in types):
+        got = "null" if value is None else type(value).__name__
+        raise TypeError(f"{where} must be {' or '.join(types)}, got {got} {json.dumps(value)[:60]}")
+    if "enum" in spec and value not in spec["enum"]:
+        raise TypeError(f"{where} must be one of {json.dumps(spec['enum'])[:200]}, got {json.dumps(value)[:60]}")
+    if isinstance(value, list) and isinstance(spec.get("items"), dict):
+        value = [_checked_value(spec["items"], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _as_enum(fn: Callable, key: str, value: Any) -> Any:
+    """`value` as a member of the Enum that annotates `fn`'s parameter `key` (also inside Optional)."""
+    try:
+        hint = typing.get_type_hints(fn).get(key)
+    except Exception:  # noqa: BLE001 - an unresolvable hint: the schema was built from what resolved
+        return value
+    for cls in (hint, *typing.get_args(hint)):
+        if isinstance(cls, type) and issubclass(cls, enum.Enum) and not isinstance(value, cls):
+            try:
+                return cls(value)
+            except ValueError:
+                continue
+    return value

@@ -136,6 +136,12 @@ def test_environment_errors_are_one_line_and_bad_specs_are_refused(chat_tok, scr
         run(ToolExecutor(environment_factory=text_env(Broken)), chat_tok, scripted, [P("Play.")])
     with pytest.raises(ConfigError, match="LIBRARY:ENV_ID"):
         load_text_env("nothing")
+
+    def needs_data():  # as GEM's Wordle without NLTK's word list: the message opens with a blank line
+        raise LookupError("\n*****\n  Resource words not found.\n  nltk.download('words')\n")
+
+    with pytest.raises(ConfigError, match=r"cannot create it \(LookupError: \*+ Resource words not found\. nltk"):
+        text_env(needs_data, "wordle")()
     with pytest.raises(ConfigError, match="no class or function 'Nope'"):
         (tmp_path / "envs.py").write_text("class Guess:\n    pass\n")
         load_text_env(f"{tmp_path / 'envs.py'}:Nope")

@@ -129,3 +129,100 @@ def test_qwen3_rerendering_of_thinking_is_detected():
     # Qwen3 drops the <think> of turns before the last user message: not the sampled tokens
     assert tt.prefix_check(msgs, episode) == RERENDER
     assert "five is central" in tok.decode(episode) and "five is central" not in tt.render(msgs)
+
+
+def xml_call(name, args):
+    """A call as Qwen3-Coder, Qwen3.5+ and Nemotron 3 write it (the qwen3_coder parser)."""
+    params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in args.items())
+    return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+XML_FAMILIES = [n for n in ("qwen3_5_think", "qwen3_6", "nemotron_3_nano")
+                if TEMPLATES is not None and (TEMPLATES / f"{n}.jinja").exists()]
+
+
+@pytest.mark.parametrize("name", XML_FAMILIES)
+def test_xml_calls_parse_with_the_schemas_types_and_render_back(name):
+    """These templates teach `<function=NAME><parameter=KEY>`: read as JSON (hermes) every call was malformed."""
+    tok = char_tokenizer((TEMPLATES / f"{name}.jinja").read_text(), QWEN)
+    tt = ToolTemplate(tok, ToolSet([multiply, lookup]).schemas)
+    # their generation prompts open the turn in <think>: the model closes it, then answers or calls
+    two = ("Two calls.\n</think>\n\nLet me compute.\n\n" + xml_call("multiply", {"a": 12, "b": 34}) + "\n"
+           + xml_call("lookup", {"key": "capital\nof France"}) + "<|im_end|>")
+    content, calls, errors = tt.parse(ids(tok, two))
+    assert [(c.name, c.arguments) for c in calls] == [("multiply", {"a": 12, "b": 34}),  # ints, by the schema
+                                                     ("lookup", {"key": "capital\nof France"})]
+    assert errors == [] and content == "Let me compute."
+    assert tt.parse(ids(tok, "Easy.\n</think>\n\nIt is 408.<|im_end|>")) == ("It is 408.", [], [])
+    # the template renders the parsed calls back as the model wrote them
+    msgs = [{"role": "user", "content": "What is 12*34?"},
+            {"role": "assistant", "content": "", "tool_calls": [c.as_message_entry() for c in calls[:1]]}]
+    msgs[1]["tool_calls"][0]["function"]["arguments"] = calls[0].arguments
+    assert xml_call("multiply", {"a": 12, "b": 34}) in tt.render(msgs, add_generation_prompt=False)
+
+
+GLM = ("<|system|>", "<|observation|>", "<|user|>", "<|assistant|>", "<|endoftext|>")  # eos: <|observation|>
+
+
+def glm_call(name, args):
+    """A call as GLM-4.5 and later write it (the glm45 parser)."""
+    params = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in args.items())
+    return f"<tool_call>{name}\n{params}</tool_call>"
+
+
+@pytest.mark.skipif(TEMPLATES is None or not (TEMPLATES / "glm4moe.jinja").exists(), reason="no GLM-4.5 template")
+def test_glm_calls_parse_and_their_results_keep_the_token_prefix():
+    tok = char_tokenizer((TEMPLATES / "glm4moe.jinja").read_text(), GLM)
+    tt = ToolTemplate(tok, ToolSet([multiply, lookup]).schemas)
+    two = ("<think>hmm</think>\nLet me compute.\n" + glm_call("multiply", {"a": 12, "b": 34}) + "\n"
+           + glm_call("lookup", {"key": "capital of France"}) + "<|observation|>")
+    content, calls, errors = tt.parse(ids(tok, two))
+    assert [(c.name, c.arguments) for c in calls] == [("multiply", {"a": 12, "b": 34}),
+                                                     ("lookup", {"key": "capital of France"})]
+    assert errors == [] and content == "Let me compute."
+    assert tt.parse(ids(tok, "<think></think>\nIt is 408.<|user|>")) == ("It is 408.", [], [])
+    msgs = [{"role": "user", "content": "What is 12*34?"}]
+    episode = tt.prompt_ids(msgs)
+    action = ids(tok, "\n<think></think>\n" + glm_call("multiply", {"a": 12, "b": 34}) + "<|observation|>")
+    tool = [{"role": "tool", "tool_call_id": "call_0", "name": "multiply", "content": "408"}]
+    delta = tt.delta(action, True, tool)
+    assert tok.decode(delta) == "\n<tool_response>\n408\n</tool_response><|assistant|>"
+    episode += action + delta
+    msgs += [{"role": "assistant", "content": tok.decode(action[:-1])}] + tool
+    assert tt.prefix_check(msgs, episode) == PROMPT_OK
+
+
+def test_a_template_teaching_a_call_format_no_parser_reads_is_warned_about(caplog):
+    """Gemma 4 renders tools= in its own call syntax: parsed as Hermes, its calls would never run."""
+    import logging
+
+    known = ["qwen2_5", "qwen3_5_think", "glm4moe", "llama3_1"]
+    for name in ["gemma4", *known]:
+        if not (TEMPLATES / f"{name}.jinja").exists():
+            pytest.skip(f"trl ships no {name} template")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rlhfkit"):
+            ToolTemplate(char_tokenizer((TEMPLATES / f"{name}.jinja").read_text(), QWEN), ToolSet([multiply]).schemas)
+        warned = any("tool-call format rlhfkit does not read" in r.getMessage() for r in caplog.records)
+        assert warned == (name == "gemma4"), name
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlhfkit"):  # a parser named: the user knows
+        ToolTemplate(char_tokenizer((TEMPLATES / "gemma4.jinja").read_text(), QWEN), ToolSet([multiply]).schemas,
+                     parser="hermes")
+    assert not caplog.records
+
+
+@pytest.mark.skipif(TEMPLATES is None or not (TEMPLATES / "qwen3_5_think.jinja").exists(), reason="no Qwen3.5")
+def test_a_turn_the_template_opens_in_thinking_keeps_its_reasoning_out_of_the_content_and_calls():
+    """Qwen3.5's generation prompt ends in `<think>\\n`: the model writes its reasoning, `</think>`, then
+    the answer or calls. A call drafted in the reasoning is thought, not a call."""
+    tok = char_tokenizer((TEMPLATES / "qwen3_5_think.jinja").read_text(), QWEN)
+    tt = ToolTemplate(tok, ToolSet([multiply, lookup]).schemas)
+    assert tt.turn_opening() == "<|im_start|>assistant\n<think>\n"
+    action = "I multiply.\n</think>\n\n" + xml_call("multiply", {"a": 12, "b": 34}) + "<|im_end|>"
+    content, calls, errors = tt.parse(ids(tok, action))
+    assert (content, [c.name for c in calls], errors) == ("", ["multiply"], [])
+    drafted = "Maybe " + xml_call("lookup", {"key": "x"}) + "? No.\n</think>\n\nIt is 408.<|im_end|>"
+    assert tt.parse(ids(tok, drafted)) == ("It is 408.", [], [])
+    plain = ToolTemplate(char_tokenizer((TEMPLATES / "qwen2_5.jinja").read_text(), QWEN), ToolSet([multiply]).schemas)
+    assert plain.turn_opening() == "<|im_start|>assistant\n"  # nothing of the turn pre-written

@@ -38,14 +38,13 @@ NOTES = {
     "gemma3": ["sliding window (8 tokens)"],
     "phi": ["LM head has a bias"],
     "granite": ["logits_scaling=4.0 transforms the logits"],
-    "lfm2": ["cache layers (LinearAttentionLayer) cannot be copied",
-             "layers other than attention (LinearAttentionLayer)"],
+    "lfm2": ["layers other than attention (LinearAttentionLayer)"],
     "bloom": ["forward takes no position_ids"],
     "rwkv": ["forward takes no past_key_values", "forward takes no position_ids"],
     "falcon": ["causal mask is built without position_ids"],
-    "falcon_h1": ["cache layers (LinearAttentionAndFullAttentionLayer) cannot be copied",
-                  "layers other than attention (LinearAttentionAndFullAttentionLayer)",
+    "falcon_h1": ["layers other than attention (LinearAttentionAndFullAttentionLayer)",
                   "lm_head_multiplier=0.5 transforms the logits"],
+    "qwen3_next": ["layers other than attention (LinearAttentionLayer)"],
     "gpt_oss": ["causal mask is built without position_ids", "sliding window (8 tokens)"],
 }
 
@@ -281,13 +280,32 @@ def test_one_ppo_step_with_critic_and_reference_and_one_sft_step(arch):
 # ---------------------------------------------------------------------- the engine's fast parts
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "rwkv", "falcon_h1"])
+@pytest.mark.parametrize("arch", ["rwkv"])
 def test_a_model_without_a_copyable_kv_cache_decodes_without_one(arch, caplog):
     model, tok, prompts = model_for(arch)
     with caplog.at_level(logging.INFO, logger="rlhfkit"):
         engine = HFEngine(model, tok, max_batch_size=64)
     assert not engine._cached and "without a KV cache" in caplog.text
     assert [list(c) for c in engine._chunks(prompts, SamplingParams(n=2))] == [[0, 1], [1, 2], [2, 3]]
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "falcon_h1", "qwen3_next"])
+def test_convolution_and_recurrent_states_are_cached_and_copied_per_sample(arch):
+    """Short-convolution, Mamba and gated-DeltaNet layers keep their states in the engine's cache: one
+    prefill for the n samples of a prompt (its states repeated per row), finished rows dropped; the
+    samples are those of the cacheless decode (which runs the whole sequence at every step)."""
+    model, tok, prompts = model_for(arch)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, n=3)
+    cached = HFEngine(model, tok)
+    assert cached._cached
+    uncached = HFEngine(model, tok)
+    uncached._cached = False
+    seeds = [11, 12, 13]  # per-prompt draws: the same whether the prompts decode together or one by one
+    for got, want in zip(cached.generate(prompts, params, seeds=seeds), uncached.generate(prompts, params, seeds=seeds),
+                         strict=True):
+        assert got.response_ids.tolist() == want.response_ids.tolist()
+        torch.testing.assert_close(got.logprobs, want.logprobs, atol=2e-5, rtol=0)
+    assert cached.prefilled_tokens == sum(map(len, prompts))  # one prefill per prompt, not per sample
 
 
 def test_grouped_decode_attention_with_a_value_width_other_than_the_query_width():

@@ -85,11 +85,12 @@ def test_qwen3_vl_deepstack_features_reach_the_language_model(family):
     assert (full - without).abs().max() > 1e-5
 
 
-def test_qwen3_5_decodes_without_a_cache():
-    """Its Gated DeltaNet layers' cache cannot be copied per sample: the engine decodes it without a cache
-    (the equality tests then check that every step gets the images and 3-D positions)."""
+def test_qwen3_5_decodes_with_its_deltanet_states_in_the_cache():
+    """Its Gated DeltaNet layers' convolution and recurrent states are copied per sample and have rows
+    dropped with the keys and values (rollout.kv_cache.repeat_rows / select_rows): the engine keeps a
+    cache (the equality tests then check its steps against generate with the same images)."""
     model, _ = tiny_vision_model_and_processor("qwen3_5")
-    assert "LinearAttentionLayer" in cache_support(model)
+    assert cache_support(model) is None
 
 
 def test_smolvlm_without_num2words_is_one_line_naming_the_package(tmp_path, monkeypatch):

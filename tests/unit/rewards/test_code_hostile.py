@@ -212,6 +212,10 @@ PROBES = {
     "write_usr": "open('/usr/lib/rlhfkit_hostile_w', 'w').write('x') > 0",
     "make_a_dir_at_the_root": "os.mkdir('/rlhfkit_hostile_d') is None",
     "write_the_interpreter": "open(sys.executable, 'ab').write(b'#') > 0",
+    # /dev is a tmpfs of half the host's memory (an ordinary user's child may write it): host memory to fill
+    "write_dev": "open('/dev/rlhfkit_hostile_w', 'w').write('x') > 0",
+    "a_dev_shm_past_64_mib": "os.access('/dev/shm', os.W_OK) and (lambda s: s.f_blocks * s.f_frsize)("
+                             "os.statvfs('/dev/shm')) > 64 << 20",
 }
 
 

@@ -187,7 +187,7 @@ def test_cli_refuses_before_any_model_loads_when_code_cannot_be_contained(monkey
     assert err[0].endswith("or --reward.code.sandbox none to run model code unconfined")
 
 
-def test_bwrap_sees_usr_the_interpreters_prefix_and_venv_read_only_and_two_tmpfs(box):
+def test_bwrap_sees_usr_the_interpreters_prefix_and_venv_read_only_and_three_tmpfs(box):
     args = box._bwrap_mounts(["/usr", "/opt/py/3.11", "/srv/venv"])
     binds = [args[i + 1] for i, a in enumerate(args) if a == "--ro-bind"]
     assert binds[0] == "/usr" and binds[-2:] == ["/opt/py/3.11", "/srv/venv"]
@@ -197,6 +197,7 @@ def test_bwrap_sees_usr_the_interpreters_prefix_and_venv_read_only_and_two_tmpfs
                                   "--ro-bind", "/opt/py/3.11", "/opt/py/3.11",
                                   "--perms", "0755", "--dir", "/srv", "--ro-bind", "/srv/venv", "/srv/venv"]
     tail = ["--proc", "/proc", "--dev", "/dev", "--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/tmp",
-            "--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/sandbox", "--remount-ro", "/",
-            "--chdir", "/sandbox"]
+            "--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/sandbox",
+            "--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/dev/shm", "--remount-ro", "/",
+            "--remount-ro", "/dev", "--chdir", "/sandbox"]
     assert args[k + 15:] == tail

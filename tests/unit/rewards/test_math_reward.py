@@ -138,6 +138,16 @@ def test_math_exact_reward_answer_mode():
     assert out.rewards.tolist() == [1.0, 0.0, 1.0, 1.0]
 
 
+def test_a_number_past_pythons_digit_limit_scores_0_instead_of_ending_the_run():
+    """A collapsed policy repeating "9" writes a number of more than 4300 digits, which int() refuses."""
+    huge = "9" * 5000
+    for mode in ("first_integer", "answer", "bare_number"):
+        out = math_exact_reward([f"The answer is {huge}", f"\\boxed{{{huge}}}", f"{huge}/3", "5"], ["5"] * 4, mode=mode)
+        assert out.rewards.tolist() == [0.0, 0.0, 0.0, 1.0], mode
+    assert parse_number(huge) is None and parse_number(f"0.{huge}") is None and parse_number(f"1/{huge}") is None
+    assert extract_first_integer(huge + " apples") is None and parse_number("9" * 4000) == int("9" * 4000)
+
+
 def test_math_exact_reward_errors():
     with pytest.raises(ConfigError,
                        match=r"unknown; valid modes: \['answer', 'bare_number', 'first_integer', 'latex'\]"):

@@ -54,9 +54,10 @@ def test_token_type_ids_derived_from_the_ids_are_the_processors(vlm):
     assert all(any(1 in row for row in v) for v in derived.values())
 
 
-def test_greedy_rollout_equals_generate_with_the_same_images(vlm):
-    model, processor = vlm
+def greedy_equals_generate(model, processor, cached: bool = True) -> None:
+    """The engine's greedy rollouts of `prompts(processor)` are model.generate's with the same images."""
     engine = VisionEngine(model, processor.tokenizer)
+    engine._cached = engine._cached and cached
     batch = prompts(processor)
     trajs = engine.generate([p for p, _ in batch], SamplingParams(max_new_tokens=8, temperature=0.0),
                             vision=[v for _, v in batch])
@@ -66,6 +67,16 @@ def test_greedy_rollout_equals_generate_with_the_same_images(vlm):
         expected = out[0, len(ids):].tolist()
         assert t.response_ids.tolist() == expected[: t.response_length]
         assert t.info["vision"] is vision
+
+
+def test_greedy_rollout_equals_generate_with_the_same_images(vlm):
+    greedy_equals_generate(*vlm)
+
+
+def test_a_vlm_decoded_without_a_cache_feeds_its_images_at_every_step():
+    """A VLM whose cache the engine cannot copy per sample decodes over the whole sequence at every step,
+    its images with it (forced here on Qwen3.5, whose DeltaNet states the engine does copy)."""
+    greedy_equals_generate(*tiny_vision_model_and_processor("qwen3_5"), cached=False)
 
 
 def test_rollout_logprobs_equal_the_trainers_forward(vlm):
