@@ -2,13 +2,15 @@
 
 A record's images come from its image column (`image_key`; by default "images", else TRL's
 "image") and from inline content parts. A value is a path (absolute, or relative to the
-dataset file's folder, else to the working directory), an http(s) URL (fetched once and kept in
-a cache folder), raw bytes, a `{"bytes": ..., "path": ...}` dict (a `datasets` Image feature
-that is not decoded), or a PIL image (a decoded Image feature); a column holds one image or a list.
+dataset file's folder, else to the working directory), a file:// URL, an http(s) URL (fetched
+once and kept in a cache folder), a data:image/...;base64 URL, raw bytes, a `{"bytes": ..., "path":
+...}` dict (a `datasets` Image feature that is not decoded), or a PIL image (a decoded Image
+feature); a column holds one image or a list.
 
 The prompt (`input_key`) is a string or a message list; content parts `{"type": "image"}` are
-placeholders filled in order from the image column, parts `{"type": "image", "image": X}` carry
-their image inline (OpenRLHF's and TRL's message formats). When the prompt has no image part but
+placeholders filled in order from the image column, parts that name an image carry it inline
+(`part_image`: TRL's "image", transformers' "url" / "path", OpenAI's `image_url` parts). In a record
+with images, "<image>" inside a string content is a placeholder (verl's datasets). When the prompt has no image part but
 the record has images, one placeholder per image is put at the start of the first user message
 (as TRL does for a prompt without placeholders). The processor's chat template renders the
 placeholders as the model's image tokens; the processor then expands them to each image's
@@ -30,6 +32,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from rlhfkit.data.prompts import PromptExample, kept_records
 from rlhfkit.data.records import Record, Source, first_line, is_messages, label_value, source_name
@@ -87,13 +91,45 @@ def _parts(message: dict) -> list:
 
 
 def _is_image_part(part: Any) -> bool:
-    return isinstance(part, dict) and part.get("type") == "image"
+    """An image content part: `{"type": "image", ...}` (OpenRLHF's, TRL's, transformers') or OpenAI's
+    `{"type": "image_url", "image_url": {"url": ...}}`."""
+    return isinstance(part, dict) and part.get("type") in ("image", "image_url")
+
+
+def part_image(part: dict) -> Any:
+    """The image an image part carries inline, None for a bare placeholder `{"type": "image"}`: its
+    "image" (TRL), "url" or "path" (transformers' chat templates), or OpenAI's image_url (its "url",
+    or the string itself)."""
+    if part.get("type") == "image_url":
+        url = part.get("image_url")
+        return url.get("url") if isinstance(url, dict) else url
+    return next((part[k] for k in ("image", "url", "path") if part.get(k) is not None), None)
 
 
 def _inline_parts(value: Any) -> list:
     if not is_messages(value):
         return []
-    return [p for m in value for p in _parts(m) if _is_image_part(p) and p.get("image") is not None]
+    return [p for m in value for p in _parts(m) if _is_image_part(p) and part_image(p) is not None]
+
+
+def inline_images(value: Any) -> list:
+    """The images a prompt's message list carries in its content parts, in order."""
+    return [part_image(p) for p in _inline_parts(value)]
+
+
+IMAGE_MARKER = "<image>"  # verl's (and LLaVA data's) image placeholder inside a string content
+
+
+def _text_parts(text: str, markers: bool) -> list[dict]:
+    """A string content as content parts; with `markers`, each "<image>" in it an image placeholder
+    (verl's geo3k rows: "<image>Find x.")."""
+    if not markers or IMAGE_MARKER not in text:
+        return [{"type": "text", "text": text}]
+    pieces = text.split(IMAGE_MARKER)
+    parts = [{"type": "text", "text": pieces[0]}]
+    for piece in pieces[1:]:
+        parts += [{"type": "image"}, {"type": "text", "text": piece}]
+    return [p for p in parts if p.get("text") != ""]
 
 
 def open_image(value: Any, where: str, base_dir: Path | None = None, cache_dir: Path | None = None):
@@ -103,6 +139,12 @@ def open_image(value: Any, where: str, base_dir: Path | None = None, cache_dir: 
 
     if isinstance(value, dict):
         value = value.get("bytes") or value.get("path")
+        if isinstance(value, str) and not Path(value).suffix:  # "bytes" written out as base64 text (JSON)
+            value = _base64_bytes(value, where)
+    if isinstance(value, str) and value.startswith("data:"):
+        value = data_url_bytes(value, where)
+    elif isinstance(value, str) and value.startswith("file://"):
+        value = url2pathname(urlparse(value).path)
     if isinstance(value, Image.Image):
         return _checked(value, where, "image").convert("RGB")
     if isinstance(value, (bytes, bytearray)):
@@ -114,10 +156,27 @@ def open_image(value: Any, where: str, base_dir: Path | None = None, cache_dir: 
         return _decode(io.BytesIO(_fetch(text, where, cache_dir)), where, text)
     path = Path(text).expanduser()
     candidates = [path] if path.is_absolute() or base_dir is None else [base_dir / path, path]
-    found = next((c for c in candidates if c.is_file()), None)
+    found = next((c for c in candidates if _is_file(c)), None)
     if found is None:
+        if len(text) > 200:  # no file has such a name: say what it is without printing all of it
+            raise DataError(f"{where}: image {text[:40]!r}... ({len(text):,} characters) is not a file; give a path, "
+                            "a URL, or base64 data as a data:image/<format>;base64,<data> URL")
         raise DataError(f"{where}: image file {text!r} not found (looked in {', '.join(str(c) for c in candidates)})")
     return _decode(found, where, text)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system
+        return False
+
+
+def _base64_bytes(text: str, where: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise DataError(f"{where}: the image's \"bytes\" is text but not base64 ({exc})") from exc
 
 
 def data_url_bytes(url: str, where: str) -> bytes:
@@ -193,10 +252,10 @@ def messages_with_images(value: Any, column: list, where: str) -> tuple[list[dic
     column's images fill the `{"type": "image"}` placeholders in order, inline images stay where they
     are; placeholders are added at the start of the first user message when there are none."""
     if isinstance(value, str):
-        messages = [{"role": "user", "content": [{"type": "text", "text": value}]}]
+        messages = [{"role": "user", "content": _text_parts(value, bool(column))}]
     elif is_messages(value):
         messages = [dict(m, content=list(m["content"]) if isinstance(m["content"], list) else
-                         [{"type": "text", "text": m["content"]}]) for m in value]
+                         _text_parts(m["content"], bool(column))) for m in value]
     else:
         raise DataError(f"{where}: expected a string or a list of {{'role', 'content'}} messages, "
                         f"got {type(value).__name__}")
@@ -205,12 +264,12 @@ def messages_with_images(value: Any, column: list, where: str) -> tuple[list[dic
         user = next((m for m in messages if m["role"] == "user"), messages[0])
         user["content"] = [{"type": "image"} for _ in column] + user["content"]
         parts = user["content"][: len(column)]
-    placeholders = [p for p in parts if p.get("image") is None]
+    placeholders = [p for p in parts if part_image(p) is None]
     if len(placeholders) != len(column):
         raise DataError(f"{where}: the prompt has {len(placeholders)} image placeholder(s) {{'type': 'image'}} "
                         f"for {len(column)} image(s) in the image column; give one placeholder per image")
     fill = iter(column)
-    images = [p["image"] if p.get("image") is not None else next(fill) for p in parts]
+    images = [part_image(p) if part_image(p) is not None else next(fill) for p in parts]
     for m in messages:  # the chat template sees bare placeholders
         m["content"] = [{"type": "image"} if _is_image_part(p) else p for p in m["content"]]
     return messages, images

@@ -25,10 +25,11 @@ from rlhfkit.data.images import (
     column_values,
     encode,
     image_column,
+    inline_images,
     messages_with_images,
     open_image,
 )
-from rlhfkit.data.records import Source, is_messages
+from rlhfkit.data.records import Source
 from rlhfkit.data.supervised import TextFormat, TokenSample, select_records
 from rlhfkit.errors import DataError
 
@@ -97,9 +98,7 @@ def check_supervised_images(source: Source, prompt_keys: tuple[str | None, ...],
             raise DataError(f"{where}: no image column {image_key!r} (--data.image_key); the record has "
                             f"{', '.join(sorted(record.data))}")
         values = column_values(record.data.get(column)) if column else []
-        inline = [p.get("image") for key in prompt_keys if key and is_messages(record.data.get(key))
-                  for m in record.data[key] if isinstance(m.get("content"), list)
-                  for p in m["content"] if isinstance(p, dict) and p.get("type") == "image" and p.get("image")]
+        inline = [image for key in prompt_keys if key for image in inline_images(record.data.get(key))]
         if len(values) + len(inline) > max_images:
             raise DataError(f"{where}: {len(values) + len(inline)} images, more than --data.max_images_per_prompt "
                             f"{max_images}; raise it or drop images from the record")

@@ -16,6 +16,7 @@ import torch
 tinker = pytest.importorskip("tinker")
 uvicorn = pytest.importorskip("uvicorn")
 
+from rlhfkit.errors import DataError
 from rlhfkit.models.tiny import tiny_model_and_tokenizer
 from rlhfkit.serving.tinker.app import make_app
 from rlhfkit.serving.tinker.host import ModelHost
@@ -412,3 +413,185 @@ def test_concurrent_clients_run_in_shared_calls_with_their_own_results(server):
         for a, b in zip(alone.sequences, got.sequences):
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     assert [s.tokens for s in together[0].sequences] != [s.tokens for s in together[1].sequences]
+
+
+def test_user_mistakes_are_raised_at_once_as_the_sdks_errors(server):
+    """A sampler of a checkpoint that does not exist, a model id the server does not know, a
+    loss_fn_config value that is not a number and a LoRA rank of 0 are the user's mistakes: the SDK
+    raises each at once with the server's line (not a 500 it retries for a minute, nor a 'server
+    error', nor rank 0 trained as the default rank)."""
+    import httpx
+
+    svc = server.client()
+    start = time.monotonic()
+    with pytest.raises(tinker.BadRequestError, match="no such checkpoint on this server"):
+        svc.create_sampling_client(model_path="tinker://nobody:train:0/sampler_weights/none").sample(
+            tinker.types.ModelInput.from_ints(PROMPT), 1, tinker.types.SamplingParams(max_tokens=2)).result()
+    assert time.monotonic() - start < 10
+    r = httpx.post(f"{server.url}/api/v1/get_info", json={"model_id": "nobody:train:0"}, headers={"X-API-Key": KEY})
+    assert r.status_code == 400 and "nobody:train:0" in r.json()["detail"]
+    tc = svc.create_lora_training_client(base_model=NAME, rank=4).result()
+    d = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
+                           loss_fn_inputs={"target_tokens": np.asarray([6, 7, 8]),
+                                           "logprobs": np.full(3, -1.0, np.float32),
+                                           "advantages": np.ones(3, np.float32)})
+    with pytest.raises(tinker.RequestFailedError, match="DataError: loss_fn_config") as caught:
+        tc.forward_backward([d], "ppo", loss_fn_config={"clip_low_threshold": "low"}).result()
+    assert "server error" not in str(caught.value)
+    with pytest.raises(tinker.RequestFailedError, match="rank 0; give a positive integer"):
+        svc.create_lora_training_client(base_model=NAME, rank=0).result()
+    assert len(server.host.models) == 1
+
+
+def test_closing_the_service_client_ends_its_session(server):
+    """`ServiceClient.close(status)` (the SDK's end of a run) is answered, and unloads that session's
+    training models only; their checkpoints stay and load in a new session."""
+    first, other = server.client(), server.client()
+    tc = first.create_lora_training_client(base_model=NAME, rank=4).result()
+    keep = other.create_lora_training_client(base_model=NAME, rank=4).result()
+    sl_steps(tc, 1)
+    trained = loss_of(tc)
+    path = tc.save_state("before-close").result().path
+    first.close("success").result()
+    assert tc.model_id not in server.host.models and keep.model_id in server.host.models
+    sl_steps(keep, 1)
+    again = server.client().create_training_client_from_state(path).result()
+    assert loss_of(again) == pytest.approx(trained, abs=1e-5)
+
+
+def test_rest_client_lists_and_deletes_checkpoints(server):
+    """The SDK's RestClient: list_checkpoints of a training run and list_user_checkpoints name what
+    save_state / save_weights_for_sampler wrote (newest first), delete_checkpoint removes one."""
+    svc = server.client()
+    tc = svc.create_lora_training_client(base_model=NAME, rank=4).result()
+    other = svc.create_lora_training_client(base_model=NAME, rank=4).result()
+    state = tc.save_state("first").result().path
+    time.sleep(0.05)
+    sampler = tc.save_weights_for_sampler("second").result().path
+    theirs = other.save_state("theirs").result().path
+    rest = svc.create_rest_client()
+    listed = rest.list_checkpoints(tc.model_id).result().checkpoints
+    assert [(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in listed] == [
+        ("sampler_weights/second", "sampler", sampler), ("weights/first", "training", state)]
+    assert all(c.size_bytes > 0 for c in listed)
+    every = rest.list_user_checkpoints().result()
+    assert {c.tinker_path for c in every.checkpoints} == {state, sampler, theirs}
+    assert every.cursor.total_count == 3
+    rest.delete_checkpoint_from_tinker_path(state).result()
+    assert [c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints] == [sampler]
+    with pytest.raises(tinker.RequestFailedError, match="no such checkpoint"):
+        tc.load_state(state).result()
+    with pytest.raises(tinker.BadRequestError, match="no such checkpoint"):
+        rest.delete_checkpoint_from_tinker_path(state).result()
+
+
+def test_adam_params_out_of_range_are_refused_and_change_nothing(server):
+    """A negative learning rate (a step up the loss), beta1 = 1 (Adam's bias correction divides by
+    zero) or eps = 0 is refused naming the field; the weights and the accumulated gradient stay, and
+    the next valid step takes that gradient."""
+    tc = server.client().create_lora_training_client(base_model=NAME, rank=4, seed=5).result()
+    before = loss_of(tc)
+    tc.forward_backward([datum(e) for e in EXAMPLES], "cross_entropy").result()
+    for params, message in ((dict(learning_rate=-1e-2), "learning_rate=-0.01; need lr >= 0"),
+                            (dict(learning_rate=1e-2, beta1=1.0), "beta1=1.0; need 0 <= beta1 < 1"),
+                            (dict(learning_rate=1e-2, eps=0.0), "eps=0.0; need eps > 0")):
+        with pytest.raises(tinker.RequestFailedError, match=message):
+            tc.optim_step(tinker.types.AdamParams(**params)).result()
+    assert loss_of(tc) == pytest.approx(before, abs=1e-6)
+    tc.optim_step(tinker.types.AdamParams(learning_rate=1e-2)).result()
+    assert loss_of(tc) < before - 1e-3
+
+
+def sampled_logprobs(sc, seed: int = 3) -> list[float]:
+    params = tinker.types.SamplingParams(max_tokens=4, seed=seed)
+    out = sc.sample(tinker.types.ModelInput.from_ints(PROMPT), 1, sampling_params=params).result()
+    return out.sequences[0].logprobs
+
+
+def test_a_sampler_samples_the_save_it_was_created_from(server):
+    """Saving sampler weights again under the same name (as a loop that keeps one 'latest' does): a
+    sampler created after the second save samples the trained weights (it sampled the first save's,
+    kept loaded under the same folder), and the first sampler keeps its snapshot."""
+    svc = server.client()
+    tc = svc.create_lora_training_client(base_model=NAME, rank=4, seed=6).result()
+    first = svc.create_sampling_client(model_path=tc.save_weights_for_sampler("latest").result().path)
+    before = sampled_logprobs(first)
+    sl_steps(tc, 3, lr=5e-2)
+    second = svc.create_sampling_client(model_path=tc.save_weights_for_sampler("latest").result().path)
+    fresh = svc.create_sampling_client(model_path=tc.save_weights_for_sampler("fresh").result().path)
+    trained = sampled_logprobs(fresh)
+    assert np.max(np.abs(np.subtract(trained, before))) > 1e-2
+    np.testing.assert_allclose(sampled_logprobs(second), trained, atol=1e-6)
+    np.testing.assert_allclose(sampled_logprobs(first), before, atol=1e-6)
+
+
+def test_loaded_sampler_weights_are_bounded_and_reloaded_when_sampled_again(server):
+    """An RL loop makes a sampler of new weights every step: only the MAX_LOADED_SAMPLERS most recently
+    sampled stay loaded (adapters in the shared peft model); an older one samples again from its
+    checkpoint, the same logprobs; one whose checkpoint was saved again since is refused in one line."""
+    from rlhfkit.serving.tinker.host import MAX_LOADED_SAMPLERS
+
+    limit = MAX_LOADED_SAMPLERS["lora"]
+    svc = server.client()
+    tc = svc.create_lora_training_client(base_model=NAME, rank=4, seed=7).result()
+    samplers, logprobs = [], []
+    for step in range(limit + 2):
+        sl_steps(tc, 1, lr=3e-2)
+        samplers.append(svc.create_sampling_client(model_path=tc.save_weights_for_sampler(f"step{step}").result().path))
+        logprobs.append(sampled_logprobs(samplers[-1]))
+    host = server.host
+    assert len(host._loaded) == limit and len(host.peft.peft_config) == 1 + limit
+    np.testing.assert_allclose(sampled_logprobs(samplers[0]), logprobs[0], atol=1e-6)  # unloaded, loaded again
+    assert len(host.peft.peft_config) == 1 + limit
+    tc.save_weights_for_sampler("step1").result()  # samplers[1]'s weights are unloaded: its save is gone
+    with pytest.raises(tinker.RequestFailedError, match="step1 was saved again after this sampler was created"):
+        sampled_logprobs(samplers[1])
+    np.testing.assert_allclose(sampled_logprobs(samplers[-1]), logprobs[-1], atol=1e-6)
+
+
+def test_a_nan_gradient_step_is_answered_not_retried_without_end(server):
+    """A NaN weight makes the loss and the gradient NaN: the step is skipped (weights unchanged) and
+    optim_step answers at once with skipped_steps and no grad norm. Before, its NaN grad norm made
+    the answer a 500 (JSON has no NaN) that the SDK retried without end. Any other answer that
+    cannot be sent as JSON is an error the SDK raises."""
+    import httpx
+
+    tc = server.client().create_lora_training_client(base_model=NAME, rank=4, seed=8).result()
+    before = loss_of(tc)
+    nan = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
+                             loss_fn_inputs={"target_tokens": np.asarray([6, 7, 8]),
+                                             "weights": np.asarray([np.nan, 1.0, 1.0], np.float32)})
+    assert np.isnan(tc.forward_backward([nan], "cross_entropy").result().metrics["loss:sum"])
+    step = tc.optim_step(tinker.types.AdamParams(learning_rate=1e-2)).result(timeout=20)
+    assert step.metrics == {"skipped_steps:max": 1.0}
+    assert loss_of(tc) == before
+    sl_steps(tc, 1)
+    assert loss_of(tc) < before
+    answer = server.app.state.futures.submit(lambda: {"value": float("nan")})
+    time.sleep(0.2)
+    r = httpx.post(f"{server.url}/api/v1/retrieve_future", json={"request_id": answer["request_id"]},
+                   headers={"X-API-Key": KEY})
+    assert r.status_code == 200 and r.json()["category"] == "server"
+    assert "cannot be sent as JSON" in r.json()["error"]
+
+
+def test_max_tokens_past_the_context_is_refused_in_one_line(server):
+    """A prompt and max_tokens longer than the model's context (512 here) are refused as vLLM refuses
+    them (before: the engine tried to allocate a cache for them, 128 TB for max_tokens=10**12); a
+    value that is not a number is the user's error, not the server's."""
+    import httpx
+
+    sc = server.client().create_sampling_client(base_model=NAME)
+    prompt = tinker.types.ModelInput.from_ints(PROMPT)
+    with pytest.raises(tinker.RequestFailedError, match="4 tokens and max_tokens 509 are more than the model's "
+                                                         "context of 512 tokens"):
+        sc.sample(prompt, 1, tinker.types.SamplingParams(max_tokens=509)).result()
+    assert len(sc.sample(prompt, 1, tinker.types.SamplingParams(max_tokens=508, seed=1)).result().sequences) == 1
+    session = httpx.post(f"{server.url}/api/v1/create_sampling_session", json={"base_model": NAME},
+                         headers={"X-API-Key": KEY}).json()["sampling_session_id"]
+    r = httpx.post(f"{server.url}/api/v1/asample", headers={"X-API-Key": KEY},
+                   json={"sampling_session_id": session, "num_samples": 1, "sampling_params": {"max_tokens": "x"},
+                         "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]}})
+    answer = server.app.state.futures.items[r.json()["request_id"]]
+    with pytest.raises(DataError, match="sampling_params .* give numbers"):
+        answer.result(timeout=20)

@@ -67,8 +67,13 @@ class Futures:
         return {"request_id": request_id, "model_id": model_id, **extra}
 
     async def now(self, fn: Callable[[], Any], owner: str | None = None):
-        """Run `fn` in the queue and wait for its result (requests answered at once)."""
-        return await asyncio.wrap_future(self.queue.submit(owner, fn))
+        """Run `fn` in the queue and wait for its result (requests answered at once); a check `fn`
+        fails (an unknown model or checkpoint) is a 400 in one line, which the SDK raises at once
+        (a 500 it would retry for a minute)."""
+        try:
+            return await asyncio.wrap_future(self.queue.submit(owner, fn))
+        except RlhfkitError as exc:
+            raise HTTPException(400, one_line(exc)) from exc
 
     async def retrieve(self, request_id: str, poll_s: float) -> Response:
         future = self.items.get(request_id)
@@ -85,7 +90,11 @@ class Futures:
         result = future.result()
         if isinstance(result, bytes):
             return Response(result, media_type=PROTO)
-        return JSONResponse(result)
+        try:
+            return JSONResponse(result)
+        except (TypeError, ValueError) as exc:  # e.g. a NaN: say so, not a 500 the SDK retries without end
+            return JSONResponse({"error": f"server error: the answer cannot be sent as JSON ({one_line(exc)})",
+                                 "category": "server"})
 
 
 @dataclass
@@ -175,6 +184,7 @@ def make_app(host: ModelHost, api_key: str, max_request_bytes: int = 64 << 20, p
     _model_routes(app, host, futures, body)
     _step_routes(app, host, futures, body, max_request_bytes)
     _sampling_routes(app, host, futures, body, poll_s)
+    _checkpoint_routes(app, host, futures)
 
     @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
     async def unsupported(rest: str):
@@ -267,6 +277,14 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
         model_id = field(req, "model_id")
         return await futures.now(lambda: host.info(model_id), model_id)
 
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish_session(session_id: str, request: Request):
+        """`ServiceClient.close(status)`: the session's training models are unloaded (their saved
+        checkpoints stay), after the requests queued before it."""
+        await body(request)
+        await futures.now(lambda: host.end_session(session_id))
+        return {}
+
     @app.post("/api/v1/unload_model")
     async def unload_model(request: Request):
         model_id = field(await body(request), "model_id")
@@ -307,6 +325,25 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
         return futures.submit(run, model_id)
 
 
+def _checkpoint_routes(app: FastAPI, host: ModelHost, futures: Futures) -> None:
+    """The RestClient's checkpoint listing and deletion (the other REST routes are not served)."""
+
+    @app.get("/api/v1/training_runs/{model_id}/checkpoints")
+    async def list_checkpoints(model_id: str):
+        return {"checkpoints": await futures.now(lambda: host.list_checkpoints(model_id))}
+
+    @app.get("/api/v1/checkpoints")
+    async def list_user_checkpoints(limit: int = 100, offset: int = 0):
+        every = await futures.now(host.list_checkpoints)
+        return {"checkpoints": every[offset:offset + limit],
+                "cursor": {"offset": offset, "limit": limit, "total_count": len(every)}}
+
+    @app.delete("/api/v1/training_runs/{model_id}/checkpoints/{kind}/{name}")
+    async def delete_checkpoint(model_id: str, kind: str, name: str):
+        await futures.now(lambda: host.delete_checkpoint(f"tinker://{model_id}/{kind}/{name}"))
+        return {}
+
+
 def _step_routes(app: FastAPI, host: ModelHost, futures: Futures, body, max_request_bytes: int) -> None:
     """The training steps: forward_backward and optim_step."""
 
@@ -343,6 +380,8 @@ def _sampling_routes(app: FastAPI, host: ModelHost, futures: Futures, body, poll
         req = await body(request)
         _check_base(host, req.get("base_model"))
         model_path = req.get("model_path")
+        if not (model_path is None or isinstance(model_path, str)):
+            raise HTTPException(422, f"field 'model_path': expected a tinker:// path, got {model_path!r}")
         session = await futures.now(lambda: host.create_sampler(model_path))
         return {"type": "create_sampling_session", "sampling_session_id": session}
 
@@ -362,6 +401,9 @@ def _sampling_routes(app: FastAPI, host: ModelHost, futures: Futures, body, poll
         params = req.get("sampling_params") or {}
         if not 1 <= n <= 256:
             raise HTTPException(422, f"num_samples {n}: give 1..256")
+        if not isinstance(params, dict) or not isinstance(params.get("seed"), (int, type(None))):
+            raise HTTPException(422, f"field 'sampling_params': expected SamplingParams (an integer seed), "
+                                     f"got {params!r}")
 
         sample = SampleRequest(session, prompt, n, params, _sample_options(req))
         return futures.submit(None, owner=session, group=sample.group(), payload=sample,

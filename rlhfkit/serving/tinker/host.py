@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import shutil
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,7 +32,7 @@ import numpy as np
 import torch
 
 from rlhfkit.core.losses import logprobs_from_logits
-from rlhfkit.errors import CheckpointError, DataError, RlhfkitError
+from rlhfkit.errors import CheckpointError, DataError, RlhfkitError, one_line
 from rlhfkit.models.lora import (
     add_adapter,
     add_lora,
@@ -45,6 +49,9 @@ from rlhfkit.serving.tinker.wire import FwdBwdRequest, WireDatum
 from rlhfkit.trainers.learner import Learner
 
 LORA_ALPHA = 32
+# Sampler checkpoints whose weights stay loaded (LoRA adapters; --full: whole copies of the model); the
+# least recently sampled beyond are unloaded after a sample call and loaded again when next sampled.
+MAX_LOADED_SAMPLERS = {"lora": 8, "full": 2}
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 
@@ -55,6 +62,31 @@ class TrainingModel:
     rank: int | None  # None: full fine-tuning
     module: torch.nn.Module  # the shared peft model, or this model's own copy
     learner: Learner
+
+
+# AdamParams' fields: the SDK's defaults and the values each may take
+ADAM_DEFAULTS = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
+                 "grad_clip_norm": 0.0}
+ADAM_RANGES = {"learning_rate": "lr >= 0", "beta1": "0 <= beta1 < 1", "beta2": "0 <= beta2 < 1", "eps": "eps > 0",
+               "weight_decay": "weight_decay >= 0", "grad_clip_norm": "grad_clip_norm >= 0 (0: no clipping)"}
+
+
+def adam_hyperparameters(adam: dict) -> dict[str, float]:
+    """optim_step's AdamParams as floats (the SDK's defaults where absent); DataError naming a value
+    that is not a number or out of its range (a negative learning rate would ascend the loss)."""
+    out = {}
+    for name, default in ADAM_DEFAULTS.items():
+        value = adam.get(name, default)
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            x = float("nan")
+        ok = {"learning_rate": x >= 0, "beta1": 0 <= x < 1, "beta2": 0 <= x < 1, "eps": x > 0,
+              "weight_decay": x >= 0, "grad_clip_norm": x >= 0}[name]
+        if not ok or x != x:
+            raise DataError(f"optim_step: AdamParams {name}={value!r}; need {ADAM_RANGES[name]}")
+        out[name] = x
+    return out
 
 
 def linear_names(model: torch.nn.Module) -> set[str]:
@@ -93,8 +125,11 @@ class ModelHost(SamplingMixin):
         self.peft = None  # the shared peft model once a LoRA client exists
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, str | None] = {}  # sampling session -> tinker:// path or None (the base)
-        self._sampler_adapters: dict[str, str] = {}  # checkpoint folder -> adapter name in self.peft
-        self._sampler_models: dict[str, torch.nn.Module] = {}  # full fine-tuning: folder -> model
+        # a sampler checkpoint's (folder, version) -> its adapter's name in self.peft, or its model (full);
+        # least recently sampled first
+        self._loaded: OrderedDict[tuple[str, str], str | torch.nn.Module] = OrderedDict()
+        self._sampler_keys: dict[str, tuple[str, str]] = {}  # sampling session -> the snapshot it samples
+        self._adapters_made = 0
 
     # ------------------------------------------------------------------ models
     def create_model(self, model_id: str, rank: int | None, seed: int | None, attn: bool = True,
@@ -102,6 +137,10 @@ class ModelHost(SamplingMixin):
         """A new training model `model_id` (the SDK's `SESSION:train:SEQ`); returns its id."""
         if model_id in self.models:
             raise DataError(f"model {model_id!r} exists already (model_seq_id reused in this session)")
+        rank = self.default_rank if rank is None else rank
+        if not self.full and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
+            raise DataError(f"lora_config: rank {rank!r}; give a positive integer (the server's default is "
+                            f"{self.default_rank})")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed if seed is not None else int(uuid.uuid4().int % (1 << 31)))
             if self.full:
@@ -109,7 +148,6 @@ class ModelHost(SamplingMixin):
                 module.requires_grad_(True)
                 rank = None
             else:
-                rank = rank or self.default_rank
                 targets = lora_targets(self.linear, attn, mlp)
                 if self.language_linears is not None:
                     targets = tuple(n for n in self.language_linears if n.rsplit(".", 1)[-1] in targets)
@@ -140,6 +178,11 @@ class ModelHost(SamplingMixin):
         model = self.models.pop(model_id, None)
         if model is not None and model.rank is not None:
             model.module.delete_adapter(model_id)
+
+    def end_session(self, session_id: str) -> None:
+        """Unload the training models of SDK session `session_id` (model ids `SESSION:train:SEQ`)."""
+        for model_id in [m for m in self.models if m.startswith(f"{session_id}:")]:
+            self.unload(model_id)
 
     @property
     def max_context_length(self) -> int | None:
@@ -246,7 +289,11 @@ class ModelHost(SamplingMixin):
         with torch.no_grad():
             for d in req.data:
                 inputs = {k: torch.as_tensor(d.inputs[k].reshape(-1), dtype=torch.float32) for k in spec.inputs}
-                spec.fn(torch.zeros(len(d.tokens)), inputs, req.config)
+                try:
+                    spec.fn(torch.zeros(len(d.tokens)), inputs, req.config)
+                except (TypeError, ValueError) as exc:  # a config value that is not a number
+                    raise DataError(f"loss_fn_config {req.config!r} of loss_fn {req.loss_fn!r}: {one_line(exc)}; "
+                                    "give numbers") from exc
 
     def _token_batches(self, rows: list[tuple[int, int]], requests: list[FwdBwdRequest]):
         """`rows` (request, datum) cut into runs of at most `batch_tokens` padded tokens (a longer
@@ -299,15 +346,18 @@ class ModelHost(SamplingMixin):
     def optim_step(self, model_id: str, adam: dict) -> dict[str, float]:
         model = self.get(model_id)
         learner = model.learner
+        hp = adam_hyperparameters(adam)
         for group in learner.optimizer.param_groups:
-            group["lr"] = float(adam.get("learning_rate", 1e-4))
-            group["betas"] = (float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.95)))
-            group["eps"] = float(adam.get("eps", 1e-12))
-            group["weight_decay"] = float(adam.get("weight_decay", 0.0))
+            group["lr"] = hp["learning_rate"]
+            group["betas"] = (hp["beta1"], hp["beta2"])
+            group["eps"] = hp["eps"]
+            group["weight_decay"] = hp["weight_decay"]
         learner.scheduler.base_lrs = [g["lr"] for g in learner.optimizer.param_groups]
-        learner.max_norm = float(adam.get("grad_clip_norm", 0.0))
+        learner.max_norm = hp["grad_clip_norm"]
         stats = learner.step()
-        return {"grad_norm:mean": stats["grad_norm"], "skipped_steps:max": stats["skipped_steps"]}
+        metrics = {"grad_norm:mean": float(stats["grad_norm"]), "skipped_steps:max": float(stats["skipped_steps"])}
+        # a step skipped for a NaN / inf gradient has no grad norm JSON can carry: skipped_steps says why
+        return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
     # ------------------------------------------------------------------ checkpoints
     def _folder(self, model_id: str, kind: str, name: str) -> tuple[Path, str]:
@@ -320,7 +370,8 @@ class ModelHost(SamplingMixin):
             save_adapter(model.module, model.model_id, folder)
         else:
             model.module.save_pretrained(folder, safe_serialization=True)
-        meta = {"base_model": self.name, "rank": model.rank, "model_id": model.model_id}
+        # version: a sampler of this path samples the weights saved when it was created, not a later save's
+        meta = {"base_model": self.name, "rank": model.rank, "model_id": model.model_id, "version": uuid.uuid4().hex}
         (folder / "meta.json").write_text(json.dumps(meta))
 
     def save_state(self, model_id: str, name: str) -> str:
@@ -345,6 +396,28 @@ class ModelHost(SamplingMixin):
         if ".." in parts or not (folder / "meta.json").is_file():
             raise CheckpointError(f"path {uri!r}: no such checkpoint on this server ({folder} has no meta.json)")
         return folder, json.loads((folder / "meta.json").read_text())
+
+    def list_checkpoints(self, model_id: str | None = None) -> list[dict]:
+        """The checkpoints under the root (of training model `model_id`, or all), newest first, as the
+        SDK's `Checkpoint` (id `weights/NAME` or `sampler_weights/NAME`, time, tinker:// path, size)."""
+        if model_id is not None and (model_id.startswith(".") or "/" in model_id):
+            raise DataError(f"training run {model_id!r}: not a model id (SESSION:train:SEQ)")
+        runs = [self.root / model_id] if model_id is not None else sorted(self.root.glob("*"))
+        out = []
+        for run in runs:
+            for kind, ctype in (("weights", "training"), ("sampler_weights", "sampler")):
+                for meta in (run / kind).glob("*/meta.json"):
+                    folder = meta.parent
+                    out.append({"checkpoint_id": f"{kind}/{folder.name}", "checkpoint_type": ctype,
+                                "time": datetime.fromtimestamp(meta.stat().st_mtime, timezone.utc).isoformat(),
+                                "tinker_path": f"tinker://{run.name}/{kind}/{folder.name}",
+                                "size_bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())})
+        return sorted(out, key=lambda c: c["time"], reverse=True)
+
+    def delete_checkpoint(self, uri: str) -> None:
+        """Remove checkpoint `uri`'s folder (its samplers sample on while their weights stay loaded)."""
+        folder, _ = self.resolve(uri)
+        shutil.rmtree(folder)
 
     def load_state(self, model_id: str, uri: str, optimizer: bool, create: bool = False) -> str:
         """Load checkpoint `uri` into `model_id`, or with `create` into a new model `model_id` of the
@@ -371,11 +444,42 @@ class ModelHost(SamplingMixin):
 
     # ------------------------------------------------------------------ sampling
     def create_sampler(self, model_path: str | None) -> str:
-        if model_path is not None:
-            self.resolve(model_path)
+        """A sampling session of checkpoint `model_path` (None: the base), its weights loaded now: a
+        later save to the same path does not change what it samples."""
         session = f"sampler-{uuid.uuid4().hex[:16]}"
+        if model_path is not None:
+            folder, meta = self.resolve(model_path)
+            key = _snapshot(folder, meta)
+            if key not in self._loaded:
+                self._load_sampler(key, folder, meta)
+            self._sampler_keys[session] = key
+            self._loaded.move_to_end(key)
+            self.trim_samplers()
         self.samplers[session] = model_path
         return session
+
+    def _load_sampler(self, key: tuple[str, str], folder: Path, meta: dict) -> None:
+        if meta["rank"] is None:
+            module = copy.deepcopy(self.base)
+            _load_full(module, folder)
+            self._loaded[key] = module.requires_grad_(False)
+            return
+        name = f"sampler-{self._adapters_made}"
+        self._adapters_made += 1
+        targets = tuple(json.loads((folder / "adapter_config.json").read_text())["target_modules"])
+        if self.peft is None:
+            self.peft = add_lora(self.base, meta["rank"], LORA_ALPHA, targets, adapter_name=name)
+        else:
+            add_adapter(self.peft, name, meta["rank"], LORA_ALPHA, targets)
+        load_adapter_weights(self.peft, name, folder)
+        self._loaded[key] = name
+
+    def trim_samplers(self) -> None:
+        """Unload the least recently sampled checkpoints' weights beyond MAX_LOADED_SAMPLERS."""
+        while len(self._loaded) > MAX_LOADED_SAMPLERS["full" if self.full else "lora"]:
+            _, loaded = self._loaded.popitem(last=False)
+            if isinstance(loaded, str):
+                self.peft.delete_adapter(loaded)
 
     def _sampling_target(self, session: str) -> tuple[torch.nn.Module, str | None]:
         """The module sampling session `session` samples and, when it is the shared peft model, the
@@ -385,24 +489,23 @@ class ModelHost(SamplingMixin):
         uri = self.samplers[session]
         if uri is None:
             return (self.base, None) if self.peft is None else (self.peft, None)
-        folder, meta = self.resolve(uri)
-        if meta["rank"] is None:
-            if str(folder) not in self._sampler_models:
-                module = copy.deepcopy(self.base)
-                _load_full(module, folder)
-                self._sampler_models[str(folder)] = module.requires_grad_(False)
-            return self._sampler_models[str(folder)], None
-        name = self._sampler_adapters.get(str(folder))
-        if name is None:
-            name = f"sampler-{len(self._sampler_adapters)}"
-            targets = tuple(json.loads((folder / "adapter_config.json").read_text())["target_modules"])
-            if self.peft is None:
-                self.peft = add_lora(self.base, meta["rank"], LORA_ALPHA, targets, adapter_name=name)
-            else:
-                add_adapter(self.peft, name, meta["rank"], LORA_ALPHA, targets)
-            load_adapter_weights(self.peft, name, folder)
-            self._sampler_adapters[str(folder)] = name
-        return self.peft, name
+        key = self._sampler_keys[session]
+        if key not in self._loaded:  # unloaded since (trim_samplers): the same save, if still on disk
+            folder, meta = self.resolve(uri)
+            if _snapshot(folder, meta) != key:
+                raise CheckpointError(f"sampling session {session!r}: {uri} was saved again after this sampler was "
+                                      "created, and the weights it sampled were unloaded (the least recently "
+                                      "sampled are); create a new sampling client")
+            self._load_sampler(key, folder, meta)
+        self._loaded.move_to_end(key)
+        loaded = self._loaded[key]
+        return (loaded, None) if isinstance(loaded, torch.nn.Module) else (self.peft, loaded)
+
+
+def _snapshot(folder: Path, meta: dict) -> tuple[str, str]:
+    """The key of one save of a checkpoint: its folder and the save's version (meta.json's time for a
+    checkpoint written before versions)."""
+    return str(folder), meta.get("version") or f"mtime-{(folder / 'meta.json').stat().st_mtime_ns}"
 
 
 def _load_full(module: torch.nn.Module, folder: Path) -> None:

@@ -28,12 +28,18 @@ from rlhfkit.serving.tinker.wire import SampleOptions, Sequence, TopK
 
 class SamplingMixin:
     """ModelHost's sampling methods (module docstring). They read the host's `base`, `peft`,
-    `tokenizer`, `images`, `batch_tokens`, `logits` and `_sampling_target`."""
+    `tokenizer`, `images`, `batch_tokens`, `logits`, `_sampling_target` and `trim_samplers`."""
 
-    def check_prompt(self, prompt: list[int]) -> None:
+    def check_prompt(self, prompt: list[int], max_tokens: int = 0) -> None:
+        """DataError for a prompt without tokens, a token outside the vocabulary, or a prompt and
+        `max_tokens` longer than the model's context (vLLM refuses such a request too)."""
         vocab = self.base.get_input_embeddings().num_embeddings
         if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
             raise DataError(f"prompt: needs at least one token, each in [0, {vocab})")
+        context = self.max_context_length
+        if context is not None and len(prompt) + max_tokens > context:
+            raise DataError(f"prompt: {len(prompt)} tokens and max_tokens {max_tokens} are more than the model's "
+                            f"context of {context} tokens; lower max_tokens or shorten the prompt")
 
     def sample(self, sessions: list[str], prompts: list[list], n: int, params: dict, seeds: list[int | None],
                options: list[SampleOptions]) -> list[tuple[list[Sequence], list[float] | None, TopK | None]
@@ -49,19 +55,17 @@ class SamplingMixin:
         out: list = [None] * len(prompts)
         inputs: dict[int, tuple] = {}  # prompt i -> (token ids, its images' tensors or None)
         groups: dict[int, tuple[torch.nn.Module, list[tuple[int, str | None]]]] = {}
+        stop_ids, stop_texts = self._stops(params.get("stop"))
+        sp = engine_params(params, n, stop_ids)
         for i, (session, prompt) in enumerate(zip(sessions, prompts)):
             try:
                 inputs[i] = self.images.expand(prompt, "prompt")
-                self.check_prompt(inputs[i][0])
+                self.check_prompt(inputs[i][0], sp.max_new_tokens)
                 module, name = self._sampling_target(session)
             except RlhfkitError as exc:
                 out[i] = exc
                 continue
             groups.setdefault(id(module), (module, []))[1].append((i, name))
-        stop_ids, stop_texts = self._stops(params.get("stop"))
-        sp = SamplingParams(max_new_tokens=int(params.get("max_tokens") or 16),
-                            temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
-                            top_k=int(params.get("top_k", -1)), n=n, stop_token_ids=stop_ids)
         seeds = [seed if seed is not None else int(uuid.uuid4().int % (1 << 62)) for seed in seeds]
         for module, rows in groups.values():
             first = {name: k for k, name in enumerate(dict.fromkeys(name for _, name in rows))}
@@ -77,6 +81,7 @@ class SamplingMixin:
                 out[i] = ([Sequence(ids, t.logprobs.tolist(), "length" if t.truncated else "stop",
                                     got.sample_topk[s] if got.sample_topk is not None else None)
                            for s, (ids, t) in enumerate(zip(tokens, seqs))], got.prompt_logprobs, got.prompt_topk)
+        self.trim_samplers()
         return out
 
     def _generate(self, module: torch.nn.Module, names: list[str | None], inputs: list[tuple], sp: SamplingParams,
@@ -119,3 +124,14 @@ class SamplingMixin:
             return split_stops([stop] if isinstance(stop, (str, int)) else list(stop), self.tokenizer)
         except (TypeError, ValueError) as exc:
             raise DataError(f"sampling_params.stop: {exc}") from exc
+
+
+def engine_params(params: dict, n: int, stop_ids: tuple[int, ...]) -> SamplingParams:
+    """The engine's SamplingParams of a request's `sampling_params` (max_tokens 16 where absent);
+    DataError for a value that is not a number."""
+    try:
+        return SamplingParams(max_new_tokens=int(params.get("max_tokens") or 16),
+                              temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
+                              top_k=int(params.get("top_k", -1)), n=n, stop_token_ids=stop_ids)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"sampling_params {params!r}: {exc}; give numbers") from exc

@@ -2,6 +2,7 @@
 datasets Image feature, inline parts, bytes), the placeholders, the tokenization through a processor,
 and the bad images refused with one line naming the record before any model loads."""
 
+import base64
 import io
 import json
 
@@ -137,3 +138,79 @@ def test_images_in_a_text_only_run_are_refused_naming_the_record(tmp_path):
         refuse_images_for_text_model(path, "prompt", None, "tiny")
     text = write_jsonl(tmp_path / "text.jsonl", [{"prompt": "2+2?"}])
     refuse_images_for_text_model(text, "prompt", None, "tiny")  # no images: fine
+
+
+def data_url(path):
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def test_images_as_urls_and_in_openai_and_transformers_content_parts(tmp_path, processor):
+    """A file:// URL and a data: URL in the image column, OpenAI's image_url parts (a data: URL, a
+    file:// URL, the url as a plain string) and transformers' {"type": "image", "url" / "path"} parts
+    each give the image itself, in its place (before: 'not found', or the processor's own error)."""
+    red = png(tmp_path / "red.png")
+    blue = png(tmp_path / "blue.png", (10, 10, 200))
+
+    def ask(*parts):
+        return [{"role": "user", "content": [*parts, {"type": "text", "text": "Which colour?"}]}]
+
+    rows = [{"prompt": QUESTION, "images": [f"file://{red}"]},
+            {"prompt": QUESTION, "images": [data_url(red)]},
+            {"prompt": ask({"type": "image_url", "image_url": {"url": data_url(red)}})},
+            {"prompt": ask({"type": "image_url", "image_url": {"url": f"file://{red}"}})},
+            {"prompt": ask({"type": "image_url", "image_url": data_url(red)})},
+            {"prompt": ask({"type": "image", "url": data_url(red)})},
+            {"prompt": ask({"type": "image", "path": str(red)})},
+            {"prompt": ask({"type": "image", "path": str(blue)},
+                           {"type": "image_url", "image_url": {"url": data_url(red)}})}]
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    assert check_vision_prompts(path, "prompt", max_images=2) == len(rows)
+    examples = load_vision_prompts(path, processor, "prompt", max_images=2)
+    items, _ = tokenize_vision_prompts(examples, processor, 512, "prompt")
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert [i.ids.count(pad) for i in items] == [1] * 7 + [2]
+    for e in examples[:7]:
+        assert e.example.text.startswith("user: <|vision_start|><|image_pad|><|vision_end|>Which colour?")
+        assert [im.getpixel((0, 0)) for im in e.images] == [(200, 10, 10)]
+    assert [im.getpixel((0, 0)) for im in examples[7].images] == [(10, 10, 200), (200, 10, 10)]
+    with pytest.raises(DataError, match=r"line 1: the record holds images but the model tiny is a text-only"):
+        refuse_images_for_text_model(write_jsonl(tmp_path / "o.jsonl", rows[2:3]), "prompt", None, "tiny")
+
+
+def test_verl_geo3k_rows_image_markers_in_the_text_and_bytes_dicts(tmp_path, processor):
+    """verl's geo3k parquet: a message whose string content marks its image with "<image>", the image
+    a {"bytes", "path"} dict. The marker is the image's place (not left as text); a text-only record
+    that mentions "<image>" stays text."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    red, blue = (png(tmp_path / n, c).read_bytes() for n, c in (("r.png", (200, 10, 10)), ("b.png", (10, 10, 200))))
+    rows = [{"prompt": [{"role": "user", "content": "<image>Find x."}], "images": [{"bytes": red, "path": None}]},
+            {"prompt": [{"role": "user", "content": "Is <image> like <image>?"}],
+             "images": [{"bytes": blue, "path": "geo/1.png"}, {"bytes": red, "path": "geo/2.png"}]},
+            {"prompt": [{"role": "user", "content": "What does <image> mean in HTML?"}], "images": []}]
+    path = tmp_path / "geo3k.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    examples = load_vision_prompts(path, processor, "prompt", max_images=2)
+    image = "<|vision_start|><|image_pad|><|vision_end|>"
+    assert [e.example.text.split("<eos>")[0] for e in examples] == [
+        f"user: {image}Find x.", f"user: Is {image} like {image}?", "user: What does <image> mean in HTML?"]
+    assert [[im.getpixel((0, 0)) for im in e.images] for e in examples] == [
+        [(200, 10, 10)], [(10, 10, 200), (200, 10, 10)], []]
+
+
+def test_base64_text_in_a_bytes_dict_opens_and_bare_base64_is_one_line(tmp_path):
+    """A geo3k row written out as JSON holds its image's "bytes" as base64 text: it opens. Bare base64
+    in the image column (no data: prefix) is refused in one line naming the record, not with the
+    file system's 'File name too long' and 5,000 characters of data."""
+    noise = io.BytesIO()
+    Image.effect_noise((64, 64), 50).save(noise, format="PNG")
+    text = base64.b64encode(noise.getvalue()).decode()
+    rows = [{"prompt": QUESTION, "images": [{"bytes": text, "path": None}]}, {"prompt": QUESTION, "images": [text]}]
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    with pytest.raises(DataError) as err:
+        check_vision_prompts(path, "prompt")
+    message = str(err.value)
+    assert message.startswith(f"{path}, line 2, image 0: image 'iVBOR") and len(message) < 300
+    assert "characters) is not a file; give a path, a URL, or base64 data as a data:image" in message
+    assert open_image(rows[0]["images"][0], "rec").size == (64, 64)

@@ -83,3 +83,25 @@ def test_image_checks_before_the_model_loads(tmp_path, huge_png):
     records[1]["images"] = ["nowhere.png"]
     with pytest.raises(DataError, match=r"line 2, image 0: image file 'nowhere.png' not found"):
         check_supervised_images(write(tmp_path, records), ("prompt",), "images", 1)
+
+
+def test_sft_rows_in_verl_and_openai_forms_give_one_image_each(tmp_path):
+    """SFT on LLaVA (whose image token is "<image>"): a verl row marking its image with "<image>" in
+    the text and an OpenAI image_url part with a data: URL each give the image's tokens once, as the
+    plain row does (before: 2 image tokens for 1 image, and no image passed)."""
+    import base64
+
+    _, processor = tiny_vision_model_and_processor("llava")
+    red = rows(tmp_path)[0]["images"][0]
+    url = "data:image/png;base64," + base64.b64encode((tmp_path / red).read_bytes()).decode()
+    records = [{"prompt": "Which colour?", "images": [red], "output": "red"},
+               {"prompt": [{"role": "user", "content": "<image>Which colour?"}], "images": [red], "output": "red"},
+               {"prompt": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                        {"type": "text", "text": "Which colour?"}]}], "output": "red"}]
+    path = write(tmp_path, records)
+    assert check_supervised_images(path, ("prompt",), None, 1) == 3
+    samples, _ = load_sft(path, VisionTextFormat(processor, None, 1, tmp_path), input_key="prompt", output_key="output")
+    plain = samples[0]
+    for s in samples[1:]:
+        assert s.prompt_ids.tolist() == plain.prompt_ids.tolist()
+        assert torch.equal(s.vision.tensors["pixel_values"], plain.vision.tensors["pixel_values"])
