@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -39,6 +40,8 @@ import torch
 
 from rlhfkit.errors import RewardError
 from rlhfkit.rollout.base import SamplingParams
+
+log = logging.getLogger("rlhfkit")
 
 
 class AgentInstanceBase(ABC):
@@ -141,3 +144,39 @@ def merge_sampling_params(current: SamplingParams, new: Any, source: str) -> Sam
         return dataclasses.replace(current, **fields, n=1)
     raise RewardError(f"agent {source}: sampling_params must be None, a dict or SamplingParams, "
                       f"got {type(new).__name__}")
+
+
+class EnvErrors:
+    """Episodes ended by an error of their environment's `step()` (the model's action made it raise, or
+    it returned something malformed): the episode ends there with reward 0 (what it earned before
+    included: crashing the environment must not keep a reward), counted (`agent/env_errors`) and
+    logged once per distinct message in a batch; a batch whose every episode ended so is a RewardError
+    naming the first error (the environment itself is broken: nothing would train)."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.count = 0  # since the last pop_metrics
+        self.batch: list[RewardError] = []  # this batch's errors
+
+    def start(self) -> None:
+        self.batch = []
+
+    def end(self, episode: Any, exc: RewardError) -> None:
+        """End `episode` (reward 0, truncated) for `exc`, a RewardError naming the environment."""
+        episode.reward, episode.truncated = 0.0, True
+        if hasattr(episode, "score"):
+            episode.score = 0.0
+        self.count += 1
+        if all(str(e) != str(exc) for e in self.batch):
+            log.warning("agent %s: an episode ended with reward 0: %s", self.source, exc)
+        self.batch.append(exc)
+
+    def check(self, episodes: int) -> None:
+        if episodes and len(self.batch) == episodes:
+            raise RewardError(f"agent {self.source}: the environment failed in all {episodes} episodes of the "
+                              f"batch, so nothing would train; the first: {self.batch[0]}") from self.batch[0]
+
+    def pop_metrics(self) -> dict[str, float]:
+        out = {"agent/env_errors": float(self.count)} if self.count else {}
+        self.count = 0
+        return out

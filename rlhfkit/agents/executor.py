@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rlhfkit.agents.base import check_step_result, new_instance
+from rlhfkit.agents.base import EnvErrors, check_step_result, new_instance
 from rlhfkit.agents.engine_adapter import EngineAdapter
 from rlhfkit.agents.episode import agent_episode
 from rlhfkit.agents.images import EpisodeImages, feedback_tokens, fit_feedback
@@ -129,6 +129,11 @@ class MultiTurnExecutor:
         self.max_images: int | None = None  # most images an episode may hold, the prompt's counted (None: any)
         self._warned_images = False
         self._placeholders: list[int] = []  # the engine's image placeholder ids (never in text feedback)
+        self.env_errors = EnvErrors(self.source)  # episodes whose step() raised: reward 0, counted
+
+    def pop_metrics(self) -> dict[str, float]:
+        """`agent/env_errors` since the last call (when any)."""
+        return self.env_errors.pop_metrics()
 
     def run(self, engine: GenerationEngine, tokenizer, prompts: Sequence[Prompt], params: SamplingParams,
             budget: TokenBudget | None = None, generator: torch.Generator | None = None,
@@ -146,6 +151,7 @@ class MultiTurnExecutor:
 
     async def _run(self, engine, tokenizer, prompts, params, budget, generator, seeds) -> list[Trajectory]:
         turn_params = dataclasses.replace(params, n=1)
+        self.env_errors.start()
         episodes = []
         for i, p in enumerate(prompts):
             per_episode = None if seeds is None else episode_seeds(seeds[i], params.n, budget.max_turns)
@@ -164,6 +170,7 @@ class MultiTurnExecutor:
             end_episodes(engine, [id(e) for e in episodes])
         for e in episodes:
             e.truncated = e.truncated or not e.done  # out of turns before the agent said done
+        self.env_errors.check(len(episodes))
         return [self._trajectory(e, engine.version) for e in episodes]
 
     async def _reset(self, group_id: int, prompt: Prompt, tokenizer, params: SamplingParams) -> _Episode:
@@ -210,9 +217,17 @@ class MultiTurnExecutor:
             states.append({"observation_text": e.text, "action_text": action_text, "label": e.label,
                            "sampling_params": e.params})
             e.text = e.text + action_text
-        results = await asyncio.gather(*(self._guard("step", e.instance.step(s)) for e, s in zip(active, states)))
+        results = await asyncio.gather(*(self._guard("step", e.instance.step(s)) for e, s in zip(active, states)),
+                                       return_exceptions=True)
         for e, raw in zip(active, results):
-            self._apply(e, check_step_result(raw, self.source, e.params), tokenizer, budget)
+            try:
+                if isinstance(raw, BaseException):
+                    raise raw
+                step = check_step_result(raw, self.source, e.params)
+            except RewardError as exc:  # this action broke the environment: the episode ends with reward 0
+                self.env_errors.end(e, exc)
+                continue
+            self._apply(e, step, tokenizer, budget)
 
     async def _guard(self, method: str, coro):
         """Await the agent's `method`; an exception in the environment becomes a RewardError naming it."""

@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.agents.base import EnvErrors
 from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds, episode_trajectory
 from rlhfkit.agents.textenv import TextEnvFactory
 from rlhfkit.agents.tools.environment import (
@@ -77,7 +78,7 @@ from rlhfkit.agents.tools.schema import ToolSet
 from rlhfkit.core.moe import merge_recorded
 from rlhfkit.data.images import encode, image_messages
 from rlhfkit.data.types import FINISH_STOP, Trajectory
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, RewardError
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams, end_episodes, image_kwargs, turn_kwargs
 
 ON_RERENDER = ("keep", "segment")
@@ -178,6 +179,8 @@ class ToolExecutor:
         self._template: ToolTemplate | None = None
         self.processor = None  # a vision-language policy's processor: it renders and encodes prompts with images
         self._placeholders: set[int] = set()  # the engine's image placeholder ids (dropped from text deltas)
+        # episodes whose text environment's step() raised: reward 0, counted
+        self.env_errors = EnvErrors(self.text_env.name if self.text_env is not None else "tools")
 
     @property
     def provides_rewards(self) -> bool:
@@ -202,7 +205,7 @@ class ToolExecutor:
         out = {**self.stats.metrics(), **self.clock.metrics(), "tools/calls": float(calls),
                "tools/rerender": float(c["rerender"]), "tools/retokenized": float(c["retokenized"]),
                "tools/segments": float(c["segments"]),
-               "tools/valid_call_rate": c["valid_calls"] / calls if calls else 0.0}
+               "tools/valid_call_rate": c["valid_calls"] / calls if calls else 0.0, **self.env_errors.pop_metrics()}
         self.stats, self.clock = ToolStats(), OverlapClock()
         self.checks = dict.fromkeys(c, 0)
         return out
@@ -221,6 +224,7 @@ class ToolExecutor:
         tt = self.template(tokenizer)
         runner = ToolRunner(self.tools, self.limits, tokenizer, self.stats)
         turn_params = dataclasses.replace(params, n=1)
+        self.env_errors.start()
         episodes, rendered = [], {}  # rendered: (prompt, text) -> ids, the same for a prompt's samples
         for i, p in enumerate(prompts):
             per = None if seeds is None else episode_seeds(seeds[i], params.n, budget.max_turns)
@@ -255,6 +259,7 @@ class ToolExecutor:
             e.truncated = e.truncated or not e.done
             if e.env is not None and self.provides_rewards:
                 e.reward = await environment_reward(e.env)
+        self.env_errors.check(len(episodes))
         return [t for e in episodes for t in self._trajectories(e, engine.version)]
 
     def _prompt_ids(self, tt: ToolTemplate, text: str, prompt: Prompt) -> list[int]:
@@ -324,7 +329,11 @@ class ToolExecutor:
             if e.text_env is None:
                 return []
             written = action[:-1] if stopped and action else action
-            obs, reward, done = await e.text_env.step(runner.tokenizer.decode(written, skip_special_tokens=True))
+            try:
+                obs, reward, done = await e.text_env.step(runner.tokenizer.decode(written, skip_special_tokens=True))
+            except RewardError as exc:  # this action broke the environment: the episode ends with reward 0
+                self.env_errors.end(e, exc)
+                return []
             e.reward += reward
             return [] if done else [{"role": "user", "content": obs}]
         if e.env is not None:  # this episode's environment: its bound methods

@@ -147,3 +147,33 @@ def test_single_turn_executor_gives_the_engines_trajectories():
         assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
         assert torch.equal(a.loss_mask, b.loss_mask) and a.group_id == b.group_id
         assert a.finish_reason == b.finish_reason
+
+
+class _Fragile(AgentInstanceBase):
+    """Rewards 0.5 per action, and raises on the action "9" (the one a hostile policy finds)."""
+
+    async def step(self, states, **kwargs):
+        if states["action_text"].strip() == "9":
+            raise ValueError("no such move")
+        return {"rewards": 0.5, "environment_feedback": "\nagain\n", "done": False}
+
+
+def test_an_action_that_breaks_the_environment_ends_its_episode_with_reward_0(tok, scripted, caplog):
+    """A step() that raises ends that episode (reward 0, what it earned before included; truncated),
+    counted and logged once; the other episodes go on. When every episode breaks, the run stops."""
+    engine = scripted(tok, lambda ctx: "9" if ctx.startswith("bad") and ctx.count("again") == 1 else "1")
+    executor = MultiTurnExecutor(_Fragile)
+    prompts = [P(tok, "bad:", None), P(tok, "good:", None), P(tok, "bad2:", None)]
+    with caplog.at_level("WARNING", logger="rlhfkit"):
+        bad, good, bad2 = executor.run(engine, tok, prompts, SamplingParams(max_new_tokens=2),
+                                       TokenBudget(per_turn=2, total=40, max_turns=3))
+    assert good.info["agent_reward"] == pytest.approx(1.5) and good.info["turns"] == 3
+    for t in (bad, bad2):  # "1" (0.5), then "9": the episode ends there with nothing
+        assert t.info["agent_reward"] == 0.0 and t.info["agent_score"] == 0.0 and t.truncated
+        assert t.info["turns"] == 2 and t.response_ids.tolist() == ids(tok, "1\nagain\n9")
+    assert executor.pop_metrics() == {"agent/env_errors": 2.0} and executor.pop_metrics() == {}
+    assert [r.getMessage().count("step() raised ValueError: no such move") for r in caplog.records] == [1]
+    engine = scripted(tok, lambda ctx: "9")
+    with pytest.raises(RewardError, match=r"failed in all 2 episodes of the batch, so nothing would train; the "
+                                          r"first: agent .*_Fragile: step\(\) raised ValueError: no such move"):
+        executor.run(engine, tok, prompts[:2], SamplingParams(max_new_tokens=2))

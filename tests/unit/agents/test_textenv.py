@@ -90,6 +90,23 @@ def test_rewards_are_summed_and_running_out_of_turns_truncates(chat_tok, scripte
     assert t.info["agent_reward"] == pytest.approx(-0.3) and t.info["turns"] == 3 and t.finish_reason == "length"
 
 
+def test_an_action_that_breaks_the_environment_ends_its_episode_with_reward_0(chat_tok, scripted):
+    class Fragile(Guess):  # 0.5 for each wrong guess, and the guess 7 breaks it
+        def step(self, action):
+            if "[7]" in action:
+                raise KeyError("7")
+            obs, reward, done, trunc, info = super().step(action)
+            return obs, reward or 0.5, done, trunc, info
+
+    ex = ToolExecutor(environment_factory=text_env(Fragile))
+    broken, fine = run(ex, chat_tok, scripted, [P("Play.", {"seed": 7}), P("Play.", {"seed": 4})])
+    assert broken.info["agent_reward"] == 0.0 and broken.finish_reason == "length"  # 4 (0.5), then 7: nothing
+    assert fine.info["agent_reward"] == 1.0 and fine.finish_reason == "stop"  # 4 is right
+    assert ex.pop_metrics()["agent/env_errors"] == 1.0
+    with pytest.raises(RewardError, match=r"failed in all 1 episodes .* step\(\) raised KeyError: '7'"):
+        run(ex, chat_tok, scripted, [P("Play.", {"seed": 7})])
+
+
 def test_the_row_seeds_the_environment():
     assert row_seed({"seed": 3, "label": "9"}) == 3 and row_seed({"label": "12"}) == 12
     assert row_seed({"label": "twelve"}) is None and row_seed({"seed": True}) is None and row_seed(None) is None
