@@ -22,6 +22,7 @@ from rlhfkit.api.rl import RLTrainer  # noqa: E402 - after the Ray settings and 
 from rlhfkit.cli.main import main  # noqa: E402 - after the Ray settings and importorskip
 from rlhfkit.config import RLConfig  # noqa: E402 - after the Ray settings and importorskip
 from rlhfkit.data.prompts import load_prompts  # noqa: E402 - after the Ray settings and importorskip
+from rlhfkit.distributed.launch import ray_temp_dir  # noqa: E402 - likewise
 from tests.integration.conftest import rl_flags  # noqa: E402 - after the Ray settings and importorskip
 from tests.unit.distributed.test_partial_rollout_worker import mixed_logprobs  # noqa: E402 - likewise
 
@@ -58,7 +59,7 @@ class AgentInstance(AgentInstanceBase):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    ray.init(num_cpus=4, _temp_dir=str(tmp_path_factory.mktemp("ray")), include_dashboard=False)
+    ray.init(num_cpus=4, _temp_dir=ray_temp_dir(tmp_path_factory.mktemp("ray")), include_dashboard=False)
     yield
     ray.shutdown()
 

@@ -11,6 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from rlhfkit.cli.main import main
+from rlhfkit.distributed.launch import ray_temp_dir
 from rlhfkit.trainers.checkpoint import step_dir_name
 from tests.integration.conftest import colour_workspace, vision_rl_flags
 from tests.integration.test_fsdp import REWARD, assert_same_steps, flags, metrics, single_and_fsdp, torchrun_rl
@@ -101,7 +102,7 @@ def test_qlora_on_fsdp_ray_trainer_actors_equals_one_process(ws, tmp_path, tmp_p
     ray = pytest.importorskip("ray")
     from tests.integration.test_fsdp_ray import RAY_FSDP
 
-    ray.init(num_cpus=4, _temp_dir=str(tmp_path_factory.mktemp("ray")), include_dashboard=False)  # a short path
+    ray.init(num_cpus=4, _temp_dir=ray_temp_dir(tmp_path_factory.mktemp("ray")), include_dashboard=False)
     try:
         monkeypatch.setattr("rlhfkit.models.logprobs._plain_linear", lambda head: False)  # as test_fsdp
         assert main(["train", "rl", *flags(ws, tmp_path / "single", **QLORA)]) == 0

@@ -16,6 +16,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray = pytest.importorskip("ray")
 
 from rlhfkit.cli.main import main  # noqa: E402 - after the Ray settings and importorskip
+from rlhfkit.distributed.launch import ray_temp_dir  # noqa: E402 - likewise
 from tests.integration.test_fsdp import (  # noqa: E402 - after the Ray settings and importorskip
     WITH_CRITIC_AND_EMA,
     assert_same_steps,
@@ -30,7 +31,7 @@ RAY_FSDP = {"distributed.backend": "ray", "rollout.num_workers": 2, "fsdp.enable
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    ray.init(num_cpus=4, _temp_dir=str(tmp_path_factory.mktemp("ray")), include_dashboard=False)
+    ray.init(num_cpus=4, _temp_dir=ray_temp_dir(tmp_path_factory.mktemp("ray")), include_dashboard=False)
     yield
     ray.shutdown()
 

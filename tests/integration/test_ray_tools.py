@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 from rlhfkit.agents.tools.render import ToolTemplate  # noqa: E402 - after the Ray settings and importorskip
 from rlhfkit.agents.tools.schema import ToolSet  # noqa: E402 - likewise
 from rlhfkit.cli.main import main  # noqa: E402 - likewise
+from rlhfkit.distributed.launch import ray_temp_dir  # noqa: E402 - likewise
 from tests.integration.conftest import cli_flags  # noqa: E402 - likewise
 from tests.unit.agents.conftest import save_tiny_chat_model  # noqa: E402 - likewise
 from tests.unit.agents.test_tools import multiply  # noqa: E402 - likewise
@@ -118,7 +119,7 @@ def ws(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    ray.init(num_cpus=3, _temp_dir=str(tmp_path_factory.mktemp("ray")), include_dashboard=False)
+    ray.init(num_cpus=3, _temp_dir=ray_temp_dir(tmp_path_factory.mktemp("ray")), include_dashboard=False)
     yield
     ray.shutdown()
 

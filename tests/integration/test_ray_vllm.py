@@ -22,6 +22,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray = pytest.importorskip("ray")
 
 from rlhfkit.cli.main import main  # noqa: E402 - after the Ray settings and importorskip
+from rlhfkit.distributed.launch import ray_temp_dir  # noqa: E402 - likewise
 from tests.integration.conftest import (  # noqa: E402 - likewise
     colour_workspace,
     fake_vllm_env,
@@ -43,7 +44,7 @@ def ws(tiny_ws):
 def log(tmp_path_factory):
     """A local Ray cluster whose every process imports the fake vllm; yields the fake's log file."""
     path = tmp_path_factory.mktemp("vllm_log") / "events.jsonl"
-    ray.init(num_cpus=4, _temp_dir=str(tmp_path_factory.mktemp("ray")), include_dashboard=False,
+    ray.init(num_cpus=4, _temp_dir=ray_temp_dir(tmp_path_factory.mktemp("ray")), include_dashboard=False,
              runtime_env={"env_vars": fake_vllm_env(path)})
     yield path
     ray.shutdown()
