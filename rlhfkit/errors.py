@@ -48,6 +48,17 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first non-blank line of `exc`'s message, cut at `limit` characters; "" when it has none or its
+    `__str__` raises (a user's exception: an environment's, a tool's)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+        return ""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:limit]
+
+
 _OS_FIXES = {
     errno.ENOSPC: "free disk space", errno.EDQUOT: "free disk space (the disk quota is used up)",
     errno.EACCES: "choose a place you may write to (or fix its permissions)",

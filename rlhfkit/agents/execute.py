@@ -67,7 +67,7 @@ from rlhfkit.agents.episode import agent_episode
 from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds
 from rlhfkit.agents.images import ImageEncoder
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
-from rlhfkit.errors import RewardError
+from rlhfkit.errors import RewardError, first_line
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams
 
 MAX_CONCURRENT_EPISODES = 128  # OpenRLHF's default bound on concurrent agent tasks per engine
@@ -275,7 +275,7 @@ class ExecuteRunner:
             raise
         except Exception as exc:
             raise RewardError(f"agent file {self.source}: AgentExecutor(max_steps, max_length, llm_engine, "
-                              f"hf_tokenizer, result_queue) raised {type(exc).__name__}: {_first_line(exc)}") from exc
+                              f"hf_tokenizer, result_queue) raised {type(exc).__name__}: {first_line(exc)}") from exc
         return self.executor
 
     async def _episodes(self, executor, prompts: list[Prompt], records: list[EpisodeRecord],
@@ -307,7 +307,7 @@ class ExecuteRunner:
         except Exception as exc:  # the user's code: any exception, in one line
             if exc is self.adapter.engine_error:
                 raise
-            raise RewardError(f"agent {self.source}: execute() raised {type(exc).__name__}: {_first_line(exc)}; "
+            raise RewardError(f"agent {self.source}: execute() raised {type(exc).__name__}: {first_line(exc)}; "
                               "fix the agent file (--debug shows the traceback)") from exc
         if len(record.results) > 1:
             raise RewardError(f"agent {self.source}: execute() put {len(record.results)} results on result_queue "
@@ -417,6 +417,3 @@ def _generation(generations: Sequence[Generation], obs: list[int], s: int, e: in
                       f"after observation_tokens[:{s}] in this execute() call; put the engine's token_ids (never "
                       "re-tokenized text) after exactly the tokens they were generated from")
 
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else ""

@@ -41,7 +41,7 @@ from rlhfkit.agents.episode import agent_episode
 from rlhfkit.agents.images import EpisodeImages, feedback_tokens, fit_feedback
 from rlhfkit.core.moe import merge_recorded
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
-from rlhfkit.errors import ConfigError, RewardError
+from rlhfkit.errors import ConfigError, RewardError, first_line
 from rlhfkit.rewards.base import RewardOutput
 from rlhfkit.rollout.base import GenerationEngine, SamplingParams, end_episodes, image_kwargs, turn_kwargs
 from rlhfkit.rollout.vision import merge_vision
@@ -236,7 +236,7 @@ class MultiTurnExecutor:
         except RewardError:
             raise
         except Exception as exc:  # the user's environment: any exception, reported in one line
-            first = str(exc).splitlines()[0] if str(exc) else ""
+            first = first_line(exc)
             raise RewardError(f"agent {self.source}: {method}() raised {type(exc).__name__}: {first}; fix the "
                               "environment (--debug shows the traceback)") from exc
 

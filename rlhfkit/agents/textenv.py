@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlhfkit.errors import ConfigError, RewardError, one_line
+from rlhfkit.errors import ConfigError, RewardError, first_line, one_line
 
 
 async def _call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -90,7 +90,7 @@ class GymTextEnv:
         except RewardError:
             raise
         except Exception as exc:  # the user's environment, in one line
-            first = str(exc).splitlines()[0] if str(exc) else ""
+            first = first_line(exc)
             raise RewardError(f"environment {self.name}: {method}() raised {type(exc).__name__}: {first}") from exc
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlhfkit.agents.tools.schema import ToolCall, ToolSet
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, first_line
 
 INVALID = "<invalid>"
 
@@ -151,7 +151,7 @@ class ToolRunner:
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - the tool's own failure (an argparse exit too)
             self.stats.add(call.name, time.perf_counter() - start, error=True)
             kind = "SystemExit" if isinstance(exc, _Exited) else type(exc).__name__
-            return f"error: {call.name} raised {kind}: {_first_line(exc)}"
+            return f"error: {call.name} raised {kind}: {first_line(exc)}"
         self.stats.add(call.name, time.perf_counter() - start)
         return self.cut(text)
 
@@ -166,15 +166,6 @@ async def _no_exit(coro: Any) -> Any:
         return await coro
     except SystemExit as exc:
         raise _Exited(exc.code) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first line of `exc`'s message, at most 300 characters ("" when it has none or cannot say)."""
-    try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
-        return ""
-    return text.splitlines()[0][:300] if text else ""
 
 
 def _in_thread(fn, kwargs: dict) -> asyncio.Future:

@@ -198,3 +198,12 @@ def test_textarena_guess_the_number_through_the_adapter(chat_tok, scripted):
     assert t.finish_reason == "stop" and 0 < t.info["agent_reward"] <= 1
     with pytest.raises(ConfigError, match="no such environment"):
         textarena_env("NoSuchGame-v0")
+
+
+def test_an_error_message_opening_with_a_blank_line_is_named_by_its_first_words(chat_tok, scripted):
+    class Blank(Guess):  # as nltk's LookupError: the message opens with a newline
+        def step(self, action):
+            raise LookupError("\n  Resource words not found.\n")
+
+    with pytest.raises(RewardError, match=r"step\(\) raised LookupError: Resource words not found\.$"):
+        run(ToolExecutor(environment_factory=text_env(Blank)), chat_tok, scripted, [P("Play.")])
