@@ -64,27 +64,29 @@ class TrainingModel:
     learner: Learner
 
 
-# AdamParams' fields: the SDK's defaults and the values each may take
-ADAM_DEFAULTS = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
-                 "grad_clip_norm": 0.0}
-ADAM_RANGES = {"learning_rate": "lr >= 0", "beta1": "0 <= beta1 < 1", "beta2": "0 <= beta2 < 1", "eps": "eps > 0",
-               "weight_decay": "weight_decay >= 0", "grad_clip_norm": "grad_clip_norm >= 0 (0: no clipping)"}
+# AdamParams' fields: the SDK's default, the check a value must pass and that check in words
+ADAM_FIELDS = {
+    "learning_rate": (1e-4, lambda x: x >= 0, "lr >= 0"),
+    "beta1": (0.9, lambda x: 0 <= x < 1, "0 <= beta1 < 1"),
+    "beta2": (0.95, lambda x: 0 <= x < 1, "0 <= beta2 < 1"),
+    "eps": (1e-12, lambda x: x > 0, "eps > 0"),
+    "weight_decay": (0.0, lambda x: x >= 0, "weight_decay >= 0"),
+    "grad_clip_norm": (0.0, lambda x: x >= 0, "grad_clip_norm >= 0 (0: no clipping)"),
+}
 
 
 def adam_hyperparameters(adam: dict) -> dict[str, float]:
     """optim_step's AdamParams as floats (the SDK's defaults where absent); DataError naming a value
     that is not a number or out of its range (a negative learning rate would ascend the loss)."""
     out = {}
-    for name, default in ADAM_DEFAULTS.items():
+    for name, (default, ok, need) in ADAM_FIELDS.items():
         value = adam.get(name, default)
         try:
             x = float(value)
         except (TypeError, ValueError):
-            x = float("nan")
-        ok = {"learning_rate": x >= 0, "beta1": 0 <= x < 1, "beta2": 0 <= x < 1, "eps": x > 0,
-              "weight_decay": x >= 0, "grad_clip_norm": x >= 0}[name]
-        if not ok or x != x:
-            raise DataError(f"optim_step: AdamParams {name}={value!r}; need {ADAM_RANGES[name]}")
+            x = float("nan")  # fails every check below
+        if not ok(x):
+            raise DataError(f"optim_step: AdamParams {name}={value!r}; need {need}")
         out[name] = x
     return out
 
