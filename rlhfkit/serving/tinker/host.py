@@ -153,15 +153,19 @@ class ModelHost(SamplingMixin):
                 targets = lora_targets(self.linear, attn, mlp)
                 if self.language_linears is not None:
                     targets = tuple(n for n in self.language_linears if n.rsplit(".", 1)[-1] in targets)
-                if self.peft is None:
-                    self.peft = add_lora(self.base, rank, LORA_ALPHA, targets, adapter_name=model_id)
-                else:
-                    add_adapter(self.peft, model_id, rank, LORA_ALPHA, targets)
-                module = self.peft
+                module = self._add_adapter(model_id, rank, targets)
                 module.set_adapter(model_id)
         learner = Learner(module, lr=1e-4, max_norm=0.0, name=f"model {model_id}")
         self.models[model_id] = TrainingModel(model_id, rank, module, learner)
         return model_id
+
+    def _add_adapter(self, name: str, rank: int, targets: tuple[str, ...]) -> torch.nn.Module:
+        """A new LoRA adapter `name` on the shared peft model (made on first use); returns that model."""
+        if self.peft is None:
+            self.peft = add_lora(self.base, rank, LORA_ALPHA, targets, adapter_name=name)
+        else:
+            add_adapter(self.peft, name, rank, LORA_ALPHA, targets)
+        return self.peft
 
     def _model(self, model_id: str) -> TrainingModel:
         if model_id not in self.models:
@@ -469,11 +473,7 @@ class ModelHost(SamplingMixin):
         name = f"sampler-{self._adapters_made}"
         self._adapters_made += 1
         targets = tuple(json.loads((folder / "adapter_config.json").read_text())["target_modules"])
-        if self.peft is None:
-            self.peft = add_lora(self.base, meta["rank"], LORA_ALPHA, targets, adapter_name=name)
-        else:
-            add_adapter(self.peft, name, meta["rank"], LORA_ALPHA, targets)
-        load_adapter_weights(self.peft, name, folder)
+        load_adapter_weights(self._add_adapter(name, meta["rank"], targets), name, folder)
         self._loaded[key] = name
 
     def trim_samplers(self) -> None:
