@@ -138,9 +138,10 @@ def open_image(value: Any, where: str, base_dir: Path | None = None, cache_dir: 
     from PIL import Image
 
     if isinstance(value, dict):
-        value = value.get("bytes") or value.get("path")
-        if isinstance(value, str) and not Path(value).suffix:  # "bytes" written out as base64 text (JSON)
-            value = _base64_bytes(value, where)
+        raw = value.get("bytes")
+        if isinstance(raw, str) and raw:  # "bytes" written out as base64 text (JSON)
+            raw = _base64_bytes(raw, where)
+        value = raw or value.get("path")
     if isinstance(value, str) and value.startswith("data:"):
         value = data_url_bytes(value, where)
     elif isinstance(value, str) and value.startswith("file://"):

@@ -219,7 +219,7 @@ def layout_blocker(model: torch.nn.Module, batch) -> str | None:
         return "it has no config"
     if "position_ids" not in forward_parameters(model):
         return "its forward takes no position_ids"
-    if not _builds_masks_with_masking_utils(transformers_model(model)):
+    if _masking_module(transformers_model(model)) is None:
         return "its attention mask is not built by transformers' masking_utils"
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     if getattr(text, "alibi", False) or getattr(text, "position_embedding_type", None) == "alibi":
@@ -249,14 +249,14 @@ def layout_blocker(model: torch.nn.Module, batch) -> str | None:
     return None
 
 
-def _builds_masks_with_masking_utils(model: torch.nn.Module) -> bool:
-    """Whether the model's modeling file builds its masks with masking_utils.create_causal_mask
-    (looked up along the class's bases: FSDP and other wrappers subclass the model's class)."""
+def _masking_module(model: torch.nn.Module) -> str | None:
+    """The name of the model's modeling file when it builds its masks with masking_utils.create_causal_mask
+    (looked up along the class's bases: FSDP and other wrappers subclass the model's class), else None."""
     for cls in type(model).__mro__:
         module = sys.modules.get(cls.__module__)
         if module is not None and "create_causal_mask" in vars(module):
-            return True
-    return False
+            return module.__name__
+    return None
 
 
 def _masks_see_positions(model: torch.nn.Module) -> bool:
@@ -264,11 +264,8 @@ def _masks_see_positions(model: torch.nn.Module) -> bool:
     (directly, or in a `**` dict of keyword arguments that names them): masking_utils finds packed
     samples from them; OPT, Falcon, BioGPT and XGLM leave them out, so their mask is one causal
     triangle over the whole row. A file whose source cannot be read counts as not giving them."""
-    for cls in type(model).__mro__:
-        module = sys.modules.get(cls.__module__)
-        if module is not None and "create_causal_mask" in vars(module):
-            return _calls_pass_positions(module.__name__)
-    return False
+    module = _masking_module(model)
+    return module is not None and _calls_pass_positions(module)
 
 
 # The masking_utils builders that separate packed samples by position (a model may call one through a

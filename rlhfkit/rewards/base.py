@@ -19,6 +19,8 @@ that names it, instead of silently corrupting the advantages.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -145,7 +147,7 @@ def _to_extra_logs(logs: Any, batch_size: int, source: str) -> dict[str, torch.T
         )
     result = {}
     for name, value in logs.items():
-        if _is_scalar(value):
+        if is_scalar(value):
             value = [value] * batch_size
         if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):  # None: not applicable (NaN)
             value = [float("nan") if v is None else v for v in value]
@@ -153,7 +155,8 @@ def _to_extra_logs(logs: Any, batch_size: int, source: str) -> dict[str, torch.T
     return result
 
 
-def _is_scalar(value: Any) -> bool:
+def is_scalar(value: Any) -> bool:
+    """A real number, or a 0-d tensor / array."""
     if isinstance(value, (torch.Tensor, np.ndarray)):
         return value.ndim == 0
     return isinstance(value, numbers.Real)
@@ -211,3 +214,19 @@ def _to_float(v: Any, i: int, source: str, what: str) -> float:
         f"reward function {source} returned {what} with a {type(v).__name__} at index {i} "
         f"({v!r:.60}); every value must be a number"
     )
+
+
+def response_texts(queries: Sequence[str], prompts: Sequence[str], responses: Sequence[str] | None = None) -> list[str]:
+    """`responses` when the caller passed them, else each query after its prompt (the whole query when
+    it does not start with its prompt)."""
+    if responses is not None:
+        return list(responses)
+    return [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]
+
+
+async def gather_awaitables(calls: list[Any]) -> list[Any]:
+    """The results of calls, the awaitable ones awaited concurrently (in the caller's event loop)."""
+    async def value(c: Any) -> Any:
+        return await c if inspect.isawaitable(c) else c
+
+    return list(await asyncio.gather(*(value(c) for c in calls)))

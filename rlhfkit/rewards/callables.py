@@ -59,7 +59,7 @@ from typing import Any
 import torch
 
 from rlhfkit.errors import RewardError
-from rlhfkit.rewards.base import RewardOutput, normalize_reward_output
+from rlhfkit.rewards.base import RewardOutput, gather_awaitables, normalize_reward_output, response_texts
 from rlhfkit.rewards.verl import VerlBatch, is_verl_function
 
 OPENRLHF, TRL, VERL = "openrlhf", "trl", "verl"
@@ -255,9 +255,7 @@ def _trl_arguments(queries: list[str], prompts: list[str], labels: list[Any],
     templated prompts stand in and each response is its query after the prompt."""
     raw_prompts = kwargs.get("raw_prompts")
     raw_prompts = list(prompts) if raw_prompts is None else list(raw_prompts)
-    responses = kwargs.get("responses")
-    if responses is None:
-        responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]
+    responses = response_texts(queries, prompts, kwargs.get("responses"))
     completions = [[{"role": "assistant", "content": r}] if isinstance(p, (list, tuple)) else r
                    for p, r in zip(raw_prompts, responses)]
     conversations = kwargs.get("completion_messages")  # tool-calling episodes: their turns as messages
@@ -322,16 +320,10 @@ def _run_async(calls: list[Any]) -> list[Any]:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(_gather(calls))
+        return asyncio.run(gather_awaitables(calls))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # this thread's loop is busy
-        return pool.submit(asyncio.run, _gather(calls)).result()
+        return pool.submit(asyncio.run, gather_awaitables(calls)).result()
 
-
-async def _gather(calls: list[Any]) -> list[Any]:
-    async def value(c: Any) -> Any:
-        return await c if inspect.isawaitable(c) else c
-
-    return list(await asyncio.gather(*(value(c) for c in calls)))
 
 
 def first_line(exc: BaseException) -> str:

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from rlhfkit.errors import RewardError
-from rlhfkit.rewards.base import RewardOutput
+from rlhfkit.rewards.base import RewardOutput, response_texts
 from rlhfkit.rewards.code_remote import RemoteSandbox
 from rlhfkit.rewards.code_sandbox import LOCAL_BACKENDS, CodeSandbox, RunResult
 from rlhfkit.rewards.code_values import CHILD_SOURCE, decode_value, encode_value
@@ -567,5 +567,5 @@ class CodeReward:
 
     def __call__(self, queries: list[str], prompts: list[str], labels: list[Any], **kwargs: Any) -> RewardOutput:
         """Score B samples; see code_reward."""
-        responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]
-        return code_reward(responses, list(labels), self.sandbox, self.partial_credit, self.workers)
+        return code_reward(response_texts(queries, prompts), list(labels), self.sandbox, self.partial_credit,
+                           self.workers)

@@ -23,14 +23,13 @@ works (the per-sample calls of a batch run concurrently). A `None` score means "
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
-import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlhfkit.errors import RewardError
+from rlhfkit.rewards.base import gather_awaitables, is_scalar, response_texts
 
 SAMPLE_NAMES = ("data_source", "solution_str", "ground_truth", "extra_info")
 BATCH_NAMES = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
@@ -77,7 +76,7 @@ class VerlBatch:
         else:
             out = [self.func(**dict(zip(names, row))) for row in zip(*columns)]
             if any(inspect.isawaitable(c) for c in out):
-                out = _gather(out)
+                out = gather_awaitables(out)
         if inspect.isawaitable(out):
             return self._finish(out, len(queries))
         return self._results(out, len(queries))
@@ -89,9 +88,7 @@ class VerlBatch:
                  kwargs: dict[str, Any]) -> list[list[Any]]:
         """The arguments the function takes, each a list of B values, in the order of `self.keys`."""
         records = [r if isinstance(r, Mapping) else {} for r in (kwargs.get("records") or [None] * len(queries))]
-        responses = kwargs.get("responses")
-        if responses is None:
-            responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]
+        responses = response_texts(queries, prompts, kwargs.get("responses"))
         truths = [label if label is not None else _nested_truth(r) for label, r in zip(labels, records)]
         wanted = [sample for _, sample in self.keys]
         if "ground_truth" in wanted and any(t is None for t in truths):
@@ -100,7 +97,7 @@ class VerlBatch:
                 f"reward function {self.source} (verl's contract) has no ground_truth for sample {i}: its label "
                 "is None and its record has no reward_model.ground_truth; set --data.label_key to the column "
                 "holding the answer")
-        every = {"data_source": [r.get("data_source") for r in records], "solution_str": list(responses),
+        every = {"data_source": [r.get("data_source") for r in records], "solution_str": responses,
                  "ground_truth": truths, "extra_info": [r.get("extra_info") for r in records]}
         return [every[sample] for sample in wanted]
 
@@ -119,7 +116,7 @@ class VerlBatch:
                                       f"sample {i} (keys: {sorted(map(str, value))}); verl reads the reward "
                                       "from 'score'")
                 for key, extra in value.items():
-                    if key != "score" and _is_number(extra):
+                    if key != "score" and is_scalar(extra):
                         logs.setdefault(str(key), [math.nan] * n)[i] = float(extra)
                 value = value["score"]
             scores.append(value)
@@ -131,14 +128,3 @@ def _nested_truth(record: Any) -> Any:
     holder = record.get("reward_model") if isinstance(record, Mapping) else None
     return holder.get("ground_truth") if isinstance(holder, Mapping) else None
 
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) or (hasattr(value, "ndim") and getattr(value, "ndim") == 0)
-
-
-async def _gather(calls: list[Any]) -> list[Any]:
-    """The results of per-sample calls, the awaitable ones awaited concurrently (in the caller's event loop)."""
-    async def value(c: Any) -> Any:
-        return await c if inspect.isawaitable(c) else c
-
-    return list(await asyncio.gather(*(value(c) for c in calls)))

@@ -114,15 +114,17 @@ class ToolSet:
             the wrong JSON type or outside the parameter's enum (the message says which).
         """
         fn = self.functions[name]
-        inspect.signature(fn).bind(**arguments)
+        signature = inspect.signature(fn)
+        signature.bind(**arguments)
         properties = self.parameters(name).get("properties", {})
-        defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()}
+        defaults = {k: p.default for k, p in signature.parameters.items()}
+        hints = _type_hints(fn)
         out = {}
         for key, value in arguments.items():
             spec = properties.get(key)
             if isinstance(spec, dict) and not (value is None and defaults.get(key) is None):
                 value = _checked_value(spec, value, key)
-            out[key] = _as_enum(fn, key, value)
+            out[key] = _as_enum(hints.get(key), value)
         return out
 
 
@@ -163,12 +165,16 @@ def _checked_value(spec: dict, value: Any, where: str) -> Any:
     return value
 
 
-def _as_enum(fn: Callable, key: str, value: Any) -> Any:
-    """`value` as a member of the Enum that annotates `fn`'s parameter `key` (also inside Optional)."""
+def _type_hints(fn: Callable) -> dict[str, Any]:
+    """`fn`'s resolved type hints ({} when one cannot be resolved: the schema was built from what resolved)."""
     try:
-        hint = typing.get_type_hints(fn).get(key)
-    except Exception:  # noqa: BLE001 - an unresolvable hint: the schema was built from what resolved
-        return value
+        return typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - an unresolvable hint
+        return {}
+
+
+def _as_enum(hint: Any, value: Any) -> Any:
+    """`value` as a member of the Enum `hint` (a parameter's type hint; also inside Optional)."""
     for cls in (hint, *typing.get_args(hint)):
         if isinstance(cls, type) and issubclass(cls, enum.Enum) and not isinstance(value, cls):
             try:

@@ -214,3 +214,10 @@ def test_base64_text_in_a_bytes_dict_opens_and_bare_base64_is_one_line(tmp_path)
     assert message.startswith(f"{path}, line 2, image 0: image 'iVBOR") and len(message) < 300
     assert "characters) is not a file; give a path, a URL, or base64 data as a data:image" in message
     assert open_image(rows[0]["images"][0], "rec").size == (64, 64)
+
+
+def test_a_bytes_dict_path_without_a_suffix_is_a_path_not_base64(tmp_path):
+    """{"bytes": None, "path": ...} opens its path even when the file's name has no suffix (only the "bytes"
+    entry may be base64 text)."""
+    Image.new("RGB", (4, 4), (5, 6, 7)).save(tmp_path / "cat", format="PNG")
+    assert open_image({"bytes": None, "path": "cat"}, "rec", base_dir=tmp_path).getpixel((0, 0)) == (5, 6, 7)
