@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from rlhfkit.api.builder import prompt_options, prompt_source
+from rlhfkit.api.builder import label_reward, prompt_options, prompt_source
 from rlhfkit.api.vision import data_options, policy_folder
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
 from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings, response_tokens
@@ -80,7 +80,7 @@ def count_prompts(cfg: RLConfig, given: int | None) -> int | None:
         return None
     if policy_folder(cfg) is not None:  # a vision-language model: its prompts, images decoded
         return check_vision_prompts(prompt_source(cfg), **data_options(cfg))
-    return check_prompts(prompt_source(cfg), **prompt_options(cfg))
+    return check_prompts(prompt_source(cfg), **prompt_options(cfg), labels_for=label_reward(cfg))
 
 
 def format_counts(cfg: RLConfig, plan: RunPlan) -> list[str]:

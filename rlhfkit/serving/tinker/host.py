@@ -64,27 +64,29 @@ class TrainingModel:
     learner: Learner
 
 
-# AdamParams' fields: the SDK's defaults and the values each may take
-ADAM_DEFAULTS = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
-                 "grad_clip_norm": 0.0}
-ADAM_RANGES = {"learning_rate": "lr >= 0", "beta1": "0 <= beta1 < 1", "beta2": "0 <= beta2 < 1", "eps": "eps > 0",
-               "weight_decay": "weight_decay >= 0", "grad_clip_norm": "grad_clip_norm >= 0 (0: no clipping)"}
+# AdamParams' fields: the SDK's default, the check a value must pass and that check in words
+ADAM_FIELDS = {
+    "learning_rate": (1e-4, lambda x: x >= 0, "lr >= 0"),
+    "beta1": (0.9, lambda x: 0 <= x < 1, "0 <= beta1 < 1"),
+    "beta2": (0.95, lambda x: 0 <= x < 1, "0 <= beta2 < 1"),
+    "eps": (1e-12, lambda x: x > 0, "eps > 0"),
+    "weight_decay": (0.0, lambda x: x >= 0, "weight_decay >= 0"),
+    "grad_clip_norm": (0.0, lambda x: x >= 0, "grad_clip_norm >= 0 (0: no clipping)"),
+}
 
 
 def adam_hyperparameters(adam: dict) -> dict[str, float]:
     """optim_step's AdamParams as floats (the SDK's defaults where absent); DataError naming a value
     that is not a number or out of its range (a negative learning rate would ascend the loss)."""
     out = {}
-    for name, default in ADAM_DEFAULTS.items():
+    for name, (default, ok, need) in ADAM_FIELDS.items():
         value = adam.get(name, default)
         try:
             x = float(value)
         except (TypeError, ValueError):
-            x = float("nan")
-        ok = {"learning_rate": x >= 0, "beta1": 0 <= x < 1, "beta2": 0 <= x < 1, "eps": x > 0,
-              "weight_decay": x >= 0, "grad_clip_norm": x >= 0}[name]
-        if not ok or x != x:
-            raise DataError(f"optim_step: AdamParams {name}={value!r}; need {ADAM_RANGES[name]}")
+            x = float("nan")  # fails every check below
+        if not ok(x):
+            raise DataError(f"optim_step: AdamParams {name}={value!r}; need {need}")
         out[name] = x
     return out
 
@@ -151,15 +153,19 @@ class ModelHost(SamplingMixin):
                 targets = lora_targets(self.linear, attn, mlp)
                 if self.language_linears is not None:
                     targets = tuple(n for n in self.language_linears if n.rsplit(".", 1)[-1] in targets)
-                if self.peft is None:
-                    self.peft = add_lora(self.base, rank, LORA_ALPHA, targets, adapter_name=model_id)
-                else:
-                    add_adapter(self.peft, model_id, rank, LORA_ALPHA, targets)
-                module = self.peft
+                module = self._add_adapter(model_id, rank, targets)
                 module.set_adapter(model_id)
         learner = Learner(module, lr=1e-4, max_norm=0.0, name=f"model {model_id}")
         self.models[model_id] = TrainingModel(model_id, rank, module, learner)
         return model_id
+
+    def _add_adapter(self, name: str, rank: int, targets: tuple[str, ...]) -> torch.nn.Module:
+        """A new LoRA adapter `name` on the shared peft model (made on first use); returns that model."""
+        if self.peft is None:
+            self.peft = add_lora(self.base, rank, LORA_ALPHA, targets, adapter_name=name)
+        else:
+            add_adapter(self.peft, name, rank, LORA_ALPHA, targets)
+        return self.peft
 
     def _model(self, model_id: str) -> TrainingModel:
         if model_id not in self.models:
@@ -467,11 +473,7 @@ class ModelHost(SamplingMixin):
         name = f"sampler-{self._adapters_made}"
         self._adapters_made += 1
         targets = tuple(json.loads((folder / "adapter_config.json").read_text())["target_modules"])
-        if self.peft is None:
-            self.peft = add_lora(self.base, meta["rank"], LORA_ALPHA, targets, adapter_name=name)
-        else:
-            add_adapter(self.peft, name, meta["rank"], LORA_ALPHA, targets)
-        load_adapter_weights(self.peft, name, folder)
+        load_adapter_weights(self._add_adapter(name, meta["rank"], targets), name, folder)
         self._loaded[key] = name
 
     def trim_samplers(self) -> None:

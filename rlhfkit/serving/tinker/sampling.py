@@ -28,7 +28,8 @@ from rlhfkit.serving.tinker.wire import SampleOptions, Sequence, TopK
 
 class SamplingMixin:
     """ModelHost's sampling methods (module docstring). They read the host's `base`, `peft`,
-    `tokenizer`, `images`, `batch_tokens`, `logits`, `_sampling_target` and `trim_samplers`."""
+    `tokenizer`, `images`, `batch_tokens`, `logits`, `max_context_length`, `_sampling_target` and
+    `trim_samplers`."""
 
     def check_prompt(self, prompt: list[int], max_tokens: int = 0) -> None:
         """DataError for a prompt without tokens, a token outside the vocabulary, or a prompt and

@@ -26,3 +26,16 @@ def test_plan_refuses_what_train_rl_refuses(capsys):
                "--train.batch_size", "4", "--train.micro_batch_size", "2", "--plan.num_prompts", "9"])
     assert rc == 2
     assert "must divide" in capsys.readouterr().err
+
+
+def test_plan_refuses_a_label_reward_without_labels_as_train_rl_does(tmp_path, capsys):
+    """builtin:math scores against each prompt's label: without --data.label_key, plan fails as train rl."""
+    model, _ = tiny_model_and_tokenizer(seed=0)
+    model.config.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"input": f"q{i}", "answer": "1"}) + "\n" for i in range(8)))
+    argv = ["plan", "--actor.model_name_or_path", str(tmp_path / "tiny"), "--data.prompt_dataset",
+            str(tmp_path / "p.jsonl"), "--reward.remote_url", "builtin:math", "--rollout.batch_size", "4",
+            "--train.batch_size", "4", "--train.micro_batch_size", "2"]
+    assert main(argv) == 2
+    assert "builtin:math scores each response" in capsys.readouterr().err
+    assert main([*argv, "--data.label_key", "answer"]) == 0
