@@ -17,6 +17,13 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return {"score": float(ground_truth) + bonus, "acc": extra_info["index"] % 2 == 0, "pred": solution_str}
 '''
 
+# verl's custom_reward_function.name: a file with several functions, the one to use named
+NAMED_REWARD = '''
+
+def length_score(data_source, solution_str, ground_truth, extra_info=None):
+    return -float(len(solution_str)) + 10 * (extra_info["index"] == int(ground_truth) - 1)
+'''
+
 
 @pytest.fixture(scope="module")
 def ws(tiny_ws):
@@ -26,6 +33,7 @@ def ws(tiny_ws):
             for i in range(8)]
     pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet")
     (root / "verl_reward.py").write_text(VERL_REWARD)
+    (root / "named.py").write_text(VERL_REWARD + NAMED_REWARD)
     return root
 
 
@@ -59,3 +67,13 @@ def test_a_nested_label_key_that_is_not_there_is_one_line_before_models_load(ws,
                   "train.parquet, record 0: no key 'reward_model.answer' (label_key): reward_model has keys")
     assert "['ground_truth', 'style']" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_reward_function_named_in_the_file_spec_is_the_one_that_scores(ws, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "rl", *flags(ws, out, **{"reward.remote_url": f"{ws / 'named.py'}:length_score"})]) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    # length_score, not the file's compute_score: minus the response's length, plus 10 (each index matches its truth)
+    assert [s["reward"] for s in samples] == [10.0 - len(s["response"]) for s in samples]
+    refuse(["train", "rl", *flags(ws, tmp_path / "bad", **{"reward.remote_url": f"{ws / 'named.py'}:nope"})], capsys,
+           "has no function 'nope' (its functions: compute_score, length_score); give FILE.py:NAME of one of them")
