@@ -69,6 +69,8 @@ def test_a_base_text_env_subclass_from_a_file_plays_through_chat_turns(chat_tok,
         ("system", "Digits only."), ("user", "Count."), ("assistant", "1"), ("user", "not 1"),
         ("assistant", "2")]
     assert t.info["agent_reward"] == pytest.approx(0.25 + 1.0) and t.finish_reason == "stop"
+    assert chat_tok.decode(t.prompt_ids.tolist()) == \
+        "<|im_start|>system\nDigits only.<|im_end|>\n<|im_start|>user\nCount.<|im_end|>\n<|im_start|>assistant\n"
     assert chat_tok.decode(t.response_ids.tolist()) == "1<|im_end|>\n<|im_start|>user\nnot 1<|im_end|>\n" \
         "<|im_start|>assistant\n2<|im_end|>"
     masked = chat_tok.decode([x for x, m in zip(t.response_ids.tolist(), t.loss_mask.tolist()) if not m])
