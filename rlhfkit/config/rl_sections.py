@@ -191,8 +191,9 @@ class RewardConfig:
     """Where rewards come from: a reward function, reward servers or a reward model; shaping."""
 
     remote_url: str | None = None
-    """A Python file defining reward_func(queries, prompts, labels, **kwargs), builtin:NAME, or
-    http(s):// reward server URLs (comma-separated: requests are sharded across them)."""
+    """A Python file defining reward_func(queries, prompts, labels, **kwargs) (or TRL's or verl's contract;
+    FILE.py:NAME names the function, as verl's custom_reward_function.name), builtin:NAME (math, code,
+    reasoning_gym), or http(s):// reward server URLs (comma-separated: requests are sharded across them)."""
     model_name_or_path: str | None = None
     """A reward-model folder from `rlhfkit train rm`; reward = (score - mean) / std from its config. A
     process reward model from `rlhfkit train prm` gives per-step token rewards (estimators gae, reinforce)."""
@@ -233,7 +234,8 @@ class DataConfig:
 
     prompt_dataset: str | None = None
     """Prompts: a .jsonl / .json / .parquet / .csv / .arrow file, a datasets folder (save_to_disk, or a
-    folder of data files), or a hub dataset name (org/name; org/name@dir for a data dir). A local path wins
+    folder of data files), a hub dataset name (org/name; org/name@dir for a data dir), or a reasoning-gym
+    task, reasoning_gym:TASK[:size=N][:seed=S][:OPTION=VALUE] (its entries generated). A local path wins
     over a hub name.
     Several, comma-separated (a.jsonl,b.jsonl): read as one, in order, or mixed by --data.prompt_probs."""
     prompt_probs: str | None = None
@@ -422,9 +424,10 @@ class AgentConfig:
     """Most tokens of one tool result (longer results are cut)."""
     env: str | None = None
     """A text environment for the episodes: gem:ENV_ID (GEM, e.g. gem:game:GuessTheNumber-v0-easy),
-    textarena:ENV_ID (a one-player TextArena game, e.g. textarena:GuessTheNumber-v0), or
-    FILE_OR_MODULE:Class (gymnasium-style: reset(seed=None), step(action) -> observation, reward,
-    terminated, truncated, info). Its observations come back as user turns of the chat template,
+    textarena:ENV_ID (a one-player TextArena game, e.g. textarena:GuessTheNumber-v0), skyrl:ENV_ID (a SkyRL-Gym
+    environment, e.g. skyrl:gsm8k, made per episode with the row as its extras), or FILE_OR_MODULE:Class
+    (gymnasium-style: reset(seed=None), step(action) -> observation, reward, terminated, truncated, info; or a
+    SkyRL-Gym BaseTextEnv subclass). Its observations come back as user turns of the chat template,
     its rewards are the episode's (summed); the row's seed column seeds reset. With --agent.tools too."""
     on_rerender: str = "keep"
     """What tool-calling and text-environment episodes do when the chat template re-renders the

@@ -23,7 +23,8 @@ class ServedReward:
     """What is served: a reward file or a reward model (one of the two)."""
 
     remote_url: str | None = None
-    """A Python file defining reward_func(queries, prompts, labels, **kwargs), or builtin:NAME."""
+    """A Python file defining reward_func(queries, prompts, labels, **kwargs) (FILE.py:NAME names another
+    function), or builtin:NAME."""
     model_name_or_path: str | None = None
     """A reward-model folder from `rlhfkit train rm` (a sequence-classification model, or a reward model over
     images) or a hub name: each query is scored at its last token; or a process reward model's from `rlhfkit

@@ -79,8 +79,8 @@ def reasoning_gym_records(spec: str) -> list[dict[str, Any]]:
         raise ConfigError(f"{spec}: reasoning-gym is not installed: pip install 'rlhfkit[reasoning-gym]'") from exc
     if task not in DATASETS:
         close = difflib.get_close_matches(task, list(DATASETS), n=5)
-        raise ConfigError(f"{spec}: reasoning-gym has no task {task!r}"
-                          + (f"; similar: {', '.join(close)}" if close else f" ({len(DATASETS)} tasks, e.g. leg_counting)"))
+        hint = f"; similar: {', '.join(close)}" if close else f" (it has {len(DATASETS)}, e.g. leg_counting)"
+        raise ConfigError(f"{spec}: reasoning-gym has no task {task!r}{hint}")
     system_name = options.pop("system_prompt")
     if system_name != "none" and system_name not in SYSTEM_PROMPTS:
         raise ConfigError(f"{spec}: system_prompt {system_name!r} is not one of reasoning-gym's "

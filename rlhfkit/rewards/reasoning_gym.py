@@ -60,10 +60,17 @@ def score_response(response: str, entry: Mapping[str, Any], score_answer: Callab
     if answer is None:
         return 0.0
     score = float(score_answer(answer, dict(entry)))
-    oracle = entry["answer"]
-    if score < 1.0 and isinstance(oracle, str) and oracle and oracle in answer and answer != oracle:
-        return 0.0  # containment credit: a dump that holds the right answer among others
-    return score
+    return 0.0 if score < 1.0 and holds_oracle(answer, entry["answer"]) else score
+
+
+def holds_oracle(answer: str, oracle: Any) -> bool:
+    """True when `answer` holds the right answer `oracle` among other text: a dump of candidates, whose
+    credit is taken away (see the module docstring).
+
+    >>> holds_oracle("28 29 30", "30"), holds_oracle("30", "30"), holds_oracle("3", "30")
+    (True, False, False)
+    """
+    return isinstance(oracle, str) and bool(oracle) and oracle in answer and answer != oracle
 
 
 def reasoning_gym_reward(responses: Sequence[str], records: Sequence[Any]) -> RewardOutput:

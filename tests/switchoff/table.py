@@ -288,6 +288,28 @@ def replays_nothing(original):
     return replay_routing
 
 
+
+def no_entries(original):
+    return lambda spec: []
+
+
+def last_tag(original):
+    from reasoning_gym.utils import extract_answer
+
+    return extract_answer
+
+
+def never_holds(original):
+    return lambda answer, oracle: False
+
+
+def observations_dropped(original):
+    return lambda self, obs, method: [] if method == "step" else original(self, obs, method)
+
+
+def unnamed(original):
+    return lambda spec: (spec, None)
+
 STAGES = "tests/unit/trainers/test_stages.py"
 KL = "tests/unit/trainers/test_kl_placement.py"
 OFFPOLICY = "tests/unit/trainers/test_offpolicy.py"
@@ -297,6 +319,8 @@ VLLM = "tests/unit/rollout/test_vllm_colocated.py"
 DYNAMIC = "tests/unit/trainers/test_dynamic_sampling.py"
 DEVICES = "tests/integration/test_devices_and_levers.py"
 AGENTS = "tests/integration/test_agent_loop.py"
+ENVLIBS = "tests/integration/test_env_libraries.py"
+RG_REWARD = "tests/unit/rewards/test_reasoning_gym_reward.py"
 VISION = "tests/unit/rollout/test_vision_engine.py"
 VISION_TOOLS = "tests/unit/agents/test_vision_tools.py"
 VISION_LORA = "tests/unit/models/test_vision_lora.py"
@@ -588,5 +612,30 @@ SWITCH_OFFS = (
               ("tests/integration/test_dropout.py::test_the_update_runs_without_the_configs_dropout_unless_asked[gpt2]",
                "tests/integration/test_dropout.py::test_the_update_runs_without_the_configs_dropout_unless_asked[llama]"),
               "the config's dropout in every update forward"),
+    SwitchOff("reasoning-gym prompts (--data.prompt_dataset reasoning_gym:TASK)",
+              "rlhfkit.data.records:reasoning_gym_records", no_entries,
+              ("tests/unit/data/test_procedural.py::test_leg_counting_entries_by_hand",
+               f"{ENVLIBS}::test_reasoning_gym_prompts_scored_by_the_tasks_own_score_answer"), "no entries"),
+    SwitchOff("builtin:reasoning_gym: exactly one answer tag", "rlhfkit.rewards.reasoning_gym:single_answer", last_tag,
+              (f"{RG_REWARD}::test_single_answer_reads_one_non_empty_tag",
+               f"{RG_REWARD}::test_builtin_reward_scores_leg_counting_with_its_own_score_answer"),
+              "reasoning-gym's extract_answer: the last tag"),
+    SwitchOff("builtin:reasoning_gym: no credit for a dump holding the answer",
+              "rlhfkit.rewards.reasoning_gym:holds_oracle", never_holds,
+              (f"{RG_REWARD}::test_containment_credit_is_taken_away_and_other_partial_credit_kept",
+               f"{RG_REWARD}::test_builtin_reward_scores_leg_counting_with_its_own_score_answer"),
+              "the task's own credit kept"),
+    SwitchOff("SkyRL-Gym observations as chat turns (--agent.env skyrl:ENV_ID)",
+              "rlhfkit.agents.textenv:SkyRLTextEnv._messages", observations_dropped,
+              ("tests/unit/agents/test_textenv_skyrl.py::"
+               "test_a_base_text_env_subclass_from_a_file_plays_through_chat_turns",
+               f"{ENVLIBS}::test_a_skyrl_base_text_env_from_a_file_trains_on_its_turns"),
+              "step's observations dropped: the episode ends"),
+    SwitchOff("a reward file's function named (--reward.remote_url FILE.py:NAME)",
+              "rlhfkit.rewards.resolve:split_function", unnamed,
+              ("tests/unit/rewards/test_reward_loader.py::test_file_colon_name_picks_the_function_of_any_contract",
+               "tests/integration/test_verl_inputs.py::"
+               "test_a_reward_function_named_in_the_file_spec_is_the_one_that_scores"),
+              "FILE.py:NAME read as a path"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}

@@ -50,5 +50,5 @@ def test_entries_of_several_tasks_in_one_batch_and_a_row_that_is_not_an_entry():
     fn = resolve_reward("builtin:reasoning_gym")
     responses = ["<answer>30</answer>", f"<answer>{arith['answer']}</answer>"]
     assert fn(responses, ["", ""], [None, None], responses=responses, records=[legs, arith]).rewards.tolist() == [1, 1]
-    with pytest.raises(RewardError, match=r"sample 0's prompt record is not a reasoning-gym entry .*reasoning_gym:TASK"):
+    with pytest.raises(RewardError, match=r"sample 0's prompt record is not a reasoning-gym entry .*:TASK"):
         fn(["<answer>1</answer>"], [""], [None], responses=["<answer>1</answer>"], records=[{"q": "1+0"}])

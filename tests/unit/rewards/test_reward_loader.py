@@ -211,8 +211,10 @@ def test_file_colon_name_picks_the_function_of_any_contract(tmp_path):
     assert split_function(f"{path}:exact") == (str(path), "exact")
     assert split_function(str(path)) == (str(path), None) and split_function("http://h:80/x") == ("http://h:80/x", None)
     responses = [" 2", " 5"]
-    assert resolve_reward(f"{path}:exact")(QUERIES, PROMPTS, LABELS, responses=responses).rewards.tolist() == [1.0, 0.0]
-    assert resolve_reward(f"{path}:lengths")(QUERIES, PROMPTS, LABELS, responses=responses).rewards.tolist() == [2.0, 2.0]
+    def scores(spec):
+        return resolve_reward(spec)(QUERIES, PROMPTS, LABELS, responses=responses).rewards.tolist()
+
+    assert scores(f"{path}:exact") == [1.0, 0.0] and scores(f"{path}:lengths") == [2.0, 2.0]
     assert resolve_reward(str(path))(QUERIES, PROMPTS, LABELS).rewards.tolist() == [9.0, 9.0]  # reward_func
     with pytest.raises(RewardError, match=r"has no function 'nope' \(its functions: exact, lengths, reward_func\)"):
         resolve_reward(f"{path}:nope")
