@@ -43,19 +43,20 @@ def test_two_tasks_read_as_one_blend():
     assert [r.data["metadata"]["source_dataset"] for r in records] == ["leg_counting"] * 2 + ["basic_arithmetic"]
 
 
-def test_bad_specs_are_one_line_config_errors(monkeypatch):
-    with pytest.raises(ConfigError, match=r"reasoning-gym has no task 'leg_countin'; similar: leg_counting"):
-        read_records("reasoning_gym:leg_countin")
-    with pytest.raises(ConfigError, match=r"leg_counting refused the options \(TypeError: .*'legs'"):
-        read_records("reasoning_gym:leg_counting:legs=3")
-    with pytest.raises(ConfigError, match=r"refused the options \(AssertionError: max_animals must be >= min"):
-        read_records("reasoning_gym:leg_counting:min_animals=4:max_animals=2")
-    with pytest.raises(ConfigError, match=r"size must be a whole number >= 0 \(got 'many'\)"):
-        read_records("reasoning_gym:leg_counting:size=many")
-    with pytest.raises(ConfigError, match=r"'seed' is not KEY=VALUE"):
-        read_records("reasoning_gym:leg_counting:seed")
-    with pytest.raises(ConfigError, match=r"system_prompt 'chatty' is not one of reasoning-gym's"):
-        read_records("reasoning_gym:leg_counting:system_prompt=chatty")
+@pytest.mark.parametrize("spec, message", [
+    ("leg_countin", r"reasoning-gym has no task 'leg_countin'; similar: leg_counting"),
+    ("leg_counting:legs=3", r"leg_counting refused the options \(TypeError: .*'legs'"),
+    ("leg_counting:min_animals=4:max_animals=2", r"refused the options \(AssertionError: max_animals must be >= min"),
+    ("leg_counting:size=many", r"size must be a whole number >= 0 \(got 'many'\)"),
+    ("leg_counting:seed", r"'seed' is not KEY=VALUE"),
+    ("leg_counting:system_prompt=chatty", r"system_prompt 'chatty' is not one of reasoning-gym's"),
+])
+def test_bad_specs_are_one_line_config_errors(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        read_records(f"reasoning_gym:{spec}")
+
+
+def test_without_reasoning_gym_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # as if not installed
     with pytest.raises(ConfigError, match=r"reasoning-gym is not installed: pip install 'rlhfkit\[reasoning-gym\]'"):
         read_records("reasoning_gym:leg_counting")
