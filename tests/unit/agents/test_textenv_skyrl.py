@@ -76,7 +76,7 @@ def test_a_base_text_env_subclass_from_a_file_plays_through_chat_turns(chat_tok,
     masked = chat_tok.decode([x for x, m in zip(t.response_ids.tolist(), t.loss_mask.tolist()) if not m])
     assert masked == "\n<|im_start|>user\nnot 1<|im_end|>\n<|im_start|>assistant\n"  # the observation: no loss
     closed = [m for name, m in sys.modules.items() if name.startswith("rlhfkit_environment_file_envs")]
-    assert any(m.CLOSED == [2] for m in closed)  # close() ran once, when the episode was done
+    assert any(getattr(m, "CLOSED", None) == [2] for m in closed)  # close() ran once, when the episode was done
 
 
 def test_each_episode_gets_its_own_environment_made_from_its_row(chat_tok, scripted, tmp_path):
