@@ -23,6 +23,8 @@ Adapters, each a `TextEnvFactory` (one new environment per episode):
                         extras=the row)`; `init(prompt messages)` gives the prompt, `step(action)`
                         a dict whose `observations` are chat messages (see `SkyRLTextEnv`)
   skyrl_class_env(cls)  a `BaseTextEnv` subclass of the user's, made the same way
+  openenv_env(url)      OpenEnv (`pip install openenv-core`): a running server's session per episode,
+                        through its client's `reset` / `step` (see `OpenEnvTextEnv`)
 
 The row's `seed` column (else an integer label) seeds `reset`, so a held-out set of seeds is
 the same episodes every time; rows without one get the library's own randomness. Rewards are
@@ -36,6 +38,7 @@ works, and only the new tokens are appended (never a re-tokenized history).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -82,6 +85,9 @@ class GymTextEnv:
                               f"truncated, info), got {type(out).__name__}")
         obs, reward, *flags, _info = out
         return self._text(obs, "step"), _reward(reward, self.name), any(bool(f) for f in flags)
+
+    async def close(self) -> None:
+        """Called once the episode is over (done or cut); the library's environment needs nothing here."""
 
     def _text(self, obs: Any, method: str) -> str:
         if obs is None:
@@ -130,9 +136,9 @@ class SkyRLTextEnv(GymTextEnv):
     `env_class`) as its `extras` (where SkyRL's datasets keep `reward_spec`, `extra_info`, ...);
     `init(prompt)` gets the prompt's messages and returns the ones the model sees first; `step(action)`
     returns {"observations": [messages], "reward", "done", "metadata"}, its observations rendered by
-    the chat template and its rewards summed; `close()` runs when the episode is done. Departures: a
-    `postprocessed_action` is not applied (training keeps the tokens the model sampled), and an empty
-    observation list ends the episode (there is no new turn to render).
+    the chat template and its rewards summed; `close()` runs when the episode is over (done or cut).
+    Departures: a `postprocessed_action` is not applied (training keeps the tokens the model sampled),
+    and an empty observation list ends the episode (there is no new turn to render).
     """
 
     def __init__(self, make: Callable[[dict], Any], name: str):
@@ -150,10 +156,13 @@ class SkyRLTextEnv(GymTextEnv):
         if not isinstance(out, Mapping) or "reward" not in out or "done" not in out:
             raise RewardError(f"environment {self.name}: step() must return a dict with observations, reward and "
                               f"done (BaseTextEnvStepOutput), got {type(out).__name__}")
-        done = bool(out["done"])
-        if done:
-            await self._guard("close", self.env.close)
-        return self._messages(out.get("observations") or [], "step"), _reward(out["reward"], self.name), done
+        obs = self._messages(out.get("observations") or [], "step")
+        return obs, _reward(out["reward"], self.name), bool(out["done"])
+
+    async def close(self) -> None:
+        if self.env is not None:
+            env, self.env = self.env, None
+            await self._guard("close", env.close)
 
     def _messages(self, obs: Any, method: str) -> list[dict]:
         if not isinstance(obs, (list, tuple)) or not all(
@@ -162,6 +171,49 @@ class SkyRLTextEnv(GymTextEnv):
             raise RewardError(f"environment {self.name}: {method}() must give a list of chat messages "
                               f"({{'role': ..., 'content': str}}), got {type(obs).__name__}")
         return [dict(m) for m in obs]
+
+
+OBSERVATION_TEXT_FIELDS = ("prompt", "message", "echoed_message", "text")
+"""The observation fields an OpenEnv text environment's turn is read from, the first that holds text."""
+
+
+class OpenEnvTextEnv(GymTextEnv):
+    """The `TextEnv` protocol over an OpenEnv client (`EnvClient`: async `reset`, `step`, `close` over the
+    server's websocket), one client (one server session) per episode.
+
+    `reset(seed=)` with the row's seed; each action is `action(text)` (default `{"message": text}`, the
+    field of OpenEnv's text environments, for `GenericEnvClient`); each turn's text is
+    `observation(obs)` (default: the first of `OBSERVATION_TEXT_FIELDS` that holds a str); the step's
+    `reward` (None counts 0) and `done` are the result's. The session is closed when the episode is over.
+    """
+
+    def __init__(self, env: Any, name: str, action: Callable[[str], Any] | None = None,
+                 observation: Callable[[Any], str] | None = None):
+        super().__init__(env, name)
+        self.action = action or (lambda text: {"message": text})
+        self.observation = observation or self._default_text
+
+    async def reset(self, row: Mapping | None, messages: list[dict] | None = None) -> str | list[dict]:
+        seed = row_seed(row)
+        result = await self._guard("reset", self.env.reset, **({"seed": seed} if seed is not None else {}))
+        return self._text(self.observation(result.observation), "reset")
+
+    async def step(self, action: str) -> tuple[str, float, bool]:
+        result = await self._guard("step", self.env.step, self.action(action))
+        reward = 0.0 if result.reward is None else _reward(result.reward, self.name)
+        return self._text(self.observation(result.observation), "step"), reward, bool(result.done)
+
+    async def close(self) -> None:
+        await self._guard("close", self.env.close)
+
+    def _default_text(self, obs: Any) -> str:
+        fields = obs if isinstance(obs, Mapping) else getattr(obs, "__dict__", {})
+        for key in OBSERVATION_TEXT_FIELDS:
+            if isinstance(fields.get(key), str):
+                return fields[key]
+        raise RewardError(f"environment {self.name}: its observation has none of the text fields "
+                          f"{', '.join(OBSERVATION_TEXT_FIELDS)} (it has {', '.join(map(str, fields)) or 'none'}); "
+                          "give openenv_env(..., observation=FUNCTION) from Python")
 
 
 def _reward(value: Any, name: str) -> float:
@@ -177,7 +229,7 @@ class TextEnvFactory:
 
     make: Callable[[], Any]
     name: str
-    wrap: type[GymTextEnv] = GymTextEnv
+    wrap: Callable[[Any, str], GymTextEnv] = GymTextEnv
 
     def __call__(self) -> GymTextEnv:
         try:
@@ -248,6 +300,18 @@ def is_skyrl_class(obj: Any) -> bool:
     return inspect.isclass(obj) and any(c.__module__.split(".")[0] == "skyrl_gym" for c in obj.__mro__[1:])
 
 
+def openenv_env(client: str | Callable[[], Any], action: Callable[[str], Any] | None = None,
+                observation: Callable[[Any], str] | None = None) -> TextEnvFactory:
+    """An OpenEnv environment: `client` is a running server's URL (local, a container or a Space; driven by
+    `GenericEnvClient`) or a function making a typed client (e.g. `lambda: EchoEnv(base_url=URL)`);
+    `action` and `observation` map text to the env's action and its observation to text
+    (`OpenEnvTextEnv`)."""
+    core = _library("openenv.core", "openenv-core", "openenv")
+    make = (lambda: core.GenericEnvClient(base_url=client)) if isinstance(client, str) else client
+    name = f"openenv:{client}" if isinstance(client, str) else getattr(client, "__qualname__", "openenv")
+    return TextEnvFactory(make, name, functools.partial(OpenEnvTextEnv, action=action, observation=observation))
+
+
 def _env_config(env_config: Mapping | None) -> Any:
     """SkyRL's environments read their config as an omegaconf DictConfig (attribute access)."""
     from omegaconf import OmegaConf
@@ -256,7 +320,7 @@ def _env_config(env_config: Mapping | None) -> Any:
 
 
 LIBRARIES: dict[str, Callable[[str], TextEnvFactory]] = {"gem": gem_env, "textarena": textarena_env,
-                                                         "skyrl": skyrl_env}
+                                                         "skyrl": skyrl_env, "openenv": openenv_env}
 """`--agent.env LIBRARY:ENV_ID` adapters."""
 
 

@@ -110,3 +110,25 @@ def test_skyrl_gsm8k_reads_the_rows_reward_spec(ws, tmp_path):
         truth = str(int(re.search(r"What is (\d+)", s["messages"][0]["content"]).group(1)) + 1)
         hit = re.search(r"#### (\-?[0-9\.\,]+)", action)
         assert s["reward"] == float(hit is not None and hit.group(1).replace(",", "") == truth)
+
+
+def test_an_openenv_server_trains_through_its_sessions(ws, tmp_path):
+    pytest.importorskip("openenv.core", reason="openenv-core is not installed (rlhfkit[openenv])")
+    from tests.unit.agents.openenv_server import guess_server
+
+    rows = [{"q": "Play.", "seed": k} for k in range(8)]
+    (tmp_path / "seeds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with guess_server(max_sessions=4) as url:  # rollout.batch_size x n_samples_per_prompt episodes at once
+        run = flags(ws, tmp_path / "run", **{"data.prompt_dataset": tmp_path / "seeds.jsonl", "data.input_key": "q",
+                                              "data.label_key": "seed", "agent.env": f"openenv:{url}",
+                                              "agent.max_turns": 3, "agent.max_response_tokens": 600})
+        assert main(run) == 0
+    _, samples = trained(tmp_path / "run")
+    for s in samples:  # the server's own game: 1 for saying the seed's digit within three tries
+        msgs = s["messages"]
+        assert msgs[0]["content"] == "Play.\n\nGuess my digit."
+        # the environment gets the turn's text without special tokens
+        said = [re.sub(r"<pad>|<unk>", "", m["content"]).strip() for m in msgs if m["role"] == "assistant"]
+        heard = [m["content"] for m in msgs[1:] if m["role"] == "user"]
+        assert heard == [f"not {a}" for a in said[:len(heard)]]  # each wrong try is answered by the server
+        assert s["reward"] == float(str(int(s["label"]) % 10) in said)

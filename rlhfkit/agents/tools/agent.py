@@ -259,6 +259,8 @@ class ToolExecutor:
             end_episodes(engine, [id(e) for e in episodes])
         for e in episodes:
             e.truncated = e.truncated or not e.done
+            if e.text_env is not None:  # its resources (a connection, a SkyRL environment's close) go
+                await e.text_env.close()
             if e.env is not None and self.provides_rewards:
                 e.reward = await environment_reward(e.env)
         self.env_errors.check(len(episodes))
