@@ -425,7 +425,8 @@ class AgentConfig:
     env: str | None = None
     """A text environment for the episodes: gem:ENV_ID (GEM, e.g. gem:game:GuessTheNumber-v0-easy),
     textarena:ENV_ID (a one-player TextArena game, e.g. textarena:GuessTheNumber-v0), skyrl:ENV_ID (a SkyRL-Gym
-    environment, e.g. skyrl:gsm8k, made per episode with the row as its extras), or FILE_OR_MODULE:Class
+    environment, e.g. skyrl:gsm8k, made per episode with the row as its extras), openenv:URL (an OpenEnv
+    environment server, a session per episode), or FILE_OR_MODULE:Class
     (gymnasium-style: reset(seed=None), step(action) -> observation, reward, terminated, truncated, info; or a
     SkyRL-Gym BaseTextEnv subclass). Its observations come back as user turns of the chat template,
     its rewards are the episode's (summed); the row's seed column seeds reset. With --agent.tools too."""
