@@ -133,7 +133,7 @@ class SkyRLTextEnv(GymTextEnv):
     """The `TextEnv` protocol over a SkyRL-Gym `BaseTextEnv`; `env` is a function of the row making it.
 
     As SkyRL's generator runs one: the environment is made per episode with the row's columns (but
-    `env_class`) as its `extras` (where SkyRL's datasets keep `reward_spec`, `extra_info`, ...);
+    `prompt` and `env_class`) as its `extras` (where SkyRL's datasets keep `reward_spec`, `extra_info`, ...);
     `init(prompt)` gets the prompt's messages and returns the ones the model sees first; `step(action)`
     returns {"observations": [messages], "reward", "done", "metadata"}, its observations rendered by
     the chat template and its rewards summed; `close()` runs when the episode is over (done or cut).
@@ -146,7 +146,7 @@ class SkyRLTextEnv(GymTextEnv):
         self.make = make
 
     async def reset(self, row: Mapping | None, messages: list[dict] | None = None) -> str | list[dict]:
-        extras = {k: v for k, v in (row or {}).items() if k != "env_class"}
+        extras = {k: v for k, v in (row or {}).items() if k not in ("prompt", "env_class")}
         self.env = await self._guard("__init__", self.make, extras)
         out = await self._guard("init", self.env.init, [dict(m) for m in messages or []])
         return self._messages(out[0] if isinstance(out, tuple) else out, "init")

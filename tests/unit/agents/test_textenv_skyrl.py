@@ -26,6 +26,7 @@ class Countdown(BaseTextEnv):
 
     def __init__(self, env_config=None, extras={}):
         super().__init__()
+        assert "prompt" not in extras and "env_class" not in extras, "SkyRL passes neither"
         self.target, self.bonus = extras["target"], env_config.get("bonus", 0.0)
 
     def init(self, prompt):
@@ -61,7 +62,7 @@ def run(factory, chat_tok, scripted, prompts, policy=count_up, turns=4):
 def test_a_base_text_env_subclass_from_a_file_plays_through_chat_turns(chat_tok, scripted, tmp_path):
     (tmp_path / "envs.py").write_text(ENV)
     factory = load_text_env(f"{tmp_path / 'envs.py'}:Countdown")
-    ex, (t,) = run(factory, chat_tok, scripted, [P("Count.", {"target": 2, "env_class": "ignored"})])
+    ex, (t,) = run(factory, chat_tok, scripted, [P("Count.", {"target": 2, "env_class": "x", "prompt": "Count."})])
     assert ex.provides_rewards
     msgs = t.info["messages"]
     # init's messages are the prompt; the wrong guess's observation is a user turn; the right one ends it
