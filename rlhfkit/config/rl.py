@@ -70,6 +70,7 @@ from rlhfkit.config.rl_sections import (
     RewardConfig,
     RolloutConfig,
 )
+from rlhfkit.config.verl import HYDRA_FLAGS, verl_values
 
 __all__ = [
     "ADAM_RANGES", "ADVANTAGE_ESTIMATORS", "AUTOCASTS", "BACKENDS", "CODE_SANDBOXES", "DEVICE_NAMES", "DTYPES",
@@ -107,8 +108,9 @@ class RLConfig:
 
     @classmethod
     def from_args(cls, argv: list[str]) -> RLConfig:
-        """Parse the CLI's flags (dotted names, OpenRLHF's flat names, --config FILE.yaml) and validate."""
-        cfg = parse_config(cls, list(argv), aliases=RL_ALIASES)
+        """Parse the CLI's flags (dotted names, OpenRLHF's flat names, --config FILE.yaml, verl's `key=value`
+        overrides) and validate."""
+        cfg = parse_config(cls, list(argv), aliases=RL_ALIASES, positional=verl_values)
         validate(cfg)
         return cfg
 
@@ -117,6 +119,7 @@ class RLConfig:
 # config/openrlhf.py), and earlier names of our own flags.
 RL_ALIASES: dict[str, str | Alias] = {
     **RL_FLAGS,
+    **HYDRA_FLAGS,
     "rollout.dynamic_filtering": "algo.dynamic_filtering_enable",
     "algo.overlong_buffer_len": "reward.overlong_buffer_len",
     "algo.overlong_penalty_factor": "reward.overlong_penalty_factor",
