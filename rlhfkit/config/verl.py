@@ -57,7 +57,7 @@ from rlhfkit.errors import ConfigError
 
 log = logging.getLogger("rlhfkit")
 A, RO, M, R = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model.", "reward_model."
-OFF = ("false", "False", "null", "none", "None")
+OFF = ("false", "none")  # hydra_value's False and null
 
 
 # ------------------------------------------------------------------ notes shared by many keys
@@ -382,7 +382,6 @@ VERL_RL_PATTERNS: dict[str, Alias] = {
     "reward_manager.*": notice("ignored: verl's reward-manager plumbing", 1),
     "data.apply_chat_template_kwargs*": refuse("rlhfkit renders the chat template without extra arguments",
                                                harmless=("{}",)),
-    "global_profiler.*": notice(PROFILER, 1),
     "transfer_queue.*": notice("ignored: verl's data transfer queue", 1),
     "ray_kwargs.*": notice("ignored: rlhfkit starts Ray itself with --distributed.backend ray", 1),
 }
