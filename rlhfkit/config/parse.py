@@ -290,6 +290,10 @@ def resolve_alias(name: str, rule: Alias, vals: list, given: Mapping[str, list],
     if rule.convert is not None:
         try:
             return rule.convert([str(v) for v in vals], given)
+        except ConfigError as e:  # another tool's `key=value` override: its converter's message after the key
+            if dashes or str(e).startswith(name):
+                raise
+            raise ConfigError(f"{name}: {e}") from None
         except (ValueError, TypeError, IndexError):
             raise ConfigError(f"{name}: cannot read {' '.join(map(str, vals))!r} (or a flag it depends "
                               "on) as a number") from None

@@ -419,12 +419,12 @@ def verl_items(tokens: list[str]) -> list[tuple[str, Alias, list[str]]]:
     """verl's overrides `KEY=VALUE` (Hydra's `+KEY=VALUE`, `++KEY=VALUE` too) as parse.read_flags' items."""
     items = []
     for tok in tokens:
+        if tok.startswith("~"):
+            raise ConfigError(f"{tok}: Hydra's key deletion is not read; drop the key")
         key, eq, raw = tok.partition("=")
         if not eq or not key:
             raise ConfigError(f"unexpected argument {tok!r}: flags look like --section.name VALUE, verl's overrides "
                               "like key.name=VALUE")
-        if key.startswith("~"):
-            raise ConfigError(f"{tok}: Hydra's key deletion is not read; drop the key")
         key = key.lstrip("+")
         items.append((key, verl_rule(key), [hydra_value(raw)]))
     return items

@@ -66,8 +66,8 @@ def same_as_actor(actor_key: str, default: str):
     def convert(vals, given):
         theirs = flag_value(given, actor_key, default)
         if vals[0] != "none" and vals[0] != theirs:
-            raise ConfigError(f"{vals[0]}: rlhfkit updates the critic on the actor's mini-batches and epochs; set "
-                              f"{actor_key} ({theirs}) instead")
+            raise ConfigError(f"{vals[0]} differs from {actor_key} ({theirs}): rlhfkit updates the critic on the "
+                              "actor's mini-batches and epochs; set only the actor's")
         return {}
     return convert
 
