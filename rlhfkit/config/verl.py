@@ -435,7 +435,10 @@ def verl_values(tokens: list[str], table: dict[str, Any], flags: Mapping[str, An
     the default reward); `flags`: what rlhfkit's own flags set, which win (a warning names each field both set)."""
     base = verl_items(list(VERL_DEFAULTS))
     defaults = apply_flags(base, table, dashes="")
-    values = {**VERL_DATA, **apply_flags(base + verl_items(tokens), table, dashes="")}
+    given = verl_items(tokens)
+    if "rollout.n_samples_per_prompt" in flags:  # verl's mini-batch arithmetic with the n that runs
+        given.append((RO + "n", verl_rule(RO + "n"), [str(flags["rollout.n_samples_per_prompt"])]))
+    values = {**VERL_DATA, **apply_flags(base + given, table, dashes="")}
     by_user = {k: v for k, v in values.items() if k not in VERL_DATA and defaults.get(k, values) != v}
     if not any(k in values or k in flags for k in ("reward.remote_url", "reward.model_name_or_path")) and \
             "agent.func_path" not in flags:

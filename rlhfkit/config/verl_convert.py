@@ -209,7 +209,7 @@ def files(field: str, single: bool = False):
     def convert(vals, given):
         if single and "," in vals[0]:
             raise ConfigError(f"{vals[0]}: rlhfkit evaluates on one dataset (--{field}); pass one file")
-        return {field: vals[0].replace("$HOME", "~")}
+        return {field: vals[0]}
     return convert
 
 

@@ -174,6 +174,11 @@ def test_rlhfkit_flags_win_with_a_warning(caplog):
     assert "--train.batch_size 4 wins over the verl overrides' 8" in caplog.text
 
 
+def test_mini_batch_counts_the_samples_of_the_n_that_runs():
+    cfg = parse(A + "ppo_mini_batch_size=2", "--rollout.n_samples_per_prompt", "4")
+    assert (cfg.rollout.n_samples_per_prompt, cfg.train.batch_size) == (4, 8)
+
+
 def test_noticed_keys_log_one_line(caplog):
     with caplog.at_level("WARNING", logger="rlhfkit"):
         parse("trainer.nnodes=2", "--config-name=ppo_megatron_trainer")
