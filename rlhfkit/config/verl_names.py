@@ -1,6 +1,7 @@
-"""The leaf keys of verl's PPO trainer config (names only; what rlhfkit does with each is in config/verl.py).
+"""The leaf keys of verl's PPO and SFT trainer configs (names only; what rlhfkit does with each is in config/verl.py).
 Read from verl's verl/trainer/config/_generated_ppo_trainer.yaml (FSDP, the default) and
-_generated_ppo_megatron_trainer.yaml (`--config-name ppo_megatron_trainer`), verl's main branch of January 2026.
+_generated_ppo_megatron_trainer.yaml (`--config-name ppo_megatron_trainer`), and sft_trainer.yaml with its optim
+group (optim/fsdp.yaml) for `verl.trainer.fsdp_sft_trainer`; verl's main branch of January 2026.
 """
 VERL_PPO_KEYS = tuple("""
     actor_rollout_ref.actor._target_ actor_rollout_ref.actor.calculate_entropy
@@ -351,4 +352,23 @@ VERL_MEGATRON_KEYS = tuple("""
     reward_model.megatron.use_mbridge reward_model.megatron.use_remove_padding
     reward_model.megatron.vanilla_mbridge reward_model.megatron.virtual_pipeline_model_parallel_size
     reward_model.nccl_timeout
+""".split())
+VERL_SFT_KEYS = tuple("""
+    data.apply_chat_template_kwargs data.balance_dp_token data.chat_template data.custom_cls.name
+    data.custom_cls.path data.max_length data.micro_batch_size data.micro_batch_size_per_gpu
+    data.multiturn.enable data.multiturn.enable_thinking_key data.multiturn.messages_key
+    data.multiturn.tools_key data.prompt_dict_keys data.prompt_key data.response_dict_keys data.response_key
+    data.train_batch_size data.train_files data.train_max_samples data.truncation data.use_shm data.val_files
+    data.val_max_samples model.enable_gradient_checkpointing model.external_lib model.fsdp_config.cpu_offload
+    model.fsdp_config.model_dtype model.fsdp_config.offload_params model.fsdp_config.wrap_policy.min_num_params
+    model.lora_alpha model.lora_rank model.partial_pretrain model.strategy model.target_modules
+    model.trust_remote_code model.use_liger model.use_shm optim._target_ optim.betas optim.clip_grad optim.lr
+    optim.lr_scheduler optim.lr_scheduler_type optim.lr_warmup_steps optim.lr_warmup_steps_ratio
+    optim.min_lr_ratio optim.num_cycles optim.optimizer optim.optimizer_impl optim.override_optimizer_config
+    optim.total_training_steps optim.warmup_style optim.weight_decay trainer.checkpoint.load_contents
+    trainer.checkpoint.save_contents trainer.default_hdfs_dir trainer.default_local_dir trainer.device
+    trainer.experiment_name trainer.logger trainer.max_ckpt_to_keep trainer.n_gpus_per_node trainer.nnodes
+    trainer.project_name trainer.resume_from_path trainer.resume_mode trainer.save_freq trainer.seed
+    trainer.test_freq trainer.total_epochs trainer.total_training_steps ulysses_sequence_parallel_size
+    use_remove_padding
 """.split())
