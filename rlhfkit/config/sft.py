@@ -23,7 +23,7 @@ from rlhfkit.config.checks import (
     require,
 )
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
-from rlhfkit.config.parse import Alias, parse_config
+from rlhfkit.config.parse import Alias, Positional, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
 from rlhfkit.config.rl import (
     ADAM_RANGES,
@@ -40,6 +40,7 @@ from rlhfkit.config.rl import (
     LoraConfig,
     MuonConfig,
 )
+from rlhfkit.config.verl_sft import verl_sft_values
 
 log = logging.getLogger("rlhfkit")
 
@@ -222,6 +223,8 @@ class SupervisedConfig:
 
     ALIASES: ClassVar[dict[str, str | Alias]] = {}
     """The command's OpenRLHF flags (config/openrlhf.py), besides OWN_ALIASES."""
+    OVERRIDES: ClassVar[Positional | None] = None
+    """Another tool's `key=value` overrides the command reads (verl's for train sft: config/verl_sft.py)."""
 
     @staticmethod
     def check(cfg):
@@ -232,7 +235,8 @@ class SupervisedConfig:
     def from_args(cls, argv: list[str]):
         """The validated config of the command's flags (dotted flags, OpenRLHF's flat aliases,
         `--config FILE.yaml`); ConfigError on an unknown flag or a bad value."""
-        return cls.check(parse_config(cls, list(argv), aliases={**cls.ALIASES, **OWN_ALIASES}))
+        return cls.check(parse_config(cls, list(argv), aliases={**cls.ALIASES, **OWN_ALIASES},
+                                      positional=cls.OVERRIDES))
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,7 @@ class SFTConfig(SupervisedConfig):
 
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
     ALIASES: ClassVar[dict[str, str | Alias]] = SFT_ALIASES
+    OVERRIDES: ClassVar[Positional | None] = staticmethod(verl_sft_values)
 
     @staticmethod
     def check(cfg: SFTConfig) -> SFTConfig:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rlhfkit.config.openrlhf import conv, notice, refuse, to
@@ -56,6 +56,7 @@ from rlhfkit.config.verl_names import VERL_MEGATRON_KEYS, VERL_PPO_KEYS
 from rlhfkit.errors import ConfigError
 
 log = logging.getLogger("rlhfkit")
+Item = tuple[str, Alias, list[str]]
 A, RO, M, R = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model.", "reward_model."
 OFF = ("false", "none")  # hydra_value's False and null
 
@@ -74,6 +75,8 @@ TARGET = "ignored: Hydra's class path of a config section"
 PADDING = "ignored: rlhfkit pads its micro-batches (same result as removing the padding)"
 KERNEL = "ignored: a kernel choice of verl's workers; rlhfkit uses the kernels transformers picks (same math)"
 CKPT = "ignored: rlhfkit's checkpoints hold the model, optimizer and schedule, RNG and data position"
+LOGGERS = ("with wandb in trainer.logger: `--logger.wandb.project`, `--logger.wandb.name`; console and TensorBoard "
+           "are always on")
 MEGATRON_LORA = ("Megatron's LoRA is not used: set actor_rollout_ref.model.lora_rank, lora_alpha and target_modules "
                  "(peft LoRA, --ds.lora.*)")
 
@@ -312,8 +315,7 @@ _rule("algorithm.pf_ppo.reweight_method algorithm.pf_ppo.weight_pow",
 _rule("trainer.total_epochs", to("train.num_episodes", note="passes over the prompt data"))
 _rule("trainer.total_training_steps", to("train.max_steps"))
 _rule("trainer.project_name trainer.experiment_name trainer.logger",
-      conv(loggers, "with wandb in trainer.logger: `--logger.wandb.project`, `--logger.wandb.name`; console and "
-                     "TensorBoard are always on"))
+      conv(loggers("verl_examples", "gsm8k"), LOGGERS))
 _rule("trainer.save_freq", to("ckpt.save_steps", note="-1: only the final model"))
 _rule("trainer.test_freq", to("eval.steps", note="-1: before and after training"))
 _rule("trainer.default_local_dir", to("ckpt.output_dir"))
@@ -401,21 +403,25 @@ VERL_DATA = {"data.apply_chat_template": "true", "data.label_key": "reward_model
 DEFAULT_REWARD = "builtin:math"
 
 
-def verl_rule(key: str) -> Alias:
-    """The rule of verl's override `key` (without Hydra's + prefixes); an unknown key is a ConfigError naming the
-    closest known key."""
-    if key in VERL_RL_RULES:
-        return VERL_RL_RULES[key]
-    for pattern, rule in VERL_RL_PATTERNS.items():
+def find_rule(key: str, rules: Mapping[str, Alias], patterns: Mapping[str, Alias], known: Iterable[str]) -> Alias:
+    """The rule of an override `key` (without Hydra's + prefixes): its own in `rules`, else the first of `patterns`
+    that matches; an unknown key is a ConfigError naming the closest of `known`."""
+    if key in rules:
+        return rules[key]
+    for pattern, rule in patterns.items():
         if fnmatch.fnmatchcase(key, pattern):
             return rule
-    known = sorted({*VERL_PPO_KEYS, *VERL_MEGATRON_KEYS, *VERL_RL_RULES})
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key, sorted({*known, *rules}), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else ""
     raise ConfigError(f"unknown verl override {key}{hint}")
 
 
-def verl_items(tokens: list[str]) -> list[tuple[str, Alias, list[str]]]:
+def verl_rule(key: str) -> Alias:
+    """The rule of verl's PPO override `key`."""
+    return find_rule(key, VERL_RL_RULES, VERL_RL_PATTERNS, VERL_PPO_KEYS + VERL_MEGATRON_KEYS)
+
+
+def override_items(tokens: list[str], rule_of: Callable[[str], Alias] = verl_rule) -> list[Item]:
     """verl's overrides `KEY=VALUE` (Hydra's `+KEY=VALUE`, `++KEY=VALUE` too) as parse.read_flags' items."""
     items = []
     for tok in tokens:
@@ -426,28 +432,35 @@ def verl_items(tokens: list[str]) -> list[tuple[str, Alias, list[str]]]:
             raise ConfigError(f"unexpected argument {tok!r}: flags look like --section.name VALUE, verl's overrides "
                               "like key.name=VALUE")
         key = key.lstrip("+")
-        items.append((key, verl_rule(key), [hydra_value(raw)]))
+        items.append((key, rule_of(key), [hydra_value(raw)]))
     return items
 
 
-def verl_values(tokens: list[str], table: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
-    """{our dotted name: raw value} of verl's overrides `tokens` over verl's defaults (VERL_DEFAULTS, VERL_DATA,
-    the default reward); `flags`: what rlhfkit's own flags set, which win (a warning names each field both set)."""
-    base = verl_items(list(VERL_DEFAULTS))
+def layered(base: list[Item], given: list[Item], table: dict[str, Any], flags: Mapping[str, Any],
+            data: Mapping[str, str]) -> dict[str, Any]:
+    """{our dotted name: raw value}: `data` < verl's defaults `base` < the user's overrides `given`; a warning
+    names each field that rlhfkit's own `flags` (which win, in parse_config) set to another value."""
     defaults = apply_flags(base, table, dashes="")
-    given = verl_items(tokens)
+    values = {**data, **apply_flags(base + given, table, dashes="")}
+    by_user = {k: v for k, v in values.items() if k not in data and defaults.get(k, values) != v}
+    for name in sorted(set(by_user) & set(flags)):
+        if str(by_user[name]) != str(flags[name]):
+            log.warning("--%s %s wins over the verl overrides' %s", name, flags[name], by_user[name])
+    return values
+
+
+def verl_values(tokens: list[str], table: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
+    """`train rl`'s values of verl's overrides `tokens` over verl's defaults (VERL_DEFAULTS, VERL_DATA, the default
+    reward); `flags`: what rlhfkit's own flags set."""
+    given = override_items(tokens)
     if "rollout.n_samples_per_prompt" in flags:  # verl's mini-batch arithmetic with the n that runs
         given.append((RO + "n", verl_rule(RO + "n"), [str(flags["rollout.n_samples_per_prompt"])]))
-    values = {**VERL_DATA, **apply_flags(base + given, table, dashes="")}
-    by_user = {k: v for k, v in values.items() if k not in VERL_DATA and defaults.get(k, values) != v}
+    values = layered(override_items(list(VERL_DEFAULTS)), given, table, flags, VERL_DATA)
     if not any(k in values or k in flags for k in ("reward.remote_url", "reward.model_name_or_path")) and \
             "agent.func_path" not in flags:
         log.warning("verl's default reward (verl.utils.reward_score by data_source): rlhfkit scores with %s "
                     "(GSM8K and MATH answers); set custom_reward_function.path for other data", DEFAULT_REWARD)
         values["reward.remote_url"] = DEFAULT_REWARD
-    for name in sorted(set(by_user) & set(flags)):
-        if str(by_user[name]) != str(flags[name]):
-            log.warning("--%s %s wins over the verl overrides' %s", name, flags[name], by_user[name])
     return values
 
 

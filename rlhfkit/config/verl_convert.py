@@ -192,17 +192,37 @@ def overlong(vals, given):
             "reward.overlong_penalty_factor": flag_value(given, cfg + "penalty_factor", "1.0")}
 
 
-def loggers(vals, given):
-    """trainer.logger: wandb logs to trainer.project_name / experiment_name; console and tensorboard are
-    always on in rlhfkit."""
-    names = (flag_value(given, "trainer.logger", "console,wandb") or "").split(",")
-    unknown = [n for n in names if n and n not in ("console", "wandb", "tensorboard")]
-    if unknown:
-        raise ConfigError(f"trainer.logger={','.join(unknown)}: rlhfkit logs to console, TensorBoard and wandb")
-    if "wandb" not in names:
+def loggers(project: str, experiment: str):
+    """trainer.logger: wandb logs to trainer.project_name / experiment_name (verl's defaults `project`,
+    `experiment`); console and tensorboard are always on in rlhfkit."""
+    def convert(vals, given):
+        names = (flag_value(given, "trainer.logger", "console,wandb") or "").split(",")
+        unknown = [n for n in names if n and n not in ("console", "wandb", "tensorboard")]
+        if unknown:
+            raise ConfigError(f"trainer.logger={','.join(unknown)}: rlhfkit logs to console, TensorBoard and wandb")
+        if "wandb" not in names:
+            return {}
+        return {"logger.wandb.project": flag_value(given, "trainer.project_name", project),
+                "logger.wandb.name": flag_value(given, "trainer.experiment_name", experiment)}
+    return convert
+
+
+def nested_key(field: str, key: str, default: str):
+    """verl SFT's column `key` and its `*_dict_keys` path inside it as one dotted key (extra_info.question)."""
+    def convert(vals, given):
+        if flag_on(given, "data.multiturn.enable"):
+            return {}
+        path = flag_value(given, f"{key[:-4]}_dict_keys")
+        column = flag_value(given, key, default)
+        return {field: ".".join([column, *(path.split(",") if path else [])])}
+    return convert
+
+
+def multiturn(vals, given):
+    """verl SFT's multi-turn data: the messages column is the input; every assistant turn is a target."""
+    if not flag_on(given, "data.multiturn.enable"):
         return {}
-    return {"logger.wandb.project": flag_value(given, "trainer.project_name", "verl_examples"),
-            "logger.wandb.name": flag_value(given, "trainer.experiment_name", "gsm8k")}
+    return {"data.input_key": flag_value(given, "data.multiturn.messages_key", "messages"), "data.output_key": "none"}
 
 
 def files(field: str, single: bool = False):
