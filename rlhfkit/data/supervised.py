@@ -215,8 +215,8 @@ def select_records(source: Source, keys: dict[str, str | None], max_samples: int
     records = read_records(source, split, config, data_dir)
     for record in records:
         for flag, key in keys.items():
-            if key is not None and key not in record.data:
-                record.data[key] = label_value(record, key, flag, name)
+            if key is not None and key not in record.data:  # a copy: the caller's dicts stay as they are
+                record.data = {**record.data, key: label_value(record, key, flag, name)}
     order = list(range(len(records)))
     if seed is not None:
         random.Random(seed).shuffle(order)

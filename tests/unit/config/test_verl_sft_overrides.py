@@ -62,3 +62,15 @@ def test_every_key_of_verls_sft_config_and_examples_has_a_rule():
     assert len(examples) > 20
     for key in (*VERL_SFT_KEYS, *examples):
         verl_sft_rule(key)
+
+
+def test_sft_reads_a_dotted_key_into_nested_columns_and_leaves_the_callers_records_alone():
+    from rlhfkit.data.supervised import select_records
+
+    rows = [{"extra_info": {"question": "1+1=", "answer": "2"}}]
+    ((_, record, _),) = select_records(rows, {"--data.input_key": "extra_info.question"}, None, None, "train", None,
+                                       None)
+    assert record.data["extra_info.question"] == "1+1="
+    assert rows == [{"extra_info": {"question": "1+1=", "answer": "2"}}]
+    with pytest.raises(Exception, match="no key 'extra_info.prompt' \\(--data.input_key\\): extra_info has keys"):
+        select_records(rows, {"--data.input_key": "extra_info.prompt"}, None, None, "train", None, None)
