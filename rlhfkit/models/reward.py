@@ -24,6 +24,7 @@ from rlhfkit.errors import ModelError
 from rlhfkit.models.backbone_reward import (
     HEAD_CONFIG,
     TEXT_FORMAT,
+    BackboneRewardModel,
     head_format,
     init_backbone_reward_model,
     load_backbone_reward_model,
@@ -31,7 +32,7 @@ from rlhfkit.models.backbone_reward import (
 from rlhfkit.models.loading import keep_4bit_layout, load_errors, nf4_config, resolve_model_file, resolve_model_path
 from rlhfkit.models.precision import model_device
 from rlhfkit.models.vision import vision_kwargs
-from rlhfkit.models.vision_reward import is_vision_reward_folder, load_vision_reward_model
+from rlhfkit.models.vision_reward import VisionRewardModel, is_vision_reward_folder, load_vision_reward_model
 
 
 def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.dtype = torch.float32,
@@ -129,10 +130,51 @@ def reward_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
 
 def batch_scores(model: torch.nn.Module, batch) -> torch.Tensor:
     """Scores [B] float32 of the rows of a padded `data.batch.TokenBatch` (prompt + response each), with
-    their images when the batch carries them; computed on the model's device."""
+    their images when the batch carries them, or of a one-row `data.packing.PackedBatch` (`packed_scores`);
+    computed on the model's device."""
+    if getattr(batch, "position_ids", None) is not None:
+        batch = packable_layout(model, batch)
+    if getattr(batch, "position_ids", None) is not None:
+        return packed_scores(model, batch)
     device = model_device(model)
     return reward_scores(model, batch.input_ids.to(device), batch.attention_mask.to(device),
                          **vision_kwargs(model, batch, device))
+
+
+def packable_layout(model: torch.nn.Module, batch):
+    """The packed `batch`, or its samples as padded rows where the reward model's backbone cannot keep
+    them apart in one row (models.logprobs.runnable_layout: recurrent layers, masks built without the
+    positions, ...) or it is a reward model over images."""
+    from rlhfkit.models.logprobs import runnable_layout, transformers_model
+
+    base = transformers_model(model)
+    if isinstance(base, VisionRewardModel):
+        return batch.padded()
+    return runnable_layout(score_head(base, wrapped=True)[0], batch)
+
+
+def packed_scores(model: torch.nn.Module, batch) -> torch.Tensor:
+    """Scores [B] float32 of the B samples of a one-row `data.packing.PackedBatch` (input_ids,
+    position_ids [1, L], the positions restarting at 0 for each sample, no attention mask): the backbone
+    runs once over the row and the `score` head reads each sample's hidden state where the padded forward
+    reads it: its last token for a reward model on a backbone (models/backbone_reward.py); for a
+    `*ForSequenceClassification`, transformers' choice, the sample's last token that is not the pad token
+    (its first token when all are), so the scores equal the padded batch's."""
+    from rlhfkit.models.logprobs import model_inputs, transformers_model
+
+    base = transformers_model(model)
+    backbone, head = score_head(base, wrapped=True)
+    hidden = backbone(**model_inputs(backbone, batch)).last_hidden_state[0]  # [L, H]
+    ids = batch.input_ids[0]
+    lengths = batch.prompt_lengths + batch.response_mask.sum(dim=1)
+    sample = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # [L] the sample of each position
+    readable = torch.ones_like(ids, dtype=torch.bool)
+    pad = base.config.get_text_config().pad_token_id
+    if not isinstance(base, BackboneRewardModel) and pad is not None:
+        readable = ids != pad
+    candidates = torch.where(readable, torch.arange(ids.numel()), batch.starts[sample])
+    last = torch.zeros_like(lengths).scatter_reduce(0, sample, candidates, "amax", include_self=False)
+    return head(hidden[last.to(hidden.device)]).squeeze(-1).float()
 
 
 def normalization(model: torch.nn.Module) -> tuple[float, float]:
@@ -140,11 +182,12 @@ def normalization(model: torch.nn.Module) -> tuple[float, float]:
     return float(getattr(model.config, "mean", 0.0)), float(getattr(model.config, "std", 1.0))
 
 
-def score_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear]:
-    """(backbone, score head) of a sequence-classification reward model."""
+def score_head(model: torch.nn.Module, wrapped: bool = False) -> tuple[torch.nn.Module, torch.nn.Linear]:
+    """(backbone, score head) of a reward model (a sequence-classification one or models/backbone_reward.py's);
+    with `wrapped` the head may be a wrapper that calls one (peft's trainable copy of it under LoRA)."""
     backbone = getattr(model, model.base_model_prefix, None)
     head = getattr(model, "score", None)
-    if backbone is None or not isinstance(head, torch.nn.Linear):
+    if backbone is None or not isinstance(head, torch.nn.Module if wrapped else torch.nn.Linear):
         raise ModelError(f"{type(model).__name__} has no backbone + `score` Linear head to reuse")
     return backbone, head
 

@@ -16,7 +16,6 @@ import torch
 
 from rlhfkit.core.losses import dpo_loss, kto_loss, pairwise_loss, sft_loss
 from rlhfkit.core.masks import masked_sum
-from rlhfkit.data.batch import collate
 from rlhfkit.data.supervised import TokenSample
 from rlhfkit.models import response_logprobs, save_hf_folder
 from rlhfkit.models.backbone_reward import BackboneRewardModel, save_backbone_reward_model
@@ -68,8 +67,9 @@ class RMLoop(_PreferenceLoop):
     last token; the margin (each pair's, `PairSample.margin`) with --model.margin_loss_enable."""
 
     def scores(self, samples: Sequence[TokenSample]) -> torch.Tensor:
-        """Scores [N] of prompt + response samples (with their images, a reward model over images)."""
-        batch = collate(samples, self.tokenizer.pad_token_id)
+        """Scores [N] of prompt + response samples (with their images, a reward model over images); with
+        --ds.packing_samples in one packed row, each read at its sample's last token (models.reward.packed_scores)."""
+        batch = make_batch(samples, self.tokenizer.pad_token_id, self.cfg.ds.packing_samples)
         with autocast_ctx(self.cfg.model.autocast, model_device(self.model).type):
             return batch_scores(self.model, batch)
 
