@@ -54,8 +54,11 @@ def mamba():
 def widths_of(backbone: torch.nn.Module, run) -> tuple[list[tuple], object]:
     """(the input_ids shapes of `backbone`'s forwards while `run()` runs, what it returns)."""
     seen = []
-    hook = backbone.register_forward_pre_hook(lambda m, a, kw: seen.append(tuple(kw.get("input_ids", a[0] if a else None).shape)),
-                                              with_kwargs=True)
+
+    def note(module, args, kwargs):  # transformers' classifiers pass the ids positionally
+        seen.append(tuple(kwargs.get("input_ids", args[0] if args else None).shape))
+
+    hook = backbone.register_forward_pre_hook(note, with_kwargs=True)
     try:
         out = run()
     finally:
