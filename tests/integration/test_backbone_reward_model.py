@@ -105,3 +105,34 @@ def test_an_architecture_with_a_classifier_class_keeps_it(ws, tmp_path):
     model, tok = tiny_model_and_tokenizer(seed=0)
     model.save_pretrained(tmp_path / "llama")
     assert type(init_reward_model(tmp_path / "llama", tok.pad_token_id)).__name__ == "LlamaForSequenceClassification"
+
+
+def test_train_rl_scores_with_it_and_starts_its_critic_from_it(trained, ws, tmp_path):
+    """`train rl --reward.model_name_or_path RM --critic.model_name_or_path RM` with a Falcon-H1 reward model on
+    its decoder: the reward is its score normalised by its stored mean / std, and the critic (PPO's value
+    model, that decoder with the score head as its value head) trains."""
+    import json
+
+    from rlhfkit.cli.main import main
+    from rlhfkit.models import tiny_model_and_tokenizer
+
+    trainer, _ = trained("falcon_h1")
+    folder = trainer.run_dir / "final"
+    policy, tok = tiny_model_and_tokenizer(seed=0)
+    policy.save_pretrained(tmp_path / "policy")
+    tok.save_pretrained(tmp_path / "policy")
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"q{i}:"}) + "\n" for i in range(8)))
+    out = tmp_path / "ppo"
+    argv = ["train", "rl", "--actor.model_name_or_path", str(tmp_path / "policy"), "--data.prompt_dataset",
+            str(tmp_path / "prompts.jsonl"), "--data.input_key", "prompt", "--reward.model_name_or_path", str(folder),
+            "--critic.model_name_or_path", str(folder), "--algo.advantage.estimator", "gae",
+            "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "4",
+            "--train.batch_size", "8", "--train.micro_batch_size", "4", "--train.max_steps", "1",
+            "--actor.autocast", "none", "--logger.progress_bar", "false", "--train.num_threads", "1",
+            "--ckpt.output_dir", str(out)]
+    assert main(argv) == 0
+    (m,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
+    rm = load_reward_model(folder)
+    assert m["reward"] == pytest.approx((m["reward_extra/rm_score"] - rm.config.mean) / rm.config.std, rel=1e-4,
+                                        abs=1e-5)
+    assert "value_loss" in m
