@@ -82,12 +82,16 @@ MEGATRON_LORA = ("Megatron's LoRA is not used: set actor_rollout_ref.model.lora_
 
 
 # ------------------------------------------------------------------ the rules
+def adder(table: dict[str, Alias]) -> Callable[[str, Alias], None]:
+    """`add("KEY KEY ...", rule)`: one rule for each of the space-separated keys in `table`."""
+    def add(names: str, rule: Alias) -> None:
+        for name in names.split():
+            table[name] = rule
+    return add
+
+
 VERL_RL_RULES: dict[str, Alias] = {}
-
-
-def _rule(names: str, rule: Alias) -> None:
-    for name in names.split():
-        VERL_RL_RULES[name] = rule
+_rule = adder(VERL_RL_RULES)
 
 
 # data

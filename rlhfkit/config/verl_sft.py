@@ -22,6 +22,7 @@ from rlhfkit.config.verl import (
     OFF,
     PADDING,
     TARGET,
+    adder,
     find_rule,
     layered,
     override_items,
@@ -40,11 +41,7 @@ from rlhfkit.config.verl_names import VERL_SFT_KEYS
 
 ONE_PROCESS = "ignored: verl's FSDP/device layout; rlhfkit's train sft holds the whole model in one process (same math)"
 VERL_SFT_RULES: dict[str, Alias] = {}
-
-
-def _rule(names: str, rule: Alias) -> None:
-    for name in names.split():
-        VERL_SFT_RULES[name] = rule
+_rule = adder(VERL_SFT_RULES)
 
 
 # data
