@@ -87,7 +87,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RLConfig:
-    """Every setting of `rlhfkit train rl`, one section per component (`--section.name VALUE`)."""
+    """Every setting of `rlhfkit train rl`, one section per component (`--section.name VALUE`). verl's Hydra
+    overrides (`algorithm.adv_estimator=grpo ...`) are read too; these flags win over them (docs/migration.md)."""
 
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)

@@ -241,7 +241,8 @@ class SupervisedConfig:
 
 @dataclass(frozen=True)
 class SFTConfig(SupervisedConfig):
-    """`rlhfkit train sft`: supervised fine-tuning on prompts and responses or whole conversations."""
+    """`rlhfkit train sft`: supervised fine-tuning on prompts and responses or whole conversations. verl's SFT
+    overrides (`data.train_files=... optim.lr=1e-4`) are read too; these flags win over them (docs/migration.md)."""
 
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
     ALIASES: ClassVar[dict[str, str | Alias]] = SFT_ALIASES
