@@ -108,3 +108,17 @@ def test_at_the_floor_overflows_count_toward_the_limit_and_the_state_round_trips
     assert other.loss_scale.state_dict() == state["loss_scale"]
     with pytest.raises(CheckpointError, match="written with float16 loss scaling, this run is without it"):
         Learner(_fp16_linear(), lr=0.1).load_state_dict(state)
+
+
+def test_the_scale_keeps_gradients_below_float16s_range():
+    """A loss of 1e-8 x the output: its float16 gradient (1e-8, 2e-8) is below float16's smallest subnormal
+    (2^-24 ~ 6e-8) and rounds to 0 unscaled; scaled by 2^16 it is kept and unscaled in float32."""
+    plain, scaled = _fp16_linear(), _fp16_linear()
+    unscaled_learner = Learner(plain, lr=0.0, max_norm=0.0)
+    learner = Learner(scaled, lr=0.0, max_norm=0.0, loss_scale=DynamicLossScale(16))
+    unscaled_learner.backward(1e-8 * plain(X.half()).float().sum())
+    learner.backward(1e-8 * scaled(X.half()).float().sum())
+    assert unscaled_learner.master[0].grad.tolist() == [[0.0, 0.0]]
+    assert unscaled_learner.step()["grad_norm"] == 0.0
+    # 2^16 x 1e-8 = 6.55e-4 in float16 (spacing 2^-21 there: 0.1% relative), divided by 2^16 in float32
+    assert learner.step()["grad_norm"] == pytest.approx(1e-8 * (1 + 4 + 1) ** 0.5, rel=2e-3)
