@@ -471,8 +471,9 @@ def _supervised_runtime_rules(add: Callable[[str, Alias], None]) -> None:
     add("dataloader_num_workers data.dataloader_num_workers", notice(WORKERS, 1))
     add("load_in_4bit ds.load_in_4bit", to("ds.load_in_4bit", 0, "QLoRA: with --ds.lora.rank > 0"))
     add("bf16", conv(param_dtype("model"), "`--model.dtype bfloat16` (bf16 parameters, float32 master "
-                                                "weights as DeepSpeed keeps them)", 0))
-    add("param_dtype ds.param_dtype", conv(param_dtype("model"), "bf16: `--model.dtype bfloat16`; " + fp16_note("model")))
+                                           "weights as DeepSpeed keeps them)", 0))
+    add("param_dtype ds.param_dtype",
+        conv(param_dtype("model"), "bf16: `--model.dtype bfloat16`; " + fp16_note("model")))
     add("value_head_prefix ds.value_head_prefix", notice(VALUE_HEAD, 1))
     # checkpoints and logging
     add("save_path ckpt.output_dir", to("ckpt.output_dir"))

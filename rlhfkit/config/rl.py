@@ -76,11 +76,13 @@ from rlhfkit.config.rl_sections import (
 __all__ = [
     "ADAM_RANGES", "ADVANTAGE_ESTIMATORS", "AUTOCASTS", "BACKENDS", "CODE_SANDBOXES", "DEVICE_NAMES", "DTYPES",
     "ENGINES", "GROUP_ESTIMATORS", "IS_CORRECTION_TYPES", "KL_ESTIMATORS", "LOG_LEVELS", "LOSS_AGG_MODES",
-    "LOSS_SCALE_RANGES", "LR_SCHEDULERS", "MUON_RANGES", "OPTIMS", "POLICY_LOSS_TYPES", "RL_ALIASES", "RL_RANGES", "SEED_RANGE",
+    "LOSS_SCALE_RANGES", "LR_SCHEDULERS", "MUON_RANGES", "OPTIMS", "POLICY_LOSS_TYPES", "RL_ALIASES", "RL_RANGES",
+    "SEED_RANGE",
     "WANDB_MODES", "WHITEN_MODES",
     "ActorConfig", "AdamConfig", "AdvantageConfig", "AgentConfig", "AlgoConfig", "BaseLoggerConfig", "BatchPlan",
     "CkptConfig", "CodeRewardConfig", "CriticConfig", "DataConfig", "DistributedConfig", "EvalConfig", "FSDPConfig",
-    "KLConfig", "LossScaleConfig", "LoggerConfig", "LoraConfig", "MuonConfig", "RLConfig", "RLDSConfig", "RefConfig", "RewardConfig",
+    "KLConfig", "LossScaleConfig", "LoggerConfig", "LoraConfig", "MuonConfig", "RLConfig", "RLDSConfig", "RefConfig",
+    "RewardConfig",
     "RolloutConfig",
     "TrainConfig", "VLLMConfig", "WandbConfig", "check_device", "check_input_template", "lora_targets", "validate",
 ]

@@ -102,8 +102,8 @@ class Learner:
 
     `muon`: torch.optim.Muon's lr, momentum, ns_steps and nesterov for the hidden weight matrices
     (see the module docstring); None = AdamW for every parameter. `loss_scale`: the dynamic loss scale
-    of a float16 forward (module docstring); None = losses and gradients as they are. `optimizer` is the AdamW (None when
-    Muon takes every parameter), `muon` the Muon (None without one)."""
+    of a float16 forward (module docstring); None = losses and gradients as they are. `optimizer` is
+    the AdamW (None when Muon takes every parameter), `muon` the Muon (None without one)."""
 
     def __init__(
         self,
