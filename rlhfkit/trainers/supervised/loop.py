@@ -47,13 +47,14 @@ def make_batch(samples: Sequence, pad_id: int, packing: bool):
 
 def build_learner(module: torch.nn.Module, adam, train, total_steps: int, muon=None, precision=None) -> Learner:
     """A Learner from the `adam`, `train` and `muon` config sections (read only by trainers); `precision`:
-    the model section (its dtype and autocast: float16 scales the loss, --train.loss_scale.*)."""
-    compute = compute_dtype(precision.dtype, precision.autocast) if precision is not None else "float32"
+    the model section (its dtype and autocast: float16 scales the loss, --train.loss_scale.*); None = float32."""
+    scale = None if precision is None else loss_scale_for(compute_dtype(precision.dtype, precision.autocast),
+                                                         train.loss_scale)
     return Learner(
         module, adam.lr, adam.betas, adam.eps, adam.weight_decay, total_steps=total_steps,
         warmup_steps=int(train.lr_warmup_ratio * total_steps), scheduler=train.lr_scheduler,
         min_lr_ratio=train.min_lr_ratio, max_norm=train.max_norm, muon=muon_settings(train.optim, muon),
-        loss_scale=loss_scale_for(compute, train.loss_scale),
+        loss_scale=scale,
     )
 
 
