@@ -55,7 +55,8 @@ class LossScaleConfig:
     hysteresis: int = 2
     """Overflows taken before the scale halves; refilled when it doubles (DeepSpeed's hysteresis)."""
     min_scale: float = 1.0
-    """The scale's floor (DeepSpeed's min_loss_scale); overflows at it count toward --train.max_skipped_steps."""
+    """The scale's floor (DeepSpeed's min_loss_scale); in train rl, overflows at the floor count toward
+    --train.max_skipped_steps (those before are the scale's search for its size)."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class ActorConfig:
     engine decodes with the bf16 matrices, refreshed after every optimizer step; under --fsdp.enable bfloat16
     becomes float32 sharded parameters computing in bf16 (--fsdp.mixed_precision true). float16 (GPUs without
     bf16: V100, T4) needs --actor.autocast float16 or none and scales the loss (--train.loss_scale.*); on a
-    CPU float16 matmuls run far slower than float32."""
+    CPU without float16 matmul units (AVX512-FP16 / AMX-FP16) large float16 matmuls run far slower than float32."""
     autocast: str | None = "bfloat16"
     """Compute dtype for forward passes (torch.autocast on --actor.device's type): bfloat16, float16 (with
     loss scaling, --train.loss_scale.*) or float32; none = the parameter dtype;
