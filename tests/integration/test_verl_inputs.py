@@ -111,3 +111,13 @@ def test_verl_overrides_run_one_step_as_verl_counts_its_batches(ws, tmp_path, ca
     assert row["optimizer_steps"] == 2  # 8 samples, ppo_mini_batch_size=2 prompts x 2 = 4 samples a step
     assert row["kl_coef"] == pytest.approx(0.001)  # the KL loss of use_kl_loss=True
     assert (out / "final" / "config.json").exists()  # trainer.default_local_dir
+
+
+def test_verl_overrides_name_the_reward_function(ws, tmp_path):
+    out = tmp_path / "run"
+    named = [o for o in verl_overrides(ws, out) if not o.startswith("custom_reward_function.path=")]
+    named += [f"custom_reward_function.path={ws / 'named.py'}", "custom_reward_function.name=length_score"]
+    assert main(["train", "rl", *named, "--actor.autocast", "none", "--logger.progress_bar", "false",
+                 "--train.num_threads", "1", "--logger.log_samples", "8"]) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [s["reward"] for s in samples] == [10.0 - len(s["response"]) for s in samples]  # length_score's

@@ -659,7 +659,8 @@ SWITCH_OFFS = (
               "rlhfkit.rewards.resolve:split_function", unnamed,
               ("tests/unit/rewards/test_reward_loader.py::test_file_colon_name_picks_the_function_of_any_contract",
                "tests/integration/test_verl_inputs.py::"
-               "test_a_reward_function_named_in_the_file_spec_is_the_one_that_scores"),
+               "test_a_reward_function_named_in_the_file_spec_is_the_one_that_scores",
+               "tests/integration/test_verl_inputs.py::test_verl_overrides_name_the_reward_function"),
               "FILE.py:NAME read as a path"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}

@@ -164,7 +164,7 @@ def test_rewards_and_dapo_overlong_penalty():
     # custom_reward_function.name: the file's function of that name; without a path verl's default reward
     assert parse("custom_reward_function.path=my_reward.py",
                  "custom_reward_function.name=my_score").reward.remote_url == "my_reward.py:my_score"
-    assert parse("custom_reward_function.name=my_score").reward.remote_url is None
+    assert parse("custom_reward_function.name=my_score").reward.remote_url == "builtin:math"  # verl's default
 
 
 def test_rlhfkit_flags_win_with_a_warning(caplog):
