@@ -352,7 +352,9 @@ def load_vision_prompts(source: Source, processor, input_key: str = "input", lab
 
 
 # Keys of a processor's output that are per token (the batch builds them), not image tensors.
-TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
+# Per-token outputs of a processor, not image tensors: the forward derives them from the ids (PaliGemma's
+# processor also returns training `labels`, the ids themselves).
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids", "labels")
 
 
 def encode(processor, text: str, images: list) -> tuple[list[int], VisionInputs | None]:

@@ -327,12 +327,29 @@ def image_token_of(config) -> int | None:
     return getattr(config, "image_token_index", None) if image is None else image
 
 
-def token_type_kwargs(model: torch.nn.Module, input_ids: torch.Tensor) -> dict:
+# Families whose token_type_ids split a prefix LM's input rather than mark image tokens: 0 for the prefix (the
+# images and the prompt, attending to each other both ways), 1 for the suffix (the response, causal): PaliGemma.
+PREFIX_LM_FAMILIES = ("paligemma",)
+
+
+def is_prefix_lm(config) -> bool:
+    return getattr(config, "model_type", None) in PREFIX_LM_FAMILIES
+
+
+def token_type_kwargs(model: torch.nn.Module, input_ids: torch.Tensor,
+                      prompt_lengths: torch.Tensor | None = None) -> dict:
     """The per-token type ids the model takes beside its ids, derived from them: image tokens 1
-    (Qwen2-VL's `mm_token_type_ids`, video tokens 2; Gemma 3's `token_type_ids`). [B, L] each."""
+    (Qwen2-VL's `mm_token_type_ids`, video tokens 2; Gemma 3's `token_type_ids`). [B, L] each. A prefix
+    LM's (PaliGemma): 0 for each row's first `prompt_lengths` tokens, 1 after (all 0 without them: the
+    whole input is the prefix, as its processor types a prompt without a suffix)."""
     from rlhfkit.models.logprobs import forward_parameters
 
     config = model.config
+    if is_prefix_lm(config):
+        if prompt_lengths is None:
+            return {"token_type_ids": torch.zeros_like(input_ids)}
+        at = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        return {"token_type_ids": (at >= prompt_lengths.to(input_ids.device).unsqueeze(1)).long()}
     image = image_token_of(config)
     takes = forward_parameters(model)
     out = {}
@@ -350,7 +367,8 @@ def token_type_kwargs(model: torch.nn.Module, input_ids: torch.Tensor) -> dict:
 
 def vision_kwargs(model: torch.nn.Module, batch, device: torch.device) -> dict:
     """The forward's image inputs of `batch` (a TokenBatch whose `vision` lists its rows'
-    VisionInputs or None): the rows' tensors concatenated in row order, and the token type ids."""
+    VisionInputs or None): the rows' tensors concatenated in row order, and the token type ids (a prefix
+    LM's from the batch's `prompt_lengths`)."""
     from rlhfkit.models.precision import to_device
 
     rows = getattr(batch, "vision", None)
@@ -358,7 +376,8 @@ def vision_kwargs(model: torch.nn.Module, batch, device: torch.device) -> dict:
         return {}
     out = {k: to_device(v, device) for k, v in concat_vision(rows).items()}
     if out:
-        out.update(token_type_kwargs(model, to_device(batch.input_ids, device)))
+        prompts = getattr(batch, "prompt_lengths", None)
+        out.update(token_type_kwargs(model, to_device(batch.input_ids, device), prompts))
     return out
 
 

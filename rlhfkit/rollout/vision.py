@@ -89,15 +89,18 @@ class VisionEngine(HFEngine):
         state.inputs, state.first = vision, start
         return state
 
-    def _image_inputs(self, ids: torch.Tensor, vision: VisionInputs) -> tuple[dict, int]:
+    def _image_inputs(self, ids: torch.Tensor, vision: VisionInputs,
+                      prompt: int | None = None) -> tuple[dict, int]:
         """(the forward's image inputs of rows `ids` [b, L] of one prompt with images `vision`: the image
-        tensors once per row, the token type ids, the model's own 3-D positions where it has them;
-        the rope delta of the decode positions)."""
+        tensors once per row, the token type ids (a prefix LM's: the first `prompt` tokens its prefix, all
+        of them without `prompt`), the model's own 3-D positions where it has them; the rope delta of the
+        decode positions)."""
         device = self.device
         rows = ids.shape[0]
         tensors = vision.tensors if rows == 1 else concat_vision([vision] * rows)
         extra = {k: to_device(v, device) for k, v in tensors.items()}
-        extra.update(token_type_kwargs(self.model, ids))
+        lengths = None if prompt is None else torch.full((rows,), prompt, dtype=torch.long)
+        extra.update(token_type_kwargs(self.model, ids, lengths))
         rope = getattr(base_model(self.model), "get_rope_index", None)
         if rope is None:
             return extra, 0
@@ -110,7 +113,7 @@ class VisionEngine(HFEngine):
         sequences: with their images, token types and 3-D positions, as the prefill (the tower runs again)."""
         if s.inputs is None:
             return super()._uncached_logits(s)
-        extra, _ = self._image_inputs(s.seqs, s.inputs)
+        extra, _ = self._image_inputs(s.seqs, s.inputs, prompt=s.prefill_width)
         return self._forward(s.seqs, s.attention_mask, None, None, extra=extra)
 
     def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
