@@ -48,14 +48,20 @@ def test_sft_logprobs_are_transformers_forward_of_the_conversation_with_its_imag
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which colour?"}]},
                 {"role": "assistant", "content": "red"}]
     text = processor.apply_chat_template(messages, tokenize=False)
-    inputs = processor(text=[text], images=[[Image.open(tmp_path / "red.png").convert("RGB")]], return_tensors="pt",
-                       add_special_tokens=False)
+    image = [[Image.open(tmp_path / "red.png").convert("RGB")]]
+    if model.config.model_type == "paligemma":  # a prefix LM: its processor writes the response as the suffix
+        text, suffix = processor.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True), "red"
+        inputs = processor(text=[text], images=image, suffix=[suffix], return_tensors="pt", add_special_tokens=False)
+    else:
+        inputs = processor(text=[text], images=image, return_tensors="pt", add_special_tokens=False)
     ids = inputs["input_ids"]
     assert ids[0, : len(s.prompt_ids)].tolist() == s.prompt_ids.tolist()
     pixels = {k: v for k, v in inputs.items() if k in s.vision.tensors}
-    with torch.no_grad():
-        logits = model(input_ids=ids, **pixels, **token_type_kwargs(model, ids)).logits[0].float()
     p, r = len(s.prompt_ids), len(s.response_ids)
+    types = token_type_kwargs(model, ids, torch.tensor([p]))
+    assert all(types[k].tolist() == inputs[k].tolist() for k in types if k in inputs)  # the processor's own
+    with torch.no_grad():
+        logits = model(input_ids=ids, **pixels, **types).logits[0].float()
     expected = torch.log_softmax(logits[p - 1 : p - 1 + r], -1).gather(-1, s.response_ids[:, None]).squeeze(-1)
     torch.testing.assert_close(logp[0, :r], expected, rtol=0, atol=2e-5)
 
