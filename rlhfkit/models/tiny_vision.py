@@ -403,7 +403,8 @@ def _paligemma():
     tok = _tokenizer_with({"image_token": "<image>"})
     ip = SiglipImageProcessorPil(size={"height": 28, "width": 28})
     ip.image_seq_length = 4
-    processor = PaliGemmaProcessor(image_processor=ip, tokenizer=tok, chat_template=_TEMPLATE.replace("IMAGE", "<image>"))
+    processor = PaliGemmaProcessor(image_processor=ip, tokenizer=tok,
+                                   chat_template=_TEMPLATE.replace("IMAGE", "<image>"))
     config = PaliGemmaConfig(
         vision_config=_clip(28, "siglip_vision_model", projection_dim=32),
         text_config={"model_type": "gemma", **_TEXT, **_text_ids(tok), "head_dim": 8},
@@ -414,9 +415,15 @@ def _paligemma():
 def _aya_vision():
     """Aya Vision: each image cut into 28-pixel tiles (up to 4, a thumbnail of the whole when there are
     several), a SigLIP tower, pixel shuffle 2 x 2 and a SwiGLU projector, a Cohere 2 language model."""
-    from transformers import AyaVisionConfig, AyaVisionForConditionalGeneration, AyaVisionProcessor, GotOcr2ImageProcessorPil
+    from transformers import (
+        AyaVisionConfig,
+        AyaVisionForConditionalGeneration,
+        AyaVisionProcessor,
+        GotOcr2ImageProcessorPil,
+    )
 
-    names = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "TILE", "TILE_GLOBAL")
+    names = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "TILE",
+             "TILE_GLOBAL")
     tok = tiny_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": list(names)})
     ip = GotOcr2ImageProcessorPil(size={"height": 28, "width": 28}, crop_to_patches=True, min_patches=1, max_patches=4)
