@@ -20,6 +20,13 @@ tokenizer with the family's image tokens, chat template), nothing read from a hu
   smolvlm       SmolVLM (and idefics3, its base): each image split into sub-images plus the whole,
                 a SigLIP tower per sub-image, pixel shuffle, a Llama language model
   internvl      InternVL: each image cut into tiles plus a thumbnail, pixel shuffle, a Qwen2 model
+  llava_next    LLaVA-NeXT: anyres (each image resized to the best grid of tiles, every tile and the whole
+                through the tower, unpadded to its aspect ratio with a newline token a row), `image_sizes`;
+                llava_onevision: LLaVA-OneVision, the same layout over a SigLIP tower and a Qwen2 model
+  glm4v         GLM-4.1V: a Qwen2-VL-like tower, 3-D rotary positions from the model's get_rope_index
+  paligemma     PaliGemma: a prefix LM, its images and prompt attending both ways, its response causally
+                (token_type_ids 0 and 1)
+  aya_vision    Aya Vision: tiles plus a thumbnail, pixel shuffle, a Cohere 2 model with sliding layers
 
 The tokenizer is models.tiny's character-level tokenizer with the family's image tokens added
 (Qwen3.5's as its own byte-level tokenizer class, which transformers loads its folders with).
