@@ -45,7 +45,7 @@ from rlhfkit.models.tiny import ALPHABET, BOS, EOS, PAD, SPECIAL_TOKENS, UNK, ti
 from rlhfkit.models.vision import image_only_processor
 
 FAMILIES = ("qwen2_vl", "llava", "gemma3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "smolvlm", "idefics3", "qwen3_5",
-            "gemma4", "internvl", "llava_next", "llava_onevision", "glm4v", "paligemma", "aya_vision")
+            "gemma4", "internvl", "llava_next", "llava_onevision", "glm4v", "paligemma", "aya_vision", "mllama")
 
 # A chat template that renders {"type": "image"} content parts as the family's image placeholder
 # and text parts as their text (string contents as they are), one turn per message closed by EOS.
@@ -444,11 +444,32 @@ def _aya_vision():
     return AyaVisionForConditionalGeneration, config, processor
 
 
+def _mllama():
+    """Llama 3.2 Vision: each image one <|image|> token, its tiles (up to 2 of 28 pixels, by its aspect ratio)
+    through a tower with aspect-ratio embeddings, the language model attending to their features in a
+    cross-attention layer (layer 1 of 3), as the per-token cross_attention_mask says."""
+    from transformers import MllamaConfig, MllamaForConditionalGeneration, MllamaImageProcessorPil, MllamaProcessor
+
+    tok = _tokenizer_with({"image_token": "<|image|>"})
+    tok.add_special_tokens({"additional_special_tokens": ["<|image|>", "<|python_tag|>"]})
+    ip = MllamaImageProcessorPil(size={"height": 28, "width": 28}, max_image_tiles=2)
+    processor = MllamaProcessor(image_processor=ip, tokenizer=tok, chat_template=_TEMPLATE.replace("IMAGE", "<|image|>"))
+    config = MllamaConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_global_layers": 1,
+                       "attention_heads": 2, "image_size": 28, "patch_size": 14, "max_num_tiles": 2,
+                       "vision_output_dim": 64, "intermediate_layers_indices": [0],
+                       "supported_aspect_ratios": [[1, 1], [1, 2], [2, 1]]},
+        text_config={**_TEXT, **_text_ids(tok), "num_hidden_layers": 3, "cross_attention_layers": [1]},
+        image_token_index=tok.image_token_id)
+    return MllamaForConditionalGeneration, config, processor
+
+
 _BUILDERS = {"qwen2_vl": _qwen2_vl, "llava": _llava, "gemma3": _gemma3, "qwen2_5_vl": _qwen2_5_vl,
              "qwen3_vl": _qwen3_vl, "qwen3_vl_moe": lambda: _qwen3_vl(moe=True), "smolvlm": _smolvlm,
              "idefics3": _idefics3, "qwen3_5": _qwen3_5, "gemma4": _gemma4, "internvl": _internvl,
              "llava_next": _llava_next, "llava_onevision": lambda: _llava_next(onevision=True),
-             "glm4v": _glm4v, "paligemma": _paligemma, "aya_vision": _aya_vision}
+             "glm4v": _glm4v, "paligemma": _paligemma, "aya_vision": _aya_vision,
+             "mllama": _mllama}
 
 
 def tiny_vision_model_and_processor(family: str = "qwen2_vl", seed: int = 0):
@@ -464,6 +485,8 @@ def tiny_vision_model_and_processor(family: str = "qwen2_vl", seed: int = 0):
         for name, p in model.named_parameters():  # Gemma 3 starts its projector at zero: images would do nothing
             if "projector" in name and p.dim() > 1 and not p.detach().any():
                 torch.nn.init.normal_(p.detach(), std=1.0 / p.shape[0] ** 0.5)
+            if name.endswith("_gate") and "cross_attn" in name:  # Llama 3.2 Vision's cross-attention: tanh(0) = 0
+                torch.nn.init.ones_(p.detach())
     model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
     model.generation_config.eos_token_id = processor.tokenizer.eos_token_id
     model.generation_config.bos_token_id = processor.tokenizer.bos_token_id

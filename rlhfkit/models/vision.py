@@ -374,23 +374,45 @@ def vision_kwargs(model: torch.nn.Module, batch, device: torch.device) -> dict:
     rows = getattr(batch, "vision", None)
     if rows is None:
         return {}
-    out = {k: to_device(v, device) for k, v in concat_vision(rows).items()}
+    length = batch.input_ids.shape[1]
+    out = {k: to_device(v, device) for k, v in concat_vision(rows, length).items()}
     if out:
         prompts = getattr(batch, "prompt_lengths", None)
         out.update(token_type_kwargs(model, to_device(batch.input_ids, device), prompts))
     return out
 
 
-def concat_vision(rows) -> dict[str, torch.Tensor]:
+# Image inputs laid out per token of the prompt ([1, prompt tokens, ...]): Llama 3.2 Vision's cross-attention mask
+# (which of the images' tiles each token attends to).
+PER_TOKEN_KEYS = ("cross_attention_mask",)
+
+
+def concat_vision(rows, length: int | None = None) -> dict[str, torch.Tensor]:
     """The image tensors of several rows for one forward: each key's tensors (`row.tensors`, dim 0
     indexing the row's images or their patches) concatenated in row order; rows without images
     (None) add nothing. The model scatters the features into the image tokens in the same order.
     Tensors laid out per prompt (Idefics3 / SmolVLM: [1, sub-images, C, H, W] and the pixel mask)
     whose rows differ in size past dim 0 are padded with zeros to the largest first, as the model's
-    processor pads a batch of prompts (the model drops all-zero sub-images)."""
+    processor pads a batch of prompts (the model drops all-zero sub-images). Per-token tensors
+    (PER_TOKEN_KEYS) cover `length` tokens: the tokens after a row's prompt (its response, its padding)
+    take its last token's row, as transformers' generate extends them."""
     present = [r for r in rows if r is not None and r.tensors]
     keys = sorted({k for r in present for k in r.tensors})
-    return {k: _cat_padded([r.tensors[k] for r in present if k in r.tensors]) for k in keys}
+    out = {}
+    for k in keys:
+        tensors = [r.tensors[k] for r in present if k in r.tensors]
+        if k in PER_TOKEN_KEYS and length is not None:
+            tensors = [per_token(t, length) for t in tensors]
+        out[k] = _cat_padded(tensors)
+    return out
+
+
+def per_token(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    """A per-token tensor [b, L, ...] cut or extended to `length` tokens, the new ones taking the last token's row."""
+    if tensor.shape[1] >= length:
+        return tensor[:, :length]
+    more = tensor[:, -1:].expand(-1, length - tensor.shape[1], *tensor.shape[2:])
+    return torch.cat([tensor, more], dim=1)
 
 
 def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -37,7 +37,7 @@ from rlhfkit.data.images import VisionInputs
 from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.precision import to_device
-from rlhfkit.models.vision import base_model, concat_vision, token_type_kwargs
+from rlhfkit.models.vision import PER_TOKEN_KEYS, base_model, concat_vision, token_type_kwargs
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.decode_state import DecodeState, PartialGeneration
 from rlhfkit.rollout.hf import HFEngine
@@ -97,7 +97,7 @@ class VisionEngine(HFEngine):
         decode positions)."""
         device = self.device
         rows = ids.shape[0]
-        tensors = vision.tensors if rows == 1 else concat_vision([vision] * rows)
+        tensors = concat_vision([vision] * rows, ids.shape[1])
         extra = {k: to_device(v, device) for k, v in tensors.items()}
         lengths = None if prompt is None else torch.full((rows,), prompt, dtype=torch.long)
         extra.update(token_type_kwargs(self.model, ids, lengths))
@@ -115,6 +115,16 @@ class VisionEngine(HFEngine):
             return super()._uncached_logits(s)
         extra, _ = self._image_inputs(s.seqs, s.inputs, prompt=s.prefill_width)
         return self._forward(s.seqs, s.attention_mask, None, None, extra=extra)
+
+    def _decode_extra(self, s: DecodeState) -> dict | None:
+        """A cached decode step's per-token image inputs (Llama 3.2 Vision's cross-attention mask): the prompt's
+        last token's, for each row's new token."""
+        vision = s.inputs
+        if not isinstance(vision, VisionInputs):
+            return None
+        rows = s.attention_mask.shape[0]
+        return {k: to_device(v[:, -1:].expand(rows, 1, *v.shape[2:]).contiguous(), self.device)
+                for k, v in vision.tensors.items() if k in PER_TOKEN_KEYS} or None
 
     def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
         out = super()._trajectories(gen)
