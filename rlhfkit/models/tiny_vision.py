@@ -27,6 +27,8 @@ tokenizer with the family's image tokens, chat template), nothing read from a hu
   paligemma     PaliGemma: a prefix LM, its images and prompt attending both ways, its response causally
                 (token_type_ids 0 and 1)
   aya_vision    Aya Vision: tiles plus a thumbnail, pixel shuffle, a Cohere 2 model with sliding layers
+  mllama        Llama 3.2 Vision: one token an image, its tiles' features read by a cross-attention layer
+                through a per-token cross_attention_mask
 
 The tokenizer is models.tiny's character-level tokenizer with the family's image tokens added
 (Qwen3.5's as its own byte-level tokenizer class, which transformers loads its folders with).
@@ -453,7 +455,8 @@ def _mllama():
     tok = _tokenizer_with({"image_token": "<|image|>"})
     tok.add_special_tokens({"additional_special_tokens": ["<|image|>", "<|python_tag|>"]})
     ip = MllamaImageProcessorPil(size={"height": 28, "width": 28}, max_image_tiles=2)
-    processor = MllamaProcessor(image_processor=ip, tokenizer=tok, chat_template=_TEMPLATE.replace("IMAGE", "<|image|>"))
+    processor = MllamaProcessor(image_processor=ip, tokenizer=tok,
+                                chat_template=_TEMPLATE.replace("IMAGE", "<|image|>"))
     config = MllamaConfig(
         vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_global_layers": 1,
                        "attention_heads": 2, "image_size": 28, "patch_size": 14, "max_num_tiles": 2,

@@ -145,10 +145,22 @@ def load_processor(path: str):
         cls = processor_class_from_name(name) if name else None
         if cls is None or not _takes_video(cls):
             if processor is None:
-                raise failure
+                raise _torchvision_needed(path, name, failure) or failure
             raise ModelError(f"{path}: AutoProcessor found no image processor for this vision-language model; "
                              "add its preprocessor_config.json / processor_config.json")
         return _image_only_from_folder(path, cls)
+
+
+def _torchvision_needed(path: str, name: str | None, failure: Exception) -> ModelError | None:
+    """A ModelError naming the processor class when transformers could not build it without torchvision and
+    it takes no video processor to leave out (Mistral 3's PixtralProcessor: transformers requires torchvision
+    to import it at all); None for another failure."""
+    if not isinstance(failure, ImportError) or "torchvision" not in str(failure).lower():
+        return None
+    return ModelError(f"{path}: transformers' {name or 'processor'} needs torchvision even for images (Mistral 3 / "
+                      "Pixtral's does), and rlhfkit cannot build it without; install the torchvision build matching "
+                      "your torch (for a CPU torch: pip install torchvision --index-url "
+                      "https://download.pytorch.org/whl/cpu)")
 
 
 def _image_only_from_folder(path: str, cls: type):

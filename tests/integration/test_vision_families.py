@@ -81,7 +81,7 @@ def test_one_rl_step_and_one_sft_step_through_the_cli(colours, tmp_path, family)
 
 # The families added last, whose DPO, reward model and evaluation through the CLI are checked here (the earlier
 # ones' in test_vision_supervised.py, test_vision_reward_model.py and test_vision_eval.py on one family each).
-LATEST = ["llava_next", "llava_onevision", "glm4v", "paligemma", "aya_vision"]
+LATEST = ["llava_next", "llava_onevision", "glm4v", "paligemma", "aya_vision", "mllama"]
 
 
 @pytest.mark.parametrize("family", LATEST)
