@@ -348,6 +348,14 @@ def is_prefix_lm(config) -> bool:
     return getattr(config, "model_type", None) in PREFIX_LM_FAMILIES
 
 
+def prefix_lm_types(input_ids: torch.Tensor, prompt_lengths: torch.Tensor | None) -> torch.Tensor:
+    """A prefix LM's token types [B, L]: 0 for each row's first `prompt_lengths` tokens, 1 after (all 0 without)."""
+    if prompt_lengths is None:
+        return torch.zeros_like(input_ids)
+    at = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+    return (at >= prompt_lengths.to(input_ids.device).unsqueeze(1)).long()
+
+
 def token_type_kwargs(model: torch.nn.Module, input_ids: torch.Tensor,
                       prompt_lengths: torch.Tensor | None = None) -> dict:
     """The per-token type ids the model takes beside its ids, derived from them: image tokens 1
@@ -358,10 +366,7 @@ def token_type_kwargs(model: torch.nn.Module, input_ids: torch.Tensor,
 
     config = model.config
     if is_prefix_lm(config):
-        if prompt_lengths is None:
-            return {"token_type_ids": torch.zeros_like(input_ids)}
-        at = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-        return {"token_type_ids": (at >= prompt_lengths.to(input_ids.device).unsqueeze(1)).long()}
+        return {"token_type_ids": prefix_lm_types(input_ids, prompt_lengths)}
     image = image_token_of(config)
     takes = forward_parameters(model)
     out = {}
