@@ -111,3 +111,25 @@ def test_sft_rows_in_verl_and_openai_forms_give_one_image_each(tmp_path):
     for s in samples[1:]:
         assert s.prompt_ids.tolist() == plain.prompt_ids.tolist()
         assert torch.equal(s.vision.tensors["pixel_values"], plain.vision.tensors["pixel_values"])
+
+
+@pytest.mark.parametrize("family", ["mllama", "paligemma"])
+def test_images_after_the_first_turn_are_refused_where_a_prompt_holds_them_first(tmp_path, family):
+    """Llama 3.2 Vision's cross-attention mask covers one piece's tokens from the sequence's start (two pieces
+    would be two rows of masks, a later piece's rows would start at 0), PaliGemma's processor writes each piece
+    with images as a prefix of its own: one line naming the record; LLaVA-NeXT takes the same records."""
+    Image.new("RGB", (40, 40), (220, 30, 30)).save(tmp_path / "red.png")
+    turn = [{"type": "image"}, {"type": "text", "text": "Which?"}]
+    record = {"prompt": [{"role": "user", "content": turn}, {"role": "assistant", "content": "red"},
+                         {"role": "user", "content": turn}], "images": ["red.png", "red.png"], "output": "red"}
+    late = dict(record, prompt=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "hi"},
+                                {"role": "user", "content": turn}], images=["red.png"])
+    path = write(tmp_path, [record, late])
+    for bad in (record, late):  # images in two turns; an image in the second turn only
+        with pytest.raises(DataError, match=r"data.jsonl, line 1.*images after the conversation's first turn"):
+            load_sft(write(tmp_path, [bad]), VisionTextFormat(tiny_vision_model_and_processor(family)[1], "images",
+                                                              2, tmp_path), input_key="prompt", output_key="output")
+    path = write(tmp_path, [record, late])
+    samples, _ = load_sft(path, VisionTextFormat(tiny_vision_model_and_processor("llava_next")[1], "images", 2,
+                                                 tmp_path), input_key="prompt", output_key="output")
+    assert samples[0].vision.num_images == 2 and samples[1].vision.num_images == 1
