@@ -95,14 +95,15 @@ VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is tran
 MOE = "ignored: transformers picks the MoE experts' kernel"
 
 
-def bf16_only(model_field: str, doing: str = "trains"):
-    """The conversion of OpenRLHF's --bf16 / --param_dtype into `model_field` bfloat16 (another dtype is refused:
-    rlhfkit `doing` in float32 or bfloat16)."""
+def weights_dtype(model_field: str, doing: str):
+    """The conversion of OpenRLHF's --bf16 / --param_dtype into `model_field` for a command that only runs the
+    model (no loss to scale): bf16 -> bfloat16, fp16 -> float16 (another dtype is refused)."""
     def convert(vals, given):
-        if vals and vals[0] not in ("bf16", "bfloat16"):
-            raise ConfigError(f"rlhfkit {doing} in float32 or bfloat16, not {vals[0]}: pass bf16 (or drop it "
-                              f"for float32)")
-        return {model_field: "bfloat16"}
+        value = vals[0] if vals else "bf16"
+        if value in ("bf16", "bfloat16", "fp16", "float16"):
+            return {model_field: "float16" if value in ("fp16", "float16") else "bfloat16"}
+        raise ConfigError(f"rlhfkit {doing} in float32, bfloat16 or float16, not {value}: pass bf16 or fp16 (or "
+                          "drop it for float32)")
     return convert
 
 

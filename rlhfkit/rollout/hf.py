@@ -469,7 +469,8 @@ class HFEngine:
             if self.row_hook is not None:
                 self.row_hook((s.first + s.active // n).tolist())
             if s.cache is not None:
-                s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache, compiled=True)
+                s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache, compiled=True,
+                                         extra=self._decode_extra(s))
             else:
                 s.seqs = torch.cat([s.seqs, tok.unsqueeze(-1)], dim=1)
                 s.logits = self._uncached_logits(s)
@@ -495,6 +496,11 @@ class HFEngine:
             fed = torch.arange(s.prefill_width, s.prefill_width + length - 1, device=real.device)
             tokens = prompt + s.tokens[row, : length - 1].tolist()
             self.turns.put(key, row_entry(s.cache, pos, torch.cat([real, fed]), tokens, s.kv_version))
+
+    def _decode_extra(self, s: DecodeState) -> dict | None:
+        """More keyword arguments of a cached decode step of `s` (none for text; rollout.vision's per-token image
+        inputs)."""
+        return None
 
     def _uncached_logits(self, s: DecodeState) -> torch.Tensor:
         """The next-token logits of a model decoded without a cache: a forward over the whole sequences `s.seqs`."""

@@ -263,6 +263,18 @@ def concatenated(original):
     return lambda tensors: torch.cat(tensors)  # rows of per-prompt tensors as they are: no padding
 
 
+def whole_prefix(original):
+    return lambda input_ids, prompt_lengths: original(input_ids, None)  # the response typed 0 with the prompt
+
+
+def per_token_as_given(original):
+    return lambda tensor, length: tensor  # the prompt's rows only, zero-padded across rows
+
+
+def no_decode_extra(original):
+    return lambda self, s: None  # decode steps without the per-token image inputs
+
+
 def names_as_given(original):
     return lambda model, targets, tower=False: targets  # peft matches the names anywhere, the tower included
 
@@ -530,6 +542,20 @@ SWITCH_OFFS = (
                "test_smolvlm_rows_with_different_sub_image_counts_are_padded_as_its_processor_pads_them",
                f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[smolvlm]"),
               "concatenated unpadded"),
+    SwitchOff("a prefix LM's response typed as its suffix (PaliGemma's token_type_ids)",
+              "rlhfkit.models.vision:prefix_lm_types", whole_prefix,
+              (f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[paligemma]",
+               f"{VISION}::test_paligemma_types_its_prompt_as_the_prefix_and_its_response_as_the_suffix",
+               f"{VISION}::test_paligemma_decoded_without_a_cache_types_its_response_as_the_suffix"),
+              "the whole sequence typed as the prefix"),
+    SwitchOff("per-token image inputs over the response (Llama 3.2 Vision's cross-attention mask)",
+              "rlhfkit.models.vision:per_token", per_token_as_given,
+              (f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[mllama]",),
+              "the prompt's rows only"),
+    SwitchOff("per-token image inputs at each cached decode step (Llama 3.2 Vision)",
+              "rlhfkit.rollout.vision:VisionEngine._decode_extra", no_decode_extra,
+              (f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[mllama]",),
+              "decode steps without them"),
     SwitchOff("images on Ray rollout workers (vision-language models)", "rlhfkit.distributed.worker:engine_images",
               no_images_sent, (f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[0]",
                                f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[2]"),
