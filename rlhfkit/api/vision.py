@@ -35,8 +35,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlhfkit.agents import ExecuteRunner, SingleTurnExecutor
-from rlhfkit.api.builder import build_engine as build_text_engine
 from rlhfkit.api.builder import prompt_options
+from rlhfkit.api.engines import build_engine as build_text_engine
 from rlhfkit.config import RLConfig
 from rlhfkit.data.images import (
     check_vision_prompts,
@@ -182,7 +182,7 @@ def prompts(cfg: RLConfig, dataset, processor, eval: bool = False, shuffle: bool
 def build_engine(policy, tokenizer, cfg: RLConfig, processor, state_fn=None):
     """--rollout.engine hf: the HF engine for images, sharing the policy module (weight sync is a
     version bump); under FSDP it decodes through the policy's gathered parameters, as
-    builder.build_engine's does. vllm: builder's VLLMEngine sending each prompt's images
+    engines.build_engine's does. vllm: engines' VLLMEngine sending each prompt's images
     (`vllm_image_settings`)."""
     if cfg.rollout.engine == "vllm":
         return build_text_engine(policy, tokenizer, cfg, state_fn,
