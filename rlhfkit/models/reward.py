@@ -31,8 +31,13 @@ from rlhfkit.models.backbone_reward import (
 )
 from rlhfkit.models.loading import keep_4bit_layout, load_errors, nf4_config, resolve_model_file, resolve_model_path
 from rlhfkit.models.precision import model_device
-from rlhfkit.models.vision import vision_kwargs
-from rlhfkit.models.vision_reward import VisionRewardModel, is_vision_reward_folder, load_vision_reward_model
+from rlhfkit.models.vision import is_vision_folder, vision_kwargs
+from rlhfkit.models.vision_reward import (
+    VisionRewardModel,
+    init_vision_reward_model,
+    is_vision_reward_folder,
+    load_vision_reward_model,
+)
 
 
 def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.dtype = torch.float32,
@@ -41,12 +46,15 @@ def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.d
     initialised from `seed` (normal, std 1/sqrt(hidden+1), as OpenRLHF) without touching the
     global RNG. With `load_in_4bit` (QLoRA) the backbone's linear layers are 4-bit NF4, the head not.
     An architecture with no `*ForSequenceClassification` class in transformers (Cohere2, Falcon-H1, Mamba,
-    ...) gets its decoder with the same head instead (models/backbone_reward.py)."""
+    ...) gets its decoder with the same head instead (models/backbone_reward.py); a vision-language model
+    its base model, a reward model over images (models/vision_reward.py)."""
     from transformers import AutoModelForSequenceClassification
 
     folder = resolve_model_path(path)
     if not (folder / "config.json").is_file():
         raise ModelError(f"{folder}: no config.json; pass an HF model folder, a hub name (or `smollm2`)")
+    if is_vision_folder(folder):
+        return init_vision_reward_model(folder, dtype, seed=seed, load_in_4bit=load_in_4bit)
     if not has_classifier(folder):
         model = init_backbone_reward_model(folder, dtype, seed=seed, load_in_4bit=load_in_4bit)
         model.config.pad_token_id = pad_token_id
