@@ -28,8 +28,17 @@ from rlhfkit.models.backbone_reward import (
     head_format,
     init_backbone_reward_model,
     load_backbone_reward_model,
+    save_backbone_reward_model,
 )
-from rlhfkit.models.loading import keep_4bit_layout, load_errors, nf4_config, resolve_model_file, resolve_model_path
+from rlhfkit.models.loading import (
+    keep_4bit_layout,
+    load_errors,
+    nf4_config,
+    resolve_model_file,
+    resolve_model_path,
+    save_errors,
+    save_hf_folder,
+)
 from rlhfkit.models.precision import model_device
 from rlhfkit.models.vision import is_vision_folder, vision_kwargs
 from rlhfkit.models.vision_reward import (
@@ -109,6 +118,17 @@ def load_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float3
         if config.num_labels != 1:
             raise ModelError(f"{folder}: a reward model has num_labels=1, this one has {config.num_labels}")
         return AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype)
+
+
+def save_reward_model(model: torch.nn.Module, tokenizer, path: str | os.PathLike) -> Path:
+    """Write reward model `model` (its LoRA merged) and `tokenizer` as the folder `load_reward_model` reads: a
+    sequence-classification model's HF folder, or a reward model on a backbone's (models/backbone_reward.py)."""
+    if not isinstance(model, BackboneRewardModel):
+        return save_hf_folder(model, tokenizer, path)
+    folder = save_backbone_reward_model(model, path)
+    with save_errors(folder):
+        tokenizer.save_pretrained(folder)
+    return folder
 
 
 def is_reward_model_folder(path: str | os.PathLike) -> bool:
