@@ -16,8 +16,9 @@ folder itself or a run folder (then its `latest`). What is in it decides how OUT
                                                        float weights
 
 OUT holds safetensors weights, config.json and the tokenizer; `from_pretrained` loads it without
-peft or torch.distributed. A reward model (train rm) stays a sequence-classification model; a
-vision-language model's LoRA run gets its base's processor beside the weights.
+peft or torch.distributed. A reward model (train rm) stays a sequence-classification model, or the folder of
+a reward model on a backbone that `train rm` writes (models/backbone_reward.py); a vision-language model's
+LoRA run gets its base's processor beside the weights.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 
 from rlhfkit.errors import CheckpointError
 from rlhfkit.models.loading import load_errors, load_tokenizer, resolve_model, save_hf_folder
+from rlhfkit.models.reward import init_reward_model, save_reward_model
 from rlhfkit.models.vision import is_vision_folder, load_processor, load_vision_model, plain_model_class
 from rlhfkit.trainers.checkpoint import ADAPTER_SUFFIX, LATEST, MANIFEST, SHARDS, verify
 
@@ -121,8 +123,10 @@ def _merged_lora(folder: Path, name: str, out: Path, base: str | None) -> Path:
     sharded = (folder / SHARDS).is_dir()
     state = {} if sharded else load_file(str(folder / f"{name}.safetensors"))
     dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
+    tokenizer = load_tokenizer(card if (card / "tokenizer_config.json").is_file() else base_path)
+    reward = str(config.task_type).endswith("SEQ_CLS")
     with load_errors("the base model", base_path):
-        model = _base_model(base_path, gguf, config.task_type, dtype)
+        model = _base_model(base_path, gguf, tokenizer.pad_token_id if reward else None, dtype)
     peft_model = get_peft_model(model, config)
     if sharded:
         from rlhfkit.distributed.fsdp_checkpoint import read_full_module
@@ -134,20 +138,19 @@ def _merged_lora(folder: Path, name: str, out: Path, base: str | None) -> Path:
             raise CheckpointError(f"checkpoint {folder}: {name}.safetensors does not fit the base {base_path} "
                                   f"(unexpected {unexpected[:3]}); pass the run's base model with --base")
     merged = peft_model.merge_and_unload()
-    tokenizer = load_tokenizer(card if (card / "tokenizer_config.json").is_file() else base_path)
-    save_hf_folder(merged, tokenizer, out)
+    (save_reward_model if reward else save_hf_folder)(merged, tokenizer, out)
     if gguf is None and is_vision_folder(base_path):  # a vision-language policy: its base's processor too
         load_processor(str(base_path)).save_pretrained(str(out))
     return out
 
 
-def _base_model(path: Path, gguf: str | None, task_type, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import AutoModelForSequenceClassification
-
+def _base_model(path: Path, gguf: str | None, reward_pad_id: int | None, dtype: torch.dtype) -> torch.nn.Module:
+    """The model a LoRA run trained on `path`: with `reward_pad_id` (its tokenizer's pad token) the reward model
+    `train rm` builds (models.reward.init_reward_model: a sequence classifier, or a score head on a backbone)."""
     from rlhfkit.models.loading import load_causal_lm
 
-    if str(task_type).endswith("SEQ_CLS"):
-        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
+    if reward_pad_id is not None:
+        return init_reward_model(path, reward_pad_id, dtype)
     if gguf is None and is_vision_folder(path):
         return load_vision_model(str(path), dtype=dtype)
     return load_causal_lm(path, dtype=dtype, gguf_file=gguf)
