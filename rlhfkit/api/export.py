@@ -8,6 +8,8 @@ folder itself or a run folder (then its `latest`). What is in it decides how OUT
   model/ with weights       (a single-process run)    copied: it already is an HF folder
   model.safetensors          (a LoRA run)              the base of model.adapter/'s config with the
                                                        adapters loaded, merged into its weights
+  model.safetensors          (train rm on a backbone,   the reward model's weights over the run's model,
+                              no model.adapter/)        written as `train rm` writes it
   shards/                    (an FSDP run, any ranks)   the run's model (its config.json, or --base)
                                                        filled from every rank's shards (in one process);
                                                        a vision-language model with its processor
@@ -70,6 +72,8 @@ the run's config.json). Returns `out`."""
         shutil.copytree(folder / name, out, dirs_exist_ok=True)
         return out
     if (folder / f"{name}.safetensors").is_file():
+        if not (folder / f"{name}{ADAPTER_SUFFIX}").is_dir() and _holds_score_head(folder / f"{name}.safetensors"):
+            return _backbone_reward(folder, name, out, base)
         return _merged_lora(folder, name, out, base)
     raise CheckpointError(f"checkpoint {folder} holds no model {name!r} (neither {name}/, {name}.safetensors nor "
                           f"{SHARDS}/)")
@@ -141,6 +145,35 @@ def _merged_lora(folder: Path, name: str, out: Path, base: str | None) -> Path:
     (save_reward_model if reward else save_hf_folder)(merged, tokenizer, out)
     if gguf is None and is_vision_folder(base_path):  # a vision-language policy: its base's processor too
         load_processor(str(base_path)).save_pretrained(str(out))
+    return out
+
+
+def _holds_score_head(weights: Path) -> bool:
+    """Whether the state dict file `weights` is a reward model's on a backbone (a `score` head beside `model.*`)."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="pt") as f:
+        return "score.weight" in f.keys()
+
+
+def _backbone_reward(folder: Path, name: str, out: Path, base: str | None) -> Path:
+    """A full-weight checkpoint of a reward model on a backbone (models/backbone_reward.py: no HF folder of its
+    own, so a state dict): loaded into the reward model `train rm` builds on the run's model, written as
+    `train rm` writes it."""
+    from safetensors.torch import load_file
+
+    path, _ = resolve_model(base or run_model(folder))
+    state = load_file(str(folder / f"{name}.safetensors"))
+    tokenizer = load_tokenizer(path)
+    with load_errors("the base model", path):
+        model = init_reward_model(path, tokenizer.pad_token_id, state["score.weight"].dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {folder}: {name}.safetensors does not fit a reward model on {path} "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]}); pass the run's model with --base")
+    save_reward_model(model, tokenizer, out)
+    if is_vision_folder(path):  # a reward model over images: its base's processor too
+        load_processor(str(path)).save_pretrained(str(out))
     return out
 
 

@@ -177,3 +177,21 @@ def test_a_lora_checkpoint_of_it_exports_and_merges_to_its_folder(ws, tmp_path, 
         for rm in (exported, merged):
             assert type(rm).__name__ == kind
             assert torch.allclose(batch_scores(rm, collate(samples, 0)), want, atol=1e-5)
+
+
+def test_a_full_weight_checkpoint_of_it_exports_to_its_folder(ws, tmp_path):
+    """Without LoRA a checkpoint holds the reward model's state dict (it has no HF folder of its own): `rlhfkit
+    export` writes it over the run's model as `train rm` writes it, with the trained scores."""
+    from rlhfkit.cli.main import main
+
+    argv = flags(ws, tmp_path / "rm", data__dataset=ws / "pairs.jsonl", train__batch_size=4,
+                 train__micro_batch_size=2, adam__lr="1e-2", model__autocast="none", ckpt__save_steps=2)
+    argv[1] = str(ws / "falcon_h1")
+    trainer = RMTrainer.from_config(RMConfig.from_args(argv))
+    trainer.train()
+    assert main(["export", str(tmp_path / "rm"), str(tmp_path / "exported")]) == 0
+    exported, final = load_reward_model(tmp_path / "exported"), load_reward_model(trainer.run_dir / "final")
+    assert type(exported) is BackboneRewardModel and torch.equal(exported.score.weight, final.score.weight)
+    batch = collate([s for p in trainer.train_items[:3] for s in (p.chosen, p.rejected)], 0)
+    with torch.no_grad():
+        assert torch.allclose(batch_scores(exported, batch), batch_scores(final, batch), atol=1e-6)
