@@ -66,6 +66,12 @@ def quantized_state(original):
     return parts
 
 
+def no_loss_scale(original):
+    def init(self, *args, **kwargs):
+        original(self, *args, **{**kwargs, "loss_scale": None})  # every Learner as without float16
+    return init
+
+
 def no_optimizer_step(original):
     def step(self):
         self.optimizer.step = lambda *args, **kwargs: None  # the clip, scheduler and EMA still run
@@ -293,6 +299,7 @@ def replays_nothing(original):
 
 
 STAGES = "tests/unit/trainers/test_stages.py"
+LOSS_SCALE = "tests/unit/trainers/test_loss_scale.py"
 KL = "tests/unit/trainers/test_kl_placement.py"
 OFFPOLICY = "tests/unit/trainers/test_offpolicy.py"
 LEVERS = "tests/integration/test_levers_observed.py"
@@ -361,6 +368,14 @@ SWITCH_OFFS = (
     SwitchOff("optimizer step", "rlhfkit.trainers.learner:Learner.step", no_optimizer_step,
               (f"{STAGES}::test_update_moves_the_weights_towards_the_positive_advantage",
                "tests/gpu/test_device_vs_cpu.py::test_one_rl_step_matches_the_cpu[cpu]"), "optimizer.step a no-op"),
+    SwitchOff("float16 dynamic loss scaling", "rlhfkit.trainers.learner:Learner.__init__", no_loss_scale,
+              (f"{LOSS_SCALE}::test_an_overflow_skips_the_step_lowers_the_scale_and_leaves_the_weights",
+               f"{LOSS_SCALE}::test_the_scale_keeps_gradients_below_float16s_range",
+               f"{LOSS_SCALE}::test_unscaled_once_per_step_and_clipped_as_the_float32_learner"),
+              "loss_scale None: unscaled"),
+    SwitchOff("the loss scale restored on resume", "rlhfkit.trainers.loss_scale:DynamicLossScale.load_state_dict",
+              noop, ("tests/integration/test_supervised_resume.py::test_fp16_loss_scale_resumes_exactly[sft]",),
+              "no-op: the first scale again"),
     SwitchOff("token-budget micro-batches (dynamic batch)", "rlhfkit.trainers.rl.batching:MicroBatcher.cut",
               no_token_budget,
               ("tests/unit/trainers/test_token_budget.py::test_micro_batches_are_cut_by_the_token_budget",),

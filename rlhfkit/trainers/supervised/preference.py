@@ -34,7 +34,7 @@ class _PreferenceLoop:
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.eval_items = list(eval_items)
         self.learner = build_learner(model, cfg.adam, cfg.train, planned_steps(len(items), cfg.train),
-                                     cfg.muon)
+                                     cfg.muon, cfg.model)
         self.loop = StepLoop(self.learner, items, cfg.train, tracker, self.evaluate if self.eval_items else None,
                              aux_loss_coef=cfg.model.aux_loss_coef)
 
