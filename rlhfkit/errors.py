@@ -50,13 +50,13 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:
-    """The first non-blank line of `exc`'s message, cut at `limit` characters; "" when it has none or its
-    `__str__` raises (a user's exception: an environment's, a tool's)."""
+    """The first non-blank line of `exc`'s message, cut at `limit` characters; "(no message)" when it has none
+    or its `__str__` raises (a user's exception: an environment's, a tool's, a reward function's)."""
     try:
         text = str(exc)
     except Exception:  # noqa: BLE001 - an exception whose __str__ raises
-        return ""
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:limit]
+        text = ""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "(no message)")[:limit]
 
 
 _OS_FIXES = {

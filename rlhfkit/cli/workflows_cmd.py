@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from rlhfkit.api.builder import load_reward, prompt_options, prompt_source
+from rlhfkit.api.builder import label_reward, load_reward, prompt_options, prompt_source
 from rlhfkit.api.workflows import IterativeDPO, RejectionSampling, generate
 from rlhfkit.config.generate import GenerateConfig, IterativeDPOConfig, RSConfig
 from rlhfkit.data.prompts import check_prompts
@@ -16,11 +16,13 @@ ROUNDS = {"rs": (RSConfig, RejectionSampling), "iterative-dpo": (IterativeDPOCon
 
 
 def check_inputs(cfg: GenerateConfig) -> None:
-    """A missing or malformed prompt dataset fails here, before the model loads."""
+    """A missing or malformed prompt dataset fails here, before the model loads; so does a reward that scores
+    against each prompt's label (builtin:math, builtin:code) without --data.label_key or with a null label, as
+    in `train rl` and `plan`."""
     if not cfg.data.prompt_dataset:
         raise ConfigError("--data.prompt_dataset is required (a .jsonl/.json/.parquet file, a datasets folder "
                           "or a hub dataset name)")
-    check_prompts(prompt_source(cfg), **prompt_options(cfg))
+    check_prompts(prompt_source(cfg), **prompt_options(cfg), labels_for=label_reward(cfg))
 
 
 def run_generate(argv: list[str]) -> int:

@@ -527,8 +527,6 @@ def _supervised_training_rules(add: Callable[[str, Alias], None]) -> None:
 
 
 SUPERVISED_RULES = _supervised_rules()
-# `train rm` pads its micro-batches (scores are read at each sample's last token): packing is only a layout.
-RM_PACKING = notice("ignored: train rm pads its micro-batches (same result)")
 
 
 # What rlhfkit does with each, per command; RL_FLAGS is `train rl`'s.
@@ -536,7 +534,6 @@ SUPERVISED_FLAGS: dict[str, dict[str, Alias]] = {
     kind: {name: SUPERVISED_RULES[name] for name in OPENRLHF_COMMANDS[f"train_{kind}"]}
     for kind in ("sft", "rm", "dpo", "kto", "prm", "kd")
 }
-SUPERVISED_FLAGS["rm"].update({"packing_samples": RM_PACKING, "ds.packing_samples": RM_PACKING})
 # Conditional SFT: OpenRLHF renders the score into the prompt in batch_inference (--post_processor
 # csft --reward_template); `rlhfkit train sft` renders it while reading the data.
 CONDITIONAL_SFT_ALIASES = {"reward_template": to("data.reward_template")}

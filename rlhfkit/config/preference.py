@@ -112,8 +112,6 @@ class KTOConfig(DPOConfig):
 def validate_rm(cfg: RMConfig) -> RMConfig:
     validate_common(cfg)
     refuse_reward_template(cfg, "train rm")
-    require(not cfg.ds.packing_samples, "--ds.packing_samples is not supported by train rm (scores are read at "
-            "each sample's last token of a padded batch); drop the flag")
     return cfg
 
 

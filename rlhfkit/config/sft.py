@@ -111,7 +111,7 @@ class SupervisedDataConfig:
     input_key: str = "input"
     """SFT: the prompt (a string) or a whole conversation (a message list, with apply_chat_template)."""
     output_key: str | None = "output"
-    """SFT / KTO: the response string."""
+    """SFT / KTO: the response string (KTO: TRL's `completion` when no record has the default `output`)."""
     prompt_key: str | None = "prompt"
     """Preference data: the prompt; none when chosen/rejected are whole conversations, or whole texts whose
     common beginning is the prompt (TRL's implicit prompt, e.g. Anthropic/hh-rlhf)."""

@@ -36,9 +36,9 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from rlhfkit.data.prompts import PromptExample, kept_records
-from rlhfkit.data.records import Record, Source, first_line, is_messages, label_value, source_name
+from rlhfkit.data.records import Record, Source, is_messages, label_value, source_name
 from rlhfkit.data.types import PromptItem
-from rlhfkit.errors import ConfigError, DataError
+from rlhfkit.errors import ConfigError, DataError, first_line
 
 IMAGE_KEYS = ("images", "image")  # the columns looked for when no image_key is given (OpenRLHF's, TRL's)
 MAX_IMAGE_PIXELS = 8192 * 8192  # larger images are refused before they are decoded

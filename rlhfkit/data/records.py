@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from rlhfkit.errors import ConfigError, DataError, one_line
+from rlhfkit.errors import ConfigError, DataError, first_line, one_line
 
 if TYPE_CHECKING:
     import datasets
@@ -186,11 +186,6 @@ def is_messages(value: Any) -> bool:
         and len(value) > 0
         and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
     )
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def is_hub_dataset_name(name: str) -> bool:

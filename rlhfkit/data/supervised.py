@@ -349,9 +349,15 @@ def load_unpaired(source: Source, fmt: TextFormat, prompt_key: str = "prompt", o
                   label_key: str = "label", max_len: int = 2048, max_samples: int | None = None,
                   seed: int | None = None, split: str = "train", config: str | None = None,
                   data_dir: str | None = None) -> tuple[list[LabeledSample], int]:
-    """KTO examples: (prompt, output, label) with a boolean label (True = desirable)."""
-    keys = {"--data.prompt_key": prompt_key, "--data.output_key": output_key, "--data.label_key": label_key}
-    rows = select_records(source, keys, max_samples, seed, split, config, data_dir)
+    """KTO examples: (prompt, output, label) with a boolean label (True = desirable). TRL's unpaired layout
+    (prompt, completion, label) is read as it is: with the default `output_key` "output" absent from every
+    record and "completion" in each, the completions are the outputs."""
+    rows = select_records(source, {"--data.prompt_key": prompt_key}, max_samples, seed, split, config, data_dir)
+    if output_key == "output" and rows and all("output" not in r.data and "completion" in r.data for _, r, _ in rows):
+        output_key = "completion"  # TRL's KTO column
+    for _, record, p in sorted(rows, key=lambda row: row[0]):  # in file order, before any tokenization
+        require_key(record, output_key, "--data.output_key", p)
+        require_key(record, label_key, "--data.label_key", p)
     out, skipped = [], 0
     for i, record, p in rows:
         where = f"{p}, {record.where}"

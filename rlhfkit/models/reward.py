@@ -1,7 +1,9 @@
 """Reward models: a causal-LM backbone with a scalar `score` head read at the last token; and
 process reward models (a causal LM read at step ends, see the end of this file). A reward model over
-images (a vision-language model's base model with a `score` head) has its own folder layout:
-models/vision_reward.py; `load_reward_model` and `reward_scores` take both.
+images (a vision-language model's base model with a `score` head, models/vision_reward.py) and one on a
+causal LM whose architecture has no sequence-classification class in transformers (its decoder with a
+`score` head) have their own folder layout: models/backbone_reward.py; `load_reward_model` and
+`reward_scores` take all three.
 
 A reward model is an HF `*ForSequenceClassification` with `num_labels=1` (for Llama,
 `LlamaForSequenceClassification`: `model` backbone + bias-free `score` Linear). HF reads the
@@ -19,22 +21,36 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import ModelError
+from rlhfkit.models.backbone_reward import (
+    HEAD_CONFIG,
+    TEXT_FORMAT,
+    BackboneRewardModel,
+    head_format,
+    init_backbone_reward_model,
+    load_backbone_reward_model,
+)
 from rlhfkit.models.loading import keep_4bit_layout, load_errors, nf4_config, resolve_model_file, resolve_model_path
 from rlhfkit.models.precision import model_device
 from rlhfkit.models.vision import vision_kwargs
-from rlhfkit.models.vision_reward import HEAD_CONFIG, is_vision_reward_folder, load_vision_reward_model
+from rlhfkit.models.vision_reward import VisionRewardModel, is_vision_reward_folder, load_vision_reward_model
 
 
 def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.dtype = torch.float32,
                       seed: int = 0, load_in_4bit: bool = False) -> torch.nn.Module:
     """A reward model on the backbone of the causal LM in folder `path`; the new `score` head is
     initialised from `seed` (normal, std 1/sqrt(hidden+1), as OpenRLHF) without touching the
-    global RNG. With `load_in_4bit` (QLoRA) the backbone's linear layers are 4-bit NF4, the head not."""
+    global RNG. With `load_in_4bit` (QLoRA) the backbone's linear layers are 4-bit NF4, the head not.
+    An architecture with no `*ForSequenceClassification` class in transformers (Cohere2, Falcon-H1, Mamba,
+    ...) gets its decoder with the same head instead (models/backbone_reward.py)."""
     from transformers import AutoModelForSequenceClassification
 
     folder = resolve_model_path(path)
     if not (folder / "config.json").is_file():
         raise ModelError(f"{folder}: no config.json; pass an HF model folder, a hub name (or `smollm2`)")
+    if not has_classifier(folder):
+        model = init_backbone_reward_model(folder, dtype, seed=seed, load_in_4bit=load_in_4bit)
+        model.config.pad_token_id = pad_token_id
+        return model
     rng = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
@@ -52,14 +68,30 @@ def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.d
     return keep_4bit_layout(model) if load_in_4bit else model
 
 
+def has_classifier(folder: Path) -> bool:
+    """Whether transformers has a `*ForSequenceClassification` class for the architecture of the model
+    folder's config.json (its `model_type`); an unreadable config is reported by the loader that reads it."""
+    import json
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return True
+    return model_type is None or model_type in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+
 def load_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A reward model saved by `rlhfkit train rm`: any HF sequence-classification folder, or a reward
-    model over images (models/vision_reward.py)."""
+    """A reward model saved by `rlhfkit train rm`: any HF sequence-classification folder, a reward model
+    over images (models/vision_reward.py) or one on a causal LM's decoder (models/backbone_reward.py)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     folder = resolve_model_path(path)
     if is_vision_reward_folder(folder):
         return load_vision_reward_model(folder, dtype)
+    if head_format(folder) == TEXT_FORMAT:
+        return load_backbone_reward_model(folder, dtype)
     if not is_reward_model_folder(folder):
         raise ModelError(f"{folder} is not a reward-model folder (its config.json names no "
                          f"*ForSequenceClassification architecture and it has no {HEAD_CONFIG}); train one with "
@@ -72,10 +104,11 @@ def load_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float3
 
 
 def is_reward_model_folder(path: str | os.PathLike) -> bool:
-    """Whether `path` holds a reward model: a sequence-classification folder or a reward model over images."""
+    """Whether `path` holds a reward model: a sequence-classification folder, a reward model over images or
+    one on a causal LM's decoder."""
     import json
 
-    if is_vision_reward_folder(path):
+    if is_vision_reward_folder(path) or head_format(path) == TEXT_FORMAT:
         return True
     cfg = Path(path).expanduser() / "config.json"
     if not cfg.is_file():
@@ -97,10 +130,51 @@ def reward_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
 
 def batch_scores(model: torch.nn.Module, batch) -> torch.Tensor:
     """Scores [B] float32 of the rows of a padded `data.batch.TokenBatch` (prompt + response each), with
-    their images when the batch carries them; computed on the model's device."""
+    their images when the batch carries them, or of a one-row `data.packing.PackedBatch` (`packed_scores`);
+    computed on the model's device."""
+    if getattr(batch, "position_ids", None) is not None:
+        batch = packable_layout(model, batch)
+    if getattr(batch, "position_ids", None) is not None:
+        return packed_scores(model, batch)
     device = model_device(model)
     return reward_scores(model, batch.input_ids.to(device), batch.attention_mask.to(device),
                          **vision_kwargs(model, batch, device))
+
+
+def packable_layout(model: torch.nn.Module, batch):
+    """The packed `batch`, or its samples as padded rows where the reward model's backbone cannot keep
+    them apart in one row (models.logprobs.runnable_layout: recurrent layers, masks built without the
+    positions, ...) or it is a reward model over images."""
+    from rlhfkit.models.logprobs import runnable_layout, transformers_model
+
+    base = transformers_model(model)
+    if isinstance(base, VisionRewardModel):
+        return batch.padded()
+    return runnable_layout(score_head(base, wrapped=True)[0], batch)
+
+
+def packed_scores(model: torch.nn.Module, batch) -> torch.Tensor:
+    """Scores [B] float32 of the B samples of a one-row `data.packing.PackedBatch` (input_ids,
+    position_ids [1, L], the positions restarting at 0 for each sample, no attention mask): the backbone
+    runs once over the row and the `score` head reads each sample's hidden state where the padded forward
+    reads it: its last token for a reward model on a backbone (models/backbone_reward.py); for a
+    `*ForSequenceClassification`, transformers' choice, the sample's last token that is not the pad token
+    (its first token when all are), so the scores equal the padded batch's."""
+    from rlhfkit.models.logprobs import model_inputs, transformers_model
+
+    base = transformers_model(model)
+    backbone, head = score_head(base, wrapped=True)
+    hidden = backbone(**model_inputs(backbone, batch)).last_hidden_state[0]  # [L, H]
+    ids = batch.input_ids[0]
+    lengths = batch.prompt_lengths + batch.response_mask.sum(dim=1)
+    sample = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # [L] the sample of each position
+    readable = torch.ones_like(ids, dtype=torch.bool)
+    pad = base.config.get_text_config().pad_token_id
+    if not isinstance(base, BackboneRewardModel) and pad is not None:
+        readable = ids != pad
+    candidates = torch.where(readable, torch.arange(ids.numel()), batch.starts[sample])
+    last = torch.zeros_like(lengths).scatter_reduce(0, sample, candidates, "amax", include_self=False)
+    return head(hidden[last.to(hidden.device)]).squeeze(-1).float()
 
 
 def normalization(model: torch.nn.Module) -> tuple[float, float]:
@@ -108,11 +182,12 @@ def normalization(model: torch.nn.Module) -> tuple[float, float]:
     return float(getattr(model.config, "mean", 0.0)), float(getattr(model.config, "std", 1.0))
 
 
-def score_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear]:
-    """(backbone, score head) of a sequence-classification reward model."""
+def score_head(model: torch.nn.Module, wrapped: bool = False) -> tuple[torch.nn.Module, torch.nn.Linear]:
+    """(backbone, score head) of a reward model (a sequence-classification one or models/backbone_reward.py's);
+    with `wrapped` the head may be a wrapper that calls one (peft's trainable copy of it under LoRA)."""
     backbone = getattr(model, model.base_model_prefix, None)
     head = getattr(model, "score", None)
-    if backbone is None or not isinstance(head, torch.nn.Linear):
+    if backbone is None or not isinstance(head, torch.nn.Module if wrapped else torch.nn.Linear):
         raise ModelError(f"{type(model).__name__} has no backbone + `score` Linear head to reuse")
     return backbone, head
 

@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.errors import RewardError
+from rlhfkit.errors import RewardError, first_line
 from rlhfkit.rewards.base import RewardOutput, gather_awaitables, normalize_reward_output, response_texts
 from rlhfkit.rewards.verl import VerlBatch, is_verl_function
 
@@ -324,9 +324,3 @@ def _run_async(calls: list[Any]) -> list[Any]:
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # this thread's loop is busy
         return pool.submit(asyncio.run, gather_awaitables(calls)).result()
 
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, for one-line errors."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "(no message)"

@@ -27,8 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.errors import RewardError
-from rlhfkit.rewards.callables import CallableRewardFn, batched, first_line, grouped
+from rlhfkit.errors import RewardError, first_line
+from rlhfkit.rewards.callables import CallableRewardFn, batched, grouped
 
 __all__ = ["FUNCTION_NAME", "FileRewardFn", "batched", "grouped", "import_python_file",
            "load_reward_file"]

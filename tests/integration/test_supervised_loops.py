@@ -131,6 +131,27 @@ def test_reward_model_separates_pairs_and_reloads_with_auto_class(rm_run):
     torch.testing.assert_close(full[0], cut[0])
 
 
+def test_packed_reward_model_run_matches_the_padded_one(ws, tmp_path):
+    """`train rm --ds.packing_samples`: step by step the same loss, accuracy and scores as the padded run, and the
+    same stored mean / std of the final scores (fp32 tolerance)."""
+    runs = {}
+    for packing in ("false", "true"):
+        out = tmp_path / packing
+        argv = ["train", "rm", *flags(model__model_name_or_path=ws / "tiny", data__dataset=ws / "pairs.jsonl",
+                                      data__eval_split=0.25, train__batch_size=12, train__micro_batch_size=6,
+                                      train__max_epochs=1, adam__lr=3e-3, ds__packing_samples=packing,
+                                      ckpt__output_dir=out)]
+        assert main(argv) == 0
+        runs[packing] = [m for m in metrics(out) if "loss" in m], json.loads((out / "summary.json").read_text())
+    (padded, pad_summary), (packed, packed_summary) = runs["false"], runs["true"]
+    assert len(padded) == len(packed) == 3
+    for key in ("loss", "accuracy", "chosen_reward", "rejected_reward"):
+        torch.testing.assert_close(torch.tensor([m[key] for m in packed]), torch.tensor([m[key] for m in padded]),
+                                   rtol=1e-4, atol=1e-5, msg=key)
+    for key in ("reward_mean", "reward_std", "eval/accuracy"):
+        assert packed_summary[key] == pytest.approx(pad_summary[key], rel=1e-4, abs=1e-5), key
+
+
 def test_dpo_raises_margin_and_matches_core_loss(ws, tmp_path):
     out = tmp_path / "dpo"
     argv = ["train", "dpo", *flags(model__model_name_or_path=ws / "tiny", data__dataset=ws / "pairs.jsonl",

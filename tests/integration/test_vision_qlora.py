@@ -17,11 +17,11 @@ from rlhfkit.config.preference import DPOConfig, RMConfig
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.data.batch import collate
 from rlhfkit.data.synthetic_vision import write_colour_task
+from rlhfkit.models.backbone_reward import HEAD_CONFIG
 from rlhfkit.models.logprobs import response_logprobs
 from rlhfkit.models.reward import batch_scores, load_reward_model
 from rlhfkit.models.tiny_vision import save_tiny_vision
 from rlhfkit.models.vision import load_processor, vision_parts
-from rlhfkit.models.vision_reward import HEAD_CONFIG
 from rlhfkit.rollout.base import SamplingParams
 from tests.integration.test_vision_rl import flags as rl_flags
 from tests.integration.test_vision_rl import varied_reward

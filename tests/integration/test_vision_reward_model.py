@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from rlhfkit.api.supervised import RMConfig, RMTrainer, SFTConfig, SFTTrainer
 from rlhfkit.data.batch import collate
 from rlhfkit.data.synthetic_vision import COLOURS, QUESTION, write_colour_task
+from rlhfkit.models.backbone_reward import HEAD_WEIGHTS
 from rlhfkit.models.reward import batch_scores, load_reward_model, normalization
 from rlhfkit.models.tiny_vision import save_tiny_vision
 from rlhfkit.models.vision import (
@@ -27,7 +28,6 @@ from rlhfkit.models.vision import (
     load_vision_model,
     vision_parts,
 )
-from rlhfkit.models.vision_reward import HEAD_WEIGHTS
 from rlhfkit.rewards.reward_model import VisionRewardModelFn
 
 MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]

@@ -210,6 +210,19 @@ def test_cli_errors_are_one_line(ws, capsys, command, extra, message):
     assert err.startswith("error: ") and "\n" not in err and message in err, err
 
 
+@pytest.mark.parametrize("command", [["generate"], ["train", "rs"], ["train", "iterative-dpo"]])
+def test_a_label_scored_reward_without_label_key_is_refused_before_the_model_loads(ws, capsys, command):
+    """builtin:math scores each response against its prompt's label: without --data.label_key the command stops
+    in one line, as `train rl` and `plan` do, before any model loads (the policy folder does not exist)."""
+    flags = base_flags(ws, model="no_such_model", out="cli_labels")
+    i = flags.index("--data.label_key")
+    del flags[i:i + 2]
+    assert main([*command, *flags, "--reward.remote_url", "builtin:math"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: --reward.remote_url builtin:math scores each response against its prompt's reference "
+                   "answer: set --data.label_key to the column holding it"), err
+
+
 def test_no_pair_is_a_one_line_error(ws, capsys):
     (ws / "zero.py").write_text("def reward_func(queries, prompts, labels, **kw):\n    return [0.0] * len(queries)\n")
     flags = base_flags(ws, out="cli_ties") + ["--reward.remote_url", str(ws / "zero.py"),

@@ -133,6 +133,10 @@ def packing_off(original):
     return lambda samples, pad_id, packing: original(samples, pad_id, False)
 
 
+def padded_layout(original):
+    return lambda model, batch: batch.padded()
+
+
 def unpooled(original):
     def call(self, queries, prompts, labels, **kwargs):
         return self.reward_fn(queries, prompts, labels, **kwargs)
@@ -413,6 +417,11 @@ SWITCH_OFFS = (
     SwitchOff("packed micro-batches in `train prm` (--ds.packing_samples)",
               "rlhfkit.trainers.supervised.prm:step_batch", packing_off,
               ("tests/unit/trainers/test_prm.py::test_packed_loss_and_gradients_equal_padded",), "padded rows"),
+    SwitchOff("packed micro-batches in `train rm` (--ds.packing_samples)",
+              "rlhfkit.models.reward:packable_layout", padded_layout,
+              ("tests/unit/trainers/test_rm_packing.py::test_packed_loss_and_gradients_equal_padded",
+               "tests/unit/trainers/test_rm_packing.py::test_packed_scores_of_a_classifier_equal_the_padded_ones[llama]"),
+              "padded rows"),
     SwitchOff("concurrent requests sharing a served reward model's passes (`serve-reward`)",
               "rlhfkit.rewards.server:PooledReward.__call__", unpooled,
               (f"{SERVED_RM}::test_concurrent_requests_share_forward_passes_of_batch_size_queries",

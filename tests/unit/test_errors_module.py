@@ -22,3 +22,17 @@ def test_os_error_fix_by_errno():
     # a Rust library's error type names the errno only in its text
     assert os_error_fix(Exception("I/O error: Read-only file system (os error 30)")) == (
         "choose a place on a writable file system")
+
+
+def test_first_line_is_the_first_non_blank_line_or_says_there_is_none():
+    from rlhfkit.errors import first_line
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    assert first_line(LookupError("\n\n  Resource words not found.\n  more\n")) == "Resource words not found."
+    assert first_line(ValueError("x" * 400), limit=5) == "xxxxx"
+    assert first_line(ValueError()) == "(no message)"
+    assert first_line(ValueError("  \n ")) == "(no message)"
+    assert first_line(Unprintable()) == "(no message)"

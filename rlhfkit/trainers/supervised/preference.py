@@ -16,12 +16,11 @@ import torch
 
 from rlhfkit.core.losses import dpo_loss, kto_loss, pairwise_loss, sft_loss
 from rlhfkit.core.masks import masked_sum
-from rlhfkit.data.batch import collate
 from rlhfkit.data.supervised import TokenSample
 from rlhfkit.models import response_logprobs, save_hf_folder
+from rlhfkit.models.backbone_reward import BackboneRewardModel, save_backbone_reward_model
 from rlhfkit.models.precision import autocast_ctx, model_device
 from rlhfkit.models.reward import batch_scores
-from rlhfkit.models.vision_reward import VisionRewardModel, save_vision_reward_model
 from rlhfkit.trainers.supervised.loop import (
     StepLoop,
     build_learner,
@@ -68,8 +67,9 @@ class RMLoop(_PreferenceLoop):
     last token; the margin (each pair's, `PairSample.margin`) with --model.margin_loss_enable."""
 
     def scores(self, samples: Sequence[TokenSample]) -> torch.Tensor:
-        """Scores [N] of prompt + response samples (with their images, a reward model over images)."""
-        batch = collate(samples, self.tokenizer.pad_token_id)
+        """Scores [N] of prompt + response samples (with their images, a reward model over images); with
+        --ds.packing_samples in one packed row, each read at its sample's last token (models.reward.packed_scores)."""
+        batch = make_batch(samples, self.tokenizer.pad_token_id, self.cfg.ds.packing_samples)
         with autocast_ctx(self.cfg.model.autocast, model_device(self.model).type):
             return batch_scores(self.model, batch)
 
@@ -98,12 +98,13 @@ class RMLoop(_PreferenceLoop):
 
     def save(self, path: str | Path, mean: float = 0.0, std: float = 1.0) -> Path:
         """A full sequence-classification folder (LoRA merged) with `mean`/`std` in its config; a reward
-        model over images: the folder of models/vision_reward.py (and the tokenizer)."""
+        model on a backbone (over images, or of an architecture with no sequence-classification class):
+        the folder of models/backbone_reward.py (and the tokenizer)."""
         if hasattr(self.model, "merge_and_unload"):
             self.model = self.model.merge_and_unload()
         self.model.config.mean, self.model.config.std = mean, std
-        if isinstance(self.model, VisionRewardModel):
-            folder = save_vision_reward_model(self.model, path)
+        if isinstance(self.model, BackboneRewardModel):
+            folder = save_backbone_reward_model(self.model, path)
             self.tokenizer.save_pretrained(folder)
             return folder
         return super().save(path)

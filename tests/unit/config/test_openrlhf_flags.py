@@ -80,15 +80,13 @@ def test_a_name_that_is_also_ours_keeps_our_meaning(command):
     cls, table = COMMANDS[command]
     fields = field_table(cls)
     for name, rule in table.items():
-        if name in fields and (command, name) != ("train_rm", "ds.packing_samples"):
+        if name in fields:
             assert rule.kind == "mapped" and rule.to == name, (command, name)
 
 
-def test_rm_packing_is_noticed_rather_than_refused(caplog):
-    with caplog.at_level(logging.WARNING, logger="rlhfkit"):
-        cfg = RMConfig.from_args(["--data.dataset", "d", "--ds.packing_samples", "--packing_samples"])
-    assert not cfg.ds.packing_samples
-    assert sum("train rm pads its micro-batches" in r.getMessage() for r in caplog.records) == 2
+def test_rm_packing_is_mapped_as_for_sft():
+    assert RMConfig.from_args(["--data.dataset", "d", "--packing_samples"]).ds.packing_samples
+    assert RMConfig.from_args(["--data.dataset", "d", "--ds.packing_samples"]).ds.packing_samples
 
 
 # ------------------------------------------------------------------ mapped: the same config as our flags

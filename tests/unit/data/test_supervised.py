@@ -78,7 +78,7 @@ def test_trl_conversational_data_with_an_explicit_prompt_keeps_the_prompt(tmp_pa
     (a,), _ = load_pairs(f1, fmt)
     (b,), _ = load_pairs(f2, fmt)
     (c,), _ = load_sft(f2, fmt, input_key="prompt", output_key="completion")
-    (d,), _ = load_unpaired(f2, fmt, output_key="completion")
+    (d,), _ = load_unpaired(f2, fmt)  # TRL's unpaired column "completion", found without --data.output_key
     assert text(tok, b.chosen.prompt_ids) == "user: 2+2?<eos>assistant: "
     assert text(tok, b.rejected.response_ids) == "5<eos>"
     for x, y in [(a.chosen, b.chosen), (a.rejected, b.rejected), (a.chosen, c), (a.chosen, d.sample)]:
@@ -117,6 +117,28 @@ def test_kto_labels_must_be_booleans(tmp_path, tok):
                                      {"prompt": "a", "output": "c", "label": "yes"}])
     with pytest.raises(DataError, match=r"line 2, key 'label': expected true or false"):
         load_unpaired(f, TextFormat(tok))
+
+
+def test_kto_reads_trls_unpaired_layout_and_keeps_a_named_key(tmp_path, tok):
+    """TRL's KTO data names the answer `completion`: read without --data.output_key, the same samples as
+    OpenRLHF's `output`; a record that has `output` keeps it, and a key the user names is never swapped."""
+    rows = [{"prompt": "2+2?", "completion": "4", "label": True}, {"prompt": "2+3?", "completion": "6", "label": False}]
+    trl = write(tmp_path / "trl.jsonl", rows)
+    openrlhf = write(tmp_path / "o.jsonl", [{"prompt": r["prompt"], "output": r["completion"], "label": r["label"]}
+                                            for r in rows])
+    got, _ = load_unpaired(trl, TextFormat(tok))
+    want, _ = load_unpaired(openrlhf, TextFormat(tok))
+    assert [text(tok, x.sample.response_ids) for x in got] == ["4<eos>", "6<eos>"]
+    for x, y in zip(got, want):
+        assert torch.equal(x.sample.prompt_ids, y.sample.prompt_ids) and x.desirable == y.desirable
+        assert torch.equal(x.sample.response_ids, y.sample.response_ids)
+    both = write(tmp_path / "b.jsonl", [{**rows[0], "output": "5"}])
+    assert text(tok, load_unpaired(both, TextFormat(tok))[0][0].sample.response_ids) == "5<eos>"
+    with pytest.raises(DataError, match=r"trl\.jsonl, line 1: no key 'answer' \(--data.output_key\)"):
+        load_unpaired(trl, TextFormat(tok), output_key="answer")
+    partly = write(tmp_path / "p.jsonl", [rows[0], {"prompt": "a", "label": True}])
+    with pytest.raises(DataError, match=r"p\.jsonl, line 1: no key 'output' \(--data.output_key\)"):
+        load_unpaired(partly, TextFormat(tok))
 
 
 def test_missing_key_names_file_line_and_flag(tmp_path, tok):

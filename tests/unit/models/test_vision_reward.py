@@ -13,6 +13,7 @@ from rlhfkit.data.batch import collate
 from rlhfkit.data.images import TOKEN_KEYS, VisionInputs
 from rlhfkit.data.supervised import TokenSample
 from rlhfkit.errors import ModelError
+from rlhfkit.models.backbone_reward import HEAD_CONFIG, HEAD_WEIGHTS, last_token_index, save_backbone_reward_model
 from rlhfkit.models.critic import Critic
 from rlhfkit.models.lora import add_lora
 from rlhfkit.models.reward import (
@@ -23,13 +24,7 @@ from rlhfkit.models.reward import (
 )
 from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
 from rlhfkit.models.vision import base_model, language_lora_targets
-from rlhfkit.models.vision_reward import (
-    HEAD_CONFIG,
-    HEAD_WEIGHTS,
-    VisionRewardModel,
-    last_token_index,
-    save_vision_reward_model,
-)
+from rlhfkit.models.vision_reward import VisionRewardModel
 
 RED, BLUE = Image.new("RGB", (28, 28), (220, 40, 40)), Image.new("RGB", (42, 28), (40, 60, 220))
 
@@ -82,7 +77,7 @@ def test_the_saved_folder_reloads_with_the_same_scores_and_reads_without_rlhfkit
 
     rm, processor = reward_model("qwen2_vl")
     rm.config.mean, rm.config.std = 0.25, 2.0
-    folder = save_vision_reward_model(rm, tmp_path / "rm")
+    folder = save_backbone_reward_model(rm, tmp_path / "rm")
     processor.save_pretrained(folder)
     out = processed(processor, "red", RED)
     sample = collate([as_sample(out, 2)], processor.tokenizer.pad_token_id)
@@ -101,7 +96,7 @@ def test_the_saved_folder_reloads_with_the_same_scores_and_reads_without_rlhfkit
 
 def test_a_head_of_another_shape_is_a_model_error_naming_the_file(tmp_path):
     rm, _ = reward_model("qwen2_vl")
-    folder = save_vision_reward_model(rm, tmp_path / "rm")
+    folder = save_backbone_reward_model(rm, tmp_path / "rm")
     save_file({"score.weight": torch.zeros(1, 7)}, str(folder / HEAD_WEIGHTS))
     with pytest.raises(ModelError, match=f"{HEAD_WEIGHTS}: expected one tensor score.weight of shape \\(1, 32\\)"):
         load_reward_model(folder)
@@ -124,7 +119,7 @@ def test_lora_adapts_the_base_model_and_trains_the_whole_head_never_an_adapter_o
 
 def test_a_critic_built_from_it_takes_its_base_model_and_its_head(tmp_path):
     rm, processor = reward_model("qwen2_vl")
-    folder = save_vision_reward_model(rm, tmp_path / "rm")
+    folder = save_backbone_reward_model(rm, tmp_path / "rm")
     processor.save_pretrained(folder)
     critic = Critic.from_reward_model(folder)
     assert type(critic.backbone).__name__ == "Qwen2VLModel"

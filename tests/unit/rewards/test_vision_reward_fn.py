@@ -9,13 +9,10 @@ from safetensors.torch import load_file
 
 from rlhfkit.data.types import PromptItem
 from rlhfkit.errors import RewardError
+from rlhfkit.models.backbone_reward import HEAD_WEIGHTS, save_backbone_reward_model
 from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
 from rlhfkit.models.vision import base_model
-from rlhfkit.models.vision_reward import (
-    HEAD_WEIGHTS,
-    VisionRewardModel,
-    save_vision_reward_model,
-)
+from rlhfkit.models.vision_reward import VisionRewardModel
 from rlhfkit.rewards.reward_model import VisionRewardModelFn, prompt_images
 
 RED, BLUE = Image.new("RGB", (28, 28), (220, 40, 40)), Image.new("RGB", (42, 28), (40, 60, 220))
@@ -30,7 +27,7 @@ def save_tiny_vision_rm(path):
     with torch.no_grad():
         rm.score.weight.copy_(torch.randn(rm.score.weight.shape, generator=torch.Generator().manual_seed(1)))
     rm.config.mean, rm.config.std = 0.5, 2.0
-    out = save_vision_reward_model(rm, path)
+    out = save_backbone_reward_model(rm, path)
     processor.save_pretrained(out)
     return out
 
