@@ -19,6 +19,7 @@ from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.agents.tools.loader import load_tools
 from rlhfkit.agents.tools.run import ToolLimits
 from rlhfkit.config import RLConfig
+from rlhfkit.config.checks import compute_dtype
 from rlhfkit.config.plan import RunPlan
 from rlhfkit.config.rl import RewardConfig, lora_targets
 from rlhfkit.core.advantages import ESTIMATORS, Whiten
@@ -60,6 +61,7 @@ from rlhfkit.rewards.reward_model import (
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine, eos_ids
 from rlhfkit.trainers.learner import Learner, muon_settings
+from rlhfkit.trainers.loss_scale import loss_scale_for
 from rlhfkit.trainers.rl.batching import MicroBatcher
 from rlhfkit.trainers.rl.experience import ExperienceMaker
 from rlhfkit.trainers.rl.generate import Generate, RolloutSource
@@ -238,10 +240,10 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
 
 
 def _bf16_matrices(model: torch.nn.Module, cfg: RLConfig) -> None:
-    """bf16 parameters under bf16 autocast: the norms and biases back in float32 (they learn as under
-    autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay bf16, the
-    residual stream float32 (models.precision.float32_residual)."""
-    if cfg.actor.dtype == "bfloat16" and cfg.actor.autocast == "bfloat16":
+    """bf16 (or fp16) parameters under autocast of their dtype: the norms and biases back in float32 (they
+    learn as under autocast over float32 parameters; models.precision.vectors_to_float32), the matrices stay
+    16-bit, the residual stream float32 (models.precision.float32_residual)."""
+    if cfg.actor.dtype in ("bfloat16", "float16") and cfg.actor.autocast == cfg.actor.dtype:
         vectors_to_float32(model)
         float32_residual(model)
 
@@ -469,14 +471,17 @@ def build_learners(cfg: RLConfig, policy, critic, counts: RunPlan) -> tuple[Lear
     schedule = dict(total_steps=counts.total_optimizer_steps, warmup_steps=counts.warmup_steps,
                     scheduler=actor.lr_scheduler, min_lr_ratio=actor.min_lr_ratio,
                     max_consecutive_skips=cfg.train.max_skipped_steps)
+    scaling = cfg.train.loss_scale
     learner = Learner(policy, actor.adam.lr, actor.adam.betas, actor.adam.eps, actor.adam.weight_decay,
                       max_norm=actor.max_norm, ema_beta=actor.ema_beta, muon=muon_settings(actor.optim, actor.muon),
-                      **schedule)
+                      loss_scale=loss_scale_for(compute_dtype(actor.dtype, actor.autocast), scaling), **schedule)
     if critic is None:
         return learner, None
     c = cfg.critic.adam
+    # the critic's parameters are float32, computing under --actor.autocast
     return learner, Learner(critic, c.lr, c.betas, c.eps, c.weight_decay, max_norm=cfg.critic.max_norm, name="critic",
-                            muon=muon_settings(cfg.critic.optim, cfg.critic.muon), **schedule)
+                            muon=muon_settings(cfg.critic.optim, cfg.critic.muon),
+                            loss_scale=loss_scale_for(compute_dtype("float32", actor.autocast), scaling), **schedule)
 
 
 def build_batcher(cfg: RLConfig, tokenizer) -> MicroBatcher:

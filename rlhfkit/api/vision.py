@@ -104,18 +104,38 @@ def check_executor(cfg: RLConfig, executor) -> None:
     rlhfkit drives (MultiTurnExecutor), tool-calling and text-environment episodes (ToolExecutor), agent
     functions on the endpoint (EndpointExecutor) and OpenRLHF 2026's `AgentExecutor` with its own
     `execute(..., images=None)` (ExecuteRunner with an instance); not the mid-2025 contract's
-    `execute(prompt, label, sampling_params)`, which takes no images."""
+    `execute(prompt, label, sampling_params)`, which takes no images. PaliGemma and Llama 3.2 Vision run
+    single-turn generation only (SINGLE_TURN_FAMILIES)."""
     if isinstance(executor, ExecuteRunner) and executor.instance is None:
         raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with an "
                           "AgentExecutor of OpenRLHF's mid-2025 contract (built with five arguments; its "
                           "execute(prompt, label, sampling_params) takes no images); write OpenRLHF 2026's form: "
                           "an AgentExecutorBase built with no arguments whose execute(prompt, label, sampling_params, "
                           "max_length, hf_tokenizer, llm_engine, images=None) returns the result; see docs/vision.md")
-    if isinstance(executor, SingleTurnExecutor) or hasattr(executor, "processor"):
+    if isinstance(executor, SingleTurnExecutor):
+        return
+    family = SINGLE_TURN_FAMILIES.get(_model_type(cfg.actor.model_name_or_path))
+    if family:
+        raise ConfigError(f"a {family} policy ({cfg.actor.model_name_or_path}) does not run agent episodes yet: its "
+                          "inputs are laid out for one prompt and one response (PaliGemma's prefix and suffix, Llama "
+                          "3.2 Vision's per-token cross-attention mask), and a later call's context would be "
+                          "typed otherwise by the rollout than by the trainer; use single-turn prompts")
+    if hasattr(executor, "processor"):
         return
     raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with "
                       f"{type(executor).__name__} yet; give an agent file with an AgentInstance or an AgentExecutor, "
                       "an agent function or tools; see docs/vision.md")
+
+
+# model_type -> the family's name: vision-language families whose inputs hold one prompt and one response.
+SINGLE_TURN_FAMILIES = {"paligemma": "PaliGemma", "mllama": "Llama 3.2 Vision"}
+
+
+def _model_type(name: str) -> str | None:
+    """The model_type of the local model folder `name` (None for anything else)."""
+    from rlhfkit.models.loading import read_config_json
+
+    return read_config_json(name).get("model_type") if (Path(name) / "config.json").is_file() else None
 
 
 def check_engine(cfg: RLConfig, folder: str, processor) -> None:

@@ -25,6 +25,7 @@ from rlhfkit.api.builder import label_reward, prompt_options, prompt_source
 from rlhfkit.api.vision import data_options, policy_folder
 from rlhfkit.config import RL_ALIASES, RLConfig, parse_config, validate
 from rlhfkit.config.plan import RunPlan, plan_run, plan_warnings, response_tokens
+from rlhfkit.config.verl import verl_values
 from rlhfkit.core.advantages import ESTIMATORS
 from rlhfkit.data.images import check_vision_prompts
 from rlhfkit.data.prompts import check_prompts
@@ -151,7 +152,7 @@ def format_memory(cfg: RLConfig, mcfg: dict, prompt_tokens: int, image_tokens: i
 
 def run(argv: list[str]) -> int:
     argv, own = split_plan_flags(argv)
-    cfg = parse_config(RLConfig, argv, aliases=RL_ALIASES)
+    cfg = parse_config(RLConfig, argv, aliases=RL_ALIASES, positional=verl_values)  # as train rl reads them
     batch = validate(cfg)  # once: the checks of RLConfig.from_args and the batch plan
     num_prompts = count_prompts(cfg, own.get("num_prompts"))
     print(f"plan for {cfg.actor.model_name_or_path} ({cfg.algo.advantage.estimator}), "

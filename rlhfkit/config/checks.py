@@ -41,6 +41,20 @@ def check_device(flag: str, name: str) -> None:
             f"{flag} {name!r}: not a device; valid: {DEVICE_NAMES}")
 
 
+def check_precision(section: str, dtype: str, autocast: str | None) -> None:
+    """A model's parameter dtype and autocast: no 16-bit dtype computing in the other one (float16
+    parameters under bfloat16 autocast, or the reverse): their casts lose both dtypes' ranges or digits."""
+    low = {"bfloat16", "float16"}
+    require(not (dtype in low and autocast in low and dtype != autocast),
+            f"--{section}.dtype {dtype} with --{section}.autocast {autocast}: pass --{section}.autocast {dtype} "
+            "(or none: compute in the parameter dtype)")
+
+
+def compute_dtype(dtype: str, autocast: str | None) -> str:
+    """The dtype a forward computes its matmuls in: `autocast`, else the parameter `dtype`."""
+    return autocast or dtype
+
+
 def check_input_template(template: str | None, flag: str = "--data.input_template") -> None:
     """A format string with exactly one `{}` for the prompt (and literal braces doubled), or None."""
     if template is None:

@@ -23,6 +23,7 @@ from rlhfkit.config.rl import (
     DTYPES,
     ENGINES,
     LOG_LEVELS,
+    LOSS_SCALE_RANGES,
     LR_SCHEDULERS,
     MUON_RANGES,
     OPTIMS,
@@ -174,6 +175,7 @@ def _stage_ranges(prefix: str) -> dict[str, str]:
     return {**{f"{prefix}.train.{k}": v for k, v in t.items()},
             **{f"{prefix}.adam.{k}": v for k, v in ADAM_RANGES.items()},
             **{f"{prefix}.muon.{k}": v for k, v in MUON_RANGES.items()},
+            **{f"{prefix}.train.loss_scale.{k}": v for k, v in LOSS_SCALE_RANGES.items()},
             f"{prefix}.ds.lora.rank": ">= 0", f"{prefix}.ds.lora.alpha": "> 0", f"{prefix}.ds.lora.dropout": "[0, 1)",
             f"{prefix}.data.max_len": ">= 1"}
 

@@ -95,15 +95,38 @@ VALUE_HEAD = ("ignored: rlhfkit names the heads itself (a reward model's is tran
 MOE = "ignored: transformers picks the MoE experts' kernel"
 
 
-def bf16_only(model_field: str, doing: str = "trains"):
-    """The conversion of OpenRLHF's --bf16 / --param_dtype into `model_field` bfloat16 (another dtype is refused:
-    rlhfkit `doing` in float32 or bfloat16)."""
+def weights_dtype(model_field: str, doing: str):
+    """The conversion of OpenRLHF's --bf16 / --param_dtype into `model_field` for a command that only runs the
+    model (no loss to scale): bf16 -> bfloat16, fp16 -> float16 (another dtype is refused)."""
     def convert(vals, given):
-        if vals and vals[0] not in ("bf16", "bfloat16"):
-            raise ConfigError(f"rlhfkit {doing} in float32 or bfloat16, not {vals[0]}: pass bf16 (or drop it "
-                              f"for float32)")
-        return {model_field: "bfloat16"}
+        value = vals[0] if vals else "bf16"
+        if value in ("bf16", "bfloat16", "fp16", "float16"):
+            return {model_field: "float16" if value in ("fp16", "float16") else "bfloat16"}
+        raise ConfigError(f"rlhfkit {doing} in float32, bfloat16 or float16, not {value}: pass bf16 or fp16 (or "
+                          "drop it for float32)")
     return convert
+
+
+def param_dtype(section: str):
+    """The conversion of OpenRLHF's --param_dtype / --bf16 for `train`: bf16 -> --SECTION.dtype bfloat16; fp16 ->
+    --SECTION.dtype float16 and --SECTION.autocast float16 (unless that flag is given: losses, softmaxes and norms
+    in float32, the matmuls in fp16), with the loss scaling of DeepSpeed's fp16 mode (--train.loss_scale.*)."""
+    def convert(vals, given):
+        value = vals[0] if vals else "bf16"
+        if value in ("bf16", "bfloat16"):
+            return {f"{section}.dtype": "bfloat16"}
+        if value in ("fp16", "float16"):
+            autocast = {} if f"{section}.autocast" in given else {f"{section}.autocast": "float16"}
+            return {f"{section}.dtype": "float16", **autocast}
+        raise ConfigError(f"rlhfkit trains in float32, bfloat16 or float16, not {value}: pass bf16 or fp16 (or drop "
+                          "it for float32)")
+    return convert
+
+
+def fp16_note(section: str) -> str:
+    """The docs' note of --param_dtype fp16 for the model flags of `section`."""
+    return (f"fp16: `--{section}.dtype float16 --{section}.autocast float16` (float16 parameters, float32 master "
+            "weights, DeepSpeed's dynamic loss scaling: --train.loss_scale.*)")
 
 
 def _margin(vals, given):
@@ -277,9 +300,9 @@ for _key in ("rank", "alpha", "dropout"):
 _rl("target_modules ds.lora.target_modules", Alias("mapped", "*", to="ds.lora.target_modules", convert=_lora_targets,
                                                    note="the names comma-separated"))
 _rl("ds.value_head_prefix value_head_prefix", notice(VALUE_HEAD, 1))
-_rl("param_dtype ds.param_dtype", conv(bf16_only("actor.dtype"), "`--actor.dtype bfloat16` (bf16 parameters, "
-                                            "float32 master weights as DeepSpeed keeps them); fp16 is refused"))
-_rl("bf16", conv(bf16_only("actor.dtype"), "`--actor.dtype bfloat16` (bf16 parameters, float32 master weights as "
+_rl("param_dtype ds.param_dtype", conv(param_dtype("actor"), "bf16: `--actor.dtype bfloat16` (bf16 parameters, "
+                                     "float32 master weights as DeepSpeed keeps them); " + fp16_note("actor")))
+_rl("bf16", conv(param_dtype("actor"), "`--actor.dtype bfloat16` (bf16 parameters, float32 master weights as "
                                             "DeepSpeed keeps them)", 0))
 # checkpoints and logging
 _rl("save_path ckpt.output_dir", to("ckpt.output_dir"))
@@ -448,9 +471,10 @@ def _supervised_runtime_rules(add: Callable[[str, Alias], None]) -> None:
     add("disable_fast_tokenizer data.disable_fast_tokenizer", notice(FAST_TOKENIZER))
     add("dataloader_num_workers data.dataloader_num_workers", notice(WORKERS, 1))
     add("load_in_4bit ds.load_in_4bit", to("ds.load_in_4bit", 0, "QLoRA: with --ds.lora.rank > 0"))
-    add("bf16", conv(bf16_only("model.dtype"), "`--model.dtype bfloat16` (bf16 parameters, float32 master "
-                                                "weights as DeepSpeed keeps them)", 0))
-    add("param_dtype ds.param_dtype", conv(bf16_only("model.dtype"), "`--model.dtype bfloat16`; fp16 is refused"))
+    add("bf16", conv(param_dtype("model"), "`--model.dtype bfloat16` (bf16 parameters, float32 master "
+                                           "weights as DeepSpeed keeps them)", 0))
+    add("param_dtype ds.param_dtype",
+        conv(param_dtype("model"), "bf16: `--model.dtype bfloat16`; " + fp16_note("model")))
     add("value_head_prefix ds.value_head_prefix", notice(VALUE_HEAD, 1))
     # checkpoints and logging
     add("save_path ckpt.output_dir", to("ckpt.output_dir"))

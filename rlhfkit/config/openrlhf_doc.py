@@ -65,15 +65,15 @@ def describe(rule: Alias) -> str:
     return rule.note
 
 
-def _rows(groups: dict[tuple, list[str]]) -> list[str]:
-    """Rows `| --a, --b | extra... | kind | what |` sorted by the first flag name."""
+def table_rows(groups: dict[tuple, list[str]], dashes: str = "--") -> list[str]:
+    """Rows `| --a, --b | extra... | kind | what |` sorted by the first flag name (`dashes` begins each name)."""
     out = []
     def shown(names: list[str]) -> list[str]:  # flat names first
         return sorted(names, key=lambda n: ("." in n, n))
 
     for key, names in sorted(groups.items(), key=lambda kv: shown(kv[1])[0]):
         rule, extra = key[0], key[1:]
-        flags = ", ".join(f"`--{n}`" for n in shown(names))
+        flags = ", ".join(f"`{dashes}{n}`" for n in shown(names))
         cells = [flags, *extra, rule.kind, describe(rule).replace("|", "\\|")]
         out.append("| " + " | ".join(cells) + " |")
     return out
@@ -114,7 +114,7 @@ def render() -> str:
     groups: dict[tuple, list[str]] = {}
     for name in OPENRLHF_COMMANDS["train_ppo_ray"]:
         groups.setdefault((RL_FLAGS[name],), []).append(name)
-    lines += _rows(groups)
+    lines += table_rows(groups)
     lines += ["", "#### `train_sft`, `train_rm`, `train_dpo`, `train_kto`, `train_prm`, `train_kd` → "
               "`rlhfkit train sft|rm|dpo|kto|prm|kd`", "",
               "| OpenRLHF flag | commands | class | what rlhfkit does |", "|---|---|---|---|"]
@@ -124,13 +124,13 @@ def render() -> str:
         for rule in dict.fromkeys(SUPERVISED_FLAGS[k][name] for k in having):
             kinds = " ".join(k for k in having if SUPERVISED_FLAGS[k][name] == rule)
             groups.setdefault((rule, kinds), []).append(name)
-    lines += _rows(groups)
+    lines += table_rows(groups)
     lines += ["", "#### `serve_rm` → `rlhfkit serve-reward`", "",
               "| OpenRLHF flag | class | what rlhfkit does |", "|---|---|---|"]
     groups = {}
     for name in OPENRLHF_SERVE_RM:
         groups.setdefault((SERVE_RM_FLAGS[name],), []).append(name)
-    lines += _rows(groups)
+    lines += table_rows(groups)
     lines += ["", "#### Defaults that differ", "",
               "A flag that is not given takes rlhfkit's default, which is not always OpenRLHF's:", "",
               "| command | rlhfkit flag | OpenRLHF's default | rlhfkit's default |", "|---|---|---|---|"]
@@ -145,18 +145,25 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
+def replace_between(text: str, begin: str, end: str, body: str) -> str:
+    """`text` with what lies between the lines `begin` and `end` replaced by `body`."""
+    if begin not in text or end not in text:
+        raise ValueError(f"the markers {begin!r} and {end!r} are missing")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}{end}{tail}"
+
+
 def rewrite(text: str) -> str:
     """`text` (docs/migration.md) with its generated section replaced by `render()`."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"the markers {BEGIN!r} and {END!r} are missing")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{render()}{END}{tail}"
+    return replace_between(text, BEGIN, END, render())
 
 
 def main(argv: list[str]) -> int:
+    from rlhfkit.config import verl_doc  # its own section of the same page
+
     path = Path(argv[0] if argv else "docs/migration.md")
-    path.write_text(rewrite(path.read_text(encoding="utf-8")), encoding="utf-8")
+    path.write_text(verl_doc.rewrite(rewrite(path.read_text(encoding="utf-8"))), encoding="utf-8")
     return 0
 
 

@@ -10,10 +10,10 @@ from rlhfkit.config.openrlhf import (
     MODELSCOPE,
     MOE,
     VALUE_HEAD,
-    bf16_only,
     conv,
     notice,
     to,
+    weights_dtype,
 )
 from rlhfkit.config.parse import Alias
 
@@ -29,7 +29,7 @@ OPENRLHF_SERVE_RM = [
 ]
 
 
-_dtype = bf16_only("dtype", "serves a reward model")
+_dtype = weights_dtype("dtype", "serves a reward model")
 
 
 def _rules() -> dict[str, Alias]:
@@ -46,10 +46,10 @@ def _rules() -> dict[str, Alias]:
     add("port", to("port"))
     add("host", to("host", note="default 127.0.0.1; OpenRLHF's is 0.0.0.0"))
     add("bf16", conv(_dtype, "`--dtype bfloat16`", 0))
-    add("param_dtype ds.param_dtype", conv(_dtype, "`--dtype bfloat16`; fp16 is refused (rlhfkit's default: "
-                                                   "float32)"))
-    add("load_in_4bit ds.load_in_4bit", notice("ignored: the reward model is served unquantized in --dtype (float32 "
-                                               "or bfloat16; more memory, no 4-bit rounding)"))
+    add("param_dtype ds.param_dtype", conv(_dtype, "`--dtype bfloat16`; fp16: `--dtype float16` "
+                                                   "(rlhfkit's default: float32)"))
+    add("load_in_4bit ds.load_in_4bit", notice("ignored: the reward model is served unquantized in --dtype (float32, "
+                                               "bfloat16 or float16; more memory, no 4-bit rounding)"))
     add("value_head_prefix ds.value_head_prefix", notice(VALUE_HEAD, 1))
     add("flash_attn", notice(ATTN))
     add("attn_implementation ds.attn_implementation", notice(ATTN, 1))

@@ -181,15 +181,21 @@ def split_argv(argv: list[str], table: dict[str, Any], aliases: Mapping[str, str
     return apply_flags(read_flags(argv, table, aliases), table)
 
 
-def read_flags(argv: list[str], table: dict[str, Any],
-               aliases: Mapping[str, str | Alias]) -> list[tuple[str, Rule, list]]:
-    """[(name as given, its rule, its values)] in command-line order; an unknown flag is an error."""
+def read_flags(argv: list[str], table: dict[str, Any], aliases: Mapping[str, str | Alias],
+               positional: list[str] | None = None) -> list[tuple[str, Rule, list]]:
+    """[(name as given, its rule, its values)] in command-line order; an unknown flag is an error. A token that
+    is neither a flag nor a flag's value is appended to `positional` when given (another tool's `key=value`
+    overrides), else an error."""
     items: list[tuple[str, Rule, list]] = []
     i = 0
     while i < len(argv):
         tok = argv[i]
         if not tok.startswith("--"):
-            raise ConfigError(f"unexpected argument {tok!r}: flags look like --section.name VALUE")
+            if positional is None:
+                raise ConfigError(f"unexpected argument {tok!r}: flags look like --section.name VALUE")
+            positional.append(tok)
+            i += 1
+            continue
         name, eq, val = tok[2:].partition("=")
         rule = aliases.get(name)
         if isinstance(rule, Alias):
@@ -243,9 +249,10 @@ def _take(argv: list[str], i: int, name: str, nargs: int | tuple[int, int] | str
     return vals, i
 
 
-def apply_flags(items: list[tuple[str, Rule, list]], table: dict[str, Any]) -> dict[str, Any]:
+def apply_flags(items: list[tuple[str, Rule, list]], table: dict[str, Any], dashes: str = "--") -> dict[str, Any]:
     """{our dotted name: raw value} from read_flags' items: later flags win; a `weak` alias's
-    values only fill fields that no other flag sets."""
+    values only fill fields that no other flag sets. `dashes` begins each name in messages (none for
+    another tool's `key=value` overrides)."""
     given = {name: vals for name, _, vals in items}
     strong: dict[str, Any] = {}
     weak: dict[str, Any] = {}
@@ -253,36 +260,42 @@ def apply_flags(items: list[tuple[str, Rule, list]], table: dict[str, Any]) -> d
         if not isinstance(rule, Alias):
             strong[rule or name] = vals[0]
             continue
-        out = resolve_alias(name, rule, vals, given)
+        out = resolve_alias(name, rule, vals, given, dashes)
         for target in out:
             if target not in table:
-                raise ConfigError(f"--{name} maps to --{target}, which this command does not have")
+                raise ConfigError(f"{dashes}{name} maps to --{target}, which this command does not have")
         (weak if rule.weak else strong).update(out)
     return {**weak, **strong}
 
 
-def resolve_alias(name: str, rule: Alias, vals: list, given: Mapping[str, list]) -> dict[str, Any]:
+def resolve_alias(name: str, rule: Alias, vals: list, given: Mapping[str, list],
+                  dashes: str = "--") -> dict[str, Any]:
     """What another tool's flag `--name vals` sets in rlhfkit (logs a notice, raises if refused)."""
+    name = dashes + name
     if rule.nargs == 0:
         if rule.kind == "mapped" and rule.to and not rule.convert:
             return {rule.to: vals[0] if vals else "true"}  # our boolean flag converts and checks it
         switch = str(vals[0]).lower() if vals else "true"
         if switch not in _TRUE | _FALSE:
-            raise ConfigError(f"--{name}: expected true or false, got {vals[0]!r}")
+            raise ConfigError(f"{name}: expected true or false, got {vals[0]!r}")
         if switch in _FALSE:  # a switch turned off does nothing, whatever its kind
             return {}
         vals = []
     if rule.kind == "refused":
         if vals and all(str(v) in rule.harmless for v in vals):
             return {}
-        raise ConfigError(f"--{name}: {rule.note}")
+        raise ConfigError(f"{name}: {rule.note}")
     if rule.kind == "noticed":
-        log.warning("--%s: %s", name, rule.note)
+        log.warning("%s: %s", name, rule.note)
     if rule.convert is not None:
         try:
             return rule.convert([str(v) for v in vals], given)
+        except ConfigError as e:  # another tool's `key=value` override: its converter's message after the key
+            if dashes or str(e).startswith(name):
+                raise
+            raise ConfigError(f"{name}: {e}") from None
         except (ValueError, TypeError, IndexError):
-            raise ConfigError(f"--{name}: cannot read {' '.join(map(str, vals))!r} (or a flag it depends "
+            raise ConfigError(f"{name}: cannot read {' '.join(map(str, vals))!r} (or a flag it depends "
                               "on) as a number") from None
     if rule.to is None:
         return {}
@@ -330,8 +343,13 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return _flatten(data)
 
 
-def parse_config(cls: type, argv: list[str], aliases: Mapping[str, str | Alias] | None = None) -> Any:
-    """Defaults < `--config FILE` < flags. Returns an instance of `cls` (not yet validated)."""
+Positional = Callable[[list[str], dict[str, Any], dict[str, Any]], dict[str, Any]]
+
+
+def parse_config(cls: type, argv: list[str], aliases: Mapping[str, str | Alias] | None = None,
+                 positional: Positional | None = None) -> Any:
+    """Defaults < `--config FILE` < `positional(tokens, table, flag values)` (another tool's `key=value`
+    overrides, when given) < flags. Returns an instance of `cls` (not yet validated)."""
     aliases = aliases or {}
     table = field_table(cls)
     argv = list(argv)
@@ -346,7 +364,12 @@ def parse_config(cls: type, argv: list[str], aliases: Mapping[str, str | Alias] 
             path = argv[idx].split("=", 1)[1]
         argv.pop(idx)
         items = _yaml_items(path, table, aliases)
-    return build(cls, apply_flags(items + read_flags(argv, table, aliases), table))
+    tokens: list[str] | None = [] if positional else None
+    flags = read_flags(argv, table, aliases, tokens)
+    if not (positional and tokens):
+        return build(cls, apply_flags(items + flags, table))
+    ours = apply_flags(flags, table)
+    return build(cls, {**apply_flags(items, table), **positional(tokens, table, ours), **ours})
 
 
 def _yaml_items(path: str, table: dict[str, Any], aliases: Mapping[str, str | Alias]) -> list:

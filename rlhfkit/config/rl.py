@@ -30,6 +30,7 @@ from rlhfkit.config.rl_checks import (
     KL_ESTIMATORS,
     LOG_LEVELS,
     LOSS_AGG_MODES,
+    LOSS_SCALE_RANGES,
     LR_SCHEDULERS,
     MUON_RANGES,
     OPTIMS,
@@ -65,20 +66,24 @@ from rlhfkit.config.rl_sections import (
     CriticConfig,
     DataConfig,
     KLConfig,
+    LossScaleConfig,
     MuonConfig,
     RefConfig,
     RewardConfig,
     RolloutConfig,
 )
+from rlhfkit.config.verl import HYDRA_FLAGS, verl_values
 
 __all__ = [
     "ADAM_RANGES", "ADVANTAGE_ESTIMATORS", "AUTOCASTS", "BACKENDS", "CODE_SANDBOXES", "DEVICE_NAMES", "DTYPES",
     "ENGINES", "GROUP_ESTIMATORS", "IS_CORRECTION_TYPES", "KL_ESTIMATORS", "LOG_LEVELS", "LOSS_AGG_MODES",
-    "LR_SCHEDULERS", "MUON_RANGES", "OPTIMS", "POLICY_LOSS_TYPES", "RL_ALIASES", "RL_RANGES", "SEED_RANGE",
+    "LOSS_SCALE_RANGES", "LR_SCHEDULERS", "MUON_RANGES", "OPTIMS", "POLICY_LOSS_TYPES", "RL_ALIASES", "RL_RANGES",
+    "SEED_RANGE",
     "WANDB_MODES", "WHITEN_MODES",
     "ActorConfig", "AdamConfig", "AdvantageConfig", "AgentConfig", "AlgoConfig", "BaseLoggerConfig", "BatchPlan",
     "CkptConfig", "CodeRewardConfig", "CriticConfig", "DataConfig", "DistributedConfig", "EvalConfig", "FSDPConfig",
-    "KLConfig", "LoggerConfig", "LoraConfig", "MuonConfig", "RLConfig", "RLDSConfig", "RefConfig", "RewardConfig",
+    "KLConfig", "LossScaleConfig", "LoggerConfig", "LoraConfig", "MuonConfig", "RLConfig", "RLDSConfig", "RefConfig",
+    "RewardConfig",
     "RolloutConfig",
     "TrainConfig", "VLLMConfig", "WandbConfig", "check_device", "check_input_template", "lora_targets", "validate",
 ]
@@ -86,7 +91,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RLConfig:
-    """Every setting of `rlhfkit train rl`, one section per component (`--section.name VALUE`)."""
+    """Every setting of `rlhfkit train rl`, one section per component (`--section.name VALUE`). verl's Hydra
+    overrides (`algorithm.adv_estimator=grpo ...`) are read too; these flags win over them (docs/migration.md)."""
 
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
@@ -107,8 +113,9 @@ class RLConfig:
 
     @classmethod
     def from_args(cls, argv: list[str]) -> RLConfig:
-        """Parse the CLI's flags (dotted names, OpenRLHF's flat names, --config FILE.yaml) and validate."""
-        cfg = parse_config(cls, list(argv), aliases=RL_ALIASES)
+        """Parse the CLI's flags (dotted names, OpenRLHF's flat names, --config FILE.yaml, verl's `key=value`
+        overrides) and validate."""
+        cfg = parse_config(cls, list(argv), aliases=RL_ALIASES, positional=verl_values)
         validate(cfg)
         return cfg
 
@@ -117,6 +124,7 @@ class RLConfig:
 # config/openrlhf.py), and earlier names of our own flags.
 RL_ALIASES: dict[str, str | Alias] = {
     **RL_FLAGS,
+    **HYDRA_FLAGS,
     "rollout.dynamic_filtering": "algo.dynamic_filtering_enable",
     "algo.overlong_buffer_len": "reward.overlong_buffer_len",
     "algo.overlong_penalty_factor": "reward.overlong_penalty_factor",

@@ -13,7 +13,9 @@ from rlhfkit.config.checks import (
     check_input_template,
     check_keep_best,
     check_micro_batches,
+    check_precision,
     check_qlora,
+    compute_dtype,
     divisor_hint,
     one_of,
     require,
@@ -31,7 +33,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3", "k3_stable")
 LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 POLICY_LOSS_TYPES = ("ppo", "gspo", "cispo", "sapo", "clip_cov", "kl_cov", "gmpo", "vespo")
 LR_SCHEDULERS = ("constant", "cosine", "cosine_with_min_lr")
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 AUTOCASTS = (*DTYPES, "auto")
 WANDB_MODES = ("online", "offline", "disabled")
 WHITEN_MODES = ("true", "mean", "false")
@@ -53,6 +55,7 @@ class BatchPlan:
 
 ADAM_RANGES = {"lr": "> 0", "betas": "[0, 1)", "eps": "> 0", "weight_decay": ">= 0"}
 MUON_RANGES = {"lr": "> 0", "momentum": "[0, 1)", "ns_steps": "[1, 99]"}
+LOSS_SCALE_RANGES = {"initial_scale_power": "[0, 64]", "window": ">= 1", "hysteresis": ">= 1", "min_scale": "> 0"}
 SEED_RANGE = "[0, 4294967295]"
 CODE_SANDBOXES = ("bwrap", "remote", "none")
 
@@ -60,6 +63,7 @@ CODE_SANDBOXES = ("bwrap", "remote", "none")
 RL_RANGES = validate_table({
     **{f"actor.adam.{k}": v for k, v in ADAM_RANGES.items()},
     **{f"{part}.muon.{k}": v for part in ("actor", "critic") for k, v in MUON_RANGES.items()},
+    **{f"train.loss_scale.{k}": v for k, v in LOSS_SCALE_RANGES.items()},
     "actor.freezing_steps": ">= 0",
     "actor.lr_warmup_ratio": "[0, 1]", "actor.min_lr_ratio": "[0, 1]", "actor.max_norm": ">= 0",
     "actor.eps_clip_low_high": ("[0, 1]", ">= 0"), "actor.dual_clip": "> 1", "actor.entropy_coef": ">= 0",
@@ -121,6 +125,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
             f"got {a.advantage.is_correction_threshold[0]}")
     if cfg.actor.autocast is not None:
         one_of("actor.autocast", cfg.actor.autocast, AUTOCASTS)
+    check_precision("actor", cfg.actor.dtype, cfg.actor.autocast)
     check_device("--actor.device", cfg.actor.device)
     if a.advantage.estimator in GROUP_ESTIMATORS:
         require(r.n_samples_per_prompt >= 2,
@@ -208,6 +213,9 @@ def _validate_scale(cfg: RLConfig) -> None:
     require(not (f.enable and cfg.distributed.backend == "ray") or cfg.train.batch_size % f.num_ranks == 0,
             f"--train.batch_size {cfg.train.batch_size} must be a multiple of --fsdp.num_ranks {f.num_ranks}: each "
             "trainer actor takes an equal share of every optimizer step")
+    require(not f.enable or compute_dtype(cfg.actor.dtype, cfg.actor.autocast) != "float16",
+            "--fsdp.enable trains in float32 or bfloat16 (its mixed precision); float16 with loss scaling runs "
+            "without FSDP: drop --fsdp.enable, or use --actor.dtype/--actor.autocast bfloat16")
     for name in ("num_gpus_per_worker", "num_gpus_trainer"):
         check_gpu_ask(f"--distributed.{name}", getattr(cfg.distributed, name))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlhfkit.config.rl_sections import LossScaleConfig
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -45,6 +47,7 @@ class TrainConfig:
     ones; the process then holds its peak memory until it exits. Linux (glibc) only."""
     max_skipped_steps: int = 5
     """Stop after this many optimizer steps in a row skipped for a NaN/inf loss or gradient (0: never)."""
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     async_enable: bool = False
     """Generate the next rollout batch (with the weights of the time; agents' episodes too) while
     training on the current one (needs --distributed.backend ray and --train.max_staleness >= 1); the

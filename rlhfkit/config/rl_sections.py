@@ -40,19 +40,42 @@ class MuonConfig:
 
 
 @dataclass(frozen=True)
+class LossScaleConfig:
+    """Dynamic loss scaling of a float16 forward (float16 parameters or float16 autocast), as DeepSpeed's
+    fp16 mode with its defaults: the loss is multiplied by the scale before backward and the gradients
+    divided by it before clipping; an overflowing step (inf / NaN gradient) is skipped and the scale
+    lowered, a window of steps without one raises it (logged as loss_scale). Ignored outside float16."""
+
+    enable: bool = True
+    """Scale float16 losses (false: unscaled float16 gradients; small ones round to zero)."""
+    initial_scale_power: int = 16
+    """The first scale is 2^N (DeepSpeed's initial_scale_power)."""
+    window: int = 1000
+    """Steps in a row without an overflow before the scale doubles (DeepSpeed's loss_scale_window)."""
+    hysteresis: int = 2
+    """Overflows taken before the scale halves; refilled when it doubles (DeepSpeed's hysteresis)."""
+    min_scale: float = 1.0
+    """The scale's floor (DeepSpeed's min_loss_scale); in train rl, overflows at the floor count toward
+    --train.max_skipped_steps (those before are the scale's search for its size)."""
+
+
+@dataclass(frozen=True)
 class ActorConfig:
     """The policy being trained: model, dtypes, optimizer, schedule and policy loss."""
 
     model_name_or_path: str = "smollm2"
     """HF folder, a .gguf file, or `smollm2` (the packaged SmolLM2-135M-Instruct, converted once)."""
     dtype: str = "float32"
-    """Parameter dtype: float32 or bfloat16 (never float16: ~200x slower on CPU). bfloat16 keeps float32
-    master weights and gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 mode; with
-    --actor.autocast bfloat16 the norm weights and biases stay float32 (they move as under autocast) and the
-    hf engine decodes with the bf16 matrices, refreshed after every optimizer step; under --fsdp.enable it
-    becomes float32 sharded parameters computing in bf16 (--fsdp.mixed_precision true)."""
+    """Parameter dtype: float32, bfloat16 or float16. bfloat16 and float16 keep float32 master weights and
+    gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 / fp16 modes; with --actor.autocast
+    of the same dtype the norm weights and biases stay float32 (they move as under autocast); bfloat16's hf
+    engine decodes with the bf16 matrices, refreshed after every optimizer step; under --fsdp.enable bfloat16
+    becomes float32 sharded parameters computing in bf16 (--fsdp.mixed_precision true). float16 (GPUs without
+    bf16: V100, T4) needs --actor.autocast float16 or none and scales the loss (--train.loss_scale.*); on a
+    CPU without float16 matmul units (AVX512-FP16 / AMX-FP16) large float16 matmuls run far slower than float32."""
     autocast: str | None = "bfloat16"
-    """Compute dtype for forward passes (torch.autocast on --actor.device's type); none = the parameter dtype;
+    """Compute dtype for forward passes (torch.autocast on --actor.device's type): bfloat16, float16 (with
+    loss scaling, --train.loss_scale.*) or float32; none = the parameter dtype;
     auto = bfloat16 where it is faster than float32 (a ~0.2 s matmul probe on the CPU; CUDA with bf16 support),
     else none (the choice is printed in one line)."""
     device: str = "auto"
@@ -191,8 +214,9 @@ class RewardConfig:
     """Where rewards come from: a reward function, reward servers or a reward model; shaping."""
 
     remote_url: str | None = None
-    """A Python file defining reward_func(queries, prompts, labels, **kwargs), builtin:NAME, or
-    http(s):// reward server URLs (comma-separated: requests are sharded across them)."""
+    """A Python file defining reward_func(queries, prompts, labels, **kwargs) (or TRL's or verl's contract;
+    FILE.py:NAME names the function, as verl's custom_reward_function.name), builtin:NAME (math, code,
+    reasoning_gym), or http(s):// reward server URLs (comma-separated: requests are sharded across them)."""
     model_name_or_path: str | None = None
     """A reward-model folder from `rlhfkit train rm`; reward = (score - mean) / std from its config. A
     process reward model from `rlhfkit train prm` gives per-step token rewards (estimators gae, reinforce)."""
@@ -233,7 +257,8 @@ class DataConfig:
 
     prompt_dataset: str | None = None
     """Prompts: a .jsonl / .json / .parquet / .csv / .arrow file, a datasets folder (save_to_disk, or a
-    folder of data files), or a hub dataset name (org/name; org/name@dir for a data dir). A local path wins
+    folder of data files), a hub dataset name (org/name; org/name@dir for a data dir), or a reasoning-gym
+    task, reasoning_gym:TASK[:size=N][:seed=S][:OPTION=VALUE] (its entries generated). A local path wins
     over a hub name.
     Several, comma-separated (a.jsonl,b.jsonl): read as one, in order, or mixed by --data.prompt_probs."""
     prompt_probs: str | None = None
@@ -422,9 +447,11 @@ class AgentConfig:
     """Most tokens of one tool result (longer results are cut)."""
     env: str | None = None
     """A text environment for the episodes: gem:ENV_ID (GEM, e.g. gem:game:GuessTheNumber-v0-easy),
-    textarena:ENV_ID (a one-player TextArena game, e.g. textarena:GuessTheNumber-v0), or
-    FILE_OR_MODULE:Class (gymnasium-style: reset(seed=None), step(action) -> observation, reward,
-    terminated, truncated, info). Its observations come back as user turns of the chat template,
+    textarena:ENV_ID (a one-player TextArena game, e.g. textarena:GuessTheNumber-v0), skyrl:ENV_ID (a SkyRL-Gym
+    environment, e.g. skyrl:gsm8k, made per episode with the row as its extras), openenv:URL (an OpenEnv
+    environment server, a session per episode), or FILE_OR_MODULE:Class
+    (gymnasium-style: reset(seed=None), step(action) -> observation, reward, terminated, truncated, info; or a
+    SkyRL-Gym BaseTextEnv subclass). Its observations come back as user turns of the chat template,
     its rewards are the episode's (summed); the row's seed column seeds reset. With --agent.tools too."""
     on_rerender: str = "keep"
     """What tool-calling and text-environment episodes do when the chat template re-renders the

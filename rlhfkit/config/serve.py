@@ -23,7 +23,8 @@ class ServedReward:
     """What is served: a reward file or a reward model (one of the two)."""
 
     remote_url: str | None = None
-    """A Python file defining reward_func(queries, prompts, labels, **kwargs), or builtin:NAME."""
+    """A Python file defining reward_func(queries, prompts, labels, **kwargs) (FILE.py:NAME names another
+    function), or builtin:NAME."""
     model_name_or_path: str | None = None
     """A reward-model folder from `rlhfkit train rm` (a sequence-classification model, or a reward model over
     images) or a hub name: each query is scored at its last token; or a process reward model's from `rlhfkit
@@ -70,7 +71,7 @@ class ServeRewardConfig:
     """A reward model: how long a request that finds the model free waits for other requests to share its
     pass (milliseconds; 0: it runs at once)."""
     dtype: str = "float32"
-    """A reward model's weights: float32 or bfloat16."""
+    """A reward model's weights: float32, bfloat16 or float16."""
     device: str = "auto"
     """Where a reward model scores: cpu, cuda, cuda:N or auto (CUDA when available)."""
 
@@ -100,6 +101,6 @@ def validate_serve(cfg: ServeRewardConfig) -> None:
     require(not (r.normalize_enable and r.remote_url is not None),
             "--reward.normalize_enable normalises a reward model's score; a reward file's answer is served as it "
             "returns it: drop the flag")
-    one_of("dtype", cfg.dtype, ("float32", "bfloat16"))
+    one_of("dtype", cfg.dtype, ("float32", "bfloat16", "float16"))
     one_of("reward.prm_aggregate", r.prm_aggregate, PRM_AGGREGATES)
     check_device("--device", cfg.device)

@@ -22,7 +22,7 @@ class ServeModelConfig:
     api_key: str | None = None
     """The bearer key clients send as api_key; none: a random one, printed at start."""
     dtype: str = "float32"
-    """Weights' dtype: float32 or bfloat16."""
+    """Weights' dtype: float32, bfloat16 or float16."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto (CUDA when available)."""
     max_tokens: int = 512
@@ -44,5 +44,5 @@ def validate_serve_model(cfg: ServeModelConfig) -> None:
     check_ranges(cfg, SERVE_MODEL_RANGES)
     if not cfg.model:
         raise ConfigError("rlhfkit serve needs a model: rlhfkit serve MODEL (an HF folder, a hub name or smollm2)")
-    if cfg.dtype not in ("float32", "bfloat16"):
-        raise ConfigError(f"--dtype {cfg.dtype!r}: choose float32 or bfloat16")
+    if cfg.dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"--dtype {cfg.dtype!r}: choose float32, bfloat16 or float16")

@@ -18,17 +18,19 @@ from rlhfkit.config.checks import (
     check_input_template,
     check_keep_best,
     check_micro_batches,
+    check_precision,
     check_qlora,
     one_of,
     require,
 )
 from rlhfkit.config.openrlhf import SFT_ALIASES, SUPERVISED_RULES
-from rlhfkit.config.parse import Alias, parse_config
+from rlhfkit.config.parse import Alias, Positional, parse_config
 from rlhfkit.config.ranges import check_ranges, validate_table
 from rlhfkit.config.rl import (
     ADAM_RANGES,
     DTYPES,
     LOG_LEVELS,
+    LOSS_SCALE_RANGES,
     LR_SCHEDULERS,
     MUON_RANGES,
     OPTIMS,
@@ -38,8 +40,10 @@ from rlhfkit.config.rl import (
     BaseLoggerConfig,
     CkptConfig,
     LoraConfig,
+    LossScaleConfig,
     MuonConfig,
 )
+from rlhfkit.config.verl_sft import verl_sft_values
 
 log = logging.getLogger("rlhfkit")
 
@@ -50,10 +54,11 @@ class ModelConfig:
     model_name_or_path: str = "smollm2"
     """HF folder, a .gguf file, or `smollm2` (the packaged SmolLM2-135M-Instruct)."""
     dtype: str = "float32"
-    """Parameter dtype: float32 or bfloat16."""
+    """Parameter dtype: float32, bfloat16 or float16 (both 16-bit dtypes with float32 master weights in the
+    optimizer, as DeepSpeed's bf16 / fp16 modes; float16 scales the loss: --train.loss_scale.*)."""
     autocast: str | None = None
-    """Compute dtype of forward passes (torch.autocast on --model.device's type), e.g. bfloat16; none =
-    parameter dtype."""
+    """Compute dtype of forward passes (torch.autocast on --model.device's type), e.g. bfloat16 or float16
+    (with loss scaling); none = parameter dtype."""
     device: str = "auto"
     """Where the model (and the reference of dpo / kto) trains: auto (CUDA when available, else the
     CPU), cpu, cuda or cuda:N."""
@@ -169,6 +174,7 @@ class SupervisedTrainConfig:
     """cosine_with_min_lr decays to lr * min_lr_ratio."""
     max_norm: float = 1.0
     """Gradient-norm clipping (0 disables)."""
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     eval_steps: int = -1
     """Evaluate every N optimizer steps (-1: only at the end)."""
     seed: int = 42
@@ -222,6 +228,8 @@ class SupervisedConfig:
 
     ALIASES: ClassVar[dict[str, str | Alias]] = {}
     """The command's OpenRLHF flags (config/openrlhf.py), besides OWN_ALIASES."""
+    OVERRIDES: ClassVar[Positional | None] = None
+    """Another tool's `key=value` overrides the command reads (verl's for train sft: config/verl_sft.py)."""
 
     @staticmethod
     def check(cfg):
@@ -232,15 +240,18 @@ class SupervisedConfig:
     def from_args(cls, argv: list[str]):
         """The validated config of the command's flags (dotted flags, OpenRLHF's flat aliases,
         `--config FILE.yaml`); ConfigError on an unknown flag or a bad value."""
-        return cls.check(parse_config(cls, list(argv), aliases={**cls.ALIASES, **OWN_ALIASES}))
+        return cls.check(parse_config(cls, list(argv), aliases={**cls.ALIASES, **OWN_ALIASES},
+                                      positional=cls.OVERRIDES))
 
 
 @dataclass(frozen=True)
 class SFTConfig(SupervisedConfig):
-    """`rlhfkit train sft`: supervised fine-tuning on prompts and responses or whole conversations."""
+    """`rlhfkit train sft`: supervised fine-tuning on prompts and responses or whole conversations. verl's SFT
+    overrides (`data.train_files=... optim.lr=1e-4`) are read too; these flags win over them (docs/migration.md)."""
 
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
     ALIASES: ClassVar[dict[str, str | Alias]] = SFT_ALIASES
+    OVERRIDES: ClassVar[Positional | None] = staticmethod(verl_sft_values)
 
     @staticmethod
     def check(cfg: SFTConfig) -> SFTConfig:
@@ -266,6 +277,7 @@ SUPERVISED_RANGES = validate_table({
     "ckpt.save_steps": "-1 or >= 1", "ckpt.max_num": ">= 1",
     **{f"adam.{k}": v for k, v in ADAM_RANGES.items()},
     **{f"muon.{k}": v for k, v in MUON_RANGES.items()},
+    **{f"train.loss_scale.{k}": v for k, v in LOSS_SCALE_RANGES.items()},
     "ds.lora.rank": ">= 0", "ds.lora.alpha": "> 0", "ds.lora.dropout": "[0, 1)",
 })
 
@@ -284,6 +296,7 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
     t = cfg.train
     one_of("model.dtype", cfg.model.dtype, DTYPES)
     require(cfg.model.autocast in (None, *DTYPES), f"--model.autocast must be one of {', '.join(DTYPES)} or none")
+    check_precision("model", cfg.model.dtype, cfg.model.autocast)
     check_device("--model.device", cfg.model.device)
     one_of("logger.log_level", cfg.logger.log_level, LOG_LEVELS)
     one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)

@@ -352,16 +352,18 @@ def load_vision_prompts(source: Source, processor, input_key: str = "input", lab
 
 
 # Keys of a processor's output that are per token (the batch builds them), not image tensors.
-TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
+# Per-token outputs of a processor, not image tensors: the forward derives them from the ids (PaliGemma's
+# processor also returns training `labels`, the ids themselves).
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids", "labels")
 
 
 def encode(processor, text: str, images: list) -> tuple[list[int], VisionInputs | None]:
-    """(token ids with each image's tokens expanded, VisionInputs or None without images)."""
-    kwargs = {"images": [images]} if images else {}
-    out = processor(text=[text], return_tensors="pt", add_special_tokens=False, **kwargs)
-    ids = out["input_ids"][0].tolist()
+    """(token ids with each image's tokens expanded, VisionInputs or None without images). Text without images
+    is the tokenizer's (PaliGemma's processor refuses text alone)."""
     if not images:
-        return ids, None
+        return processor.tokenizer(text, add_special_tokens=False)["input_ids"], None
+    out = processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
+    ids = out["input_ids"][0].tolist()
     tensors = {k: v for k, v in out.items() if k not in TOKEN_KEYS}
     return ids, VisionInputs(tensors, len(images), tuple(images))
 

@@ -12,6 +12,7 @@ Sources (a path is chosen by its suffix; an existing local path always wins over
                    `org/name@dir` is OpenRLHF's spelling of data_dir=dir. Offline (HF_HUB_OFFLINE=1)
                    it is read from the datasets cache or from a snapshot in the hub cache
                    (`hf download --repo-type dataset org/name`).
+  reasoning_gym:TASK  entries of a reasoning-gym task, generated (`rlhfkit.data.procedural`)
   a list of dicts  records already in memory (a notebook's data)
   a `datasets.Dataset` / `DatasetDict` object (a `DatasetDict` -> `split`, as for folders)
 
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+from rlhfkit.data.procedural import is_procedural, reasoning_gym_records
 from rlhfkit.errors import ConfigError, DataError, first_line, one_line
 
 if TYPE_CHECKING:
@@ -206,6 +208,9 @@ def is_hub_dataset_name(name: str) -> bool:
 def _read_path(source: str | Path, split: str, config: str | None, data_dir: str | None) -> Iterator[Record]:
     """A local path first (file or folder); otherwise a hub dataset name."""
     path = Path(source).expanduser()
+    if not path.exists() and is_procedural(str(source)):  # reasoning_gym:TASK (data/procedural.py)
+        yield from _read_list(reasoning_gym_records(str(source)))
+        return
     if path.exists() or not is_hub_dataset_name(str(source)):
         yield from _read_records(path, split, config, data_dir)
         return

@@ -32,6 +32,7 @@ from rlhfkit.data.records import (
     Source,
     first_line,
     is_messages,
+    label_value,
     read_records,
     require_key,
     source_name,
@@ -206,15 +207,16 @@ def sample_length(s: TokenSample) -> int:
 def select_records(source: Source, keys: dict[str, str | None], max_samples: int | None, seed: int | None,
              split: str, config: str | None, data_dir: str | None) -> list[tuple[int, Record, str]]:
     """(index, record, source name): records with every needed key present (checked before any
-    tokenization), shuffled, cut."""
+    tokenization), shuffled, cut. A dotted key that is no column reads nested columns (verl's
+    `extra_info.question`): each record gets it as a column of its own."""
     if max_samples is not None and max_samples < 1:
         raise ConfigError(f"--data.max_samples must be >= 1 (got {max_samples})")
     name = source_name(source)
     records = read_records(source, split, config, data_dir)
     for record in records:
         for flag, key in keys.items():
-            if key is not None:
-                require_key(record, key, flag, name)
+            if key is not None and key not in record.data:  # a copy: the caller's dicts stay as they are
+                record.data = {**record.data, key: label_value(record, key, flag, name)}
     order = list(range(len(records)))
     if seed is not None:
         random.Random(seed).shuffle(order)
@@ -236,7 +238,8 @@ def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_k
     input, record[reward_key])` before the input template (OpenRLHF's csft processor).
     `pretrain_mode`: the `input_key` texts as they are, every token a target (`TextFormat.encode_text`);
     texts of under 2 tokens are skipped and counted."""
-    keys = {"--data.input_key": input_key, "--data.reward_key": reward_key if reward_template else None}
+    keys = {"--data.input_key": input_key, "--data.reward_key": reward_key if reward_template else None,
+            "--data.output_key": output_key if output_key and "." in output_key else None}
     rows = select_records(source, keys, max_samples, seed, split, config, data_dir)
     if pretrain_mode:
         texts = [(i, fmt.encode_text(r.data[input_key], max_len, f"{p}, {r.where}, key {input_key!r}"))

@@ -33,6 +33,9 @@ from rlhfkit.data.records import Source
 from rlhfkit.data.supervised import TextFormat, TokenSample, select_records
 from rlhfkit.errors import DataError
 
+# Processors whose images must all sit in one rendered piece (the first user turn): PaliGemma's.
+ONE_PIECE_PROCESSORS = ("PaliGemmaProcessor",)
+
 
 class VisionTextFormat(TextFormat):
     """TextFormat over a VLM processor (module docstring); always renders with the chat template.
@@ -46,6 +49,7 @@ class VisionTextFormat(TextFormat):
         self.image_key, self.max_images, self.base_dir = image_key, max_images, base_dir
         self._queue: list = []
         self._parts: list[VisionInputs] = []
+        self._seen, self._late = 0, False  # tokens of the pieces so far; whether images came after some
 
     def encode(self, prompt: Any, response: Any, where: str, all_turns: bool,
                record: dict | None = None, response_where: str | None = None) -> TokenSample:
@@ -55,16 +59,28 @@ class VisionTextFormat(TextFormat):
             raise DataError(f"{where}: {len(values)} images, more than --data.max_images_per_prompt "
                             f"{self.max_images}; raise it or drop images from the record")
         self._queue = [open_image(v, f"{where}, image {k}", self.base_dir) for k, v in enumerate(values)]
-        self._parts = []
+        self._parts, self._seen, self._late = [], 0, False
         sample = super().encode(messages, response, where, all_turns, response_where=response_where)
         if self._queue:
             raise DataError(f"{where}: the chat template rendered fewer image placeholders than the record's "
                             f"{len(values)} images")
+        if (len(self._parts) > 1 or self._late) and self._one_piece():
+            raise DataError(f"{where}: images after the conversation's first turn; "
+                            f"{type(self.processor).__name__} lays out a prompt's images for one prompt and one "
+                            "response (PaliGemma's prefix, Llama 3.2 Vision's per-token cross-attention mask): "
+                            "keep the record's images in its first turn")
         if values:
             keys = sorted({k for part in self._parts for k in part.tensors})
             tensors = {k: torch.cat([p.tensors[k] for p in self._parts if k in p.tensors]) for k in keys}
             sample.vision = VisionInputs(tensors, len(values))
         return sample
+
+    def _one_piece(self) -> bool:
+        """Whether the processor's images hold in one rendered piece only: per-token tensors (Llama 3.2 Vision's
+        cross_attention_mask covers the piece's tokens) or a prefix LM's processor (PaliGemma's writes each
+        piece with images as a prefix of its own)."""
+        per_token = any("cross_attention_mask" in part.tensors for part in self._parts)
+        return per_token or type(self.processor).__name__ in ONE_PIECE_PROCESSORS
 
     def _ids(self, text: str) -> list[int]:
         """Token ids of one rendered piece; its image placeholders take the next images in order."""
@@ -75,6 +91,8 @@ class VisionTextFormat(TextFormat):
         ids, vision = encode(self.processor, text, images)
         if vision is not None:
             self._parts.append(vision)
+            self._late = self._late or self._seen > 0  # a piece with images after other tokens
+        self._seen += len(ids)
         return ids
 
 

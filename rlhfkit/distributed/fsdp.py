@@ -89,15 +89,23 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def vision_blocks(base: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks of a vision-language base model (models.vision.base_model) that are FSDP units: its
     language model's decoder layers (`language_model.layers`; SmolVLM / Idefics3: `text_model.layers`)
-    and its vision towers' blocks (each tower's first ModuleList named `blocks`, `layers` or `layer`)."""
+    and its vision towers' blocks (each tower's ModuleLists named `blocks`, `layers` or `layer` outside one
+    another: Llama 3.2 Vision's tower has two, its local and its global layers)."""
     language = getattr(base, "language_model", None) or getattr(base, "text_model", None)
     layers = getattr(language, "layers", None)
     if layers is None:
         raise ConfigError(f"--fsdp.enable: {type(base).__name__} has no language_model.layers (nor "
                           "text_model.layers) to shard")
-    blocks = [next((list(m) for n, m in tower.named_modules() if isinstance(m, torch.nn.ModuleList)
-                    and n.rsplit(".", 1)[-1] in ("blocks", "layers", "layer")), []) for _, tower in vision_parts(base)]
-    return list(layers) + [b for tower in blocks for b in tower]
+    blocks = list(layers)
+    for _, tower in vision_parts(base):
+        picked: list[str] = []
+        for name, m in tower.named_modules():
+            inside = any(name.startswith(p + ".") for p in picked)
+            if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("blocks", "layers", "layer") \
+                    and not inside:
+                picked.append(name)
+                blocks.extend(m)
+    return blocks
 
 
 def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool = False) -> torch.nn.Module:

@@ -10,13 +10,13 @@ import torch
 
 from rlhfkit.errors import ConfigError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def autocast_ctx(dtype_name: str | None, device_type: str = "cpu"):
-    """torch.autocast(device_type, bfloat16) for "bfloat16"; a no-op for None or "float32"."""
-    if dtype_name == "bfloat16":
-        return torch.autocast(device_type, dtype=torch.bfloat16)
+    """torch.autocast(device_type, DTYPE) for "bfloat16" or "float16"; a no-op for None or "float32"."""
+    if dtype_name in ("bfloat16", "float16"):
+        return torch.autocast(device_type, dtype=DTYPES[dtype_name])
     return contextlib.nullcontext()
 
 

@@ -20,6 +20,15 @@ tokenizer with the family's image tokens, chat template), nothing read from a hu
   smolvlm       SmolVLM (and idefics3, its base): each image split into sub-images plus the whole,
                 a SigLIP tower per sub-image, pixel shuffle, a Llama language model
   internvl      InternVL: each image cut into tiles plus a thumbnail, pixel shuffle, a Qwen2 model
+  llava_next    LLaVA-NeXT: anyres (each image resized to the best grid of tiles, every tile and the whole
+                through the tower, unpadded to its aspect ratio with a newline token a row), `image_sizes`;
+                llava_onevision: LLaVA-OneVision, the same layout over a SigLIP tower and a Qwen2 model
+  glm4v         GLM-4.1V: a Qwen2-VL-like tower, 3-D rotary positions from the model's get_rope_index
+  paligemma     PaliGemma: a prefix LM, its images and prompt attending both ways, its response causally
+                (token_type_ids 0 and 1)
+  aya_vision    Aya Vision: tiles plus a thumbnail, pixel shuffle, a Cohere 2 model with sliding layers
+  mllama        Llama 3.2 Vision: one token an image, its tiles' features read by a cross-attention layer
+                through a per-token cross_attention_mask
 
 The tokenizer is models.tiny's character-level tokenizer with the family's image tokens added
 (Qwen3.5's as its own byte-level tokenizer class, which transformers loads its folders with).
@@ -38,7 +47,7 @@ from rlhfkit.models.tiny import ALPHABET, BOS, EOS, PAD, SPECIAL_TOKENS, UNK, ti
 from rlhfkit.models.vision import image_only_processor
 
 FAMILIES = ("qwen2_vl", "llava", "gemma3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "smolvlm", "idefics3", "qwen3_5",
-            "gemma4", "internvl")
+            "gemma4", "internvl", "llava_next", "llava_onevision", "glm4v", "paligemma", "aya_vision", "mllama")
 
 # A chat template that renders {"type": "image"} content parts as the family's image placeholder
 # and text parts as their text (string contents as they are), one turn per message closed by EOS.
@@ -323,9 +332,147 @@ def _idefics3():
     return Idefics3ForConditionalGeneration, _idefics_config(Idefics3Config, processor.tokenizer, image), processor
 
 
+def _clip(size: int, model_type: str = "clip_vision_model", **more) -> dict:
+    """A 1-layer CLIP / SigLIP tower of width 32 over `size`-pixel images of 14-pixel patches."""
+    return {"model_type": model_type, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "image_size": size, "patch_size": 14, **more}
+
+
+def _llava_next(onevision: bool = False):
+    """LLaVA-NeXT (anyres): each image resized to the best of 28-pixel grids of 1 x 1 to 2 x 2 tiles, every
+    tile and the whole image shrunk to 28 pixels through a CLIP tower, the tiles' features unpadded to the
+    image's aspect ratio with an image_newline token after each row; `onevision`: LLaVA-OneVision, the
+    same anyres layout over a SigLIP tower (no CLS token) and a Qwen2 model, its processor image-only."""
+    import transformers
+
+    name = "LlavaOnevision" if onevision else "LlavaNext"
+    tok = tiny_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"] if onevision else ["<image>"]})
+    pins = [[28, 28], [28, 56], [56, 28], [56, 56]]
+    image_cls = getattr(transformers, f"{name}ImageProcessorPil")
+    template = _TEMPLATE.replace("IMAGE", "<image>")
+    if onevision:
+        ip = image_cls(size={"height": 28, "width": 28}, image_grid_pinpoints=pins)
+        processor = image_only_processor(transformers.LlavaOnevisionProcessor)(
+            image_processor=ip, tokenizer=tok, num_image_tokens=4, vision_feature_select_strategy="full",
+            vision_aspect_ratio="anyres_max_4", chat_template=template)
+        tower = _clip(28, "siglip_vision_model")
+        ids = {"image_token_index": _ids(tok, "<image>")[0], "video_token_index": _ids(tok, "<video>")[0],
+               "vision_feature_select_strategy": "full", "vision_aspect_ratio": "anyres_max_4"}
+        text = {"model_type": "qwen2"}
+    else:
+        ip = image_cls(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}, image_grid_pinpoints=pins)
+        processor = transformers.LlavaNextProcessor(
+            image_processor=ip, tokenizer=tok, patch_size=14, vision_feature_select_strategy="default",
+            num_additional_image_tokens=1, chat_template=template)
+        tower = _clip(28, projection_dim=32)
+        ids = {"image_token_index": _ids(tok, "<image>")[0], "vision_feature_select_strategy": "default"}
+        text = {"model_type": "llama"}
+    config = getattr(transformers, f"{name}Config")(
+        vision_config=tower, text_config={**text, **_TEXT, **_text_ids(tok)}, image_grid_pinpoints=pins,
+        vision_feature_layer=-1, **ids)
+    return getattr(transformers, f"{name}ForConditionalGeneration"), config, processor
+
+
+def _glm4v():
+    """GLM-4.1V: a Qwen2-VL-like tower (14-pixel patches merged 2 x 2, images of any size) and 3-D rotary
+    positions computed by the model's get_rope_index; the processor image-only (no video processor)."""
+    from transformers import Glm4vConfig, Glm4vForConditionalGeneration, Glm4vImageProcessorPil, Glm4vProcessor
+
+    names = ("<|begin_of_image|>", "<|image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|video|>",
+             "<|end_of_video|>")
+    tok = _tokenizer_with({"image_token": names[1], "video_token": names[4]})
+    tok.add_special_tokens({"additional_special_tokens": list(names)})
+    ip = Glm4vImageProcessorPil(size={"shortest_edge": 28 * 28, "longest_edge": 4 * 28 * 28}, patch_size=14,
+                                merge_size=2, temporal_patch_size=2)
+    processor = image_only_processor(Glm4vProcessor)(
+        image_processor=ip, tokenizer=tok, chat_template=_TEMPLATE.replace("IMAGE", "".join(names[:3])))
+    ids = dict(zip(("image_start_token_id", "image_token_id", "image_end_token_id", "video_start_token_id",
+                    "video_token_id", "video_end_token_id"), _ids(tok, *names)))
+    config = Glm4vConfig(
+        text_config={**_TEXT, **_text_ids(tok), "rope_parameters": {
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2], "partial_rotary_factor": 1.0}},
+        vision_config={"depth": 1, "hidden_size": 32, "num_heads": 2, "patch_size": 14, "spatial_merge_size": 2,
+                       "temporal_patch_size": 2, "intermediate_size": 64, "out_hidden_size": 32, "image_size": 28},
+        **ids)
+    return Glm4vForConditionalGeneration, config, processor
+
+
+def _paligemma():
+    """PaliGemma: a SigLIP tower, 4 tokens an image (28-pixel images of 14-pixel patches), a Gemma model
+    whose prefix (the images and the prompt) attends both ways and whose suffix (the response) attends
+    causally, as its token_type_ids (0 prefix, 1 suffix) say."""
+    from transformers import (
+        PaliGemmaConfig,
+        PaliGemmaForConditionalGeneration,
+        PaliGemmaProcessor,
+        SiglipImageProcessorPil,
+    )
+
+    tok = _tokenizer_with({"image_token": "<image>"})
+    ip = SiglipImageProcessorPil(size={"height": 28, "width": 28})
+    ip.image_seq_length = 4
+    processor = PaliGemmaProcessor(image_processor=ip, tokenizer=tok,
+                                   chat_template=_TEMPLATE.replace("IMAGE", "<image>"))
+    config = PaliGemmaConfig(
+        vision_config=_clip(28, "siglip_vision_model", projection_dim=32),
+        text_config={"model_type": "gemma", **_TEXT, **_text_ids(tok), "head_dim": 8},
+        image_token_index=tok.image_token_id, projection_dim=32, hidden_size=32)
+    return PaliGemmaForConditionalGeneration, config, processor
+
+
+def _aya_vision():
+    """Aya Vision: each image cut into 28-pixel tiles (up to 4, a thumbnail of the whole when there are
+    several), a SigLIP tower, pixel shuffle 2 x 2 and a SwiGLU projector, a Cohere 2 language model."""
+    from transformers import (
+        AyaVisionConfig,
+        AyaVisionForConditionalGeneration,
+        AyaVisionProcessor,
+        GotOcr2ImageProcessorPil,
+    )
+
+    names = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "TILE",
+             "TILE_GLOBAL")
+    tok = tiny_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": list(names)})
+    ip = GotOcr2ImageProcessorPil(size={"height": 28, "width": 28}, crop_to_patches=True, min_patches=1, max_patches=4)
+    processor = AyaVisionProcessor(image_processor=ip, tokenizer=tok, patch_size=14, img_size=28, downsample_factor=2,
+                                   chat_template=_TEMPLATE.replace("IMAGE", "<image>"))
+    config = AyaVisionConfig(
+        vision_config=_clip(28, "siglip_vision_model"),
+        text_config={"model_type": "cohere2", **_TEXT, **_text_ids(tok), "head_dim": 8, "sliding_window": 8,
+                     "layer_types": ["sliding_attention", "full_attention"]},
+        downsample_factor=2, image_token_index=_ids(tok, "<|IMG_PATCH|>")[0])
+    return AyaVisionForConditionalGeneration, config, processor
+
+
+def _mllama():
+    """Llama 3.2 Vision: each image one <|image|> token, its tiles (up to 2 of 28 pixels, by its aspect ratio)
+    through a tower with aspect-ratio embeddings, the language model attending to their features in a
+    cross-attention layer (layer 1 of 3), as the per-token cross_attention_mask says."""
+    from transformers import MllamaConfig, MllamaForConditionalGeneration, MllamaImageProcessorPil, MllamaProcessor
+
+    tok = _tokenizer_with({"image_token": "<|image|>"})
+    tok.add_special_tokens({"additional_special_tokens": ["<|image|>", "<|python_tag|>"]})
+    ip = MllamaImageProcessorPil(size={"height": 28, "width": 28}, max_image_tiles=2)
+    processor = MllamaProcessor(image_processor=ip, tokenizer=tok,
+                                chat_template=_TEMPLATE.replace("IMAGE", "<|image|>"))
+    config = MllamaConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_global_layers": 1,
+                       "attention_heads": 2, "image_size": 28, "patch_size": 14, "max_num_tiles": 2,
+                       "vision_output_dim": 64, "intermediate_layers_indices": [0],
+                       "supported_aspect_ratios": [[1, 1], [1, 2], [2, 1]]},
+        text_config={**_TEXT, **_text_ids(tok), "num_hidden_layers": 3, "cross_attention_layers": [1]},
+        image_token_index=tok.image_token_id)
+    return MllamaForConditionalGeneration, config, processor
+
+
 _BUILDERS = {"qwen2_vl": _qwen2_vl, "llava": _llava, "gemma3": _gemma3, "qwen2_5_vl": _qwen2_5_vl,
              "qwen3_vl": _qwen3_vl, "qwen3_vl_moe": lambda: _qwen3_vl(moe=True), "smolvlm": _smolvlm,
-             "idefics3": _idefics3, "qwen3_5": _qwen3_5, "gemma4": _gemma4, "internvl": _internvl}
+             "idefics3": _idefics3, "qwen3_5": _qwen3_5, "gemma4": _gemma4, "internvl": _internvl,
+             "llava_next": _llava_next, "llava_onevision": lambda: _llava_next(onevision=True),
+             "glm4v": _glm4v, "paligemma": _paligemma, "aya_vision": _aya_vision,
+             "mllama": _mllama}
 
 
 def tiny_vision_model_and_processor(family: str = "qwen2_vl", seed: int = 0):
@@ -341,6 +488,8 @@ def tiny_vision_model_and_processor(family: str = "qwen2_vl", seed: int = 0):
         for name, p in model.named_parameters():  # Gemma 3 starts its projector at zero: images would do nothing
             if "projector" in name and p.dim() > 1 and not p.detach().any():
                 torch.nn.init.normal_(p.detach(), std=1.0 / p.shape[0] ** 0.5)
+            if name.endswith("_gate") and "cross_attn" in name:  # Llama 3.2 Vision's cross-attention: tanh(0) = 0
+                torch.nn.init.ones_(p.detach())
     model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
     model.generation_config.eos_token_id = processor.tokenizer.eos_token_id
     model.generation_config.bos_token_id = processor.tokenizer.bos_token_id

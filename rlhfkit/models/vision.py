@@ -145,10 +145,22 @@ def load_processor(path: str):
         cls = processor_class_from_name(name) if name else None
         if cls is None or not _takes_video(cls):
             if processor is None:
-                raise failure
+                raise _torchvision_needed(path, name, failure) or failure
             raise ModelError(f"{path}: AutoProcessor found no image processor for this vision-language model; "
                              "add its preprocessor_config.json / processor_config.json")
         return _image_only_from_folder(path, cls)
+
+
+def _torchvision_needed(path: str, name: str | None, failure: Exception) -> ModelError | None:
+    """A ModelError naming the processor class when transformers could not build it without torchvision and
+    it takes no video processor to leave out (Mistral 3's PixtralProcessor: transformers requires torchvision
+    to import it at all); None for another failure."""
+    if not isinstance(failure, ImportError) or "torchvision" not in str(failure).lower():
+        return None
+    return ModelError(f"{path}: transformers' {name or 'processor'} needs torchvision even for images (Mistral 3 / "
+                      "Pixtral's does), and rlhfkit cannot build it without; install the torchvision build matching "
+                      "your torch (for a CPU torch: pip install torchvision --index-url "
+                      "https://download.pytorch.org/whl/cpu)")
 
 
 def _image_only_from_folder(path: str, cls: type):
@@ -327,12 +339,34 @@ def image_token_of(config) -> int | None:
     return getattr(config, "image_token_index", None) if image is None else image
 
 
-def token_type_kwargs(model: torch.nn.Module, input_ids: torch.Tensor) -> dict:
+# Families whose token_type_ids split a prefix LM's input rather than mark image tokens: 0 for the prefix (the
+# images and the prompt, attending to each other both ways), 1 for the suffix (the response, causal): PaliGemma.
+PREFIX_LM_FAMILIES = ("paligemma",)
+
+
+def is_prefix_lm(config) -> bool:
+    return getattr(config, "model_type", None) in PREFIX_LM_FAMILIES
+
+
+def prefix_lm_types(input_ids: torch.Tensor, prompt_lengths: torch.Tensor | None) -> torch.Tensor:
+    """A prefix LM's token types [B, L]: 0 for each row's first `prompt_lengths` tokens, 1 after (all 0 without)."""
+    if prompt_lengths is None:
+        return torch.zeros_like(input_ids)
+    at = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+    return (at >= prompt_lengths.to(input_ids.device).unsqueeze(1)).long()
+
+
+def token_type_kwargs(model: torch.nn.Module, input_ids: torch.Tensor,
+                      prompt_lengths: torch.Tensor | None = None) -> dict:
     """The per-token type ids the model takes beside its ids, derived from them: image tokens 1
-    (Qwen2-VL's `mm_token_type_ids`, video tokens 2; Gemma 3's `token_type_ids`). [B, L] each."""
+    (Qwen2-VL's `mm_token_type_ids`, video tokens 2; Gemma 3's `token_type_ids`). [B, L] each. A prefix
+    LM's (PaliGemma): 0 for each row's first `prompt_lengths` tokens, 1 after (all 0 without them: the
+    whole input is the prefix, as its processor types a prompt without a suffix)."""
     from rlhfkit.models.logprobs import forward_parameters
 
     config = model.config
+    if is_prefix_lm(config):
+        return {"token_type_ids": prefix_lm_types(input_ids, prompt_lengths)}
     image = image_token_of(config)
     takes = forward_parameters(model)
     out = {}
@@ -350,28 +384,52 @@ def token_type_kwargs(model: torch.nn.Module, input_ids: torch.Tensor) -> dict:
 
 def vision_kwargs(model: torch.nn.Module, batch, device: torch.device) -> dict:
     """The forward's image inputs of `batch` (a TokenBatch whose `vision` lists its rows'
-    VisionInputs or None): the rows' tensors concatenated in row order, and the token type ids."""
+    VisionInputs or None): the rows' tensors concatenated in row order, and the token type ids (a prefix
+    LM's from the batch's `prompt_lengths`)."""
     from rlhfkit.models.precision import to_device
 
     rows = getattr(batch, "vision", None)
     if rows is None:
         return {}
-    out = {k: to_device(v, device) for k, v in concat_vision(rows).items()}
+    length = batch.input_ids.shape[1]
+    out = {k: to_device(v, device) for k, v in concat_vision(rows, length).items()}
     if out:
-        out.update(token_type_kwargs(model, to_device(batch.input_ids, device)))
+        prompts = getattr(batch, "prompt_lengths", None)
+        out.update(token_type_kwargs(model, to_device(batch.input_ids, device), prompts))
     return out
 
 
-def concat_vision(rows) -> dict[str, torch.Tensor]:
+# Image inputs laid out per token of the prompt ([1, prompt tokens, ...]): Llama 3.2 Vision's cross-attention mask
+# (which of the images' tiles each token attends to).
+PER_TOKEN_KEYS = ("cross_attention_mask",)
+
+
+def concat_vision(rows, length: int | None = None) -> dict[str, torch.Tensor]:
     """The image tensors of several rows for one forward: each key's tensors (`row.tensors`, dim 0
     indexing the row's images or their patches) concatenated in row order; rows without images
     (None) add nothing. The model scatters the features into the image tokens in the same order.
     Tensors laid out per prompt (Idefics3 / SmolVLM: [1, sub-images, C, H, W] and the pixel mask)
     whose rows differ in size past dim 0 are padded with zeros to the largest first, as the model's
-    processor pads a batch of prompts (the model drops all-zero sub-images)."""
+    processor pads a batch of prompts (the model drops all-zero sub-images). Per-token tensors
+    (PER_TOKEN_KEYS) cover `length` tokens: the tokens after a row's prompt (its response, its padding)
+    take its last token's row, as transformers' generate extends them."""
     present = [r for r in rows if r is not None and r.tensors]
     keys = sorted({k for r in present for k in r.tensors})
-    return {k: _cat_padded([r.tensors[k] for r in present if k in r.tensors]) for k in keys}
+    out = {}
+    for k in keys:
+        tensors = [r.tensors[k] for r in present if k in r.tensors]
+        if k in PER_TOKEN_KEYS and length is not None:
+            tensors = [per_token(t, length) for t in tensors]
+        out[k] = _cat_padded(tensors)
+    return out
+
+
+def per_token(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    """A per-token tensor [b, L, ...] cut or extended to `length` tokens, the new ones taking the last token's row."""
+    if tensor.shape[1] >= length:
+        return tensor[:, :length]
+    more = tensor[:, -1:].expand(-1, length - tensor.shape[1], *tensor.shape[2:])
+    return torch.cat([tensor, more], dim=1)
 
 
 def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -3,7 +3,8 @@
 The file defines `reward_func` in OpenRLHF's contract, `reward_func(queries, prompts, labels,
 **kwargs)`, or in TRL's, `reward_func(completions, **kwargs)` (see `rlhfkit.rewards.callables`
 for both); a file without `reward_func` may define verl's `compute_score(data_source, solution_str,
-ground_truth, extra_info=None)` instead (`rlhfkit.rewards.verl`). `load_reward_file` imports it under a
+ground_truth, extra_info=None)` instead (`rlhfkit.rewards.verl`). `FILE.py:NAME` names the function
+(verl's `custom_reward_function.name`), of any of the three contracts. `load_reward_file` imports it under a
 fresh module name and wraps it in the `CallableRewardFn` that callables passed from Python also get: the
 same keyword arguments
 (dataset columns included), `async def` support, `batched(K)` / `grouped` (importable from here
@@ -22,6 +23,7 @@ Example reward file:
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 import uuid
 from pathlib import Path
@@ -31,25 +33,47 @@ from rlhfkit.errors import RewardError, first_line
 from rlhfkit.rewards.callables import CallableRewardFn, batched, grouped
 
 __all__ = ["FUNCTION_NAME", "FileRewardFn", "batched", "grouped", "import_python_file",
-           "load_reward_file"]
+           "load_reward_file", "split_function"]
 
 FUNCTION_NAME = "reward_func"
 VERL_FUNCTION_NAME = "compute_score"  # read when the file has no reward_func
 FileRewardFn = CallableRewardFn  # the name before callables shared the wrapper
 
 
-def load_reward_file(path: str | Path) -> CallableRewardFn:
-    """Import `path` and return its `reward_func` wrapped as a `RewardFn`.
+def split_function(spec: str) -> tuple[str, str | None]:
+    """(file, function) of `FILE.py:NAME` (verl's custom_reward_function.path and .name in one); (spec,
+    None) for a spec without a function name or naming an existing file.
+
+    >>> split_function("rewards.py:gsm8k_score"), split_function("rewards.py")
+    (('rewards.py', 'gsm8k_score'), ('rewards.py', None))
+    """
+    file, sep, name = spec.rpartition(":")
+    if not sep or not file.endswith(".py") or not name.isidentifier() or Path(spec).exists():
+        return spec, None
+    return file, name
+
+
+def load_reward_file(path: str | Path, function: str | None = None) -> CallableRewardFn:
+    """Import `path` and return its `reward_func` (or `function`, when named) wrapped as a `RewardFn`.
 
     Raises:
       RewardError: the file is missing, fails to import (the exception's first line is shown),
-        defines no callable `reward_func`, or `reward_func` fits neither contract.
+        defines no callable `reward_func` (or `function`), or it fits no contract.
     """
     path = Path(path)
+    where = f"{path}:{function}" if function else str(path)
     if not path.is_file():
         raise RewardError(f"reward file {path} does not exist; check --reward.remote_url "
                           "(or reward_fn=)")
     module = import_python_file(path)
+    if function is not None:
+        func = getattr(module, function, None)
+        if not callable(func):
+            found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")
+                           and v.__module__ == module.__name__)
+            raise RewardError(f"reward file {path} has no function {function!r} (its functions: "
+                              f"{', '.join(found) or 'none'}); give FILE.py:NAME of one of them")
+        return CallableRewardFn(func, source=where, name=function)
     func = getattr(module, FUNCTION_NAME, None)
     if func is None:  # a verl file: custom_reward_function.name's default
         func = getattr(module, VERL_FUNCTION_NAME, None)

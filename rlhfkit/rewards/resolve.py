@@ -2,7 +2,8 @@
 
 A reward spec is one of
   * a Python callable in OpenRLHF's or TRL's contract (see `rlhfkit.rewards.callables`);
-  * a path (str or Path) to a Python file defining `reward_func` (see `rlhfkit.rewards.loader`);
+  * a path (str or Path) to a Python file defining `reward_func` (see `rlhfkit.rewards.loader`), or
+    "FILE.py:NAME" naming the file's function (verl's `custom_reward_function.name`);
   * "builtin:NAME", a reward file shipped with rlhfkit (the `BUILTIN_REWARDS` table);
   * an http(s) URL, or several joined by commas: reward servers (`RemoteRewardFn`);
   * an object that is a `RewardFn` already, i.e. its `__call__` is annotated to return
@@ -33,12 +34,13 @@ from rlhfkit.errors import RewardError
 from rlhfkit.rewards.base import RewardFn, RewardOutput, normalize_reward_output
 from rlhfkit.rewards.callables import CONTRACTS, CallableRewardFn
 from rlhfkit.rewards.guard import TimeLimitedReward
-from rlhfkit.rewards.loader import load_reward_file
+from rlhfkit.rewards.loader import load_reward_file, split_function
 from rlhfkit.rewards.remote import RemoteRewardFn, is_url
 
 BUILTIN_REWARDS: dict[str, Path] = {
     "builtin:math": Path(__file__).resolve().parent / "builtin_math_reward.py",
     "builtin:code": Path(__file__).resolve().parent / "builtin_code_reward.py",
+    "builtin:reasoning_gym": Path(__file__).resolve().parent / "builtin_reasoning_gym_reward.py",
 }
 """Reward files shipped with rlhfkit, by the name a user gives (`builtin:NAME`)."""
 
@@ -137,7 +139,9 @@ def _resolve_one(spec: Any, remote_options: Mapping[str, Any], code_options: Map
         return load_reward_file(BUILTIN_REWARDS[spec])
     if isinstance(spec, str) and is_url(spec):
         return RemoteRewardFn(spec.split(","), **remote_options)
-    if isinstance(spec, (str, os.PathLike)):
+    if isinstance(spec, str):
+        return load_reward_file(*split_function(spec))
+    if isinstance(spec, os.PathLike):
         return load_reward_file(spec)
     if callable(spec):
         return spec if _is_reward_fn(spec) else CallableRewardFn(spec)

@@ -96,7 +96,8 @@ class HFEngine:
       max_batch_tokens: most (prompt + new) tokens held in the KV cache at once; None = no limit.
         A chunk always holds at least one prompt with its n samples.
       autocast_dtype: run forwards under torch.autocast with this dtype (bf16 is ~1.7x faster
-        than fp32 on CPU here). float16 on CPU is refused: it is ~200x slower.
+        than fp32 on CPU here). float16 (for GPUs without bf16) runs on a CPU too, far slower than
+        float32 there (one logged line).
       version: the initial policy version.
       inference_mode: decode under torch.inference_mode; False uses torch.no_grad, which an
         FSDP2-sharded model needs (its all-gather buffers must not become inference tensors). With
@@ -161,7 +162,8 @@ class HFEngine:
         self.routed: list = []  # the recorded experts of the forwards since the last read (with `recorder`)
         self._no_grad = torch.inference_mode if inference_mode and autocast_dtype is None else torch.no_grad
         if autocast_dtype == torch.float16 and self.device.type == "cpu":
-            raise ConfigError("autocast_dtype=float16 on CPU is ~200x slower than fp32; use bfloat16 or None.")
+            note_once("the HF engine decodes under float16 autocast on the CPU, where float16 matmuls run far "
+                      "slower than float32 (float16 is for GPUs without bf16); bfloat16 or float32 run faster here")
         for name, value in (("max_batch_size", max_batch_size), ("max_batch_tokens", max_batch_tokens)):
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1 or None, got {value}")
@@ -467,7 +469,8 @@ class HFEngine:
             if self.row_hook is not None:
                 self.row_hook((s.first + s.active // n).tolist())
             if s.cache is not None:
-                s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache, compiled=True)
+                s.logits = self._forward(tok.unsqueeze(-1), s.attention_mask, s.next_pos, s.cache, compiled=True,
+                                         extra=self._decode_extra(s))
             else:
                 s.seqs = torch.cat([s.seqs, tok.unsqueeze(-1)], dim=1)
                 s.logits = self._uncached_logits(s)
@@ -493,6 +496,11 @@ class HFEngine:
             fed = torch.arange(s.prefill_width, s.prefill_width + length - 1, device=real.device)
             tokens = prompt + s.tokens[row, : length - 1].tolist()
             self.turns.put(key, row_entry(s.cache, pos, torch.cat([real, fed]), tokens, s.kv_version))
+
+    def _decode_extra(self, s: DecodeState) -> dict | None:
+        """More keyword arguments of a cached decode step of `s` (none for text; rollout.vision's per-token image
+        inputs)."""
+        return None
 
     def _uncached_logits(self, s: DecodeState) -> torch.Tensor:
         """The next-token logits of a model decoded without a cache: a forward over the whole sequences `s.seqs`."""

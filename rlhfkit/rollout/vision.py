@@ -37,7 +37,7 @@ from rlhfkit.data.images import VisionInputs
 from rlhfkit.data.types import Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.precision import to_device
-from rlhfkit.models.vision import base_model, concat_vision, token_type_kwargs
+from rlhfkit.models.vision import PER_TOKEN_KEYS, base_model, concat_vision, token_type_kwargs
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.decode_state import DecodeState, PartialGeneration
 from rlhfkit.rollout.hf import HFEngine
@@ -89,15 +89,18 @@ class VisionEngine(HFEngine):
         state.inputs, state.first = vision, start
         return state
 
-    def _image_inputs(self, ids: torch.Tensor, vision: VisionInputs) -> tuple[dict, int]:
+    def _image_inputs(self, ids: torch.Tensor, vision: VisionInputs,
+                      prompt: int | None = None) -> tuple[dict, int]:
         """(the forward's image inputs of rows `ids` [b, L] of one prompt with images `vision`: the image
-        tensors once per row, the token type ids, the model's own 3-D positions where it has them;
-        the rope delta of the decode positions)."""
+        tensors once per row, the token type ids (a prefix LM's: the first `prompt` tokens its prefix, all
+        of them without `prompt`), the model's own 3-D positions where it has them; the rope delta of the
+        decode positions)."""
         device = self.device
         rows = ids.shape[0]
-        tensors = vision.tensors if rows == 1 else concat_vision([vision] * rows)
+        tensors = concat_vision([vision] * rows, ids.shape[1])
         extra = {k: to_device(v, device) for k, v in tensors.items()}
-        extra.update(token_type_kwargs(self.model, ids))
+        lengths = None if prompt is None else torch.full((rows,), prompt, dtype=torch.long)
+        extra.update(token_type_kwargs(self.model, ids, lengths))
         rope = getattr(base_model(self.model), "get_rope_index", None)
         if rope is None:
             return extra, 0
@@ -110,8 +113,18 @@ class VisionEngine(HFEngine):
         sequences: with their images, token types and 3-D positions, as the prefill (the tower runs again)."""
         if s.inputs is None:
             return super()._uncached_logits(s)
-        extra, _ = self._image_inputs(s.seqs, s.inputs)
+        extra, _ = self._image_inputs(s.seqs, s.inputs, prompt=s.prefill_width)
         return self._forward(s.seqs, s.attention_mask, None, None, extra=extra)
+
+    def _decode_extra(self, s: DecodeState) -> dict | None:
+        """A cached decode step's per-token image inputs (Llama 3.2 Vision's cross-attention mask): the prompt's
+        last token's, for each row's new token."""
+        vision = s.inputs
+        if not isinstance(vision, VisionInputs):
+            return None
+        rows = s.attention_mask.shape[0]
+        return {k: to_device(v[:, -1:].expand(rows, 1, *v.shape[2:]).contiguous(), self.device)
+                for k, v in vision.tensors.items() if k in PER_TOKEN_KEYS} or None
 
     def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
         out = super()._trajectories(gen)

@@ -18,9 +18,19 @@ in float32), clipping, AdamW and the EMA run on the masters, and the module gets
 masters back after each step. Adam updates far below a bf16 weight's spacing (lr 1e-6 on a
 weight of 1.0: spacing 2^-7) are thus kept, not rounded away.
 
+Parameters held in float16 (`--actor.dtype float16`) get the same float32 masters and gradient sums.
+Where the forward computes in float16 (those parameters, or float16 autocast) the loop hands the Learner
+a `trainers.loss_scale.DynamicLossScale`, DeepSpeed's fp16 mode: `backward` multiplies each
+micro-batch's loss by the scale, and `step` divides the summed gradients by it once per optimizer
+step, in the same pass as the clipping multiply (the clipping norm is that of the unscaled gradients).
+An overflow (inf / NaN gradient) skips the step and lowers the scale; a window of steps without one
+raises it. The scale is logged (`loss_scale`) and kept in `state_dict()`.
+
 A non-finite loss or gradient (NaN / inf gradient norm) skips that optimizer step: the gradients
 are dropped, the parameters, Adam moments, schedule and EMA stay as they were, the skip is counted
-and logged, and `max_consecutive_skips` skips in a row raise a TrainingError.
+and logged, and `max_consecutive_skips` skips in a row raise a TrainingError (with loss scaling only
+the skips once the scale is at its floor count toward it: before that an overflow is the scale's
+search for its size, as in DeepSpeed).
 
 It knows nothing about RL: a loop hands it losses that are already divided by the counts of
 the whole optimizer step (see core.aggregate), calls `backward` once per micro-batch and
@@ -39,6 +49,7 @@ import torch
 from rlhfkit.core.ema import ema_update
 from rlhfkit.errors import CheckpointError, ConfigError, TrainingError, one_line
 from rlhfkit.models.host import own_memory
+from rlhfkit.trainers.loss_scale import DynamicLossScale
 from rlhfkit.trainers.sharded_muon import ShardedMuon, is_sharded
 
 log = logging.getLogger("rlhfkit")
@@ -90,8 +101,9 @@ class Learner:
     """Owns the optimizer state of one trainable module.
 
     `muon`: torch.optim.Muon's lr, momentum, ns_steps and nesterov for the hidden weight matrices
-    (see the module docstring); None = AdamW for every parameter. `optimizer` is the AdamW (None when
-    Muon takes every parameter), `muon` the Muon (None without one)."""
+    (see the module docstring); None = AdamW for every parameter. `loss_scale`: the dynamic loss scale
+    of a float16 forward (module docstring); None = losses and gradients as they are. `optimizer` is
+    the AdamW (None when Muon takes every parameter), `muon` the Muon (None without one)."""
 
     def __init__(
         self,
@@ -109,6 +121,7 @@ class Learner:
         max_consecutive_skips: int = 0,
         name: str = "actor",
         muon: dict | None = None,
+        loss_scale: DynamicLossScale | None = None,
     ):
         self.module = module
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -121,6 +134,8 @@ class Learner:
             for p, m in zip(self.params, self.master, strict=True):
                 p.register_post_accumulate_grad_hook(functools.partial(_accumulate_into, m))
         self.train_params = self.master if self.master is not None else self.params
+        low = [p.dtype for p in self.params if p.dtype in (torch.bfloat16, torch.float16)]
+        self.param_dtype = str(low[0]).removeprefix("torch.") if low else "float32"  # the dtype its masters round to
         to_muon = muon_mask(named) if muon is not None else [False] * len(named)
         adam_params = [p for p, m in zip(self.train_params, to_muon, strict=True) if not m]
         muon_params = [p for p, m in zip(self.train_params, to_muon, strict=True) if m]
@@ -146,21 +161,33 @@ class Learner:
         self.consecutive_skips = 0
         self.max_consecutive_skips = max_consecutive_skips
         self.name = name
+        self.loss_scale = loss_scale
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        """`loss.backward()`, of `loss` times the loss scale with one (its gradients are unscaled in `step`)."""
+        (loss * self.loss_scale.scale if self.loss_scale is not None else loss).backward()
+
+    def _grad_norm(self) -> torch.Tensor:
+        """The gradients' total norm, the gradients unscaled (loss scaling) and clipped (max_norm > 0)."""
+        if self.loss_scale is not None:
+            return unscale_and_clip(self.train_params, self.max_norm, self.loss_scale.scale)
+        if self.max_norm and self.max_norm > 0:
+            return clip_grad_norm(self.train_params, self.max_norm)
+        grads = [p.grad.detach().norm() for p in self.train_params if p.grad is not None]
+        return torch.stack(grads).norm() if grads else torch.zeros(())
 
     def step(self) -> dict[str, float]:
-        """Clip, step and zero the gradients. A non-finite gradient norm skips the update."""
-        if self.max_norm and self.max_norm > 0:
-            grad_norm = clip_grad_norm(self.train_params, self.max_norm)
-        else:
-            grads = [p.grad.detach().norm() for p in self.train_params if p.grad is not None]
-            grad_norm = torch.stack(grads).norm() if grads else torch.zeros(())
+        """Unscale, clip, step and zero the gradients. A non-finite gradient norm skips the update."""
+        grad_norm = self._grad_norm()
         metrics = {"grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0]}
         if self.muon is not None:
             metrics["muon_lr"] = self.schedulers[-1].get_last_lr()[0]
-        if torch.isfinite(grad_norm):
+        finite = bool(torch.isfinite(grad_norm))
+        searching = self.loss_scale is not None and not self.loss_scale.at_floor  # an overflow lowers the scale
+        if self.loss_scale is not None:
+            self.loss_scale.update(overflow=not finite)
+            metrics["loss_scale"] = self.loss_scale.scale
+        if finite:
             for optimizer, scheduler in zip(self.optimizers, self.schedulers, strict=True):
                 optimizer.step()
                 scheduler.step()
@@ -169,6 +196,11 @@ class Learner:
                 ema_update(self.ema, [p.detach() for p in self.train_params], self.ema_beta)
             self.steps += 1
             self.consecutive_skips = 0
+        elif searching:
+            self.skipped_steps += 1
+            log.info("%s: skipped optimizer step %d: the float16 gradients overflowed; loss scale now %g (%d "
+                     "skipped in all)", self.name, self.steps + self.skipped_steps, self.loss_scale.scale,
+                     self.skipped_steps)
         else:
             self.skipped_steps += 1
             self.consecutive_skips += 1
@@ -198,7 +230,8 @@ class Learner:
         return {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
                 "scheduler": self.scheduler.state_dict(), "muon": muon,
                 "ema": self.ema, "master": self.master, "steps": self.steps, "skipped_steps": self.skipped_steps,
-                "consecutive_skips": self.consecutive_skips}
+                "consecutive_skips": self.consecutive_skips, "param_dtype": self.param_dtype,
+                "loss_scale": self.loss_scale.state_dict() if self.loss_scale is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict()`; an "optimizer" (also Muon's) or "ema" of None is left as it is (a sharded
@@ -216,11 +249,7 @@ class Learner:
             with torch.no_grad():
                 for e, v in zip(self.ema, state["ema"], strict=True):
                     e.copy_(v)
-        if (self.master is None) != (state.get("master") is None):
-            written, here = ("float32", "bfloat16") if self.master is not None else ("bfloat16", "float32")
-            raise CheckpointError(
-                f"{self.name}: the checkpoint was written with {written} parameters, this run has {here}; resume "
-                f"with the dtype it was written with (--actor.dtype {written})")
+        self._check_precision(state)
         if self.master is not None:
             with torch.no_grad():
                 for m, v in zip(self.master, state["master"], strict=True):
@@ -228,6 +257,21 @@ class Learner:
             self._copy_masters_to_params()
         self.steps, self.skipped_steps = state["steps"], state["skipped_steps"]
         self.consecutive_skips = state["consecutive_skips"]
+        if self.loss_scale is not None:
+            self.loss_scale.load_state_dict(state["loss_scale"])
+
+    def _check_precision(self, state: dict) -> None:
+        """CheckpointError unless `state` was written with float32 masters and a loss scale where this run has them."""
+        if (self.master is None) != (state.get("master") is None):
+            written = state.get("param_dtype") or ("float32" if state.get("master") is None else "bfloat16")
+            raise CheckpointError(
+                f"{self.name}: the checkpoint was written with {written} parameters, this run has {self.param_dtype}; "
+                f"resume with the dtype it was written with (--actor.dtype / --model.dtype {written})")
+        if (self.loss_scale is None) != (state.get("loss_scale") is None):
+            written, here = ("without", "with") if self.loss_scale is not None else ("with", "without")
+            raise CheckpointError(
+                f"{self.name}: the checkpoint was written {written} float16 loss scaling, this run is {here} it; "
+                "resume with the dtype, autocast and --train.loss_scale.enable it was written with")
 
     def check_optimizer(self, state: dict) -> None:
         """CheckpointError unless `state` (a `state_dict()`) was written with this learner's optimizer choice."""
@@ -263,6 +307,27 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     # torch's coefficient, compared as torch would clamp it (NaN: the step is skipped anyway)
     if type(norm) is not torch.Tensor or norm.device.type != "cpu" or bool(max_norm / (norm + 1e-6) < 1.0):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
+
+
+def unscale_and_clip(params: list[torch.Tensor], max_norm: float, scale: float) -> torch.Tensor:
+    """The total norm of `params`' gradients divided by `scale` (loss scaling), and the gradients
+    multiplied by min(1, max_norm / (norm + 1e-6)) / scale in one pass (max_norm <= 0: by 1 / scale),
+    as `clip_grad_norm` would clip the unscaled gradients. A non-finite norm (an overflow) leaves them
+    unwritten: the step is skipped."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norm = torch.nn.utils.get_total_norm(grads) / scale
+    if not bool(torch.isfinite(norm)):
+        return norm
+    clip = min(1.0, max_norm / (float(norm) + 1e-6)) if max_norm and max_norm > 0 else 1.0
+    coef = clip / scale
+    if all(type(g) is torch.Tensor for g in grads):
+        torch._foreach_mul_(grads, coef)
+    else:  # DTensor gradients (FSDP2)
+        for g in grads:
+            g.mul_(coef)
     return norm
 
 

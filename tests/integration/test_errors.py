@@ -330,7 +330,7 @@ def test_69_resume_with_another_parameter_dtype(ws, tmp_path, capsys):
     assert _train(ws, out, capsys) == 0
     argv = flags(ws, out, **{"ckpt.load_enable": "true", "actor.dtype": "bfloat16", "train.max_steps": 2})
     refuse(argv, capsys, "actor: the checkpoint was written with float32 parameters, this run has bfloat16; resume "
-                         "with the dtype it was written with (--actor.dtype float32)")
+                         "with the dtype it was written with (--actor.dtype / --model.dtype float32)")
 
 
 def test_96_resume_with_another_optimizer(ws, tmp_path, capsys):

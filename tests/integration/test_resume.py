@@ -156,3 +156,21 @@ def test_sigkill_mid_checkpoint_write_then_resume_is_bit_exact(ws, reference, tm
     assert rc == 0, log
     assert_same_run(reference, out)
     assert not list((out / "checkpoints").glob(".t*"))  # torn temporary folders were cleaned up
+
+
+def test_fp16_run_killed_mid_checkpoint_write_resumes_bit_exact(ws, tmp_path):
+    """float16 policy (float32 masters, float16 autocast; the float32 critic under the same autocast), both
+    with dynamic loss scaling doubling every 2 good steps: killed while writing the 3rd checkpoint, resumed
+    from the 2nd, the run ends bit for bit as the uninterrupted one, its logged loss scales included."""
+    fp16 = {"actor.dtype": "float16", "actor.autocast": "float16", "train.loss_scale.initial_scale_power": 8,
+            "train.loss_scale.window": 2}
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    rc, log = finish(launch(flags(ws, ref, **fp16)))
+    assert rc == 0, log
+    scales = [(r["actor/loss_scale"], r["critic/loss_scale"]) for r in rows(ref / "metrics.jsonl")]
+    assert len(scales) == STEPS and len(set(scales)) > 1
+    rc, log = finish(launch(flags(ws, out, **fp16), ws / "kill_at_fsync.py", 2 * 15 + 4))
+    assert rc == -signal.SIGKILL, log
+    rc, log = finish(launch(flags(ws, out, **fp16)))
+    assert rc == 0, log
+    assert_same_run(ref, out)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlhfkit.cli.main import main
-from rlhfkit.cli.serve_reward import build_app
+from rlhfkit.cli.serve_reward import build_app, served_reward_model
 from rlhfkit.config.serve import ServeRewardConfig
 from rlhfkit.errors import RewardError
 from rlhfkit.models import tiny_model_and_tokenizer
@@ -74,6 +74,17 @@ def test_served_scores_are_the_in_process_scores(rm, normalize):
     expected = (raw - MEAN) / STD if normalize else raw
     torch.testing.assert_close(torch.tensor(out["rewards"]), expected, rtol=1e-5, atol=1e-6)
     assert not torch.allclose((raw - MEAN) / STD, raw)
+
+
+@pytest.mark.parametrize("argv, dtype", [(["--param_dtype", "fp16"], torch.float16),
+                                         (["--dtype", "bfloat16"], torch.bfloat16)])
+def test_a_16_bit_server_scores_as_the_float32_model_within_its_rounding(rm, argv, dtype):
+    local = RewardModelFn(rm)(QUERIES, PROMPTS, [None] * 4).extra_logs["rm_score"]
+    fn = served_reward_model(ServeRewardConfig.from_args(["--reward_pretrain", str(rm), *argv, "--device", "cpu"]))
+    assert next(fn.model.parameters()).dtype == dtype
+    raw = fn(QUERIES, PROMPTS, [None] * 4).extra_logs["rm_score"]
+    assert not torch.equal(raw, local)  # computed in 16 bits
+    torch.testing.assert_close(raw, local, rtol=0.05, atol=0.05)
 
 
 def test_max_len_scores_the_first_tokens_of_a_long_query(rm):

@@ -142,6 +142,26 @@ def test_sigkill_then_resume_equals_the_uninterrupted_run(ws, kind, tmp_path, ca
     assert not list((out / "checkpoints").glob(".t*"))  # torn temporary folders were cleaned up
 
 
+FP16 = {"model.dtype": "float16", "model.autocast": "float16", "train.loss_scale.initial_scale_power": 14,
+        "train.loss_scale.window": 2}
+
+
+@pytest.mark.parametrize("kind", ["sft", "dpo"])
+def test_fp16_loss_scale_resumes_exactly(ws, kind, tmp_path, capsys):
+    """float16 with dynamic loss scaling, the scale doubling every 2 good steps (2^14 first): killed during
+    optimizer step 4 and resumed from step 2's checkpoint, the run ends bit for bit as the uninterrupted one,
+    its loss scales included (a scale not restored would restart at 2^14 and scale the gradients otherwise)."""
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert main(argv(ws, kind, ref, **FP16)) == 0
+    scales = [r["loss_scale"] for r in rows(ref / "metrics.jsonl") if "loss_scale" in r]
+    assert scales[:4] == [2.0**14, 2.0**15, 2.0**15, 2.0**16] and len(scales) == STEPS
+    rc, log = launch_killed(argv(ws, kind, out, **FP16), ws / "killer.py", "step", 4)
+    assert rc == -signal.SIGKILL, log
+    assert main(argv(ws, kind, out, **FP16)) == 0
+    assert f"(step 2 of {STEPS})" in capsys.readouterr().out
+    assert_same_run(ref, out)
+
+
 def test_checkpoints_of_an_earlier_run_need_load_enable(ws, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(argv(ws, "sft", out, **{"train.max_epochs": 1, "ckpt.load_enable": "false"})) == 0

@@ -17,6 +17,13 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return {"score": float(ground_truth) + bonus, "acc": extra_info["index"] % 2 == 0, "pred": solution_str}
 '''
 
+# verl's custom_reward_function.name: a file with several functions, the one to use named
+NAMED_REWARD = '''
+
+def length_score(data_source, solution_str, ground_truth, extra_info=None):
+    return -float(len(solution_str)) + 10 * (extra_info["index"] == int(ground_truth) - 1)
+'''
+
 
 @pytest.fixture(scope="module")
 def ws(tiny_ws):
@@ -26,6 +33,7 @@ def ws(tiny_ws):
             for i in range(8)]
     pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet")
     (root / "verl_reward.py").write_text(VERL_REWARD)
+    (root / "named.py").write_text(VERL_REWARD + NAMED_REWARD)
     return root
 
 
@@ -59,3 +67,57 @@ def test_a_nested_label_key_that_is_not_there_is_one_line_before_models_load(ws,
                   "train.parquet, record 0: no key 'reward_model.answer' (label_key): reward_model has keys")
     assert "['ground_truth', 'style']" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_reward_function_named_in_the_file_spec_is_the_one_that_scores(ws, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "rl", *flags(ws, out, **{"reward.remote_url": f"{ws / 'named.py'}:length_score"})]) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    # length_score, not the file's compute_score: minus the response's length, plus 10 (each index matches its truth)
+    assert [s["reward"] for s in samples] == [10.0 - len(s["response"]) for s in samples]
+    refuse(["train", "rl", *flags(ws, tmp_path / "bad", **{"reward.remote_url": f"{ws / 'named.py'}:nope"})], capsys,
+           "has no function 'nope' (its functions: compute_score, length_score); give FILE.py:NAME of one of them")
+
+
+def verl_overrides(ws, out) -> list[str]:
+    """verl's overrides of a GRPO run on the tiny model: 4 prompts a step, 2 samples each, mini-batches of 2
+    prompts (4 samples), micro-batches of 2 samples."""
+    return [f"data.train_files={ws / 'train.parquet'}", "data.train_batch_size=4", "data.max_prompt_length=64",
+            "data.max_response_length=3", "data.filter_overlong_prompts=True", "data.truncation='error'",
+            "algorithm.adv_estimator=grpo", f"actor_rollout_ref.model.path={ws / 'tiny'}",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+            "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "algorithm.use_kl_in_reward=False",
+            f"custom_reward_function.path={ws / 'verl_reward.py'}", "trainer.logger=['console']",
+            f"trainer.default_local_dir={out}", "trainer.total_training_steps=1", "trainer.n_gpus_per_node=1",
+            "trainer.resume_mode=disable", "trainer.total_epochs=1"]
+
+
+def test_verl_overrides_run_one_step_as_verl_counts_its_batches(ws, tmp_path, caplog):
+    out = tmp_path / "run"
+    ours = ["--actor.autocast", "none", "--logger.progress_bar", "false", "--train.num_threads", "1",
+            "--logger.log_samples", "8"]
+    with caplog.at_level("WARNING", logger="rlhfkit"):
+        assert main(["train", "rl", *verl_overrides(ws, out), *ours]) == 0
+    assert "trainer.n_gpus_per_node: ignored" in caplog.text  # noticed, one line
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    index = [int(s["prompt"].split(": ")[1].split("+")[0]) for s in samples]
+    assert len(samples) == 8  # data.train_batch_size=4 prompts x rollout.n=2
+    assert [s["reward"] for s in samples] == [i + 1 + 0.5 for i in index]  # compute_score with data_source
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["optimizer_steps"] == 2  # 8 samples, ppo_mini_batch_size=2 prompts x 2 = 4 samples a step
+    assert row["kl_coef"] == pytest.approx(0.001)  # the KL loss of use_kl_loss=True
+    assert (out / "final" / "config.json").exists()  # trainer.default_local_dir
+
+
+def test_verl_overrides_name_the_reward_function(ws, tmp_path):
+    out = tmp_path / "run"
+    named = [o for o in verl_overrides(ws, out) if not o.startswith("custom_reward_function.path=")]
+    named += [f"custom_reward_function.path={ws / 'named.py'}", "custom_reward_function.name=length_score"]
+    assert main(["train", "rl", *named, "--actor.autocast", "none", "--logger.progress_bar", "false",
+                 "--train.num_threads", "1", "--logger.log_samples", "8"]) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [s["reward"] for s in samples] == [10.0 - len(s["response"]) for s in samples]  # length_score's

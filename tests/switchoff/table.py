@@ -66,6 +66,12 @@ def quantized_state(original):
     return parts
 
 
+def no_loss_scale(original):
+    def init(self, *args, **kwargs):
+        original(self, *args, **{**kwargs, "loss_scale": None})  # every Learner as without float16
+    return init
+
+
 def no_optimizer_step(original):
     def step(self):
         self.optimizer.step = lambda *args, **kwargs: None  # the clip, scheduler and EMA still run
@@ -257,6 +263,18 @@ def concatenated(original):
     return lambda tensors: torch.cat(tensors)  # rows of per-prompt tensors as they are: no padding
 
 
+def whole_prefix(original):
+    return lambda input_ids, prompt_lengths: original(input_ids, None)  # the response typed 0 with the prompt
+
+
+def per_token_as_given(original):
+    return lambda tensor, length: tensor  # the prompt's rows only, zero-padded across rows
+
+
+def no_decode_extra(original):
+    return lambda self, s: None  # decode steps without the per-token image inputs
+
+
 def names_as_given(original):
     return lambda model, targets, tower=False: targets  # peft matches the names anywhere, the tower included
 
@@ -292,7 +310,30 @@ def replays_nothing(original):
     return replay_routing
 
 
+
+def no_entries(original):
+    return lambda spec: []
+
+
+def last_tag(original):
+    from reasoning_gym.utils import extract_answer
+
+    return extract_answer
+
+
+def never_holds(original):
+    return lambda answer, oracle: False
+
+
+def observations_dropped(original):
+    return lambda self, obs, method: [] if method == "step" else original(self, obs, method)
+
+
+def unnamed(original):
+    return lambda spec: (spec, None)
+
 STAGES = "tests/unit/trainers/test_stages.py"
+LOSS_SCALE = "tests/unit/trainers/test_loss_scale.py"
 KL = "tests/unit/trainers/test_kl_placement.py"
 OFFPOLICY = "tests/unit/trainers/test_offpolicy.py"
 LEVERS = "tests/integration/test_levers_observed.py"
@@ -301,6 +342,8 @@ VLLM = "tests/unit/rollout/test_vllm_colocated.py"
 DYNAMIC = "tests/unit/trainers/test_dynamic_sampling.py"
 DEVICES = "tests/integration/test_devices_and_levers.py"
 AGENTS = "tests/integration/test_agent_loop.py"
+ENVLIBS = "tests/integration/test_env_libraries.py"
+RG_REWARD = "tests/unit/rewards/test_reasoning_gym_reward.py"
 VISION = "tests/unit/rollout/test_vision_engine.py"
 VISION_TOOLS = "tests/unit/agents/test_vision_tools.py"
 VISION_LORA = "tests/unit/models/test_vision_lora.py"
@@ -361,6 +404,14 @@ SWITCH_OFFS = (
     SwitchOff("optimizer step", "rlhfkit.trainers.learner:Learner.step", no_optimizer_step,
               (f"{STAGES}::test_update_moves_the_weights_towards_the_positive_advantage",
                "tests/gpu/test_device_vs_cpu.py::test_one_rl_step_matches_the_cpu[cpu]"), "optimizer.step a no-op"),
+    SwitchOff("float16 dynamic loss scaling", "rlhfkit.trainers.learner:Learner.__init__", no_loss_scale,
+              (f"{LOSS_SCALE}::test_an_overflow_skips_the_step_lowers_the_scale_and_leaves_the_weights",
+               f"{LOSS_SCALE}::test_the_scale_keeps_gradients_below_float16s_range",
+               f"{LOSS_SCALE}::test_unscaled_once_per_step_and_clipped_as_the_float32_learner"),
+              "loss_scale None: unscaled"),
+    SwitchOff("the loss scale restored on resume", "rlhfkit.trainers.loss_scale:DynamicLossScale.load_state_dict",
+              noop, ("tests/integration/test_supervised_resume.py::test_fp16_loss_scale_resumes_exactly[sft]",),
+              "no-op: the first scale again"),
     SwitchOff("token-budget micro-batches (dynamic batch)", "rlhfkit.trainers.rl.batching:MicroBatcher.cut",
               no_token_budget,
               ("tests/unit/trainers/test_token_budget.py::test_micro_batches_are_cut_by_the_token_budget",),
@@ -491,6 +542,20 @@ SWITCH_OFFS = (
                "test_smolvlm_rows_with_different_sub_image_counts_are_padded_as_its_processor_pads_them",
                f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[smolvlm]"),
               "concatenated unpadded"),
+    SwitchOff("a prefix LM's response typed as its suffix (PaliGemma's token_type_ids)",
+              "rlhfkit.models.vision:prefix_lm_types", whole_prefix,
+              (f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[paligemma]",
+               f"{VISION}::test_paligemma_types_its_prompt_as_the_prefix_and_its_response_as_the_suffix",
+               f"{VISION}::test_paligemma_decoded_without_a_cache_types_its_response_as_the_suffix"),
+              "the whole sequence typed as the prefix"),
+    SwitchOff("per-token image inputs over the response (Llama 3.2 Vision's cross-attention mask)",
+              "rlhfkit.models.vision:per_token", per_token_as_given,
+              (f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[mllama]",),
+              "the prompt's rows only"),
+    SwitchOff("per-token image inputs at each cached decode step (Llama 3.2 Vision)",
+              "rlhfkit.rollout.vision:VisionEngine._decode_extra", no_decode_extra,
+              (f"{VISION}::test_rollout_logprobs_equal_the_trainers_forward[mllama]",),
+              "decode steps without them"),
     SwitchOff("images on Ray rollout workers (vision-language models)", "rlhfkit.distributed.worker:engine_images",
               no_images_sent, (f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[0]",
                                f"{VISION_WORKER}::test_worker_samples_from_the_images_as_the_trainers_engine_does[2]"),
@@ -597,5 +662,31 @@ SWITCH_OFFS = (
               ("tests/integration/test_dropout.py::test_the_update_runs_without_the_configs_dropout_unless_asked[gpt2]",
                "tests/integration/test_dropout.py::test_the_update_runs_without_the_configs_dropout_unless_asked[llama]"),
               "the config's dropout in every update forward"),
+    SwitchOff("reasoning-gym prompts (--data.prompt_dataset reasoning_gym:TASK)",
+              "rlhfkit.data.records:reasoning_gym_records", no_entries,
+              ("tests/unit/data/test_procedural.py::test_leg_counting_entries_by_hand",
+               f"{ENVLIBS}::test_reasoning_gym_prompts_scored_by_the_tasks_own_score_answer"), "no entries"),
+    SwitchOff("builtin:reasoning_gym: exactly one answer tag", "rlhfkit.rewards.reasoning_gym:single_answer", last_tag,
+              (f"{RG_REWARD}::test_single_answer_reads_one_non_empty_tag",
+               f"{RG_REWARD}::test_builtin_reward_scores_leg_counting_with_its_own_score_answer"),
+              "reasoning-gym's extract_answer: the last tag"),
+    SwitchOff("builtin:reasoning_gym: no credit for a dump holding the answer",
+              "rlhfkit.rewards.reasoning_gym:holds_oracle", never_holds,
+              (f"{RG_REWARD}::test_containment_credit_is_taken_away_and_other_partial_credit_kept",
+               f"{RG_REWARD}::test_builtin_reward_scores_leg_counting_with_its_own_score_answer"),
+              "the task's own credit kept"),
+    SwitchOff("SkyRL-Gym observations as chat turns (--agent.env skyrl:ENV_ID)",
+              "rlhfkit.agents.textenv:SkyRLTextEnv._messages", observations_dropped,
+              ("tests/unit/agents/test_textenv_skyrl.py::"
+               "test_a_base_text_env_subclass_from_a_file_plays_through_chat_turns",
+               f"{ENVLIBS}::test_a_skyrl_base_text_env_from_a_file_trains_on_its_turns"),
+              "step's observations dropped: the episode ends"),
+    SwitchOff("a reward file's function named (--reward.remote_url FILE.py:NAME)",
+              "rlhfkit.rewards.resolve:split_function", unnamed,
+              ("tests/unit/rewards/test_reward_loader.py::test_file_colon_name_picks_the_function_of_any_contract",
+               "tests/integration/test_verl_inputs.py::"
+               "test_a_reward_function_named_in_the_file_spec_is_the_one_that_scores",
+               "tests/integration/test_verl_inputs.py::test_verl_overrides_name_the_reward_function"),
+              "FILE.py:NAME read as a path"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}

@@ -25,10 +25,11 @@ mismatches are counted (`tools/rerender`, `tools/retokenized`). What a re-render
 
 With an `environment_factory` (TRL's contract, environment.py) each episode gets its own
 instance, whose methods are tools; one with `get_reward` gives the episode's reward. With a
-text environment (`rlhfkit.agents.textenv`: gymnasium-style classes, GEM, TextArena) each episode
-gets its own too: its first observation joins the prompt, and every turn without a tool call is
-its action; the observation `step` returns comes back as a user turn (rendered by the chat
-template, only the new tokens appended), its rewards are summed and `done` ends the episode.
+text environment (`rlhfkit.agents.textenv`: gymnasium-style classes, GEM, TextArena, SkyRL-Gym) each
+episode gets its own too: its first observation joins the prompt (a list of messages from `reset` is
+the prompt), and every turn without a tool call is its action; the observation `step` returns comes
+back as a user turn, or as its messages when it is a list (rendered by the chat template, only the
+new tokens appended), its rewards are summed and `done` ends the episode.
 Otherwise rewards come from the trainer's reward function (`provides_rewards` False): it sees the
 whole episode (actions, calls and results) as the response; each trajectory's
 `info["messages"]` holds the conversation (assistant turns with their parsed `tool_calls`,
@@ -235,7 +236,8 @@ class ToolExecutor:
                     msgs = with_observation(msgs, await reset_environment(env, getattr(p, "record", None)))
                 if self.text_env is not None:
                     text_env = self.text_env()
-                    msgs = with_observation(msgs, await text_env.reset(getattr(p, "record", None)))
+                    first = await text_env.reset(getattr(p, "record", None), msgs)
+                    msgs = first if isinstance(first, list) else with_observation(msgs, first)
                 text = tt.render(msgs)  # the same for a prompt's samples unless reset() differs
                 if (i, text) not in rendered:
                     rendered[i, text] = self._prompt_ids(tt, text, p)
@@ -257,6 +259,8 @@ class ToolExecutor:
             end_episodes(engine, [id(e) for e in episodes])
         for e in episodes:
             e.truncated = e.truncated or not e.done
+            if e.text_env is not None:  # its resources (a connection, a SkyRL environment's close) go
+                await e.text_env.close()
             if e.env is not None and self.provides_rewards:
                 e.reward = await environment_reward(e.env)
         self.env_errors.check(len(episodes))
@@ -335,7 +339,7 @@ class ToolExecutor:
                 self.env_errors.end(e, exc)
                 return []
             e.reward += reward
-            return [] if done else [{"role": "user", "content": obs}]
+            return [] if done else obs if isinstance(obs, list) else [{"role": "user", "content": obs}]
         if e.env is not None:  # this episode's environment: its bound methods
             tools = ToolSet({**self.plain, **environment_tools(e.env)})
             runner = ToolRunner(tools, runner.limits, runner.tokenizer, runner.stats, runner.slots)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from rlhfkit.core.losses import logprobs_from_logits
-from rlhfkit.errors import CheckpointError, DataError, RlhfkitError, one_line
+from rlhfkit.errors import CheckpointError, ConfigError, DataError, RlhfkitError, one_line
 from rlhfkit.models.lora import (
     add_adapter,
     add_lora,
@@ -40,7 +40,7 @@ from rlhfkit.models.lora import (
     save_adapter,
 )
 from rlhfkit.models.lora_rows import RowAdapters
-from rlhfkit.models.vision import is_vision_model, language_lora_targets, vision_kwargs
+from rlhfkit.models.vision import is_prefix_lm, is_vision_model, language_lora_targets, vision_kwargs
 from rlhfkit.serving.tinker.images import ImageInputs
 from rlhfkit.serving.tinker.losses import lookup_loss
 from rlhfkit.serving.tinker.sampling import SamplingMixin
@@ -120,6 +120,10 @@ class ModelHost(SamplingMixin):
     def __init__(self, base: torch.nn.Module, tokenizer, name: str, root: str | Path, device: torch.device,
                  full: bool = False, default_rank: int = 32, tokenizer_id: str | None = None,
                  batch_tokens: int = 4096, processor=None):
+        if is_vision_model(base) and is_prefix_lm(base.config):
+            raise ConfigError(f"{name}: a {base.config.model_type} model (a prefix LM: its prompt attends both ways, "
+                              "its response causally) cannot be served for training: Tinker data do not say where a "
+                              "prompt ends; train it with rlhfkit train rl / sft / dpo")
         self.base = base.to(device)
         self.tokenizer_id = tokenizer_id or name
         self.linear = linear_names(base)  # read before peft wraps the linear layers

@@ -23,12 +23,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from rlhfkit.config.checks import compute_dtype
 from rlhfkit.data.batch import collate
 from rlhfkit.data.packing import pack
 from rlhfkit.errors import DataError
 from rlhfkit.models.logprobs import note_once
 from rlhfkit.models.moe import moe_top_k, record_routing, routing_loss
 from rlhfkit.trainers.learner import Learner, muon_settings
+from rlhfkit.trainers.loss_scale import loss_scale_for
 
 MicroLoss = Callable[[list, list], tuple[torch.Tensor, dict[str, float]]]
 
@@ -43,12 +45,16 @@ def make_batch(samples: Sequence, pad_id: int, packing: bool):
     return pack(samples, pad_id) if packing else collate(samples, pad_id)
 
 
-def build_learner(module: torch.nn.Module, adam, train, total_steps: int, muon=None) -> Learner:
-    """A Learner from the `adam`, `train` and `muon` config sections (read only by trainers)."""
+def build_learner(module: torch.nn.Module, adam, train, total_steps: int, muon=None, precision=None) -> Learner:
+    """A Learner from the `adam`, `train` and `muon` config sections (read only by trainers); `precision`:
+    the model section (its dtype and autocast: float16 scales the loss, --train.loss_scale.*); None = float32."""
+    scale = None if precision is None else loss_scale_for(compute_dtype(precision.dtype, precision.autocast),
+                                                         train.loss_scale)
     return Learner(
         module, adam.lr, adam.betas, adam.eps, adam.weight_decay, total_steps=total_steps,
         warmup_steps=int(train.lr_warmup_ratio * total_steps), scheduler=train.lr_scheduler,
         min_lr_ratio=train.min_lr_ratio, max_norm=train.max_norm, muon=muon_settings(train.optim, muon),
+        loss_scale=scale,
     )
 
 

@@ -18,9 +18,8 @@ from rlhfkit.core.losses import dpo_loss, kto_loss, pairwise_loss, sft_loss
 from rlhfkit.core.masks import masked_sum
 from rlhfkit.data.supervised import TokenSample
 from rlhfkit.models import response_logprobs, save_hf_folder
-from rlhfkit.models.backbone_reward import BackboneRewardModel, save_backbone_reward_model
 from rlhfkit.models.precision import autocast_ctx, model_device
-from rlhfkit.models.reward import batch_scores
+from rlhfkit.models.reward import batch_scores, save_reward_model
 from rlhfkit.trainers.supervised.loop import (
     StepLoop,
     build_learner,
@@ -35,7 +34,7 @@ class _PreferenceLoop:
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.eval_items = list(eval_items)
         self.learner = build_learner(model, cfg.adam, cfg.train, planned_steps(len(items), cfg.train),
-                                     cfg.muon)
+                                     cfg.muon, cfg.model)
         self.loop = StepLoop(self.learner, items, cfg.train, tracker, self.evaluate if self.eval_items else None,
                              aux_loss_coef=cfg.model.aux_loss_coef)
 
@@ -103,11 +102,7 @@ class RMLoop(_PreferenceLoop):
         if hasattr(self.model, "merge_and_unload"):
             self.model = self.model.merge_and_unload()
         self.model.config.mean, self.model.config.std = mean, std
-        if isinstance(self.model, BackboneRewardModel):
-            folder = save_backbone_reward_model(self.model, path)
-            self.tokenizer.save_pretrained(folder)
-            return folder
-        return super().save(path)
+        return save_reward_model(self.model, self.tokenizer, path)
 
 
 # ---------------------------------------------------------------------------------- DPO

@@ -62,7 +62,7 @@ class PRMLoop:
         self.reward_ids = [single_token_id(tokenizer, t, "--data.reward_tokens")
                            for t in cfg.data.reward_tokens]
         self.learner = build_learner(model, cfg.adam, cfg.train, planned_steps(len(samples), cfg.train),
-                                     cfg.muon)
+                                     cfg.muon, cfg.model)
         evaluate = self.evaluate if self.eval_samples else None
         self.loop = StepLoop(self.learner, samples, cfg.train, tracker, evaluate,
                              aux_loss_coef=cfg.model.aux_loss_coef)

@@ -31,7 +31,7 @@ class SFTLoop:
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.eval_samples = list(eval_samples)
         steps = planned_steps(len(samples), cfg.train)
-        self.learner = build_learner(model, cfg.adam, cfg.train, steps, cfg.muon)
+        self.learner = build_learner(model, cfg.adam, cfg.train, steps, cfg.muon, cfg.model)
         self.loop = StepLoop(self.learner, samples, cfg.train, tracker, self.evaluate if self.eval_samples else None,
                              aux_loss_coef=cfg.model.aux_loss_coef)
 

@@ -18,7 +18,7 @@ from rlhfkit.api.vision import (
 from rlhfkit.config import RLConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.critic import Critic
-from rlhfkit.models.tiny_vision import tiny_vision_model_and_processor
+from rlhfkit.models.tiny_vision import save_tiny_vision, tiny_vision_model_and_processor
 from rlhfkit.models.vision import vision_parts
 
 
@@ -80,6 +80,21 @@ def test_agent_files_tools_and_functions_run_with_images_but_other_executors_are
 
     with pytest.raises(ConfigError, match="does not run with Other yet"):
         check_executor(cfg, Other())
+
+
+@pytest.mark.parametrize("family,name", [("paligemma", "PaliGemma"), ("mllama", "Llama 3.2 Vision")])
+def test_single_turn_families_refuse_agent_episodes_in_one_line(tmp_path, family, name):
+    """A later call's context: PaliGemma's rollout would prefill it all as the prefix where the trainer types the
+    earlier response as the suffix; Llama 3.2 Vision's per-token cross-attention masks of two calls do not
+    merge (the trainer's forward fails on a shape)."""
+    folder = save_tiny_vision(tmp_path / family, family)
+    cfg = config("--actor.model_name_or_path", str(folder))
+    check_executor(cfg, SingleTurnExecutor())
+    with pytest.raises(ConfigError, match=f"a {name} policy .* does not run agent episodes yet") as err:
+        check_executor(cfg, ToolExecutor([add]))
+    assert "\n" not in str(err.value)
+    check_executor(config("--actor.model_name_or_path", str(save_tiny_vision(tmp_path / "q", "qwen2_vl"))),
+                   ToolExecutor([add]))
 
 
 def test_the_processor_reaches_the_multi_turn_and_the_tool_executors():

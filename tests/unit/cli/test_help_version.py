@@ -56,7 +56,7 @@ def test_train_rl_help_describes_every_flag_with_type_default_choices_and_aliase
         "      aliases: --advantage_estimator")
     assert "choices: true, mean, false" in flag_block(out, "algo.advantage.whiten")
     assert "choices: k1, k2, k3, k3_stable" in flag_block(out, "algo.kl.estimator")
-    assert "choices: float32, bfloat16, auto, none" in flag_block(out, "actor.autocast")
+    assert "choices: float32, bfloat16, float16, auto, none" in flag_block(out, "actor.autocast")
     assert "choices: hf, vllm" in flag_block(out, "rollout.engine")
     assert "choices: local, ray" in flag_block(out, "distributed.backend")
     assert "choices: online, offline, disabled" in flag_block(out, "logger.wandb.mode")

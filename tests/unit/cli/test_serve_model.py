@@ -1,5 +1,6 @@
-"""`rlhfkit serve MODEL` on a saved tiny model with the official `openai` SDK: each of a request's n replies
-may take --max_tokens new tokens (the training endpoint's episode budget is not the server's)."""
+"""`rlhfkit serve MODEL` on a saved tiny model (float32 and float16 weights) with the official `openai` SDK:
+each of a request's n replies may take --max_tokens new tokens (the training endpoint's episode budget is not
+the server's)."""
 
 import pytest
 
@@ -12,13 +13,16 @@ from rlhfkit.models import tiny_model_and_tokenizer  # noqa: E402
 from rlhfkit.models.loading import load_policy  # noqa: E402
 
 
-def test_each_of_n_replies_may_take_max_tokens(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_each_of_n_replies_may_take_max_tokens(tmp_path, dtype):
     model, tok = tiny_model_and_tokenizer(seed=4)
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    cfg = parse_config(ServeModelConfig, ["--model", str(tmp_path / "m"), "--port", "0", "--max_tokens", "5"])
+    cfg = parse_config(ServeModelConfig, ["--model", str(tmp_path / "m"), "--port", "0", "--max_tokens", "5",
+                                          "--dtype", dtype])
     validate_serve_model(cfg)
     policy, tokenizer = load_policy(cfg.model, cfg.dtype)
+    assert str(next(policy.parameters()).dtype) == f"torch.{dtype}"
     eos = tokenizer.eos_token_id
     with build_server(cfg, policy, tokenizer, "sk-test") as server:
         client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="sk-test", max_retries=0)

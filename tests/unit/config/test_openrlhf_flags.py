@@ -97,6 +97,9 @@ def test_rm_packing_is_mapped_as_for_sft():
      ["--rollout.n_samples_per_prompt", "4", "--rollout.batch_size", "32"]),
     (["--bf16"], ["--actor.dtype", "bfloat16"]),
     (["--ds.param_dtype", "bf16"], ["--actor.dtype", "bfloat16"]),
+    (["--param_dtype", "fp16"], ["--actor.dtype", "float16", "--actor.autocast", "float16"]),
+    (["--actor.autocast", "none", "--ds.param_dtype", "fp16"], ["--actor.dtype", "float16", "--actor.autocast",
+                                                              "none"]),  # an autocast given is kept
     (["--eps_clip", "0.3"], ["--actor.eps_clip_low_high", "0.3", "0.3"]),
     (["--actor.eps_clip", "0.3", "--actor.eps_clip_low_high", "0.2", "0.28"],
      ["--actor.eps_clip_low_high", "0.2", "0.28"]),
@@ -196,7 +199,9 @@ def test_is_correction_flags_of_every_release_are_ours(theirs, ours, caplog):
       "--data.apply_chat_template", "--data.tokenizer_chat_template", "{{x}}"]),
     (RMConfig, ["--margin_loss", "--data.dataset_probs", "1"],
      ["--model.margin_loss_enable", "--data.dataset_probs", "1"]),
-    (RMConfig, ["--margin_loss", "--loss", "logexpsigmoid"], []),  # OpenRLHF's logexpsigmoid has no margin
+    (RMConfig, ["--margin_loss", "--loss", "logexpsigmoid"], []),
+    (SFTConfig, ["--param_dtype", "fp16"], ["--model.dtype", "float16", "--model.autocast", "float16"]),
+    (DPOConfig, ["--ds.param_dtype", "bf16"], ["--model.dtype", "bfloat16"]),  # OpenRLHF's logexpsigmoid has no margin
     (DPOConfig, ["--nll_loss_coef", "0.2", "--aux_loss_coef", "0.01"], ["--model.nll_loss_coef", "0.2",
                                                                        "--model.aux_loss_coef", "0.01"]),
     (SFTConfig, ["--optim", "muon", "--muon.lr", "0.01", "--muon.momentum", "0.9", "--muon.ns_steps", "3",
@@ -314,7 +319,13 @@ def test_notices_reach_the_cli(tmp_path, capsys, caplog):
     (["train", "rl", "--actor.optim", "sgd"], "error: --actor.optim: unknown value 'sgd'; valid: adam, muon"),
     (["train", "rl", "--stop_properly_penalty_coef", "1.5"],
      "error: --reward.stop_properly_penalty_coef must be < 0 or in [0, 1]"),
-    (["train", "rl", "--param_dtype", "fp16"], "error: rlhfkit trains in float32 or bfloat16, not fp16"),
+    (["train", "rl", "--param_dtype", "fp8"], "error: rlhfkit trains in float32, bfloat16 or float16, not fp8"),
+    (["train", "rl", "--actor.dtype", "float16"], "error: --actor.dtype float16 with --actor.autocast bfloat16: "
+                                                  "pass --actor.autocast float16 (or none"),
+    (["train", "sft", "--model.dtype", "bfloat16", "--model.autocast", "float16"],
+     "error: --model.dtype bfloat16 with --model.autocast float16: pass --model.autocast bfloat16"),
+    (["train", "rl", "--param_dtype", "fp16", "--fsdp.enable"], "error: --fsdp.enable trains in float32 or "
+                                                                "bfloat16 (its mixed precision); float16"),
 ])
 def test_refused_flags_are_one_line_cli_errors(argv, needle, capsys):
     assert main(argv) == 2

@@ -29,6 +29,13 @@ def test_openrlhfs_flat_and_dotted_names_set_our_flags(argv):
     assert cfg.host == "127.0.0.1"  # OpenRLHF binds 0.0.0.0 unless told; rlhfkit this machine only
 
 
+@pytest.mark.parametrize("argv, dtype", [
+    (["--param_dtype", "fp16"], "float16"), (["--ds.param_dtype", "bf16"], "bfloat16"), (["--bf16"], "bfloat16"),
+    (["--dtype", "float16"], "float16"), ([], "float32")])
+def test_param_dtype_picks_the_weights_dtype(argv, dtype):
+    assert ServeRewardConfig.from_args(["--reward_pretrain", "RM", *argv]).dtype == dtype
+
+
 def test_openrlhfs_defaults_where_no_flag_is_given():
     cfg = ServeRewardConfig.from_args(["--reward_pretrain", "RM"])
     assert (cfg.reward.normalize_enable, cfg.data.max_len, cfg.batch_size, cfg.port) == (False, 2048, None, 5000)
@@ -45,13 +52,13 @@ def test_engine_flags_are_noticed(caplog):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--reward_pretrain", "RM", "--param_dtype", "fp16"], "not fp16"),
+    (["--reward_pretrain", "RM", "--param_dtype", "fp8"], "not fp8"),
     (["--reward_pretrain", "RM", "--reward.remote_url", "r.py"], "not both"),
     ([], "needs --reward.remote_url"),
     (["--reward.remote_url", "r.py", "--normalize_reward"], "--reward.normalize_enable normalises a reward model"),
     (["--reward_pretrain", "RM", "--max_len", "0"], "--data.max_len"),
     (["--reward_pretrain", "RM", "--batch_size", "0"], "--batch_size"),
-    (["--reward_pretrain", "RM", "--dtype", "float16"], "--dtype"),
+    (["--reward_pretrain", "RM", "--dtype", "float64"], "--dtype"),
     (["--reward_pretrain", "RM", "--device", "tpu"], "--device"),
 ])
 def test_refusals_name_the_flag(argv, needle):

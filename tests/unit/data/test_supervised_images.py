@@ -48,14 +48,20 @@ def test_sft_logprobs_are_transformers_forward_of_the_conversation_with_its_imag
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which colour?"}]},
                 {"role": "assistant", "content": "red"}]
     text = processor.apply_chat_template(messages, tokenize=False)
-    inputs = processor(text=[text], images=[[Image.open(tmp_path / "red.png").convert("RGB")]], return_tensors="pt",
-                       add_special_tokens=False)
+    image = [[Image.open(tmp_path / "red.png").convert("RGB")]]
+    if model.config.model_type == "paligemma":  # a prefix LM: its processor writes the response as the suffix
+        text, suffix = processor.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True), "red"
+        inputs = processor(text=[text], images=image, suffix=[suffix], return_tensors="pt", add_special_tokens=False)
+    else:
+        inputs = processor(text=[text], images=image, return_tensors="pt", add_special_tokens=False)
     ids = inputs["input_ids"]
     assert ids[0, : len(s.prompt_ids)].tolist() == s.prompt_ids.tolist()
     pixels = {k: v for k, v in inputs.items() if k in s.vision.tensors}
-    with torch.no_grad():
-        logits = model(input_ids=ids, **pixels, **token_type_kwargs(model, ids)).logits[0].float()
     p, r = len(s.prompt_ids), len(s.response_ids)
+    types = token_type_kwargs(model, ids, torch.tensor([p]))
+    assert all(types[k].tolist() == inputs[k].tolist() for k in types if k in inputs)  # the processor's own
+    with torch.no_grad():
+        logits = model(input_ids=ids, **pixels, **types).logits[0].float()
     expected = torch.log_softmax(logits[p - 1 : p - 1 + r], -1).gather(-1, s.response_ids[:, None]).squeeze(-1)
     torch.testing.assert_close(logp[0, :r], expected, rtol=0, atol=2e-5)
 
@@ -105,3 +111,25 @@ def test_sft_rows_in_verl_and_openai_forms_give_one_image_each(tmp_path):
     for s in samples[1:]:
         assert s.prompt_ids.tolist() == plain.prompt_ids.tolist()
         assert torch.equal(s.vision.tensors["pixel_values"], plain.vision.tensors["pixel_values"])
+
+
+@pytest.mark.parametrize("family", ["mllama", "paligemma"])
+def test_images_after_the_first_turn_are_refused_where_a_prompt_holds_them_first(tmp_path, family):
+    """Llama 3.2 Vision's cross-attention mask covers one piece's tokens from the sequence's start (two pieces
+    would be two rows of masks, a later piece's rows would start at 0), PaliGemma's processor writes each piece
+    with images as a prefix of its own: one line naming the record; LLaVA-NeXT takes the same records."""
+    Image.new("RGB", (40, 40), (220, 30, 30)).save(tmp_path / "red.png")
+    turn = [{"type": "image"}, {"type": "text", "text": "Which?"}]
+    record = {"prompt": [{"role": "user", "content": turn}, {"role": "assistant", "content": "red"},
+                         {"role": "user", "content": turn}], "images": ["red.png", "red.png"], "output": "red"}
+    late = dict(record, prompt=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "hi"},
+                                {"role": "user", "content": turn}], images=["red.png"])
+    path = write(tmp_path, [record, late])
+    for bad in (record, late):  # images in two turns; an image in the second turn only
+        with pytest.raises(DataError, match=r"data.jsonl, line 1.*images after the conversation's first turn"):
+            load_sft(write(tmp_path, [bad]), VisionTextFormat(tiny_vision_model_and_processor(family)[1], "images",
+                                                              2, tmp_path), input_key="prompt", output_key="output")
+    path = write(tmp_path, [record, late])
+    samples, _ = load_sft(path, VisionTextFormat(tiny_vision_model_and_processor("llava_next")[1], "images", 2,
+                                                 tmp_path), input_key="prompt", output_key="output")
+    assert samples[0].vision.num_images == 2 and samples[1].vision.num_images == 1

@@ -4,6 +4,8 @@ one built in code; SmolVLM's sub-images of several prompts padded as its process
 models exercise what the families are known for (Qwen2.5-VL's window attention, Qwen3-VL's deepstack
 features, Qwen3.5's linear-attention layers that decode without a cache)."""
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -105,4 +107,26 @@ def test_smolvlm_without_num2words_is_one_line_naming_the_package(tmp_path, monk
     with pytest.raises(ModelError, match=r"SmolVLMProcessor needs a package that is not installed .*num2words.*"
                                          r"pip install 'rlhfkit\[vision\]'") as err:
         load_processor(str(folder))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision builds the processor")
+def test_mistral3_without_torchvision_is_one_line_naming_its_processor(tmp_path):
+    """transformers will not import PixtralProcessor (Mistral 3's) without torchvision, and it has no video part
+    to leave out: loading says which processor needs it and how to install it, not that the folder is broken."""
+    import json
+
+    from transformers import Mistral3Config
+
+    from rlhfkit.errors import ModelError
+    from rlhfkit.models.tiny import tiny_tokenizer
+
+    tiny_tokenizer().save_pretrained(tmp_path)
+    Mistral3Config(vision_config={"model_type": "pixtral"}, text_config={"model_type": "mistral"}).save_pretrained(
+        tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {"processor_class": "PixtralProcessor", "image_processor_type": "PixtralImageProcessor"}))
+    with pytest.raises(ModelError, match=r"PixtralProcessor needs torchvision even for images .*pip install "
+                                         r"torchvision") as err:
+        load_processor(str(tmp_path))
     assert "\n" not in str(err.value)

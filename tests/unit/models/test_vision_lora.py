@@ -15,14 +15,20 @@ from rlhfkit.models.vision import TOWER_NAMES, language_lora_targets
 # with q_proj / v_proj). Qwen3-VL-MoE: its experts are fused 3-D weights, no Linear: 2 x 4 attention layers.
 # Qwen3.5: layer 0 is a Gated DeltaNet (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj: 5) + MLP 3,
 # layer 1 attention 4 + MLP 3. Gemma 4: 14 + per-layer inputs (a gate and a projection a layer: 4, the model's
-# projection: 1) + embed_vision 1.
+# projection: 1) + embed_vision 1. GLM-4.1V: its MLP's gate and up projections are one layer (gate_up_proj):
+# 2 x (4 + 2). PaliGemma's projector is one linear layer, LLaVA-NeXT's, LLaVA-OneVision's and Aya Vision's two.
+# Llama 3.2 Vision: 3 layers of 7, layer 1 a cross-attention layer (its q/k/v/o are cross_attn's), + its projector.
 LAYOUT = {"qwen2_vl": (14, 0, "language_model", (0, 1)), "llava": (16, 2, "language_model", (0, 1)),
           "gemma3": (14, 0, "language_model", (0, 1)), "qwen2_5_vl": (14, 0, "language_model", (0, 1)),
           "qwen3_vl": (14, 0, "language_model", (0, 1)), "qwen3_vl_moe": (8, 0, "language_model", (0, 1)),
           "smolvlm": (15, 1, "text_model", (0, 1)), "idefics3": (15, 1, "text_model", (0, 1)),
           "qwen3_5": (15, 0, "language_model", (1,)), "gemma4": (20, 1, "language_model", (0, 1)),
-          "internvl": (16, 2, "language_model", (0, 1))}
+          "internvl": (16, 2, "language_model", (0, 1)), "llava_next": (16, 2, "language_model", (0, 1)),
+          "llava_onevision": (16, 2, "language_model", (0, 1)), "glm4v": (12, 0, "language_model", (0, 1)),
+          "paligemma": (15, 1, "language_model", (0, 1)), "aya_vision": (16, 2, "language_model", (0, 1)),
+          "mllama": (22, 1, "language_model", (0, 2))}
 PROJECTORS = ("multi_modal_projector", "connector", "embed_vision")
+CROSS_ATTENTION = {"mllama": (1,)}  # family -> its language model's cross-attention layers (q/k/v/o: cross_attn's)
 
 
 def test_every_tiny_family_is_laid_out_here():
@@ -37,8 +43,10 @@ def test_all_linear_is_the_language_model_and_the_projector(family):
     assert len(names) == count and sum(any(p in n for p in PROJECTORS) for n in names) == projector
     assert all(f"model.{lm}." in n for n in names if not any(p in n for p in PROJECTORS))
     assert not any(f".{t}." in n for n in names for t in TOWER_NAMES)
+    cross = CROSS_ATTENTION.get(family, ())
     assert language_lora_targets(model, ("q_proj", "v_proj")) == [
-        f"model.{lm}.layers.{i}.self_attn.{m}" for i in attention for m in ("q_proj", "v_proj")]
+        f"model.{lm}.layers.{i}.{'cross_attn' if i in cross else 'self_attn'}.{m}" for i in sorted({*attention, *cross})
+        for m in ("q_proj", "v_proj")]
 
 
 def test_peft_would_put_adapters_in_the_tower_and_the_names_keep_them_out():

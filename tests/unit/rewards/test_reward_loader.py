@@ -192,3 +192,29 @@ def test_builtin_math_reward_scores_only_the_response():
     assert reward_func(["What is 7? I do not know"], ["What is 7?"], ["7"])["rewards"].tolist() == [0.0]
     assert split_response("abc def", "abc") == " def"
     assert split_response("xyz", "abc") == "xyz"
+
+
+def test_file_colon_name_picks_the_function_of_any_contract(tmp_path):
+    from rlhfkit.rewards.loader import split_function
+    from rlhfkit.rewards.resolve import resolve_reward
+
+    path = write(tmp_path, """
+        def reward_func(queries, prompts, labels):
+            return [9.0] * len(queries)
+
+        def exact(data_source, solution_str, ground_truth, extra_info=None):  # verl's contract
+            return float(solution_str.strip() == ground_truth)
+
+        def lengths(completions, **kwargs):  # TRL's
+            return [float(len(c)) for c in completions]
+        """)
+    assert split_function(f"{path}:exact") == (str(path), "exact")
+    assert split_function(str(path)) == (str(path), None) and split_function("http://h:80/x") == ("http://h:80/x", None)
+    responses = [" 2", " 5"]
+    def scores(spec):
+        return resolve_reward(spec)(QUERIES, PROMPTS, LABELS, responses=responses).rewards.tolist()
+
+    assert scores(f"{path}:exact") == [1.0, 0.0] and scores(f"{path}:lengths") == [2.0, 2.0]
+    assert resolve_reward(str(path))(QUERIES, PROMPTS, LABELS).rewards.tolist() == [9.0, 9.0]  # reward_func
+    with pytest.raises(RewardError, match=r"has no function 'nope' \(its functions: exact, lengths, reward_func\)"):
+        resolve_reward(f"{path}:nope")

@@ -211,12 +211,12 @@ def test_weights_of_the_wrong_length_name_both_lengths():
 
 
 def test_builtins_urls_reward_fns_and_timeouts():
-    assert set(BUILTIN_REWARDS) == {"builtin:math", "builtin:code"}
+    assert set(BUILTIN_REWARDS) == {"builtin:math", "builtin:code", "builtin:reasoning_gym"}
     fn = resolve_reward("builtin:math")
     assert fn.name == "builtin_math_reward"
     assert call(fn).rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
     with pytest.raises(RewardError, match="unknown reward 'builtin:nope'; the built-in rewards are "
-                                          "builtin:code, builtin:math"):
+                                          "builtin:code, builtin:math, builtin:reasoning_gym"):
         resolve_reward("builtin:nope")
     remote = resolve_reward("http://a:1/get_reward,http://b:2/get_reward",
                             remote_options={"max_retries": 0}, timeout=5.0)

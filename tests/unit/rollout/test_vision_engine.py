@@ -51,7 +51,26 @@ def test_token_type_ids_derived_from_the_ids_are_the_processors(vlm):
     derived = {k: v.tolist() for k, v in token_type_kwargs(model, out["input_ids"]).items()}
     expected = {k: out[k].tolist() for k in ("mm_token_type_ids", "token_type_ids") if k in out}
     assert derived == expected  # LLaVA takes none
-    assert all(any(1 in row for row in v) for v in derived.values())
+    if model.config.model_type == "paligemma":  # a prefix LM: a prompt alone is all prefix (0)
+        assert derived and not any(1 in row for v in derived.values() for row in v)
+    else:
+        assert all(any(1 in row for row in v) for v in derived.values())
+
+
+def test_paligemma_types_its_prompt_as_the_prefix_and_its_response_as_the_suffix():
+    """PaliGemma's token_type_ids: 0 for the images and the prompt (attending both ways), 1 for the response
+    (causal), as its processor types a prompt with a suffix; derived from the prompt lengths, the response
+    and the padding after it 1."""
+    model, processor = tiny_vision_model_and_processor("paligemma")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}]
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    image = [[Image.new("RGB", (40, 40), COLOURS[0])]]
+    prompt = processor(text=[text], images=image, return_tensors="pt")["input_ids"]
+    out = processor(text=[text], images=image, suffix=["red"], return_tensors="pt")
+    lengths = torch.tensor([prompt.shape[1]])
+    assert out["token_type_ids"][0, lengths[0]:].tolist() == [1] * 4  # "red" and its EOS
+    derived = token_type_kwargs(model, out["input_ids"], lengths)["token_type_ids"]
+    assert derived.tolist() == out["token_type_ids"].tolist()
 
 
 def greedy_equals_generate(model, processor, cached: bool = True) -> None:
@@ -80,8 +99,18 @@ def test_a_vlm_decoded_without_a_cache_feeds_its_images_at_every_step():
 
 
 def test_rollout_logprobs_equal_the_trainers_forward(vlm):
-    model, processor = vlm
+    rollout_logprobs_equal_the_trainers(*vlm)
+
+
+def test_paligemma_decoded_without_a_cache_types_its_response_as_the_suffix():
+    """Each uncached step types the sampled tokens 1 (causal), as the trainer's forward types the response:
+    typed 0 with the prompt, the prompt's tokens would attend to them and the logprobs differ."""
+    rollout_logprobs_equal_the_trainers(*tiny_vision_model_and_processor("paligemma"), cached=False)
+
+
+def rollout_logprobs_equal_the_trainers(model, processor, cached: bool = True) -> None:
     engine = VisionEngine(model, processor.tokenizer)
+    engine._cached = engine._cached and cached
     batch = prompts(processor)
     trajs = engine.generate([p for p, _ in batch], SamplingParams(max_new_tokens=6, temperature=0.9, n=3),
                             seeds=[1, 2, 3], vision=[v for _, v in batch])

@@ -13,7 +13,7 @@ from PIL import Image
 
 pytest.importorskip("peft")
 
-from rlhfkit.errors import DataError
+from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models.tiny import tiny_model_and_tokenizer
 from rlhfkit.models.tiny_vision import save_tiny_vision, tiny_vision_model_and_processor
 from rlhfkit.models.vision import vision_parts
@@ -118,3 +118,12 @@ def test_serve_training_loads_a_vlm_folder_with_its_processor(tmp_path):
     (out,) = host.sample([session], [prompt], 2, {"max_tokens": 3, "seed": 1}, [1], [SampleOptions(True)])
     seqs, prompt_lp, _ = out
     assert len(seqs) == 2 and len(prompt_lp) == 3 + 4  # the image's 4 tokens count as prompt positions
+
+
+def test_a_prefix_lm_vlm_is_refused_in_one_line(tmp_path):
+    """PaliGemma's prompt attends both ways, its response causally: a Tinker datum does not say where its prompt
+    ends, so its forward would let the prompt see the response; the host refuses it instead."""
+    model, processor = tiny_vision_model_and_processor("paligemma", seed=0)
+    with pytest.raises(ConfigError, match="pg: a paligemma model .a prefix LM.* cannot be served for training") as err:
+        ModelHost(model, processor.tokenizer, "pg", tmp_path, torch.device("cpu"), processor=processor)
+    assert "\n" not in str(err.value)

@@ -1,0 +1,23 @@
+"""A ready-made reward file for reasoning-gym's tasks: `--reward.remote_url builtin:reasoning_gym`.
+
+The prompts are reasoning-gym entries (`--data.prompt_dataset reasoning_gym:TASK`, or rows with
+`answer` and `metadata.source_dataset`); each response is scored with its task's own `score_answer`
+on the content of its one `<answer>...</answer>` tag (`rlhfkit.rewards.reasoning_gym`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhfkit.rewards.base import response_texts
+from rlhfkit.rewards.reasoning_gym import reasoning_gym_reward
+
+
+def reward_func(queries: list[str], prompts: list[str], labels: list[Any], **kwargs: Any) -> dict[str, Any]:
+    """OpenRLHF-style reward: the task's score of each response's answer.
+
+    Returns {"rewards": FloatTensor [B], "scores": FloatTensor [B], "extra_logs": {"answer_tag": [B]}}.
+    """
+    out = reasoning_gym_reward(response_texts(queries, prompts, kwargs.get("responses")),
+                               kwargs.get("records") or [None] * len(queries))
+    return {"rewards": out.rewards, "scores": out.scores, "extra_logs": dict(out.extra_logs)}

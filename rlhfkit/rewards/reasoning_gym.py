@@ -1,0 +1,96 @@
+"""reasoning-gym's own scoring as a reward (`--reward.remote_url builtin:reasoning_gym`).
+
+Each sample's prompt record is a reasoning-gym entry (`question`, `answer`, `metadata`: what
+`--data.prompt_dataset reasoning_gym:TASK` gives, or rows saved from `reasoning_gym.create_dataset`);
+its reward is the task's own `score_answer(answer, entry)`, the task found by
+`reasoning_gym.get_score_answer_fn(metadata["source_dataset"])`, as reasoning-gym's training examples
+score. The answer is read from `<answer>...</answer>` as reasoning-gym's `extract_answer` reads it
+(the tag's content, stripped), with two departures that close shortcuts an RL policy finds:
+
+  * the response must hold exactly one `<answer>` tag: several (a dump of candidate answers, of
+    which `extract_answer` would take the last) and an empty one score 0, as does no tag;
+  * a task's credit for an answer that merely contains the right one (reasoning-gym's default
+    `score_answer` gives `len(oracle) / len(answer)` to any answer holding the oracle, so "10 11 12
+    13" earns 2/11 when 12 is right) is taken away: such an answer scores 0. Other partial credit a
+    task gives (e.g. a sudoku's share of right cells) is kept.
+
+`extra_logs["answer_tag"]` is 1 where the response held one non-empty answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rlhfkit.errors import RewardError
+from rlhfkit.rewards.base import RewardOutput
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def single_answer(response: str) -> str | None:
+    """The stripped content of the response's one `<answer>...</answer>`; None when it has none, more
+    than one opening tag, or an empty one.
+
+    >>> single_answer("think... <answer> 42 </answer>"), single_answer("<answer>4</answer><answer>5</answer>")
+    ('42', None)
+    """
+    if response.count("<answer>") != 1:
+        return None
+    found = _ANSWER.search(response)
+    answer = found.group(1).strip() if found else ""
+    return answer or None
+
+
+def entry_of(record: Any, i: int) -> dict[str, Any]:
+    """The reasoning-gym entry of sample i's prompt record; RewardError naming what is missing."""
+    meta = record.get("metadata") if isinstance(record, Mapping) else None
+    if not isinstance(meta, Mapping) or "source_dataset" not in meta or "answer" not in record:
+        raise RewardError(f"builtin:reasoning_gym: sample {i}'s prompt record is not a reasoning-gym entry (it needs "
+                          "answer and metadata.source_dataset); use --data.prompt_dataset reasoning_gym:TASK")
+    return {"question": record.get("question"), "answer": record["answer"], "metadata": meta}
+
+
+def score_response(response: str, entry: Mapping[str, Any], score_answer: Callable[..., Any]) -> float:
+    """The reward of one response (see the module docstring)."""
+    answer = single_answer(response)
+    if answer is None:
+        return 0.0
+    score = float(score_answer(answer, dict(entry)))
+    return 0.0 if score < 1.0 and holds_oracle(answer, entry["answer"]) else score
+
+
+def holds_oracle(answer: str, oracle: Any) -> bool:
+    """True when `answer` holds the right answer `oracle` among other text: a dump of candidates, whose
+    credit is taken away (see the module docstring).
+
+    >>> holds_oracle("28 29 30", "30"), holds_oracle("30", "30"), holds_oracle("3", "30")
+    (True, False, False)
+    """
+    return isinstance(oracle, str) and bool(oracle) and oracle in answer and answer != oracle
+
+
+def reasoning_gym_reward(responses: Sequence[str], records: Sequence[Any]) -> RewardOutput:
+    """Rewards [B] of B responses to the reasoning-gym entries `records` (see the module docstring)."""
+    try:
+        from reasoning_gym import get_score_answer_fn
+    except ImportError as exc:
+        raise RewardError("builtin:reasoning_gym needs reasoning-gym: pip install 'rlhfkit[reasoning-gym]'") from exc
+    scorers: dict[str, Callable[..., Any]] = {}
+    rewards, tagged = [], []
+    for i, (response, record) in enumerate(zip(responses, records)):
+        entry = entry_of(record, i)
+        task = str(entry["metadata"]["source_dataset"])
+        if task not in scorers:
+            try:
+                scorers[task] = get_score_answer_fn(task)
+            except ValueError as exc:
+                raise RewardError(f"builtin:reasoning_gym: sample {i}'s task {task!r} is not one of this "
+                                  "reasoning-gym's; install the version that made the data") from exc
+        rewards.append(score_response(response, entry, scorers[task]))
+        tagged.append(float(single_answer(response) is not None))
+    r = torch.tensor(rewards, dtype=torch.float32)
+    return RewardOutput(rewards=r, scores=r.clone(), extra_logs={"answer_tag": torch.tensor(tagged)})

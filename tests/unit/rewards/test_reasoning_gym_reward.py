@@ -1,0 +1,54 @@
+"""builtin:reasoning_gym (reasoning-gym installed): the task's own score_answer on the one <answer> tag, by hand;
+the shortcuts an RL policy finds (no tag, an empty one, several, a dump holding the right answer) score 0."""
+
+import pytest
+
+from rlhfkit.data.procedural import reasoning_gym_records
+from rlhfkit.errors import RewardError
+from rlhfkit.rewards.reasoning_gym import score_response, single_answer
+from rlhfkit.rewards.resolve import resolve_reward
+
+pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (rlhfkit[reasoning-gym])")
+
+
+def test_single_answer_reads_one_non_empty_tag():
+    assert single_answer("Five times six... <answer> 30 </answer>") == "30"
+    assert single_answer("<answer>\n30\n</answer> done") == "30"
+    assert single_answer("30") is None and single_answer("<answer>  </answer>") is None
+    assert single_answer("<answer>28</answer> or <answer>30</answer>") is None  # reasoning-gym would take 30
+    assert single_answer("<answer>30") is None and single_answer("<answer>30</answer><answer>") is None
+
+
+def test_containment_credit_is_taken_away_and_other_partial_credit_kept():
+    entry = {"answer": "30", "metadata": {}}
+
+    def default_scoring(answer, entry):  # reasoning-gym's ProceduralDataset.score_answer
+        oracle = entry["answer"]
+        return 1.0 if answer == oracle else len(oracle) / len(answer) if oracle in answer else 0.0
+
+    assert default_scoring("28 29 30 31", entry) == pytest.approx(2 / 11)  # what the dump would earn
+    assert score_response("<answer>28 29 30 31</answer>", entry, default_scoring) == 0.0
+    assert score_response("<answer>30</answer>", entry, default_scoring) == 1.0
+    assert score_response("<answer>300</answer>", entry, default_scoring) == 0.0  # 2/3 before
+    assert score_response("<answer>3</answer>", entry, lambda a, e: 0.5) == 0.5  # not holding 30: kept
+
+
+def test_builtin_reward_scores_leg_counting_with_its_own_score_answer():
+    records = reasoning_gym_records("reasoning_gym:leg_counting:size=2:seed=0:min_animals=2:max_animals=2")  # 30, 70
+    fn = resolve_reward("builtin:reasoning_gym")
+    responses = ["legs: <answer>30</answer>", "<answer>70</answer><answer>70</answer>", "<answer>69</answer>",
+                 "<answer>70, 71</answer>", "70"]
+    rows = [records[0], records[1], records[1], records[1], records[1]]
+    out = fn(responses, [""] * 5, [None] * 5, responses=responses, records=rows)
+    assert out.rewards.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert out.extra_logs["answer_tag"].tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
+
+
+def test_entries_of_several_tasks_in_one_batch_and_a_row_that_is_not_an_entry():
+    legs = reasoning_gym_records("reasoning_gym:leg_counting:size=1:seed=0:min_animals=2:max_animals=2")[0]
+    arith = reasoning_gym_records("reasoning_gym:basic_arithmetic:size=1:seed=0")[0]
+    fn = resolve_reward("builtin:reasoning_gym")
+    responses = ["<answer>30</answer>", f"<answer>{arith['answer']}</answer>"]
+    assert fn(responses, ["", ""], [None, None], responses=responses, records=[legs, arith]).rewards.tolist() == [1, 1]
+    with pytest.raises(RewardError, match=r"sample 0's prompt record is not a reasoning-gym entry .*:TASK"):
+        fn(["<answer>1</answer>"], [""], [None], responses=["<answer>1</answer>"], records=[{"q": "1+0"}])
