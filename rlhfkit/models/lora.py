@@ -59,9 +59,12 @@ def add_adapter(peft_model: torch.nn.Module, adapter_name: str, rank: int, alpha
         raise ModelError(f"LoRA target modules {target_modules}: {exc}") from exc
 
 
-def save_adapter(peft_model: torch.nn.Module, adapter_name: str, folder: str | os.PathLike) -> Path:
+def save_adapter(peft_model: torch.nn.Module, adapter_name: str, folder: str | os.PathLike,
+                 save_embedding_layers: bool | str = "auto") -> Path:
     """Write one adapter of `peft_model` as a plain peft adapter folder (`adapter_config.json` +
-    `adapter_model.safetensors`, loadable by `PeftModel.from_pretrained`)."""
+    `adapter_model.safetensors`, loadable by `PeftModel.from_pretrained`). `save_embedding_layers`:
+    peft's; False keeps an adapter on the output layer to its LoRA weights (the frozen base layer is
+    the base model's)."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
@@ -69,7 +72,8 @@ def save_adapter(peft_model: torch.nn.Module, adapter_name: str, folder: str | o
     with save_errors(out):
         out.mkdir(parents=True, exist_ok=True)
         peft_model.peft_config[adapter_name].save_pretrained(out)
-        state = get_peft_model_state_dict(peft_model, adapter_name=adapter_name)
+        state = get_peft_model_state_dict(peft_model, adapter_name=adapter_name,
+                                          save_embedding_layers=save_embedding_layers)
         save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, out / "adapter_model.safetensors")
     return out
 
