@@ -108,6 +108,6 @@ def make_evaluator(cfg: RLConfig, items=(), reward_fn=None, verifier=None, execu
     multi = executor is not None and (executor.provides_rewards or getattr(executor, "multi_turn", False))
     return Evaluator(items, cfg.rollout.max_new_tokens, e.steps,
                      score_fn=reward_score_fn(reward_fn) if reward_fn is not None else None,
-                     n_samples=e.n_samples, temperature=e.temperature, ks=e.k,
+                     n_samples=e.n_samples, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, ks=e.k,
                      verifier=reward_verifier(verifier) if verifier is not None else None, seed=cfg.train.seed,
                      executor=executor if multi else None, budget=token_budget(cfg, True) if multi else None)

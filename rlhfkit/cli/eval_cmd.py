@@ -91,7 +91,8 @@ def run_agent_eval(cfg: RLConfig, executor, vision: str | None = None) -> int:
     if has_reward(cfg):
         executor.fallback_reward_fn = training_reward(cfg)
     out, t0, engine, tokenizer, items, skipped = _load(cfg, options, vision, executor)
-    params = dataclasses.replace(sampling_params(cfg), temperature=e.temperature, n=e.n_samples)
+    params = dataclasses.replace(sampling_params(cfg), temperature=e.temperature, top_p=e.top_p, top_k=e.top_k,
+                                 n=e.n_samples)
     metrics, rows = evaluate_agent(executor, engine, tokenizer, items, params, token_budget(cfg, multi_turn=True),
                                    seed=cfg.train.seed)
     return _report(cfg, out, t0, metrics, rows, len(items), skipped,

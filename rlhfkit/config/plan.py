@@ -49,6 +49,11 @@ class RunPlan:
     """RL steps after which the periodic evaluation runs (besides before and after training)."""
 
 
+def warmup_steps(steps: int, ratio: float, total_opt: int) -> int:
+    """Warmup length in optimizer steps: `steps` where it is >= 0 (0: none), else `ratio` of `total_opt`."""
+    return steps if steps >= 0 else int(ratio * total_opt)
+
+
 def plan_run(cfg: RLConfig, batch: BatchPlan, num_prompts: int) -> RunPlan:
     """The counts of `cfg` on a dataset of `num_prompts` prompts (`batch` from `validate(cfg)`)."""
     r, t = cfg.rollout, cfg.train
@@ -72,7 +77,7 @@ def plan_run(cfg: RLConfig, batch: BatchPlan, num_prompts: int) -> RunPlan:
         total_rollouts=total,
         total_optimizer_steps=total_opt,
         total_samples=total * batch.samples_per_rollout,
-        warmup_steps=int(cfg.actor.lr_warmup_ratio * total_opt),
+        warmup_steps=warmup_steps(cfg.actor.lr_warmup_steps, cfg.actor.lr_warmup_ratio, total_opt),
         eval_points=eval_points,
     )
 
@@ -121,7 +126,10 @@ def plan_warnings(cfg: RLConfig, plan: RunPlan) -> list[str]:
     if cfg.ckpt.save_steps > 0 and cfg.ckpt.save_steps >= plan.total_rollouts > 0:
         out.append(f"--ckpt.save_steps {cfg.ckpt.save_steps} >= the {plan.total_rollouts} RL steps: "
                    "only the final model is saved")
-    if cfg.actor.lr_warmup_ratio > 0 and plan.warmup_steps == 0:
+    if cfg.actor.lr_warmup_steps > plan.total_optimizer_steps:
+        out.append(f"--actor.lr_warmup_steps {cfg.actor.lr_warmup_steps} > the {plan.total_optimizer_steps} "
+                   "optimizer steps of the run: the learning rate never reaches --actor.adam.lr")
+    if cfg.actor.lr_warmup_steps < 0 and cfg.actor.lr_warmup_ratio > 0 and plan.warmup_steps == 0:
         out.append(f"--actor.lr_warmup_ratio {cfg.actor.lr_warmup_ratio} of {plan.total_optimizer_steps} "
                    "optimizer steps rounds down to 0 warmup steps")
     if k.init_coef == 0 and (k.use_loss or k.target is not None):

@@ -143,6 +143,11 @@ class EvalConfig:
     """The k of pass@k and maj@k (e.g. --eval.k 1,4,8); each <= n_samples."""
     temperature: float = 0.0
     """Sampling temperature of evaluation (0 = greedy; needs > 0 when n_samples > 1)."""
+    top_p: float = 1.0
+    """Nucleus sampling of evaluation: sample among the most likely tokens that reach this probability
+    (1 = off; read when --eval.temperature > 0). Training's rollouts use --rollout.top_p."""
+    top_k: int = -1
+    """Sample among the k most likely tokens in evaluation (-1 = off; read when --eval.temperature > 0)."""
     verifier: str | None = None
     """Task verifier kept apart from the training reward: a reward file or builtin:math
     (none: the training reward's score)."""

@@ -100,7 +100,11 @@ class ActorConfig:
     lr_scheduler: str = "cosine_with_min_lr"
     """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
     lr_warmup_ratio: float = 0.0
-    """Fraction of all optimizer steps spent in linear warmup."""
+    """Fraction of all optimizer steps spent in linear warmup (read when --actor.lr_warmup_steps is -1)."""
+    lr_warmup_steps: int = -1
+    """Linear warmup over this many optimizer steps (not RL steps: one RL step takes
+    --rollout.batch_size * n_samples_per_prompt / --train.batch_size * max_epochs of them); 0 = no warmup;
+    -1 = --actor.lr_warmup_ratio of all optimizer steps. The critic's schedule follows the actor's."""
     min_lr_ratio: float = 0.1
     """cosine_with_min_lr decays to lr * min_lr_ratio."""
     max_norm: float = 1.0

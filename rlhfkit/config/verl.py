@@ -52,6 +52,7 @@ from rlhfkit.config.verl_convert import (
     same_as_actor,
     sampling,
     scheduler,
+    warmup_steps,
 )
 from rlhfkit.config.verl_names import VERL_MEGATRON_KEYS, VERL_PPO_KEYS
 from rlhfkit.errors import ConfigError
@@ -202,15 +203,15 @@ for _part, _ours in ((A + "optim.", "actor."), ("critic.optim.", "critic.")):
     _rule(_part + "total_training_steps", notice("ignored: verl fills it in; rlhfkit's schedule counts the run's "
                                                  "steps", 1))
     _rule(_part + "num_cycles", refuse("rlhfkit's cosine is a half cycle", harmless=("0.5",)))
-    _rule(_part + "lr_warmup_steps", refuse("rlhfkit's warm-up is a ratio: set lr_warmup_steps_ratio",
-                                            harmless=("-1", "none")))
     _rule(_part + "override_optimizer_config", refuse("rlhfkit's optimizer has no extra settings", harmless=OFF))
 _rule(A + "optim.lr_warmup_steps_ratio", to("actor.lr_warmup_ratio"))
+_rule(A + "optim.lr_warmup_steps", conv(warmup_steps, "`--actor.lr_warmup_steps` (-1 or null: the ratio), counted in "
+                                                      "optimizer steps (verl counts trainer steps)"))
 _rule(A + "optim.min_lr_ratio", to("actor.min_lr_ratio", note="with a cosine schedule"))
 _rule(A + "optim.lr_scheduler_type " + A + "optim.warmup_style " + A + "optim.lr_decay_style",
       conv(scheduler("actor.lr_scheduler"), "`--actor.lr_scheduler`: constant; cosine -> cosine_with_min_lr "
                                              "(with min_lr_ratio)"))
-_rule("critic.optim.lr_warmup_steps_ratio critic.optim.min_lr_ratio critic.optim.lr_scheduler_type "
+_rule("critic.optim.lr_warmup_steps critic.optim.lr_warmup_steps_ratio critic.optim.min_lr_ratio critic.optim.lr_scheduler_type "
       "critic.optim.warmup_style critic.optim.lr_decay_style",
       notice("ignored: rlhfkit's critic follows the actor's schedule (actor_rollout_ref.actor.optim.*)", 1))
 _rule(A + "grad_clip", to("actor.max_norm"))
@@ -247,8 +248,8 @@ _rule(RO + "skip_rollout", refuse("rlhfkit always generates", harmless=OFF))
 _rule(RO + "val_kwargs.temperature " + RO + "val_kwargs.do_sample",
       conv(eval_sampling, "`--eval.temperature` (do_sample=False, verl's default: 0, greedy)"))
 _rule(RO + "val_kwargs.n", to("eval.n_samples"))
-_rule(RO + "val_kwargs.top_p " + RO + "val_kwargs.top_k",
-      refuse("rlhfkit's evaluation samples with --eval.temperature only", harmless=("1", "1.0", "-1")))
+_rule(RO + "val_kwargs.top_p", to("eval.top_p", note="read with do_sample=True"))
+_rule(RO + "val_kwargs.top_k", to("eval.top_k", note="read with do_sample=True"))
 _rule(RO + "multi_turn.enable", refuse("verl's tool agent loop is not read: rlhfkit's multi-turn tools are "
                                        "--agent.tools with --agent.tool_parser (docs/agents.md)", harmless=OFF))
 _rule(RO + "agent.default_agent_loop", refuse("rlhfkit's agents are --agent.func_path (docs/agents.md)",

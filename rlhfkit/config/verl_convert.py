@@ -145,6 +145,11 @@ def scheduler(field: str):
     return convert
 
 
+def warmup_steps(vals, given):
+    """optim.lr_warmup_steps: N warmup steps (0: none); verl's -1 (and null) read lr_warmup_steps_ratio."""
+    return {} if vals[0] == "none" else {"actor.lr_warmup_steps": vals[0]}
+
+
 def rollout_is(vals, given):
     """verl's rollout importance sampling (token-level, truncated at rollout_is_threshold)."""
     mode = flag_value(given, "algorithm.rollout_correction.rollout_is")

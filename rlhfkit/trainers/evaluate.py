@@ -48,11 +48,12 @@ VerifyFn = Callable[..., tuple[list[bool], list[str | None]]]
 def sample_trajectories(
     engine: GenerationEngine, prompts: Sequence[PromptItem], max_new_tokens: int, n: int = 1,
     temperature: float = 0.0, seed: int = 0, executor=None, budget: TokenBudget | None = None, tokenizer=None,
+    *, top_p: float = 1.0, top_k: int = -1,
 ) -> list[Trajectory]:
     """`n` samples per prompt (sample s of prompt i at i*n + s): one generation each, or an
-    `executor`'s episodes (within `budget`). The generator is seeded afresh on each call, so
-    repeated evaluations share their sampling noise."""
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=n)
+    `executor`'s episodes (within `budget`), sampled with `temperature`, `top_p` and `top_k`. The generator
+    is seeded afresh on each call, so repeated evaluations share their sampling noise."""
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=n, top_p=top_p, top_k=top_k)
     generator = torch.Generator().manual_seed(seed)
     if executor is not None:
         return executor.run(engine, tokenizer, prompts, params, budget, generator=generator)
@@ -182,9 +183,10 @@ class Evaluator:
     def __init__(self, items: Sequence[PromptItem], max_new_tokens: int, eval_steps: int,
                  score_fn: ScoreFn | None, n_samples: int = 1, temperature: float = 0.0,
                  ks: Sequence[int] = (1,), verifier: VerifyFn | None = None, seed: int = 0,
-                 executor=None, budget: TokenBudget | None = None):
+                 executor=None, budget: TokenBudget | None = None, top_p: float = 1.0, top_k: int = -1):
         self.items, self.max_new_tokens, self.eval_steps = list(items), max_new_tokens, eval_steps
         self.score_fn, self.n_samples, self.temperature = score_fn, n_samples, temperature
+        self.top_p, self.top_k = top_p, top_k
         self.ks, self.verifier, self.seed = tuple(ks), verifier, seed
         self.executor, self.budget = executor, budget
         self.examples: dict[str, list[dict]] = {}
@@ -198,7 +200,7 @@ class Evaluator:
             return self._agent_function_eval(engine, tokenizer)
         n = self.n_samples
         trajs = sample_trajectories(engine, self.items, self.max_new_tokens, n, self.temperature, self.seed,
-                                    self.executor, self.budget, tokenizer)
+                                    self.executor, self.budget, tokenizer, top_p=self.top_p, top_k=self.top_k)
         # an executor's episode in segments is one sample, scored on its last segment
         rows_of = episode_rows(trajs) if self.executor is not None else None
         trajs = trajs if rows_of is None else [trajs[i] for i in rows_of[0]]
@@ -239,7 +241,8 @@ class Evaluator:
     def _agent_function_eval(self, engine: GenerationEngine, tokenizer) -> tuple[dict[str, float], list[dict]]:
         from rlhfkit.agents.endpoint.runner import evaluate_agent  # noqa: PLC0415 - the agents extra
 
-        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, n=self.n_samples)
+        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, n=self.n_samples,
+                                top_p=self.top_p, top_k=self.top_k)
         return evaluate_agent(self.executor, engine, tokenizer, self.items, params, self.budget, seed=self.seed)
 
     def __call__(self, trainer, step: int, tag: str | None = None) -> dict[str, float]:

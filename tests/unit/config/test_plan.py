@@ -56,6 +56,20 @@ def test_max_steps_caps_rollouts_and_warns_about_unused_episodes():
     assert "ends the run inside episode 1" in w and "rounds down to 0 warmup steps" in w
 
 
+def test_warmup_in_optimizer_steps_wins_over_the_ratio():
+    # 64 prompts / 8 per rollout = 8 RL steps; 8 x 4 = 32 samples / 16 per optimizer step = 2 steps each: 16 in all
+    flags = dict(rollout__batch_size=8, rollout__n_samples_per_prompt=4, train__batch_size=16,
+                 train__micro_batch_size=16, actor__lr_warmup_ratio=0.5)
+    assert plan_of(64, **flags)[1].warmup_steps == 8                        # int(0.5 * 16)
+    assert plan_of(64, **flags, actor__lr_warmup_steps=3)[1].warmup_steps == 3  # optimizer steps, not RL steps
+    cfg, p = plan_of(64, **flags, actor__lr_warmup_steps=0)                     # 0: no warmup, the ratio unread
+    assert p.warmup_steps == 0 and not any("warmup" in w for w in plan_warnings(cfg, p))
+    cfg, p = plan_of(64, **flags, actor__lr_warmup_steps=20)
+    assert any("lr_warmup_steps 20 > the 16 optimizer steps" in w for w in plan_warnings(cfg, p))
+    with pytest.raises(ConfigError, match="lr_warmup_steps"):
+        validate(cfg_of(actor__lr_warmup_steps=-2))
+
+
 def test_max_steps_beyond_the_data_and_too_few_prompts_warn():
     cfg, p = plan_of(16, rollout__batch_size=8, rollout__n_samples_per_prompt=2, train__batch_size=16,
                      train__max_steps=10)

@@ -141,8 +141,11 @@ def test_clip_ratios_losses_and_optimizer():
     assert (cfg.actor.lr_scheduler, cfg.actor.min_lr_ratio, cfg.actor.lr_warmup_ratio) == ("cosine_with_min_lr", 0.1,
                                                                                           0.05)
     assert (cfg.actor.max_norm, cfg.train.max_epochs) == (0.5, 2)
-    with pytest.raises(ConfigError, match="lr_warmup_steps: rlhfkit's warm-up is a ratio"):
-        parse(A + "optim.lr_warmup_steps=10")
+    assert cfg.actor.lr_warmup_steps == -1                                  # -1: the ratio
+    assert parse(A + "optim.lr_warmup_steps=10").actor.lr_warmup_steps == 10
+    assert parse(A + "optim.lr_warmup_steps=0", A + "optim.lr_warmup_steps_ratio=0.1").actor.lr_warmup_steps == 0
+    assert parse(A + "optim.lr_warmup_steps=null").actor.lr_warmup_steps == -1
+    assert parse("critic.optim.lr_warmup_steps=5").actor.lr_warmup_steps == -1  # the critic follows the actor
 
 
 def test_hydra_values_lists_nulls_and_additions():
@@ -169,6 +172,14 @@ def test_rewards_and_dapo_overlong_penalty():
     assert parse("custom_reward_function.path=my_reward.py",
                  "custom_reward_function.name=my_score").reward.remote_url == "my_reward.py:my_score"
     assert parse("custom_reward_function.name=my_score").reward.remote_url == "builtin:math"  # verl's default
+
+
+def test_validation_sampling_is_evaluations_own():
+    cfg = parse(RO + "val_kwargs.temperature=0.6", RO + "val_kwargs.top_p=0.7", RO + "val_kwargs.top_k=20",
+                RO + "val_kwargs.do_sample=True", RO + "val_kwargs.n=4", RO + "top_p=1.0", RO + "top_k=-1")
+    assert (cfg.eval.temperature, cfg.eval.top_p, cfg.eval.top_k, cfg.eval.n_samples) == (0.6, 0.7, 20, 4)
+    assert (cfg.rollout.top_p, cfg.rollout.top_k) == (1.0, -1)
+    assert parse(RO + "val_kwargs.temperature=0.6").eval.temperature == 0.0  # do_sample=False (verl's default)
 
 
 def test_rlhfkit_flags_win_with_a_warning(caplog):

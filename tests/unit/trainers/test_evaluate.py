@@ -78,3 +78,31 @@ def test_reward_verifier_and_training_reward_are_kept_apart():
     assert metrics["eval/pass@4"] == pytest.approx(1.0)
     assert metrics["eval/maj@4"] == 1.0  # "blah blah blah" has no answer, so it does not vote
     assert [r["correct"] for r in rows] == [False, True, False, True]
+
+
+def test_eval_flags_top_p_and_top_k_reach_the_eval_rollout():
+    """--eval.top_p / --eval.top_k (verl's val_kwargs) are evaluation's own: the engine is asked for them, not for
+    the training rollout's --rollout.top_p / --rollout.top_k."""
+    from rlhfkit.api.run_folder import make_evaluator
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.config.rl import RL_ALIASES, RLConfig
+
+    asked = []
+
+    class Engine:
+        version = 0
+
+        def generate(self, prompts, params, generator=None, group_ids=None):
+            asked.append(params)
+            return [SimpleNamespace(response_ids=torch.tensor([55])) for _ in prompts for _ in range(params.n)]
+
+    class Tok:
+        def batch_decode(self, ids, skip_special_tokens=True):
+            return ["".join(map(chr, x)) for x in ids]
+
+    cfg = parse_config(RLConfig, ["--eval.temperature", "0.6", "--eval.top_p", "0.7", "--eval.top_k", "20",
+                                  "--eval.n_samples", "2", "--rollout.top_p", "0.9", "--rollout.top_k", "50"],
+                       aliases=RL_ALIASES)
+    make_evaluator(cfg, [PromptItem("q:", [1], label="7")]).evaluate(Engine(), Tok())
+    (params,) = asked
+    assert (params.temperature, params.top_p, params.top_k, params.n) == (0.6, 0.7, 20, 2)
