@@ -9,10 +9,14 @@ score. The answer is read from `<answer>...</answer>` as reasoning-gym's `extrac
 
   * the response must hold exactly one `<answer>` tag: several (a dump of candidate answers, of
     which `extract_answer` would take the last) and an empty one score 0, as does no tag;
-  * a task's credit for an answer that merely contains the right one (reasoning-gym's default
-    `score_answer` gives `len(oracle) / len(answer)` to any answer holding the oracle, so "10 11 12
-    13" earns 2/11 when 12 is right) is taken away: such an answer scores 0. Other partial credit a
-    task gives (e.g. a sudoku's share of right cells) is kept.
+  * an answer that holds the right one among other text scores 0, whatever the task gives it
+    (compared without case and with runs of whitespace as one space): reasoning-gym's default
+    `score_answer` gives `len(oracle) / len(answer)` to any answer holding the oracle ("10 11 12 13"
+    earns 2/11 when 12 is right), and several tasks search the answer for the oracle and give full
+    credit (knights_knaves to "The answer is " + oracle, spell_backward more than 1 to the word
+    followed by anything). The instructions ask for the final answer only, so "12.0" or "12 legs"
+    for 12 scores 0 too. Other partial credit a task gives (e.g. a sudoku's share of right cells) is
+    kept.
 
 `extra_logs["answer_tag"]` is 1 where the response held one non-empty answer.
 """
@@ -60,17 +64,28 @@ def score_response(response: str, entry: Mapping[str, Any], score_answer: Callab
     if answer is None:
         return 0.0
     score = float(score_answer(answer, dict(entry)))
-    return 0.0 if score < 1.0 and holds_oracle(answer, entry["answer"]) else score
+    return 0.0 if holds_oracle(answer, entry["answer"]) else score
 
 
 def holds_oracle(answer: str, oracle: Any) -> bool:
-    """True when `answer` holds the right answer `oracle` among other text: a dump of candidates, whose
-    credit is taken away (see the module docstring).
+    """True when `answer` holds the right answer `oracle` among other text (case and runs of whitespace
+    aside): a dump of candidates or more than the answer, whose credit is taken away (see the module
+    docstring).
 
     >>> holds_oracle("28 29 30", "30"), holds_oracle("30", "30"), holds_oracle("3", "30")
     (True, False, False)
+    >>> holds_oracle("NO  Yes", "yes"), holds_oracle("Yes", "yes")
+    (True, False)
     """
-    return isinstance(oracle, str) and bool(oracle) and oracle in answer and answer != oracle
+    if not isinstance(oracle, str) or not oracle.strip():
+        return False
+    answer, oracle = _plain(answer), _plain(oracle)
+    return oracle in answer and answer != oracle
+
+
+def _plain(text: str) -> str:
+    """`text` without case, its runs of whitespace one space (what a task's lenient parsing may ignore)."""
+    return " ".join(text.split()).casefold()
 
 
 def reasoning_gym_reward(responses: Sequence[str], records: Sequence[Any]) -> RewardOutput:
