@@ -5,7 +5,7 @@ Each sample's prompt record is a reasoning-gym entry (`question`, `answer`, `met
 its reward is the task's own `score_answer(answer, entry)`, the task found by
 `reasoning_gym.get_score_answer_fn(metadata["source_dataset"])`, as reasoning-gym's training examples
 score. The answer is read from `<answer>...</answer>` as reasoning-gym's `extract_answer` reads it
-(the tag's content, stripped), with two departures that close shortcuts an RL policy finds:
+(the tag's content, stripped), with departures that close shortcuts an RL policy finds:
 
   * the response must hold exactly one `<answer>` tag: several (a dump of candidate answers, of
     which `extract_answer` would take the last) and an empty one score 0, as does no tag;
@@ -16,7 +16,8 @@ score. The answer is read from `<answer>...</answer>` as reasoning-gym's `extrac
     credit (knights_knaves to "The answer is " + oracle, spell_backward more than 1 to the word
     followed by anything). The instructions ask for the final answer only, so "12.0" or "12 legs"
     for 12 scores 0 too. Other partial credit a task gives (e.g. a sudoku's share of right cells) is
-    kept.
+    kept;
+  * an answer the task's parsing raises on scores 0 (rather than failing the batch).
 
 `extra_logs["answer_tag"]` is 1 where the response held one non-empty answer.
 """
@@ -63,8 +64,16 @@ def score_response(response: str, entry: Mapping[str, Any], score_answer: Callab
     answer = single_answer(response)
     if answer is None:
         return 0.0
-    score = float(score_answer(answer, dict(entry)))
-    return 0.0 if holds_oracle(answer, entry["answer"]) else score
+    return 0.0 if holds_oracle(answer, entry["answer"]) else task_score(score_answer, answer, entry)
+
+
+def task_score(score_answer: Callable[..., Any], answer: str, entry: Mapping[str, Any]) -> float:
+    """The task's score of `answer`; 0 where its parsing raises on the answer (reasoning-gym 0.1.23's
+    prime_factorization reads each factor with int())."""
+    try:
+        return float(score_answer(answer, dict(entry)))
+    except Exception:  # noqa: BLE001 - an answer the task cannot read is a wrong one, not a failed batch
+        return 0.0
 
 
 def holds_oracle(answer: str, oracle: Any) -> bool:

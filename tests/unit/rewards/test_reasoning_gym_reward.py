@@ -85,3 +85,15 @@ def test_real_tasks_that_credit_an_answer_holding_the_right_one(task, answers):
         assert score_response(f"<answer>{text}</answer>", entry, dataset.score_answer) == 0.0
     assert score_response(f"<answer>{entry['answer']}</answer>", entry, dataset.score_answer) == 1.0
 
+
+def test_an_answer_the_task_cannot_parse_scores_0_and_the_batch_goes_on():
+    import reasoning_gym
+
+    dataset = reasoning_gym.create_dataset("prime_factorization", size=1, seed=0)
+    entry = dataset[0]
+    with pytest.raises(ValueError):  # its parsing reads each factor with int()
+        dataset.score_answer("two times three", entry)
+    fn = resolve_reward("builtin:reasoning_gym")
+    responses = ["<answer>two times three</answer>", f"<answer>{entry['answer']}</answer>"]
+    assert fn(responses, ["", ""], [None, None], responses=responses, records=[entry, entry]).rewards.tolist() == [0, 1]
+
