@@ -17,6 +17,9 @@ score. The answer is read from `<answer>...</answer>` as reasoning-gym's `extrac
     followed by anything). The instructions ask for the final answer only, so "12.0" or "12 legs"
     for 12 scores 0 too. Other partial credit a task gives (e.g. a sudoku's share of right cells) is
     kept;
+  * a task whose `score_answer` gives full credit to a junk answer (`JUNK`) cannot tell right from
+    wrong (reasoning-gym 0.1.23's game_of_life_halting credits any non-empty answer): RewardError
+    naming it, rather than a reward of 1 for everything;
   * an answer the task's parsing raises on scores 0 (rather than failing the batch).
 
 `extra_logs["answer_tag"]` is 1 where the response held one non-empty answer.
@@ -34,6 +37,8 @@ from rlhfkit.errors import RewardError
 from rlhfkit.rewards.base import RewardOutput
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+JUNK = "@@ not an answer @@"
+"""What each task's scorer is tried on once: no task's right answer, so full credit for it is a broken scorer."""
 
 
 def single_answer(response: str) -> str | None:
@@ -76,6 +81,22 @@ def task_score(score_answer: Callable[..., Any], answer: str, entry: Mapping[str
         return 0.0
 
 
+def task_scorer(task: str, entry: Mapping[str, Any], i: int) -> Callable[..., Any]:
+    """reasoning-gym's `score_answer` of `task`, tried on `JUNK` against `entry` (sample i's); RewardError
+    when the task is unknown or gives the junk full credit (see the module docstring)."""
+    from reasoning_gym import get_score_answer_fn
+
+    try:
+        scorer = get_score_answer_fn(task)
+    except ValueError as exc:
+        raise RewardError(f"builtin:reasoning_gym: sample {i}'s task {task!r} is not one of this "
+                          "reasoning-gym's; install the version that made the data") from exc
+    if task_score(scorer, JUNK, entry) >= 1.0:
+        raise RewardError(f"builtin:reasoning_gym: reasoning-gym's {task} gives full credit to the junk answer "
+                          f"{JUNK!r}, so its rewards cannot tell right from wrong; leave the task out of the data")
+    return scorer
+
+
 def holds_oracle(answer: str, oracle: Any) -> bool:
     """True when `answer` holds the right answer `oracle` among other text (case and runs of whitespace
     aside): a dump of candidates or more than the answer, whose credit is taken away (see the module
@@ -100,7 +121,7 @@ def _plain(text: str) -> str:
 def reasoning_gym_reward(responses: Sequence[str], records: Sequence[Any]) -> RewardOutput:
     """Rewards [B] of B responses to the reasoning-gym entries `records` (see the module docstring)."""
     try:
-        from reasoning_gym import get_score_answer_fn
+        import reasoning_gym  # noqa: F401
     except ImportError as exc:
         raise RewardError("builtin:reasoning_gym needs reasoning-gym: pip install 'rlhfkit[reasoning-gym]'") from exc
     scorers: dict[str, Callable[..., Any]] = {}
@@ -109,11 +130,7 @@ def reasoning_gym_reward(responses: Sequence[str], records: Sequence[Any]) -> Re
         entry = entry_of(record, i)
         task = str(entry["metadata"]["source_dataset"])
         if task not in scorers:
-            try:
-                scorers[task] = get_score_answer_fn(task)
-            except ValueError as exc:
-                raise RewardError(f"builtin:reasoning_gym: sample {i}'s task {task!r} is not one of this "
-                                  "reasoning-gym's; install the version that made the data") from exc
+            scorers[task] = task_scorer(task, entry, i)
         rewards.append(score_response(response, entry, scorers[task]))
         tagged.append(float(single_answer(response) is not None))
     r = torch.tensor(rewards, dtype=torch.float32)

@@ -5,7 +5,7 @@ import pytest
 
 from rlhfkit.data.procedural import reasoning_gym_records
 from rlhfkit.errors import RewardError
-from rlhfkit.rewards.reasoning_gym import score_response, single_answer
+from rlhfkit.rewards.reasoning_gym import JUNK, score_response, single_answer
 from rlhfkit.rewards.resolve import resolve_reward
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (rlhfkit[reasoning-gym])")
@@ -53,6 +53,7 @@ def test_entries_of_several_tasks_in_one_batch_and_a_row_that_is_not_an_entry():
     with pytest.raises(RewardError, match=r"sample 0's prompt record is not a reasoning-gym entry .*:TASK"):
         fn(["<answer>1</answer>"], [""], [None], responses=["<answer>1</answer>"], records=[{"q": "1+0"}])
 
+
 def test_an_answer_holding_the_right_one_scores_0_even_where_the_task_gives_full_credit():
     entry = {"answer": "noremopyh", "metadata": {}}
 
@@ -97,3 +98,15 @@ def test_an_answer_the_task_cannot_parse_scores_0_and_the_batch_goes_on():
     responses = ["<answer>two times three</answer>", f"<answer>{entry['answer']}</answer>"]
     assert fn(responses, ["", ""], [None, None], responses=responses, records=[entry, entry]).rewards.tolist() == [0, 1]
 
+
+def test_a_task_that_credits_a_junk_answer_is_refused():
+    import reasoning_gym
+
+    dataset = reasoning_gym.create_dataset("game_of_life_halting", size=1, seed=0)
+    entry = dataset[0]
+    if dataset.score_answer(JUNK, entry) < 1.0:
+        pytest.skip("this reasoning-gym's game_of_life_halting scores a junk answer 0")
+    assert dataset.score_answer("not even a guess", entry) == 1.0  # bool(answer) == bool(oracle)
+    fn = resolve_reward("builtin:reasoning_gym")
+    with pytest.raises(RewardError, match=r"game_of_life_halting gives full credit to the junk .* leave the task"):
+        fn(["<answer>x</answer>"], [""], [None], responses=["<answer>x</answer>"], records=[entry])
