@@ -8,6 +8,8 @@ folder itself or a run folder (then its `latest`). What is in it decides how OUT
   model/ with weights       (a single-process run)    copied: it already is an HF folder
   model.safetensors          (a LoRA run)              the base of model.adapter/'s config with the
                                                        adapters loaded, merged into its weights
+  model.safetensors          (train rm on a backbone,   the reward model's weights over the run's model,
+                              no model.adapter/)        written as `train rm` writes it
   shards/                    (an FSDP run, any ranks)   the run's model (its config.json, or --base)
                                                        filled from every rank's shards (in one process);
                                                        a vision-language model with its processor
@@ -16,8 +18,9 @@ folder itself or a run folder (then its `latest`). What is in it decides how OUT
                                                        float weights
 
 OUT holds safetensors weights, config.json and the tokenizer; `from_pretrained` loads it without
-peft or torch.distributed. A reward model (train rm) stays a sequence-classification model; a
-vision-language model's LoRA run gets its base's processor beside the weights.
+peft or torch.distributed. A reward model (train rm) stays a sequence-classification model, or the folder of
+a reward model on a backbone that `train rm` writes (models/backbone_reward.py); a vision-language model's
+LoRA run gets its base's processor beside the weights.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 
 from rlhfkit.errors import CheckpointError
 from rlhfkit.models.loading import load_errors, load_tokenizer, resolve_model, save_hf_folder
+from rlhfkit.models.reward import init_reward_model, save_reward_model
 from rlhfkit.models.vision import is_vision_folder, load_processor, load_vision_model, plain_model_class
 from rlhfkit.trainers.checkpoint import ADAPTER_SUFFIX, LATEST, MANIFEST, SHARDS, verify
 
@@ -68,6 +72,8 @@ the run's config.json). Returns `out`."""
         shutil.copytree(folder / name, out, dirs_exist_ok=True)
         return out
     if (folder / f"{name}.safetensors").is_file():
+        if not (folder / f"{name}{ADAPTER_SUFFIX}").is_dir() and _holds_score_head(folder / f"{name}.safetensors"):
+            return _backbone_reward(folder, name, out, base)
         return _merged_lora(folder, name, out, base)
     raise CheckpointError(f"checkpoint {folder} holds no model {name!r} (neither {name}/, {name}.safetensors nor "
                           f"{SHARDS}/)")
@@ -121,8 +127,10 @@ def _merged_lora(folder: Path, name: str, out: Path, base: str | None) -> Path:
     sharded = (folder / SHARDS).is_dir()
     state = {} if sharded else load_file(str(folder / f"{name}.safetensors"))
     dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
+    tokenizer = load_tokenizer(card if (card / "tokenizer_config.json").is_file() else base_path)
+    reward = str(config.task_type).endswith("SEQ_CLS")
     with load_errors("the base model", base_path):
-        model = _base_model(base_path, gguf, config.task_type, dtype)
+        model = _base_model(base_path, gguf, tokenizer.pad_token_id if reward else None, dtype)
     peft_model = get_peft_model(model, config)
     if sharded:
         from rlhfkit.distributed.fsdp_checkpoint import read_full_module
@@ -134,20 +142,48 @@ def _merged_lora(folder: Path, name: str, out: Path, base: str | None) -> Path:
             raise CheckpointError(f"checkpoint {folder}: {name}.safetensors does not fit the base {base_path} "
                                   f"(unexpected {unexpected[:3]}); pass the run's base model with --base")
     merged = peft_model.merge_and_unload()
-    tokenizer = load_tokenizer(card if (card / "tokenizer_config.json").is_file() else base_path)
-    save_hf_folder(merged, tokenizer, out)
+    (save_reward_model if reward else save_hf_folder)(merged, tokenizer, out)
     if gguf is None and is_vision_folder(base_path):  # a vision-language policy: its base's processor too
         load_processor(str(base_path)).save_pretrained(str(out))
     return out
 
 
-def _base_model(path: Path, gguf: str | None, task_type, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import AutoModelForSequenceClassification
+def _holds_score_head(weights: Path) -> bool:
+    """Whether the state dict file `weights` is a reward model's on a backbone (a `score` head beside `model.*`)."""
+    from safetensors import safe_open
 
+    with safe_open(str(weights), framework="pt") as f:
+        return "score.weight" in f.keys()
+
+
+def _backbone_reward(folder: Path, name: str, out: Path, base: str | None) -> Path:
+    """A full-weight checkpoint of a reward model on a backbone (models/backbone_reward.py: no HF folder of its
+    own, so a state dict): loaded into the reward model `train rm` builds on the run's model, written as
+    `train rm` writes it."""
+    from safetensors.torch import load_file
+
+    path, _ = resolve_model(base or run_model(folder))
+    state = load_file(str(folder / f"{name}.safetensors"))
+    tokenizer = load_tokenizer(path)
+    with load_errors("the base model", path):
+        model = init_reward_model(path, tokenizer.pad_token_id, state["score.weight"].dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {folder}: {name}.safetensors does not fit a reward model on {path} "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]}); pass the run's model with --base")
+    save_reward_model(model, tokenizer, out)
+    if is_vision_folder(path):  # a reward model over images: its base's processor too
+        load_processor(str(path)).save_pretrained(str(out))
+    return out
+
+
+def _base_model(path: Path, gguf: str | None, reward_pad_id: int | None, dtype: torch.dtype) -> torch.nn.Module:
+    """The model a LoRA run trained on `path`: with `reward_pad_id` (its tokenizer's pad token) the reward model
+    `train rm` builds (models.reward.init_reward_model: a sequence classifier, or a score head on a backbone)."""
     from rlhfkit.models.loading import load_causal_lm
 
-    if str(task_type).endswith("SEQ_CLS"):
-        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
+    if reward_pad_id is not None:
+        return init_reward_model(path, reward_pad_id, dtype)
     if gguf is None and is_vision_folder(path):
         return load_vision_model(str(path), dtype=dtype)
     return load_causal_lm(path, dtype=dtype, gguf_file=gguf)

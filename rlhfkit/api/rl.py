@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.api import builder, run_folder
+from rlhfkit.api import builder, engines, run_folder
 from rlhfkit.api import vision as V
 from rlhfkit.config import RLConfig
 from rlhfkit.config.opd import OPDConfig, validate_opd
@@ -102,7 +102,7 @@ def _engine_of(cfg: RLConfig, policy, tokenizer, processor, make_engine, pool, s
         return pool(policy, tokenizer, V.vllm_image_settings(cfg, processor, policy.config) if vllm_images else None)
     if processor is not None:
         return V.build_engine(policy, tokenizer, cfg, processor, state_fn)
-    return builder.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
+    return engines.build_engine(policy, tokenizer, cfg, state_fn=state_fn)
 
 
 def _prompt_items(cfg: RLConfig, dataset, tokenizer, processor, eval: bool = False) -> tuple[list, int]:
@@ -202,7 +202,7 @@ class RLTrainer:
         run_dir = run_folder.prepare_run_dir(cfg, rank)
         processor = V.processor_of(vision_folder) if vision_folder else None
         if vision_folder is not None:
-            V.check_executor(cfg, executor)
+            V.check_executor(cfg, executor, vision_folder)
             V.check_engine(cfg, vision_folder, processor)
         reward_fn = _reward_of(cfg, executor, reward_fn, reward_weights, device)
         policy, tokenizer, ref, critic = builder.build_models(cfg, device)
@@ -280,7 +280,7 @@ def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict, rank: int = 0,
     cfg = builder.resolve_autocast(cfg)  # before the rollout workers are made from it
     if not cfg.fsdp.enable:
         def pool(policy, tokenizer, images):  # `images`: a vision-language policy's vLLM image settings, or None
-            return builder.build_pool(cfg, policy, tokenizer, images=images)
+            return engines.build_pool(cfg, policy, tokenizer, images=images)
 
         return RLTrainer.build(cfg, plan, **kwargs, pool=pool).train()
     from rlhfkit.distributed import fsdp_ray
@@ -290,7 +290,7 @@ def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict, rank: int = 0,
     def engine(policy, tokenizer, images):  # the sharded policy's: rank 0 sends its gathered state to the workers
         if rank > 0:
             return fsdp_ray.FollowerEngine(policy)
-        return builder.build_pool(cfg, policy, tokenizer, images=images, gathered=fsdp_ray.GatheredState(policy))
+        return engines.build_pool(cfg, policy, tokenizer, images=images, gathered=fsdp_ray.GatheredState(policy))
 
     trainer = RLTrainer.build(cfg, plan, **kwargs, pool=engine)
     trainer.evaluator.evaluate = fsdp_ray.on_rank0(trainer.evaluator.evaluate, rank)  # samples on the workers
@@ -320,7 +320,7 @@ class RayRLTrainer:
         try:
             trainer_gpus, worker_gpus = gpu_shares(d.num_gpus_trainer, d.num_gpus_per_worker,
                                                    self.cfg.rollout.num_workers, cluster_gpus(d.address),
-                                                   builder.worker_gpu_multiple(self.cfg), trainers=ranks)
+                                                   engines.worker_gpu_multiple(self.cfg), trainers=ranks)
             if d.address is None:  # this machine's GPUs: asks beyond them would leave the actors pending forever
                 check_gpu_asks([(ranks, trainer_gpus, "trainer actor(s) (--distributed.num_gpus_trainer)"),
                                 (self.cfg.rollout.num_workers, worker_gpus,

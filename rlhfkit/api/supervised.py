@@ -55,11 +55,9 @@ from rlhfkit.models.precision import (
 from rlhfkit.models.reward import init_reward_model
 from rlhfkit.models.vision import (
     freeze_visual_encoder,
-    is_vision_folder,
     is_vision_model,
     language_lora_targets,
 )
-from rlhfkit.models.vision_reward import init_vision_reward_model
 from rlhfkit.tracking.progress import set_log_level
 from rlhfkit.tracking.run import RunTracker
 from rlhfkit.trainers.checkpoint import Checkpointer
@@ -97,12 +95,8 @@ def build_model(kind: str, cfg,
     if kind == "rm":
         path, _ = resolve_model(m.model_name_or_path)
         tokenizer = load_tokenizer(path)
-        if is_vision_folder(path):  # the VLM's base model with a score head (models/vision_reward.py)
-            model = init_vision_reward_model(path, DTYPES[m.dtype], seed=cfg.train.seed,
-                                             load_in_4bit=cfg.ds.load_in_4bit)
-        else:
-            model = init_reward_model(path, tokenizer.pad_token_id, DTYPES[m.dtype], seed=cfg.train.seed,
-                                      load_in_4bit=cfg.ds.load_in_4bit)
+        model = init_reward_model(path, tokenizer.pad_token_id, DTYPES[m.dtype], seed=cfg.train.seed,
+                                  load_in_4bit=cfg.ds.load_in_4bit)
     else:
         model, tokenizer = load_policy(m.model_name_or_path, m.dtype, cfg.ds.load_in_4bit)
     set_chat_template(tokenizer, cfg.data)

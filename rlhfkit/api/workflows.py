@@ -10,7 +10,7 @@ iterative DPO.
     cfg = IterativeDPOConfig.from_args([... "--iterative.rounds", "2"])
     rounds = IterativeDPO.from_config(cfg).run()           # <output_dir>/round_<k>/final
 
-Each samples with the rollout stage of `train rl` (api.builder.build_engine, trainers.rl.generate) on
+Each samples with the rollout stage of `train rl` (api.engines.build_engine, trainers.rl.generate) on
 prompts read as `train rl` reads them, with one sampling seed per prompt drawn from --train.seed: the
 same flags give the same samples. The rounds of rejection sampling and iterative DPO follow OpenRLHF's
 scripts (train_rejection_sampling_llama.sh, train_iterative_dpo.sh): each round takes the next
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from rlhfkit.agents.executor import episode_rows
-from rlhfkit.api import builder, run_folder
+from rlhfkit.api import builder, engines, run_folder
 from rlhfkit.api.rl import load_examples_fn
 from rlhfkit.api.supervised import DPOTrainer, SFTTrainer
 from rlhfkit.config.generate import (
@@ -146,7 +146,7 @@ class Sampler:
         self.policy.eval().requires_grad_(False)
         if cfg.rollout.engine == "hf":
             self.policy.to(device)
-        self.engine = builder.build_engine(self.policy, self.tokenizer, cfg)
+        self.engine = engines.build_engine(self.policy, self.tokenizer, cfg)
         executor = builder.build_executor(cfg)  # with --agent.*: tool or agent episodes (--agent.max_turns)
         self.agent_rewards = bool(getattr(executor, "provides_rewards", False))
         self.stage = Generate(executor, self.engine, self.tokenizer, builder.sampling_params(cfg),

@@ -43,9 +43,12 @@ def check_device(flag: str, name: str) -> None:
 
 def check_precision(section: str, dtype: str, autocast: str | None) -> None:
     """A model's parameter dtype and autocast: no 16-bit dtype computing in the other one (float16
-    parameters under bfloat16 autocast, or the reverse): their casts lose both dtypes' ranges or digits."""
+    parameters under bfloat16 autocast, or the reverse): their casts lose both dtypes' ranges or digits.
+    float16 parameters with autocast auto are refused too: auto picks bfloat16 where it is fast (and then
+    no loss scale)."""
     low = {"bfloat16", "float16"}
-    require(not (dtype in low and autocast in low and dtype != autocast),
+    mixed = dtype in low and autocast in low and dtype != autocast
+    require(not mixed and not (dtype == "float16" and autocast == "auto"),
             f"--{section}.dtype {dtype} with --{section}.autocast {autocast}: pass --{section}.autocast {dtype} "
             "(or none: compute in the parameter dtype)")
 

@@ -111,15 +111,13 @@ def param_dtype(section: str):
     """The conversion of OpenRLHF's --param_dtype / --bf16 for `train`: bf16 -> --SECTION.dtype bfloat16; fp16 ->
     --SECTION.dtype float16 and --SECTION.autocast float16 (unless that flag is given: losses, softmaxes and norms
     in float32, the matmuls in fp16), with the loss scaling of DeepSpeed's fp16 mode (--train.loss_scale.*)."""
+    dtype = weights_dtype(f"{section}.dtype", "trains")
+
     def convert(vals, given):
-        value = vals[0] if vals else "bf16"
-        if value in ("bf16", "bfloat16"):
-            return {f"{section}.dtype": "bfloat16"}
-        if value in ("fp16", "float16"):
-            autocast = {} if f"{section}.autocast" in given else {f"{section}.autocast": "float16"}
-            return {f"{section}.dtype": "float16", **autocast}
-        raise ConfigError(f"rlhfkit trains in float32, bfloat16 or float16, not {value}: pass bf16 or fp16 (or drop "
-                          "it for float32)")
+        out = dtype(vals, given)
+        if out[f"{section}.dtype"] == "float16" and f"{section}.autocast" not in given:
+            out[f"{section}.autocast"] = "float16"
+        return out
     return convert
 
 

@@ -437,8 +437,8 @@ class AgentConfig:
     run each turn and their results come back as tool turns; rewards from --reward.*."""
     tool_parser: str | None = None
     """How the model writes tool calls: hermes (Qwen2.5/Qwen3/Hermes), llama3_json, qwen3_coder
-    (Qwen3-Coder/Qwen3.5+/Nemotron 3), glm45 (GLM-4.5+), mistral; none = the tokenizer's response template, else read
-    off its chat template."""
+    (Qwen3-Coder/Qwen3.5+/Nemotron 3), glm45 (GLM-4.5+), mistral (before tokenizer v11), mistral_v11
+    ([TOOL_CALLS]name[ARGS]{...}); none = the tokenizer's response template, else read off its chat template."""
     tool_calls_per_episode: int = 8
     """Most tool calls run per episode (further calls get an error result)."""
     tool_timeout: float = 10.0

@@ -64,6 +64,7 @@ class BackboneRewardModel(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        self.name_or_path = model.config.name_or_path  # as a transformers model's: peft records it as the base
         hidden = model.config.get_text_config(decoder=True).hidden_size  # a VLM's: its language model's width
         param = next(model.parameters())
         self.score = nn.Linear(hidden, 1, bias=False, device=param.device, dtype=param.dtype)

@@ -59,9 +59,12 @@ def add_adapter(peft_model: torch.nn.Module, adapter_name: str, rank: int, alpha
         raise ModelError(f"LoRA target modules {target_modules}: {exc}") from exc
 
 
-def save_adapter(peft_model: torch.nn.Module, adapter_name: str, folder: str | os.PathLike) -> Path:
+def save_adapter(peft_model: torch.nn.Module, adapter_name: str, folder: str | os.PathLike,
+                 save_embedding_layers: bool | str = "auto") -> Path:
     """Write one adapter of `peft_model` as a plain peft adapter folder (`adapter_config.json` +
-    `adapter_model.safetensors`, loadable by `PeftModel.from_pretrained`)."""
+    `adapter_model.safetensors`, loadable by `PeftModel.from_pretrained`). `save_embedding_layers`:
+    peft's; False keeps an adapter on the output layer to its LoRA weights (the frozen base layer is
+    the base model's)."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
@@ -69,7 +72,8 @@ def save_adapter(peft_model: torch.nn.Module, adapter_name: str, folder: str | o
     with save_errors(out):
         out.mkdir(parents=True, exist_ok=True)
         peft_model.peft_config[adapter_name].save_pretrained(out)
-        state = get_peft_model_state_dict(peft_model, adapter_name=adapter_name)
+        state = get_peft_model_state_dict(peft_model, adapter_name=adapter_name,
+                                          save_embedding_layers=save_embedding_layers)
         save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, out / "adapter_model.safetensors")
     return out
 
@@ -93,10 +97,18 @@ def is_adapter_folder(path: str | os.PathLike) -> bool:
 
 def adapter_base(path: str | os.PathLike) -> str:
     """The base model folder recorded in an adapter folder."""
+    return _adapter_config(path).get("base_model_name_or_path") or ""
+
+
+def adapter_task(path: str | os.PathLike) -> str:
+    """The peft task type recorded in an adapter folder (CAUSAL_LM, SEQ_CLS for a reward model's, ...)."""
+    return str(_adapter_config(path).get("task_type") or "")
+
+
+def _adapter_config(path: str | os.PathLike) -> dict:
     folder = Path(path).expanduser()
     with load_errors("a LoRA adapter", folder):
-        cfg = json.loads((folder / ADAPTER_CONFIG).read_text())
-        return cfg.get("base_model_name_or_path") or ""
+        return json.loads((folder / ADAPTER_CONFIG).read_text())
 
 
 def merge_lora(adapter_path: str | os.PathLike, base_path: str | os.PathLike | None, output_dir: str | os.PathLike,
@@ -104,11 +116,12 @@ def merge_lora(adapter_path: str | os.PathLike, base_path: str | os.PathLike | N
     """Fold the adapter at `adapter_path` into its base (default: the one it records) and save a
     full HF folder (safetensors + the adapter folder's tokenizer) to `output_dir`; a vision-language
     base loads as one (models.vision) and its processor (the adapter folder's, else the base's) is
-    saved beside the weights."""
+    saved beside the weights. A reward model's adapter (task SEQ_CLS, `train rm`) goes on the reward model
+    `train rm` builds on the base and is saved as `load_reward_model` reads it (models.reward)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlhfkit.models import vision
+    from rlhfkit.models import reward, vision
 
     adapter = Path(adapter_path).expanduser()
     if not is_adapter_folder(adapter):
@@ -116,18 +129,21 @@ def merge_lora(adapter_path: str | os.PathLike, base_path: str | os.PathLike | N
     base = resolve_model_path(base_path or adapter_base(adapter))
     if not (base / "config.json").is_file():
         raise ModelError(f"base model {base} not found (recorded in {adapter / ADAPTER_CONFIG}); pass --lora.base")
+    tok_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base
+    with load_errors("a tokenizer", tok_dir):
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     is_vlm = vision.is_vision_folder(base)
-    if is_vlm:
+    is_rm = adapter_task(adapter) == "SEQ_CLS"
+    if is_rm:
+        model = reward.init_reward_model(base, tokenizer.pad_token_id, dtype)
+    elif is_vlm:
         model = vision.load_vision_model(str(base), dtype=dtype)
     else:
         with load_errors("the base model", base):
             model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
     with load_errors("a LoRA adapter", adapter):
         merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    tok_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base
-    with load_errors("a tokenizer", tok_dir):
-        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    out = save_hf_folder(merged, tokenizer, output_dir)
+    out = (reward.save_reward_model if is_rm else save_hf_folder)(merged, tokenizer, output_dir)
     if is_vlm:
         has_own = any((adapter / f).is_file() for f in ("processor_config.json", "preprocessor_config.json"))
         vision.load_processor(str(adapter if has_own else base)).save_pretrained(str(out))

@@ -28,11 +28,25 @@ from rlhfkit.models.backbone_reward import (
     head_format,
     init_backbone_reward_model,
     load_backbone_reward_model,
+    save_backbone_reward_model,
 )
-from rlhfkit.models.loading import keep_4bit_layout, load_errors, nf4_config, resolve_model_file, resolve_model_path
+from rlhfkit.models.loading import (
+    keep_4bit_layout,
+    load_errors,
+    nf4_config,
+    resolve_model_file,
+    resolve_model_path,
+    save_errors,
+    save_hf_folder,
+)
 from rlhfkit.models.precision import model_device
-from rlhfkit.models.vision import vision_kwargs
-from rlhfkit.models.vision_reward import VisionRewardModel, is_vision_reward_folder, load_vision_reward_model
+from rlhfkit.models.vision import is_vision_folder, vision_kwargs
+from rlhfkit.models.vision_reward import (
+    VisionRewardModel,
+    init_vision_reward_model,
+    is_vision_reward_folder,
+    load_vision_reward_model,
+)
 
 
 def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.dtype = torch.float32,
@@ -41,12 +55,15 @@ def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.d
     initialised from `seed` (normal, std 1/sqrt(hidden+1), as OpenRLHF) without touching the
     global RNG. With `load_in_4bit` (QLoRA) the backbone's linear layers are 4-bit NF4, the head not.
     An architecture with no `*ForSequenceClassification` class in transformers (Cohere2, Falcon-H1, Mamba,
-    ...) gets its decoder with the same head instead (models/backbone_reward.py)."""
+    ...) gets its decoder with the same head instead (models/backbone_reward.py); a vision-language model
+    its base model, a reward model over images (models/vision_reward.py)."""
     from transformers import AutoModelForSequenceClassification
 
     folder = resolve_model_path(path)
     if not (folder / "config.json").is_file():
         raise ModelError(f"{folder}: no config.json; pass an HF model folder, a hub name (or `smollm2`)")
+    if is_vision_folder(folder):
+        return init_vision_reward_model(folder, dtype, seed=seed, load_in_4bit=load_in_4bit)
     if not has_classifier(folder):
         model = init_backbone_reward_model(folder, dtype, seed=seed, load_in_4bit=load_in_4bit)
         model.config.pad_token_id = pad_token_id
@@ -101,6 +118,17 @@ def load_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float3
         if config.num_labels != 1:
             raise ModelError(f"{folder}: a reward model has num_labels=1, this one has {config.num_labels}")
         return AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype)
+
+
+def save_reward_model(model: torch.nn.Module, tokenizer, path: str | os.PathLike) -> Path:
+    """Write reward model `model` (its LoRA merged) and `tokenizer` as the folder `load_reward_model` reads: a
+    sequence-classification model's HF folder, or a reward model on a backbone's (models/backbone_reward.py)."""
+    if not isinstance(model, BackboneRewardModel):
+        return save_hf_folder(model, tokenizer, path)
+    folder = save_backbone_reward_model(model, path)
+    with save_errors(folder):
+        tokenizer.save_pretrained(folder)
+    return folder
 
 
 def is_reward_model_folder(path: str | os.PathLike) -> bool:

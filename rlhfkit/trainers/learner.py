@@ -164,7 +164,7 @@ class Learner:
         self.loss_scale = loss_scale
 
     def backward(self, loss: torch.Tensor) -> None:
-        """`loss.backward()`, of `loss` times the loss scale with one (its gradients are unscaled in `step`)."""
+        """`loss.backward()`; with a loss scale, of `loss` times the scale (`step` divides the gradients by it)."""
         (loss * self.loss_scale.scale if self.loss_scale is not None else loss).backward()
 
     def _grad_norm(self) -> torch.Tensor:

@@ -136,3 +136,62 @@ def test_train_rl_scores_with_it_and_starts_its_critic_from_it(trained, ws, tmp_
     assert m["reward"] == pytest.approx((m["reward_extra/rm_score"] - rm.config.mean) / rm.config.std, rel=1e-4,
                                         abs=1e-5)
     assert "value_loss" in m
+
+
+@pytest.mark.parametrize("arch,kind", [("cohere2", "BackboneRewardModel"), ("llama", "LlamaForSequenceClassification")])
+def test_a_lora_checkpoint_of_it_exports_and_merges_to_its_folder(ws, tmp_path, arch, kind):
+    """A LoRA run's checkpoint (its state dict and adapter card) exports to the folder `train rm` writes, with the
+    trained scores; so does its adapter saved on its own through `rlhfkit lora merge` (a sequence classifier's
+    too: not a causal LM without the trained head)."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+
+    from rlhfkit.api.export import export_checkpoint
+    from rlhfkit.cli.main import main
+
+    argv = flags(ws, tmp_path / "rm", data__dataset=ws / "pairs.jsonl", train__batch_size=4,
+                 train__micro_batch_size=2, adam__lr="1e-2", model__autocast="none", ds__lora__rank=4,
+                 ckpt__save_steps=2)
+    base = ws / arch
+    if not base.is_dir():
+        transformers.AutoModelForCausalLM.from_config(tiny_config_of(arch)).save_pretrained(tmp_path / arch)
+        tiny_tokenizer().save_pretrained(tmp_path / arch)
+        base = tmp_path / arch
+    argv[1] = str(base)
+    trainer = RMTrainer.from_config(RMConfig.from_args(argv))
+    trainer.train()
+    samples = [s for p in trainer.train_items[:3] for s in (p.chosen, p.rejected)]
+    final = load_reward_model(trainer.run_dir / "final")
+    (ckpt,) = (tmp_path / "rm" / "checkpoints").glob("step_*")
+    exported = load_reward_model(export_checkpoint(ckpt, tmp_path / "exported"))
+    adapter = get_peft_model(init_reward_model(base, 0), LoraConfig.from_pretrained(ckpt / "model.adapter"))
+    adapter.load_state_dict(load_file(ckpt / "model.safetensors"))  # the checkpoint's adapters, saved by peft
+    adapter.save_pretrained(tmp_path / "adapter")
+    assert main(["lora", "merge", "--lora.adapter", str(tmp_path / "adapter"), "--ckpt.output_dir",
+                 str(tmp_path / "merged")]) == 0
+    merged = load_reward_model(tmp_path / "merged")
+    fresh = init_reward_model(base, 0, seed=trainer.cfg.train.seed)
+    with torch.no_grad():
+        want = batch_scores(final, collate(samples, 0))
+        assert not torch.allclose(batch_scores(fresh, collate(samples, 0)), want, atol=1e-3)  # it trained
+        for rm in (exported, merged):
+            assert type(rm).__name__ == kind
+            assert torch.allclose(batch_scores(rm, collate(samples, 0)), want, atol=1e-5)
+
+
+def test_a_full_weight_checkpoint_of_it_exports_to_its_folder(ws, tmp_path):
+    """Without LoRA a checkpoint holds the reward model's state dict (it has no HF folder of its own): `rlhfkit
+    export` writes it over the run's model as `train rm` writes it, with the trained scores."""
+    from rlhfkit.cli.main import main
+
+    argv = flags(ws, tmp_path / "rm", data__dataset=ws / "pairs.jsonl", train__batch_size=4,
+                 train__micro_batch_size=2, adam__lr="1e-2", model__autocast="none", ckpt__save_steps=2)
+    argv[1] = str(ws / "falcon_h1")
+    trainer = RMTrainer.from_config(RMConfig.from_args(argv))
+    trainer.train()
+    assert main(["export", str(tmp_path / "rm"), str(tmp_path / "exported")]) == 0
+    exported, final = load_reward_model(tmp_path / "exported"), load_reward_model(trainer.run_dir / "final")
+    assert type(exported) is BackboneRewardModel and torch.equal(exported.score.weight, final.score.weight)
+    batch = collate([s for p in trainer.train_items[:3] for s in (p.chosen, p.rejected)], 0)
+    with torch.no_grad():
+        assert torch.allclose(batch_scores(exported, batch), batch_scores(final, batch), atol=1e-6)

@@ -17,7 +17,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 ray = pytest.importorskip("ray")
 
-from rlhfkit.api.builder import build_pool  # noqa: E402 - after the Ray settings and importorskip
+from rlhfkit.api.engines import build_pool  # noqa: E402 - after the Ray settings and importorskip
 from rlhfkit.api.rl import RLTrainer  # noqa: E402 - after the Ray settings and importorskip
 from rlhfkit.cli.main import main  # noqa: E402 - after the Ray settings and importorskip
 from rlhfkit.config import RLConfig  # noqa: E402 - after the Ray settings and importorskip

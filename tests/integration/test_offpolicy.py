@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rlhfkit
-from rlhfkit.api.builder import build_engine
+from rlhfkit.api.engines import build_engine
 from tests.integration.conftest import rl_flags
 
 

@@ -8,7 +8,8 @@
         calls = server.close_episode(e.id).calls               # what the engine sampled for it
 
 Routes per episode, under `/e/<episode id>/v1`: `POST chat/completions`, `POST completions`,
-`GET models`; `GET /health` needs no key. With `serve_key` (rlhfkit serve) the same routes are
+`POST responses` (OpenAI's Responses API, served as a chat completion: responses.py), `GET models`;
+`GET /health` needs no key. With `serve_key` (rlhfkit serve) the same routes are
 served at `/v1` for that one key, and nothing is recorded. Requests from many episodes are
 batched into one engine call: the batcher waits until every open episode has a call waiting, or
 `batch_window` seconds pass without a new one, then generates them together (grouped by sampling
@@ -36,6 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rlhfkit.agents.endpoint import responses
 from rlhfkit.agents.endpoint.episodes import SERVE_ID, EndpointLimits, Episode, Refused, Registry
 from rlhfkit.agents.endpoint.handlers import Completions, Settings
 from rlhfkit.agents.endpoint.wire import BadRequest, stream_events
@@ -214,7 +216,8 @@ class _Handlers:
             raise self.reg.refuse(None, 401, "refused_auth", "missing or wrong bearer key")
         return Episode(SERVE_ID, "", 0, secrets.randbits(62), self.server.serve_limits)
 
-    async def run(self, request: Request, episode_id: str | None, chat: bool):
+    async def run(self, request: Request, episode_id: str | None, chat: bool, api: str = "completions"):
+        """Serve one call; `api` "responses": a Responses API request, served as a chat completion."""
         reg, completions, admitted = self.reg, self.server.completions, None
         try:
             e = self.serve_episode(request) if episode_id is None else reg.admit(episode_id,
@@ -229,7 +232,10 @@ class _Handlers:
                 raise BadRequest("the body's JSON is nested too deeply") from exc
             if not isinstance(body, dict):
                 raise BadRequest("the body must be a JSON object")
-            reply = await (completions.chat(e, body) if chat else completions.text(e, body))
+            if api == "responses":
+                reply = responses.response_body(await completions.chat(e, responses.chat_request(body)), body)
+            else:
+                reply = await (completions.chat(e, body) if chat else completions.text(e, body))
         except Refused as exc:
             return _error(exc.status, exc.message)
         except BadRequest as exc:
@@ -247,6 +253,8 @@ class _Handlers:
         finally:
             if admitted is not None and admitted.id != SERVE_ID:
                 reg.release(admitted)
+        if body.get("stream") and api == "responses":
+            return StreamingResponse(iter(responses.stream_events(reply)), media_type="text/event-stream")
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(iter(stream_events(reply, chat, usage)), media_type="text/event-stream")
@@ -286,6 +294,10 @@ def make_app(server: EndpointServer):
     async def text_e(episode_id: str, request: Request):
         return await h.run(request, episode_id, chat=False)
 
+    @app.post("/e/{episode_id}/v1/responses")
+    async def responses_e(episode_id: str, request: Request):
+        return await h.run(request, episode_id, chat=True, api="responses")
+
     @app.get("/e/{episode_id}/v1/models")
     async def models_e(episode_id: str, request: Request):
         return h.models(request, episode_id)
@@ -297,6 +309,10 @@ def make_app(server: EndpointServer):
     @app.post("/v1/completions")
     async def text_v1(request: Request):
         return await h.run(request, None, chat=False)
+
+    @app.post("/v1/responses")
+    async def responses_v1(request: Request):
+        return await h.run(request, None, chat=True, api="responses")
 
     @app.get("/v1/models")
     async def models_v1(request: Request):

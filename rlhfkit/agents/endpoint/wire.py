@@ -10,8 +10,8 @@ chunk, `prompt_token_ids` (vLLM's names for the same thing).
 
 Departures: each token's logprob is the sampled token's alone; `top_logprobs` lists are empty (the
 engine does not keep the others). A stream sends the whole text in one chunk once sampling ends.
-`tool_choice` "required" or a named function and `response_format` are not enforced: the model is
-sampled as it is.
+`tool_choice` "required" or a named function, `parallel_tool_calls` false and `response_format` are
+not enforced: the model is sampled as it is.
 """
 
 from __future__ import annotations

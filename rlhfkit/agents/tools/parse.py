@@ -13,7 +13,10 @@ named by `parser=`, the `--agent.tool_parser` flag):
                VALUE</parameter>...</function></tool_call>`, the values cast by the tool schema's types
   glm45        GLM-4.5 and later: `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...
                </tool_call>`, the values cast by the tool schema's types
-  mistral      Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
+  mistral      Mistral before tokenizer v11: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
+  mistral_v11  Mistral with tokenizer v11 and later (Mistral Small 3.2, Magistral, Devstral, Ministral 3):
+               `[TOOL_CALLS]NAME[ARGS]{...}` per call (a `[CALL_ID]ID` before `[ARGS]` is skipped),
+               reasoning in `[THINK]...[/THINK]`
 
 A malformed call (bad JSON, no name, arguments that are not an object) is reported in the
 returned errors, never raised: the other calls of the turn still count.
@@ -90,6 +93,18 @@ TOOL_PARSERS: dict[str, dict] = {
             "content": {"close_pattern": r"\s*(?:</s>|$)", "content": "text"},
         },
     },
+    "mistral_v11": {
+        "defaults": {"role": "assistant"},
+        "start_anchor_pattern": r"\[/INST\]|^",
+        "fields": {
+            "reasoning_content": {"open": "[THINK]", "close": "[/THINK]", "content": "text"},
+            # each call runs from its [TOOL_CALLS]NAME[ARGS] to the next call or the end of the turn
+            "tool_calls": {"open_pattern": r"\s*\[TOOL_CALLS\](?P<name>[^\[\]\s]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\]",
+                           "close_pattern": r"\s*(?=\[TOOL_CALLS\]|</s>|$)", "repeats": True, "content": "json",
+                           "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}}},
+            "content": {"close_pattern": r"\s*(?:</s>|$)", "content": "text"},
+        },
+    },
 }
 DEFAULT_PARSER = "hermes"
 # what transformers' parsing raises on text the model wrote; RecursionError: JSON nested past
@@ -107,7 +122,7 @@ def detect_parser(tokenizer) -> str:
     """The `TOOL_PARSERS` name the tokenizer's chat template points to (hermes when it names none)."""
     text = template_text(tokenizer)
     if "[TOOL_CALLS]" in text:
-        return "mistral"
+        return "mistral_v11" if "[ARGS]" in text else "mistral"
     if "<function=" in text and "<parameter=" in text:
         return "qwen3_coder"
     if "<arg_key>" in text and "<arg_value>" in text:

@@ -267,7 +267,7 @@ def _model_routes(app: FastAPI, host: ModelHost, futures: Futures, body) -> None
 
         def run():
             host.create_model(model_id, lora.get("rank"), lora.get("seed"), lora.get("train_attn", True),
-                              lora.get("train_mlp", True))
+                              lora.get("train_mlp", True), lora.get("train_unembed", True))
             return {"type": "create_model", "model_id": model_id}
         return futures.submit(run)
 

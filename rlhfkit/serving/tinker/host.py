@@ -95,13 +95,22 @@ def linear_names(model: torch.nn.Module) -> set[str]:
     return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
-def lora_targets(present: set[str], attn: bool, mlp: bool) -> tuple[str, ...]:
-    """The linear module names (of `present`, the model's) that Tinker's train_attn / train_mlp pick."""
+def head_name(model: torch.nn.Module) -> str | None:
+    """The full module name of `model`'s output layer (its LM head) when it is a linear layer, else None."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear):
+        return None
+    return next((name for name, m in model.named_modules() if m is head), None)
+
+
+def lora_targets(present: set[str], attn: bool, mlp: bool, head: str | None = None) -> tuple[str, ...]:
+    """The linear module names (of `present`, the model's) that Tinker's train_attn / train_mlp pick, and
+    `head` (the output layer's name, for train_unembed) when given."""
     wanted = (ATTN if attn else ()) + (MLP if mlp else ())
-    targets = tuple(n for n in wanted if n in present)
+    targets = tuple(n for n in wanted if n in present) + ((head,) if head else ())
     if not targets:
-        raise DataError("lora_config: train_attn and train_mlp are both off (or the model has none of "
-                        f"{', '.join(wanted)}); turn one on")
+        raise DataError("lora_config: train_attn, train_mlp and train_unembed are all off (or the model has none "
+                        f"of {', '.join(wanted)}); turn one on")
     return targets
 
 
@@ -118,6 +127,7 @@ class ModelHost(SamplingMixin):
         self.base = base.to(device)
         self.tokenizer_id = tokenizer_id or name
         self.linear = linear_names(base)  # read before peft wraps the linear layers
+        self.head = head_name(base)  # train_unembed's LoRA target
         # a VLM's LoRA layers: the language model's (full names), never the vision tower's
         self.language_linears = language_lora_targets(base, "all-linear") if is_vision_model(base) else None
         self.images = ImageInputs(processor if is_vision_model(base) else None, base.config)
@@ -139,8 +149,10 @@ class ModelHost(SamplingMixin):
 
     # ------------------------------------------------------------------ models
     def create_model(self, model_id: str, rank: int | None, seed: int | None, attn: bool = True,
-                     mlp: bool = True) -> str:
-        """A new training model `model_id` (the SDK's `SESSION:train:SEQ`); returns its id."""
+                     mlp: bool = True, unembed: bool = False, targets: tuple[str, ...] | None = None) -> str:
+        """A new training model `model_id` (the SDK's `SESSION:train:SEQ`); returns its id. Its LoRA
+        adapter goes on the layers train_attn / train_mlp pick and, with `unembed` (train_unembed), on the
+        output layer; `targets`: these module names instead (a checkpoint's, create-via-load)."""
         if model_id in self.models:
             raise DataError(f"model {model_id!r} exists already (model_seq_id reused in this session)")
         rank = self.default_rank if rank is None else rank
@@ -154,14 +166,26 @@ class ModelHost(SamplingMixin):
                 module.requires_grad_(True)
                 rank = None
             else:
-                targets = lora_targets(self.linear, attn, mlp)
-                if self.language_linears is not None:
-                    targets = tuple(n for n in self.language_linears if n.rsplit(".", 1)[-1] in targets)
+                if targets is None:
+                    targets = self.lora_targets(attn, mlp, unembed)
                 module = self._add_adapter(model_id, rank, targets)
                 module.set_adapter(model_id)
         learner = Learner(module, lr=1e-4, max_norm=0.0, name=f"model {model_id}")
         self.models[model_id] = TrainingModel(model_id, rank, module, learner)
         return model_id
+
+    def lora_targets(self, attn: bool, mlp: bool, unembed: bool) -> tuple[str, ...]:
+        """The LoRA target modules of train_attn / train_mlp / train_unembed on this base (a VLM's: the
+        language model's full names, never the vision tower's)."""
+        if unembed and self.head is None:
+            raise DataError("lora_config: train_unembed on a model whose output layer is not a linear layer; "
+                            "create the client with train_unembed=False")
+        head = self.head if unembed else None
+        targets = lora_targets(self.linear, attn, mlp, head)
+        if self.language_linears is not None:
+            targets = tuple(n for n in self.language_linears if n.rsplit(".", 1)[-1] in targets) + (
+                (head,) if head else ())
+        return targets
 
     def _add_adapter(self, name: str, rank: int, targets: tuple[str, ...]) -> torch.nn.Module:
         """A new LoRA adapter `name` on the shared peft model (made on first use); returns that model."""
@@ -377,7 +401,7 @@ class ModelHost(SamplingMixin):
 
     def _write_weights(self, model: TrainingModel, folder: Path) -> None:
         if model.rank is not None:
-            save_adapter(model.module, model.model_id, folder)
+            save_adapter(model.module, model.model_id, folder, save_embedding_layers=False)  # the base is shared
         else:
             model.module.save_pretrained(folder, safe_serialization=True)
         # version: a sampler of this path samples the weights saved when it was created, not a later save's
@@ -437,7 +461,8 @@ class ModelHost(SamplingMixin):
             raise CheckpointError(f"path {uri!r}: a {'full' if meta['rank'] is None else 'LoRA'} checkpoint; this "
                                   f"server runs {'--full' if self.full else 'LoRA'} models")
         if create:
-            self.create_model(model_id, meta["rank"], seed=0)
+            targets = None if meta["rank"] is None else _adapter_targets(folder)
+            self.create_model(model_id, meta["rank"], seed=0, targets=targets)
         model = self.get(model_id)
         if model.rank is not None:
             if model.rank != meta["rank"]:
@@ -476,8 +501,7 @@ class ModelHost(SamplingMixin):
             return
         name = f"sampler-{self._adapters_made}"
         self._adapters_made += 1
-        targets = tuple(json.loads((folder / "adapter_config.json").read_text())["target_modules"])
-        load_adapter_weights(self._add_adapter(name, meta["rank"], targets), name, folder)
+        load_adapter_weights(self._add_adapter(name, meta["rank"], _adapter_targets(folder)), name, folder)
         self._loaded[key] = name
 
     def trim_samplers(self) -> None:
@@ -506,6 +530,11 @@ class ModelHost(SamplingMixin):
         self._loaded.move_to_end(key)
         loaded = self._loaded[key]
         return (loaded, None) if isinstance(loaded, torch.nn.Module) else (self.peft, loaded)
+
+
+def _adapter_targets(folder: Path) -> tuple[str, ...]:
+    """The target modules of the LoRA adapter saved in `folder` (its peft adapter_config.json)."""
+    return tuple(sorted(json.loads((folder / "adapter_config.json").read_text())["target_modules"]))
 
 
 def _snapshot(folder: Path, meta: dict) -> tuple[str, str]:

@@ -18,9 +18,8 @@ from rlhfkit.core.losses import dpo_loss, kto_loss, pairwise_loss, sft_loss
 from rlhfkit.core.masks import masked_sum
 from rlhfkit.data.supervised import TokenSample
 from rlhfkit.models import response_logprobs, save_hf_folder
-from rlhfkit.models.backbone_reward import BackboneRewardModel, save_backbone_reward_model
 from rlhfkit.models.precision import autocast_ctx, model_device
-from rlhfkit.models.reward import batch_scores
+from rlhfkit.models.reward import batch_scores, save_reward_model
 from rlhfkit.trainers.supervised.loop import (
     StepLoop,
     build_learner,
@@ -103,11 +102,7 @@ class RMLoop(_PreferenceLoop):
         if hasattr(self.model, "merge_and_unload"):
             self.model = self.model.merge_and_unload()
         self.model.config.mean, self.model.config.std = mean, std
-        if isinstance(self.model, BackboneRewardModel):
-            folder = save_backbone_reward_model(self.model, path)
-            self.tokenizer.save_pretrained(folder)
-            return folder
-        return super().save(path)
+        return save_reward_model(self.model, self.tokenizer, path)
 
 
 # ---------------------------------------------------------------------------------- DPO

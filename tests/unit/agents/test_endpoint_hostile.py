@@ -241,12 +241,12 @@ def test_malformed_fields_are_400s_and_unknown_routes_are_openai_shaped(tiny):
                 assert r.status_code == 400 and name in r.json()["error"]["message"], (fields, r.text)
             deep = h.post("/chat/completions", content=b"[" * 100_000 + b"]" * 100_000)
             assert deep.status_code == 400 and deep.json()["error"]["message"] == "the body's JSON is nested too deeply"
-            routes = [h.get("/models/p"), h.get("/chat/completions"), h.post("/responses", json={})]
+            routes = [h.get("/models/p"), h.get("/chat/completions"), h.post("/embeddings", json={})]
         m = server.registry.pop_metrics()
     assert [r.status_code for r in routes] == [404, 405, 404]
     assert [r.json()["error"]["message"] for r in routes] == [
         "no such route: GET /v1/models/p", "method not allowed: GET /v1/chat/completions",
-        "no such route: POST /v1/responses"]
+        "no such route: POST /v1/embeddings"]
     assert m["endpoint/bad_request"] == len(bad) + 1 and "endpoint/server_error" not in m
 
 

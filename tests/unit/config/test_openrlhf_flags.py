@@ -322,6 +322,8 @@ def test_notices_reach_the_cli(tmp_path, capsys, caplog):
     (["train", "rl", "--param_dtype", "fp8"], "error: rlhfkit trains in float32, bfloat16 or float16, not fp8"),
     (["train", "rl", "--actor.dtype", "float16"], "error: --actor.dtype float16 with --actor.autocast bfloat16: "
                                                   "pass --actor.autocast float16 (or none"),
+    (["train", "rl", "--actor.dtype", "float16", "--actor.autocast", "auto"],
+     "error: --actor.dtype float16 with --actor.autocast auto: pass --actor.autocast float16 (or none"),
     (["train", "sft", "--model.dtype", "bfloat16", "--model.autocast", "float16"],
      "error: --model.dtype bfloat16 with --model.autocast float16: pass --model.autocast bfloat16"),
     (["train", "rl", "--param_dtype", "fp16", "--fsdp.enable"], "error: --fsdp.enable trains in float32 or "

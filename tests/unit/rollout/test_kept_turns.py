@@ -191,7 +191,7 @@ def test_turn_caches_by_hand():
 
 
 def test_the_flag_reaches_the_engine(tiny):
-    from rlhfkit.api.builder import build_engine
+    from rlhfkit.api.engines import build_engine
     from rlhfkit.config import RLConfig
 
     model, tok = tiny

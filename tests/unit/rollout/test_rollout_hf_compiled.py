@@ -219,7 +219,7 @@ def test_compiled_decode_on_cuda_equals_the_cpu_loop(prompts):
 
 
 def test_flag_reaches_the_engine(tiny):
-    from rlhfkit.api.builder import build_engine
+    from rlhfkit.api.engines import build_engine
     from rlhfkit.config import RLConfig
 
     model, tok = tiny

@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from rlhfkit.api.builder import resolve_fsdp_dtype, vllm_dtype
+from rlhfkit.api.builder import resolve_fsdp_dtype
+from rlhfkit.api.engines import vllm_dtype
 from rlhfkit.config import RLConfig
 from rlhfkit.data.types import Trajectory
 from rlhfkit.distributed import fsdp
