@@ -176,6 +176,9 @@ def prepare_policy(cfg: RLConfig, policy, ref, critic=None) -> None:
 
 def prompts(cfg: RLConfig, dataset, processor, eval: bool = False, shuffle: bool = True):
     """(PromptItems with their image tensors, number skipped as too long)."""
+    if cfg.data.truncation != "skip":
+        raise ConfigError(f"--data.truncation {cfg.data.truncation} reads text prompts only: image prompts over "
+                          "--data.prompt_max_len are skipped (--data.truncation skip)")
     examples = load_vision_prompts(dataset, processor, **data_options(cfg, eval, shuffle))
     return tokenize(examples, processor, cfg.data.prompt_max_len, cfg.data.input_key)
 

@@ -291,9 +291,14 @@ class DataConfig:
     """Use at most this many prompts of the dataset (none: all); of several datasets, at most this many of
     each before they are mixed, and of the mix."""
     prompt_max_len: int = PROMPT_MAX_LEN
-    """Prompts longer than this many tokens are skipped (counted and logged); image tokens count. Lowered
-    (said in one line) to fit a model with learned absolute positions (GPT-2, OPT), whose responses also end
-    at its last position."""
+    """Prompts longer than this many tokens are skipped (counted and logged) or cut (--data.truncation);
+    image tokens count. Lowered (said in one line) to fit a model with learned absolute positions (GPT-2,
+    OPT), whose responses also end at its last position."""
+    truncation: str = "skip"
+    """A prompt over --data.prompt_max_len tokens: skip (counted and logged), error (stop, naming the record),
+    or cut to fit (verl's data.truncation): left keeps its end, right its start, middle both ends (half
+    each). Only the prompt's own text is cut (a chat's last user message), in tokens; the chat template's
+    tokens, the input template and earlier messages stay whole. Text prompts only."""
     image_key: str | None = None
     """Record key of a prompt's images (paths, URLs, bytes or a datasets Image feature; one or a list) for a
     vision-language model (docs/vision.md); none = `images`, else `image`, where the record has one."""

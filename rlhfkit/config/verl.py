@@ -52,6 +52,7 @@ from rlhfkit.config.verl_convert import (
     same_as_actor,
     sampling,
     scheduler,
+    truncation,
     warmup_steps,
 )
 from rlhfkit.config.verl_names import VERL_MEGATRON_KEYS, VERL_PPO_KEYS
@@ -102,13 +103,12 @@ _rule("data.val_files", conv(files("eval.dataset", single=True), "`--eval.datase
 _rule("data.prompt_key", to("data.input_key", note="read as a chat (--data.apply_chat_template true)"))
 _rule("data.train_max_samples", conv(max_samples("data.max_samples"), "`--data.max_samples` (-1: all)"))
 _rule("data.val_max_samples", conv(max_samples("eval.max_samples"), "`--eval.max_samples` (-1: all)"))
-_rule("data.max_prompt_length", to("data.prompt_max_len", note="longer prompts are skipped and counted"))
+_rule("data.max_prompt_length", to("data.prompt_max_len", note="longer prompts: data.truncation"))
 _rule("data.max_response_length", to("rollout.max_new_tokens"))
 _rule("data.train_batch_size", to("rollout.batch_size", note="prompts per step, as in verl"))
-_rule("data.filter_overlong_prompts",
-      notice("accepted: rlhfkit always skips (and counts) prompts over --data.prompt_max_len", 1))
-_rule("data.truncation", refuse("rlhfkit never truncates a prompt: prompts over --data.prompt_max_len are skipped "
-                                "(filter_overlong_prompts=True)", harmless=("error",)))
+_rule("data.truncation data.filter_overlong_prompts",
+      conv(truncation, "`--data.truncation`: skip with filter_overlong_prompts=True, else left, right, middle "
+                       "(the prompt's own tokens cut, its chat template's kept) or error (verl's default)"))
 _rule("data.image_key", to("data.image_key", note="vision-language prompts"))
 _rule("data.reward_fn_key", refuse("rlhfkit passes the record's data_source column to compute_score",
                                    harmless=("data_source",)))

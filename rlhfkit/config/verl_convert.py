@@ -150,6 +150,15 @@ def warmup_steps(vals, given):
     return {} if vals[0] == "none" else {"actor.lr_warmup_steps": vals[0]}
 
 
+def truncation(vals, given):
+    """data.truncation with data.filter_overlong_prompts: verl drops over-long prompts first where the filter is on
+    (skip); otherwise it cuts them (left, right, middle) or stops (error, its default)."""
+    if flag_on(given, "data.filter_overlong_prompts"):
+        return {"data.truncation": "skip"}
+    side = flag_value(given, "data.truncation", "error")
+    return {"data.truncation": pick({k: k for k in ("error", "left", "right", "middle")}, side, "truncation")}
+
+
 def rollout_is(vals, given):
     """verl's rollout importance sampling (token-level, truncated at rollout_is_threshold)."""
     mode = flag_value(given, "algorithm.rollout_correction.rollout_is")

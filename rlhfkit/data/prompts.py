@@ -37,6 +37,7 @@ from rlhfkit.data.records import (
     require_key,
     source_name,
 )
+from rlhfkit.data.truncate import TRUNCATION_SIDES, truncate_ids
 from rlhfkit.data.types import PromptItem
 from rlhfkit.errors import ConfigError, DataError
 
@@ -249,17 +250,29 @@ def _render(value: str | list[dict], where: str, tokenizer: Any, input_template:
     return text
 
 
-def tokenize_prompts(examples, tokenizer, max_len: int, input_key: str | None = None) -> tuple[list[PromptItem], int]:
-    """Tokenize prompt texts once; prompts longer than `max_len` tokens are skipped and counted.
-    `input_key`: the record's prompt column (its value becomes PromptItem.raw)."""
+def tokenize_prompts(examples, tokenizer, max_len: int, input_key: str | None = None,
+                     truncation: str = "skip") -> tuple[list[PromptItem], int]:
+    """Tokenize prompt texts once; a prompt longer than `max_len` tokens is, by `truncation`: skipped and
+    counted (skip), a DataError (error), or cut to `max_len` (left, right, middle: data.truncate, then
+    skipped where it cannot be cut). `input_key`: the record's prompt column (its value becomes PromptItem.raw)."""
     items, skipped = [], 0
     for ex in examples:
         ids = tokenizer(ex.text, add_special_tokens=False)["input_ids"]
-        if len(ids) > max_len:
-            skipped += 1
-            continue
         record = dict(ex.raw) if isinstance(ex.raw, dict) else {}
-        items.append(PromptItem(ex.text, ids, ex.label, raw=record.get(input_key, ex.text), record=record))
+        raw = record.get(input_key, ex.text)
+        text = ex.text
+        if len(ids) > max_len:
+            if truncation == "error":
+                raise DataError(f"record {getattr(ex, 'index', len(items) + skipped)}: its prompt is {len(ids)} tokens, "
+                                f"over --data.prompt_max_len {max_len} (--data.truncation error); raise the limit, or set "
+                                "--data.truncation skip, left, right or middle")
+            ids = truncate_ids(tokenizer, ex.text, raw, max_len, truncation) if truncation in TRUNCATION_SIDES \
+                else None
+            if ids is None:
+                skipped += 1
+                continue
+            text = tokenizer.decode(ids, skip_special_tokens=False)
+        items.append(PromptItem(text, ids, ex.label, raw=raw, record=record))
     if not items:
         raise DataError(f"every prompt is longer than --data.prompt_max_len {max_len} tokens; raise it")
     return items, skipped

@@ -332,6 +332,14 @@ def observations_dropped(original):
 def unnamed(original):
     return lambda spec: (spec, None)
 
+
+def never_cut(original):
+    return lambda *args, **kwargs: None
+
+
+def ratio_only(original):
+    return lambda steps, ratio, total_opt: int(ratio * total_opt)
+
 STAGES = "tests/unit/trainers/test_stages.py"
 LOSS_SCALE = "tests/unit/trainers/test_loss_scale.py"
 KL = "tests/unit/trainers/test_kl_placement.py"
@@ -689,5 +697,14 @@ SWITCH_OFFS = (
                "test_a_reward_function_named_in_the_file_spec_is_the_one_that_scores",
                "tests/integration/test_verl_inputs.py::test_verl_overrides_name_the_reward_function"),
               "FILE.py:NAME read as a path"),
+    SwitchOff("over-long prompts cut to fit (--data.truncation left|right|middle)",
+              "rlhfkit.data.prompts:truncate_ids", never_cut,
+              ("tests/unit/data/test_truncate.py::test_tokenize_prompts_skips_errs_or_cuts",
+               "tests/unit/data/test_truncate.py::test_train_rl_reads_its_prompts_with_the_truncation_flag"),
+              "never cut: skipped"),
+    SwitchOff("warmup in optimizer steps (--actor.lr_warmup_steps)",
+              "rlhfkit.config.plan:warmup_steps", ratio_only,
+              ("tests/unit/config/test_plan.py::test_warmup_in_optimizer_steps_wins_over_the_ratio",),
+              "the ratio only"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}

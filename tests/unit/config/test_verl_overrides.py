@@ -103,7 +103,7 @@ def test_grpo_without_std_is_dr_grpo_in_either_order():
     ([A + "policy_loss.loss_mode=gpg"], "'gpg': rlhfkit has no such policy loss"),
     ([A + "use_kl_loss=True", "algorithm.use_kl_in_reward=True"], "rlhfkit applies the KL in one place"),
     ([A + "use_kl_loss=True", A + "kl_loss_type=abs"], "'abs': rlhfkit has no such KL estimator"),
-    (["data.truncation=left"], "data.truncation: rlhfkit never truncates a prompt"),
+    (["data.truncation=sides"], "data.truncation: 'sides': rlhfkit has no such truncation"),
     (["critic.ppo_mini_batch_size=64", A + "ppo_mini_batch_size=32"],
      "differs from actor_rollout_ref.actor.ppo_mini_batch_size (32)"),
     ([A + "ppo_mini_batchsize=4"], "unknown verl override actor_rollout_ref.actor.ppo_mini_batchsize; did you mean "
@@ -180,6 +180,18 @@ def test_validation_sampling_is_evaluations_own():
     assert (cfg.eval.temperature, cfg.eval.top_p, cfg.eval.top_k, cfg.eval.n_samples) == (0.6, 0.7, 20, 4)
     assert (cfg.rollout.top_p, cfg.rollout.top_k) == (1.0, -1)
     assert parse(RO + "val_kwargs.temperature=0.6").eval.temperature == 0.0  # do_sample=False (verl's default)
+
+
+def test_truncation_follows_verls_filter_then_truncate():
+    # verl drops over-long prompts first where filter_overlong_prompts=True, else cuts them or stops (error)
+    assert parse("data.truncation=left").data.truncation == "left"
+    assert parse("data.truncation=middle", "data.filter_overlong_prompts=False").data.truncation == "middle"
+    assert parse("data.truncation=left", "data.filter_overlong_prompts=True").data.truncation == "skip"
+    assert parse("data.truncation=error", "data.filter_overlong_prompts=True").data.truncation == "skip"
+    assert parse("data.filter_overlong_prompts=False").data.truncation == "error"  # verl's default truncation
+    assert parse().data.truncation == "skip"                                       # no verl data key: rlhfkit's
+    with pytest.raises(ConfigError, match="'sides': rlhfkit has no such truncation"):
+        parse("data.truncation=sides")
 
 
 def test_rlhfkit_flags_win_with_a_warning(caplog):

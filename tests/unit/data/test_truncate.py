@@ -1,0 +1,90 @@
+"""--data.truncation (verl's data.truncation): over-long prompts cut in tokens, the template's tokens kept.
+The tiny tokenizer is one token per character (<eos> one token), so the counts are worked out by hand."""
+
+import pytest
+
+from rlhfkit.data.prompts import PromptExample, tokenize_prompts
+from rlhfkit.data.truncate import content_span, keep, truncate_ids
+from rlhfkit.errors import DataError
+from rlhfkit.models.tiny import tiny_tokenizer
+
+MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "abcdefghij"}]
+
+
+def chat(tok, msgs=MSGS):
+    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+
+def test_keep_left_right_middle():
+    ids = list(range(10))
+    assert keep(ids, 4, "left") == [6, 7, 8, 9]       # the end
+    assert keep(ids, 4, "right") == [0, 1, 2, 3]      # the start
+    assert keep(ids, 5, "middle") == [0, 1, 7, 8, 9]  # 5 // 2 = 2 from the start, 3 from the end (as verl)
+    assert keep(ids, 10, "left") == ids and keep(ids, 0, "middle") == []
+
+
+def test_chat_prompt_cut_inside_the_user_message():
+    tok = tiny_tokenizer()
+    text = chat(tok)
+    assert text == "system: be brief<eos>user: abcdefghij<eos>assistant: "
+    # 16 + 1 + 6 = 23 tokens before the content, 10 of it, 1 + 11 = 12 after: 45
+    assert len(tok(text, add_special_tokens=False)["input_ids"]) == 45
+    cut = {side: tok.decode(truncate_ids(tok, text, MSGS, 39, side)) for side in ("left", "right", "middle")}
+    # 39 - 23 - 12 = 4 content tokens
+    assert cut == {"left": "system: be brief<eos>user: ghij<eos>assistant: ",
+                   "right": "system: be brief<eos>user: abcd<eos>assistant: ",
+                   "middle": "system: be brief<eos>user: abij<eos>assistant: "}
+    assert truncate_ids(tok, text, MSGS, 35, "left") is None   # 35 < 23 + 12 + 1: the frame alone does not fit
+    assert truncate_ids(tok, text, MSGS, 36, "right") is not None
+
+
+def test_a_prompt_not_found_in_the_rendered_text_is_not_cut():
+    tok = tiny_tokenizer()
+    assert content_span("Q: abc A:", "abc") == (3, 6)
+    assert content_span("Q: abc A:", "abc\n") == (3, 6)  # a template that strips the text
+    assert truncate_ids(tok, "Q: xyz A:", "abc", 5, "left") is None
+
+
+def test_tokenize_prompts_skips_errs_or_cuts():
+    tok = tiny_tokenizer()
+    long = PromptExample(text=chat(tok), label="7", raw={"prompt": MSGS}, index=3)
+    short = PromptExample(text="Q: 1+1 A:", label="2", raw={"prompt": "1+1"}, index=4)
+    items, skipped = tokenize_prompts([long, short], tok, 39, "prompt")
+    assert (len(items), skipped) == (1, 1)                                      # skip (the default)
+    with pytest.raises(DataError, match=r"record 3: its prompt is 45 tokens, over --data.prompt_max_len 39"):
+        tokenize_prompts([long, short], tok, 39, "prompt", truncation="error")
+    items, skipped = tokenize_prompts([long, short], tok, 39, "prompt", truncation="left")
+    assert skipped == 0 and [len(i.ids) for i in items] == [39, 9]
+    assert items[0].text == "system: be brief<eos>user: ghij<eos>assistant: " and items[0].raw == MSGS
+    assert items[1].text == "Q: 1+1 A:"                                         # short prompts are untouched
+    # a plain prompt (no template): the whole text is the prompt's own
+    plain = PromptExample(text="abcdefghij", label=None, raw={"prompt": "abcdefghij"}, index=0)
+    assert tokenize_prompts([plain], tok, 4, "prompt", truncation="middle")[0][0].text == "abij"
+
+
+def test_truncation_flag_is_checked():
+    from rlhfkit.config import RLConfig, parse_config, validate
+    from rlhfkit.config.rl import RL_ALIASES
+    from rlhfkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--data.truncation: unknown value 'sides'"):
+        validate(parse_config(RLConfig, ["--data.truncation", "sides"], aliases=RL_ALIASES))
+
+
+def test_train_rl_reads_its_prompts_with_the_truncation_flag():
+    """`train rl` (api.rl) tokenizes its prompts with --data.truncation: a chat prompt is cut, not skipped."""
+    from rlhfkit.api.rl import _prompt_items
+    from rlhfkit.config import RLConfig, parse_config
+    from rlhfkit.config.rl import RL_ALIASES
+
+    records = [{"prompt": MSGS, "answer": "7"}, {"prompt": "hi", "answer": "1"}]
+    argv = ["--data.input_key", "prompt", "--data.label_key", "answer", "--data.apply_chat_template", "true",
+            "--data.prompt_max_len", "39"]
+    tok = tiny_tokenizer()
+    for flags, texts, skipped in (
+            ([], ["user: hi<eos>assistant: "], 1),
+            (["--data.truncation", "left"], ["system: be brief<eos>user: ghij<eos>assistant: ",
+                                             "user: hi<eos>assistant: "], 0)):
+        cfg = parse_config(RLConfig, argv + flags, aliases=RL_ALIASES)
+        items, n = _prompt_items(cfg, records, tok, None)
+        assert (sorted(i.text for i in items), n) == (sorted(texts), skipped)
