@@ -211,8 +211,8 @@ _rule(A + "optim.min_lr_ratio", to("actor.min_lr_ratio", note="with a cosine sch
 _rule(A + "optim.lr_scheduler_type " + A + "optim.warmup_style " + A + "optim.lr_decay_style",
       conv(scheduler("actor.lr_scheduler"), "`--actor.lr_scheduler`: constant; cosine -> cosine_with_min_lr "
                                              "(with min_lr_ratio)"))
-_rule("critic.optim.lr_warmup_steps critic.optim.lr_warmup_steps_ratio critic.optim.min_lr_ratio critic.optim.lr_scheduler_type "
-      "critic.optim.warmup_style critic.optim.lr_decay_style",
+_rule("critic.optim.lr_warmup_steps critic.optim.lr_warmup_steps_ratio critic.optim.min_lr_ratio "
+      "critic.optim.lr_scheduler_type critic.optim.warmup_style critic.optim.lr_decay_style",
       notice("ignored: rlhfkit's critic follows the actor's schedule (actor_rollout_ref.actor.optim.*)", 1))
 _rule(A + "grad_clip", to("actor.max_norm"))
 _rule("critic.grad_clip", to("critic.max_norm"))
