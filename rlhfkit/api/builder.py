@@ -22,6 +22,7 @@ from rlhfkit.config import RLConfig
 from rlhfkit.config.checks import compute_dtype
 from rlhfkit.config.plan import RunPlan
 from rlhfkit.config.rl import RewardConfig, lora_targets
+from rlhfkit.config.rl_checks import config_overrides
 from rlhfkit.core.advantages import ESTIMATORS, Whiten
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.data.records import as_source
@@ -202,7 +203,8 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     stays on the CPU (the experience stage moves it for its pass)."""
     device = run_device(cfg) if device is None else device
     torch.manual_seed(cfg.train.seed)
-    policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype, cfg.ds.load_in_4bit)
+    overrides = config_overrides(cfg)
+    policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype, cfg.ds.load_in_4bit, overrides)
     _bf16_matrices(policy, cfg)
     _no_dropout(policy, cfg)  # before LoRA: its adapters keep --ds.lora.dropout
     lora = cfg.ds.lora
@@ -214,7 +216,7 @@ def build_models(cfg: RLConfig, device: torch.device | None = None):
     ref = None
     if cfg.algo.kl.init_coef > 0:
         if cfg.ref.model_name_or_path:
-            ref, _ = load_policy(cfg.ref.model_name_or_path, cfg.actor.dtype)
+            ref, _ = load_policy(cfg.ref.model_name_or_path, cfg.actor.dtype, config_overrides=overrides)
             _bf16_matrices(ref, cfg)
         elif lora.rank > 0:
             ref = policy  # the base weights: the experience stage disables the adapters for its pass

@@ -8,6 +8,7 @@ import torch
 
 from rlhfkit.config import RLConfig
 from rlhfkit.config.rl import lora_targets
+from rlhfkit.config.rl_checks import config_overrides
 from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.loading import resolve_model
@@ -46,7 +47,7 @@ def build_vllm_engine(policy, tokenizer, cfg: RLConfig, state_fn, **images):
     return VLLMEngine(vllm_folder(cfg), eos_ids(policy, tokenizer), dtype=vllm_dtype(cfg),
                       seed=cfg.train.seed, gpu_memory_utilization=share,
                       enable_sleep=sleep, tensor_parallel_size=v.tensor_parallel_size,
-                      state_fn=state_fn, auto_sleep=sleep, **images)
+                      state_fn=state_fn, auto_sleep=sleep, hf_overrides=config_overrides(cfg), **images)
 
 
 def vllm_dtype(cfg: RLConfig) -> str:
@@ -79,7 +80,7 @@ def vllm_worker_settings(cfg: RLConfig, policy, tokenizer, gpus: float) -> dict:
     return {"eos_ids": eos_ids(policy, tokenizer), "dtype": vllm_dtype(cfg),
             "seed": cfg.train.seed, "enable_sleep": sleep, "auto_sleep": sleep,
             "gpu_memory_utilization": own if v.gpu_memory_utilization is None else v.gpu_memory_utilization,
-            "tensor_parallel_size": v.tensor_parallel_size}
+            "tensor_parallel_size": v.tensor_parallel_size, "hf_overrides": config_overrides(cfg)}
 
 
 def worker_gpu_multiple(cfg: RLConfig) -> int:

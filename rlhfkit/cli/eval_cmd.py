@@ -49,6 +49,7 @@ from rlhfkit.api.builder import (
 )
 from rlhfkit.api.run_folder import create_run_dir, make_evaluator
 from rlhfkit.config import RLConfig, to_dict
+from rlhfkit.config.rl_checks import config_overrides
 from rlhfkit.data.prompts import check_prompts, load_prompts, tokenize_prompts
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.host import apply_host_settings
@@ -133,7 +134,8 @@ def _load(cfg: RLConfig, options: dict, vision: str | None = None, executor=None
     device = run_device(cfg)  # a CUDA device that is not there fails before the model loads
     out = create_run_dir(Path(cfg.ckpt.output_dir), None, None)
     t0 = time.perf_counter()
-    policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype)
+    policy, tokenizer = load_policy(cfg.actor.model_name_or_path, cfg.actor.dtype,
+                                    config_overrides=config_overrides(cfg))
     policy.to(device)
     if vision is not None:
         processor = V.processor_of(vision)

@@ -4,6 +4,7 @@ derived batch arithmetic of OpenRLHF's PPO loop (`BatchPlan`)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -120,6 +121,7 @@ def validate(cfg: RLConfig) -> BatchPlan:
     one_of("actor.policy_loss_type", cfg.actor.policy_loss_type, POLICY_LOSS_TYPES)
     one_of("actor.lr_scheduler", cfg.actor.lr_scheduler, LR_SCHEDULERS)
     one_of("data.truncation", cfg.data.truncation, TRUNCATIONS)
+    config_overrides(cfg)
     one_of("actor.dtype", cfg.actor.dtype, DTYPES)
     one_of("algo.advantage.whiten", a.advantage.whiten, WHITEN_MODES)
     one_of("algo.advantage.is_correction_type", a.advantage.is_correction_type, IS_CORRECTION_TYPES)
@@ -201,6 +203,25 @@ def _validate_distributed(cfg: RLConfig) -> None:
                 "weight updates of async training: add --train.async_enable (and --distributed.backend ray)")
         require(t.max_staleness == 0, f"--train.max_staleness {t.max_staleness} without --train.async_enable: "
                                       "a synchronous run trains on fresh samples only; add --train.async_enable")
+
+
+def config_overrides(cfg: RLConfig) -> dict | None:
+    """--actor.config_overrides as a dict (None when unset); ConfigError for text that is not a JSON object,
+    or with Ray's HF rollout workers (they load the model's folder themselves; vLLM takes hf_overrides)."""
+    text = cfg.actor.config_overrides
+    if not text or text == "none":
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        value = exc
+    require(isinstance(value, dict), f"--actor.config_overrides {text!r}: expected a JSON object of config fields, "
+                                     "e.g. '{\"max_position_embeddings\": 32768}'")
+    require(cfg.rollout.engine == "vllm" or cfg.distributed.backend == "local",
+            "--actor.config_overrides: the HF engines of Ray rollout workers load the model's folder with its own "
+            "config; use --distributed.backend local or --rollout.engine vllm, or write the fields into the "
+            "folder's config.json")
+    return value
 
 
 def _validate_scale(cfg: RLConfig) -> None:

@@ -65,6 +65,13 @@ class ActorConfig:
 
     model_name_or_path: str = "smollm2"
     """HF folder, a .gguf file, or `smollm2` (the packaged SmolLM2-135M-Instruct, converted once)."""
+    config_overrides: str | None = None
+    """A JSON object of model-config fields set on the policy's config before its weights load (verl's
+    model.override_config), e.g. '{"max_position_embeddings": 32768, "attention_dropout": 0.0}'; each key
+    must be a field of the config; an object value is merged into a dict field (rope_scaling) or a sub-config.
+    The reference model and a vLLM engine (its hf_overrides) load with them too. Causal LMs only; not with
+    the HF engines of Ray rollout workers (--distributed.backend ray, --rollout.engine hf). none = the
+    folder's config."""
     dtype: str = "float32"
     """Parameter dtype: float32, bfloat16 or float16. bfloat16 and float16 keep float32 master weights and
     gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 / fp16 modes; with --actor.autocast

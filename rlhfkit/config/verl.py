@@ -40,6 +40,7 @@ from rlhfkit.config.verl_convert import (
     loggers,
     max_samples,
     mini_batch,
+    model_overrides,
     named,
     norm_adv,
     overlong,
@@ -374,7 +375,8 @@ VERL_RL_PATTERNS: dict[str, Alias] = {
     "*fused_kernel_options.*": notice(KERNEL, 1),
     "*.optim.override_optimizer_config.*": notice("ignored: Megatron's optimizer offload and precision settings; "
                                                   "rlhfkit keeps float32 optimizer state on the training device", 1),
-    M + "override_config*": refuse("rlhfkit loads the model's own config", harmless=("{}",)),
+    M + "override_config*": conv(model_overrides, "`--actor.config_overrides` (one JSON object of the keys; the "
+                                                  "policy, reference and vLLM engine load with them)"),
     "critic.model.override_config*": refuse("rlhfkit loads the model's own config", harmless=("{}",)),
     R + "model.override_config*": refuse("rlhfkit loads the model's own config", harmless=("{}",)),
     M + "mtp*": notice("ignored: read only with mtp.enable (refused)", 1),

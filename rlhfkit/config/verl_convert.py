@@ -5,6 +5,7 @@ override on the command line (and verl's defaults, config/verl.py's VERL_DEFAULT
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 
@@ -157,6 +158,32 @@ def truncation(vals, given):
         return {"data.truncation": "skip"}
     side = flag_value(given, "data.truncation", "error")
     return {"data.truncation": pick({k: k for k in ("error", "left", "right", "middle")}, side, "truncation")}
+
+
+def _typed(text: str):
+    """A Hydra value as JSON takes it: none -> null, true/false, an int, a float, else the string."""
+    if text in ("none", "true", "false"):
+        return {"none": None, "true": True, "false": False}[text]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def model_overrides(vals, given):
+    """+actor_rollout_ref.model.override_config.KEY=VALUE (KEY.SUB=VALUE nested): one JSON object of them all,
+    --actor.config_overrides."""
+    prefix, out = "actor_rollout_ref.model.override_config.", {}
+    for key, values in given.items():
+        if key.startswith(prefix):
+            *parents, leaf = key[len(prefix):].split(".")
+            node = out
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = _typed(str(values[0]))
+    return {"actor.config_overrides": json.dumps(out, sort_keys=True)} if out else {}
 
 
 def rollout_is(vals, given):

@@ -213,14 +213,33 @@ def _all_weights_loaded(loaded, folder: Path) -> torch.nn.Module:
     return model
 
 
+def apply_config_overrides(config, overrides: dict, where: str = "--actor.config_overrides") -> None:
+    """Set `overrides` on a model `config` (verl's override_config): each key must be a field of the config
+    (ConfigError naming it otherwise); a dict value goes into a sub-config (text_config) field by field and
+    is merged into a dict field (rope_scaling: the keys given replace theirs, the others stay); any other
+    value replaces the field's."""
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise ConfigError(f"{where}: {type(config).__name__} has no field {key!r}; see the model's config.json")
+        current = getattr(config, key)
+        if isinstance(value, dict) and hasattr(current, "to_dict"):
+            apply_config_overrides(current, value, f"{where} {key}")
+        elif isinstance(value, dict) and isinstance(current, dict):
+            setattr(config, key, {**current, **value})
+        else:
+            setattr(config, key, value)
+
+
 def load_causal_lm(
     path: str | os.PathLike,
     dtype: torch.dtype = torch.float32,
     gguf_file: str | None = None,
     load_in_4bit: bool = False,
+    config_overrides: dict | None = None,
 ) -> torch.nn.Module:
     """Load a causal LM from an HF folder or hub name (`resolve_model_path`), or from `gguf_file`
-    inside folder `path`.
+    inside folder `path`; `config_overrides` are set on its config (apply_config_overrides) before the
+    model is built and its weights load.
 
     A GGUF checkpoint is dequantized to `dtype` and its quantizer dropped, so the returned
     model trains and saves like any other. With `load_in_4bit` (QLoRA) the linear layers load as
@@ -234,6 +253,11 @@ def load_causal_lm(
     if load_in_4bit:
         kwargs["quantization_config"] = nf4_config(dtype, gguf_file)
     with load_errors("a causal LM", folder / (gguf_file or "")):
+        if config_overrides:
+            from transformers import AutoConfig
+
+            kwargs["config"] = AutoConfig.from_pretrained(folder, **({"gguf_file": gguf_file} if gguf_file else {}))
+            apply_config_overrides(kwargs["config"], config_overrides)
         model = _all_weights_loaded(AutoModelForCausalLM.from_pretrained(
             folder, dtype=dtype, output_loading_info=True, **kwargs), folder)
     quantizer = getattr(model, "hf_quantizer", None)
@@ -414,17 +438,21 @@ def resolve_model(name_or_path: str) -> tuple[str, str | None]:
     return str(resolve_model_path(name_or_path)), None
 
 
-def load_policy(name_or_path: str, dtype: str, load_in_4bit: bool = False):
-    """(model, tokenizer) of a causal LM (with `load_in_4bit`, its linear layers in 4-bit NF4), or of a
-    vision-language model (models.vision) whose folder's config has a vision_config (with `load_in_4bit`,
-    its language model's linear layers in 4-bit NF4)."""
+def load_policy(name_or_path: str, dtype: str, load_in_4bit: bool = False, config_overrides: dict | None = None):
+    """(model, tokenizer) of a causal LM (with `load_in_4bit`, its linear layers in 4-bit NF4; its config with
+    `config_overrides`), or of a vision-language model (models.vision) whose folder's config has a
+    vision_config (with `load_in_4bit`, its language model's linear layers in 4-bit NF4)."""
     from rlhfkit.models.vision import is_vision_folder, load_vision_model
 
     path, gguf = resolve_model(name_or_path)
     tokenizer = load_tokenizer(path, gguf_file=gguf)
     if gguf is None and is_vision_folder(path):
+        if config_overrides:
+            raise ConfigError(f"--actor.config_overrides: {name_or_path} is a vision-language model; the overrides "
+                              "are read for causal LMs only")
         return load_vision_model(path, dtype=DTYPES[dtype], load_in_4bit=load_in_4bit), tokenizer
-    model = load_causal_lm(path, dtype=DTYPES[dtype], gguf_file=gguf, load_in_4bit=load_in_4bit)
+    model = load_causal_lm(path, dtype=DTYPES[dtype], gguf_file=gguf, load_in_4bit=load_in_4bit,
+                           config_overrides=config_overrides)
     return model, tokenizer
 
 

@@ -123,9 +123,11 @@ def free_gpu_share() -> float | None:
 
 
 def llm_kwargs(model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, enable_sleep: bool,
-               tensor_parallel_size: int, max_model_len: int | None, max_images: int | None = None) -> dict:
+               tensor_parallel_size: int, max_model_len: int | None, max_images: int | None = None,
+               hf_overrides: dict | None = None) -> dict:
     """Keyword arguments of `vllm.LLM` for an RL rollout engine (plain values; no vllm import);
-    `max_images`: the most images one request may hold (a vision-language policy)."""
+    `max_images`: the most images one request may hold (a vision-language policy); `hf_overrides`: fields
+    set on the model's config (--actor.config_overrides, as the trainer's policy loads)."""
     kwargs = dict(
         model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
         gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep,
@@ -136,6 +138,8 @@ def llm_kwargs(model_path: str, dtype: str, seed: int, gpu_memory_utilization: f
         kwargs["max_model_len"] = max_model_len
     if max_images is not None:
         kwargs["limit_mm_per_prompt"] = {"image": max_images}
+    if hf_overrides:
+        kwargs["hf_overrides"] = dict(hf_overrides)
     return kwargs
 
 
@@ -266,7 +270,7 @@ class VLLMEngine:
                  max_model_len: int | None = None, state_fn: Callable[[], Mapping[str, torch.Tensor]] | None = None,
                  auto_sleep: bool = False, version: int = 0, bucket_bytes: int = DEFAULT_BUCKET_BYTES, llm=None,
                  image_prompt: ImagePrompt | None = None, banned_ids: Sequence[int] = (),
-                 max_images: int | None = None):
+                 max_images: int | None = None, hf_overrides: dict | None = None):
         if auto_sleep and not enable_sleep:
             raise ConfigError("auto_sleep needs enable_sleep (--vllm.enable_sleep true)")
         if bucket_bytes <= 0:
@@ -279,7 +283,7 @@ class VLLMEngine:
             import vllm  # optional extra
 
             llm = vllm.LLM(**llm_kwargs(model_path, dtype, seed, gpu_memory_utilization, enable_sleep,
-                                        tensor_parallel_size, max_model_len, max_images))
+                                        tensor_parallel_size, max_model_len, max_images, hf_overrides))
         self.llm, self.eos_ids = llm, tuple(sorted({int(i) for i in eos_ids}))
         self.image_prompt, self.banned_ids = image_prompt, tuple(int(i) for i in banned_ids)
         self.enable_sleep, self.auto_sleep, self.bucket_bytes = enable_sleep, auto_sleep, bucket_bytes

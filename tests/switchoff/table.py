@@ -337,6 +337,10 @@ def never_cut(original):
     return lambda *args, **kwargs: None
 
 
+def folder_config(original):
+    return lambda config, overrides, where="": None
+
+
 def ratio_only(original):
     return lambda steps, ratio, total_opt: int(ratio * total_opt)
 
@@ -706,5 +710,10 @@ SWITCH_OFFS = (
               "rlhfkit.config.plan:warmup_steps", ratio_only,
               ("tests/unit/config/test_plan.py::test_warmup_in_optimizer_steps_wins_over_the_ratio",),
               "the ratio only"),
+    SwitchOff("model config overrides (--actor.config_overrides)",
+              "rlhfkit.models.loading:apply_config_overrides", folder_config,
+              ("tests/unit/models/test_config_overrides.py::test_the_weights_load_into_the_overridden_config",
+               "tests/unit/models/test_config_overrides.py::test_train_rl_builds_the_policy_and_reference_with_them"),
+              "the folder's config"),
 )
 BY_NAME = {s.name: s for s in SWITCH_OFFS}

@@ -194,6 +194,20 @@ def test_truncation_follows_verls_filter_then_truncate():
         parse("data.truncation=sides")
 
 
+def test_model_override_config_is_one_json_object():
+    import json
+
+    m = "+actor_rollout_ref.model.override_config."
+    cfg = parse(m + "max_position_embeddings=32768", m + "attention_dropout=0.0", m + "rope_scaling.rope_type=linear",
+                m + "rope_scaling.factor=4", m + "tie_word_embeddings=False", m + "pad_token_id=null")
+    assert json.loads(cfg.actor.config_overrides) == {
+        "max_position_embeddings": 32768, "attention_dropout": 0.0, "tie_word_embeddings": False,
+        "pad_token_id": None, "rope_scaling": {"rope_type": "linear", "factor": 4}}
+    assert parse("+actor_rollout_ref.model.override_config={}").actor.config_overrides is None
+    with pytest.raises(ConfigError, match="critic.model.override_config.attention_dropout"):
+        parse("+critic.model.override_config.attention_dropout=0.0")
+
+
 def test_rlhfkit_flags_win_with_a_warning(caplog):
     with caplog.at_level("WARNING", logger="rlhfkit"):
         cfg = parse("--rollout.engine", "hf", RO + "name=vllm", "data.train_batch_size=8", "--train.batch_size", "4",
