@@ -52,9 +52,11 @@ Generate = Callable[[list[int], SamplingParams, int, object, Any], Awaitable[lis
 
 
 def _function_tool(tool: Any) -> bool:
-    """Whether `tool` is of OpenAI's function tool form: {type: function, function: {name, ...}}."""
+    """Whether `tool` is of OpenAI's function tool form: {type: function, function: {name, parameters, ...}}
+    (parameters, when given, a JSON schema object: the chat template reads its fields)."""
     function = tool.get("function") if isinstance(tool, dict) else None
-    return isinstance(function, dict) and isinstance(function.get("name"), str)
+    return (isinstance(function, dict) and isinstance(function.get("name"), str)
+            and isinstance(function.get("parameters") or {}, dict))
 
 
 @dataclass
