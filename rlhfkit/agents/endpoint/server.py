@@ -247,7 +247,7 @@ class _Handlers:
             admitted = e
             body = _json_object(await read_limited(request, e.limits.max_request_bytes))
             if api == "responses":
-                reply = responses.response_body(await completions.chat(e, responses.chat_request(body)), body)
+                reply = await responses.serve(completions, e, body)
             else:
                 reply = await (completions.chat(e, body) if chat else completions.text(e, body))
         except Refused as exc:
