@@ -38,11 +38,12 @@ _OWN_NAMES = {"messages": "input", "max_tokens": "max_output_tokens"}
 _CHAT_NAME = re.compile(r"^(messages|max_tokens)\b")
 
 
-async def serve(completions, e: Episode, body: dict) -> dict:
+async def serve(completions, e: Episode, body: dict, gone=None) -> dict:
     """The `response` object for Responses request `body` of episode `e`, served by `completions.chat`
-    (handlers.Completions: its checks, the episode's trajectory); its refusals name the request's fields."""
+    (handlers.Completions: its checks, the episode's trajectory; `gone` as there); its refusals name the
+    request's fields."""
     try:
-        return response_body(await completions.chat(e, chat_request(body)), body)
+        return response_body(await completions.chat(e, chat_request(body), gone), body)
     except BadRequest as exc:
         raise BadRequest(_own_names(str(exc))) from exc
     except Refused as exc:

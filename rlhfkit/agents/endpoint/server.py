@@ -246,10 +246,11 @@ class _Handlers:
                                                                                  request.headers.get("authorization"))
             admitted = e
             body = _json_object(await read_limited(request, e.limits.max_request_bytes))
+            gone = request.is_disconnected
             if api == "responses":
-                reply = await responses.serve(completions, e, body)
+                reply = await responses.serve(completions, e, body, gone)
             else:
-                reply = await (completions.chat(e, body) if chat else completions.text(e, body))
+                reply = await (completions.chat(e, body, gone) if chat else completions.text(e, body, gone))
         except Refused as exc:
             return _error(exc.status, exc.message)
         except BadRequest as exc:

@@ -7,6 +7,7 @@ and a stream sends OpenAI's events with the whole response in the last one."""
 import asyncio
 import copy
 import json
+import time
 
 import httpx
 import pytest
@@ -170,3 +171,38 @@ def test_hostile_responses_requests_are_400s_naming_their_field_and_the_episode_
     assert unicode.status_code == 200 and unicode.json()["output"][0]["type"] == "function_call"
     assert ended.status_code == 410
     assert "endpoint/server_error" not in m and len(e.calls) == 1
+
+
+def test_a_request_cancelled_while_sampling_keeps_nothing_so_its_retry_is_no_split():
+    """An agent gives up on a streamed request while it samples (a client timeout), then sends it again and
+    goes on: the cancelled call's sample, which the agent never saw, is not recorded (it would train as a
+    segment of its own), so the episode is ONE trajectory of the calls the agent did see."""
+    tok = char_tokenizer()
+
+    def slow(context: str) -> str:
+        time.sleep(0.3)
+        return calls_then_answers(context)
+
+    async def agent(client, prompt, label, **row):
+        async def streamed():
+            async with httpx.AsyncClient(timeout=30) as http, http.stream(
+                    "POST", f"{client.base_url}responses", json={**FIRST, "stream": True},
+                    headers={"Authorization": f"Bearer {client.api_key}"}) as r:
+                async for _ in r.aiter_text():
+                    pass
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(streamed(), 0.05)
+        await asyncio.sleep(0.5)  # the cancelled call finishes sampling meanwhile
+        [call] = (await post(client, FIRST)).json()["output"]
+        second = copy.deepcopy(SECOND)
+        second["input"][1].update(call_id=call["call_id"], id=call["id"])
+        second["input"][2]["call_id"] = call["call_id"]
+        return float((await post(client, second)).status_code == 200)
+
+    ex = EndpointExecutor(agent)
+    [traj] = ex.run(ScriptedEngine(tok, slow), tok, [_Prompt("6*7?")], SamplingParams(max_new_tokens=100),
+                    TokenBudget(100, 400, 3), seeds=[0])
+    m = ex.pop_metrics()
+    assert m["endpoint/splits"] == 0 and m["endpoint/discarded_client_gone"] == 1 and traj.info["agent_reward"] == 1.0
+    sampled = tok.decode(traj.response_ids[traj.loss_mask].tolist(), skip_special_tokens=False)
+    assert sampled == CALL + "The product is 42.<|im_end|>"
