@@ -157,12 +157,17 @@ class EnvErrors:
         self.source = source
         self.count = 0  # since the last pop_metrics
         self.batch: list[RewardError] = []  # this batch's errors
+        self.ended: set[int] = set()  # id() of this batch's episodes ended so
 
     def start(self) -> None:
-        self.batch = []
+        self.batch, self.ended = [], set()
 
     def end(self, episode: Any, exc: RewardError) -> None:
-        """End `episode` (reward 0, truncated) for `exc`, a RewardError naming the environment."""
+        """End `episode` (reward 0, truncated) for `exc`, a RewardError naming the environment; an episode
+        ended already (its close() failing after its step() did) is not counted again."""
+        if id(episode) in self.ended:
+            return
+        self.ended.add(id(episode))
         episode.reward, episode.truncated = 0.0, True
         if hasattr(episode, "score"):
             episode.score = 0.0

@@ -202,7 +202,7 @@ class RLTrainer:
         run_dir = run_folder.prepare_run_dir(cfg, rank)
         processor = V.processor_of(vision_folder) if vision_folder else None
         if vision_folder is not None:
-            V.check_executor(cfg, executor)
+            V.check_executor(cfg, executor, vision_folder)
             V.check_engine(cfg, vision_folder, processor)
         reward_fn = _reward_of(cfg, executor, reward_fn, reward_weights, device)
         policy, tokenizer, ref, critic = builder.build_models(cfg, device)

@@ -98,14 +98,15 @@ def check_data(cfg: RLConfig, dataset, vision: bool, eval: bool = False, shuffle
     refuse_images_for_text_model(dataset, model=cfg.actor.model_name_or_path, **options)
 
 
-def check_executor(cfg: RLConfig, executor) -> None:
+def check_executor(cfg: RLConfig, executor, folder: str | None = None) -> None:
     """ConfigError (before models load) for an executor that does not run with images: only single-turn
     generation and the executors that take the processor (`processor`) do: `AgentInstance` episodes
     rlhfkit drives (MultiTurnExecutor), tool-calling and text-environment episodes (ToolExecutor), agent
     functions on the endpoint (EndpointExecutor) and OpenRLHF 2026's `AgentExecutor` with its own
     `execute(..., images=None)` (ExecuteRunner with an instance); not the mid-2025 contract's
     `execute(prompt, label, sampling_params)`, which takes no images. PaliGemma and Llama 3.2 Vision run
-    single-turn generation only (SINGLE_TURN_FAMILIES)."""
+    single-turn generation only (SINGLE_TURN_FAMILIES), read from `folder` (the policy's, `policy_folder`: a hub
+    model's is its download; default: --actor.model_name_or_path)."""
     if isinstance(executor, ExecuteRunner) and executor.instance is None:
         raise ConfigError(f"a vision-language policy ({cfg.actor.model_name_or_path}) does not run with an "
                           "AgentExecutor of OpenRLHF's mid-2025 contract (built with five arguments; its "
@@ -114,7 +115,7 @@ def check_executor(cfg: RLConfig, executor) -> None:
                           "max_length, hf_tokenizer, llm_engine, images=None) returns the result; see docs/vision.md")
     if isinstance(executor, SingleTurnExecutor):
         return
-    family = SINGLE_TURN_FAMILIES.get(_model_type(cfg.actor.model_name_or_path))
+    family = SINGLE_TURN_FAMILIES.get(_model_type(folder or cfg.actor.model_name_or_path))
     if family:
         raise ConfigError(f"a {family} policy ({cfg.actor.model_name_or_path}) does not run agent episodes yet: its "
                           "inputs are laid out for one prompt and one response (PaliGemma's prefix and suffix, Llama "

@@ -66,7 +66,7 @@ def run(argv: list[str]) -> int:
     executor = build_executor(cfg)  # an agent file or tools: episodes (a bad file fails before the model)
     vision = V.policy_folder(cfg)  # a vision-language policy: its prompts' images are checked before it loads
     if vision is not None:
-        V.check_executor(cfg, executor)
+        V.check_executor(cfg, executor, vision)
     if hasattr(executor, "fallback_reward_fn"):  # an agent function through the endpoint
         return run_agent_eval(cfg, executor, vision)
     if not (e.verifier or has_reward(cfg) or executor.provides_rewards):

@@ -158,7 +158,8 @@ _rule(A + "shuffle " + A + "data_loader_seed critic.shuffle critic.data_loader_s
 _rule(A + "rollout_n actor_rollout_ref.ref.rollout_n critic.rollout_n",
       notice("ignored: verl fills it from actor_rollout_ref.rollout.n", 1))
 # the actor: the loss
-_rule(A + "clip_ratio", conv(clip_range, "`--actor.eps_clip_low_high X X`, unless clip_ratio_low/high are given"))
+_rule(A + "clip_ratio", conv(clip_range, "`--actor.eps_clip_low_high X X` where clip_ratio_low/high are null (verl "
+                                          "reads it only then: their defaults are 0.2)"))
 _rule(A + "clip_ratio_low", conv(clip_range, "the low half of `--actor.eps_clip_low_high`"))
 _rule(A + "clip_ratio_high", conv(clip_range, "the high half of `--actor.eps_clip_low_high`"))
 _rule(A + "clip_ratio_c", to("actor.dual_clip", note="dual-clip PPO; verl's default 3.0 is kept"))
@@ -399,7 +400,8 @@ VERL_DEFAULTS = (
     A + "ppo_mini_batch_size=256", RO + "n=1", "data.max_prompt_length=512", "data.max_response_length=512",
     "data.prompt_key=prompt", A + "optim.lr_scheduler_type=constant", A + "optim.min_lr_ratio=0.0",
     A + "optim.weight_decay=0.01", A + "optim.betas=[0.9,0.999]", "critic.optim.lr=1e-5",
-    "critic.optim.weight_decay=0.01", "critic.optim.betas=[0.9,0.999]", A + "clip_ratio_c=3.0",
+    "critic.optim.weight_decay=0.01", "critic.optim.betas=[0.9,0.999]", A + "clip_ratio_low=0.2",
+    A + "clip_ratio_high=0.2", A + "clip_ratio_c=3.0",
     "trainer.total_epochs=30", "trainer.resume_mode=auto",
 )
 # What verl's data layout needs in rlhfkit (no verl key sets these): chat prompts, the nested answer as label.

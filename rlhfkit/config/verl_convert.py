@@ -124,6 +124,8 @@ def kl_settings(vals, given):
 
 
 def clip_range(vals, given):
+    """verl's clip range: clip_ratio_low / clip_ratio_high (0.2 each by default, in `given` from VERL_DEFAULTS),
+    clip_ratio only where one of them is null, as verl's policy losses read them."""
     both = flag_value(given, A + "clip_ratio", "0.2")
     return {"actor.eps_clip_low_high": f"{flag_value(given, A + 'clip_ratio_low', both)} "
                                        f"{flag_value(given, A + 'clip_ratio_high', both)}"}

@@ -18,11 +18,16 @@ reasoning-gym's own examples (`reasoning_gym.utils.SYSTEM_PROMPTS["default"]`: t
 in `<answer>` tags; option `system_prompt=NAME` picks another of that table, `system_prompt=none`
 leaves it out). Train on `prompt` with `--data.input_key prompt --data.apply_chat_template`, or on the
 bare `question`.
+
+A spec's entries are generated once per process (the run's check of its prompts and their load read the
+same entries; some tasks take seconds per hundred); each read gets its own copies.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import json
 from typing import Any
 
@@ -64,12 +69,19 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
 
 
 def reasoning_gym_records(spec: str) -> list[dict[str, Any]]:
-    """The records of a `reasoning_gym:TASK[:KEY=VALUE]...` spec (see the module docstring).
+    """The records of a `reasoning_gym:TASK[:KEY=VALUE]...` spec (see the module docstring), copies of
+    the ones generated the first time.
 
     Raises:
       ConfigError: reasoning-gym is not installed, the task is unknown (similar names are listed), an
         option is not one of the task's, or its config refuses a value.
     """
+    return copy.deepcopy(_generate(spec))
+
+
+@functools.lru_cache(maxsize=8)
+def _generate(spec: str) -> list[dict[str, Any]]:
+    """The records of `spec`, generated (`reasoning_gym_records`; not to be changed: they are cached)."""
     task, options = parse_spec(spec)
     try:
         import reasoning_gym

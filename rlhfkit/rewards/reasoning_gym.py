@@ -5,14 +5,22 @@ Each sample's prompt record is a reasoning-gym entry (`question`, `answer`, `met
 its reward is the task's own `score_answer(answer, entry)`, the task found by
 `reasoning_gym.get_score_answer_fn(metadata["source_dataset"])`, as reasoning-gym's training examples
 score. The answer is read from `<answer>...</answer>` as reasoning-gym's `extract_answer` reads it
-(the tag's content, stripped), with two departures that close shortcuts an RL policy finds:
+(the tag's content, stripped), with departures that close shortcuts an RL policy finds:
 
   * the response must hold exactly one `<answer>` tag: several (a dump of candidate answers, of
     which `extract_answer` would take the last) and an empty one score 0, as does no tag;
-  * a task's credit for an answer that merely contains the right one (reasoning-gym's default
-    `score_answer` gives `len(oracle) / len(answer)` to any answer holding the oracle, so "10 11 12
-    13" earns 2/11 when 12 is right) is taken away: such an answer scores 0. Other partial credit a
-    task gives (e.g. a sudoku's share of right cells) is kept.
+  * an answer that holds the right one among other text scores 0, whatever the task gives it
+    (compared without case and with runs of whitespace as one space): reasoning-gym's default
+    `score_answer` gives `len(oracle) / len(answer)` to any answer holding the oracle ("10 11 12 13"
+    earns 2/11 when 12 is right), and several tasks search the answer for the oracle and give full
+    credit (knights_knaves to "The answer is " + oracle, spell_backward more than 1 to the word
+    followed by anything). The instructions ask for the final answer only, so "12.0" or "12 legs"
+    for 12 scores 0 too. Other partial credit a task gives (e.g. a sudoku's share of right cells) is
+    kept;
+  * a task whose `score_answer` gives full credit to a junk answer (`JUNK`) cannot tell right from
+    wrong (reasoning-gym 0.1.23's game_of_life_halting credits any non-empty answer): RewardError
+    naming it, rather than a reward of 1 for everything;
+  * an answer the task's parsing raises on scores 0 (rather than failing the batch).
 
 `extra_logs["answer_tag"]` is 1 where the response held one non-empty answer.
 """
@@ -29,6 +37,8 @@ from rlhfkit.errors import RewardError
 from rlhfkit.rewards.base import RewardOutput
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+JUNK = "@@ not an answer @@"
+"""What each task's scorer is tried on once: no task's right answer, so full credit for it is a broken scorer."""
 
 
 def single_answer(response: str) -> str | None:
@@ -59,24 +69,59 @@ def score_response(response: str, entry: Mapping[str, Any], score_answer: Callab
     answer = single_answer(response)
     if answer is None:
         return 0.0
-    score = float(score_answer(answer, dict(entry)))
-    return 0.0 if score < 1.0 and holds_oracle(answer, entry["answer"]) else score
+    return 0.0 if holds_oracle(answer, entry["answer"]) else task_score(score_answer, answer, entry)
+
+
+def task_score(score_answer: Callable[..., Any], answer: str, entry: Mapping[str, Any]) -> float:
+    """The task's score of `answer`; 0 where its parsing raises on the answer (reasoning-gym 0.1.23's
+    prime_factorization reads each factor with int())."""
+    try:
+        return float(score_answer(answer, dict(entry)))
+    except Exception:  # noqa: BLE001 - an answer the task cannot read is a wrong one, not a failed batch
+        return 0.0
+
+
+def task_scorer(task: str, entry: Mapping[str, Any], i: int) -> Callable[..., Any]:
+    """reasoning-gym's `score_answer` of `task`, tried on `JUNK` against `entry` (sample i's); RewardError
+    when the task is unknown or gives the junk full credit (see the module docstring)."""
+    from reasoning_gym import get_score_answer_fn
+
+    try:
+        scorer = get_score_answer_fn(task)
+    except ValueError as exc:
+        raise RewardError(f"builtin:reasoning_gym: sample {i}'s task {task!r} is not one of this "
+                          "reasoning-gym's; install the version that made the data") from exc
+    if task_score(scorer, JUNK, entry) >= 1.0:
+        raise RewardError(f"builtin:reasoning_gym: reasoning-gym's {task} gives full credit to the junk answer "
+                          f"{JUNK!r}, so its rewards cannot tell right from wrong; leave the task out of the data")
+    return scorer
 
 
 def holds_oracle(answer: str, oracle: Any) -> bool:
-    """True when `answer` holds the right answer `oracle` among other text: a dump of candidates, whose
-    credit is taken away (see the module docstring).
+    """True when `answer` holds the right answer `oracle` among other text (case and runs of whitespace
+    aside): a dump of candidates or more than the answer, whose credit is taken away (see the module
+    docstring).
 
     >>> holds_oracle("28 29 30", "30"), holds_oracle("30", "30"), holds_oracle("3", "30")
     (True, False, False)
+    >>> holds_oracle("NO  Yes", "yes"), holds_oracle("Yes", "yes")
+    (True, False)
     """
-    return isinstance(oracle, str) and bool(oracle) and oracle in answer and answer != oracle
+    if not isinstance(oracle, str) or not oracle.strip():
+        return False
+    answer, oracle = _plain(answer), _plain(oracle)
+    return oracle in answer and answer != oracle
+
+
+def _plain(text: str) -> str:
+    """`text` without case, its runs of whitespace one space (what a task's lenient parsing may ignore)."""
+    return " ".join(text.split()).casefold()
 
 
 def reasoning_gym_reward(responses: Sequence[str], records: Sequence[Any]) -> RewardOutput:
     """Rewards [B] of B responses to the reasoning-gym entries `records` (see the module docstring)."""
     try:
-        from reasoning_gym import get_score_answer_fn
+        import reasoning_gym  # noqa: F401
     except ImportError as exc:
         raise RewardError("builtin:reasoning_gym needs reasoning-gym: pip install 'rlhfkit[reasoning-gym]'") from exc
     scorers: dict[str, Callable[..., Any]] = {}
@@ -85,11 +130,7 @@ def reasoning_gym_reward(responses: Sequence[str], records: Sequence[Any]) -> Re
         entry = entry_of(record, i)
         task = str(entry["metadata"]["source_dataset"])
         if task not in scorers:
-            try:
-                scorers[task] = get_score_answer_fn(task)
-            except ValueError as exc:
-                raise RewardError(f"builtin:reasoning_gym: sample {i}'s task {task!r} is not one of this "
-                                  "reasoning-gym's; install the version that made the data") from exc
+            scorers[task] = task_scorer(task, entry, i)
         rewards.append(score_response(response, entry, scorers[task]))
         tagged.append(float(single_answer(response) is not None))
     r = torch.tensor(rewards, dtype=torch.float32)

@@ -51,6 +51,7 @@ class DecodeState:
     kv_version: int = 0  # the weights that computed the cache (rows are kept only under them)
     first: int = 0  # the generation's index of the chunk's first prompt (row r is prompt first + r // n)
     inputs: object = None  # an engine's inputs of the chunk beyond its ids (a VisionEngine's image tensors)
+    step_inputs: dict | None = None  # and of each cached decode step, [1, 1, ...] each (per-token image inputs)
     prompt_experts: list | None = None  # with record_experts: per prompt its tokens' experts [P, layers, k]
     experts: torch.Tensor | None = None  # and per row each response token's [B, max_new, layers, k]
     seen: torch.Tensor | None = None  # with a repetition penalty: per row the tokens of its prompt and response [B, V]

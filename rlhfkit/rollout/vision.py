@@ -87,6 +87,8 @@ class VisionEngine(HFEngine):
         state = self._prefill([gen.prompts[start]], gen.params, gen.generator, gens, extra=extra)
         state.next_pos = state.next_pos + delta
         state.inputs, state.first = vision, start
+        state.step_inputs = {k: to_device(v[:, -1:], self.device) for k, v in vision.tensors.items()
+                             if k in PER_TOKEN_KEYS} or None
         return state
 
     def _image_inputs(self, ids: torch.Tensor, vision: VisionInputs,
@@ -118,13 +120,11 @@ class VisionEngine(HFEngine):
 
     def _decode_extra(self, s: DecodeState) -> dict | None:
         """A cached decode step's per-token image inputs (Llama 3.2 Vision's cross-attention mask): the prompt's
-        last token's, for each row's new token."""
-        vision = s.inputs
-        if not isinstance(vision, VisionInputs):
+        last token's (`s.step_inputs`, on the device since the prefill), for each row's new token."""
+        if s.step_inputs is None:
             return None
         rows = s.attention_mask.shape[0]
-        return {k: to_device(v[:, -1:].expand(rows, 1, *v.shape[2:]).contiguous(), self.device)
-                for k, v in vision.tensors.items() if k in PER_TOKEN_KEYS} or None
+        return {k: v.expand(rows, *v.shape[1:]).contiguous() for k, v in s.step_inputs.items()}
 
     def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
         out = super()._trajectories(gen)

@@ -260,7 +260,10 @@ class ToolExecutor:
         for e in episodes:
             e.truncated = e.truncated or not e.done
             if e.text_env is not None:  # its resources (a connection, a SkyRL environment's close) go
-                await e.text_env.close()
+                try:
+                    await e.text_env.close()
+                except RewardError as exc:  # as a step() that raises: this episode ends with reward 0
+                    self.env_errors.end(e, exc)
             if e.env is not None and self.provides_rewards:
                 e.reward = await environment_reward(e.env)
         self.env_errors.check(len(episodes))

@@ -121,3 +121,16 @@ def test_bad_specs_and_a_malformed_step_are_one_line_errors(chat_tok, scripted, 
     monkeypatch.setitem(sys.modules, "skyrl_gym", None)  # as if not installed
     with pytest.raises(ConfigError, match=r"skyrl_gym is not installed: pip install 'rlhfkit\[skyrl\]'"):
         load_text_env("skyrl:gsm8k")
+
+
+def test_a_close_that_raises_ends_its_episode_as_a_step_that_raises_does(chat_tok, scripted, tmp_path):
+    (tmp_path / "envs.py").write_text(ENV.replace("        self.turns += 1\n", "        self.turns += 1\n"
+                                                  "        assert self.target != 9, 'nine breaks me'\n")
+                                      .replace("        CLOSED.append(self.target)\n",
+                                               "        assert self.target != 9, 'still broken'\n"))
+    factory = load_text_env(f"{tmp_path / 'envs.py'}:Countdown")
+    ex, (fine, broken) = run(factory, chat_tok, scripted, [P("Count.", {"target": 1}), P("Count.", {"target": 9})])
+    assert fine.info["agent_reward"] == 1.0 and broken.info["agent_reward"] == 0.0
+    assert ex.env_errors.count == 1  # step() and then close() raised: one episode ended, counted once
+    with pytest.raises(RewardError, match=r"failed in all 1 episodes .* step\(\) raised AssertionError: nine"):
+        run(factory, chat_tok, scripted, [P("Count.", {"target": 9})])  # a batch of broken ones only

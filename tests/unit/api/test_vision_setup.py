@@ -93,6 +93,9 @@ def test_single_turn_families_refuse_agent_episodes_in_one_line(tmp_path, family
     with pytest.raises(ConfigError, match=f"a {name} policy .* does not run agent episodes yet") as err:
         check_executor(cfg, ToolExecutor([add]))
     assert "\n" not in str(err.value)
+    hub = config("--actor.model_name_or_path", f"google/{family}-hub-name")  # its download: the resolved folder
+    with pytest.raises(ConfigError, match=f"a {name} policy .* does not run agent episodes yet"):
+        check_executor(hub, ToolExecutor([add]), str(folder))
     check_executor(config("--actor.model_name_or_path", str(save_tiny_vision(tmp_path / "q", "qwen2_vl"))),
                    ToolExecutor([add]))
 

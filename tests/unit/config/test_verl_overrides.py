@@ -127,7 +127,11 @@ def test_kl_in_the_reward_and_adaptive_control():
 
 
 def test_clip_ratios_losses_and_optimizer():
-    assert parse(A + "clip_ratio=0.3").actor.eps_clip_low_high == (0.3, 0.3)
+    # verl's losses read clip_ratio only where clip_ratio_low / clip_ratio_high are null (their defaults: 0.2)
+    assert parse(A + "clip_ratio=0.3").actor.eps_clip_low_high == (0.2, 0.2)
+    assert parse(A + "clip_ratio=0.3", A + "clip_ratio_low=null",
+                 A + "clip_ratio_high=null").actor.eps_clip_low_high == (0.3, 0.3)
+    assert parse(A + "clip_ratio=0.3", A + "clip_ratio_high=null").actor.eps_clip_low_high == (0.2, 0.3)
     cfg = parse(A + "clip_ratio_high=0.28", A + "clip_ratio_low=0.2", A + "clip_ratio_c=10",
                 A + "loss_agg_mode=seq-mean-token-sum-norm", A + "policy_loss.loss_mode=geo_mean",
                 A + "optim.lr_scheduler_type=cosine", A + "optim.min_lr_ratio=0.1", A + "optim.lr_warmup_steps=-1",

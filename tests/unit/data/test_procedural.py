@@ -5,7 +5,9 @@ import sys
 
 import pytest
 
+from rlhfkit.data import procedural
 from rlhfkit.data.procedural import parse_spec, reasoning_gym_records
+from rlhfkit.data.prompts import check_prompts, load_prompts
 from rlhfkit.data.records import as_source, read_records
 from rlhfkit.errors import ConfigError
 
@@ -58,5 +60,27 @@ def test_bad_specs_are_one_line_config_errors(spec, message):
 
 def test_without_reasoning_gym_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # as if not installed
+    procedural._generate.cache_clear()  # a process without it has generated nothing
     with pytest.raises(ConfigError, match=r"reasoning-gym is not installed: pip install 'rlhfkit\[reasoning-gym\]'"):
         read_records("reasoning_gym:leg_counting")
+
+
+def test_the_check_and_the_load_generate_the_entries_once_and_each_read_gets_its_own(monkeypatch):
+    import reasoning_gym
+
+    original, made = reasoning_gym.create_dataset, []
+
+    def counting(task, **options):
+        made.append(task)
+        return original(task, **options)
+
+    monkeypatch.setattr(reasoning_gym, "create_dataset", counting)
+    spec = "reasoning_gym:leg_counting:size=3:seed=11"
+    assert check_prompts(spec, input_key="question", label_key="answer") == 3  # the run's check
+    examples = load_prompts(spec, input_key="question", label_key="answer")  # and its load
+    assert made == ["leg_counting"]
+    records = reasoning_gym_records(spec)
+    assert [e.label for e in examples] == [r["answer"] for r in records]
+    records[0]["metadata"]["source_dataset"] = "changed"  # a reader changing its records
+    assert reasoning_gym_records(spec)[0]["metadata"]["source_dataset"] == "leg_counting"
+    assert made == ["leg_counting"]

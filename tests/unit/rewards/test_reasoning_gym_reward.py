@@ -5,7 +5,7 @@ import pytest
 
 from rlhfkit.data.procedural import reasoning_gym_records
 from rlhfkit.errors import RewardError
-from rlhfkit.rewards.reasoning_gym import score_response, single_answer
+from rlhfkit.rewards.reasoning_gym import JUNK, score_response, single_answer
 from rlhfkit.rewards.resolve import resolve_reward
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (rlhfkit[reasoning-gym])")
@@ -52,3 +52,61 @@ def test_entries_of_several_tasks_in_one_batch_and_a_row_that_is_not_an_entry():
     assert fn(responses, ["", ""], [None, None], responses=responses, records=[legs, arith]).rewards.tolist() == [1, 1]
     with pytest.raises(RewardError, match=r"sample 0's prompt record is not a reasoning-gym entry .*:TASK"):
         fn(["<answer>1</answer>"], [""], [None], responses=["<answer>1</answer>"], records=[{"q": "1+0"}])
+
+
+def test_an_answer_holding_the_right_one_scores_0_even_where_the_task_gives_full_credit():
+    entry = {"answer": "noremopyh", "metadata": {}}
+
+    def search_scoring(answer, entry):  # as knights_knaves: the oracle found anywhere, case aside
+        return 1.0 if entry["answer"].lower() in answer.lower() else 0.0
+
+    assert search_scoring("The answer is NOREMOPYH", entry) == 1.0
+    assert score_response("<answer>The answer is NOREMOPYH</answer>", entry, search_scoring) == 0.0
+    assert score_response("<answer>noremopyh noremopyh</answer>", entry, search_scoring) == 0.0
+    assert score_response("<answer>NOREMOPYH</answer>", entry, search_scoring) == 1.0  # the task's casing rule
+    grid = {"answer": "1 0\n0 1", "metadata": {}}
+    assert score_response("<answer>guess: 1 0 0 1</answer>", grid, search_scoring) == 0.0  # whitespace aside
+    assert score_response("<answer>1  0\n0 1</answer>", grid, lambda a, e: 1.0) == 1.0
+
+
+@pytest.mark.parametrize("task, answers", [
+    ("spell_backward", ["{o} x", "{O} 0 1"]),  # its prefix scoring gives these 1.0000000000000002 (> the word)
+    ("knights_knaves", ["The answer is {o}", "0 {O}"]),
+    ("quantum_lock", ["{o} or something else"]),
+    ("gsm_symbolic", ["{o} dollars", "{o}\n0 1 2"]),
+])
+def test_real_tasks_that_credit_an_answer_holding_the_right_one(task, answers):
+    import reasoning_gym
+
+    dataset = reasoning_gym.create_dataset(task, size=1, seed=0)
+    entry = dataset[0]
+    for answer in answers:
+        text = answer.format(o=entry["answer"], O=entry["answer"].upper())
+        assert dataset.score_answer(text, entry) >= 1.0  # what the task alone gives
+        assert score_response(f"<answer>{text}</answer>", entry, dataset.score_answer) == 0.0
+    assert score_response(f"<answer>{entry['answer']}</answer>", entry, dataset.score_answer) == 1.0
+
+
+def test_an_answer_the_task_cannot_parse_scores_0_and_the_batch_goes_on():
+    import reasoning_gym
+
+    dataset = reasoning_gym.create_dataset("prime_factorization", size=1, seed=0)
+    entry = dataset[0]
+    with pytest.raises(ValueError):  # its parsing reads each factor with int()
+        dataset.score_answer("two times three", entry)
+    fn = resolve_reward("builtin:reasoning_gym")
+    responses = ["<answer>two times three</answer>", f"<answer>{entry['answer']}</answer>"]
+    assert fn(responses, ["", ""], [None, None], responses=responses, records=[entry, entry]).rewards.tolist() == [0, 1]
+
+
+def test_a_task_that_credits_a_junk_answer_is_refused():
+    import reasoning_gym
+
+    dataset = reasoning_gym.create_dataset("game_of_life_halting", size=1, seed=0)
+    entry = dataset[0]
+    if dataset.score_answer(JUNK, entry) < 1.0:
+        pytest.skip("this reasoning-gym's game_of_life_halting scores a junk answer 0")
+    assert dataset.score_answer("not even a guess", entry) == 1.0  # bool(answer) == bool(oracle)
+    fn = resolve_reward("builtin:reasoning_gym")
+    with pytest.raises(RewardError, match=r"game_of_life_halting gives full credit to the junk .* leave the task"):
+        fn(["<answer>x</answer>"], [""], [None], responses=["<answer>x</answer>"], records=[entry])

@@ -102,6 +102,27 @@ def test_rollout_logprobs_equal_the_trainers_forward(vlm):
     rollout_logprobs_equal_the_trainers(*vlm)
 
 
+def test_decode_steps_take_image_inputs_only_where_the_family_has_per_token_ones(vlm):
+    """A cached decode step's image inputs are made once at the prefill: none for a family without per-token
+    image inputs, Llama 3.2 Vision's cross-attention mask row (the prompt's last token's, one per row) else."""
+    model, processor = vlm
+    engine = VisionEngine(model, processor.tokenizer)
+    hook, seen = engine._decode_extra, []
+    engine._decode_extra = lambda s: seen.append(hook(s)) or seen[-1]
+    batch = prompts(processor)
+    engine.generate([p for p, _ in batch], SamplingParams(max_new_tokens=3, temperature=0.9, n=2),
+                    seeds=[1, 2, 3], vision=[v for _, v in batch])
+    assert len(seen) == (3 * 2 if engine._cached else 0)  # steps 2 and 3 of each of the three prompts
+    for extra in seen:
+        if model.config.model_type != "mllama":
+            assert extra is None
+            continue
+        rows = extra["cross_attention_mask"].shape[0]  # 2, or 1 once a finished row left the batch
+        assert set(extra) == {"cross_attention_mask"} and rows in (1, 2)
+        masks = [v.tensors["cross_attention_mask"] for _, v in batch]  # one of the prompts' last rows
+        assert any(torch.equal(extra["cross_attention_mask"], m[:, -1:].expand(rows, 1, *m.shape[2:])) for m in masks)
+
+
 def test_paligemma_decoded_without_a_cache_types_its_response_as_the_suffix():
     """Each uncached step types the sampled tokens 1 (causal), as the trainer's forward types the response:
     typed 0 with the prompt, the prompt's tokens would attend to them and the logprobs differ."""
