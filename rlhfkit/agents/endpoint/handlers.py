@@ -49,12 +49,15 @@ from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.stops import stop_position
 
 Generate = Callable[[list[int], SamplingParams, int, object, Any], Awaitable[list[Trajectory]]]
+Gone = Callable[[], Awaitable[bool]]  # whether the client went away (closed its connection) while its call sampled
 
 
 def _function_tool(tool: Any) -> bool:
-    """Whether `tool` is of OpenAI's function tool form: {type: function, function: {name, ...}}."""
+    """Whether `tool` is of OpenAI's function tool form: {type: function, function: {name, parameters, ...}}
+    (parameters, when given, a JSON schema object: the chat template reads its fields)."""
     function = tool.get("function") if isinstance(tool, dict) else None
-    return isinstance(function, dict) and isinstance(function.get("name"), str)
+    return (isinstance(function, dict) and isinstance(function.get("name"), str)
+            and isinstance(function.get("parameters") or {}, dict))
 
 
 @dataclass
@@ -97,7 +100,7 @@ class Completions:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # ------------------------------------------------------------------ chat
-    async def chat(self, e: Episode, body: dict) -> dict:
+    async def chat(self, e: Episode, body: dict, gone: Gone | None = None) -> dict:
         ask = sampling(body, chat=True)
         try:
             tt = self.template(body.get("tools"))
@@ -117,6 +120,7 @@ class Completions:
         turn = Turn(normed, replies, ids, [c.token_ids for c in choices],
                     [c.finish_reason != FINISH_LENGTH and self.ends_on_stop_id(c.token_ids) for c in choices],
                     images, vision)
+        await self.forget_if_gone(e, gone)
         self.keep(e, ids, choices, [s[3] for s in samples], turn=turn)
         return completion_body(True, self.settings.model_name, ids, choices, ask.logprobs)
 
@@ -174,7 +178,7 @@ class Completions:
         return bool(ids) and ids[-1] in stops
 
     # ------------------------------------------------------------------ text
-    async def text(self, e: Episode, body: dict) -> dict:
+    async def text(self, e: Episode, body: dict, gone: Gone | None = None) -> dict:
         ask = sampling(body, chat=False)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -195,6 +199,7 @@ class Completions:
         prefix = self.tokenizer.decode(ids, skip_special_tokens=False)
         texts = [(prefix + self.tokenizer.decode(c.token_ids, skip_special_tokens=False), ids + c.token_ids)
                  for c in choices]
+        await self.forget_if_gone(e, gone)
         self.keep(e, ids, choices, [s[3] for s in samples], texts=texts)
         return completion_body(False, self.settings.model_name, ids, choices, ask.logprobs)
 
@@ -249,6 +254,14 @@ class Completions:
         pieces = [self.tokenizer.decode([t], skip_special_tokens=False) for t in tokens] if ask.logprobs else []
         reason = "tool_calls" if calls else finish
         return Choice(text, tokens, lps, pieces, reason, calls)
+
+    async def forget_if_gone(self, e: Episode, gone: Gone | None) -> None:
+        """Keep nothing of a call whose client went away while it sampled (a cancelled or timed-out request,
+        that the agent may send again): the agent never saw its reply, so it would train as a segment of its
+        own (a split). `Refused` (499, nobody reads it) when gone."""
+        if gone is not None and await gone():
+            raise self.registry.refuse(e, 499, "discarded_client_gone", f"the client of episode {e.id} closed "
+                                       "its connection while its call was sampled; nothing of it was kept")
 
     def keep(self, e: Episode, ids: list[int], choices: list[Choice], versions: list[int], turn: Turn | None = None,
              texts: list[tuple[str, list[int]]] | None = None) -> None:

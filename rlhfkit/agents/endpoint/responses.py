@@ -14,30 +14,53 @@ done, completed), all at once after sampling. Beside OpenAI's fields the respons
 `prompt_token_ids` and `token_ids` (vLLM's names).
 
 Not served (400): `previous_response_id` and `conversation` (the endpoint keeps no responses; send the
-whole input), tools other than functions (web search, file search, ...), `n`. `text.format` and
-`reasoning` are not enforced, as `response_format` is not on the chat path.
+whole input), tools other than functions (web search, file search, ...), `n`, a `function_call_output`
+whose `call_id` no `function_call` item before it has. Refusals of the chat path name the Responses
+fields (`input`, `max_output_tokens`). `text.format` and `reasoning` are not enforced, as `response_format`
+is not on the chat path.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from typing import Any
 
+from rlhfkit.agents.endpoint.episodes import Episode, Refused
 from rlhfkit.agents.endpoint.wire import BadRequest
 
 _CARRIED = ("temperature", "top_p", "tool_choice", "parallel_tool_calls", "stream", "seed", "top_k")
 _TEXT_PARTS = ("input_text", "output_text", "text")
+# the chat path's field names in its refusals, as a Responses request names them
+_OWN_NAMES = {"messages": "input", "max_tokens": "max_output_tokens"}
+_CHAT_NAME = re.compile(r"^(messages|max_tokens)\b")
 
 
-def _text(content: Any) -> Any:
-    """A message item's content as chat content: a string as it is; text parts joined; image parts
-    as chat image_url parts (for a vision-language policy)."""
+async def serve(completions, e: Episode, body: dict, gone=None) -> dict:
+    """The `response` object for Responses request `body` of episode `e`, served by `completions.chat`
+    (handlers.Completions: its checks, the episode's trajectory; `gone` as there); its refusals name the
+    request's fields."""
+    try:
+        return response_body(await completions.chat(e, chat_request(body), gone), body)
+    except BadRequest as exc:
+        raise BadRequest(_own_names(str(exc))) from exc
+    except Refused as exc:
+        raise Refused(exc.status, exc.counter, _own_names(exc.message)) from exc
+
+
+def _own_names(message: str) -> str:
+    return _CHAT_NAME.sub(lambda m: _OWN_NAMES[m.group(1)], message)
+
+
+def _text(content: Any, field: str = "input") -> Any:
+    """A message item's content (of request field `field`) as chat content: a string as it is; text parts
+    joined; image parts as chat image_url parts (for a vision-language policy)."""
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
-        raise BadRequest(f"input: content of type {type(content).__name__}; give a string or a list of parts")
+        raise BadRequest(f"{field}: content of type {type(content).__name__}; give a string or a list of parts")
     parts = []
     for p in content:
         kind = p.get("type") if isinstance(p, dict) else None
@@ -48,7 +71,7 @@ def _text(content: Any) -> Any:
         elif kind == "refusal":
             parts.append({"type": "text", "text": str(p.get("refusal", ""))})
         else:
-            raise BadRequest(f"input: a content part of type {kind!r}; give input_text, output_text or input_image")
+            raise BadRequest(f"{field}: a content part of type {kind!r}; give input_text, output_text or input_image")
     if all(p["type"] == "text" for p in parts):
         return "".join(p["text"] for p in parts)
     return parts
@@ -75,28 +98,35 @@ def _messages(body: dict) -> list[dict]:
     """The chat messages of a Responses request's `instructions` and `input`."""
     out: list[dict] = []
     if body.get("instructions"):
-        out.append({"role": "system", "content": _text(body["instructions"])})
+        out.append({"role": "system", "content": _text(body["instructions"], "instructions")})
     items = body.get("input")
     if isinstance(items, str):
         return out + [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise BadRequest("input: give a string or a non-empty list of items")
+    calls: set[str] = set()  # the call ids of the function_call items so far
     for item in items:
         kind = item.get("type", "message") if isinstance(item, dict) else None
-        if kind == "message" and isinstance(item.get("role"), str):
+        if kind == "message":
+            if not isinstance(item.get("role"), str):
+                raise BadRequest("input: a message item without a role; give user, assistant, system or developer")
             role = "system" if item["role"] == "developer" else item["role"]
             out.append({"role": role, "content": _text(item.get("content"))})
         elif kind == "function_call":
-            call = {"id": item.get("call_id") or item.get("id") or "", "type": "function",
+            call = {"id": _call_id(item), "type": "function",
                     "function": {"name": item.get("name", ""), "arguments": item.get("arguments") or "{}"}}
+            calls.add(call["id"])
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":  # the same turn's text, or its other calls
                 last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            output = item.get("output")
-            out.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
+            output, answered = item.get("output"), _call_id(item)
+            if answered not in calls:
+                raise BadRequest(f"input: a function_call_output with call_id {answered!r:.60}, which no function_call "
+                                 "item before it has; send the call with its output")
+            out.append({"role": "tool", "tool_call_id": answered,
                         "content": output if isinstance(output, str) else _text(output)})
         elif kind == "reasoning":
             continue  # a reasoning item the client sends back: the chat template renders no reasoning
@@ -104,6 +134,14 @@ def _messages(body: dict) -> list[dict]:
             raise BadRequest(f"input: an item of type {kind!r}; give message, function_call or "
                              "function_call_output items")
     return out
+
+
+def _call_id(item: dict) -> str:
+    """The call_id of a function_call or function_call_output item (a function_call may give only its id)."""
+    given = item.get("call_id") or (item.get("id") if item["type"] == "function_call" else None)
+    if not isinstance(given, str) or not given:
+        raise BadRequest(f"input: a {item['type']} item's call_id={given!r:.40}; give the call's id (a string)")
+    return given
 
 
 def chat_request(body: dict) -> dict:

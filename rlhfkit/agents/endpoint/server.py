@@ -27,6 +27,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import secrets
 import socket
 import threading
@@ -48,6 +49,7 @@ from rlhfkit.rollout.base import SamplingParams
 
 log = logging.getLogger("rlhfkit")
 HOST = "127.0.0.1"
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class Batcher:
@@ -196,6 +198,26 @@ class EndpointServer:
         return self.registry.close(episode_id)
 
 
+def _json_object(raw: bytes) -> dict:
+    """The request body's JSON object; `BadRequest` when it is not one, or holds text no tokenizer takes (an
+    unpaired UTF-16 surrogate escape such as "\\ud800", which JSON parses but UTF-8 cannot encode)."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise BadRequest("the body's JSON is nested too deeply") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    if _SURROGATE.search(raw):  # paired escapes (an emoji) parse to one character; only unpaired ones fail here
+        try:
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise BadRequest("the body holds an unpaired UTF-16 surrogate escape (such as \\ud800); send valid "
+                             "Unicode text") from exc
+    return body
+
+
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
 
@@ -223,19 +245,12 @@ class _Handlers:
             e = self.serve_episode(request) if episode_id is None else reg.admit(episode_id,
                                                                                  request.headers.get("authorization"))
             admitted = e
-            raw = await read_limited(request, e.limits.max_request_bytes)
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise BadRequest(f"the body is not JSON ({exc})") from exc
-            except RecursionError as exc:
-                raise BadRequest("the body's JSON is nested too deeply") from exc
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
+            body = _json_object(await read_limited(request, e.limits.max_request_bytes))
+            gone = request.is_disconnected
             if api == "responses":
-                reply = responses.response_body(await completions.chat(e, responses.chat_request(body)), body)
+                reply = await responses.serve(completions, e, body, gone)
             else:
-                reply = await (completions.chat(e, body) if chat else completions.text(e, body))
+                reply = await (completions.chat(e, body, gone) if chat else completions.text(e, body, gone))
         except Refused as exc:
             return _error(exc.status, exc.message)
         except BadRequest as exc:

@@ -235,10 +235,16 @@ def test_malformed_fields_are_400s_and_unknown_routes_are_openai_shaped(tiny):
                    ({"messages": [{"role": "assistant", "tool_calls": ["x"]}, *ASK]}, "tool_calls"),
                    ({"messages": [{"role": "assistant", "tool_calls": [{"function": "add"}]}, *ASK]}, "tool_calls"),
                    ({"tools": [{"type": "function", "function": "add"}]}, "tools"),
-                   ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools")]
+                   ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools"),
+                   ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, "tools"),
+                   ({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}, "tools")]
             for fields, name in bad:
                 r = h.post("/chat/completions", json={"model": "p", "messages": ASK, **fields})
                 assert r.status_code == 400 and name in r.json()["error"]["message"], (fields, r.text)
+            lone = h.post("/chat/completions", content=b'{"messages": [{"role": "user", "content": "a\\ud800"}]}')
+            assert lone.status_code == 400 and "surrogate" in lone.json()["error"]["message"], lone.text
+            pair = h.post("/chat/completions", content=b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}')
+            assert pair.status_code == 200, pair.text  # an escaped pair is one character (an emoji)
             deep = h.post("/chat/completions", content=b"[" * 100_000 + b"]" * 100_000)
             assert deep.status_code == 400 and deep.json()["error"]["message"] == "the body's JSON is nested too deeply"
             routes = [h.get("/models/p"), h.get("/chat/completions"), h.post("/embeddings", json={})]
@@ -247,7 +253,7 @@ def test_malformed_fields_are_400s_and_unknown_routes_are_openai_shaped(tiny):
     assert [r.json()["error"]["message"] for r in routes] == [
         "no such route: GET /v1/models/p", "method not allowed: GET /v1/chat/completions",
         "no such route: POST /v1/embeddings"]
-    assert m["endpoint/bad_request"] == len(bad) + 1 and "endpoint/server_error" not in m
+    assert m["endpoint/bad_request"] == len(bad) + 2 and "endpoint/server_error" not in m
 
 
 def test_messages_the_chat_template_refuses_are_a_400_naming_its_reason(scripted):

@@ -7,6 +7,7 @@ and a stream sends OpenAI's events with the whole response in the last one."""
 import asyncio
 import copy
 import json
+import time
 
 import httpx
 import pytest
@@ -126,3 +127,82 @@ def test_a_streamed_response_sends_openais_events_and_the_whole_response_last():
     assert [e["sequence_number"] for e in events] == list(range(7))
     [item] = events[-1]["response"]["output"]
     assert item["type"] == "function_call" and json.loads(item["arguments"]) == {"a": 6, "b": 7}
+
+
+CALLED = [{"role": "user", "content": "q"}, {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]
+HOSTILE = [  # (fields of FIRST replaced, the field the 400 names first)
+    ({"instructions": 5}, "instructions"), ({"instructions": [1]}, "instructions"), ({"input": 5}, "input"),
+    ({"input": ["hi"]}, "input"), ({"input": [{"role": 5, "content": "x"}]}, "input"),
+    ({"input": [{"role": "user", "content": {"a": 1}}]}, "input"),
+    ({"input": [*CALLED, {"type": "function_call_output", "call_id": "nope", "output": "42"}]}, "input"),
+    ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "42"}, *CALLED]}, "input"),
+    ({"input": [*CALLED, {"type": "function_call_output", "call_id": 7, "output": "42"}]}, "input"),
+    ({"input": [*CALLED, {"type": "function_call_output", "output": "42"}]}, "input"),
+    ({"input": [{**CALLED[1], "call_id": {"a": 1}}]}, "input"),
+    ({"input": [{**CALLED[1], "name": 5}]}, "input"),  # the chat path's check, under the Responses name
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, "input"),
+    ({"tools": "x"}, "tools"), ({"tools": [5]}, "tools"), ({"tools": [{**MULTIPLY, "parameters": "x"}]}, "tools"),
+    ({"max_output_tokens": "5"}, "max_output_tokens"), ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"temperature": "hot"}, "temperature"), ({"top_p": 5}, "top_p"), ({"n": 2}, "n"), ({"seed": "x"}, "seed"),
+    ({"previous_response_id": "r"}, "previous_response_id"), ({"conversation": {"id": "c"}}, "conversation")]
+
+
+def test_hostile_responses_requests_are_400s_naming_their_field_and_the_episode_goes_on():
+    """Malformed items, wrong types, an output for a call the input does not hold, an unpaired surrogate, a
+    huge instructions text: each a 400 whose message starts with the Responses field (never the chat path's
+    `messages` / `max_tokens`, never a 500); the episode then answers a good request and, once closed, 410."""
+    tok = char_tokenizer()
+    settings = Settings(SamplingParams(max_new_tokens=100), honor_sampling=True)
+    with EndpointServer(tok, settings) as server:
+        server.engine = ScriptedEngine(tok, calls_then_answers)
+        e = server.open_episode(0, 1, EndpointLimits(per_call=100, context=4000))
+        with httpx.Client(base_url=server.url(e), headers={"Authorization": f"Bearer {e.key}"}, timeout=30) as h:
+            for fields, name in HOSTILE:
+                r = h.post("/responses", json={**FIRST, **fields})
+                assert r.status_code == 400 and r.json()["error"]["message"].startswith(name), (fields, r.text)
+            lone = h.post("/responses", content=b'{"input": "a\\ud800"}')
+            huge = h.post("/responses", json={**FIRST, "instructions": "x" * 10_000})
+            unicode = h.post("/responses", json={**FIRST, "instructions": "Nutze das Werkzeug \u2603 \U0001F600"})
+            server.close_episode(e.id)
+            ended = h.post("/responses", json=FIRST)
+        m = server.registry.pop_metrics()
+    assert lone.status_code == 400 and "surrogate" in lone.json()["error"]["message"]
+    assert huge.status_code == 400 and "no room in the episode's context of 4000 tokens" in huge.text
+    assert unicode.status_code == 200 and unicode.json()["output"][0]["type"] == "function_call"
+    assert ended.status_code == 410
+    assert "endpoint/server_error" not in m and len(e.calls) == 1
+
+
+def test_a_request_cancelled_while_sampling_keeps_nothing_so_its_retry_is_no_split():
+    """An agent gives up on a streamed request while it samples (a client timeout), then sends it again and
+    goes on: the cancelled call's sample, which the agent never saw, is not recorded (it would train as a
+    segment of its own), so the episode is ONE trajectory of the calls the agent did see."""
+    tok = char_tokenizer()
+
+    def slow(context: str) -> str:
+        time.sleep(0.3)
+        return calls_then_answers(context)
+
+    async def agent(client, prompt, label, **row):
+        async def streamed():
+            async with httpx.AsyncClient(timeout=30) as http, http.stream(
+                    "POST", f"{client.base_url}responses", json={**FIRST, "stream": True},
+                    headers={"Authorization": f"Bearer {client.api_key}"}) as r:
+                async for _ in r.aiter_text():
+                    pass
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(streamed(), 0.05)
+        await asyncio.sleep(0.5)  # the cancelled call finishes sampling meanwhile
+        [call] = (await post(client, FIRST)).json()["output"]
+        second = copy.deepcopy(SECOND)
+        second["input"][1].update(call_id=call["call_id"], id=call["id"])
+        second["input"][2]["call_id"] = call["call_id"]
+        return float((await post(client, second)).status_code == 200)
+
+    ex = EndpointExecutor(agent)
+    [traj] = ex.run(ScriptedEngine(tok, slow), tok, [_Prompt("6*7?")], SamplingParams(max_new_tokens=100),
+                    TokenBudget(100, 400, 3), seeds=[0])
+    m = ex.pop_metrics()
+    assert m["endpoint/splits"] == 0 and m["endpoint/discarded_client_gone"] == 1 and traj.info["agent_reward"] == 1.0
+    sampled = tok.decode(traj.response_ids[traj.loss_mask].tolist(), skip_special_tokens=False)
+    assert sampled == CALL + "The product is 42.<|im_end|>"
