@@ -36,7 +36,6 @@ from pathlib import Path
 
 from rlhfkit.api import vision as V
 from rlhfkit.api.builder import (
-    build_engine,
     build_executor,
     fit_to_positions,
     label_reward,
@@ -47,6 +46,7 @@ from rlhfkit.api.builder import (
     sampling_params,
     token_budget,
 )
+from rlhfkit.api.engines import build_engine
 from rlhfkit.api.run_folder import create_run_dir, make_evaluator
 from rlhfkit.config import RLConfig, to_dict
 from rlhfkit.config.rl_checks import config_overrides
