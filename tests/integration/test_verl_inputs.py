@@ -121,3 +121,31 @@ def test_verl_overrides_name_the_reward_function(ws, tmp_path):
                  "--train.num_threads", "1", "--logger.log_samples", "8"]) == 0
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [s["reward"] for s in samples] == [10.0 - len(s["response"]) for s in samples]  # length_score's
+
+
+def test_verl_gmpo_example_keys_run_truncation_warmup_and_config_overrides(ws, tmp_path):
+    """The four keys of verl's examples/gmpo_trainer/test_dapo_7b_math.sh that rlhfkit once refused, on the tiny
+    model: data.truncation=left cuts the prompts, lr_warmup_steps counts optimizer steps, val_kwargs sample the
+    evaluation, override_config reaches the model's config."""
+    out = tmp_path / "run"
+    base = [o for o in verl_overrides(ws, out) if not o.startswith(("data.max_prompt_length=", "data.filter_overlong",
+                                                                  "data.truncation="))]
+    gmpo = ["data.max_prompt_length=20", "data.truncation=left", "actor_rollout_ref.actor.optim.lr_warmup_steps=4",
+            "actor_rollout_ref.actor.optim.lr=1e-3", f"data.val_files={ws / 'train.parquet'}",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+            "actor_rollout_ref.rollout.val_kwargs.top_p=0.7", "actor_rollout_ref.rollout.val_kwargs.top_k=5",
+            "+actor_rollout_ref.model.override_config.max_position_embeddings=512",
+            "+actor_rollout_ref.model.override_config.attention_dropout=0.0"]
+    assert main(["train", "rl", *base, *gmpo, "--actor.autocast", "none", "--logger.progress_bar", "false",
+                 "--train.num_threads", "1", "--logger.log_samples", "8"]) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    # "user: 5+1=<eos>assistant: " is 22 tokens: 6 + 12 around the content leave 2 of "5+1=", its end kept
+    assert {s["prompt"] for s in samples} == {"user: 1=<eos>assistant: "}
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (row,) = [r for r in rows if "actor/lr" in r]
+    # optimizer steps 1 and 2 of 4 warmup steps run at 1e-3 * 1/4 and 1e-3 * 2/4: their mean is logged
+    # (without the warmup, verl's ratio 0: 1e-3)
+    assert (row["optimizer_steps"], row["actor/lr"]) == (2, pytest.approx(1e-3 * (0.25 + 0.5) / 2))
+    assert "eval/pass@1" in rows[0]  # data.val_files, sampled with val_kwargs
+    assert json.loads((out / "final" / "config.json").read_text())["max_position_embeddings"] == 512
