@@ -220,6 +220,9 @@ AFTER_MODELS = [
     ("32-folder-is-not-a-model", {"actor.model_name_or_path": "{ws}/not_a_model"}, "is not an HF model folder"),
     ("33-every-prompt-too-long", {"data.prompt_dataset": "{ws}/long.jsonl", "data.prompt_max_len": 2},
      "every prompt is longer than --data.prompt_max_len 2"),
+    ("108-long-prompt-with-truncation-error", {"data.prompt_dataset": "{ws}/long.jsonl", "data.prompt_max_len": 20,
+                                              "data.truncation": "error"},
+     "its prompt is 300 tokens, over --data.prompt_max_len 20 (--data.truncation error); raise the limit"),
     ("34-fewer-prompts-than-batch", {"rollout.batch_size": 32, "train.batch_size": 16},
      "fewer than --rollout.batch_size 32"),
     ("35-reward-raises", {"reward.remote_url": "{ws}/reward_raises.py"}, "raised KeyError: 'answer'"),
@@ -274,6 +277,13 @@ def test_44_long_prompts_are_skipped_with_a_count(ws, tmp_path, capsys):
     argv = flags(ws, tmp_path / "run", **{"data.prompt_dataset": ws / "long.jsonl", "data.prompt_max_len": 20})
     assert main([str(a) for a in argv]) == 0
     assert "skipped 3 prompts longer than --data.prompt_max_len 20 tokens" in capsys.readouterr().out
+
+
+def test_44_long_prompts_are_cut_with_truncation_left(ws, tmp_path, capsys):
+    argv = flags(ws, tmp_path / "run", **{"data.prompt_dataset": ws / "long.jsonl", "data.prompt_max_len": 20,
+                                          "data.truncation": "left"})
+    assert main([str(a) for a in argv]) == 0
+    assert "skipped" not in capsys.readouterr().out
 
 
 def _train(ws, out, capsys, **over):
