@@ -72,6 +72,7 @@ from rlhfkit.config.rl_sections import (
     RewardConfig,
     RolloutConfig,
 )
+from rlhfkit.config.trl_grpo import grpo_argv
 from rlhfkit.config.verl import HYDRA_FLAGS, verl_values
 
 __all__ = [
@@ -118,6 +119,12 @@ class RLConfig:
         cfg = parse_config(cls, list(argv), aliases=RL_ALIASES, positional=verl_values)
         validate(cfg)
         return cfg
+
+    @classmethod
+    def from_trl(cls, trl_config: object, argv: list[str] | tuple[str, ...] = ()) -> RLConfig:
+        """The RL config of a TRL `GRPOConfig` (every field read: config/trl_grpo.py), then our own `argv`
+        flags on top (they win), validated."""
+        return cls.from_args([*grpo_argv(trl_config), *argv])
 
 
 # Every flag of OpenRLHF's train_ppo_ray (flat and dotted names: mapped, noticed or refused; see
