@@ -21,6 +21,8 @@ from rlhfkit.config.sft import (
     refuse_reward_template,
     validate_common,
 )
+from rlhfkit.config.trl_rules import Rule
+from rlhfkit.config.trl_supervised import DPO_RULES
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class DPOConfig(SupervisedConfig):
     ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/dpo"))
     ref: RefModelConfig = field(default_factory=RefModelConfig)
     ALIASES: ClassVar[dict[str, str | Alias]] = DPO_ALIASES
+    TRL_RULES: ClassVar[dict[str, Rule] | None] = DPO_RULES
 
     @staticmethod
     def check(cfg: DPOConfig) -> DPOConfig:
@@ -103,6 +106,7 @@ class KTOConfig(DPOConfig):
     weights), validated as KTO."""
 
     ALIASES: ClassVar[dict[str, str | Alias]] = KTO_ALIASES
+    TRL_RULES: ClassVar[dict[str, Rule] | None] = None  # TRL's KTOConfig is not read yet
 
     @staticmethod
     def check(cfg: DPOConfig) -> DPOConfig:

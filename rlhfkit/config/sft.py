@@ -43,6 +43,8 @@ from rlhfkit.config.rl import (
     LossScaleConfig,
     MuonConfig,
 )
+from rlhfkit.config.trl_rules import Rule, apply_rules
+from rlhfkit.config.trl_supervised import SFT_RULES
 from rlhfkit.config.verl_sft import verl_sft_values
 
 log = logging.getLogger("rlhfkit")
@@ -230,6 +232,8 @@ class SupervisedConfig:
     """The command's OpenRLHF flags (config/openrlhf.py), besides OWN_ALIASES."""
     OVERRIDES: ClassVar[Positional | None] = None
     """Another tool's `key=value` overrides the command reads (verl's for train sft: config/verl_sft.py)."""
+    TRL_RULES: ClassVar[dict[str, Rule] | None] = None
+    """The rules reading TRL's config of the same trainer (config/trl_supervised.py), for `from_trl`."""
 
     @staticmethod
     def check(cfg):
@@ -243,6 +247,13 @@ class SupervisedConfig:
         return cls.check(parse_config(cls, list(argv), aliases={**cls.ALIASES, **OWN_ALIASES},
                                       positional=cls.OVERRIDES))
 
+    @classmethod
+    def from_trl(cls, trl_config: object, argv: list[str] | tuple[str, ...] = ()):
+        """The config of TRL's matching config dataclass (`trl.SFTConfig` for SFTConfig, `trl.DPOConfig` for
+        DPOConfig: every field read, config/trl_supervised.py), then our own `argv` flags on top, validated."""
+        require(cls.TRL_RULES is not None, f"{cls.__name__}.from_trl: only SFTConfig and DPOConfig read a TRL config")
+        return cls.from_args([*apply_rules(trl_config, cls.TRL_RULES, type(trl_config).__name__), *argv])
+
 
 @dataclass(frozen=True)
 class SFTConfig(SupervisedConfig):
@@ -252,6 +263,7 @@ class SFTConfig(SupervisedConfig):
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
     ALIASES: ClassVar[dict[str, str | Alias]] = SFT_ALIASES
     OVERRIDES: ClassVar[Positional | None] = staticmethod(verl_sft_values)
+    TRL_RULES: ClassVar[dict[str, Rule] | None] = SFT_RULES
 
     @staticmethod
     def check(cfg: SFTConfig) -> SFTConfig:

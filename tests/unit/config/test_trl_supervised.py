@@ -1,0 +1,92 @@
+"""TRL's SFTConfig and DPOConfig read field by field (config/trl_supervised.py): a rule for every field of the
+installed TRL's configs, the mapping by hand, one-line refusals, and one SFT step from a TRL config."""
+
+import dataclasses
+import logging
+
+import pytest
+
+from rlhfkit.config.preference import DPOConfig, KTOConfig
+from rlhfkit.config.sft import SFTConfig
+from rlhfkit.config.trl_supervised import DPO_RULES, SFT_RULES
+from rlhfkit.errors import ConfigError
+
+trl = pytest.importorskip("trl")
+CPU = dict(output_dir="out", bf16=False, use_cpu=True, report_to="none", lr_scheduler_type="cosine")
+MODEL = ["--model.model_name_or_path", "unused"]
+
+
+@pytest.mark.parametrize(("theirs", "rules"), [("SFTConfig", SFT_RULES), ("DPOConfig", DPO_RULES)])
+def test_every_field_has_a_rule(theirs, rules):
+    names = {f.name for f in dataclasses.fields(getattr(trl, theirs)) if not f.name.startswith("_")}
+    assert names - set(rules) == set()
+
+
+def test_sft_by_hand():
+    cfg = SFTConfig.from_trl(trl.SFTConfig(**CPU, per_device_train_batch_size=2, gradient_accumulation_steps=3,
+                                           num_train_epochs=2, learning_rate=2e-5, warmup_steps=0.1, max_length=256,
+                                           packing=True, eval_strategy="steps", eval_steps=7, seed=5,
+                                           weight_decay=0.1, gradient_checkpointing=False), MODEL)
+    t = cfg.train
+    assert (t.micro_batch_size, t.batch_size, t.max_epochs, t.max_steps) == (2, 6, 2, None)
+    assert (cfg.adam.lr, cfg.adam.weight_decay, t.lr_scheduler, t.lr_warmup_ratio, t.eval_steps, t.seed) == (
+        2e-5, 0.1, "cosine", 0.1, 7, 5)
+    assert (cfg.data.max_len, cfg.ds.packing_samples, cfg.model.gradient_checkpointing_enable) == (256, True, False)
+    # whole warmup steps become a ratio of max_steps: 5 / 50
+    cfg = SFTConfig.from_trl(trl.SFTConfig(**CPU, warmup_steps=5, max_steps=50), MODEL)
+    assert (cfg.train.lr_warmup_ratio, cfg.train.max_steps) == (0.1, 50)
+
+
+def test_dpo_by_hand():
+    cfg = DPOConfig.from_trl(trl.DPOConfig(**CPU, beta=0.2, label_smoothing=0.1, per_device_train_batch_size=4,
+                                           gradient_accumulation_steps=2, learning_rate=5e-7), MODEL)
+    m = cfg.model
+    assert (m.beta, m.label_smoothing, m.ipo_enable, cfg.train.batch_size, cfg.adam.lr) == (0.2, 0.1, False, 8, 5e-7)
+    assert DPOConfig.from_trl(trl.DPOConfig(**CPU, loss_type="ipo"), MODEL).model.ipo_enable
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda: trl.SFTConfig(**{**CPU, "lr_scheduler_type": "linear"}), "lr_scheduler_type='linear'"),
+    (lambda: trl.SFTConfig(**CPU, completion_only_loss=False), "completion_only_loss=False"),
+    (lambda: trl.SFTConfig(**CPU, loss_type="dft"), "loss_type='dft'"),
+    (lambda: trl.SFTConfig(**CPU, warmup_steps=5), "warmup_steps=5"),
+    (lambda: trl.DPOConfig(**CPU, loss_type=["sigmoid", "sft"]), "loss_type="),
+    (lambda: trl.DPOConfig(**CPU, f_divergence_type="js_divergence"), "f_divergence_type="),
+])
+def test_what_rlhfkit_cannot_honour_is_refused_in_one_line(make, needle):
+    cls = DPOConfig if "DPO" in type(make()).__name__ else SFTConfig
+    with pytest.raises(ConfigError, match=needle) as err:
+        cls.from_trl(make(), MODEL)
+    assert "\n" not in str(err.value)
+
+
+def test_kto_has_no_trl_reader_yet():
+    with pytest.raises(ConfigError, match="only SFTConfig and DPOConfig"):
+        KTOConfig.from_trl(trl.DPOConfig(**CPU), MODEL)
+
+
+def test_the_meaning_that_differs_at_trl_defaults_is_noticed(caplog):
+    with caplog.at_level(logging.WARNING, logger="rlhfkit"):
+        DPOConfig.from_trl(trl.DPOConfig(**CPU), MODEL)
+        SFTConfig.from_trl(trl.SFTConfig(**CPU, assistant_only_loss=True), MODEL)
+    assert [r.getMessage().split("=")[0] for r in caplog.records] == ["TRL disable_dropout"]
+
+
+def test_one_sft_step_from_a_trl_config(tmp_path):
+    import rlhfkit
+    from rlhfkit.models import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    cfg = SFTConfig.from_trl(
+        trl.SFTConfig(**{**CPU, "output_dir": str(tmp_path / "out")}, per_device_train_batch_size=2, max_steps=1,
+                      learning_rate=1e-3, gradient_checkpointing=False),
+        ["--model.model_name_or_path", str(tmp_path / "tiny"), "--data.input_key", "prompt", "--data.output_key",
+         "completion", "--logger.progress_bar", "false", "--train.num_threads", "1"])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = rlhfkit.SFTTrainer.from_config(cfg, train_dataset=[{"prompt": f"{i} plus {i}:", "completion": str(2 * i)}
+                                                                 for i in range(4)])
+    trainer.train()
+    after = trainer.model.state_dict()
+    assert any(not (after[k] == before[k]).all() for k in before)
