@@ -54,7 +54,7 @@ ROOTS = {
     ServeModelConfig: (SERVE_MODEL_RANGES, validate_serve_model, ["--model", "m"]),
 }
 # dataclasses of config/ that are not settings (results, alias rules, help rows)
-OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag"}
+OUTPUTS = {"BatchPlan", "RunPlan", "Alias", "Flag", "Rule"}
 
 
 def _number_type(tp):
