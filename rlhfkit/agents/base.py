@@ -27,12 +27,13 @@ per image (Qwen2-VL: `<|vision_start|><|image_pad|><|vision_end|>`), as OpenRLHF
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import logging
 import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,3 +186,16 @@ class EnvErrors:
         out = {"agent/env_errors": float(self.count)} if self.count else {}
         self.count = 0
         return out
+
+
+async def gather_or_cancel(aws: Iterable[Awaitable]) -> list:
+    """Await `aws` together, their results in order; when one raises (or this is cancelled) the others are
+    cancelled and awaited before the error goes on, so none of them still runs while the caller cleans up."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

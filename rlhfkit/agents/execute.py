@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.agents.base import AgentInstanceBase, new_instance, to_float
+from rlhfkit.agents.base import AgentInstanceBase, gather_or_cancel, new_instance, to_float
 from rlhfkit.agents.engine_adapter import EngineAdapter, EpisodeRecord, Generation, vllm_params
 from rlhfkit.agents.episode import agent_episode
 from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds
@@ -280,14 +280,10 @@ class ExecuteRunner:
 
     async def _episodes(self, executor, prompts: list[Prompt], records: list[EpisodeRecord],
                         params: SamplingParams) -> list[Mapping]:
-        tasks = [asyncio.ensure_future(self._one(executor, p, rec, vllm_params(params)))
-                 for p, rec in zip(prompts, records)]
         try:
-            return await asyncio.gather(*tasks)
+            return await gather_or_cancel(self._one(executor, p, rec, vllm_params(params))
+                                          for p, rec in zip(prompts, records))
         except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             self.adapter.cancel_pending()
             raise
 

@@ -40,16 +40,32 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rlhfkit.errors import ConfigError, RewardError, first_line, one_line
 
+log = logging.getLogger("rlhfkit")
+
 
 async def _call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     out = fn(*args, **kwargs)
     return await out if inspect.isawaitable(out) else out
+
+
+async def close_quietly(envs: Iterable[Any]) -> None:
+    """Close each text environment of `envs` after a rollout stopped early (an error, a cancellation), so no
+    session or process outlives it; a close() that raises is logged, not raised: the error that stopped the
+    rollout is the one reported."""
+    for env in envs:
+        try:
+            await env.close()
+        except Exception as exc:  # noqa: BLE001 - the user's environment; the abort's own error goes on
+            what = first_line(exc) if isinstance(exc, RewardError) else (
+                f"environment {getattr(env, 'name', env)}: close() raised {type(exc).__name__}: {first_line(exc)}")
+            log.warning("after the rollout stopped: %s", what)
 
 
 def row_seed(row: Mapping | None) -> int | None:

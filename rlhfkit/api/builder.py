@@ -99,7 +99,8 @@ def load_reward(reward: RewardConfig | str | None, micro_batch_size: int = 8, de
                           "http://HOST:PORT/get_reward, --reward.model_name_or_path RM_FOLDER, "
                           "or an agent with --agent.func_path")
     return resolve_reward(url, timeout=r.timeout, remote_options=remote_options(r),
-                          code_options=dataclasses.asdict(r.code))
+                          code_options=dataclasses.asdict(r.code),
+                          reasoning_gym_options=dataclasses.asdict(r.reasoning_gym))
 
 
 def remote_options(r: RewardConfig) -> dict:

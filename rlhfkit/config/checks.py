@@ -92,3 +92,12 @@ def check_qlora(ds) -> None:
         return
     require(ds.lora.rank > 0, "--ds.load_in_4bit (QLoRA) trains LoRA adapters over the 4-bit base: give "
                               "--ds.lora.rank R (e.g. 16), or drop --ds.load_in_4bit")
+
+
+def warmup_steps(steps: int, ratio: float, total_opt: int) -> int:
+    """Warmup length in optimizer steps: `steps` where it is >= 0 (0: none), else `ratio` of `total_opt`.
+
+    >>> warmup_steps(5, 0.5, 100), warmup_steps(0, 0.5, 100), warmup_steps(-1, 0.5, 100)
+    (5, 0, 50)
+    """
+    return steps if steps >= 0 else int(ratio * total_opt)

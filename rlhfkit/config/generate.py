@@ -170,7 +170,8 @@ WORKFLOW_ALIASES: dict[str, str | Alias] = {**RL_ALIASES, **BATCH_INFERENCE_FLAG
 
 def _stage_ranges(prefix: str) -> dict[str, str]:
     t = {"batch_size": ">= 1", "micro_batch_size": ">= 1", "max_epochs": ">= 1", "max_steps": ">= 1",
-         "lr_warmup_ratio": "[0, 1]", "min_lr_ratio": "[0, 1]", "max_norm": ">= 0", "eval_steps": "-1 or >= 1",
+         "lr_warmup_ratio": "[0, 1]", "lr_warmup_steps": ">= -1", "min_lr_ratio": "[0, 1]", "max_norm": ">= 0",
+         "eval_steps": "-1 or >= 1",
          "seed": SEED_RANGE, "num_threads": ">= 1"}
     return {**{f"{prefix}.train.{k}": v for k, v in t.items()},
             **{f"{prefix}.adam.{k}": v for k, v in ADAM_RANGES.items()},

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlhfkit.config.checks import warmup_steps
 from rlhfkit.config.rl import BatchPlan, RLConfig
 
 
@@ -47,11 +48,6 @@ class RunPlan:
     warmup_steps: int
     eval_points: tuple[int, ...]
     """RL steps after which the periodic evaluation runs (besides before and after training)."""
-
-
-def warmup_steps(steps: int, ratio: float, total_opt: int) -> int:
-    """Warmup length in optimizer steps: `steps` where it is >= 0 (0: none), else `ratio` of `total_opt`."""
-    return steps if steps >= 0 else int(ratio * total_opt)
 
 
 def plan_run(cfg: RLConfig, batch: BatchPlan, num_prompts: int) -> RunPlan:

@@ -68,6 +68,7 @@ from rlhfkit.config.rl_sections import (
     KLConfig,
     LossScaleConfig,
     MuonConfig,
+    ReasoningGymRewardConfig,
     RefConfig,
     RewardConfig,
     RolloutConfig,
@@ -84,7 +85,7 @@ __all__ = [
     "ActorConfig", "AdamConfig", "AdvantageConfig", "AgentConfig", "AlgoConfig", "BaseLoggerConfig", "BatchPlan",
     "CkptConfig", "CodeRewardConfig", "CriticConfig", "DataConfig", "DistributedConfig", "EvalConfig", "FSDPConfig",
     "KLConfig", "LossScaleConfig", "LoggerConfig", "LoraConfig", "MuonConfig", "RLConfig", "RLDSConfig", "RefConfig",
-    "RewardConfig",
+    "ReasoningGymRewardConfig", "RewardConfig",
     "RolloutConfig",
     "TrainConfig", "VLLMConfig", "WandbConfig", "check_device", "check_input_template", "lora_targets", "validate",
 ]

@@ -221,6 +221,17 @@ class CodeRewardConfig:
 
 
 @dataclass(frozen=True)
+class ReasoningGymRewardConfig:
+    """builtin:reasoning_gym: how a task's score becomes the reward (see docs/agents.md)."""
+
+    partial_credit: bool = True
+    """Keep the partial credit a reasoning-gym task gives (e.g. a sudoku's share of right cells); false:
+    reward 1 only where the task scores the answer 1, else 0. Some tasks give partial credit to a constant
+    answer (time_intervals, rectangle_count, polynomial_equations give "0" 0.3 to 0.95 on some entries),
+    which a policy can learn instead of the task."""
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     """Where rewards come from: a reward function, reward servers or a reward model; shaping."""
 
@@ -260,6 +271,8 @@ class RewardConfig:
     worker thread. none: no limit, called in the main thread (for functions that use signal.alarm)."""
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
     """builtin:code settings."""
+    reasoning_gym: ReasoningGymRewardConfig = field(default_factory=ReasoningGymRewardConfig)
+    """builtin:reasoning_gym settings."""
 
 
 @dataclass(frozen=True)

@@ -171,7 +171,10 @@ class SupervisedTrainConfig:
     lr_scheduler: str = "cosine_with_min_lr"
     """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
     lr_warmup_ratio: float = 0.03
-    """Fraction of the optimizer steps spent in linear warmup."""
+    """Fraction of the optimizer steps spent in linear warmup (read when --train.lr_warmup_steps is -1)."""
+    lr_warmup_steps: int = -1
+    """Linear warmup over this many optimizer steps; 0 = no warmup; -1 = --train.lr_warmup_ratio of all
+    optimizer steps. Longer than the run: the lr rises until the last step."""
     min_lr_ratio: float = 0.1
     """cosine_with_min_lr decays to lr * min_lr_ratio."""
     max_norm: float = 1.0
@@ -283,7 +286,8 @@ SUPERVISED_RANGES = validate_table({
     "data.eval_split": "[0, 1)", "data.max_len": ">= 1", "data.max_samples": ">= 1",
     "data.max_images_per_prompt": ">= 1",
     "train.batch_size": ">= 1", "train.micro_batch_size": ">= 1", "train.max_epochs": ">= 1", "train.max_steps": ">= 1",
-    "train.lr_warmup_ratio": "[0, 1]", "train.min_lr_ratio": "[0, 1]", "train.max_norm": ">= 0",
+    "train.lr_warmup_ratio": "[0, 1]", "train.lr_warmup_steps": ">= -1", "train.min_lr_ratio": "[0, 1]",
+    "train.max_norm": ">= 0",
     "train.eval_steps": "-1 or >= 1", "train.seed": SEED_RANGE, "train.num_threads": ">= 1",
     "model.aux_loss_coef": ">= 0",
     "ckpt.save_steps": "-1 or >= 1", "ckpt.max_num": ">= 1",

@@ -206,8 +206,9 @@ for _part, _ours in ((A + "optim.", "actor."), ("critic.optim.", "critic.")):
     _rule(_part + "num_cycles", refuse("rlhfkit's cosine is a half cycle", harmless=("0.5",)))
     _rule(_part + "override_optimizer_config", refuse("rlhfkit's optimizer has no extra settings", harmless=OFF))
 _rule(A + "optim.lr_warmup_steps_ratio", to("actor.lr_warmup_ratio"))
-_rule(A + "optim.lr_warmup_steps", conv(warmup_steps, "`--actor.lr_warmup_steps` (-1 or null: the ratio), counted in "
-                                                      "optimizer steps (verl counts trainer steps)"))
+_rule(A + "optim.lr_warmup_steps", conv(warmup_steps("actor.lr_warmup_steps"),
+                                        "`--actor.lr_warmup_steps` (-1 or null: the ratio), counted in optimizer steps "
+                                        "(verl counts trainer steps)"))
 _rule(A + "optim.min_lr_ratio", to("actor.min_lr_ratio", note="with a cosine schedule"))
 _rule(A + "optim.lr_scheduler_type " + A + "optim.warmup_style " + A + "optim.lr_decay_style",
       conv(scheduler("actor.lr_scheduler"), "`--actor.lr_scheduler`: constant; cosine -> cosine_with_min_lr "

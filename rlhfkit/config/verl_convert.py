@@ -146,9 +146,9 @@ def scheduler(field: str):
     return convert
 
 
-def warmup_steps(vals, given):
-    """optim.lr_warmup_steps: N warmup steps (0: none); verl's -1 (and null) read lr_warmup_steps_ratio."""
-    return {} if vals[0] == "none" else {"actor.lr_warmup_steps": vals[0]}
+def warmup_steps(field: str):
+    """optim.lr_warmup_steps onto `field`: N warmup steps (0: none); verl's -1 (and null) read lr_warmup_steps_ratio."""
+    return lambda vals, given: {} if vals[0] == "none" else {field: vals[0]}
 
 
 def truncation(vals, given):

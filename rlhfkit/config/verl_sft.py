@@ -36,6 +36,7 @@ from rlhfkit.config.verl_convert import (
     nested_key,
     resume,
     scheduler,
+    warmup_steps,
 )
 from rlhfkit.config.verl_names import VERL_SFT_KEYS
 
@@ -63,8 +64,8 @@ _rule("data.multiturn.enable data.multiturn.messages_key",
 _rule("data.multiturn.tools_key data.multiturn.enable_thinking_key",
       notice("ignored: rlhfkit renders each conversation's messages only (no tools or thinking switch column)", 1))
 _rule("data.max_length", to("data.max_len", note="longer samples are skipped and counted"))
-_rule("data.truncation", refuse("rlhfkit never truncates a sample: samples over --data.max_len are skipped",
-                                harmless=("error",)))
+_rule("data.truncation", refuse("verl cuts the whole tokenized sample to data.max_length (right: the answer's end); "
+                                "rlhfkit skips samples over --data.max_len and counts them", harmless=("error",)))
 _rule("data.chat_template", to("data.tokenizer_chat_template"))
 _rule("data.custom_cls.path data.custom_cls.name", refuse("rlhfkit reads its own SFT dataset (no custom class); "
                                                           "convert the data to jsonl/parquet", harmless=OFF))
@@ -93,8 +94,9 @@ _rule("optim.min_lr_ratio", to("train.min_lr_ratio", note="with a cosine schedul
 _rule("optim.lr_scheduler optim.lr_scheduler_type optim.warmup_style",
       conv(scheduler("train.lr_scheduler"),
            "`--train.lr_scheduler`: constant; cosine -> cosine_with_min_lr (with min_lr_ratio)"))
-_rule("optim.lr_warmup_steps", refuse("rlhfkit's warm-up is a ratio: set optim.lr_warmup_steps_ratio",
-                                      harmless=("-1", "none")))
+_rule("optim.lr_warmup_steps", conv(warmup_steps("train.lr_warmup_steps"), "`--train.lr_warmup_steps` (-1 or null: "
+                                                                         "the ratio); one verl SFT step is one "
+                                                                         "optimizer step"))
 _rule("optim.num_cycles", refuse("rlhfkit's cosine is a half cycle", harmless=("0.5",)))
 _rule("optim.optimizer", refuse("rlhfkit's optimizers are AdamW and Muon (--train.optim)", harmless=("AdamW", "adamw")))
 _rule("optim.optimizer_impl", refuse("rlhfkit uses torch.optim's AdamW", harmless=("torch.optim",)))

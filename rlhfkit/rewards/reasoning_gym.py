@@ -22,6 +22,12 @@ score. The answer is read from `<answer>...</answer>` as reasoning-gym's `extrac
     naming it, rather than a reward of 1 for everything;
   * an answer the task's parsing raises on scores 0 (rather than failing the batch).
 
+With `partial_credit=False` (`--reward.reasoning_gym.partial_credit false`) only exact answers score:
+1 where the task scores the answer 1, else 0. Several tasks give partial credit to a constant answer
+(reasoning-gym 0.1.23's time_intervals gives "0" 0.95 on some entries, rectangle_count gives "0" 0.32 to
+0.64 where few rectangles are drawn, polynomial_equations gives "0" 0.5 where 0 is one of the roots), which a
+policy can learn instead of solving the task.
+
 `extra_logs["answer_tag"]` is 1 where the response held one non-empty answer.
 """
 
@@ -64,12 +70,24 @@ def entry_of(record: Any, i: int) -> dict[str, Any]:
     return {"question": record.get("question"), "answer": record["answer"], "metadata": meta}
 
 
-def score_response(response: str, entry: Mapping[str, Any], score_answer: Callable[..., Any]) -> float:
-    """The reward of one response (see the module docstring)."""
+def score_response(response: str, entry: Mapping[str, Any], score_answer: Callable[..., Any],
+                   partial_credit: bool = True) -> float:
+    """The reward of one response (see the module docstring); without `partial_credit`, 1 where the task
+    scores the answer 1 and 0 elsewhere."""
     answer = single_answer(response)
-    if answer is None:
+    if answer is None or holds_oracle(answer, entry["answer"]):
         return 0.0
-    return 0.0 if holds_oracle(answer, entry["answer"]) else task_score(score_answer, answer, entry)
+    score = task_score(score_answer, answer, entry)
+    return score if partial_credit else exact_only(score)
+
+
+def exact_only(score: float) -> float:
+    """1 for a task's full credit, 0 for any partial credit (`partial_credit=False`).
+
+    >>> exact_only(1.0), exact_only(0.95)
+    (1.0, 0.0)
+    """
+    return float(score >= 1.0)
 
 
 def task_score(score_answer: Callable[..., Any], answer: str, entry: Mapping[str, Any]) -> float:
@@ -118,8 +136,10 @@ def _plain(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-def reasoning_gym_reward(responses: Sequence[str], records: Sequence[Any]) -> RewardOutput:
-    """Rewards [B] of B responses to the reasoning-gym entries `records` (see the module docstring)."""
+def reasoning_gym_reward(responses: Sequence[str], records: Sequence[Any],
+                         partial_credit: bool = True) -> RewardOutput:
+    """Rewards [B] of B responses to the reasoning-gym entries `records` (see the module docstring);
+    `partial_credit` False: only exact answers score (1), the task's partial credit is 0."""
     try:
         import reasoning_gym  # noqa: F401
     except ImportError as exc:
@@ -131,7 +151,7 @@ def reasoning_gym_reward(responses: Sequence[str], records: Sequence[Any]) -> Re
         task = str(entry["metadata"]["source_dataset"])
         if task not in scorers:
             scorers[task] = task_scorer(task, entry, i)
-        rewards.append(score_response(response, entry, scorers[task]))
+        rewards.append(score_response(response, entry, scorers[task], partial_credit))
         tagged.append(float(single_answer(response) is not None))
     r = torch.tensor(rewards, dtype=torch.float32)
     return RewardOutput(rewards=r, scores=r.clone(), extra_logs={"answer_tag": torch.tensor(tagged)})

@@ -48,7 +48,8 @@ BUILTIN_REWARDS: dict[str, Path] = {
 def resolve_reward(spec: Any, weights: Sequence[float] | None = None, *,
                    timeout: float | None = None,
                    remote_options: Mapping[str, Any] | None = None,
-                   code_options: Mapping[str, Any] | None = None) -> RewardFn:
+                   code_options: Mapping[str, Any] | None = None,
+                   reasoning_gym_options: Mapping[str, Any] | None = None) -> RewardFn:
     """One `RewardFn` from a reward spec or a list of them (see the module docstring).
 
     Args:
@@ -60,6 +61,8 @@ def resolve_reward(spec: Any, weights: Sequence[float] | None = None, *,
       remote_options: keyword arguments of `RemoteRewardFn` (timeout, max_retries, batch_size,
         token) for the URLs.
       code_options: keyword arguments of `CodeReward` (the --reward.code.* settings) for builtin:code.
+      reasoning_gym_options: the --reward.reasoning_gym.* settings for builtin:reasoning_gym
+        (partial_credit, default True; False scores exact answers only).
 
     Raises:
       RewardError: an unknown builtin, a reward file that cannot be loaded, a callable in neither
@@ -69,7 +72,8 @@ def resolve_reward(spec: Any, weights: Sequence[float] | None = None, *,
     specs = list(spec) if is_list else [spec]
     if not specs:
         raise RewardError("reward_fn is an empty list; give at least one reward function")
-    fns = [_resolve_one(s, remote_options or {}, code_options or {}) for s in specs]
+    options = {"builtin:code": code_options or {}, "builtin:reasoning_gym": reasoning_gym_options or {}}
+    fns = [_resolve_one(s, remote_options or {}, options) for s in specs]
     fn = RewardSum(fns, weights) if is_list or weights is not None else fns[0]
     if timeout is None or isinstance(fn, RemoteRewardFn):
         return fn
@@ -126,7 +130,8 @@ class RewardSum:
         return RewardOutput(rewards=rewards, scores=scores, extra_logs=logs)
 
 
-def _resolve_one(spec: Any, remote_options: Mapping[str, Any], code_options: Mapping[str, Any]) -> RewardFn:
+def _resolve_one(spec: Any, remote_options: Mapping[str, Any],
+                 builtin_options: Mapping[str, Mapping[str, Any]]) -> RewardFn:
     if isinstance(spec, (list, tuple)):
         raise RewardError("a list of reward functions cannot hold another list; flatten it")
     if isinstance(spec, str) and spec.startswith("builtin:"):
@@ -135,7 +140,11 @@ def _resolve_one(spec: Any, remote_options: Mapping[str, Any], code_options: Map
                               f"{', '.join(sorted(BUILTIN_REWARDS))}")
         if spec == "builtin:code":  # the file's reward_func with the --reward.code.* settings
             from rlhfkit.rewards.code import CodeReward
-            return CodeReward(**code_options)
+            return CodeReward(**builtin_options[spec])
+        if spec == "builtin:reasoning_gym" and not builtin_options[spec].get("partial_credit", True):
+            fn = load_reward_file(BUILTIN_REWARDS[spec], "exact_reward_func")  # exact answers only
+            fn.name = BUILTIN_REWARDS[spec].stem
+            return fn
         return load_reward_file(BUILTIN_REWARDS[spec])
     if isinstance(spec, str) and is_url(spec):
         return RemoteRewardFn(spec.split(","), **remote_options)

@@ -325,6 +325,10 @@ def never_holds(original):
     return lambda answer, oracle: False
 
 
+def credit_kept(original):
+    return lambda score: score
+
+
 def observations_dropped(original):
     return lambda self, obs, method: [] if method == "step" else original(self, obs, method)
 
@@ -688,6 +692,10 @@ SWITCH_OFFS = (
                f"{RG_REWARD}::test_builtin_reward_scores_leg_counting_with_its_own_score_answer",
                f"{RG_REWARD}::test_an_answer_holding_the_right_one_scores_0_even_where_the_task_gives_full_credit"),
               "the task's own credit kept"),
+    SwitchOff("builtin:reasoning_gym: exact answers only (--reward.reasoning_gym.partial_credit false)",
+              "rlhfkit.rewards.reasoning_gym:exact_only", credit_kept,
+              (f"{RG_REWARD}::test_partial_credit_false_scores_a_constant_answer_0_and_the_right_one_1",),
+              "the task's partial credit kept"),
     SwitchOff("SkyRL-Gym observations as chat turns (--agent.env skyrl:ENV_ID)",
               "rlhfkit.agents.textenv:SkyRLTextEnv._messages", observations_dropped,
               ("tests/unit/agents/test_textenv_skyrl.py::"

@@ -29,7 +29,9 @@ text environment (`rlhfkit.agents.textenv`: gymnasium-style classes, GEM, TextAr
 episode gets its own too: its first observation joins the prompt (a list of messages from `reset` is
 the prompt), and every turn without a tool call is its action; the observation `step` returns comes
 back as a user turn, or as its messages when it is a list (rendered by the chat template, only the
-new tokens appended), its rewards are summed and `done` ends the episode.
+new tokens appended), its rewards are summed and `done` ends the episode. Each text environment is closed
+when its episode ends, and every one made so far when the rollout stops early (an error, a cancellation: a
+close() that raises then is logged, the error that stopped the rollout goes on).
 Otherwise rewards come from the trainer's reward function (`provides_rewards` False): it sees the
 whole episode (actions, calls and results) as the response; each trajectory's
 `info["messages"]` holds the conversation (assistant turns with their parsed `tool_calls`,
@@ -63,9 +65,9 @@ from typing import Any
 
 import torch
 
-from rlhfkit.agents.base import EnvErrors
+from rlhfkit.agents.base import EnvErrors, gather_or_cancel
 from rlhfkit.agents.executor import Prompt, TokenBudget, episode_seeds, episode_trajectory
-from rlhfkit.agents.textenv import TextEnvFactory
+from rlhfkit.agents.textenv import TextEnvFactory, close_quietly
 from rlhfkit.agents.tools.environment import (
     environment_reward,
     environment_tools,
@@ -226,6 +228,32 @@ class ToolExecutor:
         runner = ToolRunner(self.tools, self.limits, tokenizer, self.stats)
         turn_params = dataclasses.replace(params, n=1)
         self.env_errors.start()
+        made: dict[int, Any] = {}  # text environments made and not closed yet: closed however the rollout ends
+        try:
+            episodes = await self._start(tt, prompts, params, budget, seeds, made)
+            try:
+                if self.overlap:  # the kept caches are freed once all are done (generate runs in a thread)
+                    batcher, quiet = TurnBatcher(engine, self.clock, generator), QuietStdout()
+                    await gather_or_cancel(self._episode(e, batcher, quiet, tt, runner, turn_params, budget)
+                                           for e in episodes)
+                for _ in range(0 if self.overlap else budget.max_turns):
+                    active = [e for e in episodes if not e.finished]
+                    if not active:
+                        break
+                    await self._turn(active, engine, tt, runner, turn_params, budget, generator)
+                    end_episodes(engine, [id(e) for e in active if e.finished])
+            finally:  # nothing an engine kept for these episodes outlives the rollout
+                end_episodes(engine, [id(e) for e in episodes])
+            await self._finish(episodes, made)
+        except BaseException:  # an environment, the engine or a cancellation stopped the rollout
+            await close_quietly(made.values())
+            raise
+        self.env_errors.check(len(episodes))
+        return [t for e in episodes for t in self._trajectories(e, engine.version)]
+
+    async def _start(self, tt: ToolTemplate, prompts, params, budget, seeds, made: dict[int, Any]) -> list[_Episode]:
+        """Each prompt's params.n episodes, their environments made and reset; each text environment is
+        put in `made` before its reset, so one whose reset raises is closed too."""
         episodes, rendered = [], {}  # rendered: (prompt, text) -> ids, the same for a prompt's samples
         for i, p in enumerate(prompts):
             per = None if seeds is None else episode_seeds(seeds[i], params.n, budget.max_turns)
@@ -236,6 +264,7 @@ class ToolExecutor:
                     msgs = with_observation(msgs, await reset_environment(env, getattr(p, "record", None)))
                 if self.text_env is not None:
                     text_env = self.text_env()
+                    made[id(text_env)] = text_env
                     first = await text_env.reset(getattr(p, "record", None), msgs)
                     msgs = first if isinstance(first, list) else with_observation(msgs, first)
                 text = tt.render(msgs)  # the same for a prompt's samples unless reset() differs
@@ -244,30 +273,21 @@ class ToolExecutor:
                 episodes.append(_Episode(i, [dict(m) for m in msgs], [dict(m) for m in msgs], rendered[i, text],
                                          len(msgs), None if per is None else per[s], env=env, text_env=text_env,
                                          vision=getattr(p, "vision", None), images=getattr(p, "images", None)))
-        try:
-            if self.overlap:  # the kept caches are freed once all are done (generate runs in a thread)
-                batcher, quiet = TurnBatcher(engine, self.clock, generator), QuietStdout()
-                await asyncio.gather(*(self._episode(e, batcher, quiet, tt, runner, turn_params, budget)
-                                       for e in episodes))
-            for _ in range(0 if self.overlap else budget.max_turns):
-                active = [e for e in episodes if not e.finished]
-                if not active:
-                    break
-                await self._turn(active, engine, tt, runner, turn_params, budget, generator)
-                end_episodes(engine, [id(e) for e in active if e.finished])
-        finally:  # nothing an engine kept for these episodes outlives the rollout
-            end_episodes(engine, [id(e) for e in episodes])
+        return episodes
+
+    async def _finish(self, episodes: list[_Episode], made: dict[int, Any]) -> None:
+        """The episodes' ends: each text environment closed (taken out of `made` first: closed once), the
+        environments' rewards read."""
         for e in episodes:
             e.truncated = e.truncated or not e.done
             if e.text_env is not None:  # its resources (a connection, a SkyRL environment's close) go
+                made.pop(id(e.text_env), None)
                 try:
                     await e.text_env.close()
                 except RewardError as exc:  # as a step() that raises: this episode ends with reward 0
                     self.env_errors.end(e, exc)
             if e.env is not None and self.provides_rewards:
                 e.reward = await environment_reward(e.env)
-        self.env_errors.check(len(episodes))
-        return [t for e in episodes for t in self._trajectories(e, engine.version)]
 
     def _prompt_ids(self, tt: ToolTemplate, text: str, prompt: Prompt) -> list[int]:
         """The token ids of a rendered prompt: the processor's with the prompt's images (each image's

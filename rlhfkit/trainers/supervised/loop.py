@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from rlhfkit.config.checks import compute_dtype
+from rlhfkit.config.checks import compute_dtype, warmup_steps
 from rlhfkit.data.batch import collate
 from rlhfkit.data.packing import pack
 from rlhfkit.errors import DataError
@@ -52,7 +52,8 @@ def build_learner(module: torch.nn.Module, adam, train, total_steps: int, muon=N
                                                          train.loss_scale)
     return Learner(
         module, adam.lr, adam.betas, adam.eps, adam.weight_decay, total_steps=total_steps,
-        warmup_steps=int(train.lr_warmup_ratio * total_steps), scheduler=train.lr_scheduler,
+        warmup_steps=warmup_steps(train.lr_warmup_steps, train.lr_warmup_ratio, total_steps),
+        scheduler=train.lr_scheduler,
         min_lr_ratio=train.min_lr_ratio, max_norm=train.max_norm, muon=muon_settings(train.optim, muon),
         loss_scale=scale,
     )

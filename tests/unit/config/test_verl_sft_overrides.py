@@ -4,6 +4,7 @@ sft_trainer.yaml and of its SFT example scripts has a rule (docs/migration.md's 
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.config.verl_names import VERL_SFT_KEYS
@@ -45,14 +46,30 @@ def test_multiturn_global_micro_batch_and_flags_that_win():
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["data.truncation=right"], "data.truncation: rlhfkit never truncates a sample"),
-    (["optim.lr_warmup_steps=10"], "optim.lr_warmup_steps: rlhfkit's warm-up is a ratio"),
+    (["data.truncation=right"], "data.truncation: verl cuts the whole tokenized sample"),
     (["data.max_lenght=8"], "unknown verl override data.max_lenght; did you mean data.max_length?"),
 ])
 def test_refused_and_unknown_are_one_line(argv, needle):
     with pytest.raises(ConfigError) as e:
         SFTConfig.from_args(argv)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_warmup_steps_map_onto_train_sft_and_its_learner():
+    from rlhfkit.trainers.supervised.loop import build_learner
+
+    assert SFTConfig.from_args(["optim.lr_warmup_steps=10"]).train.lr_warmup_steps == 10
+    assert SFTConfig.from_args(["optim.lr_warmup_steps=null"]).train.lr_warmup_steps == -1  # the ratio
+    cfg = SFTConfig.from_args(["optim.lr_warmup_steps=4", "optim.lr_warmup_steps_ratio=0.5", "optim.lr=1.0",
+                               "optim.lr_scheduler=constant"])
+    learner = build_learner(torch.nn.Linear(1, 1), cfg.adam, cfg.train, total_steps=100)
+    lrs = [learner.scheduler.lr_lambdas[0](s) for s in (0, 3, 4, 50)]
+    assert lrs == [0.25, 1.0, 1.0, 1.0]  # 4 steps up, not 50 (the ratio's)
+    ratio = SFTConfig.from_args(["optim.lr_warmup_steps_ratio=0.5", "optim.lr_scheduler=constant"])
+    assert build_learner(torch.nn.Linear(1, 1), ratio.adam, ratio.train, total_steps=100).scheduler.lr_lambdas[0](
+        3) == pytest.approx(4 / 50)
+    with pytest.raises(ConfigError, match="--train.lr_warmup_steps must be >= -1"):
+        SFTConfig.from_args(["--train.lr_warmup_steps", "-2"])
 
 
 def test_every_key_of_verls_sft_config_and_examples_has_a_rule():

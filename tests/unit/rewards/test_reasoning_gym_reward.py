@@ -110,3 +110,24 @@ def test_a_task_that_credits_a_junk_answer_is_refused():
     fn = resolve_reward("builtin:reasoning_gym")
     with pytest.raises(RewardError, match=r"game_of_life_halting gives full credit to the junk .* leave the task"):
         fn(["<answer>x</answer>"], [""], [None], responses=["<answer>x</answer>"], records=[entry])
+
+
+def test_partial_credit_false_scores_a_constant_answer_0_and_the_right_one_1():
+    from rlhfkit.api.builder import load_reward
+    from rlhfkit.config.rl import ReasoningGymRewardConfig, RewardConfig, RLConfig
+
+    records = [reasoning_gym_records("reasoning_gym:time_intervals:size=1:seed=0")[0],  # 5 days
+               *reasoning_gym_records("reasoning_gym:polynomial_equations:size=2:seed=0"),  # roots 0 and more
+               *reasoning_gym_records("reasoning_gym:rectangle_count:size=3:seed=0")[1:]]  # 3, 1 rectangles
+    responses = ["<answer>0</answer>"] * 5
+    kept = resolve_reward("builtin:reasoning_gym")(responses, [""] * 5, [None] * 5, responses=responses,
+                                                   records=records)
+    assert kept.rewards.tolist() == pytest.approx([0.95, 0.5, 0.5, 0.32, 0.64])  # the tasks' credit to "0"
+    cfg = RLConfig.from_args(["--reward.remote_url", "builtin:reasoning_gym",
+                              "--reward.reasoning_gym.partial_credit", "false"])
+    assert cfg.reward.reasoning_gym == ReasoningGymRewardConfig(partial_credit=False)
+    exact = load_reward(cfg.reward)
+    assert exact(responses, [""] * 5, [None] * 5, responses=responses, records=records).rewards.tolist() == [0] * 5
+    right = [f"<answer>{r['answer']}</answer>" for r in records]
+    assert exact(right, [""] * 5, [None] * 5, responses=right, records=records).rewards.tolist() == [1] * 5
+    assert load_reward(RewardConfig(remote_url="builtin:reasoning_gym")).fn.name == "builtin_reasoning_gym_reward"
