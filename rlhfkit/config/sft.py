@@ -255,7 +255,7 @@ class SupervisedConfig:
         """The config of TRL's matching config dataclass (`trl.SFTConfig` for SFTConfig, `trl.DPOConfig` for
         DPOConfig: every field read, config/trl_supervised.py), then our own `argv` flags on top, validated."""
         require(cls.TRL_RULES is not None, f"{cls.__name__}.from_trl: only SFTConfig and DPOConfig read a TRL config")
-        return cls.from_args([*apply_rules(trl_config, cls.TRL_RULES, type(trl_config).__name__), *argv])
+        return cls.from_args([*apply_rules(trl_config, cls.TRL_RULES, cls.__name__), *argv])
 
 
 @dataclass(frozen=True)

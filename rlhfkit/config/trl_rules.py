@@ -74,7 +74,10 @@ def _default(f: dataclasses.Field) -> Any:
 def apply_rules(config: Any, rules: dict[str, Rule], what: str) -> list[str]:
     """The flags of TRL config `config` (a `what`) under `rules`: mapped fields' flags in field order,
     noticed ones logged, the first refused one raised; a field without a rule is a ConfigError."""
-    fields = dataclasses.fields(config) if dataclasses.is_dataclass(config) else ()
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise ConfigError(f"expected a TRL {what} instance, got {type(config).__name__}: build it with "
+                          f"trl.{what}(...)")
+    fields = dataclasses.fields(config)
     unknown = [f.name for f in fields if f.name not in rules and not f.name.startswith("_")]
     if unknown:
         raise ConfigError(f"TRL {what} fields rlhfkit has no rule for: {', '.join(unknown)}; "

@@ -33,6 +33,14 @@ def test_a_field_without_a_rule_is_refused_by_name():
         grpo_argv(Newer(**CPU))
 
 
+def test_only_a_config_instance_is_read():
+    from types import SimpleNamespace
+
+    for wrong in (SimpleNamespace(learning_rate=1e-5), trl.GRPOConfig):
+        with pytest.raises(ConfigError, match="expected a TRL GRPOConfig instance"):
+            grpo_argv(wrong)
+
+
 def test_batch_arithmetic_by_hand():
     # 4 completions per micro step, 2 micro steps per optimizer step -> 8 per step; TRL's generation is
     # 4 * steps_per_generation (default: the accumulation, 2) = 8 completions = 8 / 4 generations = 2 prompts.
