@@ -54,6 +54,11 @@ def test_batch_arithmetic_by_hand():
     cfg = RLConfig.from_trl(grpo(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,
                                  generation_batch_size=24, max_steps=10))
     assert (cfg.rollout.batch_size, cfg.train.batch_size, cfg.train.max_steps) == (6, 8, 4)
+    # steps_per_generation 4: 4 * 4 = 16 completions = 4 prompts per rollout, 16 / 8 = 2 optimizer steps each;
+    # 7 TRL steps -> ceil(7 / 2) = 4 rollouts
+    cfg = RLConfig.from_trl(grpo(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,
+                                 steps_per_generation=4, max_steps=7))
+    assert (cfg.rollout.batch_size, cfg.train.batch_size, cfg.train.max_steps) == (4, 8, 4)
     cfg = RLConfig.from_trl(grpo(per_device_train_batch_size=2, num_generations=2, num_train_epochs=3))
     assert (cfg.train.num_episodes, cfg.train.max_steps, cfg.rollout.batch_size) == (3, None, 1)
 
