@@ -377,7 +377,7 @@ _rl("l2", conv(both("actor.adam.weight_decay", "critic.adam.weight_decay"),
                "`--actor.adam.weight_decay`, `--critic.adam.weight_decay`"))
 _rl("max_norm", conv(both("actor.max_norm", "critic.max_norm"), "`--actor.max_norm`, `--critic.max_norm`"))
 _rl("lr_scheduler actor.lr_scheduler",
-    to("actor.lr_scheduler", note="constant, cosine or cosine_with_min_lr; the critic's too"))
+    to("actor.lr_scheduler", note="constant, linear, cosine or cosine_with_min_lr; the critic's too"))
 _rl("lr_warmup_ratio actor.lr_warmup_ratio", to("actor.lr_warmup_ratio", note="the critic's too"))
 _rl("actor.min_lr_ratio", to("actor.min_lr_ratio", note="the critic's too"))
 for _part in ("actor", "critic"):

@@ -105,7 +105,7 @@ class ActorConfig:
     """Critic warm-up (PPO with --algo.advantage.estimator gae): for the first N RL steps only the critic
     is updated, the actor stays as it is (its optimizer and schedule do not step); 0 = off."""
     lr_scheduler: str = "cosine_with_min_lr"
-    """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
+    """Learning-rate schedule after warmup: constant, linear (to 0), cosine (to 0) or cosine_with_min_lr."""
     lr_warmup_ratio: float = 0.0
     """Fraction of all optimizer steps spent in linear warmup (read when --actor.lr_warmup_steps is -1)."""
     lr_warmup_steps: int = -1

@@ -169,7 +169,7 @@ class SupervisedTrainConfig:
     """Optimizer: adam (AdamW for every parameter) or muon (Muon for the hidden weight matrices, AdamW with
     the --adam.* settings for embeddings, LM head, norms and biases; --muon.*). Clipping runs first."""
     lr_scheduler: str = "cosine_with_min_lr"
-    """Learning-rate schedule after warmup: constant, cosine (to 0) or cosine_with_min_lr."""
+    """Learning-rate schedule after warmup: constant, linear (to 0), cosine (to 0) or cosine_with_min_lr."""
     lr_warmup_ratio: float = 0.03
     """Fraction of the optimizer steps spent in linear warmup (read when --train.lr_warmup_steps is -1)."""
     lr_warmup_steps: int = -1

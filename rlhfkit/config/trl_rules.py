@@ -116,10 +116,10 @@ def opt(name: str) -> Rule:
 def _scheduler(prefix: str) -> Mapper:
     def to(v: Any, _c: Any) -> list[str]:
         kind = plain(v)
-        if kind not in ("constant", "cosine", "constant_with_warmup"):
-            raise ConfigError(f"TRL lr_scheduler_type={kind!r} (TRL's default is linear): rlhfkit has constant, "
-                              "cosine (to 0) and cosine_with_min_lr; set lr_scheduler_type='constant' or 'cosine'")
-        return [f"--{prefix}lr_scheduler", "cosine" if kind == "cosine" else "constant"]
+        if kind not in ("constant", "linear", "cosine", "constant_with_warmup"):
+            raise ConfigError(f"TRL lr_scheduler_type={kind!r}: rlhfkit has constant, linear, cosine (to 0) and "
+                              "cosine_with_min_lr; set lr_scheduler_type to one of constant, linear, cosine")
+        return [f"--{prefix}lr_scheduler", "constant" if kind == "constant_with_warmup" else kind]
     return to
 
 

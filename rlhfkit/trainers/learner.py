@@ -57,7 +57,8 @@ log = logging.getLogger("rlhfkit")
 
 def lr_lambda(kind: str, total_steps: int, warmup_steps: int, min_lr_ratio: float):
     """Multiplier of the peak lr at optimizer step s (0-based): linear warmup, then
-    `constant`, `cosine` (to 0) or `cosine_with_min_lr` (to min_lr_ratio)."""
+    `constant`, `linear` (to 0 at `total_steps`, as transformers' linear schedule), `cosine` (to 0) or
+    `cosine_with_min_lr` (to min_lr_ratio)."""
     floor = min_lr_ratio if kind == "cosine_with_min_lr" else 0.0
 
     def f(step: int) -> float:
@@ -67,6 +68,8 @@ def lr_lambda(kind: str, total_steps: int, warmup_steps: int, min_lr_ratio: floa
             return 1.0
         span = max(total_steps - warmup_steps, 1)
         progress = min(max(step - warmup_steps, 0) / span, 1.0)
+        if kind == "linear":
+            return 1.0 - progress
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return f

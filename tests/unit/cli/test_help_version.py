@@ -79,7 +79,7 @@ def test_supervised_help_lists_their_flags_and_aliases(kind, capsys):
     for name in field_table(cls):
         assert f"\n  --{name} " in out, name
     assert "aliases: --learning_rate" in flag_block(out, "adam.lr")
-    assert "choices: constant, cosine, cosine_with_min_lr" in flag_block(out, "train.lr_scheduler")
+    assert "choices: constant, linear, cosine, cosine_with_min_lr" in flag_block(out, "train.lr_scheduler")
     assert "choices: debug, info, warning, error" in flag_block(out, "logger.log_level")
     assert ("--model.beta " in out) == (kind in ("dpo", "kto"))
     assert ("aliases: --placeholder_token" in out) == (kind == "prm")

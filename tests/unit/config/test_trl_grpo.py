@@ -86,13 +86,17 @@ def test_the_other_mapped_fields():
     assert (ratio.lr_warmup_ratio, ratio.lr_warmup_steps) == (0.1, -1)
 
 
+def test_trls_default_linear_schedule_maps_to_ours():
+    assert RLConfig.from_trl(trl.GRPOConfig(**{**CPU, "lr_scheduler_type": "linear"})).actor.lr_scheduler == "linear"
+
+
 def test_our_flags_win_over_the_trl_config():
     cfg = RLConfig.from_trl(grpo(learning_rate=3e-6), ["--actor.adam.lr", "1e-5"])
     assert cfg.actor.adam.lr == 1e-5
 
 
 @pytest.mark.parametrize(("kw", "needle"), [
-    (dict(lr_scheduler_type="linear"), "lr_scheduler_type='linear'"),
+    (dict(lr_scheduler_type="cosine_with_restarts"), "lr_scheduler_type='cosine_with_restarts'"),
     (dict(min_p=0.1), "min_p=0.1"),
     (dict(entropy_coef=0.01), "entropy_coef=0.01"),
     (dict(reward_weights=[1.0, 0.5]), "reward_weights="),

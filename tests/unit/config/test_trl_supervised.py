@@ -46,7 +46,7 @@ def test_dpo_by_hand():
 
 
 @pytest.mark.parametrize(("make", "needle"), [
-    (lambda: trl.SFTConfig(**{**CPU, "lr_scheduler_type": "linear"}), "lr_scheduler_type='linear'"),
+    (lambda: trl.SFTConfig(**{**CPU, "lr_scheduler_type": "polynomial"}), "lr_scheduler_type='polynomial'"),
     (lambda: trl.SFTConfig(**CPU, completion_only_loss=False), "completion_only_loss=False"),
     (lambda: trl.SFTConfig(**CPU, loss_type="dft"), "loss_type='dft'"),
     (lambda: trl.SFTConfig(**CPU, warmup_steps=5), "warmup_steps=5"),
