@@ -123,21 +123,16 @@ def _scheduler(prefix: str) -> Mapper:
     return to
 
 
-def _warmup(prefix: str, has_steps: bool) -> Mapper:
-    """TRL's warmup_steps below 1 is a ratio of all steps; its `constant` schedule has no warmup. Without
-    --PREFIX.lr_warmup_steps (supervised) whole steps become a ratio of max_steps."""
+def _warmup(prefix: str) -> Mapper:
+    """TRL's warmup_steps below 1 is a ratio of all steps (-1 steps: the ratio is read); whole steps are
+    --PREFIX.lr_warmup_steps (both count optimizer steps); its `constant` schedule has no warmup."""
     def to(v: Any, c: Any) -> list[str]:
-        ratio = ["--" + prefix + "lr_warmup_ratio"]
+        steps = f"--{prefix}lr_warmup_steps"
         if plain(getattr(c, "lr_scheduler_type", "linear")) == "constant" or not v:
-            return [f"--{prefix}lr_warmup_steps", "0"] if has_steps else [*ratio, "0.0"]
+            return [steps, "0"]
         if float(v) < 1:
-            return [*ratio, repr(float(v))] + ([f"--{prefix}lr_warmup_steps", "-1"] if has_steps else [])
-        if has_steps:
-            return [f"--{prefix}lr_warmup_steps", str(int(v))]
-        if int(getattr(c, "max_steps", -1)) > 0:
-            return [*ratio, repr(float(v) / int(c.max_steps))]
-        raise ConfigError(f"TRL warmup_steps={v}: rlhfkit's supervised warmup is a ratio of all steps; give "
-                          "warmup_steps below 1 (a ratio) or set max_steps")
+            return [f"--{prefix}lr_warmup_ratio", repr(float(v)), steps, "-1"]
+        return [steps, str(int(v))]
     return to
 
 
@@ -163,8 +158,8 @@ def hf_rules(optimizer: str, train: str, model: str, eval_note: str) -> dict[str
     flags ("actor.adam.", "actor.", "actor." for train rl); `eval_note`: what evaluation fields get."""
     return table(
         ("learning_rate", flag(optimizer + "lr", repr)), ("lr_scheduler_type", mapped(_scheduler(train))),
-        ("warmup_steps", mapped(_warmup(train, train == "actor."))),
-        ("warmup_ratio", mapped(lambda v, c: _warmup(train, train == "actor.")(v, c) if v else [])),
+        ("warmup_steps", mapped(_warmup(train))),
+        ("warmup_ratio", mapped(lambda v, c: _warmup(train)(v, c) if v else [])),
         ("weight_decay", flag(optimizer + "weight_decay", repr)), ("adam_epsilon", flag(optimizer + "eps", repr)),
         ("adam_beta1", mapped(lambda v, c: [f"--{optimizer}betas", repr(float(v)), repr(float(c.adam_beta2))])),
         ("adam_beta2", silent("read by adam_beta1's rule")),

@@ -32,9 +32,13 @@ def test_sft_by_hand():
     assert (cfg.adam.lr, cfg.adam.weight_decay, t.lr_scheduler, t.lr_warmup_ratio, t.eval_steps, t.seed) == (
         2e-5, 0.1, "cosine", 0.1, 7, 5)
     assert (cfg.data.max_len, cfg.ds.packing_samples, cfg.model.gradient_checkpointing_enable) == (256, True, False)
-    # whole warmup steps become a ratio of max_steps: 5 / 50
+    assert t.lr_warmup_steps == -1  # the ratio is read
+    # whole warmup steps are --train.lr_warmup_steps, with or without max_steps
     cfg = SFTConfig.from_trl(trl.SFTConfig(**CPU, warmup_steps=5, max_steps=50), MODEL)
-    assert (cfg.train.lr_warmup_ratio, cfg.train.max_steps) == (0.1, 50)
+    assert (cfg.train.lr_warmup_steps, cfg.train.max_steps) == (5, 50)
+    assert SFTConfig.from_trl(trl.SFTConfig(**CPU, warmup_steps=7), MODEL).train.lr_warmup_steps == 7
+    assert SFTConfig.from_trl(trl.SFTConfig(**{**CPU, "lr_scheduler_type": "constant"}, warmup_steps=7),
+                              MODEL).train.lr_warmup_steps == 0
 
 
 def test_dpo_by_hand():
@@ -49,7 +53,6 @@ def test_dpo_by_hand():
     (lambda: trl.SFTConfig(**{**CPU, "lr_scheduler_type": "polynomial"}), "lr_scheduler_type='polynomial'"),
     (lambda: trl.SFTConfig(**CPU, completion_only_loss=False), "completion_only_loss=False"),
     (lambda: trl.SFTConfig(**CPU, loss_type="dft"), "loss_type='dft'"),
-    (lambda: trl.SFTConfig(**CPU, warmup_steps=5), "warmup_steps=5"),
     (lambda: trl.DPOConfig(**CPU, loss_type=["sigmoid", "sft"]), "loss_type="),
     (lambda: trl.DPOConfig(**CPU, f_divergence_type="js_divergence"), "f_divergence_type="),
 ])
