@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.agents import ExecuteRunner, MultiTurnExecutor, SingleTurnExecutor
 from rlhfkit.api import builder, engines, run_folder
 from rlhfkit.api import vision as V
 from rlhfkit.config import RLConfig
@@ -29,6 +30,7 @@ from rlhfkit.config.opd import OPDConfig, validate_opd
 from rlhfkit.config.plan import plan_run
 from rlhfkit.config.rl import BatchPlan, validate
 from rlhfkit.data.prompts import load_prompts, tokenize_prompts
+from rlhfkit.data.truncate import TRUNCATION_SIDES
 from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.host import apply_host_settings
@@ -65,10 +67,21 @@ def _check_inputs(cfg: RLConfig, train_dataset, eval_dataset, vision_folder, exe
     for data, is_eval in ((train_dataset, False), (eval_dataset, True)):
         if data is not None and not callable(data):
             V.check_data(cfg, data, vision_folder is not None, eval=is_eval)
+    _check_truncation(cfg, executor)
     apply_host_settings(cfg.train.num_threads, cfg.train.keep_freed_memory)
     if cfg.rollout.engine == "vllm":  # fail fast, before models load
         require_vllm()
     return train_dataset, eval_dataset
+
+
+def _check_truncation(cfg: RLConfig, executor) -> None:
+    """--data.truncation left|right|middle cuts the tokenized prompt (`PromptItem.text` / `ids`); executors that
+    render each prompt again from its record's value (tool-calling, text-environment and agent-function
+    episodes read `PromptItem.raw`, left whole) would run it uncut: refused with them."""
+    if cfg.data.truncation in TRUNCATION_SIDES and executor is not None and not isinstance(
+            executor, (SingleTurnExecutor, MultiTurnExecutor, ExecuteRunner)):
+        raise ConfigError(f"--data.truncation {cfg.data.truncation}: {type(executor).__name__} renders each prompt "
+                          "again from its record, uncut; use --data.truncation skip or error with it")
 
 
 def _reward_of(cfg: RLConfig, executor, reward_fn, reward_weights, device):

@@ -318,7 +318,8 @@ class DataConfig:
     """A prompt over --data.prompt_max_len tokens: skip (counted and logged), error (stop, naming the record),
     or cut to fit (verl's data.truncation): left keeps its end, right its start, middle both ends (half
     each). Only the prompt's own text is cut (a chat's last user message), in tokens; the chat template's
-    tokens, the input template and earlier messages stay whole. Text prompts only."""
+    tokens, the input template and earlier messages stay whole. Text prompts only; not with
+    tool-calling, text-environment or agent-function episodes (they render the record again, uncut)."""
     image_key: str | None = None
     """Record key of a prompt's images (paths, URLs, bytes or a datasets Image feature; one or a list) for a
     vision-language model (docs/vision.md); none = `images`, else `image`, where the record has one."""

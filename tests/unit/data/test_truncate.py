@@ -88,3 +88,30 @@ def test_train_rl_reads_its_prompts_with_the_truncation_flag():
         cfg = parse_config(RLConfig, argv + flags, aliases=RL_ALIASES)
         items, n = _prompt_items(cfg, records, tok, None)
         assert (sorted(i.text for i in items), n) == (sorted(texts), skipped)
+
+
+def test_executors_that_render_the_record_again_refuse_a_cut():
+    """A tool-calling executor renders each prompt from its record's messages (PromptItem.raw, left whole): a
+    cut prompt would run uncut, so the cutting sides are refused with it; single-turn generation takes them."""
+    from rlhfkit.agents import SingleTurnExecutor
+    from rlhfkit.agents.tools.agent import ToolExecutor
+    from rlhfkit.api.rl import _check_truncation
+    from rlhfkit.config import RLConfig, parse_config
+    from rlhfkit.config.rl import RL_ALIASES
+    from rlhfkit.errors import ConfigError
+
+    def add(a: int, b: int) -> int:
+        """Add.
+
+        Args:
+          a: one.
+          b: two.
+        """
+        return a + b
+
+    cut = parse_config(RLConfig, ["--data.truncation", "left"], aliases=RL_ALIASES)
+    with pytest.raises(ConfigError, match="--data.truncation left: ToolExecutor renders each prompt again"):
+        _check_truncation(cut, ToolExecutor([add]))
+    _check_truncation(cut, SingleTurnExecutor())
+    _check_truncation(cut, None)
+    _check_truncation(parse_config(RLConfig, ["--data.truncation", "skip"], aliases=RL_ALIASES), ToolExecutor([add]))
