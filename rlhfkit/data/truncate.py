@@ -65,11 +65,14 @@ def truncate_ids(tokenizer, text: str, value: Any, max_len: int, side: str) -> l
     span = content_span(text, value)
     if span is None:
         return None
+    no_offsets = ConfigError("--data.truncation left|right|middle needs a fast tokenizer (token offsets); use "
+                             "--data.truncation skip")
     try:
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    except NotImplementedError as exc:  # transformers' slow (Python) tokenizers have no offsets
-        raise ConfigError("--data.truncation left|right|middle needs a fast tokenizer (token offsets); use "
-                          "--data.truncation skip") from exc
+    except NotImplementedError as exc:  # transformers 4's slow (Python) tokenizers
+        raise no_offsets from exc
+    if "offset_mapping" not in enc:  # transformers 5's Python tokenizers drop the argument
+        raise no_offsets
     ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
     inside = [i for i, (a, b) in enumerate(offsets) if span[0] <= a and b <= span[1] and b > a]
     if not inside:

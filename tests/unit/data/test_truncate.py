@@ -115,3 +115,13 @@ def test_executors_that_render_the_record_again_refuse_a_cut():
     _check_truncation(cut, SingleTurnExecutor())
     _check_truncation(cut, None)
     _check_truncation(parse_config(RLConfig, ["--data.truncation", "skip"], aliases=RL_ALIASES), ToolExecutor([add]))
+
+
+def test_a_tokenizer_without_offsets_is_a_config_error():
+    """transformers 5's Python (non-fast) tokenizers ignore return_offsets_mapping: a ConfigError, no KeyError."""
+    from transformers import ByT5Tokenizer
+
+    from rlhfkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs a fast tokenizer"):
+        truncate_ids(ByT5Tokenizer(), "Q: abcdef A:", "abcdef", 6, "left")
