@@ -47,19 +47,22 @@ def _batch(_v: Any, c: Any) -> list[str]:
 
 
 def _max_steps(v: Any, c: Any) -> list[str]:
-    """TRL counts optimizer steps; one rollout makes generation / (micro * accumulation) * num_iterations."""
+    """TRL counts optimizer steps; one rollout makes generation / (micro * accumulation) * num_iterations. TRL
+    passes over the prompts as often as max_steps takes (num_train_epochs unread): as many passes as rollouts
+    (each pass is at least one), --train.max_steps the cap."""
     if int(v) <= 0:
         return []
     accum = int(c.gradient_accumulation_steps)
     generation = (getattr(c, "generation_batch_size", None)
                   or int(c.per_device_train_batch_size) * (getattr(c, "steps_per_generation", None) or accum))
     per_rollout = generation // (int(c.per_device_train_batch_size) * accum) * int(c.num_iterations)
-    return ["--train.max_steps", str(math.ceil(int(v) / per_rollout))]
+    rollouts = str(math.ceil(int(v) / per_rollout))
+    return ["--train.max_steps", rollouts, "--train.num_episodes", rollouts]
 
 
 def _epochs(v: Any, c: Any) -> list[str]:
     if int(getattr(c, "max_steps", -1)) > 0:
-        return []  # TRL: max_steps wins
+        return []  # TRL: max_steps wins (its rule sets the passes)
     if float(v) != int(v):
         raise ConfigError(f"TRL num_train_epochs={v}: rlhfkit's --train.num_episodes counts whole passes; "
                           "use a whole number or max_steps")

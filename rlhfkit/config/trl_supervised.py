@@ -37,6 +37,10 @@ def _batch(v: Any, c: Any) -> list[str]:
 
 
 def _epochs(v: Any, c: Any) -> list[str]:
+    """TRL's max_steps wins over num_train_epochs, passing over the data as often as it takes: as many passes
+    as steps (each pass is at least one step), --train.max_steps the cap."""
+    if int(getattr(c, "max_steps", -1)) > 0:
+        return ["--train.max_epochs", str(int(c.max_steps))]
     if float(v) != int(v):
         raise ConfigError(f"TRL num_train_epochs={v}: rlhfkit's --train.max_epochs counts whole passes; "
                           "use a whole number or max_steps")

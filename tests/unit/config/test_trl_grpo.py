@@ -50,6 +50,9 @@ def test_batch_arithmetic_by_hand():
             cfg.rollout.n_samples_per_prompt, cfg.train.max_epochs) == (4, 8, 2, 4, 2)
     # one rollout = 8 / 8 = 1 optimizer step per pass, 2 passes -> 2 TRL steps; 10 TRL steps = 5 rollouts
     assert cfg.train.max_steps == 5
+    # TRL passes over the prompts as often as max_steps takes (num_train_epochs, 3 by default, unread): as many
+    # passes as rollouts, so a small dataset does not end the run early
+    assert cfg.train.num_episodes == 5
     # generation_batch_size 24 = 6 prompts of 4, 3 optimizer steps per pass; 10 steps -> ceil(10 / 3) = 4 rollouts
     cfg = RLConfig.from_trl(grpo(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,
                                  generation_batch_size=24, max_steps=10))

@@ -36,6 +36,9 @@ def test_sft_by_hand():
     # whole warmup steps are --train.lr_warmup_steps, with or without max_steps
     cfg = SFTConfig.from_trl(trl.SFTConfig(**CPU, warmup_steps=5, max_steps=50), MODEL)
     assert (cfg.train.lr_warmup_steps, cfg.train.max_steps) == (5, 50)
+    # TRL's max_steps wins over num_train_epochs (3 by default): as many passes as steps, max_steps the cap
+    assert cfg.train.max_epochs == 50
+    assert SFTConfig.from_trl(trl.SFTConfig(**CPU, num_train_epochs=1.5, max_steps=4), MODEL).train.max_epochs == 4
     assert SFTConfig.from_trl(trl.SFTConfig(**CPU, warmup_steps=7), MODEL).train.lr_warmup_steps == 7
     assert SFTConfig.from_trl(trl.SFTConfig(**{**CPU, "lr_scheduler_type": "constant"}, warmup_steps=7),
                               MODEL).train.lr_warmup_steps == 0
