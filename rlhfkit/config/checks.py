@@ -4,6 +4,7 @@ Each refuses with a one-line ConfigError naming the flag (docs/errors.md)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from rlhfkit.errors import ConfigError
@@ -95,9 +96,10 @@ def check_qlora(ds) -> None:
 
 
 def warmup_steps(steps: int, ratio: float, total_opt: int) -> int:
-    """Warmup length in optimizer steps: `steps` where it is >= 0 (0: none), else `ratio` of `total_opt`.
+    """Warmup length in optimizer steps: `steps` where it is >= 0 (0: none), else `ratio` of `total_opt` rounded
+    up, as OpenRLHF (`math.ceil(max_steps * lr_warmup_ratio)`) and transformers' Trainer round it.
 
-    >>> warmup_steps(5, 0.5, 100), warmup_steps(0, 0.5, 100), warmup_steps(-1, 0.5, 100)
-    (5, 0, 50)
+    >>> warmup_steps(5, 0.5, 100), warmup_steps(0, 0.5, 100), warmup_steps(-1, 0.5, 100), warmup_steps(-1, 0.03, 40)
+    (5, 0, 50, 2)
     """
-    return steps if steps >= 0 else int(ratio * total_opt)
+    return steps if steps >= 0 else math.ceil(ratio * total_opt)

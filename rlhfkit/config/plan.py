@@ -125,9 +125,6 @@ def plan_warnings(cfg: RLConfig, plan: RunPlan) -> list[str]:
     if cfg.actor.lr_warmup_steps > plan.total_optimizer_steps:
         out.append(f"--actor.lr_warmup_steps {cfg.actor.lr_warmup_steps} > the {plan.total_optimizer_steps} "
                    "optimizer steps of the run: the learning rate never reaches --actor.adam.lr")
-    if cfg.actor.lr_warmup_steps < 0 and cfg.actor.lr_warmup_ratio > 0 and plan.warmup_steps == 0:
-        out.append(f"--actor.lr_warmup_ratio {cfg.actor.lr_warmup_ratio} of {plan.total_optimizer_steps} "
-                   "optimizer steps rounds down to 0 warmup steps")
     if k.init_coef == 0 and (k.use_loss or k.target is not None):
         out.append("--algo.kl.use_loss / --algo.kl.target have no effect with --algo.kl.init_coef 0 "
                    "(no reference model is loaded)")

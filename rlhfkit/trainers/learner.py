@@ -56,14 +56,15 @@ log = logging.getLogger("rlhfkit")
 
 
 def lr_lambda(kind: str, total_steps: int, warmup_steps: int, min_lr_ratio: float):
-    """Multiplier of the peak lr at optimizer step s (0-based): linear warmup, then
+    """Multiplier of the peak lr at optimizer step s (0-based): linear warmup from 0 (s / warmup_steps, as
+    transformers' schedules that OpenRLHF and TRL use: the first step of a warmup has lr 0), then
     `constant`, `linear` (to 0 at `total_steps`, as transformers' linear schedule), `cosine` (to 0) or
     `cosine_with_min_lr` (to min_lr_ratio)."""
     floor = min_lr_ratio if kind == "cosine_with_min_lr" else 0.0
 
     def f(step: int) -> float:
         if warmup_steps > 0 and step < warmup_steps:
-            return (step + 1) / warmup_steps
+            return step / warmup_steps
         if kind == "constant":
             return 1.0
         span = max(total_steps - warmup_steps, 1)

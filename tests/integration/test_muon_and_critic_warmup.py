@@ -115,6 +115,6 @@ def test_train_rs_sft_stage_trains_with_muon(tiny_ws, capsys):
         "data.input_key": "input", "data.label_key": "label", "reward.remote_url": root / "digits.py",
         "rollout.max_new_tokens": 8, "rollout.batch_size": 16, "train.num_threads": 1, "rs.best_of_n": 2,
         "rs.sft_enable": "true", "sft.train.optim": "muon", "sft.muon.lr": 0.05, "sft.train.batch_size": 4,
-        "sft.train.micro_batch_size": 2})]) == 0
+        "sft.train.micro_batch_size": 2, "sft.train.lr_warmup_ratio": 0})]) == 0
     steps = [json.loads(line) for line in (out / "round_1" / "metrics.jsonl").read_text().splitlines()]
     assert steps[0]["muon_lr"] == 0.05  # the stage's Muon, at its (constant-warmup-free) first step

@@ -250,7 +250,8 @@ class CountingAlgorithm:
         torch.manual_seed(0)
         self.model, self.tokenizer, self.seen = torch.nn.Linear(2, 1), None, torch.zeros(())
         train = types.SimpleNamespace(batch_size=2, micro_batch_size=1, max_epochs=3, max_steps=None, seed=3,
-                                      eval_steps=-1, lr_warmup_ratio=0.0, lr_scheduler="constant", min_lr_ratio=0.0,
+                                      eval_steps=-1, lr_warmup_ratio=0.0, lr_warmup_steps=-1,
+                                      lr_scheduler="constant", min_lr_ratio=0.0,
                                       max_norm=1.0, optim="adam")
         adam = types.SimpleNamespace(lr=0.1, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
         self.loop = StepLoop(build_learner(self.model, adam, train, 9), items, train)

@@ -144,8 +144,9 @@ def test_verl_gmpo_example_keys_run_truncation_warmup_and_config_overrides(ws, t
     assert {s["prompt"] for s in samples} == {"user: 1=<eos>assistant: "}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     (row,) = [r for r in rows if "actor/lr" in r]
-    # optimizer steps 1 and 2 of 4 warmup steps run at 1e-3 * 1/4 and 1e-3 * 2/4: their mean is logged
+    # optimizer steps 1 and 2 of 4 warmup steps run at 1e-3 * 0/4 and 1e-3 * 1/4 (transformers' warmup from 0, as
+    # verl's and OpenRLHF's schedules): their mean is logged
     # (without the warmup, verl's ratio 0: 1e-3)
-    assert (row["optimizer_steps"], row["actor/lr"]) == (2, pytest.approx(1e-3 * (0.25 + 0.5) / 2))
+    assert (row["optimizer_steps"], row["actor/lr"]) == (2, pytest.approx(1e-3 * (0 + 0.25) / 2))
     assert "eval/pass@1" in rows[0]  # data.val_files, sampled with val_kwargs
     assert json.loads((out / "final" / "config.json").read_text())["max_position_embeddings"] == 512

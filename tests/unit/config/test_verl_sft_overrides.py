@@ -64,10 +64,10 @@ def test_warmup_steps_map_onto_train_sft_and_its_learner():
                                "optim.lr_scheduler=constant"])
     learner = build_learner(torch.nn.Linear(1, 1), cfg.adam, cfg.train, total_steps=100)
     lrs = [learner.scheduler.lr_lambdas[0](s) for s in (0, 3, 4, 50)]
-    assert lrs == [0.25, 1.0, 1.0, 1.0]  # 4 steps up, not 50 (the ratio's)
+    assert lrs == [0.0, 0.75, 1.0, 1.0]  # 4 steps up, not 50 (the ratio's)
     ratio = SFTConfig.from_args(["optim.lr_warmup_steps_ratio=0.5", "optim.lr_scheduler=constant"])
     assert build_learner(torch.nn.Linear(1, 1), ratio.adam, ratio.train, total_steps=100).scheduler.lr_lambdas[0](
-        3) == pytest.approx(4 / 50)
+        3) == pytest.approx(3 / 50)
     with pytest.raises(ConfigError, match="--train.lr_warmup_steps must be >= -1"):
         SFTConfig.from_args(["--train.lr_warmup_steps", "-2"])
 

@@ -10,14 +10,14 @@ from rlhfkit.trainers.rl.scoring import RunningMoments
 
 def test_warmup_then_cosine_with_min_lr():
     f = lr_lambda("cosine_with_min_lr", total_steps=12, warmup_steps=2, min_lr_ratio=0.1)
-    assert f(0) == pytest.approx(0.5) and f(1) == pytest.approx(1.0)
+    assert f(0) == 0.0 and f(1) == pytest.approx(0.5)  # from 0, as transformers' schedules (OpenRLHF, TRL)
     assert f(2) == pytest.approx(1.0)  # start of the decay
     assert f(7) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert f(12) == pytest.approx(0.1) and f(50) == pytest.approx(0.1)
     assert lr_lambda("constant", 10, 0, 0.0)(9) == 1.0
     assert lr_lambda("cosine", 10, 0, 0.5)(10) == pytest.approx(0.0)
     linear = lr_lambda("linear", total_steps=10, warmup_steps=2, min_lr_ratio=0.5)  # the floor is cosine_with_min_lr's
-    assert [linear(s) for s in (0, 1, 2, 6, 10, 20)] == pytest.approx([0.5, 1.0, 1.0, 0.5, 0.0, 0.0])
+    assert [linear(s) for s in (0, 1, 2, 6, 10, 20)] == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0, 0.0])
 
 
 def test_non_finite_gradient_skips_the_step():
