@@ -72,7 +72,8 @@ def test_one_rl_step_and_one_sft_step_through_the_cli(colours, tmp_path, family)
     sft = cli("sft", "--model.model_name_or_path", str(model), "--data.dataset",
               str(colours / "colours" / "train.jsonl"), "--data.output_key", "label", *data,
               "--train.batch_size", "4", "--train.micro_batch_size", "2", "--train.max_steps", "1",
-              "--adam.lr", "1e-2", "--model.autocast", "none", "--ckpt.output_dir", str(tmp_path / "sft"))
+              "--adam.lr", "1e-2", "--model.autocast", "none", "--train.lr_warmup_ratio", "0",
+              "--ckpt.output_dir", str(tmp_path / "sft"))
     assert sft == 0
     assert moved(before, load_file(tmp_path / "sft" / "final" / "model.safetensors"), tower=True)  # through the images
     expected = type(load_processor(str(model))).__name__
@@ -90,6 +91,7 @@ def test_one_dpo_step_one_rm_step_and_an_eval_through_the_cli(colours, tmp_path,
     pairs = ["--data.dataset", str(colours / "colours" / "pairs.jsonl"), "--data.prompt_key", "prompt",
              "--data.image_key", "images", "--train.batch_size", "4", "--train.micro_batch_size", "2",
              "--train.max_steps", "1", "--adam.lr", "1e-2", "--model.autocast", "none", "--train.num_threads", "1",
+             "--train.lr_warmup_ratio", "0",  # one step: a warmup's first step has lr 0
              "--logger.progress_bar", "false", "--model.model_name_or_path", str(model)]
     before = load_file(model / "model.safetensors")
     assert cli("dpo", *pairs, "--ckpt.output_dir", str(tmp_path / "dpo")) == 0

@@ -269,7 +269,8 @@ def test_one_ppo_step_with_critic_and_reference_and_one_sft_step(arch):
                            torch.tensor(tok(v, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]),
                            torch.ones(len(v) + 1, dtype=torch.bool)) for k, v in [("a", "cat"), ("bb", "dog!")]]
     sft_cfg = parse_config(SFTConfig, ["--train.batch_size", "2", "--train.micro_batch_size", "1",
-                                       "--ds.packing_samples", "true", "--train.max_steps", "1"])
+                                       "--ds.packing_samples", "true", "--train.max_steps", "1",
+                                       "--train.lr_warmup_ratio", "0"])  # a warmup's first step has lr 0
     trainer = SFTLoop(sft_cfg, model, tok, samples)
     before = copy.deepcopy(model.state_dict())
     (metrics,) = trainer.fit()
