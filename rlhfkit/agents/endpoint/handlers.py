@@ -14,6 +14,11 @@ policy; tool calls are parsed from the reply alike), the call's image tensors go
 its prompt and are recorded with it; a continuing call gets the new messages' tokens and images
 after the earlier call's. Text prompts may not hold the model's image tokens, tool messages no images.
 
+`tool_choice` "required" or a named function appends the opening of a call to the prompt ids (they are
+the prompt's: recorded as context, masked in training, not in the reply's `token_ids`; the reply's text and
+tool calls are read from it and the sampled tokens together); `parallel_tool_calls` false cuts each sample
+after the token that completes its first call (toolchoice.py).
+
 Sampling: with `honor_sampling` False (training) the run's temperature, top_p and top_k are used
 whatever the request asks, so the recorded logprobs are the ones the trainer computes; `n`,
 `max_tokens` (within the budgets) and `stop` are the request's; a request's `seed` is used by
@@ -105,6 +110,8 @@ class Completions:
         ask = sampling(body, chat=True)
         try:
             tt = self.template(body.get("tools"))
+            wants = toolchoice.read(body)
+            forced = toolchoice.forced_text(tt, wants)
             if self.vision is None:
                 ids, normed = self.text_prompt(e, tt, body)
                 images, vision = (), None
@@ -112,8 +119,6 @@ class Completions:
                 ids, normed, images, vision = self.vision_prompt(e, tt, body)
         except TemplateError as exc:  # the template's raise_exception (roles that must alternate, ...): as vLLM, a 400
             raise BadRequest(f"messages: the chat template refused them: {exc}") from exc
-        wants = toolchoice.read(body)
-        forced = toolchoice.forced_text(tt, wants)
         ids = ids + (self.encode(forced) if forced else [])  # prompt tokens: never trained, not in the reply's
         samples = await self.sample(e, ids, ask, vision)
         if wants.parse and not wants.parallel:

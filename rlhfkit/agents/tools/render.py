@@ -30,8 +30,8 @@ from typing import Any
 from rlhfkit.agents.tools.parse import (
     CALL_SYNTAX,
     DEFAULT_PARSER,
-    CallSyntax,
     TOOL_PARSERS,
+    CallSyntax,
     detect_parser,
     parse_tool_calls,
     response_template,
@@ -150,6 +150,7 @@ class ToolTemplate:
             raise ConfigError("tool calling needs a tokenizer with a chat template; this one has none")
         self.tokenizer, self.schemas, self.kwargs = tokenizer, list(schemas), template_kwargs
         self._opening: str | None = None  # turn_opening(), once read
+        self._generation: str | None = None  # generation_prompt(), once read
         self.native = not self.schemas or template_uses_tools(self.renderer)
         # the default prompt teaches the Hermes format: parse it unless told otherwise
         self.parser = parser if (parser is not None or self.native) else "hermes"
@@ -224,9 +225,11 @@ class ToolTemplate:
 
     def generation_prompt(self) -> str:
         """The text the template writes to open an assistant turn ("" when it cannot be told apart)."""
-        user = [{"role": "user", "content": "u"}]
-        prompt, bare = self.render(user), self.render(user, add_generation_prompt=False)
-        return prompt[len(bare):] if prompt.startswith(bare) else ""
+        if self._generation is None:
+            user = [{"role": "user", "content": "u"}]
+            prompt, bare = self.render(user), self.render(user, add_generation_prompt=False)
+            self._generation = prompt[len(bare):] if prompt.startswith(bare) else ""
+        return self._generation
 
     def call_syntax(self) -> CallSyntax | None:
         """How this template's calls are written (`CALL_SYNTAX` of its parser); None for a response template of

@@ -134,12 +134,18 @@ def test_a_forced_call_opens_the_turn_in_the_prompt_and_only_the_sampled_tokens_
     assert traj.response_ids.tolist() == ids(tok, sampled) and bool(traj.loss_mask.all())
 
 
-def test_the_next_turn_continues_the_forced_call_token_for_token_and_stays_one_trajectory():
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_next_turn_continues_the_forced_call_token_for_token_and_stays_one_trajectory(parallel):
+    """With parallel calls off the turn is cut after its first call: the next prompt ends the turn as the
+    template does (the model sampled no <|im_end|>)."""
     tok = FAMILIES["qwen2_5"][0]()
     named = FAMILIES["qwen2_5"][5]
     sampled = turn("qwen2_5", ADD)[len(named):]
+    if not parallel:
+        sampled = sampled.removesuffix("<|im_end|>") + "\n" + turn("qwen2_5", NEG)
     ep = Endpoint(tok, lambda ctx: sampled if ctx.endswith(named) else ANSWER + "<|im_end|>")
-    first = ep.chat(tool_choice={"type": "function", "function": {"name": "add"}})["choices"][0]
+    first = ep.chat(tool_choice={"type": "function", "function": {"name": "add"}},
+                    parallel_tool_calls=parallel)["choices"][0]
     [call] = first["message"]["tool_calls"]
     result = {"role": "tool", "tool_call_id": call["id"], "content": "7"}
     msgs = MSGS + [{"role": "assistant", "content": None, "tool_calls": [call]}, result]
@@ -147,7 +153,9 @@ def test_the_next_turn_continues_the_forced_call_token_for_token_and_stays_one_t
     assert second["choices"][0]["message"]["content"] == ANSWER
     tt = ToolTemplate(tok, TOOLS)
     prompt, forced, s1 = tt.prompt_ids(MSGS), ids(tok, named), first["token_ids"]
-    delta = tt.delta(s1, True, [{**result, "role": "tool"}])
+    assert tok.decode(s1) == turn("qwen2_5", ADD)[len(named):][:None if parallel else -len("<|im_end|>")]
+    delta = tt.delta(s1, parallel, [result])
+    assert tok.decode(delta).startswith("<|im_end|>") != parallel
     assert ep.prompts[1] == prompt + forced + s1 + delta == second["prompt_token_ids"]
     [traj] = ep.trajectories()
     s2 = ids(tok, ANSWER + "<|im_end|>")
@@ -165,7 +173,8 @@ def test_the_responses_apis_named_function_is_forced():
     out = asyncio.run(responses.serve(ep.completions, ep.e, body))
     [item] = out["output"]
     assert (item["type"], item["name"], json.loads(item["arguments"])) == ("function_call", *NEG)
-    assert out["prompt_token_ids"][-len(ids(tok, forced)):] == ids(tok, forced) and out["token_ids"] == ids(tok, sampled)
+    assert out["prompt_token_ids"][-len(ids(tok, forced)):] == ids(tok, forced)
+    assert out["token_ids"] == ids(tok, sampled)
 
 
 CUT = {  # family -> the sampled turn cut after its first call (parallel_tool_calls false)
@@ -254,5 +263,6 @@ def test_a_template_whose_call_syntax_is_unknown_refuses_a_forced_call_in_one_li
     ep = Endpoint(tok, lambda ctx: ANSWER)
     with pytest.raises(BadRequest) as exc:
         ep.chat(tool_choice="required")
-    assert "a format no parser reads, parsed as hermes, so rlhfkit cannot force one" in str(exc.value) and "\n" not in str(exc.value)
+    message = str(exc.value)
+    assert "a format no parser reads, parsed as hermes, so rlhfkit cannot force one" in message and "\n" not in message
     assert ep.prompts == [] and ep.chat()["choices"][0]["message"]["content"] == ANSWER
