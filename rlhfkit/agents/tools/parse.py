@@ -143,7 +143,7 @@ CALL_SYNTAX: dict[str, CallSyntax] = {
     "qwen3_coder": CallSyntax("<tool_call>\n<function=", "<tool_call>\n<function={name}>\n", "</tool_call>",
                               reasoning=_THINK),
     "glm45": CallSyntax("<tool_call>", "<tool_call>{name}\n", "</tool_call>", reasoning=_THINK),
-    "mistral": CallSyntax("[TOOL_CALLS]", '[TOOL_CALLS][{{"name": {name_json}, "arguments":', None),
+    "mistral": CallSyntax("[TOOL_CALLS]", '[TOOL_CALLS] [{{"name": {name_json}, "arguments":', None),  # as its template
     "mistral_v11": CallSyntax("[TOOL_CALLS]", "[TOOL_CALLS]{name}[ARGS]", "[TOOL_CALLS]", end_is_next=True,
                               reasoning=("[THINK]", "[/THINK]")),
 }

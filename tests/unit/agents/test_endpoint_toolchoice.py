@@ -64,7 +64,7 @@ FAMILIES = {
     "glm4moe": (lambda: char_tokenizer((TEMPLATES / "glm4moe.jinja").read_text(), GLM), glm_call, "\n",
                 "<|observation|>", "", "<tool_call>add\n", "<tool_call>"),
     "mistral": (lambda: mistral_tok(V3_TEMPLATE), None, None, "</s>", "",
-                '[TOOL_CALLS][{"name": "add", "arguments":', "[TOOL_CALLS]"),
+                '[TOOL_CALLS] [{"name": "add", "arguments":', "[TOOL_CALLS]"),
     "mistral_v11": (lambda: mistral_tok(V11_TEMPLATE), v11, "", "</s>", "", "[TOOL_CALLS]add[ARGS]", "[TOOL_CALLS]"),
 }
 
@@ -73,7 +73,7 @@ def turn(family, *calls):
     """What a model of `family` writes for `calls` (the whole turn, its end included)."""
     _, write, join, end, before, *_ = FAMILIES[family]
     if write is None:  # Mistral before v11: one JSON list
-        return "[TOOL_CALLS]" + json.dumps([{"name": n, "arguments": a} for n, a in calls]) + end
+        return "[TOOL_CALLS] " + json.dumps([{"name": n, "arguments": a} for n, a in calls]) + end  # as v0.3 writes
     return before + join.join(write(n, a) for n, a in calls) + end
 
 
