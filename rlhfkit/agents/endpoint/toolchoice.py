@@ -78,8 +78,8 @@ def forced_text(tt: ToolTemplate, choice: ToolChoice) -> str:
                or getattr(tt.tokenizer, "response_template", None) is not None
                else "a format no parser reads, parsed as hermes")
         raise BadRequest(f"tool_choice: the chat template's tool calls are in {why}, so rlhfkit cannot force one; "
-                         "send tool_choice \"auto\" (in training, or set --agent.tool_parser to the model's format: "
-                         f"{', '.join(CALL_SYNTAX)})")
+                         "send tool_choice \"auto\", or (in training) set --agent.tool_parser to the model's format: "
+                         f"{', '.join(CALL_SYNTAX)}")
     return tt.forced_call(choice.name)
 
 
