@@ -22,7 +22,7 @@ from rlhfkit.config.sft import (
     validate_common,
 )
 from rlhfkit.config.trl_rules import Rule
-from rlhfkit.config.trl_supervised import DPO_RULES
+from rlhfkit.config.trl_supervised import DPO_RULES, KTO_RULES, RM_RULES
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,10 @@ class RMConfig(SupervisedConfig):
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=9e-6))
     ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/rm"))
     ALIASES: ClassVar[dict[str, str | Alias]] = RM_ALIASES
+    TRL_RULES: ClassVar[dict[str, Rule] | None] = RM_RULES
+    TRL_NAME: ClassVar[str] = "RewardConfig"
+    # TRL's RewardTrainer subtracts a record's "margin" wherever the data has one
+    TRL_ARGV: ClassVar[tuple[str, ...]] = ("--model.margin_loss_enable", "true")
 
     @staticmethod
     def check(cfg: RMConfig) -> RMConfig:
@@ -106,7 +110,7 @@ class KTOConfig(DPOConfig):
     weights), validated as KTO."""
 
     ALIASES: ClassVar[dict[str, str | Alias]] = KTO_ALIASES
-    TRL_RULES: ClassVar[dict[str, Rule] | None] = None  # TRL's KTOConfig is not read yet
+    TRL_RULES: ClassVar[dict[str, Rule] | None] = KTO_RULES
 
     @staticmethod
     def check(cfg: DPOConfig) -> DPOConfig:

@@ -237,6 +237,10 @@ class SupervisedConfig:
     """Another tool's `key=value` overrides the command reads (verl's for train sft: config/verl_sft.py)."""
     TRL_RULES: ClassVar[dict[str, Rule] | None] = None
     """The rules reading TRL's config of the same trainer (config/trl_supervised.py), for `from_trl`."""
+    TRL_NAME: ClassVar[str] = ""
+    """The name of TRL's config class, where it is not this class's (`RewardConfig` for RMConfig)."""
+    TRL_ARGV: ClassVar[tuple[str, ...]] = ()
+    """Flags `from_trl` puts first: what TRL's trainer does whatever its config says."""
 
     @staticmethod
     def check(cfg):
@@ -252,10 +256,13 @@ class SupervisedConfig:
 
     @classmethod
     def from_trl(cls, trl_config: object, argv: list[str] | tuple[str, ...] = ()):
-        """The config of TRL's matching config dataclass (`trl.SFTConfig` for SFTConfig, `trl.DPOConfig` for
-        DPOConfig: every field read, config/trl_supervised.py), then our own `argv` flags on top, validated."""
-        require(cls.TRL_RULES is not None, f"{cls.__name__}.from_trl: only SFTConfig and DPOConfig read a TRL config")
-        return cls.from_args([*apply_rules(trl_config, cls.TRL_RULES, cls.__name__), *argv])
+        """The config of TRL's matching config dataclass (`trl.SFTConfig` for SFTConfig, `trl.DPOConfig`,
+        `trl.KTOConfig` for DPOConfig, KTOConfig, `trl.RewardConfig` for RMConfig: every field read,
+        config/trl_supervised.py), then our own `argv` flags on top, validated."""
+        require(cls.TRL_RULES is not None, f"{cls.__name__}.from_trl: only SFTConfig, DPOConfig, KTOConfig and "
+                "RMConfig read a TRL config")
+        rules = apply_rules(trl_config, cls.TRL_RULES, cls.TRL_NAME or cls.__name__)
+        return cls.from_args([*cls.TRL_ARGV, *rules, *argv])
 
 
 @dataclass(frozen=True)
