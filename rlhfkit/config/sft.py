@@ -218,6 +218,17 @@ class SupervisedCkptConfig(CkptConfig):
 
 
 @dataclass(frozen=True)
+class SFTDataConfig(SupervisedDataConfig):
+    """Training and evaluation data and their record keys, and what an over-long SFT sample gets."""
+
+    truncation: str = "skip"
+    """A sample over --data.max_len tokens: skip (counted and logged), error (stop, naming the record), or cut
+    to fit as verl's SFT data.truncation cuts: the whole tokenized sample, chat template and prompt included;
+    left keeps its end, right its start (the answer's end is lost). Its targets go with its tokens; a sample
+    left with none is skipped and counted. Prompt and response samples only (not with images)."""
+
+
+@dataclass(frozen=True)
 class SupervisedConfig:
     """The sections every supervised command shares (`train sft|rm|dpo|kto|prm|kd`); a command's
     config adds its own sections, changes a default, and names its aliases and checks."""
@@ -271,6 +282,7 @@ class SFTConfig(SupervisedConfig):
     overrides (`data.train_files=... optim.lr=1e-4`) are read too; these flags win over them (docs/migration.md)."""
 
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
     ALIASES: ClassVar[dict[str, str | Alias]] = SFT_ALIASES
     OVERRIDES: ClassVar[Positional | None] = staticmethod(verl_sft_values)
     TRL_RULES: ClassVar[dict[str, Rule] | None] = SFT_RULES
@@ -333,8 +345,15 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
         log.warning("--data.tokenizer_chat_template is ignored without --data.apply_chat_template (as in OpenRLHF)")
 
 
+SFT_TRUNCATIONS = ("skip", "error", "left", "right")  # --data.truncation of train sft (data/supervised.py)
+
+
 def validate_sft(cfg: SFTConfig) -> SFTConfig:
     validate_common(cfg)
+    one_of("data.truncation", cfg.data.truncation, SFT_TRUNCATIONS)
+    require(cfg.data.truncation in ("skip", "error") or not cfg.model.pretrain_mode_enable,
+            f"--data.truncation {cfg.data.truncation}: --model.pretrain_mode_enable cuts each text to --data.max_len "
+            "(keeping its start) already; drop --data.truncation")
     require(not (cfg.model.pretrain_mode_enable and cfg.data.reward_template),
             "--model.pretrain_mode_enable trains on raw texts; --data.reward_template (conditional SFT) needs "
             "prompts and responses: drop one")

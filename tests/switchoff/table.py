@@ -714,6 +714,12 @@ SWITCH_OFFS = (
               ("tests/unit/data/test_truncate.py::test_tokenize_prompts_skips_errs_or_cuts",
                "tests/unit/data/test_truncate.py::test_train_rl_reads_its_prompts_with_the_truncation_flag"),
               "never cut: skipped"),
+    SwitchOff("over-long SFT samples cut to fit (train sft --data.truncation left|right)",
+              "rlhfkit.data.supervised:fit_sample", never_cut,
+              ("tests/unit/data/test_sft_truncation.py::"
+               "test_an_over_long_sample_is_skipped_or_cut_on_one_side_with_its_targets",
+               "tests/unit/data/test_sft_truncation.py::test_verls_data_truncation_reaches_train_sfts_loader"),
+              "never cut: skipped"),
     SwitchOff("warmup in optimizer steps (--actor.lr_warmup_steps)",
               "rlhfkit.config.plan:warmup_steps", ratio_only,
               ("tests/unit/config/test_plan.py::test_warmup_in_optimizer_steps_wins_over_the_ratio",),
