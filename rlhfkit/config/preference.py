@@ -32,6 +32,9 @@ class RMModelConfig(ModelConfig):
     margin_loss_enable: bool = False
     """Llama 2's margin: the loss is -log sigmoid(r(chosen) - r(rejected) - m), m = the pair's "margin"
     record key (0 where a record has none)."""
+    center_rewards_coef: float = 0.0
+    """Add this times mean((r(chosen) + r(rejected))^2) to the loss, pulling the scores towards mean zero
+    (Eisenstein et al. 2023, Eq. 2; TRL's center_rewards_coefficient, which suggests 0.01)."""
 
 
 @dataclass(frozen=True)
@@ -117,8 +120,12 @@ class KTOConfig(DPOConfig):
         return validate_dpo(cfg, "kto")
 
 
+# `train rm`: the shared ranges and the reward model's loss settings.
+RM_RANGES = validate_table({**SUPERVISED_RANGES, "model.center_rewards_coef": ">= 0"})
+
+
 def validate_rm(cfg: RMConfig) -> RMConfig:
-    validate_common(cfg)
+    validate_common(cfg, RM_RANGES)
     refuse_reward_template(cfg, "train rm")
     return cfg
 

@@ -140,8 +140,7 @@ KTO_RULES: dict[str, Rule] = {**_supervised("model."), **table(
 )}
 
 RM_RULES: dict[str, Rule] = {**_supervised("model."), **table(
-    ("center_rewards_coefficient", refuse(f"the reward-centring term (Eisenstein et al. 2023) is {NOT_BUILT}; "
-                                          "leave it None", None)),
+    ("center_rewards_coefficient", opt("model.center_rewards_coef")),
     ("disable_dropout", _dropout("rm")),
     ("eos_token", SFT_RULES["eos_token"]), ("chat_template_path", SFT_RULES["chat_template_path"]),
 )}

@@ -69,9 +69,12 @@ def test_kto_by_hand():
 
 def test_reward_config_by_hand():
     cfg = RMConfig.from_trl(trl.RewardConfig(**CPU, per_device_train_batch_size=2, gradient_accumulation_steps=4,
-                                             max_length=512, num_train_epochs=2), MODEL)
+                                             max_length=512, num_train_epochs=2, center_rewards_coefficient=0.01),
+                            MODEL)
     t = cfg.train
     assert (t.micro_batch_size, t.batch_size, t.max_epochs, cfg.data.max_len, cfg.adam.lr) == (2, 8, 2, 512, 1e-4)
+    assert (cfg.model.center_rewards_coef, RMConfig.from_trl(trl.RewardConfig(**CPU), MODEL).model.center_rewards_coef
+            ) == (0.01, 0.0)
     assert cfg.model.margin_loss_enable  # TRL subtracts a record's "margin" wherever the data has one
     # our flags win over what the TRL config gives
     assert not RMConfig.from_trl(trl.RewardConfig(**CPU), [*MODEL, "--model.margin_loss_enable", "false"]
@@ -86,7 +89,6 @@ def test_reward_config_by_hand():
     (lambda: trl.DPOConfig(**CPU, f_divergence_type="js_divergence"), "f_divergence_type="),
     (lambda: trl.KTOConfig(**CPU, loss_type="apo_zero_unpaired"), "loss_type='apo_zero_unpaired'"),
     (lambda: trl.KTOConfig(**CPU, sync_ref_model=True), "sync_ref_model=True"),
-    (lambda: trl.RewardConfig(**CPU, center_rewards_coefficient=0.01), "center_rewards_coefficient=0.01"),
     (lambda: trl.RewardConfig(**CPU, eos_token="<|im_end|>"), "eos_token="),
 ])
 def test_what_rlhfkit_cannot_honour_is_refused_in_one_line(make, needle):
