@@ -46,6 +46,7 @@ CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
     (rl.BaseLoggerConfig, "log_level"): rl.LOG_LEVELS,
     (sft.ModelConfig, "dtype"): rl.DTYPES,
     (sft.ModelConfig, "autocast"): rl.DTYPES,
+    (sft.SFTModelConfig, "loss_type"): sft.SFT_LOSS_TYPES,
     (sft.SupervisedTrainConfig, "lr_scheduler"): rl.LR_SCHEDULERS,
     (generate.IterativeSettings, "ref"): generate.REF_MODES,
 }

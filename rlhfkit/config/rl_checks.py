@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 # The names the trainer accepts; the math behind each lives in rlhfkit.core.
 ENGINES = ("hf", "vllm")
-ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo")
-GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "group_norm", "dr_grpo")
+ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo",
+                        "group_mean_batch_std")
+GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "group_norm", "dr_grpo", "group_mean_batch_std")
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3_stable")
 LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 POLICY_LOSS_TYPES = ("ppo", "gspo", "cispo", "sapo", "clip_cov", "kl_cov", "gmpo", "vespo")

@@ -378,8 +378,8 @@ class AdvantageConfig:
 
     estimator: str = "group_norm"
     """gae (PPO with a critic), reinforce (REINFORCE++), reinforce_baseline, rloo, group_norm
-    (GRPO),
-    dr_grpo."""
+    (GRPO), dr_grpo, group_mean_batch_std (the group's mean, the batch's std: TRL's
+    scale_rewards=batch)."""
     gamma: float = 1.0
     """Discount factor of returns (forced to 1 for the group estimators)."""
     lambd: float = 0.95

@@ -49,6 +49,8 @@ from rlhfkit.config.verl_sft import verl_sft_values
 
 log = logging.getLogger("rlhfkit")
 
+SFT_LOSS_TYPES = ("nll", "dft")  # --model.loss_type of train sft
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The model being trained."""
@@ -83,6 +85,10 @@ class SFTModelConfig(ModelConfig):
     pretrain_mode_enable: bool = False
     """Continued pretraining: train on every token of the --data.input_key text (no template, no
     EOS added, --data.output_key not read; texts longer than --data.max_len are cut to it)."""
+    loss_type: str = "nll"
+    """nll: the target tokens' negative log-likelihood; dft: Dynamic Fine-Tuning, each token's NLL weighted
+    by its probability under the model, not differentiated through (Wu et al. 2025, arXiv:2508.05629; TRL's
+    loss_type='dft'). The eval loss is the NLL either way."""
 
 
 @dataclass(frozen=True)
@@ -354,6 +360,7 @@ def validate_sft(cfg: SFTConfig) -> SFTConfig:
     require(cfg.data.truncation in ("skip", "error") or not cfg.model.pretrain_mode_enable,
             f"--data.truncation {cfg.data.truncation}: --model.pretrain_mode_enable cuts each text to --data.max_len "
             "(keeping its start) already; drop --data.truncation")
+    one_of("model.loss_type", cfg.model.loss_type, SFT_LOSS_TYPES)
     require(not (cfg.model.pretrain_mode_enable and cfg.data.reward_template),
             "--model.pretrain_mode_enable trains on raw texts; --data.reward_template (conditional SFT) needs "
             "prompts and responses: drop one")

@@ -76,10 +76,9 @@ def _beta(v: Any, _c: Any) -> list[str]:
 
 def _scale(v: Any, _c: Any) -> list[str]:
     table = {"group": "group_norm", True: "group_norm", "true": "group_norm", "none": "dr_grpo", False: "dr_grpo",
-             "false": "dr_grpo"}
+             "false": "dr_grpo", "batch": "group_mean_batch_std"}
     if v not in table:
-        raise ConfigError(f"TRL scale_rewards={v!r}: rlhfkit scales by the group's std (group) or not at all "
-                          "(none); batch scaling is not built")
+        raise ConfigError(f"TRL scale_rewards={v!r}: unknown; valid: group, batch, none")
     return ["--algo.advantage.estimator", table[v]]
 
 

@@ -75,9 +75,9 @@ def _supervised(model: str) -> dict[str, Rule]:
 
 
 def _sft_loss(v: Any, _c: Any) -> list[str]:
-    if v != "nll":
-        raise ConfigError(f"TRL SFT loss_type={v!r}: rlhfkit's train sft has the token NLL only (loss_type='nll')")
-    return []
+    if v not in ("nll", "dft"):
+        raise ConfigError(f"TRL SFT loss_type={v!r}: rlhfkit's train sft has nll and dft (--model.loss_type)")
+    return [] if v == "nll" else ["--model.loss_type", v]
 
 
 SFT_RULES: dict[str, Rule] = {**_supervised("model."), **table(

@@ -194,11 +194,20 @@ def _baseline_group_norm(scores, group_ids):
     return torch.where(flat, torch.zeros_like(dev), dev / (std[inverse] + 1e-9))
 
 
+def _baseline_batch_std(scores, group_ids):
+    inverse, size, total = _group_stats(scores, group_ids)
+    dev = scores - (total / size)[inverse]
+    if scores.numel() < 2 or bool((scores == scores[0]).all()):
+        return torch.zeros_like(dev)  # one score, or all equal: exactly 0 (as group_norm's flat groups)
+    return dev / (scores.std() + 1e-9)  # unbiased, over the whole batch
+
+
 GROUP_BASELINES = {
     "none": _baseline_none,
     "mean": _baseline_mean,
     "rloo": _baseline_rloo,
     "group_norm": _baseline_group_norm,
+    "batch_std": _baseline_batch_std,
 }
 
 
@@ -213,6 +222,9 @@ def group_baseline(scores: torch.Tensor, group_ids: torch.Tensor | None, method:
       al. 2024, arXiv:2402.03300). Departure from OpenRLHF: every member of an all-equal
       group (and of a group of size 1) gets exactly 0; OpenRLHF can return float noise
       divided by ~1e-9 there, and NaN for size 1.
+    - ``batch_std``: ``(r - mean_g) / (std + 1e-9)`` with the unbiased std of all the batch's
+      scores (the group's mean, the batch's std: Liu et al. 2025, "Tricks or Traps?",
+      arXiv:2508.08221; TRL's ``scale_rewards="batch"``); all scores equal: exactly 0.
     - ``none``: a copy of the scores.
 
     ``group_ids`` are arbitrary integers in any order (never a ``view(-1, G)`` layout).
@@ -318,6 +330,10 @@ ESTIMATORS: dict[str, EstimatorSpec] = {
     "dr_grpo": EstimatorSpec(
         baseline="mean", force_gamma_one=True, whiten=False, needs_critic=False,
         doc="Dr. GRPO: group mean, no std (Liu et al. 2025, arXiv:2503.20783)",
+    ),
+    "group_mean_batch_std": EstimatorSpec(
+        baseline="batch_std", force_gamma_one=True, whiten=False, needs_critic=False,
+        doc="the group's mean, the batch's std (Liu et al. 2025, arXiv:2508.08221; TRL scale_rewards='batch')",
     ),
 }
 

@@ -448,6 +448,7 @@ def sft_loss(
     num_tokens: float | torch.Tensor | None = None,
     num_seqs: float | torch.Tensor | None = None,
     max_len: int | None = None,
+    dft: bool = False,
 ) -> tuple[torch.Tensor, dict]:
     """Negative log-likelihood of the target tokens, aggregated (OpenRLHF's ``SFTLoss``).
 
@@ -455,11 +456,14 @@ def sft_loss(
         logp: ``[B, T]`` logprobs of the target tokens.
         loss_mask: ``[B, T]`` bool, True = counts (response tokens).
         agg, num_tokens, num_seqs, max_len: see ``aggregate_loss``.
+        dft: Dynamic Fine-Tuning (Wu et al. 2025, arXiv:2508.05629): each token's ``-logp`` weighted
+            by its probability ``exp(logp)``, detached (the gradient is ``-p * grad logp``).
 
     Returns:
         ``(loss, metrics)`` with ``nll`` (token mean of ``-logp``).
     """
-    loss = aggregate_loss(-logp, loss_mask, agg, num_tokens, num_seqs, max_len)
+    per_token = -logp * logp.detach().exp() if dft else -logp
+    loss = aggregate_loss(per_token, loss_mask, agg, num_tokens, num_seqs, max_len)
     return loss, _detach_all({"nll": masked_mean(-logp, loss_mask)})
 
 

@@ -251,6 +251,10 @@ def tools_ignored(original):
     return lambda self, tools: original(self, None)  # the template without the request's tools
 
 
+def nothing_forced(original):
+    return lambda tt, choice: ""  # tool_choice "required" / a named function: no call opening appended
+
+
 def no_call_images(original):
     return lambda self, ids, data, placeholders: (None, ())  # the engine call without its images
 
@@ -371,6 +375,9 @@ FSDP_QLORA = "tests/unit/distributed/test_fsdp_qlora.py"
 VISION_WORKER = "tests/unit/distributed/test_vision_worker.py"
 VISION_EVAL = "tests/integration/test_vision_eval.py"
 VISION_EXECUTE = "tests/unit/agents/test_vision_execute.py"
+TOOL_CHOICE = "tests/unit/agents/test_endpoint_toolchoice.py"
+FORCED = "test_a_forced_call_opens_the_turn_in_the_prompt_and_only_the_sampled_tokens_train"
+CUT = "test_parallel_tool_calls_false_cuts_the_turn_after_its_first_call"
 VISION_RM = "tests/integration/test_vision_reward_model.py"
 MIX = "tests/unit/api/test_prompt_mix.py"
 ORL_RL = "tests/integration/test_openrlhf_rl_options.py"
@@ -629,6 +636,16 @@ SWITCH_OFFS = (
               ("tests/unit/agents/test_endpoint_vision.py::"
                "test_tools_in_requests_with_images_are_rendered_parsed_and_recorded_as_the_trainer_computes",),
               "the request's tools ignored"),
+    SwitchOff("an endpoint request's `tool_choice` \"required\" or named function forces a call",
+              "rlhfkit.agents.endpoint.toolchoice:forced_text", nothing_forced,
+              (f"{TOOL_CHOICE}::{FORCED}[False-qwen2_5]", f"{TOOL_CHOICE}::{FORCED}[True-mistral_v11]",
+               f"{TOOL_CHOICE}::test_the_next_turn_continues_the_forced_call_token_for_token_and_stays_one_trajectory[True]",
+               "tests/unit/agents/test_endpoint.py::"
+               "test_a_forced_tool_call_is_sampled_after_its_opening_in_the_prompt_over_http"),
+              "nothing forced: the model sampled as it is"),
+    SwitchOff("an endpoint request's `parallel_tool_calls` false", "rlhfkit.agents.endpoint.toolchoice:first_call_end",
+              noop, (f"{TOOL_CHOICE}::{CUT}[qwen2_5]", f"{TOOL_CHOICE}::{CUT}[mistral_v11]"),
+              "no reply cut: every call kept"),
     SwitchOff("images of an agent file's own engine calls (`execute()`, multi_modal_data)",
               "rlhfkit.agents.images:ImageEncoder.__call__", no_call_images,
               (f"{VISION_EXECUTE}::test_an_openrlhf_execute_with_images_records_the_trainers_logprobs",),

@@ -14,6 +14,11 @@ policy; tool calls are parsed from the reply alike), the call's image tensors go
 its prompt and are recorded with it; a continuing call gets the new messages' tokens and images
 after the earlier call's. Text prompts may not hold the model's image tokens, tool messages no images.
 
+`tool_choice` "required" or a named function appends the opening of a call to the prompt ids (they are
+the prompt's: recorded as context, masked in training, not in the reply's `token_ids`; the reply's text and
+tool calls are read from it and the sampled tokens together); `parallel_tool_calls` false cuts each sample
+after the token that completes its first call (toolchoice.py).
+
 Sampling: with `honor_sampling` False (training) the run's temperature, top_p and top_k are used
 whatever the request asks, so the recorded logprobs are the ones the trainer computes; `n`,
 `max_tokens` (within the budgets) and `stop` are the request's; a request's `seed` is used by
@@ -30,6 +35,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from rlhfkit.agents.endpoint import toolchoice
 from rlhfkit.agents.endpoint.episodes import SERVE_ID, Episode, Registry, Turn, room
 from rlhfkit.agents.endpoint.segments import Call
 from rlhfkit.agents.endpoint.vision import ImageParts, RefusedImage, VisionTemplate
@@ -104,6 +110,8 @@ class Completions:
         ask = sampling(body, chat=True)
         try:
             tt = self.template(body.get("tools"))
+            wants = toolchoice.read(body)
+            forced = toolchoice.forced_text(tt, wants)
             if self.vision is None:
                 ids, normed = self.text_prompt(e, tt, body)
                 images, vision = (), None
@@ -111,9 +119,12 @@ class Completions:
                 ids, normed, images, vision = self.vision_prompt(e, tt, body)
         except TemplateError as exc:  # the template's raise_exception (roles that must alternate, ...): as vLLM, a 400
             raise BadRequest(f"messages: the chat template refused them: {exc}") from exc
-        parse = bool(body.get("tools")) and body.get("tool_choice") != "none"
+        ids = ids + (self.encode(forced) if forced else [])  # prompt tokens: never trained, not in the reply's
         samples = await self.sample(e, ids, ask, vision)
-        choices = [self.choice(tokens, lps, finish, ask, tt if parse else None) for tokens, lps, finish, _ in samples]
+        if wants.parse and not wants.parallel:
+            samples = [self.first_call(s, tt, forced) for s in samples]
+        choices = [self.choice(tokens, lps, finish, ask, tt if wants.parse else None, forced, wants.parallel)
+                   for tokens, lps, finish, _ in samples]
         replies = [normal({"role": "assistant", "content": c.text, "tool_calls": [
             {"function": {"name": t["function"]["name"], "arguments": json.loads(t["function"]["arguments"])}}
             for t in c.tool_calls or ()]}) for c in choices]
@@ -240,17 +251,26 @@ class Completions:
             out.append((tokens, lps, finish, t.version))
         return out
 
+    def first_call(self, sample: tuple, tt: ToolTemplate, forced: str) -> tuple:
+        """A sample (tokens, logprobs, finish, version) cut after its first tool call (parallel_tool_calls false)."""
+        tokens, lps, finish, version = sample
+        k = toolchoice.first_call_end(tokens, self.tokenizer, tt, forced)
+        return sample if k is None else (tokens[:k], lps[:k], FINISH_STOP, version)
+
     def choice(self, tokens: list[int], lps: list[float], finish: str, ask: Sampling,
-               tt: ToolTemplate | None) -> Choice:
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+               tt: ToolTemplate | None, forced: str = "", parallel: bool = True) -> Choice:
+        """One sample as the reply shows it; `forced`: the text of a forced call's opening before the sampled
+        tokens (tool_choice), read with them; `parallel` False: the first call alone."""
+        ids = (self.encode(forced) if forced else []) + tokens
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
         for s in ask.stop:
             if s in text:
                 text = text[: text.index(s)]
         calls = None
         if tt is not None:
-            content, parsed, _errors = tt.parse(tokens)
+            content, parsed, _errors = tt.parse(ids)
             if parsed:
-                text, calls = content, tool_call_entries(parsed)
+                text, calls = content, tool_call_entries(parsed if parallel else parsed[:1])
         pieces = [self.tokenizer.decode([t], skip_special_tokens=False) for t in tokens] if ask.logprobs else []
         reason = "tool_calls" if calls else finish
         return Choice(text, tokens, lps, pieces, reason, calls)

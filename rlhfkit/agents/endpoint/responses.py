@@ -6,7 +6,8 @@ is served by the chat path (so a conversation that continues an earlier call sta
 items keep their role and text, consecutive `function_call` items become one assistant message's
 `tool_calls` (joined to the assistant message item just before them), and `function_call_output`
 items become tool messages; `tools` of type function -> chat tools; `max_output_tokens`,
-`temperature`, `top_p`, `tool_choice`, `parallel_tool_calls`, `stream` keep their meaning. The reply is
+`temperature`, `top_p`, `tool_choice` (`{type: function, name}` as the chat path's named function: its
+call is forced, toolchoice.py), `parallel_tool_calls`, `stream` keep their meaning. The reply is
 a `response` object: a `message` item with the text (when there is any) and a `function_call` item per
 tool call (`call_id` is the chat reply's tool-call id), `status` "incomplete" when the token budget cut
 it; with `stream`, the events OpenAI sends for it (created, each item added / its text or arguments /

@@ -4,14 +4,16 @@ template's form, samples -> `chat.completion` / `text_completion` bodies and the
 Fields honoured: `messages` / `prompt` (a string, or a list of token ids), `n`, `max_tokens` /
 `max_completion_tokens`, `temperature`, `top_p`, `top_k` (vLLM's extra), `seed` (rlhfkit serve), `stop`
 (a string or a list), `logprobs` (chat: a bool, with `top_logprobs`; completions: an int), `stream`
-(with `stream_options.include_usage`), `tools`, `tool_choice` ("none" turns parsing off). Beside
+(with `stream_options.include_usage`), `tools`, `tool_choice` and `parallel_tool_calls` (toolchoice.py:
+"required" and a named function force a call's opening, false cuts a reply after its first call). Beside
 OpenAI's fields every choice carries `token_ids` (the sampled ids) and the body, or a stream's first
 chunk, `prompt_token_ids` (vLLM's names for the same thing).
 
 Departures: each token's logprob is the sampled token's alone; `top_logprobs` lists are empty (the
 engine does not keep the others). A stream sends the whole text in one chunk once sampling ends.
-`tool_choice` "required" or a named function, `parallel_tool_calls` false and `response_format` are
-not enforced: the model is sampled as it is.
+A forced call's opening is forced, not its arguments (no constrained decoding); Llama 3's and Mistral's
+older JSON calls mark no end of a call, so `parallel_tool_calls` false keeps their first call in the reply
+and every sampled token (toolchoice.py). `response_format` is not enforced: the model is sampled as it is.
 """
 
 from __future__ import annotations

@@ -20,11 +20,15 @@ named by `parser=`, the `--agent.tool_parser` flag):
 
 A malformed call (bad JSON, no name, arguments that are not an object) is reported in the
 returned errors, never raised: the other calls of the turn still count.
+
+`CALL_SYNTAX` says how each parser's call opens and ends, for the endpoint's `tool_choice` (a forced
+call's opening, with or without its name) and `parallel_tool_calls` false (where the first call ends).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from rlhfkit.agents.tools.schema import ToolCall
@@ -107,6 +111,42 @@ TOOL_PARSERS: dict[str, dict] = {
     },
 }
 DEFAULT_PARSER = "hermes"
+
+
+@dataclass(frozen=True)
+class CallSyntax:
+    """How a parser's calls are written, for forcing one and for ending a turn after its first.
+
+    opening: the text that opens a call, before its name; named: the opening with the name written
+    (`str.format` fields `name`, and `name_json`: the name as a JSON string), cut where the model's own
+    tokens begin (before the arguments' value, so a BPE tokenizer's " {" stays the model's); end: the
+    text after which one call is complete (None: the format marks no end of a call, as Llama 3's
+    `;`-separated JSON and Mistral's JSON list); end_is_next: `end` is the next call's opening (the cut
+    goes before it); reasoning: the (open, close) markers of the turn's reasoning, where calls are drafts."""
+
+    opening: str
+    named: str
+    end: str | None
+    end_is_next: bool = False
+    reasoning: tuple[str, str] | None = None
+
+    def forced(self, name: str | None) -> str:
+        """The text that forces a call: of the function `name`, or of any function (None)."""
+        return self.opening if name is None else self.named.format(name=name, name_json=json.dumps(name))
+
+
+_THINK = ("<think>", "</think>")
+CALL_SYNTAX: dict[str, CallSyntax] = {
+    "hermes": CallSyntax("<tool_call>\n", '<tool_call>\n{{"name": {name_json}, "arguments":', "</tool_call>",
+                         reasoning=_THINK),
+    "llama3_json": CallSyntax('{"name":', '{{"name": {name_json}, "parameters":', None),
+    "qwen3_coder": CallSyntax("<tool_call>\n<function=", "<tool_call>\n<function={name}>\n", "</tool_call>",
+                              reasoning=_THINK),
+    "glm45": CallSyntax("<tool_call>", "<tool_call>{name}\n", "</tool_call>", reasoning=_THINK),
+    "mistral": CallSyntax("[TOOL_CALLS]", '[TOOL_CALLS] [{{"name": {name_json}, "arguments":', None),  # as its template
+    "mistral_v11": CallSyntax("[TOOL_CALLS]", "[TOOL_CALLS]{name}[ARGS]", "[TOOL_CALLS]", end_is_next=True,
+                              reasoning=("[THINK]", "[/THINK]")),
+}
 # what transformers' parsing raises on text the model wrote; RecursionError: JSON nested past
 # Python's recursion limit ("[[[[...") would otherwise end the run
 _REFUSED = (ValueError, KeyError, TypeError, RecursionError)

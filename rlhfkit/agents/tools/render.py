@@ -28,8 +28,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlhfkit.agents.tools.parse import (
+    CALL_SYNTAX,
     DEFAULT_PARSER,
     TOOL_PARSERS,
+    CallSyntax,
     detect_parser,
     parse_tool_calls,
     response_template,
@@ -148,6 +150,7 @@ class ToolTemplate:
             raise ConfigError("tool calling needs a tokenizer with a chat template; this one has none")
         self.tokenizer, self.schemas, self.kwargs = tokenizer, list(schemas), template_kwargs
         self._opening: str | None = None  # turn_opening(), once read
+        self._generation: str | None = None  # generation_prompt(), once read
         self.native = not self.schemas or template_uses_tools(self.renderer)
         # the default prompt teaches the Hermes format: parse it unless told otherwise
         self.parser = parser if (parser is not None or self.native) else "hermes"
@@ -214,13 +217,42 @@ class ToolTemplate:
         if self._opening is None:
             from transformers.utils.chat_parsing.response_templates import load_response_template
 
-            user = [{"role": "user", "content": "u"}]
-            prompt, bare = self.render(user), self.render(user, add_generation_prompt=False)
-            opening = prompt[len(bare):] if prompt.startswith(bare) else ""
+            opening = self.generation_prompt()
             anchor = load_response_template(response_template(self.tokenizer, self.parser)).start_anchor_re
             found = anchor is not None and any(m.end() > m.start() for m in anchor.finditer(opening))
             self._opening = opening if found else ""
         return self._opening
+
+    def generation_prompt(self) -> str:
+        """The text the template writes to open an assistant turn ("" when it cannot be told apart)."""
+        if self._generation is None:
+            user = [{"role": "user", "content": "u"}]
+            prompt, bare = self.render(user), self.render(user, add_generation_prompt=False)
+            self._generation = prompt[len(bare):] if prompt.startswith(bare) else ""
+        return self._generation
+
+    def call_syntax(self) -> CallSyntax | None:
+        """How this template's calls are written (`CALL_SYNTAX` of its parser); None for a response template of
+        the tokenizer's own or given as a dict, and for a chat template teaching a format no parser reads."""
+        if isinstance(self.parser, str):
+            return CALL_SYNTAX.get(self.parser)
+        if self.parser is not None or getattr(self.tokenizer, "response_template", None) is not None:
+            return None
+        return None if unknown_call_format(self.tokenizer) else CALL_SYNTAX[detect_parser(self.tokenizer)]
+
+    def forced_call(self, name: str | None) -> str:
+        """The text that opens a call of function `name` (None: of any function) right after the generation
+        prompt; a turn the template opens in reasoning (Qwen3.5's `<think>\\n`) gets it closed first, or the
+        call would be a draft. ValueError when `call_syntax` is None."""
+        syntax = self.call_syntax()
+        if syntax is None:
+            raise ValueError("no known call syntax")
+        text = syntax.forced(name)
+        if syntax.reasoning is not None:
+            opening, (start, close) = self.generation_prompt(), syntax.reasoning
+            if opening.count(start) > opening.count(close):
+                text = close + "\n\n" + text
+        return text
 
     def prefix_check(self, messages: Sequence[dict], ids: Sequence[int],
                      encode: Callable[[str], list[int]] | None = None) -> str:

@@ -47,7 +47,7 @@ class SFTLoop:
     def micro_loss(self, samples: list, step_samples: list) -> tuple[torch.Tensor, dict[str, float]]:
         num_tokens = sum(int(s.loss_mask.sum()) for s in step_samples)
         logp, mask = self.token_logprobs(samples)
-        loss, _ = sft_loss(logp, mask, "token_mean", num_tokens=num_tokens)
+        loss, _ = sft_loss(logp, mask, "token_mean", num_tokens=num_tokens, dft=self.cfg.model.loss_type == "dft")
         return loss, {"loss": float(loss.detach())}
 
     @torch.no_grad()

@@ -261,3 +261,38 @@ def test_serve_streams_as_openai_does_and_samples_a_requests_seed(tiny):
     assert usage[-1].choices == [] and usage[-1].usage.completion_tokens == len(usage[0].choices[0].token_ids)
     ids = [r.choices[0].token_ids for r in seeded]
     assert ids[0] == ids[1] and ids[2] == ids[3] and ids[0] != ids[2]
+
+
+def test_a_forced_tool_call_is_sampled_after_its_opening_in_the_prompt_over_http(tiny):
+    """tool_choice "required" through the HTTP handler on the tiny model (whose template ignores tools: rlhfkit's
+    Hermes prompt): the engine samples after `<tool_call>\\n` appended to the prompt, the recorded prompt holds it and
+    the trajectory trains the sampled tokens alone, with the trainer's logprobs; a function the tools lack is a 400."""
+    from rlhfkit.agents.endpoint import stitch
+    from rlhfkit.agents.tools import ToolTemplate
+
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    msgs = [{"role": "user", "content": "3+4?"}]
+    with serve(tok, engine) as server:
+        e = server.open_episode(0, seed=7, limits=EndpointLimits(per_call=6, total=40))
+
+        async def talk():
+            async with client_of(server, e) as c:
+                r = await c.chat.completions.create(model="policy", messages=msgs, tools=TOOLS, tool_choice="required",
+                                                    parallel_tool_calls=False)
+                with pytest.raises(openai.BadRequestError, match="not among the request's tools"):
+                    await c.chat.completions.create(model="policy", messages=msgs, tools=TOOLS,
+                                                    tool_choice={"type": "function", "function": {"name": "mul"}})
+                return r
+
+        r = asyncio.run(talk())
+        calls = server.close_episode(e.id).calls
+    prompt = ToolTemplate(tok, TOOLS).prompt_ids(msgs) + tok("<tool_call>\n", add_special_tokens=False)["input_ids"]
+    assert len(calls) == 1 and calls[0].prompt_ids == prompt == r.model_extra["prompt_token_ids"]
+    again = engine.generate([prompt], SamplingParams(max_new_tokens=6), seeds=[replay_seed(7, 0)])
+    assert calls[0].sampled_ids == again[0].response_ids.tolist() == r.choices[0].model_extra["token_ids"]
+    [traj] = stitch(calls, 0, 0, {}).trajectories
+    assert traj.prompt_ids.tolist() == prompt and bool(traj.loss_mask.all())
+    batch = collate([traj], pad_id=tok.pad_token_id)
+    logp, _ = response_logprobs(model, batch, temperature=1.0)
+    torch.testing.assert_close(traj.logprobs, logp[0][batch.loss_mask[0]], atol=1e-4, rtol=0)

@@ -19,8 +19,12 @@ CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool
 ANSWER = "The product is 42.<|im_end|>"
 
 
+FORCED = "<tool_call>\n"  # the opening tool_choice "required" (smolagents) appends to the prompt
+
+
 def calls_then_answers(context: str) -> str:
-    return ANSWER if "<tool_response>\n42" in context else CALL
+    """The answer after the tool's result, else the call: its rest when the prompt ends in its forced opening."""
+    return ANSWER if "<tool_response>\n42" in context else CALL.removeprefix(FORCED if context.endswith(FORCED) else "")
 
 
 class _Prompt:
@@ -88,6 +92,7 @@ def test_each_librarys_tool_call_comes_back_and_its_follow_up_continues_the_epis
         if len(bodies) > 1:
             assert replies[1]["message"]["content"] == "The product is 42." and not replies[1]["message"]["tool_calls"]
             assert metrics["endpoint/splits"] == 0 and trained == [CALL + ANSWER], name
-        else:
-            assert trained == [CALL], name
+        else:  # smolagents asks for a call (tool_choice "required"): its opening is the prompt's, not trained
+            forced = FORCED if bodies[0].get("tool_choice") == "required" else ""
+            assert trained == [CALL.removeprefix(forced)], name
 

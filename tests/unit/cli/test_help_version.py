@@ -52,7 +52,7 @@ def test_train_rl_help_describes_every_flag_with_type_default_choices_and_aliase
         "      HF folder, a .gguf file, or `smollm2` (the packaged SmolLM2-135M-Instruct, converted once).\n"
         "      aliases: --pretrain")
     assert flag_block(out, "algo.advantage.estimator").endswith(
-        "      choices: gae, reinforce, reinforce_baseline, rloo, group_norm, dr_grpo\n"
+        "      choices: gae, reinforce, reinforce_baseline, rloo, group_norm, dr_grpo, group_mean_batch_std\n"
         "      aliases: --advantage_estimator")
     assert "choices: true, mean, false" in flag_block(out, "algo.advantage.whiten")
     assert "choices: k1, k2, k3, k3_stable" in flag_block(out, "algo.kl.estimator")

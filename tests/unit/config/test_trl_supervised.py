@@ -47,6 +47,11 @@ def test_sft_by_hand():
                               MODEL).train.lr_warmup_steps == 0
 
 
+def test_sft_loss_type_dft_is_read():
+    assert SFTConfig.from_trl(trl.SFTConfig(**CPU, loss_type="dft"), MODEL).model.loss_type == "dft"
+    assert SFTConfig.from_trl(trl.SFTConfig(**CPU), MODEL).model.loss_type == "nll"
+
+
 def test_dpo_by_hand():
     cfg = DPOConfig.from_trl(trl.DPOConfig(**CPU, beta=0.2, label_smoothing=0.1, per_device_train_batch_size=4,
                                            gradient_accumulation_steps=2, learning_rate=5e-7), MODEL)
@@ -84,7 +89,6 @@ def test_reward_config_by_hand():
 @pytest.mark.parametrize(("make", "needle"), [
     (lambda: trl.SFTConfig(**{**CPU, "lr_scheduler_type": "polynomial"}), "lr_scheduler_type='polynomial'"),
     (lambda: trl.SFTConfig(**CPU, completion_only_loss=False), "completion_only_loss=False"),
-    (lambda: trl.SFTConfig(**CPU, loss_type="dft"), "loss_type='dft'"),
     (lambda: trl.DPOConfig(**CPU, loss_type=["sigmoid", "sft"]), "loss_type="),
     (lambda: trl.DPOConfig(**CPU, f_divergence_type="js_divergence"), "f_divergence_type="),
     (lambda: trl.KTOConfig(**CPU, loss_type="apo_zero_unpaired"), "loss_type='apo_zero_unpaired'"),

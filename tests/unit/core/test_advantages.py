@@ -40,13 +40,17 @@ def ref_group_baseline(scores, ids, method):
             else:
                 std = math.sqrt(sum((x - mean) ** 2 for x in grp) / (n - 1))
                 out.append((r - mean) / (std + 1e-9))
+        elif method == "batch_std":
+            m = sum(scores) / len(scores)
+            std = math.sqrt(sum((x - m) ** 2 for x in scores) / (len(scores) - 1))
+            out.append(0.0 if max(scores) == min(scores) else (r - mean) / (std + 1e-9))
     return torch.tensor(out, dtype=torch.float64)
 
 
 def ref_compute(estimator, rewards, mask, ids, gamma, lam, values, kl, kl_coef, whiten, clip):
     """OpenRLHF's order, one sample and one token at a time."""
     baseline = {"gae": "none", "reinforce": "none", "reinforce_baseline": "mean", "rloo": "rloo",
-                "group_norm": "group_norm", "dr_grpo": "mean"}[estimator]
+                "group_norm": "group_norm", "dr_grpo": "mean", "group_mean_batch_std": "batch_std"}[estimator]
     shaped = ref_group_baseline(rewards, ids, baseline).tolist()
     if clip is not None:
         shaped = [min(max(r, clip[0]), clip[1]) for r in shaped]
@@ -142,7 +146,7 @@ def test_token_rewards_by_hand():
 # ---------------------------------------------------------------- group baselines
 
 
-@pytest.mark.parametrize("method", ["none", "mean", "rloo", "group_norm"])
+@pytest.mark.parametrize("method", ["none", "mean", "rloo", "group_norm", "batch_std"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_group_baseline_matches_loop_with_shuffled_ids(method, seed):
     rng = random.Random(seed)
@@ -167,6 +171,19 @@ def test_group_norm_all_equal_group_is_exactly_zero():
     assert out[5].item() == 0.0  # group of size 1
     # group 2: mean 0.5, unbiased std sqrt(0.08) -> +-0.2 / sqrt(0.08)
     torch.testing.assert_close(out[[1, 4]], torch.tensor([0.2, -0.2]) / math.sqrt(0.08), atol=1e-5, rtol=0)
+
+
+def test_batch_std_by_hand():
+    # groups {1, 0} and {1, 1}: group means 0.5 and 1; the batch [1, 0, 1, 1] has mean 0.75 and
+    # unbiased std sqrt((3 * 0.0625 + 0.5625) / 3) = 0.5; an all-equal group keeps 0 (its own mean)
+    out = group_baseline(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([3, 3, 7, 7]), "batch_std")
+    torch.testing.assert_close(out, torch.tensor([1.0, -1.0, 0.0, 0.0]), **ATOL)
+    # group_norm divides by each group's std instead: +-0.5 / sqrt(0.5)
+    torch.testing.assert_close(group_baseline(torch.tensor([1.0, 0.0]), torch.tensor([3, 3]), "group_norm"),
+                               torch.tensor([0.5, -0.5]) / math.sqrt(0.5), **ATOL)
+    flat = group_baseline(torch.full((3,), 0.9), torch.tensor([0, 0, 1]), "batch_std")
+    assert flat.tolist() == [0.0, 0.0, 0.0]  # all equal: exactly 0, not noise / 1e-9
+    assert group_baseline(torch.tensor([2.0]), torch.tensor([0]), "batch_std").tolist() == [0.0]
 
 
 def test_rloo_needs_two_samples_per_group():
@@ -264,7 +281,7 @@ def test_estimator_specs_say_what_each_estimator_does():
     def names(prop):
         return [name for name, spec in ESTIMATORS.items() if getattr(spec, prop)]
 
-    assert names("grouped") == ["reinforce_baseline", "rloo", "group_norm", "dr_grpo"]
+    assert names("grouped") == ["reinforce_baseline", "rloo", "group_norm", "dr_grpo", "group_mean_batch_std"]
     assert names("force_gamma_one") == names("grouped")
     assert names("needs_critic") == ["gae"]
     assert names("whiten") == ["gae", "reinforce", "reinforce_baseline"]
@@ -355,5 +372,5 @@ def test_a_new_estimator_is_one_table_entry(monkeypatch):
     torch.testing.assert_close(ret, torch.tensor([[0.25, 0.5], [-0.5, 0.0]]), **ATOL)
     with pytest.raises(ValueError, match="needs group_ids"):  # grouped: the ids are required
         compute_advantages("mean_discounted", rewards, mask, None)
-    with pytest.raises(ValueError, match="valid: gae, .*, dr_grpo, mean_discounted"):
+    with pytest.raises(ValueError, match="valid: gae, .*, group_mean_batch_std, mean_discounted"):
         compute_advantages("mean_discounted2", rewards, mask, None)

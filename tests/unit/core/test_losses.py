@@ -323,6 +323,17 @@ def test_sft_loss():
     assert loss2.item() == pytest.approx((1.5 + 4) / 2)
 
 
+def test_sft_loss_dft_weights_each_token_by_its_detached_probability():
+    # p = 0.5 and 0.25: loss (0.5 ln 2 + 0.25 ln 4) / 2 = 0.5 ln 2; d loss / d logp_t = -p_t / 2
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.9]])).requires_grad_()
+    mask = torch.tensor([[True, True, False]])
+    loss, m = sft_loss(logp, mask, dft=True)
+    assert loss.item() == pytest.approx(0.5 * math.log(2))
+    assert m["nll"].item() == pytest.approx((math.log(2) + math.log(4)) / 2)  # the metric stays the NLL
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.25, -0.125, 0.0]]))
+
+
 def preference_batch():
     return (torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-2.0, -1.0, -3.5]),
             torch.tensor([-1.5, -1.5, -3.0]), torch.tensor([-1.5, -1.5, -3.0]))

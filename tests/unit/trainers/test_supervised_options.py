@@ -46,6 +46,24 @@ def test_pretrain_mode_loss_is_the_causal_lm_loss_of_the_whole_text(tmp_path):
     torch.testing.assert_close(both, (l1 * n1 + l2 * n2) / (n1 + n2), rtol=1e-5, atol=1e-6)
 
 
+def test_dft_loss_weights_each_target_token_by_its_probability(tmp_path):
+    """--model.loss_type dft: the micro-batch loss is the token mean of p * NLL (p detached) over the same
+    response tokens as the NLL; nll (the default) is the plain token mean."""
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    samples, _ = load_sft(write(tmp_path / "t.jsonl", [{"input": "q: 2+2", "output": "4 ok"}]), TextFormat(tok))
+    losses = {}
+    for kind in ("nll", "dft"):
+        cfg = parse_config(SFTConfig, ["--model.loss_type", kind, "--train.batch_size", "1",
+                                       "--train.micro_batch_size", "1"])
+        losses[kind] = SFTLoop(cfg, model, tok, samples).micro_loss(samples, samples)[0]
+    s = samples[0]
+    ids = torch.cat([s.prompt_ids, s.response_ids])[None]
+    logp = logprobs_from_logits(model(input_ids=ids).logits[:, :-1], ids[:, 1:])[0, -len(s.response_ids):]
+    torch.testing.assert_close(losses["nll"], -logp.mean(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(losses["dft"], -(logp.exp() * logp).mean(), rtol=1e-5, atol=1e-6)
+    assert float(losses["dft"]) < float(losses["nll"])
+
+
 def test_margin_loss_subtracts_each_pairs_margin_by_hand(tmp_path):
     model, tok = tiny_model_and_tokenizer(seed=0)
     rows = [{"prompt": "q:", "chosen": "77", "rejected": "1", "margin": 2.0},
