@@ -56,6 +56,7 @@ class DecodeState:
     experts: torch.Tensor | None = None  # and per row each response token's [B, max_new, layers, k]
     seen: torch.Tensor | None = None  # with a repetition penalty: per row the tokens of its prompt and response [B, V]
     room: torch.Tensor | None = None  # per row the response tokens its model's learned positions leave [B] (or None)
+    matchers: object = None  # with constraints: the rows' grammar matchers (rollout.constrained.RowMatchers)
 
 
 @dataclass
@@ -73,3 +74,4 @@ class PartialGeneration:
     done: list[DecodeState] = field(default_factory=list)
     state: DecodeState | None = None
     episode_keys: list | None = None
+    constraints: list | None = None  # per prompt its Constraint or None (None: no prompt is constrained)

@@ -65,6 +65,7 @@ from rlhfkit.models.logprobs import forward_parameters, note_once
 from rlhfkit.models.moe import ExpertRecorder, routing_shape
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.bf16_decode import Bf16Decoder, bf16_decode_support
+from rlhfkit.rollout.constrained import Constraint, Grammars
 from rlhfkit.rollout.decode_attention import decode_attention
 from rlhfkit.rollout.decode_state import DecodeState, PartialGeneration
 from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache, repeat_rows, select_rows
@@ -171,6 +172,7 @@ class HFEngine:
         self.max_batch_tokens = max_batch_tokens
         self.autocast_dtype = autocast_dtype
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.tokenizer, self._grammars = tokenizer, None  # constrained sampling's (built on its first use)
         self.eos_ids = eos_ids(model, tokenizer)
         takes = forward_parameters(model)
         self._keep_last_logits = "logits_to_keep" in takes
@@ -237,6 +239,7 @@ class HFEngine:
         group_ids: Sequence[int] | None = None,
         seeds: Sequence[int] | None = None,
         episode_keys: Sequence | None = None,
+        constraints: Sequence[Constraint | None] | None = None,
     ) -> list[Trajectory]:
         """Sample `params.n` responses per prompt; sample s of prompt i is at index i*n + s.
 
@@ -247,13 +250,15 @@ class HFEngine:
 
         `episode_keys` (one hashable per prompt, n = 1): the prompts are turns of these episodes; each
         row's KV cache is kept for the episode's next turn, and a kept one starts this turn's prefill
-        where it still holds (rollout.turns). `end_episodes` frees them."""
-        return self.resume(self.start(prompts, params, generator, group_ids, seeds, episode_keys))
+        where it still holds (rollout.turns). `end_episodes` frees them. `constraints` (one per prompt, None:
+        unconstrained): what each prompt's responses must be, sampled under its grammar (rollout.constrained)."""
+        return self.resume(self.start(prompts, params, generator, group_ids, seeds, episode_keys, constraints))
 
     # ------------------------------------------------------------------ interruptible generation
     def start(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
               generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
-              seeds: Sequence[int] | None = None, episode_keys: Sequence | None = None) -> PartialGeneration:
+              seeds: Sequence[int] | None = None, episode_keys: Sequence | None = None,
+              constraints: Sequence[Constraint | None] | None = None) -> PartialGeneration:
         """A generation not run yet (arguments as `generate`); `resume` runs it, in slices if asked."""
         check_params(params, prompts, group_ids)
         longest = max(map(len, prompts), default=0)
@@ -261,7 +266,7 @@ class HFEngine:
             raise ConfigError(f"a prompt of {longest} tokens leaves no room for a response in "
                               f"{type(self.model).__name__}'s {self.position_limit} positions; keep prompts shorter "
                               "(--data.prompt_max_len)")
-        for name, values in (("seeds", seeds), ("episode_keys", episode_keys)):
+        for name, values in (("seeds", seeds), ("episode_keys", episode_keys), ("constraints", constraints)):
             if values is not None and len(values) != len(prompts):
                 raise ConfigError(f"{name} has {len(values)} entries for {len(prompts)} prompts")
         keys = list(episode_keys) if episode_keys is not None and self.keeps_turns and params.n == 1 else None
@@ -269,7 +274,7 @@ class HFEngine:
         return PartialGeneration([list(p) for p in prompts], params, stop_ids, generator,
                                  None if seeds is None else list(seeds),
                                  None if group_ids is None else list(group_ids), list(self._chunks(prompts, params)),
-                                 episode_keys=keys)
+                                 episode_keys=keys, constraints=self._constraints(constraints))
 
     def resume(self, gen: PartialGeneration, max_new_tokens_this_call: int | None = None) -> list[Trajectory] | None:
         """Decode at most `max_new_tokens_this_call` more tokens of `gen` (None: to the end); the
@@ -290,6 +295,9 @@ class HFEngine:
                     if gen.state is None:
                         gens = None if gen.seeds is None else [seeded(x) for x in gen.seeds[start:stop]]
                         gen.state = self._prefill_chunk(gen, start, stop, gens)
+                        if gen.constraints is not None:
+                            gen.state.matchers = self._grammars.rows(gen.constraints[start:stop], gen.params.n,
+                                                                     gen.stop_ids)
                     budget -= self._decode(gen.state, gen.stop_ids, budget)
                     if gen.state.finished:
                         gen.done.append(gen.state)
@@ -301,6 +309,14 @@ class HFEngine:
         if self._bf16 is not None:  # the weights change before the next generation: no copy held meanwhile
             self._bf16.release()
         return self._trajectories(gen)
+
+    def _constraints(self, constraints: Sequence[Constraint | None] | None) -> list | None:
+        """The generation's per-prompt constraints, None when none is set (the decode loop then keeps no matchers)."""
+        if constraints is None or all(c is None for c in constraints):
+            return None
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer)
+        return list(constraints)
 
     def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
         # Built outside inference mode: trajectories hold ordinary tensors a loss may save for backward.
@@ -426,7 +442,10 @@ class HFEngine:
             step = s.step
             u = None if s.uniforms is None else s.uniforms[s.rows // n, step, s.rows % n]  # on the device
             seen = None if s.seen is None else s.seen[s.rows]
-            tok, lp = sample(s.logits, params, s.generator, u, self.banned_ids, seen)
+            allowed = None if s.matchers is None else s.matchers.allowed(s.active, s.logits.shape[-1], s.logits.device)
+            tok, lp = sample(s.logits, params, s.generator, u, self.banned_ids, seen, allowed)
+            if s.matchers is not None:  # each constrained row's grammar takes its token
+                s.matchers.advance(s.active, tok, s.alive)
             if s.seen is not None:
                 s.seen[s.rows, tok] = True
             s.finite &= (torch.isfinite(lp) | ~s.alive).all()  # finished rows may still be in the batch

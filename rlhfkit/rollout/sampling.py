@@ -14,7 +14,7 @@ from rlhfkit.rollout.base import SamplingParams
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, u=None,
-           banned: torch.Tensor | None = None, seen: torch.Tensor | None = None):
+           banned: torch.Tensor | None = None, seen: torch.Tensor | None = None, allowed: torch.Tensor | None = None):
     """logits [B, V] float32 -> (tokens [B], logprobs [B]).
 
     The logprob is log_softmax(logits / T) at the token, before top-k/top-p truncation;
@@ -22,10 +22,13 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     uniforms, else they are drawn from `generator` (and copied to the logits' device). `banned`:
     token ids never sampled (a truncation like top-k: the logprob is still the untruncated one).
     `seen` [B, V] bool: the tokens each row's prompt and response hold so far, whose logits
-    `params.repetition_penalty` penalises in the choice (the logprob is still the model's).
+    `params.repetition_penalty` penalises in the choice (the logprob is still the model's). `allowed` [B, V]
+    bool: per row the tokens it may take (a grammar's, rollout.constrained), a truncation too.
     """
     choose = logits if banned is None else logits.index_fill(-1, banned.to(logits.device), -math.inf)
-    altered = banned is not None  # the choice is made from other logits than the logprob's
+    if allowed is not None:
+        choose = choose.masked_fill(~allowed, -math.inf)
+    altered = banned is not None or allowed is not None  # the choice is made from other logits than the logprob's
     if seen is not None and params.repetition_penalty != 1.0:
         choose, altered = penalize_repeats(choose, seen, params.repetition_penalty), True
     if params.temperature == 0:

@@ -63,18 +63,20 @@ class VisionEngine(HFEngine):
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
-                 seeds: Sequence[int] | None = None, vision: Sequence | None = None) -> list[Trajectory]:
+                 seeds: Sequence[int] | None = None, vision: Sequence | None = None,
+                 constraints: Sequence | None = None) -> list[Trajectory]:
         """As HFEngine.generate; `vision[i]`: prompt i's image tensors or None."""
-        return self.resume(self.start(prompts, params, generator, group_ids, seeds, vision))
+        return self.resume(self.start(prompts, params, generator, group_ids, seeds, vision, constraints))
 
-    def start(self, prompts, params, generator=None, group_ids=None, seeds=None, vision=None) -> VisionGeneration:
-        gen = super().start(prompts, params, generator, group_ids, seeds)
+    def start(self, prompts, params, generator=None, group_ids=None, seeds=None, vision=None,
+              constraints=None) -> VisionGeneration:
+        gen = super().start(prompts, params, generator, group_ids, seeds, constraints=constraints)
         vision = list(vision) if vision is not None else [None] * len(prompts)
         if len(vision) != len(prompts):
             raise ConfigError(f"vision has {len(vision)} entries for {len(prompts)} prompts")
         chunks = [(i, i + 1) for i in range(len(prompts))]  # one prompt (its images) per prefill
         return VisionGeneration(gen.prompts, gen.params, gen.stop_ids, gen.generator, gen.seeds, gen.group_ids,
-                                chunks, vision=vision)
+                                chunks, constraints=gen.constraints, vision=vision)
 
     def _prefill_chunk(self, gen: PartialGeneration, start: int, stop: int, gens) -> DecodeState:
         vision = gen.vision[start] if isinstance(gen, VisionGeneration) else None

@@ -36,6 +36,11 @@ How it maps onto vLLM:
   processed logprobs are then those of the distribution without them (the HF engine records the
   full vocabulary's: they differ by log(1 - p(placeholders)), nothing for a trained model). Not run
   on a real vLLM here (tests use a fake `vllm.LLM`).
+- Structured outputs: `generate(..., constraints=[...])` hands each prompt's JSON schema (or json_object)
+  to vLLM's own `StructuredOutputsParams` (vLLM's structured-output backend, xgrammar or guidance,
+  samples under it). vLLM applies the grammar's mask to the logits before its sampler, so its processed
+  logprob of a constrained token is under the masked, renormalised distribution (as with top-k); the HF
+  engine records the model's own (rollout.constrained).
 - Colocation: with `enable_sleep`, vLLM frees its KV cache and offloads its weights while the
   trainer runs (`sleep()` / `wake_up()`); `auto_sleep` sleeps after every `generate`. A weight
   update wakes only the weights (they are overwritten right away; the KV cache stays freed), and
@@ -58,6 +63,7 @@ import torch
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.rollout.constrained import Constraint, vllm_structured_outputs
 from rlhfkit.rollout.sampling import check_params
 from rlhfkit.rollout.vllm_images import ImagePrompt, vllm_prompt_ids
 from rlhfkit.rollout.vllm_worker import (
@@ -164,9 +170,10 @@ def sample_seeds(num_prompts: int, n: int, generator: torch.Generator | None,
 
 
 def sampling_kwargs(params: SamplingParams, stop_ids: Sequence[int], seed: int | None,
-                    banned_ids: Sequence[int] = ()) -> dict:
+                    banned_ids: Sequence[int] = (), constraint: Constraint | None = None) -> dict:
     """Keyword arguments of one `vllm.SamplingParams` (n = 1: each sample is its own request);
-    `banned_ids` (a vision-language model's placeholder tokens) get a logit bias of -100."""
+    `banned_ids` (a vision-language model's placeholder tokens) get a logit bias of -100; a `constraint`
+    becomes `structured_outputs`, the keyword arguments of vLLM's `StructuredOutputsParams` (`vllm_params`)."""
     kwargs = dict(
         n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0,
         max_tokens=params.max_new_tokens, stop_token_ids=sorted(set(stop_ids)), logprobs=0, seed=seed,
@@ -176,7 +183,18 @@ def sampling_kwargs(params: SamplingParams, stop_ids: Sequence[int], seed: int |
         kwargs["repetition_penalty"] = params.repetition_penalty
     if banned_ids:
         kwargs["logit_bias"] = {int(i): -100.0 for i in banned_ids}
+    if constraint is not None:
+        kwargs["structured_outputs"] = vllm_structured_outputs(constraint)
     return kwargs
+
+
+def vllm_params(vllm, kwargs: dict):
+    """`vllm.SamplingParams(**kwargs)`, the `structured_outputs` dict made vLLM's `StructuredOutputsParams`."""
+    if "structured_outputs" in kwargs:
+        from vllm.sampling_params import StructuredOutputsParams  # noqa: PLC0415 - vLLM is optional
+
+        kwargs = dict(kwargs, structured_outputs=StructuredOutputsParams(**kwargs["structured_outputs"]))
+    return vllm.SamplingParams(**kwargs)
 
 
 def vllm_request(ids: Sequence[int], vision, image_prompt: ImagePrompt | None) -> dict:
@@ -299,22 +317,26 @@ class VLLMEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  generator: torch.Generator | None = None, group_ids: Sequence[int] | None = None,
-                 seeds: Sequence[int] | None = None, vision: Sequence | None = None) -> list[Trajectory]:
+                 seeds: Sequence[int] | None = None, vision: Sequence | None = None,
+                 constraints: Sequence[Constraint | None] | None = None) -> list[Trajectory]:
         """Sample `params.n` responses per prompt; sample s of prompt i is at index i*n + s. `vision`:
-        each prompt's image tensors (VisionInputs) or None; the trajectories carry them."""
+        each prompt's image tensors (VisionInputs) or None; the trajectories carry them. `constraints`: per
+        prompt a Constraint (its responses sampled under vLLM's structured outputs) or None."""
         import vllm
 
         check_params(params, prompts, group_ids)
         vision = list(vision) if vision is not None else [None] * len(prompts)
-        if len(vision) != len(prompts):
-            raise ConfigError(f"vision has {len(vision)} entries for {len(prompts)} prompts")
+        constraints = list(constraints) if constraints is not None else [None] * len(prompts)
+        if len(vision) != len(prompts) or len(constraints) != len(prompts):
+            raise ConfigError(f"vision / constraints have {len(vision)} / {len(constraints)} entries for "
+                              f"{len(prompts)} prompts")
         self.wake_up()
         stop_ids = sorted(set(self.eos_ids) | set(params.stop_token_ids))
         n = params.n
         per_prompt = [vllm_request(p, v, self.image_prompt) for p, v in zip(prompts, vision)]
         requests = [per_prompt[i // n] for i in range(len(prompts) * n)]
-        sps = [vllm.SamplingParams(**sampling_kwargs(params, stop_ids, s, self.banned_ids))
-               for s in sample_seeds(len(prompts), n, generator, seeds)]
+        sps = [vllm_params(vllm, sampling_kwargs(params, stop_ids, s, self.banned_ids, constraints[k // n]))
+               for k, s in enumerate(sample_seeds(len(prompts), n, generator, seeds))]
         outputs = self.llm.generate(requests, sampling_params=sps, use_tqdm=False)
         out = []
         for k, o in enumerate(outputs):

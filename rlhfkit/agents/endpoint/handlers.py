@@ -19,6 +19,9 @@ the prompt's: recorded as context, masked in training, not in the reply's `token
 tool calls are read from it and the sampled tokens together); `parallel_tool_calls` false cuts each sample
 after the token that completes its first call (toolchoice.py).
 
+`response_format` json_object / json_schema (wire.py) hands the engine a constraint with the prompt: the
+whole reply is sampled under its grammar (rollout/constrained.py), in training as in `rlhfkit serve`.
+
 Sampling: with `honor_sampling` False (training) the run's temperature, top_p and top_k are used
 whatever the request asks, so the recorded logprobs are the ones the trainer computes; `n`,
 `max_tokens` (within the budgets) and `stop` are the request's; a request's `seed` is used by
@@ -54,7 +57,7 @@ from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.stops import stop_position
 
-Generate = Callable[[list[int], SamplingParams, int, object, Any], Awaitable[list[Trajectory]]]
+Generate = Callable[[list[int], SamplingParams, int, object, Any, Any], Awaitable[list[Trajectory]]]
 Gone = Callable[[], Awaitable[bool]]  # whether the client went away (closed its connection) while its call sampled
 
 
@@ -111,6 +114,9 @@ class Completions:
         try:
             tt = self.template(body.get("tools"))
             wants = toolchoice.read(body)
+            if wants.force and ask.constraint is not None:
+                raise BadRequest("response_format: a JSON reply cannot hold the call tool_choice forces; send one of "
+                                 "them")
             forced = toolchoice.forced_text(tt, wants)
             if self.vision is None:
                 ids, normed = self.text_prompt(e, tt, body)
@@ -241,7 +247,7 @@ class Completions:
         # (a fixed seed in an agent would make all of a prompt's episodes alike)
         seed = ask.seed if e.id == SERVE_ID and ask.seed is not None else e.next_seed()
         with self.registry.in_engine(e):
-            trajs = await self.generate(ids, params, seed, e, vision)
+            trajs = await self.generate(ids, params, seed, e, vision, ask.constraint)
         out = []
         for t in trajs:
             tokens, lps, finish = t.response_ids.tolist(), t.logprobs.tolist(), t.finish_reason

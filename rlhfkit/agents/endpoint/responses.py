@@ -17,8 +17,9 @@ done, completed), all at once after sampling. Beside OpenAI's fields the respons
 Not served (400): `previous_response_id` and `conversation` (the endpoint keeps no responses; send the
 whole input), tools other than functions (web search, file search, ...), `n`, a `function_call_output`
 whose `call_id` no `function_call` item before it has. Refusals of the chat path name the Responses
-fields (`input`, `max_output_tokens`). `text.format` and `reasoning` are not enforced, as `response_format`
-is not on the chat path.
+fields (`input`, `max_output_tokens`, `text.format`). `text.format` is the chat path's `response_format`
+({type: json_schema, name, schema, strict} with the schema's fields in the format; wire.py): the reply's
+text is JSON of the schema, sampled under its grammar. `reasoning` is not enforced.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from rlhfkit.agents.endpoint.wire import BadRequest
 _CARRIED = ("temperature", "top_p", "tool_choice", "parallel_tool_calls", "stream", "seed", "top_k")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 # the chat path's field names in its refusals, as a Responses request names them
-_OWN_NAMES = {"messages": "input", "max_tokens": "max_output_tokens"}
-_CHAT_NAME = re.compile(r"^(messages|max_tokens)\b")
+_OWN_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
+_CHAT_NAME = re.compile(r"^(messages|max_tokens|response_format)\b")
 
 
 async def serve(completions, e: Episode, body: dict, gone=None) -> dict:
@@ -163,7 +164,25 @@ def chat_request(body: dict) -> dict:
             chat[name] = _tool_choice(body[name]) if name == "tool_choice" else body[name]
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+    fmt = _text_format(body.get("text"))
+    if fmt is not None:
+        chat["response_format"] = fmt
     return chat
+
+
+def _text_format(text: Any) -> Any:
+    """The chat `response_format` of a Responses request's `text` ({format: {type: text | json_object |
+    json_schema, name, schema, strict}}: the json_schema fields sit in the format itself)."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise BadRequest("text: give an object such as {\"format\": {\"type\": \"json_schema\", \"name\": ..., "
+                         "\"schema\": {...}}}")
+    fmt = text.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict", "description")
+                                                       if k in fmt}}
+    return fmt
 
 
 def response_body(chat: dict, request: dict) -> dict:

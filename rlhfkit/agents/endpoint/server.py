@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import json
 import logging
 import re
@@ -57,15 +58,15 @@ class Batcher:
 
     def __init__(self, server: EndpointServer, window: float):
         self.server, self.window = server, window
-        self.pending: list[tuple[list[int], SamplingParams, int, asyncio.Future, object, object]] = []
+        self.pending: list[tuple[list[int], SamplingParams, int, asyncio.Future, object, object, object]] = []
         self.last = 0.0
         self.task: asyncio.Task | None = None
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlhfkit-endpoint-engine")
 
     async def submit(self, ids: list[int], params: SamplingParams, seed: int, who: object,
-                     vision: object = None) -> list[Trajectory]:
+                     vision: object = None, constraint: object = None) -> list[Trajectory]:
         future = asyncio.get_running_loop().create_future()
-        self.pending.append((ids, params, seed, future, who, vision))
+        self.pending.append((ids, params, seed, future, who, vision, constraint))
         self.last = time.monotonic()
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self.flush())
@@ -91,7 +92,8 @@ class Batcher:
                     continue
                 try:
                     trajs = await loop.run_in_executor(self.pool, self._generate, [it[0] for it in live], params,
-                                                       [it[2] for it in live], [it[5] for it in live])
+                                                       [it[2] for it in live], [it[5] for it in live],
+                                                       [it[6] for it in live])
                 except Exception as exc:  # noqa: BLE001 - NaN weights and the like: the run reports them
                     self.server.engine_error = self.server.engine_error or exc
                     for it in live:
@@ -102,12 +104,14 @@ class Batcher:
                     if not it[3].done():
                         it[3].set_result(trajs[j * params.n:(j + 1) * params.n])
 
-    def _generate(self, prompts, params, seeds, vision) -> list[Trajectory]:
+    def _generate(self, prompts, params, seeds, vision, constraints) -> list[Trajectory]:
         engine = self.server.engine
         if engine is None:
             raise RuntimeError("the endpoint has no engine")
-        images = {"vision": vision} if any(v is not None for v in vision) else {}  # a VisionEngine takes them
-        return engine.generate(prompts, params, seeds=seeds, **images)
+        more = {"vision": vision} if any(v is not None for v in vision) else {}  # a VisionEngine takes them
+        if any(c is not None for c in constraints):  # response_format (an unconstrained call passes nothing)
+            more["constraints"] = constraints
+        return engine.generate(prompts, params, seeds=seeds, **more)
 
 
 class EndpointServer:
@@ -139,8 +143,11 @@ class EndpointServer:
         self._socket: socket.socket | None = None
         self.port = 0
 
-    async def _generate(self, ids, params, seed, who, vision=None):
-        return await self.batcher.submit(ids, params, seed, who, vision)
+    async def _generate(self, ids, params, seed, who, vision=None, constraint=None):
+        if constraint is not None and not takes_constraints(self.engine):
+            raise BadRequest(f"response_format: this run's engine ({type(self.engine).__name__}) samples no structured "
+                             "outputs; the HF and vLLM engines do")
+        return await self.batcher.submit(ids, params, seed, who, vision, constraint)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> EndpointServer:
@@ -196,6 +203,14 @@ class EndpointServer:
 
     def close_episode(self, episode_id: str) -> Episode:
         return self.registry.close(episode_id)
+
+
+def takes_constraints(engine) -> bool:
+    """Whether `engine.generate` takes per-prompt `constraints` (structured outputs)."""
+    try:
+        return "constraints" in inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
 
 
 def _json_object(raw: bytes) -> dict:

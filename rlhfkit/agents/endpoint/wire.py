@@ -13,7 +13,17 @@ Departures: each token's logprob is the sampled token's alone; `top_logprobs` li
 engine does not keep the others). A stream sends the whole text in one chunk once sampling ends.
 A forced call's opening is forced, not its arguments (no constrained decoding); Llama 3's and Mistral's
 older JSON calls mark no end of a call, so `parallel_tool_calls` false keeps their first call in the reply
-and every sampled token (toolchoice.py). `response_format` is not enforced: the model is sampled as it is.
+and every sampled token (toolchoice.py).
+
+`response_format` (rollout/constrained.py, the `structured` extra): {"type": "json_object"} samples any JSON
+object, {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} JSON valid under the schema,
+{"type": "text"} as it is. The engine samples under the schema's grammar (llguidance, as vLLM's guidance
+backend), so the reply's content parses with `json.loads` and validates, unless `max_tokens` cut it first
+(finish reason "length"). Departures: the schema is enforced whether `strict` is true or not (OpenAI refuses
+a strict schema that leaves properties optional); the whole sampled reply is constrained (a reasoning
+template's thinking too; no tool calls can be written: a forced `tool_choice` with it is a 400); the recorded
+logprobs are the model's own, before the grammar's mask. A schema llguidance refuses, another `type`, or no
+llguidance installed (`pip install 'rlhfkit[structured]'`): 400 in one line.
 """
 
 from __future__ import annotations
@@ -24,6 +34,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from rlhfkit.rollout import constrained
+from rlhfkit.rollout.constrained import Constraint
 
 _TEXT_PARTS = ("text", "input_text")
 MAX_N = 64  # the most samples (`n`) one request may ask for
@@ -46,6 +59,7 @@ class Sampling:
     logprobs: bool
     stream: bool
     seed: int | None = None
+    constraint: Constraint | None = None  # response_format's (None: text)
 
 
 def _number(body: dict, name: str, kind: type, low: float, high: float | None = None):
@@ -80,7 +94,34 @@ def sampling(body: dict, chat: bool) -> Sampling:
         raise BadRequest("stream_options: give an object such as {\"include_usage\": true}")
     return Sampling(n, asked, _number(body, "temperature", float, 0.0, 2.0), _number(body, "top_p", float, 0.0, 1.0),
                     None if top_k in (None, 0) else top_k, stop, logprobs, bool(body.get("stream") or False),
-                    _number(body, "seed", int, -(2**63), 2**63 - 1))
+                    _number(body, "seed", int, -(2**63), 2**63 - 1), response_format(body))
+
+
+def response_format(body: dict) -> Constraint | None:
+    """The constraint of a request's `response_format`: None for {"type": "text"} (or none given), any JSON
+    object for {"type": "json_object"}, JSON of the schema for {"type": "json_schema", "json_schema": {"name",
+    "schema", "strict"}}; `BadRequest` in one line for another form, a schema llguidance refuses, or no
+    llguidance installed."""
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        c = Constraint.json_object()
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict) or not isinstance(spec.get("name", ""), str):
+            raise BadRequest("response_format: json_schema needs {name, schema: a JSON schema object, strict}")
+        c = Constraint.json_schema(schema)
+    else:
+        raise BadRequest(f"response_format: type {kind!r:.40}; give {{\"type\": \"text\"}}, "
+                         "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {...}}")
+    try:
+        constrained.check(c)
+    except constrained.ConstraintError as exc:
+        raise BadRequest(f"response_format: {exc}") from exc
+    return c
 
 
 def content_text(content: Any) -> str:

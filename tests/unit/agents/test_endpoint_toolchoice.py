@@ -89,7 +89,7 @@ class Endpoint:
         self.completions = Completions(tok, Settings(SamplingParams(max_new_tokens=400)), self.registry, self.generate)
         self.e = self.registry.open(0, 0, EndpointLimits(per_call=400, total=4000, context=8192))
 
-    async def generate(self, prompt, params, seed, e, vision):
+    async def generate(self, prompt, params, seed, e, vision, constraint=None):
         return self.engine.generate([prompt], params)
 
     @property
