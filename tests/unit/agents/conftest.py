@@ -125,8 +125,8 @@ def chat_tok():
     return char_tokenizer()
 
 
-def save_tiny_chat_model(path, chat_template: str = CHATML, specials: tuple[str, ...] = ("<|im_start|>", "<|im_end|>")):
-    """A tiny 2-layer Llama over `char_tokenizer(chat_template, specials)` saved as an HF folder (seeded weights)."""
+def tiny_chat_model(chat_template: str = CHATML, specials: tuple[str, ...] = ("<|im_start|>", "<|im_end|>")):
+    """(model, tokenizer): a tiny 2-layer Llama (seeded weights) over `char_tokenizer(chat_template, specials)`."""
     from transformers import AutoModelForCausalLM
 
     from rlhfkit.models.tiny import tiny_config
@@ -136,5 +136,11 @@ def save_tiny_chat_model(path, chat_template: str = CHATML, specials: tuple[str,
     config.vocab_size, config.pad_token_id, config.eos_token_id = len(tok), tok.pad_token_id, tok.eos_token_id
     config.bos_token_id = None
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return AutoModelForCausalLM.from_config(config), tok
+
+
+def save_tiny_chat_model(path, chat_template: str = CHATML, specials: tuple[str, ...] = ("<|im_start|>", "<|im_end|>")):
+    """A tiny 2-layer Llama over `char_tokenizer(chat_template, specials)` saved as an HF folder (seeded weights)."""
+    model, tok = tiny_chat_model(chat_template, specials)
+    model.save_pretrained(path)
     tok.save_pretrained(path)

@@ -19,7 +19,7 @@ from rlhfkit.rollout import vllm as V  # noqa: E402
 from rlhfkit.rollout.base import SamplingParams  # noqa: E402
 from rlhfkit.rollout.constrained import Constraint, Grammars  # noqa: E402
 from rlhfkit.rollout.hf import HFEngine  # noqa: E402
-from tests.unit.agents.conftest import char_tokenizer  # noqa: E402
+from tests.unit.agents.conftest import tiny_chat_model  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
 PARAMS = SamplingParams(max_new_tokens=160, n=4, temperature=1.0)
@@ -28,16 +28,8 @@ PARAMS = SamplingParams(max_new_tokens=160, n=4, temperature=1.0)
 @pytest.fixture(scope="module")
 def tiny_json():
     """A tiny Llama (random, seeded) over `char_tokenizer` (printable characters, <|im_end|> as EOS)."""
-    from transformers import AutoModelForCausalLM
-
-    from rlhfkit.models.tiny import tiny_config
-
-    tok = char_tokenizer()
-    config = tiny_config("llama")
-    config.vocab_size, config.pad_token_id, config.eos_token_id, config.bos_token_id = (
-        len(tok), tok.pad_token_id, tok.eos_token_id, None)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval(), tok
+    model, tok = tiny_chat_model()
+    return model.eval(), tok
 
 
 def matches(text: str, schema: dict = SCHEMA) -> bool:
