@@ -646,6 +646,15 @@ SWITCH_OFFS = (
     SwitchOff("an endpoint request's `parallel_tool_calls` false", "rlhfkit.agents.endpoint.toolchoice:first_call_end",
               noop, (f"{TOOL_CHOICE}::{CUT}[qwen2_5]", f"{TOOL_CHOICE}::{CUT}[mistral_v11]"),
               "no reply cut: every call kept"),
+    SwitchOff("structured outputs: an endpoint request's `response_format` json_schema / json_object (constrained "
+              "sampling)", "rlhfkit.rollout.constrained:Grammars.rows", noop,
+              ("tests/unit/rollout/test_constrained_sampling.py::"
+               "test_every_constrained_sample_is_json_of_the_schema_and_unconstrained_ones_are_not",
+               "tests/unit/agents/test_endpoint_structured.py::"
+               "test_response_format_replies_parse_and_validate_and_record_the_trainers_logprobs",
+               "tests/unit/agents/test_endpoint_structured.py::"
+               "test_the_responses_apis_text_format_is_the_chat_paths_response_format"),
+              "no matchers: the model sampled as it is"),
     SwitchOff("images of an agent file's own engine calls (`execute()`, multi_modal_data)",
               "rlhfkit.agents.images:ImageEncoder.__call__", no_call_images,
               (f"{VISION_EXECUTE}::test_an_openrlhf_execute_with_images_records_the_trainers_logprobs",),
