@@ -16,8 +16,8 @@ after the earlier call's. Text prompts may not hold the model's image tokens, to
 
 `tool_choice` "required" or a named function appends the opening of a call to the prompt ids (they are
 the prompt's: recorded as context, masked in training, not in the reply's `token_ids`; the reply's text and
-tool calls are read from it and the sampled tokens together); `parallel_tool_calls` false cuts each sample
-after the token that completes its first call (toolchoice.py).
+tool calls are read from it and the sampled tokens together); `parallel_tool_calls` false cuts a sample
+that opens a second call after the token that completes its first (toolchoice.py).
 
 Sampling: with `honor_sampling` False (training) the run's temperature, top_p and top_k are used
 whatever the request asks, so the recorded logprobs are the ones the trainer computes; `n`,

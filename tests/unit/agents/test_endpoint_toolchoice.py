@@ -266,3 +266,16 @@ def test_a_template_whose_call_syntax_is_unknown_refuses_a_forced_call_in_one_li
     message = str(exc.value)
     assert "a format no parser reads, parsed as hermes, so rlhfkit cannot force one" in message and "\n" not in message
     assert ep.prompts == [] and ep.chat()["choices"][0]["message"]["content"] == ANSWER
+
+
+@pytest.mark.parametrize("family", list(CUT))
+def test_parallel_tool_calls_false_keeps_a_turn_of_one_call_whole(family):
+    """Nothing but the turn's end follows the first call: the sample is kept as sampled, its end token trained
+    (cut, the model would never be taught to end its turn after a call)."""
+    tok = FAMILIES[family][0]()
+    one = turn(family, ADD)
+    ep = Endpoint(tok, lambda ctx: one)
+    [reply] = ep.chat(parallel_tool_calls=False)["choices"]
+    assert reply["token_ids"] == ids(tok, one) and calls_of(reply) == [ADD] and reply["finish_reason"] == "tool_calls"
+    assert ep.trajectories()[0].response_ids.tolist() == ids(tok, one)
+
