@@ -96,7 +96,8 @@ def first_call_end(tokens: Sequence[int], tokenizer: Any, tt: ToolTemplate, forc
 
     whole = text(len(tokens))
     start = 0
-    if syntax.reasoning is not None and syntax.reasoning[1] in whole:  # calls drafted in the reasoning do not count
+    if not forced and syntax.reasoning is not None and syntax.reasoning[1] in whole:
+        # calls drafted in the reasoning do not count; a forced call opens after it (what it holds is its own)
         start = whole.index(syntax.reasoning[1]) + len(syntax.reasoning[1])
     opened = whole.find(syntax.opening, start)
     if opened < 0:

@@ -279,3 +279,18 @@ def test_parallel_tool_calls_false_keeps_a_turn_of_one_call_whole(family):
     assert reply["token_ids"] == ids(tok, one) and calls_of(reply) == [ADD] and reply["finish_reason"] == "tool_calls"
     assert ep.trajectories()[0].response_ids.tolist() == ids(tok, one)
 
+
+def test_closing_tags_a_policy_writes_in_the_forced_calls_arguments_do_not_move_the_cut():
+    """`</tool_call>` in a string argument of the only call: nothing is cut (the reply is the one parallel calls
+    get); `</think>` in the forced call's arguments: the forced call holds no reasoning, the cut stays after it."""
+    tok = FAMILIES["qwen2_5"][0]()
+    named, choice = FAMILIES["qwen2_5"][5], {"type": "function", "function": {"name": "add"}}
+    inside = ' {"a": "x</tool_call>y", "b": 4}}\n</tool_call><|im_end|>'
+    ep = Endpoint(tok, writes_after(named, inside))
+    cut, whole = [ep.chat(tool_choice=choice, parallel_tool_calls=p)["choices"][0] for p in (False, True)]
+    assert cut["token_ids"] == whole["token_ids"] == ids(tok, inside) and cut["message"] == whole["message"]
+    think = ' {"a": "</think>", "b": 4}}\n</tool_call>'
+    ep = Endpoint(tok, writes_after(named, think + "\n" + hermes(*NEG) + "<|im_end|>"))
+    [one] = ep.chat(tool_choice=choice, parallel_tool_calls=False)["choices"]
+    assert one["token_ids"] == ids(tok, think) and calls_of(one) == [("add", {"a": "</think>", "b": 4})]
+
