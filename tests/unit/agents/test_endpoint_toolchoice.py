@@ -294,3 +294,14 @@ def test_closing_tags_a_policy_writes_in_the_forced_calls_arguments_do_not_move_
     [one] = ep.chat(tool_choice=choice, parallel_tool_calls=False)["choices"]
     assert one["token_ids"] == ids(tok, think) and calls_of(one) == [("add", {"a": "</think>", "b": 4})]
 
+
+def test_a_stop_string_in_the_forced_opening_leaves_the_replys_text_whole():
+    """Stop strings are looked for in the sampled text, as the sampled tokens are cut: not in the forced opening,
+    which is the prompt's (a model that wrote a malformed call gets its whole text back, up to the stop)."""
+    tok = FAMILIES["qwen2_5"][0]()
+    ep = Endpoint(tok, writes_after("<tool_call>\n", '{"name": "add", "arguments": {"a": 3\n</tool_call><|im_end|>'))
+    [reply] = ep.chat(tool_choice="required", stop=["\n"])["choices"]
+    assert reply["token_ids"] == ids(tok, '{"name": "add", "arguments": {"a": 3\n')
+    assert not reply["message"]["tool_calls"]
+    assert reply["message"]["content"] == '<tool_call>\n{"name": "add", "arguments": {"a": 3'
+
