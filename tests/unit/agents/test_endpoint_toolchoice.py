@@ -305,3 +305,22 @@ def test_a_stop_string_in_the_forced_opening_leaves_the_replys_text_whole():
     assert not reply["message"]["tool_calls"]
     assert reply["message"]["content"] == '<tool_call>\n{"name": "add", "arguments": {"a": 3'
 
+
+def test_a_call_forced_on_every_turn_trains_none_of_the_forced_openings():
+    """A client that asks for a call on every turn ("required", as smolagents): the second turn's opening, after
+    the tool's result, is context (loss mask 0) like the first's, and the episode stays one trajectory."""
+    tok = FAMILIES["qwen2_5"][0]()
+    opening = "<tool_call>\n"
+    first, second = [hermes(*c)[len(opening):] + "<|im_end|>" for c in (ADD, NEG)]
+    ep = Endpoint(tok, lambda ctx: (second if "<tool_response>" in ctx else first) if ctx.endswith(opening) else ANSWER)
+    r1 = ep.chat(tool_choice="required")["choices"][0]
+    [call] = r1["message"]["tool_calls"]
+    msgs = MSGS + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": call["id"], "content": "7"}]
+    body = asyncio.run(ep.completions.chat(ep.e, {"messages": msgs, "tools": TOOLS, "tool_choice": "required"}))
+    [r2] = body["choices"]
+    assert calls_of(r2) == [NEG] and body["prompt_token_ids"][-len(opening):] == ids(tok, opening)
+    [traj] = ep.trajectories()
+    response, mask = traj.response_ids.tolist(), traj.loss_mask.tolist()
+    assert traj.prompt_ids.tolist() + response == body["prompt_token_ids"] + r2["token_ids"]
+    assert [t for t, m in zip(response, mask) if m] == r1["token_ids"] + r2["token_ids"]
