@@ -102,7 +102,10 @@ def first_call_end(tokens: Sequence[int], tokenizer: Any, tt: ToolTemplate, forc
     opened = whole.find(syntax.opening, start)
     if opened < 0:
         return None
-    end = whole.find(syntax.end, opened + len(syntax.opening))
+    after = opened + len(syntax.opening)
+    if syntax.end_is_next:  # the next opening the model wrote itself (a cut before it keeps a sampled token)
+        after = max(after, len(forced) + 1)
+    end = whole.find(syntax.end, after)
     if end < 0 or (not syntax.end_is_next and whole.find(syntax.opening, end + len(syntax.end)) < 0):
         return None  # one call (what follows it, the turn's end included, is kept)
     cut = end if syntax.end_is_next else end + len(syntax.end)  # the turn's text up to `cut` is kept

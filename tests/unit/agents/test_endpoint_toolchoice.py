@@ -324,3 +324,13 @@ def test_a_call_forced_on_every_turn_trains_none_of_the_forced_openings():
     response, mask = traj.response_ids.tolist(), traj.loss_mask.tolist()
     assert traj.prompt_ids.tolist() + response == body["prompt_token_ids"] + r2["token_ids"]
     assert [t for t, m in zip(response, mask) if m] == r1["token_ids"] + r2["token_ids"]
+
+
+def test_a_policy_that_reopens_the_forced_mistral_call_keeps_its_first_written_call():
+    """Mistral v11's call ends where the next `[TOOL_CALLS]` opens: a model that writes one right after the forced
+    opening (an empty call) is cut before its own second call, not to nothing."""
+    tok = FAMILIES["mistral_v11"][0]()
+    first = v11(*NEG)
+    ep = Endpoint(tok, writes_after("[TOOL_CALLS]", first + v11(*ADD) + "</s>"))
+    [one] = ep.chat(tool_choice="required", parallel_tool_calls=False)["choices"]
+    assert one["token_ids"] == ids(tok, first) and calls_of(one) == [NEG]
