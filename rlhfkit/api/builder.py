@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from rlhfkit.models.lora import add_lora
 from rlhfkit.models.precision import (
     choose_autocast,
     disable_dropout,
+    emulated_bf16_warning,
     enable_gradient_checkpointing,
     float32_residual,
     model_device,
@@ -73,6 +75,8 @@ from rlhfkit.trainers.rl.update import LossSettings, PolicyUpdate
 _PKG = Path(__file__).resolve().parents[1]
 BUILTIN_AGENTS = {"builtin:calculator": _PKG / "agents" / "envs" / "calculator.py",
                   "builtin:guess": _PKG / "agents" / "envs" / "guess.py"}
+
+log = logging.getLogger("rlhfkit")
 
 
 # ------------------------------------------------------------------ rewards, agents, models, engines
@@ -178,8 +182,10 @@ def resolve_autocast(cfg: RLConfig) -> RLConfig:
     """`cfg` with --actor.autocast auto replaced by the choice for --actor.device (a bf16 probe on the
     CPU; bf16 support on CUDA), printed in one line; any other value as it is."""
     if cfg.actor.autocast != "auto":
+        if warning := emulated_bf16_warning(run_device(cfg), cfg.actor.dtype, cfg.actor.autocast):
+            log.warning(warning)
         return cfg
-    choice, line = choose_autocast(run_device(cfg))
+    choice, line = choose_autocast(run_device(cfg), fsdp=cfg.fsdp.enable)
     print(line)
     return dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, autocast=choice))
 

@@ -83,8 +83,9 @@ class ActorConfig:
     autocast: str | None = "bfloat16"
     """Compute dtype for forward passes (torch.autocast on --actor.device's type): bfloat16, float16 (with
     loss scaling, --train.loss_scale.*) or float32; none = the parameter dtype;
-    auto = bfloat16 where it is faster than float32 (a ~0.2 s matmul probe on the CPU; CUDA with bf16 support),
-    else none (the choice is printed in one line)."""
+    auto = bfloat16 where it is faster than float32 (a ~0.2 s matmul probe on the CPU; a GPU computing in bf16
+    natively, compute capability 8.0 on), float16 on an older GPU (T4, V100; float32 under --fsdp.enable), else
+    none (the choice is printed in one line). bfloat16 on a GPU that only emulates it is warned of."""
     device: str = "auto"
     """Where the policy, reference, critic, reward model and the hf engine run: auto (CUDA when available,
     else the CPU), cpu, cuda or cuda:N. Batches are built on the CPU and moved to it per micro-batch."""

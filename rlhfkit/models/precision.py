@@ -182,15 +182,39 @@ def bf16_matmul_speedup(size: int = 256, repeats: int = 8) -> float:
     return seconds(a, b) / max(seconds(a.bfloat16(), b.bfloat16()), 1e-9)
 
 
-def choose_autocast(device: torch.device) -> tuple[str | None, str]:
-    """--actor.autocast auto on `device`: ("bfloat16" or None, one line saying what was chosen and why).
-    CUDA: bfloat16 where the GPU supports it; the CPU: bfloat16 where a bf16 matmul beats float32's."""
+def native_bf16(device: torch.device) -> bool:
+    """Whether the CUDA device `device` computes in bf16 natively (compute capability 8.0 on, or ROCm).
+    `torch.cuda.is_bf16_supported()` also says yes where bf16 is only emulated (T4, V100: sm 7.x), far slower."""
+    return bool(torch.version.hip) or torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def _gpu(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)}, compute capability {major}.{minor}"
+
+
+def choose_autocast(device: torch.device, fsdp: bool = False) -> tuple[str | None, str]:
+    """--actor.autocast auto on `device`: ("bfloat16", "float16" or None, one line saying what was chosen and
+    why). CUDA: bfloat16 where the GPU computes in it natively, else float16 (with loss scaling), or float32
+    under FSDP (which trains float16 nowhere); the CPU: bfloat16 where a bf16 matmul beats float32's."""
     if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
+        if native_bf16(device):
             return "bfloat16", f"--actor.autocast auto: bfloat16 ({torch.cuda.get_device_name(device)} supports it)"
-        return None, "--actor.autocast auto: float32 (this GPU has no bf16 support)"
+        if fsdp:
+            return None, f"--actor.autocast auto: float32 ({_gpu(device)}: no native bf16; FSDP trains no float16)"
+        return "float16", (f"--actor.autocast auto: float16 with dynamic loss scaling, --train.loss_scale.* "
+                           f"({_gpu(device)}: no native bf16)")
     speedup = bf16_matmul_speedup()
     if speedup > 1.0:
         return "bfloat16", f"--actor.autocast auto: bfloat16 (bf16 matmuls run {speedup:.1f}x float32's on this CPU)"
     return None, (f"--actor.autocast auto: float32 (bf16 matmuls run {1 / max(speedup, 1e-9):.1f}x slower than "
                   "float32 on this CPU)")
+
+
+def emulated_bf16_warning(device: torch.device, dtype: str, autocast: str | None) -> str | None:
+    """One line when a run computes in bf16 (--actor.autocast bfloat16, the default, or --actor.dtype bfloat16)
+    on a CUDA GPU that only emulates it (T4, V100), else None."""
+    if device.type != "cuda" or "bfloat16" not in (dtype, autocast) or native_bf16(device):
+        return None
+    return (f"{_gpu(device)} has no native bf16: torch emulates it, many times slower than float16 (and vLLM refuses "
+            "it); use --actor.autocast auto (float16 with loss scaling here) or float16, and --actor.dtype float32")
