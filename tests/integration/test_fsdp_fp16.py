@@ -12,33 +12,20 @@ tests/integration/fsdp_fp16_worker.py, float32 shards computing in fp16 with the
   gradient norm and the weights after it."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
+
+from tests.integration.conftest import torchrun_worker, worker_module
 
 WORKER = Path(__file__).with_name("fsdp_fp16_worker.py")
 
 
-def worker():
-    import importlib.util  # noqa: PLC0415
-
-    spec = importlib.util.spec_from_file_location("fsdp_fp16_worker", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def run_worker(out: Path, *mode: str) -> list[dict]:
     """The worker in 2 torchrun processes; each rank's record."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(WORKER),
-           str(out), *mode]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun_worker(WORKER, str(out), *mode)
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -51,8 +38,11 @@ def one_process(w):
     return {k: v.detach().float() for k, v in model.state_dict().items()}, steps
 
 
+# ~10 s on 2 shared cores, 5 of them the 2 ranks' start-up; the default run keeps the 1-rank unit test
+# (tests/unit/distributed/test_fsdp_fp16.py: fp16 gathers, the whole model's scaled norm)
+@pytest.mark.slow
 def test_fp16_under_fsdp_skips_together_trains_like_one_process_and_resumes_bit_exact(tmp_path):
-    w = worker()
+    w = worker_module(WORKER)
     ranks = run_worker(tmp_path / "two.safetensors")
     for r in ranks:  # rank 1's overflow: both skipped step 0 and halved the scale, then stepped alike
         assert [s["loss_scale"] for s in r["steps"]] == [512.0, 512.0, 512.0]
