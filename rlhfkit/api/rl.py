@@ -124,7 +124,8 @@ def _prompt_items(cfg: RLConfig, dataset, tokenizer, processor, eval: bool = Fal
     if processor is not None:
         return V.prompts(cfg, dataset, processor, eval=eval)
     examples = load_examples_fn(cfg, dataset, eval=eval)(tokenizer)
-    return tokenize_prompts(examples, tokenizer, cfg.data.prompt_max_len, cfg.data.input_key, cfg.data.truncation)
+    return tokenize_prompts(examples, tokenizer, cfg.data.prompt_max_len, cfg.data.input_key, cfg.data.truncation,
+                            cfg.data.input_template)
 
 
 class RLTrainer:

@@ -148,11 +148,16 @@ def load_data(kind: str, cfg, tokenizer, train_dataset: Source | None = None,
     `eval_dataset`, else --data.eval_dataset, else the last --data.eval_split of the train items.
     `processor`: a vision-language model's (records carry images; api/vision.py)."""
     d = cfg.data
+    truncation = getattr(d, "truncation", "skip")  # train sft's
+    if processor is not None and truncation in ("left", "right"):
+        raise ConfigError(f"--data.truncation {truncation}: samples with images are not cut (their image tokens "
+                          "would be); use --data.truncation skip or error")
     source = d.dataset if train_dataset is None else train_dataset
     fmt = (TextFormat(tokenizer, d.apply_chat_template, d.input_template) if processor is None
            else V.supervised_format(cfg, processor, source))
     keys = {"sft": dict(input_key=d.input_key, output_key=d.output_key, reward_template=d.reward_template,
-                        reward_key=d.reward_key, pretrain_mode=getattr(cfg.model, "pretrain_mode_enable", False)),
+                        reward_key=d.reward_key, pretrain_mode=getattr(cfg.model, "pretrain_mode_enable", False),
+                        truncation=truncation),
             "rm": dict(prompt_key=d.prompt_key, chosen_key=d.chosen_key,
                        rejected_key=d.rejected_key),
             "kto": dict(prompt_key=d.prompt_key or "prompt", output_key=d.output_key or "output",

@@ -146,7 +146,7 @@ def _load(cfg: RLConfig, options: dict, vision: str | None = None, executor=None
     cfg = fit_to_positions(cfg, policy, "prompt_max_len")
     examples = load_prompts(cfg.eval.dataset, tokenizer=tokenizer, **options)
     items, skipped = tokenize_prompts(examples, tokenizer, cfg.data.prompt_max_len, cfg.data.input_key,
-                                      cfg.data.truncation)
+                                      cfg.data.truncation, cfg.data.input_template)
     return out, t0, engine, tokenizer, items, skipped
 
 

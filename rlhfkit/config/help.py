@@ -289,6 +289,7 @@ def doc_blocks() -> dict[str, tuple[str, str]]:
     """Block name -> (file under docs/, generated Markdown)."""
     sft_flags = {f.name for f in flags(sft.SFTConfig)}
     dpo_only = {f.name for f in flags(preference.DPOConfig)} - sft_flags
+    rm_only = {f.name for f in flags(preference.RMConfig)} - sft_flags
     rl_flags = {f.name for f in flags(rl.RLConfig)}
     return {
         "train_rl": ("cli/train_rl.md", markdown(rl.RLConfig)),
@@ -297,6 +298,7 @@ def doc_blocks() -> dict[str, tuple[str, str]]:
         "train_iterative_dpo": ("cli/train_iterative_dpo.md", markdown(
             generate.IterativeDPOConfig, only={f.name for f in flags(generate.IterativeDPOConfig)} - rl_flags)),
         "train_sft": ("cli/train_supervised.md", markdown(sft.SFTConfig)),
+        "train_rm": ("cli/train_supervised.md", markdown(preference.RMConfig, only=rm_only)),
         "train_dpo": ("cli/train_supervised.md", markdown(preference.DPOConfig, only=dpo_only)),
         "train_prm": ("cli/train_prm.md", markdown(prm.PRMConfig)),
         "train_kd": ("cli/train_kd.md", markdown(kd.KDConfig, only={f.name for f in flags(kd.KDConfig)} - sft_flags)),

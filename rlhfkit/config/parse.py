@@ -271,15 +271,15 @@ def apply_flags(items: list[tuple[str, Rule, list]], table: dict[str, Any], dash
 def resolve_alias(name: str, rule: Alias, vals: list, given: Mapping[str, list],
                   dashes: str = "--") -> dict[str, Any]:
     """What another tool's flag `--name vals` sets in rlhfkit (logs a notice, raises if refused)."""
-    name = dashes + name
+    ours, name = name, dashes + name
     if rule.nargs == 0:
         if rule.kind == "mapped" and rule.to and not rule.convert:
             return {rule.to: vals[0] if vals else "true"}  # our boolean flag converts and checks it
         switch = str(vals[0]).lower() if vals else "true"
         if switch not in _TRUE | _FALSE:
             raise ConfigError(f"{name}: expected true or false, got {vals[0]!r}")
-        if switch in _FALSE:  # a switch turned off does nothing, whatever its kind
-            return {}
+        if switch in _FALSE:  # a switch turned off does nothing, whatever its kind, but our own flag goes off
+            return {ours: "false"} if rule.kind == "mapped" and ours == rule.to else {}
         vals = []
     if rule.kind == "refused":
         if vals and all(str(v) in rule.harmless for v in vals):

@@ -22,7 +22,7 @@ from rlhfkit.config.sft import (
     validate_common,
 )
 from rlhfkit.config.trl_rules import Rule
-from rlhfkit.config.trl_supervised import DPO_RULES
+from rlhfkit.config.trl_supervised import DPO_RULES, KTO_RULES, RM_RULES
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,9 @@ class RMModelConfig(ModelConfig):
     margin_loss_enable: bool = False
     """Llama 2's margin: the loss is -log sigmoid(r(chosen) - r(rejected) - m), m = the pair's "margin"
     record key (0 where a record has none)."""
+    center_rewards_coef: float = 0.0
+    """Add this times mean((r(chosen) + r(rejected))^2) to the loss, pulling the scores towards mean zero
+    (Eisenstein et al. 2023, Eq. 2; TRL's center_rewards_coefficient, which suggests 0.01)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,10 @@ class RMConfig(SupervisedConfig):
     adam: AdamConfig = field(default_factory=lambda: AdamConfig(lr=9e-6))
     ckpt: SupervisedCkptConfig = field(default_factory=lambda: SupervisedCkptConfig(output_dir="runs/rm"))
     ALIASES: ClassVar[dict[str, str | Alias]] = RM_ALIASES
+    TRL_RULES: ClassVar[dict[str, Rule] | None] = RM_RULES
+    TRL_NAME: ClassVar[str] = "RewardConfig"
+    # TRL's RewardTrainer subtracts a record's "margin" wherever the data has one
+    TRL_ARGV: ClassVar[tuple[str, ...]] = ("--model.margin_loss_enable", "true")
 
     @staticmethod
     def check(cfg: RMConfig) -> RMConfig:
@@ -106,15 +113,19 @@ class KTOConfig(DPOConfig):
     weights), validated as KTO."""
 
     ALIASES: ClassVar[dict[str, str | Alias]] = KTO_ALIASES
-    TRL_RULES: ClassVar[dict[str, Rule] | None] = None  # TRL's KTOConfig is not read yet
+    TRL_RULES: ClassVar[dict[str, Rule] | None] = KTO_RULES
 
     @staticmethod
     def check(cfg: DPOConfig) -> DPOConfig:
         return validate_dpo(cfg, "kto")
 
 
+# `train rm`: the shared ranges and the reward model's loss settings.
+RM_RANGES = validate_table({**SUPERVISED_RANGES, "model.center_rewards_coef": ">= 0"})
+
+
 def validate_rm(cfg: RMConfig) -> RMConfig:
-    validate_common(cfg)
+    validate_common(cfg, RM_RANGES)
     refuse_reward_template(cfg, "train rm")
     return cfg
 

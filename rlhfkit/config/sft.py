@@ -224,6 +224,17 @@ class SupervisedCkptConfig(CkptConfig):
 
 
 @dataclass(frozen=True)
+class SFTDataConfig(SupervisedDataConfig):
+    """Training and evaluation data and their record keys, and what an over-long SFT sample gets."""
+
+    truncation: str = "skip"
+    """A sample over --data.max_len tokens: skip (counted and logged), error (stop, naming the record), or cut
+    to fit as verl's SFT data.truncation cuts: the whole tokenized sample, chat template and prompt included;
+    left keeps its end, right its start (the answer's end is lost). Its targets go with its tokens; a sample
+    left with none is skipped and counted. Prompt and response samples only (not with images)."""
+
+
+@dataclass(frozen=True)
 class SupervisedConfig:
     """The sections every supervised command shares (`train sft|rm|dpo|kto|prm|kd`); a command's
     config adds its own sections, changes a default, and names its aliases and checks."""
@@ -243,6 +254,10 @@ class SupervisedConfig:
     """Another tool's `key=value` overrides the command reads (verl's for train sft: config/verl_sft.py)."""
     TRL_RULES: ClassVar[dict[str, Rule] | None] = None
     """The rules reading TRL's config of the same trainer (config/trl_supervised.py), for `from_trl`."""
+    TRL_NAME: ClassVar[str] = ""
+    """The name of TRL's config class, where it is not this class's (`RewardConfig` for RMConfig)."""
+    TRL_ARGV: ClassVar[tuple[str, ...]] = ()
+    """Flags `from_trl` puts first: what TRL's trainer does whatever its config says."""
 
     @staticmethod
     def check(cfg):
@@ -258,10 +273,13 @@ class SupervisedConfig:
 
     @classmethod
     def from_trl(cls, trl_config: object, argv: list[str] | tuple[str, ...] = ()):
-        """The config of TRL's matching config dataclass (`trl.SFTConfig` for SFTConfig, `trl.DPOConfig` for
-        DPOConfig: every field read, config/trl_supervised.py), then our own `argv` flags on top, validated."""
-        require(cls.TRL_RULES is not None, f"{cls.__name__}.from_trl: only SFTConfig and DPOConfig read a TRL config")
-        return cls.from_args([*apply_rules(trl_config, cls.TRL_RULES, cls.__name__), *argv])
+        """The config of TRL's matching config dataclass (`trl.SFTConfig` for SFTConfig, `trl.DPOConfig`,
+        `trl.KTOConfig` for DPOConfig, KTOConfig, `trl.RewardConfig` for RMConfig: every field read,
+        config/trl_supervised.py), then our own `argv` flags on top, validated."""
+        require(cls.TRL_RULES is not None, f"{cls.__name__}.from_trl: only SFTConfig, DPOConfig, KTOConfig and "
+                "RMConfig read a TRL config")
+        rules = apply_rules(trl_config, cls.TRL_RULES, cls.TRL_NAME or cls.__name__)
+        return cls.from_args([*cls.TRL_ARGV, *rules, *argv])
 
 
 @dataclass(frozen=True)
@@ -270,6 +288,7 @@ class SFTConfig(SupervisedConfig):
     overrides (`data.train_files=... optim.lr=1e-4`) are read too; these flags win over them (docs/migration.md)."""
 
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
     ALIASES: ClassVar[dict[str, str | Alias]] = SFT_ALIASES
     OVERRIDES: ClassVar[Positional | None] = staticmethod(verl_sft_values)
     TRL_RULES: ClassVar[dict[str, Rule] | None] = SFT_RULES
@@ -332,8 +351,15 @@ def validate_common(cfg, ranges=SUPERVISED_RANGES) -> None:
         log.warning("--data.tokenizer_chat_template is ignored without --data.apply_chat_template (as in OpenRLHF)")
 
 
+SFT_TRUNCATIONS = ("skip", "error", "left", "right")  # --data.truncation of train sft (data/supervised.py)
+
+
 def validate_sft(cfg: SFTConfig) -> SFTConfig:
     validate_common(cfg)
+    one_of("data.truncation", cfg.data.truncation, SFT_TRUNCATIONS)
+    require(cfg.data.truncation in ("skip", "error") or not cfg.model.pretrain_mode_enable,
+            f"--data.truncation {cfg.data.truncation}: --model.pretrain_mode_enable cuts each text to --data.max_len "
+            "(keeping its start) already; drop --data.truncation")
     one_of("model.loss_type", cfg.model.loss_type, SFT_LOSS_TYPES)
     require(not (cfg.model.pretrain_mode_enable and cfg.data.reward_template),
             "--model.pretrain_mode_enable trains on raw texts; --data.reward_template (conditional SFT) needs "

@@ -1,8 +1,9 @@
-"""TRL's `SFTConfig` and `DPOConfig` read field by field into `rlhfkit train sft` / `train dpo` flags.
+"""TRL's `SFTConfig`, `DPOConfig`, `KTOConfig` and `RewardConfig` read field by field into `rlhfkit train
+sft` / `train dpo` / `train kto` / `train rm` flags.
 
-Every field of TRL 1.16's `SFTConfig` / `DPOConfig` has one rule (config/trl_rules.py): the
-`TrainingArguments` ones shared with GRPO (`hf_rules`), the batch counts below, and each trainer's own.
-`SFTConfig.from_trl` / `DPOConfig.from_trl` (config/sft.py) parse the flags.
+Every field of TRL 1.16's configs has one rule (config/trl_rules.py): the `TrainingArguments` ones shared
+with GRPO (`hf_rules`), the batch counts below, and each trainer's own. `SFTConfig.from_trl`,
+`DPOConfig.from_trl`, `KTOConfig.from_trl` and `RMConfig.from_trl` (config/sft.py) parse the flags.
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ SFT_RULES: dict[str, Rule] = {**_supervised("model."), **table(
 )}
 
 
+def _dropout(command: str) -> Rule:
+    return notice(f"rlhfkit's train {command} keeps the model's dropout (most LLMs have none); TRL's default "
+                  "turns it off", False)
+
+
 def _dpo_loss(v: Any, _c: Any) -> list[str]:
     kinds = [v] if isinstance(v, str) else list(v)
     if kinds == ["sigmoid"]:
@@ -109,11 +115,32 @@ def _dpo_loss(v: Any, _c: Any) -> list[str]:
 DPO_RULES: dict[str, Rule] = {**_supervised("model."), **table(
     ("beta", flag("model.beta", repr)), ("label_smoothing", flag("model.label_smoothing", repr)),
     ("loss_type", mapped(_dpo_loss)),
-    ("disable_dropout", notice("rlhfkit's train dpo keeps the model's dropout (most LLMs have none); TRL's "
-                               "default turns it off", False)),
+    ("disable_dropout", _dropout("dpo")),
     ("precompute_ref_log_probs precompute_ref_batch_size", notice(HF)),
     ("loss_weights ld_alpha use_weighting sync_ref_model", refuse(f"{NOT_BUILT}; leave it at TRL's default")),
     ("f_divergence_type", refuse("rlhfkit's DPO uses the reverse KL (TRL's default)", "reverse_kl")),
     ("f_alpha_divergence_coef discopop_tau ref_model_mixup_alpha ref_model_sync_steps",
      refuse("read only by TRL losses rlhfkit does not build; leave it at TRL's default")),
+)}
+
+
+def _kto_loss(v: Any, _c: Any) -> list[str]:
+    if v != "kto":
+        raise ConfigError(f"TRL KTO loss_type={v!r}: rlhfkit's train kto has the KTO loss only (loss_type='kto'); "
+                          "APO-zero's unpaired loss is not built")
+    return []
+
+
+KTO_RULES: dict[str, Rule] = {**_supervised("model."), **table(
+    ("beta", flag("model.beta", repr)), ("desirable_weight", flag("model.desirable_weight", repr)),
+    ("undesirable_weight", flag("model.undesirable_weight", repr)), ("loss_type", mapped(_kto_loss)),
+    ("disable_dropout", _dropout("kto")), ("precompute_ref_log_probs precompute_ref_batch_size", notice(HF)),
+    ("sync_ref_model", refuse(f"TR-DPO's reference syncing is {NOT_BUILT}; leave it at TRL's default")),
+    ("ref_model_mixup_alpha ref_model_sync_steps", silent("read only with sync_ref_model, which is refused")),
+)}
+
+RM_RULES: dict[str, Rule] = {**_supervised("model."), **table(
+    ("center_rewards_coefficient", opt("model.center_rewards_coef")),
+    ("disable_dropout", _dropout("rm")),
+    ("eos_token", SFT_RULES["eos_token"]), ("chat_template_path", SFT_RULES["chat_template_path"]),
 )}

@@ -64,8 +64,7 @@ _rule("data.multiturn.enable data.multiturn.messages_key",
 _rule("data.multiturn.tools_key data.multiturn.enable_thinking_key",
       notice("ignored: rlhfkit renders each conversation's messages only (no tools or thinking switch column)", 1))
 _rule("data.max_length", to("data.max_len", note="longer samples are skipped and counted"))
-_rule("data.truncation", refuse("verl cuts the whole tokenized sample to data.max_length (right: the answer's end); "
-                                "rlhfkit skips samples over --data.max_len and counts them", harmless=("error",)))
+_rule("data.truncation", to("data.truncation", note="error, left or right, as verl: the whole tokenized sample is cut"))
 _rule("data.chat_template", to("data.tokenizer_chat_template"))
 _rule("data.custom_cls.path data.custom_cls.name", refuse("rlhfkit reads its own SFT dataset (no custom class); "
                                                           "convert the data to jsonl/parquet", harmless=OFF))
@@ -130,7 +129,7 @@ VERL_SFT_DEFAULTS = (
     "data.train_batch_size=256", "data.micro_batch_size_per_gpu=4", "data.max_length=1024", "data.prompt_key=question",
     "data.response_key=answer", "model.enable_gradient_checkpointing=True", "optim.lr=1e-5", "optim.weight_decay=0.01",
     "optim.lr_warmup_steps_ratio=0.1", "optim.lr_scheduler=cosine", "optim.min_lr_ratio=0.0", "trainer.total_epochs=4",
-    "trainer.seed=1", "trainer.resume_mode=auto",
+    "trainer.seed=1", "trainer.resume_mode=auto", "data.truncation=error",
 )
 # verl renders the prompt as a user message with the chat template.
 VERL_SFT_DATA = {"data.apply_chat_template": "true"}

@@ -533,6 +533,16 @@ def pairwise_loss(
     return losses.mean(), _detach_all(metrics)
 
 
+def center_penalty(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """``mean((c + r)^2)`` over the pairs: the term that pulls a reward model's scores towards mean zero
+    (Eisenstein et al. 2023, arXiv:2312.09244, Eq. 2; TRL's ``center_rewards_coefficient`` weighs it).
+
+    Args:
+        chosen, rejected: ``[B]`` reward-model scores.
+    """
+    return ((chosen + rejected) ** 2).mean()
+
+
 def kto_loss(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,

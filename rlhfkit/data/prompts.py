@@ -250,28 +250,32 @@ def _render(value: str | list[dict], where: str, tokenizer: Any, input_template:
     return text
 
 
-def _fit(tokenizer, ex, ids: list[int], raw, max_len: int, truncation: str) -> list[int] | None:
+def _fit(tokenizer, ex, ids: list[int], raw, max_len: int, truncation: str,
+         input_template: str | None) -> list[int] | None:
     """`ids` of a prompt over `max_len` tokens, by `truncation`: cut (left, right, middle), None (skip, or
     not cuttable), or a DataError naming the record (error)."""
     if truncation == "error":
         raise DataError(f"record {getattr(ex, 'index', '?')}: its prompt is {len(ids)} tokens, over "
                         f"--data.prompt_max_len {max_len} (--data.truncation error); raise the limit, or set "
                         "--data.truncation skip, left, right or middle")
-    return truncate_ids(tokenizer, ex.text, raw, max_len, truncation) if truncation in TRUNCATION_SIDES else None
+    if truncation not in TRUNCATION_SIDES:
+        return None
+    return truncate_ids(tokenizer, ex.text, raw, max_len, truncation, input_template)
 
 
 def tokenize_prompts(examples, tokenizer, max_len: int, input_key: str | None = None,
-                     truncation: str = "skip") -> tuple[list[PromptItem], int]:
+                     truncation: str = "skip", input_template: str | None = None) -> tuple[list[PromptItem], int]:
     """Tokenize prompt texts once; a prompt longer than `max_len` tokens is, by `truncation`: skipped and
     counted (skip), a DataError (error), or cut to `max_len` (left, right, middle: data.truncate, then
-    skipped where it cannot be cut). `input_key`: the record's prompt column (its value becomes PromptItem.raw)."""
+    skipped where it cannot be cut). `input_key`: the record's prompt column (its value becomes PromptItem.raw);
+    `input_template`: the one that rendered string prompts (where the cut finds their text)."""
     items, skipped = [], 0
     for ex in examples:
         ids = tokenizer(ex.text, add_special_tokens=False)["input_ids"]
         record = dict(ex.raw) if isinstance(ex.raw, dict) else {}
         raw, text = record.get(input_key, ex.text), ex.text
         if len(ids) > max_len:
-            ids = _fit(tokenizer, ex, ids, raw, max_len, truncation)
+            ids = _fit(tokenizer, ex, ids, raw, max_len, truncation, input_template)
             if ids is None:
                 skipped += 1
                 continue

@@ -16,7 +16,7 @@ How the text is built:
     (multi-turn); in preference data only the last assistant turn (the compared answer) is.
 The rendering of each prefix must be a prefix of the next rendering (true of ordinary
 templates); otherwise a DataError says which record breaks it. Samples longer than `max_len`
-tokens are skipped and counted. Shuffling uses `random.Random(seed)`.
+tokens are skipped and counted (SFT samples: or cut, `fit_sample`). Shuffling uses `random.Random(seed)`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from rlhfkit.data.records import (
     require_key,
     source_name,
 )
+from rlhfkit.data.truncate import keep
 from rlhfkit.errors import ConfigError, DataError
 
 
@@ -193,11 +194,39 @@ def _to_sample(pieces: list[tuple[list[int], bool]], where: str) -> TokenSample:
     """Concatenate token pieces; the prompt is everything before the first target token."""
     ids = [t for piece, _ in pieces for t in piece]
     mask = [target for piece, target in pieces for _ in piece]
-    if not any(mask):
+    sample = _split(ids, mask)
+    if sample is None:
         raise DataError(f"{where}: the response is empty after tokenization; give a non-empty output")
-    p = max(mask.index(True), 1)  # a response token needs a position before it to be predicted
+    return sample
+
+
+def _split(ids: list[int], mask: list[bool]) -> TokenSample | None:
+    """The sample of token `ids` whose targets are `mask`: the prompt is everything before the first target
+    (at least one token: a target needs a position before it to be predicted); None without a target then."""
+    if not any(mask):
+        return None
+    p = max(mask.index(True), 1)
+    if not any(mask[p:]):
+        return None
     return TokenSample(torch.tensor(ids[:p], dtype=torch.long), torch.tensor(ids[p:], dtype=torch.long),
                        torch.tensor(mask[p:], dtype=torch.bool))
+
+
+def fit_sample(s: TokenSample, max_len: int, truncation: str, where: str) -> TokenSample | None:
+    """A sample over `max_len` tokens by `truncation` (verl's SFT data.truncation): None (skip), a DataError
+    naming its record (error), or its whole token sequence, template and prompt included, cut to `max_len`
+    (left keeps the end, right the start, as verl cuts), its targets with it; None where no target is left."""
+    if truncation == "error":
+        raise DataError(f"{where}: the sample is {sample_length(s)} tokens, over --data.max_len {max_len} "
+                        "(--data.truncation error); raise the limit, or set --data.truncation skip, left or right")
+    if truncation not in ("left", "right"):
+        return None
+    ids = s.prompt_ids.tolist() + s.response_ids.tolist()
+    mask = [False] * s.prompt_ids.numel() + s.loss_mask.tolist()
+    cut = _split(keep(ids, max_len, truncation), keep(mask, max_len, truncation))
+    if cut is not None:
+        cut.index = s.index
+    return cut
 
 
 def sample_length(s: TokenSample) -> int:
@@ -229,8 +258,9 @@ def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_k
              max_len: int = 2048, max_samples: int | None = None, seed: int | None = None,
              split: str = "train", config: str | None = None, data_dir: str | None = None,
              reward_template: str | None = None, reward_key: str = "reward",
-             pretrain_mode: bool = False) -> tuple[list[TokenSample], int]:
-    """SFT samples and the number skipped for exceeding `max_len`. With `output_key` None (or
+             pretrain_mode: bool = False, truncation: str = "skip") -> tuple[list[TokenSample], int]:
+    """SFT samples and the number skipped for exceeding `max_len` (`truncation`: what a longer sample gets,
+    `fit_sample`; skipped where it is not cut). With `output_key` None (or
     absent from every record) `input_key` must hold a whole conversation (chat template).
     `source`: a path or hub name, a list of dicts, or a `datasets.Dataset` / `DatasetDict` (`split`
     taken; `config` and `data_dir` as `datasets.load_dataset` takes them for hub names).
@@ -266,8 +296,10 @@ def load_sft(source: Source, fmt: TextFormat, input_key: str = "input", output_k
                        response_where=f"{where}, key {output_key!r}")
         s.index = i
         if sample_length(s) > max_len:
-            skipped += 1
-            continue
+            s = fit_sample(s, max_len, truncation, where)
+            if s is None:
+                skipped += 1
+                continue
         samples.append(s)
     return nonempty(samples, skipped, max_len, source), skipped
 

@@ -6,9 +6,10 @@ the first `max_len // 2` and the last `max_len - max_len // 2`. Cut that way, a 
 template's tokens (the opening `<|im_start|>system ...` on the left, the generation prompt
 `<|im_start|>assistant` on the right). Here the tokens around the prompt's text (the chat template's, the
 input template's, earlier messages) are kept, and the text's own tokens (the last user message of a chat)
-are cut on the chosen side to the room left. A prompt whose text cannot be found in the rendered string
-(a template that rewrites it), or whose kept tokens alone exceed `max_len`, is not cut: it is skipped
-and counted, as without truncation.
+are cut on the chosen side to the room left. The text is located by rendering the prompt again with a mark
+in its place (`content_span`). A prompt whose text cannot be found in the rendered string (a template that
+rewrites it, or one that holds it twice), or whose kept tokens alone exceed `max_len`, is not cut: it is
+skipped and counted, as without truncation.
 """
 
 from __future__ import annotations
@@ -35,34 +36,79 @@ def keep(ids: list[int], n: int, side: str) -> list[int]:
     return list(ids[:head]) + list(ids[len(ids) - (n - head):])
 
 
+def _last_user(value: Any) -> int | None:
+    """The index of a message list's last user message, None where there is none or its content is not text."""
+    if isinstance(value, list):
+        for i in range(len(value) - 1, -1, -1):
+            message = value[i]
+            if isinstance(message, dict) and message.get("role") == "user":
+                return i if isinstance(message.get("content"), str) else None
+    return None
+
+
 def _content(value: Any) -> str | None:
     """The prompt's own text in its record value: the string, or a message list's last user message."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list):
-        for message in reversed(value):
-            if isinstance(message, dict) and message.get("role") == "user":
-                content = message.get("content")
-                return content if isinstance(content, str) else None
-    return None
+    i = _last_user(value)
+    return None if i is None else value[i]["content"]
 
 
-def content_span(text: str, value: Any) -> tuple[int, int] | None:
-    """(start, end) characters of the prompt's own text (`value`, the record's) in the rendered `text`: its
-    last occurrence (a template may strip it: then the stripped text's); None where it is not there."""
+_MARK = "\x00rlhfkit-prompt-text\x00"
+
+
+def _rendered_around(value: Any, tokenizer: Any, input_template: str | None) -> tuple[str, str] | None:
+    """What the template puts before and after the prompt's own text: `value` rendered as data.prompts renders
+    it (a message list by the chat template with the generation prompt, a string by `input_template`) with a
+    mark for that text, split at the mark; None where it cannot be rendered or the mark is not there once."""
+    try:
+        if isinstance(value, str):
+            rendered = input_template.format(_MARK) if input_template is not None else _MARK
+        else:
+            i = _last_user(value)
+            if i is None:
+                return None
+            marked = [*value[:i], {**value[i], "content": _MARK}, *value[i + 1:]]
+            rendered = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - jinja, transformers, str.format raise many types: then the text is searched
+        return None
+    if not isinstance(rendered, str) or rendered.count(_MARK) != 1:
+        return None
+    before, after = rendered.split(_MARK)
+    return before, after
+
+
+def content_span(text: str, value: Any, tokenizer: Any = None,
+                 input_template: str | None = None) -> tuple[int, int] | None:
+    """(start, end) characters of the prompt's own text (`value`, the record's) in the rendered `text`.
+
+    Where `value` rendered again with a mark for its text (`tokenizer`'s chat template, `input_template`) gives
+    `text` around it, the span is exactly between the two (the template's own text may hold the prompt's
+    words: a user message "an" is also in the generation prompt "assistant"). Otherwise the text is searched
+    (a template may strip it: then the stripped text), and only a single occurrence is taken; None where it
+    is not there or is there more than once (which one the template put there cannot be told)."""
     content = _content(value)
-    for part in (content, content.strip() if content else None):
-        if part:
-            start = text.rfind(part)
-            if start >= 0:
-                return start, start + len(part)
+    if not content:
+        return None
+    around = _rendered_around(value, tokenizer, input_template)
+    if around is not None:
+        before, after = around
+        end = len(text) - len(after)
+        if text.startswith(before) and text.endswith(after) and text[len(before):end] in (content, content.strip()):
+            return len(before), end
+    for part in (content, content.strip()):
+        if part and text.count(part) == 1:
+            start = text.find(part)
+            return start, start + len(part)
     return None
 
 
-def truncate_ids(tokenizer, text: str, value: Any, max_len: int, side: str) -> list[int] | None:
+def truncate_ids(tokenizer, text: str, value: Any, max_len: int, side: str,
+                 input_template: str | None = None) -> list[int] | None:
     """The token ids of `text` in `max_len` tokens: the tokens around the prompt's own text kept, its own
-    tokens cut on `side` (TRUNCATION_SIDES); None where it cannot be cut (see the module docstring)."""
-    span = content_span(text, value)
+    tokens cut on `side` (TRUNCATION_SIDES); None where it cannot be cut (see the module docstring).
+    `input_template`: the one that rendered a string prompt (locates its text exactly)."""
+    span = content_span(text, value, tokenizer, input_template)
     if span is None:
         return None
     no_offsets = ConfigError("--data.truncation left|right|middle needs a fast tokenizer (token offsets); use "

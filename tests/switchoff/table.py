@@ -82,6 +82,10 @@ def no_optimizer_step(original):
     return step
 
 
+def no_center_penalty(original):
+    return lambda chosen, rejected: chosen.sum() * 0
+
+
 def zero_penalty(original):
     import torch
 
@@ -735,6 +739,17 @@ SWITCH_OFFS = (
               "rlhfkit.data.prompts:truncate_ids", never_cut,
               ("tests/unit/data/test_truncate.py::test_tokenize_prompts_skips_errs_or_cuts",
                "tests/unit/data/test_truncate.py::test_train_rl_reads_its_prompts_with_the_truncation_flag"),
+              "never cut: skipped"),
+    SwitchOff("reward centring (train rm --model.center_rewards_coef)",
+              "rlhfkit.trainers.supervised.preference:center_penalty", no_center_penalty,
+              ("tests/unit/trainers/test_supervised_options.py::"
+               "test_center_rewards_adds_the_mean_squared_pair_sum_by_hand",),
+              "no penalty"),
+    SwitchOff("over-long SFT samples cut to fit (train sft --data.truncation left|right)",
+              "rlhfkit.data.supervised:fit_sample", never_cut,
+              ("tests/unit/data/test_sft_truncation.py::"
+               "test_an_over_long_sample_is_skipped_or_cut_on_one_side_with_its_targets",
+               "tests/unit/data/test_sft_truncation.py::test_verls_data_truncation_reaches_train_sfts_loader"),
               "never cut: skipped"),
     SwitchOff("warmup in optimizer steps (--actor.lr_warmup_steps)",
               "rlhfkit.config.plan:warmup_steps", ratio_only,

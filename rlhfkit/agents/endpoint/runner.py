@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.agents.base import to_float
+from rlhfkit.agents.base import gather_or_cancel, to_float
 from rlhfkit.agents.endpoint.episodes import VISION_REQUEST_BYTES, EndpointLimits, Episode
 from rlhfkit.agents.endpoint.handlers import Settings
 from rlhfkit.agents.endpoint.segments import stitch
@@ -156,7 +156,7 @@ class EndpointExecutor:
 
     async def _all(self, server: EndpointServer, prompts: list[Prompt], episodes: list[Episode]) -> list[Outcome]:
         gate = asyncio.Semaphore(self.max_concurrent)
-        return await asyncio.gather(*(self._one(server, p, e, gate) for p, e in zip(prompts, episodes)))
+        return await gather_or_cancel(self._one(server, p, e, gate) for p, e in zip(prompts, episodes))
 
     async def _one(self, server: EndpointServer, prompt: Prompt, e: Episode, gate: asyncio.Semaphore) -> Outcome:
         async with gate:

@@ -321,8 +321,8 @@ class ToolExecutor:
         # one capture of what the tools print around all of the turn's calls: the runners' own
         # captures interleave across episodes, and only the outermost restores sys.stdout for sure
         with contextlib.redirect_stdout(io.StringIO()):
-            replies = await asyncio.gather(*(self._timed_reply(e, calls, errors, runner, action, stopped)
-                                             for e, action, stopped, _, calls, errors in parsed))
+            replies = await gather_or_cancel(self._timed_reply(e, calls, errors, runner, action, stopped)
+                                             for e, action, stopped, _, calls, errors in parsed)
         for (e, action, stopped, content, calls, errors), tool_msgs in zip(parsed, replies):
             self._append(e, tt, action, stopped, content, calls, tool_msgs, budget)
 

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlhfkit.agents.base import gather_or_cancel
 from rlhfkit.agents.tools.schema import ToolCall, ToolSet
 from rlhfkit.errors import ConfigError, first_line
 
@@ -105,7 +106,7 @@ class ToolRunner:
         room = max(self.limits.calls_per_episode - used, 0)
         run, over = calls[:room], calls[room:]
         with contextlib.redirect_stdout(io.StringIO()):
-            results = await asyncio.gather(*(self._one(c) for c in run))
+            results = await gather_or_cancel(self._one(c) for c in run)
         messages = [{"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r}
                     for c, r in zip(run, results)]
         for e in errors:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.core.losses import dpo_loss, kto_loss, pairwise_loss, sft_loss
+from rlhfkit.core.losses import center_penalty, dpo_loss, kto_loss, pairwise_loss, sft_loss
 from rlhfkit.core.masks import masked_sum
 from rlhfkit.data.supervised import TokenSample
 from rlhfkit.models import response_logprobs, save_hf_folder
@@ -63,7 +63,8 @@ class _PreferenceLoop:
 
 class RMLoop(_PreferenceLoop):
     """Bradley-Terry: loss = mean(-log sigmoid(r(chosen) - r(rejected) [- margin])), r read at the
-    last token; the margin (each pair's, `PairSample.margin`) with --model.margin_loss_enable."""
+    last token; the margin (each pair's, `PairSample.margin`) with --model.margin_loss_enable; plus
+    --model.center_rewards_coef times mean((r(chosen) + r(rejected))^2) where it is above 0."""
 
     def scores(self, samples: Sequence[TokenSample]) -> torch.Tensor:
         """Scores [N] of prompt + response samples (with their images, a reward model over images); with
@@ -79,6 +80,8 @@ class RMLoop(_PreferenceLoop):
         if self.cfg.model.margin_loss_enable:
             margin = torch.tensor([p.margin for p in pairs], dtype=s.dtype, device=s.device)
         loss, m = pairwise_loss(s[:b], s[b:], margin)
+        if self.cfg.model.center_rewards_coef > 0:
+            loss = loss + self.cfg.model.center_rewards_coef * center_penalty(s[:b], s[b:])
         return loss * w, {"loss": float(loss.detach()) * w, "accuracy": float(m["accuracy"]) * w,
                           "reward_margin": float(m["reward_margin"]) * w,
                           "chosen_reward": float(s[:b].detach().mean()) * w,

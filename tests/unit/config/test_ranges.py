@@ -26,7 +26,7 @@ from rlhfkit.config.generate import (
 from rlhfkit.config.kd import KD_RANGES, KDConfig, validate_kd
 from rlhfkit.config.opd import OPDConfig, validate_opd
 from rlhfkit.config.parse import field_table, parse_config
-from rlhfkit.config.preference import DPO_RANGES, DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
+from rlhfkit.config.preference import DPO_RANGES, RM_RANGES, DPOConfig, KTOConfig, RMConfig, validate_dpo, validate_rm
 from rlhfkit.config.prm import PRMConfig, validate_prm
 from rlhfkit.config.ranges import ORDERED, allows, check_value, describe, parse_spec
 from rlhfkit.config.rl import RL_RANGES, RLConfig, validate
@@ -40,7 +40,7 @@ from rlhfkit.errors import ConfigError
 ROOTS = {
     RLConfig: (RL_RANGES, validate, []),
     SFTConfig: (SUPERVISED_RANGES, validate_sft, []),
-    RMConfig: (SUPERVISED_RANGES, validate_rm, []),
+    RMConfig: (RM_RANGES, validate_rm, []),
     DPOConfig: (DPO_RANGES, validate_dpo, []),
     KTOConfig: (DPO_RANGES, lambda c: validate_dpo(c, "kto"), []),
     PRMConfig: (SUPERVISED_RANGES, validate_prm, []),

@@ -1,14 +1,16 @@
-"""TRL's SFTConfig and DPOConfig read field by field (config/trl_supervised.py): a rule for every field of the
-installed TRL's configs, the mapping by hand, one-line refusals, and one SFT step from a TRL config."""
+"""TRL's SFTConfig, DPOConfig, KTOConfig and RewardConfig read field by field (config/trl_supervised.py): a rule
+for every field of the installed TRL's configs, the mapping by hand, one-line refusals, and one SFT step from a
+TRL config."""
 
 import dataclasses
 import logging
 
 import pytest
 
-from rlhfkit.config.preference import DPOConfig, KTOConfig
+from rlhfkit.config.kd import KDConfig
+from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.config.sft import SFTConfig
-from rlhfkit.config.trl_supervised import DPO_RULES, SFT_RULES
+from rlhfkit.config.trl_supervised import DPO_RULES, KTO_RULES, RM_RULES, SFT_RULES
 from rlhfkit.errors import ConfigError
 
 trl = pytest.importorskip("trl")
@@ -16,7 +18,8 @@ CPU = dict(output_dir="out", bf16=False, use_cpu=True, report_to="none", lr_sche
 MODEL = ["--model.model_name_or_path", "unused"]
 
 
-@pytest.mark.parametrize(("theirs", "rules"), [("SFTConfig", SFT_RULES), ("DPOConfig", DPO_RULES)])
+@pytest.mark.parametrize(("theirs", "rules"), [("SFTConfig", SFT_RULES), ("DPOConfig", DPO_RULES),
+                                               ("KTOConfig", KTO_RULES), ("RewardConfig", RM_RULES)])
 def test_every_field_has_a_rule(theirs, rules):
     names = {f.name for f in dataclasses.fields(getattr(trl, theirs)) if not f.name.startswith("_")}
     assert names - set(rules) == set()
@@ -57,29 +60,66 @@ def test_dpo_by_hand():
     assert DPOConfig.from_trl(trl.DPOConfig(**CPU, loss_type="ipo"), MODEL).model.ipo_enable
 
 
+def test_kto_by_hand():
+    cfg = KTOConfig.from_trl(trl.KTOConfig(**CPU, beta=0.3, desirable_weight=1.5, undesirable_weight=0.7,
+                                           per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                                           max_length=300, max_steps=6), MODEL)
+    m, t = cfg.model, cfg.train
+    assert (m.beta, m.desirable_weight, m.undesirable_weight, m.ipo_enable) == (0.3, 1.5, 0.7, False)
+    assert (t.micro_batch_size, t.batch_size, t.max_steps, cfg.data.max_len, cfg.adam.lr) == (4, 8, 6, 300, 1e-6)
+    # TRL's KL term needs per_device_train_batch_size > 1, as ours: one sample is refused by our own check
+    with pytest.raises(ConfigError, match="micro_batch_size >= 2"):
+        KTOConfig.from_trl(trl.KTOConfig(**CPU, per_device_train_batch_size=1), MODEL)
+
+
+def test_reward_config_by_hand():
+    cfg = RMConfig.from_trl(trl.RewardConfig(**CPU, per_device_train_batch_size=2, gradient_accumulation_steps=4,
+                                             max_length=512, num_train_epochs=2, center_rewards_coefficient=0.01),
+                            MODEL)
+    t = cfg.train
+    assert (t.micro_batch_size, t.batch_size, t.max_epochs, cfg.data.max_len, cfg.adam.lr) == (2, 8, 2, 512, 1e-4)
+    assert (cfg.model.center_rewards_coef, RMConfig.from_trl(trl.RewardConfig(**CPU), MODEL).model.center_rewards_coef
+            ) == (0.01, 0.0)
+    assert cfg.model.margin_loss_enable  # TRL subtracts a record's "margin" wherever the data has one
+    # our flags win over what the TRL config gives
+    assert not RMConfig.from_trl(trl.RewardConfig(**CPU), [*MODEL, "--model.margin_loss_enable", "false"]
+                                 ).model.margin_loss_enable
+
+
 @pytest.mark.parametrize(("make", "needle"), [
     (lambda: trl.SFTConfig(**{**CPU, "lr_scheduler_type": "polynomial"}), "lr_scheduler_type='polynomial'"),
     (lambda: trl.SFTConfig(**CPU, completion_only_loss=False), "completion_only_loss=False"),
     (lambda: trl.DPOConfig(**CPU, loss_type=["sigmoid", "sft"]), "loss_type="),
     (lambda: trl.DPOConfig(**CPU, f_divergence_type="js_divergence"), "f_divergence_type="),
+    (lambda: trl.KTOConfig(**CPU, loss_type="apo_zero_unpaired"), "loss_type='apo_zero_unpaired'"),
+    (lambda: trl.KTOConfig(**CPU, sync_ref_model=True), "sync_ref_model=True"),
+    (lambda: trl.RewardConfig(**CPU, eos_token="<|im_end|>"), "eos_token="),
 ])
 def test_what_rlhfkit_cannot_honour_is_refused_in_one_line(make, needle):
-    cls = DPOConfig if "DPO" in type(make()).__name__ else SFTConfig
+    cls = {"SFTConfig": SFTConfig, "DPOConfig": DPOConfig, "KTOConfig": KTOConfig,
+           "RewardConfig": RMConfig}[type(make()).__name__]
     with pytest.raises(ConfigError, match=needle) as err:
         cls.from_trl(make(), MODEL)
     assert "\n" not in str(err.value)
 
 
-def test_kto_has_no_trl_reader_yet():
-    with pytest.raises(ConfigError, match="only SFTConfig and DPOConfig"):
+def test_another_trainers_trl_config_is_refused_by_its_fields():
+    with pytest.raises(ConfigError, match="TRL KTOConfig fields rlhfkit has no rule for: .*label_smoothing"):
         KTOConfig.from_trl(trl.DPOConfig(**CPU), MODEL)
+    with pytest.raises(ConfigError, match="only SFTConfig, DPOConfig, KTOConfig and RMConfig"):
+        KDConfig.from_trl(trl.SFTConfig(**CPU), MODEL)
 
 
 def test_the_meaning_that_differs_at_trl_defaults_is_noticed(caplog):
     with caplog.at_level(logging.WARNING, logger="rlhfkit"):
         DPOConfig.from_trl(trl.DPOConfig(**CPU), MODEL)
         SFTConfig.from_trl(trl.SFTConfig(**CPU, assistant_only_loss=True), MODEL)
-    assert [r.getMessage().split("=")[0] for r in caplog.records] == ["TRL disable_dropout"]
+        KTOConfig.from_trl(trl.KTOConfig(**CPU), MODEL)
+        RMConfig.from_trl(trl.RewardConfig(**CPU), MODEL)
+    assert [r.getMessage().split(":")[1] for r in caplog.records] == [
+        " rlhfkit's train dpo keeps the model's dropout (most LLMs have none); TRL's default turns it off",
+        " rlhfkit's train kto keeps the model's dropout (most LLMs have none); TRL's default turns it off",
+        " rlhfkit's train rm keeps the model's dropout (most LLMs have none); TRL's default turns it off"]
 
 
 def test_one_sft_step_from_a_trl_config(tmp_path):

@@ -30,7 +30,7 @@ def test_verl_gsm8k_lora_sft_example_is_the_rlhfkit_config_worked_out_by_hand():
     assert (cfg.adam.lr, cfg.adam.weight_decay, cfg.adam.betas) == (1e-4, 0.01, (0.9, 0.95))
     assert (cfg.train.lr_scheduler, cfg.train.lr_warmup_ratio, cfg.train.min_lr_ratio) == ("cosine_with_min_lr", 0.1,
                                                                                           0.0)
-    assert (cfg.train.max_epochs, cfg.train.seed, cfg.data.max_len) == (1, 1, 1024)
+    assert (cfg.train.max_epochs, cfg.train.seed, cfg.data.max_len, cfg.data.truncation) == (1, 1, 1024, "error")
     assert (cfg.ds.lora.rank, cfg.ds.lora.alpha, cfg.ds.lora.target_modules) == (32, 16, "all-linear")
     assert (cfg.model.model_name_or_path, cfg.model.gradient_checkpointing_enable) == ("Qwen/Qwen2.5-0.5B-Instruct",
                                                                                        True)
@@ -46,7 +46,7 @@ def test_multiturn_global_micro_batch_and_flags_that_win():
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["data.truncation=right"], "data.truncation: verl cuts the whole tokenized sample"),
+    (["data.custom_cls.path=my_data.py"], "data.custom_cls.path: rlhfkit reads its own SFT dataset"),
     (["data.max_lenght=8"], "unknown verl override data.max_lenght; did you mean data.max_length?"),
 ])
 def test_refused_and_unknown_are_one_line(argv, needle):

@@ -45,6 +45,34 @@ def test_a_prompt_not_found_in_the_rendered_text_is_not_cut():
     assert truncate_ids(tok, "Q: xyz A:", "abc", 5, "left") is None
 
 
+def test_the_prompts_text_is_located_where_the_template_put_it_not_where_it_also_occurs():
+    """A user message "an" is also in the generation prompt "assistant: ", its last occurrence: the span is where
+    the chat template renders the message (found by rendering it again with a mark in its place)."""
+    tok = tiny_tokenizer()
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "an"}]
+    text = chat(tok, msgs)
+    assert text == "system: be brief<eos>user: an<eos>assistant: " and text.rfind("an") == 40
+    assert content_span(text, msgs, tok) == (27, 29)
+    # 16 + 1 + 6 = 23 tokens before "an", 2 of it ('a' 14, 'n' 27), 1 + 11 = 12 after: 37; 36 leaves 1 of it
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 37 and ids[23:25] == [14, 27]
+    assert truncate_ids(tok, text, msgs, 36, "left") == ids[:23] + [27] + ids[25:]
+    assert truncate_ids(tok, text, msgs, 36, "right") == ids[:23] + [14] + ids[25:]
+    assert tok.decode(ids[:23] + [27] + ids[25:]) == "system: be brief<eos>user: n<eos>assistant: "
+    # a string prompt through its input template: "an" is in the template's "(answer)" too
+    ex = PromptExample(text="an (answer)", label=None, raw={"prompt": "an"}, index=0)
+    items, _ = tokenize_prompts([ex], tok, 10, "prompt", truncation="left", input_template="{} (answer)")
+    assert items[0].text == "n (answer)"  # 11 tokens: 1 of "an" kept, the template's 9 whole
+
+
+def test_a_text_the_template_holds_twice_or_cannot_be_told_apart_is_not_cut():
+    tok = tiny_tokenizer()
+    # the template repeats the prompt: cutting one copy leaves the other whole, so neither is cut
+    assert truncate_ids(tok, "abcdef / abcdef", "abcdef", 12, "left", input_template="{0} / {0}") is None
+    # without the template, a text found twice is not told apart either; found once, it is taken
+    assert content_span("an (answer)", "an") is None and content_span("abc (answer)", "abc") == (0, 3)
+
+
 def test_tokenize_prompts_skips_errs_or_cuts():
     tok = tiny_tokenizer()
     long = PromptExample(text=chat(tok), label="7", raw={"prompt": MSGS}, index=3)
@@ -88,6 +116,10 @@ def test_train_rl_reads_its_prompts_with_the_truncation_flag():
         cfg = parse_config(RLConfig, argv + flags, aliases=RL_ALIASES)
         items, n = _prompt_items(cfg, records, tok, None)
         assert (sorted(i.text for i in items), n) == (sorted(texts), skipped)
+    # a string prompt's text is found through --data.input_template ("an" is in "(answer)" too)
+    cfg = parse_config(RLConfig, ["--data.input_key", "prompt", "--data.input_template", "{} (answer)",
+                                  "--data.prompt_max_len", "10", "--data.truncation", "left"], aliases=RL_ALIASES)
+    assert [i.text for i in _prompt_items(cfg, [{"prompt": "an"}], tok, None)[0]] == ["n (answer)"]
 
 
 def test_executors_that_render_the_record_again_refuse_a_cut():

@@ -12,6 +12,7 @@ from rlhfkit.config.preference import DPOConfig, RMConfig
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.core.losses import dpo_loss, logprobs_from_logits
 from rlhfkit.data.supervised import TextFormat, load_pairs, load_sft
+from rlhfkit.errors import ConfigError
 from rlhfkit.models import tiny_model_and_tokenizer
 from rlhfkit.models.reward import init_reward_model
 from rlhfkit.trainers.supervised.preference import DPOLoop, RMLoop
@@ -81,6 +82,26 @@ def test_margin_loss_subtracts_each_pairs_margin_by_hand(tmp_path):
     c, r = s[:2], s[2:]
     torch.testing.assert_close(losses[True], (-F.logsigmoid(c - r - torch.tensor([2.0, -0.5]))).mean())
     torch.testing.assert_close(losses[False], (-F.logsigmoid(c - r)).mean())
+
+
+def test_center_rewards_adds_the_mean_squared_pair_sum_by_hand(tmp_path):
+    """TRL's center_rewards_coefficient: loss = BT + c * mean((r(chosen) + r(rejected))^2), 2 pairs of 1 per
+    micro-batch summing to the step's mean; a negative coefficient is refused."""
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    rows = [{"prompt": "q:", "chosen": "77", "rejected": "1"}, {"prompt": "r:", "chosen": "7", "rejected": "11"}]
+    pairs, _ = load_pairs(write(tmp_path / "p.jsonl", rows), TextFormat(tok), seed=None)
+    model.save_pretrained(tmp_path / "m")
+    rm = init_reward_model(tmp_path / "m", tok.pad_token_id, torch.float32, seed=0)
+    cfg = parse_config(RMConfig, ["--train.batch_size", "2", "--train.micro_batch_size", "1",
+                                  "--model.center_rewards_coef", "0.5"])
+    loop = RMLoop(cfg, rm, tok, pairs)
+    loss = sum(loop.micro_loss([p], pairs)[0] for p in pairs)
+    with torch.no_grad():
+        s = loop.scores([p.chosen for p in pairs] + [p.rejected for p in pairs])
+    c, r = s[:2], s[2:]
+    torch.testing.assert_close(loss, (-F.logsigmoid(c - r)).mean() + 0.5 * ((c + r) ** 2).mean())
+    with pytest.raises(ConfigError, match="--model.center_rewards_coef"):
+        RMConfig.from_args(["--model.center_rewards_coef", "-0.1"])
 
 
 def seq_logps(model, sample):
