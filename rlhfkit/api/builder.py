@@ -20,7 +20,7 @@ from rlhfkit.agents.tools.agent import ToolExecutor
 from rlhfkit.agents.tools.loader import load_tools
 from rlhfkit.agents.tools.run import ToolLimits
 from rlhfkit.config import RLConfig
-from rlhfkit.config.checks import compute_dtype
+from rlhfkit.config.checks import compute_dtype, fsdp_param_dtype
 from rlhfkit.config.plan import RunPlan
 from rlhfkit.config.rl import RewardConfig, lora_targets
 from rlhfkit.config.rl_checks import config_overrides
@@ -191,15 +191,17 @@ def resolve_autocast(cfg: RLConfig) -> RLConfig:
 
 
 def resolve_fsdp_dtype(cfg: RLConfig) -> RLConfig:
-    """Under --fsdp.enable, --actor.dtype bfloat16 (bf16 parameters, float32 masters) becomes FSDP2's form of
-    it: float32 sharded parameters (the masters) with --fsdp.mixed_precision (bf16 compute, float32
-    gradient reduction), printed in one line (by rank 0); any other config as it is."""
+    """Under --fsdp.enable, --actor.dtype bfloat16 or float16 (16-bit parameters, float32 masters) becomes FSDP2's
+    form of it: float32 sharded parameters (the masters) with --fsdp.mixed_precision (16-bit compute, float32
+    gradient reduction); float16 computes under --actor.autocast float16, so its loss is scaled as in one process
+    (trainers.loss_scale). Printed in one line (by rank 0); any other config as it is."""
     if not cfg.fsdp.enable or cfg.actor.dtype == "float32":
         return cfg
+    fp16 = cfg.actor.dtype == "float16"
     if os.environ.get("RANK", "0") == "0":
-        print(fsdp.BF16_PARAMS)
-    return dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, dtype="float32"),
-                               fsdp=dataclasses.replace(cfg.fsdp, mixed_precision=True))
+        print(fsdp.FP16_PARAMS if fp16 else fsdp.BF16_PARAMS)
+    actor = dataclasses.replace(cfg.actor, dtype="float32", autocast="float16" if fp16 else cfg.actor.autocast)
+    return dataclasses.replace(cfg, actor=actor, fsdp=dataclasses.replace(cfg.fsdp, mixed_precision=True))
 
 
 def build_models(cfg: RLConfig, device: torch.device | None = None):
@@ -292,11 +294,12 @@ def shard_for_fsdp(cfg: RLConfig, policy, ref, critic, world: int):
     """FSDP2-shard the policy, reference and critic across `world` torchrun processes; returns the vLLM
     engine's weight source (the full state, gathered part by part on every rank's GPU)."""
     fsdp.check_fsdp_settings(world, cfg.train.batch_size)
+    precision = fsdp_param_dtype(cfg.fsdp.mixed_precision, cfg.actor.dtype, cfg.actor.autocast) or False
     for model in (policy, ref if ref is not policy else None):  # with LoRA the reference is the policy
         if model is not None:
-            fsdp.shard_model(model, world, cfg.fsdp.mixed_precision)
+            fsdp.shard_model(model, world, precision)
     if critic is not None:
-        fsdp.shard_critic(critic, world, cfg.fsdp.mixed_precision)
+        fsdp.shard_critic(critic, world, precision)
     return lambda: fsdp.StreamedState(policy)
 
 

@@ -59,6 +59,14 @@ def compute_dtype(dtype: str, autocast: str | None) -> str:
     return autocast or dtype
 
 
+def fsdp_param_dtype(mixed_precision: bool, dtype: str, autocast: str | None) -> str | None:
+    """The dtype FSDP2 gathers its float32 shards in for forward and backward (--fsdp.mixed_precision):
+    float16 where the forward computes in float16 (`compute_dtype`), else bfloat16; None without it."""
+    if not mixed_precision:
+        return None
+    return "float16" if compute_dtype(dtype, autocast) == "float16" else "bfloat16"
+
+
 def check_input_template(template: str | None, flag: str = "--data.input_template") -> None:
     """A format string with exactly one `{}` for the prompt (and literal braces doubled), or None."""
     if template is None:

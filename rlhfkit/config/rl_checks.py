@@ -16,7 +16,6 @@ from rlhfkit.config.checks import (
     check_micro_batches,
     check_precision,
     check_qlora,
-    compute_dtype,
     divisor_hint,
     one_of,
     require,
@@ -238,9 +237,6 @@ def _validate_scale(cfg: RLConfig) -> None:
     require(not (f.enable and cfg.distributed.backend == "ray") or cfg.train.batch_size % f.num_ranks == 0,
             f"--train.batch_size {cfg.train.batch_size} must be a multiple of --fsdp.num_ranks {f.num_ranks}: each "
             "trainer actor takes an equal share of every optimizer step")
-    require(not f.enable or compute_dtype(cfg.actor.dtype, cfg.actor.autocast) != "float16",
-            "--fsdp.enable trains in float32 or bfloat16 (its mixed precision); float16 with loss scaling runs "
-            "without FSDP: drop --fsdp.enable, or use --actor.dtype/--actor.autocast bfloat16")
     for name in ("num_gpus_per_worker", "num_gpus_trainer"):
         check_gpu_ask(f"--distributed.{name}", getattr(cfg.distributed, name))
 

@@ -199,8 +199,9 @@ class FSDPConfig:
     optimizer step (OpenRLHF's --actor_num_nodes x --actor_num_gpus_per_node); under torchrun its
     --nproc_per_node sets them instead."""
     mixed_precision: bool = False
-    """FSDP2 bf16 parameters in forward/backward over float32 shards (the master weights), with float32
-    gradient reduction (MixedPrecisionPolicy); --actor.dtype bfloat16 under FSDP turns it on."""
+    """FSDP2 16-bit parameters in forward/backward over float32 shards (the master weights), with float32
+    gradient reduction (MixedPrecisionPolicy): fp16 under --actor.autocast float16 (with the loss scale,
+    --train.loss_scale.*), else bf16; --actor.dtype bfloat16 or float16 under FSDP turns it on."""
 
 
 @dataclass(frozen=True)

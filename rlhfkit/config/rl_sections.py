@@ -77,14 +77,15 @@ class ActorConfig:
     gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 / fp16 modes; with --actor.autocast
     of the same dtype the norm weights and biases stay float32 (they move as under autocast); bfloat16's hf
     engine decodes with the bf16 matrices, refreshed after every optimizer step; under --fsdp.enable bfloat16
-    becomes float32 sharded parameters computing in bf16 (--fsdp.mixed_precision true). float16 (GPUs without
-    bf16: V100, T4) needs --actor.autocast float16 or none and scales the loss (--train.loss_scale.*); on a
+    (float16) becomes float32 sharded parameters computing in bf16 (fp16 under --actor.autocast float16;
+    --fsdp.mixed_precision true). float16 (GPUs without bf16: V100, T4) needs --actor.autocast float16 or none
+    and scales the loss (--train.loss_scale.*), under FSDP too; on a
     CPU without float16 matmul units (AVX512-FP16 / AMX-FP16) large float16 matmuls run far slower than float32."""
     autocast: str | None = "bfloat16"
     """Compute dtype for forward passes (torch.autocast on --actor.device's type): bfloat16, float16 (with
     loss scaling, --train.loss_scale.*) or float32; none = the parameter dtype;
     auto = bfloat16 where it is faster than float32 (a ~0.2 s matmul probe on the CPU; a GPU computing in bf16
-    natively, compute capability 8.0 on), float16 on an older GPU (T4, V100; float32 under --fsdp.enable), else
+    natively, compute capability 8.0 on), float16 on an older GPU (T4, V100; under --fsdp.enable too), else
     none (the choice is printed in one line). bfloat16 on a GPU that only emulates it is warned of."""
     device: str = "auto"
     """Where the policy, reference, critic, reward model and the hf engine run: auto (CUDA when available,

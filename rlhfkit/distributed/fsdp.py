@@ -5,8 +5,8 @@ distributed/fsdp_ray.py).
 
 What each process does (every rank runs the same RL loop on the same data):
 - The policy (and the frozen reference) is sharded: each decoder layer is its own FSDP unit, so
-  are the backbone (embeddings, final norm) and the LM head, and the root. Optional bf16 compute with float32 gradient
-  reduction (`MixedPrecisionPolicy`).
+  are the backbone (embeddings, final norm) and the LM head, and the root. Optional bf16 or fp16 compute with
+  float32 gradient reduction (`MixedPrecisionPolicy`).
 - Rollout and experience run on every rank with the same seeds, so every rank holds the same
   batch (the HF engine decodes through the policy with its parameters gathered once per rollout,
   `unsharded`; a vLLM engine per rank receives the full state at every weight sync, gathered and
@@ -38,6 +38,10 @@ What each process does (every rank runs the same RL loop on the same data):
   rank with fewer runs passes that add nothing to the gradients (trainers.rl.update `idle_pass`).
 - bf16 parameters with float32 masters (--actor.dtype bfloat16) are, under FSDP2, float32 sharded
   parameters (the masters) computing in bf16 with float32 gradient reduction: --fsdp.mixed_precision.
+  float16 ones (--actor.dtype float16) likewise compute in fp16, with the dynamic loss scale of one process
+  (trainers.loss_scale). Its overflow check is the same on every rank: the gradient norm it tests is that of
+  the whole sharded model (a DTensor norm, reduced over the ranks), so every rank skips the same steps and
+  moves its scale alike; the scale is in each rank's trainer state of a checkpoint.
 - QLoRA (--ds.load_in_4bit): every rank holds the frozen 4-bit base whole (`whole_4bit_weights`, left out
   of FSDP), the adapters are sharded and reduced as under LoRA (tests/integration/test_fsdp_qlora.py).
 """
@@ -108,7 +112,7 @@ def vision_blocks(base: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
-def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool = False) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool | str = False) -> torch.nn.Module:
     """Shard a causal LM in place across `world_size` ranks: one FSDP unit per decoder layer, the
     backbone, the LM head and the root (a vision-language model: its base model is the backbone, and
     each block of its vision tower is a unit too, `vision_blocks`). A LoRA policy (a
@@ -118,6 +122,8 @@ def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool =
 
     Gradients are SUMMED across ranks (divide factor 1): rlhfkit's losses are already divided by
     the counts of the whole optimizer step, so summing the ranks' parts gives the full gradient.
+    `mixed_precision`: False (float32), True or "bfloat16" (bf16 compute), "float16" (fp16 compute); the
+    shards and the gradient reduction stay float32 (`mp_policy`).
     """
     # models.response_logits calls the backbone and the LM head directly (logits only at response
     # positions), so each is its own unit: their forward hooks then gather their weights. A tied head
@@ -152,7 +158,7 @@ def whole_4bit_weights(model: torch.nn.Module) -> set[torch.nn.Parameter]:
     return {p for p in model.parameters() if isinstance(p, Params4bit)}
 
 
-def shard_critic(critic: torch.nn.Module, world_size: int, mixed_precision: bool = False) -> torch.nn.Module:
+def shard_critic(critic: torch.nn.Module, world_size: int, mixed_precision: bool | str = False) -> torch.nn.Module:
     """Shard a models.critic.Critic like a causal LM: one unit per decoder layer of its backbone, the
     backbone (embeddings, final norm), the value head (called directly by `response_values`), the root;
     a vision-language backbone (a VLM's base model) with its tower's blocks as units too."""
@@ -166,12 +172,12 @@ def shard_critic(critic: torch.nn.Module, world_size: int, mixed_precision: bool
                   lambda ids: critic(ids, torch.ones_like(ids)))
 
 
-def _shard(model, layers, units, world_size: int, mixed_precision: bool, dummy_forward,
+def _shard(model, layers, units, world_size: int, mixed_precision: bool | str, dummy_forward,
            held_whole: set[torch.nn.Parameter] | None = None) -> torch.nn.Module:
     """`fully_shard` each of `layers`, `units` and `model`; the parameters in `held_whole` stay plain
     (every rank holds them whole: fully_shard's `ignored_params`)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
@@ -180,7 +186,7 @@ def _shard(model, layers, units, world_size: int, mixed_precision: bool, dummy_f
     if held_whole:
         kwargs["ignored_params"] = held_whole
     if mixed_precision:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        kwargs["mp_policy"] = mp_policy(mixed_precision)
     for unit in [*layers, *units, model]:
         fully_shard(unit, **kwargs)
     # FSDP picks its root at the first forward, which must enter through `model` (a reference model
@@ -192,6 +198,15 @@ def _shard(model, layers, units, world_size: int, mixed_precision: bool, dummy_f
             unit.set_gradient_divide_factor(1.0)
             unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
     return model
+
+
+def mp_policy(mixed_precision: bool | str):
+    """FSDP2's MixedPrecisionPolicy: parameters gathered in bf16 (True, "bfloat16") or fp16 ("float16") for
+    forward and backward, gradients reduced in float32 (so the sum over ranks adds no rounding of its own)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtype = torch.float16 if mixed_precision == "float16" else torch.bfloat16
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
 @contextlib.contextmanager
@@ -313,6 +328,9 @@ def finish() -> None:
 
 BF16_PARAMS = ("--actor.dtype bfloat16 under --fsdp.enable: float32 sharded parameters (the master weights) "
                "computing in bfloat16 with float32 gradient reduction (--fsdp.mixed_precision true)")
+FP16_PARAMS = ("--actor.dtype float16 under --fsdp.enable: float32 sharded parameters (the master weights) "
+               "computing in float16 (--actor.autocast float16) with float32 gradient reduction "
+               "(--fsdp.mixed_precision true) and dynamic loss scaling (--train.loss_scale.*)")
 
 
 def check_fsdp_settings(world_size: int, train_batch_size: int) -> None:

@@ -195,14 +195,14 @@ def _gpu(device: torch.device) -> str:
 
 def choose_autocast(device: torch.device, fsdp: bool = False) -> tuple[str | None, str]:
     """--actor.autocast auto on `device`: ("bfloat16", "float16" or None, one line saying what was chosen and
-    why). CUDA: bfloat16 where the GPU computes in it natively, else float16 (with loss scaling), or float32
-    under FSDP (which trains float16 nowhere); the CPU: bfloat16 where a bf16 matmul beats float32's."""
+    why). CUDA: bfloat16 where the GPU computes in it natively, else float16 with loss scaling (under FSDP too:
+    float32 shards computing in float16); the CPU: bfloat16 where a bf16 matmul beats float32's. `fsdp` only
+    words the line."""
     if device.type == "cuda":
         if native_bf16(device):
             return "bfloat16", f"--actor.autocast auto: bfloat16 ({torch.cuda.get_device_name(device)} supports it)"
-        if fsdp:
-            return None, f"--actor.autocast auto: float32 ({_gpu(device)}: no native bf16; FSDP trains no float16)"
-        return "float16", (f"--actor.autocast auto: float16 with dynamic loss scaling, --train.loss_scale.* "
+        sharded = ", over FSDP's float32 shards" if fsdp else ""
+        return "float16", (f"--actor.autocast auto: float16 with dynamic loss scaling{sharded}, --train.loss_scale.* "
                            f"({_gpu(device)}: no native bf16)")
     speedup = bf16_matmul_speedup()
     if speedup > 1.0:

@@ -1,8 +1,11 @@
 """Shared set-up of the integration tests: a folder with the tiny model saved as `tiny/`, the
 prompts and, when asked, the "sevens" reward file."""
 
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +123,19 @@ def vision_rl_flags(ws, out, **over) -> list[str]:
         "rollout.max_new_tokens": 4, "train.batch_size": 8, "train.micro_batch_size": 4, "train.max_steps": 2,
         "actor.adam.lr": "1e-2", "actor.lr_scheduler": "constant", "actor.autocast": "none",
         "logger.progress_bar": "false", "train.num_threads": 1, "ckpt.output_dir": out, **over})
+
+
+def worker_module(script: Path):
+    """A torchrun worker script of tests/integration imported as a module (its helpers, for the one-process run)."""
+    spec = importlib.util.spec_from_file_location(script.stem, script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def torchrun_worker(script: Path, *args: str) -> None:
+    """`script ARGS` in 2 torchrun processes (gloo on the CPU); it must exit 0."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(script), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -2,35 +2,24 @@
 as one process does (trainers.sharded_muon), bit for bit on the same gradients. The RL run with it
 under torchrun is tests/integration/test_fsdp.py::test_muon_under_fsdp_trains_as_muon_in_one_process."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
 from rlhfkit.trainers.learner import Learner
+from tests.integration.conftest import torchrun_worker, worker_module
 
 WORKER = Path(__file__).with_name("fsdp_muon_worker.py")
 
 
 def worker():
-    import importlib.util  # noqa: PLC0415
-
-    spec = importlib.util.spec_from_file_location("fsdp_muon_worker", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return worker_module(WORKER)
 
 
 def run_worker(out: Path, mode: str) -> dict[str, torch.Tensor]:
     """fsdp_muon_worker.py MODE in 2 torchrun processes; the full state rank 0 wrote."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(WORKER),
-           str(out), mode]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun_worker(WORKER, str(out), mode)
     return load_file(out)
 
 

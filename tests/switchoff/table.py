@@ -594,6 +594,11 @@ SWITCH_OFFS = (
               language_layers_only, ("tests/unit/distributed/test_fsdp_vision.py::"
                                      "test_sharded_vlm_samples_and_scores_as_the_unsharded_one[qwen2_vl]",),
               "the language model's layers only"),
+    SwitchOff("float16 compute over FSDP's float32 shards (--actor.dtype float16 --fsdp.enable)",
+              "rlhfkit.distributed.fsdp:mp_policy", lambda original: lambda mixed_precision: original(True),
+              ("tests/unit/distributed/test_fsdp_fp16.py::"
+               "test_float32_shards_are_gathered_in_fp16_and_the_scaled_norm_is_the_whole_models",),
+              "the shards gathered in bf16"),
     SwitchOff("QLoRA's 4-bit base held whole on every rank (--fsdp.enable)",
               "rlhfkit.distributed.fsdp:whole_4bit_weights", nothing_held_whole,
               (f"{FSDP_QLORA}::test_the_4bit_base_stays_whole_and_the_adapters_are_sharded",

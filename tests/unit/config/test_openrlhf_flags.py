@@ -326,8 +326,6 @@ def test_notices_reach_the_cli(tmp_path, capsys, caplog):
      "error: --actor.dtype float16 with --actor.autocast auto: pass --actor.autocast float16 (or none"),
     (["train", "sft", "--model.dtype", "bfloat16", "--model.autocast", "float16"],
      "error: --model.dtype bfloat16 with --model.autocast float16: pass --model.autocast bfloat16"),
-    (["train", "rl", "--param_dtype", "fp16", "--fsdp.enable"], "error: --fsdp.enable trains in float32 or "
-                                                                "bfloat16 (its mixed precision); float16"),
 ])
 def test_refused_flags_are_one_line_cli_errors(argv, needle, capsys):
     assert main(argv) == 2

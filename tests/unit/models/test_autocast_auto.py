@@ -42,7 +42,8 @@ def fake_gpu(monkeypatch, capability, name):
     ((9, 0), True, "bfloat16", "bfloat16 (A100 supports it)"),
     # a T4 / V100: torch.cuda.is_bf16_supported() says yes (emulation), but bf16 would run many times slower
     ((7, 5), False, "float16", "float16 with dynamic loss scaling"),
-    ((7, 0), True, None, "float32 (A100, compute capability 7.0: no native bf16; FSDP trains no float16)"),
+    # under FSDP too: float32 shards computing in float16, the loss scaled as in one process
+    ((7, 0), True, "float16", "float16 with dynamic loss scaling, over FSDP's float32 shards"),
 ])
 def test_choose_autocast_on_cuda_follows_native_bf16(monkeypatch, capability, fsdp, choice, words):
     fake_gpu(monkeypatch, capability, "A100")

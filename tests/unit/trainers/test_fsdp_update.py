@@ -11,6 +11,7 @@ import torch
 from rlhfkit.api.builder import resolve_fsdp_dtype
 from rlhfkit.api.engines import vllm_dtype
 from rlhfkit.config import RLConfig
+from rlhfkit.config.checks import fsdp_param_dtype
 from rlhfkit.data.types import Trajectory
 from rlhfkit.distributed import fsdp
 from rlhfkit.models import tiny_model_and_tokenizer
@@ -86,6 +87,24 @@ def test_bf16_parameters_under_fsdp_become_float32_masters_computing_in_bf16(cap
     for argv in (["--actor.dtype", "bfloat16"], ["--fsdp.enable", "true"]):  # one process; float32
         cfg = RLConfig.from_args(argv)
         assert resolve_fsdp_dtype(cfg) is cfg
+
+
+@pytest.mark.parametrize("autocast", ["float16", "none"])
+def test_fp16_parameters_under_fsdp_become_float32_masters_computing_in_fp16_with_a_loss_scale(
+        capsys, monkeypatch, autocast):
+    """--actor.dtype float16 under FSDP: float32 shards gathered in float16 (fsdp_param_dtype) under float16
+    autocast, so the actor's (and a critic's) learner scales its loss as in one process."""
+    monkeypatch.delenv("RANK", raising=False)
+    argv = ["--fsdp.enable", "true", "--actor.dtype", "float16", "--actor.autocast", autocast]
+    cfg = resolve_fsdp_dtype(RLConfig.from_args(argv))
+    assert capsys.readouterr().out == fsdp.FP16_PARAMS + "\n"
+    assert (cfg.actor.dtype, cfg.actor.autocast, cfg.fsdp.mixed_precision) == ("float32", "float16", True)
+    assert fsdp_param_dtype(cfg.fsdp.mixed_precision, cfg.actor.dtype, cfg.actor.autocast) == "float16"
+    assert fsdp_param_dtype(True, "float32", "bfloat16") == fsdp_param_dtype(True, "float32", None) == "bfloat16"
+    assert fsdp_param_dtype(False, "float32", "float16") is None  # float32 shards under float16 autocast
+    plain = RLConfig.from_args(["--fsdp.enable", "true", "--actor.autocast", "float16"])  # no longer refused
+    assert resolve_fsdp_dtype(plain) is plain
+    assert vllm_dtype(cfg) == "float16"
 
 
 def test_vllm_samples_in_the_dtype_the_trainer_computes_in(monkeypatch):
