@@ -186,6 +186,22 @@ def _deepseek_v3(s):  # DeepSeek-V3: a dense first layer, then routed experts be
                                 "norm_topk_prob": True}
 
 
+def _doge(s):  # a dynamic mask per query head (the attention mask has a head dimension), a sparse MoE of tiny experts
+    return "DogeConfig", {**_decoder(s), "num_experts": MOE_EXPERTS, "num_experts_per_tok": 2}
+
+
+def _llama4_text(s):  # chunked / full layers, no RoPE on the full ones, routed + shared experts; get_decoder() is
+    # the LM itself (its base_model_prefix names no attribute)
+    return "Llama4TextConfig", {**_decoder(s), "head_dim": s["hidden"] // s["heads"], "intermediate_size_mlp":
+                                s["intermediate"], "num_local_experts": MOE_EXPERTS, "num_experts_per_tok": 1,
+                                "layer_types": ["chunked_attention", "full_attention"] * (s["layers"] // 2)
+                                + ["chunked_attention"] * (s["layers"] % 2)}
+
+
+def _modernbert_decoder(s):  # an LM head module called `decoder`, full / sliding layers, LayerNorm without biases
+    return "ModernBertDecoderConfig", {k: v for k, v in _decoder(s).items() if k != "num_key_value_heads"}
+
+
 def _decoder(s) -> dict:
     return {
         "hidden_size": s["hidden"], "intermediate_size": s["intermediate"], "num_hidden_layers": s["layers"],
@@ -220,6 +236,9 @@ ARCHITECTURES = {
     "qwen3_moe": _qwen3_moe,
     "mixtral": _mixtral,
     "deepseek_v3": _deepseek_v3,
+    "doge": _doge,
+    "llama4_text": _llama4_text,
+    "modernbert_decoder": _modernbert_decoder,
 }
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "deepseek_v3")
 
