@@ -59,16 +59,18 @@ _MARK = "\x00rlhfkit-prompt-text\x00"
 
 def _rendered_around(value: Any, tokenizer: Any, input_template: str | None) -> tuple[str, str] | None:
     """What the template puts before and after the prompt's own text: `value` rendered as data.prompts renders
-    it (a message list by the chat template with the generation prompt, a string by `input_template`) with a
-    mark for that text, split at the mark; None where it cannot be rendered or the mark is not there once."""
+    it (a string by `input_template`; else by the chat template with the generation prompt, a string as one user
+    message) with a mark for that text, split at the mark; None where it cannot be rendered or the mark is not
+    there once. (A string rendered as it is fails the caller's check and is searched: it is the whole text.)"""
     try:
-        if isinstance(value, str):
-            rendered = input_template.format(_MARK) if input_template is not None else _MARK
+        if isinstance(value, str) and input_template is not None:
+            rendered = input_template.format(_MARK)
         else:
-            i = _last_user(value)
+            messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
+            i = _last_user(messages)
             if i is None:
                 return None
-            marked = [*value[:i], {**value[i], "content": _MARK}, *value[i + 1:]]
+            marked = [*messages[:i], {**messages[i], "content": _MARK}, *messages[i + 1:]]
             rendered = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
     except Exception:  # noqa: BLE001 - jinja, transformers, str.format raise many types: then the text is searched
         return None

@@ -3,7 +3,7 @@ The tiny tokenizer is one token per character (<eos> one token), so the counts a
 
 import pytest
 
-from rlhfkit.data.prompts import PromptExample, tokenize_prompts
+from rlhfkit.data.prompts import PromptExample, load_prompts, tokenize_prompts
 from rlhfkit.data.truncate import content_span, keep, truncate_ids
 from rlhfkit.errors import DataError
 from rlhfkit.models.tiny import tiny_tokenizer
@@ -63,6 +63,18 @@ def test_the_prompts_text_is_located_where_the_template_put_it_not_where_it_also
     ex = PromptExample(text="an (answer)", label=None, raw={"prompt": "an"}, index=0)
     items, _ = tokenize_prompts([ex], tok, 10, "prompt", truncation="left", input_template="{} (answer)")
     assert items[0].text == "n (answer)"  # 11 tokens: 1 of "an" kept, the template's 9 whole
+
+
+def test_a_string_prompt_under_the_chat_template_is_located_as_its_user_message():
+    """--data.apply_chat_template renders a string prompt as one user message: its text is located there as a
+    message list's is, not searched ("an" is in the generation prompt "assistant: " too)."""
+    tok = tiny_tokenizer()
+    ex = load_prompts([{"prompt": "an"}], tokenizer=tok, input_key="prompt", apply_chat_template=True)
+    assert ex[0].text == "user: an<eos>assistant: " and ex[0].raw == {"prompt": "an"}  # 6 + 2 + 12 = 20 tokens
+    items, skipped = tokenize_prompts(ex, tok, 19, "prompt", truncation="left")
+    assert ([i.text for i in items], skipped) == (["user: n<eos>assistant: "], 0)
+    # the string rendered as it is (no template): the whole text is the prompt's
+    assert content_span("an", "an", tok) == (0, 2)
 
 
 def test_a_text_the_template_holds_twice_or_cannot_be_told_apart_is_not_cut():
