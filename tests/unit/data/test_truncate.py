@@ -85,6 +85,21 @@ def test_a_text_the_template_holds_twice_or_cannot_be_told_apart_is_not_cut():
     assert content_span("an (answer)", "an") is None and content_span("abc (answer)", "abc") == (0, 3)
 
 
+def test_a_chat_template_that_rewrites_the_text_is_not_cut_where_the_text_also_occurs():
+    """A template that upper-cases the user message: its "ist" is rendered "IST", and the only "ist" left is
+    the generation prompt's ("assistant: "), which must not be cut; the prompt is skipped as the module says."""
+    tok = tiny_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }}<eos>{% endfor %}"
+                         "{% if add_generation_prompt %}assistant: {% endif %}")
+    msgs = [{"role": "user", "content": "ist"}]
+    text = chat(tok, msgs)
+    assert text == "user: IST<eos>assistant: " and text.count("ist") == 1
+    assert content_span(text, msgs, tok) is None
+    assert truncate_ids(tok, text, msgs, 20, "left") is None
+    # a string rendered as it is stays the whole text, whatever the tokenizer's chat template does
+    assert content_span("ist", "ist", tok) == (0, 3)
+
+
 def test_tokenize_prompts_skips_errs_or_cuts():
     tok = tiny_tokenizer()
     long = PromptExample(text=chat(tok), label="7", raw={"prompt": MSGS}, index=3)
