@@ -16,8 +16,8 @@ after the earlier call's. Text prompts may not hold the model's image tokens, to
 
 `tool_choice` "required" or a named function appends the opening of a call to the prompt ids (they are
 the prompt's: recorded as context, masked in training, not in the reply's `token_ids`; the reply's text and
-tool calls are read from it and the sampled tokens together); `parallel_tool_calls` false cuts each sample
-after the token that completes its first call (toolchoice.py).
+tool calls are read from it and the sampled tokens together); `parallel_tool_calls` false cuts a sample
+that opens a second call after the token that completes its first (toolchoice.py).
 
 Sampling: with `honor_sampling` False (training) the run's temperature, top_p and top_k are used
 whatever the request asks, so the recorded logprobs are the ones the trainer computes; `n`,
@@ -29,7 +29,7 @@ tokens after the token that completes the string (rollout/stops.py); the reply's
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,11 +119,12 @@ class Completions:
                 ids, normed, images, vision = self.vision_prompt(e, tt, body)
         except TemplateError as exc:  # the template's raise_exception (roles that must alternate, ...): as vLLM, a 400
             raise BadRequest(f"messages: the chat template refused them: {exc}") from exc
-        ids = ids + (self.encode(forced) if forced else [])  # prompt tokens: never trained, not in the reply's
+        head = self.encode(forced) if forced else []
+        ids = ids + head  # prompt tokens: never trained, not in the reply's
         samples = await self.sample(e, ids, ask, vision)
         if wants.parse and not wants.parallel:
             samples = [self.first_call(s, tt, forced) for s in samples]
-        choices = [self.choice(tokens, lps, finish, ask, tt if wants.parse else None, forced, wants.parallel)
+        choices = [self.choice(tokens, lps, finish, ask, tt if wants.parse else None, head, wants.parallel)
                    for tokens, lps, finish, _ in samples]
         replies = [normal({"role": "assistant", "content": c.text, "tool_calls": [
             {"function": {"name": t["function"]["name"], "arguments": json.loads(t["function"]["arguments"])}}
@@ -258,14 +259,16 @@ class Completions:
         return sample if k is None else (tokens[:k], lps[:k], FINISH_STOP, version)
 
     def choice(self, tokens: list[int], lps: list[float], finish: str, ask: Sampling,
-               tt: ToolTemplate | None, forced: str = "", parallel: bool = True) -> Choice:
-        """One sample as the reply shows it; `forced`: the text of a forced call's opening before the sampled
+               tt: ToolTemplate | None, forced: Sequence[int] = (), parallel: bool = True) -> Choice:
+        """One sample as the reply shows it; `forced`: the ids of a forced call's opening before the sampled
         tokens (tool_choice), read with them; `parallel` False: the first call alone."""
-        ids = (self.encode(forced) if forced else []) + tokens
+        ids = list(forced) + tokens
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        for s in ask.stop:
-            if s in text:
-                text = text[: text.index(s)]
+        start = len(self.tokenizer.decode(list(forced), skip_special_tokens=True)) if forced else 0
+        for s in ask.stop:  # in the sampled text, as the tokens were cut (the forced opening is the prompt's)
+            k = text.find(s, start)
+            if k >= 0:
+                text = text[:k]
         calls = None
         if tt is not None:
             content, parsed, _errors = tt.parse(ids)

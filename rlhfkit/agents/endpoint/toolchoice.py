@@ -12,11 +12,12 @@
   forced call comes without reasoning, as the opening would otherwise be a draft). The opening fixes
   the call's start only: a model that writes a malformed call gets no `tool_calls` (its text comes back).
   A template with no known call syntax (a response template of its own, a format no parser reads): 400.
-- `parallel_tool_calls` false: a sample is cut after the token that completes its first call (Hermes,
-  Qwen3-Coder and GLM: `</tool_call>`; Mistral v11: before the next `[TOOL_CALLS]`), so its text and
-  tokens agree; its finish reason is "tool_calls". Llama 3's JSON calls (`;`-separated) and Mistral's
-  older JSON list mark no end of a call: their reply keeps the first call only, while the tokens keep
-  what was sampled (the context the next turn continues from holds the other calls).
+- `parallel_tool_calls` false: a sample that opens a second call is cut after the token that completes its
+  first (Hermes, Qwen3-Coder and GLM: `</tool_call>`; Mistral v11: before the next `[TOOL_CALLS]`), so its
+  text and tokens agree; its finish reason is "tool_calls". A sample of one call is kept whole (its end of
+  turn trains). Llama 3's JSON calls (`;`-separated) and Mistral's older JSON list mark no end of a call:
+  their reply keeps the first call only, while the tokens keep what was sampled (the context the next turn
+  continues from holds the other calls).
 """
 
 from __future__ import annotations
@@ -95,14 +96,18 @@ def first_call_end(tokens: Sequence[int], tokenizer: Any, tt: ToolTemplate, forc
 
     whole = text(len(tokens))
     start = 0
-    if syntax.reasoning is not None and syntax.reasoning[1] in whole:  # calls drafted in the reasoning do not count
+    if not forced and syntax.reasoning is not None and syntax.reasoning[1] in whole:
+        # calls drafted in the reasoning do not count; a forced call opens after it (what it holds is its own)
         start = whole.index(syntax.reasoning[1]) + len(syntax.reasoning[1])
     opened = whole.find(syntax.opening, start)
     if opened < 0:
         return None
-    end = whole.find(syntax.end, opened + len(syntax.opening))
-    if end < 0:
-        return None
+    after = opened + len(syntax.opening)
+    if syntax.end_is_next:  # the next opening the model wrote itself (a cut before it keeps a sampled token)
+        after = max(after, len(forced) + 1)
+    end = whole.find(syntax.end, after)
+    if end < 0 or (not syntax.end_is_next and whole.find(syntax.opening, end + len(syntax.end)) < 0):
+        return None  # one call (what follows it, the turn's end included, is kept)
     cut = end if syntax.end_is_next else end + len(syntax.end)  # the turn's text up to `cut` is kept
     low, high = 0, len(tokens)  # binary search on the decoded length, which grows with k
     while low < high:

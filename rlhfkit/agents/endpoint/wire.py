@@ -5,7 +5,7 @@ Fields honoured: `messages` / `prompt` (a string, or a list of token ids), `n`, 
 `max_completion_tokens`, `temperature`, `top_p`, `top_k` (vLLM's extra), `seed` (rlhfkit serve), `stop`
 (a string or a list), `logprobs` (chat: a bool, with `top_logprobs`; completions: an int), `stream`
 (with `stream_options.include_usage`), `tools`, `tool_choice` and `parallel_tool_calls` (toolchoice.py:
-"required" and a named function force a call's opening, false cuts a reply after its first call). Beside
+"required" and a named function force a call's opening, false cuts a reply before its second call). Beside
 OpenAI's fields every choice carries `token_ids` (the sampled ids) and the body, or a stream's first
 chunk, `prompt_token_ids` (vLLM's names for the same thing).
 

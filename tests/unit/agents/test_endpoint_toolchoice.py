@@ -266,3 +266,71 @@ def test_a_template_whose_call_syntax_is_unknown_refuses_a_forced_call_in_one_li
     message = str(exc.value)
     assert "a format no parser reads, parsed as hermes, so rlhfkit cannot force one" in message and "\n" not in message
     assert ep.prompts == [] and ep.chat()["choices"][0]["message"]["content"] == ANSWER
+
+
+@pytest.mark.parametrize("family", list(CUT))
+def test_parallel_tool_calls_false_keeps_a_turn_of_one_call_whole(family):
+    """Nothing but the turn's end follows the first call: the sample is kept as sampled, its end token trained
+    (cut, the model would never be taught to end its turn after a call)."""
+    tok = FAMILIES[family][0]()
+    one = turn(family, ADD)
+    ep = Endpoint(tok, lambda ctx: one)
+    [reply] = ep.chat(parallel_tool_calls=False)["choices"]
+    assert reply["token_ids"] == ids(tok, one) and calls_of(reply) == [ADD] and reply["finish_reason"] == "tool_calls"
+    assert ep.trajectories()[0].response_ids.tolist() == ids(tok, one)
+
+
+def test_closing_tags_a_policy_writes_in_the_forced_calls_arguments_do_not_move_the_cut():
+    """`</tool_call>` in a string argument of the only call: nothing is cut (the reply is the one parallel calls
+    get); `</think>` in the forced call's arguments: the forced call holds no reasoning, the cut stays after it."""
+    tok = FAMILIES["qwen2_5"][0]()
+    named, choice = FAMILIES["qwen2_5"][5], {"type": "function", "function": {"name": "add"}}
+    inside = ' {"a": "x</tool_call>y", "b": 4}}\n</tool_call><|im_end|>'
+    ep = Endpoint(tok, writes_after(named, inside))
+    cut, whole = [ep.chat(tool_choice=choice, parallel_tool_calls=p)["choices"][0] for p in (False, True)]
+    assert cut["token_ids"] == whole["token_ids"] == ids(tok, inside) and cut["message"] == whole["message"]
+    think = ' {"a": "</think>", "b": 4}}\n</tool_call>'
+    ep = Endpoint(tok, writes_after(named, think + "\n" + hermes(*NEG) + "<|im_end|>"))
+    [one] = ep.chat(tool_choice=choice, parallel_tool_calls=False)["choices"]
+    assert one["token_ids"] == ids(tok, think) and calls_of(one) == [("add", {"a": "</think>", "b": 4})]
+
+
+def test_a_stop_string_in_the_forced_opening_leaves_the_replys_text_whole():
+    """Stop strings are looked for in the sampled text, as the sampled tokens are cut: not in the forced opening,
+    which is the prompt's (a model that wrote a malformed call gets its whole text back, up to the stop)."""
+    tok = FAMILIES["qwen2_5"][0]()
+    ep = Endpoint(tok, writes_after("<tool_call>\n", '{"name": "add", "arguments": {"a": 3\n</tool_call><|im_end|>'))
+    [reply] = ep.chat(tool_choice="required", stop=["\n"])["choices"]
+    assert reply["token_ids"] == ids(tok, '{"name": "add", "arguments": {"a": 3\n')
+    assert not reply["message"]["tool_calls"]
+    assert reply["message"]["content"] == '<tool_call>\n{"name": "add", "arguments": {"a": 3'
+
+
+def test_a_call_forced_on_every_turn_trains_none_of_the_forced_openings():
+    """A client that asks for a call on every turn ("required", as smolagents): the second turn's opening, after
+    the tool's result, is context (loss mask 0) like the first's, and the episode stays one trajectory."""
+    tok = FAMILIES["qwen2_5"][0]()
+    opening = "<tool_call>\n"
+    first, second = [hermes(*c)[len(opening):] + "<|im_end|>" for c in (ADD, NEG)]
+    ep = Endpoint(tok, lambda ctx: (second if "<tool_response>" in ctx else first) if ctx.endswith(opening) else ANSWER)
+    r1 = ep.chat(tool_choice="required")["choices"][0]
+    [call] = r1["message"]["tool_calls"]
+    msgs = MSGS + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": call["id"], "content": "7"}]
+    body = asyncio.run(ep.completions.chat(ep.e, {"messages": msgs, "tools": TOOLS, "tool_choice": "required"}))
+    [r2] = body["choices"]
+    assert calls_of(r2) == [NEG] and body["prompt_token_ids"][-len(opening):] == ids(tok, opening)
+    [traj] = ep.trajectories()
+    response, mask = traj.response_ids.tolist(), traj.loss_mask.tolist()
+    assert traj.prompt_ids.tolist() + response == body["prompt_token_ids"] + r2["token_ids"]
+    assert [t for t, m in zip(response, mask) if m] == r1["token_ids"] + r2["token_ids"]
+
+
+def test_a_policy_that_reopens_the_forced_mistral_call_keeps_its_first_written_call():
+    """Mistral v11's call ends where the next `[TOOL_CALLS]` opens: a model that writes one right after the forced
+    opening (an empty call) is cut before its own second call, not to nothing."""
+    tok = FAMILIES["mistral_v11"][0]()
+    first = v11(*NEG)
+    ep = Endpoint(tok, writes_after("[TOOL_CALLS]", first + v11(*ADD) + "</s>"))
+    [one] = ep.chat(tool_choice="required", parallel_tool_calls=False)["choices"]
+    assert one["token_ids"] == ids(tok, first) and calls_of(one) == [NEG]
