@@ -58,8 +58,9 @@ def test_tools_environments_and_agents_given_as_objects_reach_the_ray_trainer_ac
     be pickled is refused in one line before Ray starts."""
     import threading
 
-    import rlhfkit
     from ray import cloudpickle
+
+    import rlhfkit
 
     monkeypatch.setattr(launch, "start_ray", lambda *a, **k: False)
     monkeypatch.setattr(launch, "cluster_gpus", lambda address: 0)
