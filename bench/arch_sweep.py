@@ -20,8 +20,8 @@ import contextlib
 import importlib.util
 import io
 import json
-import re
 import logging
+import re
 import signal
 import sys
 import time

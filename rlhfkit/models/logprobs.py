@@ -56,8 +56,9 @@ def decoder_backbone(model: torch.nn.Module) -> torch.nn.Module | None:
     or a module without a config (ModernBERT-decoder's LM head is called `decoder`), the module its
     base_model_prefix names, then `model`."""
     get_decoder = getattr(model, "get_decoder", None)
-    candidates = (get_decoder() if get_decoder is not None else None,
-                  getattr(model, getattr(model, "base_model_prefix", "") or "model", None), getattr(model, "model", None))
+    prefix = getattr(model, "base_model_prefix", "") or "model"
+    candidates = (get_decoder() if get_decoder is not None else None, getattr(model, prefix, None),
+                  getattr(model, "model", None))
     for found in candidates:
         if isinstance(found, torch.nn.Module) and found is not model and hasattr(found, "config"):
             return found

@@ -202,6 +202,14 @@ def _modernbert_decoder(s):  # an LM head module called `decoder`, full / slidin
     return "ModernBertDecoderConfig", {k: v for k, v in _decoder(s).items() if k != "num_key_value_heads"}
 
 
+def _roberta(s):  # an encoder as a decoder (is_decoder): its own positions start at pad_token_id + 1
+    return "RobertaConfig", {"hidden_size": s["hidden"], "intermediate_size": s["intermediate"],
+                             "num_hidden_layers": s["layers"], "num_attention_heads": s["heads"],
+                             "max_position_embeddings": s["max_positions"], "is_decoder": True,
+                             "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+                             "tie_word_embeddings": s["tie"]}
+
+
 def _decoder(s) -> dict:
     return {
         "hidden_size": s["hidden"], "intermediate_size": s["intermediate"], "num_hidden_layers": s["layers"],
@@ -239,6 +247,7 @@ ARCHITECTURES = {
     "doge": _doge,
     "llama4_text": _llama4_text,
     "modernbert_decoder": _modernbert_decoder,
+    "roberta": _roberta,
 }
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "deepseek_v3")
 

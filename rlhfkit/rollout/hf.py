@@ -60,7 +60,7 @@ import torch
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.host import own_memory
-from rlhfkit.models.loading import position_limit
+from rlhfkit.models.loading import position_limit, position_offset
 from rlhfkit.models.logprobs import forward_parameters, note_once
 from rlhfkit.models.moe import ExpertRecorder, routing_shape
 from rlhfkit.rollout.base import SamplingParams
@@ -177,6 +177,7 @@ class HFEngine:
         takes = forward_parameters(model)
         self._keep_last_logits = "logits_to_keep" in takes
         self._takes_positions = "position_ids" in takes  # else the model derives them (e.g. from the mask)
+        self._position_offset = position_offset(model)  # the RoBERTa family numbers from pad_token_id + 1
         self._cached = cache_support(model) is None
         self.position_limit = position_limit(model)  # a learned position table's rows (GPT-2, OPT), else None
         self._version = version
@@ -542,7 +543,7 @@ class HFEngine:
         position [B, V]. `extra`: more keyword arguments (they win over the ones made here)."""
         kwargs = {"logits_to_keep": 1} if self._keep_last_logits else {}
         if self._takes_positions:
-            kwargs["position_ids"] = position_ids
+            kwargs["position_ids"] = position_ids + self._position_offset if self._position_offset else position_ids
         if cache is not None:
             kwargs["past_key_values"] = cache
         kwargs.update(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None)
