@@ -210,6 +210,23 @@ def _roberta(s):  # an encoder as a decoder (is_decoder): its own positions star
                              "tie_word_embeddings": s["tie"]}
 
 
+def _trocr(s):  # learned positions counted from a row's first column (no position ids): left padding shifts them
+    return "TrOCRConfig", {"d_model": s["hidden"], "decoder_layers": s["layers"], "decoder_attention_heads": s["heads"],
+                           "decoder_ffn_dim": s["intermediate"], "max_position_embeddings": s["max_positions"],
+                           "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
+                           "tie_word_embeddings": s["tie"]}
+
+
+def _deepseek_v4(s):  # keys compressed in blocks of 4 / 8 tokens (counted from a row's first column, padding or
+    # not) beside a sliding window, hyper-connections, routed experts
+    return "DeepseekV4Config", {**_decoder(s), "head_dim": 16, "qk_rope_head_dim": 8, "q_lora_rank": 32,
+                                "n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                "index_n_heads": 4, "index_head_dim": 16, "sliding_window": SLIDING_WINDOW,
+                                "layer_types": ["heavily_compressed_attention", "compressed_sparse_attention"] * (
+                                    s["layers"] // 2) + ["compressed_sparse_attention"] * (s["layers"] % 2),
+                                "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}}
+
+
 def _decoder(s) -> dict:
     return {
         "hidden_size": s["hidden"], "intermediate_size": s["intermediate"], "num_hidden_layers": s["layers"],
@@ -248,6 +265,8 @@ ARCHITECTURES = {
     "llama4_text": _llama4_text,
     "modernbert_decoder": _modernbert_decoder,
     "roberta": _roberta,
+    "trocr": _trocr,
+    "deepseek_v4": _deepseek_v4,
 }
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "deepseek_v3")
 

@@ -51,7 +51,8 @@ def left_padding_changes_numbers(model: torch.nn.Module, pad_id: int, position_o
     param, training, takes = next(model.parameters()), model.training, forward_parameters(model)
     ids = torch.arange(5, 5 + 16, device=param.device)[None]  # 16 tokens after 5 pads
     padded = torch.cat([torch.full((1, 5), pad_id, device=param.device), ids], 1)
-    rows = {"plain": (ids, torch.ones_like(ids)), "padded": (padded, (padded != pad_id).long())}
+    mask = torch.cat([torch.zeros_like(padded[:, :5]), torch.ones_like(ids)], 1)
+    rows = {"plain": (ids, torch.ones_like(ids)), "padded": (padded, mask)}
     logits = {}
     model.eval()
     try:

@@ -48,6 +48,8 @@ NOTES = {
     "gpt_oss": ["causal mask is built without position_ids", "sliding window (8 tokens)"],
     "modernbert_decoder": ["its logits are not lm_head(last hidden state)"],  # a dense + norm head before it
     "roberta": ["its logits are not lm_head(last hidden state)", "causal mask is built without position_ids"],
+    "trocr": ["forward takes no position_ids"],  # (and left padding changes its numbers: one prompt at a time)
+    "deepseek_v4": ["attention mask is not built by transformers' masking_utils"],  # (and left padding)
 }
 
 
