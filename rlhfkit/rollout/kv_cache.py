@@ -43,12 +43,14 @@ def left_padding_changes_numbers(model: torch.nn.Module, pad_id: int, position_o
     position ids the HF engine passes: TrOCR counts positions from a row's first column (it takes no
     position ids), DeepSeek-V4 compresses blocks of keys counted from the first column. Such a model's
     prompts are not padded to one width in the HF engine (one prompt at a time, noted once). Probed once
-    on a 16-token row; a model the probe cannot run (a VLM's text-only call) keeps the padded prompts."""
+    on a 16-token row, only for a model that takes no position ids or has cache layers of its own; a
+    model the probe cannot run keeps the padded prompts."""
     from rlhfkit.models.vision import is_vision_model
 
-    if is_vision_model(model):
-        return False
-    param, training, takes = next(model.parameters()), model.training, forward_parameters(model)
+    takes = forward_parameters(model)
+    if is_vision_model(model) or ("position_ids" in takes and not _own_cache_layers(model)):
+        return False  # positions and mask passed, transformers' own cache layers: nothing counts the padding
+    param, training = next(model.parameters()), model.training
     ids = torch.arange(5, 5 + 16, device=param.device)[None]  # 16 tokens after 5 pads
     padded = torch.cat([torch.full((1, 5), pad_id, device=param.device), ids], 1)
     mask = torch.cat([torch.zeros_like(padded[:, :5]), torch.ones_like(ids)], 1)
@@ -72,6 +74,18 @@ def left_padding_changes_numbers(model: torch.nn.Module, pad_id: int, position_o
         note_once(f"{type(model).__name__}: left padding changes its numbers (the first columns of a row count, "
                   "padding or not); the HF engine decodes one prompt at a time")
     return changes
+
+
+def _own_cache_layers(model: torch.nn.Module) -> bool:
+    """Whether the model's DynamicCache holds layers its modeling file defines (DeepSeek-V4's compressed
+    ones) rather than transformers' cache_utils layers."""
+    from transformers import DynamicCache
+
+    try:
+        return any(type(layer).__module__ != "transformers.cache_utils" for layer in DynamicCache(
+            config=model.config).layers)
+    except Exception:  # noqa: BLE001 - no cache laid out: the engine decodes without one anyway
+        return False
 
 
 def _linear_states():
