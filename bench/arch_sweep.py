@@ -84,6 +84,8 @@ def tiny_kwargs(config_cls) -> dict:
         kwargs["num_key_value_heads"] = SIZES["heads"]  # latent attention: a key/value head per query head
     if hasattr(default, "is_decoder"):
         kwargs["is_decoder"] = True  # encoder families (BERT, RoBERTa, ...) as causal LMs
+    if isinstance(getattr(default, "causal", None), bool):
+        kwargs["causal"] = True  # XLM's causal attention
     for name, value in vars(default).items():
         if isinstance(value, float) and ("dropout" in name or "pdrop" in name):
             kwargs[name] = 0.0
