@@ -142,6 +142,8 @@ def load_processor(path: str):
             return processor
         # transformers gave a bare tokenizer, or failed: a processor whose video part cannot be built
         name = _processor_class_name(path)
+        if name in _WITHOUT_TORCHVISION:  # transformers cannot import the class itself without torchvision
+            return _from_folder(path, _WITHOUT_TORCHVISION[name]())
         cls = processor_class_from_name(name) if name else None
         if cls is None or not _takes_video(cls):
             if processor is None:
@@ -152,26 +154,40 @@ def load_processor(path: str):
 
 
 def _torchvision_needed(path: str, name: str | None, failure: Exception) -> ModelError | None:
-    """A ModelError naming the processor class when transformers could not build it without torchvision and
-    it takes no video processor to leave out (Mistral 3's PixtralProcessor: transformers requires torchvision
-    to import it at all); None for another failure."""
+    """A ModelError naming the processor class when transformers could not build it without torchvision, it
+    takes no video processor to leave out and rlhfkit has no class of its own for it (`_WITHOUT_TORCHVISION`);
+    None for another failure."""
     if not isinstance(failure, ImportError) or "torchvision" not in str(failure).lower():
         return None
-    return ModelError(f"{path}: transformers' {name or 'processor'} needs torchvision even for images (Mistral 3 / "
-                      "Pixtral's does), and rlhfkit cannot build it without; install the torchvision build matching "
-                      "your torch (for a CPU torch: pip install torchvision --index-url "
-                      "https://download.pytorch.org/whl/cpu)")
+    return ModelError(f"{path}: transformers' {name or 'processor'} needs torchvision even for images, and "
+                      "rlhfkit cannot build it without; install the torchvision build matching your torch (for a "
+                      "CPU torch: pip install torchvision --index-url https://download.pytorch.org/whl/cpu)")
+
+
+def _pixtral() -> type:
+    from rlhfkit.models.pixtral import pixtral_processor_class
+
+    return pixtral_processor_class()
+
+
+# Processors transformers will not import without torchvision although their images need none: rlhfkit's own
+# class of the same name and settings over transformers' PIL image processor (Mistral 3's: models.pixtral).
+_WITHOUT_TORCHVISION = {"PixtralProcessor": _pixtral}
 
 
 def _image_only_from_folder(path: str, cls: type):
-    """`image_only_processor(cls)` of the folder's tokenizer, PIL image processor, chat template and the
+    """`image_only_processor(cls)` of the folder's parts (`_from_folder`)."""
+    return _from_folder(path, image_only_processor(cls))
+
+
+def _from_folder(path: str, image_only: type):
+    """`image_only` (a processor class) of the folder's tokenizer, PIL image processor, chat template and the
     processor's own settings; ModelError naming the package when one it needs is missing (SmolVLM's: num2words)."""
     from transformers import AutoImageProcessor, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
     template = getattr(tokenizer, "chat_template", None)
-    image_only = image_only_processor(cls)
     takes = inspect.signature(image_only.__init__).parameters
     settings = {k: v for k, v in _processor_config(path).items()
                 if k in takes and k not in ("self", "image_processor", "tokenizer", "chat_template")}
@@ -179,7 +195,7 @@ def _image_only_from_folder(path: str, cls: type):
         return image_only(image_processor=image_processor, tokenizer=tokenizer,
                           chat_template=_chat_template(path) or template, **settings)
     except ImportError as exc:
-        raise ModelError(f"cannot load the processor of {path}: transformers' {cls.__name__} needs a package that is "
+        raise ModelError(f"cannot load the processor of {path}: transformers' {image_only.__name__} needs a package that is "
                          f"not installed ({one_line(exc)}); install it (pip install 'rlhfkit[vision]' brings "
                          "the ones rlhfkit's vision-language families need)") from exc
 
