@@ -497,7 +497,7 @@ def vision_sizes(config: dict, image_tokens: int | None = None) -> dict:
 def image_layout(hf_config) -> tuple[int | None, float]:
     """(language-model tokens per image when the config fixes them, else None; vision-tower patches per
     language-model token). Fixed: LLaVA (one token per patch of its square image), Gemma 3
-    (`mm_tokens_per_image`, pooled from the patches). Variable: Qwen-VL (patches merged
+    (`mm_tokens_per_image`, pooled from the patches). Variable: Qwen-VL and Mistral 3 (patches merged
     spatial_merge_size^2 to a token), Idefics3 / SmolVLM (a tile per sub-image, pixel-shuffled
     scale_factor^2), InternVL (tiles, downsampled by downsample_ratio a side), Gemma 4 (pooled
     pooling_kernel_size^2, as many tokens as the image's aspect ratio gives)."""
@@ -509,6 +509,7 @@ def image_layout(hf_config) -> tuple[int | None, float]:
     size, patch = side(getattr(v, "image_size", None)), side(getattr(v, "patch_size", None))
     grid = (size // patch) ** 2 if size and patch else None
     for merge in (getattr(v, "spatial_merge_size", None) and v.spatial_merge_size ** 2,
+                  getattr(hf_config, "spatial_merge_size", None) and hf_config.spatial_merge_size ** 2,
                   getattr(hf_config, "scale_factor", None) and hf_config.scale_factor ** 2,
                   getattr(hf_config, "downsample_ratio", None) and 1 / hf_config.downsample_ratio ** 2,
                   getattr(v, "pooling_kernel_size", None) and v.pooling_kernel_size ** 2):
