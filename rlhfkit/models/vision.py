@@ -150,7 +150,7 @@ def load_processor(path: str):
                 raise _torchvision_needed(path, name, failure) or failure
             raise ModelError(f"{path}: AutoProcessor found no image processor for this vision-language model; "
                              "add its preprocessor_config.json / processor_config.json")
-        return _image_only_from_folder(path, cls)
+        return _from_folder(path, image_only_processor(cls))
 
 
 def _torchvision_needed(path: str, name: str | None, failure: Exception) -> ModelError | None:
@@ -175,27 +175,22 @@ def _pixtral() -> type:
 _WITHOUT_TORCHVISION = {"PixtralProcessor": _pixtral}
 
 
-def _image_only_from_folder(path: str, cls: type):
-    """`image_only_processor(cls)` of the folder's parts (`_from_folder`)."""
-    return _from_folder(path, image_only_processor(cls))
-
-
-def _from_folder(path: str, image_only: type):
-    """`image_only` (a processor class) of the folder's tokenizer, PIL image processor, chat template and the
+def _from_folder(path: str, cls: type):
+    """`cls` (a processor class) of the folder's tokenizer, PIL image processor, chat template and the
     processor's own settings; ModelError naming the package when one it needs is missing (SmolVLM's: num2words)."""
     from transformers import AutoImageProcessor, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
     template = getattr(tokenizer, "chat_template", None)
-    takes = inspect.signature(image_only.__init__).parameters
+    takes = inspect.signature(cls.__init__).parameters
     settings = {k: v for k, v in _processor_config(path).items()
                 if k in takes and k not in ("self", "image_processor", "tokenizer", "chat_template")}
     try:
-        return image_only(image_processor=image_processor, tokenizer=tokenizer,
+        return cls(image_processor=image_processor, tokenizer=tokenizer,
                           chat_template=_chat_template(path) or template, **settings)
     except ImportError as exc:
-        raise ModelError(f"cannot load the processor of {path}: transformers' {image_only.__name__} needs a package that is "
+        raise ModelError(f"cannot load the processor of {path}: transformers' {cls.__name__} needs a package that is "
                          f"not installed ({one_line(exc)}); install it (pip install 'rlhfkit[vision]' brings "
                          "the ones rlhfkit's vision-language families need)") from exc
 
