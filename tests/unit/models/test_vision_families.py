@@ -2,7 +2,8 @@
 processor saved and loaded back (image-only where its video processor needs torchvision) encodes as the
 one built in code; SmolVLM's sub-images of several prompts padded as its processor pads them; the tiny
 models exercise what the families are known for (Qwen2.5-VL's window attention, Qwen3-VL's deepstack
-features, Qwen3.5's linear-attention layers that decode without a cache)."""
+features, Qwen3.5's linear-attention layers that decode without a cache); Mistral 3's processor (rlhfkit's own:
+transformers' needs torchvision) expands images as transformers' would."""
 
 import importlib.util
 
@@ -110,23 +111,54 @@ def test_smolvlm_without_num2words_is_one_line_naming_the_package(tmp_path, monk
     assert "\n" not in str(err.value)
 
 
+def transformers_pixtral_processor(monkeypatch):
+    """transformers' own PixtralProcessor class: its module imports a function of the torchvision image processor
+    module, which the PIL image processor module also defines; handed that one instead, it imports without
+    torchvision (for this test only: both modules are put back)."""
+    import sys
+
+    import transformers.models.pixtral.image_processing_pil_pixtral as pil
+
+    monkeypatch.setitem(sys.modules, "transformers.models.pixtral.image_processing_pixtral", pil)
+    monkeypatch.delitem(sys.modules, "transformers.models.pixtral.processing_pixtral", raising=False)
+    module = importlib.import_module("transformers.models.pixtral.processing_pixtral")
+    monkeypatch.delitem(sys.modules, "transformers.models.pixtral.processing_pixtral")
+    return module.PixtralProcessor
+
+
+def test_mistral3_expands_images_as_transformers_pixtral_processor(monkeypatch):
+    """One token per 14-pixel square (7-pixel patches merged 2 x 2), [IMG_BREAK] after each row, [IMG_END] last:
+    a 56 x 28 image (2 rows of 4) is 10 tokens, a 40 x 40 one (rounded up to 42 x 42: 3 rows of 3) 12, and a
+    100 x 30 one shrunk to fit 56 pixels (56 x 17, rounded up to 56 x 28: 2 rows of 4) 10; ids and tensors
+    are those of transformers' own processor given the same parts and settings."""
+    _, ours = tiny_vision_model_and_processor("mistral3")
+    row = "[IMG]" * 4
+    images = [noise(56, 28), noise(40, 40, 1), noise(100, 30, 2)]
+    ids, vision = encode(ours, text(ours, 3), images)
+    expected = (row + "[IMG_BREAK]" + row + "[IMG_END]" + ("[IMG]" * 3 + "[IMG_BREAK]") * 2 + "[IMG]" * 3 + "[IMG_END]"
+                + row + "[IMG_BREAK]" + row + "[IMG_END]")
+    assert ours.tokenizer.decode(ids) == text(ours, 3).replace("[IMG]" * 3, expected)
+    assert vision.tensors["image_sizes"].tolist() == [[28, 56], [42, 42], [28, 56]]
+    theirs = transformers_pixtral_processor(monkeypatch)(
+        image_processor=ours.image_processor, tokenizer=ours.tokenizer, patch_size=7, spatial_merge_size=2,
+        chat_template=ours.chat_template)
+    ids_theirs, vision_theirs = encode(theirs, text(theirs, 3), images)
+    assert ids_theirs == ids and vision_theirs.tensors.keys() == vision.tensors.keys()
+    assert all(torch.equal(vision_theirs.tensors[k], v) for k, v in vision.tensors.items())
+
+
 @pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision builds the processor")
-def test_mistral3_without_torchvision_is_one_line_naming_its_processor(tmp_path):
-    """transformers will not import PixtralProcessor (Mistral 3's) without torchvision, and it has no video part
-    to leave out: loading says which processor needs it and how to install it, not that the folder is broken."""
-    import json
-
-    from transformers import Mistral3Config
-
+def test_a_processor_needing_torchvision_without_a_class_of_rlhfkits_is_one_line_naming_it(tmp_path, monkeypatch):
+    """transformers will not import PixtralProcessor without torchvision, and it has no video part to leave out:
+    without rlhfkit's own class for it (models.pixtral), loading says which processor needs torchvision and how
+    to install it, not that the folder is broken; with it, the folder loads."""
     from rlhfkit.errors import ModelError
-    from rlhfkit.models.tiny import tiny_tokenizer
+    from rlhfkit.models import vision
 
-    tiny_tokenizer().save_pretrained(tmp_path)
-    Mistral3Config(vision_config={"model_type": "pixtral"}, text_config={"model_type": "mistral"}).save_pretrained(
-        tmp_path)
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
-        {"processor_class": "PixtralProcessor", "image_processor_type": "PixtralImageProcessor"}))
-    with pytest.raises(ModelError, match=r"PixtralProcessor needs torchvision even for images .*pip install "
+    folder = str(save_tiny_vision(tmp_path, "mistral3"))
+    assert type(load_processor(folder)).__name__ == "PixtralProcessor"
+    monkeypatch.setattr(vision, "_WITHOUT_TORCHVISION", {})
+    with pytest.raises(ModelError, match=r"PixtralProcessor needs torchvision even for images, .*pip install "
                                          r"torchvision") as err:
-        load_processor(str(tmp_path))
+        load_processor(folder)
     assert "\n" not in str(err.value)
