@@ -87,16 +87,26 @@ def init_reward_model(path: str | os.PathLike, pad_token_id: int, dtype: torch.d
 
 def has_classifier(folder: Path) -> bool:
     """Whether transformers has a `*ForSequenceClassification` class for the architecture of the model
-    folder's config.json (its `model_type`); an unreadable config is reported by the loader that reads it."""
+    folder's config.json (its `model_type`) that scores the last token with a `score` Linear head (built on
+    the meta device to see: the BERT / RoBERTa family's `classifier` reads the first token); an unreadable
+    config is reported by the loader that reads it."""
     import json
 
+    from transformers import AutoConfig, AutoModelForSequenceClassification
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
     try:
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):
         return True
-    return model_type is None or model_type in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+    if model_type is None or model_type not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+        return model_type is None
+    try:
+        with torch.device("meta"):
+            model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(folder))
+    except Exception:  # noqa: BLE001 - the loader that builds it next reports what is wrong
+        return True
+    return isinstance(getattr(model, "score", None), torch.nn.Linear)
 
 
 def load_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

@@ -137,3 +137,18 @@ def test_packed_loss_and_gradients_equal_padded(tmp_path):
         assert results[True][1][key] == pytest.approx(results[False][1][key], rel=1e-5, abs=1e-6)
     for k, g in results[False][2].items():
         torch.testing.assert_close(results[True][2][k], g, rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_a_roberta_decoder_gets_a_reward_head_on_its_last_token(tmp_path):
+    """RoBERTa's sequence classifier has no `score` head and reads the first token (under a decoder's causal
+    mask: the prompt's first token alone): the reward model is the score head on its decoder instead."""
+    rm = seq_cls("roberta", tmp_path)
+    assert isinstance(rm, BackboneRewardModel)
+    other = [sample(s.prompt_ids.tolist(), [24, 25]) for s in SAMPLES]  # the same prompts, other responses
+    with torch.no_grad():
+        padded, packed, changed = (batch_scores(rm, b) for b in (collate(SAMPLES, 0), pack(SAMPLES, 0),
+                                                                 collate(other, 0)))
+        alone = torch.cat([batch_scores(rm, collate([s], 0)) for s in SAMPLES])
+    torch.testing.assert_close(padded, alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
+    assert (changed - padded).abs().min() > 1e-4  # the scores read the responses
