@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, ModelError
 from rlhfkit.models.host import own_memory
 from rlhfkit.models.loading import position_limit, position_offset
 from rlhfkit.models.logprobs import forward_parameters, note_once
@@ -388,6 +388,8 @@ class HFEngine:
             self.prefilled_tokens -= shared * (len(prompts) - 1)
         else:
             logits = self._forward(input_ids, attention_mask, position_ids, cache, extra=extra)  # [U, V]
+        if cache is not None and not static:
+            self._check_cache_width(cache, attention_mask.shape[1])
         self.prefilled_tokens += sum(len(p) for p in prompts)
         calls, self.routed = self.routed, []  # the prefill's recorded forwards
         prompt_experts = None if self.recorder is None else prompt_codes(prompts, before, calls, self._missing)
@@ -591,6 +593,15 @@ class HFEngine:
             ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p) :] = 1
         return ids.to(self.device), mask.to(self.device)
+
+    def _check_cache_width(self, cache, width: int) -> None:
+        """After a prefill: the cache holds the `width` columns of the attention mask, no more (CPM-Ant's
+        forward prepends prompt tokens of its own, which the engine's masks would not cover)."""
+        added = cache.get_seq_length() - width
+        if added > 0:
+            raise ModelError(f"{type(self.model).__name__}: its forward adds {added} tokens of its own to the KV "
+                             "cache, which the HF engine's attention masks do not cover; it cannot be decoded here: "
+                             "pick another causal LM")
 
     def _chunks(self, prompts: Sequence[Sequence[int]], params: SamplingParams):
         """Yield [start, stop) ranges of prompts that fit max_batch_size / max_batch_tokens (one

@@ -382,3 +382,19 @@ def test_packed_rows_only_where_the_causal_mask_is_built_from_the_position_ids()
     assert verdicts == {"llama": True, "phi3": True, "mixtral": True, "gemma3": True, "falcon": False,
                         "gpt_oss": False}
     assert not _masks_see_positions(opt)
+
+
+def test_a_model_whose_forward_adds_tokens_to_the_cache_stops_with_one_clear_line():
+    """CPM-Ant prepends prompt tokens of its own inside the forward: its KV cache holds more columns than the
+    engine's attention mask, and the engine says so at the prefill (not a shape error in the next step)."""
+    import transformers
+
+    from rlhfkit.errors import ModelError
+    from rlhfkit.models.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    config = transformers.CpmAntConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                       dim_head=16, dim_ff=64, prompt_length=4, pad_token_id=tok.pad_token_id)
+    model = transformers.CpmAntForCausalLM(config).eval()
+    with pytest.raises(ModelError, match=r"CpmAntForCausalLM: its forward adds 4 tokens of its own to the KV cache"):
+        HFEngine(model, tok).generate([[5, 6, 7], [8, 9]], SamplingParams(max_new_tokens=3))
