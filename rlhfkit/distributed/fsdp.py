@@ -56,6 +56,7 @@ import torch.distributed as dist
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import save_hf_folder
+from rlhfkit.models.logprobs import decoder_backbone
 from rlhfkit.models.lora import dequantized_items, is_4bit
 from rlhfkit.models.vision import (
     base_model,
@@ -135,7 +136,7 @@ def shard_model(model: torch.nn.Module, world_size: int, mixed_precision: bool |
         backbone = base_model(inner)
         layers = vision_blocks(backbone)
     else:
-        backbone, layers = inner.get_decoder(), decoder_layers(inner)
+        backbone, layers = decoder_backbone(inner), decoder_layers(inner)  # the decoder the logprobs call
     if head is not None and head.weight is backbone.get_input_embeddings().weight:
         units = [[backbone, head]]
     else:

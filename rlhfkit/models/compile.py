@@ -22,14 +22,15 @@ from rlhfkit.errors import ConfigError
 
 
 class CompiledLayers:
-    """Compiled forwards of `model`'s decoder layers (`model.get_decoder().layers`)."""
+    """Compiled forwards of `model`'s decoder layers (`decoder.layers`, models.logprobs.decoder_backbone)."""
 
     def __init__(self, model: torch.nn.Module):
-        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-        layers = getattr(decoder, "layers", None)
+        from rlhfkit.models.logprobs import decoder_backbone
+
+        layers = getattr(decoder_backbone(model), "layers", None)
         if layers is None:
             raise ConfigError(f"--train.compile_enable: {type(model).__name__} has no decoder layers to compile "
-                              "(model.get_decoder().layers); drop the flag")
+                              "(decoder.layers); drop the flag")
         if next(model.parameters()).device.type == "cpu" and not has_cxx():
             raise ConfigError("--train.compile_enable needs a C++ compiler for torch.compile's CPU backend (g++ or "
                               "clang++ on PATH, or CXX=...); install one (e.g. apt install g++) or drop the flag")

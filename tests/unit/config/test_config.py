@@ -131,3 +131,14 @@ def test_qlora_runs_under_fsdp_and_still_needs_lora_there():
         with pytest.raises(ConfigError, match="--ds.load_in_4bit \\(QLoRA\\) trains LoRA adapters over the 4-bit "
                                               "base: give --ds.lora.rank R"):
             validate(parse_config(RLConfig, argv))
+
+
+@pytest.mark.parametrize("arch", ["llama4_text", "modernbert_decoder"])
+def test_compiled_layers_are_the_decoders_where_get_decoder_is_not_it(arch):
+    """Llama 4's get_decoder() is the LM itself, ModernBERT-decoder's its LM head: the compiled layers are
+    those of the decoder the logprobs call (models.logprobs.decoder_backbone)."""
+    from rlhfkit.models import tiny_model_and_tokenizer
+    from rlhfkit.models.compile import CompiledLayers
+
+    model = tiny_model_and_tokenizer(seed=0, arch=arch)[0]
+    assert CompiledLayers(model).layers == list(model.model.layers)

@@ -135,3 +135,20 @@ def test_a_sharded_lora_policy_streams_its_merged_weights():
     assert len(parts) >= 3 and got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert any("lora_A" in n for n, _ in policy.named_parameters())
+
+
+@pytest.mark.parametrize("arch", ["modernbert_decoder"])
+def test_a_model_whose_get_decoder_is_not_its_backbone_is_sharded_on_its_backbone(arch):
+    """ModernBERT-decoder's get_decoder() is its LM head: the backbone unit is the decoder the logprobs call
+    (models.logprobs.decoder_backbone), and the sharded model's logprobs are the plain model's."""
+    from rlhfkit.data.batch import collate
+    from rlhfkit.data.supervised import TokenSample
+    from rlhfkit.models import response_logprobs
+
+    model, _ = tiny_model_and_tokenizer(seed=0, arch=arch)
+    plain = tiny_model_and_tokenizer(seed=0, arch=arch)[0]
+    batch = collate([TokenSample(torch.tensor([5, 6, 7]), torch.tensor([8, 9]), torch.ones(2, dtype=torch.bool))], 0)
+    with torch.no_grad():
+        want = response_logprobs(plain, batch)
+        got = response_logprobs(fsdp.shard_model(model, 1), batch)
+    torch.testing.assert_close(got, want)
