@@ -208,12 +208,13 @@ def _checked(image, where: str, name: str):
 
 
 def _decode(file, where: str, name: str):
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     try:
         with Image.open(file) as image:  # reads the header only: the size is checked before decoding
             _checked(image, where, repr(name))
             image.load()
+            ImageOps.exif_transpose(image, in_place=True)  # a camera's Orientation tag, as datasets' decoding does
             return image.convert("RGB")
     except DataError:
         raise
