@@ -376,7 +376,12 @@ def tokenize_vision_prompts(examples: list[VisionExample], processor, max_len: i
     items, skipped = [], 0
     for vx in examples:
         ex = vx.example
-        ids, vision = encode(processor, ex.text, vx.images)
+        try:
+            ids, vision = encode(processor, ex.text, vx.images)
+        except ValueError as exc:  # the processor's own checks (an image's aspect ratio, its placeholders)
+            sizes = ", ".join(f"{w}x{h}" for w, h in (image.size for image in vx.images))
+            raise DataError(f"record {ex.index}: {type(processor).__name__} refuses its image(s) of {sizes} pixels "
+                            f"({first_line(exc)}); crop, pad or resize them, or drop the record") from exc
         if len(ids) > max_len:
             skipped += 1
             continue

@@ -241,3 +241,13 @@ def test_an_exif_rotated_photo_is_turned_upright_as_datasets_and_transformers_tu
     for value in (str(tmp_path / "photo.png"), buffer.getvalue(), {"bytes": buffer.getvalue(), "path": None}):
         image = open_image(value, "row 0")
         assert image.size == (10, 30) and image.tobytes() == upright.convert("RGB").tobytes()
+
+
+def test_an_image_the_processor_refuses_is_one_line_naming_the_record(tmp_path, processor):
+    """A 3000 x 1 strip: Qwen2-VL's resize refuses aspect ratios above 200 with a raw ValueError."""
+    Image.new("RGB", (3000, 1)).save(tmp_path / "strip.png")
+    rows = [{"prompt": QUESTION, "images": ["red.png"]}, {"prompt": QUESTION, "images": ["strip.png"]}]
+    Image.new("RGB", (40, 40), (200, 10, 10)).save(tmp_path / "red.png")
+    examples = load_vision_prompts(write_jsonl(tmp_path / "t.jsonl", rows), processor, "prompt", None, "images", 1)
+    with pytest.raises(DataError, match=r"^record 1: \w+ refuses its image\(s\) of 3000x1 pixels \(.*aspect ratio"):
+        tokenize_vision_prompts(examples, processor, 512, "prompt")
