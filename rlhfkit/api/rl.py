@@ -188,7 +188,7 @@ class RLTrainer:
                 raise ConfigError("--distributed.backend ray builds its engines and callbacks in the trainer actor; "
                                   "drop make_engine / callbacks")
             agents = dict(tools=tools, environment_factory=environment_factory, agent=agent)
-            _check_sendable({k: v for k, v in agents.items() if v is not None})
+            _check_sendable({k: v for k, v in dict(reward_fn=reward_fn, **agents).items() if v is not None})
             return RayRLTrainer(cfg, plan, dict(reward_fn=reward_fn, train_dataset=train_dataset,
                                                 eval_dataset=eval_dataset, reward_weights=reward_weights, **agents))
         return cls.build(cfg, plan, reward_fn, train_dataset, eval_dataset, reward_weights=reward_weights,
@@ -310,21 +310,23 @@ def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict, rank: int = 0,
 
 
 def _check_sendable(objects: dict) -> None:
-    """A ConfigError naming the first of `objects` (tools, environment_factory, agent) that Ray cannot send to
-    the trainer actor (it pickles them by value with cloudpickle: functions and classes of a script travel,
-    open clients, sockets and locks do not)."""
+    """A ConfigError naming the first of `objects` (reward_fn, tools, environment_factory, agent; a list item by
+    item) that Ray cannot send to the trainer actor (it pickles them by value with cloudpickle: functions and
+    classes of a script travel, what they hold or close over too; open clients, sockets and locks do not)."""
     if not objects:
         return
     from ray import cloudpickle
 
-    flags = {"tools": "--agent.tools FILE:fn1,fn2", "environment_factory": "--agent.env FILE:Class",
-             "agent": "--agent.func_path FILE"}
-    for name, obj in objects.items():
-        try:
-            cloudpickle.dumps(obj)
-        except Exception as exc:  # noqa: BLE001 - whatever the object's pickling raises
-            raise ConfigError(f"--distributed.backend ray: {name}={type(obj).__name__} cannot be sent to the trainer "
-                              f"actor ({one_line(exc)}); give it as {flags[name]} (the actor loads it there)") from exc
+    flags = {"reward_fn": "--reward.remote_url FILE.py:NAME", "tools": "--agent.tools FILE:fn1,fn2",
+             "environment_factory": "--agent.env FILE:Class", "agent": "--agent.func_path FILE"}
+    for name, value in objects.items():
+        for obj in value if isinstance(value, (list, tuple)) else [value]:
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as exc:  # noqa: BLE001 - whatever the object's pickling raises
+                what = getattr(obj, "__qualname__", type(obj).__name__)
+                raise ConfigError(f"--distributed.backend ray: {name}={what} cannot be sent to the trainer actor "
+                                  f"({one_line(exc)}); give it as {flags[name]} (the actor loads it there)") from exc
 
 
 class RayRLTrainer:

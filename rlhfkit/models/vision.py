@@ -188,7 +188,7 @@ def _from_folder(path: str, cls: type):
                 if k in takes and k not in ("self", "image_processor", "tokenizer", "chat_template")}
     try:
         return cls(image_processor=image_processor, tokenizer=tokenizer,
-                          chat_template=_chat_template(path) or template, **settings)
+                   chat_template=_chat_template(path) or template, **settings)
     except ImportError as exc:
         raise ModelError(f"cannot load the processor of {path}: transformers' {cls.__name__} needs a package that is "
                          f"not installed ({one_line(exc)}); install it (pip install 'rlhfkit[vision]' brings "

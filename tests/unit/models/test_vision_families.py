@@ -147,6 +147,52 @@ def test_mistral3_expands_images_as_transformers_pixtral_processor(monkeypatch):
     assert all(torch.equal(vision_theirs.tensors[k], v) for k, v in vision.tensors.items())
 
 
+# Mistral-Small-3.1-24B-Instruct-2503's settings as its hub folder writes them: the image processor's in
+# preprocessor_config.json and the processor's in processor_config.json, or (folders saved by transformers 5) both in
+# processor_config.json, the image processor's under "image_processor".
+PIXTRAL_IMAGE_PROCESSOR = {
+    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "image_processor_type": "PixtralImageProcessorFast", "patch_size": 14, "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 1540}}
+PIXTRAL_PROCESSOR = {"image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]", "image_token": "[IMG]",
+                     "patch_size": 14, "processor_class": "PixtralProcessor", "spatial_merge_size": 2}
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_mistral_small_3_1_folder_settings_load_and_expand_as_transformers(tmp_path, monkeypatch, nested):
+    """A folder with Mistral-Small-3.1's processor settings loads with them (14-pixel patches merged 2 x 2: one
+    token per 28 pixels, longest side 1540), and encodes as transformers' PixtralProcessor given the same
+    settings: an image wider than 1540 shrunk (1600 x 50 -> 1540 x 48, rounded up to 1540 x 56: 2 rows of 55),
+    a 1 x 1 one (one token and [IMG_END]), grey, RGBA and palette images, all in one message."""
+    import json
+
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    folder = save_tiny_vision(tmp_path, "mistral3")
+    (folder / "preprocessor_config.json").unlink(missing_ok=True)
+    own = {"image_processor": PIXTRAL_IMAGE_PROCESSOR} if nested else {}
+    (folder / "processor_config.json").write_text(json.dumps({**PIXTRAL_PROCESSOR, **own}))
+    if not nested:
+        (folder / "preprocessor_config.json").write_text(
+            json.dumps({**PIXTRAL_IMAGE_PROCESSOR, "processor_class": "PixtralProcessor"}))
+    ours = load_processor(str(folder))
+    assert (ours.patch_size, ours.spatial_merge_size, ours.image_processor.size.longest_edge) == (14, 2, 1540)
+    images = [noise(1600, 50), noise(1, 1, 1), noise(70, 30, 2).convert("L"), noise(60, 50, 3).convert("RGBA"),
+              noise(50, 50, 4).convert("P")]
+    ids, vision = encode(ours, text(ours, 5), images)
+    assert vision.tensors["image_sizes"].tolist() == [[56, 1540], [28, 28], [56, 84], [56, 84], [56, 56]]
+    image_processor = PixtralImageProcessorPil(**{k: v for k, v in PIXTRAL_IMAGE_PROCESSOR.items()
+                                                  if k != "image_processor_type"})
+    theirs = transformers_pixtral_processor(monkeypatch)(
+        image_processor=image_processor, tokenizer=ours.tokenizer, patch_size=14, spatial_merge_size=2,
+        chat_template=ours.chat_template)
+    ids_theirs, vision_theirs = encode(theirs, text(theirs, 5), images)
+    assert ids_theirs == ids and ids.count(ours.image_token_id) == 110 + 1 + 6 + 6 + 4
+    assert vision_theirs.tensors.keys() == vision.tensors.keys()
+    assert all(torch.equal(vision_theirs.tensors[k], v) for k, v in vision.tensors.items())
+
+
 @pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision builds the processor")
 def test_a_processor_needing_torchvision_without_a_class_of_rlhfkits_is_one_line_naming_it(tmp_path, monkeypatch):
     """transformers will not import PixtralProcessor without torchvision, and it has no video part to leave out:
