@@ -137,10 +137,11 @@ def test_a_sharded_lora_policy_streams_its_merged_weights():
     assert any("lora_A" in n for n, _ in policy.named_parameters())
 
 
-@pytest.mark.parametrize("arch", ["modernbert_decoder"])
+@pytest.mark.parametrize("arch", ["modernbert_decoder", "llama4_text"])
 def test_a_model_whose_get_decoder_is_not_its_backbone_is_sharded_on_its_backbone(arch):
-    """ModernBERT-decoder's get_decoder() is its LM head: the backbone unit is the decoder the logprobs call
-    (models.logprobs.decoder_backbone), and the sharded model's logprobs are the plain model's."""
+    """ModernBERT-decoder's get_decoder() is its LM head, Llama 4's the LM itself (a unit around the head's
+    unit): the backbone unit is the decoder the logprobs call (models.logprobs.decoder_backbone), and the
+    sharded model's logprobs are the plain model's."""
     from rlhfkit.data.batch import collate
     from rlhfkit.data.supervised import TokenSample
     from rlhfkit.models import response_logprobs
