@@ -39,13 +39,14 @@ class ConstraintError(ConfigError):
 @dataclass(frozen=True)
 class Constraint:
     """What a prompt's responses must be: JSON valid under the JSON schema `schema` (as JSON text, so the
-    constraint is hashable), or, with `schema` None, any JSON object (OpenAI's json_object)."""
+    constraint is hashable; its keys in the client's order, which the grammar gives the properties), or, with
+    `schema` None, any JSON object (OpenAI's json_object)."""
 
     schema: str | None = None
 
     @classmethod
     def json_schema(cls, schema: dict) -> Constraint:
-        return cls(json.dumps(schema, sort_keys=True))
+        return cls(json.dumps(schema))
 
     @classmethod
     def json_object(cls) -> Constraint:

@@ -147,3 +147,16 @@ def test_vllm_gets_the_schema_as_its_structured_outputs(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", params_module)
     assert V.vllm_params(fake, kw)["structured_outputs"] == ("SO", {"json": SCHEMA})
     assert V.vllm_params(fake, V.sampling_kwargs(p, [2], seed=1)) == V.sampling_kwargs(p, [2], seed=1)
+
+
+def test_the_schemas_property_order_is_the_replys(tiny_json):
+    """As OpenAI and vLLM, properties come in the schema's order (a `reasoning` field before its `answer`): the
+    constraint keeps the client's key order, the grammar takes {"b", "a"} in that order and refuses the other."""
+    _, tok = tiny_json
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}},
+              "required": ["b", "a"], "additionalProperties": False}
+    grammars, stop_ids = Grammars(tok), torch.tensor([tok.eos_token_id])
+    [m] = grammars.rows([Constraint.json_schema(schema)], 1, stop_ids).matchers
+    assert m.consume_tokens(prompt_of(tok, '{"b":1,"a":2}')) and m.is_accepting()
+    [m] = grammars.rows([Constraint.json_schema(schema)], 1, stop_ids).matchers
+    assert not m.consume_tokens(prompt_of(tok, '{"a":'))
