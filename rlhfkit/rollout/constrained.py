@@ -145,40 +145,45 @@ class Grammars:
         if all(c is None for c in constraints):
             return None
         matchers = [None if c is None else self.matcher(c) for c in constraints for _ in range(n)]
-        return RowMatchers(matchers, stop_ids)
+        return RowMatchers(matchers, stop_ids, self._lltok.vocab_size)
 
 
 class RowMatchers:
     """A chunk's grammar matchers, one per row (None: an unconstrained row); `allowed` masks a decode step's
-    logits, `advance` feeds the matchers the step's sampled tokens."""
+    logits, `advance` feeds the matchers the step's sampled tokens. `vocab` is llguidance's vocabulary size."""
 
-    def __init__(self, matchers: list[Any], stop_ids: torch.Tensor):
+    def __init__(self, matchers: list[Any], stop_ids: torch.Tensor, vocab: int):
         self.matchers = matchers
         self.stop_ids = stop_ids.cpu()
-        self._shifts = torch.arange(8, dtype=torch.uint8)
-
-    def _mask(self, m, vocab: int) -> torch.Tensor:
-        """[vocab] bool: the tokens matcher `m` allows now (+ the stop tokens where its grammar may end)."""
-        if m.is_stopped():  # complete (or in error): the response ends
-            allowed = torch.zeros(vocab, dtype=torch.bool)
-        else:
-            packed = torch.frombuffer(bytearray(m.compute_bitmask()), dtype=torch.uint8)
-            bits = ((packed.unsqueeze(-1) >> self._shifts) & 1).flatten().bool()  # little-endian bits
-            allowed = torch.zeros(vocab, dtype=torch.bool)
-            k = min(vocab, bits.numel())
-            allowed[:k] = bits[:k]
-        if m.is_stopped() or m.is_accepting() or not allowed.any():
-            allowed[self.stop_ids] = True
-        return allowed
+        self._bits = torch.empty(len(matchers), -(-vocab // 32), dtype=torch.int32)  # a step's packed masks
+        self._powers = 1 << torch.arange(8, dtype=torch.uint8)
 
     def allowed(self, active: torch.Tensor, vocab: int, device) -> torch.Tensor:
-        """[len(active), vocab] bool on `device`: per batch row (its chunk row in `active`) the tokens it may take."""
-        out = torch.ones(len(active), vocab, dtype=torch.bool)
-        for pos, row in enumerate(active.tolist()):
+        """[len(active), vocab] bool on `device`: per batch row (its chunk row in `active`) the tokens it may take,
+        the stop tokens too where its grammar may end (or is complete: the stop tokens alone). The matchers write
+        their packed masks into one buffer, unpacked at once on `device` (unpacked per row, it cost 3x more)."""
+        from llguidance.torch import fill_next_token_bitmask  # noqa: PLC0415 - the structured extra
+
+        rows = active.tolist()
+        bits, free, ends = self._bits[: len(rows)], [False] * len(rows), [False] * len(rows)
+        for pos, row in enumerate(rows):
             m = self.matchers[row]
-            if m is not None:
-                out[pos] = self._mask(m, vocab)
-        return out.to(device)
+            if m is None:
+                bits[pos], free[pos] = -1, True
+            elif m.is_stopped():  # complete (or in error): the response ends
+                bits[pos], ends[pos] = 0, True
+            else:
+                fill_next_token_bitmask(m, bits, pos)
+                ends[pos] = m.is_accepting()
+        ends_t = torch.tensor(ends) | ~bits.ne(0).any(dim=-1)  # a grammar that allows nothing ends too
+        packed = bits.to(device).view(torch.uint8).unsqueeze(-1)  # little-endian: token 8j + i is bit i of byte j
+        allowed = (packed & self._powers.to(device)).flatten(1).bool()
+        if allowed.shape[1] < vocab:  # the model's rows past the tokenizer's: unconstrained rows only
+            rest = torch.tensor(free, device=device).unsqueeze(-1).expand(-1, vocab - allowed.shape[1])
+            allowed = torch.cat([allowed, rest], dim=1)
+        allowed = allowed[:, :vocab]
+        allowed[:, self.stop_ids.to(device)] |= ends_t.to(device).unsqueeze(-1)
+        return allowed
 
     def advance(self, active: torch.Tensor, tokens: torch.Tensor, alive: torch.Tensor) -> None:
         """Feed each live constrained row its sampled token (a stop token ends the row instead)."""

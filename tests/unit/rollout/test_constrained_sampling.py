@@ -160,3 +160,13 @@ def test_the_schemas_property_order_is_the_replys(tiny_json):
     assert m.consume_tokens(prompt_of(tok, '{"b":1,"a":2}')) and m.is_accepting()
     [m] = grammars.rows([Constraint.json_schema(schema)], 1, stop_ids).matchers
     assert not m.consume_tokens(prompt_of(tok, '{"a":'))
+
+
+def test_logits_past_the_tokenizers_vocabulary_are_masked_in_constrained_rows_only(tiny_json):
+    """A model whose logits have more rows than its tokenizer has ids (Qwen's padded embeddings): a constrained
+    row may not take the ids past the tokenizer's, an unconstrained row may (its mask is all true)."""
+    _, tok = tiny_json
+    rows = Grammars(tok).rows([Constraint.json_object(), None], 1, torch.tensor([tok.eos_token_id]))
+    mask = rows.allowed(torch.tensor([0, 1]), len(tok) + 40, "cpu")
+    assert mask.shape == (2, len(tok) + 40) and mask[1].all() and not mask[0, len(tok):].any()
+    assert mask[0, tok.convert_tokens_to_ids("{")] and not mask[0, tok.convert_tokens_to_ids("a")]
