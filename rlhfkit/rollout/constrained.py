@@ -21,6 +21,7 @@ the CPU; a sync per step on a GPU).
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,24 +121,30 @@ def ll_tokenizer(llg, tokenizer):
 
 
 class Grammars:
-    """An engine's llguidance tokenizer (built once, on the first constrained generation) and its compiled
-    grammars; `matchers` gives a chunk's per-row matchers."""
+    """An engine's llguidance tokenizer (built once, on the first constrained generation) and a compiled matcher of
+    each of its `KEEP` latest constraints, never fed: a row's matcher is a copy of it (compiling costs what the
+    schema's size does, 0.13 s for 2000 properties; a copy, microseconds)."""
+
+    KEEP = 64
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._lltok = None
-        self._grammars: dict[Constraint, str] = {}
+        self._compiled: OrderedDict[Constraint, Any] = OrderedDict()
 
     def matcher(self, c: Constraint):
-        llg = _llguidance()
-        if self._lltok is None:
-            self._lltok = ll_tokenizer(llg, self.tokenizer)
-        if c not in self._grammars:
-            self._grammars[c] = grammar(c)
-        m = llg.LLMatcher(self._lltok, self._grammars[c], log_level=0)
-        if m.is_error():
-            raise ConstraintError(f"the JSON schema cannot be sampled under: {m.get_error()[:300]}")
-        return m
+        compiled = self._compiled.pop(c, None)
+        if compiled is None:
+            llg = _llguidance()
+            if self._lltok is None:
+                self._lltok = ll_tokenizer(llg, self.tokenizer)
+            compiled = llg.LLMatcher(self._lltok, grammar(c), log_level=0)
+            if compiled.is_error():
+                raise ConstraintError(f"the JSON schema cannot be sampled under: {compiled.get_error()[:300]}")
+        self._compiled[c] = compiled  # the latest used last
+        while len(self._compiled) > self.KEEP:
+            self._compiled.popitem(last=False)
+        return compiled.deep_copy()
 
     def rows(self, constraints: Sequence[Constraint | None], n: int, stop_ids: torch.Tensor) -> RowMatchers | None:
         """The matchers of a chunk whose prompt i has `constraints[i]` (its n rows each one of their own);
