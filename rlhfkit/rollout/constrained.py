@@ -20,6 +20,7 @@ the CPU; a sync per step on a GPU).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -69,7 +70,12 @@ def _llguidance():
 def grammar(c: Constraint) -> str:
     """The llguidance grammar of `c` (a JSON schema grammar, whitespace between tokens allowed as vLLM's
     guidance backend does by default); `ConstraintError` names what is wrong with the schema."""
-    llg = _llguidance()
+    return _grammar(_llguidance(), c)
+
+
+@functools.lru_cache(maxsize=64)
+def _grammar(llg, c: Constraint) -> str:
+    """`grammar`, validated once per constraint (an agent's calls send the same schema again and again)."""
     try:
         text = llg.LLMatcher.grammar_from_json_schema(c.schema if c.schema is not None else '{"type": "object"}')
     except ValueError as exc:
