@@ -82,7 +82,7 @@ def _grammar(llg, c: Constraint) -> str:
         raise ConstraintError(f"the JSON schema is not a JSON object: {exc}") from exc
     error = llg.LLMatcher.validate_grammar(text)
     if error and not error.startswith("WARNING"):
-        raise ConstraintError(f"the JSON schema cannot be sampled under: {error.splitlines()[0][:300]}")
+        raise ConstraintError(f"the JSON schema cannot be sampled under: {' '.join(error.split())[:300]}")
     return text
 
 
@@ -146,7 +146,8 @@ class Grammars:
                 self._lltok = ll_tokenizer(llg, self.tokenizer)
             compiled = llg.LLMatcher(self._lltok, grammar(c), log_level=0)
             if compiled.is_error():
-                raise ConstraintError(f"the JSON schema cannot be sampled under: {compiled.get_error()[:300]}")
+                error = " ".join(compiled.get_error().split())
+                raise ConstraintError(f"the JSON schema cannot be sampled under: {error[:300]}")
         self._compiled[c] = compiled  # the latest used last
         while len(self._compiled) > self.KEEP:
             self._compiled.popitem(last=False)

@@ -220,3 +220,12 @@ def test_a_schema_is_validated_once_for_all_the_requests_that_send_it(monkeypatc
         with pytest.raises(ConstraintError, match="Invalid type: objekt"):  # a refusal is not kept
             check(Constraint.json_schema({"type": "objekt", "title": "validated_once"}))
     assert len(validated) == 3
+
+
+def test_a_refused_schema_is_named_in_one_line_with_what_is_wrong():
+    """llguidance's message spans lines (a regex error points at the pattern): all of it, on one line."""
+    from rlhfkit.rollout.constrained import check
+
+    with pytest.raises(ConstraintError, match=r"regex parse error: \(\( \^ error: unclosed group") as info:
+        check(Constraint.json_schema({"type": "string", "pattern": "(("}))
+    assert "\n" not in str(info.value)
