@@ -168,7 +168,7 @@ class RowMatchers:
 
     def __init__(self, matchers: list[Any], stop_ids: torch.Tensor, vocab: int):
         self.matchers = matchers
-        self.stop_ids = stop_ids.cpu()
+        self.stop_ids, self._stops = stop_ids, set(stop_ids.tolist())
         self._bits = torch.empty(len(matchers), -(-vocab // 32), dtype=torch.int32)  # a step's packed masks
         self._powers = 1 << torch.arange(8, dtype=torch.uint8)
 
@@ -201,8 +201,7 @@ class RowMatchers:
 
     def advance(self, active: torch.Tensor, tokens: torch.Tensor, alive: torch.Tensor) -> None:
         """Feed each live constrained row its sampled token (a stop token ends the row instead)."""
-        stops = set(self.stop_ids.tolist())
         for row, tok, live in zip(active.tolist(), tokens.tolist(), alive.tolist()):
             m = self.matchers[row]
-            if m is not None and live and tok not in stops:
+            if m is not None and live and tok not in self._stops:
                 m.consume_token(tok)
