@@ -180,14 +180,16 @@ def run_device(cfg: RLConfig) -> torch.device:
 
 def resolve_autocast(cfg: RLConfig) -> RLConfig:
     """`cfg` with --actor.autocast auto replaced by the choice for --actor.device (a bf16 probe on the
-    CPU; bf16 support on CUDA), printed in one line; any other value as it is."""
-    if cfg.actor.autocast != "auto":
-        if warning := emulated_bf16_warning(run_device(cfg), cfg.actor.dtype, cfg.actor.autocast):
-            log.warning(warning)
-        return cfg
-    choice, line = choose_autocast(run_device(cfg), fsdp=cfg.fsdp.enable)
-    print(line)
-    return dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, autocast=choice))
+    CPU; native bf16 on CUDA), printed in one line; any other value as it is. Computing in bf16 (the autocast
+    or --actor.dtype) on a GPU that only emulates it is warned of in one line."""
+    device = run_device(cfg)
+    if cfg.actor.autocast == "auto":
+        choice, line = choose_autocast(device, fsdp=cfg.fsdp.enable)
+        print(line)
+        cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, autocast=choice))
+    if warning := emulated_bf16_warning(device, cfg.actor.dtype, cfg.actor.autocast):
+        log.warning(warning)
+    return cfg
 
 
 def resolve_fsdp_dtype(cfg: RLConfig) -> RLConfig:

@@ -32,7 +32,7 @@ from rlhfkit.config.rl import BatchPlan, validate
 from rlhfkit.data.prompts import load_prompts, tokenize_prompts
 from rlhfkit.data.truncate import TRUNCATION_SIDES
 from rlhfkit.distributed import fsdp
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, one_line
 from rlhfkit.models.host import apply_host_settings
 from rlhfkit.rewards.resolve import resolve_reward
 from rlhfkit.rollout.vllm import require_vllm
@@ -187,12 +187,10 @@ class RLTrainer:
             if make_engine is not None or callbacks:
                 raise ConfigError("--distributed.backend ray builds its engines and callbacks in the trainer actor; "
                                   "drop make_engine / callbacks")
-            if tools is not None or environment_factory is not None or agent is not None:
-                raise ConfigError("--distributed.backend ray: give tools as --agent.tools FILE:fn1,fn2, "
-                                  "environments as --agent.env FILE:Class and agents as --agent.func_path FILE "
-                                  "(the trainer actor loads them; Python objects cannot be sent to it here)")
+            agents = dict(tools=tools, environment_factory=environment_factory, agent=agent)
+            _check_sendable({k: v for k, v in dict(reward_fn=reward_fn, **agents).items() if v is not None})
             return RayRLTrainer(cfg, plan, dict(reward_fn=reward_fn, train_dataset=train_dataset,
-                                                eval_dataset=eval_dataset, reward_weights=reward_weights))
+                                                eval_dataset=eval_dataset, reward_weights=reward_weights, **agents))
         return cls.build(cfg, plan, reward_fn, train_dataset, eval_dataset, reward_weights=reward_weights,
                          callbacks=callbacks, make_engine=make_engine, tools=tools,
                          environment_factory=environment_factory, agent=agent)
@@ -309,6 +307,26 @@ def _train_in_actor(cfg: RLConfig, plan: BatchPlan, kwargs: dict, rank: int = 0,
     trainer = RLTrainer.build(cfg, plan, **kwargs, pool=engine)
     trainer.evaluator.evaluate = fsdp_ray.on_rank0(trainer.evaluator.evaluate, rank)  # samples on the workers
     return trainer.train()
+
+
+def _check_sendable(objects: dict) -> None:
+    """A ConfigError naming the first of `objects` (reward_fn, tools, environment_factory, agent; a list item by
+    item) that Ray cannot send to the trainer actor (it pickles them by value with cloudpickle: functions and
+    classes of a script travel, what they hold or close over too; open clients, sockets and locks do not)."""
+    if not objects:
+        return
+    from ray import cloudpickle
+
+    flags = {"reward_fn": "--reward.remote_url FILE.py:NAME", "tools": "--agent.tools FILE:fn1,fn2",
+             "environment_factory": "--agent.env FILE:Class", "agent": "--agent.func_path FILE"}
+    for name, value in objects.items():
+        for obj in value if isinstance(value, (list, tuple)) else [value]:
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as exc:  # noqa: BLE001 - whatever the object's pickling raises
+                what = getattr(obj, "__qualname__", type(obj).__name__)
+                raise ConfigError(f"--distributed.backend ray: {name}={what} cannot be sent to the trainer actor "
+                                  f"({one_line(exc)}); give it as {flags[name]} (the actor loads it there)") from exc
 
 
 class RayRLTrainer:

@@ -77,10 +77,10 @@ class ActorConfig:
     gradient sums in the optimizer (trainers.learner), as DeepSpeed's bf16 / fp16 modes; with --actor.autocast
     of the same dtype the norm weights and biases stay float32 (they move as under autocast); bfloat16's hf
     engine decodes with the bf16 matrices, refreshed after every optimizer step; under --fsdp.enable bfloat16
-    (float16) becomes float32 sharded parameters computing in bf16 (fp16 under --actor.autocast float16;
-    --fsdp.mixed_precision true). float16 (GPUs without bf16: V100, T4) needs --actor.autocast float16 or none
-    and scales the loss (--train.loss_scale.*), under FSDP too; on a
-    CPU without float16 matmul units (AVX512-FP16 / AMX-FP16) large float16 matmuls run far slower than float32."""
+    (float16) becomes float32 sharded parameters gathered in bf16 (fp16), norm weights included, for compute
+    (--fsdp.mixed_precision true). float16 (GPUs without bf16: V100, T4) needs --actor.autocast float16 or none
+    and scales the loss (--train.loss_scale.*), under FSDP too; on a CPU without float16 matmul units
+    (AVX512-FP16 / AMX-FP16) large float16 matmuls run far slower than float32."""
     autocast: str | None = "bfloat16"
     """Compute dtype for forward passes (torch.autocast on --actor.device's type): bfloat16, float16 (with
     loss scaling, --train.loss_scale.*) or float32; none = the parameter dtype;

@@ -63,7 +63,7 @@ _rule("data.multiturn.enable data.multiturn.messages_key",
       conv(multiturn, "`--data.input_key MESSAGES` with no output key: every assistant turn is a target"))
 _rule("data.multiturn.tools_key data.multiturn.enable_thinking_key",
       notice("ignored: rlhfkit renders each conversation's messages only (no tools or thinking switch column)", 1))
-_rule("data.max_length", to("data.max_len", note="longer samples are skipped and counted"))
+_rule("data.max_length", to("data.max_len", note="longer samples: data.truncation"))
 _rule("data.truncation", to("data.truncation", note="error, left or right, as verl: the whole tokenized sample is cut"))
 _rule("data.chat_template", to("data.tokenizer_chat_template"))
 _rule("data.custom_cls.path data.custom_cls.name", refuse("rlhfkit reads its own SFT dataset (no custom class); "

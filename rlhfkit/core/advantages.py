@@ -195,8 +195,7 @@ def _baseline_group_norm(scores, group_ids):
 
 
 def _baseline_batch_std(scores, group_ids):
-    inverse, size, total = _group_stats(scores, group_ids)
-    dev = scores - (total / size)[inverse]
+    dev = _baseline_mean(scores, group_ids)
     if scores.numel() < 2 or bool((scores == scores[0]).all()):
         return torch.zeros_like(dev)  # one score, or all equal: exactly 0 (as group_norm's flat groups)
     return dev / (scores.std() + 1e-9)  # unbiased, over the whole batch

@@ -208,12 +208,13 @@ def _checked(image, where: str, name: str):
 
 
 def _decode(file, where: str, name: str):
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     try:
         with Image.open(file) as image:  # reads the header only: the size is checked before decoding
             _checked(image, where, repr(name))
             image.load()
+            ImageOps.exif_transpose(image, in_place=True)  # a camera's Orientation tag, as datasets' decoding does
             return image.convert("RGB")
     except DataError:
         raise
@@ -375,7 +376,12 @@ def tokenize_vision_prompts(examples: list[VisionExample], processor, max_len: i
     items, skipped = [], 0
     for vx in examples:
         ex = vx.example
-        ids, vision = encode(processor, ex.text, vx.images)
+        try:
+            ids, vision = encode(processor, ex.text, vx.images)
+        except ValueError as exc:  # the processor's own checks (an image's aspect ratio, its placeholders)
+            sizes = ", ".join(f"{w}x{h}" for w, h in (image.size for image in vx.images))
+            raise DataError(f"record {ex.index}: {type(processor).__name__} refuses its image(s) of {sizes} pixels "
+                            f"({first_line(exc)}); crop, pad or resize them, or drop the record") from exc
         if len(ids) > max_len:
             skipped += 1
             continue

@@ -57,45 +57,47 @@ def _content(value: Any) -> str | None:
 _MARK = "\x00rlhfkit-prompt-text\x00"
 
 
-def _rendered_around(value: Any, tokenizer: Any, input_template: str | None) -> tuple[str, str] | None:
-    """What the template puts before and after the prompt's own text: `value` rendered as data.prompts renders
-    it (a message list by the chat template with the generation prompt, a string by `input_template`) with a
-    mark for that text, split at the mark; None where it cannot be rendered or the mark is not there once."""
+def _render_marked(value: Any, tokenizer: Any, input_template: str | None) -> str | None:
+    """`value` rendered as data.prompts renders it (a string by `input_template`; else by the chat template with
+    the generation prompt, a string as one user message) with a mark for the prompt's own text; None where it
+    cannot be rendered so."""
     try:
-        if isinstance(value, str):
-            rendered = input_template.format(_MARK) if input_template is not None else _MARK
-        else:
-            i = _last_user(value)
-            if i is None:
-                return None
-            marked = [*value[:i], {**value[i], "content": _MARK}, *value[i + 1:]]
-            rendered = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
+        if isinstance(value, str) and input_template is not None:
+            return input_template.format(_MARK)
+        messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
+        i = _last_user(messages)
+        if i is None:
+            return None
+        marked = [*messages[:i], {**messages[i], "content": _MARK}, *messages[i + 1:]]
+        rendered = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
     except Exception:  # noqa: BLE001 - jinja, transformers, str.format raise many types: then the text is searched
         return None
-    if not isinstance(rendered, str) or rendered.count(_MARK) != 1:
-        return None
-    before, after = rendered.split(_MARK)
-    return before, after
+    return rendered if isinstance(rendered, str) else None
 
 
 def content_span(text: str, value: Any, tokenizer: Any = None,
                  input_template: str | None = None) -> tuple[int, int] | None:
     """(start, end) characters of the prompt's own text (`value`, the record's) in the rendered `text`.
 
-    Where `value` rendered again with a mark for its text (`tokenizer`'s chat template, `input_template`) gives
-    `text` around it, the span is exactly between the two (the template's own text may hold the prompt's
-    words: a user message "an" is also in the generation prompt "assistant"). Otherwise the text is searched
-    (a template may strip it: then the stripped text), and only a single occurrence is taken; None where it
-    is not there or is there more than once (which one the template put there cannot be told)."""
+    `value` is rendered again with a mark for its text (`tokenizer`'s chat template, `input_template`): where
+    that gives `text` around the mark, the span is exactly between the two (the template's own text may hold the
+    prompt's words: a user message "an" is also in the generation prompt "assistant"); a template that loses
+    the mark or holds it twice rewrites or repeats the text: None. Where it cannot be rendered, or its frame is
+    not `text`'s, the text is searched (a template may strip it: then the stripped text), and only a single
+    occurrence is taken; None where it is not there or is there more than once."""
     content = _content(value)
     if not content:
         return None
-    around = _rendered_around(value, tokenizer, input_template)
-    if around is not None:
-        before, after = around
+    if isinstance(value, str) and input_template is None and text == content:
+        return 0, len(text)  # a string rendered as it is
+    marked = _render_marked(value, tokenizer, input_template)
+    if marked is not None:
+        if marked.count(_MARK) != 1:
+            return None
+        before, after = marked.split(_MARK)
         end = len(text) - len(after)
-        if text.startswith(before) and text.endswith(after) and text[len(before):end] in (content, content.strip()):
-            return len(before), end
+        if text.startswith(before) and text.endswith(after) and len(before) <= end:
+            return (len(before), end) if text[len(before):end] in (content, content.strip()) else None
     for part in (content, content.strip()):
         if part and text.count(part) == 1:
             start = text.find(part)

@@ -19,7 +19,7 @@ from torch import nn
 
 from rlhfkit.errors import ModelError
 from rlhfkit.models.loading import load_causal_lm, load_errors, save_errors
-from rlhfkit.models.logprobs import backbone_response_hidden
+from rlhfkit.models.logprobs import backbone_response_hidden, decoder_backbone
 from rlhfkit.models.vision import (
     base_model,
     is_vision_folder,
@@ -35,8 +35,8 @@ def critic_backbone(lm: nn.Module) -> nn.Module:
     and language model: the images reach the values), else the causal LM's decoder."""
     if is_vision_model(lm):
         return base_model(lm)
-    decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else None
-    if decoder is None or decoder is lm:
+    decoder = decoder_backbone(lm)
+    if decoder is None:
         raise ModelError(f"{type(lm).__name__} has no separate decoder backbone to put a value head on.")
     return decoder
 

@@ -309,6 +309,21 @@ def eager_if_softcapped(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def position_offset(model: torch.nn.Module) -> int:
+    """The position id of a sequence's first token in `model`'s own numbering: pad_token_id + 1 in the
+    RoBERTa family (RoBERTa, CamemBERT, XLM-R, Data2Vec-text, ... as decoders), whose embeddings number
+    the tokens after the padding index when no position_ids come; 0 for every other model. The position
+    ids rlhfkit passes (the HF engine's, the packed and shared-prefix layouts', all from 0) are shifted by
+    this: the numbers are the forward's own (transformers' generate numbers them from 0)."""
+    cached = vars(model).get("_rlhfkit_position_offset")
+    if cached is None:
+        cached = next((module.padding_idx + 1 for module in model.modules()
+                       if callable(getattr(module, "create_position_ids_from_input_ids", None))
+                       and isinstance(getattr(module, "padding_idx", None), int)), 0)
+        vars(model)["_rlhfkit_position_offset"] = cached
+    return cached
+
+
 def position_limit(model: torch.nn.Module) -> int | None:
     """The most tokens (prompt and response together) a model with a learned table of absolute
     positions can take: its config's n_positions / max_position_embeddings when an embedding table of
@@ -328,7 +343,7 @@ def position_limit(model: torch.nn.Module) -> int | None:
     for module in model.modules():
         if (isinstance(module, torch.nn.Embedding) and module is not tokens
                 and module.num_embeddings in (limit, limit + 2)):
-            return limit
+            return limit - position_offset(model)  # (the RoBERTa family's first rows are not reached)
     return None
 
 

@@ -33,6 +33,7 @@ import torch
 
 from rlhfkit.core.lm_head import linear_logprobs_and_entropy
 from rlhfkit.core.losses import logprobs_and_entropy
+from rlhfkit.models.loading import position_offset
 from rlhfkit.models.precision import to_device
 from rlhfkit.models.vision import vision_kwargs, vision_split
 
@@ -50,11 +51,25 @@ def note_once(message: str) -> None:
     log.info(message)
 
 
+def decoder_backbone(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The decoder (a transformers model with a config) inside a causal LM, else None. `get_decoder()`
+    first; where it gives the LM itself (Llama 4's text model: its base_model_prefix names no attribute)
+    or a module without a config (ModernBERT-decoder's LM head is called `decoder`), the module its
+    base_model_prefix names, then `model`."""
+    get_decoder = getattr(model, "get_decoder", None)
+    prefix = getattr(model, "base_model_prefix", "") or "model"
+    candidates = (get_decoder() if get_decoder is not None else None, getattr(model, prefix, None),
+                  getattr(model, "model", None))
+    for found in candidates:
+        if isinstance(found, torch.nn.Module) and found is not model and hasattr(found, "config"):
+            return found
+    return None
+
+
 def split_backbone(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     """(backbone, lm_head) of a decoder-only LM whose logits are `lm_head(last_hidden)`, else None."""
-    get_decoder = getattr(model, "get_decoder", None)
     get_head = getattr(model, "get_output_embeddings", None)
-    if get_decoder is None or get_head is None:
+    if not hasattr(model, "get_decoder") or get_head is None:
         return None
     config = getattr(model, "config", None)
     for name in _LOGIT_TRANSFORMS:
@@ -62,7 +77,7 @@ def split_backbone(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mo
             note_once(f"{type(model).__name__}: {name}={getattr(config, name)} transforms the logits after the LM "
                       "head; logprobs come from the model's full forward")
             return None
-    backbone, head = get_decoder(), get_head()
+    backbone, head = decoder_backbone(model), get_head()
     if backbone is None or backbone is model or head is None:
         return None
     verdict = vars(model).get(_SPLIT_VERDICT)
@@ -128,7 +143,7 @@ def model_inputs(model: torch.nn.Module, batch) -> dict:
     mask = batch.attention_mask if batch.attention_mask is None else to_device(batch.attention_mask, device)
     inputs = {"input_ids": to_device(batch.input_ids, device), "attention_mask": mask, "use_cache": False}
     if getattr(batch, "position_ids", None) is not None:
-        inputs["position_ids"] = to_device(batch.position_ids, device)
+        inputs["position_ids"] = to_device(batch.position_ids + position_offset(model), device)  # (RoBERTa's)
     if getattr(batch, "vision", None) is not None:
         inputs.update(vision_kwargs(model, batch, device))
     if mask is not None and mask.dim() == 4 and getattr(model.config, "_attn_implementation", "") == "eager":

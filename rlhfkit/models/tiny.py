@@ -186,6 +186,47 @@ def _deepseek_v3(s):  # DeepSeek-V3: a dense first layer, then routed experts be
                                 "norm_topk_prob": True}
 
 
+def _doge(s):  # a dynamic mask per query head (the attention mask has a head dimension), a sparse MoE of tiny experts
+    return "DogeConfig", {**_decoder(s), "num_experts": MOE_EXPERTS, "num_experts_per_tok": 2}
+
+
+def _llama4_text(s):  # chunked / full layers, no RoPE on the full ones, routed + shared experts; get_decoder() is
+    # the LM itself (its base_model_prefix names no attribute)
+    return "Llama4TextConfig", {**_decoder(s), "head_dim": s["hidden"] // s["heads"], "intermediate_size_mlp":
+                                s["intermediate"], "num_local_experts": MOE_EXPERTS, "num_experts_per_tok": 1,
+                                "layer_types": ["chunked_attention", "full_attention"] * (s["layers"] // 2)
+                                + ["chunked_attention"] * (s["layers"] % 2)}
+
+
+def _modernbert_decoder(s):  # an LM head module called `decoder`, full / sliding layers, LayerNorm without biases
+    return "ModernBertDecoderConfig", {k: v for k, v in _decoder(s).items() if k != "num_key_value_heads"}
+
+
+def _roberta(s):  # an encoder as a decoder (is_decoder): its own positions start at pad_token_id + 1
+    return "RobertaConfig", {"hidden_size": s["hidden"], "intermediate_size": s["intermediate"],
+                             "num_hidden_layers": s["layers"], "num_attention_heads": s["heads"],
+                             "max_position_embeddings": s["max_positions"], "is_decoder": True,
+                             "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+                             "tie_word_embeddings": s["tie"]}
+
+
+def _trocr(s):  # learned positions counted from a row's first column (no position ids): left padding shifts them
+    return "TrOCRConfig", {"d_model": s["hidden"], "decoder_layers": s["layers"], "decoder_attention_heads": s["heads"],
+                           "decoder_ffn_dim": s["intermediate"], "max_position_embeddings": s["max_positions"],
+                           "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
+                           "tie_word_embeddings": s["tie"]}
+
+
+def _deepseek_v4(s):  # keys compressed in blocks of 4 / 8 tokens (counted from a row's first column, padding or
+    # not) beside a sliding window, hyper-connections, routed experts
+    return "DeepseekV4Config", {**_decoder(s), "head_dim": 16, "qk_rope_head_dim": 8, "q_lora_rank": 32,
+                                "n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                "index_n_heads": 4, "index_head_dim": 16, "sliding_window": SLIDING_WINDOW,
+                                "layer_types": ["heavily_compressed_attention", "compressed_sparse_attention"] * (
+                                    s["layers"] // 2) + ["compressed_sparse_attention"] * (s["layers"] % 2),
+                                "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}}
+
+
 def _decoder(s) -> dict:
     return {
         "hidden_size": s["hidden"], "intermediate_size": s["intermediate"], "num_hidden_layers": s["layers"],
@@ -220,6 +261,12 @@ ARCHITECTURES = {
     "qwen3_moe": _qwen3_moe,
     "mixtral": _mixtral,
     "deepseek_v3": _deepseek_v3,
+    "doge": _doge,
+    "llama4_text": _llama4_text,
+    "modernbert_decoder": _modernbert_decoder,
+    "roberta": _roberta,
+    "trocr": _trocr,
+    "deepseek_v4": _deepseek_v4,
 }
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "deepseek_v3")
 

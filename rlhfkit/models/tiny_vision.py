@@ -29,6 +29,8 @@ tokenizer with the family's image tokens, chat template), nothing read from a hu
   aya_vision    Aya Vision: tiles plus a thumbnail, pixel shuffle, a Cohere 2 model with sliding layers
   mllama        Llama 3.2 Vision: one token an image, its tiles' features read by a cross-attention layer
                 through a per-token cross_attention_mask
+  mistral3      Mistral 3: a Pixtral tower (images of any size, 2-D rotary positions), patches merged 2x2,
+                a row-break token after each row of image tokens, a Mistral language model
 
 The tokenizer is models.tiny's character-level tokenizer with the family's image tokens added
 (Qwen3.5's as its own byte-level tokenizer class, which transformers loads its folders with).
@@ -47,7 +49,8 @@ from rlhfkit.models.tiny import ALPHABET, BOS, EOS, PAD, SPECIAL_TOKENS, UNK, ti
 from rlhfkit.models.vision import image_only_processor
 
 FAMILIES = ("qwen2_vl", "llava", "gemma3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "smolvlm", "idefics3", "qwen3_5",
-            "gemma4", "internvl", "llava_next", "llava_onevision", "glm4v", "paligemma", "aya_vision", "mllama")
+            "gemma4", "internvl", "llava_next", "llava_onevision", "glm4v", "paligemma", "aya_vision", "mllama",
+            "mistral3")
 
 # A chat template that renders {"type": "image"} content parts as the family's image placeholder
 # and text parts as their text (string contents as they are), one turn per message closed by EOS.
@@ -467,12 +470,35 @@ def _mllama():
     return MllamaForConditionalGeneration, config, processor
 
 
+def _mistral3():
+    """Mistral 3 (Mistral-Small-3.1 / 3.2): a Pixtral tower over 7-pixel patches with 2-D rotary positions, images
+    of any size (longest side shrunk to 56, sides rounded up to 14 pixels), patches merged 2 x 2 into one token,
+    each row of tokens closed by [IMG_BREAK] and the image by [IMG_END], a Mistral language model; the processor
+    is rlhfkit's own (models.pixtral: transformers' needs torchvision to import)."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration, PixtralImageProcessorPil
+
+    from rlhfkit.models.pixtral import pixtral_processor_class
+
+    names = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
+    tok = tiny_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": list(names)})
+    ip = PixtralImageProcessorPil(size={"longest_edge": 56}, patch_size=14)
+    processor = pixtral_processor_class()(image_processor=ip, tokenizer=tok, patch_size=7, spatial_merge_size=2,
+                                          chat_template=_TEMPLATE.replace("IMAGE", names[0]))
+    config = Mistral3Config(
+        vision_config={"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "head_dim": 16, "image_size": 56, "patch_size": 7},
+        text_config={"model_type": "mistral", **_TEXT, **_text_ids(tok), "head_dim": 8, "sliding_window": None},
+        spatial_merge_size=2, image_token_index=_ids(tok, names[0])[0], vision_feature_layer=-1)
+    return Mistral3ForConditionalGeneration, config, processor
+
+
 _BUILDERS = {"qwen2_vl": _qwen2_vl, "llava": _llava, "gemma3": _gemma3, "qwen2_5_vl": _qwen2_5_vl,
              "qwen3_vl": _qwen3_vl, "qwen3_vl_moe": lambda: _qwen3_vl(moe=True), "smolvlm": _smolvlm,
              "idefics3": _idefics3, "qwen3_5": _qwen3_5, "gemma4": _gemma4, "internvl": _internvl,
              "llava_next": _llava_next, "llava_onevision": lambda: _llava_next(onevision=True),
              "glm4v": _glm4v, "paligemma": _paligemma, "aya_vision": _aya_vision,
-             "mllama": _mllama}
+             "mllama": _mllama, "mistral3": _mistral3}
 
 
 def tiny_vision_model_and_processor(family: str = "qwen2_vl", seed: int = 0):

@@ -142,42 +142,53 @@ def load_processor(path: str):
             return processor
         # transformers gave a bare tokenizer, or failed: a processor whose video part cannot be built
         name = _processor_class_name(path)
+        if name in _WITHOUT_TORCHVISION:  # transformers cannot import the class itself without torchvision
+            return _from_folder(path, _WITHOUT_TORCHVISION[name]())
         cls = processor_class_from_name(name) if name else None
         if cls is None or not _takes_video(cls):
             if processor is None:
                 raise _torchvision_needed(path, name, failure) or failure
             raise ModelError(f"{path}: AutoProcessor found no image processor for this vision-language model; "
                              "add its preprocessor_config.json / processor_config.json")
-        return _image_only_from_folder(path, cls)
+        return _from_folder(path, image_only_processor(cls))
 
 
 def _torchvision_needed(path: str, name: str | None, failure: Exception) -> ModelError | None:
-    """A ModelError naming the processor class when transformers could not build it without torchvision and
-    it takes no video processor to leave out (Mistral 3's PixtralProcessor: transformers requires torchvision
-    to import it at all); None for another failure."""
+    """A ModelError naming the processor class when transformers could not build it without torchvision, it
+    takes no video processor to leave out and rlhfkit has no class of its own for it (`_WITHOUT_TORCHVISION`);
+    None for another failure."""
     if not isinstance(failure, ImportError) or "torchvision" not in str(failure).lower():
         return None
-    return ModelError(f"{path}: transformers' {name or 'processor'} needs torchvision even for images (Mistral 3 / "
-                      "Pixtral's does), and rlhfkit cannot build it without; install the torchvision build matching "
-                      "your torch (for a CPU torch: pip install torchvision --index-url "
-                      "https://download.pytorch.org/whl/cpu)")
+    return ModelError(f"{path}: transformers' {name or 'processor'} needs torchvision even for images, and "
+                      "rlhfkit cannot build it without; install the torchvision build matching your torch (for a "
+                      "CPU torch: pip install torchvision --index-url https://download.pytorch.org/whl/cpu)")
 
 
-def _image_only_from_folder(path: str, cls: type):
-    """`image_only_processor(cls)` of the folder's tokenizer, PIL image processor, chat template and the
+def _pixtral() -> type:
+    from rlhfkit.models.pixtral import pixtral_processor_class
+
+    return pixtral_processor_class()
+
+
+# Processors transformers will not import without torchvision although their images need none: rlhfkit's own
+# class of the same name and settings over transformers' PIL image processor (Mistral 3's: models.pixtral).
+_WITHOUT_TORCHVISION = {"PixtralProcessor": _pixtral}
+
+
+def _from_folder(path: str, cls: type):
+    """`cls` (a processor class) of the folder's tokenizer, PIL image processor, chat template and the
     processor's own settings; ModelError naming the package when one it needs is missing (SmolVLM's: num2words)."""
     from transformers import AutoImageProcessor, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
     template = getattr(tokenizer, "chat_template", None)
-    image_only = image_only_processor(cls)
-    takes = inspect.signature(image_only.__init__).parameters
+    takes = inspect.signature(cls.__init__).parameters
     settings = {k: v for k, v in _processor_config(path).items()
                 if k in takes and k not in ("self", "image_processor", "tokenizer", "chat_template")}
     try:
-        return image_only(image_processor=image_processor, tokenizer=tokenizer,
-                          chat_template=_chat_template(path) or template, **settings)
+        return cls(image_processor=image_processor, tokenizer=tokenizer,
+                   chat_template=_chat_template(path) or template, **settings)
     except ImportError as exc:
         raise ModelError(f"cannot load the processor of {path}: transformers' {cls.__name__} needs a package that is "
                          f"not installed ({one_line(exc)}); install it (pip install 'rlhfkit[vision]' brings "
@@ -481,7 +492,7 @@ def vision_sizes(config: dict, image_tokens: int | None = None) -> dict:
 def image_layout(hf_config) -> tuple[int | None, float]:
     """(language-model tokens per image when the config fixes them, else None; vision-tower patches per
     language-model token). Fixed: LLaVA (one token per patch of its square image), Gemma 3
-    (`mm_tokens_per_image`, pooled from the patches). Variable: Qwen-VL (patches merged
+    (`mm_tokens_per_image`, pooled from the patches). Variable: Qwen-VL and Mistral 3 (patches merged
     spatial_merge_size^2 to a token), Idefics3 / SmolVLM (a tile per sub-image, pixel-shuffled
     scale_factor^2), InternVL (tiles, downsampled by downsample_ratio a side), Gemma 4 (pooled
     pooling_kernel_size^2, as many tokens as the image's aspect ratio gives)."""
@@ -493,6 +504,7 @@ def image_layout(hf_config) -> tuple[int | None, float]:
     size, patch = side(getattr(v, "image_size", None)), side(getattr(v, "patch_size", None))
     grid = (size // patch) ** 2 if size and patch else None
     for merge in (getattr(v, "spatial_merge_size", None) and v.spatial_merge_size ** 2,
+                  getattr(hf_config, "spatial_merge_size", None) and hf_config.spatial_merge_size ** 2,
                   getattr(hf_config, "scale_factor", None) and hf_config.scale_factor ** 2,
                   getattr(hf_config, "downsample_ratio", None) and 1 / hf_config.downsample_ratio ** 2,
                   getattr(v, "pooling_kernel_size", None) and v.pooling_kernel_size ** 2):

@@ -60,8 +60,10 @@ def cpu_decode_attention(module, query, key, value, attention_mask, scaling=None
     scale = dim**-0.5 if scaling is None else scaling
     q = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # query head h reads key/value head h // group
     scores = torch.matmul(q, key.transpose(-1, -2)) * scale  # [B, KV, group, L]
-    if attention_mask is not None:  # boolean [B, 1, 1, L] (True = attend) or additive float
+    if attention_mask is not None:  # boolean [B, 1 or heads, 1, L] (True = attend) or additive float
         mask = attention_mask[:, :, :, : key.shape[-2]]
+        if mask.shape[1] != 1:  # a mask of each query head (Doge's dynamic mask): grouped as the queries
+            mask = mask.reshape(batch, kv_heads, heads // kv_heads, mask.shape[-1])
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
     # eager casts to the query's dtype and autocast then to its own: straight to the values' (the same)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)

@@ -60,7 +60,7 @@ import torch
 from rlhfkit.data.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.host import own_memory
-from rlhfkit.models.loading import position_limit
+from rlhfkit.models.loading import position_limit, position_offset
 from rlhfkit.models.logprobs import forward_parameters, note_once
 from rlhfkit.models.moe import ExpertRecorder, routing_shape
 from rlhfkit.rollout.base import SamplingParams
@@ -68,7 +68,14 @@ from rlhfkit.rollout.bf16_decode import Bf16Decoder, bf16_decode_support
 from rlhfkit.rollout.constrained import Constraint, Grammars
 from rlhfkit.rollout.decode_attention import decode_attention
 from rlhfkit.rollout.decode_state import DecodeState, PartialGeneration
-from rlhfkit.rollout.kv_cache import cache_support, growing_layer_class, new_cache, repeat_rows, select_rows
+from rlhfkit.rollout.kv_cache import (
+    cache_support,
+    growing_layer_class,
+    left_padding_changes_numbers,
+    new_cache,
+    repeat_rows,
+    select_rows,
+)
 from rlhfkit.rollout.prefix import prefill_shared, shared_prefix_length
 from rlhfkit.rollout.routing import missing_codes, prompt_codes
 from rlhfkit.rollout.sampling import check_finite, check_params, chunk_uniforms, sample, seeded, seen_tokens
@@ -177,7 +184,10 @@ class HFEngine:
         takes = forward_parameters(model)
         self._keep_last_logits = "logits_to_keep" in takes
         self._takes_positions = "position_ids" in takes  # else the model derives them (e.g. from the mask)
+        self._position_offset = position_offset(model)  # the RoBERTa family numbers from pad_token_id + 1
         self._cached = cache_support(model) is None
+        self._pads_prompts = self._cached and not left_padding_changes_numbers(model, self.pad_id,
+                                                                              self._position_offset)
         self.position_limit = position_limit(model)  # a learned position table's rows (GPT-2, OPT), else None
         self._version = version
         self._owns_weights = False  # whether update_weights gave the weights memory of their own (own_memory)
@@ -542,7 +552,7 @@ class HFEngine:
         position [B, V]. `extra`: more keyword arguments (they win over the ones made here)."""
         kwargs = {"logits_to_keep": 1} if self._keep_last_logits else {}
         if self._takes_positions:
-            kwargs["position_ids"] = position_ids
+            kwargs["position_ids"] = position_ids + self._position_offset if self._position_offset else position_ids
         if cache is not None:
             kwargs["past_key_values"] = cache
         kwargs.update(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache is not None)
@@ -584,8 +594,9 @@ class HFEngine:
 
     def _chunks(self, prompts: Sequence[Sequence[int]], params: SamplingParams):
         """Yield [start, stop) ranges of prompts that fit max_batch_size / max_batch_tokens (one
-        prompt per chunk when decoding without a cache: its rows need no padding)."""
-        if not self._cached:
+        prompt per chunk when decoding without a cache or a model left padding changes: its rows need no
+        padding)."""
+        if not self._cached or not self._pads_prompts:
             yield from ((i, i + 1) for i in range(len(prompts)))
             return
         start = 0

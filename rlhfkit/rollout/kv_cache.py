@@ -37,6 +37,57 @@ def cache_support(model: torch.nn.Module) -> str | None:
     return reason
 
 
+@torch.no_grad()
+def left_padding_changes_numbers(model: torch.nn.Module, pad_id: int, position_offset: int = 0) -> bool:
+    """Whether `model` gives a left-padded row other logits than the same tokens unpadded, with the mask and
+    position ids the HF engine passes: TrOCR counts positions from a row's first column (it takes no
+    position ids), DeepSeek-V4 compresses blocks of keys counted from the first column. Such a model's
+    prompts are not padded to one width in the HF engine (one prompt at a time, noted once). Probed once
+    on a 16-token row, only for a model that takes no position ids or has cache layers of its own; a
+    model the probe cannot run keeps the padded prompts."""
+    from rlhfkit.models.vision import is_vision_model
+
+    takes = forward_parameters(model)
+    if is_vision_model(model) or ("position_ids" in takes and not _own_cache_layers(model)):
+        return False  # positions and mask passed, transformers' own cache layers: nothing counts the padding
+    param, training = next(model.parameters()), model.training
+    ids = torch.arange(5, 5 + 16, device=param.device)[None]  # 16 tokens after 5 pads
+    padded = torch.cat([torch.full((1, 5), pad_id, device=param.device), ids], 1)
+    mask = torch.cat([torch.zeros_like(padded[:, :5]), torch.ones_like(ids)], 1)
+    rows = {"plain": (ids, torch.ones_like(ids)), "padded": (padded, mask)}
+    logits = {}
+    model.eval()
+    try:
+        for name, (row, mask) in rows.items():
+            kwargs = {"input_ids": row, "attention_mask": mask, "use_cache": False}
+            if "position_ids" in takes:
+                kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0) + position_offset
+            logits[name] = model(**kwargs).logits[0, -1].float()
+    except Exception:  # noqa: BLE001 - the probe says nothing: the engine pads as before
+        return False
+    finally:
+        model.train(training)
+    plain = logits["plain"]
+    tol = 1e-4 if param.dtype == torch.float32 else 2e-2 * float(plain.abs().max())  # bf16/fp16: its rounding
+    changes = not torch.allclose(plain, logits["padded"], atol=tol, rtol=0)
+    if changes:
+        note_once(f"{type(model).__name__}: left padding changes its numbers (the first columns of a row count, "
+                  "padding or not); the HF engine decodes one prompt at a time")
+    return changes
+
+
+def _own_cache_layers(model: torch.nn.Module) -> bool:
+    """Whether the model's DynamicCache holds layers its modeling file defines (DeepSeek-V4's compressed
+    ones) rather than transformers' cache_utils layers."""
+    from transformers import DynamicCache
+
+    try:
+        return any(type(layer).__module__ != "transformers.cache_utils" for layer in DynamicCache(
+            config=model.config).layers)
+    except Exception:  # noqa: BLE001 - no cache laid out: the engine decodes without one anyway
+        return False
+
+
 def _linear_states():
     """transformers' base class of cache layers holding convolution / recurrent states (Mamba, gated
     DeltaNet, short convolutions), or None where this transformers has none."""
@@ -57,10 +108,11 @@ def _copies_rows(kind: type) -> bool:
 
 def repeat_rows(cache, repeats: int) -> None:
     """Each row of `cache` repeated `repeats` times in place (row i becomes rows i*repeats ...), in every
-    layer: keys and values, and a linear-attention layer's convolution and recurrent states."""
-    linear, rows = _linear_states(), None
+    layer: keys and values, a linear-attention layer's convolution and recurrent states, and the states
+    of a layer whose own `reorder_cache` picks rows of more than its keys and values (`_by_reorder`)."""
+    rows = None
     for layer in cache.layers:
-        if linear is not None and isinstance(layer, linear):
+        if _by_reorder(type(layer)):
             if rows is None:
                 rows = torch.arange(_batch_size(layer), device="cpu").repeat_interleave(repeats)
             layer.reorder_cache(rows)
@@ -70,16 +122,32 @@ def repeat_rows(cache, repeats: int) -> None:
 
 def select_rows(cache, indices: torch.Tensor) -> None:
     """Keep the rows `indices` of `cache` in every layer (as `repeat_rows`, by row index)."""
-    linear = _linear_states()
     for layer in cache.layers:
-        if linear is not None and isinstance(layer, linear):
+        if _by_reorder(type(layer)):
             layer.reorder_cache(indices)
         else:
             layer.batch_select_indices(indices)
 
 
+@functools.cache
+def _by_reorder(kind: type) -> bool:
+    """Whether rows of a `kind` layer are picked by its `reorder_cache`: a linear-attention layer, or one
+    that overrides `reorder_cache` below the class giving its batch methods (DeepSeek-V4's compressed
+    cache keeps buffers beside its keys and values that only its `reorder_cache` picks rows of)."""
+    linear = _linear_states()
+    if linear is not None and issubclass(kind, linear):
+        return True
+
+    def owner(name: str) -> int:  # how far up the MRO the method is defined (0: kind itself)
+        return next((i for i, c in enumerate(kind.__mro__) if name in vars(c)), len(kind.__mro__))
+
+    return owner("reorder_cache") < owner("batch_repeat_interleave")
+
+
 def _batch_size(layer) -> int:
-    states = [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]
+    keys = getattr(layer, "keys", None)
+    states = [t for t in (*getattr(layer, "conv_states", {}).values(), *getattr(layer, "recurrent_states", {}).values(),
+                          keys) if isinstance(t, torch.Tensor) and t.numel()]
     if not states:
         raise RuntimeError(f"{type(layer).__name__}: no state to count the rows of before the prefill")
     return states[0].shape[0]

@@ -9,8 +9,10 @@ step 2, a fresh model and Learner load it and take step 2 again. Each rank write
 and skip count to OUT.rankR.json; rank 0 writes the full state after step 2 to OUT and the resumed
 one to OUT.resumed.
 
-    torchrun --nproc_per_node 2 tests/integration/fsdp_fp16_worker.py OUT [local]
+    torchrun --nproc_per_node 2 tests/integration/fsdp_fp16_worker.py OUT [paths] [local]
 
+paths: instead, one loss-scaled step of each sharded path (the policy, a LoRA policy, the critic; clipping
+on and off) whose gradient overflows on rank 1 alone; each rank writes the steps' metrics to OUT.rankR.json.
 local: the gradient norm taken over this rank's shards only (the cross-rank reduction switched off).
 """
 
@@ -25,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from rlhfkit.distributed import fsdp  # noqa: E402 - after the checkout is on sys.path
 from rlhfkit.distributed.fsdp_checkpoint import ShardedCheckpointer  # noqa: E402
 from rlhfkit.models import tiny_model_and_tokenizer  # noqa: E402
+from rlhfkit.models.critic import Critic  # noqa: E402
+from rlhfkit.models.lora import add_lora  # noqa: E402
 from rlhfkit.models.precision import autocast_ctx, float32_residual, vectors_to_float32  # noqa: E402
 from rlhfkit.trainers.learner import Learner  # noqa: E402
 from rlhfkit.trainers.loss_scale import DynamicLossScale  # noqa: E402
@@ -115,11 +119,41 @@ def local_norm_only() -> None:
         [g.to_local() if isinstance(g, DTensor) else g for g in grads], *a, **k)
 
 
-def main(out: str, local: bool = False) -> None:
+def overflow_paths(rank: int, world: int) -> list[dict]:
+    """One Learner step (2^4 loss scale, hysteresis 1) of the sharded policy, LoRA policy and critic, with
+    --train.max_norm 0 and 1, each overflowing on rank 1 alone (an inf in its first gradient shard)."""
+    out = []
+    for kind in ("policy", "lora", "critic"):
+        for max_norm in (0.0, 1.0):
+            model = tiny_model_and_tokenizer(seed=0, **SIZE)[0]
+            model = add_lora(model, 4, 8, "all-linear") if kind == "lora" else model
+            if kind == "critic":
+                model = fsdp.shard_critic(Critic.from_causal_lm(model), world, "float16")
+            else:
+                fsdp.shard_model(model, world, "float16")
+            scale = DynamicLossScale(initial_scale_power=4, window=1000, hysteresis=1)
+            learner = Learner(model, LR, max_norm=max_norm, loss_scale=scale, name=kind)
+            ids = global_batch().tensor_split(world)[rank]
+            with autocast_ctx("float16"):
+                out_ = model(ids, torch.ones_like(ids)) if kind == "critic" else model(input_ids=ids).logits
+            learner.backward(out_.float().square().mean())
+            if rank == 1:
+                poison(learner)
+            m = learner.step()
+            out.append({"path": kind, "max_norm": max_norm, "loss_scale": m["loss_scale"],
+                        "skipped_steps": m["skipped_steps"]})
+    return out
+
+
+def main(out: str, paths: bool = False, local: bool = False) -> None:
     torch.set_num_threads(1)
     rank, world = fsdp.init_from_torchrun()
     if local:
         local_norm_only()
+    if paths:
+        Path(f"{out}.rank{rank}.json").write_text(json.dumps(overflow_paths(rank, world)))
+        fsdp.finish()
+        return
     ids = global_batch()
     rows, total = ids.tensor_split(world)[rank], ids[:, 1:].numel()
     model, learner = build(world=world)
@@ -149,4 +183,4 @@ def main(out: str, local: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], local=sys.argv[2:] == ["local"])
+    main(sys.argv[1], paths="paths" in sys.argv[2:], local="local" in sys.argv[2:])

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from rlhfkit.cli.main import main
 from rlhfkit.distributed import fsdp
 from rlhfkit.errors import ConfigError
-from tests.integration.conftest import rl_flags
+from tests.integration.conftest import rl_flags, torchrun_worker, worker_module
 
 REWARD = ("def reward_func(queries, prompts, labels, **kw):\n"
           "    return [len(set(q[len(p):])) / 8.0 for q, p in zip(queries, prompts)]\n")
@@ -160,21 +160,11 @@ def test_fsdp_outside_torchrun_is_a_one_line_error(ws, tmp_path, capsys):
     assert "runs under torchrun" in capsys.readouterr().err
 
 
-def run_lm_worker(out, nproc: int, *args: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
-           str(Path(__file__).with_name("fsdp_lm_worker.py")), str(out), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+LM_WORKER = Path(__file__).with_name("fsdp_lm_worker.py")
 
 
 def lm_worker():
-    import importlib.util  # noqa: PLC0415
-
-    spec = importlib.util.spec_from_file_location("fsdp_lm_worker", Path(__file__).with_name("fsdp_lm_worker.py"))
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
-    return worker
+    return worker_module(LM_WORKER)
 
 
 def train_one_process(device="cpu") -> tuple[torch.nn.Module, list[float]]:
@@ -192,7 +182,7 @@ def test_shard_model_trains_like_one_process(tmp_path, device):
     if device == "cuda" and torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     model, _ = train_one_process(device)
-    run_lm_worker(tmp_path / "two.safetensors", 2)
+    torchrun_worker(LM_WORKER, str(tmp_path / "two.safetensors"))
     two = load_file(tmp_path / "two.safetensors")
     one = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     diff = max(float((one[k] - two[k]).abs().max()) for k in two)
@@ -206,7 +196,7 @@ def test_shard_model_in_bf16_over_float32_masters_is_float32_within_bf16_toleran
     each step lowers the loss by ~30%), the weights' update within 15% of its size (L2). Measured:
     1.6e-4, 1.4e-3, 2.3e-3 and 7.5% (bf16's spacing at 1.0 is 2^-7 = 0.8%)."""
     model, losses = train_one_process()
-    run_lm_worker(tmp_path / "two.safetensors", 2, "bf16")
+    torchrun_worker(LM_WORKER, str(tmp_path / "two.safetensors"), "bf16")
     bf16 = json.loads((tmp_path / "two.safetensors.json").read_text())
     two = load_file(tmp_path / "two.safetensors")
     assert {v.dtype for v in two.values()} == {torch.float32}

@@ -4,7 +4,8 @@ tests/integration/fsdp_fp16_worker.py, float32 shards computing in fp16 with the
 - An overflow on ONE rank (an inf in one of its gradient shards) skips the step on both and halves both
   scales alike: the gradient norm the Learner tests is that of the whole sharded model (reduced over the
   ranks), so every rank sees the inf. With the norm of each rank's own shards (the worker's `local` mode)
-  the ranks part ways: one steps at 2^10, the other skips at 2^9.
+  the ranks part ways: one steps at 2^10, the other skips at 2^9. So too for a LoRA policy and the critic,
+  with --train.max_norm 0 (no clipping) as with 1 (the worker's `paths` mode).
 - The steps then train like the one-process float16 run (float16 matrices over float32 masters, the same
   overflow) on the same global batch, within float16's tolerance: the weights' update within 3% of its size
   (L2), each step's gradient norm within 1e-3 relative. Measured: 1.2%, 1.4e-5 and 1.1e-4.
@@ -66,3 +67,16 @@ def test_fp16_under_fsdp_skips_together_trains_like_one_process_and_resumes_bit_
         assert r["resumed"] == r["steps"][2:] and r["resumed_final_scale"] == r["final_scale"]
     resumed = load_file(tmp_path / "two.safetensors.resumed")
     assert all(torch.equal(resumed[k], two[k]) for k in two)
+
+
+# ~10 s on 2 shared cores (the ranks' start-up and 6 tiny models sharded)
+@pytest.mark.slow
+def test_an_overflow_on_one_rank_skips_on_both_for_lora_the_critic_and_without_clipping(tmp_path):
+    """The loss-scaled Learner's overflow check over a LoRA policy's and a critic's shards, with clipping on
+    and off (--train.max_norm 0 takes no clipping norm, but the overflow check reads the same whole-model
+    norm): rank 1's inf skips the step on both ranks and halves both scales."""
+    ranks = run_worker(tmp_path / "paths", "paths")
+    assert ranks[0] == ranks[1]
+    assert [(s["path"], s["max_norm"]) for s in ranks[0]] == [
+        (p, n) for p in ("policy", "lora", "critic") for n in (0.0, 1.0)]
+    assert all(s["loss_scale"] == 8.0 and s["skipped_steps"] == 1.0 for s in ranks[0]), ranks

@@ -1,5 +1,6 @@
 """The tiny vision-language families besides Qwen2-VL, LLaVA and Gemma 3 (Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE,
-SmolVLM, Idefics3, Qwen3.5, Gemma 4, InternVL, LLaVA-NeXT, LLaVA-OneVision, GLM-4.1V, PaliGemma, Aya Vision)
+SmolVLM, Idefics3, Qwen3.5, Gemma 4, InternVL, LLaVA-NeXT, LLaVA-OneVision, GLM-4.1V, PaliGemma, Aya Vision,
+Llama 3.2 Vision, Mistral 3)
 through the CLI on OpenRLHF's jsonl + image folder: one `train rl` step whose rollout logprobs are the
 trainer's (the loop's own rollout/logprob_gap_max) and whose update
 moves the weights, and one `train sft` step that trains through the images (the tower moves); both

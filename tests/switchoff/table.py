@@ -86,6 +86,10 @@ def no_center_penalty(original):
     return lambda chosen, rejected: chosen.sum() * 0
 
 
+def nll_only(original):
+    return lambda *args, dft=False, **kwargs: original(*args, **kwargs)
+
+
 def zero_penalty(original):
     import torch
 
@@ -754,6 +758,11 @@ SWITCH_OFFS = (
               ("tests/unit/trainers/test_supervised_options.py::"
                "test_center_rewards_adds_the_mean_squared_pair_sum_by_hand",),
               "no penalty"),
+    SwitchOff("Dynamic Fine-Tuning's loss (train sft --model.loss_type dft)",
+              "rlhfkit.trainers.supervised.sft:sft_loss", nll_only,
+              ("tests/unit/trainers/test_supervised_options.py::"
+               "test_dft_loss_weights_each_target_token_by_its_probability",),
+              "the NLL"),
     SwitchOff("over-long SFT samples cut to fit (train sft --data.truncation left|right)",
               "rlhfkit.data.supervised:fit_sample", never_cut,
               ("tests/unit/data/test_sft_truncation.py::"

@@ -133,10 +133,12 @@ def test_n_samples_of_an_image_call_share_its_images_and_the_chosen_one_goes_on(
                                    atol=2e-5)
 
 
-@pytest.mark.parametrize("family", ["llava", "gemma3", "llava_next", "llava_onevision", "glm4v", "aya_vision"])
+@pytest.mark.parametrize("family", ["llava", "gemma3", "llava_next", "llava_onevision", "glm4v", "aya_vision",
+                                    "mistral3"])
 def test_other_families_record_the_trainers_logprobs_over_both_images(family):
     """LLaVA (a fixed number of tokens per image), Gemma 3 (image tokens attend both ways), LLaVA-NeXT and
-    LLaVA-OneVision (anyres tiles, `image_sizes`), GLM-4.1V (3-D positions), Aya Vision (tiles)."""
+    LLaVA-OneVision (anyres tiles, `image_sizes`), GLM-4.1V (3-D positions), Aya Vision (tiles), Mistral 3 (images of
+    two sizes padded into one pixel tensor, rows of tokens closed by [IMG_BREAK])."""
     model, proc = tiny_vision_model_and_processor(family, seed=0)
     family_vlm = (model, proc, VisionEngine(model, proc.tokenizer))
     [t], _ = run(family_vlm, two_images())

@@ -72,6 +72,7 @@ def test_plan_command_counts_a_vision_dataset(tmp_path, capsys):
     ("smolvlm", 10, 40, False),  # pixel-shuffled 2 x 2 (scale_factor), as many sub-images as the image gives
     ("internvl", 10, 40, False),  # downsample_ratio 0.5 a side, as many tiles as the image gives
     ("gemma4", 10, 40, False),  # pooled 2 x 2 (pooling_kernel_size), as many as the aspect ratio gives
+    ("mistral3", 10, 40, False),  # merged 2 x 2 (the model's spatial_merge_size), as many as the image's size gives
 ])
 def test_image_tokens_and_tower_patches_follow_each_familys_layout(tmp_path, family, tokens, patches, fixed):
     """10 tokens per image asked for (--plan.image_tokens): fixed-size families keep their own count."""

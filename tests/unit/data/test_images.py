@@ -221,3 +221,33 @@ def test_a_bytes_dict_path_without_a_suffix_is_a_path_not_base64(tmp_path):
     entry may be base64 text)."""
     Image.new("RGB", (4, 4), (5, 6, 7)).save(tmp_path / "cat", format="PNG")
     assert open_image({"bytes": None, "path": "cat"}, "rec", base_dir=tmp_path).getpixel((0, 0)) == (5, 6, 7)
+
+
+def test_an_exif_rotated_photo_is_turned_upright_as_datasets_and_transformers_turn_it(tmp_path):
+    """A camera's portrait photo is stored landscape with an EXIF Orientation tag (6: turn 90 degrees clockwise):
+    read from a file, bytes or an undecoded Image feature it is turned upright, as `datasets` decodes it and
+    transformers' load_image reads it, so the model sees the same image whichever way it is given."""
+    import numpy as np
+    from PIL import ImageOps
+
+    stored = Image.fromarray(np.random.default_rng(0).integers(0, 256, (10, 30, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    stored.save(buffer, format="PNG", exif=exif)
+    (tmp_path / "photo.png").write_bytes(buffer.getvalue())
+    upright = ImageOps.exif_transpose(Image.open(io.BytesIO(buffer.getvalue())))
+    assert upright.size == (10, 30)
+    for value in (str(tmp_path / "photo.png"), buffer.getvalue(), {"bytes": buffer.getvalue(), "path": None}):
+        image = open_image(value, "row 0")
+        assert image.size == (10, 30) and image.tobytes() == upright.convert("RGB").tobytes()
+
+
+def test_an_image_the_processor_refuses_is_one_line_naming_the_record(tmp_path, processor):
+    """A 3000 x 1 strip: Qwen2-VL's resize refuses aspect ratios above 200 with a raw ValueError."""
+    Image.new("RGB", (3000, 1)).save(tmp_path / "strip.png")
+    rows = [{"prompt": QUESTION, "images": ["red.png"]}, {"prompt": QUESTION, "images": ["strip.png"]}]
+    Image.new("RGB", (40, 40), (200, 10, 10)).save(tmp_path / "red.png")
+    examples = load_vision_prompts(write_jsonl(tmp_path / "t.jsonl", rows), processor, "prompt", None, "images", 1)
+    with pytest.raises(DataError, match=r"^record 1: \w+ refuses its image\(s\) of 3000x1 pixels \(.*aspect ratio"):
+        tokenize_vision_prompts(examples, processor, 512, "prompt")

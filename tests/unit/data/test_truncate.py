@@ -3,7 +3,7 @@ The tiny tokenizer is one token per character (<eos> one token), so the counts a
 
 import pytest
 
-from rlhfkit.data.prompts import PromptExample, tokenize_prompts
+from rlhfkit.data.prompts import PromptExample, load_prompts, tokenize_prompts
 from rlhfkit.data.truncate import content_span, keep, truncate_ids
 from rlhfkit.errors import DataError
 from rlhfkit.models.tiny import tiny_tokenizer
@@ -65,12 +65,39 @@ def test_the_prompts_text_is_located_where_the_template_put_it_not_where_it_also
     assert items[0].text == "n (answer)"  # 11 tokens: 1 of "an" kept, the template's 9 whole
 
 
+def test_a_string_prompt_under_the_chat_template_is_located_as_its_user_message():
+    """--data.apply_chat_template renders a string prompt as one user message: its text is located there as a
+    message list's is, not searched ("an" is in the generation prompt "assistant: " too)."""
+    tok = tiny_tokenizer()
+    ex = load_prompts([{"prompt": "an"}], tokenizer=tok, input_key="prompt", apply_chat_template=True)
+    assert ex[0].text == "user: an<eos>assistant: " and ex[0].raw == {"prompt": "an"}  # 6 + 2 + 12 = 20 tokens
+    items, skipped = tokenize_prompts(ex, tok, 19, "prompt", truncation="left")
+    assert ([i.text for i in items], skipped) == (["user: n<eos>assistant: "], 0)
+    # the string rendered as it is (no template): the whole text is the prompt's
+    assert content_span("an", "an", tok) == (0, 2)
+
+
 def test_a_text_the_template_holds_twice_or_cannot_be_told_apart_is_not_cut():
     tok = tiny_tokenizer()
     # the template repeats the prompt: cutting one copy leaves the other whole, so neither is cut
     assert truncate_ids(tok, "abcdef / abcdef", "abcdef", 12, "left", input_template="{0} / {0}") is None
     # without the template, a text found twice is not told apart either; found once, it is taken
     assert content_span("an (answer)", "an") is None and content_span("abc (answer)", "abc") == (0, 3)
+
+
+def test_a_chat_template_that_rewrites_the_text_is_not_cut_where_the_text_also_occurs():
+    """A template that upper-cases the user message: its "ist" is rendered "IST", and the only "ist" left is
+    the generation prompt's ("assistant: "), which must not be cut; the prompt is skipped as the module says."""
+    tok = tiny_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }}<eos>{% endfor %}"
+                         "{% if add_generation_prompt %}assistant: {% endif %}")
+    msgs = [{"role": "user", "content": "ist"}]
+    text = chat(tok, msgs)
+    assert text == "user: IST<eos>assistant: " and text.count("ist") == 1
+    assert content_span(text, msgs, tok) is None
+    assert truncate_ids(tok, text, msgs, 20, "left") is None
+    # a string rendered as it is stays the whole text, whatever the tokenizer's chat template does
+    assert content_span("ist", "ist", tok) == (0, 3)
 
 
 def test_tokenize_prompts_skips_errs_or_cuts():

@@ -28,12 +28,16 @@ def test_float32_shards_are_gathered_in_fp16_and_the_scaled_norm_is_the_whole_mo
     fsdp.shard_model(model, 1, "float16")
     seen = []
     model.model.layers[0].mlp.register_forward_pre_hook(lambda m, args: seen.append(m.up_proj.weight.dtype))
+    # unlike one process (models.precision: float32 norm weights and residual), the norms and residual are fp16
+    norms = []
+    model.model.layers[0].input_layernorm.register_forward_pre_hook(
+        lambda m, args: norms.append((m.weight.dtype, args[0].dtype)))
     learner = Learner(model, 1e-2, max_norm=0.0, loss_scale=DynamicLossScale(initial_scale_power=4))
     ids = torch.arange(4, 12).view(1, 8)
     with autocast_ctx("float16"):
         loss = model(input_ids=ids).logits.float().logsumexp(-1).mean()
     learner.backward(loss)
-    assert seen == [torch.float16]
+    assert seen == [torch.float16] and norms == [(torch.float16, torch.float16)]
     params = learner.train_params
     assert {p.dtype for p in params} == {torch.float32} and learner.master is None  # the shards are the masters
     assert all(isinstance(p.grad, DTensor) and p.grad.dtype == torch.float32 for p in params)

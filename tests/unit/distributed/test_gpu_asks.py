@@ -50,3 +50,96 @@ def test_a_ray_run_asking_for_absent_gpus_stops_before_any_actor(monkeypatch, tm
     needle = r"and 2 rollout worker\(s\) \(--distributed.num_gpus_per_worker\) asking 1 GPU each need 2 GPU\(s\)"
     with pytest.raises(ConfigError, match=needle + ", and this machine has 0"):
         trainer.train()
+
+
+def test_tools_environments_and_agents_given_as_objects_reach_the_ray_trainer_actor(monkeypatch, tmp_path,
+                                                                                     tiny_folder):
+    """Ray pickles the actor's arguments with cloudpickle: the objects arrive there as copies, and one that cannot
+    be pickled is refused in one line before Ray starts."""
+    import threading
+
+    from ray import cloudpickle
+
+    import rlhfkit
+
+    monkeypatch.setattr(launch, "start_ray", lambda *a, **k: False)
+    monkeypatch.setattr(launch, "cluster_gpus", lambda address: 0)
+    got = {}
+
+    def actor(fn, args, *rest, **kw):  # what Ray does with the arguments: a cloudpickle round trip
+        got.update(cloudpickle.loads(cloudpickle.dumps(args))[2])
+        return {}
+
+    monkeypatch.setattr(launch, "run_in_trainer_actors", actor)
+    cfg = rlhfkit.RLConfig.from_args(["--actor.model_name_or_path", str(tiny_folder), "--distributed.backend", "ray",
+                                      "--ckpt.output_dir", str(tmp_path / "o")])
+
+    def add(a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: the first.
+            b: the second.
+        """
+        return a + b
+
+    class Counter:
+        def reset(self, **row):
+            return "go"
+
+    rlhfkit.RLTrainer.from_config(cfg, reward_fn=lambda **kw: [0.0], train_dataset=[{"input": "a"}] * 16,
+                                  tools=[add], environment_factory=Counter).train()
+    assert got["tools"][0](2, 3) == 5 and got["environment_factory"]().reset() == "go" and got["agent"] is None
+    lock = threading.Lock()
+    with pytest.raises(ConfigError, match=r"agent=lock cannot be sent to the trainer actor .*--agent.func_path FILE"):
+        rlhfkit.RLTrainer.from_config(cfg, reward_fn=lambda **kw: [0.0], train_dataset=[{"input": "a"}] * 16,
+                                      agent=lock)
+
+
+def test_an_unsendable_closure_is_refused_by_name_before_ray_starts(monkeypatch, tmp_path, tiny_folder):
+    """A tool or environment that closes over what cannot be pickled (a lock, a socket) is named in the one-line
+    error (not its type, `list` or `type`), and a reward function given as a Python object is checked as
+    well: it travels to the trainer actor the same way."""
+    import threading
+
+    import rlhfkit
+
+    def no_ray(*a, **k):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr(launch, "start_ray", no_ray)
+    cfg = rlhfkit.RLConfig.from_args(["--actor.model_name_or_path", str(tiny_folder), "--distributed.backend", "ray",
+                                      "--ckpt.output_dir", str(tmp_path / "o")])
+    lock = threading.Lock()
+
+    def add(a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: the first.
+            b: the second.
+        """
+        return a + b
+
+    def locked_add(a: int, b: int) -> int:
+        """Add two numbers under the lock.
+
+        Args:
+            a: the first.
+            b: the second.
+        """
+        with lock:
+            return a + b
+
+    class LockedCounter:
+        guard = lock
+
+    rows = [{"input": "a"}] * 16
+    for kwargs, needle in [
+            (dict(tools=[add, locked_add]), r"tools=.*locked_add cannot be sent .*_thread.lock.*--agent.tools FILE"),
+            (dict(environment_factory=LockedCounter), r"environment_factory=.*LockedCounter cannot be sent"),
+            (dict(reward_fn=lambda **kw: [float(lock.locked())]), r"reward_fn=.*<lambda> cannot be sent .*"
+                                                                   r"--reward.remote_url FILE.py:NAME")]:
+        with pytest.raises(ConfigError, match=needle) as err:
+            rlhfkit.RLTrainer.from_config(cfg, **{"reward_fn": lambda **kw: [0.0], **kwargs}, train_dataset=rows)
+        assert "\n" not in str(err.value)

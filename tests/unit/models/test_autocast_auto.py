@@ -79,3 +79,18 @@ def test_the_run_warns_of_emulated_bf16_where_it_is_built(monkeypatch, caplog):
         assert resolve_autocast(cfg) is cfg
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
         "Tesla V100, compute capability 7.0 has no native bf16"]
+
+
+def test_auto_with_bf16_parameters_on_a_gpu_that_emulates_bf16_is_warned_too(monkeypatch, caplog, capsys):
+    """auto picks float16 on a T4, but --actor.dtype bfloat16 keeps bf16 parameters (and the hf engine's bf16
+    decode matmuls): the same warning as an explicit bf16 run."""
+    import rlhfkit.api.builder as builder
+
+    fake_gpu(monkeypatch, (7, 5), "Tesla T4")
+    monkeypatch.setattr(builder, "run_device", lambda cfg: torch.device("cuda"))
+    cfg = RLConfig.from_args([*ARGV, "--actor.autocast", "auto", "--actor.dtype", "bfloat16"])
+    with caplog.at_level("WARNING", logger="rlhfkit"):
+        assert resolve_autocast(cfg).actor.autocast == "float16"
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "Tesla T4, compute capability 7.5 has no native bf16"]
+    assert capsys.readouterr().out.startswith("--actor.autocast auto: float16")

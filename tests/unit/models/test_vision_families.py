@@ -2,7 +2,8 @@
 processor saved and loaded back (image-only where its video processor needs torchvision) encodes as the
 one built in code; SmolVLM's sub-images of several prompts padded as its processor pads them; the tiny
 models exercise what the families are known for (Qwen2.5-VL's window attention, Qwen3-VL's deepstack
-features, Qwen3.5's linear-attention layers that decode without a cache)."""
+features, Qwen3.5's linear-attention layers that decode without a cache); Mistral 3's processor (rlhfkit's own:
+transformers' needs torchvision) expands images as transformers' would."""
 
 import importlib.util
 
@@ -110,23 +111,100 @@ def test_smolvlm_without_num2words_is_one_line_naming_the_package(tmp_path, monk
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision builds the processor")
-def test_mistral3_without_torchvision_is_one_line_naming_its_processor(tmp_path):
-    """transformers will not import PixtralProcessor (Mistral 3's) without torchvision, and it has no video part
-    to leave out: loading says which processor needs it and how to install it, not that the folder is broken."""
+def transformers_pixtral_processor(monkeypatch):
+    """transformers' own PixtralProcessor class: its module imports a function of the torchvision image processor
+    module, which the PIL image processor module also defines; handed that one instead, it imports without
+    torchvision (for this test only: both modules are put back)."""
+    import sys
+
+    import transformers.models.pixtral.image_processing_pil_pixtral as pil
+
+    monkeypatch.setitem(sys.modules, "transformers.models.pixtral.image_processing_pixtral", pil)
+    monkeypatch.delitem(sys.modules, "transformers.models.pixtral.processing_pixtral", raising=False)
+    module = importlib.import_module("transformers.models.pixtral.processing_pixtral")
+    monkeypatch.delitem(sys.modules, "transformers.models.pixtral.processing_pixtral")
+    return module.PixtralProcessor
+
+
+def test_mistral3_expands_images_as_transformers_pixtral_processor(monkeypatch):
+    """One token per 14-pixel square (7-pixel patches merged 2 x 2), [IMG_BREAK] after each row, [IMG_END] last:
+    a 56 x 28 image (2 rows of 4) is 10 tokens, a 40 x 40 one (rounded up to 42 x 42: 3 rows of 3) 12, and a
+    100 x 30 one shrunk to fit 56 pixels (56 x 17, rounded up to 56 x 28: 2 rows of 4) 10; ids and tensors
+    are those of transformers' own processor given the same parts and settings."""
+    _, ours = tiny_vision_model_and_processor("mistral3")
+    row = "[IMG]" * 4
+    images = [noise(56, 28), noise(40, 40, 1), noise(100, 30, 2)]
+    ids, vision = encode(ours, text(ours, 3), images)
+    expected = (row + "[IMG_BREAK]" + row + "[IMG_END]" + ("[IMG]" * 3 + "[IMG_BREAK]") * 2 + "[IMG]" * 3 + "[IMG_END]"
+                + row + "[IMG_BREAK]" + row + "[IMG_END]")
+    assert ours.tokenizer.decode(ids) == text(ours, 3).replace("[IMG]" * 3, expected)
+    assert vision.tensors["image_sizes"].tolist() == [[28, 56], [42, 42], [28, 56]]
+    theirs = transformers_pixtral_processor(monkeypatch)(
+        image_processor=ours.image_processor, tokenizer=ours.tokenizer, patch_size=7, spatial_merge_size=2,
+        chat_template=ours.chat_template)
+    ids_theirs, vision_theirs = encode(theirs, text(theirs, 3), images)
+    assert ids_theirs == ids and vision_theirs.tensors.keys() == vision.tensors.keys()
+    assert all(torch.equal(vision_theirs.tensors[k], v) for k, v in vision.tensors.items())
+
+
+# Mistral-Small-3.1-24B-Instruct-2503's settings as its hub folder writes them: the image processor's in
+# preprocessor_config.json and the processor's in processor_config.json, or (folders saved by transformers 5) both in
+# processor_config.json, the image processor's under "image_processor".
+PIXTRAL_IMAGE_PROCESSOR = {
+    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "image_processor_type": "PixtralImageProcessorFast", "patch_size": 14, "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 1540}}
+PIXTRAL_PROCESSOR = {"image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]", "image_token": "[IMG]",
+                     "patch_size": 14, "processor_class": "PixtralProcessor", "spatial_merge_size": 2}
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_mistral_small_3_1_folder_settings_load_and_expand_as_transformers(tmp_path, monkeypatch, nested):
+    """A folder with Mistral-Small-3.1's processor settings loads with them (14-pixel patches merged 2 x 2: one
+    token per 28 pixels, longest side 1540), and encodes as transformers' PixtralProcessor given the same
+    settings: an image wider than 1540 shrunk (1600 x 50 -> 1540 x 48, rounded up to 1540 x 56: 2 rows of 55),
+    a 1 x 1 one (one token and [IMG_END]), grey, RGBA and palette images, all in one message."""
     import json
 
-    from transformers import Mistral3Config
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
 
+    folder = save_tiny_vision(tmp_path, "mistral3")
+    (folder / "preprocessor_config.json").unlink(missing_ok=True)
+    own = {"image_processor": PIXTRAL_IMAGE_PROCESSOR} if nested else {}
+    (folder / "processor_config.json").write_text(json.dumps({**PIXTRAL_PROCESSOR, **own}))
+    if not nested:
+        (folder / "preprocessor_config.json").write_text(
+            json.dumps({**PIXTRAL_IMAGE_PROCESSOR, "processor_class": "PixtralProcessor"}))
+    ours = load_processor(str(folder))
+    assert (ours.patch_size, ours.spatial_merge_size, ours.image_processor.size.longest_edge) == (14, 2, 1540)
+    images = [noise(1600, 50), noise(1, 1, 1), noise(70, 30, 2).convert("L"), noise(60, 50, 3).convert("RGBA"),
+              noise(50, 50, 4).convert("P")]
+    ids, vision = encode(ours, text(ours, 5), images)
+    assert vision.tensors["image_sizes"].tolist() == [[56, 1540], [28, 28], [56, 84], [56, 84], [56, 56]]
+    image_processor = PixtralImageProcessorPil(**{k: v for k, v in PIXTRAL_IMAGE_PROCESSOR.items()
+                                                  if k != "image_processor_type"})
+    theirs = transformers_pixtral_processor(monkeypatch)(
+        image_processor=image_processor, tokenizer=ours.tokenizer, patch_size=14, spatial_merge_size=2,
+        chat_template=ours.chat_template)
+    ids_theirs, vision_theirs = encode(theirs, text(theirs, 5), images)
+    assert ids_theirs == ids and ids.count(ours.image_token_id) == 110 + 1 + 6 + 6 + 4
+    assert vision_theirs.tensors.keys() == vision.tensors.keys()
+    assert all(torch.equal(vision_theirs.tensors[k], v) for k, v in vision.tensors.items())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision builds the processor")
+def test_a_processor_needing_torchvision_without_a_class_of_rlhfkits_is_one_line_naming_it(tmp_path, monkeypatch):
+    """transformers will not import PixtralProcessor without torchvision, and it has no video part to leave out:
+    without rlhfkit's own class for it (models.pixtral), loading says which processor needs torchvision and how
+    to install it, not that the folder is broken; with it, the folder loads."""
     from rlhfkit.errors import ModelError
-    from rlhfkit.models.tiny import tiny_tokenizer
+    from rlhfkit.models import vision
 
-    tiny_tokenizer().save_pretrained(tmp_path)
-    Mistral3Config(vision_config={"model_type": "pixtral"}, text_config={"model_type": "mistral"}).save_pretrained(
-        tmp_path)
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
-        {"processor_class": "PixtralProcessor", "image_processor_type": "PixtralImageProcessor"}))
-    with pytest.raises(ModelError, match=r"PixtralProcessor needs torchvision even for images .*pip install "
+    folder = str(save_tiny_vision(tmp_path, "mistral3"))
+    assert type(load_processor(folder)).__name__ == "PixtralProcessor"
+    monkeypatch.setattr(vision, "_WITHOUT_TORCHVISION", {})
+    with pytest.raises(ModelError, match=r"PixtralProcessor needs torchvision even for images, .*pip install "
                                          r"torchvision") as err:
-        load_processor(str(tmp_path))
+        load_processor(folder)
     assert "\n" not in str(err.value)

@@ -18,6 +18,7 @@ from rlhfkit.models.vision import TOWER_NAMES, language_lora_targets
 # projection: 1) + embed_vision 1. GLM-4.1V: its MLP's gate and up projections are one layer (gate_up_proj):
 # 2 x (4 + 2). PaliGemma's projector is one linear layer, LLaVA-NeXT's, LLaVA-OneVision's and Aya Vision's two.
 # Llama 3.2 Vision: 3 layers of 7, layer 1 a cross-attention layer (its q/k/v/o are cross_attn's), + its projector.
+# Mistral 3: 2 x 7 + its projector's patch merger (one linear layer) and two linear layers.
 LAYOUT = {"qwen2_vl": (14, 0, "language_model", (0, 1)), "llava": (16, 2, "language_model", (0, 1)),
           "gemma3": (14, 0, "language_model", (0, 1)), "qwen2_5_vl": (14, 0, "language_model", (0, 1)),
           "qwen3_vl": (14, 0, "language_model", (0, 1)), "qwen3_vl_moe": (8, 0, "language_model", (0, 1)),
@@ -26,7 +27,7 @@ LAYOUT = {"qwen2_vl": (14, 0, "language_model", (0, 1)), "llava": (16, 2, "langu
           "internvl": (16, 2, "language_model", (0, 1)), "llava_next": (16, 2, "language_model", (0, 1)),
           "llava_onevision": (16, 2, "language_model", (0, 1)), "glm4v": (12, 0, "language_model", (0, 1)),
           "paligemma": (15, 1, "language_model", (0, 1)), "aya_vision": (16, 2, "language_model", (0, 1)),
-          "mllama": (22, 1, "language_model", (0, 2))}
+          "mllama": (22, 1, "language_model", (0, 2)), "mistral3": (17, 3, "language_model", (0, 1))}
 PROJECTORS = ("multi_modal_projector", "connector", "embed_vision")
 CROSS_ATTENTION = {"mllama": (1,)}  # family -> its language model's cross-attention layers (q/k/v/o: cross_attn's)
 

@@ -207,10 +207,10 @@ def test_gemma3_spans_become_start_of_image_with_their_newlines_taken_off_by_han
             vllm_prompt_ids(ids, gemma)
 
 
-@pytest.mark.parametrize("family", ["internvl", "gemma3"])
+@pytest.mark.parametrize("family", ["internvl", "gemma3", "mistral3"])
 def test_families_whose_image_tokens_are_not_mapped_back_are_refused(family):
     """InternVL's tiles; the tiny Gemma 3, whose newlines are one token each (vLLM's Gemma 3 processor reads
-    the tokens of two to four newlines)."""
+    the tokens of two to four newlines); Mistral 3's rows of image tokens between [IMG_BREAK] tokens."""
     model, processor = tiny_vision_model_and_processor(family, seed=0)
     with pytest.raises(ConfigError, match="--rollout.engine vllm does not send the images of"):
         vllm_image_settings(config(), processor, model.config)
