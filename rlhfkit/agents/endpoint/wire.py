@@ -21,7 +21,8 @@ object, {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} JSO
 backend), so the reply's content parses with `json.loads` and validates, unless `max_tokens` cut it first
 (finish reason "length"). Departures: the schema is enforced whether `strict` is true or not (OpenAI refuses
 a strict schema that leaves properties optional); the whole sampled reply is constrained (a reasoning
-template's thinking too; no tool calls can be written: a forced `tool_choice` with it is a 400); the recorded
+template's thinking too; no tool calls can be written: a forced `tool_choice` with it is a 400, and beside
+`tools` the reply is content, never read as a call); the recorded
 logprobs are the model's own, before the grammar's mask. A schema llguidance refuses, another `type`, or no
 llguidance installed (`pip install 'rlhfkit[structured]'`): 400 in one line.
 """
