@@ -116,7 +116,8 @@ def response_format(body: dict) -> Constraint | None:
             raise BadRequest("response_format: json_schema needs {name, schema: a JSON schema object, strict}")
         c = Constraint.json_schema(schema)
     else:
-        raise BadRequest(f"response_format: type {kind!r:.40}; give {{\"type\": \"text\"}}, "
+        given = f"type {kind!r:.40}" if isinstance(fmt, dict) else f"{fmt!r:.40} is not an object"
+        raise BadRequest(f"response_format: {given}; give {{\"type\": \"text\"}}, "
                          "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {...}}")
     try:
         constrained.check(c)

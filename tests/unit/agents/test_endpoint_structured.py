@@ -112,6 +112,7 @@ def test_forms_the_endpoint_does_not_take_are_400s_in_one_line(tok, monkeypatch)
             async with client_of(server, e) as c:
                 for fmt, said in ((FORMAT, "engine \\(ScriptedEngine\\) samples no structured outputs"),
                                   ({"type": "xml"}, "response_format: type 'xml'"),
+                                  ("json_object", "response_format: 'json_object' is not an object"),
                                   ({"type": "json_schema", "json_schema": {"name": "x"}}, "needs \\{name, schema"),
                                   ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}},
                                    "cannot be sampled under: Invalid type: objekt")):
