@@ -52,6 +52,7 @@ from rlhfkit.config.preference import DPOConfig, PolicyModelConfig, RefModelConf
 from rlhfkit.config.rl import BaseLoggerConfig
 from rlhfkit.config.sft import (
     SFTConfig,
+    SFTDataConfig,
     SFTModelConfig,
     SupervisedCkptConfig,
     SupervisedDataConfig,
@@ -375,7 +376,7 @@ class RejectionSampling(SamplingRounds):
                             "lower it (rewards are in round_<k>/generations.jsonl)")
         s = self.cfg.sft
         cfg = SFTConfig(model=SFTModelConfig(**self.stage_model(policy)),
-                        data=SupervisedDataConfig(max_len=s.data.max_len), **self.stage_common(s, round_dir))
+                        data=SFTDataConfig(max_len=s.data.max_len), **self.stage_common(s, round_dir))
         trainer = SFTTrainer.from_config(cfg, train_dataset=data)
         trainer.train()
         return round_dir / "final"

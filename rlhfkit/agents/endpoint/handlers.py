@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jinja2 import TemplateError
@@ -114,9 +114,11 @@ class Completions:
         try:
             tt = self.template(body.get("tools"))
             wants = toolchoice.read(body)
-            if wants.force and ask.constraint is not None:
-                raise BadRequest("response_format: a JSON reply cannot hold the call tool_choice forces; send one of "
-                                 "them")
+            if ask.constraint is not None:  # the reply is the format's JSON: it holds no call (Llama 3's are JSON)
+                if wants.force:
+                    raise BadRequest("response_format: a JSON reply cannot hold the call tool_choice forces; send "
+                                     "one of them")
+                wants = replace(wants, parse=False)
             forced = toolchoice.forced_text(tt, wants)
             if self.vision is None:
                 ids, normed = self.text_prompt(e, tt, body)

@@ -21,7 +21,8 @@ object, {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} JSO
 backend), so the reply's content parses with `json.loads` and validates, unless `max_tokens` cut it first
 (finish reason "length"). Departures: the schema is enforced whether `strict` is true or not (OpenAI refuses
 a strict schema that leaves properties optional); the whole sampled reply is constrained (a reasoning
-template's thinking too; no tool calls can be written: a forced `tool_choice` with it is a 400); the recorded
+template's thinking too; no tool calls can be written: a forced `tool_choice` with it is a 400, and beside
+`tools` the reply is content, never read as a call); the recorded
 logprobs are the model's own, before the grammar's mask. A schema llguidance refuses, another `type`, or no
 llguidance installed (`pip install 'rlhfkit[structured]'`): 400 in one line.
 """
@@ -115,7 +116,8 @@ def response_format(body: dict) -> Constraint | None:
             raise BadRequest("response_format: json_schema needs {name, schema: a JSON schema object, strict}")
         c = Constraint.json_schema(schema)
     else:
-        raise BadRequest(f"response_format: type {kind!r:.40}; give {{\"type\": \"text\"}}, "
+        given = f"type {kind!r:.40}" if isinstance(fmt, dict) else f"{fmt!r:.40} is not an object"
+        raise BadRequest(f"response_format: {given}; give {{\"type\": \"text\"}}, "
                          "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {...}}")
     try:
         constrained.check(c)

@@ -112,6 +112,7 @@ def test_forms_the_endpoint_does_not_take_are_400s_in_one_line(tok, monkeypatch)
             async with client_of(server, e) as c:
                 for fmt, said in ((FORMAT, "engine \\(ScriptedEngine\\) samples no structured outputs"),
                                   ({"type": "xml"}, "response_format: type 'xml'"),
+                                  ("json_object", "response_format: 'json_object' is not an object"),
                                   ({"type": "json_schema", "json_schema": {"name": "x"}}, "needs \\{name, schema"),
                                   ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}},
                                    "cannot be sampled under: Invalid type: objekt")):
@@ -125,3 +126,22 @@ def test_forms_the_endpoint_does_not_take_are_400s_in_one_line(tok, monkeypatch)
     with pytest.raises(BadRequest, match=r"pip install 'rlhfkit\[structured\]'"):
         response_format({"response_format": {"type": "json_object"}})
     assert response_format({"response_format": {"type": "text"}}) is None  # no llguidance needed
+
+
+def test_a_json_reply_beside_tools_is_content_never_a_tool_call():
+    """With tools and response_format, the reply is sampled under the format's grammar, which holds no call syntax:
+    a Llama 3 reply of the schema {name, parameters} naming a tool stays the JSON content (read as Llama 3's JSON
+    call, the client would get no content to parse)."""
+    from tests.unit.agents.test_endpoint_toolchoice import FAMILIES, Endpoint
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}},
+              "required": ["name", "parameters"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "fn", "schema": schema}}
+    text = '{"name": "add", "parameters": {"a": 1, "b": 2}}'
+    ep = Endpoint(FAMILIES["llama3_1"][0](), lambda context: text + "<|eot_id|>")
+    for parallel in (True, False):
+        [reply] = ep.chat(response_format=fmt, parallel_tool_calls=parallel)["choices"]
+        assert reply["message"]["content"] == text and not reply["message"].get("tool_calls")
+        assert reply["finish_reason"] == "stop"
+    [call] = ep.chat()["choices"]  # without response_format the same text is Llama 3's call
+    assert call["finish_reason"] == "tool_calls"

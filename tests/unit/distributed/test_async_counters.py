@@ -45,14 +45,3 @@ def test_merge_counters_sums_counts_and_averages_rates_and_means():
     assert merge_counters(runs) == {"tools/calls": 5.0, "tools/valid_call_rate": 0.75,
                                     "tools/f/mean_latency_s": 0.5, "tools/busy_s": 1.5}
     assert merge_counters([]) == {}
-
-
-def test_python_tools_on_ray_are_refused_with_the_flags_that_work():
-    from rlhfkit.api.rl import RLTrainer
-    from rlhfkit.config import RLConfig
-    from rlhfkit.errors import ConfigError
-    from tests.unit.agents.test_tools import multiply
-
-    cfg = RLConfig.from_args(["--actor.model_name_or_path", "smollm2", "--distributed.backend", "ray"])
-    with pytest.raises(ConfigError, match="--agent.tools FILE:fn1,fn2, environments as --agent.env FILE:Class"):
-        RLTrainer.from_config(cfg, tools=[multiply])
