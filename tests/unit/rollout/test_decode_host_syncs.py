@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlhfkit.models import tiny_model_and_tokenizer
-from rlhfkit.rollout import decode_attention, kv_cache, sampling
+from rlhfkit.rollout import decode_attention, kv_cache, prefill, sampling
 from rlhfkit.rollout import hf as hf_module
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.rollout.hf import HFEngine
@@ -22,8 +22,8 @@ def setup():
     return model, tok, [tok(t)["input_ids"] for t in ("What is 2+3?", "1+1=", "abc")]
 
 
-# the engine's own code: rollout/hf.py and the modules of its decode loop
-ENGINE_FILES = {m.__file__ for m in (hf_module, sampling, kv_cache, decode_attention)}
+# the engine's own code: rollout/hf.py, its prefill (rollout/prefill.py) and the modules of its decode loop
+ENGINE_FILES = {m.__file__ for m in (hf_module, prefill, sampling, kv_cache, decode_attention)}
 
 
 def _counts(monkeypatch, engine, prompts, max_new: int) -> tuple[int, int]:
