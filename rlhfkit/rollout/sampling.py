@@ -23,8 +23,15 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     token ids never sampled (a truncation like top-k: the logprob is still the untruncated one).
     `seen` [B, V] bool: the tokens each row's prompt and response hold so far, whose logits
     `params.repetition_penalty` penalises in the choice (the logprob is still the model's). `allowed` [B, V]
-    bool: per row the tokens it may take (a grammar's, rollout.constrained), a truncation too.
+    bool: per row the tokens it may take (a grammar's, rollout.constrained), a truncation too; a row that may
+    take every token (an unconstrained row beside constrained ones) is sampled as without `allowed`, bit for bit.
     """
+    if allowed is not None:
+        free = allowed.all(dim=-1)
+        if bool(free.all()):
+            allowed = None
+        elif bool(free.any()):
+            return _sample_split(logits, params, generator, u, banned, seen, allowed, free)
     choose = logits if banned is None else logits.index_fill(-1, banned.to(logits.device), -math.inf)
     if allowed is not None:
         choose = choose.masked_fill(~allowed, -math.inf)
@@ -39,11 +46,31 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     truncated = params.top_k > 0 or params.top_p < 1.0 or altered
     scaled_choice = choose / params.temperature if altered else scaled
     probs = torch.softmax(truncate(scaled_choice, params.top_k, params.top_p), dim=-1) if truncated else logp.exp()
-    if u is None:
-        u = torch.rand(probs.shape[0], generator=generator, device=generator.device if generator is not None else "cpu")
-        u = u.to(probs.device)
-    tok = inverse_cdf(probs, u)
+    tok = inverse_cdf(probs, _uniforms(u, probs.shape[0], generator, probs.device))
     return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
+def _uniforms(u, rows: int, generator: torch.Generator | None, device) -> torch.Tensor:
+    """`u`, or `rows` uniforms drawn from `generator` (on its device) and moved to `device`."""
+    if u is not None:
+        return u
+    return torch.rand(rows, generator=generator, device=generator.device if generator is not None else "cpu").to(device)
+
+
+def _sample_split(logits, params, generator, u, banned, seen, allowed, free):
+    """`sample` of a batch whose rows `free` [B] take every token and whose others are masked by `allowed`: each
+    part sampled on its own (the uniforms drawn once for the whole batch first, as `sample` draws them), so the
+    free rows get exactly the tokens a batch without `allowed` gives them (the masked path's softmax differs from
+    exp(log_softmax) in the last bits, which can move a uniform across a boundary)."""
+    u = None if params.temperature == 0 else _uniforms(u, logits.shape[0], generator, logits.device)
+    tok = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    lp = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for rows, mask in ((free, None), (~free, allowed)):
+        idx = rows.nonzero().squeeze(-1)
+        t, lp[idx] = sample(logits[idx], params, generator, None if u is None else u[idx], banned,
+                            None if seen is None else seen[idx], None if mask is None else mask[idx])
+        tok[idx] = t
+    return tok, lp
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:

@@ -105,6 +105,24 @@ def test_sample_chooses_among_the_allowed_tokens_and_keeps_the_models_logprob():
     torch.testing.assert_close(lp, torch.log(torch.tensor([1 / 7, 2 / 7]))[tok])
 
 
+def test_a_free_row_beside_a_masked_one_draws_as_in_a_batch_without_masks():
+    """softmax(x) and exp(log_softmax(x)) differ in the last bits: a uniform on a boundary of the second (the
+    unmasked path's) takes another token under the first. Row 0 (every token allowed) must get the token it gets
+    in a batch without `allowed`, row 1 (masked) its own."""
+    from rlhfkit.rollout.sampling import sample
+
+    torch.manual_seed(0)
+    logits = torch.randn(1, 64) * 3
+    params = SamplingParams(temperature=0.7)
+    cdf = torch.log_softmax(logits / 0.7, -1).exp()[0].double().cumsum(0)
+    u = torch.tensor([float(cdf[2] / cdf[-1])])  # the boundary between tokens 2 and 3
+    alone, lp_alone = sample(logits, params, None, u)
+    allowed = torch.ones(2, 64, dtype=torch.bool)
+    allowed[1, 5:] = False
+    tok, lp = sample(logits.expand(2, 64), params, None, u.expand(2), allowed=allowed)
+    assert tok[0] == alone and lp[0] == lp_alone and tok[1] < 5
+
+
 def test_unconstrained_rows_sample_bit_for_bit_as_without_constraints(tiny_json):
     model, tok = tiny_json
     engine = HFEngine(model, tok)
