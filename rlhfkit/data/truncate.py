@@ -19,7 +19,6 @@ from typing import Any
 from rlhfkit.errors import ConfigError
 
 TRUNCATION_SIDES = ("left", "right", "middle")
-TRUNCATIONS = ("skip", "error", *TRUNCATION_SIDES)
 
 
 def keep(ids: list[int], n: int, side: str) -> list[int]:
