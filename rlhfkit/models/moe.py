@@ -33,7 +33,7 @@ from rlhfkit.core.moe import (
     replayed_weights,
 )
 from rlhfkit.errors import TrainingError
-from rlhfkit.models.logprobs import note_once, runnable_layout, split_backbone, transformers_model
+from rlhfkit.models.logprobs import decoder_backbone, note_once, runnable_layout, split_backbone, transformers_model
 
 
 @dataclass
@@ -102,7 +102,7 @@ def record_routing(model: torch.nn.Module) -> Iterator[Routing | None]:
         return hook
 
     inner = transformers_model(model)
-    backbone = inner.get_decoder() if hasattr(inner, "get_decoder") else inner
+    backbone = decoder_backbone(inner) or inner  # the module the logprobs call (Llama 4: not get_decoder())
     handles = [backbone.register_forward_pre_hook(backbone_pre, with_kwargs=True)]
     handles += [m.register_forward_hook(router_post(i)) for m, i in routers]
     try:

@@ -57,6 +57,19 @@ def test_the_routers_are_found_and_recorded_through_rlhfkits_forward(arch):
         assert none is None and moe_top_k(dense) is None
 
 
+def test_routing_is_recorded_per_forward_where_get_decoder_is_the_lm_itself():
+    # Llama 4's text model: get_decoder() gives the LM, the logprobs call its `model`: one Forward (with the
+    # batch's mask) per call, as for the other MoE models
+    model, tok = tiny_model_and_tokenizer(seed=0, arch="llama4_text")
+    assert model.get_decoder() is model and router_modules(model)
+    batch = collate(samples(tok), tok.pad_token_id)
+    with record_routing(model) as routing:
+        response_logprobs(model, batch)
+        response_logprobs(model, batch)
+    mask = batch.attention_mask.reshape(-1).bool().tolist()
+    assert [f.mask.tolist() for f in routing.forwards] == [mask, mask]
+
+
 def sft_losses(arch, coef):
     model, tok = tiny_model_and_tokenizer(seed=0, arch=arch)
     cfg = parse_config(SFTConfig, ["--train.batch_size", "2", "--train.micro_batch_size", "1",
