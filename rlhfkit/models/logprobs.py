@@ -55,7 +55,7 @@ def decoder_backbone(model: torch.nn.Module) -> torch.nn.Module | None:
     """The decoder (a transformers model with a config) inside a causal LM, else None. `get_decoder()`
     first; where it gives the LM itself (Llama 4's text model: its base_model_prefix names no attribute)
     or a module without a config (ModernBERT-decoder's LM head is called `decoder`), the module its
-    base_model_prefix names, then `model`."""
+    base_model_prefix names, then its `model` attribute; never `model` itself."""
     get_decoder = getattr(model, "get_decoder", None)
     prefix = getattr(model, "base_model_prefix", "") or "model"
     candidates = (get_decoder() if get_decoder is not None else None, getattr(model, prefix, None),
@@ -78,7 +78,7 @@ def split_backbone(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mo
                       "head; logprobs come from the model's full forward")
             return None
     backbone, head = decoder_backbone(model), get_head()
-    if backbone is None or backbone is model or head is None:
+    if backbone is None or head is None:
         return None
     verdict = vars(model).get(_SPLIT_VERDICT)
     if verdict is None:
