@@ -109,10 +109,11 @@ def build(model_type: str):
     4 tokens before its EOS: the greedy check takes its 4th token as a stop token) and the tokenizer."""
     for seed in range(5):
         model, tok = build_seeded(model_type, seed)
+        prompt = tok("hello world, this is", add_special_tokens=False)["input_ids"]
         with torch.no_grad():
-            out = model.generate(torch.tensor([tok("hello world, this is", add_special_tokens=False)["input_ids"]]),
-                                 do_sample=False, max_new_tokens=10, pad_token_id=tok.pad_token_id)
-        if out.shape[1] - 20 >= 4:
+            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10,
+                                 pad_token_id=tok.pad_token_id)
+        if out.shape[1] - len(prompt) >= 4:
             break
     return model, tok
 
