@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout_vs_generate import matmul_gflops, read_gbytes_per_s  # noqa: E402
 
 from rlhfkit.models import load_causal_lm, materialize_smollm2  # noqa: E402
+from rlhfkit.models.memory import kv_cache_bytes  # noqa: E402
 from rlhfkit.rollout.bf16_decode import Bf16Decoder, _Linear, bf16_decode_support, packed_kernels  # noqa: E402
 from rlhfkit.rollout.decode_attention import decode_attention  # noqa: E402
 from rlhfkit.rollout.kv_cache import new_cache  # noqa: E402
@@ -101,9 +102,8 @@ def main() -> None:
         print("no packed oneDNN bf16 kernels here (no AVX512-BF16 / AMX): the copy uses plain bf16 products")
     decoder = Bf16Decoder(model)
     c = model.config
-    kv = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 2
     weights = sum(p.numel() for p in model.parameters())
-    step_bytes = 2 * weights + args.rows * (args.prompt + args.steps // 2) * kv
+    step_bytes = 2 * weights + kv_cache_bytes(c.to_dict(), args.rows, args.prompt + args.steps // 2, 2)  # bf16
     bandwidth, bf16_rate = read_gbytes_per_s(), matmul_gflops(torch.bfloat16)
     limit = step_bytes / (bandwidth * 1e9)
     flop_limit = 2 * weights * args.rows / (bf16_rate * 1e9)
