@@ -15,7 +15,7 @@ less often. The vLLM engine hands the schema to vLLM's own structured-output sam
 
 Rows without a constraint cost nothing: a chunk with none keeps no matchers and the decode loop checks one
 attribute per step. A constrained chunk reads its sampled tokens back to the host at every step (free on
-the CPU; a sync per step on a GPU).
+the CPU; a sync per step on a GPU) until its last constrained row finishes (its matchers are then dropped).
 """
 
 from __future__ import annotations
@@ -172,6 +172,10 @@ class RowMatchers:
         self._bits = torch.empty(len(matchers), -(-vocab // 32), dtype=torch.int32)  # a step's packed masks
         self._powers = 1 << torch.arange(8, dtype=torch.uint8)
         self._on: tuple | None = None  # (device, bit powers, stop ids) there: moved once, not at every step
+
+    def constrains(self, active: torch.Tensor) -> bool:
+        """Whether any of the chunk rows `active` has a grammar (else the decode loop drops the matchers)."""
+        return any(self.matchers[row] is not None for row in active.tolist())
 
     def allowed(self, active: torch.Tensor, vocab: int, device) -> torch.Tensor:
         """[len(active), vocab] bool on `device`: per batch row (its chunk row in `active`) the tokens it may take,

@@ -388,6 +388,8 @@ class HFEngine(Prefill):
                         select_rows(s.cache, keep)
                     else:
                         s.seqs = s.seqs[keep]
+                    if s.matchers is not None and not s.matchers.constrains(s.active):
+                        s.matchers = None  # the constrained rows are done: no mask, no token read-back per step
             if s.width is not None:  # static cache: open the new token's column
                 s.attention_mask[:, s.width + step] = 1
             else:
