@@ -24,6 +24,7 @@ from typing import Any
 
 from rlhfkit.config import generate, kd, opd, preference, prm, rl, sft
 from rlhfkit.config.openrlhf import CONDITIONAL_SFT_ALIASES
+from rlhfkit.config.rl_checks import TRUNCATIONS
 
 WIDTH = 100
 INDENT = "      "
@@ -41,12 +42,14 @@ CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
     (rl.KLConfig, "estimator"): rl.KL_ESTIMATORS,
     (rl.AlgoConfig, "teacher_kl_estimator"): rl.KL_ESTIMATORS,
     (rl.RolloutConfig, "engine"): rl.ENGINES,
+    (rl.DataConfig, "truncation"): TRUNCATIONS,
     (rl.DistributedConfig, "backend"): rl.BACKENDS,
     (rl.WandbConfig, "mode"): rl.WANDB_MODES,
     (rl.BaseLoggerConfig, "log_level"): rl.LOG_LEVELS,
     (sft.ModelConfig, "dtype"): rl.DTYPES,
     (sft.ModelConfig, "autocast"): rl.DTYPES,
     (sft.SFTModelConfig, "loss_type"): sft.SFT_LOSS_TYPES,
+    (sft.SFTDataConfig, "truncation"): sft.SFT_TRUNCATIONS,
     (sft.SupervisedTrainConfig, "lr_scheduler"): rl.LR_SCHEDULERS,
     (generate.IterativeSettings, "ref"): generate.REF_MODES,
 }

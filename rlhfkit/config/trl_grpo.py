@@ -30,14 +30,20 @@ from rlhfkit.config.trl_rules import (
 from rlhfkit.errors import ConfigError
 
 
+def _generation(c: Any) -> int:
+    """TRL's completions per generation: `generation_batch_size`, else per_device_train_batch_size *
+    steps_per_generation (itself gradient_accumulation_steps where unset)."""
+    steps = getattr(c, "steps_per_generation", None) or int(c.gradient_accumulation_steps)
+    return getattr(c, "generation_batch_size", None) or int(c.per_device_train_batch_size) * steps
+
+
 def _batch(_v: Any, c: Any) -> list[str]:
     """TRL: `per_device_train_batch_size` completions per forward/backward, `gradient_accumulation_steps` of
     them per optimizer step, `generation_batch_size` completions (`num_generations` per prompt) per generation.
     One process: our micro batch, train batch = micro * accumulation, prompts per rollout = generation /
     num_generations; `steps_per_generation` then follows (generation / train batch)."""
     micro, accum, n = int(c.per_device_train_batch_size), int(c.gradient_accumulation_steps), int(c.num_generations)
-    steps = getattr(c, "steps_per_generation", None) or accum
-    generation = getattr(c, "generation_batch_size", None) or micro * steps
+    generation = _generation(c)
     if generation % n or generation % (micro * accum):
         raise ConfigError(f"TRL generation_batch_size={generation}: needs to be a multiple of num_generations ({n}) "
                           f"and of per_device_train_batch_size * gradient_accumulation_steps ({micro * accum})")
@@ -52,10 +58,8 @@ def _max_steps(v: Any, c: Any) -> list[str]:
     (each pass is at least one), --train.max_steps the cap."""
     if int(v) <= 0:
         return []
-    accum = int(c.gradient_accumulation_steps)
-    generation = (getattr(c, "generation_batch_size", None)
-                  or int(c.per_device_train_batch_size) * (getattr(c, "steps_per_generation", None) or accum))
-    per_rollout = generation // (int(c.per_device_train_batch_size) * accum) * int(c.num_iterations)
+    train_batch = int(c.per_device_train_batch_size) * int(c.gradient_accumulation_steps)
+    per_rollout = _generation(c) // train_batch * int(c.num_iterations)
     rollouts = str(math.ceil(int(v) / per_rollout))
     return ["--train.max_steps", rollouts, "--train.num_episodes", rollouts]
 

@@ -91,6 +91,8 @@ SFT_RULES: dict[str, Rule] = {**_supervised("model."), **table(
                                    "turn) only: TRL's assistant_only_loss=True; TRL's False also trains on user "
                                    "turns of conversations", True)),
     ("loss_type", mapped(_sft_loss)),
+    ("truncation_mode", notice("ignored: rlhfkit skips samples longer than --data.max_len (max_length); to cut "
+                               "them set --data.truncation right (TRL's keep_start) or left (keep_end)")),
     ("eos_token", refuse("rlhfkit ends each response with the tokenizer's EOS token", None)),
     ("chat_template_path", refuse("set rlhfkit's --data.tokenizer_chat_template with --data.apply_chat_template",
                                   None)),

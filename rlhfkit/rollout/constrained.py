@@ -15,7 +15,7 @@ less often. The vLLM engine hands the schema to vLLM's own structured-output sam
 
 Rows without a constraint cost nothing: a chunk with none keeps no matchers and the decode loop checks one
 attribute per step. A constrained chunk reads its sampled tokens back to the host at every step (free on
-the CPU; a sync per step on a GPU).
+the CPU; a sync per step on a GPU) until its last constrained row finishes (its matchers are then dropped).
 """
 
 from __future__ import annotations
@@ -171,6 +171,11 @@ class RowMatchers:
         self.stop_ids, self._stops = stop_ids, set(stop_ids.tolist())
         self._bits = torch.empty(len(matchers), -(-vocab // 32), dtype=torch.int32)  # a step's packed masks
         self._powers = 1 << torch.arange(8, dtype=torch.uint8)
+        self._on: tuple | None = None  # (device, bit powers, stop ids) there: moved once, not at every step
+
+    def constrains(self, active: torch.Tensor) -> bool:
+        """Whether any of the chunk rows `active` has a grammar (else the decode loop drops the matchers)."""
+        return any(self.matchers[row] is not None for row in active.tolist())
 
     def allowed(self, active: torch.Tensor, vocab: int, device) -> torch.Tensor:
         """[len(active), vocab] bool on `device`: per batch row (its chunk row in `active`) the tokens it may take,
@@ -190,13 +195,16 @@ class RowMatchers:
                 fill_next_token_bitmask(m, bits, pos)
                 ends[pos] = m.is_accepting()
         ends_t = torch.tensor(ends) | ~bits.ne(0).any(dim=-1)  # a grammar that allows nothing ends too
+        if self._on is None or self._on[0] != device:
+            self._on = (device, self._powers.to(device), self.stop_ids.to(device))
+        _, powers, stop_ids = self._on
         packed = bits.to(device).view(torch.uint8).unsqueeze(-1)  # little-endian: token 8j + i is bit i of byte j
-        allowed = (packed & self._powers.to(device)).flatten(1).bool()
+        allowed = (packed & powers).flatten(1).bool()
         if allowed.shape[1] < vocab:  # the model's rows past the tokenizer's: unconstrained rows only
             rest = torch.tensor(free, device=device).unsqueeze(-1).expand(-1, vocab - allowed.shape[1])
             allowed = torch.cat([allowed, rest], dim=1)
         allowed = allowed[:, :vocab]
-        allowed[:, self.stop_ids.to(device)] |= ends_t.to(device).unsqueeze(-1)
+        allowed[:, stop_ids] |= ends_t.to(device).unsqueeze(-1)
         return allowed
 
     def advance(self, active: torch.Tensor, tokens: torch.Tensor, alive: torch.Tensor) -> None:

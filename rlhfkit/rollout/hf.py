@@ -167,7 +167,7 @@ class HFEngine(Prefill):
         self.max_batch_tokens = max_batch_tokens
         self.autocast_dtype = autocast_dtype
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.tokenizer, self._grammars = tokenizer, None  # constrained sampling's (built on its first use)
+        self._grammars = Grammars(tokenizer)  # constrained sampling's (its llguidance tokenizer built on first use)
         self.eos_ids = eos_ids(model, tokenizer)
         takes = forward_parameters(model)
         self._keep_last_logits = "logits_to_keep" in takes
@@ -312,8 +312,6 @@ class HFEngine(Prefill):
         """The generation's per-prompt constraints, None when none is set (the decode loop then keeps no matchers)."""
         if constraints is None or all(c is None for c in constraints):
             return None
-        if self._grammars is None:
-            self._grammars = Grammars(self.tokenizer)
         return list(constraints)
 
     def _trajectories(self, gen: PartialGeneration) -> list[Trajectory]:
@@ -390,6 +388,8 @@ class HFEngine(Prefill):
                         select_rows(s.cache, keep)
                     else:
                         s.seqs = s.seqs[keep]
+                    if s.matchers is not None and not s.matchers.constrains(s.active):
+                        s.matchers = None  # the constrained rows are done: no mask, no token read-back per step
             if s.width is not None:  # static cache: open the new token's column
                 s.attention_mask[:, s.width + step] = 1
             else:

@@ -1,12 +1,14 @@
-"""The config's choice tuples name exactly the entries of the core tables, in the same order.
+"""The config's choice tuples name exactly the entries of the core (and data) tables, in the same order.
 
-config/ may not import core (docs/architecture.md), so the names are written twice; this test keeps the
-two in step. preference.py and sft.py have no choice tuple that mirrors a core table (DPO's
+config/ may not import core or data (docs/architecture.md), so the names are written twice; this test keeps
+the two in step. preference.py and sft.py have no choice tuple that mirrors a core table (DPO's
 variants are flags: ``ipo_enable``, ``label_smoothing``).
 """
 
 from rlhfkit.config import rl
+from rlhfkit.config.rl_checks import TRUNCATIONS
 from rlhfkit.core import AGGREGATIONS, ESTIMATORS, IS_KINDS, KL_ESTIMATORS, POLICY_LOSSES, Whiten
+from rlhfkit.data import truncate
 
 
 def test_advantage_estimators_match_the_table():
@@ -41,3 +43,8 @@ def test_critic_estimators_are_the_specs_that_need_a_critic():
     from rlhfkit.config.rl_checks import CRITIC_ESTIMATORS
 
     assert CRITIC_ESTIMATORS == tuple(name for name, spec in ESTIMATORS.items() if spec.needs_critic)
+
+
+def test_prompt_truncations_match_the_data_table():
+    assert TRUNCATIONS == truncate.TRUNCATIONS
+

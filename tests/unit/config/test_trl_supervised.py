@@ -122,6 +122,15 @@ def test_the_meaning_that_differs_at_trl_defaults_is_noticed(caplog):
         " rlhfkit's train rm keeps the model's dropout (most LLMs have none); TRL's default turns it off"]
 
 
+def test_sft_keep_end_is_noticed_with_the_flag_that_cuts(caplog):
+    with caplog.at_level(logging.WARNING, logger="rlhfkit"):
+        cfg = SFTConfig.from_trl(trl.SFTConfig(**CPU, truncation_mode="keep_end", assistant_only_loss=True), MODEL)
+    assert cfg.data.truncation == "skip"
+    assert [r.getMessage() for r in caplog.records if r.name == "rlhfkit"] == [
+        "TRL truncation_mode='keep_end': ignored: rlhfkit skips samples longer than --data.max_len (max_length); "
+        "to cut them set --data.truncation right (TRL's keep_start) or left (keep_end)"]
+
+
 def test_one_sft_step_from_a_trl_config(tmp_path):
     import rlhfkit
     from rlhfkit.models import tiny_model_and_tokenizer

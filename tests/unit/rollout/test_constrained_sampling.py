@@ -153,6 +153,13 @@ def test_a_complete_grammar_allows_only_the_stop_tokens(tiny_json):
     assert done.nonzero().squeeze(-1).tolist() == sorted(stop_ids.tolist())
 
 
+def test_a_chunk_is_constrained_while_a_constrained_row_is_in_its_batch(tiny_json):
+    _, tok = tiny_json
+    rows = Grammars(tok).rows([None, Constraint.json_object(), None], 1, torch.tensor([tok.eos_token_id]))
+    assert rows.constrains(torch.tensor([0, 1, 2])) and rows.constrains(torch.tensor([1]))
+    assert not rows.constrains(torch.tensor([0, 2]))  # the decode loop then drops the matchers
+
+
 def test_vllm_gets_the_schema_as_its_structured_outputs(monkeypatch):
     p = SamplingParams(max_new_tokens=5)
     assert "structured_outputs" not in V.sampling_kwargs(p, [2], seed=1)
